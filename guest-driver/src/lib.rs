@@ -1,0 +1,6 @@
+//! vrdma: the guest user library of the vrdma device (see spec/README.md).
+//!
+//! The verbs API and its transports land with the data-path work; for now this crate re-exports
+//! the wire types so that guest code can already be written against them.
+
+pub use vrdma_spec as spec;

@@ -1,0 +1,215 @@
+//! `vrdma-vm`: builds and boots the Soft-RoCE VM that vrdma's RDMA tests run in.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use vrdma_qemu_tests::cache::Cache;
+use vrdma_qemu_tests::perftest::{self, Row, Side};
+use vrdma_qemu_tests::rootfs::{self, PreparedRoot, TRIXIE_RXE};
+use vrdma_qemu_tests::vm::{self, shares_for, Accel, VmConfig};
+use vrdma_qemu_tests::{Error, Result};
+
+#[derive(Parser)]
+#[command(version, about = "Soft-RoCE (rdma_rxe) test VM for vrdma")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Build the VM's root file system into the cache (once; later runs return at once).
+    Prepare {
+        /// Rebuild even if a complete root exists.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Boot the VM with rxe0 up and run CMD in it; exits with CMD's status.
+    Run {
+        #[command(flatten)]
+        vm: VmArgs,
+        /// The command and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
+    /// Run one of the VM test suites and print its results.
+    Test {
+        suite: Suite,
+        #[command(flatten)]
+        vm: VmArgs,
+        /// Also write the results as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Commands that run inside the VM (used by `test`).
+    #[command(hide = true)]
+    Guest {
+        #[command(subcommand)]
+        command: GuestCmd,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Suite {
+    /// perftest's five main tools natively on rxe0: the baseline vrdma is compared against.
+    NativePerftest,
+}
+
+#[derive(Subcommand)]
+enum GuestCmd {
+    /// Run the baseline perftest cases between two processes; results go to
+    /// $VRDMA_RESULT_DIR/perftest.json.
+    Perftest {
+        #[arg(long, default_value = "rxe0")]
+        device: String,
+        #[arg(long, default_value_t = 18515)]
+        port: u16,
+    },
+}
+
+#[derive(clap::Args)]
+struct VmArgs {
+    /// Give up after this many seconds [default: $VRDMA_VM_TIMEOUT or 1800].
+    #[arg(long)]
+    timeout: Option<u64>,
+    /// Guest memory in MiB.
+    #[arg(long)]
+    memory: Option<u32>,
+    /// Guest CPUs [default: host CPUs, at most 8].
+    #[arg(long)]
+    cpus: Option<u32>,
+    /// Extra host directories to share read-only at the same path (the workspace and the
+    /// target directory are always shared).
+    #[arg(long)]
+    share: Vec<PathBuf>,
+}
+
+impl VmArgs {
+    fn config(&self, root: &PreparedRoot) -> Result<VmConfig> {
+        let mut config = VmConfig::for_host(Accel::choose(root)?)?;
+        if let Some(secs) = self.timeout {
+            config.timeout = Duration::from_secs(secs);
+        }
+        if let Some(memory) = self.memory {
+            config.memory_mib = memory;
+        }
+        if let Some(cpus) = self.cpus {
+            config.cpus = cpus;
+        }
+        if !self.share.is_empty() {
+            let mut paths: Vec<PathBuf> = config.shares.drain(..).map(|s| s.host_path).collect();
+            for path in &self.share {
+                paths.push(
+                    path.canonicalize()
+                        .map_err(|e| Error::Usage(format!("--share {}: {e}", path.display())))?,
+                );
+            }
+            config.shares = shares_for(paths);
+        }
+        Ok(config)
+    }
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let cli = Cli::parse();
+    match dispatch(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("vrdma-vm: error: {e}");
+            match e {
+                // The autotools convention for "skipped": tests outside CI may skip on it.
+                Error::Prerequisite(_) => ExitCode::from(77),
+                _ => ExitCode::FAILURE,
+            }
+        }
+    }
+}
+
+fn dispatch(command: Cmd) -> Result<ExitCode> {
+    match command {
+        Cmd::Prepare { force } => {
+            let root = rootfs::prepare(&Cache::from_env()?, &TRIXIE_RXE, force)?;
+            println!("{}", root.tree.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Run { vm, command } => {
+            let root = rootfs::prepare(&Cache::from_env()?, &TRIXIE_RXE, false)?;
+            let outcome = vm::run(&root, &vm.config(&root)?, &command)?;
+            log::info!(
+                "command exited with {} after {:.1?}",
+                outcome.status,
+                outcome.elapsed
+            );
+            Ok(ExitCode::from(u8::try_from(outcome.status).unwrap_or(1)))
+        }
+        Cmd::Test { suite, vm, json } => match suite {
+            Suite::NativePerftest => native_perftest(&vm, json),
+        },
+        Cmd::Guest { command } => match command {
+            GuestCmd::Perftest { device, port } => guest_perftest(&device, port),
+        },
+    }
+}
+
+fn native_perftest(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<ExitCode> {
+    let root = rootfs::prepare(&Cache::from_env()?, &TRIXIE_RXE, false)?;
+    let mut config = vm_args.config(&root)?;
+    config.echo = true;
+    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
+    let command = vec![
+        exe.to_string_lossy().into_owned(),
+        "guest".into(),
+        "perftest".into(),
+    ];
+    let outcome = vm::run(&root, &config, &command)?;
+    if outcome.status != 0 {
+        return Err(Error::Perftest(format!(
+            "the run in the VM failed with status {}",
+            outcome.status
+        )));
+    }
+    let data = outcome
+        .results
+        .iter()
+        .find(|(name, _)| name == "perftest.json")
+        .map(|(_, data)| data)
+        .ok_or_else(|| Error::Perftest("the VM left no perftest.json".into()))?;
+    let rows: Vec<Row> =
+        serde_json::from_slice(data).map_err(|e| Error::Perftest(format!("perftest.json: {e}")))?;
+    println!(
+        "\nnative perftest on rxe0 ({:?}, {} vCPUs; VM run {:.0?}):",
+        config.accel, config.cpus, outcome.elapsed
+    );
+    print!("{}", perftest::render_table(&rows));
+    if let Some(path) = json {
+        std::fs::write(&path, data)
+            .map_err(|e| Error::Usage(format!("writing {}: {e}", path.display())))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn guest_perftest(device: &str, port: u16) -> Result<ExitCode> {
+    let side = Side::native(device);
+    let mut rows = Vec::new();
+    for case in perftest::BASELINE {
+        println!(
+            "running {} size {} x{} …",
+            case.tool.command(),
+            case.size,
+            case.iterations
+        );
+        rows.push(perftest::run_case(case, &side, &side, port)?);
+    }
+    let json = serde_json::to_vec_pretty(&rows).map_err(|e| Error::Perftest(e.to_string()))?;
+    match std::env::var_os("VRDMA_RESULT_DIR") {
+        // `vrdma-vm test` on the host prints the table from these results.
+        Some(dir) => std::fs::write(PathBuf::from(dir).join("perftest.json"), json)
+            .map_err(|e| Error::Perftest(format!("writing results: {e}")))?,
+        None => print!("{}", perftest::render_table(&rows)),
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,19 @@
+//! Test harness for vrdma: a Soft-RoCE (rdma_rxe) VM under QEMU.
+//!
+//! This machine's kernel (and many CI kernels) has no RDMA subsystem, so every RDMA test runs
+//! inside a small Debian VM that loads `rdma_rxe`. The VM's root file system is built once into a
+//! cache outside the repository ([`rootfs`]), booted from a tiny initramfs of our own
+//! ([`initramfs`]) with the root, the workspace and the target directory shared over 9p at the
+//! same paths as on the host ([`vm`]), so a test binary built here runs unchanged inside.
+
+#![deny(unsafe_code)]
+
+pub mod cache;
+pub mod error;
+pub mod host;
+pub mod initramfs;
+pub mod perftest;
+pub mod rootfs;
+pub mod vm;
+
+pub use error::{Error, Result};

@@ -1,0 +1,491 @@
+//! Running perftest between two processes over an RDMA device and reading its results.
+//!
+//! This runs *inside* the rxe VM. The two sides are described separately ([`Side`]) so that the
+//! same runner can later put either side over vrdma (a different device name, a preloaded
+//! library) and compare against the native run from the same boot.
+
+use std::fmt::Write as _;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The perftest tools the harness knows how to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tool {
+    IbSendLat,
+    IbWriteLat,
+    IbSendBw,
+    IbWriteBw,
+    IbReadBw,
+}
+
+impl Tool {
+    pub fn command(self) -> &'static str {
+        match self {
+            Tool::IbSendLat => "ib_send_lat",
+            Tool::IbWriteLat => "ib_write_lat",
+            Tool::IbSendBw => "ib_send_bw",
+            Tool::IbWriteBw => "ib_write_bw",
+            Tool::IbReadBw => "ib_read_bw",
+        }
+    }
+
+    pub fn is_latency(self) -> bool {
+        matches!(self, Tool::IbSendLat | Tool::IbWriteLat)
+    }
+}
+
+/// One measurement to take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Case {
+    pub tool: Tool,
+    pub size: u64,
+    pub iterations: u32,
+}
+
+/// The native baseline: each tool once, latency at 2 B, bandwidth at 64 KiB. Iteration counts
+/// keep a run to a few seconds under TCG, where rxe moves ~30 MiB/s.
+pub const BASELINE: &[Case] = &[
+    Case {
+        tool: Tool::IbSendLat,
+        size: 2,
+        iterations: 1000,
+    },
+    Case {
+        tool: Tool::IbWriteLat,
+        size: 2,
+        iterations: 1000,
+    },
+    Case {
+        tool: Tool::IbSendBw,
+        size: 65536,
+        iterations: 300,
+    },
+    Case {
+        tool: Tool::IbWriteBw,
+        size: 65536,
+        iterations: 300,
+    },
+    Case {
+        tool: Tool::IbReadBw,
+        size: 65536,
+        iterations: 300,
+    },
+];
+
+/// How one side (server or client) runs: on which device, with which environment (e.g. a
+/// drop-in libibverbs on `LD_LIBRARY_PATH`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Side {
+    pub label: String,
+    pub device: String,
+    pub gid_index: u32,
+    pub env: Vec<(String, String)>,
+}
+
+impl Side {
+    /// The host device itself through the system libibverbs.
+    pub fn native(device: &str) -> Self {
+        Self {
+            label: "native".into(),
+            device: device.into(),
+            gid_index: 0,
+            env: Vec::new(),
+        }
+    }
+
+    fn command(&self, case: &Case, port: u16, server: Option<&str>) -> Command {
+        let mut cmd = Command::new(case.tool.command());
+        cmd.args(["-d", &self.device])
+            .args(["-x", &self.gid_index.to_string()])
+            .args(["-s", &case.size.to_string()])
+            .args(["-n", &case.iterations.to_string()])
+            .args(["-p", &port.to_string()])
+            // Latency tools refuse to run when CPU frequency readings disagree, which they always
+            // do in a VM.
+            .arg("-F")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        if let Some(server) = server {
+            cmd.arg(server);
+        }
+        cmd
+    }
+}
+
+/// What perftest reported for one case.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Measurement {
+    Latency {
+        min_us: f64,
+        max_us: f64,
+        typical_us: f64,
+        avg_us: f64,
+        stdev_us: f64,
+        p99_us: f64,
+        p99_9_us: f64,
+    },
+    Bandwidth {
+        peak_mib_s: f64,
+        avg_mib_s: f64,
+        msg_rate_mpps: f64,
+    },
+}
+
+impl Measurement {
+    /// Messages per second in millions: reported by the bandwidth tools; for the latency tools
+    /// the one-way rate that their average latency implies.
+    pub fn msg_rate_mpps(&self) -> f64 {
+        match self {
+            Measurement::Latency { avg_us, .. } if *avg_us > 0.0 => 1.0 / avg_us,
+            Measurement::Latency { .. } => 0.0,
+            Measurement::Bandwidth { msg_rate_mpps, .. } => *msg_rate_mpps,
+        }
+    }
+}
+
+/// One row of results.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    pub label: String,
+    pub tool: Tool,
+    pub size: u64,
+    pub iterations: u64,
+    pub measurement: Measurement,
+}
+
+/// Reads the result line of a perftest client's output.
+pub fn parse(tool: Tool, output: &str) -> Result<(u64, u64, Measurement)> {
+    let mut lines = output.lines();
+    let header = lines
+        .by_ref()
+        .find(|l| l.trim_start().starts_with("#bytes"))
+        .ok_or_else(|| Error::Perftest(format!("{}: no result header", tool.command())))?;
+    let data = lines
+        .find(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|t| t.parse::<u64>().is_ok())
+        })
+        .ok_or_else(|| Error::Perftest(format!("{}: no result line", tool.command())))?;
+    let fields: Vec<&str> = data.split_whitespace().collect();
+    let number = |i: usize| -> Result<f64> {
+        fields
+            .get(i)
+            .and_then(|t| t.parse::<f64>().ok())
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .ok_or_else(|| {
+                Error::Perftest(format!(
+                    "{}: field {i} of {data:?} is not a number",
+                    tool.command()
+                ))
+            })
+    };
+    let bytes = number(0)? as u64;
+    let iterations = number(1)? as u64;
+    let measurement = if tool.is_latency() {
+        if !header.contains("t_typical") || !header.contains("99% percentile") {
+            return Err(Error::Perftest(format!(
+                "{}: unexpected latency header {header:?}",
+                tool.command()
+            )));
+        }
+        Measurement::Latency {
+            min_us: number(2)?,
+            max_us: number(3)?,
+            typical_us: number(4)?,
+            avg_us: number(5)?,
+            stdev_us: number(6)?,
+            p99_us: number(7)?,
+            p99_9_us: number(8)?,
+        }
+    } else {
+        // perftest's "MB/sec" is 2^20 bytes per second (newer versions say MiB/sec); a run with
+        // --report_gbits would say Gb/sec, which this harness never asks for.
+        if !(header.contains("[MB/sec]") || header.contains("[MiB/sec]")) {
+            return Err(Error::Perftest(format!(
+                "{}: unexpected bandwidth header {header:?}",
+                tool.command()
+            )));
+        }
+        Measurement::Bandwidth {
+            peak_mib_s: number(2)?,
+            avg_mib_s: number(3)?,
+            msg_rate_mpps: number(4)?,
+        }
+    };
+    Ok((bytes, iterations, measurement))
+}
+
+/// Runs `case` with a server on `server` and a client on `client`, both on this machine.
+pub fn run_case(case: &Case, server: &Side, client: &Side, port: u16) -> Result<Row> {
+    let timeout = Duration::from_secs(300);
+    let mut server_child = server
+        .command(case, port, None)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| Error::Perftest(format!("starting {}: {e}", case.tool.command())))?;
+    let result = (|| {
+        wait_listening(port, Duration::from_secs(30), &mut server_child)?;
+        let client_child = client
+            .command(case, port, Some("127.0.0.1"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                Error::Perftest(format!("starting {} client: {e}", case.tool.command()))
+            })?;
+        let client_out = finish(client_child, timeout, "client", case)?;
+        let (bytes, iterations, measurement) = parse(case.tool, &client_out)?;
+        Ok(Row {
+            label: client.label.clone(),
+            tool: case.tool,
+            size: bytes,
+            iterations,
+            measurement,
+        })
+    })();
+    let server_out = finish(server_child, Duration::from_secs(30), "server", case);
+    match (result, server_out) {
+        (Ok(row), Ok(_)) => Ok(row),
+        (Err(e), _) => Err(e),
+        (Ok(_), Err(e)) => Err(e),
+    }
+}
+
+/// Waits for `child` to exit (killing it after `timeout`) and returns its output; a failure
+/// carries what it printed.
+fn finish(mut child: Child, timeout: Duration, role: &str, case: &Case) -> Result<String> {
+    let deadline = Instant::now() + timeout;
+    let timed_out = loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break false,
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                break true;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(Error::Perftest(format!("waiting for {role}: {e}"))),
+        }
+    };
+    let output = child
+        .wait_with_output()
+        .map_err(|e| Error::Perftest(format!("reading {role} output: {e}")))?;
+    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&output.stderr));
+    if timed_out || !output.status.success() {
+        return Err(Error::Perftest(format!(
+            "{} {role} (size {}) {}:\n{}",
+            case.tool.command(),
+            case.size,
+            if timed_out {
+                "timed out".to_string()
+            } else {
+                format!("failed ({})", output.status)
+            },
+            crate::error::tail(&text, 20)
+        )));
+    }
+    Ok(text)
+}
+
+/// Waits until a TCP socket listens on `port` (perftest's out-of-band exchange), so that the
+/// client never races the server's start-up.
+fn wait_listening(port: u16, timeout: Duration, server: &mut Child) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let tables = ["/proc/net/tcp", "/proc/net/tcp6"]
+            .iter()
+            .filter_map(|p| std::fs::read_to_string(p).ok());
+        if tables.into_iter().any(|t| listens_on(&t, port)) {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = server.try_wait() {
+            return Err(Error::Perftest(format!(
+                "server exited ({status}) before listening"
+            )));
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Perftest(format!(
+                "server not listening on port {port} after {timeout:?}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether a /proc/net/tcp{,6} table has a socket in LISTEN (state 0A) on `port`.
+fn listens_on(table: &str, port: u16) -> bool {
+    let wanted = format!("{port:04X}");
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let local_port = fields.get(1).and_then(|a| a.rsplit(':').next());
+        local_port == Some(wanted.as_str()) && fields.get(3) == Some(&"0A")
+    })
+}
+
+/// A fixed-width table of rows, one per line.
+pub fn render_table(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<8} {:<13} {:>8} {:>6} {:>12} {:>10} {:>10} {:>10} {:>10}",
+        "side", "tool", "size", "iters", "typical_us", "avg_us", "p99_us", "MiB/s", "Mmsg/s"
+    );
+    for row in rows {
+        let (typical, avg, p99, bw) = match &row.measurement {
+            Measurement::Latency {
+                typical_us,
+                avg_us,
+                p99_us,
+                ..
+            } => (
+                format!("{typical_us:.2}"),
+                format!("{avg_us:.2}"),
+                format!("{p99_us:.2}"),
+                "-".to_string(),
+            ),
+            Measurement::Bandwidth { avg_mib_s, .. } => (
+                "-".to_string(),
+                "-".to_string(),
+                "-".to_string(),
+                format!("{avg_mib_s:.2}"),
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "{:<8} {:<13} {:>8} {:>6} {:>12} {:>10} {:>10} {:>10} {:>10.4}",
+            row.label,
+            row.tool.command(),
+            row.size,
+            row.iterations,
+            typical,
+            avg,
+            p99,
+            bw,
+            row.measurement.msg_rate_mpps()
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LAT: &str = "\
+---------------------------------------------------------------------------------------
+ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] 
+ 2       1000          41.20          212.45       58.61             60.02          9.87             97.13                 201.07  
+---------------------------------------------------------------------------------------
+";
+
+    const BW: &str = "\
+---------------------------------------------------------------------------------------
+ #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]
+ 65536      300              35.12              33.60                0.000538
+---------------------------------------------------------------------------------------
+";
+
+    #[test]
+    fn parses_latency() {
+        let (bytes, iters, m) = parse(Tool::IbSendLat, LAT).unwrap();
+        assert_eq!((bytes, iters), (2, 1000));
+        let Measurement::Latency {
+            typical_us,
+            avg_us,
+            p99_us,
+            p99_9_us,
+            ..
+        } = m
+        else {
+            panic!("not latency: {m:?}")
+        };
+        assert_eq!(
+            (typical_us, avg_us, p99_us, p99_9_us),
+            (58.61, 60.02, 97.13, 201.07)
+        );
+    }
+
+    #[test]
+    fn parses_bandwidth_in_either_unit_spelling() {
+        let (bytes, _, m) = parse(Tool::IbWriteBw, BW).unwrap();
+        assert_eq!(bytes, 65536);
+        assert_eq!(
+            m,
+            Measurement::Bandwidth {
+                peak_mib_s: 35.12,
+                avg_mib_s: 33.60,
+                msg_rate_mpps: 0.000538
+            }
+        );
+        let old = BW.replace("MiB/sec", "MB/sec");
+        assert!(parse(Tool::IbReadBw, &old).is_ok());
+        let gbits = BW.replace("MiB/sec", "Gb/sec");
+        assert!(parse(Tool::IbReadBw, &gbits).is_err());
+    }
+
+    #[test]
+    fn rejects_missing_or_garbled_results() {
+        assert!(parse(Tool::IbSendLat, "Couldn't connect to 127.0.0.1:18515\n").is_err());
+        assert!(parse(Tool::IbSendLat, " #bytes #iterations t_typical\n").is_err());
+        let garbled = LAT.replace("58.61", "nan");
+        assert!(parse(Tool::IbSendLat, &garbled).is_err());
+        // A latency tool's output read as if it were bandwidth has the wrong header.
+        assert!(parse(Tool::IbWriteBw, LAT).is_err());
+    }
+
+    #[test]
+    fn finds_listening_sockets() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue
+   0: 00000000:4853 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0
+   1: 0100007F:4854 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0
+";
+        assert!(listens_on(table, 0x4853));
+        assert!(!listens_on(table, 0x4854), "established, not listening");
+        assert!(!listens_on(table, 1));
+    }
+
+    #[test]
+    fn table_has_a_row_per_result() {
+        let rows: Vec<Row> = [(Tool::IbSendLat, LAT), (Tool::IbWriteBw, BW)]
+            .iter()
+            .map(|(tool, out)| {
+                let (size, iterations, measurement) = parse(*tool, out).unwrap();
+                Row {
+                    label: "native".into(),
+                    tool: *tool,
+                    size,
+                    iterations,
+                    measurement,
+                }
+            })
+            .collect();
+        let table = render_table(&rows);
+        assert_eq!(table.lines().count(), 3);
+        assert!(table.contains("ib_send_lat") && table.contains("58.61"));
+        assert!(table.contains("ib_write_bw") && table.contains("33.60"));
+    }
+
+    #[test]
+    fn client_command_names_device_gid_and_server() {
+        let case = BASELINE[0];
+        let cmd = Side::native("rxe0").command(&case, 18515, Some("127.0.0.1"));
+        let args: Vec<String> = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(cmd.get_program(), "ib_send_lat");
+        assert_eq!(
+            args.join(" "),
+            "-d rxe0 -x 0 -s 2 -n 1000 -p 18515 -F 127.0.0.1"
+        );
+    }
+}

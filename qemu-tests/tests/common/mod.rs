@@ -1,0 +1,34 @@
+//! Running `vrdma-vm` from integration tests.
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// `vrdma-vm`'s exit status when a host prerequisite is missing and cannot be installed.
+pub const EXIT_PREREQUISITE: i32 = 77;
+
+/// Runs `vrdma-vm ARGS…`, streaming its output. Returns `None` (the test is skipped) only when a
+/// prerequisite is truly unavailable and this is not CI; under `CI=true` that fails the test.
+pub fn vrdma_vm(args: &[&str]) -> Option<()> {
+    let status = Command::new(env!("CARGO_BIN_EXE_vrdma-vm"))
+        .args(args)
+        .status()
+        .expect("vrdma-vm starts");
+    match status.code() {
+        Some(0) => Some(()),
+        Some(EXIT_PREREQUISITE) if !is_ci() => {
+            eprintln!("skipped: a prerequisite of the rxe VM is unavailable (see above)");
+            None
+        }
+        _ => panic!("vrdma-vm {} failed: {status}", args.join(" ")),
+    }
+}
+
+pub fn is_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+/// A scratch file path unique to this test process.
+pub fn scratch(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("vrdma-test-{}-{name}", std::process::id()))
+}

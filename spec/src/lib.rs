@@ -1,0 +1,1 @@
+//! placeholder until the spec helper writes it
