@@ -1,1 +1,109 @@
-//! placeholder until the spec helper writes it
+//! Wire format of the vrdma virtio device (virtio device ID 42).
+//!
+//! `README.md` next to this crate is the normative specification; this crate is its
+//! machine-checked transcription. Every wire struct is `#[repr(C)]`, built only from
+//! byte-order-explicit little-endian fields and explicit padding, and its size and field
+//! offsets are asserted at compile time against the tables in the specification.
+//!
+//! Both sides use the same types: the device (`vrdma-backend`) decodes requests and
+//! encodes responses, the driver (`vrdma`) does the opposite. All decoders take
+//! untrusted bytes and never panic; they return [`DecodeError`], whose
+//! [`DecodeError::status`] is the status the device must answer with.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+/// Compile-time layout checks: size and every listed field offset.
+macro_rules! assert_layout {
+    ($t:ty, $size:expr $(, $field:ident @ $off:expr)* $(,)?) => {
+        const _: () = {
+            assert!(core::mem::size_of::<$t>() == $size);
+            assert!(core::mem::align_of::<$t>() == 1);
+            $(assert!(core::mem::offset_of!($t, $field) == $off);)*
+        };
+    };
+}
+
+pub mod config;
+pub mod control;
+pub mod doorbell;
+pub mod error;
+pub mod event;
+pub mod rxe_v1;
+pub mod status;
+pub mod verbs;
+pub mod wire;
+
+pub use config::DeviceConfig;
+pub use control::{ControlRequest, ControlResponse, Opcode, PageList, RegMr, ResponseBody};
+pub use doorbell::Doorbell;
+pub use error::DecodeError;
+pub use event::{Event, EventType};
+pub use status::{Status, StatusError};
+
+/// Little-endian integer types used by every wire struct.
+pub use zerocopy::little_endian::{U16 as Le16, U32 as Le32, U64 as Le64};
+
+/// VIRTIO device ID of vrdma (the ID reserved for RDMA devices).
+pub const VIRTIO_ID_RDMA: u16 = 42;
+/// PCI vendor ID of every virtio-pci device.
+pub const PCI_VENDOR_ID: u16 = 0x1af4;
+/// PCI device ID of a modern (non-transitional) virtio-pci device with ID 42: 0x1040 + 42.
+pub const PCI_DEVICE_ID: u16 = 0x1040 + VIRTIO_ID_RDMA;
+
+/// Virtqueue indices.
+pub mod queue {
+    /// Control requests: driver to device, each chain = request then response.
+    pub const CONTROLQ: u16 = 0;
+    /// Events: driver supplies device-writable buffers, device returns events.
+    pub const EVENTQ: u16 = 1;
+    /// Send doorbells: device-readable arrays of le32 QP handles.
+    pub const DOORBELLQ: u16 = 2;
+    /// Number of virtqueues (QEMU property `num_vqs`).
+    pub const NUM_QUEUES: u16 = 3;
+}
+
+/// Feature bits (device-specific bits 0..=23, plus the generic bits the spec refers to).
+pub mod features {
+    /// Queue buffers use ring format "rxe v1" (see [`crate::rxe_v1`]).
+    pub const VRDMA_F_RING_RXE_V1: u64 = 1 << 0;
+    /// Shared receive queues (CREATE_SRQ, MODIFY_SRQ, QUERY_SRQ, DESTROY_SRQ, QPs with an SRQ).
+    pub const VRDMA_F_SRQ: u64 = 1 << 1;
+    /// Unreliable-datagram QPs and address handles (CREATE_AH, DESTROY_AH).
+    pub const VRDMA_F_UD: u64 = 1 << 2;
+    /// Mask of all device-specific bits defined by this version.
+    pub const VRDMA_F_ALL: u64 = VRDMA_F_RING_RXE_V1 | VRDMA_F_SRQ | VRDMA_F_UD;
+    /// Mask of the bits that select a ring format; exactly one is offered.
+    pub const RING_FORMAT_MASK: u64 = VRDMA_F_RING_RXE_V1;
+    /// VIRTIO_F_RING_INDIRECT_DESC (28): the device accepts indirect descriptor tables.
+    pub const VIRTIO_F_RING_INDIRECT_DESC: u64 = 1 << 28;
+    /// VIRTIO_F_RING_EVENT_IDX (29).
+    pub const VIRTIO_F_RING_EVENT_IDX: u64 = 1 << 29;
+    /// VIRTIO_F_VERSION_1 (32): mandatory.
+    pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+    /// VIRTIO_F_ACCESS_PLATFORM (33): never offered; addresses are guest-physical.
+    pub const VIRTIO_F_ACCESS_PLATFORM: u64 = 1 << 33;
+}
+
+/// Shared-memory region facts.
+pub mod shm {
+    /// VIRTIO shared-memory region ID of the queue region.
+    pub const QUEUE_REGION_ID: u8 = 0;
+    /// vhost-user protocol feature bit `VHOST_USER_PROTOCOL_F_SHMEM` (bit 22).
+    pub const VHOST_USER_PROTOCOL_F_SHMEM: u64 = 1 << 22;
+    /// vhost-user protocol feature bit `VHOST_USER_PROTOCOL_F_CONFIG` (bit 9).
+    pub const VHOST_USER_PROTOCOL_F_CONFIG: u64 = 1 << 9;
+    /// `VHOST_USER_GET_SHMEM_CONFIG` front-end request number.
+    pub const VHOST_USER_GET_SHMEM_CONFIG: u32 = 44;
+    /// `VHOST_USER_BACKEND_SHMEM_MAP` back-end request number.
+    pub const VHOST_USER_BACKEND_SHMEM_MAP: u32 = 9;
+    /// `VHOST_USER_BACKEND_SHMEM_UNMAP` back-end request number.
+    pub const VHOST_USER_BACKEND_SHMEM_UNMAP: u32 = 10;
+    /// `VHOST_USER_FLAG_MAP_RW`: map the fd read/write (queue buffers need it).
+    pub const VHOST_USER_FLAG_MAP_RW: u64 = 1 << 0;
+    /// PCI BAR QEMU's `vhost-user-test-device-pci` uses for shared memory (drivers must
+    /// still locate it through the shared-memory capability).
+    pub const QEMU_SHM_BAR: u8 = 4;
+    /// `VIRTIO_PCI_CAP_SHARED_MEMORY_CFG` capability type.
+    pub const VIRTIO_PCI_CAP_SHARED_MEMORY_CFG: u8 = 8;
+}
