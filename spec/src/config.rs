@@ -47,8 +47,9 @@ wire_struct! {
         pub max_response_size: Le32,
         /// Largest `npages` of one REG_MR.
         pub max_mr_pages: Le32,
-        /// Largest number of handles in one doorbell buffer.
-        pub max_doorbell_handles: Le32,
+        /// Slot count the driver's doorbell area must have (a power of two, at least the
+        /// per-guest QP quota; see [`crate::doorbell`]).
+        pub doorbell_slots: Le32,
         /// Incremented every time the device discards all guest state.
         pub epoch: Le32,
         /// Zero.
@@ -58,7 +59,7 @@ wire_struct! {
 assert_layout!(DeviceConfig, 64, magic @ 0, version_major @ 4, version_minor @ 6,
     ring_format @ 8, num_ports @ 12, shm_size @ 16, shm_id @ 24, shm_page_shift @ 28,
     max_request_size @ 32, max_response_size @ 36, max_mr_pages @ 40,
-    max_doorbell_handles @ 44, epoch @ 48, reserved @ 52);
+    doorbell_slots @ 44, epoch @ 48, reserved @ 52);
 
 impl DeviceConfig {
     /// Parses a configuration-space image and checks the magic and the major version.

@@ -22,6 +22,8 @@ pub enum Opcode {
     QueryGid = 0x0003,
     /// One P_Key table entry.
     QueryPkey = 0x0004,
+    /// Register the driver's doorbell area.
+    SetDoorbellArea = 0x0005,
     /// Allocate a protection domain.
     AllocPd = 0x0010,
     /// Free a protection domain.
@@ -60,11 +62,12 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 21] = [
+    pub const ALL: [Opcode; 22] = [
         Opcode::QueryDevice,
         Opcode::QueryPort,
         Opcode::QueryGid,
         Opcode::QueryPkey,
+        Opcode::SetDoorbellArea,
         Opcode::AllocPd,
         Opcode::DeallocPd,
         Opcode::RegMr,
@@ -91,6 +94,7 @@ impl Opcode {
             Opcode::QueryDevice | Opcode::AllocPd => 0,
             Opcode::QueryPort => size_of::<QueryPortReq>(),
             Opcode::QueryGid | Opcode::QueryPkey => size_of::<QueryTableReq>(),
+            Opcode::SetDoorbellArea => size_of::<SetDoorbellAreaReq>(),
             Opcode::RegMr => size_of::<RegMrReq>(),
             Opcode::CreateCq => size_of::<CreateCqReq>(),
             Opcode::ArmCq => size_of::<ArmCqReq>(),
@@ -126,7 +130,8 @@ impl Opcode {
             Opcode::CreateSrq => size_of::<CreateSrqResp>(),
             Opcode::QuerySrq => size_of::<QuerySrqResp>(),
             Opcode::CreateAh => size_of::<CreateAhResp>(),
-            Opcode::DeallocPd
+            Opcode::SetDoorbellArea
+            | Opcode::DeallocPd
             | Opcode::DeregMr
             | Opcode::DestroyCq
             | Opcode::ArmCq
@@ -253,6 +258,8 @@ pub enum ControlRequest<'a> {
     QueryGid(QueryTableReq),
     /// QUERY_PKEY.
     QueryPkey(QueryTableReq),
+    /// SET_DOORBELL_AREA.
+    SetDoorbellArea(SetDoorbellAreaReq),
     /// ALLOC_PD.
     AllocPd,
     /// DEALLOC_PD.
@@ -534,6 +541,24 @@ impl<'a> ControlRequest<'a> {
             }
             Opcode::QueryGid => ControlRequest::QueryGid(table_req(body)?),
             Opcode::QueryPkey => ControlRequest::QueryPkey(table_req(body)?),
+            Opcode::SetDoorbellArea => {
+                let r: SetDoorbellAreaReq = take_body(body)?;
+                zero(r.reserved.get().into(), "reserved")?;
+                if r.gpa.get() % 4096 != 0 {
+                    return Err(DecodeError::Misaligned {
+                        field: "gpa",
+                        value: r.gpa.get(),
+                    });
+                }
+                let slots = r.slots.get();
+                if !slots.is_power_of_two() || slots > crate::doorbell::MAX_SLOTS {
+                    return Err(DecodeError::InvalidValue {
+                        field: "slots",
+                        value: slots.into(),
+                    });
+                }
+                ControlRequest::SetDoorbellArea(r)
+            }
             Opcode::DeallocPd => ControlRequest::DeallocPd(handle_req(body)?),
             Opcode::DeregMr => ControlRequest::DeregMr(handle_req(body)?),
             Opcode::DestroyCq => ControlRequest::DestroyCq(handle_req(body)?),
@@ -653,6 +678,7 @@ impl<'a> ControlRequest<'a> {
             ControlRequest::QueryPort(_) => Opcode::QueryPort,
             ControlRequest::QueryGid(_) => Opcode::QueryGid,
             ControlRequest::QueryPkey(_) => Opcode::QueryPkey,
+            ControlRequest::SetDoorbellArea(_) => Opcode::SetDoorbellArea,
             ControlRequest::AllocPd => Opcode::AllocPd,
             ControlRequest::DeallocPd(_) => Opcode::DeallocPd,
             ControlRequest::RegMr(_) => Opcode::RegMr,
@@ -712,6 +738,7 @@ impl<'a> ControlRequest<'a> {
             ControlRequest::QueryGid(r) | ControlRequest::QueryPkey(r) => {
                 out.extend_from_slice(r.as_bytes())
             }
+            ControlRequest::SetDoorbellArea(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::DeallocPd(r)
             | ControlRequest::DeregMr(r)
             | ControlRequest::DestroyCq(r)

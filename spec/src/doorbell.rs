@@ -1,64 +1,272 @@
-//! Doorbell buffers: arrays of le32 QP handles on the doorbell queue.
+//! The doorbell area: how a driver tells the device *which* QPs to kick without a lock shared
+//! across QPs.
+//!
+//! The area lives in driver memory (guest RAM) and is registered once with
+//! `SET_DOORBELL_AREA`. Its layout, in 32-bit little-endian words:
+//!
+//! | offset | field | owner |
+//! | --- | --- | --- |
+//! | 0 | `tail`: number of entries ever enqueued (wraps) | driver (atomic fetch-add) |
+//! | 64 | `head`: number of entries the device consumed (informational) | device |
+//! | 128 | `ring[n]`: `doorbell_index + 1`, or 0 when empty | driver writes, device clears |
+//! | 128 + 4n | `pending[n]`: 1 while the QP's index is queued, else 0 | both (atomic swap) |
+//!
+//! `n` is a power of two no smaller than the number of QPs the device allows a guest, so a QP
+//! queued at most once can never overrun the ring. Ringing costs the driver one swap and, only
+//! when the QP was not already queued, one fetch-add, one store and one notification; the device
+//! touches exactly the entries that were queued.
+//!
+//! Ordering (the race every doorbell design has to close): the driver publishes its SQ producer
+//! index with a Release store, then executes a full fence, then swaps `pending`. If the swap finds
+//! 1, the QP is still queued and the device has not yet cleared it; the device's later swap of
+//! `pending` (Acquire) reads that value, so the producer store happens-before the kick that
+//! follows the device's swap. The device therefore clears `pending` *before* it kicks.
 
-use crate::error::DecodeError;
+use core::sync::atomic::{fence, AtomicU32, Ordering};
 
-/// Size of one doorbell entry.
-pub const ENTRY_SIZE: usize = 4;
+/// Word offset of `tail`.
+pub const TAIL_WORD: usize = 0;
+/// Word offset of `head`.
+pub const HEAD_WORD: usize = 16;
+/// Word offset of `ring[0]`.
+pub const RING_WORD: usize = 32;
 
-/// A decoded doorbell buffer, borrowing its bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Doorbell<'a> {
-    bytes: &'a [u8],
+/// Bytes of a doorbell area with `slots` entries.
+pub const fn area_bytes(slots: u32) -> usize {
+    (RING_WORD + 2 * slots as usize) * 4
 }
 
-impl<'a> Doorbell<'a> {
-    /// Decodes the device-readable bytes of one doorbell chain. The buffer must hold
-    /// 1..=`max_handles` entries and nothing else. Handle values are not checked here:
-    /// zero, unknown and foreign handles are the device's to ignore.
-    pub fn decode(bytes: &'a [u8], max_handles: u32) -> Result<Self, DecodeError> {
-        if bytes.is_empty() {
-            return Err(DecodeError::Short {
-                needed: ENTRY_SIZE,
-                got: 0,
+/// Why a region of memory cannot serve as a doorbell area.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AreaError {
+    /// `slots` is zero, not a power of two, or above [`MAX_SLOTS`].
+    #[error("doorbell area slot count {0} is not a power of two in 1..={MAX_SLOTS}")]
+    BadSlots(u32),
+    /// The memory is smaller than the layout needs.
+    #[error("doorbell area needs {needed} bytes, got {got}")]
+    TooSmall {
+        /// Bytes the layout needs.
+        needed: usize,
+        /// Bytes provided.
+        got: usize,
+    },
+}
+
+/// Largest slot count a device accepts (one per QP of a guest).
+pub const MAX_SLOTS: u32 = 1 << 16;
+
+/// A doorbell area over shared words. Both sides build one over the same memory; the caller
+/// that turns raw shared memory into `&[AtomicU32]` carries the `unsafe`.
+#[derive(Debug, Clone, Copy)]
+pub struct DoorbellArea<'a> {
+    tail: &'a AtomicU32,
+    head: &'a AtomicU32,
+    ring: &'a [AtomicU32],
+    pending: &'a [AtomicU32],
+}
+
+impl<'a> DoorbellArea<'a> {
+    /// Lays the area over `words` (at least [`area_bytes`]`(slots) / 4` of them).
+    pub fn new(words: &'a [AtomicU32], slots: u32) -> Result<Self, AreaError> {
+        if slots == 0 || !slots.is_power_of_two() || slots > MAX_SLOTS {
+            return Err(AreaError::BadSlots(slots));
+        }
+        let n = slots as usize;
+        let needed = area_bytes(slots);
+        if words.len() * 4 < needed {
+            return Err(AreaError::TooSmall {
+                needed,
+                got: words.len() * 4,
             });
         }
-        if bytes.len() & (ENTRY_SIZE - 1) != 0 {
-            return Err(DecodeError::Trailing {
-                expected: bytes.len() & !(ENTRY_SIZE - 1),
-                got: bytes.len(),
-            });
+        Ok(Self {
+            tail: &words[TAIL_WORD],
+            head: &words[HEAD_WORD],
+            ring: &words[RING_WORD..RING_WORD + n],
+            pending: &words[RING_WORD + n..RING_WORD + 2 * n],
+        })
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> u32 {
+        self.ring.len() as u32
+    }
+
+    /// Driver side: records that the QP with `index` has new send WQEs. Call it after the SQ
+    /// producer index was published with a Release store. Returns whether the driver must notify
+    /// the doorbell queue (false when the QP was still queued from an earlier ring).
+    ///
+    /// An `index` outside the area is ignored (returns false): indices come from the device.
+    pub fn ring(&self, index: u32) -> bool {
+        let Some(pending) = self.pending.get(index as usize) else {
+            return false;
+        };
+        // Orders the caller's SQ producer store before the pending swap (store-load ordering
+        // needs a full fence; AcqRel on the swap alone would not order an earlier store to a
+        // different location against the device's reads).
+        fence(Ordering::SeqCst);
+        if pending.swap(1, Ordering::AcqRel) != 0 {
+            return false;
         }
-        let max = (max_handles as usize).saturating_mul(ENTRY_SIZE);
-        if bytes.len() > max {
-            return Err(DecodeError::Trailing {
-                expected: max,
-                got: bytes.len(),
-            });
+        let at = self.tail.fetch_add(1, Ordering::AcqRel) as usize & (self.ring.len() - 1);
+        self.ring[at].store(index + 1, Ordering::Release);
+        true
+    }
+
+    /// Device side: consumes queued entries starting at `*head` and calls `kick` once per valid
+    /// index, after clearing its `pending` flag. Stops at the first empty slot (a driver between
+    /// its fetch-add and its store notifies again afterwards) or after one lap of the ring, so a
+    /// driver that scribbles over the area cannot keep the device busy. Indices at or beyond the
+    /// slot count are dropped. Returns the number of entries consumed.
+    pub fn drain(&self, head: &mut u32, mut kick: impl FnMut(u32)) -> usize {
+        let mask = self.ring.len() - 1;
+        let mut consumed = 0;
+        while consumed < self.ring.len() {
+            let slot = &self.ring[*head as usize & mask];
+            let value = slot.load(Ordering::Acquire);
+            if value == 0 {
+                break;
+            }
+            slot.store(0, Ordering::Relaxed);
+            *head = head.wrapping_add(1);
+            consumed += 1;
+            let index = value - 1;
+            if let Some(pending) = self.pending.get(index as usize) {
+                pending.swap(0, Ordering::AcqRel);
+                kick(index);
+            }
         }
-        Ok(Doorbell { bytes })
+        self.head.store(*head, Ordering::Release);
+        consumed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    fn words(slots: u32) -> Vec<AtomicU32> {
+        (0..area_bytes(slots) / 4)
+            .map(|_| AtomicU32::new(0))
+            .collect()
     }
 
-    /// Number of handles.
-    pub fn len(&self) -> usize {
-        self.bytes.len() / ENTRY_SIZE
+    #[test]
+    fn layout_and_validation() {
+        assert_eq!(area_bytes(1024), 128 + 8 * 1024);
+        let w = words(8);
+        assert!(DoorbellArea::new(&w, 8).is_ok());
+        assert_eq!(
+            DoorbellArea::new(&w, 16).unwrap_err(),
+            AreaError::TooSmall {
+                needed: area_bytes(16),
+                got: area_bytes(8)
+            }
+        );
+        assert_eq!(
+            DoorbellArea::new(&w, 6).unwrap_err(),
+            AreaError::BadSlots(6)
+        );
+        assert_eq!(
+            DoorbellArea::new(&w, 0).unwrap_err(),
+            AreaError::BadSlots(0)
+        );
     }
 
-    /// Always false for a decoded doorbell.
-    pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
+    #[test]
+    fn a_queued_qp_is_queued_once_and_kicked_once() {
+        let w = words(8);
+        let area = DoorbellArea::new(&w, 8).unwrap();
+        assert!(area.ring(3));
+        assert!(
+            !area.ring(3),
+            "still queued: no second entry, no notification"
+        );
+        assert!(area.ring(5));
+        assert!(!area.ring(8), "outside the area");
+        let mut head = 0;
+        let mut kicked = vec![];
+        assert_eq!(area.drain(&mut head, |i| kicked.push(i)), 2);
+        assert_eq!(kicked, [3, 5]);
+        assert!(area.ring(3), "kicked: ringing again queues again");
     }
 
-    /// The QP handles, in buffer order (duplicates possible).
-    pub fn handles(&self) -> impl ExactSizeIterator<Item = u32> + 'a {
-        self.bytes
-            .chunks_exact(ENTRY_SIZE)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+    #[test]
+    fn garbage_in_the_area_costs_at_most_one_lap() {
+        let w = words(4);
+        for word in &w {
+            word.store(0xffff_ffff, Ordering::Relaxed);
+        }
+        let area = DoorbellArea::new(&w, 4).unwrap();
+        let mut head = 0;
+        let mut kicked = 0;
+        assert_eq!(area.drain(&mut head, |_| kicked += 1), 4);
+        assert_eq!(kicked, 0, "indices beyond the area are dropped");
+        // The ring is clean again afterwards.
+        assert_eq!(area.drain(&mut head, |_| kicked += 1), 0);
     }
 
-    /// Appends the encoding of `handles` to `out` (driver side).
-    pub fn encode_into(handles: impl IntoIterator<Item = u32>, out: &mut Vec<u8>) {
-        for h in handles {
-            out.extend_from_slice(&h.to_le_bytes());
+    /// Each producer publishes a sequence number per QP (its "SQ producer"), rings, and waits
+    /// until a kick has observed that number before the next round. A lost doorbell stalls the
+    /// producer: the test fails instead of hanging. Waiting right after the kick puts the next
+    /// ring exactly in the window between the device's kick and its clearing of `pending`,
+    /// where an implementation that clears after kicking loses doorbells.
+    #[test]
+    fn no_doorbell_is_lost_under_contention() {
+        const QPS: u32 = 8;
+        const ROUNDS: u32 = 5_000;
+        let w: Arc<Vec<AtomicU32>> = Arc::new(words(QPS));
+        let producers: Arc<Vec<AtomicU32>> =
+            Arc::new((0..QPS).map(|_| AtomicU32::new(0)).collect());
+        let seen: Arc<Vec<AtomicU32>> = Arc::new((0..QPS).map(|_| AtomicU32::new(0)).collect());
+        let done = Arc::new(AtomicBool::new(false));
+
+        let consumer = {
+            let (w, producers, seen, done) =
+                (w.clone(), producers.clone(), seen.clone(), done.clone());
+            std::thread::spawn(move || {
+                let area = DoorbellArea::new(&w, QPS).unwrap();
+                let mut head = 0;
+                while !done.load(Ordering::Acquire) {
+                    area.drain(&mut head, |i| {
+                        let v = producers[i as usize].load(Ordering::Acquire);
+                        seen[i as usize].store(v, Ordering::Release);
+                    });
+                }
+            })
+        };
+        let threads: Vec<_> = (0..2)
+            .map(|t| {
+                let (w, producers, seen) = (w.clone(), producers.clone(), seen.clone());
+                std::thread::spawn(move || {
+                    let area = DoorbellArea::new(&w, QPS).unwrap();
+                    for round in 1..=ROUNDS {
+                        for qp in (t..QPS).step_by(2) {
+                            producers[qp as usize].store(round, Ordering::Release);
+                            area.ring(qp);
+                        }
+                        for qp in (t..QPS).step_by(2) {
+                            let deadline = Instant::now() + Duration::from_secs(10);
+                            while seen[qp as usize].load(Ordering::Acquire) < round {
+                                assert!(
+                                    Instant::now() < deadline,
+                                    "QP {qp} lost its doorbell in round {round}"
+                                );
+                                std::hint::spin_loop();
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        let results: Vec<_> = threads.into_iter().map(|t| t.join()).collect();
+        done.store(true, Ordering::Release);
+        consumer.join().unwrap();
+        for r in results {
+            r.unwrap();
         }
     }
 }

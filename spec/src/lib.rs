@@ -36,7 +36,7 @@ pub mod wire;
 
 pub use config::DeviceConfig;
 pub use control::{ControlRequest, ControlResponse, Opcode, PageList, RegMr, ResponseBody};
-pub use doorbell::Doorbell;
+pub use doorbell::DoorbellArea;
 pub use error::DecodeError;
 pub use event::{Event, EventType};
 pub use status::{Status, StatusError};
@@ -57,7 +57,8 @@ pub mod queue {
     pub const CONTROLQ: u16 = 0;
     /// Events: driver supplies device-writable buffers, device returns events.
     pub const EVENTQ: u16 = 1;
-    /// Send doorbells: device-readable arrays of le32 QP handles.
+    /// Send doorbells: its notification is the doorbell; which QPs rang is read from the
+    /// doorbell area ([`crate::doorbell`]). The driver posts no buffers on it.
     pub const DOORBELLQ: u16 = 2;
     /// Number of virtqueues (QEMU property `num_vqs`).
     pub const NUM_QUEUES: u16 = 3;

@@ -191,6 +191,19 @@ wire_struct! {
 assert_layout!(HandleReq, 8, handle @ 0, reserved @ 4);
 
 wire_struct! {
+    /// SET_DOORBELL_AREA body.
+    pub struct SetDoorbellAreaReq {
+        /// Guest-physical address of the area; 4 KiB aligned.
+        pub gpa: Le64,
+        /// Slot count; must equal the configuration's `doorbell_slots`.
+        pub slots: Le32,
+        /// Zero.
+        pub reserved: Le32,
+    }
+}
+assert_layout!(SetDoorbellAreaReq, 16, gpa @ 0, slots @ 8, reserved @ 12);
+
+wire_struct! {
     /// QUERY_PORT body.
     pub struct QueryPortReq {
         /// Port number, 1..=`num_ports`.
@@ -559,7 +572,7 @@ assert_layout!(CreateCqResp, 48, cq @ 0, cqe @ 4, ring @ 8);
 wire_struct! {
     /// CREATE_QP response body.
     pub struct CreateQpResp {
-        /// QP handle (used in doorbells and commands).
+        /// QP handle (used in commands).
         pub qp: Le32,
         /// Host QP number (appears in CQEs and on the wire).
         pub qpn: Le32,
@@ -573,8 +586,8 @@ wire_struct! {
         pub max_recv_sge: Le32,
         /// Actual inline bytes per send WQE.
         pub max_inline_data: Le32,
-        /// Zero.
-        pub reserved: Le32,
+        /// The QP's slot in the doorbell area (what the driver rings).
+        pub doorbell_index: Le32,
         /// Send-queue buffer.
         pub sq: RingDesc,
         /// Receive-queue buffer (all zero with an SRQ).
@@ -582,7 +595,7 @@ wire_struct! {
     }
 }
 assert_layout!(CreateQpResp, 112, qp @ 0, qpn @ 4, max_send_wr @ 8, max_recv_wr @ 12,
-    max_send_sge @ 16, max_recv_sge @ 20, max_inline_data @ 24, reserved @ 28, sq @ 32,
+    max_send_sge @ 16, max_recv_sge @ 20, max_inline_data @ 24, doorbell_index @ 28, sq @ 32,
     rq @ 72);
 
 wire_struct! {

@@ -6,8 +6,7 @@ use common::*;
 use vrdma_spec::verbs::{access, qp_attr};
 use vrdma_spec::wire::*;
 use vrdma_spec::{
-    ControlRequest, ControlResponse, DecodeError, Doorbell, Event, Le32, Le64, Opcode, RegMr,
-    Status,
+    ControlRequest, ControlResponse, DecodeError, Event, Le32, Le64, Opcode, RegMr, Status,
 };
 use zerocopy::IntoBytes;
 
@@ -67,7 +66,7 @@ fn trailing_bytes_rejected() {
 
 #[test]
 fn unknown_opcode_is_unsupported() {
-    for op in [0u16, 5, 0x12, 0x33, 0x44, 0x62, 0xffff] {
+    for op in [0u16, 6, 0x12, 0x33, 0x44, 0x62, 0xffff] {
         let mut b = vec![0u8; 8];
         b[..2].copy_from_slice(&op.to_le_bytes());
         let e = ControlRequest::decode(&b).unwrap_err();
@@ -379,10 +378,4 @@ fn malformed_events_and_doorbells() {
         Event::decode(fatal.as_bytes()).is_err(),
         "device event with handle"
     );
-
-    assert!(Doorbell::decode(&[], 8).is_err());
-    assert!(Doorbell::decode(&[1, 0, 0], 8).is_err());
-    assert!(Doorbell::decode(&[0; 36], 8).is_err());
-    assert!(Doorbell::decode(&[0; 32], 8).is_ok());
-    assert!(Doorbell::decode(&[0; 4], 0).is_err());
 }

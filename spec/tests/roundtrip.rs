@@ -4,9 +4,8 @@ mod common;
 
 use common::*;
 use vrdma_spec::event::EVENT_SIZE;
-use vrdma_spec::{
-    ControlRequest, ControlResponse, Doorbell, Event, EventType, Opcode, Status, StatusError,
-};
+use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Opcode, Status, StatusError};
+use vrdma_spec::{Le32, Le64};
 use zerocopy::IntoBytes;
 
 #[test]
@@ -29,7 +28,10 @@ fn every_request_round_trips() {
 #[test]
 fn reg_mr_page_list_is_borrowed_and_iterable() {
     let pages = page_list();
-    let req = all_requests(&pages)[6];
+    let req = all_requests(&pages)
+        .into_iter()
+        .find(|r| r.opcode() == Opcode::RegMr)
+        .unwrap();
     let bytes = req.to_vec();
     let ControlRequest::RegMr(m) = ControlRequest::decode(&bytes).unwrap() else {
         panic!("not REG_MR")
@@ -92,13 +94,29 @@ fn every_event_round_trips() {
 }
 
 #[test]
-fn doorbell_round_trips() {
-    let handles = [1u32, 0x0100_0007, 7, 7, u32::MAX];
-    let mut v = Vec::new();
-    Doorbell::encode_into(handles, &mut v);
-    let d = Doorbell::decode(&v, 64).unwrap();
-    assert_eq!(d.len(), 5);
-    assert_eq!(d.handles().collect::<Vec<_>>(), handles.to_vec());
+fn set_doorbell_area_round_trips_and_validates() {
+    use vrdma_spec::wire::SetDoorbellAreaReq;
+    let req = SetDoorbellAreaReq {
+        gpa: Le64::new(0x4000_0000),
+        slots: Le32::new(1024),
+        reserved: Le32::ZERO,
+    };
+    let bytes = ControlRequest::SetDoorbellArea(req).to_vec();
+    assert_eq!(bytes.len(), 8 + 16);
+    assert_eq!(
+        ControlRequest::decode(&bytes).unwrap(),
+        ControlRequest::SetDoorbellArea(req)
+    );
+    let misaligned = SetDoorbellAreaReq {
+        gpa: Le64::new(0x4000_0040),
+        ..req
+    };
+    assert!(ControlRequest::decode(&ControlRequest::SetDoorbellArea(misaligned).to_vec()).is_err());
+    let odd_slots = SetDoorbellAreaReq {
+        slots: Le32::new(1000),
+        ..req
+    };
+    assert!(ControlRequest::decode(&ControlRequest::SetDoorbellArea(odd_slots).to_vec()).is_err());
 }
 
 #[test]
@@ -118,7 +136,7 @@ fn config_round_trips_and_checks_version() {
         max_request_size: Le32::new(40 + 8 * 65536),
         max_response_size: Le32::new(vrdma_spec::control::MAX_RESPONSE_SIZE as u32),
         max_mr_pages: Le32::new(65536),
-        max_doorbell_handles: Le32::new(64),
+        doorbell_slots: Le32::new(1024),
         epoch: Le32::new(1),
         reserved: [0; 12],
     };
