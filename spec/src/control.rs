@@ -544,7 +544,7 @@ impl<'a> ControlRequest<'a> {
             Opcode::SetDoorbellArea => {
                 let r: SetDoorbellAreaReq = take_body(body)?;
                 zero(r.reserved.get().into(), "reserved")?;
-                if r.gpa.get() % 4096 != 0 {
+                if !r.gpa.get().is_multiple_of(4096) {
                     return Err(DecodeError::Misaligned {
                         field: "gpa",
                         value: r.gpa.get(),
