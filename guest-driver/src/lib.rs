@@ -4,3 +4,8 @@
 //! the wire types so that guest code can already be written against them.
 
 pub use vrdma_spec as spec;
+pub mod provider;
+
+pub mod dma;
+pub mod transport;
+pub mod virtq;

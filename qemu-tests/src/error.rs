@@ -29,6 +29,8 @@ pub enum Error {
     #[error("perftest: {0}")]
     Perftest(String),
     #[error("{0}")]
+    Scenario(String),
+    #[error("{0}")]
     Usage(String),
 }
 

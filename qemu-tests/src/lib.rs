@@ -12,6 +12,7 @@ pub mod cache;
 pub mod error;
 pub mod host;
 pub mod initramfs;
+pub mod inside;
 pub mod perftest;
 pub mod rootfs;
 pub mod vm;

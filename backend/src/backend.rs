@@ -1,0 +1,571 @@
+//! `VhostUserBackend` of the vrdma device: virtqueue plumbing around a [`DeviceHandler`].
+//!
+//! Queues: 0 = controlq (request then response buffer per chain), 1 = eventq (device-writable
+//! buffers the device fills with one event each), 2 = doorbellq (its notification is the send
+//! doorbell). The control queue runs on its own worker thread so that a slow command (a large
+//! memory registration) never delays doorbells or events, which share the second worker with
+//! the handler's watched fds.
+//!
+//! Nothing a guest puts on a queue may stop a worker: every malformed chain is returned with
+//! a used length of 0 and logged (rate-limited, since a guest can produce them at will).
+
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use log::{debug, warn};
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserShMemConfig};
+use vhost::vhost_user::Backend;
+use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
+use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::bindings::virtio_ring::{
+    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+};
+use virtio_queue::{DescriptorChain, QueueOwnedT, Reader, Writer};
+use vm_memory::GuestMemoryLoadGuard;
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+
+use crate::handler::{
+    lock, CommandRejection, DeviceHandler, GuestContext, GuestRam, GuestRamAtomic, Placement,
+    DEFAULT_EVENT_CAPACITY,
+};
+
+/// Index of the control queue.
+pub const CONTROLQ: u16 = 0;
+/// Index of the event queue.
+pub const EVENTQ: u16 = 1;
+/// Index of the doorbell queue.
+pub const DOORBELLQ: u16 = 2;
+/// Number of virtqueues.
+pub const NUM_QUEUES: usize = 3;
+/// Largest queue size accepted.
+pub const MAX_QUEUE_SIZE: usize = 256;
+/// Largest configuration space served.
+pub const MAX_CONFIG_SIZE: usize = 256;
+
+/// `VHOST_USER_F_PROTOCOL_FEATURES` (virtio feature bit 30 in vhost-user).
+const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
+/// Virtio feature bits the handler may choose (device-specific range).
+const DEVICE_FEATURE_MASK: u64 = (1 << 24) - 1;
+
+/// Worker thread serving the control queue.
+const CONTROL_WORKER: usize = 0;
+/// Worker thread serving the event queue, the doorbell queue and the watched fds.
+const FAST_WORKER: usize = 1;
+/// Epoll token of the event-queue wake-up fd on [`FAST_WORKER`]. Tokens up to `NUM_QUEUES`
+/// are reserved by vhost-user-backend (queues, exit event).
+const EVENTS_WAKE_TOKEN: u16 = NUM_QUEUES as u16 + 1;
+/// Epoll token of the handler's first watched fd on [`FAST_WORKER`].
+const FIRST_WATCHED_TOKEN: u16 = NUM_QUEUES as u16 + 2;
+
+/// Local vring indices on each worker (vhost-user-backend numbers a worker's vrings from 0).
+const CONTROL_LOCAL: u16 = 0;
+const EVENT_LOCAL: u16 = 0;
+const DOORBELL_LOCAL: u16 = 1;
+
+type Vring = VringRwLock<GuestRamAtomic>;
+type MemoryGuard = GuestMemoryLoadGuard<GuestRam>;
+type Chain = DescriptorChain<MemoryGuard>;
+
+/// Epoll handler of one worker of a [`VrdmaBackend`] connection.
+pub type WorkerEpollHandler<H> = VringEpollHandler<Arc<VrdmaBackend<H>>>;
+
+/// The vhost-user backend of one guest connection.
+pub struct VrdmaBackend<H: DeviceHandler> {
+    handler: Arc<H>,
+    ctx: GuestContext,
+    event_idx: AtomicBool,
+    command: Mutex<CommandBuffers>,
+    doorbell_bytes: Mutex<Vec<u8>>,
+    faults: GuestFaultLog,
+}
+
+#[derive(Default)]
+struct CommandBuffers {
+    request: Vec<u8>,
+    response: Vec<u8>,
+}
+
+impl<H: DeviceHandler> VrdmaBackend<H> {
+    /// A backend serving `handler` over guest RAM `memory` (the same `GuestMemoryAtomic`
+    /// must be given to `VhostUserDaemon::new`).
+    pub fn new(handler: Arc<H>, memory: GuestRamAtomic) -> io::Result<Self> {
+        let ctx = GuestContext::new(memory, handler.shmem_size(), DEFAULT_EVENT_CAPACITY)?;
+        Ok(VrdmaBackend {
+            handler,
+            ctx,
+            event_idx: AtomicBool::new(false),
+            command: Mutex::new(CommandBuffers::default()),
+            doorbell_bytes: Mutex::new(Vec::new()),
+            faults: GuestFaultLog::default(),
+        })
+    }
+
+    /// The device logic.
+    pub fn handler(&self) -> &Arc<H> {
+        &self.handler
+    }
+
+    /// What the handler can reach of the guest.
+    pub fn context(&self) -> &GuestContext {
+        &self.ctx
+    }
+
+    /// Registers the event-queue wake-up fd and the handler's watched fds with the daemon's
+    /// workers (`VhostUserDaemon::get_epoll_handlers()`). Call once, before serving.
+    pub fn attach(&self, workers: &[Arc<WorkerEpollHandler<H>>]) -> io::Result<()> {
+        let worker = workers.get(FAST_WORKER).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the daemon has no event worker",
+            )
+        })?;
+        worker.register_listener(
+            self.ctx.events().wake_fd(),
+            EventSet::IN,
+            u64::from(EVENTS_WAKE_TOKEN),
+        )?;
+        for (index, fd) in self.handler.watched_fds().into_iter().enumerate() {
+            let token = watched_token(index).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "too many watched fds")
+            })?;
+            worker.register_listener(fd, EventSet::IN, u64::from(token))?;
+        }
+        Ok(())
+    }
+
+    fn event_idx(&self) -> bool {
+        self.event_idx.load(Ordering::Relaxed)
+    }
+
+    /// Pops, executes and completes control requests until the queue is empty.
+    fn serve_controlq(&self, vring: &Vring) {
+        self.drain_queue(vring, "controlq", |mem, chain| self.execute(mem, chain));
+    }
+
+    /// Hands every doorbell chain to the handler; a notification without chains is a doorbell
+    /// too (doorbells read from memory).
+    fn serve_doorbellq(&self, vring: &Vring) {
+        let mut chains = 0usize;
+        self.drain_queue(vring, "doorbellq", |mem, chain| {
+            chains += 1;
+            self.ring_doorbell(mem, chain);
+            0
+        });
+        if chains == 0 {
+            self.handler.doorbell(&self.ctx, &[]);
+        }
+    }
+
+    /// Pops every available chain of `vring`, lets `serve` produce its used length and
+    /// completes it. With EVENT_IDX, notifications stay off while the queue is drained.
+    ///
+    /// No vring lock is held while `serve` runs: a handler may wait for the frontend (a
+    /// SHMEM_MAP reply) while the frontend sends requests that need the vring.
+    fn drain_queue(
+        &self,
+        vring: &Vring,
+        name: &str,
+        mut serve: impl FnMut(&MemoryGuard, Chain) -> u32,
+    ) {
+        let mem = self.ctx.memory();
+        loop {
+            if self.event_idx() {
+                if let Err(e) = vring.disable_notification() {
+                    self.faults.report(format_args!("{name}: {e}"));
+                    return;
+                }
+            }
+            loop {
+                let chain = match pop_chain(vring, &mem) {
+                    Ok(Some(chain)) => chain,
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.faults.report(format_args!("{name}: {e}"));
+                        return;
+                    }
+                };
+                let head = chain.head_index();
+                let used_len = serve(&mem, chain);
+                self.complete(vring, name, head, used_len);
+            }
+            if !self.event_idx() {
+                return;
+            }
+            match vring.enable_notification() {
+                Ok(true) => continue,
+                Ok(false) => return,
+                Err(e) => {
+                    self.faults.report(format_args!("{name}: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Puts `head` on the used ring and notifies the driver if it asked for it.
+    fn complete(&self, vring: &Vring, name: &str, head: u16, used_len: u32) {
+        if let Err(e) = vring.add_used(head, used_len) {
+            self.faults
+                .report(format_args!("{name}: cannot complete chain {head}: {e}"));
+            return;
+        }
+        self.signal(vring, name);
+    }
+
+    fn signal(&self, vring: &Vring, name: &str) {
+        match vring.needs_notification() {
+            Ok(false) => {}
+            Ok(true) => {
+                if let Err(e) = vring.signal_used_queue() {
+                    warn!("{name}: cannot notify the driver: {e}");
+                }
+            }
+            Err(e) => self.faults.report(format_args!("{name}: {e}")),
+        }
+    }
+
+    /// Executes one control chain; returns the number of response bytes written.
+    fn execute(&self, mem: &MemoryGuard, chain: Chain) -> u32 {
+        let head = chain.head_index();
+        let mut reader = match Reader::new(&**mem, chain.clone()) {
+            Ok(reader) => reader,
+            Err(e) => {
+                self.faults
+                    .report(format_args!("controlq chain {head}: unreadable: {e}"));
+                return 0;
+            }
+        };
+        let mut writer = match Writer::new(&**mem, chain) {
+            Ok(writer) => writer,
+            Err(e) => {
+                self.faults
+                    .report(format_args!("controlq chain {head}: unwritable: {e}"));
+                return 0;
+            }
+        };
+        let capacity = writer.available_bytes();
+        if capacity == 0 {
+            // Without room for a status the driver could never learn the outcome, so the
+            // request is not executed at all.
+            self.faults
+                .report(format_args!("controlq chain {head}: no response buffer"));
+            return 0;
+        }
+
+        let mut buffers = lock(&self.command);
+        let CommandBuffers { request, response } = &mut *buffers;
+        response.clear();
+        let len = reader.available_bytes();
+        let max = self.handler.max_request_size();
+        if len > max {
+            self.faults.report(format_args!(
+                "controlq chain {head}: request of {len} bytes over {max}"
+            ));
+            self.handler.reject_command(
+                &self.ctx,
+                CommandRejection::RequestTooLarge { len, max },
+                response,
+            );
+        } else {
+            request.clear();
+            request.resize(len, 0);
+            if let Err(e) = reader.read_exact(request) {
+                self.faults
+                    .report(format_args!("controlq chain {head}: read failed: {e}"));
+                return 0;
+            }
+            self.handler
+                .handle_command(&self.ctx, request, capacity, response);
+            if response.len() > capacity {
+                let needed = response.len();
+                response.clear();
+                self.handler.reject_command(
+                    &self.ctx,
+                    CommandRejection::ResponseTooSmall { needed, capacity },
+                    response,
+                );
+            }
+        }
+        if response.len() > capacity {
+            warn!(
+                "error response of {} bytes truncated to {capacity}",
+                response.len()
+            );
+            response.truncate(capacity);
+        }
+        match writer.write_all(response) {
+            Ok(()) => response.len() as u32,
+            Err(e) => {
+                self.faults
+                    .report(format_args!("controlq chain {head}: write failed: {e}"));
+                writer.bytes_written() as u32
+            }
+        }
+    }
+
+    fn ring_doorbell(&self, mem: &MemoryGuard, chain: Chain) {
+        let head = chain.head_index();
+        let mut reader = match Reader::new(&**mem, chain) {
+            Ok(reader) => reader,
+            Err(e) => {
+                self.faults
+                    .report(format_args!("doorbellq chain {head}: unreadable: {e}"));
+                return;
+            }
+        };
+        let len = reader.available_bytes();
+        let max = self.handler.max_doorbell_size();
+        if len > max {
+            self.faults.report(format_args!(
+                "doorbellq chain {head}: {len} bytes over {max}"
+            ));
+            return;
+        }
+        let mut bytes = lock(&self.doorbell_bytes);
+        bytes.clear();
+        bytes.resize(len, 0);
+        if let Err(e) = reader.read_exact(&mut bytes) {
+            self.faults
+                .report(format_args!("doorbellq chain {head}: read failed: {e}"));
+            return;
+        }
+        self.handler.doorbell(&self.ctx, &bytes);
+    }
+
+    /// Moves queued events into event buffers while both exist.
+    fn deliver_events(&self, vring: &Vring) {
+        let events = self.ctx.events();
+        events.announce_losses(&*self.handler);
+        if events.is_empty() {
+            return;
+        }
+        let mem = self.ctx.memory();
+        loop {
+            let used = events.deliver(|event| self.place_event(vring, &mem, event));
+            if used {
+                self.signal(vring, "eventq");
+            }
+            // Ask for a kick when the driver posts the next buffer, and look again if one
+            // arrived meanwhile.
+            if events.is_empty() || !self.event_idx() {
+                return;
+            }
+            match vring.enable_notification() {
+                Ok(true) => continue,
+                Ok(false) => return,
+                Err(e) => {
+                    self.faults.report(format_args!("eventq: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn place_event(&self, vring: &Vring, mem: &MemoryGuard, event: &[u8]) -> Placement {
+        let chain = match pop_chain(vring, mem) {
+            Ok(Some(chain)) => chain,
+            Ok(None) => return Placement::NoBuffer,
+            Err(e) => {
+                self.faults.report(format_args!("eventq: {e}"));
+                return Placement::NoBuffer;
+            }
+        };
+        let head = chain.head_index();
+        let written = match Writer::new(&**mem, chain) {
+            Ok(mut writer) if writer.available_bytes() >= event.len() => {
+                match writer.write_all(event) {
+                    Ok(()) => Some(event.len() as u32),
+                    Err(e) => {
+                        self.faults
+                            .report(format_args!("eventq buffer {head}: write failed: {e}"));
+                        None
+                    }
+                }
+            }
+            Ok(writer) => {
+                self.faults.report(format_args!(
+                    "eventq buffer {head}: {} bytes cannot hold a {}-byte event",
+                    writer.available_bytes(),
+                    event.len()
+                ));
+                None
+            }
+            Err(e) => {
+                self.faults
+                    .report(format_args!("eventq buffer {head}: unwritable: {e}"));
+                None
+            }
+        };
+        if let Err(e) = vring.add_used(head, written.unwrap_or(0)) {
+            self.faults
+                .report(format_args!("eventq: cannot complete buffer {head}: {e}"));
+        }
+        match written {
+            Some(_) => Placement::Delivered,
+            None => Placement::BufferWasted,
+        }
+    }
+}
+
+impl<H: DeviceHandler> VhostUserBackend for VrdmaBackend<H> {
+    type Bitmap = ();
+    type Vring = Vring;
+
+    fn num_queues(&self) -> usize {
+        NUM_QUEUES
+    }
+
+    fn max_queue_size(&self) -> usize {
+        MAX_QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        (1 << VIRTIO_F_VERSION_1)
+            | (1 << VIRTIO_RING_F_EVENT_IDX)
+            | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+            | VHOST_USER_F_PROTOCOL_FEATURES
+            | (self.handler.device_features() & DEVICE_FEATURE_MASK)
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.handler.features_acked(features);
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::BACKEND_REQ
+            | VhostUserProtocolFeatures::BACKEND_SEND_FD
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::RESET_DEVICE
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::SHMEM
+    }
+
+    fn reset_device(&self) {
+        self.ctx.events().clear();
+        self.handler.reset();
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, Ordering::Relaxed);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let (offset, size) = (offset as usize, size as usize);
+        let Some(end) = offset
+            .checked_add(size)
+            .filter(|&end| end <= MAX_CONFIG_SIZE)
+        else {
+            // An empty reply tells the frontend that the request failed.
+            return Vec::new();
+        };
+        let mut config = self.handler.config_space();
+        config.resize(MAX_CONFIG_SIZE, 0);
+        config[offset..end].to_vec()
+    }
+
+    fn set_config(&self, _offset: u32, _buf: &[u8]) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "the vrdma configuration space is read-only",
+        ))
+    }
+
+    fn update_memory(&self, _mem: GuestRamAtomic) -> io::Result<()> {
+        // `_mem` is the GuestMemoryAtomic the context already holds; only the handler needs
+        // to look at what changed.
+        self.handler.memory_changed(&self.ctx);
+        Ok(())
+    }
+
+    fn set_backend_req_fd(&self, backend: Backend) {
+        self.ctx.shmem().set_channel(backend);
+    }
+
+    fn get_shmem_config(&self) -> io::Result<VhostUserShMemConfig> {
+        let size = self.ctx.shmem().size();
+        if size == 0 {
+            return Ok(VhostUserShMemConfig::new(0, &[]));
+        }
+        Ok(VhostUserShMemConfig::new(1, &[size]))
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        vec![1 << CONTROLQ, (1 << EVENTQ) | (1 << DOORBELLQ)]
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        // Without an exit event the workers could never be stopped when the guest goes.
+        match new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC) {
+            Ok(pair) => Some(pair),
+            Err(e) => {
+                warn!("cannot create a worker exit event: {e}");
+                None
+            }
+        }
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        _evset: EventSet,
+        vrings: &[Vring],
+        thread_id: usize,
+    ) -> io::Result<()> {
+        // Errors returned here would end the worker thread, so guest-caused problems are
+        // logged where they happen and never returned.
+        match (thread_id, device_event) {
+            (CONTROL_WORKER, CONTROL_LOCAL) => self.serve_controlq(&vrings[0]),
+            (FAST_WORKER, EVENT_LOCAL) => self.deliver_events(&vrings[0]),
+            (FAST_WORKER, DOORBELL_LOCAL) => self.serve_doorbellq(&vrings[1]),
+            (FAST_WORKER, EVENTS_WAKE_TOKEN) => {
+                self.ctx.events().consume_wake();
+                self.deliver_events(&vrings[0]);
+            }
+            (FAST_WORKER, token) if token >= FIRST_WATCHED_TOKEN => {
+                self.handler
+                    .fd_ready(&self.ctx, usize::from(token - FIRST_WATCHED_TOKEN));
+                self.deliver_events(&vrings[0]);
+            }
+            (thread, token) => debug!("ignoring event {token} on worker {thread}"),
+        }
+        Ok(())
+    }
+}
+
+fn watched_token(index: usize) -> Option<u16> {
+    u16::try_from(index)
+        .ok()
+        .and_then(|index| FIRST_WATCHED_TOKEN.checked_add(index))
+}
+
+/// Takes the next available chain, holding the vring lock only for that.
+fn pop_chain(vring: &Vring, mem: &MemoryGuard) -> Result<Option<Chain>, virtio_queue::Error> {
+    let mut state = vring.get_mut();
+    let mut available = state.get_queue_mut().iter(mem.clone())?;
+    Ok(available.next())
+}
+
+/// Logs what guests do wrong without letting one guest flood the log: the first few and then
+/// every power-of-two-th report at warn, the rest at debug.
+#[derive(Default)]
+struct GuestFaultLog {
+    count: AtomicU64,
+}
+
+impl GuestFaultLog {
+    const ALWAYS_SHOWN: u64 = 8;
+
+    fn report(&self, what: std::fmt::Arguments<'_>) {
+        let n = self.count.fetch_add(1, Ordering::Relaxed) + 1;
+        if n <= Self::ALWAYS_SHOWN || n.is_power_of_two() {
+            warn!("guest error #{n}: {what}");
+        } else {
+            debug!("guest error #{n}: {what}");
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! Checks every ABI struct of this layer against the C compiler's view of the system's uapi
+//! headers (`<rdma/ib_user_verbs.h>`, `<rdma/rdma_user_rxe.h>`).
+
+use std::fmt::Write as _;
+use std::process::Command;
+
+use super::rxe_abi::*;
+use super::uverbs::*;
+
+struct Layout {
+    c_type: &'static str,
+    size: usize,
+    fields: Vec<(&'static str, usize)>,
+}
+
+macro_rules! layouts {
+    ($($c:literal => $ty:ty { $($f:ident),* $(,)? }),* $(,)?) => {
+        vec![$(Layout {
+            c_type: $c,
+            size: size_of::<$ty>(),
+            fields: vec![$((stringify!($f), ::core::mem::offset_of!($ty, $f))),*],
+        }),*]
+    };
+}
+
+fn all_layouts() -> Vec<Layout> {
+    let mut all = layouts! {
+        "struct ib_uverbs_cmd_hdr" => CmdHdr { command, in_words, out_words },
+        "struct ib_uverbs_async_event_desc" => AsyncEventDesc { element, event_type, reserved },
+        "struct ib_uverbs_comp_event_desc" => CompEventDesc { cq_handle },
+        "struct ib_uverbs_get_context" => GetContext { response },
+        "struct ib_uverbs_get_context_resp" => GetContextResp { async_fd, num_comp_vectors },
+        "struct ib_uverbs_query_device" => QueryDevice { response },
+        "struct ib_uverbs_query_device_resp" => QueryDeviceResp {
+            fw_ver, node_guid, sys_image_guid, max_mr_size, page_size_cap, vendor_id,
+            vendor_part_id, hw_ver, max_qp, max_qp_wr, device_cap_flags, max_sge, max_sge_rd,
+            max_cq, max_cqe, max_mr, max_pd, max_qp_rd_atom, max_ee_rd_atom, max_res_rd_atom,
+            max_qp_init_rd_atom, max_ee_init_rd_atom, atomic_cap, max_ee, max_rdd, max_mw,
+            max_raw_ipv6_qp, max_raw_ethy_qp, max_mcast_grp, max_mcast_qp_attach,
+            max_total_mcast_qp_attach, max_ah, max_fmr, max_map_per_fmr, max_srq, max_srq_wr,
+            max_srq_sge, max_pkeys, local_ca_ack_delay, phys_port_cnt, reserved,
+        },
+        "struct ib_uverbs_query_port" => QueryPort { response, port_num, reserved },
+        "struct ib_uverbs_query_port_resp" => QueryPortResp {
+            port_cap_flags, max_msg_sz, bad_pkey_cntr, qkey_viol_cntr, gid_tbl_len,
+            pkey_tbl_len, lid, sm_lid, state, max_mtu, active_mtu, lmc, max_vl_num, sm_sl,
+            subnet_timeout, init_type_reply, active_width, active_speed, phys_state,
+            link_layer, flags, reserved,
+        },
+        "struct ib_uverbs_alloc_pd" => AllocPd { response },
+        "struct ib_uverbs_alloc_pd_resp" => AllocPdResp { pd_handle },
+        "struct ib_uverbs_dealloc_pd" => DeallocPd { pd_handle },
+        "struct ib_uverbs_reg_mr" => RegMr {
+            response, start, length, hca_va, pd_handle, access_flags,
+        },
+        "struct ib_uverbs_reg_mr_resp" => RegMrResp { mr_handle, lkey, rkey },
+        "struct ib_uverbs_dereg_mr" => DeregMr { mr_handle },
+        "struct ib_uverbs_create_comp_channel" => CreateCompChannel { response },
+        "struct ib_uverbs_create_comp_channel_resp" => CreateCompChannelResp { fd },
+        "struct ib_uverbs_create_cq" => CreateCq {
+            response, user_handle, cqe, comp_vector, comp_channel, reserved,
+        },
+        "struct ib_uverbs_create_cq_resp" => CreateCqResp { cq_handle, cqe },
+        "struct ib_uverbs_req_notify_cq" => ReqNotifyCq { cq_handle, solicited_only },
+        "struct ib_uverbs_destroy_cq" => DestroyCq { response, cq_handle, reserved },
+        "struct ib_uverbs_destroy_cq_resp" => DestroyCqResp {
+            comp_events_reported, async_events_reported,
+        },
+        "struct ib_uverbs_global_route" => GlobalRoute {
+            dgid, flow_label, sgid_index, hop_limit, traffic_class, reserved,
+        },
+        "struct ib_uverbs_ah_attr" => AhAttr {
+            grh, dlid, sl, src_path_bits, static_rate, is_global, port_num, reserved,
+        },
+        "struct ib_uverbs_qp_dest" => QpDest {
+            dgid, flow_label, dlid, reserved, sgid_index, hop_limit, traffic_class, sl,
+            src_path_bits, static_rate, is_global, port_num,
+        },
+        "struct ib_uverbs_create_qp" => CreateQp {
+            response, user_handle, pd_handle, send_cq_handle, recv_cq_handle, srq_handle,
+            max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data, sq_sig_all,
+            qp_type, is_srq, reserved,
+        },
+        "struct ib_uverbs_create_qp_resp" => CreateQpResp {
+            qp_handle, qpn, max_send_wr, max_recv_wr, max_send_sge, max_recv_sge,
+            max_inline_data, reserved,
+        },
+        "struct ib_uverbs_query_qp" => QueryQp { response, qp_handle, attr_mask },
+        "struct ib_uverbs_query_qp_resp" => QueryQpResp {
+            dest, alt_dest, max_send_wr, max_recv_wr, max_send_sge, max_recv_sge,
+            max_inline_data, qkey, rq_psn, sq_psn, dest_qp_num, qp_access_flags, pkey_index,
+            alt_pkey_index, qp_state, cur_qp_state, path_mtu, path_mig_state, sq_draining,
+            max_rd_atomic, max_dest_rd_atomic, min_rnr_timer, port_num, timeout, retry_cnt,
+            rnr_retry, alt_port_num, alt_timeout, sq_sig_all, reserved,
+        },
+        "struct ib_uverbs_modify_qp" => ModifyQp {
+            dest, alt_dest, qp_handle, attr_mask, qkey, rq_psn, sq_psn, dest_qp_num,
+            qp_access_flags, pkey_index, alt_pkey_index, qp_state, cur_qp_state, path_mtu,
+            path_mig_state, en_sqd_async_notify, max_rd_atomic, max_dest_rd_atomic,
+            min_rnr_timer, port_num, timeout, retry_cnt, rnr_retry, alt_port_num, alt_timeout,
+            reserved,
+        },
+        "struct ib_uverbs_destroy_qp" => DestroyQp { response, qp_handle, reserved },
+        "struct ib_uverbs_destroy_qp_resp" => DestroyQpResp { events_reported },
+        "struct ib_uverbs_post_send" => PostSend {
+            response, qp_handle, wr_count, sge_count, wqe_size,
+        },
+        "struct ib_uverbs_post_send_resp" => PostSendResp { bad_wr },
+        "struct ib_uverbs_create_srq" => CreateSrq {
+            response, user_handle, pd_handle, max_wr, max_sge, srq_limit,
+        },
+        "struct ib_uverbs_create_srq_resp" => CreateSrqResp {
+            srq_handle, max_wr, max_sge, srqn,
+        },
+        "struct ib_uverbs_modify_srq" => ModifySrq { srq_handle, attr_mask, max_wr, srq_limit },
+        "struct ib_uverbs_destroy_srq" => DestroySrq { response, srq_handle, reserved },
+        "struct ib_uverbs_destroy_srq_resp" => DestroySrqResp { events_reported },
+        "struct ib_uverbs_create_ah" => CreateAh {
+            response, user_handle, pd_handle, reserved, attr,
+        },
+        "struct ib_uverbs_create_ah_resp" => CreateAhResp { ah_handle },
+        "struct ib_uverbs_destroy_ah" => DestroyAh { ah_handle },
+        "struct ib_uverbs_wc" => Wc {
+            wr_id, status, opcode, vendor_err, byte_len, ex, qp_num, src_qp, wc_flags,
+            pkey_index, slid, sl, dlid_path_bits, port_num, reserved,
+        },
+        "struct mminfo" => MmInfo { offset, size, pad },
+        "struct rxe_create_cq_resp" => RxeCreateCqResp { mi },
+        "struct rxe_create_qp_resp" => RxeCreateQpResp { rq_mi, sq_mi },
+        "struct rxe_create_srq_resp" => RxeCreateSrqResp { mi, srq_num, reserved },
+        "struct rxe_modify_srq_cmd" => RxeModifySrqCmd { mmap_info_addr },
+        "struct rxe_create_ah_resp" => RxeCreateAhResp { ah_num, reserved },
+        "struct rxe_queue_buf" => RxeQueueBuf {
+            log2_elem_size, index_mask, pad_1, producer_index, pad_2, consumer_index, pad_3,
+        },
+        "struct rxe_sge" => RxeSge { addr, length, lkey },
+        "struct rxe_send_wr" => RxeSendWr { wr_id, reserved, opcode, send_flags, ex, wr },
+        "struct rxe_dma_info" => RxeDmaInfo {
+            length, resid, cur_sge, num_sge, sge_offset, reserved,
+        },
+        "struct rxe_send_wqe" => RxeSendWqe {
+            wr, status, state, iova, mask, first_psn, last_psn, ack_length, ssn,
+            has_rd_atomic, dma,
+        },
+        "struct rxe_recv_wqe" => RxeRecvWqe { wr_id, reserved, padding, dma },
+    };
+    // Flexible members Rust cannot declare: where the C struct's trailing arrays start.
+    all.push(Layout {
+        c_type: "struct rxe_queue_buf",
+        size: size_of::<RxeQueueBuf>(),
+        fields: vec![("data", QUEUE_DATA_OFFSET)],
+    });
+    all.push(Layout {
+        c_type: "struct rxe_dma_info",
+        size: size_of::<RxeDmaInfo>(),
+        fields: vec![("sge", size_of::<RxeDmaInfo>())],
+    });
+    all
+}
+
+fn c_program(layouts: &[Layout]) -> String {
+    let mut src = String::from(
+        "#include <stddef.h>\n#include <stdio.h>\n#include <rdma/ib_user_verbs.h>\n\
+         #include <rdma/rdma_user_rxe.h>\nint main(void) {\n",
+    );
+    for l in layouts {
+        writeln!(
+            src,
+            "printf(\"{t} size %zu\\n\", sizeof({t}));",
+            t = l.c_type
+        )
+        .unwrap();
+        for (field, _) in &l.fields {
+            writeln!(
+                src,
+                "printf(\"{t}.{field} %zu\\n\", offsetof({t}, {field}));",
+                t = l.c_type
+            )
+            .unwrap();
+        }
+    }
+    src.push_str("return 0;\n}\n");
+    src
+}
+
+fn rust_lines(layouts: &[Layout]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for l in layouts {
+        lines.push(format!("{} size {}", l.c_type, l.size));
+        for (field, off) in &l.fields {
+            lines.push(format!("{}.{} {}", l.c_type, field, off));
+        }
+    }
+    lines
+}
+
+#[test]
+fn abi_structs_match_the_c_headers() {
+    let layouts = all_layouts();
+    let dir = std::env::temp_dir().join(format!("vrdma-layout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("layout.c");
+    let bin = dir.join("layout");
+    std::fs::write(&src, c_program(&layouts)).unwrap();
+    let compiled = match Command::new("cc").arg(&src).arg("-o").arg(&bin).output() {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("skipping the ABI layout check: no C compiler `cc` on this machine");
+            let _ = std::fs::remove_dir_all(&dir);
+            return;
+        }
+        Err(e) => panic!("running cc: {e}"),
+    };
+    assert!(
+        compiled.status.success(),
+        "cc failed (are the linux uapi headers installed?):\n{}",
+        String::from_utf8_lossy(&compiled.stderr)
+    );
+    let run = Command::new(&bin).output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(run.status.success());
+    let c_out = String::from_utf8(run.stdout).unwrap();
+    let c_lines: Vec<&str> = c_out.lines().collect();
+    let expected = rust_lines(&layouts);
+    assert_eq!(c_lines.len(), expected.len());
+    let mismatches: Vec<String> = expected
+        .iter()
+        .zip(&c_lines)
+        .filter(|(rust, c)| rust.as_str() != **c)
+        .map(|(rust, c)| format!("rust: {rust:<60} C: {c}"))
+        .collect();
+    assert!(
+        mismatches.is_empty(),
+        "layout mismatches:\n{}",
+        mismatches.join("\n")
+    );
+}

@@ -1,0 +1,146 @@
+//! The host-device layer: everything the backend does on the host's RDMA device on a guest's
+//! behalf.
+//!
+//! The backend speaks the kernel's uverbs `write()` command ABI directly ([`uverbs`]) rather
+//! than going through libibverbs: rxe's queue buffers can be mapped only once, by whoever maps
+//! them first, so the guest's side (QEMU or a process-mode frontend) must do that mapping and the
+//! backend must create queues itself and pass on (fd, offset, length). It also keeps the build
+//! free of rdma-core.
+//!
+//! - [`sysfs`]: device discovery and GID tables.
+//! - [`HostDevice`] / [`HostContext`]: what the rest of the backend uses, object-safe so a test
+//!   can put a fake device behind them.
+//! - [`rxe`]: the Soft-RoCE implementation.
+
+pub mod error;
+pub mod events;
+pub mod rxe;
+pub mod rxe_abi;
+pub mod sysfs;
+pub mod types;
+pub mod uverbs;
+pub mod verbs_file;
+
+#[cfg(test)]
+mod layout_tests;
+
+use std::os::fd::BorrowedFd;
+
+pub use error::{DeviceError, Result};
+pub use rxe::{RxeContext, RxeDevice};
+pub use sysfs::{DeviceInfo, GidEntry, GidType, PortInfo, PortState};
+pub use types::*;
+
+/// A host RDMA device the backend can serve guests from.
+pub trait HostDevice: Send + Sync {
+    /// What sysfs says about the device.
+    fn info(&self) -> &DeviceInfo;
+
+    /// The ring format of queue buffers from this device
+    /// (`vrdma_spec::config::ring_format`): it tells the guest which native WQE/CQE layout to
+    /// write and read.
+    fn ring_format(&self) -> u32;
+
+    /// The populated GID entries of a port.
+    fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>>;
+
+    /// Opens a fresh context: one per guest connection. Dropping it releases every kernel
+    /// object created through it.
+    fn open_context(&self) -> Result<Box<dyn HostContext>>;
+}
+
+/// One guest's context on the host device: its kernel objects and its event sources.
+///
+/// Queue placement. rxe allocates queue buffers in the kernel; creation returns a
+/// [`QueueBuffer`] (offset and length on [`HostContext::queue_fd`]) that the frontend maps once
+/// and exposes to the guest, and a send needs [`HostContext::kick_send`]. A hardware provider
+/// such as mlx5 places queues differently: its buffers live in memory the creator supplies
+/// (guest RAM, registered through a parent-domain style allocator) and its doorbell is a UAR
+/// page the guest writes directly. Such a provider would extend the creation requests with the
+/// guest buffer to use, return a doorbell-page descriptor alongside (or instead of) the
+/// [`QueueBuffer`], and report a different [`HostDevice::ring_format`]; callers already treat
+/// buffers as opaque (fd, offset, len) triples and the kick as optional per format.
+pub trait HostContext: Send + Sync {
+    /// The fd whose mmap yields queue buffers (rxe: the uverbs cmd fd), to pass with SHMEM_MAP.
+    fn queue_fd(&self) -> BorrowedFd<'_>;
+
+    /// The uverbs command fd. Only this process may write commands to it (the kernel refuses
+    /// writes from other credentials); others may only mmap it.
+    fn cmd_fd(&self) -> BorrowedFd<'_>;
+
+    /// The async event fd (readable when [`HostContext::read_async_event`] has something).
+    fn async_fd(&self) -> BorrowedFd<'_>;
+
+    /// The context's completion channel fd (readable when
+    /// [`HostContext::read_comp_event`] has something).
+    fn comp_channel_fd(&self) -> BorrowedFd<'_>;
+
+    /// Number of completion vectors CQs may use.
+    fn num_comp_vectors(&self) -> u32;
+
+    /// Device attributes.
+    fn query_device(&self) -> Result<DeviceAttr>;
+
+    /// Attributes of a port (numbered from 1).
+    fn query_port(&self, port: u8) -> Result<PortAttr>;
+
+    /// Allocates a protection domain.
+    fn alloc_pd(&self) -> Result<PdHandle>;
+
+    /// Frees a protection domain (fails while objects use it).
+    fn dealloc_pd(&self, pd: PdHandle) -> Result<()>;
+
+    /// Registers `[start, start + length)` of this process with the device, addressed by the
+    /// peer and the guest at `iova`.
+    fn reg_mr(&self, init: &MrInit) -> Result<Mr>;
+
+    /// Deregisters an MR.
+    fn dereg_mr(&self, mr: MrHandle) -> Result<()>;
+
+    /// Creates a CQ.
+    fn create_cq(&self, init: &CqInit) -> Result<Cq>;
+
+    /// Destroys a CQ (fails while QPs use it).
+    fn destroy_cq(&self, cq: CqHandle) -> Result<()>;
+
+    /// Arms a CQ: its next (solicited) completion raises one completion event.
+    fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()>;
+
+    /// Creates a QP.
+    fn create_qp(&self, init: &QpInit) -> Result<Qp>;
+
+    /// Changes QP attributes / state (legacy attribute set, `mask` selects fields).
+    fn modify_qp(&self, qp: QpHandle, attr: &QpAttr, mask: QpAttrMask) -> Result<()>;
+
+    /// Reads QP attributes.
+    fn query_qp(&self, qp: QpHandle, mask: QpAttrMask) -> Result<QpInfo>;
+
+    /// Destroys a QP.
+    fn destroy_qp(&self, qp: QpHandle) -> Result<()>;
+
+    /// Creates an SRQ.
+    fn create_srq(&self, init: &SrqInit) -> Result<Srq>;
+
+    /// Changes SRQ size or limit; a resize returns the new buffer to map (the old one is freed
+    /// when unmapped).
+    fn modify_srq(&self, srq: SrqHandle, modify: &SrqModify) -> Result<Option<QueueBuffer>>;
+
+    /// Destroys an SRQ (fails while QPs use it).
+    fn destroy_srq(&self, srq: SrqHandle) -> Result<()>;
+
+    /// Creates an address handle for UD sends.
+    fn create_ah(&self, init: &AhInit) -> Result<Ah>;
+
+    /// Destroys an address handle.
+    fn destroy_ah(&self, ah: AhHandle) -> Result<()>;
+
+    /// Tells the device that new WQEs sit in the QP's send queue (rxe: an empty POST_SEND,
+    /// which runs the requester). Allocation-free: called once per doorbell.
+    fn kick_send(&self, qp: QpHandle) -> Result<()>;
+
+    /// Next pending async event, without blocking.
+    fn read_async_event(&self) -> Result<Option<AsyncEvent>>;
+
+    /// Next pending completion event, without blocking.
+    fn read_comp_event(&self) -> Result<Option<CompEvent>>;
+}

@@ -1,0 +1,549 @@
+//! Typed arguments and results of host-device verbs (independent of any driver).
+
+use std::fmt;
+
+macro_rules! handle {
+    ($(#[$m:meta])* $name:ident) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(pub u32);
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}", self.0)
+            }
+        }
+    };
+}
+
+handle!(
+    /// Kernel handle of a protection domain in one context.
+    PdHandle
+);
+handle!(
+    /// Kernel handle of a memory region in one context.
+    MrHandle
+);
+handle!(
+    /// Kernel handle of a completion queue in one context.
+    CqHandle
+);
+handle!(
+    /// Kernel handle of a queue pair in one context (not its QP number).
+    QpHandle
+);
+handle!(
+    /// Kernel handle of a shared receive queue in one context.
+    SrqHandle
+);
+handle!(
+    /// Kernel handle of an address handle in one context.
+    AhHandle
+);
+
+/// A queue buffer the host device allocated, as the frontend must map it: `len` bytes of the
+/// context's [`super::HostContext::queue_fd`] at `offset`, `MAP_SHARED`, read/write. rxe lets
+/// that mapping happen exactly once (the kernel forgets the offset after the first mmap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueBuffer {
+    /// mmap offset on the queue fd.
+    pub offset: u64,
+    /// Length in bytes (a multiple of the page size).
+    pub len: usize,
+}
+
+/// Access flags of an MR or QP (`IB_ACCESS_*`, same bits as `ibv_access_flags`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AccessFlags(pub u32);
+
+impl AccessFlags {
+    /// `IB_ACCESS_LOCAL_WRITE`.
+    pub const LOCAL_WRITE: AccessFlags = AccessFlags(1);
+    /// `IB_ACCESS_REMOTE_WRITE`.
+    pub const REMOTE_WRITE: AccessFlags = AccessFlags(1 << 1);
+    /// `IB_ACCESS_REMOTE_READ`.
+    pub const REMOTE_READ: AccessFlags = AccessFlags(1 << 2);
+    /// `IB_ACCESS_REMOTE_ATOMIC`.
+    pub const REMOTE_ATOMIC: AccessFlags = AccessFlags(1 << 3);
+    /// `IB_ACCESS_MW_BIND`.
+    pub const MW_BIND: AccessFlags = AccessFlags(1 << 4);
+
+    /// Raw bits.
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+}
+
+impl std::ops::BitOr for AccessFlags {
+    type Output = AccessFlags;
+    fn bitor(self, rhs: AccessFlags) -> AccessFlags {
+        AccessFlags(self.0 | rhs.0)
+    }
+}
+
+/// Device attributes (legacy QUERY_DEVICE, `ib_uverbs_query_device_resp`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceAttr {
+    pub fw_ver: u64,
+    /// Node GUID as the 8 bytes on the wire (network order).
+    pub node_guid: [u8; 8],
+    /// System image GUID (network order).
+    pub sys_image_guid: [u8; 8],
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub device_cap_flags: u32,
+    pub max_sge: u32,
+    pub max_sge_rd: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_qp_rd_atom: u32,
+    pub max_res_rd_atom: u32,
+    pub max_qp_init_rd_atom: u32,
+    pub atomic_cap: u32,
+    pub max_mw: u32,
+    pub max_mcast_grp: u32,
+    pub max_mcast_qp_attach: u32,
+    pub max_total_mcast_qp_attach: u32,
+    pub max_ah: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
+}
+
+/// Port attributes (QUERY_PORT, `ib_uverbs_query_port_resp`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PortAttr {
+    /// `ib_port_state` (4 = ACTIVE).
+    pub state: u8,
+    /// `ib_mtu` (1 = 256 … 5 = 4096).
+    pub max_mtu: u8,
+    /// `ib_mtu`.
+    pub active_mtu: u8,
+    pub gid_tbl_len: u32,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    /// `IB_LINK_LAYER_*` (2 = Ethernet).
+    pub link_layer: u8,
+    pub flags: u8,
+}
+
+/// Address vector (`ib_uverbs_ah_attr` / `ib_uverbs_qp_dest` contents).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct AhAttr {
+    /// Destination GID (network order).
+    pub dgid: [u8; 16],
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    /// A GRH is present; RoCE requires it.
+    pub is_global: bool,
+    pub port_num: u8,
+}
+
+/// QP transport types the layer creates (`enum ib_qp_type` values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpType {
+    /// Reliable connected.
+    Rc,
+    /// Unreliable connected.
+    Uc,
+    /// Unreliable datagram.
+    Ud,
+}
+
+impl QpType {
+    /// `IB_QPT_*`.
+    pub fn to_kernel(self) -> u8 {
+        match self {
+            QpType::Rc => 2,
+            QpType::Uc => 3,
+            QpType::Ud => 4,
+        }
+    }
+}
+
+/// QP states (`enum ib_qp_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum QpState {
+    #[default]
+    Reset,
+    Init,
+    Rtr,
+    Rts,
+    Sqd,
+    Sqe,
+    Err,
+}
+
+impl QpState {
+    /// `IB_QPS_*`.
+    pub fn to_kernel(self) -> u8 {
+        match self {
+            QpState::Reset => 0,
+            QpState::Init => 1,
+            QpState::Rtr => 2,
+            QpState::Rts => 3,
+            QpState::Sqd => 4,
+            QpState::Sqe => 5,
+            QpState::Err => 6,
+        }
+    }
+
+    /// From `IB_QPS_*`; `None` for values outside the enum.
+    pub fn from_kernel(value: u8) -> Option<QpState> {
+        Some(match value {
+            0 => QpState::Reset,
+            1 => QpState::Init,
+            2 => QpState::Rtr,
+            3 => QpState::Rts,
+            4 => QpState::Sqd,
+            5 => QpState::Sqe,
+            6 => QpState::Err,
+            _ => return None,
+        })
+    }
+}
+
+/// QP capacities (`ib_qp_cap`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// Which [`QpAttr`] fields a MODIFY_QP / QUERY_QP covers (`enum ib_qp_attr_mask`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QpAttrMask(pub u32);
+
+impl QpAttrMask {
+    pub const STATE: QpAttrMask = QpAttrMask(1);
+    pub const CUR_STATE: QpAttrMask = QpAttrMask(1 << 1);
+    pub const EN_SQD_ASYNC_NOTIFY: QpAttrMask = QpAttrMask(1 << 2);
+    pub const ACCESS_FLAGS: QpAttrMask = QpAttrMask(1 << 3);
+    pub const PKEY_INDEX: QpAttrMask = QpAttrMask(1 << 4);
+    pub const PORT: QpAttrMask = QpAttrMask(1 << 5);
+    pub const QKEY: QpAttrMask = QpAttrMask(1 << 6);
+    pub const AV: QpAttrMask = QpAttrMask(1 << 7);
+    pub const PATH_MTU: QpAttrMask = QpAttrMask(1 << 8);
+    pub const TIMEOUT: QpAttrMask = QpAttrMask(1 << 9);
+    pub const RETRY_CNT: QpAttrMask = QpAttrMask(1 << 10);
+    pub const RNR_RETRY: QpAttrMask = QpAttrMask(1 << 11);
+    pub const RQ_PSN: QpAttrMask = QpAttrMask(1 << 12);
+    pub const MAX_QP_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 13);
+    pub const ALT_PATH: QpAttrMask = QpAttrMask(1 << 14);
+    pub const MIN_RNR_TIMER: QpAttrMask = QpAttrMask(1 << 15);
+    pub const SQ_PSN: QpAttrMask = QpAttrMask(1 << 16);
+    pub const MAX_DEST_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 17);
+    pub const PATH_MIG_STATE: QpAttrMask = QpAttrMask(1 << 18);
+    pub const CAP: QpAttrMask = QpAttrMask(1 << 19);
+    pub const DEST_QPN: QpAttrMask = QpAttrMask(1 << 20);
+    /// Every bit the legacy MODIFY_QP command accepts.
+    pub const LEGACY_ALL: QpAttrMask = QpAttrMask((1 << 21) - 1);
+
+    /// Raw bits.
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// Whether all bits of `other` are set.
+    pub fn contains(self, other: QpAttrMask) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for QpAttrMask {
+    type Output = QpAttrMask;
+    fn bitor(self, rhs: QpAttrMask) -> QpAttrMask {
+        QpAttrMask(self.0 | rhs.0)
+    }
+}
+
+/// QP attributes for MODIFY_QP / from QUERY_QP (`ib_qp_attr`, the legacy subset).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct QpAttr {
+    pub qp_state: QpState,
+    pub cur_qp_state: QpState,
+    /// `ib_mtu` (1 = 256 … 5 = 4096).
+    pub path_mtu: u8,
+    pub path_mig_state: u8,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: AccessFlags,
+    pub ah_attr: AhAttr,
+    pub alt_ah_attr: AhAttr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: bool,
+    /// Output of QUERY_QP only.
+    pub sq_draining: bool,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+}
+
+/// QUERY_QP result.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct QpInfo {
+    pub attr: QpAttr,
+    pub caps: QpCaps,
+    pub sq_sig_all: bool,
+}
+
+/// MR registration request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MrInit {
+    pub pd: PdHandle,
+    /// Start of the registered range in this (the backend's) address space.
+    pub start: u64,
+    pub length: u64,
+    /// Address the peer and the guest use for the range's first byte (same in-page offset as
+    /// `start`).
+    pub iova: u64,
+    pub access: AccessFlags,
+}
+
+/// A registered MR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mr {
+    pub handle: MrHandle,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// CQ creation request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CqInit {
+    /// Minimum number of entries.
+    pub cqe: u32,
+    /// Completion vector (below the context's `num_comp_vectors`).
+    pub comp_vector: u32,
+    /// Deliver completion events to the context's completion channel.
+    pub use_comp_channel: bool,
+    /// Reported back in completion and async events for this CQ.
+    pub user_handle: u64,
+}
+
+/// A created CQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cq {
+    pub handle: CqHandle,
+    /// Actual capacity.
+    pub cqe: u32,
+    pub buffer: QueueBuffer,
+}
+
+/// QP creation request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInit {
+    pub qp_type: QpType,
+    pub pd: PdHandle,
+    pub send_cq: CqHandle,
+    pub recv_cq: CqHandle,
+    /// Receives come from this SRQ; the QP then has no RQ of its own.
+    pub srq: Option<SrqHandle>,
+    pub caps: QpCaps,
+    pub sq_sig_all: bool,
+    /// Reported back in async events for this QP.
+    pub user_handle: u64,
+}
+
+/// A created QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Qp {
+    pub handle: QpHandle,
+    pub qpn: u32,
+    /// Actual capacities.
+    pub caps: QpCaps,
+    pub sq: QueueBuffer,
+    /// `None` when the QP receives through an SRQ.
+    pub rq: Option<QueueBuffer>,
+}
+
+/// SRQ creation request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqInit {
+    pub pd: PdHandle,
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+    /// Reported back in async events for this SRQ.
+    pub user_handle: u64,
+}
+
+/// A created SRQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Srq {
+    pub handle: SrqHandle,
+    pub max_wr: u32,
+    pub max_sge: u32,
+    /// Number the device uses for the SRQ (XRC addressing, events).
+    pub srq_num: u32,
+    pub buffer: QueueBuffer,
+}
+
+/// MODIFY_SRQ request: each field applies only if `Some`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SrqModify {
+    /// Resize to at least this many WRs (`IB_SRQ_MAX_WR`); rxe then allocates a new buffer.
+    pub max_wr: Option<u32>,
+    /// Arm the limit event at this level (`IB_SRQ_LIMIT`).
+    pub srq_limit: Option<u32>,
+}
+
+/// AH creation request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AhInit {
+    pub pd: PdHandle,
+    pub attr: AhAttr,
+    pub user_handle: u64,
+}
+
+/// A created AH.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ah {
+    pub handle: AhHandle,
+    /// rxe: the index a UD send WQE carries in `wr.ud.ah_num` (never 0).
+    pub ah_num: u32,
+}
+
+/// Asynchronous event types (`enum ib_event_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AsyncEventKind {
+    CqErr,
+    QpFatal,
+    QpReqErr,
+    QpAccessErr,
+    CommEst,
+    SqDrained,
+    PathMig,
+    PathMigErr,
+    DeviceFatal,
+    PortActive,
+    PortErr,
+    LidChange,
+    PkeyChange,
+    SmChange,
+    SrqErr,
+    SrqLimitReached,
+    QpLastWqeReached,
+    ClientReregister,
+    GidChange,
+    WqFatal,
+    /// A value this layer does not know (newer kernel).
+    Other(u32),
+}
+
+impl AsyncEventKind {
+    /// From the kernel's `event_type`.
+    pub fn from_kernel(value: u32) -> AsyncEventKind {
+        use AsyncEventKind::*;
+        match value {
+            0 => CqErr,
+            1 => QpFatal,
+            2 => QpReqErr,
+            3 => QpAccessErr,
+            4 => CommEst,
+            5 => SqDrained,
+            6 => PathMig,
+            7 => PathMigErr,
+            8 => DeviceFatal,
+            9 => PortActive,
+            10 => PortErr,
+            11 => LidChange,
+            12 => PkeyChange,
+            13 => SmChange,
+            14 => SrqErr,
+            15 => SrqLimitReached,
+            16 => QpLastWqeReached,
+            17 => ClientReregister,
+            18 => GidChange,
+            19 => WqFatal,
+            other => Other(other),
+        }
+    }
+
+    /// What [`AsyncEvent::element`] names for this kind.
+    pub fn element(self) -> EventElement {
+        use AsyncEventKind::*;
+        match self {
+            CqErr => EventElement::Cq,
+            QpFatal | QpReqErr | QpAccessErr | CommEst | SqDrained | PathMig | PathMigErr
+            | QpLastWqeReached => EventElement::Qp,
+            SrqErr | SrqLimitReached => EventElement::Srq,
+            WqFatal => EventElement::Wq,
+            DeviceFatal | PortActive | PortErr | LidChange | PkeyChange | SmChange
+            | ClientReregister | GidChange => EventElement::Port,
+            Other(_) => EventElement::Unknown,
+        }
+    }
+}
+
+/// What an async event's `element` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventElement {
+    /// The `user_handle` given when the CQ was created.
+    Cq,
+    /// The `user_handle` given when the QP was created.
+    Qp,
+    /// The `user_handle` given when the SRQ was created.
+    Srq,
+    /// A work queue's `user_handle` (not created by this layer).
+    Wq,
+    /// A port number (device-wide events too).
+    Port,
+    /// Unknown event kind.
+    Unknown,
+}
+
+/// One asynchronous event from the context's async fd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncEvent {
+    pub kind: AsyncEventKind,
+    /// See [`AsyncEventKind::element`].
+    pub element: u64,
+}
+
+/// One completion event from the context's completion channel: the CQ's `user_handle`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompEvent {
+    pub cq_user_handle: u64,
+}

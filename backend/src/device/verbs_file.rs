@@ -1,0 +1,110 @@
+//! The uverbs character device of one context: opening it and executing legacy write commands.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use super::error::{DeviceError, Result};
+use super::uverbs::{frame, Command, CommandWithResponse};
+
+/// An open `/dev/infiniband/uverbsN`.
+#[derive(Debug)]
+pub struct VerbsFile {
+    fd: OwnedFd,
+}
+
+impl VerbsFile {
+    /// Opens the character device read/write, close-on-exec.
+    pub fn open(path: &Path) -> Result<VerbsFile> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|source| DeviceError::Open {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(VerbsFile { fd: file.into() })
+    }
+
+    /// Executes a command with a response: the kernel writes the core response followed by the
+    /// driver's response `D` into one buffer the request points at.
+    pub fn execute<C, D>(&self, mut req: C, driver_in: &[u8]) -> Result<(C::Response, D)>
+    where
+        C: CommandWithResponse,
+        D: FromBytes + IntoBytes + Immutable + KnownLayout,
+    {
+        let core_len = size_of::<C::Response>();
+        let out_len = core_len + size_of::<D>();
+        // u64 words keep the buffer 8-byte aligned, as the kernel structs expect.
+        let mut out = vec![0u64; out_len.div_ceil(8)];
+        req.set_response(out.as_mut_ptr() as u64);
+        let buf = frame(C::CODE, req.as_bytes(), driver_in, out_len).map_err(|source| {
+            DeviceError::Frame {
+                command: C::NAME,
+                source,
+            }
+        })?;
+        self.write_command(C::NAME, &buf)?;
+        let bytes = &out.as_bytes()[..out_len];
+        let core = C::Response::read_from_bytes(&bytes[..core_len]).map_err(|_| {
+            DeviceError::InvalidReply {
+                command: C::NAME,
+                reason: "response buffer size mismatch".into(),
+            }
+        })?;
+        let driver =
+            D::read_from_bytes(&bytes[core_len..]).map_err(|_| DeviceError::InvalidReply {
+                command: C::NAME,
+                reason: "driver response size mismatch".into(),
+            })?;
+        Ok((core, driver))
+    }
+
+    /// Executes a command that has no response.
+    pub fn execute_no_response<C: Command>(&self, req: &C, driver_in: &[u8]) -> Result<()> {
+        let buf =
+            frame(C::CODE, req.as_bytes(), driver_in, 0).map_err(|source| DeviceError::Frame {
+                command: C::NAME,
+                source,
+            })?;
+        self.write_command(C::NAME, &buf)
+    }
+
+    fn write_command(&self, name: &'static str, buf: &[u8]) -> Result<()> {
+        // SAFETY: `buf` is a valid readable buffer of `buf.len()` bytes. Any user address the
+        // command carries points at a live buffer of the caller's: the response of `execute`,
+        // sized for exactly the header's `out_words`, or a driver output such as the mminfo of
+        // rxe's MODIFY_SRQ. The kernel writes those only during this call.
+        let written = unsafe { libc::write(self.fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
+        if written < 0 {
+            let errno = io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO);
+            return Err(DeviceError::Command {
+                command: name,
+                errno,
+            });
+        }
+        let written = written.unsigned_abs();
+        if written != buf.len() {
+            return Err(DeviceError::ShortWrite {
+                command: name,
+                written,
+                len: buf.len(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl AsFd for VerbsFile {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}

@@ -1,0 +1,260 @@
+//! Serves many guests at once: one vhost-user daemon per accepted connection.
+//!
+//! vhost-user-backend's `VhostUserDaemon` serves exactly one connection. The [`Listener`] owns
+//! the listening socket, waits until a connection is pending, builds a fresh handler with the
+//! factory and a daemon for it, lets the daemon accept that connection and serves it on a
+//! thread of its own. When the guest goes, its worker threads are stopped, its handler is
+//! reset (every host object of that guest released) and dropped; listening goes on.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+
+use log::{error, info, warn};
+use vhost::vhost_user::Listener as SocketListener;
+use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::backend::VrdmaBackend;
+use crate::handler::DeviceHandler;
+
+/// Errors of the [`Listener`].
+#[derive(Debug, thiserror::Error)]
+pub enum ListenerError {
+    /// The socket could not be bound.
+    #[error("cannot listen on {path}: {source}")]
+    Bind {
+        /// Socket path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: vhost::vhost_user::Error,
+    },
+    /// Waiting for connections failed.
+    #[error("cannot wait for connections: {0}")]
+    Wait(#[source] io::Error),
+    /// Creating the stop event failed.
+    #[error("cannot create the stop event: {0}")]
+    StopEvent(#[source] io::Error),
+}
+
+/// Makes [`Listener::run`] return (from any thread).
+#[derive(Clone)]
+pub struct StopHandle {
+    event: Arc<EventFd>,
+}
+
+impl StopHandle {
+    /// Asks the listener to stop: it disconnects every guest, waits for their handlers to be
+    /// reset and returns.
+    pub fn stop(&self) {
+        if let Err(e) = self.event.write(1) {
+            error!("cannot signal the listener to stop: {e}");
+        }
+    }
+}
+
+struct Connection {
+    id: u64,
+    shutdown: Option<ShutdownHandle>,
+    thread: JoinHandle<()>,
+}
+
+const STOP_TOKEN: u64 = 0;
+const SOCKET_TOKEN: u64 = 1;
+
+/// A vhost-user socket serving one fresh handler per connection.
+pub struct Listener<F> {
+    socket: SocketListener,
+    path: PathBuf,
+    factory: F,
+    stop: Arc<EventFd>,
+    connections: Vec<Connection>,
+    next_id: u64,
+}
+
+impl<H, E, F> Listener<F>
+where
+    H: DeviceHandler,
+    E: std::fmt::Display,
+    F: FnMut() -> Result<H, E>,
+{
+    /// Binds `path` (a stale socket file there is removed first). `factory` builds the handler
+    /// of each new connection when one is pending.
+    pub fn bind(path: impl AsRef<Path>, factory: F) -> Result<Self, ListenerError> {
+        let path = path.as_ref().to_path_buf();
+        let socket = SocketListener::new(&path, true).map_err(|source| ListenerError::Bind {
+            path: path.clone(),
+            source,
+        })?;
+        let stop = EventFd::new(EFD_NONBLOCK).map_err(ListenerError::StopEvent)?;
+        Ok(Listener {
+            socket,
+            path,
+            factory,
+            stop: Arc::new(stop),
+            connections: Vec::new(),
+            next_id: 0,
+        })
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A handle that makes [`Listener::run`] return.
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle {
+            event: self.stop.clone(),
+        }
+    }
+
+    /// Number of guests being served now.
+    pub fn connection_count(&mut self) -> usize {
+        self.reap_finished();
+        self.connections.len()
+    }
+
+    /// Accepts and serves connections until [`StopHandle::stop`]. On return every connection
+    /// has been closed and its handler reset.
+    pub fn run(&mut self) -> Result<(), ListenerError> {
+        let result = self.accept_until_stopped();
+        self.disconnect_all();
+        result
+    }
+
+    fn accept_until_stopped(&mut self) -> Result<(), ListenerError> {
+        let epoll = Epoll::new().map_err(ListenerError::Wait)?;
+        for (fd, token) in [
+            (self.stop.as_raw_fd(), STOP_TOKEN),
+            (self.socket.as_raw_fd(), SOCKET_TOKEN),
+        ] {
+            epoll
+                .ctl(
+                    ControlOperation::Add,
+                    fd,
+                    EpollEvent::new(EventSet::IN, token),
+                )
+                .map_err(ListenerError::Wait)?;
+        }
+        let mut ready = [EpollEvent::default(); 2];
+        loop {
+            let count = match epoll.wait(-1, &mut ready) {
+                Ok(count) => count,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(ListenerError::Wait(e)),
+            };
+            self.reap_finished();
+            if ready[..count].iter().any(|e| e.data() == STOP_TOKEN) {
+                info!("{}: stopping", self.path.display());
+                return Ok(());
+            }
+            if ready[..count].iter().any(|e| e.data() == SOCKET_TOKEN) {
+                self.accept_one();
+            }
+        }
+    }
+
+    /// Serves the pending connection; a connection that cannot be served is closed.
+    fn accept_one(&mut self) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let handler = match (self.factory)() {
+            Ok(handler) => handler,
+            Err(e) => {
+                error!("guest {id}: cannot create a device: {e}; closing its connection");
+                self.refuse_pending();
+                return;
+            }
+        };
+        match start_connection(id, handler, &mut self.socket) {
+            Ok(connection) => self.connections.push(connection),
+            Err(e) => {
+                error!("guest {id}: cannot serve: {e}");
+                self.refuse_pending();
+            }
+        }
+    }
+
+    fn refuse_pending(&mut self) {
+        // Dropping the accepted stream closes it; the frontend sees a disconnect.
+        if let Err(e) = self.socket.accept() {
+            warn!("cannot accept the connection to refuse it: {e}");
+        }
+    }
+
+    fn reap_finished(&mut self) {
+        let (finished, running): (Vec<_>, Vec<_>) = self
+            .connections
+            .drain(..)
+            .partition(|connection| connection.thread.is_finished());
+        self.connections = running;
+        for connection in finished {
+            join(connection);
+        }
+    }
+
+    fn disconnect_all(&mut self) {
+        for connection in &self.connections {
+            if let Some(shutdown) = &connection.shutdown {
+                shutdown.shutdown();
+            }
+        }
+        for connection in self.connections.drain(..) {
+            join(connection);
+        }
+    }
+}
+
+fn join(connection: Connection) {
+    if connection.thread.join().is_err() {
+        error!("guest {}: its connection thread panicked", connection.id);
+    }
+}
+
+/// Builds the daemon of one guest, accepts the pending connection with it and serves it on a
+/// new thread.
+fn start_connection<H: DeviceHandler>(
+    id: u64,
+    handler: H,
+    socket: &mut SocketListener,
+) -> Result<Connection, Box<dyn std::error::Error>> {
+    let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+    let backend = Arc::new(VrdmaBackend::new(Arc::new(handler), memory.clone())?);
+    let mut daemon = VhostUserDaemon::new(format!("vrdma-guest-{id}"), backend.clone(), memory)
+        .map_err(|e| format!("cannot create the daemon: {e}"))?;
+    backend.attach(&daemon.get_epoll_handlers())?;
+    daemon
+        .start(socket)
+        .map_err(|e| format!("cannot accept: {e}"))?;
+    info!("guest {id}: connected");
+    let shutdown = daemon.shutdown_handle();
+    let thread = thread::Builder::new()
+        .name(format!("vrdma-guest-{id}"))
+        .spawn(move || serve_until_disconnect(id, daemon, backend))?;
+    Ok(Connection {
+        id,
+        shutdown,
+        thread,
+    })
+}
+
+fn serve_until_disconnect<H: DeviceHandler>(
+    id: u64,
+    mut daemon: VhostUserDaemon<Arc<VrdmaBackend<H>>>,
+    backend: Arc<VrdmaBackend<H>>,
+) {
+    match daemon.wait() {
+        Ok(()) => info!("guest {id}: disconnected"),
+        Err(e) => warn!("guest {id}: connection ended: {e}"),
+    }
+    // Dropping the daemon stops and joins its worker threads, so the handler is reset with no
+    // request in flight.
+    drop(daemon);
+    backend.handler().reset();
+}

@@ -1,0 +1,687 @@
+//! The host-device layer against a real rdma_rxe device (run inside the test VM, where rxe0 is
+//! up and GID 0 is its IPv6 link-local address):
+//!
+//! `target/debug/vrdma-vm run -- target/debug/deps/device_rxe-HASH --ignored --nocapture
+//! --test-threads=1`
+//!
+//! It creates every kind of object through the uverbs write ABI, maps the queue buffers the way
+//! a frontend does (once, from the cmd fd), drives an RDMA WRITE between two RC QPs and a UD
+//! SEND over loopback by writing native rxe WQEs and kicking, reads the CQEs from the mapped CQ,
+//! and checks that `rdma resource show` is back where it started afterwards.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::process::Command;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use vrdma_backend::device::rxe_abi::{
+    RxeDmaInfo, RxeQueueBuf, RxeRecvWqe, RxeSendWqe, RxeSge, QUEUE_DATA_OFFSET,
+};
+use vrdma_backend::device::uverbs::Wc;
+use vrdma_backend::device::*;
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
+
+const PAGE: usize = 4096;
+const IOVA: u64 = 0x7a00_0000_0000;
+/// `IB_WR_RDMA_WRITE`, `IB_WR_SEND`.
+const WR_RDMA_WRITE: u32 = 0;
+const WR_SEND: u32 = 2;
+/// `IB_SEND_SIGNALED`.
+const SEND_SIGNALED: u32 = 1 << 1;
+/// `IB_WC_RDMA_WRITE`, `IB_WC_SEND`, `IB_WC_RECV`.
+const WC_RDMA_WRITE: u32 = 1;
+const WC_SEND: u32 = 0;
+const WC_RECV: u32 = 1 << 7;
+const QKEY: u32 = 0x1111_1111;
+const POLL_LIMIT: Duration = Duration::from_secs(20);
+
+/// A shared mapping: an rxe queue buffer mapped from the cmd fd, or anonymous memory.
+struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl Mapping {
+    fn map_queue(fd: BorrowedFd<'_>, buffer: QueueBuffer) -> std::io::Result<Mapping> {
+        let offset = libc::off_t::try_from(buffer.offset).expect("mmap offset fits off_t");
+        // SAFETY: a fresh shared mapping chosen by the kernel; it aliases no Rust object.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                buffer.len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                offset,
+            )
+        };
+        Mapping::from_mmap(ptr, buffer.len)
+    }
+
+    fn anonymous(len: usize) -> Mapping {
+        // SAFETY: a fresh private anonymous mapping; it aliases no Rust object.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        Mapping::from_mmap(ptr, len).expect("anonymous mmap")
+    }
+
+    fn from_mmap(ptr: *mut libc::c_void, len: usize) -> std::io::Result<Mapping> {
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            ptr: NonNull::new(ptr.cast()).expect("mmap returned NULL"),
+            len,
+        })
+    }
+
+    fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// A 32-bit word shared with the kernel.
+    fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
+        assert!(offset.is_multiple_of(4) && offset + 4 <= self.len);
+        // SAFETY: in bounds and aligned (checked above, mappings are page aligned); the word
+        // lives as long as the mapping and is only accessed atomically by both sides.
+        unsafe { AtomicU32::from_ptr(self.ptr.as_ptr().add(offset).cast()) }
+    }
+
+    fn write(&self, offset: usize, bytes: &[u8]) {
+        assert!(offset + bytes.len() <= self.len);
+        // SAFETY: in bounds (checked above); the kernel does not touch this slot until the
+        // producer index (published afterwards with Release) covers it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.ptr.as_ptr().add(offset),
+                bytes.len(),
+            )
+        }
+    }
+
+    fn read(&self, offset: usize, len: usize) -> Vec<u8> {
+        assert!(offset + len <= self.len);
+        let mut out = vec![0; len];
+        // SAFETY: in bounds (checked above); the slot is ours to read once the producer index
+        // (loaded with Acquire) covers it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), len)
+        }
+        out
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping this value owns; no references into it outlive it.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A mapped rxe queue (SQ, RQ, SRQ or CQ) read through its header, as the guest would.
+struct Ring {
+    map: Mapping,
+    log2_elem_size: u32,
+    index_mask: u32,
+}
+
+impl Ring {
+    fn new(ctx: &dyn HostContext, buffer: QueueBuffer, min_elem: usize, min_depth: u32) -> Ring {
+        let map = Mapping::map_queue(ctx.queue_fd(), buffer).expect("first mmap of a queue");
+        let header = RxeQueueBuf::read_from_bytes(&map.read(0, size_of::<RxeQueueBuf>())).unwrap();
+        let slots = header.index_mask as usize + 1;
+        assert!(
+            slots.is_power_of_two(),
+            "index_mask {:#x}",
+            header.index_mask
+        );
+        assert!(header.index_mask >= min_depth, "capacity below the request");
+        assert!(
+            1usize << header.log2_elem_size >= min_elem,
+            "slot of 2^{} bytes smaller than {min_elem}",
+            header.log2_elem_size
+        );
+        let data = slots << header.log2_elem_size;
+        assert!(
+            QUEUE_DATA_OFFSET + data <= buffer.len,
+            "{} slots of 2^{} do not fit in {} bytes",
+            slots,
+            header.log2_elem_size,
+            buffer.len
+        );
+        assert!(buffer.len.is_multiple_of(PAGE));
+        assert!(
+            buffer.len - (QUEUE_DATA_OFFSET + data) < PAGE,
+            "buffer longer than the header says"
+        );
+        assert_eq!(header.producer_index, 0);
+        assert_eq!(header.consumer_index, 0);
+        Ring {
+            log2_elem_size: header.log2_elem_size,
+            index_mask: header.index_mask,
+            map,
+        }
+    }
+
+    fn producer(&self) -> &AtomicU32 {
+        self.map.atomic_u32(128)
+    }
+
+    fn consumer(&self) -> &AtomicU32 {
+        self.map.atomic_u32(256)
+    }
+
+    fn slot_offset(&self, index: u32) -> usize {
+        QUEUE_DATA_OFFSET + (((index & self.index_mask) as usize) << self.log2_elem_size)
+    }
+
+    /// Writes one WQE into the next free slot and publishes it.
+    fn post(&self, wqe: &[u8]) {
+        assert!(wqe.len() <= 1 << self.log2_elem_size);
+        let prod = self.producer().load(Ordering::Relaxed);
+        let cons = self.consumer().load(Ordering::Acquire);
+        assert_ne!((prod + 1) & self.index_mask, cons, "queue full");
+        self.map.write(self.slot_offset(prod), wqe);
+        self.producer()
+            .store((prod + 1) & self.index_mask, Ordering::Release);
+    }
+
+    /// Takes the next CQE, waiting for it.
+    fn poll_cqe(&self) -> Wc {
+        let start = Instant::now();
+        loop {
+            let cons = self.consumer().load(Ordering::Relaxed);
+            if self.producer().load(Ordering::Acquire) != cons {
+                let wc = Wc::read_from_bytes(&self.map.read(self.slot_offset(cons), 48)).unwrap();
+                self.consumer()
+                    .store((cons + 1) & self.index_mask, Ordering::Release);
+                return wc;
+            }
+            assert!(start.elapsed() < POLL_LIMIT, "no completion");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Object counts of rxe0 from `rdma resource show`.
+fn rdma_resources() -> BTreeMap<String, u64> {
+    let out = Command::new("rdma")
+        .args(["resource", "show"])
+        .output()
+        .expect("iproute2 `rdma` in the VM");
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("rxe0:"))
+        .unwrap_or_else(|| panic!("no rxe0 in `rdma resource show`: {text}"));
+    let words: Vec<&str> = line.split_whitespace().skip(2).collect();
+    words
+        .chunks_exact(2)
+        .map(|kv| (kv[0].to_owned(), kv[1].parse().unwrap()))
+        .collect()
+}
+
+fn modify(ctx: &dyn HostContext, qp: QpHandle, attr: QpAttr, mask: QpAttrMask) {
+    ctx.modify_qp(qp, &attr, mask)
+        .unwrap_or_else(|e| panic!("modify_qp to {:?}: {e}", attr.qp_state));
+}
+
+fn connect_rc(ctx: &dyn HostContext, qp: QpHandle, remote_qpn: u32, gid: [u8; 16], mtu: u8) {
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    modify(
+        ctx,
+        qp,
+        QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: access,
+            ..Default::default()
+        },
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    );
+    modify(
+        ctx,
+        qp,
+        QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: mtu,
+            dest_qp_num: remote_qpn,
+            rq_psn: 0x100,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            ah_attr: AhAttr {
+                dgid: gid,
+                sgid_index: 0,
+                hop_limit: 1,
+                is_global: true,
+                port_num: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER,
+    );
+    modify(
+        ctx,
+        qp,
+        QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: 0x100,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+            ..Default::default()
+        },
+        QpAttrMask::STATE
+            | QpAttrMask::SQ_PSN
+            | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::MAX_QP_RD_ATOMIC,
+    );
+}
+
+fn activate_ud(ctx: &dyn HostContext, qp: QpHandle) {
+    modify(
+        ctx,
+        qp,
+        QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey: QKEY,
+            ..Default::default()
+        },
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+    );
+    modify(
+        ctx,
+        qp,
+        QpAttr {
+            qp_state: QpState::Rtr,
+            ..Default::default()
+        },
+        QpAttrMask::STATE,
+    );
+    modify(
+        ctx,
+        qp,
+        QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: 0x200,
+            ..Default::default()
+        },
+        QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+    );
+}
+
+/// An rxe send WQE with one SGE, as a guest writes it into the SQ.
+fn send_wqe(wr_id: u64, opcode: u32, sge: RxeSge, fill: impl FnOnce(&mut RxeSendWqe)) -> Vec<u8> {
+    let mut wqe = RxeSendWqe::new_zeroed();
+    wqe.wr.wr_id = wr_id;
+    wqe.wr.opcode = opcode;
+    wqe.wr.send_flags = SEND_SIGNALED;
+    wqe.dma = RxeDmaInfo {
+        length: sge.length,
+        resid: sge.length,
+        cur_sge: 0,
+        num_sge: 1,
+        sge_offset: 0,
+        reserved: 0,
+    };
+    fill(&mut wqe);
+    let mut bytes = wqe.as_bytes().to_vec();
+    bytes.extend_from_slice(sge.as_bytes());
+    bytes
+}
+
+fn wait_comp_event(ctx: &dyn HostContext) -> CompEvent {
+    let start = Instant::now();
+    loop {
+        if let Some(event) = ctx.read_comp_event().unwrap() {
+            return event;
+        }
+        assert!(start.elapsed() < POLL_LIMIT, "no completion event");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+#[ignore = "needs rdma_rxe: run in the VM"]
+fn missing_device_name_is_reported() {
+    let err = RxeDevice::find_system(Some("nosuch0")).unwrap_err();
+    println!("find(nosuch0): {err}");
+    assert!(matches!(err, DeviceError::DeviceNotFound { .. }));
+}
+
+#[test]
+#[ignore = "needs rdma_rxe: run in the VM"]
+fn rxe_host_path_end_to_end() {
+    let before = rdma_resources();
+    println!("rdma resource show before: {before:?}");
+
+    let device = RxeDevice::find_system(None).expect("an active rxe device");
+    println!("device: {:?}", device.info());
+    assert_eq!(device.info().name, "rxe0");
+    assert_eq!(device.ring_format(), 1);
+    let gids = device.gid_table(1).unwrap();
+    println!("gid table: {gids:?}");
+    let gid0 = gids.first().expect("GID 0");
+    assert_eq!(gid0.index, 0);
+    assert_eq!(
+        &gid0.gid[..2],
+        &[0xfe, 0x80],
+        "GID 0 is the IPv6 link-local address"
+    );
+    assert_eq!(gid0.gid_type, Some(GidType::RoceV2));
+    let gid = gid0.gid;
+
+    let boxed = device.open_context().unwrap();
+    let ctx: &dyn HostContext = boxed.as_ref();
+    let attr = ctx.query_device().unwrap();
+    println!("device attr: {attr:?}");
+    assert_eq!(attr.vendor_id, 0xff_ffff);
+    assert_eq!(attr.phys_port_cnt, 1);
+    assert!(attr.max_qp > 0 && attr.max_qp_wr > 0 && attr.max_cqe > 0);
+    let port = ctx.query_port(1).unwrap();
+    println!("port attr: {port:?}");
+    assert_eq!(port.state, 4, "ACTIVE");
+    assert_eq!(port.link_layer, 2, "Ethernet");
+    assert!(port.gid_tbl_len as usize > gids.len() - 1);
+    assert!(ctx.query_port(2).is_err(), "rxe has one port");
+    assert!(ctx.num_comp_vectors() >= 1);
+
+    let pd = ctx.alloc_pd().unwrap();
+    // One buffer: source page, then destination page; registered at an iova unrelated to its
+    // address in this process, as the backend registers guest memory.
+    let buf = Mapping::anonymous(2 * PAGE);
+    let mr = ctx
+        .reg_mr(&MrInit {
+            pd,
+            start: buf.addr(),
+            length: 2 * PAGE as u64,
+            iova: IOVA,
+            access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+        })
+        .unwrap();
+    println!("mr: {mr:?}");
+
+    let cq = ctx
+        .create_cq(&CqInit {
+            cqe: 15,
+            comp_vector: 0,
+            use_comp_channel: true,
+            user_handle: 0xc0ffee,
+        })
+        .unwrap();
+    println!("cq: {cq:?}");
+    assert!(cq.cqe >= 15);
+    let caps = QpCaps {
+        max_send_wr: 8,
+        max_recv_wr: 8,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp_init = |qp_type, user_handle| QpInit {
+        qp_type,
+        pd,
+        send_cq: cq.handle,
+        recv_cq: cq.handle,
+        srq: None,
+        caps,
+        sq_sig_all: false,
+        user_handle,
+    };
+    let rc_a = ctx.create_qp(&qp_init(QpType::Rc, 1)).unwrap();
+    let rc_b = ctx.create_qp(&qp_init(QpType::Rc, 2)).unwrap();
+    let ud = ctx.create_qp(&qp_init(QpType::Ud, 3)).unwrap();
+    println!("qps: {rc_a:?}\n     {rc_b:?}\n     {ud:?}");
+    assert!(rc_a.caps.max_send_wr >= 8 && rc_a.rq.is_some());
+    let srq = ctx
+        .create_srq(&SrqInit {
+            pd,
+            max_wr: 16,
+            max_sge: 1,
+            srq_limit: 0,
+            user_handle: 4,
+        })
+        .unwrap();
+    println!("srq: {srq:?}");
+    let ah = ctx
+        .create_ah(&AhInit {
+            pd,
+            attr: AhAttr {
+                dgid: gid,
+                sgid_index: 0,
+                hop_limit: 1,
+                is_global: true,
+                port_num: 1,
+                ..Default::default()
+            },
+            user_handle: 5,
+        })
+        .unwrap();
+    println!("ah: {ah:?}");
+    assert_ne!(ah.ah_num, 0);
+    let during = rdma_resources();
+    println!("rdma resource show during: {during:?}");
+    assert_eq!(during["qp"], before["qp"] + 3);
+    assert_eq!(during["cq"], before["cq"] + 1);
+    assert_eq!(during["pd"], before["pd"] + 1);
+    assert_eq!(during["mr"], before["mr"] + 1);
+    assert_eq!(during["srq"], before["srq"] + 1);
+    assert_eq!(during["ctx"], before["ctx"] + 1);
+
+    // Map every queue once, as the frontend does, and check the rxe header against the reply.
+    let cq_ring = Ring::new(ctx, cq.buffer, size_of::<Wc>(), cq.cqe);
+    let send_slot = size_of::<RxeSendWqe>() + size_of::<RxeSge>();
+    let recv_slot = size_of::<RxeRecvWqe>() + size_of::<RxeSge>();
+    let sq_a = Ring::new(ctx, rc_a.sq, send_slot, rc_a.caps.max_send_wr);
+    let _rq_a = Ring::new(ctx, rc_a.rq.unwrap(), recv_slot, rc_a.caps.max_recv_wr);
+    let ud_sq = Ring::new(ctx, ud.sq, send_slot, ud.caps.max_send_wr);
+    let ud_rq = Ring::new(ctx, ud.rq.unwrap(), recv_slot, ud.caps.max_recv_wr);
+    let _srq_ring = Ring::new(ctx, srq.buffer, recv_slot, srq.max_wr);
+    println!(
+        "cq ring: 2^{} x {}; rc sq: 2^{} x {}",
+        cq_ring.log2_elem_size,
+        cq_ring.index_mask + 1,
+        sq_a.log2_elem_size,
+        sq_a.index_mask + 1
+    );
+    let again = Mapping::map_queue(ctx.queue_fd(), cq.buffer);
+    println!("second mmap of the CQ buffer: {:?}", again.as_ref().err());
+    assert!(again.is_err(), "rxe queue buffers map only once");
+
+    ctx.modify_srq(
+        srq.handle,
+        &SrqModify {
+            max_wr: None,
+            srq_limit: Some(4),
+        },
+    )
+    .unwrap();
+
+    // RDMA WRITE from rc_a (source page) to rc_b (destination page) over rxe0 loopback.
+    let mtu = port.active_mtu;
+    connect_rc(ctx, rc_a.handle, rc_b.qpn, gid, mtu);
+    connect_rc(ctx, rc_b.handle, rc_a.qpn, gid, mtu);
+    let info = ctx.query_qp(rc_a.handle, QpAttrMask::LEGACY_ALL).unwrap();
+    println!("query_qp(rc_a): {info:?}");
+    assert_eq!(info.attr.qp_state, QpState::Rts);
+    assert_eq!(info.attr.dest_qp_num, rc_b.qpn);
+    assert_eq!(info.attr.ah_attr.dgid, gid);
+    assert_eq!(info.attr.sq_psn, 0x100);
+
+    let payload: Vec<u8> = (0..256u32).map(|i| (i * 7 + 3) as u8).collect();
+    buf.write(0, &payload);
+    ctx.req_notify_cq(cq.handle, false).unwrap();
+    let wqe = send_wqe(
+        0x1234,
+        WR_RDMA_WRITE,
+        RxeSge {
+            addr: IOVA,
+            length: payload.len() as u32,
+            lkey: mr.lkey,
+        },
+        |w| {
+            w.wr.set_rdma(IOVA + PAGE as u64, mr.rkey);
+            w.iova = IOVA + PAGE as u64;
+        },
+    );
+    sq_a.post(&wqe);
+    ctx.kick_send(rc_a.handle).unwrap();
+    let wc = cq_ring.poll_cqe();
+    println!("rdma write cqe: {wc:?}");
+    assert_eq!(wc.status, 0, "IB_WC_SUCCESS");
+    assert_eq!(wc.opcode, WC_RDMA_WRITE);
+    assert_eq!(wc.wr_id, 0x1234);
+    assert_eq!(wc.qp_num, rc_a.qpn);
+    assert_eq!(buf.read(PAGE, payload.len()), payload, "data arrived");
+    let event = wait_comp_event(ctx);
+    println!("completion event: {event:?}");
+    assert_eq!(event.cq_user_handle, 0xc0ffee);
+
+    // UD SEND from the UD QP to itself through the AH's ah_num.
+    activate_ud(ctx, ud.handle);
+    let recv_at = IOVA + PAGE as u64 + 1024;
+    let mut recv = RxeRecvWqe::new_zeroed();
+    recv.wr_id = 0x5678;
+    recv.dma = RxeDmaInfo {
+        length: 40 + 64,
+        resid: 40 + 64,
+        cur_sge: 0,
+        num_sge: 1,
+        sge_offset: 0,
+        reserved: 0,
+    };
+    let mut recv_bytes = recv.as_bytes().to_vec();
+    recv_bytes.extend_from_slice(
+        RxeSge {
+            addr: recv_at,
+            length: 40 + 64,
+            lkey: mr.lkey,
+        }
+        .as_bytes(),
+    );
+    ud_rq.post(&recv_bytes);
+    let wqe = send_wqe(
+        0x9abc,
+        WR_SEND,
+        RxeSge {
+            addr: IOVA,
+            length: 64,
+            lkey: mr.lkey,
+        },
+        |w| w.wr.set_ud(ud.qpn, QKEY, ah.ah_num),
+    );
+    ud_sq.post(&wqe);
+    ctx.kick_send(ud.handle).unwrap();
+    let mut wcs = [cq_ring.poll_cqe(), cq_ring.poll_cqe()];
+    wcs.sort_by_key(|w| w.wr_id);
+    println!("ud cqes: {wcs:?}");
+    assert_eq!(
+        (wcs[0].wr_id, wcs[0].status, wcs[0].opcode),
+        (0x5678, 0, WC_RECV)
+    );
+    assert_eq!(wcs[0].byte_len, 40 + 64, "GRH + payload");
+    assert_eq!(wcs[0].src_qp, ud.qpn);
+    assert_eq!(
+        (wcs[1].wr_id, wcs[1].status, wcs[1].opcode),
+        (0x9abc, 0, WC_SEND)
+    );
+    assert_eq!(
+        buf.read(PAGE + 1024 + 40, 64),
+        payload[..64],
+        "UD payload after the GRH"
+    );
+    while let Some(event) = ctx.read_async_event().unwrap() {
+        println!("async event: {event:?}");
+    }
+
+    // Tear down explicitly; the context drop then has nothing left to destroy.
+    drop((cq_ring, sq_a, _rq_a, ud_sq, ud_rq, _srq_ring));
+    ctx.destroy_ah(ah.handle).unwrap();
+    ctx.destroy_qp(rc_a.handle).unwrap();
+    ctx.destroy_qp(rc_b.handle).unwrap();
+    ctx.destroy_qp(ud.handle).unwrap();
+    ctx.destroy_srq(srq.handle).unwrap();
+    ctx.destroy_cq(cq.handle).unwrap();
+    ctx.dereg_mr(mr.handle).unwrap();
+    ctx.dealloc_pd(pd).unwrap();
+    assert!(
+        ctx.dealloc_pd(pd).is_err(),
+        "stale handle refused by the kernel"
+    );
+    drop(boxed);
+
+    let after = rdma_resources();
+    println!("rdma resource show after: {after:?}");
+    assert_eq!(after, before);
+}
+
+#[test]
+#[ignore = "needs rdma_rxe: run in the VM"]
+fn dropping_a_context_releases_everything() {
+    let before = rdma_resources();
+    let device = RxeDevice::find_system(Some("rxe0")).unwrap();
+    let ctx = device.open_context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let buf = Mapping::anonymous(PAGE);
+    ctx.reg_mr(&MrInit {
+        pd,
+        start: buf.addr(),
+        length: PAGE as u64,
+        iova: IOVA,
+        access: AccessFlags::LOCAL_WRITE,
+    })
+    .unwrap();
+    let cq = ctx
+        .create_cq(&CqInit {
+            cqe: 4,
+            comp_vector: 0,
+            use_comp_channel: false,
+            user_handle: 1,
+        })
+        .unwrap();
+    let caps = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    ctx.create_qp(&QpInit {
+        qp_type: QpType::Rc,
+        pd,
+        send_cq: cq.handle,
+        recv_cq: cq.handle,
+        srq: None,
+        caps,
+        sq_sig_all: true,
+        user_handle: 2,
+    })
+    .unwrap();
+    assert_ne!(rdma_resources(), before);
+    drop(ctx);
+    assert_eq!(rdma_resources(), before);
+}

@@ -1,0 +1,455 @@
+//! Memory the device can reach.
+//!
+//! [`DmaBuffer`] is what every transport hands out: a zeroed, page-aligned allocation that the
+//! device addresses by guest-physical page addresses. [`GuestRam`] is the process transport's
+//! "guest RAM": a sealed memfd mapped shared in this process and given to the backend with
+//! SET_MEM_TABLE, with a first-fit page allocator over it. Its guest-physical address space
+//! starts at [`GUEST_RAM_BASE`], so that 0 is never a valid address.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::ffi::CStr;
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Granule of guest-physical addresses and of allocations.
+pub const PAGE_SIZE: usize = 4096;
+/// Guest-physical address of the first byte of the process transport's guest RAM.
+pub const GUEST_RAM_BASE: u64 = 1 << 30;
+/// Default size of the process transport's guest RAM.
+pub const DEFAULT_GUEST_RAM_SIZE: usize = 256 << 20;
+
+/// Errors of DMA memory.
+#[derive(Debug, thiserror::Error)]
+pub enum DmaError {
+    /// Size zero, not a multiple of the page size, or too large.
+    #[error("invalid guest RAM size {0:#x}")]
+    BadSize(usize),
+    /// The memfd could not be created, sized, sealed or mapped.
+    #[error("cannot create guest RAM: {0}")]
+    Create(#[source] io::Error),
+    /// No free range is large enough.
+    #[error("out of DMA memory: {len:#x} bytes aligned to {align:#x} requested")]
+    OutOfMemory {
+        /// Requested length.
+        len: usize,
+        /// Requested alignment.
+        align: usize,
+    },
+    /// Zero length or an alignment that is not a power of two.
+    #[error("invalid allocation: {len:#x} bytes aligned to {align:#x}")]
+    BadRequest {
+        /// Requested length.
+        len: usize,
+        /// Requested alignment.
+        align: usize,
+    },
+    /// The range is not inside memory the device can reach.
+    #[error("{len:#x} bytes at {addr:#x} are not DMA memory")]
+    NotDmaMemory {
+        /// Host address.
+        addr: usize,
+        /// Length.
+        len: usize,
+    },
+}
+
+/// A zeroed allocation the device can reach; freed when dropped.
+///
+/// The bytes are shared with the device: while the device may write them (a buffer posted and
+/// not yet completed), only raw-pointer access is sound, not the slice views.
+pub struct DmaBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    // Keeps the allocation alive; its drop frees it.
+    _owner: Box<dyn Any + Send + Sync>,
+}
+
+// SAFETY: the buffer is plain memory owned by `_owner` (Send + Sync); the pointer is only an
+// address into it, valid from any thread.
+unsafe impl Send for DmaBuffer {}
+// SAFETY: shared references only give read access (or raw pointers, whose use is unsafe).
+unsafe impl Sync for DmaBuffer {}
+
+impl DmaBuffer {
+    /// Wraps `len` bytes at `ptr` kept alive (and freed on drop) by `owner`.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes, page aligned and zeroed, for
+    /// as long as `owner` lives, and nothing else may hand out the same bytes meanwhile.
+    pub unsafe fn from_raw_parts(
+        ptr: NonNull<u8>,
+        len: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Self {
+        DmaBuffer {
+            ptr,
+            len,
+            _owner: owner,
+        }
+    }
+
+    /// First byte.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// First byte, writable.
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// First byte, never null.
+    pub fn as_non_null(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty buffer (never returned by an allocator).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes, while the device does not write them.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the allocation is valid for `len` bytes while `self` lives (constructor
+        // contract); device writes during the borrow are excluded by this method's contract.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, writable, while the device does not access them.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as for `as_slice`, and `&mut self` excludes other views through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl fmt::Debug for DmaBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DmaBuffer")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// The process transport's guest RAM: a memfd shared with the backend.
+pub struct GuestRam {
+    memfd: File,
+    base: NonNull<u8>,
+    len: usize,
+    free: Mutex<FreeRanges>,
+}
+
+// SAFETY: the mapping is shared memory owned by `GuestRam` for its whole life; the allocator
+// state is behind a mutex.
+unsafe impl Send for GuestRam {}
+// SAFETY: see `Send`; no method hands out references that alias mutable ones.
+unsafe impl Sync for GuestRam {}
+
+impl GuestRam {
+    /// Creates `len` bytes (a multiple of [`PAGE_SIZE`]) of guest RAM.
+    pub fn new(len: usize) -> Result<Arc<Self>, DmaError> {
+        if len == 0 || !len.is_multiple_of(PAGE_SIZE) || len as u64 > u64::MAX - GUEST_RAM_BASE {
+            return Err(DmaError::BadSize(len));
+        }
+        let memfd = create_memfd(c"vrdma-guest-ram").map_err(DmaError::Create)?;
+        memfd.set_len(len as u64).map_err(DmaError::Create)?;
+        seal_size(&memfd).map_err(DmaError::Create)?;
+        let base = map_shared(memfd.as_fd(), len).map_err(DmaError::Create)?;
+        Ok(Arc::new(GuestRam {
+            memfd,
+            base,
+            len,
+            free: Mutex::new(FreeRanges::new(len)),
+        }))
+    }
+
+    /// The memfd (for SET_MEM_TABLE).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.memfd.as_fd()
+    }
+
+    /// Where this process mapped the memfd.
+    pub fn host_base(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: guest RAM has at least one page.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Guest-physical address of the first byte.
+    pub fn guest_base(&self) -> u64 {
+        GUEST_RAM_BASE
+    }
+
+    /// Guest-physical address of `len` bytes at host address `addr`, if they lie in guest RAM.
+    pub fn guest_address(&self, addr: *const u8, len: usize) -> Result<u64, DmaError> {
+        let start = addr as usize;
+        let base = self.base.as_ptr() as usize;
+        let inside = start >= base
+            && start
+                .checked_add(len)
+                .is_some_and(|end| end <= base + self.len);
+        if !inside {
+            return Err(DmaError::NotDmaMemory { addr: start, len });
+        }
+        Ok(GUEST_RAM_BASE + (start - base) as u64)
+    }
+
+    /// Guest-physical address of every 4 KiB page covering `[addr, addr + len)`.
+    pub fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, DmaError> {
+        let first = self.guest_address(addr, len)?;
+        let start_page = first & !(PAGE_SIZE as u64 - 1);
+        let end = first + len as u64;
+        Ok((start_page..end.max(first + 1))
+            .step_by(PAGE_SIZE)
+            .collect())
+    }
+
+    /// A zeroed buffer of at least `len` bytes (rounded up to pages), aligned to `align`
+    /// (at least a page).
+    pub fn alloc(self: &Arc<Self>, len: usize, align: usize) -> Result<DmaBuffer, DmaError> {
+        if len == 0 || !align.is_power_of_two() {
+            return Err(DmaError::BadRequest { len, align });
+        }
+        let pages_len = len
+            .checked_next_multiple_of(PAGE_SIZE)
+            .ok_or(DmaError::BadRequest { len, align })?;
+        let align = align.max(PAGE_SIZE);
+        let offset = self
+            .free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take(pages_len, align)
+            .ok_or(DmaError::OutOfMemory { len, align })?;
+        // SAFETY: `offset + pages_len <= self.len` (allocator invariant): inside the mapping.
+        let ptr = unsafe { self.base.add(offset) };
+        // SAFETY: the range is inside the writable mapping and exclusively ours until freed.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, pages_len) };
+        let owner = Allocation {
+            ram: self.clone(),
+            offset,
+            len: pages_len,
+        };
+        // SAFETY: the range is valid, page aligned and zeroed while `owner` (which keeps the
+        // mapping alive and frees the range on drop) lives; the allocator hands it out once.
+        Ok(unsafe { DmaBuffer::from_raw_parts(ptr, len, Box::new(owner)) })
+    }
+
+    fn release(&self, offset: usize, len: usize) {
+        self.free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .give_back(offset, len);
+    }
+}
+
+impl Drop for GuestRam {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`len` are the mapping made in `new`; every `DmaBuffer` holds an
+        // `Arc<GuestRam>`, so none outlives it.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+struct Allocation {
+    ram: Arc<GuestRam>,
+    offset: usize,
+    len: usize,
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        self.ram.release(self.offset, self.len);
+    }
+}
+
+/// Free page ranges (offset → length), coalesced; first fit.
+struct FreeRanges {
+    ranges: BTreeMap<usize, usize>,
+}
+
+impl FreeRanges {
+    fn new(len: usize) -> Self {
+        FreeRanges {
+            ranges: BTreeMap::from([(0, len)]),
+        }
+    }
+
+    fn take(&mut self, len: usize, align: usize) -> Option<usize> {
+        let (start, range_len, offset) = self.ranges.iter().find_map(|(&start, &range_len)| {
+            let offset = start.checked_next_multiple_of(align)?;
+            let end = offset.checked_add(len)?;
+            (end <= start + range_len).then_some((start, range_len, offset))
+        })?;
+        self.ranges.remove(&start);
+        if offset > start {
+            self.ranges.insert(start, offset - start);
+        }
+        let tail = start + range_len - (offset + len);
+        if tail > 0 {
+            self.ranges.insert(offset + len, tail);
+        }
+        Some(offset)
+    }
+
+    fn give_back(&mut self, offset: usize, len: usize) {
+        let end = offset + len;
+        let mut start = offset;
+        let mut total = len;
+        if let Some((&prev, &prev_len)) = self.ranges.range(..offset).next_back() {
+            if prev + prev_len == offset {
+                self.ranges.remove(&prev);
+                start = prev;
+                total += prev_len;
+            }
+        }
+        if let Some(next_len) = self.ranges.remove(&end) {
+            total += next_len;
+        }
+        self.ranges.insert(start, total);
+    }
+}
+
+fn create_memfd(name: &CStr) -> io::Result<File> {
+    // SAFETY: `name` is a valid NUL-terminated string; the flags are valid.
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor that nothing else owns.
+    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// Seals the size: the backend maps the whole file, and a shrink would turn its accesses
+/// into SIGBUS.
+fn seal_size(memfd: &File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: F_ADD_SEALS on a memfd we own with valid seal flags.
+    let rc = unsafe {
+        libc::fcntl(
+            memfd.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn map_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a new shared mapping of `len` bytes of a file at least that long; no existing
+    // memory is affected.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(addr.cast()).ok_or_else(|| io::Error::other("mmap returned NULL"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocations_are_zeroed_aligned_and_reused() {
+        let ram = GuestRam::new(16 * PAGE_SIZE).unwrap();
+        let mut a = ram.alloc(100, 1).unwrap();
+        assert_eq!(a.len(), 100);
+        assert!(a.as_slice().iter().all(|&b| b == 0));
+        a.as_mut_slice().fill(0xAB);
+        let gpa = ram.guest_address(a.as_ptr(), a.len()).unwrap();
+        assert_eq!(gpa % PAGE_SIZE as u64, 0);
+        assert!(gpa >= GUEST_RAM_BASE);
+        drop(a);
+        let b = ram.alloc(PAGE_SIZE, 4 * PAGE_SIZE).unwrap();
+        assert_eq!(
+            (b.as_ptr() as usize - ram.host_base() as usize) % (4 * PAGE_SIZE),
+            0
+        );
+        assert!(
+            b.as_slice().iter().all(|&x| x == 0),
+            "reused memory is zeroed"
+        );
+    }
+
+    #[test]
+    fn free_ranges_coalesce() {
+        let ram = GuestRam::new(8 * PAGE_SIZE).unwrap();
+        let bufs: Vec<_> = (0..8).map(|_| ram.alloc(PAGE_SIZE, 1).unwrap()).collect();
+        assert!(matches!(ram.alloc(1, 1), Err(DmaError::OutOfMemory { .. })));
+        // Free in an order that needs merging with both neighbours.
+        let mut bufs: Vec<Option<DmaBuffer>> = bufs.into_iter().map(Some).collect();
+        for i in [1, 3, 2, 0, 7, 5, 6, 4] {
+            bufs[i] = None;
+        }
+        let all = ram.alloc(8 * PAGE_SIZE, 1).unwrap();
+        assert_eq!(all.as_ptr(), ram.host_base().cast_const());
+    }
+
+    #[test]
+    fn translate_lists_each_page() {
+        let ram = GuestRam::new(8 * PAGE_SIZE).unwrap();
+        let buf = ram.alloc(3 * PAGE_SIZE, 1).unwrap();
+        let gpa = ram.guest_address(buf.as_ptr(), 1).unwrap();
+        // SAFETY: offset 100 is inside the buffer.
+        let inner = unsafe { buf.as_ptr().add(100) };
+        let pages = ram.translate(inner, 2 * PAGE_SIZE).unwrap();
+        assert_eq!(
+            pages,
+            vec![gpa, gpa + PAGE_SIZE as u64, gpa + 2 * PAGE_SIZE as u64]
+        );
+        assert_eq!(ram.translate(buf.as_ptr(), 1).unwrap(), vec![gpa]);
+        let outside = [0u8; 8];
+        assert!(ram.translate(outside.as_ptr(), 8).is_err());
+        // SAFETY: only an address computation, never dereferenced.
+        let end = unsafe { ram.host_base().add(ram.len() - 8) };
+        assert!(ram.translate(end, 16).is_err());
+    }
+
+    #[test]
+    fn bad_sizes_are_refused() {
+        assert!(matches!(GuestRam::new(0), Err(DmaError::BadSize(0))));
+        assert!(matches!(GuestRam::new(100), Err(DmaError::BadSize(100))));
+        let ram = GuestRam::new(PAGE_SIZE).unwrap();
+        assert!(matches!(ram.alloc(0, 1), Err(DmaError::BadRequest { .. })));
+        assert!(matches!(ram.alloc(1, 3), Err(DmaError::BadRequest { .. })));
+    }
+
+    #[test]
+    fn size_is_sealed() {
+        let ram = GuestRam::new(2 * PAGE_SIZE).unwrap();
+        let file = File::from(ram.fd().try_clone_to_owned().unwrap());
+        assert!(file.set_len(PAGE_SIZE as u64).is_err());
+        assert!(file.set_len(4 * PAGE_SIZE as u64).is_err());
+    }
+}

@@ -1,0 +1,512 @@
+//! Data-path providers: one per native ring format a vrdma device can report.
+//!
+//! A provider writes work requests in the host device's own format into queue buffers the device
+//! mapped into this process, and reads the device's own completions back, like an rdma-core
+//! provider does for its NIC. It knows nothing about transports: after a successful
+//! `post_send` the caller rings the doorbell the transport offers.
+//!
+//! This module holds the format-independent work-request and completion types. Their numeric
+//! values are those of rdma-core's `<infiniband/verbs.h>` (`ibv_*`), which are also the kernel
+//! uverbs values, so they pass unchanged into native queue entries.
+
+pub mod rxe_v1;
+
+use std::fmt;
+use std::ops::{BitOr, BitOrAssign};
+
+use rxe_v1::RxeAddressHandle;
+
+/// A scatter/gather element (`ibv_sge`).
+///
+/// `addr` is an address in the iova space of the memory region named by `lkey`. vrdma
+/// registers guest memory with iova = the application's own virtual address, so `addr` is
+/// simply a pointer into the application's buffer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct Sge {
+    /// Start address (iova of the MR, i.e. the application's virtual address).
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the memory region.
+    pub lkey: u32,
+}
+
+/// QP transport types a send queue can belong to (`ibv_qp_type` values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum QpType {
+    /// Reliable connected.
+    Rc = 2,
+    /// Unreliable datagram.
+    Ud = 4,
+}
+
+/// Send work-request opcodes (`ibv_wr_opcode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum WrOpcode {
+    /// RDMA write.
+    RdmaWrite = 0,
+    /// RDMA write with immediate data (consumes a receive at the target).
+    RdmaWriteWithImm = 1,
+    /// Send.
+    #[default]
+    Send = 2,
+    /// Send with immediate data.
+    SendWithImm = 3,
+    /// RDMA read.
+    RdmaRead = 4,
+    /// 64-bit atomic compare and swap.
+    AtomicCmpAndSwp = 5,
+    /// 64-bit atomic fetch and add.
+    AtomicFetchAndAdd = 6,
+}
+
+impl WrOpcode {
+    /// Whether the opcode carries immediate data.
+    pub const fn has_imm(self) -> bool {
+        matches!(self, WrOpcode::RdmaWriteWithImm | WrOpcode::SendWithImm)
+    }
+
+    /// Whether the opcode addresses remote memory through `remote_addr`/`rkey`.
+    pub const fn is_rdma(self) -> bool {
+        matches!(
+            self,
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead
+        )
+    }
+
+    /// Whether the opcode is a remote atomic operation.
+    pub const fn is_atomic(self) -> bool {
+        matches!(
+            self,
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
+        )
+    }
+
+    /// Whether the payload may be given inline (it flows from the local buffer to the wire).
+    pub const fn allows_inline(self) -> bool {
+        matches!(
+            self,
+            WrOpcode::Send
+                | WrOpcode::SendWithImm
+                | WrOpcode::RdmaWrite
+                | WrOpcode::RdmaWriteWithImm
+        )
+    }
+}
+
+/// Send flags (`ibv_send_flags`). Only the flags below exist, so a value of this type
+/// never carries a bit the device would not understand.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct SendFlags(u32);
+
+impl SendFlags {
+    /// Wait for earlier RDMA reads and atomics to complete first.
+    pub const FENCE: SendFlags = SendFlags(1 << 0);
+    /// Generate a completion for this work request.
+    pub const SIGNALED: SendFlags = SendFlags(1 << 1);
+    /// Set the solicited-event bit in the last packet.
+    pub const SOLICITED: SendFlags = SendFlags(1 << 2);
+    /// Copy the payload into the work request; the buffers need no memory region.
+    pub const INLINE: SendFlags = SendFlags(1 << 3);
+    const ALL: u32 = Self::FENCE.0 | Self::SIGNALED.0 | Self::SOLICITED.0 | Self::INLINE.0;
+
+    /// No flag: an unsignaled work request.
+    pub const fn empty() -> Self {
+        SendFlags(0)
+    }
+
+    /// Flags from their `ibv_send_flags` bits; `None` if a bit is not supported.
+    pub const fn from_bits(bits: u32) -> Option<Self> {
+        if bits & !Self::ALL == 0 {
+            Some(SendFlags(bits))
+        } else {
+            None
+        }
+    }
+
+    /// The `ibv_send_flags` bits.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// Whether every flag of `other` is set.
+    pub const fn contains(self, other: SendFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl BitOr for SendFlags {
+    type Output = SendFlags;
+    fn bitor(self, rhs: SendFlags) -> SendFlags {
+        SendFlags(self.0 | rhs.0)
+    }
+}
+
+impl BitOrAssign for SendFlags {
+    fn bitor_assign(&mut self, rhs: SendFlags) {
+        self.0 |= rhs.0;
+    }
+}
+
+impl fmt::Debug for SendFlags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SendFlags({:#x})", self.0)
+    }
+}
+
+/// Destination of a UD send.
+#[derive(Clone, Copy, Debug)]
+pub struct UdDest<'a> {
+    /// Address handle created on the device.
+    pub ah: &'a RxeAddressHandle,
+    /// Destination QP number.
+    pub remote_qpn: u32,
+    /// Destination Q_Key.
+    pub remote_qkey: u32,
+}
+
+/// A send work request (`ibv_send_wr` without the list link: requests are posted as a slice).
+///
+/// Fields an opcode does not use are ignored, as in `ibv_send_wr`'s union.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SendWr<'a> {
+    /// Returned unchanged in the completion.
+    pub wr_id: u64,
+    /// Operation.
+    pub opcode: WrOpcode,
+    /// Send flags.
+    pub flags: SendFlags,
+    /// Local buffers. With [`SendFlags::INLINE`] their bytes are copied into the work request
+    /// (and their `lkey`s are ignored); otherwise the device reads or writes them later.
+    pub sg_list: &'a [Sge],
+    /// Immediate data for `*_WITH_IMM`, in network byte order like `ibv_send_wr.imm_data`
+    /// (build it with `u32::to_be`): it is written unchanged.
+    pub imm_data: u32,
+    /// Remote address for RDMA and atomic operations.
+    pub remote_addr: u64,
+    /// Remote key for RDMA and atomic operations.
+    pub rkey: u32,
+    /// Compare operand (compare and swap) or addend (fetch and add).
+    pub compare_add: u64,
+    /// Swap operand (compare and swap).
+    pub swap: u64,
+    /// Destination; required on UD queue pairs, refused on connected ones.
+    pub ud: Option<UdDest<'a>>,
+}
+
+/// A receive work request (`ibv_recv_wr` without the list link).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RecvWr<'a> {
+    /// Returned unchanged in the completion.
+    pub wr_id: u64,
+    /// Buffers incoming data is scattered into.
+    pub sg_list: &'a [Sge],
+}
+
+/// Defines a completion enum whose raw value comes from shared memory: every known value has
+/// a variant, any other value is kept in `Other` instead of being trusted or dropped.
+macro_rules! completion_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $($(#[$vmeta:meta])* $variant:ident = $value:expr,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)+
+            /// A value this library does not know.
+            Other(u32),
+        }
+
+        impl $name {
+            /// Decodes the raw value found in a completion.
+            pub const fn from_raw(raw: u32) -> Self {
+                match raw {
+                    $($value => $name::$variant,)+
+                    other => $name::Other(other),
+                }
+            }
+
+            /// The raw (`ibv_*`) value.
+            pub const fn raw(self) -> u32 {
+                match self {
+                    $($name::$variant => $value,)+
+                    $name::Other(other) => other,
+                }
+            }
+        }
+    };
+}
+
+completion_enum! {
+    /// Completion status (`ibv_wc_status`).
+    pub enum WcStatus {
+        /// Success.
+        #[default]
+        Success = 0,
+        /// Local length error.
+        LocLenErr = 1,
+        /// Local QP operation error.
+        LocQpOpErr = 2,
+        /// Local EE context operation error.
+        LocEecOpErr = 3,
+        /// Local protection error.
+        LocProtErr = 4,
+        /// Flushed: the QP entered the error state.
+        WrFlushErr = 5,
+        /// Memory-window bind error.
+        MwBindErr = 6,
+        /// Bad response.
+        BadRespErr = 7,
+        /// Local access error.
+        LocAccessErr = 8,
+        /// Remote invalid request.
+        RemInvReqErr = 9,
+        /// Remote access error.
+        RemAccessErr = 10,
+        /// Remote operation error.
+        RemOpErr = 11,
+        /// Transport retry counter exceeded.
+        RetryExcErr = 12,
+        /// RNR retry counter exceeded.
+        RnrRetryExcErr = 13,
+        /// Local RDD violation.
+        LocRddViolErr = 14,
+        /// Remote invalid RD request.
+        RemInvRdReqErr = 15,
+        /// Remote aborted.
+        RemAbortErr = 16,
+        /// Invalid EE context number.
+        InvEecnErr = 17,
+        /// Invalid EE context state.
+        InvEecStateErr = 18,
+        /// Fatal error.
+        FatalErr = 19,
+        /// Response timeout.
+        RespTimeoutErr = 20,
+        /// General error.
+        GeneralErr = 21,
+    }
+}
+
+completion_enum! {
+    /// Completion opcode (`ibv_wc_opcode`). Only meaningful when the status is success.
+    pub enum WcOpcode {
+        /// Send.
+        #[default]
+        Send = 0,
+        /// RDMA write.
+        RdmaWrite = 1,
+        /// RDMA read.
+        RdmaRead = 2,
+        /// Compare and swap.
+        CompSwap = 3,
+        /// Fetch and add.
+        FetchAdd = 4,
+        /// Memory-window bind.
+        BindMw = 5,
+        /// Local invalidate.
+        LocalInv = 6,
+        /// TCP segmentation offload.
+        Tso = 7,
+        /// Flush.
+        Flush = 8,
+        /// Atomic write.
+        AtomicWrite = 9,
+        /// Receive (test `raw() & 128` for "any receive", as with ibverbs).
+        Recv = 128,
+        /// Receive of an RDMA write with immediate data.
+        RecvRdmaWithImm = 129,
+    }
+}
+
+/// Completion flags (`ibv_wc_flags`), kept exactly as the device wrote them.
+///
+/// Soft-RoCE writes the kernel's `ib_wc_flags` into user CQEs and rdma-core's rxe provider
+/// hands them over unchanged; so does this library. The two agree on [`WcFlags::GRH`] and
+/// [`WcFlags::WITH_IMM`]. For a received SEND_WITH_INVALIDATE the kernel sets its
+/// `IB_WC_WITH_INVALIDATE` (bit 2), the bit ibverbs calls [`WcFlags::IP_CSUM_OK`].
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct WcFlags(u32);
+
+impl WcFlags {
+    /// A GRH is present in the first 40 bytes of the receive buffer (UD).
+    pub const GRH: WcFlags = WcFlags(1 << 0);
+    /// `imm_data` is valid.
+    pub const WITH_IMM: WcFlags = WcFlags(1 << 1);
+    /// IP checksum verified (ibverbs name of bit 2, see the type's documentation).
+    pub const IP_CSUM_OK: WcFlags = WcFlags(1 << 2);
+    /// `imm_data` holds an invalidated rkey (ibverbs name of bit 3).
+    pub const WITH_INV: WcFlags = WcFlags(1 << 3);
+
+    /// Flags exactly as found in the completion, including unknown bits.
+    pub const fn from_bits_retain(bits: u32) -> Self {
+        WcFlags(bits)
+    }
+
+    /// The raw bits.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// Whether every flag of `other` is set.
+    pub const fn contains(self, other: WcFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl BitOr for WcFlags {
+    type Output = WcFlags;
+    fn bitor(self, rhs: WcFlags) -> WcFlags {
+        WcFlags(self.0 | rhs.0)
+    }
+}
+
+impl fmt::Debug for WcFlags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "WcFlags({:#x})", self.0)
+    }
+}
+
+/// A work completion (`ibv_wc`).
+///
+/// For an error status only `wr_id`, `status`, `qp_num` and `vendor_err` are meaningful.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// `wr_id` of the completed work request.
+    pub wr_id: u64,
+    /// Status.
+    pub status: WcStatus,
+    /// Operation that completed.
+    pub opcode: WcOpcode,
+    /// Bytes transferred (receives and RDMA reads).
+    pub byte_len: u32,
+    /// Immediate data in network byte order, as in `ibv_wc.imm_data` (valid with
+    /// [`WcFlags::WITH_IMM`]; `u32::from_be` gives the sender's value).
+    pub imm_data: u32,
+    /// Local QP number (the host device's QPN).
+    pub qp_num: u32,
+    /// Source QP number (UD receives).
+    pub src_qp: u32,
+    /// Flags.
+    pub wc_flags: WcFlags,
+    /// P_Key index (UD receives).
+    pub pkey_index: u16,
+    /// Source LID (InfiniBand only).
+    pub slid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Destination LID path bits (InfiniBand only).
+    pub dlid_path_bits: u8,
+    /// Port number.
+    pub port_num: u8,
+    /// Device-specific error detail.
+    pub vendor_err: u32,
+}
+
+/// Why a work request was not posted. Requests before it in the same call were posted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PostError {
+    /// Every slot holds a request the device has not consumed yet.
+    #[error("queue full")]
+    QueueFull,
+    /// More scatter/gather elements than the queue was created for.
+    #[error("{num} SGEs, the queue takes at most {max}")]
+    TooManySges {
+        /// SGEs in the request.
+        num: usize,
+        /// The queue's limit.
+        max: u32,
+    },
+    /// The SGE lengths add up to more than a message can carry.
+    #[error("message of {0} bytes is too long")]
+    MessageTooLong(u64),
+    /// More inline bytes than the queue was created for.
+    #[error("{len} inline bytes, the queue takes at most {max}")]
+    InlineTooLong {
+        /// Inline bytes in the request.
+        len: u64,
+        /// The queue's limit.
+        max: u32,
+    },
+    /// Inline data was requested for an operation that does not send local data.
+    #[error("{0:?} cannot carry inline data")]
+    InlineNotAllowed(WrOpcode),
+    /// The operation does not exist on this QP type.
+    #[error("{opcode:?} is not supported on a {qp_type:?} QP")]
+    OpcodeNotSupported {
+        /// Requested operation.
+        opcode: WrOpcode,
+        /// The queue's QP type.
+        qp_type: QpType,
+    },
+    /// A UD send without a destination.
+    #[error("UD send without destination")]
+    MissingUdDest,
+    /// A destination on a connected QP.
+    #[error("destination given on a connected QP")]
+    UnexpectedUdDest,
+    /// An atomic needs an 8-byte local buffer and an 8-byte aligned remote address.
+    #[error("atomic operation needs 8 local bytes and an 8-byte aligned remote address")]
+    InvalidAtomic,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_flags_accept_only_ibverbs_bits() {
+        let all = SendFlags::FENCE | SendFlags::SIGNALED | SendFlags::SOLICITED | SendFlags::INLINE;
+        assert_eq!(all.bits(), 0xf);
+        assert_eq!(SendFlags::from_bits(0xf), Some(all));
+        // IBV_SEND_IP_CSUM (16) means nothing to Soft-RoCE.
+        assert_eq!(SendFlags::from_bits(1 << 4), None);
+        assert!(all.contains(SendFlags::SIGNALED | SendFlags::INLINE));
+        assert!(!SendFlags::empty().contains(SendFlags::SIGNALED));
+    }
+
+    #[test]
+    fn completion_values_round_trip_and_keep_unknown_ones() {
+        // ibv_wc_opcode values from rdma-core's verbs.h that the 6.1 uapi header lacks.
+        assert_eq!(WcOpcode::from_raw(8), WcOpcode::Flush);
+        assert_eq!(WcOpcode::from_raw(9), WcOpcode::AtomicWrite);
+        assert_eq!(WcOpcode::from_raw(128), WcOpcode::Recv);
+        assert_eq!(WcOpcode::from_raw(129), WcOpcode::RecvRdmaWithImm);
+        assert_eq!(WcOpcode::from_raw(10), WcOpcode::Other(10));
+        assert_eq!(WcStatus::from_raw(5), WcStatus::WrFlushErr);
+        assert_eq!(WcStatus::from_raw(21), WcStatus::GeneralErr);
+        assert_eq!(WcStatus::from_raw(22), WcStatus::Other(22));
+        for raw in (0..300).chain([u32::MAX]) {
+            assert_eq!(WcOpcode::from_raw(raw).raw(), raw);
+            assert_eq!(WcStatus::from_raw(raw).raw(), raw);
+        }
+    }
+
+    #[test]
+    fn opcode_classes() {
+        use WrOpcode::*;
+        let all = [
+            RdmaWrite,
+            RdmaWriteWithImm,
+            Send,
+            SendWithImm,
+            RdmaRead,
+            AtomicCmpAndSwp,
+            AtomicFetchAndAdd,
+        ];
+        let inline: Vec<_> = all.iter().filter(|op| op.allows_inline()).collect();
+        assert_eq!(inline, [&RdmaWrite, &RdmaWriteWithImm, &Send, &SendWithImm]);
+        let imm: Vec<_> = all.iter().filter(|op| op.has_imm()).collect();
+        assert_eq!(imm, [&RdmaWriteWithImm, &SendWithImm]);
+        let rdma: Vec<_> = all.iter().filter(|op| op.is_rdma()).collect();
+        assert_eq!(rdma, [&RdmaWrite, &RdmaWriteWithImm, &RdmaRead]);
+        let atomic: Vec<_> = all.iter().filter(|op| op.is_atomic()).collect();
+        assert_eq!(atomic, [&AtomicCmpAndSwp, &AtomicFetchAndAdd]);
+    }
+}

@@ -1,0 +1,88 @@
+//! Polling native rxe completions.
+
+use std::mem::size_of;
+use std::sync::atomic::Ordering;
+
+use super::abi::IbUverbsWc;
+use super::queue::{QueueError, RxeQueue};
+use crate::provider::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+
+/// A completion queue.
+///
+/// Polling needs no kernel call. Arming the CQ for an event is a control command and not
+/// part of the data path.
+#[derive(Debug)]
+pub struct CompletionQueue {
+    queue: RxeQueue,
+    /// Next slot to read; the authoritative copy of the consumer index.
+    consumer: u32,
+}
+
+impl CompletionQueue {
+    /// A completion queue over `queue`, whose slots must hold a `struct ib_uverbs_wc`.
+    pub fn new(queue: RxeQueue) -> Result<Self, QueueError> {
+        let need = size_of::<IbUverbsWc>();
+        if need > queue.slot_size() {
+            return Err(QueueError::SlotTooSmall {
+                need,
+                slot: queue.slot_size(),
+            });
+        }
+        let consumer = queue.load_consumer(Ordering::Relaxed);
+        Ok(CompletionQueue { queue, consumer })
+    }
+
+    /// How many completions the queue holds at most.
+    pub fn capacity(&self) -> u32 {
+        self.queue.capacity()
+    }
+
+    /// Moves up to `out.len()` completions, oldest first, into `out`; returns how many.
+    pub fn poll(&mut self, out: &mut [WorkCompletion]) -> usize {
+        // Acquire: the kernel's CQE writes happen before the reads below. The value is masked,
+        // so even a corrupted index only names slots of this queue.
+        let producer = self.queue.load_producer(Ordering::Acquire);
+        let mut consumer = self.consumer;
+        let mut polled = 0;
+        for wc in out.iter_mut() {
+            if consumer == producer {
+                break;
+            }
+            let cqe = self.queue.slot(consumer).cast::<IbUverbsWc>();
+            // SAFETY: the slot lies between the consumer and the producer index, so the kernel
+            // finished writing it and will not touch it until the consumer passes it; it is
+            // 64-byte aligned and at least as large as the CQE (checked in `new`); any bit
+            // pattern is a valid `IbUverbsWc`.
+            let cqe = unsafe { cqe.read() };
+            *wc = completion(&cqe);
+            consumer = self.queue.next(consumer);
+            polled += 1;
+        }
+        if polled != 0 {
+            // Release: the CQE reads above complete before the kernel may reuse the slots.
+            self.queue.store_consumer(consumer, Ordering::Release);
+            self.consumer = consumer;
+        }
+        polled
+    }
+}
+
+/// Converts a native CQE; `imm_data` keeps its network byte order, as with rdma-core.
+fn completion(cqe: &IbUverbsWc) -> WorkCompletion {
+    WorkCompletion {
+        wr_id: cqe.wr_id,
+        status: WcStatus::from_raw(cqe.status),
+        opcode: WcOpcode::from_raw(cqe.opcode),
+        byte_len: cqe.byte_len,
+        imm_data: cqe.ex,
+        qp_num: cqe.qp_num,
+        src_qp: cqe.src_qp,
+        wc_flags: WcFlags::from_bits_retain(cqe.wc_flags),
+        pkey_index: cqe.pkey_index,
+        slid: cqe.slid,
+        sl: cqe.sl,
+        dlid_path_bits: cqe.dlid_path_bits,
+        port_num: cqe.port_num,
+        vendor_err: cqe.vendor_err,
+    }
+}

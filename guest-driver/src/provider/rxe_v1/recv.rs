@@ -1,0 +1,115 @@
+//! Posting receive work requests as native rxe receive WQEs (QP receive queues and SRQs).
+
+use std::mem::size_of;
+use std::sync::atomic::Ordering;
+
+use super::abi::{RxeDmaInfo, RxeRecvWqe, RxeSge};
+use super::queue::{QueueError, RxeQueue};
+use crate::provider::{PostError, RecvWr};
+
+/// The receive queue of a QP, or a shared receive queue (same format).
+///
+/// Posting a receive needs no kernel call: the kernel picks receive WQEs up when a message
+/// arrives.
+#[derive(Debug)]
+pub struct RecvQueue {
+    queue: RxeQueue,
+    max_sge: u32,
+    /// Next slot to fill; the authoritative copy of the producer index.
+    producer: u32,
+}
+
+impl RecvQueue {
+    /// A receive queue over `queue`, whose slots must hold `max_sge` SGEs.
+    pub fn new(queue: RxeQueue, max_sge: u32) -> Result<Self, QueueError> {
+        let need = size_of::<RxeRecvWqe>() + max_sge as usize * size_of::<RxeSge>();
+        if need > queue.slot_size() {
+            return Err(QueueError::SlotTooSmall {
+                need,
+                slot: queue.slot_size(),
+            });
+        }
+        let producer = queue.load_producer(Ordering::Relaxed);
+        Ok(RecvQueue {
+            queue,
+            max_sge,
+            producer,
+        })
+    }
+
+    /// Most SGEs per request.
+    pub fn max_sge(&self) -> u32 {
+        self.max_sge
+    }
+
+    /// How many requests the queue holds at most.
+    pub fn capacity(&self) -> u32 {
+        self.queue.capacity()
+    }
+
+    /// Writes `wrs` into the queue in order, like `ibv_post_recv`. On error, `Err((n, e))`
+    /// says that the first `n` requests were posted and request `n` was refused for `e`.
+    pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
+        let mut result = Ok(());
+        let mut producer = self.producer;
+        for (i, wr) in wrs.iter().enumerate() {
+            if let Err(e) = self.post_one(producer, wr) {
+                result = Err((i, e));
+                break;
+            }
+            producer = self.queue.next(producer);
+        }
+        if producer != self.producer {
+            // Release: the WQE writes become visible before the index that hands them over.
+            self.queue.store_producer(producer, Ordering::Release);
+            self.producer = producer;
+        }
+        result
+    }
+
+    /// Checks `wr` and writes it into slot `index`, without publishing it.
+    fn post_one(&self, index: u32, wr: &RecvWr<'_>) -> Result<(), PostError> {
+        if wr.sg_list.len() > self.max_sge as usize {
+            return Err(PostError::TooManySges {
+                num: wr.sg_list.len(),
+                max: self.max_sge,
+            });
+        }
+        let total: u64 = wr.sg_list.iter().map(|sge| u64::from(sge.length)).sum();
+        let length = u32::try_from(total).map_err(|_| PostError::MessageTooLong(total))?;
+        // Acquire: the kernel is done with the slot it passed before it is reused.
+        if self.queue.next(index) == self.queue.load_consumer(Ordering::Acquire) {
+            return Err(PostError::QueueFull);
+        }
+
+        let wqe = self.queue.slot(index).cast::<RxeRecvWqe>();
+        let header = RxeRecvWqe {
+            wr_id: wr.wr_id,
+            reserved: 0,
+            padding: 0,
+            dma: RxeDmaInfo {
+                length,
+                resid: length,
+                cur_sge: 0,
+                num_sge: wr.sg_list.len() as u32,
+                sge_offset: 0,
+                reserved: 0,
+            },
+        };
+        // SAFETY: `index` is the producer slot of a queue that is not full, so the kernel
+        // does not access it; the slot is 64-byte aligned and `new` checked that it holds the
+        // WQE plus `max_sge` SGEs, which the check above enforced.
+        unsafe {
+            wqe.write(header);
+            let sges = wqe.add(1).cast::<RxeSge>();
+            for (i, sge) in wr.sg_list.iter().enumerate() {
+                sges.add(i).write(RxeSge {
+                    addr: sge.addr,
+                    length: sge.length,
+                    lkey: sge.lkey,
+                });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,262 @@
+//! Posting send work requests as native rxe send WQEs.
+
+use std::mem::size_of;
+use std::ptr;
+use std::sync::atomic::Ordering;
+
+use super::abi::{
+    RxeAtomicWr, RxeDmaInfo, RxeRdmaWr, RxeSendWqe, RxeSendWr, RxeSendWrUnion, RxeSge, RxeUdWr,
+    RXE_AV_SIZE, WQE_STATE_POSTED,
+};
+use super::queue::{QueueError, RxeQueue};
+use crate::provider::{PostError, QpType, SendFlags, SendWr, UdDest, WrOpcode};
+
+/// Limits the device reported when it created the send queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendQueueCaps {
+    /// Transport of the QP.
+    pub qp_type: QpType,
+    /// Most SGEs per request.
+    pub max_sge: u32,
+    /// Most inline bytes per request.
+    pub max_inline: u32,
+}
+
+/// The send queue of a QP.
+///
+/// Once posted, a slot belongs to the kernel until its consumer index passes it: the kernel
+/// keeps writing into it (state, status, PSNs, DMA progress). Nothing here reads a posted
+/// slot back.
+#[derive(Debug)]
+pub struct SendQueue {
+    queue: RxeQueue,
+    caps: SendQueueCaps,
+    /// Next slot to fill; the authoritative copy of the producer index (this side owns it, so
+    /// it is never re-read from shared memory).
+    producer: u32,
+}
+
+impl SendQueue {
+    /// A send queue over `queue`, whose slots must hold requests of the sizes in `caps`.
+    pub fn new(queue: RxeQueue, caps: SendQueueCaps) -> Result<Self, QueueError> {
+        let payload = (caps.max_sge as usize * size_of::<RxeSge>()).max(caps.max_inline as usize);
+        let need = size_of::<RxeSendWqe>() + payload;
+        if need > queue.slot_size() {
+            return Err(QueueError::SlotTooSmall {
+                need,
+                slot: queue.slot_size(),
+            });
+        }
+        let producer = queue.load_producer(Ordering::Relaxed);
+        Ok(SendQueue {
+            queue,
+            caps,
+            producer,
+        })
+    }
+
+    /// The limits requests are checked against.
+    pub fn caps(&self) -> SendQueueCaps {
+        self.caps
+    }
+
+    /// How many requests the queue holds at most.
+    pub fn capacity(&self) -> u32 {
+        self.queue.capacity()
+    }
+
+    /// Writes `wrs` into the queue in order, like `ibv_post_send`.
+    ///
+    /// On error, `Err((n, e))` says that the first `n` requests were posted and request `n`
+    /// was refused for `e`; nothing after it was looked at. The queue is never overwritten: a
+    /// full queue refuses with [`PostError::QueueFull`].
+    ///
+    /// The device only notices posted requests when the caller rings the send doorbell: after
+    /// `Ok(())` with a non-empty `wrs`, or after `Err((n, _))` with `n > 0`.
+    ///
+    /// # Safety
+    ///
+    /// For every request with [`SendFlags::INLINE`], each SGE must describe memory of this
+    /// process, `[addr, addr + length)`, that is readable for the duration of the call (the
+    /// bytes are copied into the queue). Like `ibv_post_send`, the SGEs of other requests are
+    /// not dereferenced here: the device checks them against their memory regions.
+    pub unsafe fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
+        let mut result = Ok(());
+        let mut producer = self.producer;
+        for (i, wr) in wrs.iter().enumerate() {
+            // SAFETY: the caller guarantees the inline SGEs of `wrs` are readable.
+            if let Err(e) = unsafe { self.post_one(producer, wr) } {
+                result = Err((i, e));
+                break;
+            }
+            producer = self.queue.next(producer);
+        }
+        if producer != self.producer {
+            // Release: the WQE writes above become visible to the kernel before the index
+            // that hands them over.
+            self.queue.store_producer(producer, Ordering::Release);
+            self.producer = producer;
+        }
+        result
+    }
+
+    /// Checks `wr` and writes it into slot `index`, without publishing it.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Self::post_send`].
+    unsafe fn post_one(&self, index: u32, wr: &SendWr<'_>) -> Result<(), PostError> {
+        let length = self.check(wr)?;
+        // Acquire: the kernel's last accesses to the slot it passed happen before the writes
+        // below reuse it.
+        if self.queue.next(index) == self.queue.load_consumer(Ordering::Acquire) {
+            return Err(PostError::QueueFull);
+        }
+
+        let (union, iova) = wr_union(wr);
+        let kwr = RxeSendWr {
+            wr_id: wr.wr_id,
+            reserved: 0,
+            opcode: wr.opcode as u32,
+            send_flags: wr.flags.bits(),
+            ex: if wr.opcode.has_imm() { wr.imm_data } else { 0 },
+            wr: union,
+        };
+        let dma = RxeDmaInfo {
+            length,
+            resid: length,
+            cur_sge: 0,
+            num_sge: wr.sg_list.len() as u32,
+            sge_offset: 0,
+            reserved: 0,
+        };
+        let wqe = self.queue.slot(index).cast::<RxeSendWqe>();
+        // SAFETY: `index` is the producer slot and the queue is not full, so the kernel does
+        // not access this slot; it is 64-byte aligned and `new` checked that it holds the WQE
+        // plus `max_sge` SGEs or `max_inline` bytes, which `check` enforced. The fields the
+        // kernel owns (status, mask, PSNs...) are left alone, as rdma-core does.
+        unsafe {
+            (&raw mut (*wqe).wr).write(kwr);
+            (&raw mut (*wqe).state).write(WQE_STATE_POSTED);
+            (&raw mut (*wqe).iova).write(iova);
+            (&raw mut (*wqe).dma).write(dma);
+        }
+        // SAFETY: the payload area directly follows the WQE in the same slot.
+        let payload = unsafe { wqe.add(1).cast::<u8>() };
+        if wr.flags.contains(SendFlags::INLINE) {
+            let mut dst = payload;
+            for sge in wr.sg_list.iter().filter(|sge| sge.length != 0) {
+                let len = sge.length as usize;
+                // SAFETY: the source is readable application memory (contract of
+                // `post_send`); the destination stays within the slot because the lengths
+                // add up to at most `max_inline` (checked). `copy` tolerates overlap.
+                unsafe {
+                    ptr::copy(sge.addr as usize as *const u8, dst, len);
+                    dst = dst.add(len);
+                }
+            }
+        } else {
+            let sges = payload.cast::<RxeSge>();
+            for (i, sge) in wr.sg_list.iter().enumerate() {
+                // SAFETY: at most `max_sge` SGEs (checked) fit in the slot; the payload area
+                // is 8-byte aligned (slot start + 208).
+                unsafe {
+                    sges.add(i).write(RxeSge {
+                        addr: sge.addr,
+                        length: sge.length,
+                        lkey: sge.lkey,
+                    })
+                };
+            }
+        }
+        Ok(())
+    }
+
+    /// Validates `wr` against the queue; returns the total payload length.
+    fn check(&self, wr: &SendWr<'_>) -> Result<u32, PostError> {
+        let caps = &self.caps;
+        if wr.sg_list.len() > caps.max_sge as usize {
+            return Err(PostError::TooManySges {
+                num: wr.sg_list.len(),
+                max: caps.max_sge,
+            });
+        }
+        let total: u64 = wr.sg_list.iter().map(|sge| u64::from(sge.length)).sum();
+        let length = u32::try_from(total).map_err(|_| PostError::MessageTooLong(total))?;
+
+        match (caps.qp_type, &wr.ud) {
+            (QpType::Ud, None) => return Err(PostError::MissingUdDest),
+            (QpType::Rc, Some(_)) => return Err(PostError::UnexpectedUdDest),
+            _ => {}
+        }
+        if caps.qp_type == QpType::Ud
+            && !matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm)
+        {
+            return Err(PostError::OpcodeNotSupported {
+                opcode: wr.opcode,
+                qp_type: caps.qp_type,
+            });
+        }
+        if wr.flags.contains(SendFlags::INLINE) {
+            if !wr.opcode.allows_inline() {
+                return Err(PostError::InlineNotAllowed(wr.opcode));
+            }
+            if total > u64::from(caps.max_inline) {
+                return Err(PostError::InlineTooLong {
+                    len: total,
+                    max: caps.max_inline,
+                });
+            }
+        }
+        if wr.opcode.is_atomic() && (length < 8 || !wr.remote_addr.is_multiple_of(8)) {
+            return Err(PostError::InvalidAtomic);
+        }
+        Ok(length)
+    }
+}
+
+/// The opcode-specific union of the kernel request and the WQE's `iova`.
+fn wr_union(wr: &SendWr<'_>) -> (RxeSendWrUnion, u64) {
+    let mut union = RxeSendWrUnion::zeroed();
+    if wr.opcode.is_rdma() {
+        union.rdma = RxeRdmaWr {
+            remote_addr: wr.remote_addr,
+            rkey: wr.rkey,
+            reserved: 0,
+        };
+        (union, wr.remote_addr)
+    } else if wr.opcode.is_atomic() {
+        union.atomic = RxeAtomicWr {
+            remote_addr: wr.remote_addr,
+            compare_add: wr.compare_add,
+            swap: wr.swap,
+            rkey: wr.rkey,
+            reserved: 0,
+        };
+        (union, wr.remote_addr)
+    } else {
+        if let Some(UdDest {
+            ah,
+            remote_qpn,
+            remote_qkey,
+        }) = wr.ud
+        {
+            union.ud = RxeUdWr {
+                remote_qpn,
+                remote_qkey,
+                pkey_index: 0,
+                reserved: 0,
+                ah_num: ah.ah_num,
+                pad: [0; 4],
+                // Kernels that return an AH number look the address up themselves; only the
+                // old ones (ah_num 0) need it in every WQE.
+                av: if ah.ah_num == 0 {
+                    ah.av
+                } else {
+                    [0; RXE_AV_SIZE]
+                },
+            };
+        }
+        (union, 0)
+    }
+}

@@ -1,0 +1,156 @@
+//! How the library reaches a vrdma device.
+//!
+//! A [`Transport`] offers what the verbs layer needs of the device and nothing about how it
+//! is reached: synchronous control commands on the control queue, the send doorbell, events,
+//! the shared-memory region where the device maps queue buffers, and memory the device can
+//! reach by DMA. Implementations: [`process`] (the library is the vhost-user frontend itself).
+
+use std::os::fd::BorrowedFd;
+use std::ptr::NonNull;
+use std::time::Duration;
+
+use crate::dma::{DmaBuffer, DmaError};
+use crate::virtq::VirtqError;
+
+pub mod process;
+
+/// Errors of a transport.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// vhost-user negotiation or messaging failed.
+    #[error("vhost-user: {0}")]
+    VhostUser(#[source] vhost::Error),
+    /// The device lacks something the driver requires.
+    #[error("the device does not offer {0}")]
+    Unsupported(&'static str),
+    /// Memory the device reaches could not be allocated or translated.
+    #[error(transparent)]
+    Dma(#[from] DmaError),
+    /// A virtqueue operation failed.
+    #[error(transparent)]
+    Virtqueue(#[from] VirtqError),
+    /// The device did not answer in time. The transport is unusable afterwards.
+    #[error("the device did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The device went away (the backend closed the connection).
+    #[error("the device disconnected")]
+    Disconnected,
+    /// A request that cannot be sent (empty, or larger than the transport allows).
+    #[error("invalid request: {0}")]
+    InvalidRequest(&'static str),
+    /// The device broke the virtio protocol, or an earlier failure left the transport
+    /// unusable.
+    #[error("device failure: {0}")]
+    DeviceFailure(String),
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl TransportError {
+    pub(crate) fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
+        move |source| TransportError::Io { what, source }
+    }
+}
+
+/// VIRTIO shared-memory region 0 as mapped in this process.
+///
+/// Valid while the transport that returned it lives. Pages the device has not mapped are
+/// inaccessible (touching them faults).
+#[derive(Clone, Copy, Debug)]
+pub struct SharedMemory {
+    base: Option<NonNull<u8>>,
+    len: usize,
+}
+
+// SAFETY: a plain address range; dereferencing it needs `unsafe` and the caller's own
+// synchronisation, from whichever thread.
+unsafe impl Send for SharedMemory {}
+// SAFETY: as for Send; the struct itself is immutable.
+unsafe impl Sync for SharedMemory {}
+
+impl SharedMemory {
+    /// A region of `len` bytes at `base` (`None` with 0 for a device without one).
+    pub fn new(base: Option<NonNull<u8>>, len: usize) -> Self {
+        SharedMemory { base, len }
+    }
+
+    /// First byte of the region; `None` if the device has no region.
+    pub fn base(&self) -> Option<NonNull<u8>> {
+        self.base
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if the device has no shared-memory region.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Address of `len` bytes at `offset` in the region, if they lie inside it.
+    pub fn range(&self, offset: usize, len: usize) -> Option<NonNull<u8>> {
+        let base = self.base?;
+        let end = offset.checked_add(len)?;
+        if end > self.len {
+            return None;
+        }
+        // SAFETY: `offset <= len` of the mapped region, so the result stays inside it.
+        Some(unsafe { base.add(offset) })
+    }
+}
+
+/// Memory the device can reach by DMA.
+pub trait DmaMemory: Send + Sync {
+    /// A zeroed buffer of at least `len` bytes, aligned to `align` and at least to a page;
+    /// freed when the buffer is dropped.
+    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, TransportError>;
+
+    /// Guest-physical address of each 4 KiB page covering `[addr, addr + len)`, in order.
+    /// Fails unless the whole range is memory of this allocator's kind.
+    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, TransportError>;
+}
+
+/// A connection to one vrdma device.
+pub trait Transport: Send + Sync {
+    /// Device-specific feature bits (0..=23) both sides agreed on.
+    fn device_features(&self) -> u64;
+
+    /// The device configuration space, read when the transport started.
+    fn device_config(&self) -> &[u8];
+
+    /// Executes one control command: `request` goes to the device, its answer lands in
+    /// `response`, and the answer's length (the used length) is returned. Blocks until the
+    /// device answers; callers on several threads are served one at a time.
+    fn execute(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError>;
+
+    /// Notifies the doorbell queue (no buffer): the device then looks at the doorbells.
+    fn notify_doorbell(&self) -> Result<(), TransportError>;
+
+    /// Copies the next event from the event queue into `out` and gives its buffer back to the
+    /// device. Waits up to `timeout` (`None`: forever) for one; `Ok(None)` if none came.
+    /// Returns the event's length (bytes beyond `out.len()` are cut).
+    fn next_event(
+        &self,
+        out: &mut [u8],
+        timeout: Option<Duration>,
+    ) -> Result<Option<usize>, TransportError>;
+
+    /// A descriptor that polls readable when an event may be pending, for callers that
+    /// multiplex it with their own; [`Transport::next_event`] with a zero timeout then says.
+    fn event_fd(&self) -> Option<BorrowedFd<'_>>;
+
+    /// Shared-memory region 0 as mapped in this process.
+    fn shared_memory(&self) -> SharedMemory;
+
+    /// Memory the device can reach.
+    fn dma(&self) -> &dyn DmaMemory;
+}

@@ -1,0 +1,784 @@
+//! The process transport: this library is itself the vhost-user frontend of the backend (as
+//! DPDK's virtio-user), with a memfd as its "guest RAM".
+//!
+//! Setup: SET_OWNER, feature and protocol-feature negotiation, GET_CONFIG, GET_SHMEM_CONFIG
+//! (a PROT_NONE window of that size is reserved), the backend request channel (served by a
+//! thread that maps what the backend sends with SHMEM_MAP into the window), SET_MEM_TABLE with
+//! the memfd, and the three vrings in that memory with eventfds for kicks and calls.
+//! Dropping the transport closes the connection; the backend then releases everything it
+//! held for this "guest".
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use log::{debug, warn};
+use vhost::vhost_user::message::{
+    VhostUserConfigFlags, VhostUserMMap, VhostUserMMapFlags, VhostUserProtocolFeatures,
+    VhostUserVirtioFeatures,
+};
+use vhost::vhost_user::{
+    Frontend, FrontendReqHandler, HandlerResult, VhostUserFrontend, VhostUserFrontendReqHandler,
+};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::{DmaMemory, SharedMemory, Transport, TransportError};
+use crate::dma::{DmaBuffer, GuestRam, DEFAULT_GUEST_RAM_SIZE, PAGE_SIZE};
+use crate::virtq::{Buffer, SplitQueue};
+use vrdma_spec::features::{
+    VIRTIO_F_RING_EVENT_IDX, VIRTIO_F_RING_INDIRECT_DESC, VIRTIO_F_VERSION_1,
+};
+use vrdma_spec::queue::{CONTROLQ, DOORBELLQ, EVENTQ, NUM_QUEUES};
+
+/// Settings of a [`ProcessTransport`].
+#[derive(Clone, Debug)]
+pub struct ProcessOptions {
+    /// Size of the memfd "guest RAM" (vrings, command buffers, application buffers).
+    pub guest_ram_size: usize,
+    /// Entries of each virtqueue (a power of two, at most 256).
+    pub queue_size: u16,
+    /// How long a control command may take before the transport gives up.
+    pub command_timeout: Duration,
+    /// Bytes of configuration space to read.
+    pub config_size: u32,
+    /// Device-specific feature bits (0..=23) the driver accepts if offered.
+    pub device_features: u64,
+    /// Event buffers kept posted on the event queue.
+    pub event_buffers: u16,
+    /// Size of each event buffer.
+    pub event_buffer_size: u32,
+}
+
+impl Default for ProcessOptions {
+    fn default() -> Self {
+        ProcessOptions {
+            guest_ram_size: DEFAULT_GUEST_RAM_SIZE,
+            queue_size: 256,
+            command_timeout: Duration::from_secs(30),
+            config_size: 256,
+            device_features: (1 << 24) - 1,
+            event_buffers: 64,
+            event_buffer_size: 64,
+        }
+    }
+}
+
+/// [`DmaMemory`] of the process transport: allocations from the memfd guest RAM.
+pub struct ProcessDma {
+    ram: Arc<GuestRam>,
+}
+
+impl ProcessDma {
+    /// Guest RAM of `len` bytes.
+    pub fn new(len: usize) -> Result<Self, TransportError> {
+        Ok(ProcessDma {
+            ram: GuestRam::new(len)?,
+        })
+    }
+
+    /// The guest RAM.
+    pub fn guest_ram(&self) -> &Arc<GuestRam> {
+        &self.ram
+    }
+
+    /// Guest-physical address of a buffer allocated here.
+    pub fn guest_address(&self, buffer: &DmaBuffer) -> Result<u64, TransportError> {
+        Ok(self.ram.guest_address(buffer.as_ptr(), buffer.len())?)
+    }
+}
+
+impl DmaMemory for ProcessDma {
+    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, TransportError> {
+        Ok(self.ram.alloc(len, align)?)
+    }
+
+    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, TransportError> {
+        Ok(self.ram.translate(addr, len)?)
+    }
+}
+
+/// A vrdma device reached over a vhost-user socket, with this process as the frontend.
+pub struct ProcessTransport {
+    // Dropped last among the connection's parts: closing it makes the backend let go.
+    frontend: Mutex<Frontend>,
+    dma: ProcessDma,
+    device_features: u64,
+    config: Vec<u8>,
+    window: Arc<ShmemWindow>,
+    control: Mutex<ControlQueue>,
+    events: Mutex<EventQueue>,
+    event_call: EventFd,
+    doorbell: Virtqueue,
+    backend_channel: Option<BackendChannel>,
+    timeout: Duration,
+}
+
+impl ProcessTransport {
+    /// Connects to the backend at `socket_path` and sets the device up.
+    pub fn connect(
+        socket_path: impl AsRef<Path>,
+        options: ProcessOptions,
+    ) -> Result<Self, TransportError> {
+        if options.queue_size == 0
+            || !options.queue_size.is_power_of_two()
+            || options.queue_size > 256
+        {
+            return Err(TransportError::InvalidRequest("queue size"));
+        }
+        let dma = ProcessDma::new(options.guest_ram_size)?;
+        let mut frontend = Frontend::connect(socket_path, u64::from(NUM_QUEUES))
+            .map_err(TransportError::VhostUser)?;
+        frontend.set_owner().map_err(TransportError::VhostUser)?;
+
+        let device_features = negotiate_features(&frontend, options.device_features)?;
+        let event_idx = device_features & VIRTIO_F_RING_EVENT_IDX != 0;
+        let protocol = negotiate_protocol(&mut frontend)?;
+
+        let config = read_config(&mut frontend, options.config_size)?;
+        let shmem_config = frontend
+            .get_shmem_config()
+            .map_err(TransportError::VhostUser)?;
+        let shmem_size = match shmem_config.nregions {
+            0 => 0,
+            _ => shmem_config.memory_sizes[0],
+        };
+        let window = Arc::new(ShmemWindow::reserve(shmem_size)?);
+
+        let mut requests = FrontendReqHandler::new(window.clone())
+            .map_err(|e| TransportError::VhostUser(e.into()))?;
+        requests.set_reply_ack_flag(protocol.contains(VhostUserProtocolFeatures::REPLY_ACK));
+        frontend
+            .set_backend_request_fd(&requests.get_tx_raw_fd())
+            .map_err(TransportError::VhostUser)?;
+        let backend_channel = BackendChannel::serve(requests)?;
+
+        let ram = dma.guest_ram();
+        let region = VhostUserMemoryRegionInfo {
+            guest_phys_addr: ram.guest_base(),
+            memory_size: ram.len() as u64,
+            userspace_addr: ram.host_base() as u64,
+            mmap_offset: 0,
+            mmap_handle: ram.fd().as_raw_fd(),
+        };
+        frontend
+            .set_mem_table(&[region])
+            .map_err(TransportError::VhostUser)?;
+
+        let size = options.queue_size;
+        let control = Virtqueue::new(&frontend, &dma, CONTROLQ, size, event_idx)?;
+        let event_queue = Virtqueue::new(&frontend, &dma, EVENTQ, size, event_idx)?;
+        let doorbell = Virtqueue::new(&frontend, &dma, DOORBELLQ, size, event_idx)?;
+        let event_call = event_queue.call.try_clone().map_err(TransportError::io(
+            "cannot clone the event queue's call eventfd",
+        ))?;
+        let events = EventQueue::start(&dma, event_queue, &options)?;
+        for index in [CONTROLQ, EVENTQ, DOORBELLQ] {
+            frontend
+                .set_vring_enable(usize::from(index), true)
+                .map_err(TransportError::VhostUser)?;
+        }
+        events.vq.kick()?;
+
+        let command_buffer = dma.alloc(PAGE_SIZE, PAGE_SIZE)?;
+        let response_buffer = dma.alloc(PAGE_SIZE, PAGE_SIZE)?;
+        Ok(ProcessTransport {
+            frontend: Mutex::new(frontend),
+            dma,
+            device_features: device_features & DEVICE_FEATURE_MASK,
+            config,
+            window,
+            control: Mutex::new(ControlQueue {
+                vq: control,
+                request: command_buffer,
+                response: response_buffer,
+                broken: false,
+            }),
+            events: Mutex::new(events),
+            event_call,
+            doorbell,
+            backend_channel: Some(backend_channel),
+            timeout: options.command_timeout,
+        })
+    }
+
+    /// The process transport's DMA memory (with guest-physical translation).
+    pub fn process_dma(&self) -> &ProcessDma {
+        &self.dma
+    }
+
+    /// The vhost-user connection, for callers that need a message this type does not send.
+    pub fn frontend(&self) -> MutexGuard<'_, Frontend> {
+        lock(&self.frontend)
+    }
+}
+
+impl Transport for ProcessTransport {
+    fn device_features(&self) -> u64 {
+        self.device_features
+    }
+
+    fn device_config(&self) -> &[u8] {
+        &self.config
+    }
+
+    fn execute(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
+        if request.is_empty() || response.is_empty() {
+            return Err(TransportError::InvalidRequest(
+                "a command needs request and response bytes",
+            ));
+        }
+        let request_len =
+            u32::try_from(request.len()).map_err(|_| TransportError::InvalidRequest("size"))?;
+        let response_len =
+            u32::try_from(response.len()).map_err(|_| TransportError::InvalidRequest("size"))?;
+        let mut control = lock(&self.control);
+        if control.broken {
+            return Err(TransportError::DeviceFailure(
+                "an earlier command never completed".into(),
+            ));
+        }
+        control.reserve(&self.dma, request.len(), response.len())?;
+        control.request.as_mut_slice()[..request.len()].copy_from_slice(request);
+        let readable = Buffer {
+            addr: self.dma.guest_address(&control.request)?,
+            len: request_len,
+        };
+        let writable = Buffer {
+            addr: self.dma.guest_address(&control.response)?,
+            len: response_len,
+        };
+        let head = control.vq.queue.add(&[readable], &[writable])?;
+        if control.vq.queue.should_notify() {
+            control.vq.kick()?;
+        }
+        let deadline = Instant::now() + self.timeout;
+        let used = loop {
+            match control.vq.queue.pop_used() {
+                Ok(Some(used)) => break used,
+                Ok(None) => {}
+                Err(e) => {
+                    control.broken = true;
+                    return Err(e.into());
+                }
+            }
+            if control.vq.queue.enable_interrupts() {
+                continue;
+            }
+            if !control.vq.wait(Some(deadline))? {
+                control.broken = true;
+                return Err(TransportError::Timeout(self.timeout));
+            }
+        };
+        if used.head != head || used.len > response_len {
+            control.broken = true;
+            return Err(TransportError::DeviceFailure(format!(
+                "control queue returned chain {} with {} bytes for chain {head} of {response_len}",
+                used.head, used.len
+            )));
+        }
+        let len = used.len as usize;
+        response[..len].copy_from_slice(&control.response.as_slice()[..len]);
+        Ok(len)
+    }
+
+    fn notify_doorbell(&self) -> Result<(), TransportError> {
+        self.doorbell.kick()
+    }
+
+    fn next_event(
+        &self,
+        out: &mut [u8],
+        timeout: Option<Duration>,
+    ) -> Result<Option<usize>, TransportError> {
+        let deadline = timeout.map(|timeout| Instant::now() + timeout);
+        let mut events = lock(&self.events);
+        loop {
+            if let Some(used) = events.vq.queue.pop_used()? {
+                let len = events.take(used.head, used.len, out)?;
+                events.repost(&self.dma, used.head)?;
+                return Ok(Some(len));
+            }
+            if events.vq.queue.enable_interrupts() {
+                continue;
+            }
+            if !events.vq.wait(deadline)? {
+                return Ok(None);
+            }
+        }
+    }
+
+    fn event_fd(&self) -> Option<BorrowedFd<'_>> {
+        // SAFETY: the eventfd is owned by `self.event_call` and stays open while `self` is
+        // borrowed.
+        Some(unsafe { BorrowedFd::borrow_raw(self.event_call.as_raw_fd()) })
+    }
+
+    fn shared_memory(&self) -> SharedMemory {
+        self.window.shared_memory()
+    }
+
+    fn dma(&self) -> &dyn DmaMemory {
+        &self.dma
+    }
+}
+
+impl Drop for ProcessTransport {
+    fn drop(&mut self) {
+        if let Some(channel) = self.backend_channel.take() {
+            channel.stop();
+        }
+    }
+}
+
+const DEVICE_FEATURE_MASK: u64 = (1 << 24) - 1;
+const CALL_TOKEN: u64 = 0;
+const DISCONNECT_TOKEN: u64 = 1;
+
+fn negotiate_features(frontend: &Frontend, accepted_device: u64) -> Result<u64, TransportError> {
+    let offered = frontend.get_features().map_err(TransportError::VhostUser)?;
+    if offered & VIRTIO_F_VERSION_1 == 0 {
+        return Err(TransportError::Unsupported("VIRTIO_F_VERSION_1"));
+    }
+    let protocol = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+    if offered & protocol == 0 {
+        return Err(TransportError::Unsupported(
+            "VHOST_USER_F_PROTOCOL_FEATURES",
+        ));
+    }
+    let wanted = VIRTIO_F_VERSION_1
+        | VIRTIO_F_RING_EVENT_IDX
+        | VIRTIO_F_RING_INDIRECT_DESC
+        | protocol
+        | (accepted_device & DEVICE_FEATURE_MASK);
+    let acked = offered & wanted;
+    frontend
+        .set_features(acked)
+        .map_err(TransportError::VhostUser)?;
+    Ok(acked)
+}
+
+fn negotiate_protocol(
+    frontend: &mut Frontend,
+) -> Result<VhostUserProtocolFeatures, TransportError> {
+    let offered = frontend
+        .get_protocol_features()
+        .map_err(TransportError::VhostUser)?;
+    let required = VhostUserProtocolFeatures::CONFIG
+        | VhostUserProtocolFeatures::BACKEND_REQ
+        | VhostUserProtocolFeatures::BACKEND_SEND_FD
+        | VhostUserProtocolFeatures::SHMEM;
+    if !offered.contains(required) {
+        return Err(TransportError::Unsupported(
+            "vhost-user protocol features CONFIG, BACKEND_REQ, BACKEND_SEND_FD and SHMEM",
+        ));
+    }
+    let acked = offered & (required | VhostUserProtocolFeatures::REPLY_ACK);
+    frontend
+        .set_protocol_features(acked)
+        .map_err(TransportError::VhostUser)?;
+    Ok(acked)
+}
+
+fn read_config(frontend: &mut Frontend, size: u32) -> Result<Vec<u8>, TransportError> {
+    if size == 0 {
+        return Ok(Vec::new());
+    }
+    let buf = vec![0; size as usize];
+    let (_, config) = frontend
+        .get_config(0, size, VhostUserConfigFlags::empty(), &buf)
+        .map_err(TransportError::VhostUser)?;
+    Ok(config)
+}
+
+/// One virtqueue with its kick and call eventfds.
+struct Virtqueue {
+    queue: SplitQueue,
+    kick: EventFd,
+    call: EventFd,
+    epoll: Epoll,
+}
+
+impl Virtqueue {
+    fn new(
+        frontend: &Frontend,
+        dma: &ProcessDma,
+        index: u16,
+        size: u16,
+        event_idx: bool,
+    ) -> Result<Self, TransportError> {
+        let queue = SplitQueue::new(dma, size, event_idx)?;
+        let kick = EventFd::new(EFD_NONBLOCK).map_err(TransportError::io("eventfd"))?;
+        let call = EventFd::new(EFD_NONBLOCK).map_err(TransportError::io("eventfd"))?;
+        let epoll = Epoll::new().map_err(TransportError::io("epoll"))?;
+        // The backend sends nothing unasked on the vhost-user socket, so it turns readable
+        // only when the backend closes it.
+        for (fd, token) in [
+            (call.as_raw_fd(), CALL_TOKEN),
+            (frontend.as_raw_fd(), DISCONNECT_TOKEN),
+        ] {
+            epoll
+                .ctl(
+                    ControlOperation::Add,
+                    fd,
+                    EpollEvent::new(EventSet::IN | EventSet::READ_HANG_UP, token),
+                )
+                .map_err(TransportError::io("epoll_ctl"))?;
+        }
+        let host = queue.host_addresses();
+        let config = VringConfigData {
+            queue_max_size: size,
+            queue_size: size,
+            flags: 0,
+            desc_table_addr: host.desc,
+            used_ring_addr: host.used,
+            avail_ring_addr: host.avail,
+            log_addr: None,
+        };
+        let index = usize::from(index);
+        let vhost = (|| {
+            frontend.set_vring_num(index, size)?;
+            frontend.set_vring_addr(index, &config)?;
+            frontend.set_vring_base(index, 0)?;
+            frontend.set_vring_call(index, &call)?;
+            frontend.set_vring_kick(index, &kick)
+        })();
+        vhost.map_err(TransportError::VhostUser)?;
+        Ok(Virtqueue {
+            queue,
+            kick,
+            call,
+            epoll,
+        })
+    }
+
+    fn kick(&self) -> Result<(), TransportError> {
+        self.kick
+            .write(1)
+            .map_err(TransportError::io("cannot notify the device"))
+    }
+
+    /// Sleeps until the device notifies or `deadline` passes; false on timeout.
+    fn wait(&self, deadline: Option<Instant>) -> Result<bool, TransportError> {
+        let mut ready = [EpollEvent::default(); 2];
+        loop {
+            let timeout_ms = match deadline {
+                None => -1,
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ok(false);
+                    }
+                    i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX)
+                }
+            };
+            match self.epoll.wait(timeout_ms, &mut ready) {
+                Ok(0) => continue,
+                Ok(count) => {
+                    if ready[..count].iter().any(|e| e.data() == DISCONNECT_TOKEN) {
+                        return Err(TransportError::Disconnected);
+                    }
+                    // Reset the counter; EAGAIN means another waiter got there first.
+                    let _ = self.call.read();
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(TransportError::io("epoll_wait")(e)),
+            }
+        }
+    }
+}
+
+struct ControlQueue {
+    vq: Virtqueue,
+    request: DmaBuffer,
+    response: DmaBuffer,
+    broken: bool,
+}
+
+impl ControlQueue {
+    /// Makes the command buffers at least as large as this command needs.
+    fn reserve(
+        &mut self,
+        dma: &ProcessDma,
+        request: usize,
+        response: usize,
+    ) -> Result<(), TransportError> {
+        if self.request.len() < request {
+            self.request = dma.alloc(request.next_power_of_two(), PAGE_SIZE)?;
+        }
+        if self.response.len() < response {
+            self.response = dma.alloc(response.next_power_of_two(), PAGE_SIZE)?;
+        }
+        Ok(())
+    }
+}
+
+struct EventQueue {
+    vq: Virtqueue,
+    buffers: DmaBuffer,
+    buffer_size: u32,
+    /// Which buffer slot each in-flight chain head carries.
+    slot_of_head: Vec<Option<usize>>,
+}
+
+impl EventQueue {
+    /// Posts `options.event_buffers` buffers on the freshly set-up event queue `vq`.
+    fn start(
+        dma: &ProcessDma,
+        vq: Virtqueue,
+        options: &ProcessOptions,
+    ) -> Result<Self, TransportError> {
+        let count = options.event_buffers.clamp(1, vq.queue.size());
+        let buffer_size = options.event_buffer_size.max(1);
+        let buffers = dma.alloc(usize::from(count) * buffer_size as usize, PAGE_SIZE)?;
+        let mut events = EventQueue {
+            slot_of_head: vec![None; usize::from(vq.queue.size())],
+            vq,
+            buffers,
+            buffer_size,
+        };
+        for slot in 0..usize::from(count) {
+            events.post(dma, slot)?;
+        }
+        Ok(events)
+    }
+
+    fn take(&mut self, head: u16, len: u32, out: &mut [u8]) -> Result<usize, TransportError> {
+        let slot = self.slot_of_head[usize::from(head)]
+            .take()
+            .ok_or_else(|| TransportError::DeviceFailure(format!("event chain {head} unknown")))?;
+        // Put the slot back under this head until it is re-posted.
+        self.slot_of_head[usize::from(head)] = Some(slot);
+        if len > self.buffer_size {
+            return Err(TransportError::DeviceFailure(format!(
+                "event of {len} bytes in a {}-byte buffer",
+                self.buffer_size
+            )));
+        }
+        let len = len as usize;
+        let start = slot * self.buffer_size as usize;
+        let copied = len.min(out.len());
+        out[..copied].copy_from_slice(&self.buffers.as_slice()[start..start + copied]);
+        Ok(len)
+    }
+
+    fn repost(&mut self, dma: &ProcessDma, head: u16) -> Result<(), TransportError> {
+        let slot = self.slot_of_head[usize::from(head)]
+            .take()
+            .ok_or_else(|| TransportError::DeviceFailure(format!("event chain {head} unknown")))?;
+        self.post(dma, slot)?;
+        if self.vq.queue.should_notify() {
+            self.vq.kick()?;
+        }
+        Ok(())
+    }
+
+    fn post(&mut self, dma: &ProcessDma, slot: usize) -> Result<(), TransportError> {
+        let addr = dma.guest_address(&self.buffers)? + (slot * self.buffer_size as usize) as u64;
+        let head = self.vq.queue.add(
+            &[],
+            &[Buffer {
+                addr,
+                len: self.buffer_size,
+            }],
+        )?;
+        self.slot_of_head[usize::from(head)] = Some(slot);
+        Ok(())
+    }
+}
+
+/// Serves the backend request channel (SHMEM_MAP/UNMAP) on a thread of its own.
+struct BackendChannel {
+    thread: JoinHandle<()>,
+    socket: UnixStream,
+}
+
+impl BackendChannel {
+    fn serve(mut requests: FrontendReqHandler<ShmemWindow>) -> Result<Self, TransportError> {
+        let socket = socket_of(&requests)?;
+        let thread = thread::Builder::new()
+            .name("vrdma-backend-req".into())
+            .spawn(move || loop {
+                match requests.handle_request() {
+                    Ok(_) => {}
+                    // Refused requests have been answered; keep serving.
+                    Err(vhost::vhost_user::Error::ReqHandlerError(e)) => {
+                        debug!("backend request refused: {e}")
+                    }
+                    Err(e) => {
+                        debug!("backend request channel closed: {e}");
+                        return;
+                    }
+                }
+            })
+            .map_err(TransportError::io(
+                "cannot start the backend request thread",
+            ))?;
+        Ok(BackendChannel { thread, socket })
+    }
+
+    fn stop(self) {
+        // Shutting the socket down wakes the thread from its receive.
+        let _ = self.socket.shutdown(std::net::Shutdown::Both);
+        if self.thread.join().is_err() {
+            warn!("the backend request thread panicked");
+        }
+    }
+}
+
+/// A second handle on the receiving socket of the backend request channel.
+fn socket_of(requests: &FrontendReqHandler<ShmemWindow>) -> Result<UnixStream, TransportError> {
+    // SAFETY: the fd belongs to `requests`, which is alive for this call; it is only
+    // duplicated here.
+    let fd = unsafe { BorrowedFd::borrow_raw(requests.as_raw_fd()) };
+    let owned: OwnedFd = fd.try_clone_to_owned().map_err(TransportError::io(
+        "cannot duplicate the backend request socket",
+    ))?;
+    Ok(UnixStream::from(owned))
+}
+
+/// The address range of shared-memory region 0: reserved inaccessible, filled by SHMEM_MAP.
+struct ShmemWindow {
+    base: Option<NonNull<u8>>,
+    len: usize,
+}
+
+// SAFETY: the window is an address range reserved for the whole life of this value; the
+// mappings inside it are changed only with MAP_FIXED over that range.
+unsafe impl Send for ShmemWindow {}
+// SAFETY: see Send; the struct itself is immutable.
+unsafe impl Sync for ShmemWindow {}
+
+impl ShmemWindow {
+    fn reserve(len: u64) -> Result<Self, TransportError> {
+        if len == 0 {
+            return Ok(ShmemWindow { base: None, len: 0 });
+        }
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|len| len.is_multiple_of(PAGE_SIZE))
+            .ok_or_else(|| {
+                TransportError::DeviceFailure(format!("shared-memory size {len:#x} is unusable"))
+            })?;
+        // SAFETY: a new private inaccessible mapping; no existing memory is affected.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(TransportError::io(
+                "cannot reserve the shared-memory window",
+            )(io::Error::last_os_error()));
+        }
+        Ok(ShmemWindow {
+            base: NonNull::new(addr.cast()),
+            len,
+        })
+    }
+
+    fn shared_memory(&self) -> SharedMemory {
+        SharedMemory::new(self.base, self.len)
+    }
+
+    /// Start address of `[offset, offset + len)` of the window, if valid for a mapping.
+    fn range(&self, request: &VhostUserMMap) -> io::Result<*mut libc::c_void> {
+        let (shmid, offset, len) = (request.shmid, request.shm_offset, request.len);
+        let fd_offset = request.fd_offset;
+        let page = PAGE_SIZE as u64;
+        let valid = shmid == 0
+            && len != 0
+            && offset.is_multiple_of(page)
+            && len.is_multiple_of(page)
+            && fd_offset.is_multiple_of(page)
+            && offset
+                .checked_add(len)
+                .is_some_and(|end| end <= self.len as u64);
+        match (valid, self.base) {
+            (true, Some(base)) => {
+                // SAFETY: `offset < self.len`, so the address is inside the window.
+                Ok(unsafe { base.as_ptr().add(offset as usize) }.cast())
+            }
+            _ => {
+                warn!("refusing shared-memory request for region {shmid} at {offset:#x}+{len:#x}");
+                Err(io::Error::from_raw_os_error(libc::EINVAL))
+            }
+        }
+    }
+}
+
+impl VhostUserFrontendReqHandler for ShmemWindow {
+    fn shmem_map(&self, request: &VhostUserMMap, fd: &dyn AsRawFd) -> HandlerResult<u64> {
+        let addr = self.range(request)?;
+        let writable = VhostUserMMapFlags::from_bits_truncate(request.flags)
+            .contains(VhostUserMMapFlags::WRITABLE);
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        let offset = libc::off_t::try_from(request.fd_offset)
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: `addr..addr + len` lies inside the window reserved by this value (checked
+        // by `range`); MAP_FIXED replaces only pages of that window.
+        let mapped = unsafe {
+            libc::mmap(
+                addr,
+                request.len as usize,
+                prot,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                fd.as_raw_fd(),
+                offset,
+            )
+        };
+        if mapped == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(0)
+    }
+
+    fn shmem_unmap(&self, request: &VhostUserMMap) -> HandlerResult<u64> {
+        let addr = self.range(request)?;
+        // SAFETY: as in `shmem_map`; the range becomes inaccessible again.
+        let mapped = unsafe {
+            libc::mmap(
+                addr,
+                request.len as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if mapped == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(0)
+    }
+}
+
+impl Drop for ShmemWindow {
+    fn drop(&mut self) {
+        if let Some(base) = self.base {
+            // SAFETY: the window reserved in `reserve`; nothing in this process refers to it
+            // once the transport (its only user) is gone.
+            unsafe { libc::munmap(base.as_ptr().cast(), self.len) };
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,1079 @@
+//! The rxe v1 provider against a simulated Soft-RoCE kernel: queue buffers in ordinary memory,
+//! the kernel's side played by this test (in another thread where it matters), reading WQEs
+//! and writing CQEs with the same index protocol as `rdma_rxe`.
+//!
+//! Every queue ends right before an inaccessible guard page, so an access past its end crashes
+//! the test instead of going unnoticed.
+
+use std::mem::size_of;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use vrdma::provider::rxe_v1::{
+    CompletionQueue, IbUverbsWc, QueueError, QueueGeometry, RecvQueue, RxeAddressHandle, RxeQueue,
+    RxeRecvWqe, RxeSendWqe, RxeSge, SendQueue, SendQueueCaps, RXE_AV_SIZE,
+};
+use vrdma::provider::{
+    PostError, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
+    WorkCompletion, WrOpcode,
+};
+
+const HEADER: usize = 384;
+const DEADLINE: Duration = Duration::from_secs(60);
+/// Written into the kernel-owned WQE fields before posting: the provider must leave them alone.
+const KERNEL_OWNED: u32 = 0xa5a5_a5a5;
+
+/// A queue buffer with a correct header, placed so that it ends at a `PROT_NONE` page.
+struct SharedQueue {
+    map: *mut libc::c_void,
+    map_len: usize,
+    kernel: KernelSide,
+    len: usize,
+}
+
+impl SharedQueue {
+    fn new(num_slots: u32, log2_slot_size: u32) -> Self {
+        Self::with_header(num_slots, log2_slot_size, log2_slot_size, num_slots - 1)
+    }
+
+    fn with_header(
+        num_slots: u32,
+        log2_slot_size: u32,
+        header_log2: u32,
+        header_mask: u32,
+    ) -> Self {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let len = HEADER + ((num_slots as usize) << log2_slot_size);
+        let data_pages = len.div_ceil(page);
+        let map_len = (data_pages + 1) * page;
+        // SAFETY: a fresh anonymous private mapping; no existing memory is affected.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        let guard = map as usize + data_pages * page;
+        // SAFETY: the last page belongs to the mapping created above.
+        let rc = unsafe { libc::mprotect(guard as *mut libc::c_void, page, libc::PROT_NONE) };
+        assert_eq!(rc, 0);
+        // `len` is a multiple of 64, so the base is 64-byte aligned.
+        let base = NonNull::new((guard - len) as *mut u8).unwrap();
+        let kernel = KernelSide {
+            base,
+            mask: num_slots - 1,
+            log2: log2_slot_size,
+        };
+        // SAFETY: the two header words lie in the writable part of the mapping.
+        unsafe {
+            base.as_ptr().cast::<u32>().write(header_log2);
+            base.as_ptr().cast::<u32>().add(1).write(header_mask);
+        }
+        SharedQueue {
+            map,
+            map_len,
+            kernel,
+            len,
+        }
+    }
+
+    fn geometry(&self) -> QueueGeometry {
+        QueueGeometry {
+            num_slots: self.kernel.mask + 1,
+            log2_slot_size: self.kernel.log2,
+        }
+    }
+
+    fn try_queue(&self) -> Result<RxeQueue, QueueError> {
+        // SAFETY: the buffer stays mapped until `self` is dropped, after every queue built
+        // on it in these tests; the test plays the kernel through `KernelSide` only.
+        unsafe { RxeQueue::new(self.kernel.base, self.len, self.geometry()) }
+    }
+
+    fn queue(&self) -> RxeQueue {
+        self.try_queue().unwrap()
+    }
+}
+
+impl Drop for SharedQueue {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping created in `with_header`.
+        unsafe { libc::munmap(self.map, self.map_len) };
+    }
+}
+
+/// The kernel's view of a queue buffer.
+#[derive(Clone, Copy)]
+struct KernelSide {
+    base: NonNull<u8>,
+    mask: u32,
+    log2: u32,
+}
+
+// SAFETY: the handle is only a pointer into a `SharedQueue` that outlives every thread using
+// it (scoped threads); the indices are accessed atomically and slots according to the queue
+// protocol, as the kernel does.
+unsafe impl Send for KernelSide {}
+
+impl KernelSide {
+    fn word(&self, offset: usize) -> &AtomicU32 {
+        // SAFETY: the header word lies in the mapping, is aligned, and both sides use atomics.
+        unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(offset).cast()) }
+    }
+
+    fn producer(&self) -> &AtomicU32 {
+        self.word(128)
+    }
+
+    fn consumer(&self) -> &AtomicU32 {
+        self.word(256)
+    }
+
+    fn slot(&self, index: u32) -> *mut u8 {
+        let offset = HEADER + (((index & self.mask) as usize) << self.log2);
+        // SAFETY: a masked index names a slot inside the mapping.
+        unsafe { self.base.as_ptr().add(offset) }
+    }
+
+    fn send_wqe(&self, index: u32) -> RxeSendWqe {
+        // SAFETY: aligned slot inside the mapping, owned by the kernel side right now.
+        unsafe { self.slot(index).cast::<RxeSendWqe>().read() }
+    }
+
+    fn recv_wqe(&self, index: u32) -> RxeRecvWqe {
+        // SAFETY: as in `send_wqe`.
+        unsafe { self.slot(index).cast::<RxeRecvWqe>().read() }
+    }
+
+    /// The SGE array (or inline bytes, as `len` bytes) after a WQE of `header` bytes.
+    fn payload(&self, index: u32, header: usize, len: usize) -> Vec<u8> {
+        assert!(header + len <= 1 << self.log2);
+        // SAFETY: the range lies inside the slot (asserted).
+        unsafe { std::slice::from_raw_parts(self.slot(index).add(header), len).to_vec() }
+    }
+
+    fn sges(&self, index: u32, header: usize, n: usize) -> Vec<RxeSge> {
+        let bytes = self.payload(index, header, n * size_of::<RxeSge>());
+        bytes
+            .chunks(16)
+            .map(|c| RxeSge {
+                addr: u64::from_ne_bytes(c[0..8].try_into().unwrap()),
+                length: u32::from_ne_bytes(c[8..12].try_into().unwrap()),
+                lkey: u32::from_ne_bytes(c[12..16].try_into().unwrap()),
+            })
+            .collect()
+    }
+
+    /// Fills the kernel-owned fields of every send slot with [`KERNEL_OWNED`].
+    fn mark_kernel_owned(&self) {
+        for i in 0..=self.mask {
+            let wqe = self.slot(i).cast::<RxeSendWqe>();
+            // SAFETY: aligned fields of a slot inside the mapping; nothing is posted yet.
+            unsafe {
+                (&raw mut (*wqe).status).write(KERNEL_OWNED);
+                (&raw mut (*wqe).state).write(KERNEL_OWNED);
+                (&raw mut (*wqe).mask).write(KERNEL_OWNED);
+                (&raw mut (*wqe).first_psn).write(KERNEL_OWNED);
+                (&raw mut (*wqe).last_psn).write(KERNEL_OWNED);
+                (&raw mut (*wqe).ack_length).write(KERNEL_OWNED);
+                (&raw mut (*wqe).ssn).write(KERNEL_OWNED);
+                (&raw mut (*wqe).has_rd_atomic).write(KERNEL_OWNED);
+            }
+        }
+    }
+
+    fn write_cqe(&self, index: u32, cqe: IbUverbsWc) {
+        // SAFETY: aligned slot inside the mapping, owned by the kernel side (producer slot).
+        unsafe { self.slot(index).cast::<IbUverbsWc>().write(cqe) }
+    }
+}
+
+fn send_queue(shared: &SharedQueue, qp_type: QpType) -> SendQueue {
+    let caps = SendQueueCaps {
+        qp_type,
+        max_sge: 4,
+        max_inline: 256,
+    };
+    SendQueue::new(shared.queue(), caps).unwrap()
+}
+
+fn post(sq: &mut SendQueue, wrs: &[SendWr<'_>]) -> Result<(), (usize, PostError)> {
+    // SAFETY: every inline SGE in these tests points into a live local buffer.
+    unsafe { sq.post_send(wrs) }
+}
+
+fn sge_of(buf: &[u8], lkey: u32) -> Sge {
+    Sge {
+        addr: buf.as_ptr() as u64,
+        length: buf.len() as u32,
+        lkey,
+    }
+}
+
+fn rxe_sges(sges: &[Sge]) -> Vec<RxeSge> {
+    sges.iter()
+        .map(|s| RxeSge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        })
+        .collect()
+}
+
+/// Checks the fields every send WQE shares.
+fn check_common(wqe: &RxeSendWqe, wr: &SendWr<'_>, length: u32) {
+    assert_eq!(wqe.wr.wr_id, wr.wr_id);
+    assert_eq!(wqe.wr.reserved, 0);
+    assert_eq!(wqe.wr.opcode, wr.opcode as u32);
+    assert_eq!(wqe.wr.send_flags, wr.flags.bits());
+    let imm = if wr.opcode.has_imm() { wr.imm_data } else { 0 };
+    assert_eq!(wqe.wr.ex, imm);
+    assert_eq!(wqe.state, 0);
+    assert_eq!(wqe.dma.length, length);
+    assert_eq!(wqe.dma.resid, length);
+    assert_eq!(wqe.dma.cur_sge, 0);
+    assert_eq!(wqe.dma.num_sge, wr.sg_list.len() as u32);
+    assert_eq!(wqe.dma.sge_offset, 0);
+    assert_eq!(wqe.dma.reserved, 0);
+}
+
+fn check_kernel_fields_untouched(wqe: &RxeSendWqe) {
+    for v in [
+        wqe.status,
+        wqe.mask,
+        wqe.first_psn,
+        wqe.last_psn,
+        wqe.ack_length,
+        wqe.ssn,
+        wqe.has_rd_atomic,
+    ] {
+        assert_eq!(v, KERNEL_OWNED);
+    }
+}
+
+#[test]
+fn rc_send_wqes_carry_every_field() {
+    let shared = SharedQueue::new(16, 9);
+    let k = shared.kernel;
+    k.mark_kernel_owned();
+    let mut sq = send_queue(&shared, QpType::Rc);
+
+    let a = [1u8; 100];
+    let b = [2u8; 28];
+    let c = [3u8; 4000];
+    let inline_a: Vec<u8> = (0..200).map(|i| i as u8).collect();
+    let inline_b = *b"tail of the inline payload";
+    let atomic_buf = [0u8; 8];
+    let sgl3 = [sge_of(&a, 11), sge_of(&b, 12), sge_of(&c, 13)];
+    let inline_sgl = [sge_of(&inline_a, 0), sge_of(&[], 0), sge_of(&inline_b, 0)];
+    let one = [sge_of(&c, 13)];
+    let atomic_sgl = [sge_of(&atomic_buf, 14)];
+    let signaled = SendFlags::SIGNALED;
+    let wrs = [
+        SendWr {
+            wr_id: 100,
+            opcode: WrOpcode::Send,
+            flags: signaled | SendFlags::SOLICITED,
+            sg_list: &sgl3,
+            // Ignored without WITH_IMM.
+            imm_data: 0xdead_beef,
+            ..Default::default()
+        },
+        SendWr {
+            wr_id: 101,
+            opcode: WrOpcode::SendWithImm,
+            flags: SendFlags::empty(),
+            sg_list: &one,
+            imm_data: 0x1234_5678u32.to_be(),
+            ..Default::default()
+        },
+        SendWr {
+            wr_id: 102,
+            opcode: WrOpcode::RdmaWrite,
+            flags: signaled | SendFlags::INLINE,
+            sg_list: &inline_sgl,
+            remote_addr: 0x7f00_0000_1000,
+            rkey: 0xabcd,
+            ..Default::default()
+        },
+        SendWr {
+            wr_id: 103,
+            opcode: WrOpcode::RdmaWriteWithImm,
+            flags: SendFlags::FENCE,
+            sg_list: &sgl3[..2],
+            imm_data: 7u32.to_be(),
+            remote_addr: 0x10,
+            rkey: 1,
+            ..Default::default()
+        },
+        SendWr {
+            wr_id: 104,
+            opcode: WrOpcode::RdmaRead,
+            flags: signaled | SendFlags::FENCE,
+            sg_list: &one,
+            remote_addr: 0xffff_ffff_0000,
+            rkey: 0x8765_4321,
+            ..Default::default()
+        },
+        SendWr {
+            wr_id: 105,
+            opcode: WrOpcode::AtomicCmpAndSwp,
+            flags: signaled,
+            sg_list: &atomic_sgl,
+            remote_addr: 0x2000,
+            rkey: 9,
+            compare_add: 0x1111_2222_3333_4444,
+            swap: 0x5555_6666_7777_8888,
+            ..Default::default()
+        },
+        SendWr {
+            wr_id: 106,
+            opcode: WrOpcode::AtomicFetchAndAdd,
+            flags: signaled,
+            sg_list: &atomic_sgl,
+            remote_addr: 0x2008,
+            rkey: 9,
+            compare_add: 5,
+            ..Default::default()
+        },
+        SendWr {
+            wr_id: 107,
+            opcode: WrOpcode::Send,
+            flags: signaled,
+            sg_list: &[],
+            ..Default::default()
+        },
+    ];
+    post(&mut sq, &wrs).unwrap();
+    assert_eq!(k.producer().load(Ordering::Acquire), wrs.len() as u32);
+
+    for (i, wr) in wrs.iter().enumerate() {
+        let wqe = k.send_wqe(i as u32);
+        check_kernel_fields_untouched(&wqe);
+        let length: u32 = wr.sg_list.iter().map(|s| s.length).sum();
+        check_common(&wqe, wr, length);
+        let union = wqe.wr.wr.raw();
+        match wr.opcode {
+            WrOpcode::Send | WrOpcode::SendWithImm => {
+                assert_eq!(union, [0; 15]);
+                assert_eq!(wqe.iova, 0);
+            }
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead => {
+                let rdma = wqe.wr.wr.rdma();
+                assert_eq!(
+                    (rdma.remote_addr, rdma.rkey, rdma.reserved),
+                    (wr.remote_addr, wr.rkey, 0)
+                );
+                assert_eq!(union[2..], [0; 13]);
+                assert_eq!(wqe.iova, wr.remote_addr);
+            }
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
+                let atomic = wqe.wr.wr.atomic();
+                assert_eq!(atomic.remote_addr, wr.remote_addr);
+                assert_eq!(atomic.compare_add, wr.compare_add);
+                assert_eq!(atomic.swap, wr.swap);
+                assert_eq!((atomic.rkey, atomic.reserved), (wr.rkey, 0));
+                assert_eq!(union[4..], [0; 11]);
+                assert_eq!(wqe.iova, wr.remote_addr);
+            }
+        }
+        if wr.flags.contains(SendFlags::INLINE) {
+            let mut want = inline_a.clone();
+            want.extend_from_slice(&inline_b);
+            assert_eq!(k.payload(i as u32, 208, want.len()), want);
+        } else {
+            assert_eq!(
+                k.sges(i as u32, 208, wr.sg_list.len()),
+                rxe_sges(wr.sg_list)
+            );
+        }
+    }
+    assert_eq!(k.send_wqe(1).wr.ex.to_ne_bytes(), [0x12, 0x34, 0x56, 0x78]);
+}
+
+#[test]
+fn ud_sends_name_the_ah_or_carry_the_av() {
+    let shared = SharedQueue::new(8, 9);
+    let k = shared.kernel;
+    let mut sq = send_queue(&shared, QpType::Ud);
+    let mut av = [0u8; RXE_AV_SIZE];
+    av.iter_mut()
+        .enumerate()
+        .for_each(|(i, b)| *b = i as u8 + 1);
+    let new_kernel_ah = RxeAddressHandle { ah_num: 7, av };
+    let old_kernel_ah = RxeAddressHandle { ah_num: 0, av };
+    let buf = [0u8; 64];
+    let sgl = [sge_of(&buf, 3)];
+    fn wr<'a>(
+        wr_id: u64,
+        ah: &'a RxeAddressHandle,
+        opcode: WrOpcode,
+        sgl: &'a [Sge],
+    ) -> SendWr<'a> {
+        SendWr {
+            wr_id,
+            opcode,
+            flags: SendFlags::SIGNALED,
+            sg_list: sgl,
+            imm_data: 0x0102_0304,
+            ud: Some(UdDest {
+                ah,
+                remote_qpn: 0x11,
+                remote_qkey: 0x1111_0000,
+            }),
+            ..Default::default()
+        }
+    }
+    post(
+        &mut sq,
+        &[
+            wr(1, &new_kernel_ah, WrOpcode::Send, &sgl),
+            wr(2, &old_kernel_ah, WrOpcode::SendWithImm, &sgl),
+        ],
+    )
+    .unwrap();
+    for (index, want_ah_num, want_av) in [(0, 7, [0; RXE_AV_SIZE]), (1, 0, av)] {
+        let wqe = k.send_wqe(index);
+        let ud = wqe.wr.wr.ud();
+        assert_eq!((ud.remote_qpn, ud.remote_qkey), (0x11, 0x1111_0000));
+        assert_eq!((ud.pkey_index, ud.reserved, ud.pad), (0, 0, [0; 4]));
+        assert_eq!(ud.ah_num, want_ah_num);
+        assert_eq!(ud.av, want_av);
+        assert_eq!(wqe.iova, 0);
+        assert_eq!(k.sges(index, 208, 1), rxe_sges(&sgl));
+    }
+    assert_eq!(k.send_wqe(1).wr.ex, 0x0102_0304);
+
+    let mut write = wr(3, &new_kernel_ah, WrOpcode::RdmaWrite, &sgl);
+    assert_eq!(
+        post(&mut sq, &[write]),
+        Err((
+            0,
+            PostError::OpcodeNotSupported {
+                opcode: WrOpcode::RdmaWrite,
+                qp_type: QpType::Ud
+            }
+        ))
+    );
+    write.opcode = WrOpcode::Send;
+    write.ud = None;
+    assert_eq!(post(&mut sq, &[write]), Err((0, PostError::MissingUdDest)));
+    assert_eq!(k.producer().load(Ordering::Acquire), 2);
+}
+
+#[test]
+fn refusals_say_how_many_were_posted() {
+    let shared = SharedQueue::new(16, 9);
+    let k = shared.kernel;
+    let mut sq = send_queue(&shared, QpType::Rc);
+    let big = vec![0u8; 300];
+    let small = [0u8; 4];
+    let ok = SendWr {
+        wr_id: 1,
+        ..Default::default()
+    };
+    let sge = sge_of(&small, 1);
+    let five = [sge; 5];
+    let huge = [Sge {
+        addr: 0x1000,
+        length: u32::MAX,
+        lkey: 1,
+    }; 2];
+    let big_sgl = [sge_of(&big, 0)];
+    let small_sgl = [sge];
+    let ah = RxeAddressHandle {
+        ah_num: 1,
+        av: [0; RXE_AV_SIZE],
+    };
+    let cases: [(SendWr<'_>, PostError); 7] = [
+        (
+            SendWr {
+                sg_list: &five,
+                ..ok
+            },
+            PostError::TooManySges { num: 5, max: 4 },
+        ),
+        (
+            SendWr {
+                sg_list: &huge,
+                ..ok
+            },
+            PostError::MessageTooLong(2 * u64::from(u32::MAX)),
+        ),
+        (
+            SendWr {
+                flags: SendFlags::INLINE,
+                sg_list: &big_sgl,
+                ..ok
+            },
+            PostError::InlineTooLong { len: 300, max: 256 },
+        ),
+        (
+            SendWr {
+                opcode: WrOpcode::RdmaRead,
+                flags: SendFlags::INLINE,
+                sg_list: &small_sgl,
+                ..ok
+            },
+            PostError::InlineNotAllowed(WrOpcode::RdmaRead),
+        ),
+        (
+            SendWr {
+                opcode: WrOpcode::AtomicFetchAndAdd,
+                sg_list: &small_sgl,
+                ..ok
+            },
+            PostError::InvalidAtomic,
+        ),
+        (
+            SendWr {
+                opcode: WrOpcode::AtomicCmpAndSwp,
+                sg_list: &[Sge { length: 8, ..sge }],
+                remote_addr: 0x1004,
+                ..ok
+            },
+            PostError::InvalidAtomic,
+        ),
+        (
+            SendWr {
+                ud: Some(UdDest {
+                    ah: &ah,
+                    remote_qpn: 1,
+                    remote_qkey: 1,
+                }),
+                ..ok
+            },
+            PostError::UnexpectedUdDest,
+        ),
+    ];
+    let mut posted = 0;
+    for (bad, want) in cases {
+        let wrs = [ok, ok, bad, ok];
+        assert_eq!(post(&mut sq, &wrs), Err((2, want)));
+        posted += 2;
+        assert_eq!(k.producer().load(Ordering::Acquire), posted);
+        // Keep the queue from filling up: the "kernel" consumes everything.
+        k.consumer().store(posted & 15, Ordering::Release);
+    }
+}
+
+#[test]
+fn full_queue_refuses_without_overwriting() {
+    let shared = SharedQueue::new(4, 9);
+    let k = shared.kernel;
+    let mut sq = send_queue(&shared, QpType::Rc);
+    let wrs: Vec<SendWr<'_>> = (0..5)
+        .map(|wr_id| SendWr {
+            wr_id,
+            ..Default::default()
+        })
+        .collect();
+    assert_eq!(post(&mut sq, &wrs), Err((3, PostError::QueueFull)));
+    assert_eq!(k.producer().load(Ordering::Acquire), 3);
+    assert_eq!(
+        k.send_wqe(3).wr.wr_id,
+        0,
+        "the free slot must not be written"
+    );
+    for i in 0..3 {
+        assert_eq!(k.send_wqe(i).wr.wr_id, u64::from(i));
+    }
+    assert_eq!(post(&mut sq, &wrs[3..4]), Err((0, PostError::QueueFull)));
+
+    // The kernel consumes two; two more fit, wrapping around.
+    k.consumer().store(2, Ordering::Release);
+    assert_eq!(post(&mut sq, &wrs[3..]), Ok(()));
+    assert_eq!(k.producer().load(Ordering::Acquire), 1);
+    assert_eq!(k.send_wqe(3).wr.wr_id, 3);
+    assert_eq!(k.send_wqe(0).wr.wr_id, 4);
+    assert_eq!(
+        k.send_wqe(1).wr.wr_id,
+        1,
+        "an unconsumed slot must not be overwritten"
+    );
+}
+
+/// Whether the threaded test's request number `i` asks for a completion.
+fn is_signaled(i: u64) -> bool {
+    !i.is_multiple_of(3)
+}
+
+/// The request the threaded test posts as number `i`, with its inline payload in `inline`.
+fn nth_wr<'a>(i: u64, sgl: &'a mut [Sge; 3], inline: &mut [u8; 48]) -> SendWr<'a> {
+    let opcode = match i % 5 {
+        0 => WrOpcode::Send,
+        1 => WrOpcode::SendWithImm,
+        2 => WrOpcode::RdmaWrite,
+        3 => WrOpcode::RdmaWriteWithImm,
+        _ => WrOpcode::RdmaRead,
+    };
+    let mut flags = SendFlags::empty();
+    if is_signaled(i) {
+        flags |= SendFlags::SIGNALED;
+    }
+    if i.is_multiple_of(7) {
+        flags |= SendFlags::FENCE;
+    }
+    let num_sge = (i % 3) as usize + 1;
+    let is_inline = opcode.allows_inline() && i.is_multiple_of(4);
+    if is_inline {
+        flags |= SendFlags::INLINE;
+        inline
+            .iter_mut()
+            .enumerate()
+            .for_each(|(j, b)| *b = (i as u8) ^ (j as u8));
+        for (k, sge) in sgl.iter_mut().enumerate() {
+            *sge = Sge {
+                addr: inline[k * 16..].as_ptr() as u64,
+                length: 16,
+                lkey: 0,
+            };
+        }
+    } else {
+        for (k, sge) in sgl.iter_mut().enumerate() {
+            *sge = Sge {
+                addr: 0x1000_0000 + i * 0x100 + k as u64 * 0x10,
+                length: (i % 1000) as u32 + k as u32,
+                lkey: i as u32 ^ 0x5a,
+            };
+        }
+    }
+    SendWr {
+        wr_id: i,
+        opcode,
+        flags,
+        sg_list: &sgl[..num_sge],
+        imm_data: (i as u32).to_be(),
+        remote_addr: 0x7000_0000_0000 + i * 8,
+        rkey: i as u32 ^ 0x55,
+        ..Default::default()
+    }
+}
+
+/// Plays the kernel for `total` send WQEs: checks each one, completes the signaled ones in
+/// the CQ and hands the slot back.
+fn simulated_kernel(sq: KernelSide, cq: KernelSide, total: u64) {
+    let deadline = Instant::now() + DEADLINE;
+    let mut sq_cons = 0u32;
+    let mut cq_prod = 0u32;
+    let mut i = 0u64;
+    while i < total {
+        assert!(Instant::now() < deadline, "kernel: stuck at WQE {i}");
+        let sq_prod = sq.producer().load(Ordering::Acquire);
+        if sq_prod == sq_cons {
+            thread::yield_now();
+            continue;
+        }
+        let mut sgl = [Sge::default(); 3];
+        let mut inline = [0u8; 48];
+        let want = nth_wr(i, &mut sgl, &mut inline);
+        let wqe = sq.send_wqe(sq_cons);
+        let length: u32 = want.sg_list.iter().map(|s| s.length).sum();
+        check_common(&wqe, &want, length);
+        if want.opcode.is_rdma() {
+            let rdma = wqe.wr.wr.rdma();
+            assert_eq!((rdma.remote_addr, rdma.rkey), (want.remote_addr, want.rkey));
+            assert_eq!(wqe.iova, want.remote_addr);
+        } else {
+            assert_eq!(wqe.wr.wr.raw(), [0; 15]);
+        }
+        if want.flags.contains(SendFlags::INLINE) {
+            let n = length as usize;
+            assert_eq!(sq.payload(sq_cons, 208, n), inline[..n]);
+        } else {
+            assert_eq!(
+                sq.sges(sq_cons, 208, want.sg_list.len()),
+                rxe_sges(want.sg_list)
+            );
+        }
+
+        if want.flags.contains(SendFlags::SIGNALED) {
+            // Wait for room: one CQ slot always stays empty.
+            while (cq_prod + 1) & cq.mask == cq.consumer().load(Ordering::Acquire) {
+                assert!(Instant::now() < deadline, "kernel: CQ never drained");
+                thread::yield_now();
+            }
+            let opcode = match want.opcode {
+                WrOpcode::RdmaRead => WcOpcode::RdmaRead,
+                WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => WcOpcode::RdmaWrite,
+                _ => WcOpcode::Send,
+            };
+            cq.write_cqe(
+                cq_prod,
+                IbUverbsWc {
+                    wr_id: wqe.wr.wr_id,
+                    opcode: opcode.raw(),
+                    byte_len: wqe.dma.length,
+                    qp_num: 17,
+                    ..Default::default()
+                },
+            );
+            cq_prod = (cq_prod + 1) & cq.mask;
+            cq.producer().store(cq_prod, Ordering::Release);
+        }
+        sq_cons = (sq_cons + 1) & sq.mask;
+        sq.consumer().store(sq_cons, Ordering::Release);
+        i += 1;
+    }
+}
+
+#[test]
+fn threaded_kernel_sees_every_request_across_many_wraps() {
+    const TOTAL: u64 = 20_000;
+    let sq_shared = SharedQueue::new(8, 9);
+    let cq_shared = SharedQueue::new(8, 6);
+    let mut sq = send_queue(&sq_shared, QpType::Rc);
+    let mut cq = CompletionQueue::new(cq_shared.queue()).unwrap();
+    let (sq_kernel, cq_kernel) = (sq_shared.kernel, cq_shared.kernel);
+
+    thread::scope(|s| {
+        let kernel = s.spawn(move || simulated_kernel(sq_kernel, cq_kernel, TOTAL));
+        let deadline = Instant::now() + DEADLINE;
+        let mut next = 0u64;
+        let mut expected = (0..TOTAL).filter(|&i| is_signaled(i));
+        let mut completed = 0u64;
+        let mut full_seen = 0u64;
+        let total_signaled = (0..TOTAL).filter(|&i| is_signaled(i)).count() as u64;
+        let mut wcs = [WorkCompletion::default(); 5];
+        while completed < total_signaled {
+            assert!(
+                !kernel.is_finished() || next == TOTAL,
+                "kernel thread ended early"
+            );
+            assert!(Instant::now() < deadline, "stuck at request {next}");
+            if next < TOTAL {
+                let batch = (TOTAL - next).min(next % 4 + 1);
+                let mut sgls = [[Sge::default(); 3]; 4];
+                let mut inlines = [[0u8; 48]; 4];
+                let mut wrs = [SendWr::default(); 4];
+                for ((wr, (sgl, inline)), i) in wrs
+                    .iter_mut()
+                    .zip(sgls.iter_mut().zip(inlines.iter_mut()))
+                    .zip(next..next + batch)
+                {
+                    *wr = nth_wr(i, sgl, inline);
+                }
+                match post(&mut sq, &wrs[..batch as usize]) {
+                    Ok(()) => next += batch,
+                    Err((n, PostError::QueueFull)) => {
+                        next += n as u64;
+                        full_seen += 1;
+                    }
+                    Err(e) => panic!("post_send refused request {next}: {e:?}"),
+                }
+            }
+            let n = cq.poll(&mut wcs);
+            for wc in &wcs[..n] {
+                let want = expected.next().unwrap();
+                assert_eq!(wc.wr_id, want);
+                assert_eq!(wc.status, WcStatus::Success);
+                assert_eq!(wc.qp_num, 17);
+                let mut sgl = [Sge::default(); 3];
+                let mut inline = [0u8; 48];
+                let wr = nth_wr(want, &mut sgl, &mut inline);
+                let length: u32 = wr.sg_list.iter().map(|s| s.length).sum();
+                assert_eq!(wc.byte_len, length);
+                completed += 1;
+            }
+        }
+        kernel.join().expect("simulated kernel failed");
+        assert!(full_seen > 0, "the test never filled the 7-slot queue");
+    });
+    assert_eq!(cq.poll(&mut [WorkCompletion::default(); 2]), 0);
+}
+
+#[test]
+fn receive_wqes_carry_every_field_and_wrap() {
+    let shared = SharedQueue::new(8, 7);
+    let k = shared.kernel;
+    let mut rq = RecvQueue::new(shared.queue(), 4).unwrap();
+    assert_eq!(rq.capacity(), 7);
+    let sgl: Vec<Sge> = (0..4)
+        .map(|j| Sge {
+            addr: 0x4000 + j * 0x1000,
+            length: 0x1000 - j as u32,
+            lkey: 40 + j as u32,
+        })
+        .collect();
+    let wrs = [
+        RecvWr {
+            wr_id: 10,
+            sg_list: &sgl,
+        },
+        RecvWr {
+            wr_id: 11,
+            sg_list: &sgl[..1],
+        },
+        RecvWr {
+            wr_id: 12,
+            sg_list: &[],
+        },
+    ];
+    rq.post_recv(&wrs).unwrap();
+    assert_eq!(k.producer().load(Ordering::Acquire), 3);
+    for (i, wr) in wrs.iter().enumerate() {
+        let wqe = k.recv_wqe(i as u32);
+        let length: u32 = wr.sg_list.iter().map(|s| s.length).sum();
+        assert_eq!((wqe.wr_id, wqe.reserved, wqe.padding), (wr.wr_id, 0, 0));
+        assert_eq!(
+            (
+                wqe.dma.length,
+                wqe.dma.resid,
+                wqe.dma.cur_sge,
+                wqe.dma.num_sge
+            ),
+            (length, length, 0, wr.sg_list.len() as u32)
+        );
+        assert_eq!((wqe.dma.sge_offset, wqe.dma.reserved), (0, 0));
+        assert_eq!(k.sges(i as u32, 40, wr.sg_list.len()), rxe_sges(wr.sg_list));
+    }
+
+    let five = [sgl[0]; 5];
+    let too_many = [
+        wrs[1],
+        RecvWr {
+            wr_id: 13,
+            sg_list: &five,
+        },
+    ];
+    assert_eq!(
+        rq.post_recv(&too_many),
+        Err((1, PostError::TooManySges { num: 5, max: 4 }))
+    );
+    let fill = [wrs[2]; 4];
+    assert_eq!(rq.post_recv(&fill), Err((3, PostError::QueueFull)));
+    assert_eq!(k.producer().load(Ordering::Acquire), 7);
+
+    // Many wraps on a full queue: each time the kernel consumes one, exactly one more fits.
+    let mut cons = 0u32;
+    for round in 0..5000u64 {
+        cons = (cons + 1) & 7;
+        k.consumer().store(cons, Ordering::Release);
+        let wr = RecvWr {
+            wr_id: round,
+            sg_list: &sgl[..(round % 5) as usize],
+        };
+        assert_eq!(rq.post_recv(&[wr, wr]), Err((1, PostError::QueueFull)));
+        let prod = k.producer().load(Ordering::Acquire);
+        assert_eq!(prod, cons.wrapping_sub(1) & 7);
+        let wqe = k.recv_wqe(prod.wrapping_sub(1));
+        assert_eq!((wqe.wr_id, wqe.dma.num_sge), (round, (round % 5) as u32));
+        assert_eq!(
+            k.sges(prod.wrapping_sub(1), 40, (round % 5) as usize),
+            rxe_sges(wr.sg_list)
+        );
+    }
+}
+
+#[test]
+fn poll_converts_native_completions() {
+    let shared = SharedQueue::new(4, 7);
+    let k = shared.kernel;
+    let mut cq = CompletionQueue::new(shared.queue()).unwrap();
+    let mut wcs = [WorkCompletion::default(); 2];
+    assert_eq!(cq.poll(&mut wcs), 0);
+
+    let recv = IbUverbsWc {
+        wr_id: 0xfeed,
+        status: 0,
+        opcode: 128,
+        vendor_err: 0,
+        byte_len: 4096,
+        ex: u32::from_ne_bytes([0xde, 0xad, 0xbe, 0xef]),
+        qp_num: 0x11,
+        src_qp: 0x22,
+        wc_flags: 0x3,
+        pkey_index: 5,
+        slid: 6,
+        sl: 7,
+        dlid_path_bits: 8,
+        port_num: 1,
+        reserved: 0xff,
+    };
+    let flushed = IbUverbsWc {
+        wr_id: 2,
+        status: 5,
+        vendor_err: 0x99,
+        qp_num: 0x11,
+        ..Default::default()
+    };
+    let strange = IbUverbsWc {
+        wr_id: 3,
+        status: 77,
+        opcode: 55,
+        ..Default::default()
+    };
+    for (i, cqe) in [recv, flushed, strange].into_iter().enumerate() {
+        k.write_cqe(i as u32, cqe);
+    }
+    k.producer().store(3, Ordering::Release);
+
+    assert_eq!(cq.poll(&mut wcs), 2);
+    assert_eq!(k.consumer().load(Ordering::Acquire), 2);
+    assert_eq!(
+        wcs[0],
+        WorkCompletion {
+            wr_id: 0xfeed,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: 4096,
+            imm_data: u32::from_ne_bytes([0xde, 0xad, 0xbe, 0xef]),
+            qp_num: 0x11,
+            src_qp: 0x22,
+            wc_flags: WcFlags::from_bits_retain(0x3),
+            pkey_index: 5,
+            slid: 6,
+            sl: 7,
+            dlid_path_bits: 8,
+            port_num: 1,
+            vendor_err: 0,
+        }
+    );
+    assert_eq!(u32::from_be(wcs[0].imm_data), 0xdead_beef);
+    assert!(wcs[0].wc_flags.contains(WcFlags::GRH | WcFlags::WITH_IMM));
+    assert_eq!(
+        (wcs[1].wr_id, wcs[1].status, wcs[1].vendor_err),
+        (2, WcStatus::WrFlushErr, 0x99)
+    );
+
+    assert_eq!(cq.poll(&mut wcs), 1);
+    assert_eq!(
+        (wcs[0].wr_id, wcs[0].status, wcs[0].opcode),
+        (3, WcStatus::Other(77), WcOpcode::Other(55))
+    );
+    assert_eq!(cq.poll(&mut wcs), 0);
+    assert_eq!(cq.poll(&mut []), 0);
+    assert_eq!(k.consumer().load(Ordering::Acquire), 3);
+}
+
+#[test]
+fn corrupted_headers_are_refused() {
+    let good = SharedQueue::new(8, 7);
+    assert!(good.try_queue().is_ok());
+    let wrong_size = SharedQueue::with_header(8, 7, 8, 7);
+    assert_eq!(
+        wrong_size.try_queue().unwrap_err(),
+        QueueError::HeaderMismatch { log2: 8, mask: 7 }
+    );
+    let wrong_mask = SharedQueue::with_header(8, 7, 7, 0xffff);
+    assert_eq!(
+        wrong_mask.try_queue().unwrap_err(),
+        QueueError::HeaderMismatch {
+            log2: 7,
+            mask: 0xffff
+        }
+    );
+    let wild_index = SharedQueue::new(8, 7);
+    wild_index
+        .kernel
+        .consumer()
+        .store(0x8000_0001, Ordering::Relaxed);
+    assert_eq!(
+        wild_index.try_queue().unwrap_err(),
+        QueueError::IndexOutOfRange {
+            which: "consumer",
+            value: 0x8000_0001
+        }
+    );
+    // The device claims more than is mapped.
+    // SAFETY: refused before any access; the buffer outlives the call.
+    let short = unsafe {
+        RxeQueue::new(
+            good.kernel.base,
+            good.len,
+            QueueGeometry {
+                num_slots: 16,
+                log2_slot_size: 7,
+            },
+        )
+    };
+    assert_eq!(
+        short.unwrap_err(),
+        QueueError::TooSmall {
+            need: 384 + 16 * 128,
+            mapped: good.len
+        }
+    );
+    // Slots too small for what the queue is created for.
+    let caps = SendQueueCaps {
+        qp_type: QpType::Rc,
+        max_sge: 4,
+        max_inline: 256,
+    };
+    assert_eq!(
+        SendQueue::new(good.queue(), caps).unwrap_err(),
+        QueueError::SlotTooSmall {
+            need: 208 + 256,
+            slot: 128
+        }
+    );
+    assert_eq!(
+        RecvQueue::new(good.queue(), 6).unwrap_err(),
+        QueueError::SlotTooSmall {
+            need: 40 + 6 * 16,
+            slot: 128
+        }
+    );
+}
+
+#[test]
+fn corrupted_indices_stay_inside_the_buffer() {
+    // A 4-slot CQ of 64-byte slots ends exactly at the guard page: reading one byte past its
+    // last slot would crash the test.
+    let shared = SharedQueue::new(4, 6);
+    let k = shared.kernel;
+    let mut cq = CompletionQueue::new(shared.queue()).unwrap();
+    for i in 0..4 {
+        k.write_cqe(
+            i,
+            IbUverbsWc {
+                wr_id: u64::from(i),
+                ..Default::default()
+            },
+        );
+    }
+    let mut wcs = [WorkCompletion::default(); 16];
+    let mut seen = 0u32;
+    for wild in [0xffff_ffff, 0x1234_5677, 0x8000_0002, 0xffff_fffc] {
+        k.producer().store(wild, Ordering::Release);
+        let n = cq.poll(&mut wcs);
+        assert!(n <= 3, "at most capacity entries, got {n}");
+        for wc in &wcs[..n] {
+            assert_eq!(wc.wr_id, u64::from(seen & 3));
+            seen += 1;
+        }
+        assert_eq!(k.consumer().load(Ordering::Acquire), wild & 3);
+    }
+    assert!(seen > 0);
+
+    // A wild SQ consumer index cannot make the provider write outside the queue either.
+    let sq_shared = SharedQueue::new(2, 9);
+    let sk = sq_shared.kernel;
+    let caps = SendQueueCaps {
+        qp_type: QpType::Rc,
+        max_sge: 1,
+        max_inline: 256,
+    };
+    let mut sq = SendQueue::new(sq_shared.queue(), caps).unwrap();
+    let payload = [7u8; 256];
+    let sgl = [sge_of(&payload, 0)];
+    let wr = SendWr {
+        flags: SendFlags::INLINE,
+        sg_list: &sgl,
+        ..Default::default()
+    };
+    for wild in [0xffff_ffffu32, 0xffff_fffe, 0x7fff_ffff] {
+        sk.consumer().store(wild, Ordering::Release);
+        let _ = post(&mut sq, &[wr]);
+        assert!(sk.producer().load(Ordering::Acquire) <= 1);
+    }
+    assert_eq!(sk.payload(1, 208, 256), payload);
+}

@@ -1,0 +1,288 @@
+//! Tools for test scenarios that run *inside* the rxe VM: child processes with logs and
+//! deadlines, signals, and the host RDMA device's resource counts.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use crate::error::{tail, Error, Result};
+
+/// A child process whose output goes to a log file, killed when dropped.
+#[derive(Debug)]
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `cmd` with stdout and stderr in `/tmp/<name>.log`.
+    pub fn spawn(name: &str, cmd: &mut Command) -> Result<Self> {
+        let log = std::env::temp_dir().join(format!("{name}.log"));
+        let out = File::create(&log).map_err(|e| io_error(&format!("creating {}", log.display()), e))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| io_error("duplicating a log file", e))?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| io_error(&format!("starting {name} ({})", crate::host::describe(cmd)), e))?;
+        Ok(Self {
+            name: name.to_string(),
+            child,
+            log,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What the process printed so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the process printed `needle`, failing if it exits first or `timeout` passes.
+    pub fn wait_for_output(&mut self, needle: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.output().contains(needle) {
+                return Ok(());
+            }
+            if let Some(status) = self.try_wait()? {
+                return Err(self.failure(&format!("exited ({status}) before printing {needle:?}")));
+            }
+            if Instant::now() >= deadline {
+                return Err(self.failure(&format!("did not print {needle:?} within {timeout:?}")));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
+        self.child
+            .try_wait()
+            .map_err(|e| io_error(&format!("waiting for {}", self.name), e))
+    }
+
+    /// Waits for the process to exit successfully within `timeout`; kills it otherwise.
+    pub fn wait_success(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.try_wait()? {
+                return if status.success() {
+                    Ok(())
+                } else {
+                    Err(self.failure(&format!("failed ({status})")))
+                };
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                return Err(self.failure(&format!("did not finish within {timeout:?}")));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends a signal by name (`STOP`, `CONT`, `TERM`, `KILL`).
+    pub fn signal(&self, signal: &str) -> Result<()> {
+        crate::host::run_checked(
+            Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(self.pid().to_string()),
+        )
+        .map(drop)
+    }
+
+    /// The scheduler state letter of the process (`R`, `S`, `T` for stopped, …).
+    pub fn state(&self) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).ok()?;
+        // The command name in parentheses may hold spaces: the state follows the last ')'.
+        stat.rsplit_once(')')?.1.trim_start().chars().next()
+    }
+
+    /// Number of open file descriptors.
+    pub fn fd_count(&self) -> Option<usize> {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .ok()
+            .map(|d| d.count())
+    }
+
+    /// Resident set size in KiB.
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    }
+
+    /// An error naming this process, with the tail of its log.
+    pub fn failure(&self, what: &str) -> Error {
+        Error::Scenario(format!(
+            "{} {what}\n--- last lines of {} ---\n{}",
+            self.name,
+            self.log.display(),
+            tail(&self.output(), 25)
+        ))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill();
+        }
+    }
+}
+
+fn io_error(what: &str, source: std::io::Error) -> Error {
+    Error::Io {
+        what: what.to_string(),
+        source,
+    }
+}
+
+/// Waits until `path` exists (a daemon's socket).
+pub fn wait_for_path(path: &Path, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !path.exists() {
+        if Instant::now() >= deadline {
+            return Err(Error::Scenario(format!(
+                "{} did not appear within {timeout:?}",
+                path.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// Objects the kernel holds on one RDMA device (`rdma resource show`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct ResourceCounts {
+    pub pd: u64,
+    pub cq: u64,
+    pub qp: u64,
+    pub mr: u64,
+    #[serde(default)]
+    pub srq: u64,
+    #[serde(default)]
+    pub ctx: u64,
+}
+
+#[derive(Deserialize)]
+struct ResourceLine {
+    ifname: String,
+    #[serde(flatten)]
+    counts: ResourceCounts,
+}
+
+/// Parses `rdma -j resource show` for `device`.
+pub fn parse_resource_counts(json: &str, device: &str) -> Result<ResourceCounts> {
+    let lines: Vec<ResourceLine> = serde_json::from_str(json)
+        .map_err(|e| Error::Scenario(format!("rdma -j resource show: {e}: {json}")))?;
+    lines
+        .into_iter()
+        .find(|l| l.ifname == device)
+        .map(|l| l.counts)
+        .ok_or_else(|| Error::Scenario(format!("no {device} in rdma resource show: {json}")))
+}
+
+/// The current resource counts of `device`.
+pub fn resource_counts(device: &str) -> Result<ResourceCounts> {
+    let out = crate::host::run_checked(Command::new("rdma").args(["-j", "resource", "show"]))?;
+    parse_resource_counts(&String::from_utf8_lossy(&out.stdout), device)
+}
+
+/// Waits until `device`'s counts equal `expected` (objects are released asynchronously after
+/// a process dies), returning the last counts seen on timeout.
+pub fn wait_for_counts(
+    device: &str,
+    expected: ResourceCounts,
+    timeout: Duration,
+) -> Result<(), ResourceCounts> {
+    let deadline = Instant::now() + timeout;
+    let mut last = ResourceCounts::default();
+    while Instant::now() < deadline {
+        match resource_counts(device) {
+            Ok(counts) if counts == expected => return Ok(()),
+            Ok(counts) => last = counts,
+            Err(_) => {}
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_rdma_json() {
+        let json = r#"[{"ifindex":0,"ifname":"rxe0","pd":1,"cq":1,"qp":1,"cm_id":0,"mr":0,"ctx":0,"srq":0}
+]"#;
+        let counts = parse_resource_counts(json, "rxe0").unwrap();
+        assert_eq!(
+            counts,
+            ResourceCounts {
+                pd: 1,
+                cq: 1,
+                qp: 1,
+                mr: 0,
+                srq: 0,
+                ctx: 0
+            }
+        );
+        assert!(parse_resource_counts(json, "rxe1").is_err());
+        assert!(parse_resource_counts("nonsense", "rxe0").is_err());
+    }
+
+    #[test]
+    fn process_lifecycle_and_introspection() {
+        let mut p = Proc::spawn(
+            &format!("vrdma-proc-test-{}", std::process::id()),
+            Command::new("sh").args(["-c", "echo READY; sleep 30"]),
+        )
+        .unwrap();
+        p.wait_for_output("READY", Duration::from_secs(10)).unwrap();
+        assert!(p.fd_count().unwrap() >= 3);
+        assert!(p.rss_kib().unwrap() > 0);
+        p.signal("STOP").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while p.state() != Some('T') && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(p.state(), Some('T'));
+        p.signal("CONT").unwrap();
+        p.kill();
+        assert!(p.try_wait().unwrap().is_some());
+    }
+
+    #[test]
+    fn failing_process_reports_its_output() {
+        let mut p = Proc::spawn(
+            &format!("vrdma-proc-fail-{}", std::process::id()),
+            Command::new("sh").args(["-c", "echo broken pipe dream; exit 4"]),
+        )
+        .unwrap();
+        let err = p.wait_success(Duration::from_secs(10)).unwrap_err().to_string();
+        assert!(err.contains("broken pipe dream") && err.contains('4'), "{err}");
+    }
+}
