@@ -569,3 +569,79 @@ impl GuestFaultLog {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handler::CommandRejection;
+    use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+
+    struct ConfigOnly;
+
+    impl DeviceHandler for ConfigOnly {
+        fn device_features(&self) -> u64 {
+            // Bit 32 is a transport bit: the handler must not be able to offer it.
+            0b101 | (1 << 32) | (1 << 40)
+        }
+        fn config_space(&self) -> Vec<u8> {
+            b"abcdef".to_vec()
+        }
+        fn shmem_size(&self) -> u64 {
+            0x10_0000
+        }
+        fn max_request_size(&self) -> usize {
+            64
+        }
+        fn handle_command(&self, _: &GuestContext, _: &[u8], _: usize, _: &mut Vec<u8>) {}
+        fn reject_command(&self, _: &GuestContext, _: CommandRejection, _: &mut Vec<u8>) {}
+        fn doorbell(&self, _: &GuestContext, _: &[u8]) {}
+        fn reset(&self) {}
+    }
+
+    fn backend() -> VrdmaBackend<ConfigOnly> {
+        let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+        VrdmaBackend::new(Arc::new(ConfigOnly), memory).unwrap()
+    }
+
+    #[test]
+    fn configuration_space_is_padded_and_bounded() {
+        let backend = backend();
+        assert_eq!(backend.get_config(0, 4), b"abcd");
+        assert_eq!(backend.get_config(4, 4), b"ef\0\0");
+        assert_eq!(backend.get_config(0, 256).len(), 256);
+        assert!(backend.get_config(250, 7).is_empty());
+        assert!(backend.get_config(u32::MAX, 2).is_empty());
+        assert!(backend.set_config(0, b"x").is_err());
+    }
+
+    #[test]
+    fn features_keep_transport_bits_to_the_plumbing() {
+        let features = backend().features();
+        assert_eq!(features & DEVICE_FEATURE_MASK, 0b101);
+        assert_ne!(features & (1 << VIRTIO_F_VERSION_1), 0);
+        assert_ne!(features & (1 << VIRTIO_RING_F_EVENT_IDX), 0);
+        assert_ne!(features & VHOST_USER_F_PROTOCOL_FEATURES, 0);
+        assert_eq!(features & (1 << 40), 0);
+    }
+
+    #[test]
+    fn protocol_features_and_shared_memory() {
+        let backend = backend();
+        let protocol = backend.protocol_features();
+        // Bit 22 is VHOST_USER_PROTOCOL_F_SHMEM in QEMU 11.1 as in vhost 0.18.
+        assert_eq!(VhostUserProtocolFeatures::SHMEM.bits(), 1 << 22);
+        assert!(protocol.contains(
+            VhostUserProtocolFeatures::CONFIG
+                | VhostUserProtocolFeatures::BACKEND_REQ
+                | VhostUserProtocolFeatures::BACKEND_SEND_FD
+                | VhostUserProtocolFeatures::REPLY_ACK
+                | VhostUserProtocolFeatures::SHMEM
+        ));
+        assert!(!protocol.contains(VhostUserProtocolFeatures::MQ));
+        let shmem = backend.get_shmem_config().unwrap();
+        assert_eq!(shmem.nregions, 1);
+        assert_eq!(shmem.memory_sizes[0], 0x10_0000);
+        assert_eq!(backend.num_queues(), 3);
+        assert_eq!(backend.queues_per_thread(), vec![0b001, 0b110]);
+    }
+}

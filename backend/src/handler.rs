@@ -571,6 +571,47 @@ mod tests {
         assert_eq!(drain(&queue), vec![b"e2".to_vec()]);
     }
 
+    struct LossReporter;
+
+    impl DeviceHandler for LossReporter {
+        fn device_features(&self) -> u64 {
+            0
+        }
+        fn config_space(&self) -> Vec<u8> {
+            Vec::new()
+        }
+        fn shmem_size(&self) -> u64 {
+            0
+        }
+        fn max_request_size(&self) -> usize {
+            0
+        }
+        fn handle_command(&self, _: &GuestContext, _: &[u8], _: usize, _: &mut Vec<u8>) {}
+        fn reject_command(&self, _: &GuestContext, _: CommandRejection, _: &mut Vec<u8>) {}
+        fn doorbell(&self, _: &GuestContext, _: &[u8]) {}
+        fn events_lost(&self, count: u64, notice: &mut Vec<u8>) {
+            notice.extend_from_slice(b"lost:");
+            notice.push(count as u8);
+        }
+        fn reset(&self) {}
+    }
+
+    #[test]
+    fn losses_are_announced_before_queued_events() {
+        let queue = EventQueue::new(2).unwrap();
+        for event in [b"c1", b"c2", b"c3", b"c4"] {
+            queue.push(event, EventClass::Completion).unwrap();
+        }
+        queue.announce_losses(&LossReporter);
+        assert_eq!(
+            drain(&queue),
+            vec![b"lost:\x02".to_vec(), b"c3".to_vec(), b"c4".to_vec()]
+        );
+        // Reported once.
+        queue.announce_losses(&LossReporter);
+        assert!(queue.is_empty());
+    }
+
     #[test]
     fn shmem_ranges_are_checked_before_any_channel() {
         let mapper = ShmemMapper::new(4 * SHMEM_PAGE_SIZE);

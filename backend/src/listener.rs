@@ -114,12 +114,6 @@ where
         }
     }
 
-    /// Number of guests being served now.
-    pub fn connection_count(&mut self) -> usize {
-        self.reap_finished();
-        self.connections.len()
-    }
-
     /// Accepts and serves connections until [`StopHandle::stop`]. On return every connection
     /// has been closed and its handler reset.
     pub fn run(&mut self) -> Result<(), ListenerError> {
@@ -161,6 +155,9 @@ where
     }
 
     /// Serves the pending connection; a connection that cannot be served is closed.
+    ///
+    /// The handler is built before the accept because `VhostUserDaemon` accepts by itself;
+    /// waiting for readability first keeps idle listeners from holding a spare handler.
     fn accept_one(&mut self) {
         let id = self.next_id;
         self.next_id += 1;

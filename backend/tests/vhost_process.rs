@@ -217,6 +217,8 @@ impl Server {
             "vrdma-vhost-test-{}-{name}.sock",
             std::process::id()
         ));
+        // A stale file where the socket goes (a daemon that died) must not stop the listener.
+        std::fs::write(&path, b"stale").unwrap();
         let devices: Arc<Mutex<Vec<Arc<Stats>>>> = Arc::default();
         let registry = devices.clone();
         let mut listener = Listener::bind(&path, move || {

@@ -215,11 +215,12 @@ impl GuestRam {
     /// Guest-physical address of every 4 KiB page covering `[addr, addr + len)`.
     pub fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, DmaError> {
         let first = self.guest_address(addr, len)?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
         let start_page = first & !(PAGE_SIZE as u64 - 1);
         let end = first + len as u64;
-        Ok((start_page..end.max(first + 1))
-            .step_by(PAGE_SIZE)
-            .collect())
+        Ok((start_page..end).step_by(PAGE_SIZE).collect())
     }
 
     /// A zeroed buffer of at least `len` bytes (rounded up to pages), aligned to `align`
@@ -429,6 +430,7 @@ mod tests {
             vec![gpa, gpa + PAGE_SIZE as u64, gpa + 2 * PAGE_SIZE as u64]
         );
         assert_eq!(ram.translate(buf.as_ptr(), 1).unwrap(), vec![gpa]);
+        assert_eq!(ram.translate(buf.as_ptr(), 0).unwrap(), Vec::<u64>::new());
         let outside = [0u8; 8];
         assert!(ram.translate(outside.as_ptr(), 8).is_err());
         // SAFETY: only an address computation, never dereferenced.

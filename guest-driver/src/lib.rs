@@ -7,5 +7,6 @@ pub use vrdma_spec as spec;
 pub mod provider;
 
 pub mod dma;
+pub mod pingpong;
 pub mod transport;
 pub mod virtq;

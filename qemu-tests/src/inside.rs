@@ -22,7 +22,8 @@ impl Proc {
     /// Starts `cmd` with stdout and stderr in `/tmp/<name>.log`.
     pub fn spawn(name: &str, cmd: &mut Command) -> Result<Self> {
         let log = std::env::temp_dir().join(format!("{name}.log"));
-        let out = File::create(&log).map_err(|e| io_error(&format!("creating {}", log.display()), e))?;
+        let out =
+            File::create(&log).map_err(|e| io_error(&format!("creating {}", log.display()), e))?;
         let err = out
             .try_clone()
             .map_err(|e| io_error("duplicating a log file", e))?;
@@ -31,7 +32,12 @@ impl Proc {
             .stdout(out)
             .stderr(err)
             .spawn()
-            .map_err(|e| io_error(&format!("starting {name} ({})", crate::host::describe(cmd)), e))?;
+            .map_err(|e| {
+                io_error(
+                    &format!("starting {name} ({})", crate::host::describe(cmd)),
+                    e,
+                )
+            })?;
         Ok(Self {
             name: name.to_string(),
             child,
@@ -282,7 +288,13 @@ mod tests {
             Command::new("sh").args(["-c", "echo broken pipe dream; exit 4"]),
         )
         .unwrap();
-        let err = p.wait_success(Duration::from_secs(10)).unwrap_err().to_string();
-        assert!(err.contains("broken pipe dream") && err.contains('4'), "{err}");
+        let err = p
+            .wait_success(Duration::from_secs(10))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("broken pipe dream") && err.contains('4'),
+            "{err}"
+        );
     }
 }

@@ -15,6 +15,7 @@ pub mod initramfs;
 pub mod inside;
 pub mod perftest;
 pub mod rootfs;
+pub mod scenarios;
 pub mod vm;
 
 pub use error::{Error, Result};

@@ -106,8 +106,9 @@ impl DmaMemory for ProcessDma {
 
 /// A vrdma device reached over a vhost-user socket, with this process as the frontend.
 pub struct ProcessTransport {
-    // Dropped last among the connection's parts: closing it makes the backend let go.
-    frontend: Mutex<Frontend>,
+    // Kept only to hold the connection open: dropping it makes the backend let go of
+    // everything it held for this "guest".
+    _frontend: Frontend,
     dma: ProcessDma,
     device_features: u64,
     config: Vec<u8>,
@@ -189,7 +190,7 @@ impl ProcessTransport {
         let command_buffer = dma.alloc(PAGE_SIZE, PAGE_SIZE)?;
         let response_buffer = dma.alloc(PAGE_SIZE, PAGE_SIZE)?;
         Ok(ProcessTransport {
-            frontend: Mutex::new(frontend),
+            _frontend: frontend,
             dma,
             device_features: device_features & DEVICE_FEATURE_MASK,
             config,
@@ -211,11 +212,6 @@ impl ProcessTransport {
     /// The process transport's DMA memory (with guest-physical translation).
     pub fn process_dma(&self) -> &ProcessDma {
         &self.dma
-    }
-
-    /// The vhost-user connection, for callers that need a message this type does not send.
-    pub fn frontend(&self) -> MutexGuard<'_, Frontend> {
-        lock(&self.frontend)
     }
 }
 

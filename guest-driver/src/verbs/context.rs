@@ -1,0 +1,293 @@
+//! The device context: configuration, limits, control commands, doorbell area and events.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use log::debug;
+use vrdma_spec::config::{ring_format, CONFIG_SIZE};
+use vrdma_spec::control::{ControlRequest, ControlResponse, Opcode, ResponseBody, HEADER_SIZE};
+use vrdma_spec::features;
+use vrdma_spec::verbs::GidType;
+use vrdma_spec::wire::{QueryPortReq, QueryTableReq, SetDoorbellAreaReq, GID_FLAG_VALID};
+use vrdma_spec::{DeviceConfig, Le32, Le64};
+
+use super::attr::{DeviceAttr, Gid, GidEntry, PortAttr};
+use super::doorbell::DoorbellRegion;
+use super::error::{ProtocolError, Result, VerbsError};
+use super::event::{DeviceEvent, EventDispatch, Wanted};
+use super::lock;
+use super::pd::Pd;
+use crate::dma::DmaBuffer;
+use crate::transport::process::{ProcessOptions, ProcessTransport};
+use crate::transport::{SharedMemory, Transport};
+
+/// Bounds on `shm_page_shift` this library accepts (4 KiB .. 1 GiB).
+const SHM_PAGE_SHIFTS: std::ops::RangeInclusive<u32> = 12..=30;
+
+/// An open vrdma device: the `ibv_context` of this library.
+///
+/// Cheap to clone; every object created from it keeps it alive.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+/// Shared state of a context.
+pub(crate) struct ContextInner {
+    // Declared first so that it outlives the doorbell area and everything mapped through it.
+    channel: CommandChannel,
+    config: DeviceConfig,
+    features: u64,
+    device_attr: DeviceAttr,
+    pub(crate) doorbell: DoorbellRegion,
+    pub(crate) events: EventDispatch,
+}
+
+/// The transport, and the control commands sent over it.
+struct CommandChannel {
+    transport: Arc<dyn Transport>,
+    buffers: Mutex<CommandBuffers>,
+}
+
+/// Encoding buffers reused by every command, so that a command allocates only when it is
+/// larger than every earlier one.
+#[derive(Default)]
+struct CommandBuffers {
+    request: Vec<u8>,
+    response: Vec<u8>,
+}
+
+impl Context {
+    /// Opens the device behind `transport`: checks its configuration, reads its attributes,
+    /// and registers this context's doorbell area.
+    pub fn open(transport: Arc<dyn Transport>) -> Result<Context> {
+        let raw = transport.device_config();
+        let config = DeviceConfig::decode(&raw[..raw.len().min(CONFIG_SIZE)])
+            .map_err(ProtocolError::Config)?;
+        let shift = config.shm_page_shift.get();
+        if !SHM_PAGE_SHIFTS.contains(&shift) {
+            return Err(ProtocolError::ConfigValue {
+                field: "shm_page_shift",
+                value: shift.into(),
+            }
+            .into());
+        }
+        let features = transport.device_features();
+        let format = config.ring_format.get();
+        let expected = if features & features::VRDMA_F_RING_RXE_V1 != 0 {
+            ring_format::RXE_V1
+        } else {
+            ring_format::NONE
+        };
+        if format != expected {
+            return Err(ProtocolError::ConfigValue {
+                field: "ring_format",
+                value: format.into(),
+            }
+            .into());
+        }
+        let channel = CommandChannel {
+            transport,
+            buffers: Mutex::new(CommandBuffers::default()),
+        };
+        let ResponseBody::QueryDevice(attr) = channel.execute(&ControlRequest::QueryDevice)? else {
+            return Err(unexpected_body(Opcode::QueryDevice));
+        };
+        let doorbell = DoorbellRegion::new(channel.transport.dma(), config.doorbell_slots.get())?;
+        channel.execute(&ControlRequest::SetDoorbellArea(SetDoorbellAreaReq {
+            gpa: Le64::new(doorbell.gpa()),
+            slots: Le32::new(doorbell.slots()),
+            reserved: Le32::ZERO,
+        }))?;
+        let inner = ContextInner {
+            channel,
+            config,
+            features,
+            device_attr: DeviceAttr::from(&attr),
+            doorbell,
+            events: EventDispatch::default(),
+        };
+        debug!(
+            "vrdma context: {} port(s), ring format {format}, {} doorbell slots, fw {}",
+            inner.config.num_ports.get(),
+            inner.doorbell.slots(),
+            inner.device_attr.fw_ver
+        );
+        Ok(Context {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Connects to a vrdma backend at `socket_path` as a process-mode frontend (default
+    /// options) and opens the device.
+    pub fn connect_process(socket_path: impl AsRef<Path>) -> Result<Context> {
+        let transport = ProcessTransport::connect(socket_path, ProcessOptions::default())?;
+        Context::open(Arc::new(transport))
+    }
+
+    /// The transport under this context.
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.inner.channel.transport
+    }
+
+    /// The device configuration read at open.
+    pub fn config(&self) -> &DeviceConfig {
+        &self.inner.config
+    }
+
+    /// Device-specific feature bits negotiated with the device.
+    pub fn features(&self) -> u64 {
+        self.inner.features
+    }
+
+    /// Device attributes and this guest's limits, as read at open.
+    pub fn query_device(&self) -> &DeviceAttr {
+        &self.inner.device_attr
+    }
+
+    /// Attributes of port `port` (1-based).
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        let req = ControlRequest::QueryPort(QueryPortReq {
+            port_num: Le32::new(port.into()),
+            reserved: Le32::ZERO,
+        });
+        match self.inner.execute(&req)? {
+            ResponseBody::QueryPort(attr) => Ok(PortAttr::from(&attr)),
+            _ => Err(unexpected_body(Opcode::QueryPort)),
+        }
+    }
+
+    /// GID `index` of port `port`; `None` for an empty table entry.
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<Option<GidEntry>> {
+        let req = ControlRequest::QueryGid(QueryTableReq {
+            port_num: Le32::new(port.into()),
+            index: Le32::new(index),
+        });
+        let ResponseBody::QueryGid(entry) = self.inner.execute(&req)? else {
+            return Err(unexpected_body(Opcode::QueryGid));
+        };
+        if entry.flags.get() & GID_FLAG_VALID == 0 {
+            return Ok(None);
+        }
+        let gid_type = GidType::try_from(entry.gid_type.get()).map_err(|v| {
+            ProtocolError::ResponseValue {
+                opcode: Opcode::QueryGid,
+                field: "gid_type",
+                value: v.into(),
+            }
+        })?;
+        Ok(Some(GidEntry {
+            gid: Gid(entry.gid),
+            gid_type,
+        }))
+    }
+
+    /// P_Key `index` of port `port`.
+    pub fn query_pkey(&self, port: u8, index: u32) -> Result<u16> {
+        let req = ControlRequest::QueryPkey(QueryTableReq {
+            port_num: Le32::new(port.into()),
+            index: Le32::new(index),
+        });
+        match self.inner.execute(&req)? {
+            ResponseBody::QueryPkey(entry) => Ok(entry.pkey.get()),
+            _ => Err(unexpected_body(Opcode::QueryPkey)),
+        }
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Result<Pd> {
+        Pd::new(self)
+    }
+
+    /// A zeroed buffer of at least `len` bytes in memory the device can reach, page aligned:
+    /// what [`Pd::register`] registers.
+    pub fn alloc_buffer(&self, len: usize) -> Result<DmaBuffer> {
+        Ok(self.inner.transport().dma().alloc(len, crate::dma::PAGE_SIZE)?)
+    }
+
+    /// Waits up to `timeout` (`None`: forever) for the next device event; `Ok(None)` if none
+    /// came. Completion events taken here are not seen by [`Cq::wait_event`](super::Cq::wait_event).
+    pub fn next_event(&self, timeout: Option<Duration>) -> Result<Option<DeviceEvent>> {
+        self.inner
+            .events
+            .wait(self.inner.transport(), Wanted::Any, timeout)
+    }
+}
+
+impl CommandChannel {
+    /// Executes one control command and returns the body of its success response.
+    fn execute(&self, request: &ControlRequest<'_>) -> Result<ResponseBody> {
+        let opcode = request.opcode();
+        let mut guard = lock(&self.buffers);
+        let buffers = &mut *guard;
+        buffers.request.clear();
+        request.encode_into(&mut buffers.request);
+        buffers.response.clear();
+        buffers
+            .response
+            .resize(HEADER_SIZE + opcode.response_body_len(), 0);
+        let used = self
+            .transport
+            .execute(&buffers.request, &mut buffers.response)?;
+        let bytes = buffers
+            .response
+            .get(..used)
+            .ok_or(ProtocolError::ResponseValue {
+                opcode,
+                field: "used length",
+                value: used as u64,
+            })?;
+        match ControlResponse::decode(opcode, bytes)
+            .map_err(|source| ProtocolError::Response { opcode, source })?
+        {
+            ControlResponse::Ok(body) => Ok(body),
+            ControlResponse::Err(source) => Err(VerbsError::Status { opcode, source }),
+        }
+    }
+
+}
+
+impl ContextInner {
+    /// Executes one control command and returns the body of its success response.
+    pub(crate) fn execute(&self, request: &ControlRequest<'_>) -> Result<ResponseBody> {
+        self.channel.execute(request)
+    }
+
+    /// Executes a command whose success carries no body.
+    pub(crate) fn execute_empty(&self, request: &ControlRequest<'_>) -> Result<()> {
+        self.execute(request).map(drop)
+    }
+
+    pub(crate) fn transport(&self) -> &dyn Transport {
+        self.channel.transport.as_ref()
+    }
+
+    pub(crate) fn shared_memory(&self) -> SharedMemory {
+        self.transport().shared_memory()
+    }
+
+    pub(crate) fn config(&self) -> &DeviceConfig {
+        &self.config
+    }
+
+    pub(crate) fn device_attr(&self) -> &DeviceAttr {
+        &self.device_attr
+    }
+
+    /// Whether the data path (ring format rxe v1) was negotiated.
+    pub(crate) fn has_rxe_v1(&self) -> bool {
+        self.features & features::VRDMA_F_RING_RXE_V1 != 0
+    }
+}
+
+/// The error for a success body of the wrong kind (the spec crate's decoder rules it out; this
+/// keeps the match total without a panic).
+pub(crate) fn unexpected_body(opcode: Opcode) -> VerbsError {
+    ProtocolError::ResponseValue {
+        opcode,
+        field: "body",
+        value: 0,
+    }
+    .into()
+}

@@ -1,0 +1,79 @@
+//! The driver's side of the doorbell area (spec §5.3): memory the device can reach, laid out
+//! by [`vrdma_spec::doorbell`], registered once per context with SET_DOORBELL_AREA.
+
+use std::sync::atomic::AtomicU32;
+
+use vrdma_spec::doorbell::{self, DoorbellArea};
+
+use super::error::{ProtocolError, Result, VerbsError};
+use crate::dma::{DmaBuffer, PAGE_SIZE};
+use crate::transport::DmaMemory;
+
+/// The doorbell area of one context.
+pub(crate) struct DoorbellRegion {
+    // Declared first: a view into `buffer`, which must outlive it (it has no drop glue, but
+    // the order documents the dependency).
+    area: DoorbellArea<'static>,
+    gpa: u64,
+    _buffer: DmaBuffer,
+}
+
+impl DoorbellRegion {
+    /// Allocates and zeroes an area of `slots` entries in memory the device reaches by DMA.
+    pub(crate) fn new(dma: &dyn DmaMemory, slots: u32) -> Result<Self> {
+        let bad_slots = || ProtocolError::ConfigValue {
+            field: "doorbell_slots",
+            value: slots.into(),
+        };
+        if slots == 0 || !slots.is_power_of_two() || slots > doorbell::MAX_SLOTS {
+            return Err(bad_slots().into());
+        }
+        let len = doorbell::area_bytes(slots);
+        let buffer = dma.alloc(len, PAGE_SIZE)?;
+        // SAFETY: the buffer is ours, `len` bytes long and not yet known to the device.
+        unsafe { std::ptr::write_bytes(buffer.as_mut_ptr(), 0, len) };
+        // SET_DOORBELL_AREA names one guest-physical address: the pages must be contiguous.
+        let pages = dma.translate(buffer.as_ptr(), len)?;
+        let gpa = *pages.first().ok_or(VerbsError::Unsupported(
+            "the transport returned no page for the doorbell area",
+        ))?;
+        let contiguous = pages
+            .iter()
+            .enumerate()
+            .all(|(i, &page)| page == gpa + (i * PAGE_SIZE) as u64);
+        if !contiguous || gpa % PAGE_SIZE as u64 != 0 {
+            return Err(VerbsError::Unsupported(
+                "the transport cannot allocate a physically contiguous doorbell area",
+            ));
+        }
+        let words_ptr = buffer.as_ptr().cast::<AtomicU32>();
+        // SAFETY: the buffer is page aligned (so 4-byte aligned), `len` bytes long and zeroed;
+        // it is only ever accessed atomically from here on (by us and by the device). The
+        // 'static lifetime is confined to this struct, which owns the buffer and hands the
+        // area out only borrowed from `&self`.
+        let words: &'static [AtomicU32] =
+            unsafe { std::slice::from_raw_parts(words_ptr, len / 4) };
+        let area = DoorbellArea::new(words, slots).map_err(|_| bad_slots())?;
+        Ok(DoorbellRegion {
+            area,
+            gpa,
+            _buffer: buffer,
+        })
+    }
+
+    /// Guest-physical address to register.
+    pub(crate) fn gpa(&self) -> u64 {
+        self.gpa
+    }
+
+    /// Slot count.
+    pub(crate) fn slots(&self) -> u32 {
+        self.area.slots()
+    }
+
+    /// Queues doorbell `index`; true if the device must be notified (see
+    /// [`DoorbellArea::ring`]).
+    pub(crate) fn ring(&self, index: u32) -> bool {
+        self.area.ring(index)
+    }
+}

@@ -1,0 +1,351 @@
+//! Device events (spec §8) and their dispatch among the threads waiting for them.
+//!
+//! The device has one event queue per context, carrying both completion events (the backing of
+//! `ibv_get_cq_event`) and asynchronous events. Two kinds of waiter read it:
+//! [`Context::next_event`](super::Context::next_event) (any event) and
+//! [`Cq::wait_event`](super::Cq::wait_event) (a completion event of one CQ). An event read by a
+//! thread that does not want it must not be lost, and a thread must not sleep inside the
+//! transport while the event it waits for sits in another thread's hands.
+//!
+//! Design (leader/followers): at most one thread at a time, the *reader*, waits inside
+//! [`Transport::next_event`]; the others wait on a condition variable. The reader keeps events
+//! it does not want in a small per-context stash — a pending-completion counter per live CQ, a
+//! bounded queue for the rest — and wakes the followers after every event and when it steps
+//! down, so that one of them takes the stashed event or becomes the next reader. Nothing here
+//! is on the data path: polling and posting never touch it.
+//!
+//! A completion event is delivered once, to whichever waiter takes it first: a `Cq` waiting
+//! for it, or `Context::next_event`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use log::{debug, warn};
+use vrdma_spec::event::{Event, EventType, EVENT_SIZE};
+use vrdma_spec::DecodeError;
+
+use super::error::Result;
+use super::lock;
+use crate::transport::Transport;
+
+/// Events kept for `Context::next_event` while nobody asks for them; beyond, they are counted
+/// and reported as [`DeviceEvent::EventsLost`] (the device's own queue is bounded the same way).
+const MAX_STASHED_EVENTS: usize = 256;
+
+/// An event of the device, with the handle or port it concerns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceEvent {
+    /// An armed CQ received a completion (one per [`Cq::arm`](super::Cq::arm)).
+    Completion {
+        /// CQ handle.
+        cq: u32,
+    },
+    /// CQ overrun or error (`IBV_EVENT_CQ_ERR`).
+    CqError {
+        /// CQ handle.
+        cq: u32,
+    },
+    /// QP fatal error (`IBV_EVENT_QP_FATAL`).
+    QpFatal {
+        /// QP handle.
+        qp: u32,
+    },
+    /// Invalid request on the QP (`IBV_EVENT_QP_REQ_ERR`).
+    QpRequestError {
+        /// QP handle.
+        qp: u32,
+    },
+    /// Access violation on the QP (`IBV_EVENT_QP_ACCESS_ERR`).
+    QpAccessError {
+        /// QP handle.
+        qp: u32,
+    },
+    /// Communication established (`IBV_EVENT_COMM_EST`).
+    CommunicationEstablished {
+        /// QP handle.
+        qp: u32,
+    },
+    /// Send queue drained (`IBV_EVENT_SQ_DRAINED`).
+    SqDrained {
+        /// QP handle.
+        qp: u32,
+    },
+    /// Last WQE reached (`IBV_EVENT_QP_LAST_WQE_REACHED`).
+    QpLastWqeReached {
+        /// QP handle.
+        qp: u32,
+    },
+    /// SRQ error (`IBV_EVENT_SRQ_ERR`).
+    SrqError {
+        /// SRQ handle.
+        srq: u32,
+    },
+    /// SRQ limit reached (`IBV_EVENT_SRQ_LIMIT_REACHED`).
+    SrqLimitReached {
+        /// SRQ handle.
+        srq: u32,
+    },
+    /// Port became active.
+    PortActive {
+        /// Port number.
+        port: u32,
+    },
+    /// Port went down.
+    PortError {
+        /// Port number.
+        port: u32,
+    },
+    /// GID table changed.
+    GidChange {
+        /// Port number.
+        port: u32,
+    },
+    /// The device lost every object of this context; the context must be rebuilt.
+    DeviceFatal {
+        /// The device's new configuration `epoch`.
+        epoch: u32,
+    },
+    /// Events were dropped (by the device, or by this library's stash).
+    EventsLost {
+        /// How many.
+        count: u32,
+    },
+    /// An MR was revoked because memory under it was removed (spec §11.3).
+    MrRevoked {
+        /// MR handle.
+        mr: u32,
+    },
+}
+
+impl From<Event> for DeviceEvent {
+    fn from(e: Event) -> Self {
+        let h = e.handle;
+        match e.event_type {
+            EventType::Completion => DeviceEvent::Completion { cq: h },
+            EventType::CqErr => DeviceEvent::CqError { cq: h },
+            EventType::QpFatal => DeviceEvent::QpFatal { qp: h },
+            EventType::QpReqErr => DeviceEvent::QpRequestError { qp: h },
+            EventType::QpAccessErr => DeviceEvent::QpAccessError { qp: h },
+            EventType::CommEst => DeviceEvent::CommunicationEstablished { qp: h },
+            EventType::SqDrained => DeviceEvent::SqDrained { qp: h },
+            EventType::QpLastWqeReached => DeviceEvent::QpLastWqeReached { qp: h },
+            EventType::SrqErr => DeviceEvent::SrqError { srq: h },
+            EventType::SrqLimitReached => DeviceEvent::SrqLimitReached { srq: h },
+            EventType::PortActive => DeviceEvent::PortActive { port: h },
+            EventType::PortErr => DeviceEvent::PortError { port: h },
+            EventType::GidChange => DeviceEvent::GidChange { port: h },
+            EventType::DeviceFatal => DeviceEvent::DeviceFatal { epoch: e.detail },
+            EventType::EventsLost => DeviceEvent::EventsLost { count: e.detail },
+            EventType::MrRevoked => DeviceEvent::MrRevoked { mr: h },
+        }
+    }
+}
+
+/// What a waiter is waiting for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Wanted {
+    /// Any event.
+    Any,
+    /// A completion event of this CQ.
+    Completion(u32),
+}
+
+impl Wanted {
+    fn matches(self, event: &DeviceEvent) -> bool {
+        match self {
+            Wanted::Any => true,
+            Wanted::Completion(cq) => *event == DeviceEvent::Completion { cq },
+        }
+    }
+}
+
+#[derive(Default)]
+struct Stash {
+    /// A thread is inside `Transport::next_event`.
+    reader: bool,
+    /// Completion events not taken yet, per live CQ. A CQ missing here is unknown (destroyed
+    /// or never created by this context): its events are ignored, as the spec requires.
+    completions: HashMap<u32, u32>,
+    /// Other events not taken yet.
+    others: VecDeque<DeviceEvent>,
+    /// Events dropped because `others` was full.
+    lost: u32,
+}
+
+impl Stash {
+    fn take(&mut self, wanted: Wanted) -> Option<DeviceEvent> {
+        match wanted {
+            Wanted::Completion(cq) => {
+                let pending = self.completions.get_mut(&cq).filter(|n| **n > 0)?;
+                *pending -= 1;
+                Some(DeviceEvent::Completion { cq })
+            }
+            Wanted::Any => {
+                if self.lost != 0 {
+                    let count = std::mem::take(&mut self.lost);
+                    return Some(DeviceEvent::EventsLost { count });
+                }
+                if let Some(event) = self.others.pop_front() {
+                    return Some(event);
+                }
+                let (&cq, pending) = self.completions.iter_mut().find(|(_, n)| **n > 0)?;
+                *pending -= 1;
+                Some(DeviceEvent::Completion { cq })
+            }
+        }
+    }
+
+    fn keep(&mut self, event: DeviceEvent) {
+        if let DeviceEvent::Completion { cq } = event {
+            match self.completions.get_mut(&cq) {
+                Some(pending) => *pending = pending.saturating_add(1),
+                None => debug!("completion event for unknown CQ {cq:#x} ignored"),
+            }
+        } else if self.others.len() < MAX_STASHED_EVENTS {
+            self.others.push_back(event);
+        } else {
+            warn!("no reader for device events: {event:?} dropped");
+            self.lost = self.lost.saturating_add(1);
+        }
+    }
+}
+
+/// Per-context event dispatch.
+#[derive(Default)]
+pub(crate) struct EventDispatch {
+    stash: Mutex<Stash>,
+    changed: Condvar,
+}
+
+impl EventDispatch {
+    /// Starts keeping completion events of CQ `handle`.
+    pub(crate) fn register_cq(&self, handle: u32) {
+        lock(&self.stash).completions.insert(handle, 0);
+    }
+
+    /// Forgets CQ `handle` and its pending completion events.
+    pub(crate) fn unregister_cq(&self, handle: u32) {
+        lock(&self.stash).completions.remove(&handle);
+    }
+
+    /// Waits up to `timeout` (`None`: forever) for an event `wanted` describes.
+    pub(crate) fn wait(
+        &self,
+        transport: &dyn Transport,
+        wanted: Wanted,
+        timeout: Option<Duration>,
+    ) -> Result<Option<DeviceEvent>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut stash = lock(&self.stash);
+        loop {
+            if let Some(event) = stash.take(wanted) {
+                return Ok(Some(event));
+            }
+            let remaining = match deadline {
+                None => None,
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(r) if !r.is_zero() => Some(r),
+                    _ => return Ok(None),
+                },
+            };
+            if stash.reader {
+                stash = match remaining {
+                    None => self.changed.wait(stash).unwrap_or_else(|e| e.into_inner()),
+                    Some(r) => {
+                        self.changed
+                            .wait_timeout(stash, r)
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0
+                    }
+                };
+                continue;
+            }
+            stash.reader = true;
+            drop(stash);
+            let read = read_event(transport, remaining);
+            stash = lock(&self.stash);
+            stash.reader = false;
+            self.changed.notify_all();
+            match read? {
+                Some(event) if wanted.matches(&event) => {
+                    // A completion of a CQ nobody registered is not ours to report either.
+                    if let DeviceEvent::Completion { cq } = event {
+                        if !stash.completions.contains_key(&cq) {
+                            continue;
+                        }
+                    }
+                    return Ok(Some(event));
+                }
+                Some(event) => stash.keep(event),
+                None => {}
+            }
+        }
+    }
+}
+
+/// Reads one event; `Ok(None)` on timeout and for events this library must ignore.
+fn read_event(transport: &dyn Transport, timeout: Option<Duration>) -> Result<Option<DeviceEvent>> {
+    let mut buf = [0u8; EVENT_SIZE];
+    let Some(len) = transport.next_event(&mut buf, timeout)? else {
+        return Ok(None);
+    };
+    match Event::decode(&buf[..len.min(EVENT_SIZE)]) {
+        Ok(event) => Ok(Some(event.into())),
+        // Newer devices may send types this version does not know: the spec says to ignore them.
+        Err(DecodeError::UnknownEventType(t)) => {
+            debug!("event of unknown type {t} ignored");
+            Ok(None)
+        }
+        Err(e) => {
+            warn!("malformed event ignored: {e}");
+            Ok(None)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stash_keeps_completions_per_live_cq_and_bounds_the_rest() {
+        let mut stash = Stash::default();
+        stash.completions.insert(7, 0);
+        stash.keep(DeviceEvent::Completion { cq: 7 });
+        stash.keep(DeviceEvent::Completion { cq: 9 });
+        assert_eq!(stash.take(Wanted::Completion(9)), None, "unknown CQ ignored");
+        assert_eq!(
+            stash.take(Wanted::Completion(7)),
+            Some(DeviceEvent::Completion { cq: 7 })
+        );
+        assert_eq!(stash.take(Wanted::Completion(7)), None);
+
+        for port in 0..MAX_STASHED_EVENTS as u32 + 3 {
+            stash.keep(DeviceEvent::PortActive { port });
+        }
+        assert_eq!(
+            stash.take(Wanted::Any),
+            Some(DeviceEvent::EventsLost { count: 3 })
+        );
+        assert_eq!(
+            stash.take(Wanted::Any),
+            Some(DeviceEvent::PortActive { port: 0 })
+        );
+        assert_eq!(stash.take(Wanted::Completion(7)), None);
+    }
+
+    #[test]
+    fn every_event_type_maps_to_its_subject() {
+        for t in EventType::ALL {
+            let handle = if t.has_detail() { 0 } else { 5 };
+            let event = DeviceEvent::from(Event {
+                event_type: t,
+                handle,
+                detail: if t.has_detail() { 9 } else { 0 },
+            });
+            let text = format!("{event:?}");
+            assert!(text.contains(if t.has_detail() { "9" } else { "5" }), "{text}");
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! Memory regions.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use log::warn;
+use vrdma_spec::control::{encode_page_list, ControlRequest, Opcode, RegMr, ResponseBody};
+use vrdma_spec::control::HEADER_SIZE;
+use vrdma_spec::wire::RegMrReq;
+use vrdma_spec::{Le32, Le64};
+
+use super::attr::AccessFlags;
+use super::context::unexpected_body;
+use super::error::{Result, VerbsError};
+use super::pd::{handle_req, nonzero_handle, Pd, PdInner};
+use crate::dma::{DmaBuffer, PAGE_SIZE};
+use crate::provider::Sge;
+
+/// log2 of the page size of REG_MR page lists: what `DmaMemory::translate` returns.
+const PAGE_SHIFT: u32 = 12;
+
+/// A registered memory region (`ibv_mr`). Deregistered when dropped.
+///
+/// Its iova is the address of the memory in this process, so an SGE's `addr` is an ordinary
+/// pointer into the buffer ([`Mr::sge`] builds one).
+pub struct Mr<'a> {
+    // Declared first: DEREG_MR (its drop) must happen before an owned buffer is freed.
+    object: MrObject,
+    addr: u64,
+    len: usize,
+    lkey: u32,
+    rkey: u32,
+    access: AccessFlags,
+    _memory: Memory<'a>,
+}
+
+/// What keeps the registered memory alive.
+enum Memory<'a> {
+    /// The caller's buffer, which the borrow keeps alive.
+    Borrowed(PhantomData<&'a DmaBuffer>),
+    /// A buffer the region owns.
+    Owned(DmaBuffer),
+    /// Memory the caller promised to keep (`register_raw`).
+    Raw,
+}
+
+/// The device object.
+struct MrObject {
+    pd: Arc<PdInner>,
+    handle: u32,
+}
+
+impl Drop for MrObject {
+    fn drop(&mut self) {
+        let req = ControlRequest::DeregMr(handle_req(self.handle));
+        if let Err(e) = self.pd.ctx.execute_empty(&req) {
+            warn!("DEREG_MR of MR {:#x} failed: {e}", self.handle);
+        }
+    }
+}
+
+impl<'a> Mr<'a> {
+    pub(crate) fn register_buffer(
+        pd: &Pd,
+        buffer: &'a DmaBuffer,
+        access: AccessFlags,
+    ) -> Result<Self> {
+        let memory = Memory::Borrowed(PhantomData);
+        // SAFETY: the borrow ties the region's life to the buffer's.
+        unsafe { Self::register(pd, buffer.as_ptr(), buffer.len(), access, memory) }
+    }
+
+    /// Registers `[addr, addr + len)` with iova = `addr`.
+    ///
+    /// # Safety
+    ///
+    /// `memory` keeps the range allocated for as long as the region lives.
+    unsafe fn register(
+        pd: &Pd,
+        addr: *const u8,
+        len: usize,
+        access: AccessFlags,
+        memory: Memory<'a>,
+    ) -> Result<Self> {
+        let ctx = &pd.inner.ctx;
+        if len == 0 {
+            return Err(VerbsError::InvalidArgument("a memory region needs at least one byte"));
+        }
+        let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+        if access.bits() & remote.bits() != 0 && !access.contains(AccessFlags::LOCAL_WRITE) {
+            return Err(VerbsError::InvalidArgument(
+                "remote write or atomic access needs local write access",
+            ));
+        }
+        let iova = addr as u64;
+        let span = (iova % PAGE_SIZE as u64) + len as u64;
+        let npages = span.div_ceil(PAGE_SIZE as u64);
+        let config = ctx.config();
+        if npages > u64::from(config.max_mr_pages.get()) {
+            return Err(VerbsError::InvalidArgument(
+                "the buffer spans more pages than the device's max_mr_pages",
+            ));
+        }
+        let request_len = HEADER_SIZE as u64 + 32 + 8 * npages;
+        if request_len > u64::from(config.max_request_size.get()) {
+            return Err(VerbsError::InvalidArgument(
+                "the page list exceeds the device's max_request_size",
+            ));
+        }
+        let pages = ctx.transport().dma().translate(addr, len)?;
+        if pages.len() as u64 != npages {
+            return Err(VerbsError::InvalidArgument(
+                "the transport's translation does not list one entry per page",
+            ));
+        }
+        let mut page_list = Vec::with_capacity(pages.len() * 8);
+        encode_page_list(pages.iter().copied(), &mut page_list);
+        let req = RegMrReq {
+            pd: Le32::new(pd.inner.handle),
+            access: Le32::new(access.bits()),
+            iova: Le64::new(iova),
+            length: Le64::new(len as u64),
+            page_shift: Le32::new(PAGE_SHIFT),
+            npages: Le32::new(pages.len() as u32),
+        };
+        let request = ControlRequest::RegMr(RegMr::new(req, &page_list));
+        let ResponseBody::RegMr(resp) = ctx.execute(&request)? else {
+            return Err(unexpected_body(Opcode::RegMr));
+        };
+        let handle = nonzero_handle(Opcode::RegMr, resp.mr.get())?;
+        Ok(Mr {
+            object: MrObject {
+                pd: pd.inner.clone(),
+                handle,
+            },
+            addr: iova,
+            len,
+            lkey: resp.lkey.get(),
+            rkey: resp.rkey.get(),
+            access,
+            _memory: memory,
+        })
+    }
+
+    /// The device's handle of this region.
+    pub fn handle(&self) -> u32 {
+        self.object.handle
+    }
+
+    /// Local key, for SGEs.
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+
+    /// Remote key, for peers.
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+
+    /// Start address (= iova).
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a region has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Access rights the region was registered with.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    /// The owned buffer, for regions made by [`Pd::register_owned`].
+    pub fn buffer(&self) -> Option<&DmaBuffer> {
+        match &self._memory {
+            Memory::Owned(buffer) => Some(buffer),
+            Memory::Borrowed(_) | Memory::Raw => None,
+        }
+    }
+
+    /// An SGE for `len` bytes at `offset` in the region; `None` if that leaves the region or
+    /// does not fit an SGE's 32-bit length.
+    pub fn sge(&self, offset: usize, len: usize) -> Option<Sge> {
+        let end = offset.checked_add(len)?;
+        if end > self.len {
+            return None;
+        }
+        Some(Sge {
+            addr: self.addr + offset as u64,
+            length: u32::try_from(len).ok()?,
+            lkey: self.lkey,
+        })
+    }
+}
+
+impl Mr<'static> {
+    pub(crate) fn register_owned(pd: &Pd, buffer: DmaBuffer, access: AccessFlags) -> Result<Self> {
+        let (addr, len) = (buffer.as_ptr(), buffer.len());
+        // SAFETY: the region owns the buffer; `object` is declared before `_memory`, so the
+        // buffer is freed only after DEREG_MR.
+        unsafe { Self::register(pd, addr, len, access, Memory::Owned(buffer)) }
+    }
+
+    /// # Safety
+    ///
+    /// As for [`Pd::register_raw`].
+    pub(crate) unsafe fn register_raw(
+        pd: &Pd,
+        addr: *const u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Self> {
+        // SAFETY: the caller keeps the memory allocated while the region lives.
+        unsafe { Self::register(pd, addr, len, access, Memory::Raw) }
+    }
+}
+
+impl std::fmt::Debug for Mr<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("handle", &self.object.handle)
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .field("lkey", &format_args!("{:#x}", self.lkey))
+            .field("rkey", &format_args!("{:#x}", self.rkey))
+            .finish()
+    }
+}

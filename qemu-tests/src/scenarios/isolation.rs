@@ -1,0 +1,189 @@
+//! Two guests on one backend cannot reach each other's objects or memory.
+//!
+//! Speaks raw control commands through the process transport, as a hostile guest would, so
+//! the checks do not depend on what the verbs layer allows.
+
+use std::path::Path;
+
+use vrdma::transport::process::{ProcessOptions, ProcessTransport};
+use vrdma::transport::Transport;
+use vrdma_spec::control::{encode_page_list, ControlRequest, ControlResponse, RegMr, ResponseBody};
+use vrdma_spec::wire::{HandleReq, RegMrReq};
+use vrdma_spec::{verbs, Le32, Le64, Status, StatusError};
+
+use crate::error::{Error, Result};
+
+/// One raw command; `Err` carries the device's status.
+fn command(
+    transport: &ProcessTransport,
+    request: ControlRequest<'_>,
+) -> Result<Result<ResponseBody, StatusError>> {
+    let mut response = [0u8; 512];
+    let len = transport
+        .execute(&request.to_vec(), &mut response)
+        .map_err(|e| Error::Scenario(format!("{:?}: transport: {e}", request.opcode())))?;
+    let decoded = ControlResponse::decode(request.opcode(), &response[..len])
+        .map_err(|e| Error::Scenario(format!("{:?}: malformed response: {e}", request.opcode())))?;
+    Ok(decoded.into_result())
+}
+
+fn expect_ok(
+    what: &str,
+    transport: &ProcessTransport,
+    request: ControlRequest<'_>,
+) -> Result<ResponseBody> {
+    command(transport, request)?
+        .map_err(|e| Error::Scenario(format!("{what}: expected success, got {e}")))
+}
+
+fn expect_status(
+    what: &str,
+    transport: &ProcessTransport,
+    request: ControlRequest<'_>,
+    status: Status,
+) -> Result<()> {
+    match command(transport, request)? {
+        Err(e) if e.status() == status => {
+            println!("  ok: {what} -> {status:?}");
+            Ok(())
+        }
+        Err(e) => Err(Error::Scenario(format!(
+            "{what}: expected {status:?}, got {e}"
+        ))),
+        Ok(body) => Err(Error::Scenario(format!(
+            "{what}: expected {status:?}, but it succeeded: {body:?}"
+        ))),
+    }
+}
+
+fn handle(handle: u32) -> HandleReq {
+    HandleReq {
+        handle: Le32::new(handle),
+        reserved: Le32::ZERO,
+    }
+}
+
+fn alloc_pd(what: &str, transport: &ProcessTransport) -> Result<u32> {
+    match expect_ok(what, transport, ControlRequest::AllocPd)? {
+        ResponseBody::AllocPd(r) => Ok(r.handle.get()),
+        other => Err(Error::Scenario(format!(
+            "{what}: unexpected body {other:?}"
+        ))),
+    }
+}
+
+fn reg_mr_request(pd: u32, iova: u64, pages: &[u64]) -> (RegMrReq, Vec<u8>) {
+    let req = RegMrReq {
+        pd: Le32::new(pd),
+        access: Le32::new(verbs::access::LOCAL_WRITE),
+        iova: Le64::new(iova),
+        length: Le64::new(4096 * pages.len() as u64),
+        page_shift: Le32::new(12),
+        npages: Le32::new(pages.len() as u32),
+    };
+    let mut list = Vec::new();
+    encode_page_list(pages.iter().copied(), &mut list);
+    (req, list)
+}
+
+/// Runs the isolation checks against the backend listening on `socket`.
+pub fn run(socket: &Path) -> Result<()> {
+    let connect = || {
+        ProcessTransport::connect(socket, ProcessOptions::default())
+            .map_err(|e| Error::Scenario(format!("connecting to {}: {e}", socket.display())))
+    };
+    let a = connect()?;
+    let b = connect()?;
+
+    let pd_a = alloc_pd("guest A: ALLOC_PD", &a)?;
+    let pd_b = alloc_pd("guest B: ALLOC_PD", &b)?;
+    expect_status(
+        "guest B deallocates guest A's PD",
+        &b,
+        ControlRequest::DeallocPd(handle(pd_a)),
+        Status::BadHandle,
+    )?;
+
+    // A page of A's own RAM registers; the same request naming A's PD from B does not.
+    let buffer = a
+        .dma()
+        .alloc(4096, 4096)
+        .map_err(|e| Error::Scenario(format!("guest A: DMA buffer: {e}")))?;
+    let pages = a
+        .dma()
+        .translate(buffer.as_ptr(), 4096)
+        .map_err(|e| Error::Scenario(format!("guest A: translate: {e}")))?;
+    let iova = buffer.as_ptr() as u64;
+    let (req, list) = reg_mr_request(pd_a, iova, &pages);
+    let mr_a = match expect_ok(
+        "guest A: REG_MR of its own page",
+        &a,
+        ControlRequest::RegMr(RegMr::new(req, &list)),
+    )? {
+        ResponseBody::RegMr(r) => r.mr.get(),
+        other => {
+            return Err(Error::Scenario(format!(
+                "REG_MR: unexpected body {other:?}"
+            )))
+        }
+    };
+    println!("  ok: guest A registers a page of its own RAM");
+    let (req, list) = reg_mr_request(pd_a, iova, &pages);
+    expect_status(
+        "guest B registers memory in guest A's PD",
+        &b,
+        ControlRequest::RegMr(RegMr::new(req, &list)),
+        Status::BadHandle,
+    )?;
+
+    // Guest-physical addresses outside B's RAM: far beyond it, and straddling its end.
+    let ram_end = vrdma::dma::GUEST_RAM_BASE + ProcessOptions::default().guest_ram_size as u64;
+    for (what, gpa) in [
+        (
+            "guest B registers a page far outside its RAM",
+            0x7fff_0000_0000,
+        ),
+        ("guest B registers the page after its RAM", ram_end),
+        ("guest B registers a page below its RAM", 0),
+    ] {
+        let (req, list) = reg_mr_request(pd_b, 0x10_0000, &[gpa]);
+        expect_status(
+            what,
+            &b,
+            ControlRequest::RegMr(RegMr::new(req, &list)),
+            Status::BadAddress,
+        )?;
+    }
+
+    expect_status(
+        "guest B deregisters guest A's MR",
+        &b,
+        ControlRequest::DeregMr(handle(mr_a)),
+        Status::BadHandle,
+    )?;
+    expect_ok(
+        "guest A: DEREG_MR",
+        &a,
+        ControlRequest::DeregMr(handle(mr_a)),
+    )?;
+    expect_ok(
+        "guest A: DEALLOC_PD",
+        &a,
+        ControlRequest::DeallocPd(handle(pd_a)),
+    )?;
+    expect_status(
+        "guest A reuses its stale PD handle",
+        &a,
+        ControlRequest::DeallocPd(handle(pd_a)),
+        Status::BadHandle,
+    )?;
+    // Both guests are still served after all of the above.
+    expect_ok("guest A: QUERY_DEVICE", &a, ControlRequest::QueryDevice)?;
+    expect_ok(
+        "guest B: DEALLOC_PD",
+        &b,
+        ControlRequest::DeallocPd(handle(pd_b)),
+    )?;
+    println!("  ok: both guests still served");
+    Ok(())
+}

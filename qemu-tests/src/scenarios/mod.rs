@@ -1,0 +1,3 @@
+//! Test scenarios that run inside the rxe VM against a live vrdma-backend.
+
+pub mod isolation;
