@@ -9,4 +9,7 @@ pub mod provider;
 pub mod dma;
 pub mod pingpong;
 pub mod transport;
+pub mod verbs;
 pub mod virtq;
+
+pub use verbs::{Ah, AhAttr, Context, Cq, Mr, Pd, Qp, QpAttr, QpAttrMask, QpInitAttr, VerbsError};

@@ -13,6 +13,7 @@ pub mod error;
 pub mod host;
 pub mod initramfs;
 pub mod inside;
+pub mod native;
 pub mod perftest;
 pub mod rootfs;
 pub mod scenarios;

@@ -322,7 +322,7 @@ fn wait_listening(port: u16, timeout: Duration, server: &mut Child) -> Result<()
 }
 
 /// Whether a /proc/net/tcp{,6} table has a socket in LISTEN (state 0A) on `port`.
-fn listens_on(table: &str, port: u16) -> bool {
+pub fn listens_on(table: &str, port: u16) -> bool {
     let wanted = format!("{port:04X}");
     table.lines().skip(1).any(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();

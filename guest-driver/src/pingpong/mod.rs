@@ -73,11 +73,13 @@
 //! message, and answers with ack. Throughput is timed from the first post to the last message's
 //! completion.
 
+pub mod endpoint;
 pub mod exchange;
 pub mod oob;
 pub mod pattern;
 pub mod plan;
 pub mod report;
+pub mod runner;
 pub mod stats;
 
 pub use plan::{Mode, Op, Plan, Step};

@@ -556,7 +556,11 @@ pub struct DeviceAttr {
 
 impl From<&wire::DeviceAttr> for DeviceAttr {
     fn from(w: &wire::DeviceAttr) -> Self {
-        let fw_len = w.fw_ver.iter().position(|&b| b == 0).unwrap_or(w.fw_ver.len());
+        let fw_len = w
+            .fw_ver
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(w.fw_ver.len());
         DeviceAttr {
             fw_ver: String::from_utf8_lossy(&w.fw_ver[..fw_len]).into_owned(),
             node_guid: w.node_guid,

@@ -35,7 +35,8 @@ pub struct Context {
 
 /// Shared state of a context.
 pub(crate) struct ContextInner {
-    // Declared first so that it outlives the doorbell area and everything mapped through it.
+    // Declared (so dropped) first: when this is the last reference to the transport, closing
+    // it ends the device's use of the doorbell area before the area's memory is freed.
     channel: CommandChannel,
     config: DeviceConfig,
     features: u64,
@@ -170,13 +171,12 @@ impl Context {
         if entry.flags.get() & GID_FLAG_VALID == 0 {
             return Ok(None);
         }
-        let gid_type = GidType::try_from(entry.gid_type.get()).map_err(|v| {
-            ProtocolError::ResponseValue {
+        let gid_type =
+            GidType::try_from(entry.gid_type.get()).map_err(|v| ProtocolError::ResponseValue {
                 opcode: Opcode::QueryGid,
                 field: "gid_type",
                 value: v.into(),
-            }
-        })?;
+            })?;
         Ok(Some(GidEntry {
             gid: Gid(entry.gid),
             gid_type,
@@ -203,7 +203,11 @@ impl Context {
     /// A zeroed buffer of at least `len` bytes in memory the device can reach, page aligned:
     /// what [`Pd::register`] registers.
     pub fn alloc_buffer(&self, len: usize) -> Result<DmaBuffer> {
-        Ok(self.inner.transport().dma().alloc(len, crate::dma::PAGE_SIZE)?)
+        Ok(self
+            .inner
+            .transport()
+            .dma()
+            .alloc(len, crate::dma::PAGE_SIZE)?)
     }
 
     /// Waits up to `timeout` (`None`: forever) for the next device event; `Ok(None)` if none
@@ -245,7 +249,15 @@ impl CommandChannel {
             ControlResponse::Err(source) => Err(VerbsError::Status { opcode, source }),
         }
     }
+}
 
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("features", &format_args!("{:#x}", self.inner.features))
+            .field("doorbell_slots", &self.inner.doorbell.slots())
+            .finish_non_exhaustive()
+    }
 }
 
 impl ContextInner {

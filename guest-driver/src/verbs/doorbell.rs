@@ -51,8 +51,7 @@ impl DoorbellRegion {
         // it is only ever accessed atomically from here on (by us and by the device). The
         // 'static lifetime is confined to this struct, which owns the buffer and hands the
         // area out only borrowed from `&self`.
-        let words: &'static [AtomicU32] =
-            unsafe { std::slice::from_raw_parts(words_ptr, len / 4) };
+        let words: &'static [AtomicU32] = unsafe { std::slice::from_raw_parts(words_ptr, len / 4) };
         let area = DoorbellArea::new(words, slots).map_err(|_| bad_slots())?;
         Ok(DoorbellRegion {
             area,

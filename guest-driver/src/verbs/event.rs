@@ -314,7 +314,11 @@ mod tests {
         stash.completions.insert(7, 0);
         stash.keep(DeviceEvent::Completion { cq: 7 });
         stash.keep(DeviceEvent::Completion { cq: 9 });
-        assert_eq!(stash.take(Wanted::Completion(9)), None, "unknown CQ ignored");
+        assert_eq!(
+            stash.take(Wanted::Completion(9)),
+            None,
+            "unknown CQ ignored"
+        );
         assert_eq!(
             stash.take(Wanted::Completion(7)),
             Some(DeviceEvent::Completion { cq: 7 })
@@ -345,7 +349,10 @@ mod tests {
                 detail: if t.has_detail() { 9 } else { 0 },
             });
             let text = format!("{event:?}");
-            assert!(text.contains(if t.has_detail() { "9" } else { "5" }), "{text}");
+            assert!(
+                text.contains(if t.has_detail() { "9" } else { "5" }),
+                "{text}"
+            );
         }
     }
 }

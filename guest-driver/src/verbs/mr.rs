@@ -4,8 +4,8 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use log::warn;
-use vrdma_spec::control::{encode_page_list, ControlRequest, Opcode, RegMr, ResponseBody};
 use vrdma_spec::control::HEADER_SIZE;
+use vrdma_spec::control::{encode_page_list, ControlRequest, Opcode, RegMr, ResponseBody};
 use vrdma_spec::wire::RegMrReq;
 use vrdma_spec::{Le32, Le64};
 
@@ -84,7 +84,9 @@ impl<'a> Mr<'a> {
     ) -> Result<Self> {
         let ctx = &pd.inner.ctx;
         if len == 0 {
-            return Err(VerbsError::InvalidArgument("a memory region needs at least one byte"));
+            return Err(VerbsError::InvalidArgument(
+                "a memory region needs at least one byte",
+            ));
         }
         let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
         if access.bits() & remote.bits() != 0 && !access.contains(AccessFlags::LOCAL_WRITE) {

@@ -111,3 +111,11 @@ pub(crate) fn nonzero_handle(opcode: Opcode, handle: u32) -> Result<u32> {
     }
     Ok(handle)
 }
+
+impl std::fmt::Debug for Pd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pd")
+            .field("handle", &self.inner.handle)
+            .finish()
+    }
+}

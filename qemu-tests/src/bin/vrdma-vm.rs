@@ -7,8 +7,10 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use vrdma_qemu_tests::cache::Cache;
+use vrdma_qemu_tests::native;
 use vrdma_qemu_tests::perftest::{self, Row, Side};
 use vrdma_qemu_tests::rootfs::{self, PreparedRoot, TRIXIE_RXE};
+use vrdma_qemu_tests::scenarios::process_pingpong;
 use vrdma_qemu_tests::vm::{self, shares_for, Accel, VmConfig};
 use vrdma_qemu_tests::{Error, Result};
 
@@ -56,6 +58,9 @@ enum Cmd {
 enum Suite {
     /// perftest's five main tools natively on rxe0: the baseline vrdma is compared against.
     NativePerftest,
+    /// vrdma in process mode on rxe0 against native peers: verification, bypass, isolation,
+    /// cleanup, and latency/bandwidth next to native.
+    ProcessPingpong,
 }
 
 #[derive(Subcommand)]
@@ -67,6 +72,15 @@ enum GuestCmd {
         device: String,
         #[arg(long, default_value_t = 18515)]
         port: u16,
+    },
+    /// The process-pingpong scenario; results go to $VRDMA_RESULT_DIR/process-pingpong.json.
+    ProcessPingpong {
+        /// The native C peer (built on the host).
+        #[arg(long)]
+        native: PathBuf,
+        /// Rounds of the kill-mid-traffic cleanup check.
+        #[arg(long, default_value_t = 50)]
+        cleanup_rounds: u32,
     },
 }
 
@@ -148,9 +162,14 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
         }
         Cmd::Test { suite, vm, json } => match suite {
             Suite::NativePerftest => native_perftest(&vm, json),
+            Suite::ProcessPingpong => process_pingpong(&vm, json),
         },
         Cmd::Guest { command } => match command {
             GuestCmd::Perftest { device, port } => guest_perftest(&device, port),
+            GuestCmd::ProcessPingpong {
+                native,
+                cleanup_rounds,
+            } => guest_process_pingpong(native, cleanup_rounds),
         },
     }
 }
@@ -210,6 +229,77 @@ fn guest_perftest(device: &str, port: u16) -> Result<ExitCode> {
         Some(dir) => std::fs::write(PathBuf::from(dir).join("perftest.json"), json)
             .map_err(|e| Error::Perftest(format!("writing results: {e}")))?,
         None => print!("{}", perftest::render_table(&rows)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn process_pingpong(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<ExitCode> {
+    let root = rootfs::prepare(&Cache::from_env()?, &TRIXIE_RXE, false)?;
+    let target = native::default_target_dir()
+        .ok_or_else(|| Error::Usage("cannot find the cargo target directory".into()))?;
+    let native_peer = native::build(&target)?;
+    let config = vm_args.config(&root)?;
+    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
+    let mut command = vec![
+        exe.to_string_lossy().into_owned(),
+        "guest".into(),
+        "process-pingpong".into(),
+        "--native".into(),
+        native_peer.to_string_lossy().into_owned(),
+    ];
+    if let Ok(rounds) = std::env::var("VRDMA_CLEANUP_ROUNDS") {
+        command.extend(["--cleanup-rounds".into(), rounds]);
+    }
+    let outcome = vm::run(&root, &config, &command)?;
+    if outcome.status != 0 {
+        return Err(Error::Scenario(format!(
+            "process-pingpong failed in the VM (status {})",
+            outcome.status
+        )));
+    }
+    let data = outcome
+        .results
+        .iter()
+        .find(|(name, _)| name == "process-pingpong.json")
+        .map(|(_, data)| data)
+        .ok_or_else(|| Error::Scenario("the VM left no process-pingpong.json".into()))?;
+    let results: process_pingpong::Results = serde_json::from_slice(data)
+        .map_err(|e| Error::Scenario(format!("process-pingpong.json: {e}")))?;
+    println!(
+        "\nvrdma process mode on rxe0 ({:?}, {} vCPUs; VM run {:.0?})",
+        config.accel, config.cpus, outcome.elapsed
+    );
+    println!("\nnative perftest, same boot:");
+    print!("{}", perftest::render_table(&results.perftest));
+    println!("\nvrdma-pingpong, vrdma next to native (typical one-way latency; bandwidth):");
+    print!("{}", process_pingpong::render_comparison(&results));
+    println!(
+        "\nbypass: {} messages per op/size delivered with the backend stopped; cleanup: {} kills, \
+         backend fds {:?}, RSS {:?} KiB (first -> last)",
+        results.bypass_messages,
+        results.cleanup_rounds,
+        results.backend_fds,
+        results.backend_rss_kib
+    );
+    if let Some(path) = json {
+        std::fs::write(&path, data)
+            .map_err(|e| Error::Usage(format!("writing {}: {e}", path.display())))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn guest_process_pingpong(native: PathBuf, cleanup_rounds: u32) -> Result<ExitCode> {
+    let binaries = process_pingpong::Binaries::beside_current_exe(native)?;
+    let settings = process_pingpong::Settings {
+        cleanup_rounds,
+        ..Default::default()
+    };
+    let results = process_pingpong::run(&binaries, &settings)?;
+    let json = serde_json::to_vec_pretty(&results).map_err(|e| Error::Scenario(e.to_string()))?;
+    match std::env::var_os("VRDMA_RESULT_DIR") {
+        Some(dir) => std::fs::write(PathBuf::from(dir).join("process-pingpong.json"), json)
+            .map_err(|e| Error::Scenario(format!("writing results: {e}")))?,
+        None => print!("{}", process_pingpong::render_comparison(&results)),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,236 @@
+//! CREATE_AH and DESTROY_AH (spec §7.4), and the address-vector checks MODIFY_QP shares.
+
+use log::warn;
+use vrdma_spec::rxe_v1::RxeAv;
+use vrdma_spec::wire::{self, CreateAhReq, CreateAhResp, HandleReq};
+use vrdma_spec::{Le16, Le32, ResponseBody};
+
+use super::{host_err, CommandError, CommandResult, Session};
+use crate::device::{self, AhHandle, AhInit, HostContext};
+use crate::guest::GuestDevice;
+use crate::resources::Handle;
+
+/// `IB_LINK_LAYER_ETHERNET`: RoCE ports, where every address vector needs a GRH.
+const LINK_LAYER_ETHERNET: u8 = 2;
+/// `RXE_NETWORK_TYPE_IPV4` / `RXE_NETWORK_TYPE_IPV6` of `struct rxe_av`.
+const NETWORK_TYPE_IPV4: u8 = 1;
+const NETWORK_TYPE_IPV6: u8 = 2;
+
+/// A guest's address handle.
+#[derive(Debug)]
+pub struct AhEntry {
+    /// The host AH.
+    pub host: AhHandle,
+    /// Its PD (holds a reference).
+    pub pd: Handle,
+}
+
+/// Checks an address vector against the port it names (spec §7.4 AhAttr rules: port,
+/// `sgid_index` below the table length and naming a populated entry, GRH on RoCE) and
+/// converts it to the host's terms (host port number).
+pub(crate) fn ah_attr_to_host(
+    dev: &GuestDevice,
+    a: &wire::AhAttr,
+    what: &'static str,
+) -> Result<device::AhAttr, CommandError> {
+    let port = dev
+        .host_port(a.port_num.into())
+        .ok_or(CommandError::Invalid {
+            what,
+            value: a.port_num.into(),
+        })?;
+    let port_attr = dev.host().query_port(port).map_err(host_err("QUERY_PORT"))?;
+    let gid_valid = u32::from(a.sgid_index) < port_attr.gid_tbl_len
+        && dev
+            .device()
+            .gid_table(port)
+            .map_err(host_err("GID table"))?
+            .iter()
+            .any(|entry| entry.index == u32::from(a.sgid_index));
+    if !gid_valid {
+        return Err(CommandError::Invalid {
+            what: "sgid_index",
+            value: a.sgid_index.into(),
+        });
+    }
+    if port_attr.link_layer == LINK_LAYER_ETHERNET && a.is_global == 0 {
+        return Err(CommandError::Invalid {
+            what: "is_global (RoCE needs a GRH)",
+            value: 0,
+        });
+    }
+    Ok(device::AhAttr {
+        dgid: a.dgid,
+        flow_label: a.flow_label.get(),
+        sgid_index: a.sgid_index,
+        hop_limit: a.hop_limit,
+        traffic_class: a.traffic_class,
+        dlid: a.dlid.get(),
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        is_global: a.is_global != 0,
+        port_num: port,
+    })
+}
+
+/// The guest's view of a host address vector.
+pub(crate) fn ah_attr_to_guest(dev: &GuestDevice, a: &device::AhAttr) -> wire::AhAttr {
+    wire::AhAttr {
+        dgid: a.dgid,
+        flow_label: Le32::new(a.flow_label),
+        sgid_index: a.sgid_index,
+        hop_limit: a.hop_limit,
+        traffic_class: a.traffic_class,
+        sl: a.sl,
+        dlid: Le16::new(a.dlid),
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        is_global: u8::from(a.is_global),
+        port_num: dev.guest_port(a.port_num),
+        reserved: Le16::ZERO,
+    }
+}
+
+/// CREATE_AH: PD, address vector, quota, host AH.
+pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
+    let pd = Handle::from_raw(r.pd.get());
+    let pd_host = s.state.pds.get(pd)?.host;
+    let attr = ah_attr_to_host(s.dev, &r.ah_attr, "ah_attr.port_num")?;
+    s.state.ahs.check_room(0)?;
+    let ah = s
+        .host()
+        .create_ah(&AhInit {
+            pd: pd_host,
+            attr,
+            user_handle: 0,
+        })
+        .map_err(host_err("CREATE_AH"))?;
+    if ah.ah_num == 0 {
+        destroy_host(s.host(), ah.handle);
+        return Err(CommandError::Geometry("the host returned ah_num 0".into()));
+    }
+    let handle = match s.state.ahs.insert(AhEntry { host: ah.handle, pd }) {
+        Ok(handle) => handle,
+        Err(e) => {
+            destroy_host(s.host(), ah.handle);
+            return Err(e.into());
+        }
+    };
+    if let Err(e) = s.state.pds.acquire(pd) {
+        if let Ok(entry) = s.state.ahs.remove(handle) {
+            release(s.host(), handle, entry);
+        }
+        return Err(e.into());
+    }
+    let sgid = s
+        .dev
+        .device()
+        .gid_table(attr.port_num)
+        .ok()
+        .and_then(|table| {
+            table
+                .into_iter()
+                .find(|e| e.index == u32::from(attr.sgid_index))
+        })
+        .map_or([0; 16], |e| e.gid);
+    Ok(ResponseBody::CreateAh(CreateAhResp {
+        ah: Le32::new(handle.raw()),
+        ah_num: Le32::new(ah.ah_num),
+        av: rxe_av(&attr, &sgid),
+    }))
+}
+
+/// DESTROY_AH.
+pub(crate) fn destroy_ah(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
+    let handle = Handle::from_raw(r.handle.get());
+    let host = s.state.ahs.get(handle)?.host;
+    s.host().destroy_ah(host).map_err(host_err("DESTROY_AH"))?;
+    let entry = s.state.ahs.remove(handle)?;
+    if let Err(e) = s.state.pds.release(entry.pd) {
+        warn!("AH bookkeeping: {e}");
+    }
+    Ok(ResponseBody::Empty)
+}
+
+fn destroy_host(host: &dyn HostContext, ah: AhHandle) {
+    if let Err(e) = host.destroy_ah(ah) {
+        warn!("destroying host AH {ah} failed: {e}");
+    }
+}
+
+/// Destroys an AH whose table entry is gone (teardown).
+pub(crate) fn release(host: &dyn HostContext, handle: Handle, entry: AhEntry) {
+    if let Err(e) = host.destroy_ah(entry.host) {
+        warn!("destroying AH {handle} (host {}) failed: {e}", entry.host);
+    }
+}
+
+/// Whether a GID is an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`), i.e. RoCE v2 over IPv4.
+fn is_ipv4_mapped(gid: &[u8; 16]) -> bool {
+    gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff
+}
+
+/// A `struct sockaddr_in` / `sockaddr_in6` for a GID, as rdma-core's `rdma_gid2ip` builds it.
+fn gid_sockaddr(gid: &[u8; 16]) -> [u8; 28] {
+    let mut addr = [0u8; 28];
+    if is_ipv4_mapped(gid) {
+        addr[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        addr[4..8].copy_from_slice(&gid[12..]);
+    } else {
+        addr[..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+        addr[8..24].copy_from_slice(gid);
+    }
+    addr
+}
+
+/// The `struct rxe_av` of an address vector, as far as it follows from the attributes: every
+/// field except `dmac`, which the host kernel resolves privately and does not return.
+fn rxe_av(attr: &device::AhAttr, sgid: &[u8; 16]) -> RxeAv {
+    RxeAv {
+        port_num: attr.port_num,
+        network_type: if is_ipv4_mapped(&attr.dgid) {
+            NETWORK_TYPE_IPV4
+        } else {
+            NETWORK_TYPE_IPV6
+        },
+        dmac: [0; 6],
+        dgid: attr.dgid,
+        flow_label: Le32::new(attr.flow_label),
+        sgid_index: attr.sgid_index,
+        hop_limit: attr.hop_limit,
+        traffic_class: attr.traffic_class,
+        pad: 0,
+        sgid_addr: gid_sockaddr(sgid),
+        dgid_addr: gid_sockaddr(&attr.dgid),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gid_addresses_follow_rdma_gid2ip() {
+        let mut v4 = [0u8; 16];
+        v4[10] = 0xff;
+        v4[11] = 0xff;
+        v4[12..].copy_from_slice(&[192, 168, 1, 2]);
+        let a = gid_sockaddr(&v4);
+        assert_eq!(u16::from_ne_bytes([a[0], a[1]]), libc::AF_INET as u16);
+        assert_eq!(&a[4..8], &[192, 168, 1, 2]);
+        let mut v6 = [0u8; 16];
+        v6[0] = 0xfe;
+        v6[1] = 0x80;
+        v6[15] = 1;
+        let a = gid_sockaddr(&v6);
+        assert_eq!(u16::from_ne_bytes([a[0], a[1]]), libc::AF_INET6 as u16);
+        assert_eq!(&a[8..24], &v6);
+        let attr = device::AhAttr {
+            dgid: v4,
+            port_num: 1,
+            ..Default::default()
+        };
+        assert_eq!(rxe_av(&attr, &v6).network_type, NETWORK_TYPE_IPV4);
+    }
+}

@@ -1,0 +1,211 @@
+//! SET_DOORBELL_AREA and doorbell draining (spec §5.3).
+//!
+//! The driver's doorbell area lives in guest RAM. The device keeps a pointer into its own
+//! mapping of that RAM, and a table from doorbell index to host QP, so a notification costs
+//! one pass over the entries the driver queued and one kick per entry, with no allocation and
+//! no lookup beyond an array index.
+
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+
+use log::{debug, warn};
+use vm_memory::{GuestAddress, GuestMemoryBackend};
+use vrdma_spec::doorbell::{area_bytes, DoorbellArea};
+use vrdma_spec::wire::SetDoorbellAreaReq;
+use vrdma_spec::{ResponseBody, Status};
+
+use super::{CommandError, CommandResult, Session};
+use crate::device::{HostContext, QpHandle};
+use crate::handler::{lock, GuestRam};
+use crate::mem::MemError;
+
+/// A doorbell area in guest RAM, mapped in this process.
+struct MappedArea {
+    /// Keeps the memory snapshot, and with it the mapping `addr` points into, alive.
+    _memory: Arc<GuestRam>,
+    gpa: u64,
+    /// Address of the first word; kept as an integer so the area is `Send` and `Sync`.
+    addr: usize,
+    words: usize,
+    slots: u32,
+}
+
+impl MappedArea {
+    /// Locates `[gpa, gpa + area_bytes(slots))` in one region of `memory`.
+    fn map(memory: Arc<GuestRam>, gpa: u64, slots: u32) -> Result<Self, CommandError> {
+        let len = area_bytes(slots);
+        let outside = MemError::NotInGuestRam {
+            gpa,
+            len: len as u64,
+        };
+        // `get_slice` refuses a range that leaves its region.
+        let addr = memory
+            .get_slice(GuestAddress(gpa), len)
+            .map_err(|_| outside)?
+            .ptr_guard_mut()
+            .as_ptr() as usize;
+        if !addr.is_multiple_of(align_of::<AtomicU32>()) {
+            return Err(CommandError::Invalid {
+                what: "doorbell area alignment in host memory",
+                value: addr as u64,
+            });
+        }
+        Ok(MappedArea {
+            _memory: memory,
+            gpa,
+            addr,
+            words: len / size_of::<AtomicU32>(),
+            slots,
+        })
+    }
+
+    fn words(&self) -> &[AtomicU32] {
+        // SAFETY: `addr..addr + words * 4` lies inside one region of the guest-memory snapshot
+        // held in `_memory` (checked by `get_slice` in `map`), and vm-memory keeps a region
+        // mapped read/write until its last `Arc` goes, so the memory is valid for as long as
+        // `self` is. The address is 4-byte aligned (checked in `map`), `AtomicU32` has the size
+        // and alignment of `u32`, and every bit pattern is valid. The guest writes the area
+        // concurrently, which is why it is only ever accessed through atomics.
+        unsafe { std::slice::from_raw_parts(self.addr as *const AtomicU32, self.words) }
+    }
+}
+
+/// The doorbell area and the QP behind each doorbell index.
+pub struct Doorbells {
+    slots: u32,
+    area: Option<MappedArea>,
+    /// Entries consumed so far (the device's `head`).
+    head: u32,
+    /// Host QP per doorbell index; `None` while the index is free or being created/destroyed.
+    owners: Vec<Option<QpHandle>>,
+    /// Free indices, lowest on top.
+    free: Vec<u32>,
+    /// Which indices are handed out (reserved or attached).
+    taken: Vec<bool>,
+}
+
+impl Doorbells {
+    /// Bookkeeping for `slots` doorbell indices (the configuration's `doorbell_slots`).
+    pub fn new(slots: u32) -> Self {
+        Doorbells {
+            slots,
+            area: None,
+            head: 0,
+            owners: vec![None; slots as usize],
+            free: (0..slots).rev().collect(),
+            taken: vec![false; slots as usize],
+        }
+    }
+
+    /// Whether SET_DOORBELL_AREA has registered an area.
+    pub fn has_area(&self) -> bool {
+        self.area.is_some()
+    }
+
+    /// Guest-physical address of the registered area.
+    pub fn area_gpa(&self) -> Option<u64> {
+        self.area.as_ref().map(|area| area.gpa)
+    }
+
+    /// Hands out a free doorbell index for a QP being created.
+    pub fn reserve(&mut self) -> Option<u32> {
+        let index = self.free.pop()?;
+        if let Some(taken) = self.taken.get_mut(index as usize) {
+            *taken = true;
+        }
+        Some(index)
+    }
+
+    /// Lets doorbells on `index` kick `qp`.
+    pub fn attach(&mut self, index: u32, qp: QpHandle) {
+        if let Some(owner) = self.owners.get_mut(index as usize) {
+            *owner = Some(qp);
+        }
+    }
+
+    /// Stops doorbells on `index` from kicking anything (the index stays reserved).
+    pub fn detach(&mut self, index: u32) {
+        if let Some(owner) = self.owners.get_mut(index as usize) {
+            *owner = None;
+        }
+    }
+
+    /// Gives a reserved index back.
+    pub fn release(&mut self, index: u32) {
+        self.detach(index);
+        if let Some(taken) = self.taken.get_mut(index as usize) {
+            if std::mem::take(taken) {
+                self.free.push(index);
+            }
+        }
+    }
+
+    /// Forgets the area and every index; returns whether anything was set.
+    pub fn clear(&mut self) -> bool {
+        let had_something = self.area.is_some() || self.taken.iter().any(|&t| t);
+        *self = Doorbells::new(self.slots);
+        had_something
+    }
+
+    /// Kicks the QP of every doorbell queued in the area (at most one lap of the ring).
+    pub fn drain(&mut self, host: &dyn HostContext) -> usize {
+        let Some(mapped) = &self.area else {
+            debug!("doorbell without a doorbell area");
+            return 0;
+        };
+        let area = match DoorbellArea::new(mapped.words(), mapped.slots) {
+            Ok(area) => area,
+            Err(e) => {
+                // Cannot happen: the mapping was sized for these slots.
+                warn!("doorbell area: {e}");
+                return 0;
+            }
+        };
+        let owners = &self.owners;
+        area.drain(&mut self.head, |index| {
+            // Indices of no live QP are dropped; kick errors (QP not in RTS) are the guest's.
+            if let Some(Some(qp)) = owners.get(index as usize) {
+                let _ = host.kick_send(*qp);
+            }
+        })
+    }
+
+    /// Re-locates the area in a new memory table, or drops it if the guest no longer has
+    /// that memory.
+    pub fn memory_changed(&mut self, memory: Arc<GuestRam>) {
+        let Some(old) = self.area.take() else {
+            return;
+        };
+        match MappedArea::map(memory, old.gpa, old.slots) {
+            Ok(area) => self.area = Some(area),
+            Err(e) => warn!(
+                "doorbell area at {:#x} is gone with the memory change ({e}); doorbells stop",
+                old.gpa
+            ),
+        }
+    }
+}
+
+/// SET_DOORBELL_AREA: `slots` must be the configured count; the area must lie in one RAM
+/// region; it cannot be replaced while QPs exist.
+pub(crate) fn set_doorbell_area(s: &mut Session<'_>, r: &SetDoorbellAreaReq) -> CommandResult {
+    let slots = r.slots.get();
+    let configured = s.dev.options().doorbell_slots();
+    if slots != configured {
+        return Err(CommandError::Invalid {
+            what: "slots",
+            value: slots.into(),
+        });
+    }
+    if !s.state.qps.is_empty() {
+        return Err(CommandError::Rule {
+            what: "doorbell area in use by QPs",
+            status: Status::Busy,
+        });
+    }
+    let area = MappedArea::map(s.ctx.memory().into_inner(), r.gpa.get(), slots)?;
+    let mut doorbells = lock(s.dev.doorbells());
+    doorbells.area = Some(area);
+    doorbells.head = 0;
+    Ok(ResponseBody::Empty)
+}

@@ -1,0 +1,223 @@
+//! REG_MR, DEREG_MR and MR revocation on memory-table changes (spec §7.4, §11.3).
+//!
+//! A registration maps the guest's pages contiguously into an [`MrWindow`] of this process and
+//! registers the window with the guest's iova. The window lives exactly as long as the host
+//! MR: it is unmapped only after the MR is deregistered, so the NIC never holds a registration
+//! over address space this process reuses.
+
+use log::{debug, warn};
+use vrdma_spec::verbs::access;
+use vrdma_spec::wire::{HandleReq, RegMrResp};
+use vrdma_spec::{Event, EventType, Le32, RegMr, ResponseBody};
+
+use super::{at_most, host_err, CommandError, CommandResult, Session};
+use crate::device::{AccessFlags, HostContext, Mr, MrInit};
+use crate::guest::{GuestDevice, GuestState};
+use crate::handler::{EventClass, GuestContext};
+use crate::mem::{GuestRam, MrPages, MrWindow};
+use crate::resources::{Handle, ResourceError, ResourceKind};
+
+/// A registered MR and the window it covers.
+#[derive(Debug)]
+pub struct LiveMr {
+    /// The host MR.
+    pub host: Mr,
+    /// The guest pages, mapped contiguously.
+    pub window: MrWindow,
+}
+
+/// A guest's memory region.
+#[derive(Debug)]
+pub struct MrEntry {
+    /// Its PD (holds a reference while the MR is live).
+    pub pd: Handle,
+    /// Bytes accounted against the MR byte quota: `npages · page size`.
+    pub bytes: u64,
+    /// `None` once revoked by a memory-table change; the handle stays until DEREG_MR.
+    pub live: Option<LiveMr>,
+}
+
+/// REG_MR, validated in the spec's order: structure (decoder), limits, PD, quotas, addresses.
+pub(crate) fn reg_mr(s: &mut Session<'_>, m: &RegMr<'_>) -> CommandResult {
+    let r = &m.req;
+    let options = s.dev.options();
+    at_most(r.npages.get(), options.max_mr_pages, "npages")?;
+    let length = r.length.get();
+    let max_mr_size = max_mr_size(s.dev);
+    if length > max_mr_size {
+        return Err(CommandError::Invalid {
+            what: "length",
+            value: length,
+        });
+    }
+
+    let pd = Handle::from_raw(r.pd.get());
+    let pd_host = s.state.pds.get(pd)?.host;
+
+    s.state.mrs.check_room(0)?;
+    let bytes = u64::from(r.npages.get())
+        .checked_mul(m.page_size())
+        .ok_or(CommandError::Invalid {
+            what: "npages",
+            value: r.npages.get().into(),
+        })?;
+    let limit = options.quotas.mr_bytes;
+    if s.state.mr_bytes.checked_add(bytes).is_none_or(|total| total > limit) {
+        return Err(ResourceError::ByteQuota {
+            kind: ResourceKind::Mr,
+            limit,
+            used: s.state.mr_bytes,
+            requested: bytes,
+        }
+        .into());
+    }
+
+    let pages: Vec<u64> = m.pages.iter().collect();
+    let ram = GuestRam::new(&*s.ctx.memory())?;
+    let window = MrWindow::map(
+        &ram,
+        &MrPages {
+            iova: r.iova.get(),
+            length,
+            page_shift: r.page_shift.get(),
+            pages: &pages,
+        },
+        max_mr_size,
+    )?;
+    // Relaxed ordering is a hint the spec lets the device ignore.
+    let access = AccessFlags(r.access.get() & !access::RELAXED_ORDERING);
+    let host = s
+        .host()
+        .reg_mr(&MrInit {
+            pd: pd_host,
+            start: window.addr() as u64,
+            length,
+            iova: r.iova.get(),
+            access,
+        })
+        .map_err(host_err("REG_MR"))?;
+    let entry = MrEntry {
+        pd,
+        bytes,
+        live: Some(LiveMr { host, window }),
+    };
+    // Cannot fail after `check_room` and the lookup above; undone completely if it does.
+    let handle = match s.state.mrs.insert(entry) {
+        Ok(handle) => handle,
+        Err(e) => {
+            // The table dropped the window; the MR must not outlive this command either.
+            if let Err(d) = s.host().dereg_mr(host.handle) {
+                warn!("dereg of unrecorded MR (host {}) failed: {d}", host.handle);
+            }
+            return Err(e.into());
+        }
+    };
+    if let Err(e) = s.state.pds.acquire(pd) {
+        if let Ok(entry) = s.state.mrs.remove(handle) {
+            release(s.host(), handle, entry);
+        }
+        return Err(e.into());
+    }
+    s.state.mr_bytes += bytes;
+    Ok(ResponseBody::RegMr(RegMrResp {
+        mr: Le32::new(handle.raw()),
+        lkey: Le32::new(host.lkey),
+        rkey: Le32::new(host.rkey),
+        reserved: Le32::ZERO,
+    }))
+}
+
+/// DEREG_MR: deregisters the host MR, then unmaps its window. A revoked MR has neither left,
+/// and its deregistration just frees the handle.
+pub(crate) fn dereg_mr(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
+    let handle = Handle::from_raw(r.handle.get());
+    let entry = s.state.mrs.get(handle)?;
+    if let Some(live) = &entry.live {
+        s.host()
+            .dereg_mr(live.host.handle)
+            .map_err(host_err("DEREG_MR"))?;
+    }
+    let entry = s.state.mrs.remove(handle)?;
+    if entry.live.is_some() {
+        forget_live(s.state, entry.pd, entry.bytes);
+    }
+    // Drops the window, now that the host no longer uses it.
+    drop(entry);
+    Ok(ResponseBody::Empty)
+}
+
+/// Gives back the quota and PD reference of an MR that was live.
+fn forget_live(state: &mut GuestState, pd: Handle, bytes: u64) {
+    state.mr_bytes = state.mr_bytes.saturating_sub(bytes);
+    if let Err(e) = state.pds.release(pd) {
+        warn!("MR bookkeeping: {e}");
+    }
+}
+
+/// Deregisters the MR of a table entry that is already gone (teardown).
+pub(crate) fn release(host: &dyn HostContext, handle: Handle, entry: MrEntry) {
+    if let Some(live) = entry.live {
+        deregister(host, handle, live);
+    }
+}
+
+fn deregister(host: &dyn HostContext, handle: Handle, live: LiveMr) {
+    if let Err(e) = host.dereg_mr(live.host.handle) {
+        // Closing the host context releases it all the same.
+        warn!("dereg of MR {handle} (host {}) failed: {e}", live.host.handle);
+    }
+    drop(live.window);
+}
+
+/// Largest MR length: the host's limit, within the guest's MR byte quota.
+pub(crate) fn max_mr_size(dev: &GuestDevice) -> u64 {
+    dev.limits()
+        .attr
+        .max_mr_size
+        .min(dev.options().quotas.mr_bytes)
+}
+
+/// Revokes every MR that maps guest pages the new memory table no longer backs the same way
+/// (spec §11.3): deregisters it, unmaps its window, releases its quota and PD reference, and
+/// sends MR_REVOKED. Its handle stays allocated until DEREG_MR.
+pub(crate) fn revoke_unbacked(dev: &GuestDevice, ctx: &GuestContext, state: &mut GuestState) {
+    let ram = match GuestRam::new(&*ctx.memory()) {
+        Ok(ram) => ram,
+        Err(e) => {
+            // Unknown memory cannot back anything.
+            warn!("guest {}: cannot inspect the new memory table: {e}", dev.id());
+            GuestRam::default()
+        }
+    };
+    let stale: Vec<Handle> = state
+        .mrs
+        .iter()
+        .filter(|(_, entry)| {
+            entry
+                .live
+                .as_ref()
+                .is_some_and(|live| !live.window.still_backed_by(&ram))
+        })
+        .map(|(handle, _)| handle)
+        .collect();
+    for handle in stale {
+        let Ok(entry) = state.mrs.get_mut(handle) else {
+            continue;
+        };
+        let Some(live) = entry.live.take() else {
+            continue;
+        };
+        let (pd, bytes) = (entry.pd, entry.bytes);
+        deregister(dev.host(), handle, live);
+        forget_live(state, pd, bytes);
+        debug!("guest {}: MR {handle} revoked by a memory change", dev.id());
+        let event = Event {
+            event_type: EventType::MrRevoked,
+            handle: handle.raw(),
+            detail: 0,
+        };
+        if let Err(e) = ctx.events().push(&event.to_bytes(), EventClass::Async) {
+            warn!("guest {}: cannot queue MR_REVOKED: {e}", dev.id());
+        }
+    }
+}

@@ -1,0 +1,518 @@
+//! CREATE_QP, MODIFY_QP, QUERY_QP and DESTROY_QP (spec §7.4).
+
+use log::warn;
+use vrdma_spec::rxe_v1;
+use vrdma_spec::verbs::{self, qp_attr, QpState, QpType};
+use vrdma_spec::wire::{self, CreateQpReq, CreateQpResp, HandleReq, ModifyQpReq, QueryQpReq};
+use vrdma_spec::wire::{QueryQpResp, RingDesc};
+use vrdma_spec::{Le16, Le32, ResponseBody};
+use zerocopy::FromZeros;
+
+use super::ah::{ah_attr_to_guest, ah_attr_to_host};
+use super::rings::{self, MappedRing};
+use super::{at_most, host_err, CommandError, CommandResult, Session};
+use crate::device::{self, HostContext, QpAttrMask, QpCaps, QpHandle, QpInit};
+use crate::guest::{EventOwner, GuestState};
+use crate::handler::{lock, GuestContext};
+use crate::resources::Handle;
+use crate::shm_alloc::ShmAllocator;
+
+/// A guest's queue pair.
+#[derive(Debug)]
+pub struct QpEntry {
+    /// The host QP.
+    pub host: QpHandle,
+    /// Host QP number.
+    pub qpn: u32,
+    /// RC or UD.
+    pub qp_type: QpType,
+    /// Objects it references (each holds a reference count).
+    pub deps: QpDeps,
+    /// Its `user_handle` on the host (names it in events).
+    pub user_handle: u64,
+    /// Its slot in the doorbell area.
+    pub doorbell_index: u32,
+    /// Send queue buffer.
+    pub sq: MappedRing,
+    /// Receive queue buffer; `None` with an SRQ.
+    pub rq: Option<MappedRing>,
+}
+
+/// The objects a QP uses.
+#[derive(Debug, Clone, Copy)]
+pub struct QpDeps {
+    /// Its PD.
+    pub pd: Handle,
+    /// Send CQ.
+    pub send_cq: Handle,
+    /// Receive CQ (may equal the send CQ; referenced twice then).
+    pub recv_cq: Handle,
+    /// Its SRQ, if any.
+    pub srq: Option<Handle>,
+}
+
+impl QpDeps {
+    /// Takes a reference on every dependency, or on none.
+    fn acquire(&self, state: &mut GuestState) -> Result<(), CommandError> {
+        state.pds.acquire(self.pd)?;
+        let rest = (|| {
+            state.cqs.acquire(self.send_cq)?;
+            if let Err(e) = state.cqs.acquire(self.recv_cq) {
+                let _ = state.cqs.release(self.send_cq);
+                return Err(e);
+            }
+            if let Some(srq) = self.srq {
+                if let Err(e) = state.srqs.acquire(srq) {
+                    let _ = state.cqs.release(self.send_cq);
+                    let _ = state.cqs.release(self.recv_cq);
+                    return Err(e);
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = rest {
+            let _ = state.pds.release(self.pd);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Drops the references [`QpDeps::acquire`] took.
+    fn release(&self, state: &mut GuestState) {
+        let results = [
+            state.pds.release(self.pd),
+            state.cqs.release(self.send_cq),
+            state.cqs.release(self.recv_cq),
+            self.srq.map_or(Ok(()), |srq| state.srqs.release(srq)),
+        ];
+        for e in results.into_iter().filter_map(Result::err) {
+            warn!("QP bookkeeping: {e}");
+        }
+    }
+}
+
+/// Host QP type of a spec QP type.
+fn host_qp_type(qp_type: QpType) -> device::QpType {
+    match qp_type {
+        QpType::Rc => device::QpType::Rc,
+        QpType::Ud => device::QpType::Ud,
+    }
+}
+
+/// CREATE_QP: ring format, caps, handles, quota, doorbell area, then the host QP and its maps.
+pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
+    rings::require_ring_format(s)?;
+    let qp_type = QpType::try_from(r.qp_type).map_err(|v| CommandError::Invalid {
+        what: "qp_type",
+        value: v.into(),
+    })?;
+    let attr = &s.dev.limits().attr;
+    at_most(r.max_send_wr.get(), attr.max_qp_wr, "max_send_wr")?;
+    at_most(r.max_recv_wr.get(), attr.max_qp_wr, "max_recv_wr")?;
+    at_most(r.max_send_sge.get(), attr.max_sge, "max_send_sge")?;
+    at_most(r.max_recv_sge.get(), attr.max_sge, "max_recv_sge")?;
+    at_most(
+        r.max_inline_data.get(),
+        super::query::max_inline_data(attr),
+        "max_inline_data",
+    )?;
+
+    let deps = QpDeps {
+        pd: Handle::from_raw(r.pd.get()),
+        send_cq: Handle::from_raw(r.send_cq.get()),
+        recv_cq: Handle::from_raw(r.recv_cq.get()),
+        srq: (r.srq.get() != 0).then(|| Handle::from_raw(r.srq.get())),
+    };
+    let pd = s.state.pds.get(deps.pd)?.host;
+    let send_cq = s.state.cqs.get(deps.send_cq)?.host;
+    let recv_cq = s.state.cqs.get(deps.recv_cq)?.host;
+    let srq = match deps.srq {
+        Some(srq) => Some(s.state.srqs.get(srq)?.host),
+        None => None,
+    };
+    s.state.qps.check_room(0)?;
+
+    let doorbell_index = {
+        let mut doorbells = lock(s.dev.doorbells());
+        if !doorbells.has_area() {
+            return Err(CommandError::BadState("SET_DOORBELL_AREA must come first"));
+        }
+        // `doorbell_slots` >= the QP quota, checked above: a slot is always free.
+        doorbells.reserve().ok_or(CommandError::BadState("no free doorbell slot"))?
+    };
+    let result = create_reserved(s, r, qp_type, deps, doorbell_index, pd, send_cq, recv_cq, srq);
+    if result.is_err() {
+        lock(s.dev.doorbells()).release(doorbell_index);
+    }
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn create_reserved(
+    s: &mut Session<'_>,
+    r: &CreateQpReq,
+    qp_type: QpType,
+    deps: QpDeps,
+    doorbell_index: u32,
+    pd: device::PdHandle,
+    send_cq: device::CqHandle,
+    recv_cq: device::CqHandle,
+    srq: Option<device::SrqHandle>,
+) -> CommandResult {
+    deps.acquire(s.state)?;
+    let user_handle = s.state.new_user_handle();
+    // rxe needs room for at least one WR per queue; the response reports the actual depth.
+    let caps = QpCaps {
+        max_send_wr: r.max_send_wr.get().max(1),
+        max_recv_wr: if srq.is_some() {
+            0
+        } else {
+            r.max_recv_wr.get().max(1)
+        },
+        max_send_sge: r.max_send_sge.get(),
+        max_recv_sge: r.max_recv_sge.get(),
+        max_inline_data: r.max_inline_data.get(),
+    };
+    let created = s.host().create_qp(&QpInit {
+        qp_type: host_qp_type(qp_type),
+        pd,
+        send_cq,
+        recv_cq,
+        srq,
+        caps,
+        sq_sig_all: r.sq_sig_all != 0,
+        user_handle,
+    });
+    let qp = match created {
+        Ok(qp) => qp,
+        Err(e) => {
+            deps.release(s.state);
+            return Err(host_err("CREATE_QP")(e));
+        }
+    };
+    let rings = map_rings(s, &qp, srq.is_some());
+    let (sq, rq) = match rings {
+        Ok(rings) => rings,
+        Err(e) => {
+            destroy_host(s.host(), qp.handle);
+            deps.release(s.state);
+            return Err(e);
+        }
+    };
+    let entry = QpEntry {
+        host: qp.handle,
+        qpn: qp.qpn,
+        qp_type,
+        deps,
+        user_handle,
+        doorbell_index,
+        sq,
+        rq,
+    };
+    let handle = match s.state.qps.insert(entry) {
+        Ok(handle) => handle,
+        Err(e) => {
+            destroy_host(s.host(), qp.handle);
+            unmap_rings(Some(s.ctx), &mut s.state.shm, &sq, rq.as_ref());
+            deps.release(s.state);
+            return Err(e.into());
+        }
+    };
+    s.state.owners.insert(user_handle, EventOwner::Qp(handle));
+    lock(s.dev.doorbells()).attach(doorbell_index, qp.handle);
+    Ok(ResponseBody::CreateQp(CreateQpResp {
+        qp: Le32::new(handle.raw()),
+        qpn: Le32::new(qp.qpn),
+        max_send_wr: Le32::new(qp.caps.max_send_wr),
+        max_recv_wr: Le32::new(qp.caps.max_recv_wr),
+        max_send_sge: Le32::new(qp.caps.max_send_sge),
+        max_recv_sge: Le32::new(qp.caps.max_recv_sge),
+        max_inline_data: Le32::new(qp.caps.max_inline_data),
+        doorbell_index: Le32::new(doorbell_index),
+        sq: sq.desc,
+        rq: rq.map_or_else(RingDesc::new_zeroed, |rq| rq.desc),
+    }))
+}
+
+/// Maps the SQ and (without an SRQ) the RQ; on error neither stays mapped.
+fn map_rings(
+    s: &mut Session<'_>,
+    qp: &device::Qp,
+    with_srq: bool,
+) -> Result<(MappedRing, Option<MappedRing>), CommandError> {
+    let slots = |wr: u32| {
+        wr.checked_add(1)
+            .ok_or_else(|| CommandError::Geometry(format!("depth {wr}")))
+    };
+    let caps = qp.caps;
+    let sq = rings::map_ring(
+        s,
+        qp.sq,
+        slots(caps.max_send_wr)?,
+        rxe_v1::send_wqe_size(caps.max_send_sge, caps.max_inline_data),
+    )?;
+    let rq = match (qp.rq, with_srq) {
+        (_, true) => None,
+        (Some(buffer), false) => {
+            let mapped = slots(caps.max_recv_wr).and_then(|n| {
+                rings::map_ring(s, buffer, n, rxe_v1::recv_wqe_size(caps.max_recv_sge))
+            });
+            match mapped {
+                Ok(rq) => Some(rq),
+                Err(e) => {
+                    rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &sq);
+                    return Err(e);
+                }
+            }
+        }
+        (None, false) => {
+            rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &sq);
+            return Err(CommandError::Geometry("the host QP has no RQ".into()));
+        }
+    };
+    Ok((sq, rq))
+}
+
+fn unmap_rings(
+    ctx: Option<&GuestContext>,
+    shm: &mut ShmAllocator,
+    sq: &MappedRing,
+    rq: Option<&MappedRing>,
+) {
+    rings::unmap_ring(ctx, shm, sq);
+    if let Some(rq) = rq {
+        rings::unmap_ring(ctx, shm, rq);
+    }
+}
+
+/// The QP's state as the host sees it now (it moves to SQE/ERR on its own).
+fn current_state(s: &Session<'_>, host: QpHandle) -> Result<QpState, CommandError> {
+    let info = s
+        .host()
+        .query_qp(host, QpAttrMask::STATE)
+        .map_err(host_err("QUERY_QP"))?;
+    QpState::try_from(u32::from(info.attr.qp_state.to_kernel())).map_err(|v| {
+        CommandError::Geometry(format!("host reports QP state {v}"))
+    })
+}
+
+fn host_state(state: QpState) -> device::QpState {
+    // The spec's values are the kernel's.
+    device::QpState::from_kernel(state as u8).unwrap_or_default()
+}
+
+fn state_field(value: u32, what: &'static str) -> Result<QpState, CommandError> {
+    QpState::try_from(value).map_err(|v| CommandError::Invalid {
+        what,
+        value: v.into(),
+    })
+}
+
+/// MODIFY_QP: the spec's state machine against the host's current state, then the values of
+/// the selected attributes against the port and device, then the host.
+pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
+    let entry = s.state.qps.get(Handle::from_raw(r.qp.get()))?;
+    let (host, qp_type) = (entry.host, entry.qp_type);
+    let mask = r.attr_mask.get();
+    if mask & (qp_attr::CAP | qp_attr::RATE_LIMIT) != 0 {
+        return Err(CommandError::Unsupported("QP resize or rate limit"));
+    }
+    let a = &r.attr;
+    let has = |bit: u32| mask & bit != 0;
+    let cur = current_state(s, host)?;
+    let next = if has(qp_attr::STATE) {
+        state_field(a.qp_state.get(), "qp_state")?
+    } else {
+        cur
+    };
+    let claimed = if has(qp_attr::CUR_STATE) {
+        Some(state_field(a.cur_qp_state.get(), "cur_qp_state")?)
+    } else {
+        None
+    };
+    verbs::check_modify_qp(qp_type, cur, mask, next, claimed).map_err(|status| {
+        CommandError::Rule {
+            what: "QP state transition",
+            status,
+        }
+    })?;
+
+    let dev = s.dev;
+    let limits = &dev.limits().attr;
+    let port = if has(qp_attr::PORT) {
+        dev.host_port(a.port_num.into())
+            .ok_or(CommandError::Invalid {
+                what: "port_num",
+                value: a.port_num.into(),
+            })?
+    } else {
+        dev.options().host_port
+    };
+    let port_attr = dev.host().query_port(port).map_err(host_err("QUERY_PORT"))?;
+    if has(qp_attr::PKEY_INDEX) && a.pkey_index.get() >= port_attr.pkey_tbl_len {
+        return Err(CommandError::Invalid {
+            what: "pkey_index",
+            value: a.pkey_index.get().into(),
+        });
+    }
+    if has(qp_attr::PATH_MTU) && a.path_mtu.get() > u32::from(port_attr.max_mtu) {
+        return Err(CommandError::Invalid {
+            what: "path_mtu",
+            value: a.path_mtu.get().into(),
+        });
+    }
+    if has(qp_attr::MAX_QP_RD_ATOMIC) {
+        at_most(a.max_rd_atomic.into(), limits.max_qp_init_rd_atom, "max_rd_atomic")?;
+    }
+    if has(qp_attr::MAX_DEST_RD_ATOMIC) {
+        at_most(
+            a.max_dest_rd_atomic.into(),
+            limits.max_qp_rd_atom,
+            "max_dest_rd_atomic",
+        )?;
+    }
+    let ah_attr = if has(qp_attr::AV) {
+        ah_attr_to_host(dev, &a.ah_attr, "ah_attr.port_num")?
+    } else {
+        device::AhAttr::default()
+    };
+    let (alt_ah_attr, alt_port_num) = if has(qp_attr::ALT_PATH) {
+        let alt_port = dev
+            .host_port(a.alt_port_num.into())
+            .ok_or(CommandError::Invalid {
+                what: "alt_port_num",
+                value: a.alt_port_num.into(),
+            })?;
+        (
+            ah_attr_to_host(dev, &a.alt_ah_attr, "alt_ah_attr.port_num")?,
+            alt_port,
+        )
+    } else {
+        (device::AhAttr::default(), 0)
+    };
+    let attr = device::QpAttr {
+        qp_state: host_state(next),
+        cur_qp_state: host_state(claimed.unwrap_or(cur)),
+        // Ranges checked by the decoder: MTU 1..=5, migration state 0..=2.
+        path_mtu: a.path_mtu.get() as u8,
+        path_mig_state: a.path_mig_state.get() as u8,
+        qkey: a.qkey.get(),
+        rq_psn: a.rq_psn.get(),
+        sq_psn: a.sq_psn.get(),
+        dest_qp_num: a.dest_qp_num.get(),
+        qp_access_flags: device::AccessFlags(a.qp_access_flags.get()),
+        ah_attr,
+        alt_ah_attr,
+        pkey_index: a.pkey_index.get(),
+        alt_pkey_index: a.alt_pkey_index.get(),
+        en_sqd_async_notify: a.en_sqd_async_notify != 0,
+        sq_draining: false,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: if has(qp_attr::PORT) { port } else { 0 },
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        alt_port_num,
+        alt_timeout: a.alt_timeout,
+    };
+    dev.host()
+        .modify_qp(host, &attr, QpAttrMask(mask))
+        .map_err(host_err("MODIFY_QP"))?;
+    Ok(ResponseBody::Empty)
+}
+
+/// Attribute bits QUERY_QP answers with: every legacy attribute (the spec lets the device
+/// return more than asked).
+const QUERY_QP_MASK: u32 = qp_attr::ALL & !qp_attr::RATE_LIMIT;
+
+/// QUERY_QP: the host's attributes, with port numbers in the guest's terms.
+pub(crate) fn query_qp(s: &mut Session<'_>, r: &QueryQpReq) -> CommandResult {
+    let host = s.state.qps.get(Handle::from_raw(r.qp.get()))?.host;
+    let info = s
+        .host()
+        .query_qp(host, QpAttrMask(QUERY_QP_MASK))
+        .map_err(host_err("QUERY_QP"))?;
+    let dev = s.dev;
+    let a = &info.attr;
+    let attr = wire::QpAttr {
+        qp_state: Le32::new(a.qp_state.to_kernel().into()),
+        cur_qp_state: Le32::new(a.qp_state.to_kernel().into()),
+        path_mtu: Le32::new(a.path_mtu.into()),
+        path_mig_state: Le32::new(a.path_mig_state.into()),
+        qkey: Le32::new(a.qkey),
+        rq_psn: Le32::new(a.rq_psn),
+        sq_psn: Le32::new(a.sq_psn),
+        dest_qp_num: Le32::new(a.dest_qp_num),
+        qp_access_flags: Le32::new(a.qp_access_flags.bits()),
+        max_send_wr: Le32::new(info.caps.max_send_wr),
+        max_recv_wr: Le32::new(info.caps.max_recv_wr),
+        max_send_sge: Le32::new(info.caps.max_send_sge),
+        max_recv_sge: Le32::new(info.caps.max_recv_sge),
+        max_inline_data: Le32::new(info.caps.max_inline_data),
+        ah_attr: ah_attr_to_guest(dev, &a.ah_attr),
+        alt_ah_attr: ah_attr_to_guest(dev, &a.alt_ah_attr),
+        pkey_index: Le16::new(a.pkey_index),
+        alt_pkey_index: Le16::new(a.alt_pkey_index),
+        en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
+        sq_draining: u8::from(a.sq_draining),
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: dev.guest_port(a.port_num),
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        alt_port_num: dev.guest_port(a.alt_port_num),
+        alt_timeout: a.alt_timeout,
+        reserved0: 0,
+        rate_limit: Le32::ZERO,
+        reserved1: Le32::ZERO,
+    };
+    Ok(ResponseBody::QueryQp(QueryQpResp {
+        attr_mask: Le32::new(QUERY_QP_MASK),
+        reserved: Le32::ZERO,
+        attr,
+    }))
+}
+
+/// DESTROY_QP: stops its doorbell, destroys the host QP, then unmaps its queues.
+pub(crate) fn destroy_qp(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
+    let handle = Handle::from_raw(r.handle.get());
+    let entry = s.state.qps.get(handle)?;
+    let (host, index) = (entry.host, entry.doorbell_index);
+    // No kick may reach the host handle once it is destroyed (the kernel reuses handles).
+    lock(s.dev.doorbells()).detach(index);
+    if let Err(e) = s.host().destroy_qp(host) {
+        lock(s.dev.doorbells()).attach(index, host);
+        return Err(host_err("DESTROY_QP")(e));
+    }
+    let entry = s.state.qps.remove(handle)?;
+    lock(s.dev.doorbells()).release(index);
+    s.state.owners.remove(&entry.user_handle);
+    unmap_rings(Some(s.ctx), &mut s.state.shm, &entry.sq, entry.rq.as_ref());
+    entry.deps.release(s.state);
+    Ok(ResponseBody::Empty)
+}
+
+fn destroy_host(host: &dyn HostContext, qp: QpHandle) {
+    if let Err(e) = host.destroy_qp(qp) {
+        warn!("destroying host QP {qp} failed: {e}");
+    }
+}
+
+/// Destroys a QP whose table entry is gone (teardown; references are dropped with the
+/// tables).
+pub(crate) fn release(
+    host: &dyn HostContext,
+    ctx: Option<&GuestContext>,
+    shm: &mut ShmAllocator,
+    handle: Handle,
+    entry: QpEntry,
+) {
+    if let Err(e) = host.destroy_qp(entry.host) {
+        warn!("destroying QP {handle} (host {}) failed: {e}", entry.host);
+    }
+    unmap_rings(ctx, shm, &entry.sq, entry.rq.as_ref());
+}

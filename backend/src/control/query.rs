@@ -1,0 +1,210 @@
+//! QUERY_DEVICE, QUERY_PORT, QUERY_GID and QUERY_PKEY (spec §7.4).
+
+use vrdma_spec::features::{VRDMA_F_SRQ, VRDMA_F_UD};
+use vrdma_spec::rxe_v1::SGE_SIZE;
+use vrdma_spec::verbs::GidType as SpecGidType;
+use vrdma_spec::wire::{
+    DeviceAttr, GidEntry, PkeyEntry, PortAttr, QueryPortReq, QueryTableReq, GID_FLAG_VALID,
+};
+use vrdma_spec::{Le16, Le32, Le64, ResponseBody};
+
+use super::{host_err, CommandError, CommandResult, Session};
+use crate::device::{self, GidType};
+use crate::guest::GUEST_PORT;
+
+/// `IB_LINK_LAYER_ETHERNET`.
+const LINK_LAYER_ETHERNET: u8 = 2;
+/// The P_Key of a RoCE port: the default, full-membership key (IBTA Annex A16/A17).
+const DEFAULT_PKEY: u16 = 0xffff;
+
+/// `device_cap_flags` (`IB_DEVICE_*`) the device may pass on: none of memory windows, XRC,
+/// resize, ODP, memory-management extensions or alternate paths (spec §7.4).
+const PASSED_CAP_FLAGS: u32 = (1 << 1) // BAD_PKEY_CNTR
+    | (1 << 2) // BAD_QKEY_CNTR
+    | (1 << 7) // CURR_QP_STATE_MOD
+    | (1 << 10) // PORT_ACTIVE_EVENT
+    | (1 << 11) // SYS_IMAGE_GUID
+    | (1 << 12) // RC_RNR_NAK_GEN
+    | (1 << 14); // N_NOTIFY_CQ
+
+/// Largest inline send: rxe's `RXE_MAX_INLINE_DATA` is its largest WQE minus the WQE header,
+/// i.e. the room of `max_sge` SGEs.
+pub(crate) fn max_inline_data(attr: &device::DeviceAttr) -> u32 {
+    attr.max_sge.saturating_mul(SGE_SIZE as u32)
+}
+
+/// QUERY_DEVICE: host attributes, every count capped by this guest's quota.
+pub(crate) fn query_device(s: &mut Session<'_>) -> CommandResult {
+    let host = s.host().query_device().map_err(host_err("QUERY_DEVICE"))?;
+    let q = &s.dev.options().quotas;
+    let srq = s.features & VRDMA_F_SRQ != 0;
+    let ud = s.features & VRDMA_F_UD != 0;
+    let mut fw_ver = [0u8; 64];
+    let name = s.dev.device().info().fw_ver.as_bytes();
+    // Keep the terminating NUL.
+    let n = name.len().min(fw_ver.len() - 1);
+    fw_ver[..n].copy_from_slice(&name[..n]);
+    let only_if = |on: bool, v: u32| if on { v } else { 0 };
+    let attr = DeviceAttr {
+        fw_ver,
+        node_guid: host.node_guid,
+        sys_image_guid: host.sys_image_guid,
+        max_mr_size: Le64::new(super::mr::max_mr_size(s.dev)),
+        page_size_cap: Le64::new(host.page_size_cap),
+        max_mr_bytes: Le64::new(q.mr_bytes),
+        vendor_id: Le32::new(host.vendor_id),
+        vendor_part_id: Le32::new(host.vendor_part_id),
+        hw_ver: Le32::new(host.hw_ver),
+        device_cap_flags: Le32::new(host.device_cap_flags & PASSED_CAP_FLAGS),
+        max_qp: Le32::new(host.max_qp.min(q.qps)),
+        max_qp_wr: Le32::new(host.max_qp_wr),
+        max_sge: Le32::new(host.max_sge),
+        max_sge_rd: Le32::new(host.max_sge_rd),
+        max_cq: Le32::new(host.max_cq.min(q.cqs)),
+        max_cqe: Le32::new(host.max_cqe),
+        max_mr: Le32::new(host.max_mr.min(q.mrs)),
+        max_pd: Le32::new(host.max_pd.min(q.pds)),
+        max_qp_rd_atom: Le32::new(host.max_qp_rd_atom),
+        max_qp_init_rd_atom: Le32::new(host.max_qp_init_rd_atom),
+        max_res_rd_atom: Le32::new(host.max_res_rd_atom),
+        atomic_cap: Le32::new(host.atomic_cap),
+        max_ah: Le32::new(only_if(ud, host.max_ah.min(q.ahs))),
+        max_srq: Le32::new(only_if(srq, host.max_srq.min(q.srqs))),
+        max_srq_wr: Le32::new(only_if(srq, host.max_srq_wr)),
+        max_srq_sge: Le32::new(only_if(srq, host.max_srq_sge)),
+        max_inline_data: Le32::new(max_inline_data(&host)),
+        max_pkeys: Le16::new(host.max_pkeys),
+        local_ca_ack_delay: host.local_ca_ack_delay,
+        phys_port_cnt: GUEST_PORT,
+    };
+    Ok(ResponseBody::QueryDevice(attr))
+}
+
+/// The host port behind a guest port number, `INVALID` if there is none.
+fn port(s: &Session<'_>, port_num: u32) -> Result<u8, CommandError> {
+    s.dev.host_port(port_num).ok_or(CommandError::Invalid {
+        what: "port_num",
+        value: port_num.into(),
+    })
+}
+
+fn host_port_attr(s: &Session<'_>, port: u8) -> Result<device::PortAttr, CommandError> {
+    s.host().query_port(port).map_err(host_err("QUERY_PORT"))
+}
+
+/// QUERY_PORT.
+pub(crate) fn query_port(s: &mut Session<'_>, r: &QueryPortReq) -> CommandResult {
+    let p = host_port_attr(s, port(s, r.port_num.get())?)?;
+    Ok(ResponseBody::QueryPort(PortAttr {
+        state: Le32::new(p.state.into()),
+        max_mtu: Le32::new(p.max_mtu.into()),
+        active_mtu: Le32::new(p.active_mtu.into()),
+        gid_tbl_len: Le32::new(p.gid_tbl_len),
+        port_cap_flags: Le32::new(p.port_cap_flags),
+        max_msg_sz: Le32::new(p.max_msg_sz),
+        bad_pkey_cntr: Le32::new(p.bad_pkey_cntr),
+        qkey_viol_cntr: Le32::new(p.qkey_viol_cntr),
+        pkey_tbl_len: Le16::new(p.pkey_tbl_len),
+        lid: Le16::new(p.lid),
+        sm_lid: Le16::new(p.sm_lid),
+        lmc: p.lmc,
+        max_vl_num: p.max_vl_num,
+        sm_sl: p.sm_sl,
+        subnet_timeout: p.subnet_timeout,
+        init_type_reply: p.init_type_reply,
+        active_width: p.active_width,
+        active_speed: p.active_speed,
+        phys_state: p.phys_state,
+        link_layer: p.link_layer,
+        flags: p.flags,
+        port_cap_flags2: Le16::ZERO,
+        reserved: Le16::ZERO,
+        active_speed_ex: Le32::ZERO,
+    }))
+}
+
+/// QUERY_GID: an index below `gid_tbl_len`; an empty entry is returned without `VALID`.
+pub(crate) fn query_gid(s: &mut Session<'_>, r: &QueryTableReq) -> CommandResult {
+    let host_port = port(s, r.port_num.get())?;
+    let p = host_port_attr(s, host_port)?;
+    let index = r.index.get();
+    if index >= p.gid_tbl_len {
+        return Err(CommandError::Invalid {
+            what: "index",
+            value: index.into(),
+        });
+    }
+    let table = s
+        .dev
+        .device()
+        .gid_table(host_port)
+        .map_err(host_err("GID table"))?;
+    let ethernet = p.link_layer == LINK_LAYER_ETHERNET;
+    let entry = match table.into_iter().find(|e| e.index == index) {
+        Some(e) => GidEntry {
+            gid: e.gid,
+            gid_type: Le32::new(gid_type(e.gid_type.as_ref(), ethernet) as u32),
+            flags: Le32::new(GID_FLAG_VALID),
+        },
+        None => GidEntry {
+            gid: [0; 16],
+            gid_type: Le32::ZERO,
+            flags: Le32::ZERO,
+        },
+    };
+    Ok(ResponseBody::QueryGid(entry))
+}
+
+/// The spec's GID type of a sysfs GID type.
+fn gid_type(t: Option<&GidType>, ethernet: bool) -> SpecGidType {
+    match t {
+        Some(GidType::RoceV2) => SpecGidType::RoceV2,
+        // "IB/RoCE v1": RoCE v1 on an Ethernet port, plain IB otherwise; kernels without
+        // gid_attrs only know v1.
+        Some(GidType::IbRoceV1) | Some(GidType::Other(_)) | None if ethernet => {
+            SpecGidType::RoceV1
+        }
+        _ => SpecGidType::Ib,
+    }
+}
+
+/// QUERY_PKEY: an index below `pkey_tbl_len`. RoCE ports have only the default P_Key; the
+/// host layer offers no P_Key query for InfiniBand ports.
+pub(crate) fn query_pkey(s: &mut Session<'_>, r: &QueryTableReq) -> CommandResult {
+    let p = host_port_attr(s, port(s, r.port_num.get())?)?;
+    let index = r.index.get();
+    if index >= u32::from(p.pkey_tbl_len) {
+        return Err(CommandError::Invalid {
+            what: "index",
+            value: index.into(),
+        });
+    }
+    if p.link_layer != LINK_LAYER_ETHERNET {
+        return Err(CommandError::Unsupported("P_Key tables of InfiniBand ports"));
+    }
+    let pkey = if index == 0 { DEFAULT_PKEY } else { 0 };
+    Ok(ResponseBody::QueryPkey(PkeyEntry {
+        pkey: Le16::new(pkey),
+        reserved: [0; 6],
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gid_types_by_link_layer() {
+        assert_eq!(gid_type(Some(&GidType::RoceV2), true), SpecGidType::RoceV2);
+        assert_eq!(gid_type(Some(&GidType::IbRoceV1), true), SpecGidType::RoceV1);
+        assert_eq!(gid_type(None, true), SpecGidType::RoceV1);
+        assert_eq!(gid_type(Some(&GidType::IbRoceV1), false), SpecGidType::Ib);
+    }
+
+    #[test]
+    fn no_unsupported_capability_is_passed() {
+        for bit in [0, 13, 17, 20, 21, 23, 24, 4] {
+            assert_eq!(PASSED_CAP_FLAGS & (1 << bit), 0, "bit {bit}");
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! Host queue buffers in the guest's queue region (spec §6): placement, SHMEM_MAP, the
+//! `RingDesc` that describes them, and their removal.
+//!
+//! The backend never maps a queue buffer itself: rxe lets a buffer be mapped exactly once, and
+//! that mapping must be the frontend's. So the geometry the guest needs (slot count and stride)
+//! cannot be read from the buffer's header here; it follows from the capacities the host
+//! reported and rxe's allocation rule (spec §9.1: `num_slots = roundup_pow_of_two(depth + 1)`,
+//! slots a power of two of at least one cache line, the buffer the page-rounded header plus
+//! slots). The mapping length the host returned must agree with that geometry, which catches a
+//! kernel whose slot sizes differ from what this file assumes.
+
+use log::{debug, warn};
+use vrdma_spec::features::VRDMA_F_RING_RXE_V1;
+use vrdma_spec::rxe_v1::{self, MAX_LOG2_SLOT_SIZE, MIN_LOG2_SLOT_SIZE};
+use vrdma_spec::wire::RingDesc;
+use vrdma_spec::{Le32, Le64};
+
+use super::{CommandError, Session};
+use crate::device::QueueBuffer;
+use crate::handler::{GuestContext, SHMEM_PAGE_SIZE};
+use crate::shm_alloc::{ShmAllocator, ShmRange};
+
+/// Bytes of one rxe CQ slot: `sizeof(struct rxe_cqe)`, the union of the kernel's `struct ib_wc`
+/// (72 bytes on x86-64 since `port_num` became a u32 in Linux 5.13) and `struct ib_uverbs_wc`.
+pub const RXE_CQE_BYTES: usize = 72;
+
+/// A queue buffer mapped into the queue region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MappedRing {
+    /// Its extent of the region.
+    pub range: ShmRange,
+    /// Its description for the guest.
+    pub desc: RingDesc,
+}
+
+/// Fails unless a ring format was negotiated that the host device produces (spec §3: without
+/// one, CREATE_CQ/QP/SRQ are `UNSUPPORTED`).
+pub(crate) fn require_ring_format(s: &Session<'_>) -> Result<(), CommandError> {
+    s.require(VRDMA_F_RING_RXE_V1, "a ring format")?;
+    if s.dev.device().ring_format() != rxe_v1::FORMAT_ID {
+        return Err(CommandError::NotNegotiated("the host's ring format"));
+    }
+    Ok(())
+}
+
+/// log2 of the slot rxe allocates for entries of `entry_bytes`.
+pub fn slot_log2(entry_bytes: usize) -> u32 {
+    let rounded = entry_bytes.max(1).next_power_of_two();
+    rounded.trailing_zeros().max(MIN_LOG2_SLOT_SIZE)
+}
+
+/// The page-rounded size of an rxe buffer of `num_slots` slots of `2^log2` bytes.
+fn buffer_len(num_slots: u32, log2: u32) -> Option<u64> {
+    let slots = u64::from(num_slots).checked_shl(log2)?;
+    (rxe_v1::header::SIZE as u64)
+        .checked_add(slots)?
+        .checked_next_multiple_of(SHMEM_PAGE_SIZE)
+}
+
+/// The slot stride of a buffer of `len` bytes holding `num_slots` slots of entries of
+/// `entry_bytes`: rxe's rule when it matches `len`, else the only stride that does.
+pub fn slot_geometry(len: u64, num_slots: u32, entry_bytes: usize) -> Result<u32, CommandError> {
+    if num_slots < 2 || !num_slots.is_power_of_two() {
+        return Err(CommandError::Geometry(format!(
+            "{num_slots} slots is not a power of two >= 2"
+        )));
+    }
+    let predicted = slot_log2(entry_bytes);
+    if buffer_len(num_slots, predicted) == Some(len) {
+        return Ok(predicted);
+    }
+    let mut fitting =
+        (predicted..=MAX_LOG2_SLOT_SIZE).filter(|&log2| buffer_len(num_slots, log2) == Some(len));
+    match (fitting.next(), fitting.next()) {
+        (Some(log2), None) => {
+            warn!(
+                "host queue of {num_slots} slots and {len:#x} bytes uses 2^{log2}-byte slots, \
+                 not the 2^{predicted} this backend expects for {entry_bytes}-byte entries"
+            );
+            Ok(log2)
+        }
+        _ => Err(CommandError::Geometry(format!(
+            "{len:#x} bytes do not hold {num_slots} slots of at least {entry_bytes} bytes"
+        ))),
+    }
+}
+
+/// Places `buffer` (holding `num_slots` slots of entries of `entry_bytes`) in the queue region
+/// and has the frontend map it there. On error nothing stays allocated or mapped; the caller
+/// still owns (and must destroy) the host object.
+pub(crate) fn map_ring(
+    s: &mut Session<'_>,
+    buffer: QueueBuffer,
+    num_slots: u32,
+    entry_bytes: usize,
+) -> Result<MappedRing, CommandError> {
+    let len = u64::try_from(buffer.len)
+        .ok()
+        .filter(|len| *len != 0 && len.is_multiple_of(SHMEM_PAGE_SIZE))
+        .ok_or_else(|| CommandError::Geometry(format!("length {:#x}", buffer.len)))?;
+    let map_len = u32::try_from(len)
+        .map_err(|_| CommandError::Geometry(format!("length {len:#x} exceeds 32 bits")))?;
+    let log2 = slot_geometry(len, num_slots, entry_bytes)?;
+    let range = s.state.shm.alloc(len)?;
+    let desc = RingDesc {
+        shm_offset: Le64::new(range.offset),
+        map_len: Le32::new(map_len),
+        num_slots: Le32::new(num_slots),
+        log2_slot_size: Le32::new(log2),
+        format: Le32::new(rxe_v1::FORMAT_ID),
+        db_offset: Le64::ZERO,
+        db_len: Le32::ZERO,
+        reserved: Le32::ZERO,
+    };
+    // What the driver will check (spec §6) must hold before anything is mapped.
+    if let Err(e) = desc.check_rxe_v1(s.state.shm.size(), SHMEM_PAGE_SIZE) {
+        free_extent(&mut s.state.shm, range);
+        return Err(CommandError::Geometry(e.to_string()));
+    }
+    let mapped = s.ctx.shmem().map(
+        s.dev.host().queue_fd(),
+        buffer.offset,
+        range.offset,
+        len,
+        true,
+    );
+    if let Err(e) = mapped {
+        free_extent(&mut s.state.shm, range);
+        return Err(e.into());
+    }
+    debug!(
+        "mapped host queue {:#x}+{len:#x} at region offset {:#x} ({num_slots} slots of 2^{log2})",
+        buffer.offset, range.offset
+    );
+    Ok(MappedRing { range, desc })
+}
+
+/// Removes a ring from the queue region. `ctx` is `None` when the frontend already dropped
+/// every mapping (device reset, disconnect). An extent whose unmap fails stays allocated, so
+/// that no other buffer is ever placed over a mapping that may still exist.
+pub(crate) fn unmap_ring(ctx: Option<&GuestContext>, shm: &mut ShmAllocator, ring: &MappedRing) {
+    if let Some(ctx) = ctx {
+        if let Err(e) = ctx.shmem().unmap(ring.range.offset, ring.range.len) {
+            warn!(
+                "cannot unmap region extent {:#x}+{:#x}; it stays reserved: {e}",
+                ring.range.offset, ring.range.len
+            );
+            return;
+        }
+    }
+    free_extent(shm, ring.range);
+}
+
+fn free_extent(shm: &mut ShmAllocator, range: ShmRange) {
+    if let Err(e) = shm.free(range) {
+        // Only a bookkeeping bug can get here; the extent is then simply not reused.
+        warn!("queue region bookkeeping: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_sizes_follow_rxe() {
+        assert_eq!(slot_log2(1), 6);
+        assert_eq!(slot_log2(64), 6);
+        assert_eq!(slot_log2(65), 7);
+        assert_eq!(slot_log2(RXE_CQE_BYTES), 7);
+        assert_eq!(slot_log2(rxe_v1::send_wqe_size(1, 0)), 8);
+        assert_eq!(slot_log2(rxe_v1::recv_wqe_size(1)), 6);
+    }
+
+    #[test]
+    fn geometry_is_cross_checked_with_the_length() {
+        // 256 CQ slots of 128 bytes: 384 + 32 KiB -> 9 pages.
+        assert_eq!(slot_geometry(9 * 4096, 256, RXE_CQE_BYTES).unwrap(), 7);
+        // A kernel with 256-byte CQEs is recognised when the length leaves no doubt.
+        assert_eq!(slot_geometry(17 * 4096, 256, RXE_CQE_BYTES).unwrap(), 8);
+        // Nothing fits.
+        assert!(slot_geometry(5 * 4096, 256, RXE_CQE_BYTES).is_err());
+        // Ambiguous: 2 slots of 64..=1024 bytes all fit one page; the rule decides.
+        assert_eq!(slot_geometry(4096, 2, 64).unwrap(), 6);
+        assert!(slot_geometry(4096, 3, 64).is_err());
+        assert!(slot_geometry(4096, 1, 64).is_err());
+        assert!(slot_geometry(u64::MAX, 1 << 31, 1 << 16).is_err());
+    }
+}

@@ -1,0 +1,199 @@
+//! CREATE_SRQ, MODIFY_SRQ, QUERY_SRQ and DESTROY_SRQ (spec §7.4).
+
+use log::warn;
+use vrdma_spec::rxe_v1;
+use vrdma_spec::verbs::srq_attr;
+use vrdma_spec::wire::{CreateSrqReq, CreateSrqResp, HandleReq, ModifySrqReq, QuerySrqResp};
+use vrdma_spec::{Le32, ResponseBody};
+
+use super::rings::{self, MappedRing};
+use super::{at_most, host_err, CommandError, CommandResult, Session};
+use crate::device::{HostContext, SrqHandle, SrqInit, SrqModify};
+use crate::guest::EventOwner;
+use crate::handler::GuestContext;
+use crate::resources::{Handle, ResourceError, ResourceKind};
+use crate::shm_alloc::ShmAllocator;
+
+/// A guest's shared receive queue.
+#[derive(Debug)]
+pub struct SrqEntry {
+    /// The host SRQ.
+    pub host: SrqHandle,
+    /// Its PD (holds a reference).
+    pub pd: Handle,
+    /// Its `user_handle` on the host (names it in events).
+    pub user_handle: u64,
+    /// Actual capacity.
+    pub max_wr: u32,
+    /// Actual SGEs per WR.
+    pub max_sge: u32,
+    /// Armed limit; 0 once SRQ_LIMIT_REACHED fired (the host disarms it then).
+    pub srq_limit: u32,
+    /// Its buffer in the queue region.
+    pub ring: MappedRing,
+}
+
+/// The capacity the host gives an SRQ asked for `max_wr` WRs (spec §9.1).
+fn actual_depth(max_wr: u32) -> Option<u32> {
+    rxe_v1::num_slots_for(max_wr).map(|slots| slots - 1)
+}
+
+/// CREATE_SRQ: ring format, limits, PD, quota, host SRQ, mapping.
+pub(crate) fn create_srq(s: &mut Session<'_>, r: &CreateSrqReq) -> CommandResult {
+    rings::require_ring_format(s)?;
+    let attr = &s.dev.limits().attr;
+    at_most(r.max_wr.get(), attr.max_srq_wr, "max_wr")?;
+    at_most(r.max_sge.get(), attr.max_srq_sge, "max_sge")?;
+    let limit = r.srq_limit.get();
+    if actual_depth(r.max_wr.get()).is_none_or(|depth| limit >= depth) {
+        return Err(CommandError::Invalid {
+            what: "srq_limit",
+            value: limit.into(),
+        });
+    }
+    let pd = Handle::from_raw(r.pd.get());
+    let pd_host = s.state.pds.get(pd)?.host;
+    s.state.srqs.check_room(0)?;
+    let user_handle = s.state.new_user_handle();
+    let srq = s
+        .host()
+        .create_srq(&SrqInit {
+            pd: pd_host,
+            max_wr: r.max_wr.get(),
+            max_sge: r.max_sge.get(),
+            srq_limit: limit,
+            user_handle,
+        })
+        .map_err(host_err("CREATE_SRQ"))?;
+    let mapped = srq
+        .max_wr
+        .checked_add(1)
+        .ok_or_else(|| CommandError::Geometry(format!("depth {}", srq.max_wr)))
+        .and_then(|slots| {
+            rings::map_ring(s, srq.buffer, slots, rxe_v1::recv_wqe_size(srq.max_sge))
+        });
+    let ring = match mapped {
+        Ok(ring) => ring,
+        Err(e) => {
+            destroy_host(s.host(), srq.handle);
+            return Err(e);
+        }
+    };
+    let entry = SrqEntry {
+        host: srq.handle,
+        pd,
+        user_handle,
+        max_wr: srq.max_wr,
+        max_sge: srq.max_sge,
+        srq_limit: limit,
+        ring,
+    };
+    let handle = match s.state.srqs.insert(entry) {
+        Ok(handle) => handle,
+        Err(e) => {
+            destroy_host(s.host(), srq.handle);
+            rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &ring);
+            return Err(e.into());
+        }
+    };
+    if let Err(e) = s.state.pds.acquire(pd) {
+        if let Ok(entry) = s.state.srqs.remove(handle) {
+            release(s.dev.host(), Some(s.ctx), &mut s.state.shm, handle, entry);
+        }
+        return Err(e.into());
+    }
+    s.state.owners.insert(user_handle, EventOwner::Srq(handle));
+    Ok(ResponseBody::CreateSrq(CreateSrqResp {
+        srq: Le32::new(handle.raw()),
+        srq_num: Le32::new(srq.srq_num),
+        max_wr: Le32::new(srq.max_wr),
+        max_sge: Le32::new(srq.max_sge),
+        ring: ring.desc,
+    }))
+}
+
+/// MODIFY_SRQ: arming the limit; resizing is `UNSUPPORTED` in 1.0.
+pub(crate) fn modify_srq(s: &mut Session<'_>, r: &ModifySrqReq) -> CommandResult {
+    let handle = Handle::from_raw(r.srq.get());
+    let entry = s.state.srqs.get(handle)?;
+    if r.attr_mask.get() & srq_attr::MAX_WR != 0 {
+        return Err(CommandError::Unsupported("SRQ resize"));
+    }
+    let limit = r.srq_limit.get();
+    if limit >= entry.max_wr {
+        return Err(CommandError::Invalid {
+            what: "srq_limit",
+            value: limit.into(),
+        });
+    }
+    let host = entry.host;
+    s.host()
+        .modify_srq(
+            host,
+            &SrqModify {
+                max_wr: None,
+                srq_limit: Some(limit),
+            },
+        )
+        .map_err(host_err("MODIFY_SRQ"))?;
+    if let Ok(entry) = s.state.srqs.get_mut(handle) {
+        entry.srq_limit = limit;
+    }
+    Ok(ResponseBody::Empty)
+}
+
+/// QUERY_SRQ, from what the device knows (the host layer has no query).
+pub(crate) fn query_srq(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
+    let entry = s.state.srqs.get(Handle::from_raw(r.handle.get()))?;
+    Ok(ResponseBody::QuerySrq(QuerySrqResp {
+        max_wr: Le32::new(entry.max_wr),
+        max_sge: Le32::new(entry.max_sge),
+        srq_limit: Le32::new(entry.srq_limit),
+        reserved: Le32::ZERO,
+    }))
+}
+
+/// DESTROY_SRQ: `BUSY` while a QP uses it; destroys the host SRQ, then unmaps its buffer.
+pub(crate) fn destroy_srq(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
+    let handle = Handle::from_raw(r.handle.get());
+    let refs = s.state.srqs.refs(handle)?;
+    if refs != 0 {
+        return Err(ResourceError::Busy {
+            kind: ResourceKind::Srq,
+            handle: handle.raw(),
+            refs,
+        }
+        .into());
+    }
+    let host = s.state.srqs.get(handle)?.host;
+    s.host()
+        .destroy_srq(host)
+        .map_err(host_err("DESTROY_SRQ"))?;
+    let entry = s.state.srqs.remove(handle)?;
+    s.state.owners.remove(&entry.user_handle);
+    rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &entry.ring);
+    if let Err(e) = s.state.pds.release(entry.pd) {
+        warn!("SRQ bookkeeping: {e}");
+    }
+    Ok(ResponseBody::Empty)
+}
+
+fn destroy_host(host: &dyn HostContext, srq: SrqHandle) {
+    if let Err(e) = host.destroy_srq(srq) {
+        warn!("destroying host SRQ {srq} failed: {e}");
+    }
+}
+
+/// Destroys an SRQ whose table entry is gone (teardown).
+pub(crate) fn release(
+    host: &dyn HostContext,
+    ctx: Option<&GuestContext>,
+    shm: &mut ShmAllocator,
+    handle: Handle,
+    entry: SrqEntry,
+) {
+    if let Err(e) = host.destroy_srq(entry.host) {
+        warn!("destroying SRQ {handle} (host {}) failed: {e}", entry.host);
+    }
+    rings::unmap_ring(ctx, shm, &entry.ring);
+}

@@ -1,0 +1,653 @@
+//! Runs a plan as server or client over an [`Endpoint`] (see the protocol in
+//! [`crate::pingpong`]).
+
+use std::time::{Duration, Instant};
+
+use crate::provider::{
+    PostError, SendFlags, SendWr, WcFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+};
+use crate::verbs::{Context, PostSendError, VerbsError};
+
+use super::endpoint::{Endpoint, EndpointError, WRID_RC_RECV, WRID_SEND, WRID_UD_RECV};
+use super::exchange::{Hello, Message};
+use super::oob::{Channel, OobError};
+use super::pattern::{self, Direction, Mismatch, PatternKey};
+use super::plan::{Mode, Op, Plan, GRH_LEN};
+use super::report::{Report, Row};
+use super::stats::{summarize, throughput};
+use super::UD_QKEY;
+
+/// Where and how long to talk.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub host: String,
+    pub port: u16,
+    /// Bound of every wait.
+    pub timeout: Duration,
+    /// Area length: the client uses at least its plan's; the server refuses plans that need
+    /// more.
+    pub len: u64,
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    #[error("out-of-band connection: {0}")]
+    Oob(#[from] OobError),
+    #[error("opening the device: {0}")]
+    Open(#[source] VerbsError),
+    #[error("{0}")]
+    Protocol(String),
+    #[error(transparent)]
+    PostSend(#[from] PostSendError),
+    #[error("posting a receive: {0}")]
+    PostRecv(PostError),
+    #[error("no {0} completion within {1:?}")]
+    Timeout(&'static str, Duration),
+    #[error("{what} completion with status {status:?} (vendor error {vendor_err:#x})")]
+    Completion {
+        what: &'static str,
+        status: WcStatus,
+        vendor_err: u32,
+    },
+    #[error("{0}")]
+    BadCompletion(String),
+    #[error("data mismatch: {0}")]
+    Mismatch(Mismatch),
+    #[error("{op} size {size} iteration {iter}: {source}")]
+    InStep {
+        op: Op,
+        size: u32,
+        iter: u32,
+        #[source]
+        source: Box<RunError>,
+    },
+}
+
+impl RunError {
+    /// Whether the peer caused this failure (and so needs no report of it).
+    fn caused_by_peer(&self) -> bool {
+        match self {
+            RunError::Oob(OobError::PeerFailed(_) | OobError::Closed) => true,
+            RunError::InStep { source, .. } => source.caused_by_peer(),
+            _ => false,
+        }
+    }
+}
+
+type Result<T, E = RunError> = std::result::Result<T, E>;
+
+/// Runs the server side: accepts one client on `opts.host:opts.port`, runs its plan with an
+/// area of `opts.len` bytes, and returns the number of steps verified and the plan.
+pub fn run_server(ctx: &Context, opts: &Options) -> Result<(usize, Plan)> {
+    let mut channel = Channel::accept(&opts.host, opts.port, opts.timeout)?;
+    let result = serve(ctx, opts, &mut channel);
+    report_failure(&mut channel, &result);
+    result
+}
+
+fn serve(ctx: &Context, opts: &Options, channel: &mut Channel) -> Result<(usize, Plan)> {
+    let Message::Hello(client) = channel.receive()? else {
+        return Err(RunError::Protocol(
+            "the client did not start with a hello".into(),
+        ));
+    };
+    let need = client.plan.area_len();
+    if need > opts.len {
+        return Err(RunError::Protocol(format!(
+            "refusing plan {}: it needs an area of {need} bytes, this server has {} (see --len)",
+            client.plan.to_wire(),
+            opts.len
+        )));
+    }
+    if client.len < need {
+        return Err(RunError::Protocol(format!(
+            "client area of {} bytes is too small for its plan",
+            client.len
+        )));
+    }
+    let endpoint = Endpoint::new(ctx, &client.plan, opts.len)?;
+    channel.send(&Message::Hello(endpoint.hello.clone()))?;
+    let plan = client.plan.clone();
+    let mut session = Session::start(endpoint, client, channel, opts.timeout, true)?;
+    session.run()?;
+    Ok((session.steps_done, plan))
+}
+
+/// Runs the client side with `plan`: connects to the server and returns the measured results.
+pub fn run_client(ctx: &Context, plan: &Plan, opts: &Options) -> Result<Report> {
+    let endpoint = Endpoint::new(ctx, plan, opts.len.max(plan.area_len()))?;
+    let mut channel = Channel::connect(&opts.host, opts.port, opts.timeout)?;
+    let result = (|| {
+        channel.send(&Message::Hello(endpoint.hello.clone()))?;
+        let Message::Hello(server) = channel.receive()? else {
+            return Err(RunError::Protocol(
+                "the server did not answer with a hello".into(),
+            ));
+        };
+        if server.plan != *plan {
+            return Err(RunError::Protocol(format!(
+                "the server answered with plan {}, not {}",
+                server.plan.to_wire(),
+                plan.to_wire()
+            )));
+        }
+        if server.len < plan.area_len() {
+            return Err(RunError::Protocol(format!(
+                "server area of {} bytes is too small for the plan",
+                server.len
+            )));
+        }
+        let mut session = Session::start(endpoint, server, &mut channel, opts.timeout, false)?;
+        session.run()?;
+        Ok(Report {
+            implementation: "vrdma".into(),
+            mode: plan.mode(),
+            rows: std::mem::take(&mut session.rows),
+        })
+    })();
+    report_failure(&mut channel, &result);
+    result
+}
+
+fn report_failure<T>(channel: &mut Channel, result: &Result<T>) {
+    if let Err(e) = result {
+        if !e.caused_by_peer() {
+            channel.report_failure(&e.to_string());
+        }
+    }
+}
+
+/// What a receive completion must look like.
+#[derive(Clone, Copy, Debug)]
+struct Expect {
+    ud: bool,
+    opcode: WcOpcode,
+    byte_len: u32,
+    imm: Option<u32>,
+}
+
+/// A 0-byte RC SEND: "done", "ready" or "ack".
+const CONTROL: Expect = Expect {
+    ud: false,
+    opcode: WcOpcode::Recv,
+    byte_len: 0,
+    imm: None,
+};
+
+/// Which completion queue to wait on.
+#[derive(Clone, Copy)]
+enum Queue {
+    Send,
+    Recv,
+}
+
+/// A connected pair of queue pairs running one plan.
+struct Session<'c> {
+    ep: Endpoint,
+    peer: Hello,
+    channel: &'c mut Channel,
+    timeout: Duration,
+    is_server: bool,
+    sends_outstanding: u32,
+    rows: Vec<Row>,
+    steps_done: usize,
+    /// One-way latencies of the current step, reused across steps.
+    samples: Vec<f64>,
+}
+
+impl<'c> Session<'c> {
+    /// Connects the queue pairs and exchanges `ready`.
+    fn start(
+        mut ep: Endpoint,
+        peer: Hello,
+        channel: &'c mut Channel,
+        timeout: Duration,
+        is_server: bool,
+    ) -> Result<Self> {
+        ep.connect(&peer)?;
+        channel.send(&Message::Ready)?;
+        match channel.receive()? {
+            Message::Ready => {}
+            other => {
+                return Err(RunError::Protocol(format!(
+                    "expected ready, got {:?}",
+                    other.to_line().trim_end()
+                )))
+            }
+        }
+        let samples = match peer.plan.mode() {
+            Mode::Verify if !is_server => Vec::with_capacity(peer.plan.iters() as usize),
+            _ => Vec::new(),
+        };
+        Ok(Session {
+            ep,
+            peer,
+            channel,
+            timeout,
+            is_server,
+            sends_outstanding: 0,
+            rows: Vec::new(),
+            steps_done: 0,
+            samples,
+        })
+    }
+
+    fn run(&mut self) -> Result<()> {
+        let plan = self.peer.plan.clone();
+        for step in plan.steps() {
+            let mut iter = 0;
+            let result = match plan.mode() {
+                Mode::Verify => self.verify_step(step.op, step.size, plan.iters(), &mut iter),
+                Mode::Bandwidth { window } => {
+                    self.bw_step(step.op, step.size, plan.iters(), window, &mut iter)
+                }
+            };
+            result.map_err(|e| RunError::InStep {
+                op: step.op,
+                size: step.size,
+                iter,
+                source: Box::new(e),
+            })?;
+            self.steps_done += 1;
+        }
+        self.reap_sends(self.sends_outstanding)?;
+        self.channel.send(&Message::Done)?;
+        match self.channel.receive()? {
+            Message::Done => Ok(()),
+            other => Err(RunError::Protocol(format!(
+                "expected done, got {:?}",
+                other.to_line().trim_end()
+            ))),
+        }
+    }
+
+    fn inline_for(&self, op: Op, size: u32) -> bool {
+        let max = match (&self.ep.ud, op) {
+            (Some(ud), Op::UdSend) => ud.max_inline,
+            _ => self.ep.max_inline,
+        };
+        op != Op::Read && size <= max
+    }
+
+    // ---- Posting and polling ----
+
+    /// Posts one signaled send-queue request; payloads come from the source half, except
+    /// that an RDMA READ lands in the area.
+    fn post(&mut self, opcode: WrOpcode, size: u32, imm: u32, ud: bool) -> Result<()> {
+        let len = size as usize;
+        let sge = [if opcode == WrOpcode::RdmaRead {
+            self.ep.area_sge(len)
+        } else {
+            self.ep.source_sge(len)
+        }];
+        let max_inline = match (&self.ep.ud, ud) {
+            (Some(end), true) => end.max_inline,
+            _ => self.ep.max_inline,
+        };
+        let mut flags = SendFlags::SIGNALED;
+        if size > 0 && size <= max_inline && opcode.allows_inline() {
+            flags |= SendFlags::INLINE;
+        }
+        let (qp, dest) = match (&self.ep.ud, ud) {
+            (Some(end), true) => {
+                let ah = end
+                    .ah
+                    .as_ref()
+                    .ok_or_else(|| RunError::Protocol("UD send before connecting".into()))?;
+                (
+                    &end.qp,
+                    Some(ah.dest(self.peer.ud_qpn.unwrap_or(0), UD_QKEY)),
+                )
+            }
+            _ => (&self.ep.qp, None),
+        };
+        let wr = SendWr {
+            wr_id: WRID_SEND,
+            opcode,
+            flags,
+            sg_list: if size > 0 { &sge } else { &[] },
+            imm_data: imm.to_be(),
+            remote_addr: if opcode.is_rdma() { self.peer.addr } else { 0 },
+            rkey: if opcode.is_rdma() { self.peer.rkey } else { 0 },
+            ud: dest,
+            ..SendWr::default()
+        };
+        // SAFETY: the SGE lies in the endpoint's registered buffer, which outlives the queue
+        // pair, so inline bytes are readable now and DMA-read bytes stay registered.
+        unsafe { qp.post_send(&[wr]) }?;
+        self.sends_outstanding += 1;
+        Ok(())
+    }
+
+    /// Waits for one completion on `queue`, watching the peer meanwhile.
+    fn poll_one(&mut self, queue: Queue) -> Result<WorkCompletion> {
+        let (cq, what) = match queue {
+            Queue::Send => (&self.ep.send_cq, "send"),
+            Queue::Recv => (&self.ep.recv_cq, "receive"),
+        };
+        let mut wc = [WorkCompletion::default()];
+        let deadline = Instant::now() + self.timeout;
+        let mut spins: u32 = 0;
+        while cq.poll(&mut wc) == 0 {
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(1024) {
+                if Instant::now() > deadline {
+                    return Err(RunError::Timeout(what, self.timeout));
+                }
+                self.channel.check_peer()?;
+            }
+        }
+        let wc = wc[0];
+        if wc.status != WcStatus::Success {
+            return Err(RunError::Completion {
+                what,
+                status: wc.status,
+                vendor_err: wc.vendor_err,
+            });
+        }
+        Ok(wc)
+    }
+
+    fn reap_sends(&mut self, count: u32) -> Result<()> {
+        for _ in 0..count {
+            let wc = self.poll_one(Queue::Send)?;
+            if wc.wr_id != WRID_SEND {
+                return Err(RunError::BadCompletion(format!(
+                    "send completion with unknown wr_id {}",
+                    wc.wr_id
+                )));
+            }
+            self.sends_outstanding -= 1;
+        }
+        Ok(())
+    }
+
+    /// Waits for one receive, reposts it and checks it against `e`.
+    fn receive(&mut self, e: &Expect) -> Result<()> {
+        let wc = self.poll_one(Queue::Recv)?;
+        let wanted = if e.ud { WRID_UD_RECV } else { WRID_RC_RECV };
+        if wc.wr_id != wanted {
+            return Err(RunError::BadCompletion(format!(
+                "receive completed with wr_id {}, expected {wanted}",
+                wc.wr_id
+            )));
+        }
+        self.ep.post_recv(e.ud)?;
+        let bad = |what: String| Err(RunError::BadCompletion(what));
+        if wc.opcode != e.opcode {
+            return bad(format!(
+                "receive opcode {:?}, expected {:?}",
+                wc.opcode, e.opcode
+            ));
+        }
+        if wc.byte_len != e.byte_len {
+            return bad(format!(
+                "receive of {} bytes, expected {}",
+                wc.byte_len, e.byte_len
+            ));
+        }
+        let with_imm = wc.wc_flags.contains(WcFlags::WITH_IMM);
+        match e.imm {
+            Some(imm) if !with_imm => return bad(format!("no immediate data, expected {imm}")),
+            Some(imm) if u32::from_be(wc.imm_data) != imm => {
+                return bad(format!(
+                    "immediate data {}, expected {imm}",
+                    u32::from_be(wc.imm_data)
+                ))
+            }
+            None if with_imm => return bad("unexpected immediate data".into()),
+            _ => {}
+        }
+        if e.ud {
+            if !wc.wc_flags.contains(WcFlags::GRH) {
+                return bad("UD receive without GRH flag".into());
+            }
+            let peer = self.peer.ud_qpn.unwrap_or(0);
+            if wc.src_qp != peer {
+                return bad(format!("UD receive from QP {}, expected {peer}", wc.src_qp));
+            }
+        }
+        Ok(())
+    }
+
+    // ---- Payloads ----
+
+    fn send_payload(&mut self, op: Op, size: u32, iter: u32) -> Result<()> {
+        match op {
+            Op::Send => self.post(WrOpcode::Send, size, 0, false),
+            Op::SendImm => self.post(WrOpcode::SendWithImm, size, iter, false),
+            Op::Write => {
+                self.post(WrOpcode::RdmaWrite, size, 0, false)?;
+                self.post(WrOpcode::Send, 0, 0, false) // done
+            }
+            Op::WriteImm => self.post(WrOpcode::RdmaWriteWithImm, size, iter, false),
+            Op::UdSend => self.post(WrOpcode::Send, size, 0, true),
+            Op::Read => Err(RunError::Protocol("read has no payload message".into())),
+        }
+    }
+
+    fn receive_payload(&mut self, op: Op, size: u32, iter: u32) -> Result<()> {
+        let plain = Expect {
+            ud: false,
+            opcode: WcOpcode::Recv,
+            byte_len: size,
+            imm: None,
+        };
+        let e = match op {
+            Op::Send => plain,
+            Op::SendImm => Expect {
+                imm: Some(iter),
+                ..plain
+            },
+            Op::Write => CONTROL,
+            Op::WriteImm => Expect {
+                opcode: WcOpcode::RecvRdmaWithImm,
+                imm: Some(iter),
+                ..plain
+            },
+            Op::UdSend => Expect {
+                ud: true,
+                byte_len: size + GRH_LEN,
+                ..plain
+            },
+            Op::Read => return Err(RunError::Protocol("read has no payload message".into())),
+        };
+        self.receive(&e)
+    }
+
+    fn fill_source(&mut self, op: Op, size: u32, iter: u32, direction: Direction) {
+        let key = PatternKey {
+            op,
+            size,
+            iter,
+            direction,
+        };
+        pattern::fill(&key, self.ep.source_mut(size as usize));
+    }
+
+    fn verify_area(&self, op: Op, size: u32, iter: u32, direction: Direction) -> Result<()> {
+        let offset = if op == Op::UdSend {
+            GRH_LEN as usize
+        } else {
+            0
+        };
+        let key = PatternKey {
+            op,
+            size,
+            iter,
+            direction,
+        };
+        pattern::verify(&key, self.ep.area(offset, size as usize)).map_err(RunError::Mismatch)
+    }
+
+    // ---- Verify mode ----
+
+    fn verify_step(&mut self, op: Op, size: u32, iters: u32, iter: &mut u32) -> Result<()> {
+        self.samples.clear();
+        let mut total = Duration::ZERO;
+        for i in 0..iters {
+            *iter = i;
+            if self.is_server {
+                self.server_iteration(op, size, i)?;
+            } else {
+                let rtt = self.client_iteration(op, size, i)?;
+                total += rtt;
+                self.samples.push(rtt.as_secs_f64() / 2.0 * 1e6);
+            }
+        }
+        if self.is_server {
+            return Ok(());
+        }
+        // Payloads per timed interval: two for a round trip, one for a read.
+        let per_iter = if op == Op::Read { 1 } else { 2 };
+        let (mib_s, mmsg_s) = throughput(u64::from(iters) * per_iter, size, total);
+        self.rows.push(Row {
+            op,
+            size,
+            iters,
+            inline: self.inline_for(op, size),
+            latency: summarize(&mut self.samples),
+            mib_s,
+            mmsg_s,
+        });
+        Ok(())
+    }
+
+    fn server_iteration(&mut self, op: Op, size: u32, i: u32) -> Result<()> {
+        if op == Op::Read {
+            let key = PatternKey {
+                op,
+                size,
+                iter: i,
+                direction: Direction::ServerToClient,
+            };
+            pattern::fill(&key, self.ep.area_mut(size as usize));
+            self.post(WrOpcode::Send, 0, 0, false)?; // ready
+            self.receive(&CONTROL)?; // ack
+            return self.reap_sends(self.sends_outstanding);
+        }
+        self.fill_source(op, size, i, Direction::ServerToClient);
+        self.receive_payload(op, size, i)?;
+        self.verify_area(op, size, i, Direction::ClientToServer)?;
+        self.send_payload(op, size, i)?;
+        self.reap_sends(self.sends_outstanding)
+    }
+
+    /// One round trip; returns its duration.
+    fn client_iteration(&mut self, op: Op, size: u32, i: u32) -> Result<Duration> {
+        if op == Op::Read {
+            self.receive(&CONTROL)?; // ready
+            let t0 = Instant::now();
+            self.post(WrOpcode::RdmaRead, size, 0, false)?;
+            self.reap_sends(1)?;
+            let rtt = t0.elapsed();
+            self.verify_area(op, size, i, Direction::ServerToClient)?;
+            self.post(WrOpcode::Send, 0, 0, false)?; // ack
+            self.reap_sends(1)?;
+            return Ok(rtt);
+        }
+        self.fill_source(op, size, i, Direction::ClientToServer);
+        let t0 = Instant::now();
+        self.send_payload(op, size, i)?;
+        self.receive_payload(op, size, i)?;
+        let rtt = t0.elapsed();
+        self.reap_sends(self.sends_outstanding)?;
+        self.verify_area(op, size, i, Direction::ServerToClient)?;
+        Ok(rtt)
+    }
+
+    // ---- Bandwidth mode ----
+
+    fn bw_step(&mut self, op: Op, size: u32, n: u32, window: u32, iter: &mut u32) -> Result<()> {
+        let opcode = if op == Op::Write {
+            WrOpcode::RdmaWrite
+        } else {
+            WrOpcode::Send
+        };
+        if self.is_server {
+            if op == Op::Send {
+                let e = Expect {
+                    ud: false,
+                    opcode: WcOpcode::Recv,
+                    byte_len: size,
+                    imm: None,
+                };
+                for i in 0..n {
+                    *iter = i;
+                    self.receive(&e)?;
+                }
+            } else {
+                self.receive(&CONTROL)?; // done
+            }
+            *iter = n - 1;
+            self.verify_area(op, size, n - 1, Direction::ClientToServer)?;
+            self.post(WrOpcode::Send, 0, 0, false)?; // ack
+            return self.reap_sends(1);
+        }
+
+        self.fill_source(op, size, 0, Direction::ClientToServer);
+        let mut wcs = [WorkCompletion::default(); 16];
+        let (mut posted, mut completed) = (0u32, 0u32);
+        let t0 = Instant::now();
+        let mut deadline = t0 + self.timeout;
+        let mut spins: u32 = 0;
+        while completed < n - 1 {
+            while posted < n - 1 && posted - completed < window {
+                *iter = posted;
+                self.post(opcode, size, 0, false)?;
+                posted += 1;
+            }
+            let got = self.ep.send_cq.poll(&mut wcs);
+            for (k, wc) in wcs[..got].iter().enumerate() {
+                if wc.status != WcStatus::Success {
+                    *iter = completed + k as u32;
+                    return Err(RunError::Completion {
+                        what: "send",
+                        status: wc.status,
+                        vendor_err: wc.vendor_err,
+                    });
+                }
+            }
+            completed += got as u32;
+            self.sends_outstanding -= got as u32;
+            if got > 0 {
+                deadline = Instant::now() + self.timeout;
+            } else {
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(1024) {
+                    if Instant::now() > deadline {
+                        return Err(RunError::Timeout("send", self.timeout));
+                    }
+                    self.channel.check_peer()?;
+                }
+            }
+        }
+        // The last message carries its own iteration, proving it landed after the others.
+        let streamed = t0.elapsed();
+        *iter = n - 1;
+        self.fill_source(op, size, n - 1, Direction::ClientToServer);
+        let t_last = Instant::now();
+        self.post(opcode, size, 0, false)?;
+        self.reap_sends(1)?;
+        let elapsed = streamed + t_last.elapsed();
+        if op == Op::Write {
+            self.post(WrOpcode::Send, 0, 0, false)?; // done
+            self.reap_sends(1)?;
+        }
+        self.receive(&CONTROL)?; // ack: the server verified the last message
+        let (mib_s, mmsg_s) = throughput(n.into(), size, elapsed);
+        self.rows.push(Row {
+            op,
+            size,
+            iters: n,
+            inline: self.inline_for(op, size),
+            latency: None,
+            mib_s,
+            mmsg_s,
+        });
+        Ok(())
+    }
+}

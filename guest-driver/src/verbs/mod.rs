@@ -1,0 +1,58 @@
+//! The verbs API: what applications use, modelled on ibverbs.
+//!
+//! A [`Context`] is one open device. Control verbs (query, PD, MR, CQ, QP, AH) become control
+//! commands of the specification (`vrdma_spec::ControlRequest`) sent over the context's
+//! [`Transport`](crate::transport::Transport); the device answers each with a status
+//! (mapped to [`VerbsError::Status`]) and, on success, a body.
+//!
+//! The data path never involves the device except for one notification: [`Cq::poll`] reads
+//! native completions and [`Qp::post_recv`] writes native receive WQEs in queue buffers the
+//! device mapped into the shared-memory region; [`Qp::post_send`] writes native send WQEs and
+//! then rings the QP's slot in the context's doorbell area, notifying the device only when
+//! the QP was not already queued (spec §5.3). Nothing on that path allocates, and no lock is
+//! shared between queues: each CQ, SQ and RQ has its own.
+//!
+//! Object lifetimes follow the device's dependencies: a QP holds its CQs and PD, an MR or AH
+//! its PD, every object its context, so dropping in any order destroys on the device in a
+//! legal order (QP before CQ, everything before its PD).
+//!
+//! Events: see [`event`] for how completion and asynchronous events are shared between
+//! [`Context::next_event`] and [`Cq::wait_event`].
+
+mod ah;
+mod attr;
+mod context;
+mod cq;
+mod doorbell;
+mod error;
+pub mod event;
+mod mr;
+mod pd;
+mod qp;
+mod ring;
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+pub use ah::Ah;
+pub use attr::{
+    AccessFlags, AhAttr, DeviceAttr, Gid, GidEntry, GidType, GlobalRoute, Mtu, PortAttr, QpAttr,
+    QpAttrMask, QpCaps, QpState,
+};
+pub use context::Context;
+pub use cq::Cq;
+pub use error::{opcode_name, PostSendError, ProtocolError, Result, VerbsError};
+pub use event::DeviceEvent;
+pub use mr::Mr;
+pub use pd::Pd;
+pub use qp::{ConnectOptions, Qp, QpInitAttr, RemoteQp};
+
+pub use crate::provider::{
+    PostError, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
+    WorkCompletion, WrOpcode,
+};
+
+/// Locks `mutex`, ignoring poisoning: every structure behind these locks stays consistent
+/// across a panic (queue indices are published only after a complete entry).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,519 @@
+//! Queue pairs: creation, state changes, and the send/receive data path.
+
+use std::sync::{Arc, Mutex};
+
+use log::warn;
+use vrdma_spec::control::{ControlRequest, Opcode, ResponseBody};
+use vrdma_spec::wire::{CreateQpReq, ModifyQpReq, QueryQpReq};
+use vrdma_spec::{Le16, Le32};
+
+use super::attr::{
+    AccessFlags, AhAttr, Gid, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpCaps, QpState,
+};
+use super::context::{unexpected_body, ContextInner};
+use super::cq::{Cq, CqShared};
+use super::error::{PostSendError, ProtocolError, Result, VerbsError};
+use super::lock;
+use super::pd::{handle_req, nonzero_handle, Pd, PdInner};
+use super::ring::map_ring;
+use crate::provider::rxe_v1::{RecvQueue, SendQueue, SendQueueCaps};
+use crate::provider::{PostError, QpType, RecvWr, SendWr};
+
+/// What a QP is created with (`ibv_qp_init_attr`).
+#[derive(Clone, Copy, Debug)]
+pub struct QpInitAttr<'a> {
+    /// Transport.
+    pub qp_type: QpType,
+    /// CQ of send completions.
+    pub send_cq: &'a Cq,
+    /// CQ of receive completions (may be the same).
+    pub recv_cq: &'a Cq,
+    /// Requested queue sizes; the device may round them up ([`Qp::caps`]).
+    pub caps: QpCaps,
+    /// Every send request generates a completion, signaled or not.
+    pub sq_sig_all: bool,
+}
+
+/// What the peer of an RC QP tells us about its end.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RemoteQp {
+    /// Its QP number.
+    pub qpn: u32,
+    /// The first PSN it sends with (our receive PSN).
+    pub psn: u32,
+    /// Its GID.
+    pub gid: Gid,
+    /// Its LID (InfiniBand only; 0 on RoCE).
+    pub lid: u16,
+}
+
+/// Local settings of an RC connection; the defaults are those of perftest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// Local port.
+    pub port: u8,
+    /// Index of the local GID to send from.
+    pub sgid_index: u8,
+    /// Remote access granted to the peer.
+    pub access: AccessFlags,
+    /// Path MTU.
+    pub path_mtu: Mtu,
+    /// Our first send PSN (the peer's receive PSN).
+    pub sq_psn: u32,
+    /// Local ACK timeout (4.096 µs · 2^timeout).
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7 = forever).
+    pub rnr_retry: u8,
+    /// RNR NAK timer we ask peers to wait.
+    pub min_rnr_timer: u8,
+    /// Outstanding reads/atomics as initiator; `None`: the device's limit, at most 16.
+    pub max_rd_atomic: Option<u8>,
+    /// Outstanding reads/atomics as responder; `None`: the device's limit, at most 16.
+    pub max_dest_rd_atomic: Option<u8>,
+    /// GRH hop limit.
+    pub hop_limit: u8,
+    /// GRH traffic class.
+    pub traffic_class: u8,
+    /// Service level.
+    pub sl: u8,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            port: 1,
+            sgid_index: 0,
+            access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            path_mtu: Mtu::Mtu1024,
+            sq_psn: 0,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: None,
+            max_dest_rd_atomic: None,
+            hop_limit: 64,
+            traffic_class: 0,
+            sl: 0,
+        }
+    }
+}
+
+/// Default of `max_rd_atomic`/`max_dest_rd_atomic` when the device allows more.
+const DEFAULT_RD_ATOMIC: u32 = 16;
+
+/// A queue pair (`ibv_qp`). Destroyed when dropped, before the CQs and PD it uses.
+///
+/// Posting writes native WQEs straight into the mapped queues. Each queue has a lock of its
+/// own, so sends, receives and commands on one QP may come from different threads, and QPs
+/// never contend with each other.
+pub struct Qp {
+    // The queues are declared first: the mappings must not be used after DESTROY_QP.
+    sq: Mutex<SendQueue>,
+    rq: Mutex<RecvQueue>,
+    object: QpObject,
+    qpn: u32,
+    qp_type: QpType,
+    doorbell_index: u32,
+    caps: QpCaps,
+    // Dropped after `object`: DESTROY_QP precedes DESTROY_CQ and DEALLOC_PD.
+    _send_cq: Arc<CqShared>,
+    _recv_cq: Arc<CqShared>,
+}
+
+/// The device object.
+struct QpObject {
+    pd: Arc<PdInner>,
+    handle: u32,
+}
+
+impl QpObject {
+    fn ctx(&self) -> &ContextInner {
+        &self.pd.ctx
+    }
+}
+
+impl Drop for QpObject {
+    fn drop(&mut self) {
+        let req = ControlRequest::DestroyQp(handle_req(self.handle));
+        if let Err(e) = self.ctx().execute_empty(&req) {
+            warn!("DESTROY_QP of QP {:#x} failed: {e}", self.handle);
+        }
+    }
+}
+
+impl Qp {
+    /// Creates a QP in `pd` (CREATE_QP) in state RESET and wraps its mapped queues.
+    pub fn new(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Qp> {
+        let ctx = &pd.inner.ctx;
+        if !ctx.has_rxe_v1() {
+            return Err(VerbsError::Unsupported(
+                "QPs need the rxe v1 ring format, which was not negotiated",
+            ));
+        }
+        for cq in [init.send_cq, init.recv_cq] {
+            if !Arc::ptr_eq(&cq.shared.ctx, ctx) {
+                return Err(VerbsError::InvalidArgument(
+                    "the CQs belong to another context than the PD",
+                ));
+            }
+        }
+        let caps = init.caps;
+        let req = ControlRequest::CreateQp(CreateQpReq {
+            pd: Le32::new(pd.inner.handle),
+            send_cq: Le32::new(init.send_cq.shared.handle),
+            recv_cq: Le32::new(init.recv_cq.shared.handle),
+            srq: Le32::ZERO,
+            max_send_wr: Le32::new(caps.max_send_wr),
+            max_recv_wr: Le32::new(caps.max_recv_wr),
+            max_send_sge: Le32::new(caps.max_send_sge),
+            max_recv_sge: Le32::new(caps.max_recv_sge),
+            max_inline_data: Le32::new(caps.max_inline_data),
+            qp_type: init.qp_type as u32 as u8,
+            sq_sig_all: u8::from(init.sq_sig_all),
+            reserved: Le16::ZERO,
+        });
+        let ResponseBody::CreateQp(resp) = ctx.execute(&req)? else {
+            return Err(unexpected_body(Opcode::CreateQp));
+        };
+        let handle = nonzero_handle(Opcode::CreateQp, resp.qp.get())?;
+        // From here on, dropping `object` (on any error below) destroys the QP again.
+        let object = QpObject {
+            pd: pd.inner.clone(),
+            handle,
+        };
+        let bad = |field, value: u32| ProtocolError::ResponseValue {
+            opcode: Opcode::CreateQp,
+            field,
+            value: value.into(),
+        };
+        let doorbell_index = resp.doorbell_index.get();
+        if doorbell_index >= ctx.doorbell.slots() {
+            return Err(bad("doorbell_index", doorbell_index).into());
+        }
+        let actual = QpCaps {
+            max_send_wr: resp.max_send_wr.get(),
+            max_recv_wr: resp.max_recv_wr.get(),
+            max_send_sge: resp.max_send_sge.get(),
+            max_recv_sge: resp.max_recv_sge.get(),
+            max_inline_data: resp.max_inline_data.get(),
+        };
+        let short = [
+            ("max_send_wr", actual.max_send_wr, caps.max_send_wr),
+            ("max_recv_wr", actual.max_recv_wr, caps.max_recv_wr),
+            ("max_send_sge", actual.max_send_sge, caps.max_send_sge),
+            ("max_recv_sge", actual.max_recv_sge, caps.max_recv_sge),
+            (
+                "max_inline_data",
+                actual.max_inline_data,
+                caps.max_inline_data,
+            ),
+        ]
+        .into_iter()
+        .find(|(_, got, wanted)| got < wanted);
+        if let Some((field, got, _)) = short {
+            return Err(bad(field, got).into());
+        }
+        // SAFETY: DESTROY_QP is sent by `object`'s drop, after the queues (declared before it
+        // in `Qp`, or dropped on the error paths below before it) are gone; each ring is
+        // wrapped once.
+        let (sq, rq) = unsafe { (map_ring(ctx, &resp.sq)?, map_ring(ctx, &resp.rq)?) };
+        let sq = SendQueue::new(
+            sq,
+            SendQueueCaps {
+                qp_type: init.qp_type,
+                max_sge: actual.max_send_sge,
+                max_inline: actual.max_inline_data,
+            },
+        )
+        .map_err(ProtocolError::Queue)?;
+        let rq = RecvQueue::new(rq, actual.max_recv_sge).map_err(ProtocolError::Queue)?;
+        if sq.capacity() < actual.max_send_wr {
+            return Err(bad("max_send_wr", actual.max_send_wr).into());
+        }
+        if rq.capacity() < actual.max_recv_wr {
+            return Err(bad("max_recv_wr", actual.max_recv_wr).into());
+        }
+        Ok(Qp {
+            sq: Mutex::new(sq),
+            rq: Mutex::new(rq),
+            object,
+            qpn: resp.qpn.get(),
+            qp_type: init.qp_type,
+            doorbell_index,
+            caps: actual,
+            _send_cq: init.send_cq.shared.clone(),
+            _recv_cq: init.recv_cq.shared.clone(),
+        })
+    }
+
+    /// The device's handle of this QP (as found in QP events).
+    pub fn handle(&self) -> u32 {
+        self.object.handle
+    }
+
+    /// The QP number peers address and completions carry.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// Transport type.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    /// Actual queue sizes.
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    /// This QP's slot in the context's doorbell area.
+    pub fn doorbell_index(&self) -> u32 {
+        self.doorbell_index
+    }
+
+    /// Applies the attributes `mask` selects (MODIFY_QP, like `ibv_modify_qp`). The device
+    /// checks the transition and the attributes against the InfiniBand state table.
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let req = ControlRequest::ModifyQp(ModifyQpReq {
+            qp: Le32::new(self.object.handle),
+            attr_mask: Le32::new(mask.bits()),
+            attr: attr.to_wire(),
+        });
+        self.object.ctx().execute_empty(&req)
+    }
+
+    /// Current attributes (QUERY_QP); the returned mask says which are valid.
+    pub fn query(&self, mask: QpAttrMask) -> Result<(QpAttr, QpAttrMask)> {
+        let req = ControlRequest::QueryQp(QueryQpReq {
+            qp: Le32::new(self.object.handle),
+            attr_mask: Le32::new(mask.bits()),
+        });
+        let ResponseBody::QueryQp(resp) = self.object.ctx().execute(&req)? else {
+            return Err(unexpected_body(Opcode::QueryQp));
+        };
+        let bits = resp.attr_mask.get();
+        let valid = QpAttrMask::from_bits(bits).ok_or(ProtocolError::ResponseValue {
+            opcode: Opcode::QueryQp,
+            field: "attr_mask",
+            value: bits.into(),
+        })?;
+        let attr = QpAttr::from_wire(&resp.attr, valid).map_err(|(field, value)| {
+            ProtocolError::ResponseValue {
+                opcode: Opcode::QueryQp,
+                field,
+                value,
+            }
+        })?;
+        Ok((attr, valid))
+    }
+
+    /// The current state (QUERY_QP).
+    pub fn state(&self) -> Result<QpState> {
+        let (attr, valid) = self.query(QpAttrMask::STATE)?;
+        if !valid.contains(QpAttrMask::STATE) {
+            return Err(ProtocolError::ResponseValue {
+                opcode: Opcode::QueryQp,
+                field: "attr_mask",
+                value: valid.bits().into(),
+            }
+            .into());
+        }
+        Ok(attr.qp_state)
+    }
+
+    /// RESET → INIT of an RC QP on `port` with remote `access`, P_Key index 0.
+    pub fn to_init(&self, port: u8, access: AccessFlags) -> Result<()> {
+        self.require(QpType::Rc)?;
+        let attr = QpAttr {
+            qp_state: QpState::Init,
+            port_num: port,
+            pkey_index: 0,
+            qp_access_flags: access,
+            ..QpAttr::default()
+        };
+        let mask = QpAttrMask::STATE
+            | QpAttrMask::PKEY_INDEX
+            | QpAttrMask::PORT
+            | QpAttrMask::ACCESS_FLAGS;
+        self.modify(&attr, mask)
+    }
+
+    /// INIT → RTR of an RC QP towards `remote`.
+    pub fn to_rtr(&self, remote: &RemoteQp, opts: &ConnectOptions) -> Result<()> {
+        self.require(QpType::Rc)?;
+        let limit = self.object.ctx().device_attr().max_qp_rd_atom;
+        let attr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: opts.path_mtu,
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            max_dest_rd_atomic: rd_atomic(opts.max_dest_rd_atomic, limit),
+            min_rnr_timer: opts.min_rnr_timer,
+            ah_attr: AhAttr {
+                grh: Some(GlobalRoute {
+                    dgid: remote.gid,
+                    flow_label: 0,
+                    sgid_index: opts.sgid_index,
+                    hop_limit: opts.hop_limit,
+                    traffic_class: opts.traffic_class,
+                }),
+                dlid: remote.lid,
+                sl: opts.sl,
+                src_path_bits: 0,
+                static_rate: 0,
+                port_num: opts.port,
+            },
+            ..QpAttr::default()
+        };
+        let mask = QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER;
+        self.modify(&attr, mask)
+    }
+
+    /// RTR → RTS of an RC QP.
+    pub fn to_rts(&self, opts: &ConnectOptions) -> Result<()> {
+        self.require(QpType::Rc)?;
+        let limit = self.object.ctx().device_attr().max_qp_init_rd_atom;
+        let attr = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: opts.sq_psn,
+            timeout: opts.timeout,
+            retry_cnt: opts.retry_cnt,
+            rnr_retry: opts.rnr_retry,
+            max_rd_atomic: rd_atomic(opts.max_rd_atomic, limit),
+            ..QpAttr::default()
+        };
+        let mask = QpAttrMask::STATE
+            | QpAttrMask::SQ_PSN
+            | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::MAX_QP_RD_ATOMIC;
+        self.modify(&attr, mask)
+    }
+
+    /// Connects an RC QP in RESET to `remote`: INIT, RTR, RTS.
+    pub fn connect(&self, remote: &RemoteQp, opts: &ConnectOptions) -> Result<()> {
+        self.to_init(opts.port, opts.access)?;
+        self.to_rtr(remote, opts)?;
+        self.to_rts(opts)
+    }
+
+    /// Brings a UD QP from RESET to RTS on `port` with Q_Key `qkey`, P_Key index 0.
+    pub fn ud_to_rts(&self, port: u8, qkey: u32, sq_psn: u32) -> Result<()> {
+        self.require(QpType::Ud)?;
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            port_num: port,
+            pkey_index: 0,
+            qkey,
+            ..QpAttr::default()
+        };
+        self.modify(
+            &init,
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+        )?;
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            ..QpAttr::default()
+        };
+        self.modify(&rtr, QpAttrMask::STATE)?;
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn,
+            ..QpAttr::default()
+        };
+        self.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
+    }
+
+    /// Moves the QP to RESET (from any state).
+    pub fn reset(&self) -> Result<()> {
+        self.to_state(QpState::Reset)
+    }
+
+    /// Moves the QP to ERR: outstanding requests complete as flushed.
+    pub fn to_error(&self) -> Result<()> {
+        self.to_state(QpState::Err)
+    }
+
+    fn to_state(&self, state: QpState) -> Result<()> {
+        let attr = QpAttr {
+            qp_state: state,
+            ..QpAttr::default()
+        };
+        self.modify(&attr, QpAttrMask::STATE)
+    }
+
+    fn require(&self, qp_type: QpType) -> Result<()> {
+        if self.qp_type != qp_type {
+            return Err(VerbsError::InvalidArgument(match qp_type {
+                QpType::Rc => "this transition helper is for RC QPs",
+                QpType::Ud => "this transition helper is for UD QPs",
+            }));
+        }
+        Ok(())
+    }
+
+    /// Posts send requests, like `ibv_post_send`, and rings this QP's doorbell if any was
+    /// posted and the QP was not already queued for the device.
+    ///
+    /// On [`PostSendError::Refused`], the requests before the refused one were posted.
+    /// Allocates nothing; the only device interaction is the doorbell notification, and only
+    /// when [`DoorbellArea::ring`](vrdma_spec::DoorbellArea::ring) asks for it.
+    ///
+    /// # Safety
+    ///
+    /// For requests with [`SendFlags::INLINE`](crate::provider::SendFlags::INLINE), every SGE
+    /// must describe `length` readable bytes at `addr` in this process (they are copied now).
+    /// Other SGEs are checked by the device against their memory regions, whose memory the
+    /// [`Mr`](super::Mr) keeps alive; they must stay registered until the request completes.
+    pub unsafe fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostSendError> {
+        // SAFETY: forwarded contract.
+        let posted = unsafe { lock(&self.sq).post_send(wrs) };
+        let (count, refused) = match posted {
+            Ok(()) => (wrs.len(), None),
+            Err((index, error)) => (index, Some(PostSendError::Refused { index, error })),
+        };
+        // The provider published the producer index with a Release store; `ring` fences and
+        // queues the doorbell index (spec §5.3).
+        if count > 0 && self.object.ctx().doorbell.ring(self.doorbell_index) {
+            if let Err(source) = self.object.ctx().transport().notify_doorbell() {
+                return Err(PostSendError::Doorbell {
+                    posted: count,
+                    source,
+                });
+            }
+        }
+        refused.map_or(Ok(()), Err)
+    }
+
+    /// Posts receive requests, like `ibv_post_recv`. On `Err((n, e))` the first `n` were
+    /// posted. No device involvement and no allocation.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
+        lock(&self.rq).post_recv(wrs)
+    }
+}
+
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qp")
+            .field("handle", &self.object.handle)
+            .field("qpn", &self.qpn)
+            .field("qp_type", &self.qp_type)
+            .field("doorbell_index", &self.doorbell_index)
+            .finish()
+    }
+}
+
+/// `wanted`, or the device's `limit` capped at [`DEFAULT_RD_ATOMIC`].
+fn rd_atomic(wanted: Option<u8>, limit: u32) -> u8 {
+    wanted.unwrap_or(limit.min(DEFAULT_RD_ATOMIC) as u8)
+}

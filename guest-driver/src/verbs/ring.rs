@@ -1,0 +1,40 @@
+//! Queue buffers the device mapped into the shared-memory region.
+
+use vrdma_spec::wire::RingDesc;
+
+use super::context::ContextInner;
+use super::error::{ProtocolError, Result};
+use crate::provider::rxe_v1::{QueueGeometry, RxeQueue};
+
+/// Checks `desc` (spec §6) and wraps the buffer it describes.
+///
+/// # Safety
+///
+/// `desc` must come from the create response of an object whose DESTROY is sent only after
+/// the returned queue (and everything built on it) is dropped, and each ring must be wrapped
+/// once.
+pub(crate) unsafe fn map_ring(ctx: &ContextInner, desc: &RingDesc) -> Result<RxeQueue> {
+    let config = ctx.config();
+    let page_size = 1u64 << config.shm_page_shift.get();
+    desc.check_rxe_v1(config.shm_size.get(), page_size)
+        .map_err(ProtocolError::Ring)?;
+    let offset = desc.shm_offset.get();
+    let len = desc.map_len.get();
+    let outside = || ProtocolError::OutsideRegion { offset, len };
+    let base = usize::try_from(offset)
+        .ok()
+        .and_then(|offset| ctx.shared_memory().range(offset, len as usize))
+        .ok_or_else(outside)?;
+    let geometry = QueueGeometry {
+        num_slots: desc.num_slots.get(),
+        log2_slot_size: desc.log2_slot_size.get(),
+    };
+    // SAFETY: the device mapped `len` bytes read/write at `offset` of the region before it
+    // answered the create command (spec §5.1) and unmaps them only on DESTROY, which the
+    // caller sends after dropping the queue; the region stays mapped while the transport,
+    // which the context holds, lives. The caller wraps the ring once; the host kernel is the
+    // only other party and uses the index words atomically.
+    let queue =
+        unsafe { RxeQueue::new(base, len as usize, geometry) }.map_err(ProtocolError::Queue)?;
+    Ok(queue)
+}
