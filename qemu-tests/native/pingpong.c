@@ -68,7 +68,8 @@ struct plan {
 	uint32_t sizes[MAX_SIZES];
 	int nsizes;
 	uint32_t iters;
-	uint32_t window; /* 0: verify mode */
+	uint32_t window; /* bandwidth mode if not 0 */
+	bool oneway;
 };
 
 struct hello {
@@ -341,6 +342,11 @@ static bool plan_check(const struct plan *p, char *err, size_t errlen)
 		snprintf(err, errlen, "window %u is not in 1..=%u", p->window, MAX_WINDOW);
 		return false;
 	}
+	for (int o = 0; o < p->nops && p->oneway; o++)
+		if (p->ops[o] == OP_READ) {
+			snprintf(err, errlen, "one-way mode cannot run read");
+			return false;
+		}
 	for (int o = 0; o < p->nops && p->window; o++)
 		if (p->ops[o] != OP_SEND && p->ops[o] != OP_WRITE) {
 			snprintf(err, errlen, "bandwidth mode streams only send and write, not %s",
@@ -379,6 +385,8 @@ static bool plan_from_wire(const char *s, size_t n, struct plan *p, char *err, s
 
 	if (mlen == 6 && !memcmp(c3 + 1, "verify", 6)) {
 		p->window = 0;
+	} else if (mlen == 6 && !memcmp(c3 + 1, "oneway", 6)) {
+		p->oneway = true;
 	} else if (mlen > 2 && !memcmp(c3 + 1, "bw", 2) && parse_decimal(c3 + 3, mlen - 2, &v) &&
 		   v >= 1 && v <= MAX_WINDOW) {
 		p->window = (uint32_t)v;
@@ -400,6 +408,8 @@ static int plan_to_wire(const struct plan *p, char *out, size_t outlen)
 		n += (size_t)snprintf(out + n, outlen - n, "%s%u", s ? "," : "", p->sizes[s]);
 	if (p->window)
 		n += (size_t)snprintf(out + n, outlen - n, ":%u:bw%u", p->iters, p->window);
+	else if (p->oneway)
+		n += (size_t)snprintf(out + n, outlen - n, ":%u:oneway", p->iters);
 	else
 		n += (size_t)snprintf(out + n, outlen - n, ":%u:verify", p->iters);
 	return (int)n;
@@ -1210,6 +1220,34 @@ static void run_bw_step(struct peer *pp, enum op op, uint32_t size, uint32_t n, 
 	row->mmsg_s = elapsed > 0 ? (double)n / elapsed / 1e6 : 0;
 }
 
+/* The client's messages only; the server verifies each and acknowledges it over TCP, posting
+ * no send itself. */
+static void run_oneway_step(struct peer *pp, enum op op, uint32_t size, uint32_t iters,
+			    struct row *row)
+{
+	double total = 0;
+
+	for (uint32_t i = 0; i < iters; i++) {
+		pp->cur_iter = i;
+		if (pp->is_server) {
+			receive_payload(pp, op, size, i);
+			verify(payload_at(pp, op), op, size, i, CLIENT_TO_SERVER);
+			send_line(pp->sock, MAGIC " ack\n");
+			continue;
+		}
+		pattern_fill(pp->buf + pp->len, op, size, i, CLIENT_TO_SERVER);
+		double t0 = now_s();
+
+		send_payload(pp, op, size, i);
+		reap_sends(pp, pp->sends_outstanding);
+		expect_line(pp, "ack");
+		total += now_s() - t0;
+	}
+	row->has_latency = false;
+	row->mib_s = total > 0 ? (double)iters * size / total / (1 << 20) : 0;
+	row->mmsg_s = total > 0 ? iters / total / 1e6 : 0;
+}
+
 static void print_table(const struct row *rows, int nrows)
 {
 	printf("%-10s %8s %7s %3s %14s %10s %10s %10s %9s\n", "op", "size", "iters", "inl",
@@ -1241,6 +1279,8 @@ static void write_json(const char *path, const struct plan *plan, const struct r
 	if (plan->window)
 		fprintf(f, "  \"mode\": {\n    \"bandwidth\": {\n      \"window\": %u\n    }\n  },\n",
 			plan->window);
+	else if (plan->oneway)
+		fprintf(f, "  \"mode\": \"oneway\",\n");
 	else
 		fprintf(f, "  \"mode\": \"verify\",\n");
 	fprintf(f, "  \"rows\": [");
@@ -1272,7 +1312,7 @@ static int run_plan(struct peer *pp, const char *json)
 	int nrows = 0;
 	double *samples = NULL;
 
-	if (!pp->is_server && !plan->window) {
+	if (!pp->is_server && !plan->window && !plan->oneway) {
 		samples = calloc(plan->iters, sizeof(*samples));
 		if (!samples)
 			fail("allocating %u samples", plan->iters);
@@ -1296,6 +1336,8 @@ static int run_plan(struct peer *pp, const char *json)
 			pp->in_step = true;
 			if (plan->window)
 				run_bw_step(pp, op, size, plan->iters, plan->window, row);
+			else if (plan->oneway)
+				run_oneway_step(pp, op, size, plan->iters, row);
 			else
 				run_verify_step(pp, op, size, plan->iters, row, samples);
 			pp->in_step = false;
@@ -1330,7 +1372,11 @@ static void usage(FILE *f)
 		"  -n, --iters N        iterations (messages in --bw) per op and size (default 100)\n"
 		"  -b, --bw             bandwidth mode (send and write only)\n"
 		"  -w, --window W       outstanding messages in --bw (default 16)\n"
-		"  -l, --len BYTES      area size (server: the largest it accepts; default: the plan's)\n"
+		"  -O, --oneway         one-way mode: only the client sends (not read); the server\n"
+		"                       verifies and acknowledges each message over TCP\n"
+		"  -S, --start-file F   once the QPs are ready (READY on stderr), wait for F to exist\n"
+		"  -l, --len BYTES      area size: the server refuses plans needing more, the client\n"
+		"                       uses at least its plan's (default: this side's plan's)\n"
 		"  -t, --timeout SECS   bound of every wait (default 30)\n"
 		"  -j, --json FILE      also write the results as JSON (client)\n",
 		DEFAULT_PORT);
@@ -1368,13 +1414,17 @@ static int selftest(void)
 	}
 	static const char *const bad[] = {
 		"send:1:1", "send:0:1:verify", "send,send:1:1:verify", "read:1:1:bw4",
-		"ud_send:2048:1:verify", "send:1:1:bw129", "send,:1:1:verify",
+		"ud_send:2048:1:verify", "send:1:1:bw129", "send,:1:1:verify", "read:1:1:oneway",
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
 		if (plan_from_wire(bad[i], strlen(bad[i]), &p, err, sizeof(err))) {
 			fprintf(stderr, "selftest: plan %s accepted\n", bad[i]);
 			return 1;
 		}
+	if (!plan_from_wire("write,send_imm:64:5:oneway", 26, &p, err, sizeof(err)) || !p.oneway) {
+		fprintf(stderr, "selftest: one-way plan refused: %s\n", err);
+		return 1;
+	}
 	printf("selftest: ok\n");
 	return 0;
 }
@@ -1388,15 +1438,16 @@ int main(int argc, char **argv)
 		{ "bw", no_argument, NULL, 'b' },	    { "window", required_argument, NULL, 'w' },
 		{ "len", required_argument, NULL, 'l' },    { "timeout", required_argument, NULL, 't' },
 		{ "json", required_argument, NULL, 'j' },   { "help", no_argument, NULL, 'h' },
+		{ "oneway", no_argument, NULL, 'O' },	    { "start-file", required_argument, NULL, 'S' },
 		{ 0 },
 	};
-	const char *device = NULL, *host = "127.0.0.1", *json = NULL;
+	const char *device = NULL, *host = "127.0.0.1", *json = NULL, *start_file = NULL;
 	const char *ops = "send,send_imm,write,write_imm,read,ud_send";
 	const char *sizes = "1,64,4096,65536,1048576";
 	char port[16], err[512], wire[MAX_LINE], line[MAX_LINE];
 	unsigned long iters = 100, window = 16, timeout = 30;
 	uint64_t len = 0;
-	bool bw = false;
+	bool bw = false, oneway = false;
 	struct peer peer = { .sock = -1 };
 	struct plan plan;
 	int c;
@@ -1418,7 +1469,7 @@ int main(int argc, char **argv)
 	}
 	peer.is_server = !strcmp(argv[1], "server");
 	optind = 2;
-	while ((c = getopt_long(argc, argv, "d:p:H:o:s:n:bw:l:t:j:h", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "d:p:H:o:s:n:bw:l:t:j:hOS:", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'd': device = optarg; break;
 		case 'p': snprintf(port, sizeof(port), "%s", optarg); break;
@@ -1431,11 +1482,13 @@ int main(int argc, char **argv)
 		case 'l': len = strtoull(optarg, NULL, 10); break;
 		case 't': timeout = strtoul(optarg, NULL, 10); break;
 		case 'j': json = optarg; break;
+		case 'O': oneway = true; break;
+		case 'S': start_file = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
-	if (optind != argc || timeout == 0) {
+	if (optind != argc || timeout == 0 || (bw && oneway)) {
 		usage(stderr);
 		return 2;
 	}
@@ -1443,11 +1496,14 @@ int main(int argc, char **argv)
 	snprintf(wire, sizeof(wire), "%s:%s:%lu:", ops, sizes, iters);
 	if (bw)
 		snprintf(wire + strlen(wire), sizeof(wire) - strlen(wire), "bw%lu", window);
+	else if (oneway)
+		snprintf(wire + strlen(wire), sizeof(wire) - strlen(wire), "oneway");
 	else
 		snprintf(wire + strlen(wire), sizeof(wire) - strlen(wire), "verify");
 	if (!plan_from_wire(wire, strlen(wire), &plan, err, sizeof(err)))
 		fail("%s", err);
-	if (len < plan_area_len(&plan))
+	/* The server's area is --len if given; the client's is at least what its plan needs. */
+	if (!len || (!peer.is_server && len < plan_area_len(&plan)))
 		len = plan_area_len(&plan);
 	current_peer = &peer;
 
@@ -1486,8 +1542,20 @@ int main(int argc, char **argv)
 		send_line(peer.sock, line);
 	}
 	connect_qps(&peer);
+	fprintf(stderr, "READY\n");
+	if (start_file) {
+		double deadline = now_s() + peer.timeout_s;
+
+		while (access(start_file, F_OK)) {
+			if (now_s() > deadline)
+				fail("start file %s did not appear within %.0f s", start_file,
+				     peer.timeout_s);
+			usleep(20000);
+		}
+	}
 	send_line(peer.sock, MAGIC " ready\n");
 	expect_line(&peer, "ready");
+	fprintf(stderr, "RUNNING\n");
 	run_plan(&peer, json);
 	teardown(&peer);
 	close(peer.sock);

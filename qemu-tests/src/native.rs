@@ -215,11 +215,18 @@ mod tests {
         assert!(fingerprint(b"x").starts_with(b"cc -O2"));
     }
 
-    /// Runs server and client of the native peer against each other on rxe0.
-    fn run_pair(binary: &Path, port: u16, args: &[&str]) -> String {
+    /// Runs server and client of the native peer against each other on rxe0; returns
+    /// whether each succeeded and what both printed.
+    fn run_pair(
+        binary: &Path,
+        port: u16,
+        server_args: &[&str],
+        args: &[&str],
+    ) -> (bool, bool, String) {
         let port = port.to_string();
         let mut server = Command::new(binary)
             .args(["server", "-d", "rxe0", "-p", &port])
+            .args(server_args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -244,32 +251,52 @@ mod tests {
             String::from_utf8_lossy(&server.stdout),
             String::from_utf8_lossy(&server.stderr),
         );
-        assert!(client.status.success() && server.status.success(), "{text}");
-        text
+        (client.status.success(), server.status.success(), text)
     }
 
     #[test]
     #[ignore = "needs Soft-RoCE (rxe0): run inside the VM (vrdma-vm run)"]
     fn native_peers_verify_every_operation_on_rxe() {
         let binary = binary_path(&default_target_dir().unwrap());
-        let text = run_pair(&binary, 18611, &["-s", "1,64,4096,65536", "-n", "20"]);
-        for op in [
-            "send ",
-            "send_imm ",
-            "write ",
-            "write_imm ",
-            "read ",
-            "ud_send ",
-        ] {
-            assert!(text.contains(op), "no {op}row:\n{text}");
-        }
-        let text = run_pair(
+        let (client_ok, server_ok, text) = run_pair(
             &binary,
-            18612,
-            &["-o", "send,write", "-s", "65536", "-n", "200", "--bw"],
+            18611,
+            &[],
+            &["-s", "1,64,1024,4096,65536", "-n", "20"],
         );
+        assert!(client_ok && server_ok, "{text}");
+        for op in ["send", "send_imm", "write", "write_imm", "read", "ud_send"] {
+            let rows = text
+                .lines()
+                .filter(|l| l.split_whitespace().next() == Some(op))
+                .count();
+            // ud_send skips the sizes above the MTU.
+            let expected = if op == "ud_send" { 3 } else { 5 };
+            assert_eq!(rows, expected, "{op}:\n{text}");
+        }
+        let bw = ["-o", "send,write", "-s", "65536", "-n", "200", "--bw"];
+        let (client_ok, server_ok, text) = run_pair(&binary, 18612, &[], &bw);
+        assert!(client_ok && server_ok, "{text}");
+        assert_eq!(
+            text.lines().filter(|l| l.contains(" 65536 ")).count(),
+            2,
+            "{text}"
+        );
+    }
+
+    #[test]
+    #[ignore = "needs Soft-RoCE (rxe0): run inside the VM (vrdma-vm run)"]
+    fn native_server_refuses_a_plan_above_its_area() {
+        let binary = binary_path(&default_target_dir().unwrap());
+        let (client_ok, server_ok, text) = run_pair(
+            &binary,
+            18613,
+            &["-l", "4096"],
+            &["-o", "send", "-s", "65536"],
+        );
+        assert!(!client_ok && !server_ok, "{text}");
         assert!(
-            text.lines().filter(|l| l.contains("65536")).count() == 2,
+            text.contains("peer failed: refusing plan send:65536:100:verify"),
             "{text}"
         );
     }

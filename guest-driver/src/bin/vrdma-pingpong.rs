@@ -47,11 +47,19 @@ struct Cli {
     /// Bandwidth mode: stream messages (send and write only) instead of ping-pong.
     #[arg(long)]
     bw: bool,
+    /// One-way mode: only the client sends (not read); the server verifies each message and
+    /// acknowledges it over TCP, posting no send itself.
+    #[arg(long, conflicts_with = "bw")]
+    oneway: bool,
+    /// Once the queue pairs are ready (after printing READY on stderr), wait for this file to
+    /// exist before starting.
+    #[arg(long)]
+    start_file: Option<PathBuf>,
     /// Outstanding messages in --bw mode.
     #[arg(long, default_value_t = 16)]
     window: u32,
-    /// Area size in bytes; the server refuses plans that need more [default: what this
-    /// side's own --ops/--sizes need].
+    /// Area size in bytes: the server refuses plans that need more, the client uses at
+    /// least what its plan needs [default: what this side's own --ops/--sizes need].
     #[arg(long)]
     len: Option<u64>,
     /// Bound of every wait, in seconds.
@@ -77,6 +85,8 @@ fn main() -> ExitCode {
 fn run(cli: &Cli) -> Result<(), String> {
     let mode = if cli.bw {
         format!("bw{}", cli.window)
+    } else if cli.oneway {
+        "oneway".to_string()
     } else {
         "verify".to_string()
     };
@@ -89,17 +99,21 @@ fn run(cli: &Cli) -> Result<(), String> {
         host: cli.host.clone(),
         port: cli.port,
         timeout: Duration::from_secs(cli.timeout),
-        len: cli.len.unwrap_or(0).max(plan.area_len()),
+        len: cli.len.unwrap_or(plan.area_len()),
+        start_file: cli.start_file.clone(),
     };
     let ctx = Context::connect_process(&cli.socket)
         .map_err(|e| format!("opening vrdma at {}: {e}", cli.socket.display()))?;
     match cli.role {
         Role::Server => {
-            let (steps, plan) = run_server(&ctx, &opts).map_err(|e| e.to_string())?;
+            let served = run_server(&ctx, &opts).map_err(|e| e.to_string())?;
             println!(
-                "server: {steps} steps of {} iterations verified",
-                plan.iters()
+                "server: {} steps of {} iterations verified",
+                served.steps,
+                served.plan.iters()
             );
+            // Only now: destroying the resources needs the backend.
+            drop(served.resources);
         }
         Role::Client => {
             let report = run_client(&ctx, &plan, &opts).map_err(|e| e.to_string())?;

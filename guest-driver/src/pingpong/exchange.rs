@@ -38,6 +38,8 @@ pub enum Message {
     Ready,
     /// The plan ran to the end on this side and all its work requests completed.
     Done,
+    /// One-way mode: the server verified the client's latest message.
+    Ack,
     /// This side gives up (a refused plan or a failure); it closes the connection next.
     Error(String),
 }
@@ -93,6 +95,7 @@ impl Message {
             }
             Message::Ready => line.push_str(" ready"),
             Message::Done => line.push_str(" done"),
+            Message::Ack => line.push_str(" ack"),
             Message::Error(text) => {
                 line.push_str(" error ");
                 // One line of printable ASCII, whatever the message held.
@@ -129,6 +132,7 @@ impl Message {
         match rest {
             "ready" => return Ok(Message::Ready),
             "done" => return Ok(Message::Done),
+            "ack" => return Ok(Message::Ack),
             _ => {}
         }
         if let Some(text) = rest.strip_prefix("error ") {
@@ -276,6 +280,7 @@ mod tests {
         for m in [
             Message::Ready,
             Message::Done,
+            Message::Ack,
             Message::Error("size 2097152 above buffer".into()),
         ] {
             assert_eq!(Message::parse(&m.to_line()), Ok(m));

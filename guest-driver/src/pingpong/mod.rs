@@ -15,6 +15,7 @@
 //! VRDMA-PP/1 qpn=<hex> psn=<hex> gid=<32 hex digits> rkey=<hex> addr=<hex> len=<dec> plan=<plan>[ udqpn=<hex>]
 //! VRDMA-PP/1 ready
 //! VRDMA-PP/1 done
+//! VRDMA-PP/1 ack
 //! VRDMA-PP/1 error <text>
 //! ```
 //!
@@ -24,12 +25,14 @@
 //! appear exactly in this order, separated by one space; `udqpn` (the UD queue pair) is present
 //! exactly when the plan contains `ud_send`. `plan` is `<ops>:<sizes>:<iters>:<mode>`:
 //! comma-separated operation names, comma-separated decimal sizes (1..=1048576, distinct, at
-//! most 32), the iteration count (1..=10^7), and `verify` or `bw<window>` (window 1..=128).
+//! most 32), the iteration count (1..=10^7), and the mode: `verify`, `bw<window>` (window
+//! 1..=128) or `oneway`.
 //!
 //! Sequence: the client sends its hello; the server checks the plan (a size whose area does not
 //! fit its buffer, an operation it cannot run …) and answers either `error <why>` and closes, or
 //! its own hello echoing the plan unchanged. Both then bring their queue pairs to RTS, post
-//! their receives and send `ready`; each waits for the peer's `ready` before its first work
+//! their receives, print `READY` on stderr, wait for a start file if one was given (a test
+//! harness can act on the backend meanwhile) and send `ready`; each prints `RUNNING` and waits for the peer's `ready` before its first work
 //! request. After the last step each side waits for all its work requests to complete, sends
 //! `done` and waits for the peer's `done` before tearing down. A side that fails at any point
 //! sends `error <op> size <n> iteration <i>: <what>` and exits non-zero; the other side watches
@@ -72,6 +75,12 @@
 //! receives (`send`) or waits for done (`write`), verifies that its area holds the last
 //! message, and answers with ack. Throughput is timed from the first post to the last message's
 //! completion.
+//!
+//! In `oneway` mode (every operation but `read`) only the client posts sends: for each
+//! iteration it sends the payload as in `verify` mode, waits for its own completions and then
+//! for the server's `ack` line on the TCP connection, which the server sends after verifying
+//! the message. The server's data path thus needs no send (and, over vrdma, no backend).
+//! Throughput is timed per iteration from the post to the `ack`; no latency is reported.
 
 pub mod endpoint;
 pub mod exchange;

@@ -78,6 +78,11 @@ impl Op {
         matches!(self, Op::Send | Op::Write)
     }
 
+    /// Whether the client alone can move this operation's payload (everything but `read`).
+    pub const fn one_way(self) -> bool {
+        !matches!(self, Op::Read)
+    }
+
     /// Largest message of this operation: UD messages fit in one MTU.
     pub const fn max_size(self) -> u32 {
         match self {
@@ -109,6 +114,9 @@ pub enum Mode {
     Verify,
     /// The client streams messages with up to `window` outstanding; the last one is verified.
     Bandwidth { window: u32 },
+    /// The client's messages only, each verified and acknowledged over TCP: the server posts
+    /// no send at all (so its data path works with its backend stopped).
+    Oneway,
 }
 
 impl fmt::Display for Mode {
@@ -116,6 +124,7 @@ impl fmt::Display for Mode {
         match self {
             Mode::Verify => f.write_str("verify"),
             Mode::Bandwidth { window } => write!(f, "bw{window}"),
+            Mode::Oneway => f.write_str("oneway"),
         }
     }
 }
@@ -149,11 +158,13 @@ pub enum PlanError {
     #[error("iteration count {0:?} is not a number in 1..={MAX_ITERS}")]
     BadIters(String),
     #[error(
-        "mode {0:?} is neither \"verify\" nor \"bw<window>\" with a window in 1..={MAX_WINDOW}"
+        "mode {0:?} is not \"verify\", \"oneway\" or \"bw<window>\" with a window in 1..={MAX_WINDOW}"
     )]
     BadMode(String),
     #[error("bandwidth mode streams only send and write, not {0}")]
     NotStreamable(Op),
+    #[error("one-way mode cannot run {0}")]
+    NotOneWay(Op),
     #[error("no step left: ud_send runs only sizes up to {MTU}")]
     NoSteps,
     #[error("plan {0:?} is not <ops>:<sizes>:<iters>:<mode>")]
@@ -182,6 +193,9 @@ impl Plan {
             }
             if matches!(mode, Mode::Bandwidth { .. }) && !op.streams() {
                 return Err(PlanError::NotStreamable(*op));
+            }
+            if mode == Mode::Oneway && !op.one_way() {
+                return Err(PlanError::NotOneWay(*op));
             }
         }
         if sizes.is_empty() {
@@ -325,8 +339,10 @@ fn parse_iters(text: &str) -> Result<u32, PlanError> {
 }
 
 fn parse_mode(text: &str) -> Result<Mode, PlanError> {
-    if text == "verify" {
-        return Ok(Mode::Verify);
+    match text {
+        "verify" => return Ok(Mode::Verify),
+        "oneway" => return Ok(Mode::Oneway),
+        _ => {}
     }
     text.strip_prefix("bw")
         .and_then(parse_decimal)
@@ -360,6 +376,9 @@ mod tests {
         let bw = Plan::from_parts("write,send", "65536", "1000", "bw16").unwrap();
         assert_eq!(bw.mode(), Mode::Bandwidth { window: 16 });
         assert_eq!(Plan::from_wire("write,send:65536:1000:bw16").unwrap(), bw);
+        let oneway = Plan::from_wire("write,send_imm,ud_send:64:50:oneway").unwrap();
+        assert_eq!(oneway.mode(), Mode::Oneway);
+        assert_eq!(oneway.to_wire(), "write,send_imm,ud_send:64:50:oneway");
     }
 
     #[test]
@@ -407,6 +426,7 @@ mod tests {
             ("send", "1", "1", "bw0"),
             ("send", "1", "1", "bw129"),
             ("read", "1", "1", "bw4"),
+            ("send,read", "1", "1", "oneway"),
         ];
         for (ops, sizes, iters, mode) in bad {
             assert!(

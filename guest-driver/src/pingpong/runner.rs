@@ -1,6 +1,7 @@
 //! Runs a plan as server or client over an [`Endpoint`] (see the protocol in
 //! [`crate::pingpong`]).
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::provider::{
@@ -27,6 +28,19 @@ pub struct Options {
     /// Area length: the client uses at least its plan's; the server refuses plans that need
     /// more.
     pub len: u64,
+    /// Once the queue pairs are ready, wait for this file to exist before sending `ready`.
+    pub start_file: Option<PathBuf>,
+}
+
+/// What a server run leaves behind.
+pub struct Served {
+    /// Steps verified.
+    pub steps: usize,
+    /// The client's plan.
+    pub plan: Plan,
+    /// The device resources, still alive: destroying them needs the backend, so the caller
+    /// reports first and drops them after.
+    pub resources: Endpoint,
 }
 
 /// Why a run failed.
@@ -80,15 +94,15 @@ impl RunError {
 type Result<T, E = RunError> = std::result::Result<T, E>;
 
 /// Runs the server side: accepts one client on `opts.host:opts.port`, runs its plan with an
-/// area of `opts.len` bytes, and returns the number of steps verified and the plan.
-pub fn run_server(ctx: &Context, opts: &Options) -> Result<(usize, Plan)> {
+/// area of `opts.len` bytes.
+pub fn run_server(ctx: &Context, opts: &Options) -> Result<Served> {
     let mut channel = Channel::accept(&opts.host, opts.port, opts.timeout)?;
     let result = serve(ctx, opts, &mut channel);
     report_failure(&mut channel, &result);
     result
 }
 
-fn serve(ctx: &Context, opts: &Options, channel: &mut Channel) -> Result<(usize, Plan)> {
+fn serve(ctx: &Context, opts: &Options, channel: &mut Channel) -> Result<Served> {
     let Message::Hello(client) = channel.receive()? else {
         return Err(RunError::Protocol(
             "the client did not start with a hello".into(),
@@ -111,9 +125,13 @@ fn serve(ctx: &Context, opts: &Options, channel: &mut Channel) -> Result<(usize,
     let endpoint = Endpoint::new(ctx, &client.plan, opts.len)?;
     channel.send(&Message::Hello(endpoint.hello.clone()))?;
     let plan = client.plan.clone();
-    let mut session = Session::start(endpoint, client, channel, opts.timeout, true)?;
+    let mut session = Session::start(endpoint, client, channel, opts, true)?;
     session.run()?;
-    Ok((session.steps_done, plan))
+    Ok(Served {
+        steps: session.steps_done,
+        plan,
+        resources: session.ep,
+    })
 }
 
 /// Runs the client side with `plan`: connects to the server and returns the measured results.
@@ -140,7 +158,7 @@ pub fn run_client(ctx: &Context, plan: &Plan, opts: &Options) -> Result<Report> 
                 server.len
             )));
         }
-        let mut session = Session::start(endpoint, server, &mut channel, opts.timeout, false)?;
+        let mut session = Session::start(endpoint, server, &mut channel, opts, false)?;
         session.run()?;
         Ok(Report {
             implementation: "vrdma".into(),
@@ -199,15 +217,21 @@ struct Session<'c> {
 }
 
 impl<'c> Session<'c> {
-    /// Connects the queue pairs and exchanges `ready`.
+    /// Connects the queue pairs and exchanges `ready`. Prints `READY` on stderr once this
+    /// side's queue pairs are connected and its receives posted, and `RUNNING` once both are.
     fn start(
         mut ep: Endpoint,
         peer: Hello,
         channel: &'c mut Channel,
-        timeout: Duration,
+        opts: &Options,
         is_server: bool,
     ) -> Result<Self> {
+        let timeout = opts.timeout;
         ep.connect(&peer)?;
+        eprintln!("READY");
+        if let Some(path) = &opts.start_file {
+            wait_for_file(path, timeout)?;
+        }
         channel.send(&Message::Ready)?;
         match channel.receive()? {
             Message::Ready => {}
@@ -218,6 +242,7 @@ impl<'c> Session<'c> {
                 )))
             }
         }
+        eprintln!("RUNNING");
         let samples = match peer.plan.mode() {
             Mode::Verify if !is_server => Vec::with_capacity(peer.plan.iters() as usize),
             _ => Vec::new(),
@@ -244,6 +269,7 @@ impl<'c> Session<'c> {
                 Mode::Bandwidth { window } => {
                     self.bw_step(step.op, step.size, plan.iters(), window, &mut iter)
                 }
+                Mode::Oneway => self.oneway_step(step.op, step.size, plan.iters(), &mut iter),
             };
             result.map_err(|e| RunError::InStep {
                 op: step.op,
@@ -559,6 +585,48 @@ impl<'c> Session<'c> {
         Ok(rtt)
     }
 
+    // ---- One-way mode ----
+
+    fn oneway_step(&mut self, op: Op, size: u32, iters: u32, iter: &mut u32) -> Result<()> {
+        let mut total = Duration::ZERO;
+        for i in 0..iters {
+            *iter = i;
+            if self.is_server {
+                self.receive_payload(op, size, i)?;
+                self.verify_area(op, size, i, Direction::ClientToServer)?;
+                self.channel.send(&Message::Ack)?;
+                continue;
+            }
+            self.fill_source(op, size, i, Direction::ClientToServer);
+            let t0 = Instant::now();
+            self.send_payload(op, size, i)?;
+            self.reap_sends(self.sends_outstanding)?;
+            match self.channel.receive()? {
+                Message::Ack => {}
+                other => {
+                    return Err(RunError::Protocol(format!(
+                        "expected ack, got {:?}",
+                        other.to_line().trim_end()
+                    )))
+                }
+            }
+            total += t0.elapsed();
+        }
+        if !self.is_server {
+            let (mib_s, mmsg_s) = throughput(iters.into(), size, total);
+            self.rows.push(Row {
+                op,
+                size,
+                iters,
+                inline: self.inline_for(op, size),
+                latency: None,
+                mib_s,
+                mmsg_s,
+            });
+        }
+        Ok(())
+    }
+
     // ---- Bandwidth mode ----
 
     fn bw_step(&mut self, op: Op, size: u32, n: u32, window: u32, iter: &mut u32) -> Result<()> {
@@ -650,4 +718,19 @@ impl<'c> Session<'c> {
         });
         Ok(())
     }
+}
+
+/// Waits up to `timeout` for `path` to exist.
+fn wait_for_file(path: &std::path::Path, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !path.exists() {
+        if Instant::now() > deadline {
+            return Err(RunError::Protocol(format!(
+                "start file {} did not appear within {timeout:?}",
+                path.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }
