@@ -10,6 +10,7 @@
 //! a used length of 0 and logged (rate-limited, since a guest can produce them at will).
 
 use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -81,6 +82,9 @@ pub struct VrdmaBackend<H: DeviceHandler> {
     command: Mutex<CommandBuffers>,
     doorbell_bytes: Mutex<Vec<u8>>,
     faults: GuestFaultLog,
+    /// Consumer ends of the worker exit events, which the daemon leaks (see
+    /// [`VrdmaBackend::close_leaked_exit_fds`]).
+    exit_consumer_fds: Mutex<Vec<RawFd>>,
 }
 
 #[derive(Default)]
@@ -101,7 +105,24 @@ impl<H: DeviceHandler> VrdmaBackend<H> {
             command: Mutex::new(CommandBuffers::default()),
             doorbell_bytes: Mutex::new(Vec::new()),
             faults: GuestFaultLog::default(),
+            exit_consumer_fds: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Closes the consumer ends of the worker exit events. vhost-user-backend 0.24's
+    /// `VringEpollHandler::new` registers the consumer with `into_raw_fd()` and never closes
+    /// it, which leaks two descriptors per guest connection; a daemon serving guests for
+    /// months would run out. Call only after the daemon (and so every worker and its epoll) has
+    /// been dropped.
+    pub fn close_leaked_exit_fds(&self) {
+        let fds = std::mem::take(&mut *lock(&self.exit_consumer_fds));
+        for fd in fds {
+            // SAFETY: `fd` is the consumer end created in `exit_event` and handed to the daemon,
+            // which gave up ownership with `into_raw_fd()` and closes it nowhere; the daemon is
+            // gone, so nothing else refers to this still-open descriptor and it is ours to close
+            // exactly once (the list was taken above).
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
     }
 
     /// The device logic.
@@ -501,7 +522,10 @@ impl<H: DeviceHandler> VhostUserBackend for VrdmaBackend<H> {
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
         // Without an exit event the workers could never be stopped when the guest goes.
         match new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC) {
-            Ok(pair) => Some(pair),
+            Ok(pair) => {
+                lock(&self.exit_consumer_fds).push(pair.0.as_raw_fd());
+                Some(pair)
+            }
             Err(e) => {
                 warn!("cannot create a worker exit event: {e}");
                 None

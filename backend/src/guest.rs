@@ -20,8 +20,8 @@ use log::{debug, info, warn};
 use vrdma_spec::config::{self, DeviceConfig};
 use vrdma_spec::control::{HEADER_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::{VIRTIO_F_VERSION_1, VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ, VRDMA_F_UD};
-use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, Le64, Status};
 use vrdma_spec::StatusError;
+use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, Le64, Status};
 use zerocopy::IntoBytes;
 
 use crate::control::doorbell::Doorbells;
@@ -516,7 +516,10 @@ impl GuestDevice {
 
     /// The host device failed: drop everything and refuse commands until reset (spec §11.2).
     pub(crate) fn host_failed(&self, ctx: &GuestContext) {
-        warn!("guest {}: the host RDMA device reported a fatal error", self.id);
+        warn!(
+            "guest {}: the host RDMA device reported a fatal error",
+            self.id
+        );
         self.failed.store(true, Ordering::Release);
         let mut state = lock(&self.state);
         self.discard(&mut state, Some(ctx));
@@ -587,8 +590,10 @@ impl DeviceHandler for GuestDevice {
     ) {
         if response_capacity < HEADER_SIZE {
             // Spec §5.1: without room for a status the command is not executed.
-            self.faults
-                .report(self.id, format_args!("response buffer of {response_capacity} bytes"));
+            self.faults.report(
+                self.id,
+                format_args!("response buffer of {response_capacity} bytes"),
+            );
             return;
         }
         let (op, result) = self.run_command(ctx, request, response_capacity);
@@ -599,10 +604,8 @@ impl DeviceHandler for GuestDevice {
             }
             Err(e) => {
                 let status = e.status();
-                self.faults.report(
-                    self.id,
-                    format_args!("{op:?}: {} ({e})", status.status()),
-                );
+                self.faults
+                    .report(self.id, format_args!("{op:?}: {} ({e})", status.status()));
                 ControlResponse::Err(status).encode_into(response);
             }
         }

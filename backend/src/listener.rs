@@ -253,5 +253,6 @@ fn serve_until_disconnect<H: DeviceHandler>(
     // Dropping the daemon stops and joins its worker threads, so the handler is reset with no
     // request in flight.
     drop(daemon);
+    backend.close_leaked_exit_fds();
     backend.handler().reset();
 }

@@ -16,7 +16,11 @@ use vrdma_backend::resources::Quotas;
 
 /// Command line.
 #[derive(Debug, Parser)]
-#[command(name = "vrdma-backend", version, about = "vhost-user back-end of the vrdma device")]
+#[command(
+    name = "vrdma-backend",
+    version,
+    about = "vhost-user back-end of the vrdma device"
+)]
 struct Args {
     /// Path of the vhost-user socket to listen on (a stale socket file is replaced).
     #[arg(long)]
@@ -132,7 +136,11 @@ fn run(args: &Args) -> Result<(), String> {
         factory.options().host_port,
         args.socket.display(),
         factory.options().shm_size >> 20,
-        if factory.options().allow_ud { ", UD allowed" } else { "" }
+        if factory.options().allow_ud {
+            ", UD allowed"
+        } else {
+            ""
+        }
     );
     let result = listener.run().map_err(|e| e.to_string());
     if let Err(e) = std::fs::remove_file(&args.socket) {

@@ -195,7 +195,10 @@ mod tests {
         assert!(ShmAllocator::new(PAGE + 1, PAGE).is_err());
         assert!(ShmAllocator::new(4 * PAGE, 3000).is_err());
         let a = ShmAllocator::new(4 * PAGE, PAGE).unwrap();
-        assert_eq!((a.size(), a.free_bytes(), a.used_bytes()), (4 * PAGE, 4 * PAGE, 0));
+        assert_eq!(
+            (a.size(), a.free_bytes(), a.used_bytes()),
+            (4 * PAGE, 4 * PAGE, 0)
+        );
     }
 
     #[test]
@@ -204,9 +207,27 @@ mod tests {
         let r1 = a.alloc(1).unwrap();
         let r2 = a.alloc(PAGE + 1).unwrap();
         let r3 = a.alloc(PAGE).unwrap();
-        assert_eq!(r1, ShmRange { offset: 0, len: PAGE });
-        assert_eq!(r2, ShmRange { offset: PAGE, len: 2 * PAGE });
-        assert_eq!(r3, ShmRange { offset: 3 * PAGE, len: PAGE });
+        assert_eq!(
+            r1,
+            ShmRange {
+                offset: 0,
+                len: PAGE
+            }
+        );
+        assert_eq!(
+            r2,
+            ShmRange {
+                offset: PAGE,
+                len: 2 * PAGE
+            }
+        );
+        assert_eq!(
+            r3,
+            ShmRange {
+                offset: 3 * PAGE,
+                len: PAGE
+            }
+        );
         a.free(r2).unwrap();
         // The hole is reused first.
         assert_eq!(a.alloc(PAGE).unwrap().offset, PAGE);
@@ -241,11 +262,29 @@ mod tests {
         }
         assert!(a.is_empty());
         assert_eq!(a.free.len(), 1, "all free extents merged: {:?}", a.free);
-        assert_eq!(a.alloc(6 * PAGE).unwrap(), ShmRange { offset: 0, len: 6 * PAGE });
+        assert_eq!(
+            a.alloc(6 * PAGE).unwrap(),
+            ShmRange {
+                offset: 0,
+                len: 6 * PAGE
+            }
+        );
         a.clear();
-        assert!(a.free(ShmRange { offset: 0, len: PAGE }).is_err());
+        assert!(a
+            .free(ShmRange {
+                offset: 0,
+                len: PAGE
+            })
+            .is_err());
         let r = a.alloc(2 * PAGE).unwrap();
-        assert!(a.free(ShmRange { offset: 0, len: PAGE }).is_err(), "wrong length");
+        assert!(
+            a.free(ShmRange {
+                offset: 0,
+                len: PAGE
+            })
+            .is_err(),
+            "wrong length"
+        );
         a.free(r).unwrap();
         assert!(a.free(r).is_err(), "double free");
     }
@@ -265,7 +304,9 @@ mod tests {
             } else if let Ok(r) = a.alloc(((seed >> 16) % (5 * PAGE)) + 1) {
                 assert!(r.offset.is_multiple_of(PAGE) && r.len.is_multiple_of(PAGE));
                 assert!(r.end() <= 64 * PAGE);
-                assert!(live.iter().all(|o| r.end() <= o.offset || o.end() <= r.offset));
+                assert!(live
+                    .iter()
+                    .all(|o| r.end() <= o.offset || o.end() <= r.offset));
                 live.push(r);
             }
             assert_eq!(a.used_bytes() + a.free_bytes(), 64 * PAGE);

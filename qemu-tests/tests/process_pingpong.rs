@@ -32,7 +32,10 @@ fn process_pingpong_verifies_bypasses_isolates_and_cleans_up() {
                     .unwrap_or_else(|| panic!("{label}: no verified row for {op} {size}"));
                 assert!(row.iters > 0, "{label}: {row:?}");
                 let latency = row.latency.as_ref().unwrap();
-                assert!(latency.typical_us > 0.0 && latency.p99_us >= latency.typical_us, "{row:?}");
+                assert!(
+                    latency.typical_us > 0.0 && latency.p99_us >= latency.typical_us,
+                    "{row:?}"
+                );
             }
         }
         for op in ["write", "send"] {
@@ -50,5 +53,9 @@ fn process_pingpong_verifies_bypasses_isolates_and_cleans_up() {
     assert!(results.bypass_messages > 0);
     assert_eq!(results.cleanup_rounds, 50);
     let (fds_first, fds_last) = results.backend_fds;
-    assert!(fds_first > 0 && fds_last <= fds_first, "{:?}", results.backend_fds);
+    assert!(
+        fds_first > 0 && fds_last <= fds_first,
+        "{:?}",
+        results.backend_fds
+    );
 }

@@ -39,7 +39,10 @@ pub(crate) fn ah_attr_to_host(
             what,
             value: a.port_num.into(),
         })?;
-    let port_attr = dev.host().query_port(port).map_err(host_err("QUERY_PORT"))?;
+    let port_attr = dev
+        .host()
+        .query_port(port)
+        .map_err(host_err("QUERY_PORT"))?;
     let gid_valid = u32::from(a.sgid_index) < port_attr.gid_tbl_len
         && dev
             .device()
@@ -110,7 +113,10 @@ pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
         destroy_host(s.host(), ah.handle);
         return Err(CommandError::Geometry("the host returned ah_num 0".into()));
     }
-    let handle = match s.state.ahs.insert(AhEntry { host: ah.handle, pd }) {
+    let handle = match s.state.ahs.insert(AhEntry {
+        host: ah.handle,
+        pd,
+    }) {
         Ok(handle) => handle,
         Err(e) => {
             destroy_host(s.host(), ah.handle);

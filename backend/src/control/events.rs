@@ -66,7 +66,11 @@ pub fn translate(kind: AsyncEventKind) -> Translation {
 
 fn push(dev: &GuestDevice, ctx: &GuestContext, event: Event, class: EventClass) {
     if let Err(e) = ctx.events().push(&event.to_bytes(), class) {
-        warn!("guest {}: cannot queue {:?}: {e}", dev.id(), event.event_type);
+        warn!(
+            "guest {}: cannot queue {:?}: {e}",
+            dev.id(),
+            event.event_type
+        );
     }
 }
 
@@ -214,7 +218,10 @@ mod tests {
             let kind = AsyncEventKind::from_kernel(raw);
             match translate(kind) {
                 Translation::Object(t) => {
-                    assert!(matches!(t.subject(), Subject::Cq | Subject::Qp | Subject::Srq))
+                    assert!(matches!(
+                        t.subject(),
+                        Subject::Cq | Subject::Qp | Subject::Srq
+                    ))
                 }
                 Translation::Port(t) => assert_eq!(t.subject(), Subject::Port),
                 Translation::DeviceFatal => assert_eq!(kind, AsyncEventKind::DeviceFatal),

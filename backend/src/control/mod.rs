@@ -109,9 +109,9 @@ impl CommandError {
             CommandError::Memory(e) => memory_status(e),
             CommandError::BadState(_) => StatusError::new(Status::BadState),
             CommandError::Rule { status, .. } => StatusError::new(*status),
-            CommandError::Placement(ShmAllocError::NoSpace { .. }) => {
-                StatusError::new(Status::NoMemory)
-            }
+            CommandError::Placement(
+                ShmAllocError::NoSpace { .. } | ShmAllocError::BadLength(_),
+            ) => StatusError::new(Status::NoMemory),
             CommandError::Placement(_) => eio,
             CommandError::Shmem(ShmemError::Frontend(e)) => errno_status(e),
             CommandError::Shmem(_) => eio,
@@ -266,8 +266,14 @@ mod tests {
         };
         assert_eq!(status(host(libc::ENOMEM)).status(), Status::NoMemory);
         let e = status(host(libc::EINVAL));
-        assert_eq!((e.status(), e.detail()), (Status::DeviceError, libc::EINVAL as u32));
+        assert_eq!(
+            (e.status(), e.detail()),
+            (Status::DeviceError, libc::EINVAL as u32)
+        );
         let e = status(CommandError::DeviceFailed);
-        assert_eq!((e.status(), e.detail()), (Status::DeviceError, libc::ENODEV as u32));
+        assert_eq!(
+            (e.status(), e.detail()),
+            (Status::DeviceError, libc::ENODEV as u32)
+        );
     }
 }

@@ -55,14 +55,19 @@ pub(crate) fn reg_mr(s: &mut Session<'_>, m: &RegMr<'_>) -> CommandResult {
     let pd_host = s.state.pds.get(pd)?.host;
 
     s.state.mrs.check_room(0)?;
-    let bytes = u64::from(r.npages.get())
-        .checked_mul(m.page_size())
-        .ok_or(CommandError::Invalid {
-            what: "npages",
-            value: r.npages.get().into(),
-        })?;
+    let bytes =
+        u64::from(r.npages.get())
+            .checked_mul(m.page_size())
+            .ok_or(CommandError::Invalid {
+                what: "npages",
+                value: r.npages.get().into(),
+            })?;
     let limit = options.quotas.mr_bytes;
-    if s.state.mr_bytes.checked_add(bytes).is_none_or(|total| total > limit) {
+    if s.state
+        .mr_bytes
+        .checked_add(bytes)
+        .is_none_or(|total| total > limit)
+    {
         return Err(ResourceError::ByteQuota {
             kind: ResourceKind::Mr,
             limit,
@@ -164,7 +169,10 @@ pub(crate) fn release(host: &dyn HostContext, handle: Handle, entry: MrEntry) {
 fn deregister(host: &dyn HostContext, handle: Handle, live: LiveMr) {
     if let Err(e) = host.dereg_mr(live.host.handle) {
         // Closing the host context releases it all the same.
-        warn!("dereg of MR {handle} (host {}) failed: {e}", live.host.handle);
+        warn!(
+            "dereg of MR {handle} (host {}) failed: {e}",
+            live.host.handle
+        );
     }
     drop(live.window);
 }
@@ -185,7 +193,10 @@ pub(crate) fn revoke_unbacked(dev: &GuestDevice, ctx: &GuestContext, state: &mut
         Ok(ram) => ram,
         Err(e) => {
             // Unknown memory cannot back anything.
-            warn!("guest {}: cannot inspect the new memory table: {e}", dev.id());
+            warn!(
+                "guest {}: cannot inspect the new memory table: {e}",
+                dev.id()
+            );
             GuestRam::default()
         }
     };

@@ -138,9 +138,21 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
             return Err(CommandError::BadState("SET_DOORBELL_AREA must come first"));
         }
         // `doorbell_slots` >= the QP quota, checked above: a slot is always free.
-        doorbells.reserve().ok_or(CommandError::BadState("no free doorbell slot"))?
+        doorbells
+            .reserve()
+            .ok_or(CommandError::BadState("no free doorbell slot"))?
     };
-    let result = create_reserved(s, r, qp_type, deps, doorbell_index, pd, send_cq, recv_cq, srq);
+    let result = create_reserved(
+        s,
+        r,
+        qp_type,
+        deps,
+        doorbell_index,
+        pd,
+        send_cq,
+        recv_cq,
+        srq,
+    );
     if result.is_err() {
         lock(s.dev.doorbells()).release(doorbell_index);
     }
@@ -291,9 +303,8 @@ fn current_state(s: &Session<'_>, host: QpHandle) -> Result<QpState, CommandErro
         .host()
         .query_qp(host, QpAttrMask::STATE)
         .map_err(host_err("QUERY_QP"))?;
-    QpState::try_from(u32::from(info.attr.qp_state.to_kernel())).map_err(|v| {
-        CommandError::Geometry(format!("host reports QP state {v}"))
-    })
+    QpState::try_from(u32::from(info.attr.qp_state.to_kernel()))
+        .map_err(|v| CommandError::Geometry(format!("host reports QP state {v}")))
 }
 
 fn host_state(state: QpState) -> device::QpState {
@@ -348,7 +359,10 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
     } else {
         dev.options().host_port
     };
-    let port_attr = dev.host().query_port(port).map_err(host_err("QUERY_PORT"))?;
+    let port_attr = dev
+        .host()
+        .query_port(port)
+        .map_err(host_err("QUERY_PORT"))?;
     if has(qp_attr::PKEY_INDEX) && a.pkey_index.get() >= port_attr.pkey_tbl_len {
         return Err(CommandError::Invalid {
             what: "pkey_index",
@@ -362,7 +376,11 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
         });
     }
     if has(qp_attr::MAX_QP_RD_ATOMIC) {
-        at_most(a.max_rd_atomic.into(), limits.max_qp_init_rd_atom, "max_rd_atomic")?;
+        at_most(
+            a.max_rd_atomic.into(),
+            limits.max_qp_init_rd_atom,
+            "max_rd_atomic",
+        )?;
     }
     if has(qp_attr::MAX_DEST_RD_ATOMIC) {
         at_most(

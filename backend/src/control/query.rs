@@ -161,9 +161,7 @@ fn gid_type(t: Option<&GidType>, ethernet: bool) -> SpecGidType {
         Some(GidType::RoceV2) => SpecGidType::RoceV2,
         // "IB/RoCE v1": RoCE v1 on an Ethernet port, plain IB otherwise; kernels without
         // gid_attrs only know v1.
-        Some(GidType::IbRoceV1) | Some(GidType::Other(_)) | None if ethernet => {
-            SpecGidType::RoceV1
-        }
+        Some(GidType::IbRoceV1) | Some(GidType::Other(_)) | None if ethernet => SpecGidType::RoceV1,
         _ => SpecGidType::Ib,
     }
 }
@@ -180,7 +178,9 @@ pub(crate) fn query_pkey(s: &mut Session<'_>, r: &QueryTableReq) -> CommandResul
         });
     }
     if p.link_layer != LINK_LAYER_ETHERNET {
-        return Err(CommandError::Unsupported("P_Key tables of InfiniBand ports"));
+        return Err(CommandError::Unsupported(
+            "P_Key tables of InfiniBand ports",
+        ));
     }
     let pkey = if index == 0 { DEFAULT_PKEY } else { 0 };
     Ok(ResponseBody::QueryPkey(PkeyEntry {
@@ -196,7 +196,10 @@ mod tests {
     #[test]
     fn gid_types_by_link_layer() {
         assert_eq!(gid_type(Some(&GidType::RoceV2), true), SpecGidType::RoceV2);
-        assert_eq!(gid_type(Some(&GidType::IbRoceV1), true), SpecGidType::RoceV1);
+        assert_eq!(
+            gid_type(Some(&GidType::IbRoceV1), true),
+            SpecGidType::RoceV1
+        );
         assert_eq!(gid_type(None, true), SpecGidType::RoceV1);
         assert_eq!(gid_type(Some(&GidType::IbRoceV1), false), SpecGidType::Ib);
     }

@@ -114,7 +114,11 @@ pub fn run(socket: &Path) -> Result<()> {
         ControlRequest::RegMr(RegMr::new(req, &list)),
     )? {
         ResponseBody::RegMr(r) => r.mr.get(),
-        other => return Err(Error::Scenario(format!("REG_MR: unexpected body {other:?}"))),
+        other => {
+            return Err(Error::Scenario(format!(
+                "REG_MR: unexpected body {other:?}"
+            )))
+        }
     };
     println!("  ok: guest A registers a page of its own RAM");
     expect_status(
@@ -141,7 +145,10 @@ pub fn run(socket: &Path) -> Result<()> {
     let pd_b = alloc_pd("guest B: ALLOC_PD", &b)?;
     let ram_end = vrdma::dma::GUEST_RAM_BASE + ProcessOptions::default().guest_ram_size as u64;
     for (what, gpa) in [
-        ("guest B registers a page far outside its RAM", 0x7fff_0000_0000),
+        (
+            "guest B registers a page far outside its RAM",
+            0x7fff_0000_0000,
+        ),
         ("guest B registers the page after its RAM", ram_end),
         ("guest B registers a page below its RAM", 0),
     ] {
@@ -155,8 +162,16 @@ pub fn run(socket: &Path) -> Result<()> {
     }
 
     // A's objects are intact after everything B tried.
-    expect_ok("guest A: DEREG_MR", &a, ControlRequest::DeregMr(handle(mr_a)))?;
-    expect_ok("guest A: DEALLOC_PD", &a, ControlRequest::DeallocPd(handle(pd_a)))?;
+    expect_ok(
+        "guest A: DEREG_MR",
+        &a,
+        ControlRequest::DeregMr(handle(mr_a)),
+    )?;
+    expect_ok(
+        "guest A: DEALLOC_PD",
+        &a,
+        ControlRequest::DeallocPd(handle(pd_a)),
+    )?;
     expect_status(
         "guest A reuses its stale PD handle",
         &a,
@@ -164,7 +179,11 @@ pub fn run(socket: &Path) -> Result<()> {
         Status::BadHandle,
     )?;
     expect_ok("guest A: QUERY_DEVICE", &a, ControlRequest::QueryDevice)?;
-    expect_ok("guest B: DEALLOC_PD", &b, ControlRequest::DeallocPd(handle(pd_b)))?;
+    expect_ok(
+        "guest B: DEALLOC_PD",
+        &b,
+        ControlRequest::DeallocPd(handle(pd_b)),
+    )?;
     println!("  ok: guest A's objects survived, both guests still served");
     Ok(())
 }
