@@ -298,7 +298,7 @@ mod tests {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
-            if seed % 3 == 0 && !live.is_empty() {
+            if seed.is_multiple_of(3) && !live.is_empty() {
                 let r = live.swap_remove((seed >> 8) as usize % live.len());
                 a.free(r).unwrap();
             } else if let Ok(r) = a.alloc(((seed >> 16) % (5 * PAGE)) + 1) {

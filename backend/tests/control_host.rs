@@ -487,17 +487,16 @@ impl FakeFrontend {
 fn serve_backend_channel(frontend: Arc<FakeFrontend>) -> Backend {
     let mut handler = FrontendReqHandler::new(frontend).unwrap();
     handler.set_reply_ack_flag(true);
-    // SAFETY: dup of an fd the handler owns; the copy is owned by the stream built below.
-    let fd = unsafe { libc::dup(handler.get_tx_raw_fd()) };
+    // SAFETY: duplicates an fd the handler owns; the copy is owned by the stream built below.
+    let fd = unsafe { libc::fcntl(handler.get_tx_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
     assert!(fd >= 0);
-    // SAFETY: `fd` was just created by dup and has no other owner.
+    // SAFETY: `fd` was just duplicated and has no other owner.
     let stream = unsafe { UnixStream::from_raw_fd(fd) };
     // A refused request is answered and serving goes on; a broken socket ends it.
-    std::thread::spawn(move || loop {
-        match handler.handle_request() {
-            Ok(_) | Err(vhost::vhost_user::Error::ReqHandlerError(_)) => {}
-            Err(_) => break,
-        }
+    std::thread::spawn(move || {
+        while let Ok(_) | Err(vhost::vhost_user::Error::ReqHandlerError(_)) =
+            handler.handle_request()
+        {}
     });
     let backend = Backend::from_stream(stream);
     backend.set_reply_ack_flag(true);
@@ -844,7 +843,7 @@ fn pd_and_mr_lifecycle_with_references() {
     let start = world(&fake.world).mrs.values().next().unwrap().start;
     let read = |at: u64| {
         let mut word = [0u8; 4];
-        let file = File::open(format!("/proc/self/mem")).unwrap();
+        let file = File::open("/proc/self/mem").unwrap();
         std::os::unix::fs::FileExt::read_exact_at(&file, &mut word, at).unwrap();
         u32::from_ne_bytes(word)
     };
