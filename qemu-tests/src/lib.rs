@@ -18,5 +18,6 @@ pub mod perftest;
 pub mod rootfs;
 pub mod scenarios;
 pub mod vm;
+pub mod workspace;
 
 pub use error::{Error, Result};

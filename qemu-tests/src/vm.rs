@@ -212,7 +212,7 @@ pub fn find_workspace_root(start: &Path) -> Option<PathBuf> {
 }
 
 /// The cargo target directory (it holds a CACHEDIR.TAG) above `exe`.
-fn find_target_dir(exe: &Path) -> Option<PathBuf> {
+pub fn find_target_dir(exe: &Path) -> Option<PathBuf> {
     exe.ancestors()
         .skip(1)
         .find(|dir| dir.join("CACHEDIR.TAG").is_file())

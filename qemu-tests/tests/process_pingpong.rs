@@ -8,7 +8,15 @@ use vrdma_qemu_tests::scenarios::process_pingpong::Results;
 fn process_pingpong_verifies_bypasses_isolates_and_cleans_up() {
     let json = common::scratch("process-pingpong.json");
     let json_arg = json.to_string_lossy().into_owned();
-    if common::vrdma_vm(&["test", "process-pingpong", "--json", &json_arg]).is_none() {
+    if common::vrdma_vm(&[
+        "test",
+        "process-pingpong",
+        "--no-build",
+        "--json",
+        &json_arg,
+    ])
+    .is_none()
+    {
         return;
     }
     let results: Results = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();

@@ -45,6 +45,10 @@ enum Cmd {
         /// Also write the results as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Use the workspace binaries as they are instead of building them first (for
+        /// `cargo test`, which has built them and holds cargo's build lock).
+        #[arg(long)]
+        no_build: bool,
     },
     /// Commands that run inside the VM (used by `test`).
     #[command(hide = true)]
@@ -160,9 +164,19 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
             );
             Ok(ExitCode::from(u8::try_from(outcome.status).unwrap_or(1)))
         }
-        Cmd::Test { suite, vm, json } => match suite {
+        Cmd::Test {
+            suite,
+            vm,
+            json,
+            no_build,
+        } => match suite {
             Suite::NativePerftest => native_perftest(&vm, json),
-            Suite::ProcessPingpong => process_pingpong(&vm, json),
+            Suite::ProcessPingpong => {
+                if !no_build {
+                    vrdma_qemu_tests::workspace::build_scenario_binaries()?;
+                }
+                process_pingpong(&vm, json)
+            }
         },
         Cmd::Guest { command } => match command {
             GuestCmd::Perftest { device, port } => guest_perftest(&device, port),
