@@ -81,13 +81,7 @@ pub fn ensure_tools(tools: &[Tool]) -> Result<()> {
             missing.join(" ")
         )));
     }
-    log::info!("installing host packages: {}", missing.join(" "));
-    run_checked(apt_get().arg("update"))?;
-    run_checked(
-        apt_get()
-            .args(["install", "-y", "--no-install-recommends"])
-            .args(&missing),
-    )?;
+    apt_install(&missing)?;
     for tool in tools {
         if which(tool.command).is_none() {
             return Err(Error::Prerequisite(format!(
@@ -97,6 +91,18 @@ pub fn ensure_tools(tools: &[Tool]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `apt-get update` and `apt-get install --no-install-recommends PACKAGES` (as root).
+pub fn apt_install(packages: &[&str]) -> Result<()> {
+    log::info!("installing host packages: {}", packages.join(" "));
+    run_checked(apt_get().arg("update"))?;
+    run_checked(
+        apt_get()
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(packages),
+    )
+    .map(drop)
 }
 
 fn apt_get() -> Command {

@@ -97,26 +97,13 @@ pub fn ensure_prerequisites() -> Result<()> {
              apt-get install --no-install-recommends {VERBS_DEV_PACKAGE}"
         )));
     }
-    log::info!("installing host package {VERBS_DEV_PACKAGE}");
-    run_checked(apt_get().arg("update"))?;
-    run_checked(
-        apt_get()
-            .args(["install", "-y", "--no-install-recommends"])
-            .arg(VERBS_DEV_PACKAGE),
-    )?;
+    crate::host::apt_install(&[VERBS_DEV_PACKAGE])?;
     if !verbs_dev_present() {
         return Err(Error::Prerequisite(format!(
             "libibverbs headers still missing after installing {VERBS_DEV_PACKAGE}"
         )));
     }
     Ok(())
-}
-
-fn apt_get() -> Command {
-    let mut cmd = Command::new("apt-get");
-    cmd.env("DEBIAN_FRONTEND", "noninteractive")
-        .args(["-q", "-o", "Dpkg::Use-Pty=0"]);
-    cmd
 }
 
 /// Builds the peer into `<target_dir>/native/` (installing prerequisites first) unless the

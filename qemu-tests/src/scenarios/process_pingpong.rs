@@ -164,25 +164,48 @@ struct PingpongReport {
     rows: Vec<PingpongRow>,
 }
 
-/// Runs a server of `server` and a client of `client` with `plan`; returns the client's rows.
-fn pingpong(
+/// Starts a server of `server` and, once it listens, a client of `client`, both with `plan`;
+/// the client gets `client_args` too.
+fn start_pair(
     binaries: &Binaries,
     backend: &Backend,
     (server, client): (Impl, Impl),
     plan: &Plan<'_>,
     port: u16,
     label: &str,
-) -> Result<Vec<PingpongRow>> {
-    let json = std::env::temp_dir().join(format!("pingpong-{label}.json"));
-    let _ = std::fs::remove_file(&json);
+    client_args: &[&std::ffi::OsStr],
+) -> Result<(Proc, Proc)> {
     let mut server_proc = Proc::spawn(
         &format!("{label}-server"),
         &mut pingpong_command(binaries, backend, server, "server", port, plan),
     )?;
     wait_listening(port, &mut server_proc)?;
     let mut client_cmd = pingpong_command(binaries, backend, client, "client", port, plan);
-    client_cmd.arg("--json").arg(&json);
-    let mut client_proc = Proc::spawn(&format!("{label}-client"), &mut client_cmd)?;
+    client_cmd.args(client_args);
+    let client_proc = Proc::spawn(&format!("{label}-client"), &mut client_cmd)?;
+    Ok((server_proc, client_proc))
+}
+
+/// Runs a server of `server` and a client of `client` with `plan`; returns the client's rows.
+fn pingpong(
+    binaries: &Binaries,
+    backend: &Backend,
+    pair: (Impl, Impl),
+    plan: &Plan<'_>,
+    port: u16,
+    label: &str,
+) -> Result<Vec<PingpongRow>> {
+    let json = std::env::temp_dir().join(format!("pingpong-{label}.json"));
+    let _ = std::fs::remove_file(&json);
+    let (mut server_proc, mut client_proc) = start_pair(
+        binaries,
+        backend,
+        pair,
+        plan,
+        port,
+        label,
+        &["--json".as_ref(), json.as_os_str()],
+    )?;
     let timeout = Duration::from_secs(900);
     client_proc.wait_success(timeout)?;
     server_proc.wait_success(Duration::from_secs(60))?;
@@ -380,14 +403,14 @@ fn bypass(binaries: &Binaries, backend: &Backend, port: u16) -> Result<u32> {
         bw: false,
         oneway: true,
     };
-    let mut server = Proc::spawn(
-        "bypass-server",
-        &mut pingpong_command(binaries, backend, Impl::Vrdma, "server", port, &plan),
-    )?;
-    wait_listening(port, &mut server)?;
-    let mut client = Proc::spawn(
-        "bypass-client",
-        &mut pingpong_command(binaries, backend, Impl::Native, "client", port, &plan),
+    let (mut server, mut client) = start_pair(
+        binaries,
+        backend,
+        (Impl::Vrdma, Impl::Native),
+        &plan,
+        port,
+        "bypass",
+        &[],
     )?;
     // The vrdma side prints READY once its QP is connected and every receive is posted; only
     // then is the backend stopped, and only then does it let the client send.
@@ -457,14 +480,14 @@ fn cleanup(
     let mut first = (0, 0);
     for round in 1..=rounds {
         let port = next_port();
-        let mut server = Proc::spawn(
-            "cleanup-server",
-            &mut pingpong_command(binaries, backend, Impl::Native, "server", port, &plan),
-        )?;
-        wait_listening(port, &mut server)?;
-        let mut client = Proc::spawn(
-            "cleanup-client",
-            &mut pingpong_command(binaries, backend, Impl::Vrdma, "client", port, &plan),
+        let (mut server, mut client) = start_pair(
+            binaries,
+            backend,
+            (Impl::Native, Impl::Vrdma),
+            &plan,
+            port,
+            "cleanup",
+            &[],
         )?;
         // Traffic is flowing once the client's QP reached RTS and the first step started.
         client.wait_for_output("RUNNING", Duration::from_secs(60))?;
