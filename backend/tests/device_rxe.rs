@@ -5,35 +5,31 @@
 //! --test-threads=1`
 //!
 //! It creates every kind of object through the uverbs write ABI, maps the queue buffers the way
-//! a frontend does (once, from the cmd fd), drives an RDMA WRITE between two RC QPs and a UD
-//! SEND over loopback by writing native rxe WQEs and kicking, reads the CQEs from the mapped CQ,
-//! and checks that `rdma resource show` is back where it started afterwards.
+//! a frontend does (once, from the cmd fd), wraps them with the guest library's rxe provider
+//! using the slot geometry the backend derives for the guest, drives an RDMA WRITE between two
+//! RC QPs and a UD SEND over loopback by posting through the provider and kicking, polls the
+//! completions through the provider, and checks that `rdma resource show` is back where it
+//! started afterwards.
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::process::Command;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use vrdma_backend::device::rxe_abi::{
-    RxeDmaInfo, RxeQueueBuf, RxeRecvWqe, RxeSendWqe, RxeSge, QUEUE_DATA_OFFSET,
+use vrdma::provider::rxe_v1::{
+    CompletionQueue, QueueError, QueueGeometry, RecvQueue, RxeAddressHandle, RxeQueue, SendQueue,
+    SendQueueCaps, RXE_AV_SIZE,
 };
-use vrdma_backend::device::uverbs::Wc;
+use vrdma::provider::{
+    self, RecvWr, SendFlags, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+};
+use vrdma_backend::control::rings::{slot_geometry, slot_log2, RXE_CQE_BYTES};
 use vrdma_backend::device::*;
-use zerocopy::{FromBytes, FromZeros, IntoBytes};
+use vrdma_spec::rxe_v1::{header, recv_wqe_size, send_wqe_size};
 
 const PAGE: usize = 4096;
 const IOVA: u64 = 0x7a00_0000_0000;
-/// `IB_WR_RDMA_WRITE`, `IB_WR_SEND`.
-const WR_RDMA_WRITE: u32 = 0;
-const WR_SEND: u32 = 2;
-/// `IB_SEND_SIGNALED`.
-const SEND_SIGNALED: u32 = 1 << 1;
-/// `IB_WC_RDMA_WRITE`, `IB_WC_SEND`, `IB_WC_RECV`.
-const WC_RDMA_WRITE: u32 = 1;
-const WC_SEND: u32 = 0;
-const WC_RECV: u32 = 1 << 7;
 const QKEY: u32 = 0x1111_1111;
 const POLL_LIMIT: Duration = Duration::from_secs(20);
 
@@ -89,18 +85,14 @@ impl Mapping {
         self.ptr.as_ptr() as u64
     }
 
-    /// A 32-bit word shared with the kernel.
-    fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
-        assert!(offset.is_multiple_of(4) && offset + 4 <= self.len);
-        // SAFETY: in bounds and aligned (checked above, mappings are page aligned); the word
-        // lives as long as the mapping and is only accessed atomically by both sides.
-        unsafe { AtomicU32::from_ptr(self.ptr.as_ptr().add(offset).cast()) }
+    fn read_u32(&self, offset: usize) -> u32 {
+        u32::from_le_bytes(self.read(offset, 4).try_into().unwrap())
     }
 
     fn write(&self, offset: usize, bytes: &[u8]) {
         assert!(offset + bytes.len() <= self.len);
-        // SAFETY: in bounds (checked above); the kernel does not touch this slot until the
-        // producer index (published afterwards with Release) covers it.
+        // SAFETY: in bounds (checked above); only used on the anonymous data buffer, before the
+        // work request that reads it is posted.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 bytes.as_ptr(),
@@ -113,8 +105,8 @@ impl Mapping {
     fn read(&self, offset: usize, len: usize) -> Vec<u8> {
         assert!(offset + len <= self.len);
         let mut out = vec![0; len];
-        // SAFETY: in bounds (checked above); the slot is ours to read once the producer index
-        // (loaded with Acquire) covers it.
+        // SAFETY: in bounds (checked above); the data buffer is read after the completion of
+        // the transfer that wrote it, a queue header only before the queue is handed over.
         unsafe {
             std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), len)
         }
@@ -129,89 +121,97 @@ impl Drop for Mapping {
     }
 }
 
-/// A mapped rxe queue (SQ, RQ, SRQ or CQ) read through its header, as the guest would.
-struct Ring {
-    map: Mapping,
-    log2_elem_size: u32,
-    index_mask: u32,
+/// A host queue buffer (SQ, RQ, SRQ or CQ) mapped once from the cmd fd, as the frontend maps
+/// it, and driven by the guest library's provider with the geometry the backend tells the guest.
+struct Ring<Q> {
+    /// Declared before `_map` so that it is dropped before the mapping it points into.
+    queue: Q,
+    geometry: QueueGeometry,
+    /// Keeps the buffer mapped while `queue` uses it.
+    _map: Mapping,
 }
 
-impl Ring {
-    fn new(ctx: &dyn HostContext, buffer: QueueBuffer, min_elem: usize, min_depth: u32) -> Ring {
+impl<Q> Ring<Q> {
+    /// Maps `buffer`, which holds `depth` entries of `entry_bytes` (what the host reported), and
+    /// wraps it with `wrap`.
+    fn new(
+        ctx: &dyn HostContext,
+        buffer: QueueBuffer,
+        depth: u32,
+        entry_bytes: usize,
+        wrap: impl FnOnce(RxeQueue) -> Result<Q, QueueError>,
+    ) -> Ring<Q> {
         let map = Mapping::map_queue(ctx.queue_fd(), buffer).expect("first mmap of a queue");
-        let header = RxeQueueBuf::read_from_bytes(&map.read(0, size_of::<RxeQueueBuf>())).unwrap();
-        let slots = header.index_mask as usize + 1;
-        assert!(
-            slots.is_power_of_two(),
-            "index_mask {:#x}",
-            header.index_mask
+        // The backend's derivation (control::rings), which the guest receives in its RingDesc.
+        let num_slots = depth + 1;
+        let log2_slot_size = slot_geometry(buffer.len as u64, num_slots, entry_bytes)
+            .unwrap_or_else(|e| panic!("{depth} x {entry_bytes} bytes in {buffer:?}: {e}"));
+        assert_eq!(
+            log2_slot_size,
+            slot_log2(entry_bytes),
+            "rxe sizes slots as the backend predicts for {entry_bytes}-byte entries"
         );
-        assert!(header.index_mask >= min_depth, "capacity below the request");
-        assert!(
-            1usize << header.log2_elem_size >= min_elem,
-            "slot of 2^{} bytes smaller than {min_elem}",
-            header.log2_elem_size
-        );
-        let data = slots << header.log2_elem_size;
-        assert!(
-            QUEUE_DATA_OFFSET + data <= buffer.len,
-            "{} slots of 2^{} do not fit in {} bytes",
-            slots,
-            header.log2_elem_size,
-            buffer.len
-        );
-        assert!(buffer.len.is_multiple_of(PAGE));
-        assert!(
-            buffer.len - (QUEUE_DATA_OFFSET + data) < PAGE,
-            "buffer longer than the header says"
-        );
-        assert_eq!(header.producer_index, 0);
-        assert_eq!(header.consumer_index, 0);
+        assert_eq!(map.read_u32(header::PRODUCER_INDEX), 0);
+        assert_eq!(map.read_u32(header::CONSUMER_INDEX), 0);
+        let geometry = QueueGeometry {
+            num_slots,
+            log2_slot_size,
+        };
+        // SAFETY: the mapping is readable and writable, lives in the same `Ring` and outlives
+        // the queue (field order); apart from the header reads above, which are done, only the
+        // kernel and this queue access it, and each buffer is mapped (so wrapped) once.
+        let queue = unsafe { RxeQueue::new(map.ptr, map.len, geometry) }
+            .unwrap_or_else(|e| panic!("the real header disagrees with the backend: {e}"));
+        let queue = wrap(queue).unwrap_or_else(|e| panic!("provider refuses the queue: {e}"));
         Ring {
-            log2_elem_size: header.log2_elem_size,
-            index_mask: header.index_mask,
-            map,
+            queue,
+            geometry,
+            _map: map,
         }
     }
+}
 
-    fn producer(&self) -> &AtomicU32 {
-        self.map.atomic_u32(128)
-    }
-
-    fn consumer(&self) -> &AtomicU32 {
-        self.map.atomic_u32(256)
-    }
-
-    fn slot_offset(&self, index: u32) -> usize {
-        QUEUE_DATA_OFFSET + (((index & self.index_mask) as usize) << self.log2_elem_size)
-    }
-
-    /// Writes one WQE into the next free slot and publishes it.
-    fn post(&self, wqe: &[u8]) {
-        assert!(wqe.len() <= 1 << self.log2_elem_size);
-        let prod = self.producer().load(Ordering::Relaxed);
-        let cons = self.consumer().load(Ordering::Acquire);
-        assert_ne!((prod + 1) & self.index_mask, cons, "queue full");
-        self.map.write(self.slot_offset(prod), wqe);
-        self.producer()
-            .store((prod + 1) & self.index_mask, Ordering::Release);
-    }
-
-    /// Takes the next CQE, waiting for it.
-    fn poll_cqe(&self) -> Wc {
+impl Ring<CompletionQueue> {
+    /// Takes the next completion, waiting for it.
+    fn poll_one(&mut self) -> WorkCompletion {
         let start = Instant::now();
-        loop {
-            let cons = self.consumer().load(Ordering::Relaxed);
-            if self.producer().load(Ordering::Acquire) != cons {
-                let wc = Wc::read_from_bytes(&self.map.read(self.slot_offset(cons), 48)).unwrap();
-                self.consumer()
-                    .store((cons + 1) & self.index_mask, Ordering::Release);
-                return wc;
-            }
+        let mut wc = [WorkCompletion::default()];
+        while self.queue.poll(&mut wc) == 0 {
             assert!(start.elapsed() < POLL_LIMIT, "no completion");
             std::thread::sleep(Duration::from_millis(1));
         }
+        wc[0]
     }
+}
+
+impl Ring<SendQueue> {
+    fn post(&mut self, wr: SendWr<'_>) {
+        assert!(!wr.flags.contains(SendFlags::INLINE));
+        // SAFETY: not an inline request, so the provider dereferences none of its SGEs.
+        unsafe { self.queue.post_send(&[wr]) }
+            .unwrap_or_else(|(_, e)| panic!("post_send {wr:?}: {e}"));
+    }
+}
+
+fn send_ring(ctx: &dyn HostContext, qp: &Qp, qp_type: provider::QpType) -> Ring<SendQueue> {
+    let caps = qp.caps;
+    let entry = send_wqe_size(caps.max_send_sge, caps.max_inline_data);
+    Ring::new(ctx, qp.sq, caps.max_send_wr, entry, |queue| {
+        SendQueue::new(
+            queue,
+            SendQueueCaps {
+                qp_type,
+                max_sge: caps.max_send_sge,
+                max_inline: caps.max_inline_data,
+            },
+        )
+    })
+}
+
+fn recv_ring(ctx: &dyn HostContext, buffer: QueueBuffer, depth: u32, sge: u32) -> Ring<RecvQueue> {
+    Ring::new(ctx, buffer, depth, recv_wqe_size(sge), |queue| {
+        RecvQueue::new(queue, sge)
+    })
 }
 
 /// Object counts of rxe0 from `rdma resource show`.
@@ -332,26 +332,6 @@ fn activate_ud(ctx: &dyn HostContext, qp: QpHandle) {
         },
         QpAttrMask::STATE | QpAttrMask::SQ_PSN,
     );
-}
-
-/// An rxe send WQE with one SGE, as a guest writes it into the SQ.
-fn send_wqe(wr_id: u64, opcode: u32, sge: RxeSge, fill: impl FnOnce(&mut RxeSendWqe)) -> Vec<u8> {
-    let mut wqe = RxeSendWqe::new_zeroed();
-    wqe.wr.wr_id = wr_id;
-    wqe.wr.opcode = opcode;
-    wqe.wr.send_flags = SEND_SIGNALED;
-    wqe.dma = RxeDmaInfo {
-        length: sge.length,
-        resid: sge.length,
-        cur_sge: 0,
-        num_sge: 1,
-        sge_offset: 0,
-        reserved: 0,
-    };
-    fill(&mut wqe);
-    let mut bytes = wqe.as_bytes().to_vec();
-    bytes.extend_from_slice(sge.as_bytes());
-    bytes
 }
 
 fn wait_comp_event(ctx: &dyn HostContext) -> CompEvent {
@@ -492,21 +472,30 @@ fn rxe_host_path_end_to_end() {
     assert_eq!(during["srq"], before["srq"] + 1);
     assert_eq!(during["ctx"], before["ctx"] + 1);
 
-    // Map every queue once, as the frontend does, and check the rxe header against the reply.
-    let cq_ring = Ring::new(ctx, cq.buffer, size_of::<Wc>(), cq.cqe);
-    let send_slot = size_of::<RxeSendWqe>() + size_of::<RxeSge>();
-    let recv_slot = size_of::<RxeRecvWqe>() + size_of::<RxeSge>();
-    let sq_a = Ring::new(ctx, rc_a.sq, send_slot, rc_a.caps.max_send_wr);
-    let _rq_a = Ring::new(ctx, rc_a.rq.unwrap(), recv_slot, rc_a.caps.max_recv_wr);
-    let ud_sq = Ring::new(ctx, ud.sq, send_slot, ud.caps.max_send_wr);
-    let ud_rq = Ring::new(ctx, ud.rq.unwrap(), recv_slot, ud.caps.max_recv_wr);
-    let _srq_ring = Ring::new(ctx, srq.buffer, recv_slot, srq.max_wr);
+    // Map every queue once, as the frontend does, and wrap it as the guest does: the provider
+    // checks the real rxe header against the geometry the backend derives.
+    let mut cq_ring = Ring::new(ctx, cq.buffer, cq.cqe, RXE_CQE_BYTES, CompletionQueue::new);
+    let mut sq_a = send_ring(ctx, &rc_a, provider::QpType::Rc);
+    let rq_a = recv_ring(
+        ctx,
+        rc_a.rq.unwrap(),
+        rc_a.caps.max_recv_wr,
+        rc_a.caps.max_recv_sge,
+    );
+    let mut ud_sq = send_ring(ctx, &ud, provider::QpType::Ud);
+    let mut ud_rq = recv_ring(
+        ctx,
+        ud.rq.unwrap(),
+        ud.caps.max_recv_wr,
+        ud.caps.max_recv_sge,
+    );
+    let srq_ring = recv_ring(ctx, srq.buffer, srq.max_wr, srq.max_sge);
+    assert!(cq_ring.queue.capacity() >= cq.cqe);
+    assert!(sq_a.queue.capacity() >= rc_a.caps.max_send_wr);
+    assert!(srq_ring.queue.capacity() >= srq.max_wr);
     println!(
-        "cq ring: 2^{} x {}; rc sq: 2^{} x {}",
-        cq_ring.log2_elem_size,
-        cq_ring.index_mask + 1,
-        sq_a.log2_elem_size,
-        sq_a.index_mask + 1
+        "cq ring: {:?}; rc sq: {:?}; rc rq: {:?}; srq: {:?}",
+        cq_ring.geometry, sq_a.geometry, rq_a.geometry, srq_ring.geometry
     );
     let again = Mapping::map_queue(ctx.queue_fd(), cq.buffer);
     println!("second mmap of the CQ buffer: {:?}", again.as_ref().err());
@@ -535,25 +524,25 @@ fn rxe_host_path_end_to_end() {
     let payload: Vec<u8> = (0..256u32).map(|i| (i * 7 + 3) as u8).collect();
     buf.write(0, &payload);
     ctx.req_notify_cq(cq.handle, false).unwrap();
-    let wqe = send_wqe(
-        0x1234,
-        WR_RDMA_WRITE,
-        RxeSge {
-            addr: IOVA,
-            length: payload.len() as u32,
-            lkey: mr.lkey,
-        },
-        |w| {
-            w.wr.set_rdma(IOVA + PAGE as u64, mr.rkey);
-            w.iova = IOVA + PAGE as u64;
-        },
-    );
-    sq_a.post(&wqe);
+    let src = [Sge {
+        addr: IOVA,
+        length: payload.len() as u32,
+        lkey: mr.lkey,
+    }];
+    sq_a.post(SendWr {
+        wr_id: 0x1234,
+        opcode: WrOpcode::RdmaWrite,
+        flags: SendFlags::SIGNALED,
+        sg_list: &src,
+        remote_addr: IOVA + PAGE as u64,
+        rkey: mr.rkey,
+        ..Default::default()
+    });
     ctx.kick_send(rc_a.handle).unwrap();
-    let wc = cq_ring.poll_cqe();
-    println!("rdma write cqe: {wc:?}");
-    assert_eq!(wc.status, 0, "IB_WC_SUCCESS");
-    assert_eq!(wc.opcode, WC_RDMA_WRITE);
+    let wc = cq_ring.poll_one();
+    println!("rdma write completion: {wc:?}");
+    assert_eq!(wc.status, WcStatus::Success);
+    assert_eq!(wc.opcode, WcOpcode::RdmaWrite);
     assert_eq!(wc.wr_id, 0x1234);
     assert_eq!(wc.qp_num, rc_a.qpn);
     assert_eq!(buf.read(PAGE, payload.len()), payload, "data arrived");
@@ -564,50 +553,52 @@ fn rxe_host_path_end_to_end() {
     // UD SEND from the UD QP to itself through the AH's ah_num.
     activate_ud(ctx, ud.handle);
     let recv_at = IOVA + PAGE as u64 + 1024;
-    let mut recv = RxeRecvWqe::new_zeroed();
-    recv.wr_id = 0x5678;
-    recv.dma = RxeDmaInfo {
+    let recv_sge = [Sge {
+        addr: recv_at,
         length: 40 + 64,
-        resid: 40 + 64,
-        cur_sge: 0,
-        num_sge: 1,
-        sge_offset: 0,
-        reserved: 0,
+        lkey: mr.lkey,
+    }];
+    ud_rq
+        .queue
+        .post_recv(&[RecvWr {
+            wr_id: 0x5678,
+            sg_list: &recv_sge,
+        }])
+        .unwrap_or_else(|(_, e)| panic!("post_recv: {e}"));
+    let ah_handle = RxeAddressHandle {
+        ah_num: ah.ah_num,
+        av: [0; RXE_AV_SIZE],
     };
-    let mut recv_bytes = recv.as_bytes().to_vec();
-    recv_bytes.extend_from_slice(
-        RxeSge {
-            addr: recv_at,
-            length: 40 + 64,
-            lkey: mr.lkey,
-        }
-        .as_bytes(),
-    );
-    ud_rq.post(&recv_bytes);
-    let wqe = send_wqe(
-        0x9abc,
-        WR_SEND,
-        RxeSge {
-            addr: IOVA,
-            length: 64,
-            lkey: mr.lkey,
-        },
-        |w| w.wr.set_ud(ud.qpn, QKEY, ah.ah_num),
-    );
-    ud_sq.post(&wqe);
+    let send_sge = [Sge {
+        addr: IOVA,
+        length: 64,
+        lkey: mr.lkey,
+    }];
+    ud_sq.post(SendWr {
+        wr_id: 0x9abc,
+        opcode: WrOpcode::Send,
+        flags: SendFlags::SIGNALED,
+        sg_list: &send_sge,
+        ud: Some(UdDest {
+            ah: &ah_handle,
+            remote_qpn: ud.qpn,
+            remote_qkey: QKEY,
+        }),
+        ..Default::default()
+    });
     ctx.kick_send(ud.handle).unwrap();
-    let mut wcs = [cq_ring.poll_cqe(), cq_ring.poll_cqe()];
+    let mut wcs = [cq_ring.poll_one(), cq_ring.poll_one()];
     wcs.sort_by_key(|w| w.wr_id);
-    println!("ud cqes: {wcs:?}");
+    println!("ud completions: {wcs:?}");
     assert_eq!(
         (wcs[0].wr_id, wcs[0].status, wcs[0].opcode),
-        (0x5678, 0, WC_RECV)
+        (0x5678, WcStatus::Success, WcOpcode::Recv)
     );
     assert_eq!(wcs[0].byte_len, 40 + 64, "GRH + payload");
     assert_eq!(wcs[0].src_qp, ud.qpn);
     assert_eq!(
         (wcs[1].wr_id, wcs[1].status, wcs[1].opcode),
-        (0x9abc, 0, WC_SEND)
+        (0x9abc, WcStatus::Success, WcOpcode::Send)
     );
     assert_eq!(
         buf.read(PAGE + 1024 + 40, 64),
@@ -619,7 +610,7 @@ fn rxe_host_path_end_to_end() {
     }
 
     // Tear down explicitly; the context drop then has nothing left to destroy.
-    drop((cq_ring, sq_a, _rq_a, ud_sq, ud_rq, _srq_ring));
+    drop((cq_ring, sq_a, rq_a, ud_sq, ud_rq, srq_ring));
     ctx.destroy_ah(ah.handle).unwrap();
     ctx.destroy_qp(rc_a.handle).unwrap();
     ctx.destroy_qp(rc_b.handle).unwrap();
