@@ -37,6 +37,30 @@ pub fn build_scenario_binaries() -> Result<()> {
     Ok(())
 }
 
+/// The most recently built cargo test binary `NAME-HASH` next to this executable (in `deps/`).
+pub fn newest_test_binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::Usage(format!("locating this executable: {e}")))?;
+    let deps = exe.parent().unwrap_or(Path::new(".")).join("deps");
+    let prefix = format!("{name}-");
+    let newest = std::fs::read_dir(&deps)
+        .map_err(|e| Error::Usage(format!("listing {}: {e}", deps.display())))?
+        .flatten()
+        .filter(|entry| {
+            let file = entry.file_name().to_string_lossy().into_owned();
+            file.strip_prefix(&prefix)
+                .is_some_and(|hash| hash.chars().all(|c| c.is_ascii_hexdigit()))
+        })
+        .filter_map(|entry| Some((entry.metadata().ok()?.modified().ok()?, entry.path())))
+        .max();
+    newest.map(|(_, path)| path).ok_or_else(|| {
+        Error::Usage(format!(
+            "no {name} test binary in {}: build it first (cargo test --workspace --no-run)",
+            deps.display()
+        ))
+    })
+}
+
 /// `cargo build --profile P -p … --bins` for this executable's profile and target directory.
 fn build_command(exe: &Path, workspace: &Path, target: &Path) -> Command {
     let profile = match exe

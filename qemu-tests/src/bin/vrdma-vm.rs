@@ -65,6 +65,9 @@ enum Suite {
     /// vrdma in process mode on rxe0 against native peers: verification, bypass, isolation,
     /// cleanup, and latency/bandwidth next to native.
     ProcessPingpong,
+    /// The backend's host-device layer on rxe0 (its `device_rxe` integration tests, which
+    /// `cargo test` builds but cannot run outside the VM).
+    BackendDevice,
 }
 
 #[derive(Subcommand)]
@@ -171,6 +174,7 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
             no_build,
         } => match suite {
             Suite::NativePerftest => native_perftest(&vm, json),
+            Suite::BackendDevice => backend_device(&vm),
             Suite::ProcessPingpong => {
                 if !no_build {
                     vrdma_qemu_tests::workspace::build_scenario_binaries()?;
@@ -314,6 +318,28 @@ fn guest_process_pingpong(native: PathBuf, cleanup_rounds: u32) -> Result<ExitCo
         Some(dir) => std::fs::write(PathBuf::from(dir).join("process-pingpong.json"), json)
             .map_err(|e| Error::Scenario(format!("writing results: {e}")))?,
         None => print!("{}", process_pingpong::render_comparison(&results)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn backend_device(vm_args: &VmArgs) -> Result<ExitCode> {
+    let root = rootfs::prepare(&Cache::from_env()?, &TRIXIE_RXE, false)?;
+    let test = vrdma_qemu_tests::workspace::newest_test_binary("device_rxe")?;
+    let config = vm_args.config(&root)?;
+    let command = vec![
+        test.to_string_lossy().into_owned(),
+        "--ignored".into(),
+        "--test-threads=1".into(),
+        // The VM's serial console is a terminal; keep escape codes out of the host's logs.
+        "--color=never".into(),
+    ];
+    let outcome = vm::run(&root, &config, &command)?;
+    if outcome.status != 0 {
+        return Err(Error::Scenario(format!(
+            "{} failed in the VM (status {})",
+            test.display(),
+            outcome.status
+        )));
     }
     Ok(ExitCode::SUCCESS)
 }
