@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 
 use vrdma::pingpong::runner::{run_client, run_server, Options};
+use vrdma::pingpong::wait::Completion;
 use vrdma::pingpong::{Plan, DEFAULT_PORT, DEFAULT_TIMEOUT_SECS};
 use vrdma::verbs::Context;
 
@@ -65,6 +66,10 @@ struct Cli {
     /// Bound of every wait, in seconds.
     #[arg(long, default_value_t = DEFAULT_TIMEOUT_SECS)]
     timeout: u64,
+    /// Wait for completions by sleeping on completion events (arm the CQ, poll once more,
+    /// sleep until its event) instead of busy polling.
+    #[arg(long)]
+    events: bool,
     /// Also write the results as JSON to this file (client).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -101,6 +106,11 @@ fn run(cli: &Cli) -> Result<(), String> {
         timeout: Duration::from_secs(cli.timeout),
         len: cli.len.unwrap_or(plan.area_len()),
         start_file: cli.start_file.clone(),
+        completion: if cli.events {
+            Completion::Events
+        } else {
+            Completion::Poll
+        },
     };
     let ctx = Context::connect_process(&cli.socket)
         .map_err(|e| format!("opening vrdma at {}: {e}", cli.socket.display()))?;
@@ -112,6 +122,9 @@ fn run(cli: &Cli) -> Result<(), String> {
                 served.steps,
                 served.plan.iters()
             );
+            if served.completion == Completion::Events {
+                println!("server: completion: events; {}", served.events.summary());
+            }
             // Only now: destroying the resources needs the backend.
             drop(served.resources);
         }

@@ -81,6 +81,14 @@
 //! for the server's `ack` line on the TCP connection, which the server sends after verifying
 //! the message. The server's data path thus needs no send (and, over vrdma, no backend).
 //! Throughput is timed per iteration from the post to the `ack`; no latency is reported.
+//!
+//! # Waiting for completions
+//! A local choice of each side, invisible to the peer: busy polling (the default), or
+//! completion events (`--events`, see [`wait`]): a side with nothing to poll arms the CQ,
+//! polls once more and sleeps until the CQ's completion event. Each result row says which
+//! (`completion`) and, for events, how many came (`completion_events`), how many ARM_CQ
+//! commands were sent (`arms`) and how many events found no new completion
+//! (`spurious_wakeups`).
 
 pub mod endpoint;
 pub mod exchange;
@@ -90,6 +98,7 @@ pub mod plan;
 pub mod report;
 pub mod runner;
 pub mod stats;
+pub mod wait;
 
 pub use plan::{Mode, Op, Plan, Step};
 

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::plan::{Mode, Op};
 use super::stats::LatencySummary;
+use super::wait::{Completion, EventCounts};
 
 /// Results of one step, measured on the client.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -22,6 +23,11 @@ pub struct Row {
     pub mib_s: f64,
     /// Messages per second, in millions.
     pub mmsg_s: f64,
+    /// How this side waited for its completions during the step.
+    pub completion: Completion,
+    /// What the event mode did during the step (zero when polling).
+    #[serde(flatten)]
+    pub events: EventCounts,
 }
 
 /// Everything a run reports, as written by `--json`.
@@ -78,6 +84,13 @@ impl Report {
                 row.mmsg_s
             );
         }
+        if self.rows.iter().any(|row| row.completion == Completion::Events) {
+            let total = self
+                .rows
+                .iter()
+                .fold(EventCounts::default(), |sum, row| sum + row.events);
+            let _ = writeln!(out, "completion: events; {}", total.summary());
+        }
         out
     }
 }
@@ -105,6 +118,8 @@ mod tests {
                     }),
                     mib_s: 1.5,
                     mmsg_s: 0.016,
+                    completion: Completion::Poll,
+                    events: EventCounts::default(),
                 },
                 Row {
                     op: Op::Write,
@@ -114,6 +129,8 @@ mod tests {
                     latency: None,
                     mib_s: 33.6,
                     mmsg_s: 0.000538,
+                    completion: Completion::Poll,
+                    events: EventCounts::default(),
                 },
             ],
         }
@@ -146,5 +163,30 @@ mod tests {
         assert_eq!(json["rows"][0]["latency"]["p99_us"], 80.0);
         assert_eq!(json["rows"][1]["latency"], serde_json::Value::Null);
         assert_eq!(json["rows"][1]["mib_s"], 33.6);
+        assert_eq!(json["rows"][0]["completion"], "poll");
+        assert_eq!(json["rows"][0]["completion_events"], 0);
+    }
+
+    #[test]
+    fn event_mode_adds_a_summary_line_and_counts_per_row() {
+        let mut report = report();
+        for (row, events) in report.rows.iter_mut().zip([7, 5]) {
+            row.completion = Completion::Events;
+            row.events = EventCounts {
+                completion_events: events,
+                arms: events + 1,
+                spurious_wakeups: 1,
+            };
+        }
+        let table = report.to_table();
+        assert_eq!(
+            table.lines().last(),
+            Some("completion: events; 12 completion events, 14 arms, 2 spurious wake-ups")
+        );
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        assert_eq!(json["rows"][1]["completion"], "events");
+        assert_eq!(json["rows"][1]["completion_events"], 5);
+        assert_eq!(json["rows"][1]["arms"], 6);
+        assert_eq!(json["rows"][1]["spurious_wakeups"], 1);
     }
 }

@@ -16,6 +16,7 @@ use super::pattern::{self, Direction, Mismatch, PatternKey};
 use super::plan::{Mode, Op, Plan, GRH_LEN};
 use super::report::{Report, Row};
 use super::stats::{summarize, throughput};
+use super::wait::{Completion, EventCounts, WaitError, Waiter};
 use super::UD_QKEY;
 
 /// Where and how long to talk.
@@ -30,6 +31,8 @@ pub struct Options {
     pub len: u64,
     /// Once the queue pairs are ready, wait for this file to exist before sending `ready`.
     pub start_file: Option<PathBuf>,
+    /// How this side waits for its completions (a local choice, not part of the protocol).
+    pub completion: Completion,
 }
 
 /// What a server run leaves behind.
@@ -38,6 +41,9 @@ pub struct Served {
     pub steps: usize,
     /// The client's plan.
     pub plan: Plan,
+    /// How completions were awaited, and what the event mode did over the whole run.
+    pub completion: Completion,
+    pub events: EventCounts,
     /// The device resources, still alive: destroying them needs the backend, so the caller
     /// reports first and drops them after.
     pub resources: Endpoint,
@@ -60,6 +66,8 @@ pub enum RunError {
     PostRecv(PostError),
     #[error("no {0} completion within {1:?}")]
     Timeout(&'static str, Duration),
+    #[error("{0} CQ: {1}")]
+    Events(&'static str, #[source] WaitError),
     #[error("{what} completion with status {status:?} (vendor error {vendor_err:#x})")]
     Completion {
         what: &'static str,
@@ -130,6 +138,8 @@ fn serve(ctx: &Context, opts: &Options, channel: &mut Channel) -> Result<Served>
     Ok(Served {
         steps: session.steps_done,
         plan,
+        completion: session.waiter.mode(),
+        events: session.waiter.counts(),
         resources: session.ep,
     })
 }
@@ -202,6 +212,16 @@ enum Queue {
     Recv,
 }
 
+impl Queue {
+    /// Index of the queue in the session's [`Waiter`].
+    const fn index(self) -> usize {
+        match self {
+            Queue::Send => 0,
+            Queue::Recv => 1,
+        }
+    }
+}
+
 /// A connected pair of queue pairs running one plan.
 struct Session<'c> {
     ep: Endpoint,
@@ -214,6 +234,10 @@ struct Session<'c> {
     steps_done: usize,
     /// One-way latencies of the current step, reused across steps.
     samples: Vec<f64>,
+    /// Waits for completions on the send CQ and the receive CQ.
+    waiter: Waiter<2>,
+    /// The waiter's counts when the current step began.
+    step_start: EventCounts,
 }
 
 impl<'c> Session<'c> {
@@ -257,6 +281,8 @@ impl<'c> Session<'c> {
             rows: Vec::new(),
             steps_done: 0,
             samples,
+            waiter: Waiter::new(opts.completion),
+            step_start: EventCounts::default(),
         })
     }
 
@@ -264,6 +290,7 @@ impl<'c> Session<'c> {
         let plan = self.peer.plan.clone();
         for step in plan.steps() {
             let mut iter = 0;
+            self.step_start = self.waiter.counts();
             let result = match plan.mode() {
                 Mode::Verify => self.verify_step(step.op, step.size, plan.iters(), &mut iter),
                 Mode::Bandwidth { window } => {
@@ -348,28 +375,34 @@ impl<'c> Session<'c> {
         Ok(())
     }
 
-    /// Waits for one completion on `queue`, watching the peer meanwhile.
-    fn poll_one(&mut self, queue: Queue) -> Result<WorkCompletion> {
+    /// Waits for at least one completion on `queue`, watching the peer meanwhile; moves up to
+    /// `out.len()` of them into `out` and returns how many.
+    fn wait(&mut self, queue: Queue, out: &mut [WorkCompletion]) -> Result<usize> {
         let (cq, what) = match queue {
             Queue::Send => (&self.ep.send_cq, "send"),
             Queue::Recv => (&self.ep.recv_cq, "receive"),
         };
+        let channel = &mut *self.channel;
+        self.waiter
+            .next(cq, queue.index(), out, self.timeout, || channel.check_peer())
+            .map_err(|e| match e {
+                WaitError::Timeout(after) => RunError::Timeout(what, after),
+                WaitError::Peer(e) => RunError::Oob(e),
+                e => RunError::Events(what, e),
+            })
+    }
+
+    /// Waits for one successful completion on `queue`.
+    fn poll_one(&mut self, queue: Queue) -> Result<WorkCompletion> {
         let mut wc = [WorkCompletion::default()];
-        let deadline = Instant::now() + self.timeout;
-        let mut spins: u32 = 0;
-        while cq.poll(&mut wc) == 0 {
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(1024) {
-                if Instant::now() > deadline {
-                    return Err(RunError::Timeout(what, self.timeout));
-                }
-                self.channel.check_peer()?;
-            }
-        }
+        self.wait(queue, &mut wc)?;
         let wc = wc[0];
         if wc.status != WcStatus::Success {
             return Err(RunError::Completion {
-                what,
+                what: match queue {
+                    Queue::Send => "send",
+                    Queue::Recv => "receive",
+                },
                 status: wc.status,
                 vendor_err: wc.vendor_err,
             });
@@ -538,6 +571,8 @@ impl<'c> Session<'c> {
             latency: summarize(&mut self.samples),
             mib_s,
             mmsg_s,
+            completion: self.waiter.mode(),
+            events: self.waiter.counts().since(&self.step_start),
         });
         Ok(())
     }
@@ -622,6 +657,8 @@ impl<'c> Session<'c> {
                 latency: None,
                 mib_s,
                 mmsg_s,
+                completion: self.waiter.mode(),
+                events: self.waiter.counts().since(&self.step_start),
             });
         }
         Ok(())
@@ -660,15 +697,14 @@ impl<'c> Session<'c> {
         let mut wcs = [WorkCompletion::default(); 16];
         let (mut posted, mut completed) = (0u32, 0u32);
         let t0 = Instant::now();
-        let mut deadline = t0 + self.timeout;
-        let mut spins: u32 = 0;
         while completed < n - 1 {
             while posted < n - 1 && posted - completed < window {
                 *iter = posted;
                 self.post(opcode, size, 0, false)?;
                 posted += 1;
             }
-            let got = self.ep.send_cq.poll(&mut wcs);
+            // At least one message is outstanding here, so a completion is due.
+            let got = self.wait(Queue::Send, &mut wcs)?;
             for (k, wc) in wcs[..got].iter().enumerate() {
                 if wc.status != WcStatus::Success {
                     *iter = completed + k as u32;
@@ -681,17 +717,6 @@ impl<'c> Session<'c> {
             }
             completed += got as u32;
             self.sends_outstanding -= got as u32;
-            if got > 0 {
-                deadline = Instant::now() + self.timeout;
-            } else {
-                spins = spins.wrapping_add(1);
-                if spins.is_multiple_of(1024) {
-                    if Instant::now() > deadline {
-                        return Err(RunError::Timeout("send", self.timeout));
-                    }
-                    self.channel.check_peer()?;
-                }
-            }
         }
         // The last message carries its own iteration, proving it landed after the others.
         let streamed = t0.elapsed();
@@ -715,6 +740,8 @@ impl<'c> Session<'c> {
             latency: None,
             mib_s,
             mmsg_s,
+            completion: self.waiter.mode(),
+            events: self.waiter.counts().since(&self.step_start),
         });
         Ok(())
     }
