@@ -58,6 +58,50 @@ fn process_pingpong_verifies_bypasses_isolates_and_cleans_up() {
     }
     let ud = &results.pingpong["ud-vrdma-over-native"];
     assert_eq!(ud.len(), 3, "{ud:?}");
+    for label in ["events-vrdma-over-native", "events-vrdma-over-vrdma"] {
+        let rows = &results.pingpong[label];
+        for op in ["send", "write", "read"] {
+            for size in [64u32, 65536] {
+                assert!(
+                    rows.iter()
+                        .any(|r| r.op == op && r.size == size && r.latency.is_some()),
+                    "{label}: no verified row for {op} {size}"
+                );
+            }
+        }
+        assert!(
+            rows.iter().any(|r| r.latency.is_none()),
+            "{label}: no bandwidth row"
+        );
+        for row in rows {
+            assert_eq!(
+                row.completion.as_deref(),
+                Some("events"),
+                "{label}: {row:?}"
+            );
+            assert!(row.completion_events.unwrap_or(0) > 0, "{label}: {row:?}");
+        }
+        // One event per arm at most; an arm of one step may be answered in the next.
+        let events: u64 = rows.iter().filter_map(|r| r.completion_events).sum();
+        let arms: u64 = rows.iter().filter_map(|r| r.arms).sum();
+        assert!(events <= arms, "{label}: {events} events, {arms} arms");
+    }
+    let async_event = results.async_event.as_ref().expect("async event step ran");
+    assert_eq!(
+        async_event.requester_status, "RemAccessErr",
+        "{async_event:?}"
+    );
+    assert_eq!(async_event.responder_state, "Err", "{async_event:?}");
+    assert!(
+        async_event.overflow_receives > async_event.overflow_cq_capacity,
+        "{async_event:?}"
+    );
+    assert!(
+        async_event
+            .overflow_events
+            .contains(&("CQ_ERR".to_string(), "overflow CQ".to_string())),
+        "{async_event:?}"
+    );
     assert!(results.bypass_messages > 0);
     assert_eq!(results.cleanup_rounds, 50);
     let (fds_first, fds_last) = results.backend_fds;

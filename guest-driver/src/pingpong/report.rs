@@ -84,7 +84,11 @@ impl Report {
                 row.mmsg_s
             );
         }
-        if self.rows.iter().any(|row| row.completion == Completion::Events) {
+        if self
+            .rows
+            .iter()
+            .any(|row| row.completion == Completion::Events)
+        {
             let total = self
                 .rows
                 .iter()

@@ -384,7 +384,9 @@ impl<'c> Session<'c> {
         };
         let channel = &mut *self.channel;
         self.waiter
-            .next(cq, queue.index(), out, self.timeout, || channel.check_peer())
+            .next(cq, queue.index(), out, self.timeout, || {
+                channel.check_peer()
+            })
             .map_err(|e| match e {
                 WaitError::Timeout(after) => RunError::Timeout(what, after),
                 WaitError::Peer(e) => RunError::Oob(e),
