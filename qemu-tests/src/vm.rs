@@ -263,7 +263,7 @@ setup() {{
     echo "rxe0 port did not become ACTIVE"; return 1
 }}
 if ! setup; then echo "vrdma-vm: RDMA setup failed"; finish 125; fi
-echo "vrdma-vm: rxe0 up"
+echo "{COMMAND_STARTING}"
 ulimit -l unlimited
 stty -F /dev/ttyS1 raw -echo 2>/dev/null
 {exports}export VRDMA_RESULT_DIR={RUN_DIR_IN_VM}/results
@@ -276,17 +276,39 @@ finish $?
     )
 }
 
+/// Printed on the console once rxe0 is up, right before the command starts.
+const COMMAND_STARTING: &str = "vrdma-vm: rxe0 up, starting the command";
+
 /// Boots the VM from `root` with `config`, runs `command` in it and returns its outcome.
+///
+/// A boot that dies before the command started (TCG occasionally panics a guest kernel early
+/// in boot) is retried once: nothing has run yet, so nothing can happen twice.
 pub fn run(root: &PreparedRoot, config: &VmConfig, command: &[String]) -> Result<RunOutcome> {
     if command.is_empty() {
         return Err(Error::Usage("no command to run in the VM".into()));
     }
-    let run_dir = tempdir("run")?;
-    let outcome = run_in(root, config, command, &run_dir);
-    if let Err(e) = std::fs::remove_dir_all(&run_dir) {
-        log::warn!("cannot remove {}: {e}", run_dir.display());
+    let mut attempt = 1;
+    loop {
+        let run_dir = tempdir("run")?;
+        let outcome = run_in(root, config, command, &run_dir);
+        let started = std::fs::read_to_string(run_dir.join("console.log"))
+            .is_ok_and(|console| console.contains(COMMAND_STARTING));
+        if let Err(e) = std::fs::remove_dir_all(&run_dir) {
+            log::warn!("cannot remove {}: {e}", run_dir.display());
+        }
+        match outcome {
+            Err(Error::Boot {
+                reason,
+                console_tail,
+            }) if !started && attempt == 1 => {
+                log::warn!(
+                    "the VM died before the command started ({reason}); booting once more\n{console_tail}"
+                );
+                attempt += 1;
+            }
+            outcome => return outcome,
+        }
     }
-    outcome
 }
 
 fn run_in(
@@ -529,6 +551,7 @@ mod tests {
         assert!(script.contains("cd /work/main"));
         assert!(script.contains("echo 'a b' </dev/null >/dev/ttyS1"));
         assert!(script.contains("rdma link add rxe0 type rxe netdev d0"));
+        assert!(script.find(COMMAND_STARTING) < script.find("echo 'a b'"));
     }
 
     #[test]
