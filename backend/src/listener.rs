@@ -247,7 +247,11 @@ fn serve_until_disconnect<H: DeviceHandler>(
     backend: Arc<VrdmaBackend<H>>,
 ) {
     match daemon.wait() {
-        Ok(()) => info!("guest {id}: disconnected"),
+        // A frontend that closes its socket (process exit, QEMU quitting) is the normal end.
+        Ok(())
+        | Err(vhost_user_backend::Error::HandleRequest(vhost::vhost_user::Error::Disconnected)) => {
+            info!("guest {id}: disconnected")
+        }
         Err(e) => warn!("guest {id}: connection ended: {e}"),
     }
     // Dropping the daemon stops and joins its worker threads, so the handler is reset with no

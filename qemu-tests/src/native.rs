@@ -109,11 +109,16 @@ pub fn ensure_prerequisites() -> Result<()> {
 /// Builds the peer into `<target_dir>/native/` (installing prerequisites first) unless the
 /// binary there was built from the same source with the same flags; returns its path.
 pub fn build(target_dir: &Path) -> Result<PathBuf> {
-    let source = source_path();
-    let text = std::fs::read(&source).context(|| format!("reading {}", source.display()))?;
+    build_program(target_dir, &source_path(), BINARY_NAME)
+}
+
+/// Builds the verbs program `source` (C, against the system's rdma-core) into
+/// `<target_dir>/native/NAME` the same way as the peer.
+pub fn build_program(target_dir: &Path, source: &Path, name: &str) -> Result<PathBuf> {
+    let text = std::fs::read(source).context(|| format!("reading {}", source.display()))?;
     let out_dir = target_dir.join("native");
-    let binary = binary_path(target_dir);
-    let stamp = out_dir.join(format!("{BINARY_NAME}.stamp"));
+    let binary = out_dir.join(name);
+    let stamp = out_dir.join(format!("{name}.stamp"));
     let fingerprint = fingerprint(&text);
     if binary.is_file() && std::fs::read(&stamp).is_ok_and(|old| old == fingerprint) {
         log::debug!("{} is up to date", binary.display());
@@ -123,13 +128,13 @@ pub fn build(target_dir: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(&out_dir).context(|| format!("creating {}", out_dir.display()))?;
     // Build under a private name and rename, so that concurrent builds never leave a partial
     // binary behind.
-    let partial = out_dir.join(format!("{BINARY_NAME}.{}.tmp", std::process::id()));
+    let partial = out_dir.join(format!("{name}.{}.tmp", std::process::id()));
     let result = run_checked(
         Command::new(COMPILER.command)
             .args(CFLAGS)
             .arg("-o")
             .arg(&partial)
-            .arg(&source)
+            .arg(source)
             .args(LIBS),
     );
     if let Err(e) = result {

@@ -267,6 +267,8 @@ echo "{COMMAND_STARTING}"
 ulimit -l unlimited
 stty -F /dev/ttyS1 raw -echo 2>/dev/null
 {exports}export VRDMA_RESULT_DIR={RUN_DIR_IN_VM}/results
+# The command's output is a serial terminal, but it ends up in logs: no colour codes.
+export RUST_LOG_STYLE=never
 cd {cwd} || finish 126
 {command} </dev/null >/dev/ttyS1 2>&1
 finish $?

@@ -7,8 +7,9 @@ use std::process::Command;
 use crate::error::{Error, Result};
 use crate::vm::{find_target_dir, find_workspace_root};
 
-/// Packages whose binaries the scenarios start inside the VM.
-const PACKAGES: &[&str] = &["vrdma-backend", "vrdma-guest"];
+/// Packages whose binaries (and, for vrdma-ibverbs, the drop-in library) the scenarios use
+/// inside the VM.
+const PACKAGES: &[&str] = &["vrdma-backend", "vrdma-guest", "vrdma-ibverbs"];
 
 /// `cargo build`s the scenario binaries next to this executable, so that
 /// `cargo run -p vrdma-qemu-tests --bin vrdma-vm -- test …` needs nothing built beforehand.
@@ -75,7 +76,7 @@ fn build_command(exe: &Path, workspace: &Path, target: &Path) -> Command {
     let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace)
         .env("CARGO_TARGET_DIR", target)
-        .args(["build", "--bins", "--profile", &profile]);
+        .args(["build", "--profile", &profile]);
     for package in PACKAGES {
         cmd.args(["-p", package]);
     }
@@ -97,7 +98,7 @@ mod tests {
         };
         assert_eq!(
             args("/ws/target/release/vrdma-vm"),
-            "build --bins --profile release -p vrdma-backend -p vrdma-guest"
+            "build --profile release -p vrdma-backend -p vrdma-guest -p vrdma-ibverbs"
         );
         assert!(args("/ws/target/debug/vrdma-vm").contains("--profile dev"));
     }

@@ -1,6 +1,6 @@
 //! `vrdma-vm`: builds and boots the Soft-RoCE VM that vrdma's RDMA tests run in.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -68,6 +68,9 @@ enum Suite {
     /// The backend's host-device layer on rxe0 (its `device_rxe` integration tests, which
     /// `cargo test` builds but cannot run outside the VM).
     BackendDevice,
+    /// The drop-in libibverbs.so.1: unmodified ibv_devinfo and a C verbs program (SEND, WRITE,
+    /// READ with data checks) over vrdma, next to the same program on rxe0 natively.
+    Dropin,
 }
 
 #[derive(Subcommand)]
@@ -175,6 +178,12 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
         } => match suite {
             Suite::NativePerftest => native_perftest(&vm, json),
             Suite::BackendDevice => backend_device(&vm),
+            Suite::Dropin => {
+                if !no_build {
+                    vrdma_qemu_tests::workspace::build_scenario_binaries()?;
+                }
+                dropin(&vm)
+            }
             Suite::ProcessPingpong => {
                 if !no_build {
                     vrdma_qemu_tests::workspace::build_scenario_binaries()?;
@@ -338,6 +347,33 @@ fn backend_device(vm_args: &VmArgs) -> Result<ExitCode> {
         return Err(Error::Scenario(format!(
             "{} failed in the VM (status {})",
             test.display(),
+            outcome.status
+        )));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn dropin(vm_args: &VmArgs) -> Result<ExitCode> {
+    let root = rootfs::prepare(&Cache::from_env()?, &TRIXIE_RXE, false)?;
+    let target = native::default_target_dir()
+        .ok_or_else(|| Error::Usage("cannot find the cargo target directory".into()))?;
+    let workspace = vm::find_workspace_root(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .ok_or_else(|| Error::Usage("cannot find the workspace".into()))?;
+    let tests = workspace.join("guest-driver/capi/tests");
+    let program =
+        native::build_program(&target, &tests.join("c/verbs_loopback.c"), "verbs_loopback")?;
+    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
+    let profile_dir = exe.parent().unwrap_or(Path::new("."));
+    let command: Vec<String> = vec![
+        "sh".into(),
+        tests.join("vm-dropin.sh").to_string_lossy().into_owned(),
+        profile_dir.to_string_lossy().into_owned(),
+        program.to_string_lossy().into_owned(),
+    ];
+    let outcome = vm::run(&root, &vm_args.config(&root)?, &command)?;
+    if outcome.status != 0 {
+        return Err(Error::Scenario(format!(
+            "the drop-in run failed in the VM (status {})",
             outcome.status
         )));
     }

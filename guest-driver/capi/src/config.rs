@@ -1,0 +1,114 @@
+//! What the environment selects: the transport and its guest-RAM size.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use vrdma::dma::PAGE_SIZE;
+
+/// Socket of a vrdma backend: selects the process transport.
+pub(crate) const SOCKET_VAR: &str = "VRDMA_SOCKET";
+/// Size of the process transport's memfd guest RAM (bytes, or with a K/M/G suffix).
+pub(crate) const RAM_SIZE_VAR: &str = "VRDMA_RAM_SIZE";
+/// Default guest-RAM size: application buffers registered with `ibv_reg_mr` live in it.
+pub(crate) const DEFAULT_RAM_SIZE: usize = 1 << 30;
+
+/// How to reach the device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum TransportChoice {
+    /// Process transport: this process is the vhost-user frontend of the backend at `socket`.
+    Process { socket: PathBuf, ram_size: usize },
+}
+
+/// Why the environment selects no usable transport.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ConfigError {
+    #[error("no vrdma device: set {SOCKET_VAR}=/path/to/backend.sock (process transport); the PCI transport is not available yet")]
+    NoTransport,
+    #[error("{RAM_SIZE_VAR}={0:?} is not a size in bytes (K, M, G suffixes allowed) that is a non-zero multiple of 4 KiB")]
+    BadRamSize(String),
+}
+
+/// The transport the environment (read through `var`) selects.
+pub(crate) fn transport_choice(
+    var: impl Fn(&str) -> Option<OsString>,
+) -> Result<TransportChoice, ConfigError> {
+    let socket = var(SOCKET_VAR)
+        .filter(|s| !s.is_empty())
+        .ok_or(ConfigError::NoTransport)?;
+    let ram_size = match var(RAM_SIZE_VAR) {
+        None => DEFAULT_RAM_SIZE,
+        Some(text) => {
+            let text = text.to_string_lossy().into_owned();
+            parse_size(&text).ok_or(ConfigError::BadRamSize(text))?
+        }
+    };
+    Ok(TransportChoice::Process {
+        socket: socket.into(),
+        ram_size,
+    })
+}
+
+/// From the process environment.
+pub(crate) fn from_env() -> Result<TransportChoice, ConfigError> {
+    transport_choice(|name| std::env::var_os(name))
+}
+
+fn parse_size(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let (digits, shift) = match text.as_bytes().last()? {
+        b'k' | b'K' => (&text[..text.len() - 1], 10),
+        b'm' | b'M' => (&text[..text.len() - 1], 20),
+        b'g' | b'G' => (&text[..text.len() - 1], 30),
+        _ => (text, 0),
+    };
+    let size = digits.parse::<usize>().ok()?.checked_mul(1 << shift)?;
+    (size != 0 && size.is_multiple_of(PAGE_SIZE)).then_some(size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&str, &str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
+        move |name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| OsString::from(v))
+        }
+    }
+
+    #[test]
+    fn the_socket_selects_the_process_transport() {
+        assert_eq!(
+            transport_choice(env(&[(SOCKET_VAR, "/tmp/v.sock")])),
+            Ok(TransportChoice::Process {
+                socket: "/tmp/v.sock".into(),
+                ram_size: DEFAULT_RAM_SIZE
+            })
+        );
+        assert_eq!(
+            transport_choice(env(&[(SOCKET_VAR, "/s"), (RAM_SIZE_VAR, "64M")])),
+            Ok(TransportChoice::Process {
+                socket: "/s".into(),
+                ram_size: 64 << 20
+            })
+        );
+    }
+
+    #[test]
+    fn missing_socket_and_bad_sizes_are_errors() {
+        assert_eq!(transport_choice(env(&[])), Err(ConfigError::NoTransport));
+        assert_eq!(
+            transport_choice(env(&[(SOCKET_VAR, "")])),
+            Err(ConfigError::NoTransport)
+        );
+        for bad in ["0", "100", "1x", "", "99999999999999999999G"] {
+            assert!(
+                transport_choice(env(&[(SOCKET_VAR, "/s"), (RAM_SIZE_VAR, bad)])).is_err(),
+                "{bad}"
+            );
+        }
+        assert_eq!(parse_size("8k"), Some(8192));
+        assert_eq!(parse_size("1G"), Some(1 << 30));
+    }
+}

@@ -1,0 +1,239 @@
+//! Completion channels and completion queues.
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+
+use vrdma::Cq;
+
+use crate::device::VrdmaContext;
+use crate::events::ChannelState;
+use crate::ffi::{guard, minus_one, null_with, report};
+use crate::sys::{ibv_comp_channel, ibv_context, ibv_cq};
+
+/// A completion channel: `ibv_comp_channel` first.
+#[repr(C)]
+struct VrdmaChannel {
+    ibv: ibv_comp_channel,
+    state: Arc<ChannelState>,
+}
+
+/// `ibv_create_comp_channel`.
+///
+/// # Safety
+/// `context` is a context of this library.
+pub unsafe extern "C" fn ibv_create_comp_channel(
+    context: *mut ibv_context,
+) -> *mut ibv_comp_channel {
+    guard("ibv_create_comp_channel", std::ptr::null_mut(), || {
+        // SAFETY: caller contract.
+        if unsafe { VrdmaContext::from_ptr(context) }.is_none() {
+            return null_with("ibv_create_comp_channel", libc::EINVAL);
+        }
+        let state = match ChannelState::new() {
+            Ok(state) => Arc::new(state),
+            Err(e) => {
+                return null_with(
+                    "ibv_create_comp_channel",
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                )
+            }
+        };
+        let ibv = ibv_comp_channel {
+            context,
+            fd: state.raw_fd(),
+            refcnt: 0,
+        };
+        Box::into_raw(Box::new(VrdmaChannel { ibv, state })).cast()
+    })
+}
+
+/// `ibv_destroy_comp_channel`: 0, EBUSY while CQs use it, or another errno value.
+///
+/// # Safety
+/// `channel` is a channel of this library, not used afterwards on success.
+pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+    guard("ibv_destroy_comp_channel", libc::EIO, || {
+        // SAFETY: caller contract; `ibv` is the first field.
+        let Some(ch) = (unsafe { channel.cast::<VrdmaChannel>().as_ref() }) else {
+            return libc::EINVAL;
+        };
+        if ch.ibv.refcnt != 0 {
+            return libc::EBUSY;
+        }
+        // SAFETY: made by Box::into_raw; the caller gives it up.
+        drop(unsafe { Box::from_raw(channel.cast::<VrdmaChannel>()) });
+        0
+    })
+}
+
+/// Completion events handed out by `ibv_get_cq_event` and acknowledged.
+#[derive(Default)]
+struct EventCounts {
+    reported: u32,
+    acked: u32,
+}
+
+/// A completion queue: `ibv_cq` first.
+#[repr(C)]
+pub(crate) struct VrdmaCq {
+    pub(crate) ibv: ibv_cq,
+    pub(crate) cq: Cq,
+    channel: Option<Arc<ChannelState>>,
+    events: Mutex<EventCounts>,
+    all_acked: Condvar,
+    /// QPs using the CQ.
+    pub(crate) users: AtomicU32,
+}
+
+impl VrdmaCq {
+    /// # Safety
+    /// `ptr` is NULL or a live CQ of this library.
+    pub(crate) unsafe fn from_ptr<'a>(ptr: *mut ibv_cq) -> Option<&'a VrdmaCq> {
+        // SAFETY: caller contract; `ibv` is the first field of a repr(C) struct.
+        unsafe { ptr.cast::<VrdmaCq>().as_ref() }
+    }
+}
+
+/// `ibv_create_cq`. `comp_vector` is accepted and ignored (one vector).
+///
+/// # Safety
+/// `context` is a context of this library; `channel` is NULL or one of its channels.
+pub unsafe extern "C" fn ibv_create_cq(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    _comp_vector: c_int,
+) -> *mut ibv_cq {
+    guard("ibv_create_cq", std::ptr::null_mut(), || {
+        // SAFETY: caller contract.
+        let Some(ctx) = (unsafe { VrdmaContext::from_ptr(context) }) else {
+            return null_with("ibv_create_cq", libc::EINVAL);
+        };
+        let Ok(cqe) = u32::try_from(cqe) else {
+            return null_with("ibv_create_cq", libc::EINVAL);
+        };
+        // SAFETY: caller contract.
+        let ch = unsafe { channel.cast::<VrdmaChannel>().as_mut() };
+        let cq = match Cq::new(&ctx.ctx, cqe) {
+            Ok(cq) => cq,
+            Err(e) => return null_with("ibv_create_cq", report("ibv_create_cq", &e)),
+        };
+        // SAFETY: all-zero is a valid ibv_cq (glibc's initializers are zero); set below.
+        let mut ibv: ibv_cq = unsafe { std::mem::zeroed() };
+        ibv.context = context;
+        ibv.channel = channel;
+        ibv.cq_context = cq_context;
+        ibv.handle = cq.handle();
+        ibv.cqe = c_int::try_from(cq.capacity()).unwrap_or(c_int::MAX);
+        let handle = cq.handle();
+        let state = ch.as_ref().map(|ch| ch.state.clone());
+        let raw = Box::into_raw(Box::new(VrdmaCq {
+            ibv,
+            cq,
+            channel: state.clone(),
+            events: Mutex::new(EventCounts::default()),
+            all_acked: Condvar::new(),
+            users: AtomicU32::new(0),
+        }));
+        if let (Some(ch), Some(state)) = (ch, state) {
+            ch.ibv.refcnt += 1;
+            ctx.routes.add(handle, state, raw as usize);
+        }
+        raw.cast()
+    })
+}
+
+/// `ibv_destroy_cq`: waits until every event handed out by `ibv_get_cq_event` was
+/// acknowledged, as rdma-core does; 0, EBUSY while QPs use the CQ, or another errno value.
+///
+/// # Safety
+/// `cq` is a CQ of this library, not used afterwards on success.
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    guard("ibv_destroy_cq", libc::EIO, || {
+        // SAFETY: caller contract.
+        let Some(vcq) = (unsafe { VrdmaCq::from_ptr(cq) }) else {
+            return libc::EINVAL;
+        };
+        if vcq.users.load(Ordering::Acquire) != 0 {
+            return libc::EBUSY;
+        }
+        let mut counts = vcq.events.lock().unwrap_or_else(PoisonError::into_inner);
+        while counts.acked < counts.reported {
+            counts = vcq
+                .all_acked
+                .wait(counts)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        drop(counts);
+        // SAFETY: the context outlives its CQs.
+        let ctx = unsafe { VrdmaContext::from_ptr(vcq.ibv.context) };
+        if vcq.channel.is_some() {
+            if let Some(ctx) = ctx {
+                ctx.routes.remove(vcq.ibv.handle);
+            }
+            // SAFETY: the channel outlives its CQs (destroy refuses while refcnt != 0).
+            if let Some(ch) = unsafe { vcq.ibv.channel.as_mut() } {
+                ch.refcnt -= 1;
+            }
+        }
+        // SAFETY: made by Box::into_raw in ibv_create_cq; the caller gives it up.
+        drop(unsafe { Box::from_raw(cq.cast::<VrdmaCq>()) });
+        0
+    })
+}
+
+/// `ibv_get_cq_event`: waits for the next completion event of the channel (blocking unless
+/// the application made the channel's fd non-blocking). 0, or -1 and errno.
+///
+/// # Safety
+/// `channel` is a channel of this library; `cq` and `cq_context` are valid for writes.
+pub unsafe extern "C" fn ibv_get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    guard("ibv_get_cq_event", -1, || {
+        // SAFETY: caller contract.
+        let Some(ch) = (unsafe { channel.cast::<VrdmaChannel>().as_ref() }) else {
+            return minus_one(libc::EINVAL);
+        };
+        if cq.is_null() || cq_context.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        let raw = match ch.state.next() {
+            Ok(raw) => raw as *mut ibv_cq,
+            Err(e) => return minus_one(e.raw_os_error().unwrap_or(libc::EIO)),
+        };
+        // SAFETY: the channel only queues live CQs (destroy purges their events).
+        let Some(vcq) = (unsafe { VrdmaCq::from_ptr(raw) }) else {
+            return minus_one(libc::EIO);
+        };
+        vcq.events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .reported += 1;
+        // SAFETY: caller contract.
+        unsafe {
+            *cq = raw;
+            *cq_context = vcq.ibv.cq_context;
+        }
+        0
+    })
+}
+
+/// `ibv_ack_cq_events`.
+///
+/// # Safety
+/// `cq` is a CQ of this library.
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
+    guard("ibv_ack_cq_events", (), || {
+        // SAFETY: caller contract.
+        if let Some(vcq) = unsafe { VrdmaCq::from_ptr(cq) } {
+            let mut counts = vcq.events.lock().unwrap_or_else(PoisonError::into_inner);
+            counts.acked = counts.acked.wrapping_add(nevents);
+            vcq.all_acked.notify_all();
+        }
+    })
+}

@@ -1,0 +1,462 @@
+//! The data path behind `ibv_context_ops`: what the static inline `ibv_post_send`,
+//! `ibv_post_recv`, `ibv_poll_cq` and `ibv_req_notify_cq` of `<infiniband/verbs.h>` call.
+//!
+//! Work requests are translated in fixed-size batches on the stack and posted with the vrdma
+//! library's provider; scatter/gather lists are used in place (`ibv_sge` and
+//! [`vrdma::provider::Sge`] have the same layout). Nothing here allocates.
+
+use std::ffi::c_int;
+
+use vrdma::provider::{PostError, RecvWr, SendFlags, SendWr, Sge, WorkCompletion, WrOpcode};
+use vrdma::verbs::PostSendError;
+
+use crate::cq::VrdmaCq;
+use crate::ffi::{guard, report};
+use crate::objects::VrdmaAh;
+use crate::qp::VrdmaQp;
+use crate::sys::{
+    ibv_cq, ibv_qp, ibv_qp_type_IBV_QPT_UD, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_srq, ibv_wc,
+    ibv_wc__bindgen_ty_1,
+};
+
+/// Work requests (or completions) handled per provider call.
+const BATCH: usize = 16;
+
+// `ibv_sge` lists are handed to the provider as they are.
+const _: () = {
+    assert!(std::mem::size_of::<ibv_sge>() == std::mem::size_of::<Sge>());
+    assert!(std::mem::align_of::<ibv_sge>() == std::mem::align_of::<Sge>());
+    assert!(std::mem::offset_of!(ibv_sge, addr) == std::mem::offset_of!(Sge, addr));
+    assert!(std::mem::offset_of!(ibv_sge, length) == std::mem::offset_of!(Sge, length));
+    assert!(std::mem::offset_of!(ibv_sge, lkey) == std::mem::offset_of!(Sge, lkey));
+};
+
+/// The SGEs of a work request.
+///
+/// # Safety
+/// `sg_list` is valid for `num_sge` entries for `'a` (when `num_sge > 0`).
+unsafe fn sges<'a>(sg_list: *const ibv_sge, num_sge: c_int) -> Result<&'a [Sge], c_int> {
+    match usize::try_from(num_sge) {
+        Ok(0) => Ok(&[]),
+        Ok(_) if sg_list.is_null() => Err(libc::EINVAL),
+        // SAFETY: caller contract; the layouts are identical (checked above).
+        Ok(n) => Ok(unsafe { std::slice::from_raw_parts(sg_list.cast::<Sge>(), n) }),
+        Err(_) => Err(libc::EINVAL),
+    }
+}
+
+fn wr_opcode(value: u32) -> Option<WrOpcode> {
+    Some(match value {
+        0 => WrOpcode::RdmaWrite,
+        1 => WrOpcode::RdmaWriteWithImm,
+        2 => WrOpcode::Send,
+        3 => WrOpcode::SendWithImm,
+        4 => WrOpcode::RdmaRead,
+        5 => WrOpcode::AtomicCmpAndSwp,
+        6 => WrOpcode::AtomicFetchAndAdd,
+        _ => return None,
+    })
+}
+
+/// The provider's form of one `ibv_send_wr`; an errno value if it cannot be expressed.
+///
+/// # Safety
+/// `wr` follows the `ibv_post_send` rules: its SGE list is valid, and on UD QPs `wr.ud.ah` is
+/// an address handle of this library, all for `'a`.
+pub(crate) unsafe fn send_wr<'a>(wr: &'a ibv_send_wr, ud: bool) -> Result<SendWr<'a>, c_int> {
+    let opcode = wr_opcode(wr.opcode).ok_or(libc::EINVAL)?;
+    let flags = SendFlags::from_bits(wr.send_flags).ok_or(libc::EINVAL)?;
+    // SAFETY: caller contract.
+    let sg_list = unsafe { sges(wr.sg_list, wr.num_sge) }?;
+    let mut out = SendWr {
+        wr_id: wr.wr_id,
+        opcode,
+        flags,
+        sg_list,
+        // SAFETY: every bit pattern is a valid u32 of the union.
+        imm_data: unsafe { wr.__bindgen_anon_1.imm_data },
+        ..SendWr::default()
+    };
+    if opcode.is_atomic() {
+        // SAFETY: the union's active member for atomic opcodes; plain integers.
+        let atomic = unsafe { wr.wr.atomic };
+        out.remote_addr = atomic.remote_addr;
+        out.rkey = atomic.rkey;
+        out.compare_add = atomic.compare_add;
+        out.swap = atomic.swap;
+    } else if opcode.is_rdma() {
+        // SAFETY: the union's active member for RDMA opcodes; plain integers.
+        let rdma = unsafe { wr.wr.rdma };
+        out.remote_addr = rdma.remote_addr;
+        out.rkey = rdma.rkey;
+    }
+    if ud {
+        // SAFETY: the union's active member on UD QPs.
+        let dest = unsafe { wr.wr.ud };
+        // SAFETY: caller contract: an AH of this library, alive for `'a`.
+        let ah = unsafe { dest.ah.cast::<VrdmaAh>().as_ref() }.ok_or(libc::EINVAL)?;
+        out.ud = Some(ah.ah.dest(dest.remote_qpn, dest.remote_qkey));
+    }
+    Ok(out)
+}
+
+/// errno of a refused work request, as rdma-core's rxe provider reports it.
+fn post_errno(e: &PostError) -> c_int {
+    match e {
+        PostError::QueueFull => libc::ENOMEM,
+        _ => libc::EINVAL,
+    }
+}
+
+/// `ops.post_send`.
+///
+/// # Safety
+/// As `ibv_post_send`: `qp` is a QP of this library, `wr` a valid list, `bad_wr` writable.
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    guard("ibv_post_send", libc::EIO, || {
+        let fail = |at: *mut ibv_send_wr, errno: c_int| {
+            if !bad_wr.is_null() {
+                // SAFETY: caller contract.
+                unsafe { *bad_wr = at };
+            }
+            errno
+        };
+        // SAFETY: caller contract.
+        let Some(vqp) = (unsafe { VrdmaQp::from_ptr(qp) }) else {
+            return fail(wr, libc::EINVAL);
+        };
+        let ud = vqp.ibv.qp_type == ibv_qp_type_IBV_QPT_UD;
+        let mut batch = [SendWr::default(); BATCH];
+        let mut origin = [std::ptr::null_mut::<ibv_send_wr>(); BATCH];
+        let mut len = 0;
+        let flush = |batch: &[SendWr<'_>], origin: &[*mut ibv_send_wr]| -> Result<(), c_int> {
+            if batch.is_empty() {
+                return Ok(());
+            }
+            // SAFETY: the application's SGEs follow the ibv_post_send rules (inline data
+            // readable now, other buffers registered).
+            match unsafe { vqp.qp.post_send(batch) } {
+                Ok(()) => Ok(()),
+                Err(PostSendError::Refused { index, error }) => {
+                    Err(fail(origin[index], post_errno(&error)))
+                }
+                Err(e @ PostSendError::Doorbell { .. }) => {
+                    log::warn!("vrdma: ibv_post_send: {e}");
+                    let at = origin[e.posted().min(batch.len() - 1)];
+                    Err(fail(at, libc::EIO))
+                }
+            }
+        };
+        let mut cur = wr;
+        // SAFETY: caller contract: a NULL-terminated list of valid work requests.
+        while let Some(w) = unsafe { cur.as_ref() } {
+            // SAFETY: caller contract.
+            match unsafe { send_wr(w, ud) } {
+                Ok(translated) => {
+                    batch[len] = translated;
+                    origin[len] = cur;
+                    len += 1;
+                }
+                Err(errno) => {
+                    if let Err(errno) = flush(&batch[..len], &origin[..len]) {
+                        return errno;
+                    }
+                    return fail(cur, errno);
+                }
+            }
+            if len == BATCH {
+                if let Err(errno) = flush(&batch, &origin) {
+                    return errno;
+                }
+                len = 0;
+            }
+            cur = w.next;
+        }
+        flush(&batch[..len], &origin[..len]).err().unwrap_or(0)
+    })
+}
+
+/// `ops.post_recv`.
+///
+/// # Safety
+/// As `ibv_post_recv`: `qp` is a QP of this library, `wr` a valid list, `bad_wr` writable.
+pub(crate) unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    guard("ibv_post_recv", libc::EIO, || {
+        let fail = |at: *mut ibv_recv_wr, errno: c_int| {
+            if !bad_wr.is_null() {
+                // SAFETY: caller contract.
+                unsafe { *bad_wr = at };
+            }
+            errno
+        };
+        // SAFETY: caller contract.
+        let Some(vqp) = (unsafe { VrdmaQp::from_ptr(qp) }) else {
+            return fail(wr, libc::EINVAL);
+        };
+        let mut batch = [RecvWr::default(); BATCH];
+        let mut origin = [std::ptr::null_mut::<ibv_recv_wr>(); BATCH];
+        let mut len = 0;
+        let flush = |batch: &[RecvWr<'_>], origin: &[*mut ibv_recv_wr]| -> Result<(), c_int> {
+            vqp.qp
+                .post_recv(batch)
+                .map_err(|(index, error)| fail(origin[index], post_errno(&error)))
+        };
+        let mut cur = wr;
+        // SAFETY: caller contract: a NULL-terminated list of valid work requests.
+        while let Some(w) = unsafe { cur.as_ref() } {
+            // SAFETY: caller contract.
+            match unsafe { sges(w.sg_list, w.num_sge) } {
+                Ok(sg_list) => {
+                    batch[len] = RecvWr {
+                        wr_id: w.wr_id,
+                        sg_list,
+                    };
+                    origin[len] = cur;
+                    len += 1;
+                }
+                Err(errno) => {
+                    if let Err(errno) = flush(&batch[..len], &origin[..len]) {
+                        return errno;
+                    }
+                    return fail(cur, errno);
+                }
+            }
+            if len == BATCH {
+                if let Err(errno) = flush(&batch, &origin) {
+                    return errno;
+                }
+                len = 0;
+            }
+            cur = w.next;
+        }
+        flush(&batch[..len], &origin[..len]).err().unwrap_or(0)
+    })
+}
+
+/// `ops.post_srq_recv`: SRQs are not provided yet.
+///
+/// # Safety
+/// `bad_wr` is NULL or writable.
+pub(crate) unsafe extern "C" fn post_srq_recv(
+    _srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    guard("ibv_post_srq_recv", libc::EIO, || {
+        if !bad_wr.is_null() {
+            // SAFETY: caller contract.
+            unsafe { *bad_wr = wr };
+        }
+        libc::ENOSYS
+    })
+}
+
+/// The `ibv_wc` of a completion.
+pub(crate) fn wc(c: &WorkCompletion) -> ibv_wc {
+    ibv_wc {
+        wr_id: c.wr_id,
+        status: c.status.raw(),
+        opcode: c.opcode.raw(),
+        vendor_err: c.vendor_err,
+        byte_len: c.byte_len,
+        __bindgen_anon_1: ibv_wc__bindgen_ty_1 {
+            imm_data: c.imm_data,
+        },
+        qp_num: c.qp_num,
+        src_qp: c.src_qp,
+        wc_flags: c.wc_flags.bits(),
+        pkey_index: c.pkey_index,
+        slid: c.slid,
+        sl: c.sl,
+        dlid_path_bits: c.dlid_path_bits,
+    }
+}
+
+/// `ops.poll_cq`: the number of completions written, or a negative value on error.
+///
+/// # Safety
+/// As `ibv_poll_cq`: `cq` is a CQ of this library, `out` valid for `num_entries` writes.
+pub(crate) unsafe extern "C" fn poll_cq(
+    cq: *mut ibv_cq,
+    num_entries: c_int,
+    out: *mut ibv_wc,
+) -> c_int {
+    guard("ibv_poll_cq", -1, || {
+        // SAFETY: caller contract.
+        let Some(vcq) = (unsafe { VrdmaCq::from_ptr(cq) }) else {
+            return -1;
+        };
+        let wanted = usize::try_from(num_entries).unwrap_or(0);
+        if wanted > 0 && out.is_null() {
+            return -1;
+        }
+        let mut buf = [WorkCompletion::default(); BATCH];
+        let mut total = 0;
+        while total < wanted {
+            let chunk = (wanted - total).min(BATCH);
+            let got = vcq.cq.poll(&mut buf[..chunk]);
+            for (i, c) in buf[..got].iter().enumerate() {
+                // SAFETY: `total + i < wanted`: inside the caller's array.
+                unsafe { out.add(total + i).write(wc(c)) };
+            }
+            total += got;
+            if got < chunk {
+                break;
+            }
+        }
+        c_int::try_from(total).unwrap_or(c_int::MAX)
+    })
+}
+
+/// `ops.req_notify_cq`: 0, or an errno value.
+///
+/// # Safety
+/// `cq` is a CQ of this library.
+pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    guard("ibv_req_notify_cq", libc::EIO, || {
+        // SAFETY: caller contract.
+        let Some(vcq) = (unsafe { VrdmaCq::from_ptr(cq) }) else {
+            return libc::EINVAL;
+        };
+        match vcq.cq.arm(solicited_only != 0) {
+            Ok(()) => 0,
+            Err(e) => report("ibv_req_notify_cq", &e),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vrdma::provider::{WcFlags, WcOpcode, WcStatus};
+
+    fn zeroed_wr() -> ibv_send_wr {
+        // SAFETY: all-zero is a valid ibv_send_wr.
+        unsafe { std::mem::zeroed() }
+    }
+
+    #[test]
+    fn rdma_and_send_requests_translate_field_by_field() {
+        let mut sge = [
+            ibv_sge {
+                addr: 0x1000,
+                length: 64,
+                lkey: 7,
+            },
+            ibv_sge {
+                addr: 0x2000,
+                length: 32,
+                lkey: 8,
+            },
+        ];
+        let mut wr = zeroed_wr();
+        wr.wr_id = 99;
+        wr.opcode = 0; // IBV_WR_RDMA_WRITE
+        wr.send_flags = 2; // IBV_SEND_SIGNALED
+        wr.sg_list = sge.as_mut_ptr();
+        wr.num_sge = 2;
+        wr.wr.rdma.remote_addr = 0xdead_0000;
+        wr.wr.rdma.rkey = 0x55;
+        // SAFETY: the SGE list is valid; RC QP.
+        let t = unsafe { send_wr(&wr, false) }.unwrap();
+        assert_eq!(t.wr_id, 99);
+        assert_eq!(t.opcode, WrOpcode::RdmaWrite);
+        assert_eq!(t.flags, SendFlags::SIGNALED);
+        assert_eq!((t.remote_addr, t.rkey), (0xdead_0000, 0x55));
+        assert_eq!(t.sg_list.len(), 2);
+        assert_eq!(
+            t.sg_list[1],
+            Sge {
+                addr: 0x2000,
+                length: 32,
+                lkey: 8
+            }
+        );
+        assert!(t.ud.is_none());
+
+        wr.opcode = 3; // IBV_WR_SEND_WITH_IMM
+        wr.__bindgen_anon_1.imm_data = 0x0102_0304u32.to_be();
+        wr.num_sge = 0;
+        wr.sg_list = std::ptr::null_mut();
+        // SAFETY: no SGEs.
+        let t = unsafe { send_wr(&wr, false) }.unwrap();
+        assert_eq!(t.imm_data, 0x0102_0304u32.to_be());
+        assert_eq!((t.remote_addr, t.rkey), (0, 0));
+        assert!(t.sg_list.is_empty());
+
+        wr.opcode = 5; // IBV_WR_ATOMIC_CMP_AND_SWP
+        wr.wr.atomic.remote_addr = 0x8000;
+        wr.wr.atomic.compare_add = 1;
+        wr.wr.atomic.swap = 2;
+        wr.wr.atomic.rkey = 3;
+        // SAFETY: no SGEs.
+        let t = unsafe { send_wr(&wr, false) }.unwrap();
+        assert_eq!(
+            (t.remote_addr, t.compare_add, t.swap, t.rkey),
+            (0x8000, 1, 2, 3)
+        );
+    }
+
+    #[test]
+    fn unsupported_requests_are_einval() {
+        let mut wr = zeroed_wr();
+        wr.opcode = 7; // IBV_WR_LOCAL_INV
+                       // SAFETY: no SGEs.
+        assert_eq!(unsafe { send_wr(&wr, false) }.unwrap_err(), libc::EINVAL);
+        wr.opcode = 2;
+        wr.send_flags = 16; // IBV_SEND_IP_CSUM
+                            // SAFETY: no SGEs.
+        assert_eq!(unsafe { send_wr(&wr, false) }.unwrap_err(), libc::EINVAL);
+        wr.send_flags = 0;
+        wr.num_sge = -1;
+        // SAFETY: rejected before the list is read.
+        assert_eq!(unsafe { send_wr(&wr, false) }.unwrap_err(), libc::EINVAL);
+        wr.num_sge = 1;
+        // SAFETY: a NULL list is rejected before it is read.
+        assert_eq!(unsafe { send_wr(&wr, false) }.unwrap_err(), libc::EINVAL);
+        wr.num_sge = 0;
+        // A UD request without an address handle.
+        // SAFETY: no SGEs; the NULL AH is rejected.
+        assert_eq!(unsafe { send_wr(&wr, true) }.unwrap_err(), libc::EINVAL);
+        assert_eq!(post_errno(&PostError::QueueFull), libc::ENOMEM);
+        assert_eq!(post_errno(&PostError::MissingUdDest), libc::EINVAL);
+    }
+
+    #[test]
+    fn completions_keep_every_field() {
+        let c = WorkCompletion {
+            wr_id: 5,
+            status: WcStatus::RemAccessErr,
+            opcode: WcOpcode::RecvRdmaWithImm,
+            byte_len: 4096,
+            imm_data: 0xaabbccdd,
+            qp_num: 17,
+            src_qp: 18,
+            wc_flags: WcFlags::GRH | WcFlags::WITH_IMM,
+            pkey_index: 1,
+            slid: 2,
+            sl: 3,
+            dlid_path_bits: 4,
+            port_num: 1,
+            vendor_err: 0x99,
+        };
+        let w = wc(&c);
+        assert_eq!((w.wr_id, w.status, w.opcode), (5, 10, 129));
+        assert_eq!(
+            (w.byte_len, w.qp_num, w.src_qp, w.wc_flags),
+            (4096, 17, 18, 3)
+        );
+        // SAFETY: reading the u32 member of the union.
+        assert_eq!(unsafe { w.__bindgen_anon_1.imm_data }, 0xaabbccdd);
+        assert_eq!((w.pkey_index, w.slid, w.sl, w.dlid_path_bits), (1, 2, 3, 4));
+        assert_eq!(w.vendor_err, 0x99);
+    }
+}

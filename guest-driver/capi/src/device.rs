@@ -1,0 +1,270 @@
+//! Devices and contexts: `ibv_get_device_list`, `ibv_open_device`, `ibv_close_device`.
+//!
+//! The environment names at most one device, `vrdma0` (see [`crate::config`]). Listing it does
+//! not contact the backend; opening it connects a process transport and opens a
+//! [`vrdma::Context`] over it.
+
+use std::ffi::{c_char, c_int};
+use std::sync::{Arc, Once, OnceLock};
+
+use log::error;
+use vrdma::transport::Transport;
+use vrdma::Context;
+
+use crate::config::{self, TransportChoice};
+use crate::datapath;
+use crate::events::{CompletionRoutes, EventPump};
+use crate::ffi::{guard, null_with, set_errno};
+use crate::sys::{
+    ibv_context, ibv_context_ops, ibv_device, ibv_node_type_IBV_NODE_CA,
+    ibv_transport_type_IBV_TRANSPORT_IB,
+};
+use crate::transport::AppTransport;
+
+/// Name of the one device.
+pub(crate) const DEVICE_NAME: &str = "vrdma0";
+
+/// The `ibv_device` handed out by `ibv_get_device_list`; lives as long as the process, as
+/// devices of rdma-core do while a context refers to them.
+struct Device(ibv_device);
+
+// SAFETY: the device is written once, before it is shared, and only read afterwards.
+unsafe impl Send for Device {}
+// SAFETY: see Send.
+unsafe impl Sync for Device {}
+
+static DEVICE: OnceLock<Box<Device>> = OnceLock::new();
+/// Node GUID as read by the first context (network byte order, as `ibv_get_device_guid`).
+static NODE_GUID: OnceLock<u64> = OnceLock::new();
+
+fn c_string<const N: usize>(text: &str) -> [c_char; N] {
+    let mut out = [0; N];
+    for (o, b) in out.iter_mut().zip(text.bytes().take(N - 1)) {
+        *o = b as c_char;
+    }
+    out
+}
+
+fn device() -> *mut ibv_device {
+    let device = DEVICE.get_or_init(|| {
+        // SAFETY: an all-zero ibv_device (null ops, empty strings) is a valid value.
+        let mut d: ibv_device = unsafe { std::mem::zeroed() };
+        d.node_type = ibv_node_type_IBV_NODE_CA;
+        d.transport_type = ibv_transport_type_IBV_TRANSPORT_IB;
+        d.name = c_string(DEVICE_NAME);
+        d.dev_name = c_string(DEVICE_NAME);
+        d.ibdev_path = c_string(&format!("/sys/class/infiniband/{DEVICE_NAME}"));
+        Box::new(Device(d))
+    });
+    std::ptr::from_ref(&device.0).cast_mut()
+}
+
+fn init_logging() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let env = env_logger::Env::new().filter_or("VRDMA_LOG", "warn");
+        let _ = env_logger::Builder::from_env(env).try_init();
+    });
+}
+
+/// `ibv_get_device_list`: the vrdma device if the environment selects a transport, else NULL
+/// with errno ENODEV and a line on stderr saying what to set.
+///
+/// # Safety
+/// `num_devices` is NULL or valid for a write.
+pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
+    guard("ibv_get_device_list", std::ptr::null_mut(), || {
+        init_logging();
+        if let Err(e) = config::from_env() {
+            error!("vrdma: {e}");
+            return null_with("ibv_get_device_list", libc::ENODEV);
+        }
+        // SAFETY: calloc of two pointers; checked for NULL below.
+        let list: *mut *mut ibv_device =
+            unsafe { libc::calloc(2, std::mem::size_of::<*mut ibv_device>()) }.cast();
+        if list.is_null() {
+            return null_with("ibv_get_device_list", libc::ENOMEM);
+        }
+        // SAFETY: `list` holds two pointers; the second stays NULL (terminator).
+        unsafe { *list = device() };
+        if !num_devices.is_null() {
+            // SAFETY: caller contract.
+            unsafe { *num_devices = 1 };
+        }
+        list
+    })
+}
+
+/// `ibv_free_device_list`: frees the array (devices live on).
+///
+/// # Safety
+/// `list` comes from [`ibv_get_device_list`] and is not used afterwards.
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
+    guard("ibv_free_device_list", (), || {
+        // SAFETY: allocated with calloc by ibv_get_device_list (or NULL).
+        unsafe { libc::free(list.cast()) }
+    })
+}
+
+/// `ibv_get_device_name`.
+///
+/// # Safety
+/// `device` is NULL or a device of this library.
+pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
+    guard("ibv_get_device_name", std::ptr::null(), || {
+        if device.is_null() {
+            return null_with::<c_char>("ibv_get_device_name", libc::EINVAL).cast_const();
+        }
+        // SAFETY: caller contract; the name is NUL terminated and lives with the device.
+        unsafe { (*device).name.as_ptr() }
+    })
+}
+
+/// `ibv_get_device_guid`: the node GUID (network byte order). Known from the first opened
+/// context; before that, a short-lived context is opened to read it. 0 on failure.
+///
+/// # Safety
+/// `device` is a device of this library.
+pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
+    guard("ibv_get_device_guid", 0, || {
+        if device.is_null() {
+            set_errno(libc::EINVAL);
+            return 0;
+        }
+        if let Some(&guid) = NODE_GUID.get() {
+            return guid;
+        }
+        match open_context() {
+            Ok((ctx, _)) => node_guid(&ctx),
+            Err(errno) => {
+                set_errno(errno);
+                0
+            }
+        }
+    })
+}
+
+fn node_guid(ctx: &Context) -> u64 {
+    *NODE_GUID.get_or_init(|| u64::from_ne_bytes(ctx.query_device().node_guid))
+}
+
+/// A context of this library: `ibv_context` first, so the pointers are interchangeable.
+#[repr(C)]
+pub(crate) struct VrdmaContext {
+    pub(crate) ibv: ibv_context,
+    pub(crate) ctx: Context,
+    pub(crate) transport: Arc<AppTransport>,
+    pub(crate) routes: Arc<CompletionRoutes>,
+    // Dropped before `ctx`: stops the thread that holds a clone of it.
+    pump: Option<EventPump>,
+}
+
+impl VrdmaContext {
+    /// The context behind `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` is NULL or was returned by [`ibv_open_device`] and not closed.
+    pub(crate) unsafe fn from_ptr<'a>(ptr: *mut ibv_context) -> Option<&'a VrdmaContext> {
+        // SAFETY: caller contract; `ibv` is the first field of a repr(C) struct.
+        unsafe { ptr.cast::<VrdmaContext>().as_ref() }
+    }
+}
+
+fn open_context() -> Result<(Context, Arc<AppTransport>), i32> {
+    let TransportChoice::Process { socket, ram_size } = config::from_env().map_err(|e| {
+        error!("vrdma: {e}");
+        libc::ENODEV
+    })?;
+    let transport = AppTransport::connect(&socket, ram_size).map_err(|e| {
+        error!(
+            "vrdma: cannot connect to the vrdma backend at {}: {e}",
+            socket.display()
+        );
+        libc::ENODEV
+    })?;
+    let transport = Arc::new(transport);
+    let ctx = Context::open(transport.clone()).map_err(|e| {
+        error!("vrdma: cannot open the device: {e}");
+        crate::ffi::errno_of(&e)
+    })?;
+    Ok((ctx, transport))
+}
+
+/// The operations the static inline functions of `<infiniband/verbs.h>` call.
+fn context_ops() -> ibv_context_ops {
+    // SAFETY: all-None function pointers are a valid ibv_context_ops.
+    let mut ops: ibv_context_ops = unsafe { std::mem::zeroed() };
+    ops.poll_cq = Some(datapath::poll_cq);
+    ops.req_notify_cq = Some(datapath::req_notify_cq);
+    ops.post_send = Some(datapath::post_send);
+    ops.post_recv = Some(datapath::post_recv);
+    ops.post_srq_recv = Some(datapath::post_srq_recv);
+    ops
+}
+
+/// `ibv_open_device`.
+///
+/// # Safety
+/// `device` is NULL or a device of this library.
+pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
+    guard("ibv_open_device", std::ptr::null_mut(), || {
+        init_logging();
+        if device.is_null() || device != self::device() {
+            return null_with("ibv_open_device", libc::EINVAL);
+        }
+        let (ctx, transport) = match open_context() {
+            Ok(opened) => opened,
+            Err(errno) => return null_with("ibv_open_device", errno),
+        };
+        node_guid(&ctx);
+        let routes = Arc::new(CompletionRoutes::default());
+        let pump = match EventPump::start(
+            ctx.clone(),
+            transport.clone() as Arc<dyn Transport>,
+            routes.clone(),
+        ) {
+            Ok(pump) => pump,
+            Err(e) => {
+                error!("vrdma: cannot start the event thread: {e}");
+                return null_with("ibv_open_device", e.raw_os_error().unwrap_or(libc::EIO));
+            }
+        };
+        // SAFETY: all-zero is a valid ibv_context (its pthread mutex is then
+        // PTHREAD_MUTEX_INITIALIZER on glibc); the fields that matter are set below.
+        let mut ibv: ibv_context = unsafe { std::mem::zeroed() };
+        ibv.device = device;
+        ibv.ops = context_ops();
+        // No uverbs command fd, and no asynchronous events yet.
+        ibv.cmd_fd = -1;
+        ibv.async_fd = -1;
+        ibv.num_comp_vectors = 1;
+        // Anything but UINTPTR_MAX: this is not an extended `verbs_context`, so the inline
+        // `_ex` helpers fall back to the classic calls.
+        ibv.abi_compat = std::ptr::null_mut();
+        let context = Box::new(VrdmaContext {
+            ibv,
+            ctx,
+            transport,
+            routes,
+            pump: Some(pump),
+        });
+        Box::into_raw(context).cast()
+    })
+}
+
+/// `ibv_close_device`. Objects still open in the context are leaked.
+///
+/// # Safety
+/// `context` was returned by [`ibv_open_device`] and is not used afterwards.
+pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
+    guard("ibv_close_device", -1, || {
+        if context.is_null() {
+            return crate::ffi::minus_one(libc::EINVAL);
+        }
+        // SAFETY: caller contract: a live context made by Box::into_raw.
+        let mut context = unsafe { Box::from_raw(context.cast::<VrdmaContext>()) };
+        context.pump.take();
+        drop(context);
+        0
+    })
+}

@@ -1,0 +1,236 @@
+//! Completion events: the device's event queue fanned out to completion channels.
+//!
+//! A completion channel (`ibv_comp_channel`) is an eventfd in semaphore mode plus the queue of
+//! CQs whose events it holds: one eventfd count per queued event. Applications may `poll()`
+//! the fd, and [`ChannelState::next`] reads it exactly as rdma-core's `ibv_get_cq_event` reads
+//! its channel file (blocking unless the application made the fd non-blocking).
+//!
+//! One thread per context, the [`EventPump`], waits on the transport's event fd and routes
+//! each completion event to the channel of its CQ. Asynchronous events are only logged:
+//! `ibv_get_async_event` is not provided yet.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use log::{debug, warn};
+use vrdma::transport::{Transport, TransportError};
+use vrdma::verbs::{DeviceEvent, VerbsError};
+use vrdma::Context;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn eventfd(flags: i32) -> io::Result<OwnedFd> {
+    // SAFETY: creating a new eventfd; no memory is involved.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn write_one(fd: &OwnedFd) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: writes 8 bytes from a live buffer to an eventfd we own.
+    let n = unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    if n != 8 {
+        warn!(
+            "vrdma: eventfd write failed: {}",
+            io::Error::last_os_error()
+        );
+    }
+}
+
+/// The state of one completion channel.
+pub(crate) struct ChannelState {
+    fd: OwnedFd,
+    /// CQs (their `ibv_cq` addresses) with an event, oldest first; 0 marks an event of a CQ
+    /// destroyed before the event was read.
+    queue: Mutex<VecDeque<usize>>,
+}
+
+impl ChannelState {
+    pub(crate) fn new() -> io::Result<Self> {
+        Ok(ChannelState {
+            fd: eventfd(libc::EFD_SEMAPHORE)?,
+            queue: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    /// The fd applications poll.
+    pub(crate) fn raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    /// Queues an event of the CQ at `cq`.
+    fn deliver(&self, cq: usize) {
+        lock(&self.queue).push_back(cq);
+        write_one(&self.fd);
+    }
+
+    /// Drops the queued events of the CQ at `cq` (about to be destroyed).
+    pub(crate) fn purge(&self, cq: usize) {
+        for entry in lock(&self.queue).iter_mut().filter(|e| **e == cq) {
+            *entry = 0;
+        }
+    }
+
+    /// Waits for the next event (as the fd's blocking mode says) and returns its CQ.
+    pub(crate) fn next(&self) -> io::Result<usize> {
+        loop {
+            let mut count = [0u8; 8];
+            // SAFETY: reads 8 bytes into a live buffer from an eventfd we own.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            match lock(&self.queue).pop_front() {
+                Some(0) => continue,
+                Some(cq) => return Ok(cq),
+                None => return Err(io::Error::from_raw_os_error(libc::EIO)),
+            }
+        }
+    }
+}
+
+/// Which channel receives the events of which CQ (by device handle).
+#[derive(Default)]
+pub(crate) struct CompletionRoutes {
+    routes: Mutex<HashMap<u32, (Arc<ChannelState>, usize)>>,
+}
+
+impl CompletionRoutes {
+    pub(crate) fn add(&self, handle: u32, channel: Arc<ChannelState>, cq: usize) {
+        lock(&self.routes).insert(handle, (channel, cq));
+    }
+
+    pub(crate) fn remove(&self, handle: u32) {
+        if let Some((channel, cq)) = lock(&self.routes).remove(&handle) {
+            channel.purge(cq);
+        }
+    }
+
+    fn deliver(&self, handle: u32) {
+        match lock(&self.routes).get(&handle) {
+            Some((channel, cq)) => channel.deliver(*cq),
+            None => debug!("vrdma: completion event of CQ {handle:#x} without a channel"),
+        }
+    }
+}
+
+/// The thread routing a context's events.
+pub(crate) struct EventPump {
+    stop: OwnedFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EventPump {
+    pub(crate) fn start(
+        ctx: Context,
+        transport: Arc<dyn Transport>,
+        routes: Arc<CompletionRoutes>,
+    ) -> io::Result<EventPump> {
+        let stop = eventfd(0)?;
+        let stop_fd = stop.as_raw_fd();
+        let thread = std::thread::Builder::new()
+            .name("vrdma-events".into())
+            .spawn(move || pump(&ctx, transport.as_ref(), &routes, stop_fd))?;
+        Ok(EventPump {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for EventPump {
+    fn drop(&mut self) {
+        write_one(&self.stop);
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                warn!("vrdma: the event thread panicked");
+            }
+        }
+    }
+}
+
+fn pump(ctx: &Context, transport: &dyn Transport, routes: &CompletionRoutes, stop: i32) {
+    let Some(events) = transport.event_fd().map(|fd| fd.as_raw_fd()) else {
+        debug!("vrdma: the transport has no event fd; completion channels stay silent");
+        return;
+    };
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: events,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is a live array of two pollfd entries.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            warn!("vrdma: poll of the event fd failed: {e}");
+            return;
+        }
+        if fds[1].revents != 0 {
+            return;
+        }
+        // Drain what is there; the short timeout only covers a notification racing a read.
+        loop {
+            match ctx.next_event(Some(Duration::from_millis(1))) {
+                Ok(Some(DeviceEvent::Completion { cq })) => routes.deliver(cq),
+                Ok(Some(event)) => debug!("vrdma: asynchronous event {event:?} not delivered"),
+                Ok(None) => break,
+                Err(VerbsError::Transport(TransportError::Disconnected)) => {
+                    warn!("vrdma: the backend disconnected; no more events");
+                    return;
+                }
+                Err(e) => {
+                    warn!("vrdma: reading events failed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_channel_hands_out_events_in_order_and_skips_purged_ones() {
+        let channel = Arc::new(ChannelState::new().unwrap());
+        let routes = CompletionRoutes::default();
+        routes.add(7, channel.clone(), 0x1000);
+        routes.add(8, channel.clone(), 0x2000);
+        routes.deliver(7);
+        routes.deliver(8);
+        routes.deliver(7);
+        routes.deliver(9); // no route: ignored
+        assert_eq!(channel.next().unwrap(), 0x1000);
+        routes.remove(7);
+        assert_eq!(channel.next().unwrap(), 0x2000);
+        // The purged event of CQ 7 is skipped; nothing else is pending, so a non-blocking
+        // read reports EAGAIN like rdma-core's channel.
+        // SAFETY: setting O_NONBLOCK on an fd we own.
+        unsafe { libc::fcntl(channel.raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+        let err = channel.next().unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EAGAIN));
+    }
+}

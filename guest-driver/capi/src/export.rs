@@ -1,0 +1,89 @@
+//! The exported C names.
+//!
+//! Each entry point is an ordinary Rust function; its C name is a one-instruction assembler
+//! stub jumping to it. rustc does not know these names, so they are absent from the anonymous
+//! version script it gives the linker for cdylibs, and the named nodes of `libibverbs.map`
+//! (rdma-core's versions) apply to them. (An alias made with `.set` would not do: the stub and
+//! the function may land in different codegen units, and an alias of an undefined symbol
+//! defines nothing.) The data path does not go through these stubs: the `ibv_context_ops`
+//! table points at the functions themselves.
+
+macro_rules! export {
+    ($($module:ident :: $name:ident),* $(,)?) => {
+        $(
+            std::arch::global_asm!(
+                concat!(".pushsection .text.", stringify!($name), ",\"ax\",@progbits"),
+                concat!(".globl ", stringify!($name)),
+                concat!(".type ", stringify!($name), ", @function"),
+                ".p2align 4",
+                concat!(stringify!($name), ":"),
+                "jmp {f}",
+                concat!(".size ", stringify!($name), ", . - ", stringify!($name)),
+                ".popsection",
+                f = sym crate::$module::$name,
+            );
+        )*
+        /// Every exported name, for tests.
+        #[cfg(test)]
+        pub(crate) const EXPORTED: &[&str] = &[$(stringify!($name)),*];
+    };
+}
+
+export!(
+    device::ibv_get_device_list,
+    device::ibv_free_device_list,
+    device::ibv_get_device_name,
+    device::ibv_get_device_guid,
+    device::ibv_open_device,
+    device::ibv_close_device,
+    query::ibv_query_device,
+    query::ibv_query_port,
+    query::ibv_query_gid,
+    query::_ibv_query_gid_ex,
+    query::ibv_query_gid_type,
+    query::ibv_query_pkey,
+    query::ibv_read_sysfs_file,
+    objects::ibv_alloc_pd,
+    objects::ibv_dealloc_pd,
+    objects::ibv_reg_mr,
+    objects::ibv_reg_mr_iova2,
+    objects::ibv_dereg_mr,
+    objects::ibv_create_ah,
+    objects::ibv_destroy_ah,
+    cq::ibv_create_comp_channel,
+    cq::ibv_destroy_comp_channel,
+    cq::ibv_create_cq,
+    cq::ibv_destroy_cq,
+    cq::ibv_get_cq_event,
+    cq::ibv_ack_cq_events,
+    qp::ibv_create_qp,
+    qp::ibv_modify_qp,
+    qp::ibv_query_qp,
+    qp::ibv_destroy_qp,
+    unsupported::ibv_create_srq,
+    unsupported::ibv_destroy_srq,
+    unsupported::ibv_attach_mcast,
+    unsupported::ibv_detach_mcast,
+    unsupported::ibv_create_ah_from_wc,
+    unsupported::ibv_qp_to_qp_ex,
+    unsupported::ibv_reg_dmabuf_mr,
+);
+
+#[cfg(test)]
+mod tests {
+    /// Every exported name has a version node in the linker script, and the reverse.
+    #[test]
+    fn the_version_script_lists_exactly_the_exported_names() {
+        let map = include_str!("../libibverbs.map");
+        let mut listed: Vec<&str> = map
+            .lines()
+            .map(str::trim)
+            .filter_map(|l| l.strip_suffix(';'))
+            .filter(|l| !l.contains(' ') && !l.contains('*') && !l.starts_with('}'))
+            .collect();
+        listed.sort_unstable();
+        let mut exported = super::EXPORTED.to_vec();
+        exported.sort_unstable();
+        assert_eq!(listed, exported);
+    }
+}

@@ -1,0 +1,32 @@
+//! A drop-in `libibverbs.so.1` over the vrdma guest library.
+//!
+//! Applications linked against rdma-core's libibverbs run unmodified over vrdma when this
+//! library (installed as `libibverbs.so.1`) comes first in `LD_LIBRARY_PATH`. Struct layouts
+//! are rdma-core's ([`sys`], generated from its headers); exported names carry rdma-core's
+//! symbol versions (`libibverbs.map`, see `build.rs` and [`export`]). The context's
+//! `ibv_context_ops` table holds the data path that the static inline functions of
+//! `<infiniband/verbs.h>` call ([`datapath`]). See README.md for what is provided.
+
+#[allow(
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code,
+    clippy::all,
+    clippy::undocumented_unsafe_blocks
+)]
+pub mod sys;
+
+mod config;
+mod cq;
+mod datapath;
+mod device;
+mod events;
+mod export;
+mod ffi;
+mod memory;
+mod objects;
+mod qp;
+mod query;
+mod transport;
+mod unsupported;

@@ -1,0 +1,365 @@
+//! Queue pairs (RC and UD): create, modify, query, destroy.
+
+use std::ffi::c_int;
+use std::sync::atomic::Ordering;
+
+use vrdma::provider::QpType;
+use vrdma::spec::verbs::access;
+use vrdma::verbs::{AccessFlags, Mtu, QpAttr, QpAttrMask, QpCaps, QpState};
+use vrdma::{Qp, QpInitAttr};
+
+use crate::cq::VrdmaCq;
+use crate::ffi::{guard, null_with, report};
+use crate::objects::{ah_attr_from, ah_attr_to, VrdmaPd};
+use crate::sys::{
+    ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_cap, ibv_qp_init_attr, ibv_qp_type_IBV_QPT_RC,
+    ibv_qp_type_IBV_QPT_UD,
+};
+
+/// A queue pair: `ibv_qp` first.
+#[repr(C)]
+pub(crate) struct VrdmaQp {
+    pub(crate) ibv: ibv_qp,
+    pub(crate) qp: Qp,
+    sq_sig_all: bool,
+}
+
+impl VrdmaQp {
+    /// # Safety
+    /// `ptr` is NULL or a live QP of this library.
+    pub(crate) unsafe fn from_ptr<'a>(ptr: *mut ibv_qp) -> Option<&'a VrdmaQp> {
+        // SAFETY: caller contract; `ibv` is the first field of a repr(C) struct.
+        unsafe { ptr.cast::<VrdmaQp>().as_ref() }
+    }
+}
+
+fn qp_type(value: u32) -> Option<QpType> {
+    if value == ibv_qp_type_IBV_QPT_RC {
+        Some(QpType::Rc)
+    } else if value == ibv_qp_type_IBV_QPT_UD {
+        Some(QpType::Ud)
+    } else {
+        None
+    }
+}
+
+fn caps_from(c: &ibv_qp_cap) -> QpCaps {
+    QpCaps {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+fn caps_to(c: &QpCaps) -> ibv_qp_cap {
+    ibv_qp_cap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+/// The library's form of the attributes `mask` selects; `None` if a selected value is not
+/// defined. Unselected fields are not interpreted (applications leave them uninitialised).
+pub(crate) fn qp_attr_from(a: &ibv_qp_attr, mask: QpAttrMask) -> Option<QpAttr> {
+    let mut attr = QpAttr::default();
+    if mask.contains(QpAttrMask::STATE) {
+        attr.qp_state = QpState::try_from(a.qp_state).ok()?;
+    }
+    if mask.contains(QpAttrMask::CUR_STATE) {
+        attr.cur_qp_state = QpState::try_from(a.cur_qp_state).ok()?;
+    }
+    if mask.contains(QpAttrMask::PATH_MTU) {
+        attr.path_mtu = Mtu::try_from(a.path_mtu).ok()?;
+    }
+    if mask.contains(QpAttrMask::ACCESS_FLAGS) {
+        let bits = a.qp_access_flags;
+        if bits & !access::QP_ALLOWED != 0 {
+            return None;
+        }
+        attr.qp_access_flags = AccessFlags::from_bits(bits)?;
+    }
+    if mask.contains(QpAttrMask::AV) {
+        attr.ah_attr = ah_attr_from(&a.ah_attr);
+    }
+    if mask.contains(QpAttrMask::ALT_PATH) {
+        attr.alt_ah_attr = ah_attr_from(&a.alt_ah_attr);
+    }
+    attr.path_mig_state = a.path_mig_state;
+    attr.qkey = a.qkey;
+    attr.rq_psn = a.rq_psn;
+    attr.sq_psn = a.sq_psn;
+    attr.dest_qp_num = a.dest_qp_num;
+    attr.cap = caps_from(&a.cap);
+    attr.pkey_index = a.pkey_index;
+    attr.alt_pkey_index = a.alt_pkey_index;
+    attr.en_sqd_async_notify = a.en_sqd_async_notify != 0;
+    attr.max_rd_atomic = a.max_rd_atomic;
+    attr.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    attr.min_rnr_timer = a.min_rnr_timer;
+    attr.port_num = a.port_num;
+    attr.timeout = a.timeout;
+    attr.retry_cnt = a.retry_cnt;
+    attr.rnr_retry = a.rnr_retry;
+    attr.alt_port_num = a.alt_port_num;
+    attr.alt_timeout = a.alt_timeout;
+    attr.rate_limit = a.rate_limit;
+    Some(attr)
+}
+
+pub(crate) fn qp_attr_to(a: &QpAttr) -> ibv_qp_attr {
+    ibv_qp_attr {
+        qp_state: a.qp_state as u32,
+        cur_qp_state: a.cur_qp_state as u32,
+        path_mtu: a.path_mtu as u32,
+        path_mig_state: a.path_mig_state,
+        qkey: a.qkey,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: a.qp_access_flags.bits(),
+        cap: caps_to(&a.cap),
+        ah_attr: ah_attr_to(&a.ah_attr),
+        alt_ah_attr: ah_attr_to(&a.alt_ah_attr),
+        pkey_index: a.pkey_index,
+        alt_pkey_index: a.alt_pkey_index,
+        en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
+        sq_draining: u8::from(a.sq_draining),
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        alt_port_num: a.alt_port_num,
+        alt_timeout: a.alt_timeout,
+        rate_limit: a.rate_limit,
+    }
+}
+
+/// `ibv_create_qp`: RC and UD QPs without SRQ. The actual queue sizes are written back into
+/// `init_attr->cap`, as rdma-core does.
+///
+/// # Safety
+/// `pd` is a PD of this library; `init_attr` is valid for reads and writes and names CQs of
+/// the same context.
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    init_attr: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    guard("ibv_create_qp", std::ptr::null_mut(), || {
+        // SAFETY: caller contract.
+        let (Some(vpd), Some(init)) = (unsafe { (VrdmaPd::from_ptr(pd), init_attr.as_mut()) })
+        else {
+            return null_with("ibv_create_qp", libc::EINVAL);
+        };
+        let Some(qp_type) = qp_type(init.qp_type) else {
+            return null_with("ibv_create_qp (QP type)", libc::EOPNOTSUPP);
+        };
+        if !init.srq.is_null() {
+            return null_with("ibv_create_qp (SRQ)", libc::EOPNOTSUPP);
+        }
+        // SAFETY: caller contract.
+        let (Some(send_cq), Some(recv_cq)) = (unsafe {
+            (
+                VrdmaCq::from_ptr(init.send_cq),
+                VrdmaCq::from_ptr(init.recv_cq),
+            )
+        }) else {
+            return null_with("ibv_create_qp", libc::EINVAL);
+        };
+        let attr = QpInitAttr {
+            qp_type,
+            send_cq: &send_cq.cq,
+            recv_cq: &recv_cq.cq,
+            caps: caps_from(&init.cap),
+            sq_sig_all: init.sq_sig_all != 0,
+        };
+        let qp = match Qp::new(&vpd.pd, &attr) {
+            Ok(qp) => qp,
+            Err(e) => return null_with("ibv_create_qp", report("ibv_create_qp", &e)),
+        };
+        init.cap = caps_to(&qp.caps());
+        // SAFETY: all-zero is a valid ibv_qp (glibc's initializers are zero); set below.
+        let mut ibv: ibv_qp = unsafe { std::mem::zeroed() };
+        ibv.context = vpd.ibv.context;
+        ibv.qp_context = init.qp_context;
+        ibv.pd = pd;
+        ibv.send_cq = init.send_cq;
+        ibv.recv_cq = init.recv_cq;
+        ibv.handle = qp.handle();
+        ibv.qp_num = qp.qpn();
+        ibv.state = QpState::Reset as u32;
+        ibv.qp_type = init.qp_type;
+        for users in [&vpd.users, &send_cq.users, &recv_cq.users] {
+            users.fetch_add(1, Ordering::AcqRel);
+        }
+        let qp = VrdmaQp {
+            ibv,
+            qp,
+            sq_sig_all: init.sq_sig_all != 0,
+        };
+        Box::into_raw(Box::new(qp)).cast()
+    })
+}
+
+/// `ibv_modify_qp`: 0, or an errno value.
+///
+/// # Safety
+/// `qp` is a QP of this library; `attr` is valid for a read.
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
+    guard("ibv_modify_qp", libc::EIO, || {
+        // SAFETY: caller contract.
+        let (Some(vqp), Some(attr)) = (unsafe { (VrdmaQp::from_ptr(qp), attr.as_ref()) }) else {
+            return libc::EINVAL;
+        };
+        let Some(mask) = QpAttrMask::from_bits(mask as u32) else {
+            return libc::EINVAL;
+        };
+        let Some(converted) = qp_attr_from(attr, mask) else {
+            return libc::EINVAL;
+        };
+        match vqp.qp.modify(&converted, mask) {
+            Ok(()) => {
+                if mask.contains(QpAttrMask::STATE) {
+                    // SAFETY: caller contract (the QP is live); the application reads this
+                    // field, nothing else writes it concurrently by ibverbs rules.
+                    unsafe { (*qp).state = converted.qp_state as u32 };
+                }
+                0
+            }
+            Err(e) => report("ibv_modify_qp", &e),
+        }
+    })
+}
+
+/// `ibv_query_qp`: 0, or an errno value.
+///
+/// # Safety
+/// `qp` is a QP of this library; `attr` and `init_attr` are valid for writes.
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+    init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    guard("ibv_query_qp", libc::EIO, || {
+        // SAFETY: caller contract.
+        let Some(vqp) = (unsafe { VrdmaQp::from_ptr(qp) }) else {
+            return libc::EINVAL;
+        };
+        if attr.is_null() || init_attr.is_null() {
+            return libc::EINVAL;
+        }
+        // Like rdma-core, ask for everything the mask allows; the device fills what it has.
+        let Some(mask) = QpAttrMask::from_bits(mask as u32 & QpAttrMask::all().bits()) else {
+            return libc::EINVAL;
+        };
+        match vqp.qp.query(mask) {
+            Ok((queried, _valid)) => {
+                let init = ibv_qp_init_attr {
+                    qp_context: vqp.ibv.qp_context,
+                    send_cq: vqp.ibv.send_cq,
+                    recv_cq: vqp.ibv.recv_cq,
+                    srq: std::ptr::null_mut(),
+                    cap: caps_to(&vqp.qp.caps()),
+                    qp_type: vqp.ibv.qp_type,
+                    sq_sig_all: c_int::from(vqp.sq_sig_all),
+                };
+                // SAFETY: caller contract.
+                unsafe {
+                    attr.write(qp_attr_to(&queried));
+                    init_attr.write(init);
+                    (*qp).state = queried.qp_state as u32;
+                }
+                0
+            }
+            Err(e) => report("ibv_query_qp", &e),
+        }
+    })
+}
+
+/// `ibv_destroy_qp`: 0, or an errno value.
+///
+/// # Safety
+/// `qp` is a QP of this library, not used afterwards.
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    guard("ibv_destroy_qp", libc::EIO, || {
+        if qp.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: made by Box::into_raw in ibv_create_qp; the caller gives it up.
+        let vqp = unsafe { Box::from_raw(qp.cast::<VrdmaQp>()) };
+        let (pd, send_cq, recv_cq) = (vqp.ibv.pd, vqp.ibv.send_cq, vqp.ibv.recv_cq);
+        drop(vqp);
+        // SAFETY: PD and CQs outlive their QPs (their destroy refuses while it exists).
+        unsafe {
+            if let Some(pd) = VrdmaPd::from_ptr(pd) {
+                pd.users.fetch_sub(1, Ordering::AcqRel);
+            }
+            for cq in [send_cq, recv_cq] {
+                if let Some(cq) = VrdmaCq::from_ptr(cq) {
+                    cq.users.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        }
+        0
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selected_attributes_convert_and_garbage_elsewhere_is_ignored() {
+        // SAFETY: all-zero is a valid ibv_qp_attr.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = QpState::Rtr as u32;
+        a.path_mtu = 5;
+        a.dest_qp_num = 0x42;
+        a.rq_psn = 0x1234;
+        a.max_dest_rd_atomic = 4;
+        a.min_rnr_timer = 12;
+        a.ah_attr.is_global = 1;
+        a.ah_attr.port_num = 1;
+        a.ah_attr.grh.hop_limit = 64;
+        a.cur_qp_state = 99; // not selected
+        let mask = QpAttrMask::STATE
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER
+            | QpAttrMask::AV;
+        let attr = qp_attr_from(&a, mask).unwrap();
+        assert_eq!(attr.qp_state, QpState::Rtr);
+        assert_eq!(attr.path_mtu, Mtu::Mtu4096);
+        assert_eq!(attr.dest_qp_num, 0x42);
+        assert_eq!(attr.ah_attr.grh.unwrap().hop_limit, 64);
+        let back = qp_attr_to(&attr);
+        assert_eq!((back.qp_state, back.path_mtu, back.rq_psn), (2, 5, 0x1234));
+        // Selected but undefined values are refused.
+        a.path_mtu = 9;
+        assert!(qp_attr_from(&a, mask).is_none());
+        a.path_mtu = 5;
+        a.qp_access_flags = 0x10; // IBV_ACCESS_MW_BIND
+        assert!(qp_attr_from(&a, mask | QpAttrMask::ACCESS_FLAGS).is_none());
+    }
+
+    #[test]
+    fn only_rc_and_ud_are_supported() {
+        assert_eq!(qp_type(2), Some(QpType::Rc));
+        assert_eq!(qp_type(4), Some(QpType::Ud));
+        assert_eq!(qp_type(3), None); // UC
+    }
+}

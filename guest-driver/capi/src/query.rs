@@ -1,0 +1,315 @@
+//! Device, port, GID and P_Key queries.
+
+use std::ffi::{c_char, c_int, c_uint, CStr, OsStr};
+use std::os::unix::ffi::OsStrExt;
+
+use vrdma::spec::verbs::GidType;
+use vrdma::spec::{PCI_DEVICE_ID, PCI_VENDOR_ID};
+use vrdma::verbs::{DeviceAttr, PortAttr};
+
+use crate::device::VrdmaContext;
+use crate::ffi::{guard, minus_one, report};
+use crate::sys::{
+    ibv_device_attr, ibv_gid, ibv_gid_entry, ibv_gid_type_IBV_GID_TYPE_IB,
+    ibv_gid_type_IBV_GID_TYPE_ROCE_V1, ibv_gid_type_IBV_GID_TYPE_ROCE_V2, ibv_port_attr,
+};
+
+/// `ibv_device_attr` of the device. The vendor and part IDs are vrdma's own (its PCI IDs),
+/// so that applications with vendor-specific paths (perftest) take their generic one. SRQs are
+/// reported absent: this library does not provide them yet.
+pub(crate) fn device_attr(attr: &DeviceAttr) -> ibv_device_attr {
+    // SAFETY: all-zero is a valid ibv_device_attr.
+    let mut out: ibv_device_attr = unsafe { std::mem::zeroed() };
+    for (o, b) in out.fw_ver.iter_mut().zip(attr.fw_ver.bytes().take(63)) {
+        *o = b as c_char;
+    }
+    out.node_guid = u64::from_ne_bytes(attr.node_guid);
+    out.sys_image_guid = u64::from_ne_bytes(attr.sys_image_guid);
+    out.max_mr_size = attr.max_mr_size;
+    out.page_size_cap = attr.page_size_cap;
+    out.vendor_id = PCI_VENDOR_ID.into();
+    out.vendor_part_id = PCI_DEVICE_ID.into();
+    out.hw_ver = attr.hw_ver;
+    let int = |v: u32| c_int::try_from(v).unwrap_or(c_int::MAX);
+    out.max_qp = int(attr.max_qp);
+    out.max_qp_wr = int(attr.max_qp_wr);
+    out.device_cap_flags = attr.device_cap_flags;
+    out.max_sge = int(attr.max_sge);
+    out.max_sge_rd = int(attr.max_sge_rd);
+    out.max_cq = int(attr.max_cq);
+    out.max_cqe = int(attr.max_cqe);
+    out.max_mr = int(attr.max_mr);
+    out.max_pd = int(attr.max_pd);
+    out.max_qp_rd_atom = int(attr.max_qp_rd_atom);
+    out.max_res_rd_atom = int(attr.max_res_rd_atom);
+    out.max_qp_init_rd_atom = int(attr.max_qp_init_rd_atom);
+    out.atomic_cap = attr.atomic_cap;
+    out.max_ah = int(attr.max_ah);
+    out.max_pkeys = attr.max_pkeys;
+    out.local_ca_ack_delay = attr.local_ca_ack_delay;
+    out.phys_port_cnt = attr.phys_port_cnt;
+    out
+}
+
+pub(crate) fn port_attr(p: &PortAttr) -> ibv_port_attr {
+    ibv_port_attr {
+        state: p.state,
+        max_mtu: p.max_mtu,
+        active_mtu: p.active_mtu,
+        gid_tbl_len: c_int::try_from(p.gid_tbl_len).unwrap_or(c_int::MAX),
+        port_cap_flags: p.port_cap_flags,
+        max_msg_sz: p.max_msg_sz,
+        bad_pkey_cntr: p.bad_pkey_cntr,
+        qkey_viol_cntr: p.qkey_viol_cntr,
+        pkey_tbl_len: p.pkey_tbl_len,
+        lid: p.lid,
+        sm_lid: p.sm_lid,
+        lmc: p.lmc,
+        max_vl_num: p.max_vl_num,
+        sm_sl: p.sm_sl,
+        subnet_timeout: p.subnet_timeout,
+        init_type_reply: p.init_type_reply,
+        active_width: p.active_width,
+        active_speed: p.active_speed,
+        phys_state: p.phys_state,
+        link_layer: p.link_layer,
+        flags: p.flags,
+        port_cap_flags2: p.port_cap_flags2,
+    }
+}
+
+/// `ibv_query_device`: 0, or an errno value.
+///
+/// # Safety
+/// `context` is a context of this library; `attr` is valid for a write.
+pub unsafe extern "C" fn ibv_query_device(
+    context: *mut crate::sys::ibv_context,
+    attr: *mut ibv_device_attr,
+) -> c_int {
+    guard("ibv_query_device", libc::EIO, || {
+        // SAFETY: caller contract.
+        let Some(ctx) = (unsafe { VrdmaContext::from_ptr(context) }) else {
+            return libc::EINVAL;
+        };
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: caller contract.
+        unsafe { attr.write(device_attr(ctx.ctx.query_device())) };
+        0
+    })
+}
+
+/// `ibv_query_port` (IBVERBS_1.1). Callers built against current headers pass a full
+/// `ibv_port_attr` (the inline `___ibv_query_port` clears it first), which is what rdma-core
+/// writes too. 0, or an errno value.
+///
+/// # Safety
+/// `context` is a context of this library; `attr` is valid for a write of `ibv_port_attr`.
+pub unsafe extern "C" fn ibv_query_port(
+    context: *mut crate::sys::ibv_context,
+    port_num: u8,
+    attr: *mut ibv_port_attr,
+) -> c_int {
+    guard("ibv_query_port", libc::EIO, || {
+        // SAFETY: caller contract.
+        let Some(ctx) = (unsafe { VrdmaContext::from_ptr(context) }) else {
+            return libc::EINVAL;
+        };
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        match ctx.ctx.query_port(port_num) {
+            Ok(p) => {
+                // SAFETY: caller contract.
+                unsafe { attr.write(port_attr(&p)) };
+                0
+            }
+            Err(e) => report("ibv_query_port", &e),
+        }
+    })
+}
+
+/// `ibv_query_gid`: 0 (an empty entry reads as the zero GID, as from sysfs), or -1 and errno.
+///
+/// # Safety
+/// `context` is a context of this library; `gid` is valid for a write.
+pub unsafe extern "C" fn ibv_query_gid(
+    context: *mut crate::sys::ibv_context,
+    port_num: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
+    guard("ibv_query_gid", -1, || {
+        // SAFETY: caller contract.
+        let Some(ctx) = (unsafe { VrdmaContext::from_ptr(context) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        let Ok(index) = u32::try_from(index) else {
+            return minus_one(libc::EINVAL);
+        };
+        if gid.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        match ctx.ctx.query_gid(port_num, index) {
+            Ok(entry) => {
+                let raw = entry.map(|e| e.gid.0).unwrap_or_default();
+                // SAFETY: caller contract; ibv_gid is a 16-byte union.
+                unsafe { gid.write(ibv_gid { raw }) };
+                0
+            }
+            Err(e) => minus_one(report("ibv_query_gid", &e)),
+        }
+    })
+}
+
+fn gid_type_value(t: GidType) -> u32 {
+    match t {
+        GidType::Ib => ibv_gid_type_IBV_GID_TYPE_IB,
+        GidType::RoceV1 => ibv_gid_type_IBV_GID_TYPE_ROCE_V1,
+        GidType::RoceV2 => ibv_gid_type_IBV_GID_TYPE_ROCE_V2,
+    }
+}
+
+/// `_ibv_query_gid_ex` (behind the inline `ibv_query_gid_ex`): 0, ENODATA for an empty entry,
+/// or another errno value.
+///
+/// # Safety
+/// `context` is a context of this library; `entry` is valid for `entry_size` bytes.
+pub unsafe extern "C" fn _ibv_query_gid_ex(
+    context: *mut crate::sys::ibv_context,
+    port_num: u32,
+    gid_index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    guard("_ibv_query_gid_ex", libc::EIO, || {
+        // SAFETY: caller contract.
+        let Some(ctx) = (unsafe { VrdmaContext::from_ptr(context) }) else {
+            return libc::EINVAL;
+        };
+        let Ok(port) = u8::try_from(port_num) else {
+            return libc::EINVAL;
+        };
+        if flags != 0 || entry.is_null() || entry_size < std::mem::size_of::<ibv_gid_entry>() {
+            return libc::EINVAL;
+        }
+        match ctx.ctx.query_gid(port, gid_index) {
+            Ok(Some(found)) => {
+                let out = ibv_gid_entry {
+                    gid: ibv_gid { raw: found.gid.0 },
+                    gid_index,
+                    port_num,
+                    gid_type: gid_type_value(found.gid_type),
+                    // No netdev in this process's view of the device.
+                    ndev_ifindex: 0,
+                };
+                // SAFETY: caller contract.
+                unsafe { entry.write(out) };
+                0
+            }
+            Ok(None) => libc::ENODATA,
+            Err(e) => report("_ibv_query_gid_ex", &e),
+        }
+    })
+}
+
+/// `ibv_query_gid_type` (IBVERBS_PRIVATE_34, used by `ibv_devinfo`): the sysfs GID type,
+/// 0 for IB/RoCE v1, 1 for RoCE v2. 0, or -1 and errno.
+///
+/// # Safety
+/// `context` is a context of this library; `gid_type` is valid for a write.
+pub unsafe extern "C" fn ibv_query_gid_type(
+    context: *mut crate::sys::ibv_context,
+    port_num: u8,
+    index: c_uint,
+    gid_type: *mut c_uint,
+) -> c_int {
+    guard("ibv_query_gid_type", -1, || {
+        // SAFETY: caller contract.
+        let Some(ctx) = (unsafe { VrdmaContext::from_ptr(context) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        if gid_type.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        match ctx.ctx.query_gid(port_num, index) {
+            Ok(Some(found)) => {
+                let sysfs = u32::from(found.gid_type == GidType::RoceV2);
+                // SAFETY: caller contract.
+                unsafe { gid_type.write(sysfs) };
+                0
+            }
+            Ok(None) => minus_one(libc::ENODATA),
+            Err(e) => minus_one(report("ibv_query_gid_type", &e)),
+        }
+    })
+}
+
+/// `ibv_query_pkey`: the P_Key in network byte order; 0, or -1 and errno.
+///
+/// # Safety
+/// `context` is a context of this library; `pkey` is valid for a write.
+pub unsafe extern "C" fn ibv_query_pkey(
+    context: *mut crate::sys::ibv_context,
+    port_num: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
+    guard("ibv_query_pkey", -1, || {
+        // SAFETY: caller contract.
+        let Some(ctx) = (unsafe { VrdmaContext::from_ptr(context) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        let Ok(index) = u32::try_from(index) else {
+            return minus_one(libc::EINVAL);
+        };
+        if pkey.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        match ctx.ctx.query_pkey(port_num, index) {
+            Ok(value) => {
+                // SAFETY: caller contract.
+                unsafe { pkey.write(value.to_be()) };
+                0
+            }
+            Err(e) => minus_one(report("ibv_query_pkey", &e)),
+        }
+    })
+}
+
+/// `ibv_read_sysfs_file` (IBVERBS_1.0): reads `dir/file` into `buf` as rdma-core does (NUL
+/// terminated, trailing newline removed); the length, or -1.
+///
+/// # Safety
+/// `dir` and `file` are NUL-terminated strings; `buf` is valid for `size` bytes.
+pub unsafe extern "C" fn ibv_read_sysfs_file(
+    dir: *const c_char,
+    file: *const c_char,
+    buf: *mut c_char,
+    size: usize,
+) -> c_int {
+    guard("ibv_read_sysfs_file", -1, || {
+        if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: caller contract.
+        let (dir, file) = unsafe { (CStr::from_ptr(dir), CStr::from_ptr(file)) };
+        let path = std::path::Path::new(OsStr::from_bytes(dir.to_bytes()))
+            .join(OsStr::from_bytes(file.to_bytes()));
+        let Ok(mut bytes) = std::fs::read(&path) else {
+            return -1;
+        };
+        bytes.truncate(size - 1);
+        if bytes.last() == Some(&b'\n') {
+            bytes.pop();
+        }
+        // SAFETY: `bytes.len() < size`: the copy and the NUL fit the caller's buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast(), bytes.len());
+            *buf.add(bytes.len()) = 0;
+        }
+        c_int::try_from(bytes.len()).unwrap_or(c_int::MAX)
+    })
+}

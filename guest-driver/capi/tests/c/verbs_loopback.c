@@ -1,0 +1,255 @@
+/* SEND, RDMA WRITE and RDMA READ between two RC QPs of one process over port 1 of the first
+ * verbs device, with data verification. Plain rdma-core API: runs against rdma-core's
+ * libibverbs (e.g. on rxe0) and, unchanged, against vrdma's drop-in libibverbs.so.1.
+ * Buffers come from posix_memalign, as applications allocate them. Exit status 0 = pass. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <infiniband/verbs.h>
+
+#define BUF_SIZE (64 * 1024)
+#define MSG_SIZE 4096
+#define PORT 1
+
+#define CHECK(cond, ...)                                                                     \
+	do {                                                                                 \
+		if (!(cond)) {                                                               \
+			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                 \
+			fprintf(stderr, __VA_ARGS__);                                        \
+			fprintf(stderr, " (errno %d: %s)\n", errno, strerror(errno));        \
+			exit(1);                                                             \
+		}                                                                            \
+	} while (0)
+
+struct end {
+	struct ibv_comp_channel *channel;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	struct ibv_mr *mr;
+	unsigned char *buf;
+};
+
+static void fill(unsigned char *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (unsigned char)(i * 31 + seed);
+}
+
+static void expect_same(const unsigned char *a, const unsigned char *b, size_t n, const char *what)
+{
+	for (size_t i = 0; i < n; i++)
+		CHECK(a[i] == b[i], "%s: byte %zu is %u, expected %u", what, i, a[i], b[i]);
+	printf("%s: %zu bytes verified\n", what, n);
+}
+
+/* Waits for one completion, by polling (use_events = 0) or through the completion channel. */
+static struct ibv_wc wait_wc(struct end *e, int use_events)
+{
+	struct ibv_wc wc;
+	time_t deadline = time(NULL) + 10;
+	for (;;) {
+		int n = ibv_poll_cq(e->cq, 1, &wc);
+		CHECK(n >= 0, "ibv_poll_cq returned %d", n);
+		if (n == 1) {
+			CHECK(wc.status == IBV_WC_SUCCESS, "completion of wr %" PRIu64 ": %s",
+			      wc.wr_id, ibv_wc_status_str(wc.status));
+			return wc;
+		}
+		CHECK(time(NULL) < deadline, "no completion within 10 s");
+		if (use_events) {
+			struct ibv_cq *ev_cq;
+			void *ev_ctx;
+			CHECK(ibv_req_notify_cq(e->cq, 0) == 0, "ibv_req_notify_cq");
+			/* A completion may have arrived before arming: poll once more first. */
+			n = ibv_poll_cq(e->cq, 1, &wc);
+			CHECK(n >= 0, "ibv_poll_cq returned %d", n);
+			if (n == 1) {
+				CHECK(wc.status == IBV_WC_SUCCESS, "completion: %s",
+				      ibv_wc_status_str(wc.status));
+				return wc;
+			}
+			CHECK(ibv_get_cq_event(e->channel, &ev_cq, &ev_ctx) == 0, "ibv_get_cq_event");
+			CHECK(ev_cq == e->cq && ev_ctx == e, "event for another CQ");
+			ibv_ack_cq_events(ev_cq, 1);
+		}
+	}
+}
+
+static void setup(struct ibv_context *ctx, struct ibv_pd *pd, struct end *e)
+{
+	CHECK(posix_memalign((void **)&e->buf, 64, BUF_SIZE) == 0, "posix_memalign");
+	memset(e->buf, 0, BUF_SIZE);
+	e->mr = ibv_reg_mr(pd, e->buf, BUF_SIZE,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+	CHECK(e->mr, "ibv_reg_mr");
+	e->channel = ibv_create_comp_channel(ctx);
+	CHECK(e->channel, "ibv_create_comp_channel");
+	e->cq = ibv_create_cq(ctx, 64, e, e->channel, 0);
+	CHECK(e->cq, "ibv_create_cq");
+	struct ibv_qp_init_attr init = {
+		.send_cq = e->cq,
+		.recv_cq = e->cq,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 },
+		.qp_type = IBV_QPT_RC,
+	};
+	e->qp = ibv_create_qp(pd, &init);
+	CHECK(e->qp, "ibv_create_qp");
+	CHECK(init.cap.max_send_wr >= 16, "caps not written back");
+}
+
+static void connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, const union ibv_gid *gid,
+		       enum ibv_mtu mtu)
+{
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_INIT,
+		.port_num = PORT,
+		.qp_access_flags =
+			IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+	};
+	errno = ibv_modify_qp(qp, &a,
+			      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	CHECK(errno == 0, "modify to INIT");
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = mtu;
+	a.dest_qp_num = remote_qpn;
+	a.rq_psn = 0;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = *gid;
+	a.ah_attr.grh.sgid_index = 0;
+	a.ah_attr.grh.hop_limit = 64;
+	a.ah_attr.port_num = PORT;
+	errno = ibv_modify_qp(qp, &a,
+			      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+				      IBV_QP_MIN_RNR_TIMER);
+	CHECK(errno == 0, "modify to RTR");
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.sq_psn = 0;
+	a.max_rd_atomic = 1;
+	errno = ibv_modify_qp(qp, &a,
+			      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				      IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+	CHECK(errno == 0, "modify to RTS");
+	CHECK(qp->state == IBV_QPS_RTS, "qp->state not updated");
+}
+
+static void post_one(struct end *e, enum ibv_wr_opcode op, size_t offset, uint64_t remote_addr,
+		     uint32_t rkey, uint64_t wr_id)
+{
+	struct ibv_sge sge = {
+		.addr = (uintptr_t)e->buf + offset, .length = MSG_SIZE, .lkey = e->mr->lkey
+	};
+	struct ibv_send_wr wr = {
+		.wr_id = wr_id, .sg_list = &sge, .num_sge = 1, .opcode = op,
+		.send_flags = IBV_SEND_SIGNALED,
+	}, *bad = NULL;
+	wr.wr.rdma.remote_addr = remote_addr;
+	wr.wr.rdma.rkey = rkey;
+	errno = ibv_post_send(e->qp, &wr, &bad);
+	CHECK(errno == 0, "ibv_post_send");
+}
+
+int main(void)
+{
+	int num;
+	struct ibv_device **list = ibv_get_device_list(&num);
+	CHECK(list && num > 0, "no verbs device");
+	printf("device: %s\n", ibv_get_device_name(list[0]));
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	CHECK(ctx, "ibv_open_device");
+	ibv_free_device_list(list);
+
+	struct ibv_device_attr dattr;
+	CHECK(ibv_query_device(ctx, &dattr) == 0, "ibv_query_device");
+	struct ibv_port_attr pattr;
+	CHECK(ibv_query_port(ctx, PORT, &pattr) == 0, "ibv_query_port");
+	CHECK(pattr.state == IBV_PORT_ACTIVE, "port not active");
+	union ibv_gid gid;
+	CHECK(ibv_query_gid(ctx, PORT, 0, &gid) == 0, "ibv_query_gid");
+	printf("vendor %#x part %#x, port MTU %d, link layer %d\n", dattr.vendor_id,
+	       dattr.vendor_part_id, pattr.active_mtu, pattr.link_layer);
+
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	CHECK(pd, "ibv_alloc_pd");
+	struct end a = { 0 }, b = { 0 };
+	setup(ctx, pd, &a);
+	setup(ctx, pd, &b);
+	enum ibv_mtu mtu = pattr.active_mtu < IBV_MTU_1024 ? pattr.active_mtu : IBV_MTU_1024;
+	connect_qp(a.qp, b.qp->qp_num, &gid, mtu);
+	connect_qp(b.qp, a.qp->qp_num, &gid, mtu);
+
+	struct ibv_qp_attr qattr;
+	struct ibv_qp_init_attr qinit;
+	CHECK(ibv_query_qp(a.qp, &qattr, IBV_QP_STATE | IBV_QP_DEST_QPN, &qinit) == 0,
+	      "ibv_query_qp");
+	CHECK(qattr.qp_state == IBV_QPS_RTS && qattr.dest_qp_num == b.qp->qp_num,
+	      "ibv_query_qp: state %d dest %u", qattr.qp_state, qattr.dest_qp_num);
+
+	/* SEND: a's bytes [0, 4096) into b's receive buffer at 8192; b waits with events. */
+	fill(a.buf, MSG_SIZE, 1);
+	struct ibv_sge rsge = {
+		.addr = (uintptr_t)b.buf + 8192, .length = MSG_SIZE, .lkey = b.mr->lkey
+	};
+	struct ibv_recv_wr rwr = { .wr_id = 100, .sg_list = &rsge, .num_sge = 1 }, *rbad;
+	errno = ibv_post_recv(b.qp, &rwr, &rbad);
+	CHECK(errno == 0, "ibv_post_recv");
+	post_one(&a, IBV_WR_SEND, 0, 0, 0, 1);
+	struct ibv_wc wc = wait_wc(&a, 0);
+	CHECK(wc.wr_id == 1 && wc.opcode == IBV_WC_SEND, "send completion");
+	wc = wait_wc(&b, 1);
+	CHECK(wc.wr_id == 100 && wc.opcode == IBV_WC_RECV && wc.byte_len == MSG_SIZE,
+	      "receive completion: wr %" PRIu64 " opcode %d len %u", wc.wr_id, wc.opcode,
+	      wc.byte_len);
+	CHECK(wc.qp_num == b.qp->qp_num, "receive completion on QP %u", wc.qp_num);
+	expect_same(b.buf + 8192, a.buf, MSG_SIZE, "SEND");
+
+	/* RDMA WRITE: a's bytes [4096, 8192) to b's buffer at 16384. */
+	fill(a.buf + 4096, MSG_SIZE, 2);
+	post_one(&a, IBV_WR_RDMA_WRITE, 4096, (uintptr_t)b.buf + 16384, b.mr->rkey, 2);
+	wc = wait_wc(&a, 1);
+	CHECK(wc.wr_id == 2 && wc.opcode == IBV_WC_RDMA_WRITE, "write completion");
+	expect_same(b.buf + 16384, a.buf + 4096, MSG_SIZE, "RDMA WRITE");
+
+	/* RDMA READ: b's bytes [32768, 36864) into a's buffer at 12288. */
+	fill(b.buf + 32768, MSG_SIZE, 3);
+	post_one(&a, IBV_WR_RDMA_READ, 12288, (uintptr_t)b.buf + 32768, b.mr->rkey, 3);
+	wc = wait_wc(&a, 0);
+	CHECK(wc.wr_id == 3 && wc.opcode == IBV_WC_RDMA_READ, "read completion");
+	expect_same(a.buf + 12288, b.buf + 32768, MSG_SIZE, "RDMA READ");
+
+	/* SRQs: rxe has them, vrdma's drop-in does not yet and must say so with errno. */
+	struct ibv_srq_init_attr sattr = { .attr = { .max_wr = 1, .max_sge = 1 } };
+	errno = 0;
+	struct ibv_srq *srq = ibv_create_srq(pd, &sattr);
+	if (srq)
+		CHECK(ibv_destroy_srq(srq) == 0, "ibv_destroy_srq");
+	else
+		CHECK(errno != 0, "ibv_create_srq failed without errno");
+	printf("SRQ: %s\n", srq ? "supported" : strerror(errno));
+
+	CHECK(ibv_dealloc_pd(pd) == EBUSY, "ibv_dealloc_pd of a PD in use must be EBUSY");
+	struct end *ends[] = { &a, &b };
+	for (int i = 0; i < 2; i++) {
+		struct end *e = ends[i];
+		CHECK(ibv_destroy_qp(e->qp) == 0, "ibv_destroy_qp");
+		CHECK(ibv_destroy_cq(e->cq) == 0, "ibv_destroy_cq");
+		CHECK(ibv_destroy_comp_channel(e->channel) == 0, "ibv_destroy_comp_channel");
+		CHECK(ibv_dereg_mr(e->mr) == 0, "ibv_dereg_mr");
+		free(e->buf);
+	}
+	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
+	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
+	printf("PASS\n");
+	return 0;
+}

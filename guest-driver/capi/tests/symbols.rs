@@ -1,0 +1,109 @@
+//! The built `libibverbs.so.1` exports rdma-core's names with rdma-core's symbol versions and
+//! soname, and nothing else (checked with `readelf` when it is installed).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The cdylib next to this test's target directory.
+fn library() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [
+        deps.join("libvrdma_ibverbs.so"),
+        deps.parent().unwrap().join("libvrdma_ibverbs.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .expect("cargo builds the cdylib before the integration tests")
+}
+
+fn readelf(args: &[&str]) -> Option<String> {
+    let out = Command::new("readelf").args(args).arg(library()).output();
+    match out {
+        Ok(out) if out.status.success() => Some(String::from_utf8(out.stdout).unwrap()),
+        Ok(out) => panic!("readelf failed: {}", String::from_utf8_lossy(&out.stderr)),
+        Err(e) => {
+            eprintln!("SKIPPED: cannot run readelf: {e}");
+            None
+        }
+    }
+}
+
+/// What perftest's tools and ibv_devinfo import, with the versions they import them at.
+const REQUIRED: &[(&str, &str)] = &[
+    ("ibv_create_comp_channel", "IBVERBS_1.0"),
+    ("ibv_destroy_comp_channel", "IBVERBS_1.0"),
+    ("ibv_read_sysfs_file", "IBVERBS_1.0"),
+    ("ibv_ack_cq_events", "IBVERBS_1.1"),
+    ("ibv_alloc_pd", "IBVERBS_1.1"),
+    ("ibv_attach_mcast", "IBVERBS_1.1"),
+    ("ibv_close_device", "IBVERBS_1.1"),
+    ("ibv_create_ah", "IBVERBS_1.1"),
+    ("ibv_create_ah_from_wc", "IBVERBS_1.1"),
+    ("ibv_create_cq", "IBVERBS_1.1"),
+    ("ibv_create_qp", "IBVERBS_1.1"),
+    ("ibv_create_srq", "IBVERBS_1.1"),
+    ("ibv_dealloc_pd", "IBVERBS_1.1"),
+    ("ibv_dereg_mr", "IBVERBS_1.1"),
+    ("ibv_destroy_ah", "IBVERBS_1.1"),
+    ("ibv_destroy_cq", "IBVERBS_1.1"),
+    ("ibv_destroy_qp", "IBVERBS_1.1"),
+    ("ibv_destroy_srq", "IBVERBS_1.1"),
+    ("ibv_detach_mcast", "IBVERBS_1.1"),
+    ("ibv_free_device_list", "IBVERBS_1.1"),
+    ("ibv_get_cq_event", "IBVERBS_1.1"),
+    ("ibv_get_device_guid", "IBVERBS_1.1"),
+    ("ibv_get_device_list", "IBVERBS_1.1"),
+    ("ibv_get_device_name", "IBVERBS_1.1"),
+    ("ibv_modify_qp", "IBVERBS_1.1"),
+    ("ibv_open_device", "IBVERBS_1.1"),
+    ("ibv_query_device", "IBVERBS_1.1"),
+    ("ibv_query_gid", "IBVERBS_1.1"),
+    ("ibv_query_pkey", "IBVERBS_1.1"),
+    ("ibv_query_port", "IBVERBS_1.1"),
+    ("ibv_query_qp", "IBVERBS_1.1"),
+    ("ibv_reg_mr", "IBVERBS_1.1"),
+    ("ibv_qp_to_qp_ex", "IBVERBS_1.6"),
+    ("ibv_reg_mr_iova2", "IBVERBS_1.8"),
+    ("_ibv_query_gid_ex", "IBVERBS_1.11"),
+    ("ibv_reg_dmabuf_mr", "IBVERBS_1.12"),
+    ("ibv_query_gid_type", "IBVERBS_PRIVATE_34"),
+];
+
+#[test]
+fn exports_carry_rdma_core_versions_and_nothing_else_is_exported() {
+    let Some(syms) = readelf(&["--dyn-syms", "-W"]) else {
+        return;
+    };
+    let mut exported: Vec<(String, String)> = syms
+        .lines()
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            // Num: Value Size Type Bind Vis Ndx Name
+            (cols.len() >= 8 && cols[4] == "GLOBAL" && cols[6] != "UND").then(|| cols[7])
+        })
+        .map(|name| {
+            let (n, v) = name.split_once("@@").unwrap_or((name, ""));
+            (n.to_owned(), v.to_owned())
+        })
+        .filter(|(n, v)| n != v) // version definition symbols
+        .collect();
+    exported.sort();
+    let mut required: Vec<(String, String)> = REQUIRED
+        .iter()
+        .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+        .collect();
+    required.sort();
+    assert_eq!(exported, required);
+}
+
+#[test]
+fn the_soname_is_libibverbs_so_1() {
+    let Some(dynamic) = readelf(&["-d"]) else {
+        return;
+    };
+    assert!(
+        dynamic.contains("Library soname: [libibverbs.so.1]"),
+        "{dynamic}"
+    );
+}
