@@ -242,7 +242,9 @@ pub fn guest_init_script(config: &VmConfig, command: &[String]) -> String {
     format!(
         r#"#!/bin/sh
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
-mount -t tmpfs -o mode=1777 tmpfs /tmp
+# /tmp needs no tmpfs of its own: the overlay root is already writable memory, and a tmpfs here
+# would hide host directories shared below /tmp (a checkout in /tmp, say).
+chmod 1777 /tmp
 mkdir -p /dev/pts /dev/shm /dev/hugepages
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
@@ -553,6 +555,7 @@ mod tests {
         assert!(script.contains("cd /work/main"));
         assert!(script.contains("echo 'a b' </dev/null >/dev/ttyS1"));
         assert!(script.contains("rdma link add rxe0 type rxe netdev d0"));
+        assert!(!script.contains("tmpfs /tmp"), "would hide shares below /tmp");
         assert!(script.find(COMMAND_STARTING) < script.find("echo 'a b'"));
     }
 
