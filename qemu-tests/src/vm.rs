@@ -555,7 +555,10 @@ mod tests {
         assert!(script.contains("cd /work/main"));
         assert!(script.contains("echo 'a b' </dev/null >/dev/ttyS1"));
         assert!(script.contains("rdma link add rxe0 type rxe netdev d0"));
-        assert!(!script.contains("tmpfs /tmp"), "would hide shares below /tmp");
+        assert!(
+            !script.contains("tmpfs /tmp"),
+            "would hide shares below /tmp"
+        );
         assert!(script.find(COMMAND_STARTING) < script.find("echo 'a b'"));
     }
 
