@@ -2,18 +2,18 @@
 # Proves the drop-in libibverbs.so.1 against real rxe. Run INSIDE the rxe VM (the workspace and
 # target dir are shared at the same paths), after `cargo build --workspace` and after building
 # tests/c/verbs_loopback.c on the host (`vrdma-vm test dropin` does both):
-#   vm-dropin.sh PROFILE_DIR VERBS_LOOPBACK_BINARY
-# PROFILE_DIR holds vrdma-backend and libvrdma_ibverbs.so (e.g. target/debug).
+#   vm-dropin.sh VRDMA_BACKEND LIBVRDMA_IBVERBS_SO VERBS_LOOPBACK_BINARY
 # Runs ibv_devinfo and the C program natively on rxe0, then the same unmodified binaries over
 # vrdma (process transport) with LD_LIBRARY_PATH pointing at the drop-in. Exit status 0 = pass.
 set -eu
-profile=$1
-program=$2
+backend_bin=$1
+library=$2
+program=$3
 dir=$(mktemp -d /tmp/vrdma-dropin.XXXXXX)
-ln -s "$profile/libvrdma_ibverbs.so" "$dir/libibverbs.so.1"
+ln -s "$library" "$dir/libibverbs.so.1"
 sock=$dir/backend.sock
 
-"$profile/vrdma-backend" --socket "$sock" --device rxe0 --allow-ud &
+"$backend_bin" --socket "$sock" --device rxe0 --allow-ud &
 backend=$!
 trap 'kill $backend 2>/dev/null; wait $backend 2>/dev/null; rm -rf "$dir"' EXIT
 i=0
@@ -28,9 +28,17 @@ echo "=== native: verbs_loopback on rxe0"
 # Not -v: that queries all 1024 GID entries of rxe0 twice, one control command each (minutes
 # under TCG).
 echo "=== vrdma: ibv_devinfo over the drop-in"
-VRDMA_SOCKET=$sock LD_LIBRARY_PATH=$dir ibv_devinfo
+status=0
+VRDMA_SOCKET=$sock LD_LIBRARY_PATH=$dir ibv_devinfo >"$dir/devinfo" 2>&1 || status=$?
+cat "$dir/devinfo"
+[ $status -eq 0 ] || exit $status
+# A missing or unloadable drop-in would silently fall back to the system's libibverbs.
+grep -q "hca_id:.*vrdma" "$dir/devinfo" || { echo "ibv_devinfo did not go through vrdma" >&2; exit 1; }
 echo "=== vrdma: verbs_loopback over the drop-in"
-VRDMA_SOCKET=$sock LD_LIBRARY_PATH=$dir "$program"
+VRDMA_SOCKET=$sock LD_LIBRARY_PATH=$dir "$program" >"$dir/loopback" 2>&1 || status=$?
+cat "$dir/loopback"
+[ $status -eq 0 ] || exit $status
+grep -q "device: vrdma" "$dir/loopback" || { echo "the program did not go through vrdma" >&2; exit 1; }
 echo "=== without VRDMA_SOCKET the drop-in lists no device"
 if LD_LIBRARY_PATH=$dir ibv_devinfo; then
 	echo "ibv_devinfo succeeded without a transport" >&2

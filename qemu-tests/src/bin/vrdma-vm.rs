@@ -353,6 +353,9 @@ fn backend_device(vm_args: &VmArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The drop-in library as cargo names it (installed as libibverbs.so.1).
+const DROPIN_LIBRARY: &str = "libvrdma_ibverbs.so";
+
 fn dropin(vm_args: &VmArgs) -> Result<ExitCode> {
     let root = rootfs::prepare(&Cache::from_env()?, &TRIXIE_RXE, false)?;
     let target = native::default_target_dir()
@@ -364,10 +367,27 @@ fn dropin(vm_args: &VmArgs) -> Result<ExitCode> {
         native::build_program(&target, &tests.join("c/verbs_loopback.c"), "verbs_loopback")?;
     let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
     let profile_dir = exe.parent().unwrap_or(Path::new("."));
+    // `cargo build` puts the cdylib next to the binaries; `cargo test` leaves it in deps/.
+    let library = [
+        profile_dir.join(DROPIN_LIBRARY),
+        profile_dir.join("deps").join(DROPIN_LIBRARY),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .ok_or_else(|| {
+        Error::Usage(format!(
+            "no {DROPIN_LIBRARY} in {}: build the workspace first",
+            profile_dir.display()
+        ))
+    })?;
     let command: Vec<String> = vec![
         "sh".into(),
         tests.join("vm-dropin.sh").to_string_lossy().into_owned(),
-        profile_dir.to_string_lossy().into_owned(),
+        profile_dir
+            .join("vrdma-backend")
+            .to_string_lossy()
+            .into_owned(),
+        library.to_string_lossy().into_owned(),
         program.to_string_lossy().into_owned(),
     ];
     let outcome = vm::run(&root, &vm_args.config(&root)?, &command)?;
