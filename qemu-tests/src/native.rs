@@ -147,6 +147,63 @@ pub fn build_program(target_dir: &Path, source: &Path, name: &str) -> Result<Pat
     Ok(binary)
 }
 
+/// Flags of [`build_shared_object`] besides the version script and soname.
+const SHARED_CFLAGS: &[&str] = &[
+    "-O2",
+    "-std=gnu11",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-shared",
+    "-fPIC",
+];
+
+/// Builds the shared object `source` (C, needing no headers beyond libc's) with the linker
+/// version script `version_script` and soname `soname` into `<out_dir>/<soname>`, unless the
+/// file there was built from the same inputs; returns its path.
+pub fn build_shared_object(
+    out_dir: &Path,
+    source: &Path,
+    version_script: &Path,
+    soname: &str,
+) -> Result<PathBuf> {
+    let text = std::fs::read(source).context(|| format!("reading {}", source.display()))?;
+    let script = std::fs::read(version_script)
+        .context(|| format!("reading {}", version_script.display()))?;
+    let library = out_dir.join(soname);
+    let stamp = out_dir.join(format!("{soname}.stamp"));
+    let mut fingerprint =
+        format!("{} {}\n", COMPILER.command, SHARED_CFLAGS.join(" ")).into_bytes();
+    fingerprint.extend_from_slice(&text);
+    fingerprint.extend_from_slice(&script);
+    if library.is_file() && std::fs::read(&stamp).is_ok_and(|old| old == fingerprint) {
+        log::debug!("{} is up to date", library.display());
+        return Ok(library);
+    }
+    ensure_tools(&[COMPILER])?;
+    std::fs::create_dir_all(out_dir).context(|| format!("creating {}", out_dir.display()))?;
+    let partial = out_dir.join(format!("{soname}.{}.tmp", std::process::id()));
+    let mut script_arg = std::ffi::OsString::from("-Wl,--version-script=");
+    script_arg.push(version_script);
+    let result = run_checked(
+        Command::new(COMPILER.command)
+            .args(SHARED_CFLAGS)
+            .arg(script_arg)
+            .arg(format!("-Wl,-soname,{soname}"))
+            .arg("-o")
+            .arg(&partial)
+            .arg(source),
+    );
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&partial);
+        return Err(e);
+    }
+    std::fs::rename(&partial, &library).context(|| format!("installing {}", library.display()))?;
+    std::fs::write(&stamp, &fingerprint).context(|| format!("writing {}", stamp.display()))?;
+    log::info!("built {}", library.display());
+    Ok(library)
+}
+
 /// The compiler command line followed by the source: the binary is current if this matches.
 fn fingerprint(source: &[u8]) -> Vec<u8> {
     let mut out = format!(

@@ -336,7 +336,7 @@ pub fn render_table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<8} {:<13} {:>8} {:>6} {:>12} {:>10} {:>10} {:>10} {:>10}",
+        "{:<12} {:<13} {:>8} {:>6} {:>12} {:>10} {:>10} {:>10} {:>10}",
         "side", "tool", "size", "iters", "typical_us", "avg_us", "p99_us", "MiB/s", "Mmsg/s"
     );
     for row in rows {
@@ -361,7 +361,7 @@ pub fn render_table(rows: &[Row]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<8} {:<13} {:>8} {:>6} {:>12} {:>10} {:>10} {:>10} {:>10.4}",
+            "{:<12} {:<13} {:>8} {:>6} {:>12} {:>10} {:>10} {:>10} {:>10.4}",
             row.label,
             row.tool.command(),
             row.size,

@@ -120,6 +120,15 @@ pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const 
     })
 }
 
+/// `ibv_get_device_index` (IBVERBS_1.9): the kernel's index of the device, which `vrdma0` does
+/// not have (it is not a kernel RDMA device): -1, as rdma-core returns for devices without one.
+///
+/// # Safety
+/// Nothing is dereferenced.
+pub unsafe extern "C" fn ibv_get_device_index(_device: *mut ibv_device) -> c_int {
+    -1
+}
+
 /// `ibv_get_device_guid`: the node GUID (network byte order). Known from the first opened
 /// context; before that, a short-lived context is opened to read it. 0 on failure.
 ///

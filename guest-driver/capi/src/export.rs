@@ -34,6 +34,7 @@ export!(
     device::ibv_free_device_list,
     device::ibv_get_device_name,
     device::ibv_get_device_guid,
+    device::ibv_get_device_index,
     device::ibv_open_device,
     device::ibv_close_device,
     query::ibv_query_device,
@@ -43,6 +44,11 @@ export!(
     query::ibv_query_gid_type,
     query::ibv_query_pkey,
     query::ibv_read_sysfs_file,
+    query::ibv_get_sysfs_path,
+    query::ibv_get_pkey_index,
+    marshall::ibv_copy_ah_attr_from_kern,
+    marshall::ibv_copy_qp_attr_from_kern,
+    marshall::ibv_copy_path_rec_from_kern,
     objects::ibv_alloc_pd,
     objects::ibv_dealloc_pd,
     objects::ibv_reg_mr,
@@ -67,6 +73,8 @@ export!(
     unsupported::ibv_create_ah_from_wc,
     unsupported::ibv_qp_to_qp_ex,
     unsupported::ibv_reg_dmabuf_mr,
+    unsupported::ibv_query_ece,
+    unsupported::ibv_set_ece,
 );
 
 #[cfg(test)]

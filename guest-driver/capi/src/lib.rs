@@ -24,6 +24,7 @@ mod device;
 mod events;
 mod export;
 mod ffi;
+mod marshall;
 mod memory;
 mod objects;
 mod qp;

@@ -313,3 +313,75 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
         c_int::try_from(bytes.len()).unwrap_or(c_int::MAX)
     })
 }
+
+/// `ibv_get_sysfs_path` (IBVERBS_1.0): where sysfs is mounted, as rdma-core reports it
+/// (`$SYSFS_PATH` without trailing slashes, else `/sys`).
+///
+/// # Safety
+/// Safe to call; the string lives as long as the process.
+pub unsafe extern "C" fn ibv_get_sysfs_path() -> *const c_char {
+    static PATH: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+    guard("ibv_get_sysfs_path", std::ptr::null(), || {
+        PATH.get_or_init(|| sysfs_path(std::env::var_os("SYSFS_PATH").as_deref()))
+            .as_ptr()
+    })
+}
+
+fn sysfs_path(env: Option<&OsStr>) -> std::ffi::CString {
+    let trimmed = env
+        .map(|v| {
+            let bytes = v.as_bytes();
+            let end = bytes.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1);
+            &bytes[..end]
+        })
+        .filter(|b| !b.is_empty() && !b.contains(&0));
+    std::ffi::CString::new(trimmed.unwrap_or(b"/sys")).unwrap_or_default()
+}
+
+/// `ibv_get_pkey_index` (IBVERBS_1.5): the index of `pkey` (network byte order) in the port's
+/// P_Key table, found by querying entries in turn as rdma-core does; -1 and errno when the
+/// table has no such entry.
+///
+/// # Safety
+/// `context` is a context of this library.
+pub unsafe extern "C" fn ibv_get_pkey_index(
+    context: *mut crate::sys::ibv_context,
+    port_num: u8,
+    pkey: u16,
+) -> c_int {
+    guard("ibv_get_pkey_index", -1, || {
+        // SAFETY: caller contract.
+        let Some(ctx) = (unsafe { VrdmaContext::from_ptr(context) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        let table_len = match ctx.ctx.query_port(port_num) {
+            Ok(port) => port.pkey_tbl_len,
+            Err(e) => return minus_one(report("ibv_get_pkey_index", &e)),
+        };
+        for index in 0..u32::from(table_len) {
+            match ctx.ctx.query_pkey(port_num, index) {
+                Ok(value) if value.to_be() == pkey => {
+                    return c_int::try_from(index).unwrap_or(c_int::MAX)
+                }
+                Ok(_) => {}
+                Err(e) => return minus_one(report("ibv_get_pkey_index", &e)),
+            }
+        }
+        minus_one(libc::ENOENT)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sysfs_path_defaults_to_sys_and_drops_trailing_slashes() {
+        assert_eq!(sysfs_path(None).as_bytes(), b"/sys");
+        assert_eq!(
+            sysfs_path(Some(OsStr::new("/mnt/sys//"))).as_bytes(),
+            b"/mnt/sys"
+        );
+        assert_eq!(sysfs_path(Some(OsStr::new("/"))).as_bytes(), b"/sys");
+    }
+}

@@ -92,3 +92,20 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
         null_with("ibv_reg_dmabuf_mr", libc::EOPNOTSUPP)
     })
 }
+
+/// `ibv_query_ece` (IBVERBS_1.10): EOPNOTSUPP (returns the errno value), as rdma-core does
+/// for devices without Enhanced Connection Establishment.
+///
+/// # Safety
+/// Nothing is dereferenced.
+pub unsafe extern "C" fn ibv_query_ece(_qp: *mut ibv_qp, _ece: *mut c_void) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+/// `ibv_set_ece` (IBVERBS_1.10): EOPNOTSUPP (returns the errno value), see `ibv_query_ece`.
+///
+/// # Safety
+/// Nothing is dereferenced.
+pub unsafe extern "C" fn ibv_set_ece(_qp: *mut ibv_qp, _ece: *mut c_void) -> c_int {
+    libc::EOPNOTSUPP
+}

@@ -68,6 +68,15 @@ const REQUIRED: &[(&str, &str)] = &[
     ("_ibv_query_gid_ex", "IBVERBS_1.11"),
     ("ibv_reg_dmabuf_mr", "IBVERBS_1.12"),
     ("ibv_query_gid_type", "IBVERBS_PRIVATE_34"),
+    // librdmacm (linked by perftest, bound at load).
+    ("ibv_copy_path_rec_from_kern", "IBVERBS_1.0"),
+    ("ibv_copy_qp_attr_from_kern", "IBVERBS_1.0"),
+    ("ibv_get_sysfs_path", "IBVERBS_1.0"),
+    ("ibv_copy_ah_attr_from_kern", "IBVERBS_1.1"),
+    ("ibv_get_pkey_index", "IBVERBS_1.5"),
+    ("ibv_get_device_index", "IBVERBS_1.9"),
+    ("ibv_query_ece", "IBVERBS_1.10"),
+    ("ibv_set_ece", "IBVERBS_1.10"),
 ];
 
 #[test]

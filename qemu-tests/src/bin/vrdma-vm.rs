@@ -10,7 +10,7 @@ use vrdma_qemu_tests::cache::Cache;
 use vrdma_qemu_tests::native;
 use vrdma_qemu_tests::perftest::{self, Row, Side};
 use vrdma_qemu_tests::rootfs::{self, PreparedRoot, TRIXIE_RXE};
-use vrdma_qemu_tests::scenarios::process_pingpong;
+use vrdma_qemu_tests::scenarios::{perftest_over_vrdma, process_pingpong};
 use vrdma_qemu_tests::vm::{self, shares_for, Accel, VmConfig};
 use vrdma_qemu_tests::{Error, Result};
 
@@ -71,6 +71,10 @@ enum Suite {
     /// The drop-in libibverbs.so.1: unmodified ibv_devinfo and a C verbs program (SEND, WRITE,
     /// READ with data checks) over vrdma, next to the same program on rxe0 natively.
     Dropin,
+    /// Debian's unmodified perftest (five tools) natively, with the client over vrdma's drop-in
+    /// libibverbs.so.1 (process transport) against a native server, and with both sides over
+    /// vrdma, in one boot.
+    PerftestOverVrdma,
 }
 
 #[derive(Subcommand)]
@@ -91,6 +95,13 @@ enum GuestCmd {
         /// Rounds of the kill-mid-traffic cleanup check.
         #[arg(long, default_value_t = 50)]
         cleanup_rounds: u32,
+    },
+    /// The perftest-over-vrdma scenario; results go to
+    /// $VRDMA_RESULT_DIR/perftest-over-vrdma.json.
+    PerftestOverVrdma {
+        /// Directory with the drop-in as libibverbs.so.1 and the vendor library stand-ins.
+        #[arg(long)]
+        library_dir: PathBuf,
     },
 }
 
@@ -190,6 +201,12 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
                 }
                 process_pingpong(&vm, json)
             }
+            Suite::PerftestOverVrdma => {
+                if !no_build {
+                    vrdma_qemu_tests::workspace::build_scenario_binaries()?;
+                }
+                perftest_over_vrdma(&vm, json)
+            }
         },
         Cmd::Guest { command } => match command {
             GuestCmd::Perftest { device, port } => guest_perftest(&device, port),
@@ -197,6 +214,7 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
                 native,
                 cleanup_rounds,
             } => guest_process_pingpong(native, cleanup_rounds),
+            GuestCmd::PerftestOverVrdma { library_dir } => guest_perftest_over_vrdma(&library_dir),
         },
     }
 }
@@ -356,17 +374,10 @@ fn backend_device(vm_args: &VmArgs) -> Result<ExitCode> {
 /// The drop-in library as cargo names it (installed as libibverbs.so.1).
 const DROPIN_LIBRARY: &str = "libvrdma_ibverbs.so";
 
-fn dropin(vm_args: &VmArgs) -> Result<ExitCode> {
-    let root = rootfs::prepare(&Cache::from_env()?, &TRIXIE_RXE, false)?;
-    let target = native::default_target_dir()
-        .ok_or_else(|| Error::Usage("cannot find the cargo target directory".into()))?;
-    let workspace = vm::find_workspace_root(Path::new(env!("CARGO_MANIFEST_DIR")))
-        .ok_or_else(|| Error::Usage("cannot find the workspace".into()))?;
-    let tests = workspace.join("guest-driver/capi/tests");
-    let program =
-        native::build_program(&target, &tests.join("c/verbs_loopback.c"), "verbs_loopback")?;
+/// The profile directory of this executable and the drop-in library cargo built there.
+fn dropin_library() -> Result<(PathBuf, PathBuf)> {
     let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
-    let profile_dir = exe.parent().unwrap_or(Path::new("."));
+    let profile_dir = exe.parent().unwrap_or(Path::new(".")).to_path_buf();
     // `cargo build` puts the cdylib next to the binaries; `cargo test` leaves it in deps/.
     let library = [
         profile_dir.join(DROPIN_LIBRARY),
@@ -380,6 +391,19 @@ fn dropin(vm_args: &VmArgs) -> Result<ExitCode> {
             profile_dir.display()
         ))
     })?;
+    Ok((profile_dir, library))
+}
+
+fn dropin(vm_args: &VmArgs) -> Result<ExitCode> {
+    let root = rootfs::prepare(&Cache::from_env()?, &TRIXIE_RXE, false)?;
+    let target = native::default_target_dir()
+        .ok_or_else(|| Error::Usage("cannot find the cargo target directory".into()))?;
+    let workspace = vm::find_workspace_root(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .ok_or_else(|| Error::Usage("cannot find the workspace".into()))?;
+    let tests = workspace.join("guest-driver/capi/tests");
+    let program =
+        native::build_program(&target, &tests.join("c/verbs_loopback.c"), "verbs_loopback")?;
+    let (profile_dir, library) = dropin_library()?;
     let command: Vec<String> = vec![
         "sh".into(),
         tests.join("vm-dropin.sh").to_string_lossy().into_owned(),
@@ -396,6 +420,63 @@ fn dropin(vm_args: &VmArgs) -> Result<ExitCode> {
             "the drop-in run failed in the VM (status {})",
             outcome.status
         )));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn perftest_over_vrdma(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<ExitCode> {
+    let root = rootfs::prepare(&Cache::from_env()?, &TRIXIE_RXE, false)?;
+    let target = native::default_target_dir()
+        .ok_or_else(|| Error::Usage("cannot find the cargo target directory".into()))?;
+    let (_, library) = dropin_library()?;
+    let library_dir = perftest_over_vrdma::prepare_library_dir(&target, &library)?;
+    let mut config = vm_args.config(&root)?;
+    config.echo = true;
+    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
+    let command = vec![
+        exe.to_string_lossy().into_owned(),
+        "guest".into(),
+        "perftest-over-vrdma".into(),
+        "--library-dir".into(),
+        library_dir.to_string_lossy().into_owned(),
+    ];
+    let outcome = vm::run(&root, &config, &command)?;
+    if outcome.status != 0 {
+        return Err(Error::Scenario(format!(
+            "perftest-over-vrdma failed in the VM (status {})",
+            outcome.status
+        )));
+    }
+    let data = outcome
+        .results
+        .iter()
+        .find(|(name, _)| name == "perftest-over-vrdma.json")
+        .map(|(_, data)| data)
+        .ok_or_else(|| Error::Scenario("the VM left no perftest-over-vrdma.json".into()))?;
+    let rows: Vec<Row> = serde_json::from_slice(data)
+        .map_err(|e| Error::Scenario(format!("perftest-over-vrdma.json: {e}")))?;
+    println!(
+        "\nunmodified perftest on rxe0: native, client over vrdma (server native), both over \
+         vrdma ({:?}, {} vCPUs; VM run {:.0?}):",
+        config.accel, config.cpus, outcome.elapsed
+    );
+    print!("{}", perftest::render_table(&rows));
+    if let Some(path) = json {
+        std::fs::write(&path, data)
+            .map_err(|e| Error::Usage(format!("writing {}: {e}", path.display())))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn guest_perftest_over_vrdma(library_dir: &Path) -> Result<ExitCode> {
+    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
+    let backend = exe.parent().unwrap_or(Path::new(".")).join("vrdma-backend");
+    let rows = perftest_over_vrdma::run(&backend, library_dir)?;
+    let json = serde_json::to_vec_pretty(&rows).map_err(|e| Error::Scenario(e.to_string()))?;
+    match std::env::var_os("VRDMA_RESULT_DIR") {
+        Some(dir) => std::fs::write(PathBuf::from(dir).join("perftest-over-vrdma.json"), json)
+            .map_err(|e| Error::Scenario(format!("writing results: {e}")))?,
+        None => print!("{}", perftest::render_table(&rows)),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,4 +1,5 @@
 //! Test scenarios that run inside the rxe VM against a live vrdma-backend.
 
 pub mod isolation;
+pub mod perftest_over_vrdma;
 pub mod process_pingpong;

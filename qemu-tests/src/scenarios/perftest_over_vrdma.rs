@@ -1,0 +1,147 @@
+//! `perftest-over-vrdma`: Debian's unmodified perftest binaries over vrdma's drop-in
+//! `libibverbs.so.1`, inside the VM, next to the native run from the same boot.
+//!
+//! Three configurations of the same [`perftest::BASELINE`]: both sides native on rxe0; the
+//! client over vrdma (process transport) against a native server; both sides over vrdma through
+//! one vrdma-backend. The vrdma side finds the drop-in through `LD_LIBRARY_PATH`, in a directory
+//! prepared on the host ([`prepare_library_dir`]) that also holds stand-ins for the vendor
+//! libraries perftest links directly (`native/standins/`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::error::{Error, IoContext, Result};
+use crate::inside::{wait_for_path, Proc};
+use crate::native;
+use crate::perftest::{self, Row, Side};
+
+/// The RDMA device inside the VM.
+pub const DEVICE: &str = "rxe0";
+/// The device the drop-in presents.
+pub const VRDMA_DEVICE: &str = "vrdma0";
+/// Row labels of the three configurations, in the order they run.
+pub const NATIVE: &str = "native";
+pub const VRDMA_CLIENT: &str = "vrdma-client";
+pub const VRDMA_BOTH: &str = "vrdma-both";
+
+/// The vendor libraries Debian's perftest binaries link (DT_NEEDED) besides libibverbs. The
+/// real ones need libibverbs' private ABI, which the drop-in does not provide, so the drop-in's
+/// directory carries stand-ins that export what perftest imports and fail when called; perftest
+/// calls them only for vendor IDs it recognizes, and vrdma0 reports its own.
+const STANDINS: &[&str] = &["libmlx5.so.1", "libefa.so.1", "libhns.so.1"];
+
+/// Prepares (on the host) `<target_dir>/native/vrdma-dropin/`: `libibverbs.so.1` linking to
+/// `dropin` (the `libvrdma_ibverbs.so` cargo built) and the vendor library stand-ins, built
+/// with the system C compiler. Returns the directory, for `LD_LIBRARY_PATH`.
+pub fn prepare_library_dir(target_dir: &Path, dropin: &Path) -> Result<PathBuf> {
+    let dir = target_dir.join("native").join("vrdma-dropin");
+    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("native/standins");
+    for soname in STANDINS {
+        let stem = soname.trim_end_matches(".so.1");
+        native::build_shared_object(
+            &dir,
+            &sources.join(format!("{stem}.c")),
+            &sources.join(format!("{stem}.map")),
+            soname,
+        )?;
+    }
+    let link = dir.join("libibverbs.so.1");
+    if std::fs::read_link(&link).ok().as_deref() != Some(dropin) {
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(dropin, &link)
+            .context(|| format!("linking {} to {}", link.display(), dropin.display()))?;
+    }
+    Ok(dir)
+}
+
+/// A vrdma-backend serving the vrdma sides.
+struct Backend {
+    proc: Proc,
+    socket: PathBuf,
+}
+
+impl Backend {
+    fn start(binary: &Path) -> Result<Self> {
+        let socket = std::env::temp_dir().join("vrdma-perftest-backend.sock");
+        let _ = std::fs::remove_file(&socket);
+        let mut cmd = Command::new(binary);
+        cmd.arg("--socket")
+            .arg(&socket)
+            .args(["--device", DEVICE])
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or("warn".into()),
+            );
+        let mut proc = Proc::spawn("vrdma-backend", &mut cmd)?;
+        if let Err(e) = wait_for_path(&socket, Duration::from_secs(30)) {
+            let _ = proc.try_wait();
+            return Err(proc.failure(&e.to_string()));
+        }
+        Ok(Self { proc, socket })
+    }
+
+    /// The vrdma side: perftest on the drop-in's device, the drop-in first on the library path.
+    fn side(&self, library_dir: &Path) -> Side {
+        Side {
+            label: "vrdma".into(),
+            device: VRDMA_DEVICE.into(),
+            gid_index: 0,
+            env: vec![
+                (
+                    "VRDMA_SOCKET".into(),
+                    self.socket.to_string_lossy().into_owned(),
+                ),
+                (
+                    "LD_LIBRARY_PATH".into(),
+                    library_dir.to_string_lossy().into_owned(),
+                ),
+            ],
+        }
+    }
+}
+
+/// Runs the baseline natively, then client over vrdma, then both over vrdma (inside the VM);
+/// the rows carry the configuration as their label.
+pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Vec<Row>> {
+    if !library_dir.join("libibverbs.so.1").exists() {
+        return Err(Error::Scenario(format!(
+            "{} has no libibverbs.so.1",
+            library_dir.display()
+        )));
+    }
+    let native = Side::native(DEVICE);
+    let mut backend = Backend::start(backend_binary)?;
+    let vrdma = backend.side(library_dir);
+    let configurations = [
+        (NATIVE, &native, &native),
+        (VRDMA_CLIENT, &native, &vrdma),
+        (VRDMA_BOTH, &vrdma, &vrdma),
+    ];
+    let mut rows = Vec::new();
+    for (label, server, client) in configurations {
+        println!(
+            "== {label}: server on {}, client on {}",
+            server.device, client.device
+        );
+        for case in perftest::BASELINE {
+            println!(
+                "running {} size {} x{} …",
+                case.tool.command(),
+                case.size,
+                case.iterations
+            );
+            let mut row = perftest::run_case(case, server, client, 18515)?;
+            row.label = label.into();
+            rows.push(row);
+        }
+    }
+    // A backend that died during the run would have failed the vrdma cases; one that dies
+    // while they tear down must fail the scenario too.
+    if let Some(status) = backend.proc.try_wait()? {
+        return Err(backend
+            .proc
+            .failure(&format!("vrdma-backend exited during the run ({status})")));
+    }
+    Ok(rows)
+}
