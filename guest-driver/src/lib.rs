@@ -12,4 +12,6 @@ pub mod transport;
 pub mod verbs;
 pub mod virtq;
 
-pub use verbs::{Ah, AhAttr, Context, Cq, Mr, Pd, Qp, QpAttr, QpAttrMask, QpInitAttr, VerbsError};
+pub use verbs::{
+    Ah, AhAttr, Context, Cq, Mr, Pd, Qp, QpAttr, QpAttrMask, QpInitAttr, Srq, VerbsError,
+};

@@ -1,5 +1,6 @@
 //! The data path behind `ibv_context_ops`: what the static inline `ibv_post_send`,
-//! `ibv_post_recv`, `ibv_poll_cq` and `ibv_req_notify_cq` of `<infiniband/verbs.h>` call.
+//! `ibv_post_recv`, `ibv_post_srq_recv`, `ibv_poll_cq` and `ibv_req_notify_cq` of
+//! `<infiniband/verbs.h>` call.
 //!
 //! Work requests are translated in fixed-size batches on the stack and posted with the vrdma
 //! library's provider; scatter/gather lists are used in place (`ibv_sge` and
@@ -14,6 +15,7 @@ use crate::cq::VrdmaCq;
 use crate::ffi::{guard, report};
 use crate::objects::VrdmaAh;
 use crate::qp::VrdmaQp;
+use crate::srq::VrdmaSrq;
 use crate::sys::{
     ibv_cq, ibv_qp, ibv_qp_type_IBV_QPT_UD, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_srq, ibv_wc,
     ibv_wc__bindgen_ty_1,
@@ -190,73 +192,92 @@ pub(crate) unsafe extern "C" fn post_recv(
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
     guard("ibv_post_recv", libc::EIO, || {
-        let fail = |at: *mut ibv_recv_wr, errno: c_int| {
-            if !bad_wr.is_null() {
-                // SAFETY: caller contract.
-                unsafe { *bad_wr = at };
-            }
-            errno
-        };
         // SAFETY: caller contract.
-        let Some(vqp) = (unsafe { VrdmaQp::from_ptr(qp) }) else {
-            return fail(wr, libc::EINVAL);
-        };
-        let mut batch = [RecvWr::default(); BATCH];
-        let mut origin = [std::ptr::null_mut::<ibv_recv_wr>(); BATCH];
-        let mut len = 0;
-        let flush = |batch: &[RecvWr<'_>], origin: &[*mut ibv_recv_wr]| -> Result<(), c_int> {
-            vqp.qp
-                .post_recv(batch)
-                .map_err(|(index, error)| fail(origin[index], post_errno(&error)))
-        };
-        let mut cur = wr;
-        // SAFETY: caller contract: a NULL-terminated list of valid work requests.
-        while let Some(w) = unsafe { cur.as_ref() } {
-            // SAFETY: caller contract.
-            match unsafe { sges(w.sg_list, w.num_sge) } {
-                Ok(sg_list) => {
-                    batch[len] = RecvWr {
-                        wr_id: w.wr_id,
-                        sg_list,
-                    };
-                    origin[len] = cur;
-                    len += 1;
-                }
-                Err(errno) => {
-                    if let Err(errno) = flush(&batch[..len], &origin[..len]) {
-                        return errno;
-                    }
-                    return fail(cur, errno);
-                }
+        match unsafe { VrdmaQp::from_ptr(qp) } {
+            // As rdma-core's rxe provider: a QP attached to an SRQ takes no receives.
+            Some(vqp) if !vqp.qp.has_srq() => {
+                // SAFETY: caller contract.
+                unsafe { post_recv_list(wr, bad_wr, |batch| vqp.qp.post_recv(batch)) }
             }
-            if len == BATCH {
-                if let Err(errno) = flush(&batch, &origin) {
-                    return errno;
-                }
-                len = 0;
-            }
-            cur = w.next;
+            _ => fail_at(bad_wr, wr, libc::EINVAL),
         }
-        flush(&batch[..len], &origin[..len]).err().unwrap_or(0)
     })
 }
 
-/// `ops.post_srq_recv`: SRQs are not provided yet.
+/// `ops.post_srq_recv`.
 ///
 /// # Safety
-/// `bad_wr` is NULL or writable.
+/// As `ibv_post_srq_recv`: `srq` is an SRQ of this library, `wr` a valid list, `bad_wr`
+/// writable.
 pub(crate) unsafe extern "C" fn post_srq_recv(
-    _srq: *mut ibv_srq,
+    srq: *mut ibv_srq,
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
     guard("ibv_post_srq_recv", libc::EIO, || {
-        if !bad_wr.is_null() {
-            // SAFETY: caller contract.
-            unsafe { *bad_wr = wr };
-        }
-        libc::ENOSYS
+        // SAFETY: caller contract.
+        let Some(vsrq) = (unsafe { VrdmaSrq::from_ptr(srq) }) else {
+            return fail_at(bad_wr, wr, libc::EINVAL);
+        };
+        // SAFETY: caller contract.
+        unsafe { post_recv_list(wr, bad_wr, |batch| vsrq.srq.post_recv(batch)) }
     })
+}
+
+/// Stores `at` in `*bad_wr` (if not NULL) and returns `errno`.
+fn fail_at(bad_wr: *mut *mut ibv_recv_wr, at: *mut ibv_recv_wr, errno: c_int) -> c_int {
+    if !bad_wr.is_null() {
+        // SAFETY: the caller of the ops entry point gives a writable `bad_wr` or NULL.
+        unsafe { *bad_wr = at };
+    }
+    errno
+}
+
+/// Translates the receive list `wr` in batches and hands each to `post` (a QP's RQ or an
+/// SRQ); 0, or the errno value of the first refused request, stored in `*bad_wr`.
+///
+/// # Safety
+/// As `ibv_post_recv`: `wr` is a valid NULL-terminated list, `bad_wr` NULL or writable.
+unsafe fn post_recv_list(
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+    post: impl Fn(&[RecvWr<'_>]) -> Result<(), (usize, PostError)>,
+) -> c_int {
+    let mut batch = [RecvWr::default(); BATCH];
+    let mut origin = [std::ptr::null_mut::<ibv_recv_wr>(); BATCH];
+    let mut len = 0;
+    let flush = |batch: &[RecvWr<'_>], origin: &[*mut ibv_recv_wr]| -> Result<(), c_int> {
+        post(batch).map_err(|(index, error)| fail_at(bad_wr, origin[index], post_errno(&error)))
+    };
+    let mut cur = wr;
+    // SAFETY: caller contract: a NULL-terminated list of valid work requests.
+    while let Some(w) = unsafe { cur.as_ref() } {
+        // SAFETY: caller contract.
+        match unsafe { sges(w.sg_list, w.num_sge) } {
+            Ok(sg_list) => {
+                batch[len] = RecvWr {
+                    wr_id: w.wr_id,
+                    sg_list,
+                };
+                origin[len] = cur;
+                len += 1;
+            }
+            Err(errno) => {
+                if let Err(errno) = flush(&batch[..len], &origin[..len]) {
+                    return errno;
+                }
+                return fail_at(bad_wr, cur, errno);
+            }
+        }
+        if len == BATCH {
+            if let Err(errno) = flush(&batch, &origin) {
+                return errno;
+            }
+            len = 0;
+        }
+        cur = w.next;
+    }
+    flush(&batch[..len], &origin[..len]).err().unwrap_or(0)
 }
 
 /// The `ibv_wc` of a completion.

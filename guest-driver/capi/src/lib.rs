@@ -17,6 +17,7 @@
 )]
 pub mod sys;
 
+mod ah_wc;
 mod config;
 mod cq;
 mod datapath;
@@ -29,5 +30,6 @@ mod memory;
 mod objects;
 mod qp;
 mod query;
+mod srq;
 mod transport;
 mod unsupported;

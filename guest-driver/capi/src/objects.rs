@@ -19,7 +19,7 @@ const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
 pub(crate) struct VrdmaPd {
     pub(crate) ibv: ibv_pd,
     pub(crate) pd: Pd,
-    /// MRs, QPs and AHs created in the PD and not destroyed yet.
+    /// MRs, QPs, SRQs and AHs created in the PD and not destroyed yet.
     pub(crate) users: AtomicU32,
 }
 

@@ -11,6 +11,7 @@ use vrdma::{Qp, QpInitAttr};
 use crate::cq::VrdmaCq;
 use crate::ffi::{guard, null_with, report};
 use crate::objects::{ah_attr_from, ah_attr_to, VrdmaPd};
+use crate::srq::VrdmaSrq;
 use crate::sys::{
     ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_cap, ibv_qp_init_attr, ibv_qp_type_IBV_QPT_RC,
     ibv_qp_type_IBV_QPT_UD,
@@ -142,7 +143,7 @@ pub(crate) fn qp_attr_to(a: &QpAttr) -> ibv_qp_attr {
     }
 }
 
-/// `ibv_create_qp`: RC and UD QPs without SRQ. The actual queue sizes are written back into
+/// `ibv_create_qp`: RC and UD QPs, with or without SRQ. The actual queue sizes are written back into
 /// `init_attr->cap`, as rdma-core does.
 ///
 /// # Safety
@@ -161,9 +162,8 @@ pub unsafe extern "C" fn ibv_create_qp(
         let Some(qp_type) = qp_type(init.qp_type) else {
             return null_with("ibv_create_qp (QP type)", libc::EOPNOTSUPP);
         };
-        if !init.srq.is_null() {
-            return null_with("ibv_create_qp (SRQ)", libc::EOPNOTSUPP);
-        }
+        // SAFETY: caller contract: NULL or an SRQ of this library.
+        let srq = unsafe { VrdmaSrq::from_ptr(init.srq) };
         // SAFETY: caller contract.
         let (Some(send_cq), Some(recv_cq)) = (unsafe {
             (
@@ -180,7 +180,11 @@ pub unsafe extern "C" fn ibv_create_qp(
             caps: caps_from(&init.cap),
             sq_sig_all: init.sq_sig_all != 0,
         };
-        let qp = match Qp::new(&vpd.pd, &attr) {
+        let created = match srq {
+            Some(srq) => Qp::with_srq(&vpd.pd, &attr, &srq.srq),
+            None => Qp::new(&vpd.pd, &attr),
+        };
+        let qp = match created {
             Ok(qp) => qp,
             Err(e) => return null_with("ibv_create_qp", report("ibv_create_qp", &e)),
         };
@@ -192,12 +196,16 @@ pub unsafe extern "C" fn ibv_create_qp(
         ibv.pd = pd;
         ibv.send_cq = init.send_cq;
         ibv.recv_cq = init.recv_cq;
+        ibv.srq = init.srq;
         ibv.handle = qp.handle();
         ibv.qp_num = qp.qpn();
         ibv.state = QpState::Reset as u32;
         ibv.qp_type = init.qp_type;
         for users in [&vpd.users, &send_cq.users, &recv_cq.users] {
             users.fetch_add(1, Ordering::AcqRel);
+        }
+        if let Some(srq) = srq {
+            srq.users.fetch_add(1, Ordering::AcqRel);
         }
         let qp = VrdmaQp {
             ibv,
@@ -270,7 +278,7 @@ pub unsafe extern "C" fn ibv_query_qp(
                     qp_context: vqp.ibv.qp_context,
                     send_cq: vqp.ibv.send_cq,
                     recv_cq: vqp.ibv.recv_cq,
-                    srq: std::ptr::null_mut(),
+                    srq: vqp.ibv.srq,
                     cap: caps_to(&vqp.qp.caps()),
                     qp_type: vqp.ibv.qp_type,
                     sq_sig_all: c_int::from(vqp.sq_sig_all),
@@ -300,9 +308,13 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: made by Box::into_raw in ibv_create_qp; the caller gives it up.
         let vqp = unsafe { Box::from_raw(qp.cast::<VrdmaQp>()) };
         let (pd, send_cq, recv_cq) = (vqp.ibv.pd, vqp.ibv.send_cq, vqp.ibv.recv_cq);
+        let srq = vqp.ibv.srq;
         drop(vqp);
-        // SAFETY: PD and CQs outlive their QPs (their destroy refuses while it exists).
+        // SAFETY: PD, CQs and SRQ outlive their QPs (their destroy refuses while it exists).
         unsafe {
+            if let Some(srq) = VrdmaSrq::from_ptr(srq) {
+                srq.users.fetch_sub(1, Ordering::AcqRel);
+            }
             if let Some(pd) = VrdmaPd::from_ptr(pd) {
                 pd.users.fetch_sub(1, Ordering::AcqRel);
             }

@@ -15,8 +15,7 @@ use crate::sys::{
 };
 
 /// `ibv_device_attr` of the device. The vendor and part IDs are vrdma's own (its PCI IDs),
-/// so that applications with vendor-specific paths (perftest) take their generic one. SRQs are
-/// reported absent: this library does not provide them yet.
+/// so that applications with vendor-specific paths (perftest) take their generic one.
 pub(crate) fn device_attr(attr: &DeviceAttr) -> ibv_device_attr {
     // SAFETY: all-zero is a valid ibv_device_attr.
     let mut out: ibv_device_attr = unsafe { std::mem::zeroed() };
@@ -45,6 +44,9 @@ pub(crate) fn device_attr(attr: &DeviceAttr) -> ibv_device_attr {
     out.max_qp_init_rd_atom = int(attr.max_qp_init_rd_atom);
     out.atomic_cap = attr.atomic_cap;
     out.max_ah = int(attr.max_ah);
+    out.max_srq = int(attr.max_srq);
+    out.max_srq_wr = int(attr.max_srq_wr);
+    out.max_srq_sge = int(attr.max_srq_sge);
     out.max_pkeys = attr.max_pkeys;
     out.local_ca_ack_delay = attr.local_ca_ack_delay;
     out.phys_port_cnt = attr.phys_port_cnt;

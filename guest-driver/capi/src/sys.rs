@@ -394,6 +394,16 @@ pub struct ibv_global_route {
 }
 #[repr(C)]
 #[derive(Copy, Clone)]
+pub struct ibv_grh {
+    pub version_tclass_flow: __be32,
+    pub paylen: __be16,
+    pub next_hdr: u8,
+    pub hop_limit: u8,
+    pub sgid: ibv_gid,
+    pub dgid: ibv_gid,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
 pub struct ibv_ah_attr {
     pub grh: ibv_global_route,
     pub dlid: u16,
@@ -402,6 +412,22 @@ pub struct ibv_ah_attr {
     pub static_rate: u8,
     pub is_global: u8,
     pub port_num: u8,
+}
+pub const ibv_srq_attr_mask_IBV_SRQ_MAX_WR: ibv_srq_attr_mask = 1;
+pub const ibv_srq_attr_mask_IBV_SRQ_LIMIT: ibv_srq_attr_mask = 2;
+pub type ibv_srq_attr_mask = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_srq_attr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_srq_init_attr {
+    pub srq_context: *mut ::std::os::raw::c_void,
+    pub attr: ibv_srq_attr,
 }
 pub const ibv_qp_type_IBV_QPT_RC: ibv_qp_type = 2;
 pub const ibv_qp_type_IBV_QPT_UC: ibv_qp_type = 3;

@@ -5,25 +5,7 @@
 use std::ffi::{c_int, c_void};
 
 use crate::ffi::{guard, null_with};
-use crate::sys::{ibv_ah, ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_srq, ibv_wc};
-
-/// `ibv_create_srq`: NULL, errno EOPNOTSUPP (SRQs come later).
-///
-/// # Safety
-/// Nothing is dereferenced.
-pub unsafe extern "C" fn ibv_create_srq(_pd: *mut ibv_pd, _attr: *mut c_void) -> *mut ibv_srq {
-    guard("ibv_create_srq", std::ptr::null_mut(), || {
-        null_with("ibv_create_srq", libc::EOPNOTSUPP)
-    })
-}
-
-/// `ibv_destroy_srq`: no SRQ can exist, so any argument is invalid: EINVAL.
-///
-/// # Safety
-/// Nothing is dereferenced.
-pub unsafe extern "C" fn ibv_destroy_srq(_srq: *mut ibv_srq) -> c_int {
-    libc::EINVAL
-}
+use crate::sys::{ibv_gid, ibv_mr, ibv_pd, ibv_qp};
 
 /// `ibv_attach_mcast`: EOPNOTSUPP (returns the errno value).
 ///
@@ -47,22 +29,6 @@ pub unsafe extern "C" fn ibv_detach_mcast(
     _lid: u16,
 ) -> c_int {
     libc::EOPNOTSUPP
-}
-
-/// `ibv_create_ah_from_wc`: NULL, errno EOPNOTSUPP (needs the GRH parsing of
-/// `ibv_init_ah_from_wc`, which comes later).
-///
-/// # Safety
-/// Nothing is dereferenced.
-pub unsafe extern "C" fn ibv_create_ah_from_wc(
-    _pd: *mut ibv_pd,
-    _wc: *mut ibv_wc,
-    _grh: *mut c_void,
-    _port_num: u8,
-) -> *mut ibv_ah {
-    guard("ibv_create_ah_from_wc", std::ptr::null_mut(), || {
-        null_with("ibv_create_ah_from_wc", libc::EOPNOTSUPP)
-    })
 }
 
 /// `ibv_qp_to_qp_ex`: NULL, errno EOPNOTSUPP: no QP is created through `ibv_create_qp_ex`

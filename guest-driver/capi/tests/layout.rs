@@ -74,6 +74,9 @@ layouts! {
     }
     struct ibv_ah { context, pd, handle }
     struct ibv_srq { context, srq_context, pd, handle, mutex, cond, events_completed }
+    struct ibv_srq_attr { max_wr, max_sge, srq_limit }
+    struct ibv_srq_init_attr { srq_context, attr }
+    struct ibv_grh { version_tclass_flow, paylen, next_hdr, hop_limit, sgid, dgid }
     struct ibv_sge { addr, length, lkey }
     struct ibv_wc {
         wr_id, status, opcode, vendor_err, byte_len, __bindgen_anon_1 = imm_data, qp_num,

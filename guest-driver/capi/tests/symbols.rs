@@ -29,7 +29,8 @@ fn readelf(args: &[&str]) -> Option<String> {
     }
 }
 
-/// What perftest's tools and ibv_devinfo import, with the versions they import them at.
+/// What perftest's tools and ibv_devinfo import (and a few more), with the versions they import
+/// them at.
 const REQUIRED: &[(&str, &str)] = &[
     ("ibv_create_comp_channel", "IBVERBS_1.0"),
     ("ibv_destroy_comp_channel", "IBVERBS_1.0"),
@@ -77,6 +78,10 @@ const REQUIRED: &[(&str, &str)] = &[
     ("ibv_get_device_index", "IBVERBS_1.9"),
     ("ibv_query_ece", "IBVERBS_1.10"),
     ("ibv_set_ece", "IBVERBS_1.10"),
+    // SRQs and replies to UD messages, for applications beyond perftest.
+    ("ibv_init_ah_from_wc", "IBVERBS_1.1"),
+    ("ibv_modify_srq", "IBVERBS_1.1"),
+    ("ibv_query_srq", "IBVERBS_1.1"),
 ];
 
 #[test]

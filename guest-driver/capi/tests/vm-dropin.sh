@@ -23,12 +23,22 @@ while [ ! -S "$sock" ]; do
 	sleep 0.1
 done
 
+# Both runs must have exercised an SRQ and answered a UD request with ibv_create_ah_from_wc.
+check_loopback() {
+	for line in "SRQ: verified" "UD reply via ibv_create_ah_from_wc: 512 bytes verified"; do
+		grep -q "$line" "$1" || { echo "$2 verbs_loopback did not print \"$line\"" >&2; exit 1; }
+	done
+}
+
 echo "=== native: verbs_loopback on rxe0"
-"$program"
+status=0
+"$program" >"$dir/native" 2>&1 || status=$?
+cat "$dir/native"
+[ $status -eq 0 ] || exit $status
+check_loopback "$dir/native" native
 # Not -v: that queries all 1024 GID entries of rxe0 twice, one control command each (minutes
 # under TCG).
 echo "=== vrdma: ibv_devinfo over the drop-in"
-status=0
 VRDMA_SOCKET=$sock LD_LIBRARY_PATH=$dir ibv_devinfo >"$dir/devinfo" 2>&1 || status=$?
 cat "$dir/devinfo"
 [ $status -eq 0 ] || exit $status
@@ -39,6 +49,7 @@ VRDMA_SOCKET=$sock LD_LIBRARY_PATH=$dir "$program" >"$dir/loopback" 2>&1 || stat
 cat "$dir/loopback"
 [ $status -eq 0 ] || exit $status
 grep -q "device: vrdma" "$dir/loopback" || { echo "the program did not go through vrdma" >&2; exit 1; }
+check_loopback "$dir/loopback" vrdma
 echo "=== without VRDMA_SOCKET the drop-in lists no device"
 if LD_LIBRARY_PATH=$dir ibv_devinfo; then
 	echo "ibv_devinfo succeeded without a transport" >&2

@@ -1,20 +1,20 @@
 //! The verbs API: what applications use, modelled on ibverbs.
 //!
-//! A [`Context`] is one open device. Control verbs (query, PD, MR, CQ, QP, AH) become control
+//! A [`Context`] is one open device. Control verbs (query, PD, MR, CQ, QP, SRQ, AH) become control
 //! commands of the specification (`vrdma_spec::ControlRequest`) sent over the context's
 //! [`Transport`](crate::transport::Transport); the device answers each with a status
 //! (mapped to [`VerbsError::Status`]) and, on success, a body.
 //!
 //! The data path never involves the device except for one notification: [`Cq::poll`] reads
-//! native completions and [`Qp::post_recv`] writes native receive WQEs in queue buffers the
-//! device mapped into the shared-memory region; [`Qp::post_send`] writes native send WQEs and
-//! then rings the QP's slot in the context's doorbell area, notifying the device only when
-//! the QP was not already queued (spec §5.3). Nothing on that path allocates, and no lock is
-//! shared between queues: each CQ, SQ and RQ has its own.
+//! native completions and [`Qp::post_recv`] and [`Srq::post_recv`] write native receive WQEs
+//! in queue buffers the device mapped into the shared-memory region; [`Qp::post_send`] writes
+//! native send WQEs and then rings the QP's slot in the context's doorbell area, notifying the
+//! device only when the QP was not already queued (spec §5.3). Nothing on that path allocates,
+//! and no lock is shared between queues: each CQ, SQ, RQ and SRQ has its own.
 //!
-//! Object lifetimes follow the device's dependencies: a QP holds its CQs and PD, an MR or AH
-//! its PD, every object its context, so dropping in any order destroys on the device in a
-//! legal order (QP before CQ, everything before its PD).
+//! Object lifetimes follow the device's dependencies: a QP holds its CQs, SRQ and PD, an SRQ,
+//! MR or AH its PD, every object its context, so dropping in any order destroys on the device
+//! in a legal order (QP before CQ and SRQ, everything before its PD).
 //!
 //! Events: see [`event`] for how completion and asynchronous events are shared between
 //! [`Context::next_event`] and [`Cq::wait_event`].
@@ -30,6 +30,7 @@ mod mr;
 mod pd;
 mod qp;
 mod ring;
+mod srq;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -45,6 +46,7 @@ pub use event::DeviceEvent;
 pub use mr::Mr;
 pub use pd::Pd;
 pub use qp::{ConnectOptions, Qp, QpInitAttr, RemoteQp};
+pub use srq::{Srq, SrqAttr};
 
 pub use crate::provider::{
     PostError, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,

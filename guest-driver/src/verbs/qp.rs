@@ -16,6 +16,7 @@ use super::error::{PostSendError, ProtocolError, Result, VerbsError};
 use super::lock;
 use super::pd::{handle_req, nonzero_handle, Pd, PdInner};
 use super::ring::map_ring;
+use super::srq::{Srq, SrqShared};
 use crate::provider::rxe_v1::{RecvQueue, SendQueue, SendQueueCaps};
 use crate::provider::{PostError, QpType, RecvWr, SendWr};
 
@@ -112,7 +113,8 @@ const DEFAULT_RD_ATOMIC: u32 = 16;
 pub struct Qp {
     // The queues are declared first: the mappings must not be used after DESTROY_QP.
     sq: Mutex<SendQueue>,
-    rq: Mutex<RecvQueue>,
+    /// `None` when the QP receives through an SRQ.
+    rq: Option<Mutex<RecvQueue>>,
     object: QpObject,
     qpn: u32,
     qp_type: QpType,
@@ -121,6 +123,8 @@ pub struct Qp {
     // Dropped after `object`: DESTROY_QP precedes DESTROY_CQ and DEALLOC_PD.
     _send_cq: Arc<CqShared>,
     _recv_cq: Arc<CqShared>,
+    // Dropped after `object`: DESTROY_QP precedes DESTROY_SRQ.
+    srq: Option<Arc<SrqShared>>,
 }
 
 /// The device object.
@@ -147,6 +151,17 @@ impl Drop for QpObject {
 impl Qp {
     /// Creates a QP in `pd` (CREATE_QP) in state RESET and wraps its mapped queues.
     pub fn new(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Qp> {
+        Self::create(pd, init, None)
+    }
+
+    /// Creates a QP in `pd` that receives through `srq` (CREATE_QP with `srq`; needs the
+    /// SRQ feature). `init.caps.max_recv_wr` and `max_recv_sge` must be 0: the QP has no
+    /// receive queue of its own.
+    pub fn with_srq(pd: &Pd, init: &QpInitAttr<'_>, srq: &Srq) -> Result<Qp> {
+        Self::create(pd, init, Some(srq))
+    }
+
+    fn create(pd: &Pd, init: &QpInitAttr<'_>, srq: Option<&Srq>) -> Result<Qp> {
         let ctx = &pd.inner.ctx;
         if !ctx.has_rxe_v1() {
             return Err(VerbsError::Unsupported(
@@ -160,12 +175,24 @@ impl Qp {
                 ));
             }
         }
+        if let Some(srq) = srq {
+            if !Arc::ptr_eq(srq.shared.ctx(), ctx) {
+                return Err(VerbsError::InvalidArgument(
+                    "the SRQ belongs to another context than the PD",
+                ));
+            }
+            if init.caps.max_recv_wr != 0 || init.caps.max_recv_sge != 0 {
+                return Err(VerbsError::InvalidArgument(
+                    "a QP attached to an SRQ has no receive queue of its own",
+                ));
+            }
+        }
         let caps = init.caps;
         let req = ControlRequest::CreateQp(CreateQpReq {
             pd: Le32::new(pd.inner.handle),
             send_cq: Le32::new(init.send_cq.shared.handle),
             recv_cq: Le32::new(init.recv_cq.shared.handle),
-            srq: Le32::ZERO,
+            srq: Le32::new(srq.map_or(0, |srq| srq.shared.handle)),
             max_send_wr: Le32::new(caps.max_send_wr),
             max_recv_wr: Le32::new(caps.max_recv_wr),
             max_send_sge: Le32::new(caps.max_send_sge),
@@ -219,7 +246,23 @@ impl Qp {
         // SAFETY: DESTROY_QP is sent by `object`'s drop, after the queues (declared before it
         // in `Qp`, or dropped on the error paths below before it) are gone; each ring is
         // wrapped once.
-        let (sq, rq) = unsafe { (map_ring(ctx, &resp.sq)?, map_ring(ctx, &resp.rq)?) };
+        let sq = unsafe { map_ring(ctx, &resp.sq) }?;
+        let rq = match srq {
+            None => {
+                // SAFETY: as for the SQ.
+                let ring = unsafe { map_ring(ctx, &resp.rq) }?;
+                let rq = RecvQueue::new(ring, actual.max_recv_sge).map_err(ProtocolError::Queue)?;
+                if rq.capacity() < actual.max_recv_wr {
+                    return Err(bad("max_recv_wr", actual.max_recv_wr).into());
+                }
+                Some(Mutex::new(rq))
+            }
+            // Spec §6: the RQ descriptor of a QP attached to an SRQ is all zero.
+            Some(_) if resp.rq.map_len.get() != 0 => {
+                return Err(bad("rq.map_len", resp.rq.map_len.get()).into());
+            }
+            Some(_) => None,
+        };
         let sq = SendQueue::new(
             sq,
             SendQueueCaps {
@@ -229,16 +272,12 @@ impl Qp {
             },
         )
         .map_err(ProtocolError::Queue)?;
-        let rq = RecvQueue::new(rq, actual.max_recv_sge).map_err(ProtocolError::Queue)?;
         if sq.capacity() < actual.max_send_wr {
             return Err(bad("max_send_wr", actual.max_send_wr).into());
         }
-        if rq.capacity() < actual.max_recv_wr {
-            return Err(bad("max_recv_wr", actual.max_recv_wr).into());
-        }
         Ok(Qp {
             sq: Mutex::new(sq),
-            rq: Mutex::new(rq),
+            rq,
             object,
             qpn: resp.qpn.get(),
             qp_type: init.qp_type,
@@ -246,6 +285,7 @@ impl Qp {
             caps: actual,
             _send_cq: init.send_cq.shared.clone(),
             _recv_cq: init.recv_cq.shared.clone(),
+            srq: srq.map(|srq| srq.shared.clone()),
         })
     }
 
@@ -267,6 +307,11 @@ impl Qp {
     /// Actual queue sizes.
     pub fn caps(&self) -> QpCaps {
         self.caps
+    }
+
+    /// Whether the QP receives through an SRQ.
+    pub fn has_srq(&self) -> bool {
+        self.srq.is_some()
     }
 
     /// This QP's slot in the context's doorbell area.
@@ -497,8 +542,15 @@ impl Qp {
 
     /// Posts receive requests, like `ibv_post_recv`. On `Err((n, e))` the first `n` were
     /// posted. No device involvement and no allocation.
+    ///
+    /// A QP attached to an SRQ has no receive queue (capacity 0): any request is refused
+    /// with [`PostError::QueueFull`]; post to the [`Srq`] instead.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
-        lock(&self.rq).post_recv(wrs)
+        match &self.rq {
+            Some(rq) => lock(rq).post_recv(wrs),
+            None if wrs.is_empty() => Ok(()),
+            None => Err((0, PostError::QueueFull)),
+        }
     }
 }
 
