@@ -223,35 +223,70 @@ fn native_perftest(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<ExitCode> 
     let root = rootfs::prepare(&Cache::from_env()?, &TRIXIE_RXE, false)?;
     let mut config = vm_args.config(&root)?;
     config.echo = true;
-    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
-    let command = vec![
-        exe.to_string_lossy().into_owned(),
-        "guest".into(),
-        "perftest".into(),
-    ];
-    let outcome = vm::run(&root, &config, &command)?;
-    if outcome.status != 0 {
-        return Err(Error::Perftest(format!(
-            "the run in the VM failed with status {}",
-            outcome.status
-        )));
-    }
-    let data = outcome
-        .results
-        .iter()
-        .find(|(name, _)| name == "perftest.json")
-        .map(|(_, data)| data)
-        .ok_or_else(|| Error::Perftest("the VM left no perftest.json".into()))?;
-    let rows: Vec<Row> =
-        serde_json::from_slice(data).map_err(|e| Error::Perftest(format!("perftest.json: {e}")))?;
+    let (outcome, rows): (_, Vec<Row>) =
+        run_guest_suite(&root, &config, "perftest", Vec::new(), json.as_deref())?;
     println!(
         "\nnative perftest on rxe0 ({:?}, {} vCPUs; VM run {:.0?}):",
         config.accel, config.cpus, outcome.elapsed
     );
     print!("{}", perftest::render_table(&rows));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `vrdma-vm guest SUITE ARGS…` (this executable) in the VM and returns the outcome and
+/// the results the suite left as `SUITE.json`, a copy of which goes to `json` when asked.
+fn run_guest_suite<T: serde::de::DeserializeOwned>(
+    root: &PreparedRoot,
+    config: &VmConfig,
+    suite: &str,
+    args: Vec<String>,
+    json: Option<&Path>,
+) -> Result<(vm::RunOutcome, T)> {
+    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
+    let mut command = vec![
+        exe.to_string_lossy().into_owned(),
+        "guest".into(),
+        suite.into(),
+    ];
+    command.extend(args);
+    let outcome = vm::run(root, config, &command)?;
+    if outcome.status != 0 {
+        return Err(Error::Scenario(format!(
+            "{suite} failed in the VM (status {})",
+            outcome.status
+        )));
+    }
+    let file = format!("{suite}.json");
+    let data = outcome
+        .results
+        .iter()
+        .find(|(name, _)| *name == file)
+        .map(|(_, data)| data)
+        .ok_or_else(|| Error::Scenario(format!("the VM left no {file}")))?;
+    let results =
+        serde_json::from_slice(data).map_err(|e| Error::Scenario(format!("{file}: {e}")))?;
     if let Some(path) = json {
-        std::fs::write(&path, data)
+        std::fs::write(path, data)
             .map_err(|e| Error::Usage(format!("writing {}: {e}", path.display())))?;
+    }
+    Ok((outcome, results))
+}
+
+/// Inside the VM: hands `results` to the host as `SUITE.json` in `$VRDMA_RESULT_DIR`; run by
+/// hand (no result directory), prints `table()` instead.
+fn deliver_results<T: serde::Serialize>(
+    suite: &str,
+    results: &T,
+    table: impl FnOnce() -> String,
+) -> Result<ExitCode> {
+    match std::env::var_os("VRDMA_RESULT_DIR") {
+        Some(dir) => {
+            let json =
+                serde_json::to_vec_pretty(results).map_err(|e| Error::Scenario(e.to_string()))?;
+            std::fs::write(PathBuf::from(dir).join(format!("{suite}.json")), json)
+                .map_err(|e| Error::Scenario(format!("writing results: {e}")))?
+        }
+        None => print!("{}", table()),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -268,14 +303,7 @@ fn guest_perftest(device: &str, port: u16) -> Result<ExitCode> {
         );
         rows.push(perftest::run_case(case, &side, &side, port)?);
     }
-    let json = serde_json::to_vec_pretty(&rows).map_err(|e| Error::Perftest(e.to_string()))?;
-    match std::env::var_os("VRDMA_RESULT_DIR") {
-        // `vrdma-vm test` on the host prints the table from these results.
-        Some(dir) => std::fs::write(PathBuf::from(dir).join("perftest.json"), json)
-            .map_err(|e| Error::Perftest(format!("writing results: {e}")))?,
-        None => print!("{}", perftest::render_table(&rows)),
-    }
-    Ok(ExitCode::SUCCESS)
+    deliver_results("perftest", &rows, || perftest::render_table(&rows))
 }
 
 fn process_pingpong(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<ExitCode> {
@@ -284,32 +312,15 @@ fn process_pingpong(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<ExitCode>
         .ok_or_else(|| Error::Usage("cannot find the cargo target directory".into()))?;
     let native_peer = native::build(&target)?;
     let config = vm_args.config(&root)?;
-    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
-    let mut command = vec![
-        exe.to_string_lossy().into_owned(),
-        "guest".into(),
-        "process-pingpong".into(),
+    let mut args = vec![
         "--native".into(),
         native_peer.to_string_lossy().into_owned(),
     ];
     if let Ok(rounds) = std::env::var("VRDMA_CLEANUP_ROUNDS") {
-        command.extend(["--cleanup-rounds".into(), rounds]);
+        args.extend(["--cleanup-rounds".into(), rounds]);
     }
-    let outcome = vm::run(&root, &config, &command)?;
-    if outcome.status != 0 {
-        return Err(Error::Scenario(format!(
-            "process-pingpong failed in the VM (status {})",
-            outcome.status
-        )));
-    }
-    let data = outcome
-        .results
-        .iter()
-        .find(|(name, _)| name == "process-pingpong.json")
-        .map(|(_, data)| data)
-        .ok_or_else(|| Error::Scenario("the VM left no process-pingpong.json".into()))?;
-    let results: process_pingpong::Results = serde_json::from_slice(data)
-        .map_err(|e| Error::Scenario(format!("process-pingpong.json: {e}")))?;
+    let (outcome, results): (_, process_pingpong::Results) =
+        run_guest_suite(&root, &config, "process-pingpong", args, json.as_deref())?;
     println!(
         "\nvrdma process mode on rxe0 ({:?}, {} vCPUs; VM run {:.0?})",
         config.accel, config.cpus, outcome.elapsed
@@ -326,10 +337,6 @@ fn process_pingpong(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<ExitCode>
         results.backend_fds,
         results.backend_rss_kib
     );
-    if let Some(path) = json {
-        std::fs::write(&path, data)
-            .map_err(|e| Error::Usage(format!("writing {}: {e}", path.display())))?;
-    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -340,13 +347,9 @@ fn guest_process_pingpong(native: PathBuf, cleanup_rounds: u32) -> Result<ExitCo
         ..Default::default()
     };
     let results = process_pingpong::run(&binaries, &settings)?;
-    let json = serde_json::to_vec_pretty(&results).map_err(|e| Error::Scenario(e.to_string()))?;
-    match std::env::var_os("VRDMA_RESULT_DIR") {
-        Some(dir) => std::fs::write(PathBuf::from(dir).join("process-pingpong.json"), json)
-            .map_err(|e| Error::Scenario(format!("writing results: {e}")))?,
-        None => print!("{}", process_pingpong::render_comparison(&results)),
-    }
-    Ok(ExitCode::SUCCESS)
+    deliver_results("process-pingpong", &results, || {
+        process_pingpong::render_comparison(&results)
+    })
 }
 
 fn backend_device(vm_args: &VmArgs) -> Result<ExitCode> {
@@ -432,39 +435,18 @@ fn perftest_over_vrdma(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<ExitCo
     let library_dir = perftest_over_vrdma::prepare_library_dir(&target, &library)?;
     let mut config = vm_args.config(&root)?;
     config.echo = true;
-    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
-    let command = vec![
-        exe.to_string_lossy().into_owned(),
-        "guest".into(),
-        "perftest-over-vrdma".into(),
+    let args = vec![
         "--library-dir".into(),
         library_dir.to_string_lossy().into_owned(),
     ];
-    let outcome = vm::run(&root, &config, &command)?;
-    if outcome.status != 0 {
-        return Err(Error::Scenario(format!(
-            "perftest-over-vrdma failed in the VM (status {})",
-            outcome.status
-        )));
-    }
-    let data = outcome
-        .results
-        .iter()
-        .find(|(name, _)| name == "perftest-over-vrdma.json")
-        .map(|(_, data)| data)
-        .ok_or_else(|| Error::Scenario("the VM left no perftest-over-vrdma.json".into()))?;
-    let rows: Vec<Row> = serde_json::from_slice(data)
-        .map_err(|e| Error::Scenario(format!("perftest-over-vrdma.json: {e}")))?;
+    let (outcome, rows): (_, Vec<Row>) =
+        run_guest_suite(&root, &config, "perftest-over-vrdma", args, json.as_deref())?;
     println!(
         "\nunmodified perftest on rxe0: native, client over vrdma (server native), both over \
          vrdma ({:?}, {} vCPUs; VM run {:.0?}):",
         config.accel, config.cpus, outcome.elapsed
     );
     print!("{}", perftest::render_table(&rows));
-    if let Some(path) = json {
-        std::fs::write(&path, data)
-            .map_err(|e| Error::Usage(format!("writing {}: {e}", path.display())))?;
-    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -472,11 +454,7 @@ fn guest_perftest_over_vrdma(library_dir: &Path) -> Result<ExitCode> {
     let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
     let backend = exe.parent().unwrap_or(Path::new(".")).join("vrdma-backend");
     let rows = perftest_over_vrdma::run(&backend, library_dir)?;
-    let json = serde_json::to_vec_pretty(&rows).map_err(|e| Error::Scenario(e.to_string()))?;
-    match std::env::var_os("VRDMA_RESULT_DIR") {
-        Some(dir) => std::fs::write(PathBuf::from(dir).join("perftest-over-vrdma.json"), json)
-            .map_err(|e| Error::Scenario(format!("writing results: {e}")))?,
-        None => print!("{}", perftest::render_table(&rows)),
-    }
-    Ok(ExitCode::SUCCESS)
+    deliver_results("perftest-over-vrdma", &rows, || {
+        perftest::render_table(&rows)
+    })
 }
