@@ -5,13 +5,16 @@
 //! the shared-memory region where the device maps queue buffers, and memory the device can
 //! reach by DMA. Implementations: [`process`] (the library is the vhost-user frontend itself).
 
+use std::fmt;
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::dma::{DmaBuffer, DmaError};
 use crate::virtq::VirtqError;
 
+pub mod pci;
 pub mod process;
 
 /// Errors of a transport.
@@ -59,31 +62,83 @@ impl TransportError {
     }
 }
 
-/// VIRTIO shared-memory region 0 as mapped in this process.
+/// Access to a shared-memory region this process cannot map, one bus access at a time.
 ///
-/// Valid while the transport that returned it lives. Pages the device has not mapped are
-/// inaccessible (touching them faults).
-#[derive(Clone, Copy, Debug)]
+/// Used where the region is reached through something other than the MMU, e.g. QEMU's qtest
+/// protocol in tests. Offsets are relative to the region start; callers keep accesses inside
+/// the region and size-aligned. Like a PCI read that ends in a master abort, a read that fails
+/// (the device or the channel to it is gone) returns all-ones bytes and a failed write is
+/// dropped; implementations log the first failure.
+pub trait RegionAccess: Send + Sync {
+    /// Reads `buf.len()` bytes at `offset`.
+    fn read(&self, offset: u64, buf: &mut [u8]);
+
+    /// Writes `data` at `offset`. Reaches the region before any later access does.
+    fn write(&self, offset: u64, data: &[u8]);
+
+    /// One 32-bit little-endian read at `offset` (4-byte aligned) that is ordered before every
+    /// later access (Acquire).
+    fn load_u32(&self, offset: u64) -> u32;
+
+    /// One 32-bit little-endian write at `offset` (4-byte aligned) that is ordered after every
+    /// earlier access (Release).
+    fn store_u32(&self, offset: u64, value: u32);
+}
+
+/// VIRTIO shared-memory region 0 as this process reaches it.
+///
+/// Valid while the transport that returned it lives. Either mapped (pages the device has not
+/// mapped are inaccessible: touching them faults) or reached through a [`RegionAccess`].
+#[derive(Clone)]
 pub struct SharedMemory {
     base: Option<NonNull<u8>>,
+    access: Option<Arc<dyn RegionAccess>>,
     len: usize,
 }
 
-// SAFETY: a plain address range; dereferencing it needs `unsafe` and the caller's own
-// synchronisation, from whichever thread.
+// SAFETY: a plain address range (dereferencing it needs `unsafe` and the caller's own
+// synchronisation, from whichever thread) or a `RegionAccess`, which is Send + Sync.
 unsafe impl Send for SharedMemory {}
 // SAFETY: as for Send; the struct itself is immutable.
 unsafe impl Sync for SharedMemory {}
 
+impl fmt::Debug for SharedMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedMemory")
+            .field("base", &self.base)
+            .field("accessed", &self.access.is_some())
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
 impl SharedMemory {
-    /// A region of `len` bytes at `base` (`None` with 0 for a device without one).
+    /// A region of `len` bytes mapped at `base` (`None` with 0 for a device without one).
     pub fn new(base: Option<NonNull<u8>>, len: usize) -> Self {
-        SharedMemory { base, len }
+        SharedMemory {
+            base,
+            access: None,
+            len,
+        }
     }
 
-    /// First byte of the region; `None` if the device has no region.
+    /// A region of `len` bytes reached through `access`.
+    pub fn accessed(access: Arc<dyn RegionAccess>, len: usize) -> Self {
+        SharedMemory {
+            base: None,
+            access: Some(access),
+            len,
+        }
+    }
+
+    /// First byte of the region if it is mapped in this process.
     pub fn base(&self) -> Option<NonNull<u8>> {
         self.base
+    }
+
+    /// The region's accessor if it is not mapped.
+    pub fn access(&self) -> Option<&Arc<dyn RegionAccess>> {
+        self.access.as_ref()
     }
 
     /// Length in bytes.
@@ -96,11 +151,15 @@ impl SharedMemory {
         self.len == 0
     }
 
-    /// Address of `len` bytes at `offset` in the region, if they lie inside it.
+    /// Whether `[offset, offset + len)` lies inside the region.
+    pub fn contains(&self, offset: usize, len: usize) -> bool {
+        offset.checked_add(len).is_some_and(|end| end <= self.len)
+    }
+
+    /// Address of `len` bytes at `offset` in a mapped region, if they lie inside it.
     pub fn range(&self, offset: usize, len: usize) -> Option<NonNull<u8>> {
         let base = self.base?;
-        let end = offset.checked_add(len)?;
-        if end > self.len {
+        if !self.contains(offset, len) {
             return None;
         }
         // SAFETY: `offset <= len` of the mapped region, so the result stays inside it.
