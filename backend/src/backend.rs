@@ -85,6 +85,9 @@ pub struct VrdmaBackend<H: DeviceHandler> {
     /// Consumer ends of the worker exit events, which the daemon leaks (see
     /// [`VrdmaBackend::close_leaked_exit_fds`]).
     exit_consumer_fds: Mutex<Vec<RawFd>>,
+    /// The device was stopped or reset while a command may have been running: guest state
+    /// is discarded as soon as no command is (spec §11.1).
+    discard_pending: AtomicBool,
 }
 
 #[derive(Default)]
@@ -106,6 +109,7 @@ impl<H: DeviceHandler> VrdmaBackend<H> {
             doorbell_bytes: Mutex::new(Vec::new()),
             faults: GuestFaultLog::default(),
             exit_consumer_fds: Mutex::new(Vec::new()),
+            discard_pending: AtomicBool::new(false),
         })
     }
 
@@ -164,7 +168,43 @@ impl<H: DeviceHandler> VrdmaBackend<H> {
 
     /// Pops, executes and completes control requests until the queue is empty.
     fn serve_controlq(&self, vring: &Vring) {
-        self.drain_queue(vring, "controlq", |mem, chain| self.execute(mem, chain));
+        self.drain_queue(vring, "controlq", |mem, chain| {
+            let used_len = self.execute(mem, chain);
+            self.finish_pending_discard();
+            used_len
+        });
+    }
+
+    /// Discards guest state (spec §11.1) now if no command is running, else right after the
+    /// running one. Never waits for the command: it may itself be waiting for the front-end
+    /// (a SHMEM_MAP reply) while the front-end waits for this stop to be acknowledged.
+    fn request_discard(&self) {
+        self.discard_pending.store(true, Ordering::Release);
+        let idle = match self.command.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        if let Some(_no_command_runs) = idle {
+            if self.discard_pending.swap(false, Ordering::AcqRel) {
+                self.discard_guest_state();
+            }
+        }
+    }
+
+    /// Performs a discard requested while the command that just finished was running.
+    fn finish_pending_discard(&self) {
+        if self.discard_pending.load(Ordering::Acquire) {
+            let _no_command_runs = lock(&self.command);
+            if self.discard_pending.swap(false, Ordering::AcqRel) {
+                self.discard_guest_state();
+            }
+        }
+    }
+
+    fn discard_guest_state(&self) {
+        self.ctx.events().clear();
+        self.handler.reset();
     }
 
     /// Hands every doorbell chain to the handler; a notification without chains is a doorbell
@@ -467,8 +507,17 @@ impl<H: DeviceHandler> VhostUserBackend for VrdmaBackend<H> {
     }
 
     fn reset_device(&self) {
-        self.ctx.events().clear();
-        self.handler.reset();
+        self.request_discard();
+    }
+
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        // QEMU stops every vring alike after a guest reset and when the VM stops, and sends
+        // nothing else in either case (no SET_STATUS without that protocol feature, no
+        // RESET_DEVICE from vhost-user-base): the stop of the control queue is the reset.
+        if queue_index == u32::from(CONTROLQ) {
+            self.request_discard();
+        }
+        Ok(())
     }
 
     fn set_event_idx(&self, enabled: bool) {
@@ -600,7 +649,10 @@ mod tests {
     use crate::handler::CommandRejection;
     use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
-    struct ConfigOnly;
+    #[derive(Default)]
+    struct ConfigOnly {
+        resets: AtomicU64,
+    }
 
     impl DeviceHandler for ConfigOnly {
         fn device_features(&self) -> u64 {
@@ -619,12 +671,44 @@ mod tests {
         fn handle_command(&self, _: &GuestContext, _: &[u8], _: usize, _: &mut Vec<u8>) {}
         fn reject_command(&self, _: &GuestContext, _: CommandRejection, _: &mut Vec<u8>) {}
         fn doorbell(&self, _: &GuestContext, _: &[u8]) {}
-        fn reset(&self) {}
+        fn reset(&self) {
+            self.resets.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     fn backend() -> VrdmaBackend<ConfigOnly> {
         let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-        VrdmaBackend::new(Arc::new(ConfigOnly), memory).unwrap()
+        VrdmaBackend::new(Arc::new(ConfigOnly::default()), memory).unwrap()
+    }
+
+    fn resets(backend: &VrdmaBackend<ConfigOnly>) -> u64 {
+        backend.handler().resets.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn stopping_the_control_queue_discards_guest_state() {
+        let backend = backend();
+        backend.stop_vring(u32::from(EVENTQ)).unwrap();
+        backend.stop_vring(u32::from(DOORBELLQ)).unwrap();
+        assert_eq!(resets(&backend), 0);
+        backend.stop_vring(u32::from(CONTROLQ)).unwrap();
+        assert_eq!(resets(&backend), 1);
+        backend.reset_device();
+        assert_eq!(resets(&backend), 2);
+    }
+
+    #[test]
+    fn a_stop_during_a_command_discards_after_it_without_waiting() {
+        let backend = Arc::new(backend());
+        let running = lock(&backend.command);
+        // Returns at once although a command "runs" (holds the command buffers).
+        backend.stop_vring(u32::from(CONTROLQ)).unwrap();
+        assert_eq!(resets(&backend), 0);
+        drop(running);
+        backend.finish_pending_discard();
+        assert_eq!(resets(&backend), 1);
+        backend.finish_pending_discard();
+        assert_eq!(resets(&backend), 1, "one stop, one discard");
     }
 
     #[test]
