@@ -133,6 +133,10 @@ pub struct VmConfig {
     pub cwd: PathBuf,
     /// Echo the command's output live to this process's stdout.
     pub echo: bool,
+    /// More QEMU arguments (devices, memory backends) appended to the VM's command line.
+    pub extra_qemu_args: Vec<String>,
+    /// More kernel command-line parameters (e.g. `hugepages=64`).
+    pub extra_kernel_args: Vec<String>,
 }
 
 /// What came back from the VM.
@@ -177,6 +181,8 @@ impl VmConfig {
             env,
             cwd,
             echo: true,
+            extra_qemu_args: Vec::new(),
+            extra_kernel_args: Vec::new(),
         })
     }
 }
@@ -346,7 +352,14 @@ fn run_in(
         .arg(&root.kernel)
         .arg("-initrd")
         .arg(&root.initramfs)
-        .args(["-append", "console=ttyS0 panic=-1 loglevel=4 rw"])
+        .arg("-append")
+        .arg(
+            ["console=ttyS0 panic=-1 loglevel=4 rw"]
+                .into_iter()
+                .chain(config.extra_kernel_args.iter().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join(" "),
+        )
         .arg("-serial")
         .arg(format!("file:{}", console.display()))
         .args(["-chardev", "stdio,id=cmdout,signal=off"])
@@ -366,6 +379,7 @@ fn run_in(
     for (i, share) in config.shares.iter().enumerate() {
         add_9p(&format!("vrdma-share{i}"), &share.host_path, true);
     }
+    cmd.args(&config.extra_qemu_args);
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -549,6 +563,8 @@ mod tests {
             env: vec![("RUST_LOG".into(), "debug x".into())],
             cwd: PathBuf::from("/work/main"),
             echo: false,
+            extra_qemu_args: Vec::new(),
+            extra_kernel_args: Vec::new(),
         };
         let script = guest_init_script(&config, &["echo".into(), "a b".into()]);
         assert!(script.contains("export RUST_LOG='debug x'"));

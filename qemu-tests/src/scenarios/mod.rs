@@ -3,3 +3,4 @@
 pub mod isolation;
 pub mod perftest_over_vrdma;
 pub mod process_pingpong;
+pub mod readme_qemu;
