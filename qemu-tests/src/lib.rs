@@ -15,6 +15,7 @@ pub mod initramfs;
 pub mod inside;
 pub mod native;
 pub mod perftest;
+pub mod relay;
 pub mod rootfs;
 pub mod scenarios;
 pub mod vm;

@@ -44,18 +44,31 @@ impl Accel {
                 )))
             }
         }
-        let kvm_openable = std::fs::File::options()
+        match Accel::kvm_unusable(root) {
+            None => {
+                log::info!("KVM works: using it");
+                Ok(Accel::Kvm)
+            }
+            Some(why) => {
+                log::info!("KVM unavailable or unusable ({why}): using TCG");
+                Ok(Accel::Tcg)
+            }
+        }
+    }
+
+    /// Why KVM cannot run a guest here, or `None` if a probe boot under it worked.
+    pub fn kvm_unusable(root: &PreparedRoot) -> Option<String> {
+        if let Err(e) = std::fs::File::options()
             .read(true)
             .write(true)
             .open("/dev/kvm")
-            .is_ok();
-        if kvm_openable && probe_kvm(root) {
-            log::info!("KVM works: using it");
-            Ok(Accel::Kvm)
-        } else {
-            log::info!("KVM unavailable or unusable: using TCG");
-            Ok(Accel::Tcg)
+        {
+            return Some(format!("/dev/kvm: {e}"));
         }
+        if !probe_kvm(root) {
+            return Some("/dev/kvm opens but a probe guest did not boot under KVM".into());
+        }
+        None
     }
 }
 

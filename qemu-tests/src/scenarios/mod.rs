@@ -1,5 +1,7 @@
 //! Test scenarios that run inside the rxe VM against a live vrdma-backend.
 
+pub mod backend;
+pub mod guest_pingpong;
 pub mod isolation;
 pub mod perftest_over_vrdma;
 pub mod process_pingpong;

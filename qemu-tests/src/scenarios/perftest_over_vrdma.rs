@@ -8,11 +8,10 @@
 //! libraries perftest links directly (`native/standins/`).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
 
+use super::backend::Backend;
 use crate::error::{Error, IoContext, Result};
-use crate::inside::{wait_for_path, Proc};
+
 use crate::native;
 use crate::perftest::{self, Row, Side};
 
@@ -55,49 +54,23 @@ pub fn prepare_library_dir(target_dir: &Path, dropin: &Path) -> Result<PathBuf> 
     Ok(dir)
 }
 
-/// A vrdma-backend serving the vrdma sides.
-struct Backend {
-    proc: Proc,
-    socket: PathBuf,
-}
-
-impl Backend {
-    fn start(binary: &Path) -> Result<Self> {
-        let socket = std::env::temp_dir().join("vrdma-perftest-backend.sock");
-        let _ = std::fs::remove_file(&socket);
-        let mut cmd = Command::new(binary);
-        cmd.arg("--socket")
-            .arg(&socket)
-            .args(["--device", DEVICE])
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or("warn".into()),
-            );
-        let mut proc = Proc::spawn("vrdma-backend", &mut cmd)?;
-        if let Err(e) = wait_for_path(&socket, Duration::from_secs(30)) {
-            let _ = proc.try_wait();
-            return Err(proc.failure(&e.to_string()));
-        }
-        Ok(Self { proc, socket })
-    }
-
-    /// The vrdma side: perftest on the drop-in's device, the drop-in first on the library path.
-    fn side(&self, library_dir: &Path) -> Side {
-        Side {
-            label: "vrdma".into(),
-            device: VRDMA_DEVICE.into(),
-            gid_index: 0,
-            env: vec![
-                (
-                    "VRDMA_SOCKET".into(),
-                    self.socket.to_string_lossy().into_owned(),
-                ),
-                (
-                    "LD_LIBRARY_PATH".into(),
-                    library_dir.to_string_lossy().into_owned(),
-                ),
-            ],
-        }
+/// The vrdma side: perftest on the drop-in's device served by `backend`, the drop-in first on
+/// the library path.
+fn vrdma_side(backend: &Backend, library_dir: &Path) -> Side {
+    Side {
+        label: "vrdma".into(),
+        device: VRDMA_DEVICE.into(),
+        gid_index: 0,
+        env: vec![
+            (
+                "VRDMA_SOCKET".into(),
+                backend.socket.to_string_lossy().into_owned(),
+            ),
+            (
+                "LD_LIBRARY_PATH".into(),
+                library_dir.to_string_lossy().into_owned(),
+            ),
+        ],
     }
 }
 
@@ -111,8 +84,8 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Vec<Row>> {
         )));
     }
     let native = Side::native(DEVICE);
-    let mut backend = Backend::start(backend_binary)?;
-    let vrdma = backend.side(library_dir);
+    let mut backend = Backend::start(backend_binary, "vrdma-perftest-backend.sock", &[], "warn")?;
+    let vrdma = vrdma_side(&backend, library_dir);
     let configurations = [
         (NATIVE, &native, &native),
         (VRDMA_CLIENT, &native, &vrdma),

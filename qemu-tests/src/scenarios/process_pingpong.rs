@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::backend::Backend;
 use crate::error::{Error, Result};
-use crate::inside::{resource_counts, wait_for_counts, wait_for_path, Proc, ResourceCounts};
+use crate::inside::{resource_counts, wait_for_counts, Proc, ResourceCounts};
 use crate::perftest::{self, Side};
 
 /// The RDMA device inside the VM.
@@ -55,33 +56,6 @@ impl Binaries {
             }
         }
         Ok(binaries)
-    }
-}
-
-/// A running vrdma-backend.
-struct Backend {
-    proc: Proc,
-    socket: PathBuf,
-}
-
-impl Backend {
-    fn start(binaries: &Binaries) -> Result<Self> {
-        let socket = std::env::temp_dir().join("vrdma-backend.sock");
-        let _ = std::fs::remove_file(&socket);
-        let mut cmd = Command::new(&binaries.backend);
-        cmd.arg("--socket")
-            .arg(&socket)
-            .args(["--device", DEVICE, "--allow-ud"])
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or("info".into()),
-            );
-        let mut proc = Proc::spawn("vrdma-backend", &mut cmd)?;
-        if let Err(e) = wait_for_path(&socket, Duration::from_secs(30)) {
-            let _ = proc.try_wait();
-            return Err(proc.failure(&e.to_string()));
-        }
-        Ok(Self { proc, socket })
     }
 }
 
@@ -297,7 +271,12 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Results> {
             .push(perftest::run_case(case, &native, &native, 18515)?);
     }
 
-    let backend = Backend::start(binaries)?;
+    let backend = Backend::start(
+        &binaries.backend,
+        "vrdma-backend.sock",
+        &["--allow-ud"],
+        "info",
+    )?;
     let mut port = 18600;
     let mut next_port = || {
         port += 1;

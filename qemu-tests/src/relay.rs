@@ -1,0 +1,201 @@
+//! Byte relays that carry the ping-pong's out-of-band TCP exchange over a virtio-serial port,
+//! so that a nested guest reaches its peer without any network (the test VMs have none).
+//!
+//! Guest side: a TCP listener on loopback whose one connection is pumped to the serial port.
+//! Host side: the port's QEMU chardev socket pumped to the peer's TCP port.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, IoContext, Result};
+
+/// One end of a relay: something to read from and write to, and a way to say "no more data".
+pub trait RelayEnd: Read + Write + Send + 'static {
+    /// A second handle on the same stream, for the other direction.
+    fn try_clone_end(&self) -> io::Result<Box<dyn RelayEnd>>;
+    /// Tells the other side that nothing more will be written (half-close), where possible.
+    fn finish_writing(&mut self);
+}
+
+impl RelayEnd for TcpStream {
+    fn try_clone_end(&self) -> io::Result<Box<dyn RelayEnd>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    fn finish_writing(&mut self) {
+        let _ = self.shutdown(Shutdown::Write);
+    }
+}
+
+impl RelayEnd for UnixStream {
+    fn try_clone_end(&self) -> io::Result<Box<dyn RelayEnd>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    fn finish_writing(&mut self) {
+        let _ = self.shutdown(Shutdown::Write);
+    }
+}
+
+impl RelayEnd for File {
+    fn try_clone_end(&self) -> io::Result<Box<dyn RelayEnd>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    // A serial port has no half-close: the peer learns the end from the protocol itself.
+    fn finish_writing(&mut self) {}
+}
+
+/// Copies `a` to `b` and `b` to `a` on two threads until each direction ends; returns the
+/// threads, which end when both streams close.
+pub fn pump(a: Box<dyn RelayEnd>, b: Box<dyn RelayEnd>) -> Result<Vec<JoinHandle<()>>> {
+    let a2 = a.try_clone_end().context(|| "cloning a relay end".into())?;
+    let b2 = b.try_clone_end().context(|| "cloning a relay end".into())?;
+    Ok(vec![copy_thread(a, b2), copy_thread(b, a2)])
+}
+
+fn copy_thread(mut from: Box<dyn RelayEnd>, mut to: Box<dyn RelayEnd>) -> JoinHandle<()> {
+    thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).and_then(|()| to.flush()).is_err() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        to.finish_writing();
+    })
+}
+
+/// The character device of the virtio-serial port named `name` (`virtserialport,name=…`),
+/// found through sysfs since the test guests run no udev.
+pub fn serial_port_device(name: &str) -> Result<PathBuf> {
+    port_device_in(Path::new("/sys/class/virtio-ports"), name)
+}
+
+fn port_device_in(class: &Path, name: &str) -> Result<PathBuf> {
+    let entries = std::fs::read_dir(class)
+        .context(|| format!("listing {} (virtio_console loaded?)", class.display()))?;
+    for entry in entries.flatten() {
+        let port_name = std::fs::read_to_string(entry.path().join("name")).unwrap_or_default();
+        if port_name.trim() == name {
+            return Ok(Path::new("/dev").join(entry.file_name()));
+        }
+    }
+    Err(Error::Scenario(format!(
+        "no virtio-serial port named {name} under {}",
+        class.display()
+    )))
+}
+
+/// Guest side: accepts one TCP connection on `127.0.0.1:port` and relays it to the serial port
+/// `name`. Returns once both directions have ended.
+pub fn serve_serial(name: &str, port: u16, timeout: Duration) -> Result<()> {
+    let device = serial_port_device(name)?;
+    let listener =
+        TcpListener::bind(("127.0.0.1", port)).context(|| format!("listening on port {port}"))?;
+    listener
+        .set_nonblocking(true)
+        .context(|| "configuring the listener".into())?;
+    let deadline = Instant::now() + timeout;
+    let stream = loop {
+        match listener.accept() {
+            Ok((stream, _)) => break stream,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => return Err(e).context(|| format!("accepting on port {port}")),
+        }
+    };
+    stream
+        .set_nonblocking(false)
+        .context(|| "configuring the connection".into())?;
+    let serial = File::options()
+        .read(true)
+        .write(true)
+        .open(&device)
+        .context(|| format!("opening {}", device.display()))?;
+    for thread in pump(Box::new(stream), Box::new(serial))? {
+        let _ = thread.join();
+    }
+    Ok(())
+}
+
+/// Host side: connects the QEMU chardev socket at `chardev` to `127.0.0.1:port`, retrying
+/// both until `timeout` (QEMU and the peer may still be starting). The relay runs on.
+pub fn connect_chardev_to_tcp(
+    chardev: &Path,
+    port: u16,
+    timeout: Duration,
+) -> Result<Vec<JoinHandle<()>>> {
+    let deadline = Instant::now() + timeout;
+    let serial = retry(deadline, || UnixStream::connect(chardev))
+        .context(|| format!("connecting to {}", chardev.display()))?;
+    let peer = retry(deadline, || TcpStream::connect(("127.0.0.1", port)))
+        .context(|| format!("connecting to the peer on port {port}"))?;
+    pump(Box::new(serial), Box::new(peer))
+}
+
+fn retry<T>(deadline: Instant, mut attempt: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    loop {
+        match attempt() {
+            Ok(value) => return Ok(value),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_is_found_by_name() {
+        let dir = std::env::temp_dir().join(format!("vrdma-ports-{}", std::process::id()));
+        for (entry, name) in [("vport0p0", "other"), ("vport1p1", "vrdma-oob")] {
+            std::fs::create_dir_all(dir.join(entry)).unwrap();
+            std::fs::write(dir.join(entry).join("name"), format!("{name}\n")).unwrap();
+        }
+        assert_eq!(
+            port_device_in(&dir, "vrdma-oob").unwrap(),
+            Path::new("/dev/vport1p1")
+        );
+        assert!(port_device_in(&dir, "missing").is_err());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn bytes_cross_the_relay_both_ways_and_the_end_is_passed_on() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (mut near, far) = UnixStream::pair().unwrap();
+        let threads = pump(
+            Box::new(far),
+            Box::new(TcpStream::connect(("127.0.0.1", port)).unwrap()),
+        )
+        .unwrap();
+        let (mut peer, _) = listener.accept().unwrap();
+        near.write_all(b"hello\n").unwrap();
+        let mut got = [0u8; 6];
+        peer.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"hello\n");
+        peer.write_all(b"back").unwrap();
+        peer.shutdown(Shutdown::Write).unwrap();
+        let mut rest = Vec::new();
+        near.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, b"back");
+        near.shutdown(Shutdown::Both).unwrap();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! A vrdma-backend started for a scenario inside the VM.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::inside::{wait_for_path, Proc};
+
+use super::process_pingpong::DEVICE;
+
+/// A running vrdma-backend serving [`DEVICE`] on a socket in the temporary directory.
+pub struct Backend {
+    pub proc: Proc,
+    pub socket: PathBuf,
+}
+
+impl Backend {
+    /// Starts `binary` on socket `socket_name` with `extra_args`, logging at `RUST_LOG` or
+    /// `default_log`, and waits until it listens.
+    pub fn start(
+        binary: &Path,
+        socket_name: &str,
+        extra_args: &[&str],
+        default_log: &str,
+    ) -> Result<Self> {
+        let socket = std::env::temp_dir().join(socket_name);
+        let _ = std::fs::remove_file(&socket);
+        let mut cmd = Command::new(binary);
+        cmd.arg("--socket")
+            .arg(&socket)
+            .args(["--device", DEVICE])
+            .args(extra_args)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or(default_log.into()),
+            );
+        let mut proc = Proc::spawn("vrdma-backend", &mut cmd)?;
+        if let Err(e) = wait_for_path(&socket, Duration::from_secs(30)) {
+            let _ = proc.try_wait();
+            return Err(proc.failure(&e.to_string()));
+        }
+        Ok(Self { proc, socket })
+    }
+}
