@@ -4,10 +4,15 @@
 //!
 //! Every queue ends right before an inaccessible guard page, so an access past its end crashes
 //! the test instead of going unnoticed.
+//!
+//! Each test runs twice: with the queue mapped into the provider's address space, and with the
+//! provider reaching it only through a [`RegionAccess`] (as under qtest), which counts and can
+//! log every access.
 
 use std::mem::size_of;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -19,11 +24,21 @@ use vrdma::provider::{
     PostError, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
     WorkCompletion, WrOpcode,
 };
+use vrdma::transport::RegionAccess;
 
 const HEADER: usize = 384;
 const DEADLINE: Duration = Duration::from_secs(60);
 /// Written into the kernel-owned WQE fields before posting: the provider must leave them alone.
 const KERNEL_OWNED: u32 = 0xa5a5_a5a5;
+
+/// How the provider reaches a queue buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Mapped into its address space.
+    Mapped,
+    /// Only through a [`RegionAccess`].
+    Accessed,
+}
 
 /// A queue buffer with a correct header, placed so that it ends at a `PROT_NONE` page.
 struct SharedQueue {
@@ -31,14 +46,25 @@ struct SharedQueue {
     map_len: usize,
     kernel: KernelSide,
     len: usize,
+    kind: Kind,
+    /// The mapping up to the guard page as a region the provider reaches through accesses;
+    /// the queue sits at its end.
+    region: Arc<TestRegion>,
 }
 
 impl SharedQueue {
-    fn new(num_slots: u32, log2_slot_size: u32) -> Self {
-        Self::with_header(num_slots, log2_slot_size, log2_slot_size, num_slots - 1)
+    fn new(kind: Kind, num_slots: u32, log2_slot_size: u32) -> Self {
+        Self::with_header(
+            kind,
+            num_slots,
+            log2_slot_size,
+            log2_slot_size,
+            num_slots - 1,
+        )
     }
 
     fn with_header(
+        kind: Kind,
         num_slots: u32,
         log2_slot_size: u32,
         header_log2: u32,
@@ -77,11 +103,19 @@ impl SharedQueue {
             base.as_ptr().cast::<u32>().write(header_log2);
             base.as_ptr().cast::<u32>().add(1).write(header_mask);
         }
+        let region = Arc::new(TestRegion {
+            base: NonNull::new(map.cast()).unwrap(),
+            len: data_pages * page,
+            counts: Default::default(),
+            log: Mutex::new(None),
+        });
         SharedQueue {
             map,
             map_len,
             kernel,
             len,
+            kind,
+            region,
         }
     }
 
@@ -92,14 +126,147 @@ impl SharedQueue {
         }
     }
 
+    /// The queue as the provider sees it, claiming `geometry` and `len` bytes.
+    fn queue_claiming(&self, len: usize, geometry: QueueGeometry) -> Result<RxeQueue, QueueError> {
+        match self.kind {
+            // SAFETY: the buffer stays mapped until `self` is dropped, after every queue built
+            // on it in these tests (refused claims are refused before any access); the test
+            // plays the kernel through `KernelSide` only.
+            Kind::Mapped => unsafe { RxeQueue::new(self.kernel.base, len, geometry) },
+            Kind::Accessed => {
+                let offset = self.kernel.base.as_ptr() as usize - self.map as usize;
+                let queue = RxeQueue::accessed(self.region.clone(), offset, len, geometry);
+                if let Ok(queue) = &queue {
+                    assert!(!queue.is_mapped());
+                }
+                queue
+            }
+        }
+    }
+
     fn try_queue(&self) -> Result<RxeQueue, QueueError> {
-        // SAFETY: the buffer stays mapped until `self` is dropped, after every queue built
-        // on it in these tests; the test plays the kernel through `KernelSide` only.
-        unsafe { RxeQueue::new(self.kernel.base, self.len, self.geometry()) }
+        self.queue_claiming(self.len, self.geometry())
     }
 
     fn queue(&self) -> RxeQueue {
         self.try_queue().unwrap()
+    }
+
+    /// Offset of slot `index` in the region.
+    fn slot_offset(&self, index: u32) -> u64 {
+        (self.kernel.slot(index) as usize - self.map as usize) as u64
+    }
+
+    /// Offset of the producer (128) or consumer (256) index word in the region.
+    fn word_offset(&self, word: usize) -> u64 {
+        (self.kernel.base.as_ptr() as usize + word - self.map as usize) as u64
+    }
+}
+
+/// One access the provider made to a [`TestRegion`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    Read { offset: u64, len: usize },
+    Write { offset: u64, len: usize },
+    Load { offset: u64 },
+    Store { offset: u64, value: u32 },
+}
+
+/// How many accesses of each kind a [`TestRegion`] served.
+#[derive(Default)]
+struct Counts {
+    reads: AtomicUsize,
+    writes: AtomicUsize,
+    loads: AtomicUsize,
+    stores: AtomicUsize,
+}
+
+/// The provider's way to a [`SharedQueue`] that it does not map: bounds-checked copies and
+/// atomic index accesses on the mapping, counted, and logged while logging is on.
+struct TestRegion {
+    base: NonNull<u8>,
+    len: usize,
+    counts: Counts,
+    log: Mutex<Option<Vec<Access>>>,
+}
+
+// SAFETY: the region is only a pointer into a `SharedQueue` mapping that outlives every queue
+// and thread using it in these tests; it is accessed with copies that follow the queue
+// protocol and with atomics, like the kernel side.
+unsafe impl Send for TestRegion {}
+// SAFETY: as for Send; the counters and the log are thread-safe.
+unsafe impl Sync for TestRegion {}
+
+impl TestRegion {
+    fn start_log(&self) {
+        *self.log.lock().unwrap() = Some(Vec::new());
+    }
+
+    /// The accesses since the last `start_log` or `take_log`; logging stays on.
+    fn take_log(&self) -> Vec<Access> {
+        self.log
+            .lock()
+            .unwrap()
+            .replace(Vec::new())
+            .expect("logging was not started")
+    }
+
+    fn record(&self, counter: &AtomicUsize, access: Access) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        if let Some(log) = self.log.lock().unwrap().as_mut() {
+            log.push(access);
+        }
+    }
+
+    /// Address of `len` bytes at `offset`, failing the test if they leave the region.
+    fn at(&self, offset: u64, len: usize) -> *mut u8 {
+        let offset = offset as usize;
+        assert!(
+            offset <= self.len && len <= self.len - offset,
+            "access {offset:#x}+{len} outside the region"
+        );
+        self.base.as_ptr().wrapping_add(offset)
+    }
+
+    fn word(&self, offset: u64) -> &AtomicU32 {
+        assert!(
+            offset.is_multiple_of(4),
+            "unaligned index access {offset:#x}"
+        );
+        // SAFETY: inside the region (checked by `at`) and 4-byte aligned (the mapping is
+        // page-aligned); both sides access index words only atomically.
+        unsafe { AtomicU32::from_ptr(self.at(offset, 4).cast()) }
+    }
+}
+
+impl RegionAccess for TestRegion {
+    fn read(&self, offset: u64, buf: &mut [u8]) {
+        let src = self.at(offset, buf.len());
+        // SAFETY: inside the region (checked); the queue protocol keeps the kernel side off
+        // these bytes while the provider reads them.
+        unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
+        let len = buf.len();
+        self.record(&self.counts.reads, Access::Read { offset, len });
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) {
+        let dst = self.at(offset, data.len());
+        // SAFETY: inside the region (checked); the queue protocol keeps the kernel side off
+        // these bytes while the provider writes them.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        let len = data.len();
+        self.record(&self.counts.writes, Access::Write { offset, len });
+    }
+
+    fn load_u32(&self, offset: u64) -> u32 {
+        let value = self.word(offset).load(Ordering::Acquire);
+        self.record(&self.counts.loads, Access::Load { offset });
+        value
+    }
+
+    fn store_u32(&self, offset: u64, value: u32) {
+        self.word(offset).store(value, Ordering::Release);
+        self.record(&self.counts.stores, Access::Store { offset, value });
     }
 }
 
@@ -245,7 +412,14 @@ fn check_common(wqe: &RxeSendWqe, wr: &SendWr<'_>, length: u32) {
     assert_eq!(wqe.dma.reserved, 0);
 }
 
-fn check_kernel_fields_untouched(wqe: &RxeSendWqe) {
+/// Checks that the provider left the kernel-owned WQE fields alone: a mapped queue never
+/// writes them, an accessed one writes its whole WQE at once with those fields zero (as
+/// rdma-core's `ibv_wr_*` calls, which clear the WQE).
+fn check_kernel_fields(wqe: &RxeSendWqe, kind: Kind) {
+    let want = match kind {
+        Kind::Mapped => KERNEL_OWNED,
+        Kind::Accessed => 0,
+    };
     for v in [
         wqe.status,
         wqe.mask,
@@ -255,13 +429,12 @@ fn check_kernel_fields_untouched(wqe: &RxeSendWqe) {
         wqe.ssn,
         wqe.has_rd_atomic,
     ] {
-        assert_eq!(v, KERNEL_OWNED);
+        assert_eq!(v, want);
     }
 }
 
-#[test]
-fn rc_send_wqes_carry_every_field() {
-    let shared = SharedQueue::new(16, 9);
+fn rc_send_wqes_carry_every_field(kind: Kind) {
+    let shared = SharedQueue::new(kind, 16, 9);
     let k = shared.kernel;
     k.mark_kernel_owned();
     let mut sq = send_queue(&shared, QpType::Rc);
@@ -357,7 +530,7 @@ fn rc_send_wqes_carry_every_field() {
 
     for (i, wr) in wrs.iter().enumerate() {
         let wqe = k.send_wqe(i as u32);
-        check_kernel_fields_untouched(&wqe);
+        check_kernel_fields(&wqe, kind);
         let length: u32 = wr.sg_list.iter().map(|s| s.length).sum();
         check_common(&wqe, wr, length);
         let union = wqe.wr.wr.raw();
@@ -399,9 +572,8 @@ fn rc_send_wqes_carry_every_field() {
     assert_eq!(k.send_wqe(1).wr.ex.to_ne_bytes(), [0x12, 0x34, 0x56, 0x78]);
 }
 
-#[test]
-fn ud_sends_name_the_ah_or_carry_the_av() {
-    let shared = SharedQueue::new(8, 9);
+fn ud_sends_name_the_ah_or_carry_the_av(kind: Kind) {
+    let shared = SharedQueue::new(kind, 8, 9);
     let k = shared.kernel;
     let mut sq = send_queue(&shared, QpType::Ud);
     let mut av = [0u8; RXE_AV_SIZE];
@@ -469,9 +641,8 @@ fn ud_sends_name_the_ah_or_carry_the_av() {
     assert_eq!(k.producer().load(Ordering::Acquire), 2);
 }
 
-#[test]
-fn refusals_say_how_many_were_posted() {
-    let shared = SharedQueue::new(16, 9);
+fn refusals_say_how_many_were_posted(kind: Kind) {
+    let shared = SharedQueue::new(kind, 16, 9);
     let k = shared.kernel;
     let mut sq = send_queue(&shared, QpType::Rc);
     let big = vec![0u8; 300];
@@ -565,9 +736,8 @@ fn refusals_say_how_many_were_posted() {
     }
 }
 
-#[test]
-fn full_queue_refuses_without_overwriting() {
-    let shared = SharedQueue::new(4, 9);
+fn full_queue_refuses_without_overwriting(kind: Kind) {
+    let shared = SharedQueue::new(kind, 4, 9);
     let k = shared.kernel;
     let mut sq = send_queue(&shared, QpType::Rc);
     let wrs: Vec<SendWr<'_>> = (0..5)
@@ -725,11 +895,10 @@ fn simulated_kernel(sq: KernelSide, cq: KernelSide, total: u64) {
     }
 }
 
-#[test]
-fn threaded_kernel_sees_every_request_across_many_wraps() {
+fn threaded_kernel_sees_every_request_across_many_wraps(kind: Kind) {
     const TOTAL: u64 = 20_000;
-    let sq_shared = SharedQueue::new(8, 9);
-    let cq_shared = SharedQueue::new(8, 6);
+    let sq_shared = SharedQueue::new(kind, 8, 9);
+    let cq_shared = SharedQueue::new(kind, 8, 6);
     let mut sq = send_queue(&sq_shared, QpType::Rc);
     let mut cq = CompletionQueue::new(cq_shared.queue()).unwrap();
     let (sq_kernel, cq_kernel) = (sq_shared.kernel, cq_shared.kernel);
@@ -788,11 +957,19 @@ fn threaded_kernel_sees_every_request_across_many_wraps() {
         assert!(full_seen > 0, "the test never filled the 7-slot queue");
     });
     assert_eq!(cq.poll(&mut [WorkCompletion::default(); 2]), 0);
+    if kind == Kind::Accessed {
+        // One write per WQE, one read per CQE, nothing else but index accesses.
+        let (sq_counts, cq_counts) = (&sq_shared.region.counts, &cq_shared.region.counts);
+        let total_signaled = (0..TOTAL).filter(|&i| is_signaled(i)).count();
+        assert_eq!(sq_counts.writes.load(Ordering::Relaxed), TOTAL as usize);
+        assert_eq!(sq_counts.reads.load(Ordering::Relaxed), 0);
+        assert_eq!(cq_counts.reads.load(Ordering::Relaxed), total_signaled);
+        assert_eq!(cq_counts.writes.load(Ordering::Relaxed), 0);
+    }
 }
 
-#[test]
-fn receive_wqes_carry_every_field_and_wrap() {
-    let shared = SharedQueue::new(8, 7);
+fn receive_wqes_carry_every_field_and_wrap(kind: Kind) {
+    let shared = SharedQueue::new(kind, 8, 7);
     let k = shared.kernel;
     let mut rq = RecvQueue::new(shared.queue(), 4).unwrap();
     assert_eq!(rq.capacity(), 7);
@@ -873,9 +1050,8 @@ fn receive_wqes_carry_every_field_and_wrap() {
     }
 }
 
-#[test]
-fn poll_converts_native_completions() {
-    let shared = SharedQueue::new(4, 7);
+fn poll_converts_native_completions(kind: Kind) {
+    let shared = SharedQueue::new(kind, 4, 7);
     let k = shared.kernel;
     let mut cq = CompletionQueue::new(shared.queue()).unwrap();
     let mut wcs = [WorkCompletion::default(); 2];
@@ -954,16 +1130,15 @@ fn poll_converts_native_completions() {
     assert_eq!(k.consumer().load(Ordering::Acquire), 3);
 }
 
-#[test]
-fn corrupted_headers_are_refused() {
-    let good = SharedQueue::new(8, 7);
+fn corrupted_headers_are_refused(kind: Kind) {
+    let good = SharedQueue::new(kind, 8, 7);
     assert!(good.try_queue().is_ok());
-    let wrong_size = SharedQueue::with_header(8, 7, 8, 7);
+    let wrong_size = SharedQueue::with_header(kind, 8, 7, 8, 7);
     assert_eq!(
         wrong_size.try_queue().unwrap_err(),
         QueueError::HeaderMismatch { log2: 8, mask: 7 }
     );
-    let wrong_mask = SharedQueue::with_header(8, 7, 7, 0xffff);
+    let wrong_mask = SharedQueue::with_header(kind, 8, 7, 7, 0xffff);
     assert_eq!(
         wrong_mask.try_queue().unwrap_err(),
         QueueError::HeaderMismatch {
@@ -971,7 +1146,7 @@ fn corrupted_headers_are_refused() {
             mask: 0xffff
         }
     );
-    let wild_index = SharedQueue::new(8, 7);
+    let wild_index = SharedQueue::new(kind, 8, 7);
     wild_index
         .kernel
         .consumer()
@@ -984,17 +1159,13 @@ fn corrupted_headers_are_refused() {
         }
     );
     // The device claims more than is mapped.
-    // SAFETY: refused before any access; the buffer outlives the call.
-    let short = unsafe {
-        RxeQueue::new(
-            good.kernel.base,
-            good.len,
-            QueueGeometry {
-                num_slots: 16,
-                log2_slot_size: 7,
-            },
-        )
-    };
+    let short = good.queue_claiming(
+        good.len,
+        QueueGeometry {
+            num_slots: 16,
+            log2_slot_size: 7,
+        },
+    );
     assert_eq!(
         short.unwrap_err(),
         QueueError::TooSmall {
@@ -1024,11 +1195,10 @@ fn corrupted_headers_are_refused() {
     );
 }
 
-#[test]
-fn corrupted_indices_stay_inside_the_buffer() {
+fn corrupted_indices_stay_inside_the_buffer(kind: Kind) {
     // A 4-slot CQ of 64-byte slots ends exactly at the guard page: reading one byte past its
     // last slot would crash the test.
-    let shared = SharedQueue::new(4, 6);
+    let shared = SharedQueue::new(kind, 4, 6);
     let k = shared.kernel;
     let mut cq = CompletionQueue::new(shared.queue()).unwrap();
     for i in 0..4 {
@@ -1055,7 +1225,7 @@ fn corrupted_indices_stay_inside_the_buffer() {
     assert!(seen > 0);
 
     // A wild SQ consumer index cannot make the provider write outside the queue either.
-    let sq_shared = SharedQueue::new(2, 9);
+    let sq_shared = SharedQueue::new(kind, 2, 9);
     let sk = sq_shared.kernel;
     let caps = SendQueueCaps {
         qp_type: QpType::Rc,
@@ -1077,3 +1247,210 @@ fn corrupted_indices_stay_inside_the_buffer() {
     }
     assert_eq!(sk.payload(1, 208, 256), payload);
 }
+
+/// Posts a batch on an accessed queue and checks the access log: per request one Acquire load
+/// of the consumer index and one write of the whole WQE into its slot; after all of them, one
+/// Release store of the producer index. A provider that published the index before the WQE
+/// bytes (or wrote a WQE in pieces) fails here.
+#[test]
+fn accessed_send_queue_writes_each_wqe_once_before_publishing() {
+    let shared = SharedQueue::new(Kind::Accessed, 8, 9);
+    let mut sq = send_queue(&shared, QpType::Rc);
+    let region = &shared.region;
+    let inline = [9u8; 40];
+    let buf = [0u8; 16];
+    let inline_sgl = [sge_of(&inline[..30], 0), sge_of(&inline[30..], 0)];
+    let sgl = [sge_of(&buf, 1), sge_of(&buf, 2), sge_of(&buf, 3)];
+    let wrs = [
+        SendWr {
+            wr_id: 1,
+            flags: SendFlags::INLINE,
+            sg_list: &inline_sgl,
+            ..Default::default()
+        },
+        SendWr {
+            wr_id: 2,
+            sg_list: &sgl,
+            ..Default::default()
+        },
+        SendWr {
+            wr_id: 3,
+            ..Default::default()
+        },
+    ];
+    let consumer = Access::Load {
+        offset: shared.word_offset(256),
+    };
+    let wqe = |index: u32, len: usize| Access::Write {
+        offset: shared.slot_offset(index),
+        len: 208 + len,
+    };
+    let published = |value: u32| Access::Store {
+        offset: shared.word_offset(128),
+        value,
+    };
+
+    region.start_log();
+    post(&mut sq, &wrs).unwrap();
+    assert_eq!(
+        region.take_log(),
+        [
+            consumer,
+            wqe(0, 40),
+            consumer,
+            wqe(1, 3 * 16),
+            consumer,
+            wqe(2, 0),
+            published(3)
+        ]
+    );
+    assert_eq!(shared.kernel.send_wqe(0).wr.wr_id, 1);
+    assert_eq!(shared.kernel.payload(0, 208, 40), inline);
+
+    // A refusal after one request: that one is written, then published, nothing else.
+    let bad = SendWr {
+        sg_list: &[sgl[0]; 5],
+        ..wrs[2]
+    };
+    post(&mut sq, &[wrs[2], bad, wrs[2]]).unwrap_err();
+    assert_eq!(region.take_log(), [consumer, wqe(3, 0), published(4)]);
+    // A refusal of the first request publishes nothing.
+    post(&mut sq, &[bad]).unwrap_err();
+    assert_eq!(region.take_log(), []);
+    // A full queue: no write into the free slot, no store.
+    assert_eq!(post(&mut sq, &[wrs[2]; 4]), Err((3, PostError::QueueFull)));
+    let log = region.take_log();
+    assert_eq!(log[..4], [consumer, wqe(4, 0), consumer, wqe(5, 0)]);
+    assert_eq!(log[4..], [consumer, wqe(6, 0), consumer, published(7)]);
+}
+
+/// The same for receive WQEs (the SRQ path is the same queue type).
+#[test]
+fn accessed_receive_queue_writes_each_wqe_once_before_publishing() {
+    let shared = SharedQueue::new(Kind::Accessed, 4, 7);
+    let mut rq = RecvQueue::new(shared.queue(), 4).unwrap();
+    let region = &shared.region;
+    let sgl = [Sge {
+        addr: 0x1000,
+        length: 64,
+        lkey: 5,
+    }; 4];
+    region.start_log();
+    let wrs = [
+        RecvWr {
+            wr_id: 1,
+            sg_list: &sgl,
+        },
+        RecvWr {
+            wr_id: 2,
+            sg_list: &sgl[..1],
+        },
+    ];
+    rq.post_recv(&wrs).unwrap();
+    let consumer = Access::Load {
+        offset: shared.word_offset(256),
+    };
+    let wqe = |index: u32, sges: usize| Access::Write {
+        offset: shared.slot_offset(index),
+        len: 40 + 16 * sges,
+    };
+    assert_eq!(
+        region.take_log(),
+        [
+            consumer,
+            wqe(0, 4),
+            consumer,
+            wqe(1, 1),
+            Access::Store {
+                offset: shared.word_offset(128),
+                value: 2
+            }
+        ]
+    );
+    assert_eq!(shared.kernel.recv_wqe(1).wr_id, 2);
+}
+
+/// Polling an accessed CQ: one Acquire load of the producer index before any CQE is read, one
+/// read per CQE, and the consumer index stored (Release) only after the last read.
+#[test]
+fn accessed_completion_queue_reads_before_handing_slots_back() {
+    let shared = SharedQueue::new(Kind::Accessed, 8, 6);
+    let mut cq = CompletionQueue::new(shared.queue()).unwrap();
+    let k = shared.kernel;
+    for i in 0..3 {
+        k.write_cqe(
+            i,
+            IbUverbsWc {
+                wr_id: 10 + u64::from(i),
+                ..Default::default()
+            },
+        );
+    }
+    k.producer().store(3, Ordering::Release);
+    let region = &shared.region;
+    region.start_log();
+    let mut wcs = [WorkCompletion::default(); 8];
+    assert_eq!(cq.poll(&mut wcs), 3);
+    assert_eq!(
+        wcs[..3].iter().map(|wc| wc.wr_id).collect::<Vec<_>>(),
+        [10, 11, 12]
+    );
+    let cqe = |index: u32| Access::Read {
+        offset: shared.slot_offset(index),
+        len: size_of::<IbUverbsWc>(),
+    };
+    let producer = Access::Load {
+        offset: shared.word_offset(128),
+    };
+    assert_eq!(
+        region.take_log(),
+        [
+            producer,
+            cqe(0),
+            cqe(1),
+            cqe(2),
+            Access::Store {
+                offset: shared.word_offset(256),
+                value: 3
+            }
+        ]
+    );
+    // Nothing new: one load, nothing else.
+    assert_eq!(cq.poll(&mut wcs), 0);
+    assert_eq!(region.take_log(), [producer]);
+}
+
+/// Runs each test above for both ways of reaching the queue.
+macro_rules! for_both_kinds {
+    ($($test:ident),+ $(,)?) => {
+        mod mapped {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test(super::Kind::Mapped);
+                }
+            )+
+        }
+
+        mod accessed {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test(super::Kind::Accessed);
+                }
+            )+
+        }
+    };
+}
+
+for_both_kinds!(
+    rc_send_wqes_carry_every_field,
+    ud_sends_name_the_ah_or_carry_the_av,
+    refusals_say_how_many_were_posted,
+    full_queue_refuses_without_overwriting,
+    threaded_kernel_sees_every_request_across_many_wraps,
+    receive_wqes_carry_every_field_and_wrap,
+    poll_converts_native_completions,
+    corrupted_headers_are_refused,
+    corrupted_indices_stay_inside_the_buffer,
+);

@@ -1,4 +1,5 @@
-//! What the environment selects: the transport and its guest-RAM size.
+//! What the environment selects: the process transport (with its guest-RAM size) when a
+//! backend socket is named, else the PCI transport (a vrdma PCI function of this guest).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -9,6 +10,8 @@ use vrdma::dma::PAGE_SIZE;
 pub(crate) const SOCKET_VAR: &str = "VRDMA_SOCKET";
 /// Size of the process transport's memfd guest RAM (bytes, or with a K/M/G suffix).
 pub(crate) const RAM_SIZE_VAR: &str = "VRDMA_RAM_SIZE";
+/// PCI address (`dddd:bb:dd.f`) of the vrdma function to use, if there are several.
+pub(crate) const PCI_ADDRESS_VAR: &str = "VRDMA_PCI_ADDRESS";
 /// Default guest-RAM size: application buffers registered with `ibv_reg_mr` live in it.
 pub(crate) const DEFAULT_RAM_SIZE: usize = 1 << 30;
 
@@ -17,13 +20,13 @@ pub(crate) const DEFAULT_RAM_SIZE: usize = 1 << 30;
 pub(crate) enum TransportChoice {
     /// Process transport: this process is the vhost-user frontend of the backend at `socket`.
     Process { socket: PathBuf, ram_size: usize },
+    /// PCI transport: the vrdma PCI function at `address`, or the first one found.
+    Pci { address: Option<String> },
 }
 
 /// Why the environment selects no usable transport.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum ConfigError {
-    #[error("no vrdma device: set {SOCKET_VAR}=/path/to/backend.sock (process transport); the PCI transport is not available yet")]
-    NoTransport,
     #[error("{RAM_SIZE_VAR}={0:?} is not a size in bytes (K, M, G suffixes allowed) that is a non-zero multiple of 4 KiB")]
     BadRamSize(String),
 }
@@ -32,9 +35,12 @@ pub(crate) enum ConfigError {
 pub(crate) fn transport_choice(
     var: impl Fn(&str) -> Option<OsString>,
 ) -> Result<TransportChoice, ConfigError> {
-    let socket = var(SOCKET_VAR)
-        .filter(|s| !s.is_empty())
-        .ok_or(ConfigError::NoTransport)?;
+    let Some(socket) = var(SOCKET_VAR).filter(|s| !s.is_empty()) else {
+        let address = var(PCI_ADDRESS_VAR)
+            .filter(|s| !s.is_empty())
+            .map(|s| s.to_string_lossy().into_owned());
+        return Ok(TransportChoice::Pci { address });
+    };
     let ram_size = match var(RAM_SIZE_VAR) {
         None => DEFAULT_RAM_SIZE,
         Some(text) => {
@@ -96,12 +102,21 @@ mod tests {
     }
 
     #[test]
-    fn missing_socket_and_bad_sizes_are_errors() {
-        assert_eq!(transport_choice(env(&[])), Err(ConfigError::NoTransport));
+    fn without_a_socket_the_pci_transport_is_chosen() {
         assert_eq!(
-            transport_choice(env(&[(SOCKET_VAR, "")])),
-            Err(ConfigError::NoTransport)
+            transport_choice(env(&[])),
+            Ok(TransportChoice::Pci { address: None })
         );
+        assert_eq!(
+            transport_choice(env(&[(SOCKET_VAR, ""), (PCI_ADDRESS_VAR, "00:03.0")])),
+            Ok(TransportChoice::Pci {
+                address: Some("00:03.0".into())
+            })
+        );
+    }
+
+    #[test]
+    fn bad_sizes_are_errors() {
         for bad in ["0", "100", "1x", "", "99999999999999999999G"] {
             assert!(
                 transport_choice(env(&[(SOCKET_VAR, "/s"), (RAM_SIZE_VAR, bad)])).is_err(),

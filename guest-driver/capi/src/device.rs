@@ -1,13 +1,16 @@
 //! Devices and contexts: `ibv_get_device_list`, `ibv_open_device`, `ibv_close_device`.
 //!
 //! The environment names at most one device, `vrdma0` (see [`crate::config`]). Listing it does
-//! not contact the backend; opening it connects a process transport and opens a
+//! not contact the backend (for the PCI transport it checks that a vrdma function exists);
+//! opening it connects the process transport or initialises the PCI device, and opens a
 //! [`vrdma::Context`] over it.
 
 use std::ffi::{c_char, c_int};
+use std::path::Path;
 use std::sync::{Arc, Once, OnceLock};
 
 use log::error;
+use vrdma::transport::pci::sysfs::{find_candidates, SYSFS_PCI};
 use vrdma::transport::Transport;
 use vrdma::Context;
 
@@ -67,15 +70,36 @@ fn init_logging() {
     });
 }
 
-/// `ibv_get_device_list`: the vrdma device if the environment selects a transport, else NULL
-/// with errno ENODEV and a line on stderr saying what to set.
+/// Whether the device `choice` names can be there, without opening it: a process-mode
+/// backend is only contacted when opened; a PCI function must exist.
+fn device_present(choice: &TransportChoice) -> Result<(), String> {
+    match choice {
+        TransportChoice::Process { .. } => Ok(()),
+        TransportChoice::Pci { address } => {
+            find_candidates(Path::new(SYSFS_PCI), address.as_deref())
+                .map(drop)
+                .map_err(|e| {
+                    format!(
+                        "{e} (set {}=/path/to/backend.sock for the process transport)",
+                        config::SOCKET_VAR
+                    )
+                })
+        }
+    }
+}
+
+/// `ibv_get_device_list`: the vrdma device if the environment selects a transport whose
+/// device can be there, else NULL with errno ENODEV and a line on stderr saying why.
 ///
 /// # Safety
 /// `num_devices` is NULL or valid for a write.
 pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
     guard("ibv_get_device_list", std::ptr::null_mut(), || {
         init_logging();
-        if let Err(e) = config::from_env() {
+        let listed = config::from_env()
+            .map_err(|e| e.to_string())
+            .and_then(|choice| device_present(&choice));
+        if let Err(e) = listed {
             error!("vrdma: {e}");
             return null_with("ibv_get_device_list", libc::ENODEV);
         }
@@ -180,17 +204,30 @@ impl VrdmaContext {
 }
 
 fn open_context() -> Result<(Context, Arc<AppTransport>), i32> {
-    let TransportChoice::Process { socket, ram_size } = config::from_env().map_err(|e| {
+    let choice = config::from_env().map_err(|e| {
         error!("vrdma: {e}");
         libc::ENODEV
     })?;
-    let transport = AppTransport::connect(&socket, ram_size).map_err(|e| {
-        error!(
-            "vrdma: cannot connect to the vrdma backend at {}: {e}",
-            socket.display()
-        );
-        libc::ENODEV
-    })?;
+    let transport = match choice {
+        TransportChoice::Process { socket, ram_size } => AppTransport::connect(&socket, ram_size)
+            .map_err(|e| {
+            error!(
+                "vrdma: cannot connect to the vrdma backend at {}: {e}",
+                socket.display()
+            );
+            libc::ENODEV
+        })?,
+        TransportChoice::Pci { address } => {
+            AppTransport::open_pci(address.as_deref()).map_err(|e| {
+                error!(
+                    "vrdma: cannot open the vrdma PCI device (set {} to use a backend \
+                     socket instead): {e}",
+                    config::SOCKET_VAR
+                );
+                libc::ENODEV
+            })?
+        }
+    };
     let transport = Arc::new(transport);
     let ctx = Context::open(transport.clone()).map_err(|e| {
         error!("vrdma: cannot open the device: {e}");

@@ -1,18 +1,51 @@
-//! The process transport with [`AppMemory`] as its DMA memory, so that the verbs library
-//! registers re-backed application memory like its own buffers.
+//! The transport of the drop-in: the process transport with [`AppMemory`] as its DMA memory
+//! (so that the verbs library registers re-backed application memory like its own buffers),
+//! or the PCI transport, whose DMA memory translates any locked application memory itself.
 
 use std::os::fd::BorrowedFd;
+use std::sync::Arc;
 use std::time::Duration;
 
+use vrdma::transport::pci::{PciOptions, PciTransport, SysfsPciFunction};
 use vrdma::transport::process::{ProcessOptions, ProcessTransport};
 use vrdma::transport::{DmaMemory, SharedMemory, Transport, TransportError};
 
-use crate::memory::AppMemory;
+use crate::memory::{AppMemory, RebackError};
 
-/// A process transport whose DMA memory also covers re-backed application memory.
+/// The device's transport, and what registering application memory takes with it.
 pub(crate) struct AppTransport {
-    inner: ProcessTransport,
-    memory: AppMemory,
+    inner: Box<dyn Transport>,
+    /// Re-backing of application memory (process transport only).
+    memory: Option<AppMemory>,
+}
+
+/// How application memory becomes memory the device reaches.
+pub(crate) enum Registration<'a> {
+    /// Re-backed with guest-RAM pages (process transport).
+    Reback(&'a AppMemory),
+    /// Used in place: the transport locks and translates it (PCI transport).
+    InPlace,
+}
+
+impl Registration<'_> {
+    /// Makes `[addr, addr + len)` reachable by the device.
+    pub(crate) fn make_registrable(&self, addr: usize, len: usize) -> Result<(), RebackError> {
+        match self {
+            Registration::Reback(memory) => memory.make_registrable(addr, len),
+            Registration::InPlace => Ok(()),
+        }
+    }
+}
+
+/// Why the PCI transport could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PciOpenError {
+    /// The device was not found or not accessible.
+    #[error(transparent)]
+    Function(#[from] vrdma::transport::pci::PciError),
+    /// The device did not come up.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
 }
 
 impl AppTransport {
@@ -31,12 +64,28 @@ impl AppTransport {
             what: "fstat of the guest RAM",
             source,
         })?;
-        Ok(AppTransport { inner, memory })
+        Ok(AppTransport {
+            inner: Box::new(inner),
+            memory: Some(memory),
+        })
+    }
+
+    /// Opens the vrdma PCI device at `address` (or the first one found).
+    pub(crate) fn open_pci(address: Option<&str>) -> Result<AppTransport, PciOpenError> {
+        let function = SysfsPciFunction::open(address)?;
+        let inner = PciTransport::open(Arc::new(function), PciOptions::default())?;
+        Ok(AppTransport {
+            inner: Box::new(inner),
+            memory: None,
+        })
     }
 
     /// Application memory registration.
-    pub(crate) fn memory(&self) -> &AppMemory {
-        &self.memory
+    pub(crate) fn memory(&self) -> Registration<'_> {
+        match &self.memory {
+            Some(memory) => Registration::Reback(memory),
+            None => Registration::InPlace,
+        }
     }
 }
 
@@ -74,6 +123,9 @@ impl Transport for AppTransport {
     }
 
     fn dma(&self) -> &dyn DmaMemory {
-        &self.memory
+        match &self.memory {
+            Some(memory) => memory,
+            None => self.inner.dma(),
+        }
     }
 }

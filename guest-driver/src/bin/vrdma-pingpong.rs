@@ -28,8 +28,12 @@ enum Role {
 struct Cli {
     role: Role,
     /// The vrdma backend's vhost-user socket (process transport).
-    #[arg(long, env = "VRDMA_SOCKET")]
-    socket: PathBuf,
+    #[arg(long, env = "VRDMA_SOCKET", required_unless_present = "pci")]
+    socket: Option<PathBuf>,
+    /// Use the vrdma PCI device of this guest (PCI transport; needs root and hugepages),
+    /// the one at this address (dddd:bb:dd.f) or the first one found.
+    #[arg(long, value_name = "ADDRESS", num_args = 0..=1, default_missing_value = "")]
+    pci: Option<String>,
     /// TCP port of the out-of-band exchange.
     #[arg(long, default_value_t = DEFAULT_PORT)]
     port: u16,
@@ -112,8 +116,15 @@ fn run(cli: &Cli) -> Result<(), String> {
             Completion::Poll
         },
     };
-    let ctx = Context::connect_process(&cli.socket)
-        .map_err(|e| format!("opening vrdma at {}: {e}", cli.socket.display()))?;
+    let ctx = match (&cli.pci, &cli.socket) {
+        (Some(address), _) => {
+            let address = (!address.is_empty()).then_some(address.as_str());
+            Context::open_pci(address).map_err(|e| e.to_string())?
+        }
+        (None, Some(socket)) => Context::connect_process(socket)
+            .map_err(|e| format!("opening vrdma at {}: {e}", socket.display()))?,
+        (None, None) => return Err("give --socket (or VRDMA_SOCKET) or --pci".into()),
+    };
     match cli.role {
         Role::Server => {
             let served = run_server(&ctx, &opts).map_err(|e| e.to_string())?;

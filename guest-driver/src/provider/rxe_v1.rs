@@ -12,6 +12,12 @@
 //! accesses, then the new producer (or consumer) index is published with a Release store; the
 //! other side's index is read with an Acquire load before a slot is reused (or read).
 //!
+//! A queue buffer is either mapped into this process (entries are written and read in place)
+//! or reached through the transport's [`RegionAccess`](crate::transport::RegionAccess) when the
+//! shared-memory region cannot be mapped (entries are built in a scratch slot and written with
+//! one access; the indices go through the accessor's Acquire load and Release store). See
+//! [`RxeQueue`].
+//!
 //! Posting needs no kernel call except for sends: the caller rings the send doorbell after
 //! [`SendQueue::post_send`] posted at least one request.
 

@@ -16,6 +16,7 @@ use crate::virtq::VirtqError;
 
 pub mod pci;
 pub mod process;
+mod queues;
 
 /// Errors of a transport.
 #[derive(Debug, thiserror::Error)]

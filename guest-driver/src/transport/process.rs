@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -29,9 +29,10 @@ use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::queues::{ControlChannel, EventChannel, QueueSignal, SignalledQueue};
 use super::{DmaMemory, SharedMemory, Transport, TransportError};
 use crate::dma::{DmaBuffer, GuestRam, DEFAULT_GUEST_RAM_SIZE, PAGE_SIZE};
-use crate::virtq::{Buffer, SplitQueue};
+use crate::virtq::SplitQueue;
 use vrdma_spec::features::{
     VIRTIO_F_RING_EVENT_IDX, VIRTIO_F_RING_INDIRECT_DESC, VIRTIO_F_VERSION_1,
 };
@@ -113,12 +114,11 @@ pub struct ProcessTransport {
     device_features: u64,
     config: Vec<u8>,
     window: Arc<ShmemWindow>,
-    control: Mutex<ControlQueue>,
-    events: Mutex<EventQueue>,
+    control: ControlChannel<EventFdSignal>,
+    events: EventChannel<EventFdSignal>,
     event_call: EventFd,
-    doorbell: Virtqueue,
+    doorbell: EventFdSignal,
     backend_channel: Option<BackendChannel>,
-    timeout: Duration,
 }
 
 impl ProcessTransport {
@@ -173,39 +173,41 @@ impl ProcessTransport {
             .map_err(TransportError::VhostUser)?;
 
         let size = options.queue_size;
-        let control = Virtqueue::new(&frontend, &dma, CONTROLQ, size, event_idx)?;
-        let event_queue = Virtqueue::new(&frontend, &dma, EVENTQ, size, event_idx)?;
-        let doorbell = Virtqueue::new(&frontend, &dma, DOORBELLQ, size, event_idx)?;
-        let event_call = event_queue.call.try_clone().map_err(TransportError::io(
-            "cannot clone the event queue's call eventfd",
-        ))?;
-        let events = EventQueue::start(&dma, event_queue, &options)?;
+        let control = set_up_vring(&frontend, &dma, CONTROLQ, size, event_idx)?;
+        let event_queue = set_up_vring(&frontend, &dma, EVENTQ, size, event_idx)?;
+        let doorbell = set_up_vring(&frontend, &dma, DOORBELLQ, size, event_idx)?;
+        let event_call = event_queue
+            .signal
+            .call
+            .try_clone()
+            .map_err(TransportError::io(
+                "cannot clone the event queue's call eventfd",
+            ))?;
+        let events = EventChannel::start(
+            &dma,
+            event_queue,
+            options.event_buffers,
+            options.event_buffer_size,
+        )?;
         for index in [CONTROLQ, EVENTQ, DOORBELLQ] {
             frontend
                 .set_vring_enable(usize::from(index), true)
                 .map_err(TransportError::VhostUser)?;
         }
-        events.vq.kick()?;
+        events.notify()?;
 
-        let command_buffer = dma.alloc(PAGE_SIZE, PAGE_SIZE)?;
-        let response_buffer = dma.alloc(PAGE_SIZE, PAGE_SIZE)?;
+        let control = ControlChannel::new(&dma, control, options.command_timeout)?;
         Ok(ProcessTransport {
             _frontend: frontend,
             dma,
             device_features: device_features & DEVICE_FEATURE_MASK,
             config,
             window,
-            control: Mutex::new(ControlQueue {
-                vq: control,
-                request: command_buffer,
-                response: response_buffer,
-                broken: false,
-            }),
-            events: Mutex::new(events),
+            control,
+            events,
             event_call,
-            doorbell,
+            doorbell: doorbell.signal,
             backend_channel: Some(backend_channel),
-            timeout: options.command_timeout,
         })
     }
 
@@ -225,67 +227,11 @@ impl Transport for ProcessTransport {
     }
 
     fn execute(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
-        if request.is_empty() || response.is_empty() {
-            return Err(TransportError::InvalidRequest(
-                "a command needs request and response bytes",
-            ));
-        }
-        let request_len =
-            u32::try_from(request.len()).map_err(|_| TransportError::InvalidRequest("size"))?;
-        let response_len =
-            u32::try_from(response.len()).map_err(|_| TransportError::InvalidRequest("size"))?;
-        let mut control = lock(&self.control);
-        if control.broken {
-            return Err(TransportError::DeviceFailure(
-                "an earlier command never completed".into(),
-            ));
-        }
-        control.reserve(&self.dma, request.len(), response.len())?;
-        control.request.as_mut_slice()[..request.len()].copy_from_slice(request);
-        let readable = Buffer {
-            addr: self.dma.guest_address(&control.request)?,
-            len: request_len,
-        };
-        let writable = Buffer {
-            addr: self.dma.guest_address(&control.response)?,
-            len: response_len,
-        };
-        let head = control.vq.queue.add(&[readable], &[writable])?;
-        if control.vq.queue.should_notify() {
-            control.vq.kick()?;
-        }
-        let deadline = Instant::now() + self.timeout;
-        let used = loop {
-            match control.vq.queue.pop_used() {
-                Ok(Some(used)) => break used,
-                Ok(None) => {}
-                Err(e) => {
-                    control.broken = true;
-                    return Err(e.into());
-                }
-            }
-            if control.vq.queue.enable_interrupts() {
-                continue;
-            }
-            if !control.vq.wait(Some(deadline))? {
-                control.broken = true;
-                return Err(TransportError::Timeout(self.timeout));
-            }
-        };
-        if used.head != head || used.len > response_len {
-            control.broken = true;
-            return Err(TransportError::DeviceFailure(format!(
-                "control queue returned chain {} with {} bytes for chain {head} of {response_len}",
-                used.head, used.len
-            )));
-        }
-        let len = used.len as usize;
-        response[..len].copy_from_slice(&control.response.as_slice()[..len]);
-        Ok(len)
+        self.control.execute(&self.dma, request, response)
     }
 
     fn notify_doorbell(&self) -> Result<(), TransportError> {
-        self.doorbell.kick()
+        self.doorbell.notify()
     }
 
     fn next_event(
@@ -293,21 +239,7 @@ impl Transport for ProcessTransport {
         out: &mut [u8],
         timeout: Option<Duration>,
     ) -> Result<Option<usize>, TransportError> {
-        let deadline = timeout.map(|timeout| Instant::now() + timeout);
-        let mut events = lock(&self.events);
-        loop {
-            if let Some(used) = events.vq.queue.pop_used()? {
-                let len = events.take(used.head, used.len, out)?;
-                events.repost(&self.dma, used.head)?;
-                return Ok(Some(len));
-            }
-            if events.vq.queue.enable_interrupts() {
-                continue;
-            }
-            if !events.vq.wait(deadline)? {
-                return Ok(None);
-            }
-        }
+        self.events.next_event(out, timeout)
     }
 
     fn event_fd(&self) -> Option<BorrowedFd<'_>> {
@@ -393,75 +325,77 @@ fn read_config(frontend: &mut Frontend, size: u32) -> Result<Vec<u8>, TransportE
     Ok(config)
 }
 
-/// One virtqueue with its kick and call eventfds.
-struct Virtqueue {
-    queue: SplitQueue,
+/// Kick and call eventfds of one vring, with an epoll that also sees the backend hang up.
+struct EventFdSignal {
     kick: EventFd,
     call: EventFd,
     epoll: Epoll,
 }
 
-impl Virtqueue {
-    fn new(
-        frontend: &Frontend,
-        dma: &ProcessDma,
-        index: u16,
-        size: u16,
-        event_idx: bool,
-    ) -> Result<Self, TransportError> {
-        let queue = SplitQueue::new(dma, size, event_idx)?;
-        let kick = EventFd::new(EFD_NONBLOCK).map_err(TransportError::io("eventfd"))?;
-        let call = EventFd::new(EFD_NONBLOCK).map_err(TransportError::io("eventfd"))?;
-        let epoll = Epoll::new().map_err(TransportError::io("epoll"))?;
-        // The backend sends nothing unasked on the vhost-user socket, so it turns readable
-        // only when the backend closes it.
-        for (fd, token) in [
-            (call.as_raw_fd(), CALL_TOKEN),
-            (frontend.as_raw_fd(), DISCONNECT_TOKEN),
-        ] {
-            epoll
-                .ctl(
-                    ControlOperation::Add,
-                    fd,
-                    EpollEvent::new(EventSet::IN | EventSet::READ_HANG_UP, token),
-                )
-                .map_err(TransportError::io("epoll_ctl"))?;
-        }
-        let host = queue.host_addresses();
-        let config = VringConfigData {
-            queue_max_size: size,
-            queue_size: size,
-            flags: 0,
-            desc_table_addr: host.desc,
-            used_ring_addr: host.used,
-            avail_ring_addr: host.avail,
-            log_addr: None,
-        };
-        let index = usize::from(index);
-        let vhost = (|| {
-            frontend.set_vring_num(index, size)?;
-            frontend.set_vring_addr(index, &config)?;
-            frontend.set_vring_base(index, 0)?;
-            frontend.set_vring_call(index, &call)?;
-            frontend.set_vring_kick(index, &kick)
-        })();
-        vhost.map_err(TransportError::VhostUser)?;
-        Ok(Virtqueue {
-            queue,
-            kick,
-            call,
-            epoll,
-        })
+/// Creates the rings of vring `index` and hands them to the backend with fresh eventfds.
+fn set_up_vring(
+    frontend: &Frontend,
+    dma: &ProcessDma,
+    index: u16,
+    size: u16,
+    event_idx: bool,
+) -> Result<SignalledQueue<EventFdSignal>, TransportError> {
+    let queue = SplitQueue::new(dma, size, event_idx)?;
+    let kick = EventFd::new(EFD_NONBLOCK).map_err(TransportError::io("eventfd"))?;
+    let call = EventFd::new(EFD_NONBLOCK).map_err(TransportError::io("eventfd"))?;
+    let epoll = Epoll::new().map_err(TransportError::io("epoll"))?;
+    // The backend sends nothing unasked on the vhost-user socket, so it turns readable
+    // only when the backend closes it.
+    for (fd, token) in [
+        (call.as_raw_fd(), CALL_TOKEN),
+        (frontend.as_raw_fd(), DISCONNECT_TOKEN),
+    ] {
+        epoll
+            .ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN | EventSet::READ_HANG_UP, token),
+            )
+            .map_err(TransportError::io("epoll_ctl"))?;
     }
+    let host = queue.host_addresses();
+    let config = VringConfigData {
+        queue_max_size: size,
+        queue_size: size,
+        flags: 0,
+        desc_table_addr: host.desc,
+        used_ring_addr: host.used,
+        avail_ring_addr: host.avail,
+        log_addr: None,
+    };
+    let index = usize::from(index);
+    let vhost = (|| {
+        frontend.set_vring_num(index, size)?;
+        frontend.set_vring_addr(index, &config)?;
+        frontend.set_vring_base(index, 0)?;
+        frontend.set_vring_call(index, &call)?;
+        frontend.set_vring_kick(index, &kick)
+    })();
+    vhost.map_err(TransportError::VhostUser)?;
+    Ok(SignalledQueue {
+        queue,
+        signal: EventFdSignal { kick, call, epoll },
+    })
+}
 
-    fn kick(&self) -> Result<(), TransportError> {
+impl QueueSignal for EventFdSignal {
+    // The call eventfd's counter keeps a notification until it is read: nothing to note.
+    type Ticket = ();
+
+    fn notify(&self) -> Result<(), TransportError> {
         self.kick
             .write(1)
             .map_err(TransportError::io("cannot notify the device"))
     }
 
-    /// Sleeps until the device notifies or `deadline` passes; false on timeout.
-    fn wait(&self, deadline: Option<Instant>) -> Result<bool, TransportError> {
+    fn arm(&self) {}
+
+    fn wait(&self, (): (), deadline: Option<Instant>) -> Result<bool, TransportError> {
         let mut ready = [EpollEvent::default(); 2];
         loop {
             let timeout_ms = match deadline {
@@ -488,105 +422,6 @@ impl Virtqueue {
                 Err(e) => return Err(TransportError::io("epoll_wait")(e)),
             }
         }
-    }
-}
-
-struct ControlQueue {
-    vq: Virtqueue,
-    request: DmaBuffer,
-    response: DmaBuffer,
-    broken: bool,
-}
-
-impl ControlQueue {
-    /// Makes the command buffers at least as large as this command needs.
-    fn reserve(
-        &mut self,
-        dma: &ProcessDma,
-        request: usize,
-        response: usize,
-    ) -> Result<(), TransportError> {
-        if self.request.len() < request {
-            self.request = dma.alloc(request.next_power_of_two(), PAGE_SIZE)?;
-        }
-        if self.response.len() < response {
-            self.response = dma.alloc(response.next_power_of_two(), PAGE_SIZE)?;
-        }
-        Ok(())
-    }
-}
-
-struct EventQueue {
-    vq: Virtqueue,
-    buffers: DmaBuffer,
-    buffer_size: u32,
-    /// Which buffer slot each in-flight chain head carries.
-    slot_of_head: Vec<Option<usize>>,
-}
-
-impl EventQueue {
-    /// Posts `options.event_buffers` buffers on the freshly set-up event queue `vq`.
-    fn start(
-        dma: &ProcessDma,
-        vq: Virtqueue,
-        options: &ProcessOptions,
-    ) -> Result<Self, TransportError> {
-        let count = options.event_buffers.clamp(1, vq.queue.size());
-        let buffer_size = options.event_buffer_size.max(1);
-        let buffers = dma.alloc(usize::from(count) * buffer_size as usize, PAGE_SIZE)?;
-        let mut events = EventQueue {
-            slot_of_head: vec![None; usize::from(vq.queue.size())],
-            vq,
-            buffers,
-            buffer_size,
-        };
-        for slot in 0..usize::from(count) {
-            events.post(dma, slot)?;
-        }
-        Ok(events)
-    }
-
-    fn take(&mut self, head: u16, len: u32, out: &mut [u8]) -> Result<usize, TransportError> {
-        let slot = self.slot_of_head[usize::from(head)]
-            .take()
-            .ok_or_else(|| TransportError::DeviceFailure(format!("event chain {head} unknown")))?;
-        // Put the slot back under this head until it is re-posted.
-        self.slot_of_head[usize::from(head)] = Some(slot);
-        if len > self.buffer_size {
-            return Err(TransportError::DeviceFailure(format!(
-                "event of {len} bytes in a {}-byte buffer",
-                self.buffer_size
-            )));
-        }
-        let len = len as usize;
-        let start = slot * self.buffer_size as usize;
-        let copied = len.min(out.len());
-        out[..copied].copy_from_slice(&self.buffers.as_slice()[start..start + copied]);
-        Ok(len)
-    }
-
-    fn repost(&mut self, dma: &ProcessDma, head: u16) -> Result<(), TransportError> {
-        let slot = self.slot_of_head[usize::from(head)]
-            .take()
-            .ok_or_else(|| TransportError::DeviceFailure(format!("event chain {head} unknown")))?;
-        self.post(dma, slot)?;
-        if self.vq.queue.should_notify() {
-            self.vq.kick()?;
-        }
-        Ok(())
-    }
-
-    fn post(&mut self, dma: &ProcessDma, slot: usize) -> Result<(), TransportError> {
-        let addr = dma.guest_address(&self.buffers)? + (slot * self.buffer_size as usize) as u64;
-        let head = self.vq.queue.add(
-            &[],
-            &[Buffer {
-                addr,
-                len: self.buffer_size,
-            }],
-        )?;
-        self.slot_of_head[usize::from(head)] = Some(slot);
-        Ok(())
     }
 }
 
@@ -773,8 +608,4 @@ impl Drop for ShmemWindow {
             unsafe { libc::munmap(base.as_ptr().cast(), self.len) };
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

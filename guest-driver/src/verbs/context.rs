@@ -19,8 +19,9 @@ use super::event::{DeviceEvent, EventDispatch, Wanted};
 use super::lock;
 use super::pd::Pd;
 use crate::dma::DmaBuffer;
+use crate::transport::pci::{PciOptions, PciTransport, SysfsPciFunction};
 use crate::transport::process::{ProcessOptions, ProcessTransport};
-use crate::transport::{SharedMemory, Transport};
+use crate::transport::{SharedMemory, Transport, TransportError};
 
 /// Bounds on `shm_page_shift` this library accepts (4 KiB .. 1 GiB).
 const SHM_PAGE_SHIFTS: std::ops::RangeInclusive<u32> = 12..=30;
@@ -124,6 +125,18 @@ impl Context {
     /// options) and opens the device.
     pub fn connect_process(socket_path: impl AsRef<Path>) -> Result<Context> {
         let transport = ProcessTransport::connect(socket_path, ProcessOptions::default())?;
+        Context::open(Arc::new(transport))
+    }
+
+    /// Opens the vrdma PCI device of this guest at `address` (`dddd:bb:dd.f`), or the first
+    /// one found, through sysfs (needs root and reserved hugepages; see
+    /// [`SysfsPciFunction`]), with default options.
+    pub fn open_pci(address: Option<&str>) -> Result<Context> {
+        let function = SysfsPciFunction::open(address).map_err(|e| TransportError::Io {
+            what: "opening the vrdma PCI device",
+            source: std::io::Error::other(e),
+        })?;
+        let transport = PciTransport::open(Arc::new(function), PciOptions::default())?;
         Context::open(Arc::new(transport))
     }
 

@@ -6,7 +6,8 @@ use super::context::ContextInner;
 use super::error::{ProtocolError, Result};
 use crate::provider::rxe_v1::{QueueGeometry, RxeQueue};
 
-/// Checks `desc` (spec §6) and wraps the buffer it describes.
+/// Checks `desc` (spec §6) and wraps the buffer it describes: in place if the region is mapped
+/// into this process, through the region's accessor otherwise.
 ///
 /// # Safety
 ///
@@ -21,20 +22,26 @@ pub(crate) unsafe fn map_ring(ctx: &ContextInner, desc: &RingDesc) -> Result<Rxe
     let offset = desc.shm_offset.get();
     let len = desc.map_len.get();
     let outside = || ProtocolError::OutsideRegion { offset, len };
-    let base = usize::try_from(offset)
-        .ok()
-        .and_then(|offset| ctx.shared_memory().range(offset, len as usize))
-        .ok_or_else(outside)?;
+    let offset = usize::try_from(offset).map_err(|_| outside())?;
+    let len_bytes = len as usize;
     let geometry = QueueGeometry {
         num_slots: desc.num_slots.get(),
         log2_slot_size: desc.log2_slot_size.get(),
     };
-    // SAFETY: the device mapped `len` bytes read/write at `offset` of the region before it
-    // answered the create command (spec §5.1) and unmaps them only on DESTROY, which the
-    // caller sends after dropping the queue; the region stays mapped while the transport,
-    // which the context holds, lives. The caller wraps the ring once; the host kernel is the
-    // only other party and uses the index words atomically.
-    let queue =
-        unsafe { RxeQueue::new(base, len as usize, geometry) }.map_err(ProtocolError::Queue)?;
-    Ok(queue)
+    let region = ctx.shared_memory();
+    let queue = if let Some(access) = region.access() {
+        if !region.contains(offset, len_bytes) {
+            return Err(outside().into());
+        }
+        RxeQueue::accessed(access.clone(), offset, len_bytes, geometry)
+    } else {
+        let base = region.range(offset, len_bytes).ok_or_else(outside)?;
+        // SAFETY: the device mapped `len` bytes read/write at `offset` of the region before it
+        // answered the create command (spec §5.1) and unmaps them only on DESTROY, which the
+        // caller sends after dropping the queue; the region stays mapped while the transport,
+        // which the context holds, lives. The caller wraps the ring once; the host kernel is
+        // the only other party and uses the index words atomically.
+        unsafe { RxeQueue::new(base, len_bytes, geometry) }
+    };
+    queue.map_err(|e| ProtocolError::Queue(e).into())
 }

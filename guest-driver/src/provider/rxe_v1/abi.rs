@@ -253,6 +253,35 @@ pub struct IbUverbsWc {
     pub reserved: u8,
 }
 
+/// Plain data exchanged with the kernel through a queue slot: built from integers only, with
+/// no padding (every byte of a value is initialised, so its bytes can be copied out) and valid
+/// for any bit pattern (so it can be read from bytes another party wrote), aligned to at most
+/// 8 bytes.
+///
+/// # Safety
+///
+/// Implementors must be exactly that.
+pub(super) unsafe trait Plain: Copy {}
+
+// SAFETY (all impls below): integers and arrays of integers, aligned to at most 8. Each size
+// asserted below equals the sum of the struct's field sizes, so none has padding. The
+// union in `RxeSendWr` is covered entirely by its `raw` member, and each other member is
+// itself padding-free, so every byte of it is initialised whichever member was written last.
+// SAFETY: see above.
+unsafe impl Plain for u32 {}
+// SAFETY: see above.
+unsafe impl Plain for u64 {}
+// SAFETY: see above.
+unsafe impl Plain for RxeSge {}
+// SAFETY: see above.
+unsafe impl Plain for RxeDmaInfo {}
+// SAFETY: see above.
+unsafe impl Plain for RxeSendWr {}
+// SAFETY: see above.
+unsafe impl Plain for RxeRecvWqe {}
+// SAFETY: see above.
+unsafe impl Plain for IbUverbsWc {}
+
 // Layouts of kernel 6.1 and 6.12 (x86-64); the test below checks them against the C headers.
 const _: () = {
     assert!(size_of::<RxeQueueBuf>() == 384);

@@ -48,12 +48,9 @@ impl CompletionQueue {
             if consumer == producer {
                 break;
             }
-            let cqe = self.queue.slot(consumer).cast::<IbUverbsWc>();
             // SAFETY: the slot lies between the consumer and the producer index, so the kernel
-            // finished writing it and will not touch it until the consumer passes it; it is
-            // 64-byte aligned and at least as large as the CQE (checked in `new`); any bit
-            // pattern is a valid `IbUverbsWc`.
-            let cqe = unsafe { cqe.read() };
+            // finished writing it and will not touch it until the consumer passes it.
+            let cqe: IbUverbsWc = unsafe { self.queue.read_slot(consumer) };
             *wc = completion(&cqe);
             consumer = self.queue.next(consumer);
             polled += 1;

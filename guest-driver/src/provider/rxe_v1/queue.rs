@@ -1,10 +1,24 @@
-//! A mapped rxe queue buffer: geometry checks, slot addressing and the shared indices.
+//! An rxe queue buffer in the shared-memory region: geometry checks, slot addressing, the
+//! shared indices, and how entries get into and out of the slots.
+//!
+//! The region is either mapped into this process or reached through a [`RegionAccess`] (as
+//! under qtest, where the device's BAR is only reachable through QEMU). When mapped, entries
+//! are built in place in their slot and the indices are atomics in the buffer. When accessed,
+//! an entry is built in a scratch slot the queue owns and reaches the region with one write;
+//! the indices go through the accessor's Acquire load and Release store. The code that encodes
+//! entries is the same for both: it writes through a [`SlotWriter`] and ends with
+//! [`SlotWriter::commit`], which only has work to do for an accessed queue.
 
-use std::mem::{offset_of, size_of};
-use std::ptr::NonNull;
+use std::fmt;
+use std::marker::PhantomData;
+use std::mem::{align_of, offset_of, size_of};
+use std::ptr::{self, NonNull};
+use std::slice;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
-use super::abi::RxeQueueBuf;
+use super::abi::{Plain, RxeQueueBuf};
+use crate::transport::RegionAccess;
 
 /// Smallest slot the kernel allocates (one cache line), as log2.
 const MIN_LOG2_SLOT_SIZE: u32 = 6;
@@ -14,6 +28,8 @@ const MAX_LOG2_SLOT_SIZE: u32 = 16;
 const BASE_ALIGN: usize = 64;
 /// Offset of the first slot.
 const DATA_OFFSET: usize = size_of::<RxeQueueBuf>();
+/// Largest alignment an entry field may need: what the scratch slot (a `u64` array) offers.
+const ENTRY_ALIGN: usize = align_of::<u64>();
 
 /// Slot geometry the device reported for a queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,10 +40,11 @@ pub struct QueueGeometry {
     pub log2_slot_size: u32,
 }
 
-/// Why a mapped queue buffer is refused.
+/// Why a queue buffer is refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum QueueError {
-    /// The buffer start is not aligned to a cache line.
+    /// The buffer start (an address, or an offset in the region) is not aligned to a cache
+    /// line.
     #[error("queue buffer at {0:#x} is not 64-byte aligned")]
     Misaligned(usize),
     /// `num_slots` is not a power of two of at least 2.
@@ -43,6 +60,14 @@ pub enum QueueError {
         need: u64,
         /// Bytes mapped.
         mapped: usize,
+    },
+    /// The buffer's region offset plus its length does not fit in an address.
+    #[error("queue buffer of {len} bytes at offset {offset:#x} overflows the address space")]
+    OffsetOverflow {
+        /// Offset in the region.
+        offset: usize,
+        /// Length.
+        len: usize,
     },
     /// The header in shared memory disagrees with the reported geometry.
     #[error("header (log2 {log2}, mask {mask:#x}) disagrees with the reported geometry")]
@@ -70,21 +95,48 @@ pub enum QueueError {
     },
 }
 
-/// A queue buffer of the host kernel mapped into this process.
+/// How the queue buffer is reached.
+enum Memory {
+    /// Mapped into this process at this (64-byte aligned) address.
+    Mapped(NonNull<u8>),
+    /// Reached through `access`; the buffer starts `offset` bytes into the region.
+    Accessed {
+        access: Arc<dyn RegionAccess>,
+        offset: u64,
+        /// One slot's worth of memory where entries are built before they are written out
+        /// (and read into before they are parsed). Allocated with the queue, zeroed.
+        scratch: Box<[u64]>,
+    },
+}
+
+/// A queue buffer of the host kernel in the shared-memory region.
 ///
 /// The geometry is taken from the device's report and only cross-checked against the header:
 /// the header lives in memory the other side can write, so it is never consulted again.
-#[derive(Debug)]
 pub struct RxeQueue {
-    base: NonNull<u8>,
+    memory: Memory,
     index_mask: u32,
     log2_slot_size: u32,
 }
 
-// SAFETY: the queue only holds a pointer to memory that `new`'s contract keeps mapped for its
-// whole life; every access to it goes through `&self`/`&mut self` of the owning wrapper or
-// through atomics, so moving the handle to another thread is sound.
+// SAFETY: a mapped queue only holds a pointer to memory that `new`'s contract keeps mapped for
+// its whole life; every access to it goes through `&self`/`&mut self` of the owning wrapper or
+// through atomics, so moving the handle to another thread is sound. An accessed queue holds a
+// `RegionAccess` (Send + Sync) and an owned buffer.
 unsafe impl Send for RxeQueue {}
+
+impl fmt::Debug for RxeQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = f.debug_struct("RxeQueue");
+        match &self.memory {
+            Memory::Mapped(base) => s.field("base", base),
+            Memory::Accessed { offset, .. } => s.field("region_offset", offset),
+        };
+        s.field("num_slots", &self.num_slots())
+            .field("slot_size", &self.slot_size())
+            .finish()
+    }
+}
 
 impl RxeQueue {
     /// Wraps the queue buffer mapped at `base`, checking it against the geometry the device
@@ -106,45 +158,46 @@ impl RxeQueue {
         if !addr.is_multiple_of(BASE_ALIGN) {
             return Err(QueueError::Misaligned(addr));
         }
-        let QueueGeometry {
-            num_slots,
-            log2_slot_size,
-        } = geometry;
-        if num_slots < 2 || !num_slots.is_power_of_two() {
-            return Err(QueueError::NumSlots(num_slots));
+        check_geometry(geometry, mapped_len)?;
+        RxeQueue {
+            memory: Memory::Mapped(base),
+            index_mask: geometry.num_slots - 1,
+            log2_slot_size: geometry.log2_slot_size,
         }
-        if !(MIN_LOG2_SLOT_SIZE..=MAX_LOG2_SLOT_SIZE).contains(&log2_slot_size) {
-            return Err(QueueError::SlotSize(log2_slot_size));
-        }
-        // Both factors are bounded (2^32 slots of at most 2^16 bytes), so this cannot overflow.
-        let need = DATA_OFFSET as u64 + (u64::from(num_slots) << log2_slot_size);
-        if need > mapped_len as u64 {
-            return Err(QueueError::TooSmall {
-                need,
-                mapped: mapped_len,
-            });
-        }
-        let queue = RxeQueue {
-            base,
-            index_mask: num_slots - 1,
-            log2_slot_size,
-        };
+        .check_header()
+    }
 
-        let log2 = queue.header_word(offset_of!(RxeQueueBuf, log2_elem_size));
-        let mask = queue.header_word(offset_of!(RxeQueueBuf, index_mask));
-        if log2 != log2_slot_size || mask != queue.index_mask {
-            return Err(QueueError::HeaderMismatch { log2, mask });
+    /// Wraps the queue buffer of `len` bytes at `offset` in the region that `access` reaches,
+    /// checking it against the geometry the device reported for it. Allocates the scratch slot
+    /// every later entry is built in.
+    ///
+    /// `[offset, offset + len)` must lie inside the region (the queue does not know the
+    /// region's size), and each buffer should be wrapped at most once at a time: two handles
+    /// on one buffer would overwrite each other's entries.
+    pub fn accessed(
+        access: Arc<dyn RegionAccess>,
+        offset: usize,
+        len: usize,
+        geometry: QueueGeometry,
+    ) -> Result<Self, QueueError> {
+        if !offset.is_multiple_of(BASE_ALIGN) {
+            return Err(QueueError::Misaligned(offset));
         }
-        for (which, word) in [
-            ("producer", queue.producer()),
-            ("consumer", queue.consumer()),
-        ] {
-            let value = word.load(Ordering::Relaxed);
-            if value & !queue.index_mask != 0 {
-                return Err(QueueError::IndexOutOfRange { which, value });
-            }
+        if offset.checked_add(len).is_none() {
+            return Err(QueueError::OffsetOverflow { offset, len });
         }
-        Ok(queue)
+        check_geometry(geometry, len)?;
+        let slot_words = (1usize << geometry.log2_slot_size) / size_of::<u64>();
+        RxeQueue {
+            memory: Memory::Accessed {
+                access,
+                offset: offset as u64,
+                scratch: vec![0; slot_words].into_boxed_slice(),
+            },
+            index_mask: geometry.num_slots - 1,
+            log2_slot_size: geometry.log2_slot_size,
+        }
+        .check_header()
     }
 
     /// Number of slots.
@@ -162,65 +215,288 @@ impl RxeQueue {
         1 << self.log2_slot_size
     }
 
+    /// Whether the buffer is mapped into this process (rather than reached through a
+    /// [`RegionAccess`]).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.memory, Memory::Mapped(_))
+    }
+
     /// `index` advanced by one slot.
     pub(super) fn next(&self, index: u32) -> u32 {
         index.wrapping_add(1) & self.index_mask
     }
 
-    /// The producer index, masked: a corrupted value still names a slot of this queue.
+    /// The producer index, masked: a corrupted value still names a slot of this queue. An
+    /// accessed queue always loads with Acquire, which is at least as strong as any `order`.
     pub(super) fn load_producer(&self, order: Ordering) -> u32 {
-        self.producer().load(order) & self.index_mask
+        self.load_index(PRODUCER, order) & self.index_mask
     }
 
     /// The consumer index, masked like [`Self::load_producer`].
     pub(super) fn load_consumer(&self, order: Ordering) -> u32 {
-        self.consumer().load(order) & self.index_mask
+        self.load_index(CONSUMER, order) & self.index_mask
     }
 
-    /// Publishes a new producer index.
+    /// Publishes a new producer index. An accessed queue always stores with Release, which is
+    /// at least as strong as any `order`.
     pub(super) fn store_producer(&self, index: u32, order: Ordering) {
-        self.producer().store(index & self.index_mask, order);
+        self.store_index(PRODUCER, index & self.index_mask, order);
     }
 
-    /// Publishes a new consumer index.
+    /// Publishes a new consumer index, like [`Self::store_producer`].
     pub(super) fn store_consumer(&self, index: u32, order: Ordering) {
-        self.consumer().store(index & self.index_mask, order);
+        self.store_index(CONSUMER, index & self.index_mask, order);
     }
 
-    /// Start of slot `index` (masked), aligned to at least 64 bytes. Whether the slot may be
-    /// accessed is the caller's business (its side of the index protocol).
-    pub(super) fn slot(&self, index: u32) -> *mut u8 {
-        let offset = DATA_OFFSET + (((index & self.index_mask) as usize) << self.log2_slot_size);
-        // SAFETY: `new` checked that header plus all slots lie in the mapping, and the masked
-        // index names one of those slots.
-        unsafe { self.base.as_ptr().add(offset) }
+    /// Offset of slot `index` (masked) from the buffer start; a multiple of 64.
+    pub(super) fn slot_offset(&self, index: u32) -> usize {
+        DATA_OFFSET + (((index & self.index_mask) as usize) << self.log2_slot_size)
+    }
+
+    /// A writer for the entry of slot `index` (masked): the slot itself when mapped, the
+    /// scratch slot when accessed. Its bytes hold whatever was there before.
+    ///
+    /// # Safety
+    ///
+    /// The other side must not access slot `index` from now until the entry is handed over by
+    /// publishing the producer index (a producer slot of a queue that is not full).
+    pub(super) unsafe fn slot_writer(&mut self, index: u32) -> SlotWriter<'_> {
+        let slot_offset = self.slot_offset(index);
+        let len = self.slot_size();
+        match &mut self.memory {
+            Memory::Mapped(base) => SlotWriter {
+                // SAFETY: `new` checked that header plus all slots lie in the mapping, and the
+                // offset names one of those slots.
+                start: unsafe { base.add(slot_offset) },
+                len,
+                copy_to: None,
+                _slot: PhantomData,
+            },
+            Memory::Accessed {
+                access,
+                offset,
+                scratch,
+            } => SlotWriter {
+                start: NonNull::from(&mut **scratch).cast(),
+                len,
+                copy_to: Some((&**access, *offset + slot_offset as u64)),
+                _slot: PhantomData,
+            },
+        }
+    }
+
+    /// Reads the entry of type `T` at the start of slot `index` (masked): in place when
+    /// mapped, through the scratch slot (one [`RegionAccess::read`]) when accessed.
+    ///
+    /// # Safety
+    ///
+    /// The other side must have finished writing the slot (as published by the index it
+    /// stores with Release and this side loaded with Acquire) and must not write it again
+    /// before this side hands it back.
+    pub(super) unsafe fn read_slot<T: Plain>(&mut self, index: u32) -> T {
+        const { assert!(align_of::<T>() <= ENTRY_ALIGN) };
+        assert!(
+            size_of::<T>() <= self.slot_size(),
+            "entry larger than a slot"
+        );
+        let slot_offset = self.slot_offset(index);
+        match &mut self.memory {
+            // SAFETY: the slot lies in the mapping (`new` checked), is 64-byte aligned and at
+            // least `size_of::<T>()` long (asserted); the kernel does not write it during the
+            // read (the caller's contract); any bit pattern is a valid `T` (`Plain`).
+            Memory::Mapped(base) => unsafe { base.add(slot_offset).cast::<T>().read() },
+            Memory::Accessed {
+                access,
+                offset,
+                scratch,
+            } => {
+                let bytes = scratch_bytes(scratch);
+                access.read(*offset + slot_offset as u64, &mut bytes[..size_of::<T>()]);
+                // SAFETY: the scratch is 8-byte aligned, holds at least `size_of::<T>()`
+                // initialised bytes (asserted above), and any bit pattern is a valid `T`.
+                unsafe { bytes.as_ptr().cast::<T>().read() }
+            }
+        }
+    }
+
+    /// Compares the header with the geometry and checks both indices; returns the queue.
+    fn check_header(self) -> Result<Self, QueueError> {
+        let log2 = self.header_word(offset_of!(RxeQueueBuf, log2_elem_size));
+        let mask = self.header_word(offset_of!(RxeQueueBuf, index_mask));
+        if log2 != self.log2_slot_size || mask != self.index_mask {
+            return Err(QueueError::HeaderMismatch { log2, mask });
+        }
+        for (which, word) in [("producer", PRODUCER), ("consumer", CONSUMER)] {
+            let value = self.load_index(word, Ordering::Relaxed);
+            if value & !self.index_mask != 0 {
+                return Err(QueueError::IndexOutOfRange { which, value });
+            }
+        }
+        Ok(self)
     }
 
     fn header_word(&self, offset: usize) -> u32 {
-        // SAFETY: `offset` is a field offset of the header, which lies in the mapping (`new`
-        // checked the length) and is 4-byte aligned (the base is 64-byte aligned). The host
-        // wrote these words before mapping the buffer and never changes them; a volatile read
-        // keeps the compiler from assuming anything about memory another party owns.
-        unsafe { self.base.as_ptr().add(offset).cast::<u32>().read_volatile() }
+        match &self.memory {
+            // SAFETY: `offset` is a field offset of the header, which lies in the mapping
+            // (`new` checked the length) and is 4-byte aligned (the base is 64-byte aligned).
+            // The host wrote these words before mapping the buffer and never changes them; a
+            // volatile read keeps the compiler from assuming anything about memory another
+            // party owns.
+            Memory::Mapped(base) => unsafe { base.add(offset).cast::<u32>().read_volatile() },
+            Memory::Accessed {
+                access,
+                offset: start,
+                ..
+            } => access.load_u32(start + offset as u64),
+        }
     }
 
-    fn index_word(&self, offset: usize) -> &AtomicU32 {
-        // SAFETY: the word lies in the mapping, is 4-byte aligned, stays mapped while `self`
-        // lives (contract of `new`), and both sides access it only atomically.
-        unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(offset).cast::<u32>()) }
+    /// The unmasked value of the index word at `offset` in the header.
+    fn load_index(&self, offset: usize, order: Ordering) -> u32 {
+        match &self.memory {
+            Memory::Mapped(base) => index_word(base, offset).load(order),
+            Memory::Accessed {
+                access,
+                offset: start,
+                ..
+            } => access.load_u32(start + offset as u64),
+        }
     }
 
-    fn producer(&self) -> &AtomicU32 {
-        self.index_word(offset_of!(RxeQueueBuf, producer_index))
+    fn store_index(&self, offset: usize, value: u32, order: Ordering) {
+        match &self.memory {
+            Memory::Mapped(base) => index_word(base, offset).store(value, order),
+            Memory::Accessed {
+                access,
+                offset: start,
+                ..
+            } => access.store_u32(start + offset as u64, value),
+        }
+    }
+}
+
+/// Offset of the producer index word in the header.
+const PRODUCER: usize = offset_of!(RxeQueueBuf, producer_index);
+/// Offset of the consumer index word in the header.
+const CONSUMER: usize = offset_of!(RxeQueueBuf, consumer_index);
+
+/// Checks the reported geometry and that header plus slots fit in `len` bytes.
+fn check_geometry(geometry: QueueGeometry, len: usize) -> Result<(), QueueError> {
+    let QueueGeometry {
+        num_slots,
+        log2_slot_size,
+    } = geometry;
+    if num_slots < 2 || !num_slots.is_power_of_two() {
+        return Err(QueueError::NumSlots(num_slots));
+    }
+    if !(MIN_LOG2_SLOT_SIZE..=MAX_LOG2_SLOT_SIZE).contains(&log2_slot_size) {
+        return Err(QueueError::SlotSize(log2_slot_size));
+    }
+    // Both factors are bounded (2^32 slots of at most 2^16 bytes), so this cannot overflow.
+    let need = DATA_OFFSET as u64 + (u64::from(num_slots) << log2_slot_size);
+    if need > len as u64 {
+        return Err(QueueError::TooSmall { need, mapped: len });
+    }
+    Ok(())
+}
+
+/// The index word at `offset` of the header of the mapped queue at `base`, borrowed from the
+/// queue that holds `base`.
+fn index_word(base: &NonNull<u8>, offset: usize) -> &AtomicU32 {
+    // SAFETY: `offset` is the producer or consumer field of the header, which lies in the
+    // mapping and is 4-byte aligned; the mapping stays while the queue holding `base` lives
+    // (contract of `RxeQueue::new`), and the reference does not outlive that borrow. Both
+    // sides access the word only atomically.
+    unsafe { AtomicU32::from_ptr(base.add(offset).cast::<u32>().as_ptr()) }
+}
+
+/// The scratch slot as bytes.
+fn scratch_bytes(scratch: &mut [u64]) -> &mut [u8] {
+    let len = size_of_val(scratch);
+    // SAFETY: the same memory, exclusively borrowed for the same lifetime; every byte of a
+    // `u64` is initialised and every byte pattern is a valid `u64`.
+    unsafe { slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u8>(), len) }
+}
+
+/// An entry being built for one slot (see [`RxeQueue::slot_writer`]).
+///
+/// Writes land in the slot itself when the queue is mapped, in the queue's scratch slot when it
+/// is accessed; [`Self::commit`] then copies the scratch out. Every write is checked to stay
+/// inside the slot.
+pub(super) struct SlotWriter<'a> {
+    /// First byte of the slot or of the scratch slot: at least 8-byte aligned, valid for
+    /// writes of `len` bytes, and accessed by nobody else while the writer lives.
+    start: NonNull<u8>,
+    /// Slot size.
+    len: usize,
+    /// For a scratch entry: where `commit` writes it (the accessor and the slot's region
+    /// offset).
+    copy_to: Option<(&'a dyn RegionAccess, u64)>,
+    /// The writer borrows the queue (its slot or scratch) mutably.
+    _slot: PhantomData<&'a mut [u8]>,
+}
+
+impl SlotWriter<'_> {
+    /// Writes `value` at `offset` bytes into the entry.
+    ///
+    /// Panics if the value would not lie inside the slot or `offset` is not aligned for `T`:
+    /// callers size their entries against the slot when the queue is created.
+    pub(super) fn put<T: Plain>(&mut self, offset: usize, value: T) {
+        const { assert!(align_of::<T>() <= ENTRY_ALIGN) };
+        self.check_range(offset, size_of::<T>());
+        assert!(
+            offset.is_multiple_of(align_of::<T>()),
+            "misaligned entry field"
+        );
+        // SAFETY: inside the slot (checked) and aligned for `T` (`start` is 8-byte aligned,
+        // `T` needs at most 8, `offset` is a multiple of its alignment); nobody else accesses
+        // these bytes while the writer lives (see `start`).
+        unsafe { self.start.add(offset).cast::<T>().write(value) }
     }
 
-    fn consumer(&self) -> &AtomicU32 {
-        self.index_word(offset_of!(RxeQueueBuf, consumer_index))
+    /// Copies `len` bytes from `src` to `offset` bytes into the entry. The source may overlap
+    /// the entry.
+    ///
+    /// Panics if the bytes would not lie inside the slot.
+    ///
+    /// # Safety
+    ///
+    /// `[src, src + len)` must be readable, initialised memory for the duration of the call.
+    pub(super) unsafe fn put_bytes(&mut self, offset: usize, src: *const u8, len: usize) {
+        self.check_range(offset, len);
+        // SAFETY: the source is readable (the caller's contract), the destination lies inside
+        // the slot (checked) and is not accessed by anybody else (see `start`); `copy`
+        // tolerates overlap.
+        unsafe { ptr::copy(src, self.start.add(offset).as_ptr(), len) }
+    }
+
+    /// Completes the entry, whose first `len` bytes are meant for the slot. When mapped the
+    /// entry is already in place and nothing happens; when accessed, the bytes reach the slot
+    /// with one [`RegionAccess::write`].
+    pub(super) fn commit(self, len: usize) {
+        self.check_range(0, len);
+        if let Some((access, offset)) = self.copy_to {
+            // SAFETY: `start` is the scratch slot, owned by the queue this writer borrows
+            // mutably; `len` bytes are in bounds (checked) and initialised (the scratch is
+            // zeroed on allocation and written only with `Plain` values and initialised bytes).
+            let bytes = unsafe { slice::from_raw_parts(self.start.as_ptr(), len) };
+            access.write(offset, bytes);
+        }
+    }
+
+    fn check_range(&self, offset: usize, len: usize) {
+        assert!(
+            offset <= self.len && len <= self.len - offset,
+            "entry bytes {offset}+{len} outside a slot of {}",
+            self.len
+        );
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
     use super::*;
 
     /// A zeroed, page-aligned buffer standing in for a mapped queue.
@@ -251,6 +527,95 @@ mod tests {
         }
     }
 
+    /// One access to a [`VecRegion`].
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    enum Access {
+        Read { offset: u64, len: usize },
+        Write { offset: u64, len: usize },
+        Load { offset: u64 },
+        Store { offset: u64, value: u32 },
+    }
+
+    /// A region that is not mapped: bytes behind a lock, every access logged.
+    struct VecRegion {
+        bytes: Mutex<Vec<u8>>,
+        log: Mutex<Vec<Access>>,
+    }
+
+    impl VecRegion {
+        fn new(len: usize) -> Arc<Self> {
+            Arc::new(VecRegion {
+                bytes: Mutex::new(vec![0; len]),
+                log: Mutex::new(Vec::new()),
+            })
+        }
+
+        /// A region of `len` bytes holding a queue header at `offset`.
+        fn with_header(len: usize, offset: usize, log2: u32, mask: u32) -> Arc<Self> {
+            let region = Self::new(len);
+            region.poke(offset, &log2.to_le_bytes());
+            region.poke(offset + 4, &mask.to_le_bytes());
+            region
+        }
+
+        fn poke(&self, offset: usize, data: &[u8]) {
+            self.bytes.lock().unwrap()[offset..offset + data.len()].copy_from_slice(data);
+        }
+
+        fn peek(&self, offset: usize, len: usize) -> Vec<u8> {
+            self.bytes.lock().unwrap()[offset..offset + len].to_vec()
+        }
+
+        fn take_log(&self) -> Vec<Access> {
+            std::mem::take(&mut self.log.lock().unwrap())
+        }
+
+        /// The byte range of an access, refusing (failing the test) anything outside.
+        fn range(&self, offset: u64, len: usize) -> std::ops::Range<usize> {
+            let start = offset as usize;
+            let end = self.bytes.lock().unwrap().len();
+            assert!(
+                start <= end && len <= end - start,
+                "access {start}+{len} outside"
+            );
+            start..start + len
+        }
+    }
+
+    impl RegionAccess for VecRegion {
+        fn read(&self, offset: u64, buf: &mut [u8]) {
+            let range = self.range(offset, buf.len());
+            buf.copy_from_slice(&self.bytes.lock().unwrap()[range]);
+            let len = buf.len();
+            self.log.lock().unwrap().push(Access::Read { offset, len });
+        }
+
+        fn write(&self, offset: u64, data: &[u8]) {
+            let range = self.range(offset, data.len());
+            self.bytes.lock().unwrap()[range].copy_from_slice(data);
+            let len = data.len();
+            self.log.lock().unwrap().push(Access::Write { offset, len });
+        }
+
+        fn load_u32(&self, offset: u64) -> u32 {
+            assert!(offset.is_multiple_of(4));
+            let range = self.range(offset, 4);
+            let word = self.bytes.lock().unwrap()[range].try_into().unwrap();
+            self.log.lock().unwrap().push(Access::Load { offset });
+            u32::from_le_bytes(word)
+        }
+
+        fn store_u32(&self, offset: u64, value: u32) {
+            assert!(offset.is_multiple_of(4));
+            let range = self.range(offset, 4);
+            self.bytes.lock().unwrap()[range].copy_from_slice(&value.to_le_bytes());
+            self.log
+                .lock()
+                .unwrap()
+                .push(Access::Store { offset, value });
+        }
+    }
+
     fn geometry(num_slots: u32, log2_slot_size: u32) -> QueueGeometry {
         QueueGeometry {
             num_slots,
@@ -258,19 +623,37 @@ mod tests {
         }
     }
 
+    /// Where the accessed queues of these tests start in their region.
+    const AT: usize = 4096;
+
     #[test]
     fn accepts_consistent_header_and_addresses_slots_masked() {
-        let mut buf = Buffer::new(384 + 8 * 128, 7, 7);
-        let base = buf.base();
+        let len = 384 + 8 * 128;
+        let mut buf = Buffer::new(len, 7, 7);
         // SAFETY: the buffer outlives the queue and is accessed only through it.
-        let q = unsafe { RxeQueue::new(base, 384 + 8 * 128, geometry(8, 7)) }.unwrap();
-        assert_eq!((q.num_slots(), q.capacity(), q.slot_size()), (8, 7, 128));
-        let base = base.as_ptr() as usize;
-        assert_eq!(q.slot(0) as usize - base, 384);
-        assert_eq!(q.slot(7) as usize - base, 384 + 7 * 128);
-        assert_eq!(q.slot(8) as usize - base, 384);
-        assert_eq!(q.slot(u32::MAX) as usize - base, 384 + 7 * 128);
-        assert_eq!(q.next(7), 0);
+        let mapped = unsafe { RxeQueue::new(buf.base(), len, geometry(8, 7)) }.unwrap();
+        let region = VecRegion::with_header(AT + len, AT, 7, 7);
+        let accessed = RxeQueue::accessed(region.clone(), AT, len, geometry(8, 7)).unwrap();
+        assert!(mapped.is_mapped() && !accessed.is_mapped());
+        for q in [mapped, accessed] {
+            assert_eq!((q.num_slots(), q.capacity(), q.slot_size()), (8, 7, 128));
+            assert_eq!(q.slot_offset(0), 384);
+            assert_eq!(q.slot_offset(7), 384 + 7 * 128);
+            assert_eq!(q.slot_offset(8), 384);
+            assert_eq!(q.slot_offset(u32::MAX), 384 + 7 * 128);
+            assert_eq!(q.next(7), 0);
+        }
+        // The header checks read through the accessor, at the queue's offset.
+        let log = region.take_log();
+        assert_eq!(
+            log,
+            [
+                Access::Load { offset: 4096 },
+                Access::Load { offset: 4100 },
+                Access::Load { offset: 4096 + 128 },
+                Access::Load { offset: 4096 + 256 },
+            ]
+        );
     }
 
     #[test]
@@ -278,19 +661,19 @@ mod tests {
         let len = 384 + 8 * 128;
         let cases = [
             (
-                Buffer::new(len, 7, 7),
+                (7, 7),
                 len,
                 geometry(8, 6),
                 QueueError::HeaderMismatch { log2: 7, mask: 7 },
             ),
             (
-                Buffer::new(len, 7, 15),
+                (7, 15),
                 len,
                 geometry(8, 7),
                 QueueError::HeaderMismatch { log2: 7, mask: 15 },
             ),
             (
-                Buffer::new(len, 7, 7),
+                (7, 7),
                 len - 1,
                 geometry(8, 7),
                 QueueError::TooSmall {
@@ -298,26 +681,11 @@ mod tests {
                     mapped: len - 1,
                 },
             ),
+            ((7, 7), len, geometry(6, 7), QueueError::NumSlots(6)),
+            ((7, 7), len, geometry(1, 7), QueueError::NumSlots(1)),
+            ((5, 7), len, geometry(8, 5), QueueError::SlotSize(5)),
             (
-                Buffer::new(len, 7, 7),
-                len,
-                geometry(6, 7),
-                QueueError::NumSlots(6),
-            ),
-            (
-                Buffer::new(len, 7, 7),
-                len,
-                geometry(1, 7),
-                QueueError::NumSlots(1),
-            ),
-            (
-                Buffer::new(len, 5, 7),
-                len,
-                geometry(8, 5),
-                QueueError::SlotSize(5),
-            ),
-            (
-                Buffer::new(len, 7, 7),
+                (7, 7),
                 len,
                 geometry(1 << 31, 16),
                 QueueError::TooSmall {
@@ -326,10 +694,13 @@ mod tests {
                 },
             ),
         ];
-        for (mut buf, mapped, geometry, want) in cases {
-            let base = buf.base();
+        for ((log2, mask), claimed, geometry, want) in cases {
+            let mut buf = Buffer::new(len, log2, mask);
             // SAFETY: the buffer outlives the (refused) queue.
-            let got = unsafe { RxeQueue::new(base, mapped, geometry) }.unwrap_err();
+            let got = unsafe { RxeQueue::new(buf.base(), claimed, geometry) }.unwrap_err();
+            assert_eq!(got, want);
+            let region = VecRegion::with_header(AT + len, AT, log2, mask);
+            let got = RxeQueue::accessed(region, AT, claimed, geometry).unwrap_err();
             assert_eq!(got, want);
         }
     }
@@ -343,18 +714,173 @@ mod tests {
         unsafe { base.as_ptr().add(128).cast::<u32>().write(8) };
         // SAFETY: the buffer outlives the (refused) queue.
         let got = unsafe { RxeQueue::new(base, len, geometry(8, 7)) }.unwrap_err();
-        assert_eq!(
-            got,
-            QueueError::IndexOutOfRange {
-                which: "producer",
-                value: 8
-            }
-        );
+        let want = QueueError::IndexOutOfRange {
+            which: "producer",
+            value: 8,
+        };
+        assert_eq!(got, want);
+        let region = VecRegion::with_header(AT + len, AT, 7, 7);
+        region.poke(AT + 128, &8u32.to_le_bytes());
+        let got = RxeQueue::accessed(region, AT, len, geometry(8, 7)).unwrap_err();
+        assert_eq!(got, want);
 
         // SAFETY: 8 bytes past the start is still inside the allocation (64 spare bytes).
         let odd = unsafe { NonNull::new_unchecked(base.as_ptr().add(8)) };
         // SAFETY: as above; the queue is refused before any access.
         let got = unsafe { RxeQueue::new(odd, len, geometry(8, 7)) }.unwrap_err();
         assert_eq!(got, QueueError::Misaligned(odd.as_ptr() as usize));
+
+        let region = VecRegion::with_header(AT + 8 + len, AT + 8, 7, 7);
+        let got = RxeQueue::accessed(region.clone(), AT + 8, len, geometry(8, 7)).unwrap_err();
+        assert_eq!(got, QueueError::Misaligned(AT + 8));
+        let far = usize::MAX & !63;
+        let got = RxeQueue::accessed(region.clone(), far, len, geometry(8, 7)).unwrap_err();
+        assert_eq!(got, QueueError::OffsetOverflow { offset: far, len });
+        assert_eq!(region.take_log(), [], "refused before any access");
+    }
+
+    #[test]
+    fn mapped_entries_are_built_in_place() {
+        let len = 384 + 4 * 64;
+        let mut buf = Buffer::new(len, 6, 3);
+        let base = buf.base();
+        // SAFETY: the buffer outlives the queue and is accessed only through it.
+        let mut q = unsafe { RxeQueue::new(base, len, geometry(4, 6)) }.unwrap();
+        // SAFETY: nothing plays the other side of this queue.
+        let mut entry = unsafe { q.slot_writer(5) };
+        entry.put(8, 0x1122_3344_5566_7788u64);
+        let src = *b"inline";
+        // SAFETY: `src` is a live local array.
+        unsafe { entry.put_bytes(58, src.as_ptr(), src.len()) };
+        // Built in place: the slot holds the bytes before the (no-op) commit.
+        let slot = base.as_ptr().wrapping_add(384 + 64);
+        // SAFETY: the slot lies inside the buffer.
+        let bytes = unsafe { std::slice::from_raw_parts(slot, 64) }.to_vec();
+        entry.commit(64);
+        assert_eq!(bytes[8..16], 0x1122_3344_5566_7788u64.to_ne_bytes());
+        assert_eq!(bytes[58..64], src);
+        // Read in place: what the other side writes is what comes back.
+        // SAFETY: the slot lies inside the buffer and is 64-byte aligned.
+        unsafe { slot.cast::<u64>().write(0x0102_0304_0506_0708) };
+        // SAFETY: nothing plays the other side of this queue.
+        let word: u64 = unsafe { q.read_slot(9) };
+        assert_eq!(word, 0x0102_0304_0506_0708);
+    }
+
+    #[test]
+    fn accessed_entries_are_built_in_scratch_and_written_once() {
+        let len = 384 + 4 * 64;
+        let region = VecRegion::with_header(AT + len, AT, 6, 3);
+        let mut q = RxeQueue::accessed(region.clone(), AT, len, geometry(4, 6)).unwrap();
+        region.take_log();
+        // SAFETY: nothing plays the other side of this queue.
+        let mut entry = unsafe { q.slot_writer(5) };
+        entry.put(0, 0xaabb_ccddu32);
+        entry.put(8, 0x1122_3344_5566_7788u64);
+        let src = *b"inline";
+        // SAFETY: `src` is a live local array.
+        unsafe { entry.put_bytes(58, src.as_ptr(), src.len()) };
+        assert_eq!(
+            region.take_log(),
+            [],
+            "nothing reaches the region before commit"
+        );
+        entry.commit(64);
+        let slot = AT + 384 + 64;
+        assert_eq!(
+            region.take_log(),
+            [Access::Write {
+                offset: slot as u64,
+                len: 64
+            }]
+        );
+        let bytes = region.peek(slot, 64);
+        assert_eq!(bytes[0..4], 0xaabb_ccddu32.to_ne_bytes());
+        assert_eq!(bytes[8..16], 0x1122_3344_5566_7788u64.to_ne_bytes());
+        assert_eq!(bytes[58..64], src);
+        assert_eq!(region.peek(slot - 64, 64), [0; 64], "neighbour untouched");
+
+        // A shorter entry writes only its own bytes.
+        // SAFETY: as above.
+        let mut entry = unsafe { q.slot_writer(2) };
+        entry.put(0, 7u32);
+        entry.commit(4);
+        assert_eq!(
+            region.take_log(),
+            [Access::Write {
+                offset: (AT + 384 + 128) as u64,
+                len: 4
+            }]
+        );
+
+        // Reading goes through the scratch with one read of the entry's size.
+        region.poke(slot, &0x0102_0304_0506_0708u64.to_ne_bytes());
+        // SAFETY: as above.
+        let got: [u64; 2] = [unsafe { q.read_slot(5) }, unsafe { q.read_slot(9) }];
+        assert_eq!(got, [0x0102_0304_0506_0708; 2]);
+        // SAFETY: as above.
+        let word: u32 = unsafe { q.read_slot(2) };
+        assert_eq!(word, 7);
+        let read = |offset: usize, len| Access::Read {
+            offset: offset as u64,
+            len,
+        };
+        assert_eq!(
+            region.take_log(),
+            [read(slot, 8), read(slot, 8), read(AT + 384 + 128, 4)]
+        );
+    }
+
+    #[test]
+    fn indices_are_masked_both_ways() {
+        let len = 384 + 4 * 64;
+        let mut buf = Buffer::new(len, 6, 3);
+        // SAFETY: the buffer outlives the queue and is accessed only through it.
+        let mapped = unsafe { RxeQueue::new(buf.base(), len, geometry(4, 6)) }.unwrap();
+        let region = VecRegion::with_header(AT + len, AT, 6, 3);
+        let accessed = RxeQueue::accessed(region.clone(), AT, len, geometry(4, 6)).unwrap();
+        for q in [&mapped, &accessed] {
+            q.store_producer(0xffff_fff6, Ordering::Release);
+            q.store_consumer(5, Ordering::Release);
+            assert_eq!(q.load_producer(Ordering::Acquire), 2);
+            assert_eq!(q.load_consumer(Ordering::Acquire), 1);
+        }
+        // What the other side wrote is masked on the way in, too.
+        region.poke(AT + 128, &0xdead_beefu32.to_le_bytes());
+        assert_eq!(accessed.load_producer(Ordering::Acquire), 0xf & 3);
+        region.take_log();
+        accessed.store_consumer(0xffff_ffff, Ordering::Release);
+        assert_eq!(
+            region.take_log(),
+            [Access::Store {
+                offset: (AT + 256) as u64,
+                value: 3
+            }]
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "outside a slot")]
+    fn accessed_writer_refuses_bytes_past_the_slot() {
+        let len = 384 + 2 * 64;
+        let region = VecRegion::with_header(AT + len, AT, 6, 1);
+        let mut q = RxeQueue::accessed(region, AT, len, geometry(2, 6)).unwrap();
+        // SAFETY: nothing plays the other side of this queue.
+        let mut entry = unsafe { q.slot_writer(1) };
+        entry.put(60, 0u64);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside a slot")]
+    fn mapped_writer_refuses_bytes_past_the_slot() {
+        let len = 384 + 2 * 64;
+        let mut buf = Buffer::new(len, 6, 1);
+        // SAFETY: the buffer outlives the queue and is accessed only through it.
+        let mut q = unsafe { RxeQueue::new(buf.base(), len, geometry(2, 6)) }.unwrap();
+        // SAFETY: nothing plays the other side of this queue.
+        let mut entry = unsafe { q.slot_writer(1) };
+        let src = [0u8; 8];
+        // SAFETY: `src` is a live local array.
+        unsafe { entry.put_bytes(57, src.as_ptr(), src.len()) };
     }
 }

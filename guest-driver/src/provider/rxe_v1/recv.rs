@@ -60,7 +60,8 @@ impl RecvQueue {
             producer = self.queue.next(producer);
         }
         if producer != self.producer {
-            // Release: the WQE writes become visible before the index that hands them over.
+            // Release: the WQE writes (in place, or each one `RegionAccess::write`) become
+            // visible before the index that hands them over.
             self.queue.store_producer(producer, Ordering::Release);
             self.producer = producer;
         }
@@ -68,7 +69,7 @@ impl RecvQueue {
     }
 
     /// Checks `wr` and writes it into slot `index`, without publishing it.
-    fn post_one(&self, index: u32, wr: &RecvWr<'_>) -> Result<(), PostError> {
+    fn post_one(&mut self, index: u32, wr: &RecvWr<'_>) -> Result<(), PostError> {
         if wr.sg_list.len() > self.max_sge as usize {
             return Err(PostError::TooManySges {
                 num: wr.sg_list.len(),
@@ -82,7 +83,6 @@ impl RecvQueue {
             return Err(PostError::QueueFull);
         }
 
-        let wqe = self.queue.slot(index).cast::<RxeRecvWqe>();
         let header = RxeRecvWqe {
             wr_id: wr.wr_id,
             reserved: 0,
@@ -97,19 +97,22 @@ impl RecvQueue {
             },
         };
         // SAFETY: `index` is the producer slot of a queue that is not full, so the kernel
-        // does not access it; the slot is 64-byte aligned and `new` checked that it holds the
-        // WQE plus `max_sge` SGEs, which the check above enforced.
-        unsafe {
-            wqe.write(header);
-            let sges = wqe.add(1).cast::<RxeSge>();
-            for (i, sge) in wr.sg_list.iter().enumerate() {
-                sges.add(i).write(RxeSge {
-                    addr: sge.addr,
-                    length: sge.length,
-                    lkey: sge.lkey,
-                });
-            }
+        // does not access it until `post_recv` publishes the producer index.
+        let mut entry = unsafe { self.queue.slot_writer(index) };
+        entry.put(0, header);
+        // `new` checked that the slot holds the WQE plus `max_sge` SGEs, which the check above
+        // enforced.
+        let mut end = size_of::<RxeRecvWqe>();
+        for sge in wr.sg_list {
+            let sge = RxeSge {
+                addr: sge.addr,
+                length: sge.length,
+                lkey: sge.lkey,
+            };
+            entry.put(end, sge);
+            end += size_of::<RxeSge>();
         }
+        entry.commit(end);
         Ok(())
     }
 }

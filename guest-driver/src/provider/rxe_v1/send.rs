@@ -1,7 +1,6 @@
 //! Posting send work requests as native rxe send WQEs.
 
-use std::mem::size_of;
-use std::ptr;
+use std::mem::{offset_of, size_of};
 use std::sync::atomic::Ordering;
 
 use super::abi::{
@@ -92,8 +91,8 @@ impl SendQueue {
             producer = self.queue.next(producer);
         }
         if producer != self.producer {
-            // Release: the WQE writes above become visible to the kernel before the index
-            // that hands them over.
+            // Release: the WQE writes above (in place, or each one `RegionAccess::write`)
+            // become visible to the kernel before the index that hands them over.
             self.queue.store_producer(producer, Ordering::Release);
             self.producer = producer;
         }
@@ -105,7 +104,7 @@ impl SendQueue {
     /// # Safety
     ///
     /// As for [`Self::post_send`].
-    unsafe fn post_one(&self, index: u32, wr: &SendWr<'_>) -> Result<(), PostError> {
+    unsafe fn post_one(&mut self, index: u32, wr: &SendWr<'_>) -> Result<(), PostError> {
         let length = self.check(wr)?;
         // Acquire: the kernel's last accesses to the slot it passed happen before the writes
         // below reuse it.
@@ -130,45 +129,40 @@ impl SendQueue {
             sge_offset: 0,
             reserved: 0,
         };
-        let wqe = self.queue.slot(index).cast::<RxeSendWqe>();
         // SAFETY: `index` is the producer slot and the queue is not full, so the kernel does
-        // not access this slot; it is 64-byte aligned and `new` checked that it holds the WQE
-        // plus `max_sge` SGEs or `max_inline` bytes, which `check` enforced. The fields the
-        // kernel owns (status, mask, PSNs...) are left alone, as rdma-core does.
-        unsafe {
-            (&raw mut (*wqe).wr).write(kwr);
-            (&raw mut (*wqe).state).write(WQE_STATE_POSTED);
-            (&raw mut (*wqe).iova).write(iova);
-            (&raw mut (*wqe).dma).write(dma);
-        }
-        // SAFETY: the payload area directly follows the WQE in the same slot.
-        let payload = unsafe { wqe.add(1).cast::<u8>() };
+        // not access this slot until `post_send` publishes the producer index.
+        let mut entry = unsafe { self.queue.slot_writer(index) };
+        // The fields the kernel owns (status, mask, PSNs...) are not written here, as in
+        // rdma-core's `ibv_post_send`. An accessed queue's single write still covers them,
+        // with the zeros its scratch slot always holds there: what rdma-core's `ibv_wr_*`
+        // calls, which clear the whole WQE, leave in them.
+        entry.put(offset_of!(RxeSendWqe, wr), kwr);
+        entry.put(offset_of!(RxeSendWqe, state), WQE_STATE_POSTED);
+        entry.put(offset_of!(RxeSendWqe, iova), iova);
+        entry.put(offset_of!(RxeSendWqe, dma), dma);
+        // The payload area directly follows the WQE; `new` checked that the slot holds it with
+        // `max_sge` SGEs or `max_inline` bytes, which `check` enforced.
+        let mut end = size_of::<RxeSendWqe>();
         if wr.flags.contains(SendFlags::INLINE) {
-            let mut dst = payload;
             for sge in wr.sg_list.iter().filter(|sge| sge.length != 0) {
                 let len = sge.length as usize;
                 // SAFETY: the source is readable application memory (contract of
-                // `post_send`); the destination stays within the slot because the lengths
-                // add up to at most `max_inline` (checked). `copy` tolerates overlap.
-                unsafe {
-                    ptr::copy(sge.addr as usize as *const u8, dst, len);
-                    dst = dst.add(len);
-                }
+                // `post_send`).
+                unsafe { entry.put_bytes(end, sge.addr as usize as *const u8, len) };
+                end += len;
             }
         } else {
-            let sges = payload.cast::<RxeSge>();
-            for (i, sge) in wr.sg_list.iter().enumerate() {
-                // SAFETY: at most `max_sge` SGEs (checked) fit in the slot; the payload area
-                // is 8-byte aligned (slot start + 208).
-                unsafe {
-                    sges.add(i).write(RxeSge {
-                        addr: sge.addr,
-                        length: sge.length,
-                        lkey: sge.lkey,
-                    })
+            for sge in wr.sg_list {
+                let sge = RxeSge {
+                    addr: sge.addr,
+                    length: sge.length,
+                    lkey: sge.lkey,
                 };
+                entry.put(end, sge);
+                end += size_of::<RxeSge>();
             }
         }
+        entry.commit(end);
         Ok(())
     }
 

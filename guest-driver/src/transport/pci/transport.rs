@@ -1,0 +1,242 @@
+//! [`PciTransport`]: the vrdma device behind a [`PciFunction`], driven as a modern virtio-pci
+//! device.
+//!
+//! Setup (VIRTIO 1.2, 3.1.1): reset, ACKNOWLEDGE and DRIVER, feature negotiation with
+//! FEATURES_OK, the configuration checked (magic, major version) before the driver commits,
+//! the three queues without MSI-X vectors, eventq buffers, DRIVER_OK. Dropping the
+//! transport resets the device: the backend then discards everything it held for this driver
+//! (spec, 11.1), and the rings can be freed.
+
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use log::{debug, warn};
+use vrdma_spec::config::CONFIG_SIZE;
+use vrdma_spec::features::{VIRTIO_F_RING_EVENT_IDX, VRDMA_F_ALL};
+use vrdma_spec::queue::{CONTROLQ, DOORBELLQ, EVENTQ, NUM_QUEUES};
+use vrdma_spec::DeviceConfig;
+
+use super::function::PciFunction;
+use super::interrupt::Interrupts;
+use super::virtio::{status, NotifyAddress, VirtioPci, DEVICE_FEATURE_MASK};
+use crate::transport::queues::{ControlChannel, EventChannel, QueueSignal, SignalledQueue};
+use crate::transport::{DmaMemory, SharedMemory, Transport, TransportError};
+
+/// Settings of a [`PciTransport`].
+#[derive(Clone, Debug)]
+pub struct PciOptions {
+    /// Largest number of entries of each virtqueue (a power of two; the device's maximum
+    /// may be smaller).
+    pub queue_size: u16,
+    /// How long a control command may take before the transport gives up.
+    pub command_timeout: Duration,
+    /// Device-specific feature bits (0..=23) the driver accepts if offered.
+    pub device_features: u64,
+    /// Event buffers kept posted on the event queue.
+    pub event_buffers: u16,
+    /// Size of each event buffer.
+    pub event_buffer_size: u32,
+}
+
+impl Default for PciOptions {
+    fn default() -> Self {
+        PciOptions {
+            queue_size: 256,
+            command_timeout: Duration::from_secs(30),
+            device_features: VRDMA_F_ALL,
+            event_buffers: 64,
+            event_buffer_size: 64,
+        }
+    }
+}
+
+/// Notifies one queue with a register write and waits for the device's interrupt.
+struct PciSignal {
+    device: Arc<VirtioPci>,
+    interrupts: Arc<Interrupts>,
+    notify: NotifyAddress,
+}
+
+impl QueueSignal for PciSignal {
+    type Ticket = u64;
+
+    fn notify(&self) -> Result<(), TransportError> {
+        self.device.notify(&self.notify)
+    }
+
+    fn arm(&self) -> u64 {
+        self.interrupts.generation()
+    }
+
+    fn wait(&self, seen: u64, deadline: Option<Instant>) -> Result<bool, TransportError> {
+        self.interrupts.wait(&self.device, seen, deadline)
+    }
+}
+
+/// A vrdma device driven through its PCI function.
+pub struct PciTransport {
+    device: Arc<VirtioPci>,
+    interrupts: Arc<Interrupts>,
+    control: ControlChannel<PciSignal>,
+    events: EventChannel<PciSignal>,
+    doorbell: NotifyAddress,
+    dma: Arc<dyn DmaMemory>,
+    shared_memory: SharedMemory,
+    config: Vec<u8>,
+    device_features: u64,
+}
+
+impl PciTransport {
+    /// Initialises the vrdma device behind `function`. On failure the device is left
+    /// FAILED (or reset, if it had been started).
+    pub fn open(
+        function: Arc<dyn PciFunction>,
+        options: PciOptions,
+    ) -> Result<Self, TransportError> {
+        if options.queue_size == 0 || !options.queue_size.is_power_of_two() {
+            return Err(TransportError::InvalidRequest("queue size"));
+        }
+        let device = Arc::new(VirtioPci::probe(function)?);
+        device.reset()?;
+        device.add_status(status::ACKNOWLEDGE)?;
+        device.add_status(status::DRIVER)?;
+        let set_up = Self::set_up(&device, &options);
+        if set_up.is_err() {
+            // Best effort: the device may be what failed.
+            if let Err(e) = device.add_status(status::FAILED) {
+                warn!("cannot mark the device FAILED: {e}");
+            }
+        }
+        let mut transport = set_up?;
+        // On failure, dropping `transport` resets the device.
+        transport.start()?;
+        Ok(transport)
+    }
+
+    /// Everything up to (not including) DRIVER_OK.
+    fn set_up(device: &Arc<VirtioPci>, options: &PciOptions) -> Result<Self, TransportError> {
+        let features = device.negotiate(options.device_features)?;
+        let event_idx = features & VIRTIO_F_RING_EVENT_IDX != 0;
+        // Refuse a device of another major version before committing to it (spec, 3).
+        let config = device.read_config(CONFIG_SIZE)?;
+        DeviceConfig::decode(&config)
+            .map_err(|e| TransportError::DeviceFailure(format!("configuration: {e}")))?;
+        let num_queues = device.num_queues()?;
+        if num_queues < NUM_QUEUES {
+            return Err(TransportError::DeviceFailure(format!(
+                "the device has {num_queues} virtqueues, {NUM_QUEUES} needed"
+            )));
+        }
+        device.disable_config_vector()?;
+        let dma = device.function().dma();
+        let interrupts = Arc::new(Interrupts::default());
+        let queue = |index| -> Result<SignalledQueue<PciSignal>, TransportError> {
+            let (queue, notify) =
+                device.set_up_queue(dma.as_ref(), index, options.queue_size, event_idx)?;
+            Ok(SignalledQueue {
+                queue,
+                signal: PciSignal {
+                    device: device.clone(),
+                    interrupts: interrupts.clone(),
+                    notify,
+                },
+            })
+        };
+        let control = queue(CONTROLQ)?;
+        let events = queue(EVENTQ)?;
+        let doorbell = queue(DOORBELLQ)?.signal.notify;
+        let control = ControlChannel::new(dma.as_ref(), control, options.command_timeout)?;
+        let events = EventChannel::start(
+            dma.as_ref(),
+            events,
+            options.event_buffers,
+            options.event_buffer_size,
+        )?;
+        let shared_memory = device.shared_memory()?;
+        Ok(PciTransport {
+            device: device.clone(),
+            interrupts,
+            control,
+            events,
+            doorbell,
+            dma,
+            shared_memory,
+            config,
+            device_features: features & DEVICE_FEATURE_MASK,
+        })
+    }
+
+    /// DRIVER_OK, then the buffers posted on the event queue are announced.
+    fn start(&mut self) -> Result<(), TransportError> {
+        self.device.add_status(status::DRIVER_OK)?;
+        let device_status = self.device.status()?;
+        if device_status & (status::DRIVER_OK | status::DEVICE_NEEDS_RESET) != status::DRIVER_OK {
+            return Err(TransportError::DeviceFailure(format!(
+                "the device did not start (status {device_status:#x})"
+            )));
+        }
+        // The device now knows the negotiated features: read what it reports with them.
+        self.config = self.device.read_config(CONFIG_SIZE)?;
+        self.events.notify()?;
+        debug!(
+            "vrdma PCI device started: features {:#x}, shared memory {:#x} bytes",
+            self.device_features,
+            self.shared_memory.len()
+        );
+        Ok(())
+    }
+
+    /// The virtio-pci device (for tests and diagnostics).
+    pub fn device(&self) -> &VirtioPci {
+        &self.device
+    }
+}
+
+impl Transport for PciTransport {
+    fn device_features(&self) -> u64 {
+        self.device_features
+    }
+
+    fn device_config(&self) -> &[u8] {
+        &self.config
+    }
+
+    fn execute(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
+        self.control.execute(self.dma.as_ref(), request, response)
+    }
+
+    fn notify_doorbell(&self) -> Result<(), TransportError> {
+        self.device.notify(&self.doorbell)
+    }
+
+    fn next_event(
+        &self,
+        out: &mut [u8],
+        timeout: Option<Duration>,
+    ) -> Result<Option<usize>, TransportError> {
+        self.events.next_event(out, timeout)
+    }
+
+    fn event_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
+    fn shared_memory(&self) -> SharedMemory {
+        self.shared_memory.clone()
+    }
+
+    fn dma(&self) -> &dyn DmaMemory {
+        self.dma.as_ref()
+    }
+}
+
+impl Drop for PciTransport {
+    fn drop(&mut self) {
+        self.interrupts
+            .fail("the transport is shutting down".into());
+        if let Err(e) = self.device.reset() {
+            warn!("cannot reset the vrdma PCI device: {e}");
+        }
+    }
+}

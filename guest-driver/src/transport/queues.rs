@@ -1,0 +1,414 @@
+//! The control and event queues as every transport drives them; only how a queue is notified
+//! and how the driver sleeps until the device used buffers differ ([`QueueSignal`]).
+//!
+//! Control commands: one chain per command (request bytes, then response bytes, each split
+//! at the discontinuities of its DMA buffer), executed one at a time with a timeout, after
+//! which the queue is considered broken: the device may still write into the buffers of a
+//! chain it never returned, so they can never be reused. Events: a fixed set of
+//! device-writable buffers kept posted, each re-posted once its event has been copied out.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::{DmaMemory, TransportError};
+use crate::dma::{DmaBuffer, PAGE_SIZE};
+use crate::virtq::{Buffer, SplitQueue, UsedElement};
+
+/// How a transport notifies one virtqueue and waits for the device to use its buffers.
+pub(crate) trait QueueSignal: Send {
+    /// What [`QueueSignal::wait`] needs to know about notifications that arrive between
+    /// [`QueueSignal::arm`] and the wait.
+    type Ticket;
+
+    /// Tells the device that the queue has new available buffers.
+    fn notify(&self) -> Result<(), TransportError>;
+
+    /// Called before the driver's last look at the used ring; a notification the device sends
+    /// after this call ends the [`QueueSignal::wait`] given the returned ticket.
+    fn arm(&self) -> Self::Ticket;
+
+    /// Sleeps until the device may have used buffers, or `deadline` (`None`: never) passes.
+    /// Returns false on timeout.
+    fn wait(&self, ticket: Self::Ticket, deadline: Option<Instant>)
+        -> Result<bool, TransportError>;
+}
+
+/// A virtqueue and how to signal it.
+pub(crate) struct SignalledQueue<S> {
+    pub(crate) queue: SplitQueue,
+    pub(crate) signal: S,
+}
+
+impl<S: QueueSignal> SignalledQueue<S> {
+    /// Notifies the device if it asked for notifications of what was just published.
+    fn notify_if_wanted(&mut self) -> Result<(), TransportError> {
+        if self.queue.should_notify() {
+            self.signal.notify()?;
+        }
+        Ok(())
+    }
+
+    /// The next used chain, waiting until `deadline` for one; `Ok(None)` on timeout.
+    fn next_used(
+        &mut self,
+        deadline: Option<Instant>,
+    ) -> Result<Option<UsedElement>, TransportError> {
+        loop {
+            if let Some(used) = self.queue.pop_used()? {
+                return Ok(Some(used));
+            }
+            let ticket = self.signal.arm();
+            if self.queue.enable_interrupts() {
+                continue;
+            }
+            if !self.signal.wait(ticket, deadline)? {
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// A DMA buffer with the bus-address ranges it covers, physically contiguous pages merged.
+struct MappedBuffer {
+    buffer: DmaBuffer,
+    segments: Vec<Buffer>,
+}
+
+/// Longest descriptor this module writes (a descriptor's length is 32 bits).
+const MAX_SEGMENT: u32 = 1 << 31;
+
+impl MappedBuffer {
+    fn new(dma: &dyn DmaMemory, buffer: DmaBuffer) -> Result<Self, TransportError> {
+        let pages = dma.translate(buffer.as_ptr(), buffer.len())?;
+        let mut segments: Vec<Buffer> = Vec::new();
+        let mut left = buffer.len();
+        for page in pages {
+            let len = left.min(PAGE_SIZE) as u32;
+            left -= len as usize;
+            match segments.last_mut() {
+                Some(last)
+                    if last.addr + u64::from(last.len) == page && last.len <= MAX_SEGMENT - len =>
+                {
+                    last.len += len;
+                }
+                _ => segments.push(Buffer { addr: page, len }),
+            }
+        }
+        Ok(MappedBuffer { buffer, segments })
+    }
+
+    fn alloc(dma: &dyn DmaMemory, len: usize) -> Result<Self, TransportError> {
+        Self::new(dma, dma.alloc(len, PAGE_SIZE)?)
+    }
+
+    /// Appends the ranges holding the first `len` bytes of the buffer to `out`.
+    fn prefix_into(&self, len: usize, out: &mut Vec<Buffer>) {
+        let mut left = len;
+        for segment in &self.segments {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(segment.len as usize);
+            out.push(Buffer {
+                addr: segment.addr,
+                len: take as u32,
+            });
+            left -= take;
+        }
+    }
+}
+
+/// The control queue: synchronous commands, one at a time.
+pub(crate) struct ControlChannel<S> {
+    state: Mutex<ControlState<S>>,
+    timeout: Duration,
+}
+
+struct ControlState<S> {
+    vq: SignalledQueue<S>,
+    request: MappedBuffer,
+    response: MappedBuffer,
+    /// Descriptors of the chain being built (kept to reuse its allocation).
+    readable: Vec<Buffer>,
+    writable: Vec<Buffer>,
+    broken: bool,
+}
+
+impl<S: QueueSignal> ControlChannel<S> {
+    /// Drives the control queue `vq`; commands that take longer than `timeout` fail and
+    /// leave the channel broken.
+    pub(crate) fn new(
+        dma: &dyn DmaMemory,
+        vq: SignalledQueue<S>,
+        timeout: Duration,
+    ) -> Result<Self, TransportError> {
+        Ok(ControlChannel {
+            state: Mutex::new(ControlState {
+                vq,
+                request: MappedBuffer::alloc(dma, PAGE_SIZE)?,
+                response: MappedBuffer::alloc(dma, PAGE_SIZE)?,
+                readable: Vec::new(),
+                writable: Vec::new(),
+                broken: false,
+            }),
+            timeout,
+        })
+    }
+
+    /// See [`super::Transport::execute`].
+    pub(crate) fn execute(
+        &self,
+        dma: &dyn DmaMemory,
+        request: &[u8],
+        response: &mut [u8],
+    ) -> Result<usize, TransportError> {
+        if request.is_empty() || response.is_empty() {
+            return Err(TransportError::InvalidRequest(
+                "a command needs request and response bytes",
+            ));
+        }
+        let response_len =
+            u32::try_from(response.len()).map_err(|_| TransportError::InvalidRequest("size"))?;
+        u32::try_from(request.len()).map_err(|_| TransportError::InvalidRequest("size"))?;
+        let mut guard = lock(&self.state);
+        let control = &mut *guard;
+        if control.broken {
+            return Err(TransportError::DeviceFailure(
+                "an earlier command never completed".into(),
+            ));
+        }
+        control.reserve(dma, request.len(), response.len())?;
+        control.request.buffer.as_mut_slice()[..request.len()].copy_from_slice(request);
+        control.readable.clear();
+        control.writable.clear();
+        control
+            .request
+            .prefix_into(request.len(), &mut control.readable);
+        control
+            .response
+            .prefix_into(response.len(), &mut control.writable);
+        let head = control.vq.queue.add(&control.readable, &control.writable)?;
+        control.vq.notify_if_wanted()?;
+        let deadline = Instant::now() + self.timeout;
+        let used = match control.vq.next_used(Some(deadline)) {
+            Ok(Some(used)) => used,
+            Ok(None) => {
+                control.broken = true;
+                return Err(TransportError::Timeout(self.timeout));
+            }
+            Err(e) => {
+                control.broken = true;
+                return Err(e);
+            }
+        };
+        if used.head != head || used.len > response_len {
+            control.broken = true;
+            return Err(TransportError::DeviceFailure(format!(
+                "control queue returned chain {} with {} bytes for chain {head} of {response_len}",
+                used.head, used.len
+            )));
+        }
+        let len = used.len as usize;
+        response[..len].copy_from_slice(&control.response.buffer.as_slice()[..len]);
+        Ok(len)
+    }
+}
+
+impl<S> ControlState<S> {
+    /// Makes the command buffers at least as large as this command needs.
+    fn reserve(
+        &mut self,
+        dma: &dyn DmaMemory,
+        request: usize,
+        response: usize,
+    ) -> Result<(), TransportError> {
+        if self.request.buffer.len() < request {
+            self.request = MappedBuffer::alloc(dma, request.next_power_of_two())?;
+        }
+        if self.response.buffer.len() < response {
+            self.response = MappedBuffer::alloc(dma, response.next_power_of_two())?;
+        }
+        Ok(())
+    }
+}
+
+/// The event queue: device-writable buffers kept posted.
+pub(crate) struct EventChannel<S> {
+    state: Mutex<EventState<S>>,
+}
+
+struct EventState<S> {
+    vq: SignalledQueue<S>,
+    buffers: DmaBuffer,
+    buffer_size: u32,
+    /// Bus address of each buffer slot.
+    slot_addresses: Vec<u64>,
+    /// Which buffer slot each in-flight chain head carries.
+    slot_of_head: Vec<Option<usize>>,
+}
+
+impl<S: QueueSignal> EventChannel<S> {
+    /// Posts `count` buffers of `buffer_size` bytes on the freshly set-up event queue `vq`
+    /// without notifying the device (the transport does once the device runs). The count is
+    /// clamped to the queue size and the size to a power of two of at most a page, so that no
+    /// buffer crosses a page boundary.
+    pub(crate) fn start(
+        dma: &dyn DmaMemory,
+        vq: SignalledQueue<S>,
+        count: u16,
+        buffer_size: u32,
+    ) -> Result<Self, TransportError> {
+        let count = usize::from(count.clamp(1, vq.queue.size()));
+        let buffer_size = buffer_size.clamp(1, PAGE_SIZE as u32).next_power_of_two();
+        let buffers = dma.alloc(count * buffer_size as usize, PAGE_SIZE)?;
+        let pages = dma.translate(buffers.as_ptr(), buffers.len())?;
+        let slot_addresses = (0..count)
+            .map(|slot| {
+                let offset = slot * buffer_size as usize;
+                pages
+                    .get(offset / PAGE_SIZE)
+                    .map(|page| page + (offset % PAGE_SIZE) as u64)
+                    .ok_or_else(|| {
+                        TransportError::DeviceFailure("DMA translation lists too few pages".into())
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut events = EventState {
+            slot_of_head: vec![None; usize::from(vq.queue.size())],
+            vq,
+            buffers,
+            buffer_size,
+            slot_addresses,
+        };
+        for slot in 0..count {
+            events.post(slot)?;
+        }
+        Ok(EventChannel {
+            state: Mutex::new(events),
+        })
+    }
+
+    /// Notifies the event queue (after the device started, for the buffers posted by
+    /// [`EventChannel::start`]).
+    pub(crate) fn notify(&self) -> Result<(), TransportError> {
+        lock(&self.state).vq.signal.notify()
+    }
+
+    /// See [`super::Transport::next_event`].
+    pub(crate) fn next_event(
+        &self,
+        out: &mut [u8],
+        timeout: Option<Duration>,
+    ) -> Result<Option<usize>, TransportError> {
+        let deadline = timeout.map(|timeout| Instant::now() + timeout);
+        let mut events = lock(&self.state);
+        let Some(used) = events.vq.next_used(deadline)? else {
+            return Ok(None);
+        };
+        let len = events.take(used.head, used.len, out)?;
+        events.repost(used.head)?;
+        Ok(Some(len))
+    }
+}
+
+impl<S: QueueSignal> EventState<S> {
+    fn take(&mut self, head: u16, len: u32, out: &mut [u8]) -> Result<usize, TransportError> {
+        let slot = self.slot_of_head[usize::from(head)]
+            .ok_or_else(|| TransportError::DeviceFailure(format!("event chain {head} unknown")))?;
+        if len > self.buffer_size {
+            return Err(TransportError::DeviceFailure(format!(
+                "event of {len} bytes in a {}-byte buffer",
+                self.buffer_size
+            )));
+        }
+        let len = len as usize;
+        let start = slot * self.buffer_size as usize;
+        let copied = len.min(out.len());
+        out[..copied].copy_from_slice(&self.buffers.as_slice()[start..start + copied]);
+        Ok(len)
+    }
+
+    fn repost(&mut self, head: u16) -> Result<(), TransportError> {
+        let slot = self.slot_of_head[usize::from(head)]
+            .take()
+            .ok_or_else(|| TransportError::DeviceFailure(format!("event chain {head} unknown")))?;
+        self.post(slot)?;
+        self.vq.notify_if_wanted()
+    }
+
+    fn post(&mut self, slot: usize) -> Result<(), TransportError> {
+        let buffer = Buffer {
+            addr: self.slot_addresses[slot],
+            len: self.buffer_size,
+        };
+        let head = self.vq.queue.add(&[], &[buffer])?;
+        self.slot_of_head[usize::from(head)] = Some(slot);
+        Ok(())
+    }
+}
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::process::ProcessDma;
+
+    /// DMA memory whose pages are scattered: page i of every allocation lies at a bus
+    /// address that does not follow page i - 1, except where listed as contiguous.
+    struct ScatteredDma {
+        inner: ProcessDma,
+    }
+
+    impl DmaMemory for ScatteredDma {
+        fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, TransportError> {
+            self.inner.alloc(len, align)
+        }
+
+        fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, TransportError> {
+            let pages = self.inner.translate(addr, len)?;
+            // Pages 0 and 1 stay adjacent; from page 2 on each is moved far away.
+            Ok(pages
+                .into_iter()
+                .enumerate()
+                .map(|(i, page)| {
+                    if i < 2 {
+                        page
+                    } else {
+                        page + ((i as u64) << 32)
+                    }
+                })
+                .collect())
+        }
+    }
+
+    #[test]
+    fn mapped_buffers_merge_contiguous_pages_and_split_the_rest() {
+        let dma = ScatteredDma {
+            inner: ProcessDma::new(1 << 20).unwrap(),
+        };
+        let mapped = MappedBuffer::alloc(&dma, 3 * PAGE_SIZE + 100).unwrap();
+        let first = mapped.segments[0].addr;
+        assert_eq!(mapped.segments.len(), 3);
+        assert_eq!(mapped.segments[0].len, 2 * PAGE_SIZE as u32);
+        assert_eq!(mapped.segments[1].len, PAGE_SIZE as u32);
+        assert_eq!(mapped.segments[2].len, 100);
+        assert_ne!(mapped.segments[1].addr, first + 2 * PAGE_SIZE as u64);
+
+        let mut chain = Vec::new();
+        mapped.prefix_into(PAGE_SIZE + 1, &mut chain);
+        assert_eq!(
+            chain,
+            vec![Buffer {
+                addr: first,
+                len: PAGE_SIZE as u32 + 1
+            }]
+        );
+        chain.clear();
+        mapped.prefix_into(2 * PAGE_SIZE + 5, &mut chain);
+        assert_eq!(chain.len(), 2);
+        assert_eq!(chain[1].len, 5);
+    }
+}
