@@ -160,53 +160,89 @@ impl Drop for EventPump {
 }
 
 fn pump(ctx: &Context, transport: &dyn Transport, routes: &CompletionRoutes, stop: i32) {
-    let Some(events) = transport.event_fd().map(|fd| fd.as_raw_fd()) else {
-        debug!("vrdma: the transport has no event fd; completion channels stay silent");
-        return;
-    };
+    match transport.event_fd().map(|fd| fd.as_raw_fd()) {
+        Some(events) => pump_notified(ctx, routes, events, stop),
+        None => pump_polling(ctx, routes, stop),
+    }
+}
+
+/// For transports with an event fd: sleeps in poll until it or `stop` turns readable.
+fn pump_notified(ctx: &Context, routes: &CompletionRoutes, events: i32, stop: i32) {
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: events,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a live array of two pollfd entries.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
+        match wait_readable([events, stop], -1) {
+            Ok([_, true]) => return,
+            Ok(_) => {}
+            Err(e) => {
+                warn!("vrdma: poll of the event fd failed: {e}");
+                return;
             }
-            warn!("vrdma: poll of the event fd failed: {e}");
-            return;
-        }
-        if fds[1].revents != 0 {
-            return;
         }
         // Drain what is there; the short timeout only covers a notification racing a read.
         loop {
-            match ctx.next_event(Some(Duration::from_millis(1))) {
-                Ok(Some(DeviceEvent::Completion { cq })) => routes.deliver(cq),
-                Ok(Some(event)) => debug!("vrdma: asynchronous event {event:?} not delivered"),
-                Ok(None) => break,
-                Err(VerbsError::Transport(TransportError::Disconnected)) => {
-                    warn!("vrdma: the backend disconnected; no more events");
-                    return;
-                }
-                Err(e) => {
-                    warn!("vrdma: reading events failed: {e}");
-                    return;
-                }
+            match route_next(ctx, routes, Duration::from_millis(1)) {
+                Some(true) => {}
+                Some(false) => break,
+                None => return,
             }
         }
     }
+}
+
+/// For transports without an event fd (PCI polls its interrupt status): waits on the event
+/// queue itself in short slices, looking at `stop` between them.
+fn pump_polling(ctx: &Context, routes: &CompletionRoutes, stop: i32) {
+    loop {
+        match wait_readable([stop, stop], 0) {
+            Ok([true, _]) => return,
+            Ok(_) => {}
+            Err(e) => {
+                warn!("vrdma: poll of the stop fd failed: {e}");
+                return;
+            }
+        }
+        if route_next(ctx, routes, Duration::from_millis(50)).is_none() {
+            return;
+        }
+    }
+}
+
+/// Which of `fds` are readable, waiting up to `timeout_ms` (-1: forever) for one to be.
+fn wait_readable(fds: [i32; 2], timeout_ms: i32) -> io::Result<[bool; 2]> {
+    let mut polled = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    loop {
+        // SAFETY: `polled` is a live array of two pollfd entries.
+        let n = unsafe { libc::poll(polled.as_mut_ptr(), 2, timeout_ms) };
+        if n >= 0 {
+            return Ok(polled.map(|p| p.revents != 0));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Routes the next event if one comes within `timeout`: `Some(true)` if one came,
+/// `Some(false)` if none did, `None` if the transport failed (no more events will come).
+fn route_next(ctx: &Context, routes: &CompletionRoutes, timeout: Duration) -> Option<bool> {
+    match ctx.next_event(Some(timeout)) {
+        Ok(Some(DeviceEvent::Completion { cq })) => routes.deliver(cq),
+        Ok(Some(event)) => debug!("vrdma: asynchronous event {event:?} not delivered"),
+        Ok(None) => return Some(false),
+        Err(VerbsError::Transport(TransportError::Disconnected)) => {
+            warn!("vrdma: the device disconnected; no more events");
+            return None;
+        }
+        Err(e) => {
+            warn!("vrdma: reading events failed: {e}");
+            return None;
+        }
+    }
+    Some(true)
 }
 
 #[cfg(test)]
