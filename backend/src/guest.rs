@@ -670,6 +670,26 @@ impl DeviceHandler for GuestDevice {
         self.failed.store(false, Ordering::Release);
         *lock(&self.acked) = None;
     }
+
+    fn is_device_mapping(&self, file: &std::fs::File) -> bool {
+        // Queue buffers are mapped from the context's uverbs fd: a region backed by the same
+        // character device is one of them, never guest RAM.
+        let queue_fd = match self.host().queue_fd().try_clone_to_owned() {
+            Ok(fd) => std::fs::File::from(fd),
+            Err(_) => return false,
+        };
+        same_character_device(file, &queue_fd)
+    }
+}
+
+fn same_character_device(a: &std::fs::File, b: &std::fs::File) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    match (a.metadata(), b.metadata()) {
+        (Ok(a), Ok(b)) => {
+            a.file_type().is_char_device() && b.file_type().is_char_device() && a.rdev() == b.rdev()
+        }
+        _ => false,
+    }
 }
 
 impl Drop for GuestDevice {
@@ -700,5 +720,20 @@ impl FaultLog {
         } else {
             debug!("guest {guest}: error #{n}: {what}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_mappings_are_recognised_by_their_character_device() {
+        let null = || std::fs::File::open("/dev/null").unwrap();
+        let zero = std::fs::File::open("/dev/zero").unwrap();
+        let regular = std::fs::File::open(env!("CARGO_MANIFEST_PATH")).unwrap();
+        assert!(same_character_device(&null(), &null()));
+        assert!(!same_character_device(&null(), &zero));
+        assert!(!same_character_device(&regular, &regular));
     }
 }

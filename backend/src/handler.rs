@@ -160,6 +160,13 @@ pub trait DeviceHandler: Send + Sync + 'static {
     /// The device was reset or the guest disconnected: drop every host object of this guest.
     /// May be called more than once; a later call with nothing to drop does nothing.
     fn reset(&self);
+
+    /// Whether `file`, offered by the front-end as guest memory, is really one of this
+    /// device's own mappings (QEMU hands `SHMEM_MAP`ped ranges back as memory regions; see
+    /// [`crate::frontend_filter`]). Such regions are kept from the guest memory table.
+    fn is_device_mapping(&self, _file: &std::fs::File) -> bool {
+        false
+    }
 }
 
 /// What a handler can reach of its guest.

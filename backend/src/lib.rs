@@ -3,6 +3,7 @@
 pub mod backend;
 pub mod control;
 pub mod device;
+pub mod frontend_filter;
 pub mod guest;
 pub mod handler;
 pub mod listener;

@@ -8,6 +8,7 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
@@ -20,6 +21,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::backend::VrdmaBackend;
+use crate::frontend_filter;
 use crate::handler::DeviceHandler;
 
 /// Errors of the [`Listener`].
@@ -169,12 +171,18 @@ where
                 return;
             }
         };
-        match start_connection(id, handler, &mut self.socket) {
-            Ok(connection) => self.connections.push(connection),
+        let frontend = match self.socket.accept() {
+            Ok(Some(stream)) => stream,
+            Ok(None) => return,
             Err(e) => {
-                error!("guest {id}: cannot serve: {e}");
-                self.refuse_pending();
+                warn!("guest {id}: cannot accept: {e}");
+                return;
             }
+        };
+        // On failure the stream is dropped, which closes it: the frontend sees a disconnect.
+        match start_connection(id, handler, frontend) {
+            Ok(connection) => self.connections.push(connection),
+            Err(e) => error!("guest {id}: cannot serve: {e}"),
         }
     }
 
@@ -214,31 +222,79 @@ fn join(connection: Connection) {
     }
 }
 
-/// Builds the daemon of one guest, accepts the pending connection with it and serves it on a
-/// new thread.
+/// Builds the daemon of one guest, connects it to `frontend` through the
+/// [`frontend_filter`] and serves it on a new thread.
 fn start_connection<H: DeviceHandler>(
     id: u64,
     handler: H,
-    socket: &mut SocketListener,
+    frontend: UnixStream,
 ) -> Result<Connection, Box<dyn std::error::Error>> {
     let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-    let backend = Arc::new(VrdmaBackend::new(Arc::new(handler), memory.clone())?);
+    let handler = Arc::new(handler);
+    let backend = Arc::new(VrdmaBackend::new(handler.clone(), memory.clone())?);
     let mut daemon = VhostUserDaemon::new(format!("vrdma-guest-{id}"), backend.clone(), memory)
         .map_err(|e| format!("cannot create the daemon: {e}"))?;
     backend.attach(&daemon.get_epoll_handlers())?;
-    daemon
-        .start(socket)
-        .map_err(|e| format!("cannot accept: {e}"))?;
+    let daemon_end = connect_daemon(&mut daemon)?;
+    let filter = frontend_filter::start(
+        frontend,
+        daemon_end,
+        Arc::new(move |file: &std::fs::File| handler.is_device_mapping(file)),
+    )?;
     info!("guest {id}: connected");
     let shutdown = daemon.shutdown_handle();
     let thread = thread::Builder::new()
         .name(format!("vrdma-guest-{id}"))
-        .spawn(move || serve_until_disconnect(id, daemon, backend))?;
+        .spawn(move || {
+            serve_until_disconnect(id, daemon, backend);
+            filter.join();
+        })?;
     Ok(Connection {
         id,
         shutdown,
         thread,
     })
+}
+
+/// Lets `daemon` accept a connection on a private socket (vhost-user-backend serves only
+/// connections it accepts itself) and returns the other end.
+fn connect_daemon<H: DeviceHandler>(
+    daemon: &mut VhostUserDaemon<Arc<VrdmaBackend<H>>>,
+) -> Result<UnixStream, Box<dyn std::error::Error>> {
+    let dir = PrivateDir::create()?;
+    let path = dir.path.join("daemon.sock");
+    let mut listener = SocketListener::from(UnixListener::bind(&path)?);
+    // The connection is queued in the backlog until the daemon accepts it.
+    let stream = UnixStream::connect(&path)?;
+    daemon
+        .start(&mut listener)
+        .map_err(|e| format!("cannot start the daemon: {e}"))?;
+    Ok(stream)
+}
+
+/// A directory only this user can enter, removed on drop.
+struct PrivateDir {
+    path: PathBuf,
+}
+
+impl PrivateDir {
+    fn create() -> io::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let unique = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("vrdma-backend-{}-{unique}", std::process::id()));
+        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
+        Ok(PrivateDir { path })
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.path) {
+            warn!("cannot remove {}: {e}", self.path.display());
+        }
+    }
 }
 
 fn serve_until_disconnect<H: DeviceHandler>(

@@ -1,0 +1,557 @@
+//! Keeps the device's own shared-memory mappings out of the guest memory table.
+//!
+//! QEMU 11.1 inserts every range the back-end fills with `SHMEM_MAP` into guest-physical space
+//! as fd-backed RAM, so QEMU's vhost memory listener hands each of them back to the back-end
+//! as guest memory (`ADD_MEM_REG`, or a region of `SET_MEM_TABLE`) with the very fd the
+//! back-end mapped: a uverbs fd, whose queue mmap offsets can be mapped exactly once. The
+//! mapping vhost-user-backend then attempts fails, and the crate ends the connection. The
+//! device never needs guest-physical access to its own queue region, so those regions are
+//! answered here and never reach the crate.
+//!
+//! Every front-end message passes through this filter on its way to the daemon. Messages
+//! travel whole (header, payload and the descriptors attached to them); only the three
+//! memory-table requests are looked at, and only regions whose descriptor the handler
+//! recognises as its own device ([`DeviceHandler::is_device_mapping`]) are taken out.
+//! Messages of the daemon go back to the front-end unchanged.
+//!
+//! [`DeviceHandler::is_device_mapping`]: crate::handler::DeviceHandler::is_device_mapping
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+
+use log::{debug, warn};
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+use crate::handler::lock;
+
+/// vhost-user message header: request, flags, payload size (all u32, little-endian).
+const HEADER_SIZE: usize = 12;
+/// Largest payload accepted (vhost-user messages are far smaller).
+const MAX_PAYLOAD: usize = 64 * 1024;
+/// Most descriptors one message may carry (SET_MEM_TABLE carries up to 8).
+const MAX_FDS: usize = 32;
+
+const SET_MEM_TABLE: u32 = 5;
+const ADD_MEM_REG: u32 = 37;
+const REM_MEM_REG: u32 = 38;
+
+const FLAG_VERSION: u32 = 0x1;
+const FLAG_REPLY: u32 = 0x4;
+const FLAG_NEED_REPLY: u32 = 0x8;
+
+/// `VhostUserSingleMemoryRegion`: padding, guest address, size, user address, mmap offset.
+const SINGLE_REGION_SIZE: usize = 40;
+/// `VhostUserMemory`: region count and padding, then regions of [`TABLE_REGION_SIZE`].
+const TABLE_HEADER_SIZE: usize = 8;
+/// One region of `VhostUserMemory`: guest address, size, user address, mmap offset.
+const TABLE_REGION_SIZE: usize = 32;
+
+/// Tells whether a memory-region descriptor maps the device itself.
+pub type DeviceMappingTest = Arc<dyn Fn(&File) -> bool + Send + Sync>;
+
+/// One vhost-user message with the descriptors that came with it.
+#[derive(Debug)]
+struct Message {
+    header: [u8; HEADER_SIZE],
+    payload: Vec<u8>,
+    fds: Vec<OwnedFd>,
+}
+
+impl Message {
+    fn request(&self) -> u32 {
+        header_word(&self.header, 0)
+    }
+
+    fn flags(&self) -> u32 {
+        header_word(&self.header, 4)
+    }
+
+    /// Reads the next message; `None` when the peer closed the connection between messages.
+    fn receive(socket: &UnixStream) -> io::Result<Option<Message>> {
+        let mut header = [0u8; HEADER_SIZE];
+        let mut raw_fds = [-1 as RawFd; MAX_FDS];
+        let mut iov = [libc::iovec {
+            iov_base: header.as_mut_ptr().cast(),
+            iov_len: HEADER_SIZE,
+        }];
+        // SAFETY: the iovec points at `header`, which lives across the call and may take any
+        // bytes.
+        let (read, fd_count) = unsafe { socket.recv_with_fds(&mut iov, &mut raw_fds) }
+            .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
+        let fds: Vec<OwnedFd> = raw_fds[..fd_count]
+            .iter()
+            // SAFETY: recvmsg just installed these descriptors in this process; nothing else
+            // owns them.
+            .map(|&fd| unsafe { OwnedFd::from_raw_fd(fd) })
+            .collect();
+        if read == 0 {
+            return Ok(None);
+        }
+        let mut reader = socket;
+        reader.read_exact(&mut header[read..])?;
+        let size = header_word(&header, 8) as usize;
+        if size > MAX_PAYLOAD {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("vhost-user message with a payload of {size} bytes"),
+            ));
+        }
+        let mut payload = vec![0u8; size];
+        reader.read_exact(&mut payload)?;
+        Ok(Some(Message {
+            header,
+            payload,
+            fds,
+        }))
+    }
+
+    fn send(&self, socket: &UnixStream) -> io::Result<()> {
+        let fds: Vec<RawFd> = self.fds.iter().map(AsRawFd::as_raw_fd).collect();
+        let mut bytes = Vec::with_capacity(HEADER_SIZE + self.payload.len());
+        bytes.extend_from_slice(&self.header);
+        bytes.extend_from_slice(&self.payload);
+        let sent = socket
+            .send_with_fds(&[bytes.as_slice()], &fds)
+            .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
+        let mut writer = socket;
+        writer.write_all(&bytes[sent..])
+    }
+
+    /// The success acknowledgement of a request that asked for one.
+    fn ack(request: u32) -> Message {
+        let mut header = [0u8; HEADER_SIZE];
+        header[0..4].copy_from_slice(&request.to_le_bytes());
+        header[4..8].copy_from_slice(&(FLAG_VERSION | FLAG_REPLY).to_le_bytes());
+        header[8..12].copy_from_slice(&8u32.to_le_bytes());
+        Message {
+            header,
+            payload: 0u64.to_le_bytes().to_vec(),
+            fds: Vec::new(),
+        }
+    }
+}
+
+fn header_word(header: &[u8; HEADER_SIZE], offset: usize) -> u32 {
+    u32::from_le_bytes(header[offset..offset + 4].try_into().unwrap_or_default())
+}
+
+fn payload_u64(payload: &[u8], offset: usize) -> Option<u64> {
+    let bytes = payload.get(offset..offset + 8)?;
+    Some(u64::from_le_bytes(bytes.try_into().ok()?))
+}
+
+/// What to do with one front-end message.
+#[derive(Debug)]
+enum Verdict {
+    /// Pass it on (possibly rewritten).
+    Forward(Message),
+    /// Answer it here (when it asked for an answer) and drop it.
+    Absorb { ack: Option<Message> },
+}
+
+/// The filter's memory of the regions it kept from the daemon.
+struct RegionFilter {
+    is_device_mapping: DeviceMappingTest,
+    /// (guest address, size) of every region absorbed and not yet removed.
+    absorbed: HashSet<(u64, u64)>,
+}
+
+impl RegionFilter {
+    fn judge(&mut self, mut message: Message) -> Verdict {
+        match message.request() {
+            ADD_MEM_REG => {
+                let region = single_region(&message.payload);
+                let own = message.fds.len() == 1 && self.owns(&message.fds[0]);
+                match (region, own) {
+                    (Some(region), true) => {
+                        debug!(
+                            "device mapping at {:#x}+{:#x} kept out of guest memory",
+                            region.0, region.1
+                        );
+                        self.absorbed.insert(region);
+                        self.absorb(&message)
+                    }
+                    _ => Verdict::Forward(message),
+                }
+            }
+            REM_MEM_REG => match single_region(&message.payload) {
+                Some(region) if self.absorbed.remove(&region) => self.absorb(&message),
+                _ => Verdict::Forward(message),
+            },
+            SET_MEM_TABLE => {
+                self.filter_table(&mut message);
+                Verdict::Forward(message)
+            }
+            _ => Verdict::Forward(message),
+        }
+    }
+
+    fn owns(&self, fd: &OwnedFd) -> bool {
+        match fd.try_clone() {
+            Ok(fd) => (self.is_device_mapping)(&File::from(fd)),
+            Err(e) => {
+                warn!("cannot inspect a memory-region descriptor: {e}");
+                false
+            }
+        }
+    }
+
+    fn absorb(&self, message: &Message) -> Verdict {
+        let wants_reply = message.flags() & FLAG_NEED_REPLY != 0;
+        Verdict::Absorb {
+            ack: wants_reply.then(|| Message::ack(message.request())),
+        }
+    }
+
+    /// Takes the device's own regions out of a whole memory table (`SET_MEM_TABLE` replaces
+    /// the table, so the absorbed set is rebuilt from it).
+    fn filter_table(&mut self, message: &mut Message) {
+        let Some(count) = message
+            .payload
+            .get(0..4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+        else {
+            return;
+        };
+        let count = count as usize;
+        let needed = TABLE_HEADER_SIZE + count * TABLE_REGION_SIZE;
+        if count != message.fds.len() || message.payload.len() < needed {
+            // Malformed: the daemon refuses it with its own checks.
+            return;
+        }
+        self.absorbed.clear();
+        let mut regions = Vec::with_capacity(needed);
+        let mut fds = Vec::with_capacity(count);
+        for (index, fd) in std::mem::take(&mut message.fds).into_iter().enumerate() {
+            let start = TABLE_HEADER_SIZE + index * TABLE_REGION_SIZE;
+            let region = &message.payload[start..start + TABLE_REGION_SIZE];
+            if self.owns(&fd) {
+                let gpa = payload_u64(region, 0).unwrap_or_default();
+                let size = payload_u64(region, 8).unwrap_or_default();
+                self.absorbed.insert((gpa, size));
+                continue;
+            }
+            regions.extend_from_slice(region);
+            fds.push(fd);
+        }
+        let mut payload = Vec::with_capacity(TABLE_HEADER_SIZE + regions.len());
+        payload.extend_from_slice(&(fds.len() as u32).to_le_bytes());
+        payload.extend_from_slice(&message.payload[4..TABLE_HEADER_SIZE]);
+        payload.extend_from_slice(&regions);
+        message.header[8..12].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        message.payload = payload;
+        message.fds = fds;
+    }
+}
+
+/// (guest address, size) of an `ADD_MEM_REG`/`REM_MEM_REG` payload.
+fn single_region(payload: &[u8]) -> Option<(u64, u64)> {
+    if payload.len() < SINGLE_REGION_SIZE {
+        return None;
+    }
+    Some((payload_u64(payload, 8)?, payload_u64(payload, 16)?))
+}
+
+/// The two relay threads of one connection. They end when either side closes.
+pub struct FilterThreads {
+    threads: [JoinHandle<()>; 2],
+}
+
+impl FilterThreads {
+    /// Waits until both directions have ended.
+    pub fn join(self) {
+        for thread in self.threads {
+            if thread.join().is_err() {
+                warn!("a vhost-user filter thread panicked");
+            }
+        }
+    }
+}
+
+/// Relays messages between `frontend` and `daemon` until either closes, keeping device
+/// mappings recognised by `is_device_mapping` away from the daemon.
+pub fn start(
+    frontend: UnixStream,
+    daemon: UnixStream,
+    is_device_mapping: DeviceMappingTest,
+) -> io::Result<FilterThreads> {
+    let frontend_writer = Arc::new(Mutex::new(frontend.try_clone()?));
+    let daemon_reader = daemon.try_clone()?;
+    let mut filter = RegionFilter {
+        is_device_mapping,
+        absorbed: HashSet::new(),
+    };
+    let replies_to = frontend_writer.clone();
+    let requests = thread::Builder::new()
+        .name("vrdma-vu-requests".into())
+        .spawn(move || {
+            let result = (|| -> io::Result<()> {
+                while let Some(message) = Message::receive(&frontend)? {
+                    match filter.judge(message) {
+                        Verdict::Forward(message) => message.send(&daemon)?,
+                        Verdict::Absorb { ack: Some(ack) } => ack.send(&lock(&replies_to))?,
+                        Verdict::Absorb { ack: None } => {}
+                    }
+                }
+                Ok(())
+            })();
+            if let Err(e) = result {
+                debug!("front-end to daemon relay ended: {e}");
+            }
+            // The daemon then sees the front-end's disconnect.
+            let _ = daemon.shutdown(std::net::Shutdown::Both);
+            let _ = frontend.shutdown(std::net::Shutdown::Read);
+        })?;
+    let replies = thread::Builder::new()
+        .name("vrdma-vu-replies".into())
+        .spawn(move || {
+            let result = (|| -> io::Result<()> {
+                while let Some(message) = Message::receive(&daemon_reader)? {
+                    message.send(&lock(&frontend_writer))?;
+                }
+                Ok(())
+            })();
+            if let Err(e) = result {
+                debug!("daemon to front-end relay ended: {e}");
+            }
+            // The daemon went away: let the front-end (and the request relay) see it.
+            let _ = lock(&frontend_writer).shutdown(std::net::Shutdown::Both);
+        })?;
+    Ok(FilterThreads {
+        threads: [requests, replies],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::FileTypeExt;
+
+    fn message(request: u32, flags: u32, payload: Vec<u8>, fds: Vec<OwnedFd>) -> Message {
+        let mut header = [0u8; HEADER_SIZE];
+        header[0..4].copy_from_slice(&request.to_le_bytes());
+        header[4..8].copy_from_slice(&(FLAG_VERSION | flags).to_le_bytes());
+        header[8..12].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        Message {
+            header,
+            payload,
+            fds,
+        }
+    }
+
+    fn single(gpa: u64, size: u64) -> Vec<u8> {
+        [0, gpa, size, 0x7f00_0000_0000, 0]
+            .iter()
+            .flat_map(|v: &u64| v.to_le_bytes())
+            .collect()
+    }
+
+    fn memfd() -> OwnedFd {
+        let file = tempfile();
+        file.into()
+    }
+
+    fn tempfile() -> File {
+        let path = std::env::temp_dir().join(format!(
+            "vrdma-filter-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file
+    }
+
+    /// "Device mappings" in these tests are descriptors of character devices (/dev/null).
+    fn char_device_test() -> DeviceMappingTest {
+        Arc::new(|file: &File| {
+            file.metadata()
+                .is_ok_and(|m| m.file_type().is_char_device())
+        })
+    }
+
+    fn device_fd() -> OwnedFd {
+        File::open("/dev/null").unwrap().into()
+    }
+
+    struct Harness {
+        frontend: UnixStream,
+        daemon: UnixStream,
+        threads: FilterThreads,
+    }
+
+    fn harness() -> Harness {
+        let (frontend, frontend_far) = UnixStream::pair().unwrap();
+        let (daemon, daemon_far) = UnixStream::pair().unwrap();
+        let threads = start(frontend_far, daemon_far, char_device_test()).unwrap();
+        Harness {
+            frontend,
+            daemon,
+            threads,
+        }
+    }
+
+    #[test]
+    fn guest_ram_passes_and_device_mappings_are_acknowledged_here() {
+        let h = harness();
+        // Guest RAM: forwarded with its descriptor.
+        message(
+            ADD_MEM_REG,
+            FLAG_NEED_REPLY,
+            single(0, 1 << 20),
+            vec![memfd()],
+        )
+        .send(&h.frontend)
+        .unwrap();
+        let got = Message::receive(&h.daemon).unwrap().unwrap();
+        assert_eq!(got.request(), ADD_MEM_REG);
+        assert_eq!(got.fds.len(), 1);
+        assert_eq!(single_region(&got.payload), Some((0, 1 << 20)));
+
+        // A device mapping: answered by the filter, never seen by the daemon.
+        message(
+            ADD_MEM_REG,
+            FLAG_NEED_REPLY,
+            single(0xf800_0000, 0x1000),
+            vec![device_fd()],
+        )
+        .send(&h.frontend)
+        .unwrap();
+        let ack = Message::receive(&h.frontend).unwrap().unwrap();
+        assert_eq!(ack.request(), ADD_MEM_REG);
+        assert_eq!(ack.flags(), FLAG_VERSION | FLAG_REPLY);
+        assert_eq!(ack.payload, 0u64.to_le_bytes());
+
+        // Its removal too; a removal of guest RAM goes through.
+        message(
+            REM_MEM_REG,
+            FLAG_NEED_REPLY,
+            single(0xf800_0000, 0x1000),
+            vec![],
+        )
+        .send(&h.frontend)
+        .unwrap();
+        assert_eq!(
+            Message::receive(&h.frontend).unwrap().unwrap().request(),
+            REM_MEM_REG
+        );
+        message(REM_MEM_REG, 0, single(0, 1 << 20), vec![])
+            .send(&h.frontend)
+            .unwrap();
+        let got = Message::receive(&h.daemon).unwrap().unwrap();
+        assert_eq!(got.request(), REM_MEM_REG);
+
+        // Replies of the daemon reach the front-end unchanged.
+        Message::ack(REM_MEM_REG).send(&h.daemon).unwrap();
+        let reply = Message::receive(&h.frontend).unwrap().unwrap();
+        assert_eq!(reply.request(), REM_MEM_REG);
+
+        // Without NEED_REPLY, nothing is answered: the next thing the front-end reads is the
+        // daemon's reply to a later message.
+        message(
+            ADD_MEM_REG,
+            0,
+            single(0xf900_0000, 0x1000),
+            vec![device_fd()],
+        )
+        .send(&h.frontend)
+        .unwrap();
+        message(1, FLAG_NEED_REPLY, vec![], vec![])
+            .send(&h.frontend)
+            .unwrap();
+        assert_eq!(Message::receive(&h.daemon).unwrap().unwrap().request(), 1);
+        Message::ack(1).send(&h.daemon).unwrap();
+        assert_eq!(Message::receive(&h.frontend).unwrap().unwrap().request(), 1);
+
+        drop(h.frontend);
+        assert!(Message::receive(&h.daemon).unwrap().is_none());
+        h.threads.join();
+    }
+
+    #[test]
+    fn a_whole_memory_table_loses_only_the_device_mappings() {
+        let h = harness();
+        let mut payload = Vec::new();
+        payload.extend_from_slice(&3u32.to_le_bytes());
+        payload.extend_from_slice(&0u32.to_le_bytes());
+        for (gpa, size) in [
+            (0u64, 1u64 << 30),
+            (0xf800_0000, 0x2000),
+            (1 << 32, 1 << 30),
+        ] {
+            for v in [gpa, size, 0x7f00_0000_0000, 0] {
+                payload.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        message(
+            SET_MEM_TABLE,
+            0,
+            payload,
+            vec![memfd(), device_fd(), memfd()],
+        )
+        .send(&h.frontend)
+        .unwrap();
+        let got = Message::receive(&h.daemon).unwrap().unwrap();
+        assert_eq!(got.request(), SET_MEM_TABLE);
+        assert_eq!(got.fds.len(), 2);
+        assert_eq!(header_word(&got.header, 8) as usize, got.payload.len());
+        assert_eq!(got.payload.len(), TABLE_HEADER_SIZE + 2 * TABLE_REGION_SIZE);
+        assert_eq!(&got.payload[0..4], &2u32.to_le_bytes());
+        assert_eq!(payload_u64(&got.payload, 8), Some(0));
+        assert_eq!(payload_u64(&got.payload, 8 + 32), Some(1 << 32));
+        for fd in &got.fds {
+            assert!(!File::from(fd.as_fd().try_clone_to_owned().unwrap())
+                .metadata()
+                .unwrap()
+                .file_type()
+                .is_char_device());
+        }
+        // The absorbed region of the table is answered on removal.
+        message(
+            REM_MEM_REG,
+            FLAG_NEED_REPLY,
+            single(0xf800_0000, 0x2000),
+            vec![],
+        )
+        .send(&h.frontend)
+        .unwrap();
+        assert_eq!(
+            Message::receive(&h.frontend).unwrap().unwrap().request(),
+            REM_MEM_REG
+        );
+        drop(h.daemon);
+        assert!(Message::receive(&h.frontend).unwrap().is_none());
+        h.threads.join();
+    }
+
+    #[test]
+    fn oversized_or_truncated_messages_end_the_relay_without_panicking() {
+        let h = harness();
+        let mut header = [0u8; HEADER_SIZE];
+        header[8..12].copy_from_slice(&(MAX_PAYLOAD as u32 + 1).to_le_bytes());
+        let mut frontend = &h.frontend;
+        frontend.write_all(&header).unwrap();
+        assert!(Message::receive(&h.daemon).unwrap().is_none());
+        h.threads.join();
+
+        let h = harness();
+        let mut frontend = &h.frontend;
+        frontend.write_all(&[1, 0, 0]).unwrap();
+        drop(h.frontend);
+        assert!(Message::receive(&h.daemon).unwrap().is_none());
+        h.threads.join();
+    }
+}
