@@ -24,6 +24,8 @@ pub enum Opcode {
     QueryPkey = 0x0004,
     /// Register the driver's doorbell area.
     SetDoorbellArea = 0x0005,
+    /// Discard every object of the guest (spec §11.1) before a reset.
+    DiscardState = 0x0006,
     /// Allocate a protection domain.
     AllocPd = 0x0010,
     /// Free a protection domain.
@@ -62,12 +64,13 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 22] = [
+    pub const ALL: [Opcode; 23] = [
         Opcode::QueryDevice,
         Opcode::QueryPort,
         Opcode::QueryGid,
         Opcode::QueryPkey,
         Opcode::SetDoorbellArea,
+        Opcode::DiscardState,
         Opcode::AllocPd,
         Opcode::DeallocPd,
         Opcode::RegMr,
@@ -91,7 +94,7 @@ impl Opcode {
     pub const fn request_body_len(self) -> usize {
         use core::mem::size_of;
         match self {
-            Opcode::QueryDevice | Opcode::AllocPd => 0,
+            Opcode::QueryDevice | Opcode::AllocPd | Opcode::DiscardState => 0,
             Opcode::QueryPort => size_of::<QueryPortReq>(),
             Opcode::QueryGid | Opcode::QueryPkey => size_of::<QueryTableReq>(),
             Opcode::SetDoorbellArea => size_of::<SetDoorbellAreaReq>(),
@@ -131,6 +134,7 @@ impl Opcode {
             Opcode::QuerySrq => size_of::<QuerySrqResp>(),
             Opcode::CreateAh => size_of::<CreateAhResp>(),
             Opcode::SetDoorbellArea
+            | Opcode::DiscardState
             | Opcode::DeallocPd
             | Opcode::DeregMr
             | Opcode::DestroyCq
@@ -260,6 +264,8 @@ pub enum ControlRequest<'a> {
     QueryPkey(QueryTableReq),
     /// SET_DOORBELL_AREA.
     SetDoorbellArea(SetDoorbellAreaReq),
+    /// DISCARD_STATE.
+    DiscardState,
     /// ALLOC_PD.
     AllocPd,
     /// DEALLOC_PD.
@@ -533,6 +539,10 @@ impl<'a> ControlRequest<'a> {
                 empty(body)?;
                 ControlRequest::AllocPd
             }
+            Opcode::DiscardState => {
+                empty(body)?;
+                ControlRequest::DiscardState
+            }
             Opcode::QueryPort => {
                 let r: QueryPortReq = take_body(body)?;
                 range(r.port_num.get().into(), 1, u8::MAX.into(), "port_num")?;
@@ -679,6 +689,7 @@ impl<'a> ControlRequest<'a> {
             ControlRequest::QueryGid(_) => Opcode::QueryGid,
             ControlRequest::QueryPkey(_) => Opcode::QueryPkey,
             ControlRequest::SetDoorbellArea(_) => Opcode::SetDoorbellArea,
+            ControlRequest::DiscardState => Opcode::DiscardState,
             ControlRequest::AllocPd => Opcode::AllocPd,
             ControlRequest::DeallocPd(_) => Opcode::DeallocPd,
             ControlRequest::RegMr(_) => Opcode::RegMr,
@@ -733,7 +744,9 @@ impl<'a> ControlRequest<'a> {
         };
         out.extend_from_slice(hdr.as_bytes());
         match self {
-            ControlRequest::QueryDevice | ControlRequest::AllocPd => {}
+            ControlRequest::QueryDevice
+            | ControlRequest::AllocPd
+            | ControlRequest::DiscardState => {}
             ControlRequest::QueryPort(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::QueryGid(r) | ControlRequest::QueryPkey(r) => {
                 out.extend_from_slice(r.as_bytes())

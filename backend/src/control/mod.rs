@@ -17,6 +17,7 @@ pub mod qp;
 pub mod query;
 pub mod rings;
 pub mod srq;
+pub mod state;
 
 use std::io;
 
@@ -191,6 +192,7 @@ pub(crate) fn execute(s: &mut Session<'_>, request: &ControlRequest<'_>) -> Comm
         ControlRequest::QueryGid(r) => query::query_gid(s, r),
         ControlRequest::QueryPkey(r) => query::query_pkey(s, r),
         ControlRequest::SetDoorbellArea(r) => doorbell::set_doorbell_area(s, r),
+        ControlRequest::DiscardState => state::discard_state(s),
         ControlRequest::AllocPd => pd::alloc_pd(s),
         ControlRequest::DeallocPd(r) => pd::dealloc_pd(s, r),
         ControlRequest::RegMr(r) => mr::reg_mr(s, r),

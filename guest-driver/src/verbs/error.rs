@@ -139,6 +139,7 @@ pub fn opcode_name(opcode: Opcode) -> &'static str {
         Opcode::QueryGid => "QUERY_GID",
         Opcode::QueryPkey => "QUERY_PKEY",
         Opcode::SetDoorbellArea => "SET_DOORBELL_AREA",
+        Opcode::DiscardState => "DISCARD_STATE",
         Opcode::AllocPd => "ALLOC_PD",
         Opcode::DeallocPd => "DEALLOC_PD",
         Opcode::RegMr => "REG_MR",

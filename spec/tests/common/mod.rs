@@ -119,6 +119,7 @@ pub fn create_qp_req() -> CreateQpReq {
 pub fn all_requests(pages: &[u8]) -> Vec<ControlRequest<'_>> {
     vec![
         ControlRequest::QueryDevice,
+        ControlRequest::DiscardState,
         ControlRequest::QueryPort(QueryPortReq {
             port_num: Le32::new(1),
             reserved: Le32::ZERO,

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use log::{debug, warn};
 use vrdma_spec::config::CONFIG_SIZE;
+use vrdma_spec::control::{ControlRequest, ControlResponse, Opcode, HEADER_SIZE};
 use vrdma_spec::features::{VIRTIO_F_RING_EVENT_IDX, VRDMA_F_ALL};
 use vrdma_spec::queue::{CONTROLQ, DOORBELLQ, EVENTQ, NUM_QUEUES};
 use vrdma_spec::DeviceConfig;
@@ -191,6 +192,33 @@ impl PciTransport {
     pub fn device(&self) -> &VirtioPci {
         &self.device
     }
+
+    /// Resets the device after asking it to discard every object (DISCARD_STATE), so that
+    /// the device removes its shared-memory mappings itself: QEMU 11.1.3 crashes on the next
+    /// start of a device whose reset removed live mappings (spec §11.1). Waiters fail; the
+    /// transport is unusable afterwards.
+    pub fn reset(&self) -> Result<(), TransportError> {
+        self.discard_state();
+        self.interrupts.fail("the device was reset".into());
+        self.device.reset()
+    }
+
+    /// Best effort: a device that cannot answer is reset all the same.
+    fn discard_state(&self) {
+        let request = ControlRequest::DiscardState.to_vec();
+        let mut response = [0u8; HEADER_SIZE];
+        let outcome = self
+            .execute(&request, &mut response)
+            .map_err(|e| e.to_string())
+            .and_then(|len| {
+                ControlResponse::decode(Opcode::DiscardState, &response[..len])
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r.into_result().map_err(|e| e.to_string()))
+            });
+        if let Err(e) = outcome {
+            debug!("DISCARD_STATE before the reset failed: {e}");
+        }
+    }
 }
 
 impl Transport for PciTransport {
@@ -233,6 +261,7 @@ impl Transport for PciTransport {
 
 impl Drop for PciTransport {
     fn drop(&mut self) {
+        self.discard_state();
         self.interrupts
             .fail("the transport is shutting down".into());
         if let Err(e) = self.device.reset() {
