@@ -490,6 +490,16 @@ impl Device {
                     reserved: [0; 6],
                 }))
             }
+            R::DiscardState => {
+                self.pds.clear();
+                self.mrs.clear();
+                self.cqs.clear();
+                self.qps.clear();
+                self.ahs.clear();
+                self.doorbell = None;
+                self.region_pages.iter_mut().for_each(|page| *page = false);
+                Ok(ResponseBody::Empty)
+            }
             R::SetDoorbellArea(r) => {
                 if r.slots.get() != DOORBELL_SLOTS {
                     return Err(Status::Invalid);
