@@ -8,6 +8,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod bench;
 pub mod cache;
 pub mod error;
 pub mod host;
@@ -15,6 +16,7 @@ pub mod initramfs;
 pub mod inside;
 pub mod native;
 pub mod perftest;
+pub mod qtest;
 pub mod relay;
 pub mod rootfs;
 pub mod scenarios;

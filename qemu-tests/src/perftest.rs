@@ -5,6 +5,7 @@
 //! library) and compare against the native run from the same boot.
 
 use std::fmt::Write as _;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,15 @@ impl Tool {
 
     pub fn is_latency(self) -> bool {
         matches!(self, Tool::IbSendLat | Tool::IbWriteLat)
+    }
+
+    /// What [`Measurement::headline`] reports for this tool.
+    pub fn headline_unit(self) -> &'static str {
+        if self.is_latency() {
+            "typical_us"
+        } else {
+            "MiB/s"
+        }
     }
 }
 
@@ -77,6 +87,9 @@ pub const BASELINE: &[Case] = &[
     },
 ];
 
+/// The device vrdma's drop-in library presents.
+pub const DROPIN_DEVICE: &str = "vrdma0";
+
 /// How one side (server or client) runs: on which device, with which environment (e.g. a
 /// drop-in libibverbs on `LD_LIBRARY_PATH`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -95,6 +108,23 @@ impl Side {
             device: device.into(),
             gid_index: 0,
             env: Vec::new(),
+        }
+    }
+
+    /// perftest over vrdma's drop-in `libibverbs.so.1` (found first on `LD_LIBRARY_PATH` in
+    /// `library_dir`), process transport to the backend listening on `socket`.
+    pub fn over_dropin(socket: &Path, library_dir: &Path) -> Self {
+        Self {
+            label: "vrdma".into(),
+            device: DROPIN_DEVICE.into(),
+            gid_index: 0,
+            env: vec![
+                ("VRDMA_SOCKET".into(), socket.to_string_lossy().into_owned()),
+                (
+                    "LD_LIBRARY_PATH".into(),
+                    library_dir.to_string_lossy().into_owned(),
+                ),
+            ],
         }
     }
 
@@ -148,6 +178,15 @@ impl Measurement {
                 msg_rate_mpps,
                 ..
             } => *avg_mib_s > 0.0 && *msg_rate_mpps > 0.0,
+        }
+    }
+
+    /// The figure comparisons read: the typical latency in µs for the latency tools (lower is
+    /// better), the average bandwidth in MiB/s for the bandwidth tools (higher is better).
+    pub fn headline(&self) -> f64 {
+        match self {
+            Measurement::Latency { typical_us, .. } => *typical_us,
+            Measurement::Bandwidth { avg_mib_s, .. } => *avg_mib_s,
         }
     }
 
@@ -518,6 +557,38 @@ mod tests {
         assert_eq!(table.lines().count(), 3);
         assert!(table.contains("ib_send_lat") && table.contains("58.61"));
         assert!(table.contains("ib_write_bw") && table.contains("33.60"));
+    }
+
+    #[test]
+    fn headline_is_typical_latency_or_average_bandwidth() {
+        let (_, _, lat) = parse(Tool::IbSendLat, LAT).unwrap();
+        assert_eq!(lat.headline(), 58.61);
+        let (_, _, bw) = parse(Tool::IbWriteBw, BW).unwrap();
+        assert_eq!(bw.headline(), 33.60);
+        assert_eq!(Tool::IbWriteLat.headline_unit(), "typical_us");
+        assert_eq!(Tool::IbReadBw.headline_unit(), "MiB/s");
+    }
+
+    #[test]
+    fn dropin_side_puts_the_library_first_and_names_the_socket() {
+        let side = Side::over_dropin(Path::new("/tmp/b.sock"), Path::new("/lib/vrdma"));
+        let cmd = side.command(&BASELINE[2], 18515, None);
+        let env: Vec<(String, String)> = cmd
+            .get_envs()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.unwrap().to_string_lossy().into_owned(),
+                )
+            })
+            .collect();
+        assert!(env.contains(&("VRDMA_SOCKET".into(), "/tmp/b.sock".into())));
+        assert!(env.contains(&("LD_LIBRARY_PATH".into(), "/lib/vrdma".into())));
+        let args: Vec<String> = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(args[..2], ["-d", DROPIN_DEVICE]);
     }
 
     #[test]

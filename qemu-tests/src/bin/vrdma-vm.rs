@@ -6,11 +6,14 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use vrdma_qemu_tests::bench;
 use vrdma_qemu_tests::cache::Cache;
 use vrdma_qemu_tests::native;
 use vrdma_qemu_tests::perftest::{self, Row, Side};
 use vrdma_qemu_tests::rootfs::{self, PreparedRoot, TRIXIE_RXE};
-use vrdma_qemu_tests::scenarios::{perftest_over_vrdma, process_pingpong};
+use vrdma_qemu_tests::scenarios::{
+    guest_pingpong, perftest_over_vrdma, process_pingpong, qtest_pingpong, readme_qemu,
+};
 use vrdma_qemu_tests::vm::{self, shares_for, Accel, VmConfig};
 use vrdma_qemu_tests::{Error, Result};
 
@@ -50,6 +53,20 @@ enum Cmd {
         #[arg(long)]
         no_build: bool,
     },
+    /// Benchmarks in one boot: perftest natively and over vrdma, control-path costs, doorbell
+    /// cost with many QPs and guests; prints tables (and JSON with --json).
+    Bench {
+        #[command(flatten)]
+        vm: VmArgs,
+        #[command(flatten)]
+        settings: bench::Settings,
+        /// Also write the results (with machine info) as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Use the workspace binaries as they are (see `test`).
+        #[arg(long)]
+        no_build: bool,
+    },
     /// Commands that run inside the VM (used by `test`).
     #[command(hide = true)]
     Guest {
@@ -75,6 +92,14 @@ enum Suite {
     /// libibverbs.so.1 (process transport) against a native server, and with both sides over
     /// vrdma, in one boot.
     PerftestOverVrdma,
+    /// QEMU's vrdma device (vhost-user-test-device-pci on vrdma-backend) driven through qtest:
+    /// the library over the PCI transport against native peers, every byte verified, a
+    /// device reset and a QEMU kill in mid-traffic; and the README's QEMU command line.
+    QtestPingpong,
+    /// A real Linux guest under QEMU with the vrdma device runs vrdma-pingpong over the PCI
+    /// transport against a native peer. Needs KVM inside the rxe VM; reports "skipped"
+    /// without it.
+    GuestPingpong,
 }
 
 #[derive(Subcommand)]
@@ -95,6 +120,37 @@ enum GuestCmd {
         /// Rounds of the kill-mid-traffic cleanup check.
         #[arg(long, default_value_t = 50)]
         cleanup_rounds: u32,
+    },
+    /// The qtest-pingpong scenario; results go to $VRDMA_RESULT_DIR/qtest-pingpong.json.
+    QtestPingpong {
+        /// The native C peer (built on the host).
+        #[arg(long)]
+        native: PathBuf,
+        /// Iterations per operation and size of the verified run.
+        #[arg(long, default_value_t = 20)]
+        iters: u32,
+    },
+    /// The guest-pingpong scenario; results go to $VRDMA_RESULT_DIR/guest-pingpong.json.
+    GuestPingpong {
+        /// The native C peer (built on the host).
+        #[arg(long)]
+        native: PathBuf,
+        /// The prepared root file system (kernel, initramfs, tree) for the nested guest.
+        #[arg(long)]
+        root_dir: PathBuf,
+        /// Iterations per operation and size.
+        #[arg(long, default_value_t = 50)]
+        iters: u32,
+    },
+    /// The benchmarks; results go to $VRDMA_RESULT_DIR/bench.json.
+    Bench(bench::GuestArgs),
+    /// Inside the nested guest: relays one TCP connection on 127.0.0.1:PORT to the
+    /// virtio-serial port NAME (the ping-pong's out-of-band exchange).
+    SerialRelay {
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        port: u16,
     },
     /// The perftest-over-vrdma scenario; results go to
     /// $VRDMA_RESULT_DIR/perftest-over-vrdma.json.
@@ -207,7 +263,25 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
                 }
                 perftest_over_vrdma(&vm, json)
             }
+            Suite::QtestPingpong => {
+                if !no_build {
+                    vrdma_qemu_tests::workspace::build_scenario_binaries()?;
+                }
+                qtest_pingpong(&vm, json)
+            }
+            Suite::GuestPingpong => {
+                if !no_build {
+                    vrdma_qemu_tests::workspace::build_scenario_binaries()?;
+                }
+                guest_pingpong(&vm, json)
+            }
         },
+        Cmd::Bench {
+            vm,
+            settings,
+            json,
+            no_build,
+        } => run_bench(&vm, &settings, json, no_build),
         Cmd::Guest { command } => match command {
             GuestCmd::Perftest { device, port } => guest_perftest(&device, port),
             GuestCmd::ProcessPingpong {
@@ -215,8 +289,46 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
                 cleanup_rounds,
             } => guest_process_pingpong(native, cleanup_rounds),
             GuestCmd::PerftestOverVrdma { library_dir } => guest_perftest_over_vrdma(&library_dir),
+            GuestCmd::QtestPingpong { native, iters } => guest_qtest_pingpong(native, iters),
+            GuestCmd::GuestPingpong {
+                native,
+                root_dir,
+                iters,
+            } => guest_guest_pingpong(native, root_dir, iters),
+            GuestCmd::Bench(args) => {
+                let results = bench::run_in_guest(&args)?;
+                deliver_results(bench::SUITE, &results, || bench::render_guest(&results))
+            }
+            GuestCmd::SerialRelay { name, port } => {
+                vrdma_qemu_tests::relay::serve_serial(&name, port, Duration::from_secs(600))?;
+                Ok(ExitCode::SUCCESS)
+            }
         },
     }
+}
+
+fn run_bench(
+    vm_args: &VmArgs,
+    settings: &bench::Settings,
+    json: Option<PathBuf>,
+    no_build: bool,
+) -> Result<ExitCode> {
+    if !no_build {
+        vrdma_qemu_tests::workspace::build_scenario_binaries()?;
+    }
+    let root = rootfs::prepare(&Cache::from_env()?, &TRIXIE_RXE, false)?;
+    let mut config = vm_args.config(&root)?;
+    config.echo = true;
+    let (_, library) = dropin_library()?;
+    // The guest's part is not copied to `json`: `write_json` adds the machine information.
+    let results = bench::run_on_host(settings, &config, &library, |args| {
+        run_guest_suite(&root, &config, bench::SUITE, args, None)
+    })?;
+    print!("{}", bench::render(&results));
+    if let Some(path) = json {
+        bench::write_json(&results, &path)?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn native_perftest(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<ExitCode> {
@@ -349,6 +461,145 @@ fn guest_process_pingpong(native: PathBuf, cleanup_rounds: u32) -> Result<ExitCo
     let results = process_pingpong::run(&binaries, &settings)?;
     deliver_results("process-pingpong", &results, || {
         process_pingpong::render_comparison(&results)
+    })
+}
+
+fn qtest_pingpong(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<ExitCode> {
+    let root = rootfs::prepare(&Cache::from_env()?, &TRIXIE_RXE, false)?;
+    let target = native::default_target_dir()
+        .ok_or_else(|| Error::Usage("cannot find the cargo target directory".into()))?;
+    let native_peer = native::build(&target)?;
+    let config = vm_args.config(&root)?;
+    let args = vec![
+        "--native".into(),
+        native_peer.to_string_lossy().into_owned(),
+    ];
+    let (outcome, results): (_, qtest_pingpong::Results) =
+        run_guest_suite(&root, &config, "qtest-pingpong", args, json.as_deref())?;
+    let device = &results.device;
+    println!(
+        "\nvrdma over QEMU's device under qtest, on rxe0 ({:?}, {} vCPUs; VM run {:.0?})",
+        config.accel, config.cpus, outcome.elapsed
+    );
+    println!(
+        "device {} magic {:?}, {}; shared memory {:#x} bytes",
+        device.function,
+        device.magic,
+        device.bars.join(", "),
+        device.shared_memory_len
+    );
+    println!(
+        "\nvrdma-pingpong, library over qtest next to the native pair (typical one-way latency):"
+    );
+    print!("{}", qtest_pingpong::render_comparison(&results));
+    println!(
+        "\nreset mid-traffic: run ended with \"{}\"; backend released everything in {} ms; \
+         {} rows verified on a new context",
+        results.reset.interrupted_run,
+        results.reset.release_ms,
+        results.reset.continued.len()
+    );
+    println!(
+        "QEMU SIGKILLed mid-traffic: run ended with \"{}\"; rxe0 idle after {} ms",
+        results.kill.interrupted_run, results.kill.release_ms
+    );
+    if let Some(readme) = &results.readme {
+        println!(
+            "README's QEMU command line: device {} up, shared-memory BAR of {} MiB",
+            readme.id,
+            readme.shm_bar_size >> 20
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn guest_qtest_pingpong(native: PathBuf, iters: u32) -> Result<ExitCode> {
+    let binaries = qtest_pingpong::Binaries::beside_current_exe(native)?;
+    let settings = qtest_pingpong::Settings { iters };
+    let mut results = qtest_pingpong::run(&binaries, &settings)?;
+    results.readme = Some(readme_qemu_check(&binaries.backend)?);
+    deliver_results("qtest-pingpong", &results, || {
+        qtest_pingpong::render_comparison(&results)
+    })
+}
+
+/// Runs the README's QEMU command line (adapted to the VM) against a fresh backend.
+fn readme_qemu_check(backend_binary: &Path) -> Result<readme_qemu::DeviceSeen> {
+    println!("== the README's QEMU command line");
+    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
+    let workspace = vm::find_workspace_root(&exe)
+        .ok_or_else(|| Error::Usage("cannot find the workspace (and its README)".into()))?;
+    let readme = std::fs::read_to_string(workspace.join("README.md"))
+        .map_err(|e| Error::Scenario(format!("reading README.md: {e}")))?;
+    let backend = vrdma_qemu_tests::scenarios::backend::Backend::start(
+        backend_binary,
+        "vrdma-readme-backend",
+        &[],
+        "info",
+    )?;
+    let args = readme_qemu::adapt(
+        &readme_qemu::readme_command(&readme)?,
+        &backend.socket,
+        "512M",
+    )?;
+    let seen = readme_qemu::bring_up("qemu-system-x86_64", &args, Duration::from_secs(120))?;
+    println!(
+        "  ok: {} with a {} MiB shared-memory BAR",
+        seen.id,
+        seen.shm_bar_size >> 20
+    );
+    Ok(seen)
+}
+
+fn guest_pingpong(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<ExitCode> {
+    let root = rootfs::prepare(&Cache::from_env()?, &TRIXIE_RXE, false)?;
+    let target = native::default_target_dir()
+        .ok_or_else(|| Error::Usage("cannot find the cargo target directory".into()))?;
+    let native_peer = native::build(&target)?;
+    let root_dir = root
+        .tree
+        .parent()
+        .ok_or_else(|| Error::Usage("the root file system has no parent directory".into()))?
+        .to_path_buf();
+    let mut config = vm_args.config(&root)?;
+    let mut shares: Vec<PathBuf> = config.shares.drain(..).map(|s| s.host_path).collect();
+    shares.push(root_dir.clone());
+    config.shares = shares_for(shares);
+    let args = vec![
+        "--native".into(),
+        native_peer.to_string_lossy().into_owned(),
+        "--root-dir".into(),
+        root_dir.to_string_lossy().into_owned(),
+    ];
+    let (_, outcome): (_, guest_pingpong::Outcome) =
+        run_guest_suite(&root, &config, "guest-pingpong", args, json.as_deref())?;
+    match outcome {
+        guest_pingpong::Outcome::Skipped { reason } => println!("guest-pingpong: skipped: {reason}"),
+        guest_pingpong::Outcome::Passed {
+            accel,
+            report,
+            elapsed_secs,
+        } => println!(
+            "guest-pingpong: a {accel} guest ran vrdma-pingpong over PCI ({elapsed_secs:.0} s):\n{report}"
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn guest_guest_pingpong(native: PathBuf, root_dir: PathBuf, iters: u32) -> Result<ExitCode> {
+    let binaries = process_pingpong::Binaries::beside_current_exe(native)?;
+    let settings = guest_pingpong::Settings {
+        root_dir,
+        ops: "send,send_imm,write,write_imm,read".into(),
+        sizes: "1,64,4096,65536".into(),
+        iters,
+        port: 18800,
+        timeout: Duration::from_secs(900),
+    };
+    let outcome = guest_pingpong::run(&binaries, &settings)?;
+    deliver_results("guest-pingpong", &outcome, || match &outcome {
+        guest_pingpong::Outcome::Skipped { reason } => format!("skipped: {reason}\n"),
+        guest_pingpong::Outcome::Passed { report, .. } => report.clone(),
     })
 }
 

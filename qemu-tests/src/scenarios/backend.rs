@@ -16,15 +16,21 @@ pub struct Backend {
 }
 
 impl Backend {
-    /// Starts `binary` on socket `socket_name` with `extra_args`, logging at `RUST_LOG` or
-    /// `default_log`, and waits until it listens.
+    /// Where the output of the backend started as `name` goes.
+    pub fn log_path(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("{name}.log"))
+    }
+
+    /// Starts `binary` as `name` (socket `name.sock`, output `name.log` in the temporary
+    /// directory) with `extra_args`, logging at `RUST_LOG` or `default_log`, and waits until it
+    /// listens.
     pub fn start(
         binary: &Path,
-        socket_name: &str,
+        name: &str,
         extra_args: &[&str],
         default_log: &str,
     ) -> Result<Self> {
-        let socket = std::env::temp_dir().join(socket_name);
+        let socket = std::env::temp_dir().join(format!("{name}.sock"));
         let _ = std::fs::remove_file(&socket);
         let mut cmd = Command::new(binary);
         cmd.arg("--socket")
@@ -35,7 +41,7 @@ impl Backend {
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or(default_log.into()),
             );
-        let mut proc = Proc::spawn("vrdma-backend", &mut cmd)?;
+        let mut proc = Proc::spawn(name, &mut cmd)?;
         if let Err(e) = wait_for_path(&socket, Duration::from_secs(30)) {
             let _ = proc.try_wait();
             return Err(proc.failure(&e.to_string()));

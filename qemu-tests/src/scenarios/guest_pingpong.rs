@@ -122,7 +122,7 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Outcome> {
         },
     };
 
-    let backend = Backend::start(&binaries.backend, "vrdma-guest.sock", &[], "info")?;
+    let backend = Backend::start(&binaries.backend, "vrdma-guest-backend", &[], "info")?;
     let mut native = Proc::spawn(
         "native pingpong server",
         Command::new(&binaries.native_pingpong)

@@ -5,4 +5,5 @@ pub mod guest_pingpong;
 pub mod isolation;
 pub mod perftest_over_vrdma;
 pub mod process_pingpong;
+pub mod qtest_pingpong;
 pub mod readme_qemu;

@@ -17,8 +17,6 @@ use crate::perftest::{self, Row, Side};
 
 /// The RDMA device inside the VM.
 pub const DEVICE: &str = "rxe0";
-/// The device the drop-in presents.
-pub const VRDMA_DEVICE: &str = "vrdma0";
 /// Row labels of the three configurations, in the order they run.
 pub const NATIVE: &str = "native";
 pub const VRDMA_CLIENT: &str = "vrdma-client";
@@ -54,26 +52,6 @@ pub fn prepare_library_dir(target_dir: &Path, dropin: &Path) -> Result<PathBuf> 
     Ok(dir)
 }
 
-/// The vrdma side: perftest on the drop-in's device served by `backend`, the drop-in first on
-/// the library path.
-fn vrdma_side(backend: &Backend, library_dir: &Path) -> Side {
-    Side {
-        label: "vrdma".into(),
-        device: VRDMA_DEVICE.into(),
-        gid_index: 0,
-        env: vec![
-            (
-                "VRDMA_SOCKET".into(),
-                backend.socket.to_string_lossy().into_owned(),
-            ),
-            (
-                "LD_LIBRARY_PATH".into(),
-                library_dir.to_string_lossy().into_owned(),
-            ),
-        ],
-    }
-}
-
 /// Runs the baseline natively, then client over vrdma, then both over vrdma (inside the VM);
 /// the rows carry the configuration as their label.
 pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Vec<Row>> {
@@ -84,8 +62,8 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Vec<Row>> {
         )));
     }
     let native = Side::native(DEVICE);
-    let mut backend = Backend::start(backend_binary, "vrdma-perftest-backend.sock", &[], "warn")?;
-    let vrdma = vrdma_side(&backend, library_dir);
+    let mut backend = Backend::start(backend_binary, "vrdma-perftest-backend", &[], "warn")?;
+    let vrdma = Side::over_dropin(&backend.socket, library_dir);
     let configurations = [
         (NATIVE, &native, &native),
         (VRDMA_CLIENT, &native, &vrdma),

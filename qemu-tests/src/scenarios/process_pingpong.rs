@@ -271,12 +271,7 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Results> {
             .push(perftest::run_case(case, &native, &native, 18515)?);
     }
 
-    let backend = Backend::start(
-        &binaries.backend,
-        "vrdma-backend.sock",
-        &["--allow-ud"],
-        "info",
-    )?;
+    let backend = Backend::start(&binaries.backend, "vrdma-backend", &["--allow-ud"], "info")?;
     let mut port = 18600;
     let mut next_port = || {
         port += 1;

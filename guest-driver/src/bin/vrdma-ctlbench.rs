@@ -1,0 +1,394 @@
+//! `vrdma-ctlbench`: the vrdma side of `vrdma-vm bench`'s control-path and doorbell benches.
+//!
+//! Does through the vrdma verbs API (process transport) what the native
+//! `qemu-tests/native/ctlbench.c` does through rdma-core on the host device — same objects,
+//! sizes and attributes, same output — so that the two can be compared in one boot:
+//!
+//! * `control`: the time of each CREATE/DESTROY of a CQ and of a QP, of each QP transition
+//!   RESET→INIT→RTR→RTS, and of registering and deregistering one large buffer (page list
+//!   transfer and the backend's window mapping included);
+//! * `scale`: with `--qps` RC QPs open (each connected to a peer QP of its own in the same
+//!   context, loopback on the host device), the time of each `post_send` of a 64-byte RDMA
+//!   WRITE — writing the WQE and ringing the doorbell — with the sends spread round robin over
+//!   the QPs, and the time until all have completed.
+//!
+//! Output (stdout): one JSON object with raw samples in nanoseconds; the harness computes the
+//! statistics.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use serde_json::json;
+
+use vrdma::transport::process::{ProcessOptions, ProcessTransport};
+use vrdma::verbs::{
+    AccessFlags, ConnectOptions, Context, Cq, Gid, Pd, Qp, QpCaps, QpInitAttr, QpType, RemoteQp,
+    SendFlags, SendWr, WcStatus, WorkCompletion, WrOpcode,
+};
+
+/// Entries of the CQs the control bench creates (as ctlbench.c's CTL_CQE).
+const CTL_CQE: u32 = 64;
+/// Queue depths of the QPs the control bench creates (as CTL_WR).
+const CTL_WR: u32 = 16;
+/// Most outstanding sends on one QP of the scale bench (as SCALE_QP_DEPTH).
+const SCALE_QP_DEPTH: u32 = 16;
+/// Guest RAM besides the control bench's MR: rings, command buffers, doorbell area.
+const RAM_HEADROOM: usize = 64 << 20;
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Time vrdma's control verbs and doorbell path (the vrdma side of `vrdma-vm bench`)"
+)]
+struct Cli {
+    /// The vrdma backend's vhost-user socket (process transport).
+    #[arg(long, env = "VRDMA_SOCKET")]
+    socket: PathBuf,
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+#[derive(Subcommand, Debug)]
+enum Bench {
+    /// Time CQ and QP creation and destruction, QP transitions and MR registration.
+    Control {
+        /// Repetitions of the CQ and QP measurements.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+        reps: u32,
+        /// Size of the registered buffer in bytes.
+        #[arg(long, default_value_t = 256 << 20)]
+        mr_bytes: usize,
+        /// Repetitions of the registration.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+        mr_reps: u32,
+    },
+    /// Time post_send with QPS QPs open.
+    Scale {
+        /// RC QPs that send (each has a peer QP in the same context).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
+        qps: u32,
+        /// Timed messages.
+        #[arg(long, default_value_t = 4000, value_parser = clap::value_parser!(u32).range(1..))]
+        messages: u32,
+        /// Most messages in flight over all QPs.
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
+        window: u32,
+        /// Bytes per message.
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1048576))]
+        size: u32,
+        /// Once set up, create this file and wait for --start-file before the timed part
+        /// (lines up several processes).
+        #[arg(long, requires = "start_file")]
+        ready_file: Option<PathBuf>,
+        /// See --ready-file.
+        #[arg(long, requires = "ready_file")]
+        start_file: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(output) => {
+            println!("{output}");
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("vrdma-ctlbench: error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<serde_json::Value, String> {
+    match &cli.bench {
+        Bench::Control {
+            reps,
+            mr_bytes,
+            mr_reps,
+        } => {
+            let ctx = open(&cli.socket, mr_bytes.saturating_add(RAM_HEADROOM))?;
+            control(&ctx, *reps, *mr_bytes, *mr_reps)
+        }
+        Bench::Scale {
+            qps,
+            messages,
+            window,
+            size,
+            ready_file,
+            start_file,
+        } => {
+            let ctx = open(&cli.socket, RAM_HEADROOM)?;
+            let plan = ScalePlan {
+                qps: *qps,
+                messages: *messages,
+                window: *window,
+                size: *size,
+            };
+            let barrier = ready_file.as_deref().zip(start_file.as_deref());
+            scale(&ctx, &plan, barrier)
+        }
+    }
+}
+
+/// Connects to the backend with `ram` bytes of guest RAM.
+fn open(socket: &Path, ram: usize) -> Result<Context, String> {
+    let ram = ram.next_multiple_of(vrdma::dma::PAGE_SIZE);
+    let options = ProcessOptions {
+        guest_ram_size: ram.max(ProcessOptions::default().guest_ram_size),
+        ..ProcessOptions::default()
+    };
+    let transport = ProcessTransport::connect(socket, options)
+        .map_err(|e| format!("connecting to {}: {e}", socket.display()))?;
+    Context::open(Arc::new(transport)).map_err(|e| format!("opening the device: {e}"))
+}
+
+/// Nanoseconds `f` took, and what it returned.
+fn timed<T>(f: impl FnOnce() -> T) -> (u64, T) {
+    let start = Instant::now();
+    let out = f();
+    (nanos(start.elapsed()), out)
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Named series of samples.
+#[derive(Default)]
+struct Samples(BTreeMap<&'static str, Vec<u64>>);
+
+impl Samples {
+    fn push(&mut self, name: &'static str, ns: u64) {
+        self.0.entry(name).or_default().push(ns);
+    }
+}
+
+/// GID 0 of port 1: where the loopback peers are.
+fn local_gid(ctx: &Context) -> Result<Gid, String> {
+    ctx.query_gid(1, 0)
+        .map_err(|e| format!("querying GID 0: {e}"))?
+        .map(|entry| entry.gid)
+        .ok_or_else(|| "port 1 has no GID 0".to_string())
+}
+
+fn rc_qp(pd: &Pd, cq: &Cq, send_wr: u32, recv_wr: u32) -> Result<Qp, String> {
+    let init = QpInitAttr {
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        caps: QpCaps {
+            max_send_wr: send_wr,
+            max_recv_wr: recv_wr,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        sq_sig_all: false,
+    };
+    Qp::new(pd, &init).map_err(|e| format!("creating a QP: {e}"))
+}
+
+fn control(
+    ctx: &Context,
+    reps: u32,
+    mr_bytes: usize,
+    mr_reps: u32,
+) -> Result<serde_json::Value, String> {
+    let mut samples = Samples::default();
+    let pd = ctx
+        .alloc_pd()
+        .map_err(|e| format!("allocating a PD: {e}"))?;
+    let gid = local_gid(ctx)?;
+    let opts = ConnectOptions::default();
+
+    for _ in 0..reps {
+        let (t, cq) = timed(|| Cq::new(ctx, CTL_CQE));
+        let cq = cq.map_err(|e| format!("creating a CQ: {e}"))?;
+        samples.push("create_cq", t);
+        samples.push("destroy_cq", timed(|| drop(cq)).0);
+    }
+
+    let cq = Cq::new(ctx, CTL_CQE).map_err(|e| format!("creating a CQ: {e}"))?;
+    for _ in 0..reps {
+        let (t, qp) = timed(|| rc_qp(&pd, &cq, CTL_WR, CTL_WR));
+        let qp = qp?;
+        samples.push("create_qp", t);
+        // Towards itself: the transition does the same work for any peer.
+        let remote = RemoteQp {
+            qpn: qp.qpn(),
+            psn: 0,
+            gid,
+            lid: 0,
+        };
+        let transitions: [(&'static str, &dyn Fn() -> vrdma::verbs::Result<()>); 3] = [
+            ("modify_init", &|| qp.to_init(opts.port, opts.access)),
+            ("modify_rtr", &|| qp.to_rtr(&remote, &opts)),
+            ("modify_rts", &|| qp.to_rts(&opts)),
+        ];
+        for (name, transition) in transitions {
+            let (t, result) = timed(transition);
+            result.map_err(|e| format!("{name}: {e}"))?;
+            samples.push(name, t);
+        }
+        samples.push("destroy_qp", timed(|| drop(qp)).0);
+    }
+    drop(cq);
+
+    let buffer = ctx
+        .alloc_buffer(mr_bytes)
+        .map_err(|e| format!("allocating {mr_bytes} bytes: {e}"))?;
+    // Fault the pages in first: the bench times registration, not page allocation.
+    // SAFETY: the buffer is ours, `buffer.len()` bytes long and registered with nothing yet.
+    unsafe { std::ptr::write_bytes(buffer.as_mut_ptr(), 0x5a, buffer.len()) };
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    for _ in 0..mr_reps {
+        let (t, mr) = timed(|| pd.register(&buffer, access));
+        let mr = mr.map_err(|e| format!("registering {mr_bytes} bytes: {e}"))?;
+        samples.push("reg_mr", t);
+        samples.push("dereg_mr", timed(|| drop(mr)).0);
+    }
+    Ok(json!({ "mr_bytes": buffer.len(), "samples_ns": samples.0 }))
+}
+
+/// What the scale bench sends.
+struct ScalePlan {
+    qps: u32,
+    messages: u32,
+    window: u32,
+    size: u32,
+}
+
+/// Waits for one completion (busy polling) and returns the index of its QP.
+fn reap(cq: &Cq, wc: &mut [WorkCompletion; 1]) -> Result<usize, String> {
+    while cq.poll(wc) == 0 {
+        std::hint::spin_loop();
+    }
+    let [wc] = wc;
+    if wc.status != WcStatus::Success {
+        return Err(format!(
+            "a write on QP {} completed with {:?}",
+            wc.wr_id, wc.status
+        ));
+    }
+    usize::try_from(wc.wr_id).map_err(|_| format!("unexpected wr_id {}", wc.wr_id))
+}
+
+fn scale(
+    ctx: &Context,
+    plan: &ScalePlan,
+    barrier: Option<(&Path, &Path)>,
+) -> Result<serde_json::Value, String> {
+    let setup_start = Instant::now();
+    let n = plan.qps as usize;
+    let size = plan.size as usize;
+    let area = n * size;
+    let pd = ctx
+        .alloc_pd()
+        .map_err(|e| format!("allocating a PD: {e}"))?;
+    let gid = local_gid(ctx)?;
+    let opts = ConnectOptions::default();
+    // One MR: the first half holds the sources, the second the destinations.
+    let buffer = ctx
+        .alloc_buffer(2 * area)
+        .map_err(|e| format!("allocating {} bytes: {e}", 2 * area))?;
+    let mr = pd
+        .register(
+            &buffer,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+        .map_err(|e| format!("registering {} bytes: {e}", 2 * area))?;
+    let send_cq = Cq::new(ctx, plan.window).map_err(|e| format!("creating the send CQ: {e}"))?;
+    let peer_cq = Cq::new(ctx, 1).map_err(|e| format!("creating the peer CQ: {e}"))?;
+    let mut qps = Vec::with_capacity(n);
+    let mut peers = Vec::with_capacity(n);
+    for _ in 0..n {
+        qps.push(rc_qp(&pd, &send_cq, SCALE_QP_DEPTH, 1)?);
+        peers.push(rc_qp(&pd, &peer_cq, 1, 1)?);
+    }
+    let remote = |qp: &Qp| RemoteQp {
+        qpn: qp.qpn(),
+        psn: 0,
+        gid,
+        lid: 0,
+    };
+    for (qp, peer) in qps.iter().zip(&peers) {
+        qp.connect(&remote(peer), &opts)
+            .map_err(|e| format!("connecting QP {}: {e}", qp.qpn()))?;
+        peer.connect(&remote(qp), &opts)
+            .map_err(|e| format!("connecting QP {}: {e}", peer.qpn()))?;
+    }
+
+    let write = |i: usize| -> Result<(u64, ()), String> {
+        let sge = mr
+            .sge(i * size, size)
+            .ok_or_else(|| "source outside the MR".to_string())?;
+        let sg_list = [sge];
+        let wr = SendWr {
+            wr_id: i as u64,
+            opcode: WrOpcode::RdmaWrite,
+            flags: SendFlags::SIGNALED,
+            sg_list: &sg_list,
+            remote_addr: mr.addr() + (area + i * size) as u64,
+            rkey: mr.rkey(),
+            ..SendWr::default()
+        };
+        let start = Instant::now();
+        // SAFETY: not inline; the SGE lies in `mr`, which outlives every completion (all are
+        // reaped before it is dropped).
+        let result = unsafe { qps[i].post_send(std::slice::from_ref(&wr)) };
+        let t = nanos(start.elapsed());
+        result.map_err(|e| format!("posting a write on QP {i}: {e}"))?;
+        Ok((t, ()))
+    };
+
+    let mut wc = [WorkCompletion::default()];
+    // Warm-up: one message on every QP, so that first touches of queue pages are not timed.
+    for i in 0..n {
+        write(i)?;
+        reap(&send_cq, &mut wc)?;
+    }
+    let setup_ns = nanos(setup_start.elapsed());
+    if let Some((ready, start)) = barrier {
+        std::fs::write(ready, b"").map_err(|e| format!("creating {}: {e}", ready.display()))?;
+        while !start.exists() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    // Round robin over the QPs, at most `window` in flight, SCALE_QP_DEPTH per QP.
+    let mut samples = Samples::default();
+    let mut outstanding = vec![0u32; n];
+    let mut in_flight = 0u32;
+    let start = Instant::now();
+    for m in 0..plan.messages as usize {
+        let i = m % n;
+        while in_flight >= plan.window || outstanding[i] >= SCALE_QP_DEPTH {
+            outstanding[reap(&send_cq, &mut wc)?] -= 1;
+            in_flight -= 1;
+        }
+        let (t, ()) = write(i)?;
+        samples.push("post_send", t);
+        outstanding[i] += 1;
+        in_flight += 1;
+    }
+    while in_flight > 0 {
+        outstanding[reap(&send_cq, &mut wc)?] -= 1;
+        in_flight -= 1;
+    }
+    let elapsed_ns = nanos(start.elapsed());
+    Ok(json!({
+        "qps": plan.qps,
+        "messages": plan.messages,
+        "size": plan.size,
+        "window": plan.window,
+        "setup_ns": setup_ns,
+        "elapsed_ns": elapsed_ns,
+        "samples_ns": samples.0,
+    }))
+}

@@ -1,0 +1,197 @@
+//! The control path: what creating and destroying CQs and QPs, moving a QP to RTS and
+//! registering memory cost through vrdma (a control command over the virtqueue, the backend
+//! doing the native verb; for REG_MR also the page-list transfer and the window mapping) and
+//! natively.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::ctlbench::{run_to_output, ControlPlan, Output, Programs, Via};
+use super::stats::{ratio, Summary};
+use crate::error::{Error, Result};
+
+/// Per-object measurements, as the programs name them, in microseconds.
+const OBJECT_OPS: &[&str] = &[
+    "create_cq",
+    "destroy_cq",
+    "create_qp",
+    "destroy_qp",
+    "modify_init",
+    "modify_rtr",
+    "modify_rts",
+];
+/// The three transitions that together make "modify to RTS".
+const TO_RTS: &[&str] = &["modify_init", "modify_rtr", "modify_rts"];
+/// Row name of their sum.
+pub const RESET_TO_RTS: &str = "modify_reset_to_rts";
+/// MR measurements, scaled to one GiB.
+const MR_OPS: &[(&str, &str)] = &[
+    ("reg_mr", "reg_mr_per_gib"),
+    ("dereg_mr", "dereg_mr_per_gib"),
+];
+
+/// One row: an operation's cost natively and through vrdma.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ControlRow {
+    pub op: String,
+    /// `us` per operation, or `ms_per_gib` for registrations.
+    pub unit: String,
+    pub native: Summary,
+    pub vrdma: Summary,
+    /// Median vrdma / median native (above 1: vrdma is slower).
+    pub ratio: f64,
+}
+
+/// Runs the control measurement natively, then through vrdma (backend at `socket`).
+pub fn run(programs: &Programs, socket: &Path, plan: &ControlPlan) -> Result<Vec<ControlRow>> {
+    // Registering a GiB under TCG takes seconds; everything else milliseconds.
+    let timeout = Duration::from_secs(600);
+    println!(
+        "control path: {} repetitions, MR of {} MiB x{} …",
+        plan.reps,
+        plan.mr_bytes >> 20,
+        plan.mr_reps
+    );
+    let native = run_to_output(
+        "bench-native-control",
+        &mut programs.control(Via::Native, None, plan)?,
+        timeout,
+    )?;
+    let vrdma = run_to_output(
+        "bench-vrdma-control",
+        &mut programs.control(Via::Vrdma, Some(socket), plan)?,
+        timeout,
+    )?;
+    rows(&native, &vrdma)
+}
+
+/// The rows from the two programs' outputs.
+pub fn rows(native: &Output, vrdma: &Output) -> Result<Vec<ControlRow>> {
+    let mut rows = Vec::new();
+    let row = |op: &str, unit: &str, n: Option<Summary>, v: Option<Summary>| {
+        let (native, vrdma) = n
+            .zip(v)
+            .ok_or_else(|| Error::Scenario(format!("control bench: no {op} samples")))?;
+        let ratio = ratio(vrdma.median, native.median)
+            .ok_or_else(|| Error::Scenario(format!("control bench: native {op} took no time")))?;
+        Ok::<_, Error>(ControlRow {
+            op: op.into(),
+            unit: unit.into(),
+            native,
+            vrdma,
+            ratio,
+        })
+    };
+    let micros = |out: &Output, op: &str| -> Result<Option<Summary>> {
+        Ok(Summary::of_scaled(out.series(op)?, 1e-3))
+    };
+    for op in OBJECT_OPS {
+        rows.push(row(op, "us", micros(native, op)?, micros(vrdma, op)?)?);
+    }
+    rows.push(row(
+        RESET_TO_RTS,
+        "us",
+        sum_per_rep(native)?,
+        sum_per_rep(vrdma)?,
+    )?);
+    for (op, name) in MR_OPS {
+        rows.push(row(
+            name,
+            "ms_per_gib",
+            per_gib(native, op)?,
+            per_gib(vrdma, op)?,
+        )?);
+    }
+    Ok(rows)
+}
+
+/// Microseconds of the three transitions of each repetition together.
+fn sum_per_rep(out: &Output) -> Result<Option<Summary>> {
+    let series = TO_RTS
+        .iter()
+        .map(|op| out.series(op))
+        .collect::<Result<Vec<_>>>()?;
+    let reps = series.iter().map(|s| s.len()).min().unwrap_or(0);
+    let sums: Vec<f64> = (0..reps)
+        .map(|i| series.iter().map(|s| s[i] as f64 * 1e-3).sum())
+        .collect();
+    Ok(Summary::of(&sums))
+}
+
+/// Milliseconds per GiB of `op`'s samples, from the registered size.
+fn per_gib(out: &Output, op: &str) -> Result<Option<Summary>> {
+    let bytes = out
+        .mr_bytes
+        .filter(|&b| b > 0)
+        .ok_or_else(|| Error::Scenario("control bench: no mr_bytes".into()))?;
+    let factor = 1e-6 * (1u64 << 30) as f64 / bytes as f64;
+    Ok(Summary::of_scaled(out.series(op)?, factor))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::ctlbench::parse_output;
+
+    fn output(scale: u64) -> Output {
+        let series = |base: u64| {
+            format!(
+                "[{},{},{}]",
+                base * scale,
+                2 * base * scale,
+                3 * base * scale
+            )
+        };
+        let mut fields: Vec<String> = OBJECT_OPS
+            .iter()
+            .map(|op| format!("\"{op}\":{}", series(1000)))
+            .collect();
+        fields.push(format!("\"reg_mr\":{}", series(1_000_000)));
+        fields.push(format!("\"dereg_mr\":{}", series(500_000)));
+        parse_output(&format!(
+            "{{\"mr_bytes\":{},\"samples_ns\":{{{}}}}}",
+            256u64 << 20,
+            fields.join(",")
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn rows_cover_every_op_with_medians_and_ratios() {
+        let rows = rows(&output(1), &output(3)).unwrap();
+        let names: Vec<&str> = rows.iter().map(|r| r.op.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "create_cq",
+                "destroy_cq",
+                "create_qp",
+                "destroy_qp",
+                "modify_init",
+                "modify_rtr",
+                "modify_rts",
+                RESET_TO_RTS,
+                "reg_mr_per_gib",
+                "dereg_mr_per_gib"
+            ]
+        );
+        let cq = &rows[0];
+        assert_eq!((cq.native.median, cq.vrdma.median), (2.0, 6.0));
+        assert!((cq.ratio - 3.0).abs() < 1e-12);
+        // The sum of the three transitions of each repetition: 3, 6, 9 µs.
+        assert_eq!(rows[7].native.median, 6.0);
+        // 2 ms for 256 MiB is 8 ms per GiB.
+        let reg = &rows[8];
+        assert_eq!(reg.unit, "ms_per_gib");
+        assert!((reg.native.median - 8.0).abs() < 1e-9, "{reg:?}");
+    }
+
+    #[test]
+    fn a_missing_series_is_an_error() {
+        let partial =
+            parse_output("{\"mr_bytes\":4096,\"samples_ns\":{\"create_cq\":[1]}}").unwrap();
+        assert!(rows(&partial, &output(1)).is_err());
+    }
+}

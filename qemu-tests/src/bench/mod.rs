@@ -1,0 +1,270 @@
+//! `vrdma-vm bench`: vrdma against native Soft-RoCE, the same measurements in one boot of the
+//! rxe VM.
+//!
+//! * [`matrix`]: Debian's unmodified perftest (`ib_send_lat`, `ib_write_lat`, `ib_write_bw`,
+//!   `ib_send_bw`, `ib_read_bw` at several sizes) with both processes on rxe0 natively and
+//!   with both over vrdma's drop-in `libibverbs.so.1`, alternating, for several rounds;
+//! * [`control`]: CQ and QP creation and destruction, QP transitions to RTS and MR
+//!   registration per GiB, through vrdma's verbs API (`vrdma-ctlbench`) and natively
+//!   (`native/ctlbench.c`);
+//! * [`scale`]: the cost of one send (WQE and doorbell) with 1 to 1024 QPs in a guest and with
+//!   8 guests on one backend.
+//!
+//! On the host, [`run_on_host`] builds the native program, prepares the drop-in's directory and
+//! boots the VM once through the caller's suite runner, which runs `vrdma-vm guest bench`
+//! ([`run_in_guest`]) inside. Under TCG absolute times mean little; the ratios from one run
+//! are what count.
+
+pub mod control;
+pub mod ctlbench;
+pub mod machine;
+pub mod matrix;
+pub mod report;
+pub mod scale;
+pub mod stats;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, IoContext, Result};
+use crate::perftest::{Case, Side};
+use crate::scenarios::backend::Backend;
+use crate::scenarios::perftest_over_vrdma::{prepare_library_dir, DEVICE};
+use crate::vm::{RunOutcome, VmConfig};
+use ctlbench::{ControlPlan, Programs};
+use machine::{Machine, SystemInfo};
+
+pub use report::{render, render_guest};
+
+/// Name of the guest suite (`vrdma-vm guest bench`) and of its result file.
+pub const SUITE: &str = "bench";
+
+/// What to run (the `vrdma-vm bench` options).
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args, Serialize, Deserialize)]
+pub struct Settings {
+    /// Rounds of the perftest matrix; each runs every case natively and over vrdma.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rounds: u32,
+    /// Short form: one round, one size per perftest tool, fewer repetitions, a small curve.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+impl Settings {
+    /// The arguments that give these settings to `vrdma-vm guest bench`.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args = vec!["--rounds".into(), self.rounds.to_string()];
+        if self.quick {
+            args.push("--quick".into());
+        }
+        args
+    }
+}
+
+/// Everything the settings decide.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub rounds: u32,
+    pub quick: bool,
+    pub perftest: Vec<Case>,
+    pub control: ControlPlan,
+    pub scale: Vec<scale::ScaleConfig>,
+    /// Timed messages of each scale guest.
+    pub scale_messages: u32,
+}
+
+impl Plan {
+    pub fn new(settings: &Settings) -> Plan {
+        let quick = settings.quick;
+        Plan {
+            rounds: if quick { 1 } else { settings.rounds },
+            quick,
+            perftest: matrix::cases(quick),
+            control: if quick {
+                ControlPlan {
+                    reps: 10,
+                    mr_bytes: 32 << 20,
+                    mr_reps: 1,
+                }
+            } else {
+                ControlPlan {
+                    reps: 50,
+                    mr_bytes: 256 << 20,
+                    mr_reps: 3,
+                }
+            },
+            scale: scale::configs(quick),
+            scale_messages: if quick { 400 } else { 4000 },
+        }
+    }
+}
+
+/// The arguments of `vrdma-vm guest bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GuestArgs {
+    /// Directory with the drop-in as libibverbs.so.1 and the vendor library stand-ins.
+    #[arg(long)]
+    pub library_dir: PathBuf,
+    /// The native control-path bench (built on the host).
+    #[arg(long)]
+    pub native_ctlbench: PathBuf,
+    #[command(flatten)]
+    pub settings: Settings,
+}
+
+/// What the VM measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GuestResults {
+    pub guest: SystemInfo,
+    pub plan: Plan,
+    pub perftest: Vec<matrix::MatrixRow>,
+    pub control: Vec<control::ControlRow>,
+    pub scale: Vec<scale::ScaleRow>,
+    /// Seconds the measurements took inside the VM.
+    pub elapsed_s: f64,
+}
+
+/// A complete result: what the VM measured and where.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Results {
+    pub machine: Machine,
+    pub plan: Plan,
+    pub perftest: Vec<matrix::MatrixRow>,
+    pub control: Vec<control::ControlRow>,
+    pub scale: Vec<scale::ScaleRow>,
+    /// Seconds the measurements took inside the VM.
+    pub bench_s: f64,
+    /// Seconds of the whole VM run (boot included).
+    pub vm_s: f64,
+}
+
+/// On the host: builds the native bench program (into `<target>/native/`) and the drop-in's
+/// directory (around `dropin`, the `libvrdma_ibverbs.so` cargo built), then boots the VM once
+/// through `boot`, which must run `vrdma-vm guest bench ARGS…` and return its [`SUITE`]
+/// results (the suite runner of `vrdma-vm`).
+pub fn run_on_host(
+    settings: &Settings,
+    config: &VmConfig,
+    dropin: &Path,
+    boot: impl FnOnce(Vec<String>) -> Result<(RunOutcome, GuestResults)>,
+) -> Result<Results> {
+    let target = crate::native::default_target_dir()
+        .ok_or_else(|| Error::Usage("cannot find the cargo target directory".into()))?;
+    let native =
+        crate::native::build_program(&target, &ctlbench::native_source(), ctlbench::NATIVE_NAME)?;
+    // The drop-in's directory links to it: the link must hold wherever the VM runs it.
+    let dropin = dropin
+        .canonicalize()
+        .context(|| format!("locating {}", dropin.display()))?;
+    let library_dir = prepare_library_dir(&target, &dropin)?;
+    let mut args = vec![
+        "--library-dir".into(),
+        library_dir.to_string_lossy().into_owned(),
+        "--native-ctlbench".into(),
+        native.to_string_lossy().into_owned(),
+    ];
+    args.extend(settings.to_args());
+    let (outcome, guest) = boot(args)?;
+    Ok(Results {
+        machine: Machine::describe(config, guest.guest),
+        plan: guest.plan,
+        perftest: guest.perftest,
+        control: guest.control,
+        scale: guest.scale,
+        bench_s: guest.elapsed_s,
+        vm_s: outcome.elapsed.as_secs_f64(),
+    })
+}
+
+/// Writes `results` as pretty JSON to `path`.
+pub fn write_json(results: &Results, path: &Path) -> Result<()> {
+    let json = serde_json::to_vec_pretty(results).map_err(|e| Error::Scenario(e.to_string()))?;
+    std::fs::write(path, json).context(|| format!("writing {}", path.display()))
+}
+
+/// Inside the VM: runs the perftest matrix, the control path and the scale curve, each against
+/// a vrdma-backend of its own on rxe0 (the binaries next to this executable).
+pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
+    let started = Instant::now();
+    let plan = Plan::new(&args.settings);
+    let exe = std::env::current_exe().context(|| "locating this executable".into())?;
+    let bin_dir = exe.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let backend_binary = bin_dir.join("vrdma-backend");
+    let programs = Programs {
+        native: args.native_ctlbench.clone(),
+        vrdma: bin_dir.join("vrdma-ctlbench"),
+        device: DEVICE.into(),
+    };
+    for program in [&backend_binary, &programs.vrdma, &programs.native] {
+        if !program.is_file() {
+            return Err(Error::Usage(format!(
+                "{} is missing: build the workspace first",
+                program.display()
+            )));
+        }
+    }
+
+    let mut backend = Backend::start(&backend_binary, "vrdma-bench", &[], "warn")?;
+    let native = Side::native(DEVICE);
+    let vrdma = Side::over_dropin(&backend.socket, &args.library_dir);
+    let perftest = matrix::run(&plan.perftest, plan.rounds, &native, &vrdma)?;
+    let control = control::run(&programs, &backend.socket, &plan.control)?;
+    check_alive(&mut backend)?;
+    drop(backend);
+
+    let mut backend = Backend::start(
+        &backend_binary,
+        "vrdma-bench-scale",
+        scale::BACKEND_ARGS,
+        "warn",
+    )?;
+    let scale = scale::run(&programs, &backend.socket, &plan.scale, plan.scale_messages)?;
+    check_alive(&mut backend)?;
+
+    Ok(GuestResults {
+        guest: SystemInfo::this_machine(),
+        plan,
+        perftest,
+        control,
+        scale,
+        elapsed_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// A backend that died during the run would have failed the vrdma side; one that died while
+/// it tore down must fail the bench too.
+fn check_alive(backend: &mut Backend) -> Result<()> {
+    match backend.proc.try_wait()? {
+        Some(status) => Err(backend
+            .proc
+            .failure(&format!("vrdma-backend exited during the bench ({status})"))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_travel_to_the_guest_and_decide_the_plan() {
+        let full = Settings {
+            rounds: 5,
+            quick: false,
+        };
+        assert_eq!(full.to_args(), ["--rounds", "5"]);
+        let plan = Plan::new(&full);
+        assert_eq!(plan.rounds, 5);
+        assert_eq!(plan.control.mr_bytes, 256 << 20);
+        let quick = Settings {
+            rounds: 3,
+            quick: true,
+        };
+        assert_eq!(quick.to_args(), ["--rounds", "3", "--quick"]);
+        let plan = Plan::new(&quick);
+        assert_eq!(plan.rounds, 1);
+        assert!(plan.perftest.len() < matrix::cases(false).len());
+    }
+}

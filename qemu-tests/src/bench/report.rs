@@ -1,0 +1,210 @@
+//! The bench's tables.
+
+use std::fmt::Write as _;
+
+use super::control::ControlRow;
+use super::matrix::MatrixRow;
+use super::scale::ScaleRow;
+use super::{GuestResults, Plan, Results};
+
+/// The full report: machine, then the three tables.
+pub fn render(results: &Results) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "\nvrdma bench — {}", results.machine.summary());
+    let _ = writeln!(
+        out,
+        "measurements {:.0} s, VM run {:.0} s",
+        results.bench_s, results.vm_s
+    );
+    tables(
+        &mut out,
+        &results.plan,
+        &results.perftest,
+        &results.control,
+        &results.scale,
+    );
+    out
+}
+
+/// The tables of a guest run (when `vrdma-vm guest bench` runs by hand).
+pub fn render_guest(results: &GuestResults) -> String {
+    let mut out = String::new();
+    tables(
+        &mut out,
+        &results.plan,
+        &results.perftest,
+        &results.control,
+        &results.scale,
+    );
+    out
+}
+
+fn tables(
+    out: &mut String,
+    plan: &Plan,
+    perftest: &[MatrixRow],
+    control: &[ControlRow],
+    scale: &[ScaleRow],
+) {
+    let _ = writeln!(
+        out,
+        "\nperftest on rxe0: both processes native vs both over vrdma's drop-in libibverbs \
+         (process transport); median of {} round(s), native and vrdma alternating. Latency: \
+         typical µs (lower is better); bandwidth: average MiB/s (higher is better).",
+        plan.rounds
+    );
+    out.push_str(&perftest_table(perftest));
+    let _ = writeln!(
+        out,
+        "\ncontrol path: vrdma verbs API (process transport) vs rdma-core on rxe0; median of {} \
+         (MR: {} MiB registered, median of {}, scaled to one GiB).",
+        plan.control.reps,
+        plan.control.mr_bytes >> 20,
+        plan.control.mr_reps
+    );
+    out.push_str(&control_table(control));
+    let _ = writeln!(
+        out,
+        "\nscale: post_send of one 64 B RDMA WRITE (WQE + doorbell), round robin over the QPs, \
+         16 in flight; {} messages per guest; each guest one process (vrdma: one vhost-user \
+         connection to one backend).",
+        plan.scale_messages
+    );
+    out.push_str(&scale_table(scale));
+}
+
+/// The perftest matrix, one row per tool and size.
+pub fn perftest_table(rows: &[MatrixRow]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<13} {:>8} {:>6} {:>11} {:>10} {:>10} {:>8}",
+        "tool", "size", "iters", "unit", "native", "vrdma", "ratio"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<13} {:>8} {:>6} {:>11} {:>10.2} {:>10.2} {:>8.2}",
+            r.tool.command(),
+            r.size,
+            r.iterations,
+            r.unit,
+            r.native.median,
+            r.vrdma.median,
+            r.ratio
+        );
+    }
+    out
+}
+
+/// The control path, one row per operation.
+pub fn control_table(rows: &[ControlRow]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<20} {:>11} {:>10} {:>10} {:>8}",
+        "op", "unit", "native", "vrdma", "ratio"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<20} {:>11} {:>10.1} {:>10.1} {:>8.2}",
+            r.op, r.unit, r.native.median, r.vrdma.median, r.ratio
+        );
+    }
+    out
+}
+
+/// The scale curve, one row per configuration.
+pub fn scale_table(rows: &[ScaleRow]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:>6} {:>5} {:>10} {:>10} {:>7} {:>10} {:>10} {:>10} {:>10} {:>7}",
+        "guests",
+        "qps",
+        "native_ns",
+        "vrdma_ns",
+        "ratio",
+        "nat_p99",
+        "vrdma_p99",
+        "nat_msg/s",
+        "vrd_msg/s",
+        "ratio"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:>6} {:>5} {:>10.0} {:>10.0} {:>7.2} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>7.2}",
+            r.guests,
+            r.qps,
+            r.native.post_ns.median,
+            r.vrdma.post_ns.median,
+            r.post_ratio,
+            r.native.post_ns.p99,
+            r.vrdma.post_ns.p99,
+            r.native.msgs_per_s,
+            r.vrdma.msgs_per_s,
+            r.rate_ratio
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::scale::ScaleSide;
+    use crate::bench::stats::Summary;
+    use crate::perftest::Tool;
+
+    fn summary(median: f64) -> Summary {
+        Summary::of(&[median]).unwrap()
+    }
+
+    #[test]
+    fn each_table_has_a_header_and_a_line_per_row() {
+        let m = MatrixRow {
+            tool: Tool::IbWriteBw,
+            size: 65536,
+            iterations: 512,
+            unit: "MiB/s".into(),
+            native: summary(40.0),
+            vrdma: summary(38.0),
+            ratio: 0.95,
+            runs: vec![],
+        };
+        let table = perftest_table(&[m.clone(), m]);
+        assert_eq!(table.lines().count(), 3);
+        assert!(table.contains("ib_write_bw") && table.contains("38.00") && table.contains("0.95"));
+
+        let c = ControlRow {
+            op: "create_cq".into(),
+            unit: "us".into(),
+            native: summary(100.0),
+            vrdma: summary(250.0),
+            ratio: 2.5,
+        };
+        let table = control_table(&[c]);
+        assert_eq!(table.lines().count(), 2);
+        assert!(table.contains("create_cq") && table.contains("250.0") && table.contains("2.50"));
+
+        let side = ScaleSide {
+            post_ns: summary(900.0),
+            msgs_per_s: 20000.0,
+            setup_s: 1.0,
+        };
+        let s = ScaleRow {
+            guests: 8,
+            qps: 64,
+            messages_per_guest: 4000,
+            native: side.clone(),
+            vrdma: side,
+            post_ratio: 1.0,
+            rate_ratio: 1.0,
+        };
+        let table = scale_table(&[s]);
+        assert_eq!(table.lines().count(), 2);
+        assert!(table.contains("20000") && table.contains(" 900"));
+    }
+}

@@ -1,0 +1,111 @@
+//! `vrdma-vm bench --quick`: the benchmark's short form in the rxe VM, checked for structure
+//! and sanity (every row measured on both sides, positive numbers, ratios that match their
+//! medians) — never for timing thresholds, which mean nothing under TCG.
+
+mod common;
+
+use vrdma_qemu_tests::bench::{self, matrix, scale, Results, Settings};
+
+/// `vrdma / native` as the bench computes it, to a rounding error.
+fn assert_ratio(ratio: f64, vrdma: f64, native: f64, what: &str) {
+    assert!(native > 0.0 && vrdma > 0.0, "{what}: {vrdma} / {native}");
+    let expected = vrdma / native;
+    assert!(
+        ratio > 0.0 && (ratio - expected).abs() <= expected * 1e-9,
+        "{what}: ratio {ratio}, medians give {expected}"
+    );
+}
+
+#[test]
+fn quick_bench_measures_every_row_on_both_sides() {
+    let json = common::scratch("bench.json");
+    let json_arg = json.to_string_lossy().into_owned();
+    if common::vrdma_vm(&["bench", "--quick", "--no-build", "--json", &json_arg]).is_none() {
+        return;
+    }
+    let results: Results = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+
+    let machine = &results.machine;
+    assert!(!machine.host.kernel.is_empty() && !machine.guest.kernel.is_empty());
+    assert!(machine.host.cpus >= 1 && machine.vcpus >= 1, "{machine:?}");
+    assert!(
+        ["Kvm", "Tcg"].contains(&machine.accel.as_str()),
+        "{machine:?}"
+    );
+    let settings = Settings {
+        rounds: 3,
+        quick: true,
+    };
+    assert_eq!(results.plan, bench::Plan::new(&settings));
+    assert!(results.bench_s > 0.0 && results.vm_s >= results.bench_s);
+
+    let cases = matrix::cases(true);
+    let got: Vec<_> = results.perftest.iter().map(|r| (r.tool, r.size)).collect();
+    let expected: Vec<_> = cases.iter().map(|c| (c.tool, c.size)).collect();
+    assert_eq!(got, expected);
+    for row in &results.perftest {
+        let what = format!("{} {}", row.tool.command(), row.size);
+        assert_ratio(row.ratio, row.vrdma.median, row.native.median, &what);
+        let labels: Vec<&str> = row.runs.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            ["native", "vrdma"],
+            "{what}: one round, native first"
+        );
+        assert!(
+            row.runs.iter().all(|r| r.measurement.is_plausible()),
+            "{what}"
+        );
+        assert_eq!(row.unit, row.tool.headline_unit());
+    }
+
+    let ops: Vec<&str> = results.control.iter().map(|r| r.op.as_str()).collect();
+    for op in [
+        "create_cq",
+        "destroy_cq",
+        "create_qp",
+        "destroy_qp",
+        "modify_reset_to_rts",
+        "reg_mr_per_gib",
+    ] {
+        assert!(ops.contains(&op), "no {op} row in {ops:?}");
+    }
+    for row in &results.control {
+        assert_ratio(row.ratio, row.vrdma.median, row.native.median, &row.op);
+        let reps = if row.unit == "ms_per_gib" {
+            results.plan.control.mr_reps
+        } else {
+            results.plan.control.reps
+        };
+        assert_eq!(row.native.n, reps as usize, "{}", row.op);
+        assert_eq!(row.vrdma.n, reps as usize, "{}", row.op);
+    }
+
+    let points: Vec<_> = results.scale.iter().map(|r| (r.guests, r.qps)).collect();
+    let expected: Vec<_> = scale::configs(true)
+        .iter()
+        .map(|c| (c.guests, c.qps))
+        .collect();
+    assert_eq!(points, expected);
+    for row in &results.scale {
+        let what = format!("{} guest(s) x {} QPs", row.guests, row.qps);
+        let sends = (row.guests * row.messages_per_guest) as usize;
+        for side in [&row.native, &row.vrdma] {
+            assert_eq!(side.post_ns.n, sends, "{what}: one sample per send");
+            assert!(side.msgs_per_s > 0.0 && side.setup_s > 0.0, "{what}");
+        }
+        assert_ratio(
+            row.post_ratio,
+            row.vrdma.post_ns.median,
+            row.native.post_ns.median,
+            &what,
+        );
+        assert_ratio(
+            row.rate_ratio,
+            row.vrdma.msgs_per_s,
+            row.native.msgs_per_s,
+            &what,
+        );
+    }
+}

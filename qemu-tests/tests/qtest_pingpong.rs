@@ -1,0 +1,50 @@
+//! QEMU's vrdma device driven through qtest inside the rxe VM: the library over the PCI
+//! transport against native peers, a device reset and a QEMU kill in mid-traffic.
+
+mod common;
+
+use vrdma_qemu_tests::scenarios::qtest_pingpong::{Results, VERIFY_OPS, VERIFY_SIZES};
+
+#[test]
+fn qtest_pingpong_verifies_resets_and_survives_a_qemu_kill() {
+    let json = common::scratch("qtest-pingpong.json");
+    let json_arg = json.to_string_lossy().into_owned();
+    if common::vrdma_vm(&["test", "qtest-pingpong", "--no-build", "--json", &json_arg]).is_none() {
+        return;
+    }
+    let results: Results = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+
+    assert_eq!(results.device.magic, "vRDM", "{:?}", results.device);
+    assert!(results.device.shared_memory_len > 0, "{:?}", results.device);
+    for op in VERIFY_OPS.split(',') {
+        for size in VERIFY_SIZES.split(',').map(|s| s.parse::<u32>().unwrap()) {
+            for (label, rows) in [("native", &results.native), ("qtest", &results.qtest)] {
+                let row = rows
+                    .iter()
+                    .find(|r| r.op == op && r.size == size)
+                    .unwrap_or_else(|| panic!("{label}: no verified row for {op} {size}"));
+                let latency = row.latency.as_ref().expect("verify mode measures latency");
+                assert!(
+                    row.iters > 0 && latency.typical_us > 0.0,
+                    "{label}: {row:?}"
+                );
+            }
+        }
+    }
+    assert!(results.qtest_requests > 0);
+    // The reset and the kill interrupted a run meant to last a million iterations.
+    assert_ne!(results.reset.interrupted_run, "completed");
+    assert_ne!(results.kill.interrupted_run, "completed");
+    for op in VERIFY_OPS.split(',') {
+        assert!(
+            results.reset.continued.iter().any(|r| r.op == op),
+            "no {op} after the reset: {:?}",
+            results.reset.continued
+        );
+    }
+    // The README's QEMU command line brought the device up as documented.
+    let readme = results.readme.expect("the README check ran");
+    assert_eq!(readme.id, "1af4:1066");
+    assert_eq!(readme.shm_bar_size, results.device.shared_memory_len);
+}
