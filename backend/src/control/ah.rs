@@ -46,10 +46,9 @@ pub(crate) fn ah_attr_to_host(
     let gid_valid = u32::from(a.sgid_index) < port_attr.gid_tbl_len
         && dev
             .device()
-            .gid_table(port)
+            .gid_entry(port, a.sgid_index.into())
             .map_err(host_err("GID table"))?
-            .iter()
-            .any(|entry| entry.index == u32::from(a.sgid_index));
+            .is_some();
     if !gid_valid {
         return Err(CommandError::Invalid {
             what: "sgid_index",
@@ -132,13 +131,9 @@ pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
     let sgid = s
         .dev
         .device()
-        .gid_table(attr.port_num)
+        .gid_entry(attr.port_num, attr.sgid_index.into())
         .ok()
-        .and_then(|table| {
-            table
-                .into_iter()
-                .find(|e| e.index == u32::from(attr.sgid_index))
-        })
+        .flatten()
         .map_or([0; 16], |e| e.gid);
     Ok(ResponseBody::CreateAh(CreateAhResp {
         ah: Le32::new(handle.raw()),

@@ -134,13 +134,13 @@ pub(crate) fn query_gid(s: &mut Session<'_>, r: &QueryTableReq) -> CommandResult
             value: index.into(),
         });
     }
-    let table = s
+    let found = s
         .dev
         .device()
-        .gid_table(host_port)
+        .gid_entry(host_port, index)
         .map_err(host_err("GID table"))?;
     let ethernet = p.link_layer == LINK_LAYER_ETHERNET;
-    let entry = match table.into_iter().find(|e| e.index == index) {
+    let entry = match found {
         Some(e) => GidEntry {
             gid: e.gid,
             gid_type: Le32::new(gid_type(e.gid_type.as_ref(), ethernet) as u32),

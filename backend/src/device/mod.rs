@@ -44,6 +44,13 @@ pub trait HostDevice: Send + Sync {
     /// The populated GID entries of a port.
     fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>>;
 
+    /// GID entry `index` of a port, `None` if that slot is empty. Implementations that can
+    /// read one entry should: commands look up single entries on hot control paths (every
+    /// address vector names its source GID).
+    fn gid_entry(&self, port: u8, index: u32) -> Result<Option<GidEntry>> {
+        Ok(self.gid_table(port)?.into_iter().find(|e| e.index == index))
+    }
+
     /// Opens a fresh context: one per guest connection. Dropping it releases every kernel
     /// object created through it.
     fn open_context(&self) -> Result<Box<dyn HostContext>>;

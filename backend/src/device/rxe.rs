@@ -81,6 +81,10 @@ impl HostDevice for RxeDevice {
         sysfs::gid_table(&self.sysfs_root, &self.info.name, port)
     }
 
+    fn gid_entry(&self, port: u8, index: u32) -> Result<Option<GidEntry>> {
+        sysfs::gid_entry(&self.sysfs_root, &self.info.name, port, index)
+    }
+
     fn open_context(&self) -> Result<Box<dyn HostContext>> {
         Ok(Box::new(self.open()?))
     }

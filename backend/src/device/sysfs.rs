@@ -296,46 +296,66 @@ pub fn parse_gid(text: &str) -> Option<[u8; 16]> {
 
 /// The populated GID entries of a port, by index (all-zero entries are skipped).
 pub fn gid_table(sysfs_root: &Path, device: &str, port: u8) -> Result<Vec<GidEntry>> {
-    let class = class_dir(sysfs_root);
-    if !class.is_dir() {
-        return Err(DeviceError::NoRdmaSubsystem);
-    }
-    let port_dir = class.join(device).join("ports").join(port.to_string());
-    if !class.join(device).is_dir() {
-        return Err(DeviceError::DeviceNotFound {
-            name: device.to_owned(),
-        });
-    }
-    let gids_dir = port_dir.join("gids");
-    let mut indices: Vec<u32> = read_dir_names(&gids_dir)?
+    let port_dir = port_dir(sysfs_root, device, port)?;
+    let mut indices: Vec<u32> = read_dir_names(&port_dir.join("gids"))?
         .iter()
         .filter_map(|n| n.parse().ok())
         .collect();
     indices.sort_unstable();
     let mut table = Vec::new();
     for index in indices {
-        let path = gids_dir.join(index.to_string());
-        let text = read_attr(&path)?;
-        let gid = parse_gid(&text).ok_or_else(|| DeviceError::SysfsFormat {
-            path: path.clone(),
-            content: text.clone(),
-        })?;
-        if gid == [0; 16] {
-            continue;
-        }
-        // The kernel answers EINVAL for the type of an empty slot; a slot can empty between
-        // the two reads, so a failed type read leaves the type unknown instead of failing.
-        let type_path = port_dir.join("gid_attrs/types").join(index.to_string());
-        let gid_type = fs::read_to_string(&type_path)
-            .ok()
-            .map(|t| GidType::parse(t.trim_end()));
-        table.push(GidEntry {
-            index,
-            gid,
-            gid_type,
-        });
+        table.extend(read_gid_entry(&port_dir, index)?);
     }
     Ok(table)
+}
+
+/// GID entry `index` of a port, `None` if the slot is empty. One file read (two for a
+/// populated slot) instead of the whole table, which holds 1024 slots on rxe.
+pub fn gid_entry(
+    sysfs_root: &Path,
+    device: &str,
+    port: u8,
+    index: u32,
+) -> Result<Option<GidEntry>> {
+    read_gid_entry(&port_dir(sysfs_root, device, port)?, index)
+}
+
+fn port_dir(sysfs_root: &Path, device: &str, port: u8) -> Result<PathBuf> {
+    let class = class_dir(sysfs_root);
+    if !class.is_dir() {
+        return Err(DeviceError::NoRdmaSubsystem);
+    }
+    if !class.join(device).is_dir() {
+        return Err(DeviceError::DeviceNotFound {
+            name: device.to_owned(),
+        });
+    }
+    Ok(class.join(device).join("ports").join(port.to_string()))
+}
+
+fn read_gid_entry(port_dir: &Path, index: u32) -> Result<Option<GidEntry>> {
+    let path = port_dir.join("gids").join(index.to_string());
+    let Some(text) = read_attr_opt(&path)? else {
+        return Ok(None);
+    };
+    let gid = parse_gid(&text).ok_or_else(|| DeviceError::SysfsFormat {
+        path: path.clone(),
+        content: text.clone(),
+    })?;
+    if gid == [0; 16] {
+        return Ok(None);
+    }
+    // The kernel answers EINVAL for the type of an empty slot; a slot can empty between
+    // the two reads, so a failed type read leaves the type unknown instead of failing.
+    let type_path = port_dir.join("gid_attrs/types").join(index.to_string());
+    let gid_type = fs::read_to_string(&type_path)
+        .ok()
+        .map(|t| GidType::parse(t.trim_end()));
+    Ok(Some(GidEntry {
+        index,
+        gid,
+        gid_type,
+    }))
 }
 
 #[cfg(test)]
@@ -544,6 +564,28 @@ mod tests {
         assert_eq!(table[0].gid_type, Some(GidType::RoceV2));
         assert_eq!(table[1].index, 10, "numeric, not lexicographic, order");
         assert_eq!(table[1].gid_type, Some(GidType::IbRoceV1));
+    }
+
+    #[test]
+    fn single_gid_entries_match_the_table() {
+        let tree = FakeTree::new();
+        tree.add_rxe("rxe0", "uverbs0", "4: ACTIVE");
+        let table = gid_table(&tree.sys(), "rxe0", 1).unwrap();
+        for entry in &table {
+            assert_eq!(
+                gid_entry(&tree.sys(), "rxe0", 1, entry.index)
+                    .unwrap()
+                    .as_ref(),
+                Some(entry)
+            );
+        }
+        // Slot 1 is all zeroes, slot 500 has no file: both empty.
+        assert_eq!(gid_entry(&tree.sys(), "rxe0", 1, 1).unwrap(), None);
+        assert_eq!(gid_entry(&tree.sys(), "rxe0", 1, 500).unwrap(), None);
+        assert!(matches!(
+            gid_entry(&tree.sys(), "rxe9", 1, 0),
+            Err(DeviceError::DeviceNotFound { .. })
+        ));
     }
 
     #[test]
