@@ -56,43 +56,65 @@ pub fn fill(key: &PatternKey, buf: &mut [u8]) {
     }
 }
 
-/// The first byte of a received message that differs from its pattern.
+/// How a received message differs from its pattern: the first differing byte, and enough
+/// about the rest to tell a torn or stale transfer from random corruption.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mismatch {
     pub offset: usize,
     pub expected: u8,
     pub actual: u8,
+    /// Number of differing bytes.
+    pub differing: usize,
+    /// Last differing offset.
+    pub last_offset: usize,
+    /// Every differing byte holds the previous iteration's pattern (a stale message).
+    pub previous_iteration: bool,
 }
 
 impl fmt::Display for Mismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "first differing offset {} (expected {:#04x}, found {:#04x})",
-            self.offset, self.expected, self.actual
-        )
+            "first differing offset {} (expected {:#04x}, found {:#04x}); {} bytes differ, the \
+             last at offset {}",
+            self.offset, self.expected, self.actual, self.differing, self.last_offset
+        )?;
+        if self.previous_iteration {
+            write!(f, "; they hold the previous iteration's data")?;
+        }
+        Ok(())
     }
 }
 
 /// Checks that `buf` holds the pattern of `key`.
 pub fn verify(key: &PatternKey, buf: &[u8]) -> Result<(), Mismatch> {
-    let seed = key.seed();
-    for (j, chunk) in buf.chunks(8).enumerate() {
-        let word = splitmix64(seed ^ j as u64).to_le_bytes();
-        if chunk != &word[..chunk.len()] {
-            let i = chunk
-                .iter()
-                .zip(word)
-                .position(|(a, e)| *a != e)
-                .expect("chunks differ, so one byte does");
-            return Err(Mismatch {
-                offset: j * 8 + i,
-                expected: word[i],
-                actual: chunk[i],
-            });
-        }
-    }
-    Ok(())
+    let mut expected = vec![0u8; buf.len()];
+    fill(key, &mut expected);
+    let Some(offset) = buf.iter().zip(&expected).position(|(a, e)| a != e) else {
+        return Ok(());
+    };
+    let differing: Vec<usize> = (offset..buf.len())
+        .filter(|&i| buf[i] != expected[i])
+        .collect();
+    let previous_iteration = key.iter > 0 && {
+        let mut previous = vec![0u8; buf.len()];
+        fill(
+            &PatternKey {
+                iter: key.iter - 1,
+                ..*key
+            },
+            &mut previous,
+        );
+        differing.iter().all(|&i| buf[i] == previous[i])
+    };
+    Err(Mismatch {
+        offset,
+        expected: expected[offset],
+        actual: buf[offset],
+        differing: differing.len(),
+        last_offset: differing.last().copied().unwrap_or(offset),
+        previous_iteration,
+    })
 }
 
 #[cfg(test)]
@@ -143,10 +165,31 @@ mod tests {
                 Err(Mismatch {
                     offset,
                     expected: buf[offset],
-                    actual: buf[offset] ^ 0x40
+                    actual: buf[offset] ^ 0x40,
+                    differing: 1,
+                    last_offset: offset,
+                    previous_iteration: false,
                 })
             );
         }
+    }
+
+    #[test]
+    fn a_torn_message_is_told_from_corruption() {
+        let k = key(Op::WriteImm, 4096, 96, Direction::ClientToServer);
+        let mut buf = vec![0u8; 4096];
+        fill(
+            &key(Op::WriteImm, 4096, 95, Direction::ClientToServer),
+            &mut buf,
+        );
+        let mut current = vec![0u8; 4096];
+        fill(&k, &mut current);
+        // The first 2572 bytes arrived, the rest is the previous message.
+        buf[..2572].copy_from_slice(&current[..2572]);
+        let m = verify(&k, &buf).unwrap_err();
+        assert!(m.offset >= 2572 && m.previous_iteration, "{m}");
+        assert_eq!(m.last_offset, 4095);
+        assert!(m.to_string().contains("previous iteration"));
     }
 
     #[test]
