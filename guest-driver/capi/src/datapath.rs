@@ -120,65 +120,27 @@ pub(crate) unsafe extern "C" fn post_send(
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
     guard("ibv_post_send", libc::EIO, || {
-        let fail = |at: *mut ibv_send_wr, errno: c_int| {
-            if !bad_wr.is_null() {
-                // SAFETY: caller contract.
-                unsafe { *bad_wr = at };
-            }
-            errno
-        };
         // SAFETY: caller contract.
         let Some(vqp) = (unsafe { VrdmaQp::from_ptr(qp) }) else {
-            return fail(wr, libc::EINVAL);
+            return fail_at(bad_wr, wr, libc::EINVAL);
         };
         let ud = vqp.ibv.qp_type == ibv_qp_type_IBV_QPT_UD;
-        let mut batch = [SendWr::default(); BATCH];
-        let mut origin = [std::ptr::null_mut::<ibv_send_wr>(); BATCH];
-        let mut len = 0;
-        let flush = |batch: &[SendWr<'_>], origin: &[*mut ibv_send_wr]| -> Result<(), c_int> {
-            if batch.is_empty() {
-                return Ok(());
-            }
+        let post = |batch: &[SendWr<'_>]| {
             // SAFETY: the application's SGEs follow the ibv_post_send rules (inline data
             // readable now, other buffers registered).
             match unsafe { vqp.qp.post_send(batch) } {
                 Ok(()) => Ok(()),
-                Err(PostSendError::Refused { index, error }) => {
-                    Err(fail(origin[index], post_errno(&error)))
-                }
+                Err(PostSendError::Refused { index, error }) => Err((index, post_errno(&error))),
                 Err(e @ PostSendError::Doorbell { .. }) => {
                     log::warn!("vrdma: ibv_post_send: {e}");
-                    let at = origin[e.posted().min(batch.len() - 1)];
-                    Err(fail(at, libc::EIO))
+                    Err((e.posted().min(batch.len() - 1), libc::EIO))
                 }
             }
         };
-        let mut cur = wr;
-        // SAFETY: caller contract: a NULL-terminated list of valid work requests.
-        while let Some(w) = unsafe { cur.as_ref() } {
-            // SAFETY: caller contract.
-            match unsafe { send_wr(w, ud) } {
-                Ok(translated) => {
-                    batch[len] = translated;
-                    origin[len] = cur;
-                    len += 1;
-                }
-                Err(errno) => {
-                    if let Err(errno) = flush(&batch[..len], &origin[..len]) {
-                        return errno;
-                    }
-                    return fail(cur, errno);
-                }
-            }
-            if len == BATCH {
-                if let Err(errno) = flush(&batch, &origin) {
-                    return errno;
-                }
-                len = 0;
-            }
-            cur = w.next;
-        }
-        flush(&batch[..len], &origin[..len]).err().unwrap_or(0)
+        // SAFETY: caller contract: each request's SGE list is valid.
+        let translate = |w| unsafe { send_wr(w, ud) };
+        // SAFETY: caller contract: a valid NULL-terminated list.
+        unsafe { post_list(wr, bad_wr, |w| w.next, translate, post) }
     })
 }
 
@@ -225,7 +187,7 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
 }
 
 /// Stores `at` in `*bad_wr` (if not NULL) and returns `errno`.
-fn fail_at(bad_wr: *mut *mut ibv_recv_wr, at: *mut ibv_recv_wr, errno: c_int) -> c_int {
+fn fail_at<W>(bad_wr: *mut *mut W, at: *mut W, errno: c_int) -> c_int {
     if !bad_wr.is_null() {
         // SAFETY: the caller of the ops entry point gives a writable `bad_wr` or NULL.
         unsafe { *bad_wr = at };
@@ -243,22 +205,50 @@ unsafe fn post_recv_list(
     bad_wr: *mut *mut ibv_recv_wr,
     post: impl Fn(&[RecvWr<'_>]) -> Result<(), (usize, PostError)>,
 ) -> c_int {
-    let mut batch = [RecvWr::default(); BATCH];
-    let mut origin = [std::ptr::null_mut::<ibv_recv_wr>(); BATCH];
+    let translate = |w: &ibv_recv_wr| {
+        // SAFETY: caller contract: the request's SGE list is valid.
+        let sg_list = unsafe { sges(w.sg_list, w.num_sge) }?;
+        Ok(RecvWr {
+            wr_id: w.wr_id,
+            sg_list,
+        })
+    };
+    let post = |batch: &[RecvWr<'_>]| post(batch).map_err(|(index, e)| (index, post_errno(&e)));
+    // SAFETY: caller contract.
+    unsafe { post_list(wr, bad_wr, |w| w.next, translate, post) }
+}
+
+/// Walks the NULL-terminated request list `wr`, translates each request and hands them to
+/// `post` in batches of at most [`BATCH`] kept on the stack (no allocation per call). Returns
+/// 0, or the errno of the first request that was refused (by `translate` or `post`, which
+/// names it by its index in the batch), storing that request in `*bad_wr`; requests before it
+/// were posted, as `ibv_post_send`/`ibv_post_recv` promise.
+///
+/// # Safety
+/// `wr` is NULL or a valid list whose `next` links end in NULL and which stays valid for
+/// `'a`; `bad_wr` is NULL or writable.
+unsafe fn post_list<'a, W: 'a, T: Copy + Default>(
+    wr: *mut W,
+    bad_wr: *mut *mut W,
+    next: impl Fn(&W) -> *mut W,
+    translate: impl Fn(&'a W) -> Result<T, c_int>,
+    post: impl Fn(&[T]) -> Result<(), (usize, c_int)>,
+) -> c_int {
+    let mut batch = [T::default(); BATCH];
+    let mut origin = [std::ptr::null_mut::<W>(); BATCH];
     let mut len = 0;
-    let flush = |batch: &[RecvWr<'_>], origin: &[*mut ibv_recv_wr]| -> Result<(), c_int> {
-        post(batch).map_err(|(index, error)| fail_at(bad_wr, origin[index], post_errno(&error)))
+    let flush = |batch: &[T], origin: &[*mut W]| -> Result<(), c_int> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        post(batch).map_err(|(index, errno)| fail_at(bad_wr, origin[index], errno))
     };
     let mut cur = wr;
-    // SAFETY: caller contract: a NULL-terminated list of valid work requests.
-    while let Some(w) = unsafe { cur.as_ref() } {
-        // SAFETY: caller contract.
-        match unsafe { sges(w.sg_list, w.num_sge) } {
-            Ok(sg_list) => {
-                batch[len] = RecvWr {
-                    wr_id: w.wr_id,
-                    sg_list,
-                };
+    // SAFETY: caller contract: a NULL-terminated list of requests valid for `'a`.
+    while let Some(w) = unsafe { cur.as_ref::<'a>() } {
+        match translate(w) {
+            Ok(translated) => {
+                batch[len] = translated;
                 origin[len] = cur;
                 len += 1;
             }
@@ -275,7 +265,7 @@ unsafe fn post_recv_list(
             }
             len = 0;
         }
-        cur = w.next;
+        cur = next(w);
     }
     flush(&batch[..len], &origin[..len]).err().unwrap_or(0)
 }
@@ -424,6 +414,82 @@ mod tests {
             (t.remote_addr, t.compare_add, t.swap, t.rkey),
             (0x8000, 1, 2, 3)
         );
+    }
+
+    /// A request list of `values` for `post_list`.
+    struct Request {
+        next: *mut Request,
+        value: u32,
+    }
+
+    fn request_list(values: &[u32]) -> Vec<Request> {
+        let mut list: Vec<Request> = values
+            .iter()
+            .map(|&value| Request {
+                next: std::ptr::null_mut(),
+                value,
+            })
+            .collect();
+        for i in 1..list.len() {
+            let next: *mut Request = &mut list[i];
+            list[i - 1].next = next;
+        }
+        list
+    }
+
+    fn post_values(
+        list: &mut [Request],
+        posted: &std::cell::RefCell<Vec<Vec<u32>>>,
+        refuse: Option<u32>,
+    ) -> (c_int, *mut Request) {
+        let mut bad: *mut Request = std::ptr::null_mut();
+        let translate = |r: &Request| {
+            if r.value == 0 {
+                Err(libc::EINVAL)
+            } else {
+                Ok(r.value)
+            }
+        };
+        let post = |batch: &[u32]| {
+            if let Some(index) = batch.iter().position(|v| Some(*v) == refuse) {
+                posted.borrow_mut().push(batch[..index].to_vec());
+                return Err((index, libc::ENOMEM));
+            }
+            posted.borrow_mut().push(batch.to_vec());
+            Ok(())
+        };
+        // SAFETY: `list` is a valid NULL-terminated list that outlives the call.
+        let errno = unsafe { post_list(list.as_mut_ptr(), &mut bad, |r| r.next, translate, post) };
+        (errno, bad)
+    }
+
+    #[test]
+    fn request_lists_are_posted_in_batches_and_the_first_refused_one_is_named() {
+        let values: Vec<u32> = (1..=(BATCH as u32 * 2 + 3)).collect();
+        let mut list = request_list(&values);
+        let posted = std::cell::RefCell::new(Vec::new());
+        assert_eq!(
+            post_values(&mut list, &posted, None),
+            (0, std::ptr::null_mut())
+        );
+        let batches = posted.take();
+        assert_eq!(
+            batches.iter().map(Vec::len).collect::<Vec<_>>(),
+            [BATCH, BATCH, 3]
+        );
+        assert_eq!(batches.concat(), values);
+
+        // A request that does not translate: those before it are posted, it is named.
+        let mut list = request_list(&[1, 2, 0, 4]);
+        let (errno, bad) = post_values(&mut list, &posted, None);
+        assert_eq!((errno, bad), (libc::EINVAL, &mut list[2] as *mut Request));
+        assert_eq!(posted.take(), [vec![1, 2]]);
+
+        // A request the queue refuses is named by its batch index.
+        let mut list = request_list(&[1, 2, 3]);
+        let (errno, bad) = post_values(&mut list, &posted, Some(2));
+        assert_eq!((errno, bad), (libc::ENOMEM, &mut list[1] as *mut Request));
+        assert_eq!(posted.take(), [vec![1]]);
     }
 
     #[test]
