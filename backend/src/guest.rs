@@ -15,16 +15,19 @@ use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use log::{debug, info, warn};
 use vrdma_spec::config::{self, DeviceConfig};
 use vrdma_spec::control::{HEADER_SIZE, MAX_RESPONSE_SIZE};
-use vrdma_spec::features::{VIRTIO_F_VERSION_1, VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ, VRDMA_F_UD};
+use vrdma_spec::features::{
+    VIRTIO_F_VERSION_1, VRDMA_F_DOORBELL_POLL, VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ, VRDMA_F_UD,
+};
 use vrdma_spec::StatusError;
 use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, Le64, Status};
 use zerocopy::IntoBytes;
 
-use crate::control::doorbell::Doorbells;
+use crate::control::doorbell::{self, Doorbells};
 use crate::control::{self, ah, cq, mr, pd, qp, srq, CommandError, Session};
 use crate::device::{DeviceAttr, DeviceError, HostContext, HostDevice};
 use crate::handler::{
@@ -38,6 +41,11 @@ pub const DEFAULT_SHM_SIZE: u64 = 64 << 20;
 /// Default largest page list of one REG_MR: 64 Ki pages (256 MiB in 4 KiB pages, one request of
 /// 512 KiB).
 pub const DEFAULT_MAX_MR_PAGES: u32 = 1 << 16;
+/// Default doorbell poll window in microseconds (`--doorbell-poll-us`); 0 is off.
+pub const DEFAULT_DOORBELL_POLL_US: u64 = 0;
+/// Longest doorbell poll window: the worker that polls also delivers events, which wait for up
+/// to [`doorbell::POLL_BUDGET_WINDOWS`] windows.
+pub const MAX_DOORBELL_POLL: Duration = Duration::from_millis(1);
 /// The one port a guest sees (spec §4 `num_ports`); it stands for the host port of
 /// [`DeviceOptions::host_port`].
 pub const GUEST_PORT: u8 = 1;
@@ -55,6 +63,9 @@ pub struct DeviceOptions {
     pub host_port: u8,
     /// Largest `npages` of one REG_MR.
     pub max_mr_pages: u32,
+    /// How long the doorbell worker keeps polling a guest's doorbell area after a doorbell
+    /// (offering `VRDMA_F_DOORBELL_POLL`); zero for never.
+    pub doorbell_poll: Duration,
 }
 
 impl Default for DeviceOptions {
@@ -65,6 +76,7 @@ impl Default for DeviceOptions {
             allow_ud: false,
             host_port: 1,
             max_mr_pages: DEFAULT_MAX_MR_PAGES,
+            doorbell_poll: Duration::from_micros(DEFAULT_DOORBELL_POLL_US),
         }
     }
 }
@@ -102,6 +114,9 @@ pub enum GuestError {
         /// Requested port.
         port: u8,
     },
+    /// The doorbell poll window is too long.
+    #[error("a doorbell poll window of {0:?} is over the limit of {MAX_DOORBELL_POLL:?}")]
+    DoorbellPoll(Duration),
     /// The host device could not be opened or queried.
     #[error("host device: {0}")]
     Host(#[from] DeviceError),
@@ -126,6 +141,9 @@ impl DeviceOptions {
                 qps: self.quotas.qps,
                 max: vrdma_spec::doorbell::MAX_SLOTS,
             });
+        }
+        if self.doorbell_poll > MAX_DOORBELL_POLL {
+            return Err(GuestError::DoorbellPoll(self.doorbell_poll));
         }
         if self.max_mr_pages == 0 || self.max_mr_pages > MAX_MR_PAGES_LIMIT {
             return Err(GuestError::MaxMrPages {
@@ -542,6 +560,9 @@ impl DeviceHandler for GuestDevice {
         if self.options.allow_ud {
             features |= VRDMA_F_UD;
         }
+        if !self.options.doorbell_poll.is_zero() {
+            features |= VRDMA_F_DOORBELL_POLL;
+        }
         features
     }
 
@@ -631,7 +652,7 @@ impl DeviceHandler for GuestDevice {
                 rung.len()
             );
         }
-        lock(&self.doorbells).drain(self.host());
+        doorbell::serve(&self.doorbells, self.host(), self.options.doorbell_poll);
     }
 
     fn watched_fds(&self) -> Vec<RawFd> {

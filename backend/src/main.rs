@@ -6,11 +6,14 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
 use log::info;
 use vrdma_backend::device::{HostDevice, PortState, RxeDevice};
-use vrdma_backend::guest::{DeviceOptions, GuestDeviceFactory, DEFAULT_SHM_SIZE};
+use vrdma_backend::guest::{
+    DeviceOptions, GuestDeviceFactory, DEFAULT_DOORBELL_POLL_US, DEFAULT_SHM_SIZE,
+};
 use vrdma_backend::listener::Listener;
 use vrdma_backend::resources::Quotas;
 
@@ -59,6 +62,11 @@ struct Args {
     /// source and destination addresses of its UD packets (spec §12).
     #[arg(long)]
     allow_ud: bool,
+    /// After a doorbell, keep polling the guest's doorbell area for this many microseconds
+    /// (restarted by every doorbell found, at most 8 windows per notification) while telling the
+    /// guest not to notify (VRDMA_F_DOORBELL_POLL, spec §5.3); 0 turns polling off.
+    #[arg(long, default_value_t = DEFAULT_DOORBELL_POLL_US)]
+    doorbell_poll_us: u64,
 }
 
 /// Parses a byte count with an optional binary suffix (K, M, G).
@@ -95,6 +103,7 @@ impl Args {
             shm_size: self.shm_size,
             allow_ud: self.allow_ud,
             host_port,
+            doorbell_poll: Duration::from_micros(self.doorbell_poll_us),
             ..DeviceOptions::default()
         }
     }

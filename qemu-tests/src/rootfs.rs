@@ -42,6 +42,9 @@ pub const TRIXIE_RXE: Recipe = Recipe {
         "kmod",
         "busybox-static",
         "procps",
+        // Profiling inside the VM (benchmark investigations): perf and syscall traces.
+        "linux-perf",
+        "strace",
     ],
 };
 

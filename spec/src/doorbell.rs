@@ -8,6 +8,7 @@
 //! | --- | --- | --- |
 //! | 0 | `tail`: number of entries ever enqueued (wraps) | driver (atomic fetch-add) |
 //! | 64 | `head`: number of entries the device consumed (informational) | device |
+//! | 68 | `polling`: non-zero while the device polls the area (with `VRDMA_F_DOORBELL_POLL`) | device |
 //! | 128 | `ring[n]`: `doorbell_index + 1`, or 0 when empty | driver writes, device clears |
 //! | 128 + 4n | `pending[n]`: 1 while the QP's index is queued, else 0 | both (atomic swap) |
 //!
@@ -21,6 +22,24 @@
 //! 1, the QP is still queued and the device has not yet cleared it; the device's later swap of
 //! `pending` (Acquire) reads that value, so the producer store happens-before the kick that
 //! follows the device's swap. The device therefore clears `pending` *before* it kicks.
+//!
+//! Notification suppression (`VRDMA_F_DOORBELL_POLL`): a device may keep polling the area for a
+//! while after a notification and sets `polling` meanwhile; a driver that queued an entry then
+//! skips its notification if it reads `polling` non-zero ([`DoorbellArea::ring_polled`]). The
+//! race to close is the device going to sleep just as a driver decides not to notify. Both
+//! sides order a store before a load of the other side's word with a full fence:
+//!
+//! - driver: store `ring[t]` → fence(SeqCst) → load `polling`;
+//! - device ([`DoorbellArea::stop_polling`]): store `polling = 0` → fence(SeqCst) → drain.
+//!
+//! Of two SeqCst fences one precedes the other in their single total order. If the driver's
+//! comes first, the device's drain after its own fence observes the driver's `ring[t]` store
+//! and kicks. If the device's comes first, the driver's load after its fence observes
+//! `polling = 0` (or a later value: a later `polling = 1` belongs to a later polling phase,
+//! which ends with the same clear-fence-drain), so the driver notifies. Either way the entry is
+//! seen. A driver still between its fetch-add and its store when the device drains blocks the
+//! drain at its empty slot; it performs the same store-fence-load afterwards, so the argument
+//! covers it and every entry queued behind it.
 
 use core::sync::atomic::{fence, AtomicU32, Ordering};
 
@@ -28,6 +47,8 @@ use core::sync::atomic::{fence, AtomicU32, Ordering};
 pub const TAIL_WORD: usize = 0;
 /// Word offset of `head`.
 pub const HEAD_WORD: usize = 16;
+/// Word offset of `polling` (in the device's cache line, next to `head`).
+pub const POLLING_WORD: usize = 17;
 /// Word offset of `ring[0]`.
 pub const RING_WORD: usize = 32;
 
@@ -61,6 +82,7 @@ pub const MAX_SLOTS: u32 = 1 << 16;
 pub struct DoorbellArea<'a> {
     tail: &'a AtomicU32,
     head: &'a AtomicU32,
+    polling: &'a AtomicU32,
     ring: &'a [AtomicU32],
     pending: &'a [AtomicU32],
 }
@@ -82,6 +104,7 @@ impl<'a> DoorbellArea<'a> {
         Ok(Self {
             tail: &words[TAIL_WORD],
             head: &words[HEAD_WORD],
+            polling: &words[POLLING_WORD],
             ring: &words[RING_WORD..RING_WORD + n],
             pending: &words[RING_WORD + n..RING_WORD + 2 * n],
         })
@@ -111,6 +134,51 @@ impl<'a> DoorbellArea<'a> {
         let at = self.tail.fetch_add(1, Ordering::AcqRel) as usize & (self.ring.len() - 1);
         self.ring[at].store(index + 1, Ordering::Release);
         true
+    }
+
+    /// Driver side with `VRDMA_F_DOORBELL_POLL` negotiated: [`DoorbellArea::ring`], then
+    /// whether the device must be notified, which it need not while it polls the area. See the
+    /// module documentation for why a device that stops polling cannot miss the entry.
+    pub fn ring_polled(&self, index: u32) -> bool {
+        if !self.ring(index) {
+            return false;
+        }
+        // Orders the `ring[t]` store above before the load of `polling` (store-load: only a
+        // full fence does it); pairs with the fence in `stop_polling`.
+        fence(Ordering::SeqCst);
+        self.polling.load(Ordering::Relaxed) == 0
+    }
+
+    /// Device side: announces that the device polls the area, so drivers that negotiated
+    /// `VRDMA_F_DOORBELL_POLL` stop notifying. Only [`DoorbellArea::stop_polling`] may end it.
+    pub fn start_polling(&self) {
+        // No ordering needed: a driver that reads the flag and skips its notification is
+        // covered by the clear-fence-drain of `stop_polling`, whenever it happens.
+        self.polling.store(1, Ordering::Relaxed);
+    }
+
+    /// Device side, when no doorbell can be owed (the area is being registered or dropped with
+    /// every QP): clears `polling` without the drain that [`DoorbellArea::stop_polling`] adds.
+    pub fn reset_polling(&self) {
+        self.polling.store(0, Ordering::Release);
+    }
+
+    /// Whether the area says the device polls it (the device's own flag; a driver scribbling
+    /// over it only silences its own notifications).
+    pub fn is_polling(&self) -> bool {
+        self.polling.load(Ordering::Relaxed) != 0
+    }
+
+    /// Device side: ends a polling phase. Clears `polling`, executes a full fence, then drains
+    /// once more (as [`DoorbellArea::drain`]): a driver that saw the flag still set and skipped
+    /// its notification had queued its entry before this drain can miss it. Returns the number
+    /// of entries this last drain consumed.
+    pub fn stop_polling(&self, head: &mut u32, kick: impl FnMut(u32)) -> usize {
+        self.polling.store(0, Ordering::Relaxed);
+        // Orders the clear before the drain's loads of `ring` (store-load); pairs with the
+        // fence in `ring_polled`.
+        fence(Ordering::SeqCst);
+        self.drain(head, kick)
     }
 
     /// Device side: consumes queued entries starting at `*head` and calls `kick` once per valid
@@ -157,6 +225,7 @@ mod tests {
     #[test]
     fn layout_and_validation() {
         assert_eq!(area_bytes(1024), 128 + 8 * 1024);
+        assert_eq!(POLLING_WORD * 4, 68, "spec §5.3 byte offset");
         let w = words(8);
         assert!(DoorbellArea::new(&w, 8).is_ok());
         assert_eq!(
@@ -192,6 +261,26 @@ mod tests {
         assert_eq!(area.drain(&mut head, |i| kicked.push(i)), 2);
         assert_eq!(kicked, [3, 5]);
         assert!(area.ring(3), "kicked: ringing again queues again");
+    }
+
+    #[test]
+    fn a_polling_device_is_not_notified_and_its_last_drain_finds_the_entry() {
+        let w = words(8);
+        let area = DoorbellArea::new(&w, 8).unwrap();
+        assert!(!area.is_polling());
+        area.start_polling();
+        assert!(area.is_polling());
+        assert!(!area.ring_polled(2), "the device polls: no notification");
+        assert!(!area.ring_polled(2), "still queued");
+        let mut head = 0;
+        let mut kicked = vec![];
+        assert_eq!(area.stop_polling(&mut head, |i| kicked.push(i)), 1);
+        assert_eq!(kicked, [2], "the drain after clearing the flag kicks it");
+        assert!(!area.is_polling());
+        assert!(area.ring_polled(2), "no longer polling: notify");
+        // Without the feature, `ring` ignores the flag.
+        area.start_polling();
+        assert!(area.ring(4));
     }
 
     #[test]

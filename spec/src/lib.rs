@@ -72,8 +72,12 @@ pub mod features {
     pub const VRDMA_F_SRQ: u64 = 1 << 1;
     /// Unreliable-datagram QPs and address handles (CREATE_AH, DESTROY_AH).
     pub const VRDMA_F_UD: u64 = 1 << 2;
+    /// The device may poll the doorbell area and says so in its `polling` word; drivers then
+    /// skip doorbell notifications while it is set ([`crate::doorbell`]).
+    pub const VRDMA_F_DOORBELL_POLL: u64 = 1 << 3;
     /// Mask of all device-specific bits defined by this version.
-    pub const VRDMA_F_ALL: u64 = VRDMA_F_RING_RXE_V1 | VRDMA_F_SRQ | VRDMA_F_UD;
+    pub const VRDMA_F_ALL: u64 =
+        VRDMA_F_RING_RXE_V1 | VRDMA_F_SRQ | VRDMA_F_UD | VRDMA_F_DOORBELL_POLL;
     /// Mask of the bits that select a ring format; exactly one is offered.
     pub const RING_FORMAT_MASK: u64 = VRDMA_F_RING_RXE_V1;
     /// VIRTIO_F_RING_INDIRECT_DESC (28): the device accepts indirect descriptor tables.

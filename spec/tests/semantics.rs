@@ -179,3 +179,111 @@ fn slot_math() {
     assert_eq!(rxe_v1::send_wqe_size(1, 200), 408);
     assert_eq!(rxe_v1::recv_wqe_size(2), 72);
 }
+
+/// Doorbell notification suppression (spec §5.3, `VRDMA_F_DOORBELL_POLL`): a device that polls
+/// the area in short phases and otherwise sleeps until notified never misses a doorbell.
+///
+/// Each producer publishes a sequence number per QP (its "SQ producer"), rings with
+/// [`DoorbellArea::ring_polled`], notifies only when told to, and waits until a kick has seen
+/// that number. The device sleeps (spins on the notification counter) between polling phases of
+/// varying length, so rings keep landing next to the end of a phase: a device that drained
+/// before clearing `polling` (or without a fence in between) would go to sleep while a
+/// producer that saw the flag still set skipped its notification, and that producer would stall
+/// until its deadline.
+#[test]
+fn no_doorbell_is_lost_when_the_device_stops_polling() {
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    use vrdma_spec::doorbell::{area_bytes, DoorbellArea};
+
+    const QPS: u32 = 8;
+    const ROUNDS: u32 = 100_000;
+    let words: Arc<Vec<AtomicU32>> = Arc::new(
+        (0..area_bytes(QPS) / 4)
+            .map(|_| AtomicU32::new(0))
+            .collect(),
+    );
+    let producers: Arc<Vec<AtomicU32>> = Arc::new((0..QPS).map(|_| AtomicU32::new(0)).collect());
+    let seen: Arc<Vec<AtomicU32>> = Arc::new((0..QPS).map(|_| AtomicU32::new(0)).collect());
+    let notifications = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+
+    let device = {
+        let (words, producers, seen, notifications, done) = (
+            words.clone(),
+            producers.clone(),
+            seen.clone(),
+            notifications.clone(),
+            done.clone(),
+        );
+        std::thread::spawn(move || {
+            let area = DoorbellArea::new(&words, QPS).unwrap();
+            let kick = |i: u32| {
+                let v = producers[i as usize].load(Ordering::Acquire);
+                seen[i as usize].store(v, Ordering::Release);
+            };
+            let (mut head, mut handled, mut phase) = (0u32, 0u64, 0u32);
+            while !done.load(Ordering::Acquire) {
+                // Asleep until notified.
+                let now = notifications.load(Ordering::Acquire);
+                if now == handled {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                handled = now;
+                area.drain(&mut head, kick);
+                area.start_polling();
+                phase = phase.wrapping_add(1);
+                for _ in 0..phase % 4 {
+                    area.drain(&mut head, kick);
+                }
+                area.stop_polling(&mut head, kick);
+            }
+        })
+    };
+    let threads: Vec<_> = (0..2)
+        .map(|t| {
+            let (words, producers, seen, notifications) = (
+                words.clone(),
+                producers.clone(),
+                seen.clone(),
+                notifications.clone(),
+            );
+            std::thread::spawn(move || {
+                let area = DoorbellArea::new(&words, QPS).unwrap();
+                let mut skipped = 0u32;
+                for round in 1..=ROUNDS {
+                    for qp in (t..QPS).step_by(2) {
+                        producers[qp as usize].store(round, Ordering::Release);
+                        if area.ring_polled(qp) {
+                            notifications.fetch_add(1, Ordering::Release);
+                        } else {
+                            skipped += 1;
+                        }
+                    }
+                    for qp in (t..QPS).step_by(2) {
+                        let deadline = Instant::now() + Duration::from_secs(10);
+                        while seen[qp as usize].load(Ordering::Acquire) < round {
+                            assert!(
+                                Instant::now() < deadline,
+                                "QP {qp} lost its doorbell in round {round}"
+                            );
+                            std::hint::spin_loop();
+                        }
+                    }
+                }
+                skipped
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join()).collect();
+    done.store(true, Ordering::Release);
+    device.join().unwrap();
+    let mut skipped = 0;
+    for r in results {
+        skipped += r.unwrap();
+    }
+    // The test only means something if producers really met a polling device.
+    assert!(skipped > 0, "no notification was ever suppressed");
+}

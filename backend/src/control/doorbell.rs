@@ -4,9 +4,21 @@
 //! mapping of that RAM, and a table from doorbell index to host QP, so a notification costs
 //! one pass over the entries the driver queued and one kick per entry, with no allocation and
 //! no lookup beyond an array index.
+//!
+//! With a poll window (`--doorbell-poll-us`) and `VRDMA_F_DOORBELL_POLL` negotiated, the device
+//! keeps draining the area for that long after each doorbell it finds, with the area's
+//! `polling` flag set so drivers skip their notifications (spec §5.3): a ping-pong then rings
+//! without a notification, a wake-up of this worker or, in a VM, an exit. The phase is bounded
+//! (at most [`POLL_BUDGET_WINDOWS`] windows per notification) because the same worker delivers
+//! events. The poller spins rather than yielding between passes: a yield can hand the CPU away
+//! for a whole scheduler slice while drivers, told not to notify, wait for the next pass
+//! (measured under TCG: ping-pong averages went from 0.15 ms to 1.8 ms). Polling costs a
+//! host CPU for the window after every doorbell; with no core to spare (2 vCPUs, two
+//! busy-polling processes) it lengthens latency instead of shortening it, hence off by default.
 
 use std::sync::atomic::AtomicU32;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use log::{debug, warn};
 use vm_memory::{GuestAddress, GuestMemoryBackend};
@@ -18,6 +30,7 @@ use super::{CommandError, CommandResult, Session};
 use crate::device::{HostContext, QpHandle};
 use crate::handler::{lock, GuestRam};
 use crate::mem::MemError;
+use vrdma_spec::features::VRDMA_F_DOORBELL_POLL;
 
 /// A doorbell area in guest RAM, mapped in this process.
 struct MappedArea {
@@ -70,10 +83,16 @@ impl MappedArea {
     }
 }
 
+/// Longest polling phase per notification, in poll windows: the worker that polls also delivers
+/// events, which wait while it polls.
+pub const POLL_BUDGET_WINDOWS: u32 = 8;
+
 /// The doorbell area and the QP behind each doorbell index.
 pub struct Doorbells {
     slots: u32,
     area: Option<MappedArea>,
+    /// The driver accepted `VRDMA_F_DOORBELL_POLL`: the device may set the area's `polling`.
+    polling_allowed: bool,
     /// Entries consumed so far (the device's `head`).
     head: u32,
     /// Host QP per doorbell index; `None` while the index is free or being created/destroyed.
@@ -90,6 +109,7 @@ impl Doorbells {
         Doorbells {
             slots,
             area: None,
+            polling_allowed: false,
             head: 0,
             owners: vec![None; slots as usize],
             free: (0..slots).rev().collect(),
@@ -142,31 +162,59 @@ impl Doorbells {
 
     /// Forgets the area and every index; returns whether anything was set.
     pub fn clear(&mut self) -> bool {
+        // A polling phase may be under way on the doorbell worker: leave no `polling` flag
+        // behind in memory the driver may register again (it would silence its doorbells).
+        if let Some(area) = self.view() {
+            area.reset_polling();
+        }
         let had_something = self.area.is_some() || self.taken.iter().any(|&t| t);
         *self = Doorbells::new(self.slots);
         had_something
     }
 
-    /// Kicks the QP of every doorbell queued in the area (at most one lap of the ring).
-    pub fn drain(&mut self, host: &dyn HostContext) -> usize {
-        let Some(mapped) = &self.area else {
-            debug!("doorbell without a doorbell area");
-            return 0;
-        };
-        let area = match DoorbellArea::new(mapped.words(), mapped.slots) {
-            Ok(area) => area,
+    /// The registered area, if any.
+    fn view(&self) -> Option<DoorbellArea<'_>> {
+        let mapped = self.area.as_ref()?;
+        match DoorbellArea::new(mapped.words(), mapped.slots) {
+            Ok(area) => Some(area),
             Err(e) => {
                 // Cannot happen: the mapping was sized for these slots.
                 warn!("doorbell area: {e}");
-                return 0;
+                None
             }
-        };
+        }
+    }
+
+    /// Kicks the QP of every doorbell queued in the area (at most one lap of the ring).
+    pub fn drain(&mut self, host: &dyn HostContext) -> usize {
+        self.pass(host, Pass::Drain).unwrap_or_else(|| {
+            debug!("doorbell without a doorbell area");
+            0
+        })
+    }
+
+    /// One pass over the area; `None` without an area (or, for [`Pass::Poll`], when the driver
+    /// did not accept polling).
+    fn pass(&mut self, host: &dyn HostContext, pass: Pass) -> Option<usize> {
+        if pass != Pass::Drain && !self.polling_allowed {
+            return None;
+        }
+        let mapped = self.area.as_ref()?;
+        let area = DoorbellArea::new(mapped.words(), mapped.slots).ok()?;
         let owners = &self.owners;
-        area.drain(&mut self.head, |index| {
+        let kick = |index: u32| {
             // Indices of no live QP are dropped; kick errors (QP not in RTS) are the guest's.
             if let Some(Some(qp)) = owners.get(index as usize) {
                 let _ = host.kick_send(*qp);
             }
+        };
+        Some(match pass {
+            Pass::Drain => area.drain(&mut self.head, kick),
+            Pass::Poll => {
+                area.start_polling();
+                area.drain(&mut self.head, kick)
+            }
+            Pass::StopPolling => area.stop_polling(&mut self.head, kick),
         })
     }
 
@@ -183,6 +231,49 @@ impl Doorbells {
                 old.gpa
             ),
         }
+    }
+}
+
+/// What one pass over the doorbell area does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Drain only.
+    Drain,
+    /// Set `polling` (if not set) and drain.
+    Poll,
+    /// Clear `polling`, fence, drain (spec §5.3: the drain that no skipped notification can
+    /// escape).
+    StopPolling,
+}
+
+/// Serves one doorbell notification: drains the area, then, if `window` is non-zero and the
+/// driver accepted `VRDMA_F_DOORBELL_POLL`, keeps polling it until `window` passes without a
+/// doorbell (or [`POLL_BUDGET_WINDOWS`] windows in all), and ends the phase with the
+/// clear-fence-drain that catches every driver that skipped its notification.
+///
+/// The lock is taken per pass, never across the phase: the control worker creates and
+/// destroys QPs (and a reset clears the area) meanwhile, and the next pass sees the change.
+pub fn serve(doorbells: &Mutex<Doorbells>, host: &dyn HostContext, window: Duration) {
+    lock(doorbells).drain(host);
+    if window.is_zero() {
+        return;
+    }
+    let start = Instant::now();
+    let budget_end = start + window * POLL_BUDGET_WINDOWS;
+    let mut idle_end = start + window;
+    loop {
+        match lock(doorbells).pass(host, Pass::Poll) {
+            None => return,
+            Some(0) => {}
+            Some(_) => idle_end = Instant::now() + window,
+        }
+        let now = Instant::now();
+        if now >= idle_end || now >= budget_end {
+            // A doorbell found by the last drain was kicked; any later one notifies again.
+            lock(doorbells).pass(host, Pass::StopPolling);
+            return;
+        }
+        std::hint::spin_loop();
     }
 }
 
@@ -207,5 +298,10 @@ pub(crate) fn set_doorbell_area(s: &mut Session<'_>, r: &SetDoorbellAreaReq) -> 
     let mut doorbells = lock(s.dev.doorbells());
     doorbells.area = Some(area);
     doorbells.head = 0;
+    doorbells.polling_allowed = s.features & VRDMA_F_DOORBELL_POLL != 0;
+    if let Some(area) = doorbells.view() {
+        // The word is the device's: whatever the driver left there, nobody polls yet.
+        area.reset_polling();
+    }
     Ok(ResponseBody::Empty)
 }

@@ -96,7 +96,11 @@ impl Context {
         let ResponseBody::QueryDevice(attr) = channel.execute(&ControlRequest::QueryDevice)? else {
             return Err(unexpected_body(Opcode::QueryDevice));
         };
-        let doorbell = DoorbellRegion::new(channel.transport.dma(), config.doorbell_slots.get())?;
+        let doorbell = DoorbellRegion::new(
+            channel.transport.dma(),
+            config.doorbell_slots.get(),
+            features & features::VRDMA_F_DOORBELL_POLL != 0,
+        )?;
         channel.execute(&ControlRequest::SetDoorbellArea(SetDoorbellAreaReq {
             gpa: Le64::new(doorbell.gpa()),
             slots: Le32::new(doorbell.slots()),

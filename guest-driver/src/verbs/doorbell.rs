@@ -14,13 +14,16 @@ pub(crate) struct DoorbellRegion {
     // Declared first: a view into `buffer`, which must outlive it (it has no drop glue, but
     // the order documents the dependency).
     area: DoorbellArea<'static>,
+    /// `VRDMA_F_DOORBELL_POLL` was negotiated: skip notifications while the device polls.
+    device_may_poll: bool,
     gpa: u64,
     _buffer: DmaBuffer,
 }
 
 impl DoorbellRegion {
     /// Allocates and zeroes an area of `slots` entries in memory the device reaches by DMA.
-    pub(crate) fn new(dma: &dyn DmaMemory, slots: u32) -> Result<Self> {
+    /// `device_may_poll`: whether `VRDMA_F_DOORBELL_POLL` was negotiated.
+    pub(crate) fn new(dma: &dyn DmaMemory, slots: u32, device_may_poll: bool) -> Result<Self> {
         let bad_slots = || ProtocolError::ConfigValue {
             field: "doorbell_slots",
             value: slots.into(),
@@ -55,6 +58,7 @@ impl DoorbellRegion {
         let area = DoorbellArea::new(words, slots).map_err(|_| bad_slots())?;
         Ok(DoorbellRegion {
             area,
+            device_may_poll,
             gpa,
             _buffer: buffer,
         })
@@ -71,8 +75,12 @@ impl DoorbellRegion {
     }
 
     /// Queues doorbell `index`; true if the device must be notified (see
-    /// [`DoorbellArea::ring`]).
+    /// [`DoorbellArea::ring`], and [`DoorbellArea::ring_polled`] when the device may poll).
     pub(crate) fn ring(&self, index: u32) -> bool {
-        self.area.ring(index)
+        if self.device_may_poll {
+            self.area.ring_polled(index)
+        } else {
+            self.area.ring(index)
+        }
     }
 }

@@ -528,7 +528,8 @@ impl Qp {
             Err((index, error)) => (index, Some(PostSendError::Refused { index, error })),
         };
         // The provider published the producer index with a Release store; `ring` fences and
-        // queues the doorbell index (spec §5.3).
+        // queues the doorbell index, and says whether to notify: not when it was still queued,
+        // nor while a device that negotiated polling says it polls (spec §5.3).
         if count > 0 && self.object.ctx().doorbell.ring(self.doorbell_index) {
             if let Err(source) = self.object.ctx().transport().notify_doorbell() {
                 return Err(PostSendError::Doorbell {
