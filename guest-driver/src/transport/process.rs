@@ -118,6 +118,10 @@ pub struct ProcessTransport {
     events: EventChannel<EventFdSignal>,
     event_call: EventFd,
     doorbell: EventFdSignal,
+    /// The doorbell queue's rings: the driver never posts on them, but the device was given
+    /// their addresses and reads and writes them (avail index, `avail_event`) until it is
+    /// disconnected, so their memory must not be reused before.
+    _doorbell_rings: SplitQueue,
     backend_channel: Option<BackendChannel>,
 }
 
@@ -207,6 +211,7 @@ impl ProcessTransport {
             events,
             event_call,
             doorbell: doorbell.signal,
+            _doorbell_rings: doorbell.queue,
             backend_channel: Some(backend_channel),
         })
     }

@@ -554,6 +554,35 @@ fn open_negotiates_and_sets_up_the_queues() {
 }
 
 #[test]
+fn the_rings_stay_allocated_while_the_device_may_use_them() {
+    let device = FakeDevice::new();
+    let transport = open(&device).unwrap();
+    let rings: Vec<(u64, u64)> = {
+        let regs = device.regs();
+        regs.queues[..3]
+            .iter()
+            .map(|q| (q.desc, q.device + 4 + 8 * u64::from(q.size) + 2))
+            .collect()
+    };
+    // Memory handed out later must never be a ring the device was given, the doorbell
+    // queue's included (the driver posts nothing there, but the device writes its
+    // `avail_event`).
+    let dma = transport.dma();
+    let mut buffers = Vec::new();
+    while let Ok(buffer) = dma.alloc(4096, 4096) {
+        let gpa = dma.translate(buffer.as_ptr(), 4096).unwrap()[0];
+        for &(start, end) in &rings {
+            assert!(
+                gpa + 4096 <= start || gpa >= end,
+                "buffer at {gpa:#x} overlaps a ring at {start:#x}..{end:#x}"
+            );
+        }
+        buffers.push(buffer);
+    }
+    assert!(!buffers.is_empty());
+}
+
+#[test]
 fn a_refused_feature_set_fails_the_open() {
     let device = FakeDevice::new();
     device.regs().refuse_features = true;

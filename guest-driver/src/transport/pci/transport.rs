@@ -23,6 +23,7 @@ use super::interrupt::Interrupts;
 use super::virtio::{status, NotifyAddress, VirtioPci, DEVICE_FEATURE_MASK};
 use crate::transport::queues::{ControlChannel, EventChannel, QueueSignal, SignalledQueue};
 use crate::transport::{DmaMemory, SharedMemory, Transport, TransportError};
+use crate::virtq::SplitQueue;
 
 /// Settings of a [`PciTransport`].
 #[derive(Clone, Debug)]
@@ -82,6 +83,10 @@ pub struct PciTransport {
     control: ControlChannel<PciSignal>,
     events: EventChannel<PciSignal>,
     doorbell: NotifyAddress,
+    /// The doorbell queue's rings: the driver never posts on them, but the device was given
+    /// their addresses and reads and writes them (avail index, `avail_event`) until the
+    /// reset in `drop`, so their memory must not be reused before.
+    _doorbell_rings: SplitQueue,
     dma: Arc<dyn DmaMemory>,
     shared_memory: SharedMemory,
     config: Vec<u8>,
@@ -146,7 +151,8 @@ impl PciTransport {
         };
         let control = queue(CONTROLQ)?;
         let events = queue(EVENTQ)?;
-        let doorbell = queue(DOORBELLQ)?.signal.notify;
+        let doorbell_queue = queue(DOORBELLQ)?;
+        let (doorbell, doorbell_rings) = (doorbell_queue.signal.notify, doorbell_queue.queue);
         let control = ControlChannel::new(dma.as_ref(), control, options.command_timeout)?;
         let events = EventChannel::start(
             dma.as_ref(),
@@ -161,6 +167,7 @@ impl PciTransport {
             control,
             events,
             doorbell,
+            _doorbell_rings: doorbell_rings,
             dma,
             shared_memory,
             config,
