@@ -169,7 +169,7 @@ impl GuestRam {
             memfd,
             base,
             len,
-            free: Mutex::new(FreeRanges::new(len)),
+            free: Mutex::new(FreeRanges::new(0, len)),
         }))
     }
 
@@ -281,19 +281,29 @@ impl Drop for Allocation {
     }
 }
 
-/// Free page ranges (offset → length), coalesced; first fit.
-struct FreeRanges {
+/// Free ranges of an address or offset space (start → length), coalesced; first fit. The
+/// bookkeeping of every guest-RAM allocator of this project (guest RAM here, the qtest
+/// harness's guest RAM file).
+#[derive(Debug)]
+pub struct FreeRanges {
     ranges: BTreeMap<usize, usize>,
 }
 
 impl FreeRanges {
-    fn new(len: usize) -> Self {
+    /// All of `[start, end)` free.
+    pub fn new(start: usize, end: usize) -> Self {
         FreeRanges {
-            ranges: BTreeMap::from([(0, len)]),
+            ranges: BTreeMap::from([(start, end - start)]),
         }
     }
 
-    fn take(&mut self, len: usize, align: usize) -> Option<usize> {
+    /// Bytes free in total.
+    pub fn total(&self) -> usize {
+        self.ranges.values().sum()
+    }
+
+    /// Takes `len` bytes starting at a multiple of `align` (first fit); their start.
+    pub fn take(&mut self, len: usize, align: usize) -> Option<usize> {
         let (start, range_len, offset) = self.ranges.iter().find_map(|(&start, &range_len)| {
             let offset = start.checked_next_multiple_of(align)?;
             let end = offset.checked_add(len)?;
@@ -310,7 +320,8 @@ impl FreeRanges {
         Some(offset)
     }
 
-    fn give_back(&mut self, offset: usize, len: usize) {
+    /// Returns `[offset, offset + len)`, which an earlier `take` handed out.
+    pub fn give_back(&mut self, offset: usize, len: usize) {
         let end = offset + len;
         let mut start = offset;
         let mut total = len;
@@ -357,7 +368,8 @@ fn seal_size(memfd: &File) -> io::Result<()> {
     Ok(())
 }
 
-fn map_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
+/// Maps the first `len` bytes of the file `fd` shared and read/write.
+pub fn map_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
     use std::os::fd::AsRawFd;
     // SAFETY: a new shared mapping of `len` bytes of a file at least that long; no existing
     // memory is affected.

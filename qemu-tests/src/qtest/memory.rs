@@ -5,14 +5,13 @@
 //! address is its offset in the file. Allocations come from above [`RESERVED_LOW`], clear of
 //! the legacy VGA hole and the BIOS ROMs below 1 MiB.
 
-use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use vrdma::dma::{DmaBuffer, DmaError, PAGE_SIZE};
+use vrdma::dma::{map_shared, DmaBuffer, DmaError, FreeRanges, PAGE_SIZE};
 use vrdma::transport::{DmaMemory, TransportError};
 
 /// Guest RAM below this address is never handed out.
@@ -73,7 +72,7 @@ impl GuestMemory {
             .open(path)?;
         let mapped = file
             .set_len(len as u64)
-            .and_then(|()| map_shared(&file, len));
+            .and_then(|()| map_shared(file.as_fd(), len));
         let base = match mapped {
             Ok(base) => base,
             Err(e) => {
@@ -193,76 +192,6 @@ impl Drop for Allocation {
             .unwrap_or_else(PoisonError::into_inner)
             .give_back(self.offset, self.len);
     }
-}
-
-/// Free ranges (offset → length), coalesced; first fit.
-#[derive(Debug)]
-struct FreeRanges {
-    ranges: BTreeMap<usize, usize>,
-}
-
-impl FreeRanges {
-    fn new(start: usize, end: usize) -> Self {
-        FreeRanges {
-            ranges: BTreeMap::from([(start, end - start)]),
-        }
-    }
-
-    fn total(&self) -> usize {
-        self.ranges.values().sum()
-    }
-
-    fn take(&mut self, len: usize, align: usize) -> Option<usize> {
-        let (start, range_len, offset) = self.ranges.iter().find_map(|(&start, &range_len)| {
-            let offset = start.checked_next_multiple_of(align)?;
-            let end = offset.checked_add(len)?;
-            (end <= start + range_len).then_some((start, range_len, offset))
-        })?;
-        self.ranges.remove(&start);
-        if offset > start {
-            self.ranges.insert(start, offset - start);
-        }
-        let tail = start + range_len - (offset + len);
-        if tail > 0 {
-            self.ranges.insert(offset + len, tail);
-        }
-        Some(offset)
-    }
-
-    fn give_back(&mut self, offset: usize, len: usize) {
-        let mut start = offset;
-        let mut total = len;
-        if let Some((&prev, &prev_len)) = self.ranges.range(..offset).next_back() {
-            if prev + prev_len == offset {
-                self.ranges.remove(&prev);
-                start = prev;
-                total += prev_len;
-            }
-        }
-        if let Some(next_len) = self.ranges.remove(&(offset + len)) {
-            total += next_len;
-        }
-        self.ranges.insert(start, total);
-    }
-}
-
-fn map_shared(file: &File, len: usize) -> std::io::Result<NonNull<u8>> {
-    // SAFETY: a new shared mapping of `len` bytes of a file at least that long; no existing
-    // memory is affected.
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if addr == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    NonNull::new(addr.cast()).ok_or_else(|| std::io::Error::other("mmap returned NULL"))
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
@@ -22,6 +22,7 @@ use log::{debug, info, warn};
 use super::function::{PciError, PciFunction};
 use super::hugepage::HugepageDma;
 use super::virtio::{has_vrdma_magic, VIRTIO_VENDOR_ID, VRDMA_DEVICE_IDS};
+use crate::dma::map_shared;
 use crate::transport::{DmaMemory, SharedMemory};
 
 /// Where sysfs keeps the PCI bus.
@@ -397,23 +398,8 @@ fn map_bar(path: &Path, len: u64) -> Result<BarMapping, PciError> {
     let file = open_rw(path)?;
     let len = usize::try_from(len)
         .map_err(|_| PciError::InvalidAccess(format!("{} is too large to map", path.display())))?;
-    // SAFETY: a new shared mapping of the BAR's resource file; no existing memory is
-    // affected. The mapping stays valid after the file is closed.
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if addr == libc::MAP_FAILED {
-        return Err(io_error(path)(io::Error::last_os_error()));
-    }
-    let base = NonNull::new(addr.cast())
-        .ok_or_else(|| io_error(path)(io::Error::other("mmap returned NULL")))?;
+    // The mapping stays valid after the file is closed.
+    let base = map_shared(file.as_fd(), len).map_err(io_error(path))?;
     Ok(BarMapping { base, len })
 }
 
