@@ -5,71 +5,58 @@
 //! backend only hands the buffers to the frontend, and the guest library's
 //! `vrdma::provider::rxe_v1` reads and writes them.
 
-use super::uverbs::abi_layout;
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+use super::uverbs::{abi_layout, abi_struct};
 
-/// `struct mminfo`: where user space maps one rxe queue buffer (cmd fd offset, length).
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct MmInfo {
-    pub offset: u64,
-    pub size: u32,
-    pub pad: u32,
+abi_struct! {
+    /// `struct mminfo`: where user space maps one rxe queue buffer (cmd fd offset, length).
+    pub struct MmInfo {
+        pub offset: u64,
+        pub size: u32,
+        pub pad: u32,
+    }
 }
 abi_layout!(MmInfo, 16, offset @ 0, size @ 8, pad @ 12);
 
-/// `struct rxe_create_cq_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct RxeCreateCqResp {
-    pub mi: MmInfo,
+abi_struct! {
+    /// `struct rxe_create_cq_resp`.
+    pub struct RxeCreateCqResp {
+        pub mi: MmInfo,
+    }
 }
 abi_layout!(RxeCreateCqResp, 16, mi @ 0);
 
-/// `struct rxe_create_qp_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct RxeCreateQpResp {
-    pub rq_mi: MmInfo,
-    pub sq_mi: MmInfo,
+abi_struct! {
+    /// `struct rxe_create_qp_resp`.
+    pub struct RxeCreateQpResp {
+        pub rq_mi: MmInfo,
+        pub sq_mi: MmInfo,
+    }
 }
 abi_layout!(RxeCreateQpResp, 32, rq_mi @ 0, sq_mi @ 16);
 
-/// `struct rxe_create_srq_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct RxeCreateSrqResp {
-    pub mi: MmInfo,
-    pub srq_num: u32,
-    pub reserved: u32,
+abi_struct! {
+    /// `struct rxe_create_srq_resp`.
+    pub struct RxeCreateSrqResp {
+        pub mi: MmInfo,
+        pub srq_num: u32,
+        pub reserved: u32,
+    }
 }
 abi_layout!(RxeCreateSrqResp, 24, mi @ 0, srq_num @ 16, reserved @ 20);
 
-/// `struct rxe_modify_srq_cmd`: the user address where a resize writes the new [`MmInfo`].
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct RxeModifySrqCmd {
-    pub mmap_info_addr: u64,
+abi_struct! {
+    /// `struct rxe_modify_srq_cmd`: the user address where a resize writes the new [`MmInfo`].
+    pub struct RxeModifySrqCmd {
+        pub mmap_info_addr: u64,
+    }
 }
 abi_layout!(RxeModifySrqCmd, 8, mmap_info_addr @ 0);
 
-/// `struct rxe_create_ah_resp` (kernel 5.10+): the AH index a UD send WQE carries.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct RxeCreateAhResp {
-    pub ah_num: u32,
-    pub reserved: u32,
+abi_struct! {
+    /// `struct rxe_create_ah_resp` (kernel 5.10+): the AH index a UD send WQE carries.
+    pub struct RxeCreateAhResp {
+        pub ah_num: u32,
+        pub reserved: u32,
+    }
 }
 abi_layout!(RxeCreateAhResp, 8, ah_num @ 0, reserved @ 4);

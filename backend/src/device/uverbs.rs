@@ -27,6 +27,32 @@ macro_rules! abi_layout {
 }
 pub(crate) use abi_layout;
 
+/// Declares a uverbs/rxe ABI struct: `#[repr(C)]` plain data that zerocopy can read from and
+/// write to the kernel's buffers (padding must be explicit: `IntoBytes` refuses implicit
+/// padding at compile time).
+macro_rules! abi_struct {
+    ($(#[$meta:meta])* pub struct $name:ident { $($(#[$fmeta:meta])* pub $field:ident: $ty:ty),* $(,)? }) => {
+        $(#[$meta])*
+        #[repr(C)]
+        #[derive(
+            Debug,
+            Default,
+            Clone,
+            Copy,
+            PartialEq,
+            Eq,
+            ::zerocopy::FromBytes,
+            ::zerocopy::IntoBytes,
+            ::zerocopy::Immutable,
+            ::zerocopy::KnownLayout,
+        )]
+        pub struct $name {
+            $($(#[$fmeta])* pub $field: $ty),*
+        }
+    };
+}
+pub(crate) use abi_struct;
+
 /// `IB_USER_VERBS_ABI_VERSION`.
 pub const ABI_VERSION: u32 = 6;
 
@@ -159,121 +185,107 @@ pub fn frame(
     Ok(buf)
 }
 
-/// `struct ib_uverbs_cmd_hdr`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct CmdHdr {
-    pub command: u32,
-    pub in_words: u16,
-    pub out_words: u16,
+abi_struct! {
+    /// `struct ib_uverbs_cmd_hdr`.
+    pub struct CmdHdr {
+        pub command: u32,
+        pub in_words: u16,
+        pub out_words: u16,
+    }
 }
 abi_layout!(CmdHdr, 8, command @ 0, in_words @ 4, out_words @ 6);
 
-/// `struct ib_uverbs_async_event_desc`: one read() from the async event fd.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct AsyncEventDesc {
-    pub element: u64,
-    pub event_type: u32,
-    pub reserved: u32,
+abi_struct! {
+    /// `struct ib_uverbs_async_event_desc`: one read() from the async event fd.
+    pub struct AsyncEventDesc {
+        pub element: u64,
+        pub event_type: u32,
+        pub reserved: u32,
+    }
 }
 abi_layout!(AsyncEventDesc, 16, element @ 0, event_type @ 8, reserved @ 12);
 
-/// `struct ib_uverbs_comp_event_desc`: one read() from a completion channel fd.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct CompEventDesc {
-    pub cq_handle: u64,
+abi_struct! {
+    /// `struct ib_uverbs_comp_event_desc`: one read() from a completion channel fd.
+    pub struct CompEventDesc {
+        pub cq_handle: u64,
+    }
 }
 abi_layout!(CompEventDesc, 8, cq_handle @ 0);
 
-/// `struct ib_uverbs_get_context` (no driver data for rxe).
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct GetContext {
-    pub response: u64,
+abi_struct! {
+    /// `struct ib_uverbs_get_context` (no driver data for rxe).
+    pub struct GetContext {
+        pub response: u64,
+    }
 }
 abi_layout!(GetContext, 8, response @ 0);
 
-/// `struct ib_uverbs_get_context_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct GetContextResp {
-    pub async_fd: u32,
-    pub num_comp_vectors: u32,
+abi_struct! {
+    /// `struct ib_uverbs_get_context_resp`.
+    pub struct GetContextResp {
+        pub async_fd: u32,
+        pub num_comp_vectors: u32,
+    }
 }
 abi_layout!(GetContextResp, 8, async_fd @ 0, num_comp_vectors @ 4);
 command!(GetContext, cmd::GET_CONTEXT, "GET_CONTEXT", GetContextResp);
 
-/// `struct ib_uverbs_query_device`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct QueryDevice {
-    pub response: u64,
+abi_struct! {
+    /// `struct ib_uverbs_query_device`.
+    pub struct QueryDevice {
+        pub response: u64,
+    }
 }
 abi_layout!(QueryDevice, 8, response @ 0);
 
-/// `struct ib_uverbs_query_device_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct QueryDeviceResp {
-    pub fw_ver: u64,
-    /// Big-endian in the kernel struct (`__be64`); kept as raw bytes order here.
-    pub node_guid: u64,
-    /// Big-endian in the kernel struct (`__be64`).
-    pub sys_image_guid: u64,
-    pub max_mr_size: u64,
-    pub page_size_cap: u64,
-    pub vendor_id: u32,
-    pub vendor_part_id: u32,
-    pub hw_ver: u32,
-    pub max_qp: u32,
-    pub max_qp_wr: u32,
-    pub device_cap_flags: u32,
-    pub max_sge: u32,
-    pub max_sge_rd: u32,
-    pub max_cq: u32,
-    pub max_cqe: u32,
-    pub max_mr: u32,
-    pub max_pd: u32,
-    pub max_qp_rd_atom: u32,
-    pub max_ee_rd_atom: u32,
-    pub max_res_rd_atom: u32,
-    pub max_qp_init_rd_atom: u32,
-    pub max_ee_init_rd_atom: u32,
-    pub atomic_cap: u32,
-    pub max_ee: u32,
-    pub max_rdd: u32,
-    pub max_mw: u32,
-    pub max_raw_ipv6_qp: u32,
-    pub max_raw_ethy_qp: u32,
-    pub max_mcast_grp: u32,
-    pub max_mcast_qp_attach: u32,
-    pub max_total_mcast_qp_attach: u32,
-    pub max_ah: u32,
-    pub max_fmr: u32,
-    pub max_map_per_fmr: u32,
-    pub max_srq: u32,
-    pub max_srq_wr: u32,
-    pub max_srq_sge: u32,
-    pub max_pkeys: u16,
-    pub local_ca_ack_delay: u8,
-    pub phys_port_cnt: u8,
-    pub reserved: [u8; 4],
+abi_struct! {
+    /// `struct ib_uverbs_query_device_resp`.
+    pub struct QueryDeviceResp {
+        pub fw_ver: u64,
+        /// Big-endian in the kernel struct (`__be64`); kept as raw bytes order here.
+        pub node_guid: u64,
+        /// Big-endian in the kernel struct (`__be64`).
+        pub sys_image_guid: u64,
+        pub max_mr_size: u64,
+        pub page_size_cap: u64,
+        pub vendor_id: u32,
+        pub vendor_part_id: u32,
+        pub hw_ver: u32,
+        pub max_qp: u32,
+        pub max_qp_wr: u32,
+        pub device_cap_flags: u32,
+        pub max_sge: u32,
+        pub max_sge_rd: u32,
+        pub max_cq: u32,
+        pub max_cqe: u32,
+        pub max_mr: u32,
+        pub max_pd: u32,
+        pub max_qp_rd_atom: u32,
+        pub max_ee_rd_atom: u32,
+        pub max_res_rd_atom: u32,
+        pub max_qp_init_rd_atom: u32,
+        pub max_ee_init_rd_atom: u32,
+        pub atomic_cap: u32,
+        pub max_ee: u32,
+        pub max_rdd: u32,
+        pub max_mw: u32,
+        pub max_raw_ipv6_qp: u32,
+        pub max_raw_ethy_qp: u32,
+        pub max_mcast_grp: u32,
+        pub max_mcast_qp_attach: u32,
+        pub max_total_mcast_qp_attach: u32,
+        pub max_ah: u32,
+        pub max_fmr: u32,
+        pub max_map_per_fmr: u32,
+        pub max_srq: u32,
+        pub max_srq_wr: u32,
+        pub max_srq_sge: u32,
+        pub max_pkeys: u16,
+        pub local_ca_ack_delay: u8,
+        pub phys_port_cnt: u8,
+        pub reserved: [u8; 4],
+    }
 }
 abi_layout!(QueryDeviceResp, 176, fw_ver @ 0, node_guid @ 8, sys_image_guid @ 16,
     max_mr_size @ 24, page_size_cap @ 32, vendor_id @ 40, vendor_part_id @ 44, hw_ver @ 48,
@@ -292,46 +304,42 @@ command!(
     QueryDeviceResp
 );
 
-/// `struct ib_uverbs_query_port`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct QueryPort {
-    pub response: u64,
-    pub port_num: u8,
-    pub reserved: [u8; 7],
+abi_struct! {
+    /// `struct ib_uverbs_query_port`.
+    pub struct QueryPort {
+        pub response: u64,
+        pub port_num: u8,
+        pub reserved: [u8; 7],
+    }
 }
 abi_layout!(QueryPort, 16, response @ 0, port_num @ 8, reserved @ 9);
 
-/// `struct ib_uverbs_query_port_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct QueryPortResp {
-    pub port_cap_flags: u32,
-    pub max_msg_sz: u32,
-    pub bad_pkey_cntr: u32,
-    pub qkey_viol_cntr: u32,
-    pub gid_tbl_len: u32,
-    pub pkey_tbl_len: u16,
-    pub lid: u16,
-    pub sm_lid: u16,
-    pub state: u8,
-    pub max_mtu: u8,
-    pub active_mtu: u8,
-    pub lmc: u8,
-    pub max_vl_num: u8,
-    pub sm_sl: u8,
-    pub subnet_timeout: u8,
-    pub init_type_reply: u8,
-    pub active_width: u8,
-    pub active_speed: u8,
-    pub phys_state: u8,
-    pub link_layer: u8,
-    pub flags: u8,
-    pub reserved: u8,
+abi_struct! {
+    /// `struct ib_uverbs_query_port_resp`.
+    pub struct QueryPortResp {
+        pub port_cap_flags: u32,
+        pub max_msg_sz: u32,
+        pub bad_pkey_cntr: u32,
+        pub qkey_viol_cntr: u32,
+        pub gid_tbl_len: u32,
+        pub pkey_tbl_len: u16,
+        pub lid: u16,
+        pub sm_lid: u16,
+        pub state: u8,
+        pub max_mtu: u8,
+        pub active_mtu: u8,
+        pub lmc: u8,
+        pub max_vl_num: u8,
+        pub sm_sl: u8,
+        pub subnet_timeout: u8,
+        pub init_type_reply: u8,
+        pub active_width: u8,
+        pub active_speed: u8,
+        pub phys_state: u8,
+        pub link_layer: u8,
+        pub flags: u8,
+        pub reserved: u8,
+    }
 }
 abi_layout!(QueryPortResp, 40, port_cap_flags @ 0, max_msg_sz @ 4, bad_pkey_cntr @ 8,
     qkey_viol_cntr @ 12, gid_tbl_len @ 16, pkey_tbl_len @ 20, lid @ 22, sm_lid @ 24,
@@ -340,95 +348,79 @@ abi_layout!(QueryPortResp, 40, port_cap_flags @ 0, max_msg_sz @ 4, bad_pkey_cntr
     phys_state @ 36, link_layer @ 37, flags @ 38, reserved @ 39);
 command!(QueryPort, cmd::QUERY_PORT, "QUERY_PORT", QueryPortResp);
 
-/// `struct ib_uverbs_alloc_pd`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct AllocPd {
-    pub response: u64,
+abi_struct! {
+    /// `struct ib_uverbs_alloc_pd`.
+    pub struct AllocPd {
+        pub response: u64,
+    }
 }
 abi_layout!(AllocPd, 8, response @ 0);
 
-/// `struct ib_uverbs_alloc_pd_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct AllocPdResp {
-    pub pd_handle: u32,
+abi_struct! {
+    /// `struct ib_uverbs_alloc_pd_resp`.
+    pub struct AllocPdResp {
+        pub pd_handle: u32,
+    }
 }
 abi_layout!(AllocPdResp, 4, pd_handle @ 0);
 command!(AllocPd, cmd::ALLOC_PD, "ALLOC_PD", AllocPdResp);
 
-/// `struct ib_uverbs_dealloc_pd`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct DeallocPd {
-    pub pd_handle: u32,
+abi_struct! {
+    /// `struct ib_uverbs_dealloc_pd`.
+    pub struct DeallocPd {
+        pub pd_handle: u32,
+    }
 }
 abi_layout!(DeallocPd, 4, pd_handle @ 0);
 command!(DeallocPd, cmd::DEALLOC_PD, "DEALLOC_PD");
 
-/// `struct ib_uverbs_reg_mr`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct RegMr {
-    pub response: u64,
-    pub start: u64,
-    pub length: u64,
-    pub hca_va: u64,
-    pub pd_handle: u32,
-    pub access_flags: u32,
+abi_struct! {
+    /// `struct ib_uverbs_reg_mr`.
+    pub struct RegMr {
+        pub response: u64,
+        pub start: u64,
+        pub length: u64,
+        pub hca_va: u64,
+        pub pd_handle: u32,
+        pub access_flags: u32,
+    }
 }
 abi_layout!(RegMr, 40, response @ 0, start @ 8, length @ 16, hca_va @ 24, pd_handle @ 32,
     access_flags @ 36);
 
-/// `struct ib_uverbs_reg_mr_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct RegMrResp {
-    pub mr_handle: u32,
-    pub lkey: u32,
-    pub rkey: u32,
+abi_struct! {
+    /// `struct ib_uverbs_reg_mr_resp`.
+    pub struct RegMrResp {
+        pub mr_handle: u32,
+        pub lkey: u32,
+        pub rkey: u32,
+    }
 }
 abi_layout!(RegMrResp, 12, mr_handle @ 0, lkey @ 4, rkey @ 8);
 command!(RegMr, cmd::REG_MR, "REG_MR", RegMrResp);
 
-/// `struct ib_uverbs_dereg_mr`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct DeregMr {
-    pub mr_handle: u32,
+abi_struct! {
+    /// `struct ib_uverbs_dereg_mr`.
+    pub struct DeregMr {
+        pub mr_handle: u32,
+    }
 }
 abi_layout!(DeregMr, 4, mr_handle @ 0);
 command!(DeregMr, cmd::DEREG_MR, "DEREG_MR");
 
-/// `struct ib_uverbs_create_comp_channel`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct CreateCompChannel {
-    pub response: u64,
+abi_struct! {
+    /// `struct ib_uverbs_create_comp_channel`.
+    pub struct CreateCompChannel {
+        pub response: u64,
+    }
 }
 abi_layout!(CreateCompChannel, 8, response @ 0);
 
-/// `struct ib_uverbs_create_comp_channel_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct CreateCompChannelResp {
-    pub fd: u32,
+abi_struct! {
+    /// `struct ib_uverbs_create_comp_channel_resp`.
+    pub struct CreateCompChannelResp {
+        pub fd: u32,
+    }
 }
 abi_layout!(CreateCompChannelResp, 4, fd @ 0);
 command!(
@@ -438,222 +430,198 @@ command!(
     CreateCompChannelResp
 );
 
-/// `struct ib_uverbs_create_cq`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct CreateCq {
-    pub response: u64,
-    pub user_handle: u64,
-    pub cqe: u32,
-    pub comp_vector: u32,
-    /// A completion channel fd, or -1 for none.
-    pub comp_channel: i32,
-    pub reserved: u32,
+abi_struct! {
+    /// `struct ib_uverbs_create_cq`.
+    pub struct CreateCq {
+        pub response: u64,
+        pub user_handle: u64,
+        pub cqe: u32,
+        pub comp_vector: u32,
+        /// A completion channel fd, or -1 for none.
+        pub comp_channel: i32,
+        pub reserved: u32,
+    }
 }
 abi_layout!(CreateCq, 32, response @ 0, user_handle @ 8, cqe @ 16, comp_vector @ 20,
     comp_channel @ 24, reserved @ 28);
 
-/// `struct ib_uverbs_create_cq_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct CreateCqResp {
-    pub cq_handle: u32,
-    pub cqe: u32,
+abi_struct! {
+    /// `struct ib_uverbs_create_cq_resp`.
+    pub struct CreateCqResp {
+        pub cq_handle: u32,
+        pub cqe: u32,
+    }
 }
 abi_layout!(CreateCqResp, 8, cq_handle @ 0, cqe @ 4);
 command!(CreateCq, cmd::CREATE_CQ, "CREATE_CQ", CreateCqResp);
 
-/// `struct ib_uverbs_req_notify_cq`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct ReqNotifyCq {
-    pub cq_handle: u32,
-    pub solicited_only: u32,
+abi_struct! {
+    /// `struct ib_uverbs_req_notify_cq`.
+    pub struct ReqNotifyCq {
+        pub cq_handle: u32,
+        pub solicited_only: u32,
+    }
 }
 abi_layout!(ReqNotifyCq, 8, cq_handle @ 0, solicited_only @ 4);
 command!(ReqNotifyCq, cmd::REQ_NOTIFY_CQ, "REQ_NOTIFY_CQ");
 
-/// `struct ib_uverbs_destroy_cq`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct DestroyCq {
-    pub response: u64,
-    pub cq_handle: u32,
-    pub reserved: u32,
+abi_struct! {
+    /// `struct ib_uverbs_destroy_cq`.
+    pub struct DestroyCq {
+        pub response: u64,
+        pub cq_handle: u32,
+        pub reserved: u32,
+    }
 }
 abi_layout!(DestroyCq, 16, response @ 0, cq_handle @ 8, reserved @ 12);
 
-/// `struct ib_uverbs_destroy_cq_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct DestroyCqResp {
-    pub comp_events_reported: u32,
-    pub async_events_reported: u32,
+abi_struct! {
+    /// `struct ib_uverbs_destroy_cq_resp`.
+    pub struct DestroyCqResp {
+        pub comp_events_reported: u32,
+        pub async_events_reported: u32,
+    }
 }
 abi_layout!(DestroyCqResp, 8, comp_events_reported @ 0, async_events_reported @ 4);
 command!(DestroyCq, cmd::DESTROY_CQ, "DESTROY_CQ", DestroyCqResp);
 
-/// `struct ib_uverbs_global_route`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct GlobalRoute {
-    pub dgid: [u8; 16],
-    pub flow_label: u32,
-    pub sgid_index: u8,
-    pub hop_limit: u8,
-    pub traffic_class: u8,
-    pub reserved: u8,
+abi_struct! {
+    /// `struct ib_uverbs_global_route`.
+    pub struct GlobalRoute {
+        pub dgid: [u8; 16],
+        pub flow_label: u32,
+        pub sgid_index: u8,
+        pub hop_limit: u8,
+        pub traffic_class: u8,
+        pub reserved: u8,
+    }
 }
 abi_layout!(GlobalRoute, 24, dgid @ 0, flow_label @ 16, sgid_index @ 20, hop_limit @ 21,
     traffic_class @ 22, reserved @ 23);
 
-/// `struct ib_uverbs_ah_attr`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct AhAttr {
-    pub grh: GlobalRoute,
-    pub dlid: u16,
-    pub sl: u8,
-    pub src_path_bits: u8,
-    pub static_rate: u8,
-    pub is_global: u8,
-    pub port_num: u8,
-    pub reserved: u8,
+abi_struct! {
+    /// `struct ib_uverbs_ah_attr`.
+    pub struct AhAttr {
+        pub grh: GlobalRoute,
+        pub dlid: u16,
+        pub sl: u8,
+        pub src_path_bits: u8,
+        pub static_rate: u8,
+        pub is_global: u8,
+        pub port_num: u8,
+        pub reserved: u8,
+    }
 }
 abi_layout!(AhAttr, 32, grh @ 0, dlid @ 24, sl @ 26, src_path_bits @ 27, static_rate @ 28,
     is_global @ 29, port_num @ 30, reserved @ 31);
 
-/// `struct ib_uverbs_qp_dest`: the address vector inside QUERY_QP / MODIFY_QP.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct QpDest {
-    pub dgid: [u8; 16],
-    pub flow_label: u32,
-    pub dlid: u16,
-    pub reserved: u16,
-    pub sgid_index: u8,
-    pub hop_limit: u8,
-    pub traffic_class: u8,
-    pub sl: u8,
-    pub src_path_bits: u8,
-    pub static_rate: u8,
-    pub is_global: u8,
-    pub port_num: u8,
+abi_struct! {
+    /// `struct ib_uverbs_qp_dest`: the address vector inside QUERY_QP / MODIFY_QP.
+    pub struct QpDest {
+        pub dgid: [u8; 16],
+        pub flow_label: u32,
+        pub dlid: u16,
+        pub reserved: u16,
+        pub sgid_index: u8,
+        pub hop_limit: u8,
+        pub traffic_class: u8,
+        pub sl: u8,
+        pub src_path_bits: u8,
+        pub static_rate: u8,
+        pub is_global: u8,
+        pub port_num: u8,
+    }
 }
 abi_layout!(QpDest, 32, dgid @ 0, flow_label @ 16, dlid @ 20, reserved @ 22, sgid_index @ 24,
     hop_limit @ 25, traffic_class @ 26, sl @ 27, src_path_bits @ 28, static_rate @ 29,
     is_global @ 30, port_num @ 31);
 
-/// `struct ib_uverbs_create_qp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct CreateQp {
-    pub response: u64,
-    pub user_handle: u64,
-    pub pd_handle: u32,
-    pub send_cq_handle: u32,
-    pub recv_cq_handle: u32,
-    pub srq_handle: u32,
-    pub max_send_wr: u32,
-    pub max_recv_wr: u32,
-    pub max_send_sge: u32,
-    pub max_recv_sge: u32,
-    pub max_inline_data: u32,
-    pub sq_sig_all: u8,
-    pub qp_type: u8,
-    pub is_srq: u8,
-    pub reserved: u8,
+abi_struct! {
+    /// `struct ib_uverbs_create_qp`.
+    pub struct CreateQp {
+        pub response: u64,
+        pub user_handle: u64,
+        pub pd_handle: u32,
+        pub send_cq_handle: u32,
+        pub recv_cq_handle: u32,
+        pub srq_handle: u32,
+        pub max_send_wr: u32,
+        pub max_recv_wr: u32,
+        pub max_send_sge: u32,
+        pub max_recv_sge: u32,
+        pub max_inline_data: u32,
+        pub sq_sig_all: u8,
+        pub qp_type: u8,
+        pub is_srq: u8,
+        pub reserved: u8,
+    }
 }
 abi_layout!(CreateQp, 56, response @ 0, user_handle @ 8, pd_handle @ 16, send_cq_handle @ 20,
     recv_cq_handle @ 24, srq_handle @ 28, max_send_wr @ 32, max_recv_wr @ 36,
     max_send_sge @ 40, max_recv_sge @ 44, max_inline_data @ 48, sq_sig_all @ 52,
     qp_type @ 53, is_srq @ 54, reserved @ 55);
 
-/// `struct ib_uverbs_create_qp_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct CreateQpResp {
-    pub qp_handle: u32,
-    pub qpn: u32,
-    pub max_send_wr: u32,
-    pub max_recv_wr: u32,
-    pub max_send_sge: u32,
-    pub max_recv_sge: u32,
-    pub max_inline_data: u32,
-    pub reserved: u32,
+abi_struct! {
+    /// `struct ib_uverbs_create_qp_resp`.
+    pub struct CreateQpResp {
+        pub qp_handle: u32,
+        pub qpn: u32,
+        pub max_send_wr: u32,
+        pub max_recv_wr: u32,
+        pub max_send_sge: u32,
+        pub max_recv_sge: u32,
+        pub max_inline_data: u32,
+        pub reserved: u32,
+    }
 }
 abi_layout!(CreateQpResp, 32, qp_handle @ 0, qpn @ 4, max_send_wr @ 8, max_recv_wr @ 12,
     max_send_sge @ 16, max_recv_sge @ 20, max_inline_data @ 24, reserved @ 28);
 command!(CreateQp, cmd::CREATE_QP, "CREATE_QP", CreateQpResp);
 
-/// `struct ib_uverbs_query_qp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct QueryQp {
-    pub response: u64,
-    pub qp_handle: u32,
-    pub attr_mask: u32,
+abi_struct! {
+    /// `struct ib_uverbs_query_qp`.
+    pub struct QueryQp {
+        pub response: u64,
+        pub qp_handle: u32,
+        pub attr_mask: u32,
+    }
 }
 abi_layout!(QueryQp, 16, response @ 0, qp_handle @ 8, attr_mask @ 12);
 
-/// `struct ib_uverbs_query_qp_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct QueryQpResp {
-    pub dest: QpDest,
-    pub alt_dest: QpDest,
-    pub max_send_wr: u32,
-    pub max_recv_wr: u32,
-    pub max_send_sge: u32,
-    pub max_recv_sge: u32,
-    pub max_inline_data: u32,
-    pub qkey: u32,
-    pub rq_psn: u32,
-    pub sq_psn: u32,
-    pub dest_qp_num: u32,
-    pub qp_access_flags: u32,
-    pub pkey_index: u16,
-    pub alt_pkey_index: u16,
-    pub qp_state: u8,
-    pub cur_qp_state: u8,
-    pub path_mtu: u8,
-    pub path_mig_state: u8,
-    pub sq_draining: u8,
-    pub max_rd_atomic: u8,
-    pub max_dest_rd_atomic: u8,
-    pub min_rnr_timer: u8,
-    pub port_num: u8,
-    pub timeout: u8,
-    pub retry_cnt: u8,
-    pub rnr_retry: u8,
-    pub alt_port_num: u8,
-    pub alt_timeout: u8,
-    pub sq_sig_all: u8,
-    pub reserved: [u8; 5],
+abi_struct! {
+    /// `struct ib_uverbs_query_qp_resp`.
+    pub struct QueryQpResp {
+        pub dest: QpDest,
+        pub alt_dest: QpDest,
+        pub max_send_wr: u32,
+        pub max_recv_wr: u32,
+        pub max_send_sge: u32,
+        pub max_recv_sge: u32,
+        pub max_inline_data: u32,
+        pub qkey: u32,
+        pub rq_psn: u32,
+        pub sq_psn: u32,
+        pub dest_qp_num: u32,
+        pub qp_access_flags: u32,
+        pub pkey_index: u16,
+        pub alt_pkey_index: u16,
+        pub qp_state: u8,
+        pub cur_qp_state: u8,
+        pub path_mtu: u8,
+        pub path_mig_state: u8,
+        pub sq_draining: u8,
+        pub max_rd_atomic: u8,
+        pub max_dest_rd_atomic: u8,
+        pub min_rnr_timer: u8,
+        pub port_num: u8,
+        pub timeout: u8,
+        pub retry_cnt: u8,
+        pub rnr_retry: u8,
+        pub alt_port_num: u8,
+        pub alt_timeout: u8,
+        pub sq_sig_all: u8,
+        pub reserved: [u8; 5],
+    }
 }
 abi_layout!(QueryQpResp, 128, dest @ 0, alt_dest @ 32, max_send_wr @ 64, max_recv_wr @ 68,
     max_send_sge @ 72, max_recv_sge @ 76, max_inline_data @ 80, qkey @ 84, rq_psn @ 88,
@@ -664,38 +632,36 @@ abi_layout!(QueryQpResp, 128, dest @ 0, alt_dest @ 32, max_send_wr @ 64, max_rec
     alt_port_num @ 120, alt_timeout @ 121, sq_sig_all @ 122, reserved @ 123);
 command!(QueryQp, cmd::QUERY_QP, "QUERY_QP", QueryQpResp);
 
-/// `struct ib_uverbs_modify_qp` (no response).
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct ModifyQp {
-    pub dest: QpDest,
-    pub alt_dest: QpDest,
-    pub qp_handle: u32,
-    pub attr_mask: u32,
-    pub qkey: u32,
-    pub rq_psn: u32,
-    pub sq_psn: u32,
-    pub dest_qp_num: u32,
-    pub qp_access_flags: u32,
-    pub pkey_index: u16,
-    pub alt_pkey_index: u16,
-    pub qp_state: u8,
-    pub cur_qp_state: u8,
-    pub path_mtu: u8,
-    pub path_mig_state: u8,
-    pub en_sqd_async_notify: u8,
-    pub max_rd_atomic: u8,
-    pub max_dest_rd_atomic: u8,
-    pub min_rnr_timer: u8,
-    pub port_num: u8,
-    pub timeout: u8,
-    pub retry_cnt: u8,
-    pub rnr_retry: u8,
-    pub alt_port_num: u8,
-    pub alt_timeout: u8,
-    pub reserved: [u8; 2],
+abi_struct! {
+    /// `struct ib_uverbs_modify_qp` (no response).
+    pub struct ModifyQp {
+        pub dest: QpDest,
+        pub alt_dest: QpDest,
+        pub qp_handle: u32,
+        pub attr_mask: u32,
+        pub qkey: u32,
+        pub rq_psn: u32,
+        pub sq_psn: u32,
+        pub dest_qp_num: u32,
+        pub qp_access_flags: u32,
+        pub pkey_index: u16,
+        pub alt_pkey_index: u16,
+        pub qp_state: u8,
+        pub cur_qp_state: u8,
+        pub path_mtu: u8,
+        pub path_mig_state: u8,
+        pub en_sqd_async_notify: u8,
+        pub max_rd_atomic: u8,
+        pub max_dest_rd_atomic: u8,
+        pub min_rnr_timer: u8,
+        pub port_num: u8,
+        pub timeout: u8,
+        pub retry_cnt: u8,
+        pub rnr_retry: u8,
+        pub alt_port_num: u8,
+        pub alt_timeout: u8,
+        pub reserved: [u8; 2],
+    }
 }
 abi_layout!(ModifyQp, 112, dest @ 0, alt_dest @ 32, qp_handle @ 64, attr_mask @ 68,
     qkey @ 72, rq_psn @ 76, sq_psn @ 80, dest_qp_num @ 84, qp_access_flags @ 88,
@@ -705,64 +671,54 @@ abi_layout!(ModifyQp, 112, dest @ 0, alt_dest @ 32, qp_handle @ 64, attr_mask @ 
     retry_cnt @ 106, rnr_retry @ 107, alt_port_num @ 108, alt_timeout @ 109, reserved @ 110);
 command!(ModifyQp, cmd::MODIFY_QP, "MODIFY_QP");
 
-/// `struct ib_uverbs_destroy_qp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct DestroyQp {
-    pub response: u64,
-    pub qp_handle: u32,
-    pub reserved: u32,
+abi_struct! {
+    /// `struct ib_uverbs_destroy_qp`.
+    pub struct DestroyQp {
+        pub response: u64,
+        pub qp_handle: u32,
+        pub reserved: u32,
+    }
 }
 abi_layout!(DestroyQp, 16, response @ 0, qp_handle @ 8, reserved @ 12);
 
-/// `struct ib_uverbs_destroy_qp_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct DestroyQpResp {
-    pub events_reported: u32,
+abi_struct! {
+    /// `struct ib_uverbs_destroy_qp_resp`.
+    pub struct DestroyQpResp {
+        pub events_reported: u32,
+    }
 }
 abi_layout!(DestroyQpResp, 4, events_reported @ 0);
 command!(DestroyQp, cmd::DESTROY_QP, "DESTROY_QP", DestroyQpResp);
 
-/// `struct ib_uverbs_post_send` with no work requests attached.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct PostSend {
-    pub response: u64,
-    pub qp_handle: u32,
-    pub wr_count: u32,
-    pub sge_count: u32,
-    pub wqe_size: u32,
+abi_struct! {
+    /// `struct ib_uverbs_post_send` with no work requests attached.
+    pub struct PostSend {
+        pub response: u64,
+        pub qp_handle: u32,
+        pub wr_count: u32,
+        pub sge_count: u32,
+        pub wqe_size: u32,
+    }
 }
 abi_layout!(PostSend, 24, response @ 0, qp_handle @ 8, wr_count @ 12, sge_count @ 16,
     wqe_size @ 20);
 
-/// `struct ib_uverbs_post_send_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct PostSendResp {
-    pub bad_wr: u32,
+abi_struct! {
+    /// `struct ib_uverbs_post_send_resp`.
+    pub struct PostSendResp {
+        pub bad_wr: u32,
+    }
 }
 abi_layout!(PostSendResp, 4, bad_wr @ 0);
 command!(PostSend, cmd::POST_SEND, "POST_SEND", PostSendResp);
 
-/// A complete POST_SEND write with no work requests, built without allocating: the rxe send
-/// kick runs once per doorbell on the data path.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct FramedKick {
-    pub hdr: CmdHdr,
-    pub req: PostSend,
+abi_struct! {
+    /// A complete POST_SEND write with no work requests, built without allocating: the rxe send
+    /// kick runs once per doorbell on the data path.
+    pub struct FramedKick {
+        pub hdr: CmdHdr,
+        pub req: PostSend,
+    }
 }
 abi_layout!(FramedKick, 32, hdr @ 0, req @ 8);
 
@@ -791,132 +747,114 @@ impl FramedKick {
 /// request follows.
 pub const KICK_WQE_SIZE: u32 = 128;
 
-/// `struct ib_uverbs_create_srq`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct CreateSrq {
-    pub response: u64,
-    pub user_handle: u64,
-    pub pd_handle: u32,
-    pub max_wr: u32,
-    pub max_sge: u32,
-    pub srq_limit: u32,
+abi_struct! {
+    /// `struct ib_uverbs_create_srq`.
+    pub struct CreateSrq {
+        pub response: u64,
+        pub user_handle: u64,
+        pub pd_handle: u32,
+        pub max_wr: u32,
+        pub max_sge: u32,
+        pub srq_limit: u32,
+    }
 }
 abi_layout!(CreateSrq, 32, response @ 0, user_handle @ 8, pd_handle @ 16, max_wr @ 20,
     max_sge @ 24, srq_limit @ 28);
 
-/// `struct ib_uverbs_create_srq_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct CreateSrqResp {
-    pub srq_handle: u32,
-    pub max_wr: u32,
-    pub max_sge: u32,
-    pub srqn: u32,
+abi_struct! {
+    /// `struct ib_uverbs_create_srq_resp`.
+    pub struct CreateSrqResp {
+        pub srq_handle: u32,
+        pub max_wr: u32,
+        pub max_sge: u32,
+        pub srqn: u32,
+    }
 }
 abi_layout!(CreateSrqResp, 16, srq_handle @ 0, max_wr @ 4, max_sge @ 8, srqn @ 12);
 command!(CreateSrq, cmd::CREATE_SRQ, "CREATE_SRQ", CreateSrqResp);
 
-/// `struct ib_uverbs_modify_srq` (no response; the driver's request follows).
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct ModifySrq {
-    pub srq_handle: u32,
-    pub attr_mask: u32,
-    pub max_wr: u32,
-    pub srq_limit: u32,
+abi_struct! {
+    /// `struct ib_uverbs_modify_srq` (no response; the driver's request follows).
+    pub struct ModifySrq {
+        pub srq_handle: u32,
+        pub attr_mask: u32,
+        pub max_wr: u32,
+        pub srq_limit: u32,
+    }
 }
 abi_layout!(ModifySrq, 16, srq_handle @ 0, attr_mask @ 4, max_wr @ 8, srq_limit @ 12);
 command!(ModifySrq, cmd::MODIFY_SRQ, "MODIFY_SRQ");
 
-/// `struct ib_uverbs_destroy_srq`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct DestroySrq {
-    pub response: u64,
-    pub srq_handle: u32,
-    pub reserved: u32,
+abi_struct! {
+    /// `struct ib_uverbs_destroy_srq`.
+    pub struct DestroySrq {
+        pub response: u64,
+        pub srq_handle: u32,
+        pub reserved: u32,
+    }
 }
 abi_layout!(DestroySrq, 16, response @ 0, srq_handle @ 8, reserved @ 12);
 
-/// `struct ib_uverbs_destroy_srq_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct DestroySrqResp {
-    pub events_reported: u32,
+abi_struct! {
+    /// `struct ib_uverbs_destroy_srq_resp`.
+    pub struct DestroySrqResp {
+        pub events_reported: u32,
+    }
 }
 abi_layout!(DestroySrqResp, 4, events_reported @ 0);
 command!(DestroySrq, cmd::DESTROY_SRQ, "DESTROY_SRQ", DestroySrqResp);
 
-/// `struct ib_uverbs_create_ah`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct CreateAh {
-    pub response: u64,
-    pub user_handle: u64,
-    pub pd_handle: u32,
-    pub reserved: u32,
-    pub attr: AhAttr,
+abi_struct! {
+    /// `struct ib_uverbs_create_ah`.
+    pub struct CreateAh {
+        pub response: u64,
+        pub user_handle: u64,
+        pub pd_handle: u32,
+        pub reserved: u32,
+        pub attr: AhAttr,
+    }
 }
 abi_layout!(CreateAh, 56, response @ 0, user_handle @ 8, pd_handle @ 16, reserved @ 20,
     attr @ 24);
 
-/// `struct ib_uverbs_create_ah_resp`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct CreateAhResp {
-    pub ah_handle: u32,
+abi_struct! {
+    /// `struct ib_uverbs_create_ah_resp`.
+    pub struct CreateAhResp {
+        pub ah_handle: u32,
+    }
 }
 abi_layout!(CreateAhResp, 4, ah_handle @ 0);
 command!(CreateAh, cmd::CREATE_AH, "CREATE_AH", CreateAhResp);
 
-/// `struct ib_uverbs_destroy_ah`.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct DestroyAh {
-    pub ah_handle: u32,
+abi_struct! {
+    /// `struct ib_uverbs_destroy_ah`.
+    pub struct DestroyAh {
+        pub ah_handle: u32,
+    }
 }
 abi_layout!(DestroyAh, 4, ah_handle @ 0);
 command!(DestroyAh, cmd::DESTROY_AH, "DESTROY_AH");
 
-/// `struct ib_uverbs_wc`: the user half of an rxe CQ slot.
-#[repr(C)]
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
-)]
-pub struct Wc {
-    pub wr_id: u64,
-    pub status: u32,
-    pub opcode: u32,
-    pub vendor_err: u32,
-    pub byte_len: u32,
-    /// `imm_data` (big-endian) or `invalidate_rkey`.
-    pub ex: u32,
-    pub qp_num: u32,
-    pub src_qp: u32,
-    pub wc_flags: u32,
-    pub pkey_index: u16,
-    pub slid: u16,
-    pub sl: u8,
-    pub dlid_path_bits: u8,
-    pub port_num: u8,
-    pub reserved: u8,
+abi_struct! {
+    /// `struct ib_uverbs_wc`: the user half of an rxe CQ slot.
+    pub struct Wc {
+        pub wr_id: u64,
+        pub status: u32,
+        pub opcode: u32,
+        pub vendor_err: u32,
+        pub byte_len: u32,
+        /// `imm_data` (big-endian) or `invalidate_rkey`.
+        pub ex: u32,
+        pub qp_num: u32,
+        pub src_qp: u32,
+        pub wc_flags: u32,
+        pub pkey_index: u16,
+        pub slid: u16,
+        pub sl: u8,
+        pub dlid_path_bits: u8,
+        pub port_num: u8,
+        pub reserved: u8,
+    }
 }
 abi_layout!(Wc, 48, wr_id @ 0, status @ 8, opcode @ 12, vendor_err @ 16, byte_len @ 20,
     ex @ 24, qp_num @ 28, src_qp @ 32, wc_flags @ 36, pkey_index @ 40, slid @ 42, sl @ 44,
