@@ -8,6 +8,15 @@
 //! device never needs guest-physical access to its own queue region, so those regions are
 //! answered here and never reach the crate.
 //!
+//! They are answered with a *refusal* where the front-end asked for an answer (REPLY_ACK).
+//! QEMU 11.1 records every region the back-end accepted in a table of its own and removes it
+//! again only while the device runs; a reset removes the mappings while the device is stopped,
+//! so an accepted mapping would stay in that table after its memory is gone, and the next
+//! device start (the guest's `DRIVER_OK` after a reboot) dereferences it and crashes QEMU
+//! (spec §11.1). A refused region never enters the table. QEMU logs the refusal
+//! ("vhost_set_mem_table failed") and goes on; a start while mappings exist (a stopped and
+//! continued VM) fails instead, until the guest resets the device.
+//!
 //! Every front-end message passes through this filter on its way to the daemon. Messages
 //! travel whole (header, payload and the descriptors attached to them); only the three
 //! memory-table requests are looked at, and only regions whose descriptor the handler
@@ -124,16 +133,25 @@ impl Message {
 
     /// The success acknowledgement of a request that asked for one.
     fn ack(request: u32) -> Message {
+        Self::reply(request, 0)
+    }
+
+    /// The REPLY_ACK answer `status` (0 success, anything else failure) to `request`.
+    fn reply(request: u32, status: u64) -> Message {
         let mut header = [0u8; HEADER_SIZE];
         header[0..4].copy_from_slice(&request.to_le_bytes());
         header[4..8].copy_from_slice(&(FLAG_VERSION | FLAG_REPLY).to_le_bytes());
         header[8..12].copy_from_slice(&8u32.to_le_bytes());
         Message {
             header,
-            payload: 0u64.to_le_bytes().to_vec(),
+            payload: status.to_le_bytes().to_vec(),
             fds: Vec::new(),
         }
     }
+}
+
+fn wants_reply(message: &Message) -> bool {
+    message.flags() & FLAG_NEED_REPLY != 0
 }
 
 fn header_word(header: &[u8; HEADER_SIZE], offset: usize) -> u32 {
@@ -168,7 +186,17 @@ impl RegionFilter {
                 let region = single_region(&message.payload);
                 let own = message.fds.len() == 1 && self.owns(&message.fds[0]);
                 match (region, own) {
+                    (Some(region), true) if wants_reply(&message) => {
+                        debug!(
+                            "device mapping at {:#x}+{:#x} refused as guest memory",
+                            region.0, region.1
+                        );
+                        Verdict::Absorb {
+                            ack: Some(Message::reply(message.request(), 1)),
+                        }
+                    }
                     (Some(region), true) => {
+                        // Without REPLY_ACK the front-end records it whatever is answered.
                         debug!(
                             "device mapping at {:#x}+{:#x} kept out of guest memory",
                             region.0, region.1
@@ -202,9 +230,8 @@ impl RegionFilter {
     }
 
     fn absorb(&self, message: &Message) -> Verdict {
-        let wants_reply = message.flags() & FLAG_NEED_REPLY != 0;
         Verdict::Absorb {
-            ack: wants_reply.then(|| Message::ack(message.request())),
+            ack: wants_reply(message).then(|| Message::ack(message.request())),
         }
     }
 
@@ -405,7 +432,7 @@ mod tests {
     }
 
     #[test]
-    fn guest_ram_passes_and_device_mappings_are_acknowledged_here() {
+    fn guest_ram_passes_and_device_mappings_are_refused_here() {
         let h = harness();
         // Guest RAM: forwarded with its descriptor.
         message(
@@ -421,7 +448,8 @@ mod tests {
         assert_eq!(got.fds.len(), 1);
         assert_eq!(single_region(&got.payload), Some((0, 1 << 20)));
 
-        // A device mapping: answered by the filter, never seen by the daemon.
+        // A device mapping: refused by the filter (so that QEMU does not record it), never
+        // seen by the daemon.
         message(
             ADD_MEM_REG,
             FLAG_NEED_REPLY,
@@ -430,24 +458,12 @@ mod tests {
         )
         .send(&h.frontend)
         .unwrap();
-        let ack = Message::receive(&h.frontend).unwrap().unwrap();
-        assert_eq!(ack.request(), ADD_MEM_REG);
-        assert_eq!(ack.flags(), FLAG_VERSION | FLAG_REPLY);
-        assert_eq!(ack.payload, 0u64.to_le_bytes());
+        let refusal = Message::receive(&h.frontend).unwrap().unwrap();
+        assert_eq!(refusal.request(), ADD_MEM_REG);
+        assert_eq!(refusal.flags(), FLAG_VERSION | FLAG_REPLY);
+        assert_eq!(refusal.payload, 1u64.to_le_bytes());
 
-        // Its removal too; a removal of guest RAM goes through.
-        message(
-            REM_MEM_REG,
-            FLAG_NEED_REPLY,
-            single(0xf800_0000, 0x1000),
-            vec![],
-        )
-        .send(&h.frontend)
-        .unwrap();
-        assert_eq!(
-            Message::receive(&h.frontend).unwrap().unwrap().request(),
-            REM_MEM_REG
-        );
+        // A removal of guest RAM goes through.
         message(REM_MEM_REG, 0, single(0, 1 << 20), vec![])
             .send(&h.frontend)
             .unwrap();
@@ -460,7 +476,8 @@ mod tests {
         assert_eq!(reply.request(), REM_MEM_REG);
 
         // Without NEED_REPLY, nothing is answered: the next thing the front-end reads is the
-        // daemon's reply to a later message.
+        // daemon's reply to a later message. The mapping is remembered, and its removal is
+        // answered here too.
         message(
             ADD_MEM_REG,
             0,
@@ -469,6 +486,17 @@ mod tests {
         )
         .send(&h.frontend)
         .unwrap();
+        message(
+            REM_MEM_REG,
+            FLAG_NEED_REPLY,
+            single(0xf900_0000, 0x1000),
+            vec![],
+        )
+        .send(&h.frontend)
+        .unwrap();
+        let ack = Message::receive(&h.frontend).unwrap().unwrap();
+        assert_eq!(ack.request(), REM_MEM_REG);
+        assert_eq!(ack.payload, 0u64.to_le_bytes());
         message(1, FLAG_NEED_REPLY, vec![], vec![])
             .send(&h.frontend)
             .unwrap();

@@ -1416,7 +1416,7 @@ mod tests {
 
     #[test]
     fn drop_unmaps_the_window() {
-        let (_, mem) = one_file_two_regions();
+        let (file, mem) = one_file_two_regions();
         let ram = GuestRam::new(&mem).unwrap();
         let pages = [LOW, HIGH];
         let request = MrPages {
@@ -1428,8 +1428,28 @@ mod tests {
         let window = MrWindow::map(&ram, &request, GIB).unwrap();
         let (addr, len) = (window.reservation.addr, window.reservation.len);
         assert!(is_mapped(addr, len));
+        assert!(maps_file_in(&file, addr, len));
         drop(window);
-        assert!(!is_mapped(addr, len));
+        // Other test threads may map something into the freed range at once; only a mapping
+        // of the guest-RAM file there would be the window's.
+        assert!(!maps_file_in(&file, addr, len));
+    }
+
+    /// Whether `/proc/self/maps` shows `file` mapped anywhere in `addr..addr + len`.
+    fn maps_file_in(file: &File, addr: usize, len: usize) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let inode = file.metadata().unwrap().ino();
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines().any(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let Some((start, end)) = fields.first().and_then(|r| r.split_once('-')) else {
+                return false;
+            };
+            let start = usize::from_str_radix(start, 16).unwrap();
+            let end = usize::from_str_radix(end, 16).unwrap();
+            let overlaps = start < addr + len && addr < end;
+            overlaps && fields.get(4) == Some(&inode.to_string().as_str())
+        })
     }
 
     /// Whether any page of `addr..addr + len` is mapped, according to mincore().

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{tail, Error, Result};
 
@@ -120,6 +120,19 @@ impl Proc {
     }
 
     /// Number of open file descriptors.
+    /// Waits until the process is in `state` (`ps` letter: `T` once a SIGSTOP took effect,
+    /// which is not at once).
+    pub fn wait_state(&self, state: char, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while self.state() != Some(state) {
+            if Instant::now() >= deadline {
+                return Err(self.failure(&format!("not in state {state} after {timeout:?}")));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
     pub fn fd_count(&self) -> Option<usize> {
         std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
             .ok()
@@ -180,7 +193,7 @@ pub fn wait_for_path(path: &Path, timeout: Duration) -> Result<()> {
 }
 
 /// Objects the kernel holds on one RDMA device (`rdma resource show`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResourceCounts {
     pub pd: u64,
     pub cq: u64,
@@ -214,6 +227,43 @@ pub fn parse_resource_counts(json: &str, device: &str) -> Result<ResourceCounts>
 pub fn resource_counts(device: &str) -> Result<ResourceCounts> {
     let out = crate::host::run_checked(Command::new("rdma").args(["-j", "resource", "show"]))?;
     parse_resource_counts(&String::from_utf8_lossy(&out.stdout), device)
+}
+
+/// The objects that process `pid` holds on `device` (`rdma resource show pd|cq|qp|mr|srq`
+/// lists each object with the thread that created it, so every thread of `pid` counts).
+pub fn objects_of_process(device: &str, pid: u32) -> Result<ResourceCounts> {
+    let threads: Vec<u64> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map_err(|e| io_error(&format!("listing the threads of {pid}"), e))?
+        .flatten()
+        .filter_map(|t| t.file_name().to_str()?.parse().ok())
+        .collect();
+    let mut counts = ResourceCounts::default();
+    for kind in ["pd", "cq", "qp", "mr", "srq"] {
+        let out =
+            crate::host::run_checked(Command::new("rdma").args(["-j", "resource", "show", kind]))?;
+        let n = count_objects_of(&String::from_utf8_lossy(&out.stdout), device, &threads)?;
+        match kind {
+            "pd" => counts.pd = n,
+            "cq" => counts.cq = n,
+            "qp" => counts.qp = n,
+            "mr" => counts.mr = n,
+            _ => counts.srq = n,
+        }
+    }
+    Ok(counts)
+}
+
+/// Counts the entries of one `rdma -j resource show KIND` listing on `device` created by one
+/// of `threads`.
+pub fn count_objects_of(json: &str, device: &str, threads: &[u64]) -> Result<u64> {
+    let entries: Vec<serde_json::Value> = serde_json::from_str(json)
+        .map_err(|e| Error::Scenario(format!("rdma -j resource show: {e}: {json}")))?;
+    Ok(entries
+        .iter()
+        .filter(|e| {
+            e["ifname"] == device && e["pid"].as_u64().is_some_and(|p| threads.contains(&p))
+        })
+        .count() as u64)
 }
 
 /// Waits until `device`'s counts equal `expected` (objects are released asynchronously after
@@ -258,6 +308,19 @@ mod tests {
         );
         assert!(parse_resource_counts(json, "rxe1").is_err());
         assert!(parse_resource_counts("nonsense", "rxe0").is_err());
+    }
+
+    #[test]
+    fn objects_are_counted_by_owner() {
+        let json = r#"[{"ifindex":2,"ifname":"rxe0","lqpn":17,"type":"RC","pid":40,"comm":"vrdma-backend"},
+{"ifindex":2,"ifname":"rxe0","lqpn":18,"type":"RC","pid":41,"comm":"ib_write_bw"},
+{"ifindex":2,"ifname":"rxe0","lqpn":1,"type":"GSI","comm":"[ib_core]"},
+{"ifindex":3,"ifname":"rxe1","lqpn":19,"type":"RC","pid":40,"comm":"vrdma-backend"}]"#;
+        assert_eq!(count_objects_of(json, "rxe0", &[40]).unwrap(), 1);
+        assert_eq!(count_objects_of(json, "rxe0", &[40, 41]).unwrap(), 2);
+        assert_eq!(count_objects_of(json, "rxe0", &[42]).unwrap(), 0);
+        assert_eq!(count_objects_of("[]", "rxe0", &[40]).unwrap(), 0);
+        assert!(count_objects_of("nonsense", "rxe0", &[40]).is_err());
     }
 
     #[test]

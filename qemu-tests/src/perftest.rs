@@ -128,6 +128,30 @@ impl Side {
         }
     }
 
+    /// perftest over vrdma's drop-in inside a guest with the vrdma PCI device: no
+    /// `VRDMA_SOCKET`, so the drop-in uses the PCI transport.
+    pub fn over_dropin_pci(library_dir: &Path) -> Self {
+        Self {
+            label: "vrdma-guest".into(),
+            device: DROPIN_DEVICE.into(),
+            gid_index: 0,
+            env: vec![(
+                "LD_LIBRARY_PATH".into(),
+                library_dir.to_string_lossy().into_owned(),
+            )],
+        }
+    }
+
+    /// The server of `case` on `port`.
+    pub fn server_command(&self, case: &Case, port: u16) -> Command {
+        self.command(case, port, None)
+    }
+
+    /// The client of `case`, connecting to `server` on `port`.
+    pub fn client_command(&self, case: &Case, port: u16, server: &str) -> Command {
+        self.command(case, port, Some(server))
+    }
+
     fn command(&self, case: &Case, port: u16, server: Option<&str>) -> Command {
         let mut cmd = Command::new(case.tool.command());
         cmd.args(["-d", &self.device])
@@ -138,6 +162,8 @@ impl Side {
             // Latency tools refuse to run when CPU frequency readings disagree, which they always
             // do in a VM.
             .arg("-F")
+            // The side's own environment decides the transport, not an inherited socket.
+            .env_remove("VRDMA_SOCKET")
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         if let Some(server) = server {
             cmd.arg(server);
@@ -333,7 +359,7 @@ fn run_case_once(case: &Case, server: &Side, client: &Side, port: u16) -> Result
 
 /// Waits for `child` to exit (killing it after `timeout`) and returns its output; a failure
 /// carries what it printed.
-fn finish(mut child: Child, timeout: Duration, role: &str, case: &Case) -> Result<String> {
+pub fn finish(mut child: Child, timeout: Duration, role: &str, case: &Case) -> Result<String> {
     let deadline = Instant::now() + timeout;
     let timed_out = loop {
         match child.try_wait() {

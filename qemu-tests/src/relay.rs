@@ -99,9 +99,19 @@ fn port_device_in(class: &Path, name: &str) -> Result<PathBuf> {
 /// Guest side: accepts one TCP connection on `127.0.0.1:port` and relays it to the serial port
 /// `name`. Returns once both directions have ended.
 pub fn serve_serial(name: &str, port: u16, timeout: Duration) -> Result<()> {
+    serve_serial_on(listen_loopback(port)?, name, timeout)
+}
+
+/// A listener on `127.0.0.1:port`.
+pub fn listen_loopback(port: u16) -> Result<TcpListener> {
+    TcpListener::bind(("127.0.0.1", port)).context(|| format!("listening on port {port}"))
+}
+
+/// [`serve_serial`] on a listener bound beforehand (so that a client started right after
+/// cannot find the port closed).
+pub fn serve_serial_on(listener: TcpListener, name: &str, timeout: Duration) -> Result<()> {
     let device = serial_port_device(name)?;
-    let listener =
-        TcpListener::bind(("127.0.0.1", port)).context(|| format!("listening on port {port}"))?;
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
     listener
         .set_nonblocking(true)
         .context(|| "configuring the listener".into())?;
@@ -127,6 +137,54 @@ pub fn serve_serial(name: &str, port: u16, timeout: Duration) -> Result<()> {
         let _ = thread.join();
     }
     Ok(())
+}
+
+/// Guest side, the other direction: opens the serial port `name` and relays it to a server
+/// listening on `127.0.0.1:port` in the guest (retrying until it listens). Returns once both
+/// directions have ended.
+pub fn connect_serial_to_tcp(name: &str, port: u16, timeout: Duration) -> Result<()> {
+    let device = serial_port_device(name)?;
+    // Open the port first: the host's bytes wait in QEMU until the guest opens it.
+    let serial = File::options()
+        .read(true)
+        .write(true)
+        .open(&device)
+        .context(|| format!("opening {}", device.display()))?;
+    let deadline = Instant::now() + timeout;
+    let server = retry(deadline, || TcpStream::connect(("127.0.0.1", port)))
+        .context(|| format!("connecting to the guest's server on port {port}"))?;
+    for thread in pump(Box::new(server), Box::new(serial))? {
+        let _ = thread.join();
+    }
+    Ok(())
+}
+
+/// Host side, the other direction: accepts one connection on `listener` (a peer client
+/// connecting to the guest's server) and relays it to the QEMU chardev socket at `chardev`.
+pub fn accept_to_chardev(
+    listener: TcpListener,
+    chardev: &Path,
+    timeout: Duration,
+) -> Result<Vec<JoinHandle<()>>> {
+    let deadline = Instant::now() + timeout;
+    listener
+        .set_nonblocking(true)
+        .context(|| "configuring the listener".into())?;
+    let client = loop {
+        match listener.accept() {
+            Ok((stream, _)) => break stream,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => return Err(e).context(|| "accepting the peer".into()),
+        }
+    };
+    client
+        .set_nonblocking(false)
+        .context(|| "configuring the connection".into())?;
+    let serial = retry(deadline, || UnixStream::connect(chardev))
+        .context(|| format!("connecting to {}", chardev.display()))?;
+    pump(Box::new(client), Box::new(serial))
 }
 
 /// Host side: connects the QEMU chardev socket at `chardev` to `127.0.0.1:port`, retrying

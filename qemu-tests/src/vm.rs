@@ -150,6 +150,12 @@ pub struct VmConfig {
     pub extra_qemu_args: Vec<String>,
     /// More kernel command-line parameters (e.g. `hugepages=64`).
     pub extra_kernel_args: Vec<String>,
+    /// A guest reboot resets the machine and boots again (the command runs once per boot)
+    /// instead of ending the run.
+    pub allow_reboot: bool,
+    /// Bring up rxe0 before the command (a nested guest that reaches RDMA only through vrdma
+    /// needs none, and boots faster without it).
+    pub with_rxe: bool,
 }
 
 /// What came back from the VM.
@@ -196,6 +202,8 @@ impl VmConfig {
             echo: true,
             extra_qemu_args: Vec::new(),
             extra_kernel_args: Vec::new(),
+            allow_reboot: false,
+            with_rxe: true,
         })
     }
 }
@@ -283,7 +291,7 @@ setup() {{
     done
     echo "rxe0 port did not become ACTIVE"; return 1
 }}
-if ! setup; then echo "vrdma-vm: RDMA setup failed"; finish 125; fi
+{setup}
 echo "{COMMAND_STARTING}"
 ulimit -l unlimited
 stty -F /dev/ttyS1 raw -echo 2>/dev/null
@@ -296,11 +304,16 @@ finish $?
 "#,
         cwd = shell_quote(&config.cwd.to_string_lossy()),
         command = command.join(" "),
+        setup = if config.with_rxe {
+            r#"if ! setup; then echo "vrdma-vm: RDMA setup failed"; finish 125; fi"#
+        } else {
+            "ip link set lo up"
+        },
     )
 }
 
 /// Printed on the console once rxe0 is up, right before the command starts.
-const COMMAND_STARTING: &str = "vrdma-vm: rxe0 up, starting the command";
+const COMMAND_STARTING: &str = "vrdma-vm: set up, starting the command";
 
 /// Boots the VM from `root` with `config`, runs `command` in it and returns its outcome.
 ///
@@ -360,7 +373,12 @@ fn run_in(
         .args(config.accel.qemu_args())
         .args(["-smp", &config.cpus.to_string()])
         .args(["-m", &config.memory_mib.to_string()])
-        .args(["-display", "none", "-no-reboot"])
+        .args(["-display", "none"])
+        .args(if config.allow_reboot {
+            &[][..]
+        } else {
+            &["-no-reboot"][..]
+        })
         .arg("-kernel")
         .arg(&root.kernel)
         .arg("-initrd")
@@ -578,6 +596,8 @@ mod tests {
             echo: false,
             extra_qemu_args: Vec::new(),
             extra_kernel_args: Vec::new(),
+            allow_reboot: false,
+            with_rxe: true,
         };
         let script = guest_init_script(&config, &["echo".into(), "a b".into()]);
         assert!(script.contains("export RUST_LOG='debug x'"));

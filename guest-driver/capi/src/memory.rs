@@ -355,28 +355,33 @@ mod tests {
     }
 
     #[test]
-    fn unmapped_and_stack_memory_are_refused() {
+    fn unmapped_unreadable_and_stack_memory_are_refused() {
         let ram = GuestRam::new(16 * PAGE_SIZE).unwrap();
         let memory = AppMemory::new(ram).unwrap();
-        // SAFETY: reserving two fresh pages and unmapping them again: afterwards the range is
-        // not mapped, only its address is used.
-        let hole = unsafe {
-            let p = libc::mmap(
+        // Unmapped: the first page of the address space lies below vm.mmap_min_addr (at
+        // least one page), where nothing can be mapped. A range freed with munmap would not
+        // do: other test threads may map into it between the munmap and the check.
+        assert!(matches!(
+            memory.make_registrable(16, 8),
+            Err(RebackError::NotMapped { .. })
+        ));
+        // Mapped but unreadable: a PROT_NONE reservation this test holds until the end.
+        // SAFETY: a fresh anonymous mapping, only its address is used, unmapped below.
+        let reserved = unsafe {
+            libc::mmap(
                 std::ptr::null_mut(),
                 2 * PAGE_SIZE,
-                libc::PROT_READ,
+                libc::PROT_NONE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
-            );
-            assert_ne!(p, libc::MAP_FAILED);
-            libc::munmap(p, 2 * PAGE_SIZE);
-            p as usize
+            )
         };
-        assert!(matches!(
-            memory.make_registrable(hole, 8),
-            Err(RebackError::NotMapped { .. })
-        ));
+        assert_ne!(reserved, libc::MAP_FAILED);
+        let refused = memory.make_registrable(reserved as usize + 16, 8);
+        // SAFETY: the mapping made above, no longer used.
+        unsafe { libc::munmap(reserved, 2 * PAGE_SIZE) };
+        assert!(matches!(refused, Err(RebackError::NotMapped { .. })));
         let on_stack = [0u8; 64];
         assert!(matches!(
             memory.make_registrable(on_stack.as_ptr() as usize, on_stack.len()),

@@ -125,7 +125,8 @@ fn c_layouts() -> Option<Vec<(String, usize)>> {
     if let Err(e) = vrdma_qemu_tests::native::ensure_prerequisites() {
         eprintln!("cannot install the C prerequisites: {e}");
     }
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("layout");
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("layout-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let source = dir.join("layout.c");
     let binary = dir.join("layout");

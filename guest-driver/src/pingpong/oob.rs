@@ -225,7 +225,15 @@ mod tests {
         assert!(server.check_peer().is_ok());
         assert_eq!(server.receive().unwrap(), Message::Done);
         client.report_failure("write 64 iteration 3: first differing offset 5");
-        let err = server.check_peer().unwrap_err();
+        // check_peer looks only at what has arrived: wait until the failure line has.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let err = loop {
+            match server.check_peer() {
+                Err(e) => break e,
+                Ok(()) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                Ok(()) => panic!("the peer's failure never arrived"),
+            }
+        };
         assert!(
             matches!(&err, OobError::PeerFailed(t) if t.contains("offset 5")),
             "{err}"

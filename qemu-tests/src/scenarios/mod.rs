@@ -1,9 +1,9 @@
 //! Test scenarios that run inside the rxe VM against a live vrdma-backend.
 
 pub mod backend;
-pub mod guest_pingpong;
 pub mod isolation;
 pub mod perftest_over_vrdma;
 pub mod process_pingpong;
 pub mod qtest_pingpong;
 pub mod readme_qemu;
+pub mod real_guest;

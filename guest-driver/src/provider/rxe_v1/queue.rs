@@ -16,6 +16,7 @@ use std::ptr::{self, NonNull};
 use std::slice;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::abi::{Plain, RxeQueueBuf};
 use crate::transport::RegionAccess;
@@ -28,6 +29,8 @@ const MAX_LOG2_SLOT_SIZE: u32 = 16;
 const BASE_ALIGN: usize = 64;
 /// Offset of the first slot.
 const DATA_OFFSET: usize = size_of::<RxeQueueBuf>();
+/// How long a new queue's header may take to become visible (see `check_header`).
+const HEADER_SETTLE: Duration = Duration::from_millis(200);
 /// Largest alignment an entry field may need: what the scratch slot (a `u64` array) offers.
 const ENTRY_ALIGN: usize = align_of::<u64>();
 
@@ -321,10 +324,23 @@ impl RxeQueue {
 
     /// Compares the header with the geometry and checks both indices; returns the queue.
     fn check_header(self) -> Result<Self, QueueError> {
-        let log2 = self.header_word(offset_of!(RxeQueueBuf, log2_elem_size));
-        let mask = self.header_word(offset_of!(RxeQueueBuf, index_mask));
-        if log2 != self.log2_slot_size || mask != self.index_mask {
-            return Err(QueueError::HeaderMismatch { log2, mask });
+        // The mapping was made before the device answered, but a CPU may not see it at once:
+        // QEMU under TCG applies a change of the guest's memory map to each vCPU
+        // asynchronously (at its next exit to QEMU's loop), and a first read can still find
+        // the range's previous contents. A few re-reads, each after a yield (which lets the
+        // vCPU leave its translated code), settle it; a header that stays wrong is the device's
+        // fault.
+        let deadline = Instant::now() + HEADER_SETTLE;
+        loop {
+            let log2 = self.header_word(offset_of!(RxeQueueBuf, log2_elem_size));
+            let mask = self.header_word(offset_of!(RxeQueueBuf, index_mask));
+            if log2 == self.log2_slot_size && mask == self.index_mask {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(QueueError::HeaderMismatch { log2, mask });
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
         for (which, word) in [("producer", PRODUCER), ("consumer", CONSUMER)] {
             let value = self.load_index(word, Ordering::Relaxed);

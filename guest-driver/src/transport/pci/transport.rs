@@ -201,9 +201,8 @@ impl PciTransport {
     }
 
     /// Resets the device after asking it to discard every object (DISCARD_STATE), so that
-    /// the device removes its shared-memory mappings itself: QEMU 11.1.3 crashes on the next
-    /// start of a device whose reset removed live mappings (spec §11.1). Waiters fail; the
-    /// transport is unusable afterwards.
+    /// the host objects and the shared-memory mappings are gone before the reset rather
+    /// than at it (spec §7.4, §11.1). Waiters fail; the transport is unusable afterwards.
     pub fn reset(&self) -> Result<(), TransportError> {
         self.discard_state();
         self.interrupts.fail("the device was reset".into());

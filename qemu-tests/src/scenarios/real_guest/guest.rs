@@ -1,0 +1,268 @@
+//! Inside the nested guest: the suite's steps, once per boot. The first boot runs
+//! `ibv_devinfo`, the ping-pong, perftest and the bypass run, starts the live application,
+//! records what it did and reboots; the boot after that (its record is found in the result
+//! directory) has the host side confirm that everything was released and runs the ping-pong
+//! again.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::control::ControlClient;
+use super::*;
+use crate::error::{tail, Error, IoContext, Result};
+use crate::inside::Proc;
+use crate::perftest::{self, Side};
+use crate::relay;
+
+/// What the first boot leaves in the result directory (its presence marks the reboot).
+pub const FIRST_BOOT_FILE: &str = "first-boot.json";
+/// What the second boot leaves.
+pub const SECOND_BOOT_FILE: &str = "second-boot.json";
+/// The bound of every step's waits.
+const STEP_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// What the guest needs.
+#[derive(Debug, Clone)]
+pub struct GuestPaths {
+    pub pingpong: PathBuf,
+    pub library_dir: PathBuf,
+    /// Where results go (`$VRDMA_RESULT_DIR`, kept across the reboot).
+    pub result_dir: PathBuf,
+}
+
+/// Runs this boot's part of the suite.
+pub fn run(paths: &GuestPaths, iters: u32) -> Result<()> {
+    let load = Command::new("modprobe").arg("virtio_console").status();
+    if !load.is_ok_and(|s| s.success()) {
+        return Err(Error::Scenario("cannot load virtio_console".into()));
+    }
+    let mut control = ControlClient::open(CONTROL_PORT)?;
+    if paths.result_dir.join(FIRST_BOOT_FILE).exists() {
+        second_boot(paths, &mut control, iters)
+    } else {
+        first_boot(paths, &mut control, iters)
+    }
+}
+
+/// Records how long each step takes.
+struct Phases(Vec<(String, f64)>);
+
+impl Phases {
+    fn starting() -> Self {
+        Self(vec![("boot".into(), uptime_secs())])
+    }
+
+    fn time<T>(&mut self, name: &str, step: impl FnOnce() -> Result<T>) -> Result<T> {
+        println!("== {name}");
+        let start = Instant::now();
+        let result = step();
+        self.0.push((name.into(), start.elapsed().as_secs_f64()));
+        result.map_err(|e| Error::Scenario(format!("{name}: {e}")))
+    }
+}
+
+fn first_boot(paths: &GuestPaths, control: &mut ControlClient, iters: u32) -> Result<()> {
+    let mut phases = Phases::starting();
+    let mut record = FirstBoot {
+        devinfo: phases.time("ibv_devinfo", || devinfo(&paths.library_dir))?,
+        pingpong: phases.time("vrdma-pingpong", || {
+            pingpong_client(paths, PINGPONG, PINGPONG_OPS, PINGPONG_SIZES, iters)
+        })?,
+        ..Default::default()
+    };
+    println!("{}", record.pingpong);
+    for (case, link) in PERFTEST {
+        let name = format!("{} {}", case.tool.command(), case.size);
+        let row = phases.time(&name, || perftest_client(&paths.library_dir, case, *link))?;
+        println!(
+            "{name}: {:.2} {}",
+            row.measurement.headline(),
+            case.tool.headline_unit()
+        );
+        record.perftest.push(row);
+    }
+    record.bypass_messages = phases.time("bypass", || bypass(paths, control))?;
+    // The live application: traffic running, QPs, MRs and mappings alive, when the guest
+    // reboots.
+    let _live = phases.time("live application", || {
+        let listener = relay::listen_loopback(LIVE.tcp)?;
+        relay_in_background(listener, LIVE);
+        let mut live = Proc::spawn(
+            "vrdma-live-client",
+            pingpong_command(paths, "client", LIVE.tcp)
+                .args(["--ops", "send,write", "--sizes", "4096"])
+                .args(["--iters", &LIVE_ITERS.to_string()]),
+        )?;
+        live.wait_for_output("RUNNING", STEP_TIMEOUT)?;
+        let seen = control.request("live")?;
+        println!("host side sees the live application: {seen}");
+        Ok(live)
+    })?;
+    record.phases = phases.0;
+    write_json(&paths.result_dir.join(FIRST_BOOT_FILE), &record)?;
+    println!("== reboot -f with the application running");
+    let _ = Command::new("sync").status();
+    let status = Command::new("busybox").args(["reboot", "-f"]).status();
+    // reboot -f does not return; if it does, the suite cannot go on.
+    Err(Error::Scenario(format!("reboot -f returned ({status:?})")))
+}
+
+fn second_boot(paths: &GuestPaths, control: &mut ControlClient, iters: u32) -> Result<()> {
+    let mut phases = Phases::starting();
+    let released = phases.time("release check", || control.request("rebooted"))?;
+    println!("host side after the reboot: {released}");
+    let pingpong = phases.time("vrdma-pingpong after the reboot", || {
+        pingpong_client(paths, AFTER_REBOOT, "send,write,read", "64,4096", iters)
+    })?;
+    println!("{pingpong}");
+    let record = SecondBoot {
+        phases: phases.0,
+        pingpong,
+    };
+    write_json(&paths.result_dir.join(SECOND_BOOT_FILE), &record)
+}
+
+/// `ibv_devinfo` over the drop-in: it must list vrdma0 with an active port.
+fn devinfo(library_dir: &Path) -> Result<String> {
+    let out = Command::new("ibv_devinfo")
+        .env("LD_LIBRARY_PATH", library_dir)
+        .env_remove("VRDMA_SOCKET")
+        .output()
+        .context(|| "running ibv_devinfo".into())?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() || !text.contains(perftest::DROPIN_DEVICE) {
+        return Err(Error::Scenario(format!(
+            "ibv_devinfo ({}) does not list {}:\n{text}",
+            out.status,
+            perftest::DROPIN_DEVICE
+        )));
+    }
+    if !text.contains("PORT_ACTIVE") {
+        return Err(Error::Scenario(format!("no active port:\n{text}")));
+    }
+    println!("{}", text.trim_end());
+    Ok(text)
+}
+
+fn pingpong_command(paths: &GuestPaths, role: &str, port: u16) -> Command {
+    let mut cmd = Command::new(&paths.pingpong);
+    cmd.args([role, "--pci", "--host", "127.0.0.1"])
+        .args(["--port", &port.to_string()])
+        .args(["--timeout", &STEP_TIMEOUT.as_secs().to_string()])
+        .env_remove("VRDMA_SOCKET");
+    cmd
+}
+
+/// The verified ping-pong as a client over `link`; returns its table.
+fn pingpong_client(
+    paths: &GuestPaths,
+    link: Link,
+    ops: &str,
+    sizes: &str,
+    iters: u32,
+) -> Result<String> {
+    let listener = relay::listen_loopback(link.tcp)?;
+    relay_in_background(listener, link);
+    let out = pingpong_command(paths, "client", link.tcp)
+        .args([
+            "--ops",
+            ops,
+            "--sizes",
+            sizes,
+            "--iters",
+            &iters.to_string(),
+        ])
+        .output()
+        .context(|| "running vrdma-pingpong".into())?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(Error::Scenario(format!(
+            "vrdma-pingpong failed ({}):\n{text}{}",
+            out.status,
+            tail(&String::from_utf8_lossy(&out.stderr), 20)
+        )));
+    }
+    Ok(text)
+}
+
+/// One perftest case as a client over the drop-in.
+fn perftest_client(library_dir: &Path, case: &perftest::Case, link: Link) -> Result<perftest::Row> {
+    let listener = relay::listen_loopback(link.tcp)?;
+    relay_in_background(listener, link);
+    let child = Side::over_dropin_pci(library_dir)
+        .client_command(case, link.tcp, "127.0.0.1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context(|| format!("starting {}", case.tool.command()))?;
+    let out = perftest::finish(child, STEP_TIMEOUT, "client", case)?;
+    let (size, iterations, measurement) = perftest::parse(case.tool, &out)?;
+    Ok(perftest::Row {
+        label: "vrdma-guest".into(),
+        tool: case.tool,
+        size,
+        iterations,
+        measurement,
+    })
+}
+
+/// The guest as the one-way server: once its receives are posted, the host side stops the
+/// backend and a native client writes and sends into the guest, which verifies every message
+/// before the backend runs again.
+fn bypass(paths: &GuestPaths, control: &mut ControlClient) -> Result<u32> {
+    let start_file = std::env::temp_dir().join("vrdma-bypass-go");
+    let _ = std::fs::remove_file(&start_file);
+    thread::spawn(|| {
+        if let Err(e) = relay::connect_serial_to_tcp(BYPASS.serial, BYPASS.tcp, STEP_TIMEOUT) {
+            eprintln!("relay {}: {e}", BYPASS.serial);
+        }
+    });
+    let mut server = Proc::spawn(
+        "vrdma-bypass-server",
+        pingpong_command(paths, "server", BYPASS.tcp)
+            .args(["--ops", BYPASS_OPS, "--sizes", BYPASS_SIZES])
+            .args(["--iters", &BYPASS_MESSAGES.to_string()])
+            .arg("--oneway")
+            .arg("--start-file")
+            .arg(&start_file),
+    )?;
+    server.wait_for_output("READY", STEP_TIMEOUT)?;
+    println!("host side: {}", control.request("bypass-ready")?);
+    std::fs::write(&start_file, b"go").context(|| "writing the start file".into())?;
+    // The server prints its verdict before it destroys anything (which needs the backend).
+    server.wait_for_output("verified", STEP_TIMEOUT)?;
+    println!("host side: {}", control.request("bypass-done")?);
+    server.wait_success(STEP_TIMEOUT)?;
+    Ok(BYPASS_MESSAGES)
+}
+
+/// Relays the next connection to `listener` over `link`'s serial port. The relay is not
+/// joined: a serial port has no end of stream, so its reading side ends only with the guest;
+/// a relay that fails leaves the client it serves without a peer, which fails the step.
+fn relay_in_background(listener: TcpListener, link: Link) {
+    thread::spawn(move || {
+        if let Err(e) = relay::serve_serial_on(listener, link.serial, STEP_TIMEOUT) {
+            eprintln!("relay {}: {e}", link.serial);
+        }
+    });
+}
+
+fn uptime_secs() -> f64 {
+    std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<()> {
+    let json = serde_json::to_vec_pretty(value).map_err(|e| Error::Scenario(e.to_string()))?;
+    std::fs::write(path, json).context(|| format!("writing {}", path.display()))
+}

@@ -1,0 +1,345 @@
+//! The rxe VM's side of the real-guest suite: the backend, the native peers, the relays and
+//! the answers to the guest's requests; then the guest itself under QEMU 11.1, and the
+//! native perftest runs to compare with.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use super::control;
+use super::guest::{FIRST_BOOT_FILE, SECOND_BOOT_FILE};
+use super::*;
+use crate::error::{tail, Error, Result};
+use crate::inside::{objects_of_process, resource_counts, wait_for_counts, Proc, ResourceCounts};
+use crate::perftest::{self, Side};
+use crate::relay;
+use crate::rootfs::PreparedRoot;
+use crate::scenarios::backend::Backend;
+use crate::scenarios::process_pingpong::{Binaries, DEVICE};
+use crate::vm::{self, Accel, VmConfig};
+
+/// How long the host side waits for the device to be idle after the guest's reboot.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Runs the suite (inside the rxe VM).
+pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
+    let root = PreparedRoot::load(&settings.root_dir).ok_or_else(|| {
+        Error::Scenario(format!(
+            "no prepared root file system at {}",
+            settings.root_dir.display()
+        ))
+    })?;
+    let accel = guest_accel(&root)?;
+    let idle = resource_counts(DEVICE)?;
+    let backend = Backend::start(&binaries.backend, "vrdma-guest-backend", &[], "info")?;
+    let chardev_dir = std::env::temp_dir().join("vrdma-guest-ports");
+    let _ = std::fs::remove_dir_all(&chardev_dir);
+    std::fs::create_dir_all(&chardev_dir)
+        .map_err(|e| Error::Scenario(format!("creating {}: {e}", chardev_dir.display())))?;
+    let timeout = settings.timeout;
+
+    // The native peers the guest's clients meet; the one of the boot after the reboot is
+    // started only once the device was seen idle.
+    let mut pingpong_server = native_server(
+        binaries,
+        PINGPONG.tcp,
+        (PINGPONG_OPS, PINGPONG_SIZES, settings.iters),
+        timeout,
+    )?;
+    let mut perftest_servers = Vec::new();
+    for (case, link) in PERFTEST {
+        let name = format!("native-{}-{}", case.tool.command(), case.size);
+        perftest_servers.push((
+            case,
+            Proc::spawn(
+                &name,
+                &mut Side::native(DEVICE).server_command(case, link.tcp),
+            )?,
+        ));
+    }
+    let live_server = native_server(
+        binaries,
+        LIVE.tcp,
+        ("send,write", "4096", LIVE_ITERS),
+        timeout,
+    )?;
+    let bypass_listener = relay::listen_loopback(BYPASS.tcp)?;
+    let bypass_client = Proc::spawn(
+        "native-bypass-client",
+        Command::new(&binaries.native_pingpong)
+            .args(["client", "--device", DEVICE, "--host", "127.0.0.1"])
+            .args(["--port", &BYPASS.tcp.to_string()])
+            .args(["--ops", BYPASS_OPS, "--sizes", BYPASS_SIZES])
+            .args(["--iters", &BYPASS_MESSAGES.to_string(), "--oneway"])
+            .args(["--timeout", &timeout.as_secs().to_string()]),
+    )?;
+
+    let mut config = VmConfig::for_host(accel)?;
+    config.cpus = 2;
+    config.memory_mib = GUEST_MEMORY_MIB;
+    config.timeout = timeout;
+    config.extra_qemu_args = guest_device_args(&backend.socket, &chardev_dir);
+    config.extra_kernel_args = vec![format!("hugepages={GUEST_HUGEPAGES}")];
+    config.allow_reboot = true;
+    config.with_rxe = false;
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::Scenario(format!("locating this executable: {e}")))?;
+    let command = vec![
+        exe.to_string_lossy().into_owned(),
+        "guest".into(),
+        "real-guest-inside".into(),
+        "--library-dir".into(),
+        settings.library_dir.to_string_lossy().into_owned(),
+        "--iters".into(),
+        settings.iters.to_string(),
+    ];
+
+    let mut requests = Requests {
+        backend: &backend,
+        idle,
+        live_server,
+        bypass_client,
+        after_server: None,
+        binaries,
+        settings,
+        seen: RebootSeen::default(),
+    };
+    // The relays run until their connections end; they are not joined (a serial port has no
+    // end of stream) and end with this process at the latest.
+    for link in links() {
+        let chardev = chardev_path(&chardev_dir, link.serial);
+        if link == BYPASS {
+            let listener = bypass_listener
+                .try_clone()
+                .map_err(|e| Error::Scenario(format!("bypass listener: {e}")))?;
+            std::thread::spawn(move || {
+                if let Err(e) = relay::accept_to_chardev(listener, &chardev, timeout) {
+                    log::warn!("relay {}: {e}", link.serial);
+                }
+            });
+        } else {
+            std::thread::spawn(move || {
+                if let Err(e) = relay::connect_chardev_to_tcp(&chardev, link.tcp, timeout) {
+                    log::warn!("relay {}: {e}", link.serial);
+                }
+            });
+        }
+    }
+    let guest_gone = AtomicBool::new(false);
+    let outcome = std::thread::scope(|scope| {
+        let control_chardev = chardev_path(&chardev_dir, CONTROL_PORT);
+        let requests = &mut requests;
+        let guest_gone = &guest_gone;
+        let control = scope.spawn(move || {
+            control::serve(&control_chardev, guest_gone, |request| {
+                requests.answer(request)
+            })
+        });
+        let outcome = vm::run(&root, &config, &command);
+        guest_gone.store(true, Ordering::Release);
+        match control.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => log::warn!("control port: {e}"),
+            Err(_) => log::warn!("the control port's thread panicked"),
+        }
+        outcome
+    });
+    let outcome = outcome?;
+    let failure = |what: &str, requests: &Requests| {
+        Error::Scenario(format!(
+            "{what}\n--- guest ---\n{}\n--- backend ---\n{}",
+            tail(&outcome.output, 60),
+            tail(&requests.backend.proc.output(), 30)
+        ))
+    };
+    if outcome.status != 0 {
+        return Err(failure(
+            &format!("the guest's suite failed (status {})", outcome.status),
+            &requests,
+        ));
+    }
+    let result = |name: &str| -> Result<&[u8]> {
+        outcome
+            .results
+            .iter()
+            .find(|(file, _)| file == name)
+            .map(|(_, data)| data.as_slice())
+            .ok_or_else(|| failure(&format!("the guest left no {name}"), &requests))
+    };
+    let parse = |name: &str, data: &[u8]| {
+        Error::Scenario(format!("{name}: {}", String::from_utf8_lossy(data)))
+    };
+    let first_data = result(FIRST_BOOT_FILE)?;
+    let first_boot: FirstBoot =
+        serde_json::from_slice(first_data).map_err(|_| parse(FIRST_BOOT_FILE, first_data))?;
+    let second_data = result(SECOND_BOOT_FILE)?;
+    let second_boot: SecondBoot =
+        serde_json::from_slice(second_data).map_err(|_| parse(SECOND_BOOT_FILE, second_data))?;
+
+    // The guest's peers must have finished cleanly, their data verified.
+    pingpong_server.wait_success(Duration::from_secs(60))?;
+    for (_, server) in &mut perftest_servers {
+        server.wait_success(Duration::from_secs(60))?;
+    }
+    if let Some(server) = &mut requests.after_server {
+        server.wait_success(Duration::from_secs(60))?;
+    }
+    // QEMU has exited: nothing of the guest may remain.
+    wait_for_counts(DEVICE, idle, RELEASE_TIMEOUT).map_err(|last| {
+        failure(
+            &format!("after the guest: {DEVICE} holds {last:?}, idle is {idle:?}"),
+            &requests,
+        )
+    })?;
+    let seen = requests.seen.clone();
+    drop(requests);
+    drop(backend);
+
+    println!("== the same perftest cases natively");
+    let native = Side::native(DEVICE);
+    let mut perftest = Vec::new();
+    for ((case, link), vrdma) in PERFTEST.iter().zip(&first_boot.perftest) {
+        let native_row = perftest::run_case(case, &native, &native, link.tcp)?;
+        perftest.push(Comparison {
+            native: native_row,
+            vrdma: vrdma.clone(),
+        });
+    }
+    Ok(Report {
+        accel: format!("{accel:?}"),
+        elapsed_secs: outcome.elapsed.as_secs_f64(),
+        first_boot,
+        second_boot,
+        perftest,
+        reboot: seen,
+    })
+}
+
+/// KVM where a probe guest boots under it, nested TCG otherwise; `VRDMA_GUEST_ACCEL=kvm|tcg`
+/// decides instead.
+fn guest_accel(root: &PreparedRoot) -> Result<Accel> {
+    match std::env::var("VRDMA_GUEST_ACCEL").ok().as_deref() {
+        Some("tcg") => Ok(Accel::Tcg),
+        Some("kvm") => Ok(Accel::Kvm),
+        Some("") | None => Ok(match Accel::kvm_unusable(root) {
+            None => Accel::Kvm,
+            Some(why) => {
+                println!("the guest runs under nested TCG ({why})");
+                Accel::Tcg
+            }
+        }),
+        Some(other) => Err(Error::Usage(format!(
+            "VRDMA_GUEST_ACCEL={other}: expected kvm or tcg"
+        ))),
+    }
+}
+
+/// A native vrdma-native-pingpong server on `port` running `(ops, sizes, iters)`.
+fn native_server(
+    binaries: &Binaries,
+    port: u16,
+    (ops, sizes, iters): (&str, &str, u32),
+    timeout: Duration,
+) -> Result<Proc> {
+    Proc::spawn(
+        &format!("native-pingpong-server-{port}"),
+        Command::new(&binaries.native_pingpong)
+            .args(["server", "--device", DEVICE])
+            .args(["--port", &port.to_string()])
+            .args(["--ops", ops, "--sizes", sizes])
+            .args(["--iters", &iters.to_string()])
+            .args(["--timeout", &timeout.as_secs().to_string()]),
+    )
+}
+
+/// What the host side does when the guest asks.
+struct Requests<'a> {
+    backend: &'a Backend,
+    idle: ResourceCounts,
+    live_server: Proc,
+    bypass_client: Proc,
+    after_server: Option<Proc>,
+    binaries: &'a Binaries,
+    settings: &'a Settings,
+    seen: RebootSeen,
+}
+
+impl Requests<'_> {
+    fn answer(&mut self, request: &str) -> Result<String> {
+        match request {
+            // The guest's receives are posted: stop the backend, then the guest lets the
+            // native client send.
+            "bypass-ready" => {
+                self.backend.proc.signal("STOP")?;
+                self.backend.proc.wait_state('T', Duration::from_secs(30))?;
+                Ok("backend stopped".into())
+            }
+            // The guest verified every message: the native client must have finished with
+            // the backend still stopped.
+            "bypass-done" => {
+                self.bypass_client.wait_success(Duration::from_secs(120))?;
+                let still_stopped = self.backend.proc.state() == Some('T');
+                self.backend.proc.signal("CONT")?;
+                if !still_stopped {
+                    return Err(Error::Scenario(
+                        "the backend did not stay stopped for the whole one-way run".into(),
+                    ));
+                }
+                Ok(format!(
+                    "{BYPASS_MESSAGES} messages per op and size delivered with the backend \
+                     stopped; backend resumed"
+                ))
+            }
+            // The live application runs: the backend must hold its objects.
+            "live" => {
+                self.live_server
+                    .wait_for_output("RUNNING", Duration::from_secs(120))?;
+                let held = objects_of_process(DEVICE, self.backend.proc.pid())?;
+                if held.qp == 0 || held.mr == 0 || held.cq == 0 {
+                    let listing = Command::new("rdma")
+                        .args(["resource", "show", "qp"])
+                        .output()
+                        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                        .unwrap_or_default();
+                    return Err(Error::Scenario(format!(
+                        "the backend holds {held:?} for the live application; QPs:\n{listing}"
+                    )));
+                }
+                self.seen.live = resource_counts(DEVICE)?;
+                Ok(format!(
+                    "the backend holds {} QPs, {} CQs, {} MRs",
+                    held.qp, held.cq, held.mr
+                ))
+            }
+            // A new boot: the old application's objects must all be gone (its native peer is
+            // stopped first), then the peer of the next ping-pong starts.
+            "rebooted" => {
+                let at = Instant::now();
+                self.live_server.kill();
+                // QEMU stays connected, and the backend keeps the host context of the
+                // connection; nothing else may remain.
+                let connected = ResourceCounts {
+                    ctx: self.idle.ctx + 1,
+                    ..self.idle
+                };
+                wait_for_counts(DEVICE, connected, RELEASE_TIMEOUT).map_err(|last| {
+                    Error::Scenario(format!(
+                        "{DEVICE} holds {last:?} after the reboot, expected {connected:?}"
+                    ))
+                })?;
+                self.seen.release_ms = at.elapsed().as_millis() as u64;
+                self.after_server = Some(native_server(
+                    self.binaries,
+                    AFTER_REBOOT.tcp,
+                    ("send,write,read", "64,4096", self.settings.iters),
+                    self.settings.timeout,
+                )?);
+                Ok(format!(
+                    "{DEVICE} idle {} ms after the new boot reported",
+                    self.seen.release_ms
+                ))
+            }
+            other => Err(Error::Scenario(format!("unknown request {other:?}"))),
+        }
+    }
+}

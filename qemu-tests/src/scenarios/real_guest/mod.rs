@@ -1,0 +1,344 @@
+//! The real-guest suite: a Linux guest booted under QEMU 11.1 with the vrdma device (inside
+//! the rxe VM, under KVM where it works and nested TCG otherwise) runs, against native peers
+//! on the rxe VM's rxe0:
+//! - `ibv_devinfo` and unmodified perftest over the drop-in `libibverbs.so.1` (PCI transport),
+//!   the same perftest cases natively beside them;
+//! - `vrdma-pingpong --pci`, every byte verified;
+//! - the bypass proof: the backend stopped (SIGSTOP) while a native peer writes and sends into
+//!   the guest, which verifies every message;
+//! - a reboot (`reboot -f`) with a live RDMA application (QPs, MRs, mappings): QEMU must stay
+//!   up, the backend must release everything, and the device must work in the next boot.
+//!
+//! The guest has no network. Each TCP exchange travels over its own virtio-serial port
+//! ([`crate::relay`]); one more port carries the guest's requests to the host side (stop the
+//! backend, check the device is idle) ([`control`]).
+//!
+//! [`host::run`] runs in the rxe VM, [`guest::run`] in the nested guest, once per boot.
+
+pub mod control;
+pub mod guest;
+pub mod host;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::inside::ResourceCounts;
+use crate::perftest::{Case, Row, Tool};
+
+/// One TCP exchange carried over a virtio-serial port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Link {
+    /// The virtio-serial port's name in the guest (and the chardev's id on the QEMU side).
+    pub serial: &'static str,
+    /// The TCP port, the same on both sides.
+    pub tcp: u16,
+}
+
+/// The serial port of the guest's requests to the host side.
+pub const CONTROL_PORT: &str = "vrdma-ctl";
+/// `vrdma-pingpong --pci` against the native server.
+pub const PINGPONG: Link = Link {
+    serial: "vrdma-pp",
+    tcp: 18800,
+};
+/// The one-way run into the guest with the backend stopped (the guest is the server).
+pub const BYPASS: Link = Link {
+    serial: "vrdma-bypass",
+    tcp: 18801,
+};
+/// The application that is running when the guest reboots.
+pub const LIVE: Link = Link {
+    serial: "vrdma-live",
+    tcp: 18802,
+};
+/// The ping-pong in the boot after the reboot.
+pub const AFTER_REBOOT: Link = Link {
+    serial: "vrdma-after",
+    tcp: 18803,
+};
+
+/// Unmodified perftest in the guest, client over the drop-in against a native server; the
+/// same cases run natively beside it.
+pub const PERFTEST: &[(Case, Link)] = &[
+    (
+        Case {
+            tool: Tool::IbSendLat,
+            size: 2,
+            iterations: 500,
+        },
+        Link {
+            serial: "vrdma-lat",
+            tcp: 18810,
+        },
+    ),
+    (
+        Case {
+            tool: Tool::IbWriteBw,
+            size: 65536,
+            iterations: 300,
+        },
+        Link {
+            serial: "vrdma-bw64k",
+            tcp: 18811,
+        },
+    ),
+    (
+        Case {
+            tool: Tool::IbWriteBw,
+            size: 1048576,
+            iterations: 32,
+        },
+        Link {
+            serial: "vrdma-bw1m",
+            tcp: 18812,
+        },
+    ),
+];
+
+/// Every link, in the order the guest uses them.
+pub fn links() -> Vec<Link> {
+    let mut links = vec![PINGPONG];
+    links.extend(PERFTEST.iter().map(|(_, link)| *link));
+    links.extend([BYPASS, LIVE, AFTER_REBOOT]);
+    links
+}
+
+/// Operations and sizes of the verified ping-pong.
+pub const PINGPONG_OPS: &str = "send,send_imm,write,write_imm,read";
+pub const PINGPONG_SIZES: &str = "1,64,4096,65536";
+/// The one-way run into the guest.
+pub const BYPASS_OPS: &str = "write,send,write_imm,send_imm";
+pub const BYPASS_SIZES: &str = "64,4096,65536";
+/// Messages per op and size of the one-way run.
+pub const BYPASS_MESSAGES: u32 = 20;
+/// The live application: far more iterations than it can finish before the reboot.
+pub const LIVE_ITERS: u32 = 1_000_000;
+
+/// Guest RAM in MiB (shared with the backend through a memfd).
+pub const GUEST_MEMORY_MIB: u32 = 1024;
+/// 2 MiB hugepages reserved in the guest for the driver's ring memory.
+pub const GUEST_HUGEPAGES: u32 = 64;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The prepared root file system (shared into the rxe VM at its host path).
+    pub root_dir: PathBuf,
+    /// Directory with the drop-in as libibverbs.so.1 (and the vendor library stand-ins).
+    pub library_dir: PathBuf,
+    /// Iterations per operation and size of the verified ping-pong.
+    pub iters: u32,
+    /// Bound on the whole guest run.
+    pub timeout: Duration,
+}
+
+/// What the guest showed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// How QEMU ran the guest ("Kvm" or "Tcg").
+    pub accel: String,
+    /// Both boots of the guest, from QEMU's start to its exit.
+    pub elapsed_secs: f64,
+    pub first_boot: FirstBoot,
+    pub second_boot: SecondBoot,
+    /// perftest in the guest over vrdma next to the same case natively in the rxe VM.
+    pub perftest: Vec<Comparison>,
+    /// What the host side saw when the guest rebooted.
+    pub reboot: RebootSeen,
+}
+
+/// What the guest's first boot left in the result directory.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct FirstBoot {
+    /// Where the time went: (phase, seconds); "boot" is the guest's uptime when the suite
+    /// started.
+    pub phases: Vec<(String, f64)>,
+    /// `ibv_devinfo` over the drop-in.
+    pub devinfo: String,
+    /// vrdma-pingpong's table.
+    pub pingpong: String,
+    /// perftest over the drop-in, in [`PERFTEST`] order.
+    pub perftest: Vec<Row>,
+    /// Messages per op and size verified with the backend stopped.
+    pub bypass_messages: u32,
+}
+
+/// What the boot after the reboot left.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SecondBoot {
+    pub phases: Vec<(String, f64)>,
+    /// vrdma-pingpong's table after the reboot.
+    pub pingpong: String,
+}
+
+/// The host side's view of the reboot.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RebootSeen {
+    /// What rxe0 held while the live application ran (its native peer's objects included).
+    pub live: ResourceCounts,
+    /// From the guest's report of its new boot to rxe0 being idle, in ms.
+    pub release_ms: u64,
+}
+
+/// One perftest case in the guest next to the same case natively.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Comparison {
+    pub native: Row,
+    pub vrdma: Row,
+}
+
+impl Comparison {
+    /// vrdma's figure over native's: for latency lower is better, for bandwidth higher.
+    pub fn ratio(&self) -> f64 {
+        let native = self.native.measurement.headline();
+        if native > 0.0 {
+            self.vrdma.measurement.headline() / native
+        } else {
+            f64::NAN
+        }
+    }
+}
+
+/// The comparison table.
+pub fn render_comparison(rows: &[Comparison]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<14} {:>8} {:>6} {:>11} {:>12} {:>12} {:>7}",
+        "tool", "size", "iters", "unit", "native", "vrdma-guest", "ratio"
+    );
+    for row in rows {
+        let tool = row.native.tool;
+        let _ = writeln!(
+            out,
+            "{:<14} {:>8} {:>6} {:>11} {:>12.2} {:>12.2} {:>7.2}",
+            tool.command(),
+            row.native.size,
+            row.native.iterations,
+            tool.headline_unit(),
+            row.native.measurement.headline(),
+            row.vrdma.measurement.headline(),
+            row.ratio()
+        );
+    }
+    out
+}
+
+/// Where the guest's time went, one line.
+pub fn render_phases(phases: &[(String, f64)]) -> String {
+    phases
+        .iter()
+        .map(|(name, secs)| format!("{name} {secs:.0} s"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The QEMU arguments that give the guest shared RAM, the vrdma device and the serial ports,
+/// each port's chardev a server socket `<dir>/<name>.sock`.
+pub fn guest_device_args(backend_socket: &Path, chardev_dir: &Path) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "-object".into(),
+        format!("memory-backend-memfd,id=mem,size={GUEST_MEMORY_MIB}M,share=on"),
+        "-machine".into(),
+        "memory-backend=mem".into(),
+        "-chardev".into(),
+        format!("socket,id=vrdma0,path={}", backend_socket.display()),
+        "-device".into(),
+        "vhost-user-test-device-pci,chardev=vrdma0,virtio-id=38,num_vqs=3,vq_size=256,config_size=64"
+            .into(),
+        "-device".into(),
+        "virtio-serial-pci".into(),
+    ];
+    let ports = std::iter::once(CONTROL_PORT).chain(links().into_iter().map(|l| l.serial));
+    for name in ports {
+        args.extend([
+            "-chardev".into(),
+            format!(
+                "socket,id={name},path={},server=on,wait=off",
+                chardev_path(chardev_dir, name).display()
+            ),
+            "-device".into(),
+            format!("virtserialport,chardev={name},name={name}"),
+        ]);
+    }
+    args
+}
+
+/// The QEMU chardev socket of the serial port `name`.
+pub fn chardev_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.sock"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::perftest::Measurement;
+
+    #[test]
+    fn the_guest_gets_shared_ram_the_device_and_a_port_per_link() {
+        let args = guest_device_args(Path::new("/run/b.sock"), Path::new("/run/c"));
+        let joined = args.join(" ");
+        assert!(joined.contains("memory-backend-memfd,id=mem,size=1024M,share=on"));
+        assert!(joined.contains("path=/run/b.sock"));
+        assert!(joined.contains("virtio-id=38,num_vqs=3"));
+        for name in std::iter::once(CONTROL_PORT).chain(links().iter().map(|l| l.serial)) {
+            assert!(
+                joined.contains(&format!("path=/run/c/{name}.sock,server=on,wait=off")),
+                "{name}"
+            );
+            assert!(joined.contains(&format!("name={name}")), "{name}");
+        }
+    }
+
+    #[test]
+    fn links_do_not_share_ports_or_names() {
+        let links = links();
+        for (i, a) in links.iter().enumerate() {
+            for b in &links[i + 1..] {
+                assert_ne!(a.tcp, b.tcp);
+                assert_ne!(a.serial, b.serial);
+            }
+            assert_ne!(a.serial, CONTROL_PORT);
+        }
+    }
+
+    #[test]
+    fn ratios_divide_by_native() {
+        let row = |tool, value| Row {
+            label: String::new(),
+            tool,
+            size: 2,
+            iterations: 1,
+            measurement: if tool == Tool::IbSendLat {
+                Measurement::Latency {
+                    min_us: value,
+                    max_us: value,
+                    typical_us: value,
+                    avg_us: value,
+                    stdev_us: 0.0,
+                    p99_us: value,
+                    p99_9_us: value,
+                }
+            } else {
+                Measurement::Bandwidth {
+                    peak_mib_s: value,
+                    avg_mib_s: value,
+                    msg_rate_mpps: 1.0,
+                }
+            },
+        };
+        let lat = Comparison {
+            native: row(Tool::IbSendLat, 10.0),
+            vrdma: row(Tool::IbSendLat, 25.0),
+        };
+        assert_eq!(lat.ratio(), 2.5);
+        let table = render_comparison(&[lat]);
+        assert!(
+            table.contains("ib_send_lat") && table.contains("2.50"),
+            "{table}"
+        );
+    }
+}

@@ -1,0 +1,51 @@
+//! The real-guest suite: a Linux guest under QEMU 11.1 with the vrdma device (nested TCG where
+//! the rxe VM has no KVM, as on this project's CI) runs ibv_devinfo and unmodified perftest
+//! over the drop-in, the verified ping-pong over the PCI transport, the bypass proof and a
+//! reboot with live objects, against native peers.
+
+mod common;
+
+use vrdma_qemu_tests::scenarios::real_guest::{self, Report};
+
+#[test]
+fn a_real_guest_runs_rdma_over_vrdma_and_survives_a_reboot() {
+    let json = common::scratch("real-guest.json");
+    let json_arg = json.to_string_lossy().into_owned();
+    if common::vrdma_vm(&["test", "real-guest", "--no-build", "--json", &json_arg]).is_none() {
+        return;
+    }
+    let report: Report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+
+    let first = &report.first_boot;
+    assert!(first.devinfo.contains("vrdma0"), "{}", first.devinfo);
+    for op in real_guest::PINGPONG_OPS.split(',') {
+        assert!(
+            first.pingpong.lines().any(|l| l.starts_with(op)),
+            "no {op} row in:\n{}",
+            first.pingpong
+        );
+    }
+    assert_eq!(report.perftest.len(), real_guest::PERFTEST.len());
+    for (row, (case, _)) in report.perftest.iter().zip(real_guest::PERFTEST) {
+        assert_eq!(row.vrdma.tool, case.tool);
+        assert_eq!(row.vrdma.size, case.size);
+        assert_eq!(row.native.tool, case.tool);
+        assert!(row.vrdma.measurement.is_plausible(), "{row:?}");
+        assert!(row.native.measurement.is_plausible(), "{row:?}");
+    }
+    assert_eq!(first.bypass_messages, real_guest::BYPASS_MESSAGES);
+    assert!(report.reboot.live.qp > 0 && report.reboot.live.mr > 0);
+    for op in ["send", "write", "read"] {
+        assert!(
+            report
+                .second_boot
+                .pingpong
+                .lines()
+                .any(|l| l.starts_with(op)),
+            "no {op} row after the reboot in:\n{}",
+            report.second_boot.pingpong
+        );
+    }
+    println!("{}", real_guest::render_comparison(&report.perftest));
+}
