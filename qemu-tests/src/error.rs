@@ -65,9 +65,48 @@ pub fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// QEMU's line for each memory-table update while the device's queues are mapped: the
+/// back-end refuses its own mappings as guest memory on purpose (spec §2.1).
+const REFUSED_MAPPING_LINE: &str = "vhost_set_mem_table failed: Input/output error (5)";
+
+/// QEMU's stderr with the expected refusal lines folded into one count, so that what is
+/// left is what went wrong.
+pub fn summarize_qemu_stderr(stderr: &str) -> String {
+    let refused = stderr
+        .lines()
+        .filter(|l| l.ends_with(REFUSED_MAPPING_LINE))
+        .count();
+    let mut kept: String = stderr
+        .lines()
+        .filter(|l| !l.ends_with(REFUSED_MAPPING_LINE))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    if refused > 0 {
+        kept.push_str(&format!(
+            "({refused} × \"{REFUSED_MAPPING_LINE}\": the back-end refusing its queue mappings \
+             as guest memory, as it must)\n"
+        ));
+    }
+    kept
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expected_refusals_are_counted_not_listed() {
+        let stderr = "qemu-system-x86_64: vhost_set_mem_table failed: Input/output error (5)\n\
+                      qemu-system-x86_64: something else\n\
+                      qemu-system-x86_64: vhost_set_mem_table failed: Input/output error (5)\n";
+        let summary = summarize_qemu_stderr(stderr);
+        assert!(
+            summary.starts_with("qemu-system-x86_64: something else\n"),
+            "{summary}"
+        );
+        assert!(summary.contains("(2 × "), "{summary}");
+        assert_eq!(summarize_qemu_stderr("plain\n"), "plain\n");
+    }
 
     #[test]
     fn tail_keeps_last_lines() {

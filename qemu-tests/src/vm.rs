@@ -459,7 +459,10 @@ fn run_in(
         let mut t = tail(&console_text, 40);
         if !qemu_stderr.trim().is_empty() {
             t.push_str("\n--- qemu stderr ---\n");
-            t.push_str(&tail(&qemu_stderr, 10));
+            t.push_str(&tail(
+                &crate::error::summarize_qemu_stderr(&qemu_stderr),
+                10,
+            ));
         }
         t
     };

@@ -18,13 +18,9 @@ fn assert_ratio(ratio: f64, vrdma: f64, native: f64, what: &str) {
 
 #[test]
 fn quick_bench_measures_every_row_on_both_sides() {
-    let json = common::scratch("bench.json");
-    let json_arg = json.to_string_lossy().into_owned();
-    if common::vrdma_vm(&["bench", "--quick", "--no-build", "--json", &json_arg]).is_none() {
+    let Some(results) = common::vrdma_vm_json::<Results>(&["bench", "--quick"]) else {
         return;
-    }
-    let results: Results = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    std::fs::remove_file(&json).unwrap();
+    };
 
     let machine = &results.machine;
     assert!(!machine.host.kernel.is_empty() && !machine.guest.kernel.is_empty());

@@ -6,13 +6,9 @@ use vrdma_qemu_tests::perftest::{Measurement, Row, Tool, BASELINE};
 
 #[test]
 fn native_perftest_reports_five_sane_rows() {
-    let json = common::scratch("native-perftest.json");
-    let json_arg = json.to_string_lossy().into_owned();
-    if common::vrdma_vm(&["test", "native-perftest", "--json", &json_arg]).is_none() {
+    let Some(rows) = common::vrdma_vm_json::<Vec<Row>>(&["test", "native-perftest"]) else {
         return;
-    }
-    let rows: Vec<Row> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    std::fs::remove_file(&json).unwrap();
+    };
 
     let tools: Vec<Tool> = rows.iter().map(|r| r.tool).collect();
     let expected: Vec<Tool> = BASELINE.iter().map(|c| c.tool).collect();

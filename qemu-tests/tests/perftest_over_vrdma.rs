@@ -8,21 +8,9 @@ use vrdma_qemu_tests::scenarios::perftest_over_vrdma::{NATIVE, VRDMA_BOTH, VRDMA
 
 #[test]
 fn perftest_runs_unmodified_over_vrdma() {
-    let json = common::scratch("perftest-over-vrdma.json");
-    let json_arg = json.to_string_lossy().into_owned();
-    if common::vrdma_vm(&[
-        "test",
-        "perftest-over-vrdma",
-        "--no-build",
-        "--json",
-        &json_arg,
-    ])
-    .is_none()
-    {
+    let Some(rows) = common::vrdma_vm_json::<Vec<Row>>(&["test", "perftest-over-vrdma"]) else {
         return;
-    }
-    let rows: Vec<Row> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    std::fs::remove_file(&json).unwrap();
+    };
 
     let expected: Vec<(&str, _)> = [NATIVE, VRDMA_CLIENT, VRDMA_BOTH]
         .iter()

@@ -6,21 +6,9 @@ use vrdma_qemu_tests::scenarios::process_pingpong::Results;
 
 #[test]
 fn process_pingpong_verifies_bypasses_isolates_and_cleans_up() {
-    let json = common::scratch("process-pingpong.json");
-    let json_arg = json.to_string_lossy().into_owned();
-    if common::vrdma_vm(&[
-        "test",
-        "process-pingpong",
-        "--no-build",
-        "--json",
-        &json_arg,
-    ])
-    .is_none()
-    {
+    let Some(results) = common::vrdma_vm_json::<Results>(&["test", "process-pingpong"]) else {
         return;
-    }
-    let results: Results = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    std::fs::remove_file(&json).unwrap();
+    };
 
     assert_eq!(results.perftest.len(), 5, "native perftest baseline");
     let ops = ["send", "send_imm", "write", "write_imm", "read"];

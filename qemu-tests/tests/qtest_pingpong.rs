@@ -7,13 +7,9 @@ use vrdma_qemu_tests::scenarios::qtest_pingpong::{Results, VERIFY_OPS, VERIFY_SI
 
 #[test]
 fn qtest_pingpong_verifies_resets_and_survives_a_qemu_kill() {
-    let json = common::scratch("qtest-pingpong.json");
-    let json_arg = json.to_string_lossy().into_owned();
-    if common::vrdma_vm(&["test", "qtest-pingpong", "--no-build", "--json", &json_arg]).is_none() {
+    let Some(results) = common::vrdma_vm_json::<Results>(&["test", "qtest-pingpong"]) else {
         return;
-    }
-    let results: Results = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    std::fs::remove_file(&json).unwrap();
+    };
 
     assert_eq!(results.device.magic, "vRDM", "{:?}", results.device);
     assert!(results.device.shared_memory_len > 0, "{:?}", results.device);

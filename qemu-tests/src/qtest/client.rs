@@ -72,6 +72,7 @@ pub enum QtestError {
 }
 
 fn stderr_suffix(stderr: &str) -> String {
+    let stderr = crate::error::summarize_qemu_stderr(stderr);
     if stderr.trim().is_empty() {
         String::new()
     } else {

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -918,10 +918,17 @@ fn cleanup(
                 crate::error::tail(&backend.proc.output(), 20)
             )));
         }
-        let fds = backend.proc.fd_count().unwrap_or(0);
+        let mut fds = backend.proc.fd_count().unwrap_or(0);
         let rss = backend.proc.rss_kib().unwrap_or(0);
         if round == 1 {
             first = (fds, rss);
+        }
+        // The device is idle once the guest's objects are gone, but the connection's thread
+        // may still be closing its descriptors (guest RAM, event fds, the filter's sockets).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while round == rounds && fds > first.0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            fds = backend.proc.fd_count().unwrap_or(0);
         }
         if round == rounds {
             println!(

@@ -420,7 +420,9 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Results> {
         let qemu = qemu_stderr
             .borrow()
             .as_ref()
-            .map(|qtest: &Arc<crate::qtest::Qtest>| qtest.stderr())
+            .map(|qtest: &Arc<crate::qtest::Qtest>| {
+                crate::error::summarize_qemu_stderr(&qtest.stderr())
+            })
             .unwrap_or_default();
         Error::Scenario(format!(
             "{e}\n--- vrdma-backend ---\n{}\n--- QEMU stderr ---\n{}",

@@ -32,3 +32,16 @@ pub fn is_ci() -> bool {
 pub fn scratch(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("vrdma-test-{}-{name}", std::process::id()))
 }
+
+/// Runs `vrdma-vm ARGS… --no-build --json FILE` and returns the results it wrote there;
+/// `None` when skipped (see [`vrdma_vm`]).
+pub fn vrdma_vm_json<T: serde::de::DeserializeOwned>(args: &[&str]) -> Option<T> {
+    let json = scratch(&format!("{}.json", args.join("-")));
+    let json_arg = json.to_string_lossy().into_owned();
+    let mut all = args.to_vec();
+    all.extend(["--no-build", "--json", &json_arg]);
+    vrdma_vm(&all)?;
+    let data = std::fs::read(&json).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    Some(serde_json::from_slice(&data).unwrap())
+}

@@ -33,8 +33,9 @@ pub struct GuestPaths {
     pub result_dir: PathBuf,
 }
 
-/// Runs this boot's part of the suite.
-pub fn run(paths: &GuestPaths, iters: u32) -> Result<()> {
+/// Runs this boot's part of the suite; with `reboot`, the first boot ends in a reboot with a
+/// live application.
+pub fn run(paths: &GuestPaths, iters: u32, reboot: bool) -> Result<()> {
     let load = Command::new("modprobe").arg("virtio_console").status();
     if !load.is_ok_and(|s| s.success()) {
         return Err(Error::Scenario("cannot load virtio_console".into()));
@@ -43,7 +44,7 @@ pub fn run(paths: &GuestPaths, iters: u32) -> Result<()> {
     if paths.result_dir.join(FIRST_BOOT_FILE).exists() {
         second_boot(paths, &mut control, iters)
     } else {
-        first_boot(paths, &mut control, iters)
+        first_boot(paths, &mut control, iters, reboot)
     }
 }
 
@@ -64,7 +65,12 @@ impl Phases {
     }
 }
 
-fn first_boot(paths: &GuestPaths, control: &mut ControlClient, iters: u32) -> Result<()> {
+fn first_boot(
+    paths: &GuestPaths,
+    control: &mut ControlClient,
+    iters: u32,
+    reboot: bool,
+) -> Result<()> {
     let mut phases = Phases::starting();
     let mut record = FirstBoot {
         devinfo: phases.time("ibv_devinfo", || devinfo(&paths.library_dir))?,
@@ -76,15 +82,13 @@ fn first_boot(paths: &GuestPaths, control: &mut ControlClient, iters: u32) -> Re
     println!("{}", record.pingpong);
     for (case, link) in PERFTEST {
         let name = format!("{} {}", case.tool.command(), case.size);
-        let row = phases.time(&name, || perftest_client(&paths.library_dir, case, *link))?;
-        println!(
-            "{name}: {:.2} {}",
-            row.measurement.headline(),
-            case.tool.headline_unit()
-        );
-        record.perftest.push(row);
+        phases.time(&name, || perftest_server(&paths.library_dir, case, *link))?;
     }
     record.bypass_messages = phases.time("bypass", || bypass(paths, control))?;
+    if !reboot {
+        record.phases = phases.0;
+        return write_json(&paths.result_dir.join(FIRST_BOOT_FILE), &record);
+    }
     // The live application: traffic running, QPs, MRs and mappings alive, when the guest
     // reboots.
     let _live = phases.time("live application", || {
@@ -103,6 +107,9 @@ fn first_boot(paths: &GuestPaths, control: &mut ControlClient, iters: u32) -> Re
     })?;
     record.phases = phases.0;
     write_json(&paths.result_dir.join(FIRST_BOOT_FILE), &record)?;
+    // The host side stops the native peer now: its busy polling would only slow down the
+    // next boot. The application keeps every object it has.
+    println!("host side: {}", control.request("rebooting")?);
     println!("== reboot -f with the application running");
     let _ = Command::new("sync").status();
     let status = Command::new("busybox").args(["reboot", "-f"]).status();
@@ -192,26 +199,22 @@ fn pingpong_client(
     Ok(text)
 }
 
-/// One perftest case as a client over the drop-in.
-fn perftest_client(library_dir: &Path, case: &perftest::Case, link: Link) -> Result<perftest::Row> {
-    let listener = relay::listen_loopback(link.tcp)?;
-    relay_in_background(listener, link);
+/// One perftest case's server over the drop-in; the native client, which connects through
+/// the relay as soon as the server listens, measures.
+fn perftest_server(library_dir: &Path, case: &perftest::Case, link: Link) -> Result<()> {
     let child = Side::over_dropin_pci(library_dir)
-        .client_command(case, link.tcp, "127.0.0.1")
+        .server_command(case, link.tcp)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .context(|| format!("starting {}", case.tool.command()))?;
-    let out = perftest::finish(child, STEP_TIMEOUT, "client", case)?;
-    let (size, iterations, measurement) = perftest::parse(case.tool, &out)?;
-    Ok(perftest::Row {
-        label: "vrdma-guest".into(),
-        tool: case.tool,
-        size,
-        iterations,
-        measurement,
-    })
+    thread::spawn(move || {
+        if let Err(e) = relay::connect_serial_to_tcp(link.serial, link.tcp, STEP_TIMEOUT) {
+            eprintln!("relay {}: {e}", link.serial);
+        }
+    });
+    perftest::finish(child, STEP_TIMEOUT, "server", case).map(drop)
 }
 
 /// The guest as the one-way server: once its receives are posted, the host side stops the

@@ -46,23 +46,28 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
         (PINGPONG_OPS, PINGPONG_SIZES, settings.iters),
         timeout,
     )?;
-    let mut perftest_servers = Vec::new();
+    // The native perftest clients connect to their relays now and wait there until the
+    // guest's server answers.
+    let mut perftest_listeners = Vec::new();
+    let mut perftest_clients = Vec::new();
     for (case, link) in PERFTEST {
-        let name = format!("native-{}-{}", case.tool.command(), case.size);
-        perftest_servers.push((
-            case,
-            Proc::spawn(
-                &name,
-                &mut Side::native(DEVICE).server_command(case, link.tcp),
-            )?,
-        ));
+        perftest_listeners.push(relay::listen_loopback(link.tcp)?);
+        let name = format!("native-{}-{}-client", case.tool.command(), case.size);
+        perftest_clients.push(Proc::spawn(
+            &name,
+            &mut Side::native(DEVICE).client_command(case, link.tcp, "127.0.0.1"),
+        )?);
     }
-    let live_server = native_server(
-        binaries,
-        LIVE.tcp,
-        ("send,write", "4096", LIVE_ITERS),
-        timeout,
-    )?;
+    let live_server = if settings.reboot {
+        Some(native_server(
+            binaries,
+            LIVE.tcp,
+            ("send,write", "4096", LIVE_ITERS),
+            timeout,
+        )?)
+    } else {
+        None
+    };
     let bypass_listener = relay::listen_loopback(BYPASS.tcp)?;
     let bypass_client = Proc::spawn(
         "native-bypass-client",
@@ -80,11 +85,11 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
     config.timeout = timeout;
     config.extra_qemu_args = guest_device_args(&backend.socket, &chardev_dir);
     config.extra_kernel_args = vec![format!("hugepages={GUEST_HUGEPAGES}")];
-    config.allow_reboot = true;
+    config.allow_reboot = settings.reboot;
     config.with_rxe = false;
     let exe = std::env::current_exe()
         .map_err(|e| Error::Scenario(format!("locating this executable: {e}")))?;
-    let command = vec![
+    let mut command = vec![
         exe.to_string_lossy().into_owned(),
         "guest".into(),
         "real-guest-inside".into(),
@@ -93,6 +98,9 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
         "--iters".into(),
         settings.iters.to_string(),
     ];
+    if settings.reboot {
+        command.push("--reboot".into());
+    }
 
     let mut requests = Requests {
         backend: &backend,
@@ -102,16 +110,21 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
         after_server: None,
         binaries,
         settings,
-        seen: RebootSeen::default(),
+        seen: Reboot::default(),
     };
     // The relays run until their connections end; they are not joined (a serial port has no
-    // end of stream) and end with this process at the latest.
+    // end of stream) and end with this process at the latest. Where the guest is the server,
+    // the host side listens.
+    let mut listeners: Vec<(Link, std::net::TcpListener)> = PERFTEST
+        .iter()
+        .map(|(_, link)| *link)
+        .zip(perftest_listeners)
+        .collect();
+    listeners.push((BYPASS, bypass_listener));
     for link in links() {
         let chardev = chardev_path(&chardev_dir, link.serial);
-        if link == BYPASS {
-            let listener = bypass_listener
-                .try_clone()
-                .map_err(|e| Error::Scenario(format!("bypass listener: {e}")))?;
+        if let Some(at) = listeners.iter().position(|(l, _)| *l == link) {
+            let (_, listener) = listeners.swap_remove(at);
             std::thread::spawn(move || {
                 if let Err(e) = relay::accept_to_chardev(listener, &chardev, timeout) {
                     log::warn!("relay {}: {e}", link.serial);
@@ -172,14 +185,27 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
     let first_data = result(FIRST_BOOT_FILE)?;
     let first_boot: FirstBoot =
         serde_json::from_slice(first_data).map_err(|_| parse(FIRST_BOOT_FILE, first_data))?;
-    let second_data = result(SECOND_BOOT_FILE)?;
-    let second_boot: SecondBoot =
-        serde_json::from_slice(second_data).map_err(|_| parse(SECOND_BOOT_FILE, second_data))?;
+    let second_boot: Option<SecondBoot> = if settings.reboot {
+        let data = result(SECOND_BOOT_FILE)?;
+        Some(serde_json::from_slice(data).map_err(|_| parse(SECOND_BOOT_FILE, data))?)
+    } else {
+        None
+    };
 
-    // The guest's peers must have finished cleanly, their data verified.
+    // The guest's peers must have finished cleanly, their data verified; the perftest
+    // clients' results are the guest's rows.
     pingpong_server.wait_success(Duration::from_secs(60))?;
-    for (_, server) in &mut perftest_servers {
-        server.wait_success(Duration::from_secs(60))?;
+    let mut guest_rows = Vec::new();
+    for ((case, _), client) in PERFTEST.iter().zip(&mut perftest_clients) {
+        client.wait_success(Duration::from_secs(60))?;
+        let (size, iterations, measurement) = perftest::parse(case.tool, &client.output())?;
+        guest_rows.push(perftest::Row {
+            label: "vrdma-guest".into(),
+            tool: case.tool,
+            size,
+            iterations,
+            measurement,
+        });
     }
     if let Some(server) = &mut requests.after_server {
         server.wait_success(Duration::from_secs(60))?;
@@ -191,27 +217,29 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
             &requests,
         )
     })?;
-    let seen = requests.seen.clone();
+    let reboot = second_boot.map(|after| Reboot {
+        after,
+        ..requests.seen.clone()
+    });
     drop(requests);
     drop(backend);
 
     println!("== the same perftest cases natively");
     let native = Side::native(DEVICE);
     let mut perftest = Vec::new();
-    for ((case, link), vrdma) in PERFTEST.iter().zip(&first_boot.perftest) {
+    for ((case, link), vrdma) in PERFTEST.iter().zip(guest_rows) {
         let native_row = perftest::run_case(case, &native, &native, link.tcp)?;
         perftest.push(Comparison {
             native: native_row,
-            vrdma: vrdma.clone(),
+            vrdma,
         });
     }
     Ok(Report {
         accel: format!("{accel:?}"),
         elapsed_secs: outcome.elapsed.as_secs_f64(),
         first_boot,
-        second_boot,
         perftest,
-        reboot: seen,
+        reboot,
     })
 }
 
@@ -256,12 +284,13 @@ fn native_server(
 struct Requests<'a> {
     backend: &'a Backend,
     idle: ResourceCounts,
-    live_server: Proc,
+    /// The peer of the application that is running when the guest reboots.
+    live_server: Option<Proc>,
     bypass_client: Proc,
     after_server: Option<Proc>,
     binaries: &'a Binaries,
     settings: &'a Settings,
-    seen: RebootSeen,
+    seen: Reboot,
 }
 
 impl Requests<'_> {
@@ -292,8 +321,10 @@ impl Requests<'_> {
             }
             // The live application runs: the backend must hold its objects.
             "live" => {
-                self.live_server
-                    .wait_for_output("RUNNING", Duration::from_secs(120))?;
+                let server = self.live_server.as_mut().ok_or_else(|| {
+                    Error::Scenario("no reboot was asked for: no live application".into())
+                })?;
+                server.wait_for_output("RUNNING", Duration::from_secs(120))?;
                 let held = objects_of_process(DEVICE, self.backend.proc.pid())?;
                 if held.qp == 0 || held.mr == 0 || held.cq == 0 {
                     let listing = Command::new("rdma")
@@ -311,11 +342,18 @@ impl Requests<'_> {
                     held.qp, held.cq, held.mr
                 ))
             }
-            // A new boot: the old application's objects must all be gone (its native peer is
-            // stopped first), then the peer of the next ping-pong starts.
+            // The guest is about to reboot with the application's objects alive; its native
+            // peer goes now.
+            "rebooting" => {
+                if let Some(server) = &mut self.live_server {
+                    server.kill();
+                }
+                Ok("the live application's native peer is stopped".into())
+            }
+            // A new boot: the old application's objects must all be gone, then the peer of
+            // the next ping-pong starts.
             "rebooted" => {
                 let at = Instant::now();
-                self.live_server.kill();
                 // QEMU stays connected, and the backend keeps the host context of the
                 // connection; nothing else may remain.
                 let connected = ResourceCounts {
