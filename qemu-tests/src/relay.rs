@@ -96,6 +96,19 @@ fn port_device_in(class: &Path, name: &str) -> Result<PathBuf> {
     )))
 }
 
+/// Opens the virtio-serial port `name` for reading and writing.
+pub fn open_serial_port(name: &str) -> Result<File> {
+    open_device(&serial_port_device(name)?)
+}
+
+fn open_device(device: &Path) -> Result<File> {
+    File::options()
+        .read(true)
+        .write(true)
+        .open(device)
+        .context(|| format!("opening {}", device.display()))
+}
+
 /// Guest side: accepts one TCP connection on `127.0.0.1:port` and relays it to the serial port
 /// `name`. Returns once both directions have ended.
 pub fn serve_serial(name: &str, port: u16, timeout: Duration) -> Result<()> {
@@ -128,11 +141,7 @@ pub fn serve_serial_on(listener: TcpListener, name: &str, timeout: Duration) -> 
     stream
         .set_nonblocking(false)
         .context(|| "configuring the connection".into())?;
-    let serial = File::options()
-        .read(true)
-        .write(true)
-        .open(&device)
-        .context(|| format!("opening {}", device.display()))?;
+    let serial = open_device(&device)?;
     for thread in pump(Box::new(stream), Box::new(serial))? {
         let _ = thread.join();
     }
@@ -143,13 +152,8 @@ pub fn serve_serial_on(listener: TcpListener, name: &str, timeout: Duration) -> 
 /// listening on `127.0.0.1:port` in the guest (retrying until it listens). Returns once both
 /// directions have ended.
 pub fn connect_serial_to_tcp(name: &str, port: u16, timeout: Duration) -> Result<()> {
-    let device = serial_port_device(name)?;
     // Open the port first: the host's bytes wait in QEMU until the guest opens it.
-    let serial = File::options()
-        .read(true)
-        .write(true)
-        .open(&device)
-        .context(|| format!("opening {}", device.display()))?;
+    let serial = open_serial_port(name)?;
     let deadline = Instant::now() + timeout;
     let server = retry(deadline, || TcpStream::connect(("127.0.0.1", port)))
         .context(|| format!("connecting to the guest's server on port {port}"))?;

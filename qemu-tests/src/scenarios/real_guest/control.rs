@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::error::{Error, IoContext, Result};
-use crate::relay::serial_port_device;
+use crate::relay::open_serial_port;
 
 /// Guest side: the open control port.
 pub struct ControlClient {
@@ -24,12 +24,7 @@ pub struct ControlClient {
 impl ControlClient {
     /// Opens the serial port `name`.
     pub fn open(name: &str) -> Result<Self> {
-        let device = serial_port_device(name)?;
-        let writer = File::options()
-            .read(true)
-            .write(true)
-            .open(&device)
-            .context(|| format!("opening {}", device.display()))?;
+        let writer = open_serial_port(name)?;
         let reader = BufReader::new(
             writer
                 .try_clone()
