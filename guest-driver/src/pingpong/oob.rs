@@ -43,6 +43,11 @@ impl Channel {
     pub fn accept(host: &str, port: u16, timeout: Duration) -> Result<Channel, OobError> {
         let listener = TcpListener::bind((host, port))
             .map_err(io_error(format!("listening on {host}:{port}")))?;
+        Self::accept_on(listener, timeout)
+    }
+
+    /// [`Channel::accept`] on a listener bound beforehand.
+    pub fn accept_on(listener: TcpListener, timeout: Duration) -> Result<Channel, OobError> {
         listener
             .set_nonblocking(true)
             .map_err(io_error("configuring the listener"))?;
@@ -203,11 +208,12 @@ mod tests {
     use super::*;
 
     fn pair() -> (Channel, Channel) {
+        // The listener stays bound from the start: a port given up and bound again could be
+        // taken by a parallel test in between.
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        drop(listener);
         let server = std::thread::spawn(move || {
-            Channel::accept("127.0.0.1", port, Duration::from_secs(5)).unwrap()
+            Channel::accept_on(listener, Duration::from_secs(5)).unwrap()
         });
         let client = Channel::connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
         (server.join().unwrap(), client)
@@ -264,13 +270,39 @@ mod tests {
 
     #[test]
     fn nobody_listening_times_out() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        drop(listener);
+        // A port bound but never listened on refuses connections, and stays ours meanwhile.
+        let (port, socket) = bound_not_listening();
         assert!(Channel::connect("127.0.0.1", port, Duration::from_millis(200)).is_err());
+        // SAFETY: the descriptor bound_not_listening opened, closed once.
+        unsafe { libc::close(socket) };
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         assert!(matches!(
-            Channel::accept("127.0.0.1", port, Duration::from_millis(100)),
+            Channel::accept_on(listener, Duration::from_millis(100)),
             Err(OobError::Timeout(_))
         ));
+    }
+
+    /// A TCP socket bound to a free loopback port without listening: (port, descriptor).
+    fn bound_not_listening() -> (u16, libc::c_int) {
+        // SAFETY: plain socket calls on a descriptor this function owns; the address
+        // structures are initialized and their sizes passed alongside.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+            assert!(fd >= 0);
+            let mut addr: libc::sockaddr_in = std::mem::zeroed();
+            addr.sin_family = libc::AF_INET as libc::sa_family_t;
+            addr.sin_addr.s_addr = u32::from_be_bytes([127, 0, 0, 1]).to_be();
+            let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let bound = libc::bind(fd, (&addr as *const libc::sockaddr_in).cast(), len);
+            assert_eq!(bound, 0);
+            let mut got_len = len;
+            let named = libc::getsockname(
+                fd,
+                (&mut addr as *mut libc::sockaddr_in).cast(),
+                &mut got_len,
+            );
+            assert_eq!(named, 0);
+            (u16::from_be(addr.sin_port), fd)
+        }
     }
 }
