@@ -109,26 +109,30 @@ fn open_device(device: &Path) -> Result<File> {
         .context(|| format!("opening {}", device.display()))
 }
 
-/// Guest side: accepts one TCP connection on `127.0.0.1:port` and relays it to the serial port
-/// `name`. Returns once both directions have ended.
-pub fn serve_serial(name: &str, port: u16, timeout: Duration) -> Result<()> {
-    serve_serial_on(listen_loopback(port)?, name, timeout)
-}
-
 /// A listener on `127.0.0.1:port`.
 pub fn listen_loopback(port: u16) -> Result<TcpListener> {
     TcpListener::bind(("127.0.0.1", port)).context(|| format!("listening on port {port}"))
 }
 
-/// [`serve_serial`] on a listener bound beforehand (so that a client started right after
-/// cannot find the port closed).
-pub fn serve_serial_on(listener: TcpListener, name: &str, timeout: Duration) -> Result<()> {
+/// Guest side: accepts one TCP connection on `listener` (bound beforehand, so that a client
+/// started right after cannot find the port closed) and relays it to the serial port `name`.
+/// Returns once both directions have ended.
+pub fn serve_serial(listener: TcpListener, name: &str, timeout: Duration) -> Result<()> {
     let device = serial_port_device(name)?;
+    let stream = accept_before(&listener, Instant::now() + timeout)?;
+    let serial = open_device(&device)?;
+    for thread in pump(Box::new(stream), Box::new(serial))? {
+        let _ = thread.join();
+    }
+    Ok(())
+}
+
+/// The next connection to `listener`, waiting until `deadline`.
+fn accept_before(listener: &TcpListener, deadline: Instant) -> Result<TcpStream> {
     let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
     listener
         .set_nonblocking(true)
         .context(|| "configuring the listener".into())?;
-    let deadline = Instant::now() + timeout;
     let stream = loop {
         match listener.accept() {
             Ok((stream, _)) => break stream,
@@ -141,11 +145,7 @@ pub fn serve_serial_on(listener: TcpListener, name: &str, timeout: Duration) -> 
     stream
         .set_nonblocking(false)
         .context(|| "configuring the connection".into())?;
-    let serial = open_device(&device)?;
-    for thread in pump(Box::new(stream), Box::new(serial))? {
-        let _ = thread.join();
-    }
-    Ok(())
+    Ok(stream)
 }
 
 /// Guest side, the other direction: opens the serial port `name` and relays it to a server
@@ -171,21 +171,7 @@ pub fn accept_to_chardev(
     timeout: Duration,
 ) -> Result<Vec<JoinHandle<()>>> {
     let deadline = Instant::now() + timeout;
-    listener
-        .set_nonblocking(true)
-        .context(|| "configuring the listener".into())?;
-    let client = loop {
-        match listener.accept() {
-            Ok((stream, _)) => break stream,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
-                thread::sleep(Duration::from_millis(20))
-            }
-            Err(e) => return Err(e).context(|| "accepting the peer".into()),
-        }
-    };
-    client
-        .set_nonblocking(false)
-        .context(|| "configuring the connection".into())?;
+    let client = accept_before(&listener, deadline)?;
     let serial = retry(deadline, || UnixStream::connect(chardev))
         .context(|| format!("connecting to {}", chardev.display()))?;
     pump(Box::new(client), Box::new(serial))

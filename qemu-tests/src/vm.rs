@@ -34,13 +34,18 @@ impl Accel {
     /// works. An openable /dev/kvm is not enough: some hypervisors expose one that cannot run a
     /// normal guest.
     pub fn choose(root: &PreparedRoot) -> Result<Accel> {
-        match std::env::var("VRDMA_ACCEL").ok().as_deref() {
+        Self::choose_by("VRDMA_ACCEL", root)
+    }
+
+    /// [`Accel::choose`] with the environment variable `variable` deciding.
+    pub fn choose_by(variable: &str, root: &PreparedRoot) -> Result<Accel> {
+        match std::env::var(variable).ok().as_deref() {
             Some("kvm") => return Ok(Accel::Kvm),
             Some("tcg") => return Ok(Accel::Tcg),
             Some("") | None => {}
             Some(other) => {
                 return Err(Error::Usage(format!(
-                    "VRDMA_ACCEL={other}: expected kvm or tcg"
+                    "{variable}={other}: expected kvm or tcg"
                 )))
             }
         }

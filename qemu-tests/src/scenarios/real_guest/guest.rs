@@ -252,7 +252,7 @@ fn bypass(paths: &GuestPaths, control: &mut ControlClient) -> Result<u32> {
 /// a relay that fails leaves the client it serves without a peer, which fails the step.
 fn relay_in_background(listener: TcpListener, link: Link) {
     thread::spawn(move || {
-        if let Err(e) = relay::serve_serial_on(listener, link.serial, STEP_TIMEOUT) {
+        if let Err(e) = relay::serve_serial(listener, link.serial, STEP_TIMEOUT) {
             eprintln!("relay {}: {e}", link.serial);
         }
     });

@@ -29,7 +29,8 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
             settings.root_dir.display()
         ))
     })?;
-    let accel = guest_accel(&root)?;
+    // KVM where a probe guest boots under it, nested TCG otherwise.
+    let accel = Accel::choose_by("VRDMA_GUEST_ACCEL", &root)?;
     let idle = resource_counts(DEVICE)?;
     let backend = Backend::start(&binaries.backend, "vrdma-guest-backend", &[], "info")?;
     let chardev_dir = std::env::temp_dir().join("vrdma-guest-ports");
@@ -241,25 +242,6 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
         perftest,
         reboot,
     })
-}
-
-/// KVM where a probe guest boots under it, nested TCG otherwise; `VRDMA_GUEST_ACCEL=kvm|tcg`
-/// decides instead.
-fn guest_accel(root: &PreparedRoot) -> Result<Accel> {
-    match std::env::var("VRDMA_GUEST_ACCEL").ok().as_deref() {
-        Some("tcg") => Ok(Accel::Tcg),
-        Some("kvm") => Ok(Accel::Kvm),
-        Some("") | None => Ok(match Accel::kvm_unusable(root) {
-            None => Accel::Kvm,
-            Some(why) => {
-                println!("the guest runs under nested TCG ({why})");
-                Accel::Tcg
-            }
-        }),
-        Some(other) => Err(Error::Usage(format!(
-            "VRDMA_GUEST_ACCEL={other}: expected kvm or tcg"
-        ))),
-    }
 }
 
 /// A native vrdma-native-pingpong server on `port` running `(ops, sizes, iters)`.
