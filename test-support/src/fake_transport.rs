@@ -1,0 +1,1 @@
+//! (moved here from its test file)

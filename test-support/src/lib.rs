@@ -1,0 +1,7 @@
+//! Test fakes shared by every crate's tests, one copy each: the fake host device the backend's
+//! control handlers run against, the simulated rxe kernel behind the guest provider's rings, and
+//! the fake transport the verbs API runs over. Tests only: nothing here ships.
+
+pub mod fake_host;
+pub mod fake_transport;
+pub mod rxe_kernel_sim;
