@@ -78,6 +78,9 @@ pub mod features {
     /// Mask of all device-specific bits defined by this version.
     pub const VRDMA_F_ALL: u64 =
         VRDMA_F_RING_RXE_V1 | VRDMA_F_SRQ | VRDMA_F_UD | VRDMA_F_DOORBELL_POLL;
+    /// Mask of the device-specific feature range (bits 0..=23) in which every `VRDMA_F_*` bit
+    /// lives; the generic virtio bits lie above it.
+    pub const DEVICE_SPECIFIC_MASK: u64 = (1 << 24) - 1;
     /// Mask of the bits that select a ring format; exactly one is offered.
     pub const RING_FORMAT_MASK: u64 = VRDMA_F_RING_RXE_V1;
     /// VIRTIO_F_RING_INDIRECT_DESC (28): the device accepts indirect descriptor tables.
