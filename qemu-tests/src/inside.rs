@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{tail, Error, Result};
 
+/// The RDMA device inside the VM.
+pub const DEVICE: &str = "rxe0";
+
 /// A child process whose output goes to a log file, killed when dropped.
 #[derive(Debug)]
 pub struct Proc {

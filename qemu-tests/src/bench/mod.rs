@@ -29,14 +29,13 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
+use crate::inside::DEVICE;
 use crate::perftest::{Case, Side};
 use crate::scenarios::backend::Backend;
-use crate::scenarios::perftest_over_vrdma::{prepare_library_dir, DEVICE};
+use crate::scenarios::perftest_over_vrdma::prepare_library_dir;
 use crate::vm::{RunOutcome, VmConfig};
 use ctlbench::{ControlPlan, Programs};
 use machine::{Machine, SystemInfo};
-
-pub use report::{render, render_guest};
 
 /// Name of the guest suite (`vrdma-vm guest bench`) and of its result file.
 pub const SUITE: &str = "bench";

@@ -342,7 +342,9 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
             }
             GuestCmd::Bench(args) => {
                 let results = bench::run_in_guest(&args)?;
-                deliver_results(bench::SUITE, &results, || bench::render_guest(&results))
+                deliver_results(bench::SUITE, &results, || {
+                    bench::report::render_guest(&results)
+                })
             }
         },
     }
@@ -365,7 +367,7 @@ fn run_bench(
     let results = bench::run_on_host(settings, &config, &library, |args| {
         run_guest_suite(&root, &config, bench::SUITE, args, None)
     })?;
-    print!("{}", bench::render(&results));
+    print!("{}", bench::report::render(&results));
     if let Some(path) = json {
         bench::write_json(&results, &path)?;
     }

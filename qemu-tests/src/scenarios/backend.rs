@@ -5,9 +5,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::error::Result;
-use crate::inside::{wait_for_path, Proc};
-
-use super::process_pingpong::DEVICE;
+use crate::inside::{wait_for_path, Proc, DEVICE};
 
 /// A running vrdma-backend serving [`DEVICE`] on a socket in the temporary directory.
 pub struct Backend {

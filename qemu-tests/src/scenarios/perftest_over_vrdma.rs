@@ -11,12 +11,10 @@ use std::path::{Path, PathBuf};
 
 use super::backend::Backend;
 use crate::error::{Error, IoContext, Result};
-
+use crate::inside::DEVICE;
 use crate::native;
 use crate::perftest::{self, Row, Side};
 
-/// The RDMA device inside the VM.
-pub const DEVICE: &str = "rxe0";
 /// Row labels of the three configurations, in the order they run.
 pub const NATIVE: &str = "native";
 pub const VRDMA_CLIENT: &str = "vrdma-client";

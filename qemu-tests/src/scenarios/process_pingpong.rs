@@ -18,11 +18,8 @@ use serde::{Deserialize, Serialize};
 
 use super::backend::Backend;
 use crate::error::{Error, Result};
-use crate::inside::{resource_counts, wait_for_counts, Proc, ResourceCounts};
+use crate::inside::{resource_counts, wait_for_counts, Proc, ResourceCounts, DEVICE};
 use crate::perftest::{self, Side};
-
-/// The RDMA device inside the VM.
-pub const DEVICE: &str = "rxe0";
 
 /// Where the binaries of this run are.
 #[derive(Debug, Clone)]

@@ -27,9 +27,9 @@ use vrdma::transport::Transport;
 use vrdma::verbs::Context;
 
 use super::backend::Backend;
-use super::process_pingpong::{PingpongRow, DEVICE};
+use super::process_pingpong::PingpongRow;
 use crate::error::{tail, Error, Result};
-use crate::inside::{resource_counts, wait_for_counts, Proc, ResourceCounts};
+use crate::inside::{resource_counts, wait_for_counts, Proc, ResourceCounts, DEVICE};
 use crate::perftest;
 use crate::qtest::{Machine, MachineConfig, QtestPciFunction};
 

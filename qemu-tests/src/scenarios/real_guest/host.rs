@@ -10,12 +10,14 @@ use super::control;
 use super::guest::{FIRST_BOOT_FILE, SECOND_BOOT_FILE};
 use super::*;
 use crate::error::{tail, Error, Result};
-use crate::inside::{objects_of_process, resource_counts, wait_for_counts, Proc, ResourceCounts};
+use crate::inside::{
+    objects_of_process, resource_counts, wait_for_counts, Proc, ResourceCounts, DEVICE,
+};
 use crate::perftest::{self, Side};
 use crate::relay;
 use crate::rootfs::PreparedRoot;
 use crate::scenarios::backend::Backend;
-use crate::scenarios::process_pingpong::{Binaries, DEVICE};
+use crate::scenarios::process_pingpong::Binaries;
 use crate::vm::{self, Accel, VmConfig};
 
 /// How long the host side waits for the device to be idle after the guest's reboot.
