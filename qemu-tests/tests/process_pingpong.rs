@@ -2,7 +2,7 @@
 
 mod common;
 
-use vrdma_qemu_tests::scenarios::process_pingpong::Results;
+use vrdma_qemu_tests::scenarios::process_pingpong::results::Results;
 
 #[test]
 fn process_pingpong_verifies_bypasses_isolates_and_cleans_up() {

@@ -12,7 +12,7 @@ use vrdma_qemu_tests::native;
 use vrdma_qemu_tests::perftest::{self, Row, Side};
 use vrdma_qemu_tests::rootfs::{self, PreparedRoot, TRIXIE_RXE};
 use vrdma_qemu_tests::scenarios::{
-    perftest_over_vrdma, process_pingpong, qtest_pingpong, readme_qemu, real_guest,
+    binaries, perftest_over_vrdma, process_pingpong, qtest_pingpong, readme_qemu, real_guest,
 };
 use vrdma_qemu_tests::vm::{self, shares_for, Accel, VmConfig};
 use vrdma_qemu_tests::{Error, Result};
@@ -474,7 +474,7 @@ fn process_pingpong(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<ExitCode>
     if let Ok(rounds) = std::env::var("VRDMA_CLEANUP_ROUNDS") {
         args.extend(["--cleanup-rounds".into(), rounds]);
     }
-    let (outcome, results): (_, process_pingpong::Results) =
+    let (outcome, results): (_, process_pingpong::results::Results) =
         run_guest_suite(&root, &config, "process-pingpong", args, json.as_deref())?;
     println!(
         "\nvrdma process mode on rxe0 ({:?}, {} vCPUs; VM run {:.0?})",
@@ -483,7 +483,7 @@ fn process_pingpong(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<ExitCode>
     println!("\nnative perftest, same boot:");
     print!("{}", perftest::render_table(&results.perftest));
     println!("\nvrdma-pingpong, vrdma next to native (typical one-way latency; bandwidth):");
-    print!("{}", process_pingpong::render_comparison(&results));
+    print!("{}", process_pingpong::results::render_comparison(&results));
     println!(
         "\nbypass: {} messages per op/size delivered with the backend stopped; cleanup: {} kills, \
          backend fds {:?}, RSS {:?} KiB (first -> last)",
@@ -496,14 +496,14 @@ fn process_pingpong(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<ExitCode>
 }
 
 fn guest_process_pingpong(native: PathBuf, cleanup_rounds: u32) -> Result<ExitCode> {
-    let binaries = process_pingpong::Binaries::beside_current_exe(native)?;
-    let settings = process_pingpong::Settings {
+    let binaries = binaries::Binaries::beside_current_exe(native)?;
+    let settings = process_pingpong::settings::Settings {
         cleanup_rounds,
         ..Default::default()
     };
     let results = process_pingpong::run(&binaries, &settings)?;
     deliver_results("process-pingpong", &results, || {
-        process_pingpong::render_comparison(&results)
+        process_pingpong::results::render_comparison(&results)
     })
 }
 
@@ -676,7 +676,7 @@ fn guest_real_guest(
     library_dir: PathBuf,
     reboot: bool,
 ) -> Result<ExitCode> {
-    let binaries = process_pingpong::Binaries::beside_current_exe(native)?;
+    let binaries = binaries::Binaries::beside_current_exe(native)?;
     let nested_tcg = !std::env::var("VRDMA_GUEST_ACCEL").is_ok_and(|a| a == "kvm");
     let settings = real_guest::Settings {
         root_dir,

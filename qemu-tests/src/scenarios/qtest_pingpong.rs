@@ -27,10 +27,9 @@ use vrdma::transport::Transport;
 use vrdma::verbs::Context;
 
 use super::backend::Backend;
-use super::process_pingpong::PingpongRow;
+use super::pingpong_peer::{read_report, wait_listening, PingpongReport, PingpongRow};
 use crate::error::{tail, Error, Result};
 use crate::inside::{resource_counts, wait_for_counts, Proc, ResourceCounts, DEVICE};
-use crate::perftest;
 use crate::qtest::{Machine, MachineConfig, QtestPciFunction};
 
 /// The operations every verified run covers.
@@ -168,28 +167,8 @@ fn native_server(
         &format!("qtest-{label}-server"),
         &mut native_command(binaries, "server", port, ops, sizes, iters),
     )?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let listening = ["/proc/net/tcp", "/proc/net/tcp6"]
-            .iter()
-            .filter_map(|p| std::fs::read_to_string(p).ok())
-            .any(|t| perftest::listens_on(&t, port));
-        if listening {
-            return Ok(server);
-        }
-        if let Some(status) = server.try_wait()? {
-            return Err(server.failure(&format!("exited ({status}) before listening")));
-        }
-        if Instant::now() >= deadline {
-            return Err(server.failure(&format!("does not listen on port {port}")));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-#[derive(Deserialize)]
-struct Report {
-    rows: Vec<PingpongRow>,
+    wait_listening(port, &mut server)?;
+    Ok(server)
 }
 
 /// The native pair with the verified plan; the client's rows.
@@ -216,11 +195,7 @@ fn native_pair(binaries: &Binaries, settings: &Settings, port: u16) -> Result<Ve
     let mut client = Proc::spawn("qtest-native-client", &mut cmd)?;
     client.wait_success(Duration::from_secs(600))?;
     server.wait_success(Duration::from_secs(60))?;
-    let text = std::fs::read_to_string(&json)
-        .map_err(|e| Error::Scenario(format!("reading {}: {e}", json.display())))?;
-    let report: Report = serde_json::from_str(&text)
-        .map_err(|e| Error::Scenario(format!("parsing {}: {e}", json.display())))?;
-    Ok(report.rows)
+    read_report(&json)
 }
 
 /// A PCI transport and a verbs context on `function`.
@@ -275,7 +250,7 @@ fn qtest_client(
         }
     };
     server.wait_success(Duration::from_secs(60))?;
-    let report: Report = serde_json::from_str(&report.to_json())
+    let report: PingpongReport = serde_json::from_str(&report.to_json())
         .map_err(|e| Error::Scenario(format!("re-reading the client's report: {e}")))?;
     Ok(report.rows)
 }

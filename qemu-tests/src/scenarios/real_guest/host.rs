@@ -17,7 +17,7 @@ use crate::perftest::{self, Side};
 use crate::relay;
 use crate::rootfs::PreparedRoot;
 use crate::scenarios::backend::Backend;
-use crate::scenarios::process_pingpong::Binaries;
+use crate::scenarios::binaries::Binaries;
 use crate::vm::{self, Accel, VmConfig};
 
 /// How long the host side waits for the device to be idle after the guest's reboot.

@@ -1,0 +1,42 @@
+//! The workspace binaries a ping-pong scenario runs inside the VM (process-pingpong and the
+//! real guest's host side): vrdma-backend and vrdma-pingpong next to this executable, and the
+//! native C peer built on the host.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// Where the binaries of this run are.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    pub backend: PathBuf,
+    pub pingpong: PathBuf,
+    pub native_pingpong: PathBuf,
+}
+
+impl Binaries {
+    /// The workspace binaries next to this executable and the native peer at `native`.
+    pub fn beside_current_exe(native: PathBuf) -> Result<Self> {
+        let exe = std::env::current_exe()
+            .map_err(|e| Error::Scenario(format!("locating this executable: {e}")))?;
+        let dir = exe.parent().unwrap_or(Path::new("."));
+        let binaries = Self {
+            backend: dir.join("vrdma-backend"),
+            pingpong: dir.join("vrdma-pingpong"),
+            native_pingpong: native,
+        };
+        for path in [
+            &binaries.backend,
+            &binaries.pingpong,
+            &binaries.native_pingpong,
+        ] {
+            if !path.is_file() {
+                return Err(Error::Scenario(format!(
+                    "{} is missing: build the workspace first (cargo build --workspace --bins)",
+                    path.display()
+                )));
+            }
+        }
+        Ok(binaries)
+    }
+}

@@ -1,0 +1,109 @@
+//! Completion events instead of polling: every vrdma side of a pair waits by events
+//! (`--events`), and the rows and the server's summary must show the events came.
+
+use std::time::Duration;
+
+use super::pair::{pingpong_command, Impl, Plan};
+use super::settings::Settings;
+use crate::error::Result;
+use crate::inside::Proc;
+use crate::scenarios::backend::Backend;
+use crate::scenarios::binaries::Binaries;
+use crate::scenarios::pingpong_peer::{read_report, wait_listening, PingpongRow};
+
+/// Runs verified ping-pongs (send, write, read) and a bandwidth stream between `pair`, with
+/// every vrdma side waiting for completions by events (`--events`). Checks that the vrdma
+/// client's rows, and a vrdma server's summary, say events were used and that they came
+/// (in every step, and never more than ARM_CQ commands); returns the client's rows.
+pub(super) fn run(
+    binaries: &Binaries,
+    backend: &Backend,
+    pair: (Impl, Impl),
+    settings: &Settings,
+    label: &str,
+    next_port: &mut dyn FnMut() -> u16,
+) -> Result<Vec<PingpongRow>> {
+    let plans = [
+        Plan {
+            ops: "send,write,read",
+            sizes: "64,65536",
+            iters: settings.small_iters.min(100),
+            bw: false,
+            oneway: false,
+        },
+        Plan {
+            ops: "write,send",
+            sizes: "4096,65536",
+            iters: settings.large_iters * 10,
+            bw: true,
+            oneway: false,
+        },
+    ];
+    let mut rows = Vec::new();
+    for plan in &plans {
+        let port = next_port();
+        let json = std::env::temp_dir().join(format!("pingpong-{label}.json"));
+        let _ = std::fs::remove_file(&json);
+        let with_events = |which: Impl, role: &str| {
+            let mut cmd = pingpong_command(binaries, backend, which, role, port, plan);
+            if which == Impl::Vrdma {
+                cmd.arg("--events");
+            }
+            cmd
+        };
+        let mut server = Proc::spawn(
+            &format!("{label}-server"),
+            &mut with_events(pair.0, "server"),
+        )?;
+        wait_listening(port, &mut server)?;
+        let mut client_cmd = with_events(pair.1, "client");
+        client_cmd.arg("--json").arg(&json);
+        let mut client = Proc::spawn(&format!("{label}-client"), &mut client_cmd)?;
+        client.wait_success(Duration::from_secs(900))?;
+        server.wait_success(Duration::from_secs(60))?;
+        let plan_rows = read_report(&json)?;
+        for row in &plan_rows {
+            if row.completion.as_deref() != Some("events")
+                || row.completion_events.unwrap_or(0) == 0
+            {
+                return Err(client.failure(&format!(
+                    "{label}: {} {} did not wait by events: {row:?}",
+                    row.op, row.size
+                )));
+            }
+        }
+        // An arm of one step may be answered in the next, so only the whole run compares.
+        let total: u64 = plan_rows.iter().filter_map(|r| r.completion_events).sum();
+        let arms: u64 = plan_rows.iter().filter_map(|r| r.arms).sum();
+        if total > arms {
+            return Err(client.failure(&format!(
+                "{label}: {total} completion events for only {arms} arms"
+            )));
+        }
+        let mode = if plan.bw { "bandwidth" } else { "ping-pong" };
+        println!(
+            "  ok: {label} {mode}: {} rows verified, client {total} completion events for {arms} arms",
+            plan_rows.len()
+        );
+        if pair.0 == Impl::Vrdma {
+            let output = server.output();
+            let Some(line) = output
+                .lines()
+                .find(|l| l.starts_with("server: completion: events;"))
+            else {
+                return Err(server.failure("no completion-event summary"));
+            };
+            let events = line
+                .split_once("; ")
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+            if events == 0 {
+                return Err(server.failure("the server received no completion event"));
+            }
+            println!("  ok: {label} {mode}: {line}");
+        }
+        rows.extend(plan_rows);
+    }
+    Ok(rows)
+}
