@@ -10,6 +10,7 @@
 
 pub mod bench;
 pub mod cache;
+pub mod cli;
 pub mod error;
 pub mod host;
 pub mod initramfs;

@@ -1,0 +1,34 @@
+//! `vrdma-vm bench`: the benchmarks in one boot of the VM (see [`crate::bench`]).
+
+use std::path::PathBuf;
+
+use super::guest_suite::{deliver_results, run_guest_suite};
+use super::host::{dropin_library, prepared_root};
+use super::vm_args::VmArgs;
+use crate::bench;
+use crate::error::Result;
+
+/// `vrdma-vm bench`: boots the VM, prints the tables and writes `json` when asked.
+pub fn run(vm_args: &VmArgs, settings: &bench::Settings, json: Option<PathBuf>) -> Result<()> {
+    let root = prepared_root()?;
+    let mut config = vm_args.config(&root)?;
+    config.echo = true;
+    let (_, library) = dropin_library()?;
+    // The guest's part is not copied to `json`: `write_json` adds the machine information.
+    let results = bench::run_on_host(settings, &config, &library, |args| {
+        run_guest_suite(&root, &config, bench::SUITE, args, None)
+    })?;
+    print!("{}", bench::report::render(&results));
+    if let Some(path) = json {
+        bench::write_json(&results, &path)?;
+    }
+    Ok(())
+}
+
+/// `vrdma-vm guest bench`.
+pub fn guest(args: &bench::GuestArgs) -> Result<()> {
+    let results = bench::run_in_guest(args)?;
+    deliver_results(bench::SUITE, &results, || {
+        bench::report::render_guest(&results)
+    })
+}

@@ -1,0 +1,122 @@
+//! `real-guest` and the demo: a real Linux guest under QEMU with the vrdma device, against
+//! native peers.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::guest_suite::{deliver_results, run_guest_suite};
+use super::host::{dropin_library, prepared_root, target_dir};
+use super::vm_args::VmArgs;
+use crate::error::{Error, Result};
+use crate::native;
+use crate::scenarios::{binaries, perftest_over_vrdma, real_guest};
+use crate::vm::shares_for;
+
+/// `vrdma-vm test real-guest` (with the reboot) and `vrdma-vm demo` (without).
+pub fn test(vm_args: &VmArgs, json: Option<PathBuf>, reboot: bool) -> Result<()> {
+    let root = prepared_root()?;
+    let target = target_dir()?;
+    let native_peer = native::build(&target)?;
+    let (_, library) = dropin_library()?;
+    let library_dir = perftest_over_vrdma::prepare_library_dir(&target, &library)?;
+    let root_dir = root
+        .tree
+        .parent()
+        .ok_or_else(|| Error::Usage("the root file system has no parent directory".into()))?
+        .to_path_buf();
+    let mut config = vm_args.config(&root)?;
+    let mut shares: Vec<PathBuf> = config.shares.drain(..).map(|s| s.host_path).collect();
+    shares.push(root_dir.clone());
+    config.shares = shares_for(shares);
+    let mut args = vec![
+        "--native".into(),
+        native_peer.to_string_lossy().into_owned(),
+        "--root-dir".into(),
+        root_dir.to_string_lossy().into_owned(),
+        "--library-dir".into(),
+        library_dir.to_string_lossy().into_owned(),
+    ];
+    if reboot {
+        args.push("--reboot".into());
+    }
+    let (outcome, report): (_, real_guest::Report) =
+        run_guest_suite(&root, &config, "real-guest", args, json.as_deref())?;
+    println!(
+        "\n== vrdma in a real guest: Linux under QEMU 11.1 ({} guest inside the {:?} rxe VM; \
+         guest {:.0} s, VM run {:.0?})",
+        report.accel, config.accel, report.elapsed_secs, outcome.elapsed
+    );
+    println!(
+        "\nunmodified perftest: server in the guest over vrdma's drop-in libibverbs.so.1 (PCI \
+         transport), native client measuring, next to both sides native on rxe0 (latency: \
+         typical µs, lower is better; bandwidth: MiB/s, higher is better):"
+    );
+    print!("{}", real_guest::render_comparison(&report.perftest));
+    if report.accel == "Tcg" {
+        println!(
+            "(the guest's CPU is emulated inside an emulated CPU: its latency says how slow \
+             nested TCG is, not vrdma; the bandwidth is the NIC's DMA into guest pages)"
+        );
+    }
+    println!(
+        "\nvrdma-pingpong --pci in the guest against the native peer, every byte verified:\n{}",
+        report.first_boot.pingpong.trim_end()
+    );
+    println!(
+        "\nbypass: backend stopped (SIGSTOP); {} messages per op and size written and sent into \
+         the guest and verified there",
+        report.first_boot.bypass_messages
+    );
+    println!(
+        "\nwhere the guest's time went: {}",
+        real_guest::render_phases(&report.first_boot.phases)
+    );
+    if let Some(reboot) = &report.reboot {
+        println!(
+            "\nreboot -f with a live application ({} QPs, {} MRs on rxe0): QEMU stayed up, rxe0 \
+             idle {} ms after the new boot reported, and the ping-pong ran again:\n{}",
+            reboot.live.qp,
+            reboot.live.mr,
+            reboot.release_ms,
+            reboot.after.pingpong.trim_end()
+        );
+        println!(
+            "the boot after the reboot: {}",
+            real_guest::render_phases(&reboot.after.phases)
+        );
+    }
+    Ok(())
+}
+
+/// `vrdma-vm guest real-guest`.
+pub fn guest(native: PathBuf, root_dir: PathBuf, library_dir: PathBuf, reboot: bool) -> Result<()> {
+    let binaries = binaries::Binaries::beside_current_exe(native)?;
+    let nested_tcg = !std::env::var("VRDMA_GUEST_ACCEL").is_ok_and(|a| a == "kvm");
+    let settings = real_guest::Settings {
+        root_dir,
+        library_dir,
+        iters: if nested_tcg { 5 } else { 50 },
+        reboot,
+        timeout: Duration::from_secs(3000),
+    };
+    let report = real_guest::host::run(&binaries, &settings)?;
+    deliver_results("real-guest", &report, || {
+        real_guest::render_comparison(&report.perftest)
+    })
+}
+
+/// `vrdma-vm guest real-guest-inside`: inside the nested guest, this boot's part of the suite.
+pub fn guest_inside(library_dir: PathBuf, iters: u32, reboot: bool) -> Result<()> {
+    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
+    let result_dir = std::env::var_os("VRDMA_RESULT_DIR")
+        .ok_or_else(|| Error::Usage("VRDMA_RESULT_DIR is not set".into()))?;
+    let paths = real_guest::guest::GuestPaths {
+        pingpong: exe
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join("vrdma-pingpong"),
+        library_dir,
+        result_dir: result_dir.into(),
+    };
+    real_guest::guest::run(&paths, iters, reboot)
+}
