@@ -20,9 +20,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
 
 /// Interrupt lines QEMU's qtest server reports (its `MAX_IRQ`).
 pub const MAX_IRQ: usize = 256;
@@ -181,10 +183,6 @@ pub struct Qtest {
     requests: AtomicU64,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> QtestError {
     let what = what.into();
     move |source| QtestError::Io { what, source }
@@ -252,7 +250,7 @@ impl Qtest {
                 for thread in threads {
                     let _ = thread.join();
                 }
-                let stderr = lock(&shared.stderr).clone();
+                let stderr = shared.stderr.lock().clone();
                 return Err(match (e, status) {
                     (AcceptError::Exited(status), _) => QtestError::Exited {
                         when: "exited before connecting".into(),
@@ -312,18 +310,18 @@ impl Qtest {
 
     /// What QEMU wrote to stderr so far (the last [`STDERR_KEEP`] bytes).
     pub fn stderr(&self) -> String {
-        lock(&self.shared.stderr).clone()
+        self.shared.stderr.lock().clone()
     }
 
     /// QEMU's exit status, if it exited.
     pub fn exit_status(&self) -> Option<ExitStatus> {
         // The two locks are never held together (see `kill`).
-        if let Some(status) = *lock(&self.status) {
+        if let Some(status) = *self.status.lock() {
             return Some(status);
         }
-        let status = lock(&self.child).try_wait().ok().flatten();
+        let status = self.child.lock().try_wait().ok().flatten();
         if status.is_some() {
-            *lock(&self.status) = status;
+            *self.status.lock() = status;
         }
         status
     }
@@ -331,19 +329,19 @@ impl Qtest {
     /// Kills QEMU (SIGKILL) and reaps it; later requests fail.
     pub fn kill(&self) {
         let status = {
-            let mut child = lock(&self.child);
+            let mut child = self.child.lock();
             let _ = child.kill();
             child.wait().ok()
         };
         if status.is_some() {
-            *lock(&self.status) = status;
+            *self.status.lock() = status;
         }
     }
 
     /// Sends one request and returns what follows `OK` in its reply (trimmed).
     pub fn request(&self, command: &str) -> Result<String> {
         debug_assert!(!command.contains('\n'));
-        let mut conn = lock(&self.conn);
+        let mut conn = self.conn.lock();
         if let Some(why) = &conn.broken {
             return Err(QtestError::Broken(why.clone()));
         }
@@ -498,14 +496,14 @@ impl Qtest {
 
     /// Interrupt lines as last reported.
     pub fn irq_state(&self) -> IrqState {
-        lock(&self.shared.irq).state.clone()
+        self.shared.irq.lock().state.clone()
     }
 
     /// Waits up to `timeout` until a line is high or more than `raises_seen` raises were
     /// reported. Returns the state then, or `None` on timeout. Fails if QEMU went away.
     pub fn wait_irq(&self, raises_seen: u64, timeout: Duration) -> Result<Option<IrqState>> {
         let deadline = Instant::now() + timeout;
-        let mut events = lock(&self.shared.irq);
+        let mut events = self.shared.irq.lock();
         loop {
             if events.state.any_high() || events.state.raises > raises_seen {
                 return Ok(Some(events.state.clone()));
@@ -517,12 +515,7 @@ impl Qtest {
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                 return Ok(None);
             };
-            events = self
-                .shared
-                .irq_changed
-                .wait_timeout(events, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            self.shared.irq_changed.wait_for(&mut events, left);
         }
     }
 }
@@ -530,8 +523,8 @@ impl Qtest {
 impl Drop for Qtest {
     fn drop(&mut self) {
         self.kill();
-        let _ = lock(&self.conn).stream.shutdown(std::net::Shutdown::Both);
-        for thread in lock(&self.threads).drain(..) {
+        let _ = self.conn.lock().stream.shutdown(std::net::Shutdown::Both);
+        for thread in self.threads.lock().drain(..) {
             let _ = thread.join();
         }
     }
@@ -584,7 +577,7 @@ fn read_lines(stream: UnixStream, replies: &mpsc::Sender<String>, shared: &Share
         let text = line.trim_end_matches(['\n', '\r']);
         if let Some(irq) = parse_irq(text) {
             log::trace!("{text}");
-            let mut events = lock(&shared.irq);
+            let mut events = shared.irq.lock();
             apply_irq(&mut events.state, irq);
             drop(events);
             shared.irq_changed.notify_all();
@@ -592,7 +585,7 @@ fn read_lines(stream: UnixStream, replies: &mpsc::Sender<String>, shared: &Share
             break;
         }
     }
-    lock(&shared.irq).closed = true;
+    shared.irq.lock().closed = true;
     shared.irq_changed.notify_all();
 }
 
@@ -602,7 +595,7 @@ fn collect_stderr(mut stderr: impl Read, shared: &Shared) {
         if n == 0 {
             break;
         }
-        let mut kept = lock(&shared.stderr);
+        let mut kept = shared.stderr.lock();
         kept.push_str(&String::from_utf8_lossy(&buf[..n]));
         if kept.len() > STDERR_KEEP {
             let mut cut = kept.len() - STDERR_KEEP;

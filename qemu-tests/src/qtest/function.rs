@@ -8,8 +8,10 @@
 //! the machine's guest RAM; interrupts are the IOAPIC's input lines, intercepted.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use vrdma::transport::pci::{PciError, PciFunction};
 use vrdma::transport::{DmaMemory, RegionAccess, SharedMemory};
@@ -198,7 +200,7 @@ impl QtestPciFunction {
     }
 
     fn read_config_at(&self, slot: u8, func: u8, offset: u16, len: usize) -> Result<u32, PciError> {
-        let _pair = self.config.lock().unwrap_or_else(PoisonError::into_inner);
+        let _pair = self.config.lock();
         self.qtest
             .port_write(CONFIG_ADDRESS, 4, config_address(slot, func, offset))
             .and_then(|()| self.qtest.port_read(CONFIG_DATA + (offset & 3), len))
@@ -213,7 +215,7 @@ impl QtestPciFunction {
         len: usize,
         value: u32,
     ) -> Result<(), PciError> {
-        let _pair = self.config.lock().unwrap_or_else(PoisonError::into_inner);
+        let _pair = self.config.lock();
         self.qtest
             .port_write(CONFIG_ADDRESS, 4, config_address(slot, func, offset))
             .and_then(|()| {

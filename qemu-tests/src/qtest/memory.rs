@@ -9,7 +9,9 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use vrdma::dma::{map_shared, DmaBuffer, DmaError, FreeRanges, PAGE_SIZE};
 use vrdma::transport::{DmaMemory, TransportError};
@@ -124,11 +126,7 @@ impl GuestMemory {
 
     /// Bytes available to allocations now.
     pub fn free_bytes(&self) -> usize {
-        self.mapping
-            .free
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .total()
+        self.mapping.free.lock().total()
     }
 }
 
@@ -145,7 +143,6 @@ impl DmaMemory for GuestMemory {
             .mapping
             .free
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .take(pages_len, align)
             .ok_or(DmaError::OutOfMemory { len, align })?;
         // SAFETY: `offset + pages_len <= len` of the mapping (allocator invariant).
@@ -186,11 +183,7 @@ struct Allocation {
 
 impl Drop for Allocation {
     fn drop(&mut self) {
-        self.mapping
-            .free
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .give_back(self.offset, self.len);
+        self.mapping.free.lock().give_back(self.offset, self.len);
     }
 }
 
