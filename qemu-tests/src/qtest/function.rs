@@ -16,7 +16,8 @@ use parking_lot::Mutex;
 use vrdma::transport::pci::{PciError, PciFunction};
 use vrdma::transport::{DmaMemory, RegionAccess, SharedMemory};
 
-use super::client::{Qtest, QtestError};
+use super::client::Qtest;
+use super::error::QtestError;
 use super::memory::GuestMemory;
 
 /// Red Hat's virtio vendor ID.

@@ -2,21 +2,25 @@
 //!
 //! QEMU runs the `vhost-user-test-device-pci` device backed by vrdma-backend with no guest CPU
 //! (`-accel qtest`); the test process is the guest: it plays firmware and driver through
-//! qtest requests ([`client`]), reaches guest RAM directly through the shared memory-backend
-//! file ([`memory`]) and offers the device to the library's PCI transport as a
+//! qtest requests ([`client`], speaking the line format of [`protocol`], failing with the
+//! errors of [`error`]), reaches guest RAM directly through the shared memory-backend file
+//! ([`memory`]) and offers the device to the library's PCI transport as a
 //! [`PciFunction`](vrdma::transport::pci::PciFunction) ([`function`]).
 
 #[allow(unsafe_code)] // the parent-death signal of the QEMU child
 pub mod client;
+pub mod error;
 pub mod function;
 #[allow(unsafe_code)] // mmap of the guest-RAM file
 pub mod memory;
+pub mod protocol;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use client::{QemuCommand, Qtest, QtestError};
+pub use client::{QemuCommand, Qtest};
+pub use error::QtestError;
 pub use function::QtestPciFunction;
 pub use memory::GuestMemory;
 
