@@ -28,7 +28,7 @@ use vrdma_spec::config::{ring_format, DeviceConfig};
 use vrdma_spec::control::{encode_page_list, HEADER_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::doorbell::{area_bytes, HEAD_WORD, RING_WORD, TAIL_WORD};
 use vrdma_spec::features::*;
-use vrdma_spec::verbs::{access, qp_attr};
+use vrdma_spec::verbs::{AccessFlags, GidType, PortState, QpAttrMask, QpState};
 use vrdma_spec::wire::{self, *};
 use vrdma_spec::{
     rxe_v1, ControlRequest, ControlResponse, Le16, Le32, Le64, Opcode, RegMr, ResponseBody, Status,
@@ -56,8 +56,8 @@ struct World {
     ahs: BTreeMap<u32, ()>,
     kicks: Vec<u32>,
     armed: Vec<(u32, bool)>,
-    modified: Vec<(u32, QpAttrMask, host::QpState)>,
-    qp_state: HashMap<u32, host::QpState>,
+    modified: Vec<(u32, QpAttrMask, QpState)>,
+    qp_state: HashMap<u32, QpState>,
     comp_events: VecDeque<CompEvent>,
     async_events: VecDeque<AsyncEvent>,
     fail_next: Option<&'static str>,
@@ -146,7 +146,7 @@ impl HostDevice for FakeDevice {
         Ok(vec![host::GidEntry {
             index: 0,
             gid: GID0,
-            gid_type: Some(GidType::RoceV2),
+            gid_type: GidType::RoceV2,
         }])
     }
 
@@ -311,7 +311,7 @@ impl HostContext for FakeContext {
         let h = w.handle();
         let qpn = 0x100 + h;
         w.qps.insert(h, (qpn, init.user_handle));
-        w.qp_state.insert(h, host::QpState::Reset);
+        w.qp_state.insert(h, QpState::Reset);
         Ok(Qp {
             handle: QpHandle(h),
             qpn,
@@ -682,7 +682,13 @@ fn reg_mr_req(pd: u32, iova: u64, length: u64, access: u32, npages: u32) -> RegM
 fn reg_mr(guest: &Guest, pd: u32, iova: u64, length: u64, pages: &[u64]) -> ControlResponse {
     let mut list = Vec::new();
     encode_page_list(pages.iter().copied(), &mut list);
-    let req = reg_mr_req(pd, iova, length, access::LOCAL_WRITE, pages.len() as u32);
+    let req = reg_mr_req(
+        pd,
+        iova,
+        length,
+        AccessFlags::LOCAL_WRITE.bits(),
+        pages.len() as u32,
+    );
     guest.run(ControlRequest::RegMr(RegMr::new(req, &list)))
 }
 
@@ -909,12 +915,12 @@ fn reg_mr_validation() {
     );
     let mut list = Vec::new();
     encode_page_list([RAM_BASE], &mut list);
-    let bad_access = reg_mr_req(pd, 0, PAGE, access::REMOTE_WRITE, 1);
+    let bad_access = reg_mr_req(pd, 0, PAGE, AccessFlags::REMOTE_WRITE.bits(), 1);
     assert_eq!(
         guest.status(ControlRequest::RegMr(RegMr::new(bad_access, &list))),
         Status::Invalid
     );
-    let mut bad_shift = reg_mr_req(pd, 0, PAGE, access::LOCAL_WRITE, 1);
+    let mut bad_shift = reg_mr_req(pd, 0, PAGE, AccessFlags::LOCAL_WRITE.bits(), 1);
     bad_shift.page_shift = Le32::new(31);
     assert_eq!(
         guest.status(ControlRequest::RegMr(RegMr::new(bad_shift, &list))),
@@ -1099,32 +1105,36 @@ fn queues_are_mapped_described_and_unmapped() {
 
     // State machine.
     let qph = qp.qp.get();
-    let modify_qp = |mask: u32, state: u32| {
+    let modify_qp = |mask: QpAttrMask, state: u32| {
         let mut attr = wire::QpAttr::new_zeroed();
         attr.qp_state = Le32::new(state);
         attr.port_num = 1;
-        attr.qp_access_flags = Le32::new(access::LOCAL_WRITE);
+        attr.qp_access_flags = Le32::new(AccessFlags::LOCAL_WRITE.bits());
         ControlRequest::ModifyQp(ModifyQpReq {
             qp: Le32::new(qph),
-            attr_mask: Le32::new(mask),
+            attr_mask: Le32::new(mask.bits()),
             attr,
         })
     };
-    let init_mask = qp_attr::STATE | qp_attr::PKEY_INDEX | qp_attr::PORT | qp_attr::ACCESS_FLAGS;
-    assert_eq!(guest.status(modify_qp(qp_attr::STATE, 3)), Status::BadState);
+    let init_mask =
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
     assert_eq!(
-        guest.status(modify_qp(qp_attr::STATE, 1)),
+        guest.status(modify_qp(QpAttrMask::STATE, 3)),
+        Status::BadState
+    );
+    assert_eq!(
+        guest.status(modify_qp(QpAttrMask::STATE, 1)),
         Status::Invalid,
         "missing attrs"
     );
     assert_eq!(
-        guest.status(modify_qp(init_mask | qp_attr::CAP, 1)),
+        guest.status(modify_qp(init_mask | QpAttrMask::CAP, 1)),
         Status::Unsupported
     );
     assert_eq!(guest.status(modify_qp(init_mask, 1)), Status::Ok);
     assert_eq!(
         world(&fake.world).modified.last().map(|m| m.2),
-        Some(host::QpState::Init)
+        Some(QpState::Init)
     );
     let mut bad_pkey = modify_qp(init_mask, 1);
     if let ControlRequest::ModifyQp(r) = &mut bad_pkey {
@@ -1133,12 +1143,12 @@ fn queues_are_mapped_described_and_unmapped() {
     assert_eq!(guest.status(bad_pkey), Status::Invalid);
     let ResponseBody::QueryQp(q) = guest.ok(ControlRequest::QueryQp(QueryQpReq {
         qp: Le32::new(qph),
-        attr_mask: Le32::new(qp_attr::STATE),
+        attr_mask: Le32::new(QpAttrMask::STATE.bits()),
     })) else {
         panic!()
     };
     assert_eq!((q.attr.qp_state.get(), q.attr.port_num), (1, 1));
-    assert_ne!(q.attr_mask.get() & qp_attr::STATE, 0);
+    assert_ne!(q.attr_mask.get() & QpAttrMask::STATE.bits(), 0);
 
     // Arming.
     let arm = ArmCqReq {

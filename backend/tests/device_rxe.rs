@@ -21,12 +21,13 @@ use vrdma::provider::rxe_v1::{
     CompletionQueue, QueueError, QueueGeometry, RecvQueue, RxeAddressHandle, RxeQueue, SendQueue,
     SendQueueCaps, RXE_AV_SIZE,
 };
-use vrdma::provider::{
-    self, RecvWr, SendFlags, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
-};
+use vrdma::provider::{RecvWr, SendFlags, SendWr, Sge, UdDest, WorkCompletion};
 use vrdma_backend::control::rings::{slot_geometry, slot_log2, RXE_CQE_BYTES};
 use vrdma_backend::device::*;
 use vrdma_spec::rxe_v1::{header, recv_wqe_size, send_wqe_size};
+use vrdma_spec::verbs::{
+    AccessFlags, GidType, QpAttrMask, QpState, QpType, WcOpcode, WcStatus, WrOpcode,
+};
 
 const PAGE: usize = 4096;
 const IOVA: u64 = 0x7a00_0000_0000;
@@ -193,7 +194,7 @@ impl Ring<SendQueue> {
     }
 }
 
-fn send_ring(ctx: &dyn HostContext, qp: &Qp, qp_type: provider::QpType) -> Ring<SendQueue> {
+fn send_ring(ctx: &dyn HostContext, qp: &Qp, qp_type: QpType) -> Ring<SendQueue> {
     let caps = qp.caps;
     let entry = send_wqe_size(caps.max_send_sge, caps.max_inline_data);
     Ring::new(ctx, qp.sq, caps.max_send_wr, entry, |queue| {
@@ -372,7 +373,7 @@ fn rxe_host_path_end_to_end() {
         &[0xfe, 0x80],
         "GID 0 is the IPv6 link-local address"
     );
-    assert_eq!(gid0.gid_type, Some(GidType::RoceV2));
+    assert_eq!(gid0.gid_type, GidType::RoceV2);
     let gid = gid0.gid;
 
     let boxed = device.open_context().unwrap();
@@ -475,14 +476,14 @@ fn rxe_host_path_end_to_end() {
     // Map every queue once, as the frontend does, and wrap it as the guest does: the provider
     // checks the real rxe header against the geometry the backend derives.
     let mut cq_ring = Ring::new(ctx, cq.buffer, cq.cqe, RXE_CQE_BYTES, CompletionQueue::new);
-    let mut sq_a = send_ring(ctx, &rc_a, provider::QpType::Rc);
+    let mut sq_a = send_ring(ctx, &rc_a, QpType::Rc);
     let rq_a = recv_ring(
         ctx,
         rc_a.rq.unwrap(),
         rc_a.caps.max_recv_wr,
         rc_a.caps.max_recv_sge,
     );
-    let mut ud_sq = send_ring(ctx, &ud, provider::QpType::Ud);
+    let mut ud_sq = send_ring(ctx, &ud, QpType::Ud);
     let mut ud_rq = recv_ring(
         ctx,
         ud.rq.unwrap(),

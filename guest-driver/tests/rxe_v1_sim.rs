@@ -20,10 +20,8 @@ use vrdma::provider::rxe_v1::{
     CompletionQueue, IbUverbsWc, QueueError, QueueGeometry, RecvQueue, RxeAddressHandle, RxeQueue,
     RxeRecvWqe, RxeSendWqe, RxeSge, SendQueue, SendQueueCaps, RXE_AV_SIZE,
 };
-use vrdma::provider::{
-    PostError, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
-    WorkCompletion, WrOpcode,
-};
+use vrdma::provider::{PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WorkCompletion};
+use vrdma::spec::verbs::{QpType, WcOpcode, WcStatus, WrOpcode};
 use vrdma::transport::RegionAccess;
 
 const HEADER: usize = 384;

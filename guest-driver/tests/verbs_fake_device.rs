@@ -19,7 +19,7 @@ use vrdma::spec::config::{ring_format, DeviceConfig, MAGIC};
 use vrdma::spec::control::{ControlRequest, ControlResponse, Opcode, ResponseBody};
 use vrdma::spec::event::{Event, EventType};
 use vrdma::spec::rxe_v1::{num_slots_for, recv_wqe_size, send_wqe_size, RxeAv};
-use vrdma::spec::verbs::{self as sv, check_modify_qp, qp_attr, QpState, QpType as SpecQpType};
+use vrdma::spec::verbs::{self as sv, check_modify_qp, PortState, QpState};
 use vrdma::spec::wire::*;
 use vrdma::spec::{features, DoorbellArea, Le16, Le32, Le64, Status, StatusError};
 use vrdma::transport::{DmaMemory, SharedMemory, Transport, TransportError};
@@ -360,7 +360,7 @@ struct FakeCq {
 struct FakeQp {
     pd: u32,
     qpn: u32,
-    qp_type: SpecQpType,
+    qp_type: QpType,
     state: QpState,
     send_cq: u32,
     recv_cq: u32,
@@ -606,17 +606,18 @@ impl Device {
             R::CreateQp(r) => self.create_qp(r, region),
             R::ModifyQp(r) => {
                 let qp = self.qps.get_mut(&r.qp.get()).ok_or(Status::BadHandle)?;
-                let mask = r.attr_mask.get();
-                let next = if mask & qp_attr::STATE != 0 {
+                let mask = QpAttrMask::from_bits_retain(r.attr_mask.get());
+                let next = if mask.contains(QpAttrMask::STATE) {
                     QpState::try_from(r.attr.qp_state.get()).map_err(|_| Status::Invalid)?
                 } else {
                     qp.state
                 };
-                let claimed = (mask & qp_attr::CUR_STATE != 0)
+                let claimed = mask
+                    .contains(QpAttrMask::CUR_STATE)
                     .then(|| QpState::try_from(r.attr.cur_qp_state.get()).ok())
                     .flatten();
                 check_modify_qp(qp.qp_type, qp.state, mask, next, claimed)?;
-                if mask & qp_attr::DEST_QPN != 0 {
+                if mask.contains(QpAttrMask::DEST_QPN) {
                     qp.dest_qpn = r.attr.dest_qp_num.get();
                 }
                 qp.state = next;
@@ -629,7 +630,7 @@ impl Device {
                 attr.qp_state = Le32::new(qp.state as u32);
                 attr.dest_qp_num = Le32::new(qp.dest_qpn);
                 Ok(ResponseBody::QueryQp(QueryQpResp {
-                    attr_mask: Le32::new(qp_attr::STATE | qp_attr::DEST_QPN),
+                    attr_mask: Le32::new((QpAttrMask::STATE | QpAttrMask::DEST_QPN).bits()),
                     reserved: Le32::ZERO,
                     attr,
                 }))
@@ -677,7 +678,7 @@ impl Device {
     }
 
     fn create_qp(&mut self, r: &CreateQpReq, region: &Region) -> Answer {
-        let qp_type = SpecQpType::try_from(r.qp_type).map_err(|_| Status::Invalid)?;
+        let qp_type = QpType::try_from(r.qp_type).map_err(|_| Status::Invalid)?;
         if self.doorbell.is_none() {
             return Err(Status::BadState);
         }
@@ -843,7 +844,7 @@ impl Device {
             let (status, opcode, byte_len) = self.execute_wqe(handle, &sq, index, &wqe, events);
             sq.pop(index);
             let signaled = wqe.wr.send_flags & sv::send_flags::SIGNALED != 0;
-            if signaled || sig_all || status != sv::wc_status::SUCCESS {
+            if signaled || sig_all || status != WcStatus::Success.raw() {
                 let wc = IbUverbsWc {
                     wr_id: wqe.wr.wr_id,
                     status,
@@ -867,29 +868,28 @@ impl Device {
         wqe: &RxeSendWqe,
         events: &mut Vec<Event>,
     ) -> (u32, u32, u32) {
-        use sv::{wc_opcode, wc_status, wr_opcode};
         let qp = &self.qps[&handle];
         let pd = qp.pd;
-        let dest_qpn = if qp.qp_type == SpecQpType::Ud {
+        let dest_qpn = if qp.qp_type == QpType::Ud {
             wqe.wr.wr.ud().remote_qpn
         } else {
             qp.dest_qpn
         };
         let len = wqe.dma.length;
         let local = local_payload(sq, index, wqe);
-        match wqe.wr.opcode {
-            wr_opcode::SEND | wr_opcode::SEND_WITH_IMM => {
+        match WrOpcode::try_from(wqe.wr.opcode) {
+            Ok(WrOpcode::Send | WrOpcode::SendWithImm) => {
                 let Some(payload) = self.gather(pd, &local) else {
-                    return (wc_status::LOC_PROT_ERR, wc_opcode::SEND, 0);
+                    return (WcStatus::LocProtErr.raw(), WcOpcode::Send.raw(), 0);
                 };
-                let imm = (wqe.wr.opcode == wr_opcode::SEND_WITH_IMM).then_some(wqe.wr.ex);
+                let imm = (wqe.wr.opcode == WrOpcode::SendWithImm as u32).then_some(wqe.wr.ex);
                 let src_qpn = self.qps[&handle].qpn;
                 let status = self.deliver(dest_qpn, src_qpn, &payload, imm, events);
-                (status, wc_opcode::SEND, len)
+                (status, WcOpcode::Send.raw(), len)
             }
-            wr_opcode::RDMA_WRITE => {
+            Ok(WrOpcode::RdmaWrite) => {
                 let Some(payload) = self.gather(pd, &local) else {
-                    return (wc_status::LOC_PROT_ERR, wc_opcode::RDMA_WRITE, 0);
+                    return (WcStatus::LocProtErr.raw(), WcOpcode::RdmaWrite.raw(), 0);
                 };
                 let rdma = wqe.wr.wr.rdma();
                 match self.remote(
@@ -897,36 +897,36 @@ impl Device {
                     rdma.rkey,
                     rdma.remote_addr,
                     len,
-                    sv::access::REMOTE_WRITE,
+                    AccessFlags::REMOTE_WRITE.bits(),
                 ) {
                     Some(mr) => {
                         self.copy_to_mr(mr, rdma.remote_addr, &payload);
-                        (wc_status::SUCCESS, wc_opcode::RDMA_WRITE, len)
+                        (WcStatus::Success.raw(), WcOpcode::RdmaWrite.raw(), len)
                     }
-                    None => (wc_status::REM_ACCESS_ERR, wc_opcode::RDMA_WRITE, 0),
+                    None => (WcStatus::RemAccessErr.raw(), WcOpcode::RdmaWrite.raw(), 0),
                 }
             }
-            wr_opcode::RDMA_READ => {
+            Ok(WrOpcode::RdmaRead) => {
                 let rdma = wqe.wr.wr.rdma();
                 let Some(mr) = self.remote(
                     dest_qpn,
                     rdma.rkey,
                     rdma.remote_addr,
                     len,
-                    sv::access::REMOTE_READ,
+                    AccessFlags::REMOTE_READ.bits(),
                 ) else {
-                    return (wc_status::REM_ACCESS_ERR, wc_opcode::RDMA_READ, 0);
+                    return (WcStatus::RemAccessErr.raw(), WcOpcode::RdmaRead.raw(), 0);
                 };
                 let data = self.copy_from_mr(mr, rdma.remote_addr, len as usize);
                 let Local::Sges(sges) = &local else {
-                    return (wc_status::LOC_QP_OP_ERR, wc_opcode::RDMA_READ, 0);
+                    return (WcStatus::LocQpOpErr.raw(), WcOpcode::RdmaRead.raw(), 0);
                 };
                 if self.scatter(pd, sges, &data).is_none() {
-                    return (wc_status::LOC_PROT_ERR, wc_opcode::RDMA_READ, 0);
+                    return (WcStatus::LocProtErr.raw(), WcOpcode::RdmaRead.raw(), 0);
                 }
-                (wc_status::SUCCESS, wc_opcode::RDMA_READ, len)
+                (WcStatus::Success.raw(), WcOpcode::RdmaRead.raw(), len)
             }
-            _ => (wc_status::LOC_QP_OP_ERR, wc_opcode::SEND, 0),
+            _ => (WcStatus::LocQpOpErr.raw(), WcOpcode::Send.raw(), 0),
         }
     }
 
@@ -951,7 +951,13 @@ impl Device {
         let mut rest = data;
         for sge in sges {
             let n = rest.len().min(sge.length as usize);
-            let mr = self.local_mr(pd, sge.lkey, sge.addr, sge.length, sv::access::LOCAL_WRITE)?;
+            let mr = self.local_mr(
+                pd,
+                sge.lkey,
+                sge.addr,
+                sge.length,
+                AccessFlags::LOCAL_WRITE.bits(),
+            )?;
             self.copy_to_mr(mr, sge.addr, &rest[..n]);
             rest = &rest[n..];
         }
@@ -1025,16 +1031,15 @@ impl Device {
         imm: Option<u32>,
         events: &mut Vec<Event>,
     ) -> u32 {
-        use sv::wc_status;
         let Some(dest) = self.qps.values().find(|q| q.qpn == qpn) else {
-            return wc_status::RETRY_EXC_ERR;
+            return WcStatus::RetryExcErr.raw();
         };
         if !matches!(dest.state, QpState::Rtr | QpState::Rts) {
-            return wc_status::RETRY_EXC_ERR;
+            return WcStatus::RetryExcErr.raw();
         }
         let (rq, pd, recv_cq) = (dest.rq, dest.pd, dest.recv_cq);
         let Some(index) = rq.peek() else {
-            return wc_status::RNR_RETRY_EXC_ERR;
+            return WcStatus::RnrRetryExcErr.raw();
         };
         // SAFETY: a posted receive slot, owned by the kernel until the consumer passes it.
         let wqe = unsafe { rq.slot(index).cast::<RxeRecvWqe>().read() };
@@ -1045,14 +1050,14 @@ impl Device {
         let sges: Vec<RxeSge> = (0..n).map(|i| unsafe { first.add(i).read() }).collect();
         rq.pop(index);
         let status = match self.scatter(pd, &sges, payload) {
-            Some(true) => wc_status::SUCCESS,
-            Some(false) => wc_status::LOC_LEN_ERR,
-            None => wc_status::LOC_PROT_ERR,
+            Some(true) => WcStatus::Success.raw(),
+            Some(false) => WcStatus::LocLenErr.raw(),
+            None => WcStatus::LocProtErr.raw(),
         };
         let wc = IbUverbsWc {
             wr_id: wqe.wr_id,
             status,
-            opcode: sv::wc_opcode::RECV,
+            opcode: WcOpcode::Recv.raw(),
             byte_len: payload.len() as u32,
             ex: imm.unwrap_or(0),
             qp_num: qpn,
@@ -1066,10 +1071,10 @@ impl Device {
             ..IbUverbsWc::default()
         };
         self.push_cqe(recv_cq, wc, events);
-        if status == wc_status::SUCCESS {
-            wc_status::SUCCESS
+        if status == WcStatus::Success.raw() {
+            WcStatus::Success.raw()
         } else {
-            wc_status::REM_OP_ERR
+            WcStatus::RemOpErr.raw()
         }
     }
 
@@ -1173,7 +1178,7 @@ fn device_attr() -> DeviceAttr {
 fn port_attr() -> PortAttr {
     let n = Le32::new;
     PortAttr {
-        state: n(sv::port_state::ACTIVE),
+        state: n(PortState::Active as u32),
         max_mtu: n(5),
         active_mtu: n(3),
         gid_tbl_len: n(2),
@@ -1451,10 +1456,10 @@ fn connect_sends_the_rc_transitions_with_their_masks_and_values() {
 
     let m = modify_requests(&t);
     assert_eq!(m.len(), 3);
-    use qp_attr::*;
     assert_eq!(
         m[0].attr_mask.get(),
-        STATE | PKEY_INDEX | PORT | ACCESS_FLAGS
+        (QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)
+            .bits()
     );
     assert_eq!(m[0].attr.qp_state.get(), QpState::Init as u32);
     assert_eq!(m[0].attr.port_num, 1);
@@ -1462,7 +1467,14 @@ fn connect_sends_the_rc_transitions_with_their_masks_and_values() {
 
     assert_eq!(
         m[1].attr_mask.get(),
-        STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER
+        (QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER)
+            .bits()
     );
     let rtr = &m[1].attr;
     assert_eq!(rtr.qp_state.get(), QpState::Rtr as u32);
@@ -1482,7 +1494,13 @@ fn connect_sends_the_rc_transitions_with_their_masks_and_values() {
 
     assert_eq!(
         m[2].attr_mask.get(),
-        STATE | SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC
+        (QpAttrMask::STATE
+            | QpAttrMask::SQ_PSN
+            | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::MAX_QP_RD_ATOMIC)
+            .bits()
     );
     let rts = &m[2].attr;
     assert_eq!(rts.qp_state.get(), QpState::Rts as u32);
@@ -1921,14 +1939,17 @@ fn ud_sends_name_the_address_handle() {
         a.to_init(1, AccessFlags::empty()),
         Err(VerbsError::InvalidArgument(_))
     ));
-    let masks: Vec<u32> = modify_requests(&t)
+    let masks: Vec<QpAttrMask> = modify_requests(&t)
         .iter()
-        .map(|m| m.attr_mask.get())
+        .map(|m| QpAttrMask::from_bits_retain(m.attr_mask.get()))
         .collect();
-    use qp_attr::*;
     assert_eq!(
         masks[..3],
-        [STATE | PKEY_INDEX | PORT | QKEY, STATE, STATE | SQ_PSN]
+        [
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+            QpAttrMask::STATE,
+            QpAttrMask::STATE | QpAttrMask::SQ_PSN
+        ]
     );
 
     let ah = Ah::new(

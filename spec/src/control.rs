@@ -5,7 +5,7 @@ use crate::config::exact;
 use crate::error::DecodeError;
 use crate::features;
 use crate::status::{Status, StatusError};
-use crate::verbs::{self, access, qp_attr, QpType};
+use crate::verbs::{self, AccessFlags, Mtu, QpAttrMask, QpType};
 use crate::wire::*;
 use crate::{Le16, Le32};
 use zerocopy::{FromBytes, IntoBytes};
@@ -371,74 +371,75 @@ pub fn check_ah_attr(ah: &AhAttr) -> Result<(), DecodeError> {
 
 /// Validates the fields of `attr` selected by `attr_mask` (MODIFY_QP).
 pub fn check_qp_attr(attr_mask: u32, a: &QpAttr) -> Result<(), DecodeError> {
-    use qp_attr::*;
-    if attr_mask & !qp_attr::ALL != 0 {
+    let Some(mask) = QpAttrMask::from_bits(attr_mask) else {
         return Err(DecodeError::InvalidValue {
             field: "attr_mask",
             value: attr_mask.into(),
         });
-    }
+    };
     zero(a.reserved0.into(), "attr.reserved0")?;
     zero(a.reserved1.get().into(), "attr.reserved1")?;
     zero(a.ah_attr.reserved.get().into(), "ah_attr.reserved")?;
     zero(a.alt_ah_attr.reserved.get().into(), "alt_ah_attr.reserved")?;
-    let has = |bit: u32| attr_mask & bit != 0;
-    if has(STATE) {
+    let has = |bits: QpAttrMask| mask.contains(bits);
+    if has(QpAttrMask::STATE) {
         range(a.qp_state.get().into(), 0, 6, "qp_state")?;
     }
-    if has(CUR_STATE) {
+    if has(QpAttrMask::CUR_STATE) {
         range(a.cur_qp_state.get().into(), 0, 6, "cur_qp_state")?;
     }
-    if has(EN_SQD_ASYNC_NOTIFY) {
+    if has(QpAttrMask::EN_SQD_ASYNC_NOTIFY) {
         range(a.en_sqd_async_notify.into(), 0, 1, "en_sqd_async_notify")?;
     }
-    if has(ACCESS_FLAGS) && a.qp_access_flags.get() & !access::QP_ALLOWED != 0 {
+    if has(QpAttrMask::ACCESS_FLAGS)
+        && a.qp_access_flags.get() & !AccessFlags::QP_ALLOWED.bits() != 0
+    {
         return Err(DecodeError::InvalidValue {
             field: "qp_access_flags",
             value: a.qp_access_flags.get().into(),
         });
     }
-    if has(PORT) {
+    if has(QpAttrMask::PORT) {
         range(a.port_num.into(), 1, u8::MAX.into(), "port_num")?;
     }
-    if has(AV) {
+    if has(QpAttrMask::AV) {
         check_ah_attr(&a.ah_attr)?;
     }
-    if has(PATH_MTU) {
+    if has(QpAttrMask::PATH_MTU) {
         range(
             a.path_mtu.get().into(),
-            verbs::mtu::MTU_256.into(),
-            verbs::mtu::MTU_4096.into(),
+            (Mtu::Mtu256 as u32).into(),
+            (Mtu::Mtu4096 as u32).into(),
             "path_mtu",
         )?;
     }
-    if has(TIMEOUT) {
+    if has(QpAttrMask::TIMEOUT) {
         range(a.timeout.into(), 0, 31, "timeout")?;
     }
-    if has(RETRY_CNT) {
+    if has(QpAttrMask::RETRY_CNT) {
         range(a.retry_cnt.into(), 0, 7, "retry_cnt")?;
     }
-    if has(RNR_RETRY) {
+    if has(QpAttrMask::RNR_RETRY) {
         range(a.rnr_retry.into(), 0, 7, "rnr_retry")?;
     }
-    if has(RQ_PSN) {
+    if has(QpAttrMask::RQ_PSN) {
         range(a.rq_psn.get().into(), 0, verbs::MAX_PSN.into(), "rq_psn")?;
     }
-    if has(SQ_PSN) {
+    if has(QpAttrMask::SQ_PSN) {
         range(a.sq_psn.get().into(), 0, verbs::MAX_PSN.into(), "sq_psn")?;
     }
-    if has(ALT_PATH) {
+    if has(QpAttrMask::ALT_PATH) {
         check_ah_attr(&a.alt_ah_attr)?;
         range(a.alt_port_num.into(), 1, u8::MAX.into(), "alt_port_num")?;
         range(a.alt_timeout.into(), 0, 31, "alt_timeout")?;
     }
-    if has(MIN_RNR_TIMER) {
+    if has(QpAttrMask::MIN_RNR_TIMER) {
         range(a.min_rnr_timer.into(), 0, 31, "min_rnr_timer")?;
     }
-    if has(PATH_MIG_STATE) {
+    if has(QpAttrMask::PATH_MIG_STATE) {
         range(a.path_mig_state.get().into(), 0, 2, "path_mig_state")?;
     }
-    if has(DEST_QPN) {
+    if has(QpAttrMask::DEST_QPN) {
         range(
             a.dest_qp_num.get().into(),
             0,
@@ -455,13 +456,15 @@ pub fn check_qp_attr(attr_mask: u32, a: &QpAttr) -> Result<(), DecodeError> {
 /// chain instead of collecting it.
 pub fn check_reg_mr(r: &RegMrReq) -> Result<u64, DecodeError> {
     let acc = r.access.get();
-    if acc & !access::MR_ALLOWED != 0 {
+    let Some(flags) = AccessFlags::from_bits(acc) else {
         return Err(DecodeError::InvalidValue {
             field: "access",
             value: acc.into(),
         });
-    }
-    if acc & (access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0 && acc & access::LOCAL_WRITE == 0 {
+    };
+    if flags.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+        && !flags.contains(AccessFlags::LOCAL_WRITE)
+    {
         return Err(DecodeError::InvalidValue {
             field: "access",
             value: acc.into(),
@@ -646,7 +649,7 @@ impl<'a> ControlRequest<'a> {
             }
             Opcode::QueryQp => {
                 let r: QueryQpReq = take_body(body)?;
-                if r.attr_mask.get() & !qp_attr::ALL != 0 {
+                if QpAttrMask::from_bits(r.attr_mask.get()).is_none() {
                     return Err(DecodeError::InvalidValue {
                         field: "attr_mask",
                         value: r.attr_mask.get().into(),

@@ -202,7 +202,7 @@ pub mod send_wqe {
     pub const WR_ID: usize = 0;
     /// `wr.reserved` (le32, write 0; was `num_sge` in older kernels).
     pub const WR_RESERVED: usize = 8;
-    /// `wr.opcode` (le32, [`crate::verbs::wr_opcode`]).
+    /// `wr.opcode` (le32, [`crate::verbs::WrOpcode`]).
     pub const OPCODE: usize = 12;
     /// `wr.send_flags` (le32, [`crate::verbs::send_flags`]).
     pub const SEND_FLAGS: usize = 16;
@@ -278,9 +278,9 @@ pub mod recv_wqe {
 pub mod cqe {
     /// `wr_id` (le64).
     pub const WR_ID: usize = 0;
-    /// `status` (le32, [`crate::verbs::wc_status`]).
+    /// `status` (le32, [`crate::verbs::WcStatus`]).
     pub const STATUS: usize = 8;
-    /// `opcode` (le32, [`crate::verbs::wc_opcode`]).
+    /// `opcode` (le32, [`crate::verbs::WcOpcode`]).
     pub const OPCODE: usize = 12;
     /// `vendor_err` (le32).
     pub const VENDOR_ERR: usize = 16;

@@ -230,7 +230,7 @@ wire_struct! {
     pub struct RegMrReq {
         /// PD handle.
         pub pd: Le32,
-        /// Access flags ([`crate::verbs::access::MR_ALLOWED`]).
+        /// Access flags ([`crate::verbs::AccessFlags::MR_ALLOWED`]).
         pub access: Le32,
         /// I/O virtual address the driver uses in SGEs and gives to peers.
         pub iova: Le64,
@@ -305,7 +305,7 @@ wire_struct! {
     pub struct ModifyQpReq {
         /// QP handle.
         pub qp: Le32,
-        /// [`crate::verbs::qp_attr`] bits selecting the fields of `attr` to apply.
+        /// [`crate::verbs::QpAttrMask`] bits selecting the fields of `attr` to apply.
         pub attr_mask: Le32,
         /// Attribute values; unselected fields are ignored.
         pub attr: QpAttr,

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use vrdma_spec::verbs::{access, qp_attr};
+use vrdma_spec::verbs::{AccessFlags, QpAttrMask};
 use vrdma_spec::wire::*;
 use vrdma_spec::{
     ControlRequest, ControlResponse, DecodeError, Event, Le32, Le64, Opcode, RegMr, Status,
@@ -187,10 +187,10 @@ fn reg_mr_validation() {
     ));
     // access flags
     for acc in [
-        access::MW_BIND,
-        access::ON_DEMAND,
+        AccessFlags::MW_BIND.bits(),
+        AccessFlags::ON_DEMAND.bits(),
         1 << 31,
-        access::REMOTE_WRITE,
+        AccessFlags::REMOTE_WRITE.bits(),
     ] {
         let mut r = good;
         r.access = Le32::new(acc);
@@ -262,7 +262,7 @@ fn enum_and_range_checks() {
     r.attr.timeout = 200; // TIMEOUT not selected: ignored
     r.attr.qp_access_flags = Le32::new(u32::MAX); // not selected: ignored
     assert!(ControlRequest::decode(&enc(ControlRequest::ModifyQp(r))).is_ok());
-    r.attr_mask = Le32::new(r.attr_mask.get() | qp_attr::TIMEOUT);
+    r.attr_mask = Le32::new(r.attr_mask.get() | QpAttrMask::TIMEOUT.bits());
     assert!(ControlRequest::decode(&enc(ControlRequest::ModifyQp(r))).is_err());
     let mut r = base;
     r.attr.reserved1 = Le32::new(1);

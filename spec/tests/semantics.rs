@@ -1,7 +1,7 @@
 //! QP state table and rxe v1 geometry helpers.
 
 use vrdma_spec::rxe_v1::{self, GeometryError};
-use vrdma_spec::verbs::{check_modify_qp, qp_attr::*, qp_transition, QpState, QpType};
+use vrdma_spec::verbs::{check_modify_qp, qp_transition, QpAttrMask, QpState, QpType};
 use vrdma_spec::wire::RingDesc;
 use vrdma_spec::{Le32, Le64, Status};
 
@@ -13,23 +13,37 @@ fn rc_connection_sequence_is_legal() {
         check_modify_qp(
             rc,
             Reset,
-            STATE | PKEY_INDEX | PORT | ACCESS_FLAGS,
+            QpAttrMask::STATE
+                | QpAttrMask::PKEY_INDEX
+                | QpAttrMask::PORT
+                | QpAttrMask::ACCESS_FLAGS,
             Init,
             None
         ),
         Ok(())
     );
-    let rtr = STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER;
+    let rtr = QpAttrMask::STATE
+        | QpAttrMask::AV
+        | QpAttrMask::PATH_MTU
+        | QpAttrMask::DEST_QPN
+        | QpAttrMask::RQ_PSN
+        | QpAttrMask::MAX_DEST_RD_ATOMIC
+        | QpAttrMask::MIN_RNR_TIMER;
     assert_eq!(check_modify_qp(rc, Init, rtr, Rtr, None), Ok(()));
-    let rts = STATE | TIMEOUT | RETRY_CNT | RNR_RETRY | SQ_PSN | MAX_QP_RD_ATOMIC;
+    let rts = QpAttrMask::STATE
+        | QpAttrMask::TIMEOUT
+        | QpAttrMask::RETRY_CNT
+        | QpAttrMask::RNR_RETRY
+        | QpAttrMask::SQ_PSN
+        | QpAttrMask::MAX_QP_RD_ATOMIC;
     assert_eq!(check_modify_qp(rc, Rtr, rts, Rts, None), Ok(()));
     assert_eq!(
-        check_modify_qp(rc, Rtr, rts | CUR_STATE, Rts, Some(Rtr)),
+        check_modify_qp(rc, Rtr, rts | QpAttrMask::CUR_STATE, Rts, Some(Rtr)),
         Ok(())
     );
     // missing a required attribute
     assert_eq!(
-        check_modify_qp(rc, Init, rtr & !DEST_QPN, Rtr, None),
+        check_modify_qp(rc, Init, rtr & !QpAttrMask::DEST_QPN, Rtr, None),
         Err(Status::Invalid)
     );
     // attribute not allowed in this transition
@@ -37,7 +51,11 @@ fn rc_connection_sequence_is_legal() {
         check_modify_qp(
             rc,
             Reset,
-            STATE | PKEY_INDEX | PORT | ACCESS_FLAGS | QKEY,
+            QpAttrMask::STATE
+                | QpAttrMask::PKEY_INDEX
+                | QpAttrMask::PORT
+                | QpAttrMask::ACCESS_FLAGS
+                | QpAttrMask::QKEY,
             Init,
             None
         ),
@@ -45,34 +63,52 @@ fn rc_connection_sequence_is_legal() {
     );
     // illegal transitions
     assert_eq!(
-        check_modify_qp(rc, Reset, STATE, Rts, None),
+        check_modify_qp(rc, Reset, QpAttrMask::STATE, Rts, None),
         Err(Status::BadState)
     );
     assert_eq!(
-        check_modify_qp(rc, Reset, STATE, QpState::Err, None),
+        check_modify_qp(rc, Reset, QpAttrMask::STATE, QpState::Err, None),
         Err(Status::BadState)
     );
     assert_eq!(
-        check_modify_qp(rc, Init, STATE, Sqe, None),
+        check_modify_qp(rc, Init, QpAttrMask::STATE, Sqe, None),
         Err(Status::BadState)
     );
     assert_eq!(
-        check_modify_qp(rc, Sqe, STATE, Rts, None),
+        check_modify_qp(rc, Sqe, QpAttrMask::STATE, Rts, None),
         Err(Status::BadState)
     );
-    // claimed current state must match and be one that allows CUR_STATE
+    // claimed current state must match and be one that allows QpAttrMask::CUR_STATE
     assert_eq!(
-        check_modify_qp(rc, Rts, STATE | CUR_STATE, Rts, Some(Rtr)),
+        check_modify_qp(
+            rc,
+            Rts,
+            QpAttrMask::STATE | QpAttrMask::CUR_STATE,
+            Rts,
+            Some(Rtr)
+        ),
         Err(Status::BadState)
     );
     assert_eq!(
-        check_modify_qp(rc, Init, STATE | CUR_STATE, Init, Some(Init)),
+        check_modify_qp(
+            rc,
+            Init,
+            QpAttrMask::STATE | QpAttrMask::CUR_STATE,
+            Init,
+            Some(Init)
+        ),
         Err(Status::BadState)
     );
     // anything (but RESET) to ERR and RESET
     for s in [Init, Rtr, Rts, Sqd, Sqe, QpState::Err] {
-        assert_eq!(check_modify_qp(rc, s, STATE, QpState::Err, None), Ok(()));
-        assert_eq!(check_modify_qp(rc, s, STATE, Reset, None), Ok(()));
+        assert_eq!(
+            check_modify_qp(rc, s, QpAttrMask::STATE, QpState::Err, None),
+            Ok(())
+        );
+        assert_eq!(
+            check_modify_qp(rc, s, QpAttrMask::STATE, Reset, None),
+            Ok(())
+        );
     }
 }
 
@@ -81,14 +117,29 @@ fn ud_sequence_is_legal() {
     use QpState::{Init, Reset, Rtr, Rts, Sqd, Sqe};
     let ud = QpType::Ud;
     assert_eq!(
-        check_modify_qp(ud, Reset, STATE | PKEY_INDEX | PORT | QKEY, Init, None),
+        check_modify_qp(
+            ud,
+            Reset,
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+            Init,
+            None
+        ),
         Ok(())
     );
-    assert_eq!(check_modify_qp(ud, Init, STATE, Rtr, None), Ok(()));
-    assert_eq!(check_modify_qp(ud, Rtr, STATE | SQ_PSN, Rts, None), Ok(()));
-    assert_eq!(check_modify_qp(ud, Sqe, STATE | QKEY, Rts, None), Ok(()));
     assert_eq!(
-        check_modify_qp(ud, Init, STATE | AV, Rtr, None),
+        check_modify_qp(ud, Init, QpAttrMask::STATE, Rtr, None),
+        Ok(())
+    );
+    assert_eq!(
+        check_modify_qp(ud, Rtr, QpAttrMask::STATE | QpAttrMask::SQ_PSN, Rts, None),
+        Ok(())
+    );
+    assert_eq!(
+        check_modify_qp(ud, Sqe, QpAttrMask::STATE | QpAttrMask::QKEY, Rts, None),
+        Ok(())
+    );
+    assert_eq!(
+        check_modify_qp(ud, Init, QpAttrMask::STATE | QpAttrMask::AV, Rtr, None),
         Err(Status::Invalid)
     );
     assert!(qp_transition(ud, Rts, Sqd).is_some());

@@ -6,12 +6,12 @@
 //! over address space this process reuses.
 
 use log::{debug, warn};
-use vrdma_spec::verbs::access;
+use vrdma_spec::verbs::AccessFlags;
 use vrdma_spec::wire::{HandleReq, RegMrResp};
 use vrdma_spec::{Event, EventType, Le32, RegMr, ResponseBody};
 
 use super::{at_most, host_err, CommandError, CommandResult, Session};
-use crate::device::{AccessFlags, HostContext, Mr, MrInit};
+use crate::device::{HostContext, Mr, MrInit};
 use crate::guest::{GuestDevice, GuestState};
 use crate::handler::{EventClass, GuestContext};
 use crate::mem::{GuestRam, MrPages, MrWindow};
@@ -90,7 +90,8 @@ pub(crate) fn reg_mr(s: &mut Session<'_>, m: &RegMr<'_>) -> CommandResult {
         max_mr_size,
     )?;
     // Relaxed ordering is a hint the spec lets the device ignore.
-    let access = AccessFlags(r.access.get() & !access::RELAXED_ORDERING);
+    let access =
+        AccessFlags::from_bits_retain(r.access.get() & !AccessFlags::RELAXED_ORDERING.bits());
     let host = s
         .host()
         .reg_mr(&MrInit {

@@ -2,7 +2,7 @@
 
 use log::warn;
 use vrdma_spec::rxe_v1;
-use vrdma_spec::verbs::{self, qp_attr, QpState, QpType};
+use vrdma_spec::verbs::{self, AccessFlags, QpAttrMask, QpState, QpType};
 use vrdma_spec::wire::{self, CreateQpReq, CreateQpResp, HandleReq, ModifyQpReq, QueryQpReq};
 use vrdma_spec::wire::{QueryQpResp, RingDesc};
 use vrdma_spec::{Le16, Le32, ResponseBody};
@@ -11,7 +11,7 @@ use zerocopy::FromZeros;
 use super::ah::{ah_attr_to_guest, ah_attr_to_host};
 use super::rings::{self, MappedRing};
 use super::{at_most, host_err, CommandError, CommandResult, Session};
-use crate::device::{self, HostContext, QpAttrMask, QpCaps, QpHandle, QpInit};
+use crate::device::{self, HostContext, QpCaps, QpHandle, QpInit};
 use crate::guest::{EventOwner, GuestState};
 use crate::handler::{lock, GuestContext};
 use crate::resources::Handle;
@@ -88,14 +88,6 @@ impl QpDeps {
         for e in results.into_iter().filter_map(Result::err) {
             warn!("QP bookkeeping: {e}");
         }
-    }
-}
-
-/// Host QP type of a spec QP type.
-fn host_qp_type(qp_type: QpType) -> device::QpType {
-    match qp_type {
-        QpType::Rc => device::QpType::Rc,
-        QpType::Ud => device::QpType::Ud,
     }
 }
 
@@ -186,7 +178,7 @@ fn create_reserved(
         max_inline_data: r.max_inline_data.get(),
     };
     let created = s.host().create_qp(&QpInit {
-        qp_type: host_qp_type(qp_type),
+        qp_type,
         pd,
         send_cq,
         recv_cq,
@@ -303,13 +295,7 @@ fn current_state(s: &Session<'_>, host: QpHandle) -> Result<QpState, CommandErro
         .host()
         .query_qp(host, QpAttrMask::STATE)
         .map_err(host_err("QUERY_QP"))?;
-    QpState::try_from(u32::from(info.attr.qp_state.to_kernel()))
-        .map_err(|v| CommandError::Geometry(format!("host reports QP state {v}")))
-}
-
-fn host_state(state: QpState) -> device::QpState {
-    // The spec's values are the kernel's.
-    device::QpState::from_kernel(state as u8).unwrap_or_default()
+    Ok(info.attr.qp_state)
 }
 
 fn state_field(value: u32, what: &'static str) -> Result<QpState, CommandError> {
@@ -324,19 +310,20 @@ fn state_field(value: u32, what: &'static str) -> Result<QpState, CommandError> 
 pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
     let entry = s.state.qps.get(Handle::from_raw(r.qp.get()))?;
     let (host, qp_type) = (entry.host, entry.qp_type);
-    let mask = r.attr_mask.get();
-    if mask & (qp_attr::CAP | qp_attr::RATE_LIMIT) != 0 {
+    // The decoder refused undefined bits.
+    let mask = QpAttrMask::from_bits_retain(r.attr_mask.get());
+    if mask.intersects(QpAttrMask::CAP | QpAttrMask::RATE_LIMIT) {
         return Err(CommandError::Unsupported("QP resize or rate limit"));
     }
     let a = &r.attr;
-    let has = |bit: u32| mask & bit != 0;
+    let has = |bits: QpAttrMask| mask.contains(bits);
     let cur = current_state(s, host)?;
-    let next = if has(qp_attr::STATE) {
+    let next = if has(QpAttrMask::STATE) {
         state_field(a.qp_state.get(), "qp_state")?
     } else {
         cur
     };
-    let claimed = if has(qp_attr::CUR_STATE) {
+    let claimed = if has(QpAttrMask::CUR_STATE) {
         Some(state_field(a.cur_qp_state.get(), "cur_qp_state")?)
     } else {
         None
@@ -350,7 +337,7 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
 
     let dev = s.dev;
     let limits = &dev.limits().attr;
-    let port = if has(qp_attr::PORT) {
+    let port = if has(QpAttrMask::PORT) {
         dev.host_port(a.port_num.into())
             .ok_or(CommandError::Invalid {
                 what: "port_num",
@@ -363,38 +350,38 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
         .host()
         .query_port(port)
         .map_err(host_err("QUERY_PORT"))?;
-    if has(qp_attr::PKEY_INDEX) && a.pkey_index.get() >= port_attr.pkey_tbl_len {
+    if has(QpAttrMask::PKEY_INDEX) && a.pkey_index.get() >= port_attr.pkey_tbl_len {
         return Err(CommandError::Invalid {
             what: "pkey_index",
             value: a.pkey_index.get().into(),
         });
     }
-    if has(qp_attr::PATH_MTU) && a.path_mtu.get() > u32::from(port_attr.max_mtu) {
+    if has(QpAttrMask::PATH_MTU) && a.path_mtu.get() > u32::from(port_attr.max_mtu) {
         return Err(CommandError::Invalid {
             what: "path_mtu",
             value: a.path_mtu.get().into(),
         });
     }
-    if has(qp_attr::MAX_QP_RD_ATOMIC) {
+    if has(QpAttrMask::MAX_QP_RD_ATOMIC) {
         at_most(
             a.max_rd_atomic.into(),
             limits.max_qp_init_rd_atom,
             "max_rd_atomic",
         )?;
     }
-    if has(qp_attr::MAX_DEST_RD_ATOMIC) {
+    if has(QpAttrMask::MAX_DEST_RD_ATOMIC) {
         at_most(
             a.max_dest_rd_atomic.into(),
             limits.max_qp_rd_atom,
             "max_dest_rd_atomic",
         )?;
     }
-    let ah_attr = if has(qp_attr::AV) {
+    let ah_attr = if has(QpAttrMask::AV) {
         ah_attr_to_host(dev, &a.ah_attr, "ah_attr.port_num")?
     } else {
         device::AhAttr::default()
     };
-    let (alt_ah_attr, alt_port_num) = if has(qp_attr::ALT_PATH) {
+    let (alt_ah_attr, alt_port_num) = if has(QpAttrMask::ALT_PATH) {
         let alt_port = dev
             .host_port(a.alt_port_num.into())
             .ok_or(CommandError::Invalid {
@@ -409,8 +396,8 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
         (device::AhAttr::default(), 0)
     };
     let attr = device::QpAttr {
-        qp_state: host_state(next),
-        cur_qp_state: host_state(claimed.unwrap_or(cur)),
+        qp_state: next,
+        cur_qp_state: claimed.unwrap_or(cur),
         // Ranges checked by the decoder: MTU 1..=5, migration state 0..=2.
         path_mtu: a.path_mtu.get() as u8,
         path_mig_state: a.path_mig_state.get() as u8,
@@ -418,7 +405,7 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
         rq_psn: a.rq_psn.get(),
         sq_psn: a.sq_psn.get(),
         dest_qp_num: a.dest_qp_num.get(),
-        qp_access_flags: device::AccessFlags(a.qp_access_flags.get()),
+        qp_access_flags: AccessFlags::from_bits_retain(a.qp_access_flags.get()),
         ah_attr,
         alt_ah_attr,
         pkey_index: a.pkey_index.get(),
@@ -428,7 +415,7 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
         max_rd_atomic: a.max_rd_atomic,
         max_dest_rd_atomic: a.max_dest_rd_atomic,
         min_rnr_timer: a.min_rnr_timer,
-        port_num: if has(qp_attr::PORT) { port } else { 0 },
+        port_num: if has(QpAttrMask::PORT) { port } else { 0 },
         timeout: a.timeout,
         retry_cnt: a.retry_cnt,
         rnr_retry: a.rnr_retry,
@@ -436,27 +423,28 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
         alt_timeout: a.alt_timeout,
     };
     dev.host()
-        .modify_qp(host, &attr, QpAttrMask(mask))
+        .modify_qp(host, &attr, mask)
         .map_err(host_err("MODIFY_QP"))?;
     Ok(ResponseBody::Empty)
 }
 
 /// Attribute bits QUERY_QP answers with: every legacy attribute (the spec lets the device
 /// return more than asked).
-const QUERY_QP_MASK: u32 = qp_attr::ALL & !qp_attr::RATE_LIMIT;
+const QUERY_QP_MASK: QpAttrMask =
+    QpAttrMask::from_bits_retain(QpAttrMask::ALL.bits() & !QpAttrMask::RATE_LIMIT.bits());
 
 /// QUERY_QP: the host's attributes, with port numbers in the guest's terms.
 pub(crate) fn query_qp(s: &mut Session<'_>, r: &QueryQpReq) -> CommandResult {
     let host = s.state.qps.get(Handle::from_raw(r.qp.get()))?.host;
     let info = s
         .host()
-        .query_qp(host, QpAttrMask(QUERY_QP_MASK))
+        .query_qp(host, QUERY_QP_MASK)
         .map_err(host_err("QUERY_QP"))?;
     let dev = s.dev;
     let a = &info.attr;
     let attr = wire::QpAttr {
-        qp_state: Le32::new(a.qp_state.to_kernel().into()),
-        cur_qp_state: Le32::new(a.qp_state.to_kernel().into()),
+        qp_state: Le32::new(a.qp_state as u32),
+        cur_qp_state: Le32::new(a.qp_state as u32),
         path_mtu: Le32::new(a.path_mtu.into()),
         path_mig_state: Le32::new(a.path_mig_state.into()),
         qkey: Le32::new(a.qkey),
@@ -489,7 +477,7 @@ pub(crate) fn query_qp(s: &mut Session<'_>, r: &QueryQpReq) -> CommandResult {
         reserved1: Le32::ZERO,
     };
     Ok(ResponseBody::QueryQp(QueryQpResp {
-        attr_mask: Le32::new(QUERY_QP_MASK),
+        attr_mask: Le32::new(QUERY_QP_MASK.bits()),
         reserved: Le32::ZERO,
         attr,
     }))

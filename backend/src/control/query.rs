@@ -2,14 +2,13 @@
 
 use vrdma_spec::features::{VRDMA_F_SRQ, VRDMA_F_UD};
 use vrdma_spec::rxe_v1::SGE_SIZE;
-use vrdma_spec::verbs::GidType as SpecGidType;
 use vrdma_spec::wire::{
     DeviceAttr, GidEntry, PkeyEntry, PortAttr, QueryPortReq, QueryTableReq, GID_FLAG_VALID,
 };
 use vrdma_spec::{Le16, Le32, Le64, ResponseBody};
 
 use super::{host_err, CommandError, CommandResult, Session};
-use crate::device::{self, GidType};
+use crate::device;
 use crate::guest::GUEST_PORT;
 
 /// `IB_LINK_LAYER_ETHERNET`.
@@ -139,11 +138,10 @@ pub(crate) fn query_gid(s: &mut Session<'_>, r: &QueryTableReq) -> CommandResult
         .device()
         .gid_entry(host_port, index)
         .map_err(host_err("GID table"))?;
-    let ethernet = p.link_layer == LINK_LAYER_ETHERNET;
     let entry = match found {
         Some(e) => GidEntry {
             gid: e.gid,
-            gid_type: Le32::new(gid_type(e.gid_type.as_ref(), ethernet) as u32),
+            gid_type: Le32::new(e.gid_type as u32),
             flags: Le32::new(GID_FLAG_VALID),
         },
         None => GidEntry {
@@ -153,17 +151,6 @@ pub(crate) fn query_gid(s: &mut Session<'_>, r: &QueryTableReq) -> CommandResult
         },
     };
     Ok(ResponseBody::QueryGid(entry))
-}
-
-/// The spec's GID type of a sysfs GID type.
-fn gid_type(t: Option<&GidType>, ethernet: bool) -> SpecGidType {
-    match t {
-        Some(GidType::RoceV2) => SpecGidType::RoceV2,
-        // "IB/RoCE v1": RoCE v1 on an Ethernet port, plain IB otherwise; kernels without
-        // gid_attrs only know v1.
-        Some(GidType::IbRoceV1) | Some(GidType::Other(_)) | None if ethernet => SpecGidType::RoceV1,
-        _ => SpecGidType::Ib,
-    }
 }
 
 /// QUERY_PKEY: an index below `pkey_tbl_len`. RoCE ports have only the default P_Key; the
@@ -192,17 +179,6 @@ pub(crate) fn query_pkey(s: &mut Session<'_>, r: &QueryTableReq) -> CommandResul
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn gid_types_by_link_layer() {
-        assert_eq!(gid_type(Some(&GidType::RoceV2), true), SpecGidType::RoceV2);
-        assert_eq!(
-            gid_type(Some(&GidType::IbRoceV1), true),
-            SpecGidType::RoceV1
-        );
-        assert_eq!(gid_type(None, true), SpecGidType::RoceV1);
-        assert_eq!(gid_type(Some(&GidType::IbRoceV1), false), SpecGidType::Ib);
-    }
 
     #[test]
     fn no_unsupported_capability_is_passed() {

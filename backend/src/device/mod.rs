@@ -26,9 +26,11 @@ mod layout_tests;
 
 use std::os::fd::BorrowedFd;
 
+use vrdma_spec::verbs::QpAttrMask;
+
 pub use error::{DeviceError, Result};
 pub use rxe::{RxeContext, RxeDevice};
-pub use sysfs::{DeviceInfo, GidEntry, GidType, PortInfo, PortState};
+pub use sysfs::{DeviceInfo, GidEntry, PortInfo};
 pub use types::*;
 
 /// A host RDMA device the backend can serve guests from.

@@ -8,6 +8,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
+use vrdma_spec::verbs::{AccessFlags, QpAttrMask, QpState};
 use zerocopy::IntoBytes;
 
 use super::error::{DeviceError, Result};
@@ -166,10 +167,10 @@ pub fn encode_modify_qp(qp: QpHandle, attr: &QpAttr, mask: QpAttrMask) -> uverbs
         ..Default::default()
     };
     if mask.contains(QpAttrMask::STATE) {
-        cmd.qp_state = attr.qp_state.to_kernel();
+        cmd.qp_state = attr.qp_state as u8;
     }
     if mask.contains(QpAttrMask::CUR_STATE) {
-        cmd.cur_qp_state = attr.cur_qp_state.to_kernel();
+        cmd.cur_qp_state = attr.cur_qp_state as u8;
     }
     if mask.contains(QpAttrMask::EN_SQD_ASYNC_NOTIFY) {
         cmd.en_sqd_async_notify = u8::from(attr.en_sqd_async_notify);
@@ -233,7 +234,7 @@ pub fn encode_modify_qp(qp: QpHandle, attr: &QpAttr, mask: QpAttrMask) -> uverbs
 
 fn decode_query_qp(resp: &uverbs::QueryQpResp) -> Result<QpInfo> {
     let state = |value: u8| {
-        QpState::from_kernel(value).ok_or_else(|| DeviceError::InvalidReply {
+        QpState::try_from(u32::from(value)).map_err(|_| DeviceError::InvalidReply {
             command: "QUERY_QP",
             reason: format!("unknown QP state {value}"),
         })
@@ -248,7 +249,7 @@ fn decode_query_qp(resp: &uverbs::QueryQpResp) -> Result<QpInfo> {
             rq_psn: resp.rq_psn,
             sq_psn: resp.sq_psn,
             dest_qp_num: resp.dest_qp_num,
-            qp_access_flags: AccessFlags(resp.qp_access_flags),
+            qp_access_flags: AccessFlags::from_bits_retain(resp.qp_access_flags),
             ah_attr: attr_from_dest(&resp.dest),
             alt_ah_attr: attr_from_dest(&resp.alt_dest),
             pkey_index: resp.pkey_index,
@@ -585,7 +586,7 @@ impl HostContext for RxeContext {
             max_recv_sge: init.caps.max_recv_sge,
             max_inline_data: init.caps.max_inline_data,
             sq_sig_all: u8::from(init.sq_sig_all),
-            qp_type: init.qp_type.to_kernel(),
+            qp_type: init.qp_type as u8,
             is_srq: u8::from(init.srq.is_some()),
             reserved: 0,
         };

@@ -7,37 +7,14 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use vrdma_spec::verbs::{GidType, PortState};
+
 use super::error::{DeviceError, Result};
 
 /// Default sysfs mount point.
 pub const SYSFS_ROOT: &str = "/sys";
 /// Default device directory.
 pub const DEV_ROOT: &str = "/dev";
-
-/// Port states (`enum ib_port_state`) as sysfs prints them ("4: ACTIVE").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PortState {
-    Nop,
-    Down,
-    Init,
-    Armed,
-    Active,
-    ActiveDefer,
-}
-
-impl PortState {
-    fn from_number(value: u32) -> Option<PortState> {
-        Some(match value {
-            0 => PortState::Nop,
-            1 => PortState::Down,
-            2 => PortState::Init,
-            3 => PortState::Armed,
-            4 => PortState::Active,
-            5 => PortState::ActiveDefer,
-            _ => return None,
-        })
-    }
-}
 
 /// One port of a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,24 +47,13 @@ impl DeviceInfo {
     }
 }
 
-/// GID types (`ports/N/gid_attrs/types/I`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum GidType {
-    /// "IB/RoCE v1".
-    IbRoceV1,
-    /// "RoCE v2".
-    RoceV2,
-    /// Anything else the kernel prints.
-    Other(String),
-}
-
-impl GidType {
-    fn parse(text: &str) -> GidType {
-        match text {
-            "IB/RoCE v1" => GidType::IbRoceV1,
-            "RoCE v2" => GidType::RoceV2,
-            other => GidType::Other(other.to_owned()),
-        }
+/// The GID type of a `ports/N/gid_attrs/types/I` text: "IB/RoCE v1" is RoCE v1 on an
+/// Ethernet port and plain IB otherwise; kernels without `gid_attrs` (`None`) only know v1.
+fn gid_type(text: Option<&str>, ethernet: bool) -> GidType {
+    match text {
+        Some("RoCE v2") => GidType::RoceV2,
+        _ if ethernet => GidType::RoceV1,
+        _ => GidType::Ib,
     }
 }
 
@@ -97,8 +63,8 @@ pub struct GidEntry {
     pub index: u32,
     /// The GID in network order.
     pub gid: [u8; 16],
-    /// `None` on kernels without `gid_attrs`.
-    pub gid_type: Option<GidType>,
+    /// From `gid_attrs` and the port's link layer.
+    pub gid_type: GidType,
 }
 
 fn read_attr(path: &Path) -> Result<String> {
@@ -263,7 +229,7 @@ fn ports(dir: &Path) -> Result<Vec<PortInfo>> {
             .split(':')
             .next()
             .and_then(|n| n.trim().parse::<u32>().ok())
-            .and_then(PortState::from_number)
+            .and_then(|n| PortState::try_from(n).ok())
             .ok_or_else(|| DeviceError::SysfsFormat {
                 path: state_path.clone(),
                 content: state_text.clone(),
@@ -346,11 +312,13 @@ fn read_gid_entry(port_dir: &Path, index: u32) -> Result<Option<GidEntry>> {
         return Ok(None);
     }
     // The kernel answers EINVAL for the type of an empty slot; a slot can empty between
-    // the two reads, so a failed type read leaves the type unknown instead of failing.
+    // the two reads, so a failed type read falls back to the link layer's default type
+    // instead of failing.
     let type_path = port_dir.join("gid_attrs/types").join(index.to_string());
-    let gid_type = fs::read_to_string(&type_path)
-        .ok()
-        .map(|t| GidType::parse(t.trim_end()));
+    let type_text = fs::read_to_string(&type_path).ok();
+    let ethernet = fs::read_to_string(port_dir.join("link_layer"))
+        .is_ok_and(|layer| layer.trim_end() == "Ethernet");
+    let gid_type = gid_type(type_text.as_deref().map(str::trim_end), ethernet);
     Ok(Some(GidEntry {
         index,
         gid,
@@ -561,9 +529,18 @@ mod tests {
             table[0].gid,
             [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0xe8, 0x31, 0x2e, 0xff, 0xfe, 0xaa, 0x07, 0x02]
         );
-        assert_eq!(table[0].gid_type, Some(GidType::RoceV2));
+        assert_eq!(table[0].gid_type, GidType::RoceV2);
         assert_eq!(table[1].index, 10, "numeric, not lexicographic, order");
-        assert_eq!(table[1].gid_type, Some(GidType::IbRoceV1));
+        // "IB/RoCE v1" on an Ethernet port.
+        assert_eq!(table[1].gid_type, GidType::RoceV1);
+    }
+
+    #[test]
+    fn gid_types_by_link_layer() {
+        assert_eq!(gid_type(Some("RoCE v2"), true), GidType::RoceV2);
+        assert_eq!(gid_type(Some("IB/RoCE v1"), true), GidType::RoceV1);
+        assert_eq!(gid_type(None, true), GidType::RoceV1);
+        assert_eq!(gid_type(Some("IB/RoCE v1"), false), GidType::Ib);
     }
 
     #[test]

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use vrdma_spec::verbs::{AccessFlags, QpState, QpType};
+
 macro_rules! handle {
     ($(#[$m:meta])* $name:ident) => {
         $(#[$m])*
@@ -50,35 +52,6 @@ pub struct QueueBuffer {
     pub offset: u64,
     /// Length in bytes (a multiple of the page size).
     pub len: usize,
-}
-
-/// Access flags of an MR or QP (`IB_ACCESS_*`, same bits as `ibv_access_flags`).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct AccessFlags(pub u32);
-
-impl AccessFlags {
-    /// `IB_ACCESS_LOCAL_WRITE`.
-    pub const LOCAL_WRITE: AccessFlags = AccessFlags(1);
-    /// `IB_ACCESS_REMOTE_WRITE`.
-    pub const REMOTE_WRITE: AccessFlags = AccessFlags(1 << 1);
-    /// `IB_ACCESS_REMOTE_READ`.
-    pub const REMOTE_READ: AccessFlags = AccessFlags(1 << 2);
-    /// `IB_ACCESS_REMOTE_ATOMIC`.
-    pub const REMOTE_ATOMIC: AccessFlags = AccessFlags(1 << 3);
-    /// `IB_ACCESS_MW_BIND`.
-    pub const MW_BIND: AccessFlags = AccessFlags(1 << 4);
-
-    /// Raw bits.
-    pub fn bits(self) -> u32 {
-        self.0
-    }
-}
-
-impl std::ops::BitOr for AccessFlags {
-    type Output = AccessFlags;
-    fn bitor(self, rhs: AccessFlags) -> AccessFlags {
-        AccessFlags(self.0 | rhs.0)
-    }
 }
 
 /// Device attributes (legacy QUERY_DEVICE, `ib_uverbs_query_device_resp`).
@@ -168,70 +141,6 @@ pub struct AhAttr {
     pub port_num: u8,
 }
 
-/// QP transport types the layer creates (`enum ib_qp_type` values).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum QpType {
-    /// Reliable connected.
-    Rc,
-    /// Unreliable connected.
-    Uc,
-    /// Unreliable datagram.
-    Ud,
-}
-
-impl QpType {
-    /// `IB_QPT_*`.
-    pub fn to_kernel(self) -> u8 {
-        match self {
-            QpType::Rc => 2,
-            QpType::Uc => 3,
-            QpType::Ud => 4,
-        }
-    }
-}
-
-/// QP states (`enum ib_qp_state`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum QpState {
-    #[default]
-    Reset,
-    Init,
-    Rtr,
-    Rts,
-    Sqd,
-    Sqe,
-    Err,
-}
-
-impl QpState {
-    /// `IB_QPS_*`.
-    pub fn to_kernel(self) -> u8 {
-        match self {
-            QpState::Reset => 0,
-            QpState::Init => 1,
-            QpState::Rtr => 2,
-            QpState::Rts => 3,
-            QpState::Sqd => 4,
-            QpState::Sqe => 5,
-            QpState::Err => 6,
-        }
-    }
-
-    /// From `IB_QPS_*`; `None` for values outside the enum.
-    pub fn from_kernel(value: u8) -> Option<QpState> {
-        Some(match value {
-            0 => QpState::Reset,
-            1 => QpState::Init,
-            2 => QpState::Rtr,
-            3 => QpState::Rts,
-            4 => QpState::Sqd,
-            5 => QpState::Sqe,
-            6 => QpState::Err,
-            _ => return None,
-        })
-    }
-}
-
 /// QP capacities (`ib_qp_cap`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct QpCaps {
@@ -240,53 +149,6 @@ pub struct QpCaps {
     pub max_send_sge: u32,
     pub max_recv_sge: u32,
     pub max_inline_data: u32,
-}
-
-/// Which [`QpAttr`] fields a MODIFY_QP / QUERY_QP covers (`enum ib_qp_attr_mask`).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct QpAttrMask(pub u32);
-
-impl QpAttrMask {
-    pub const STATE: QpAttrMask = QpAttrMask(1);
-    pub const CUR_STATE: QpAttrMask = QpAttrMask(1 << 1);
-    pub const EN_SQD_ASYNC_NOTIFY: QpAttrMask = QpAttrMask(1 << 2);
-    pub const ACCESS_FLAGS: QpAttrMask = QpAttrMask(1 << 3);
-    pub const PKEY_INDEX: QpAttrMask = QpAttrMask(1 << 4);
-    pub const PORT: QpAttrMask = QpAttrMask(1 << 5);
-    pub const QKEY: QpAttrMask = QpAttrMask(1 << 6);
-    pub const AV: QpAttrMask = QpAttrMask(1 << 7);
-    pub const PATH_MTU: QpAttrMask = QpAttrMask(1 << 8);
-    pub const TIMEOUT: QpAttrMask = QpAttrMask(1 << 9);
-    pub const RETRY_CNT: QpAttrMask = QpAttrMask(1 << 10);
-    pub const RNR_RETRY: QpAttrMask = QpAttrMask(1 << 11);
-    pub const RQ_PSN: QpAttrMask = QpAttrMask(1 << 12);
-    pub const MAX_QP_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 13);
-    pub const ALT_PATH: QpAttrMask = QpAttrMask(1 << 14);
-    pub const MIN_RNR_TIMER: QpAttrMask = QpAttrMask(1 << 15);
-    pub const SQ_PSN: QpAttrMask = QpAttrMask(1 << 16);
-    pub const MAX_DEST_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 17);
-    pub const PATH_MIG_STATE: QpAttrMask = QpAttrMask(1 << 18);
-    pub const CAP: QpAttrMask = QpAttrMask(1 << 19);
-    pub const DEST_QPN: QpAttrMask = QpAttrMask(1 << 20);
-    /// Every bit the legacy MODIFY_QP command accepts.
-    pub const LEGACY_ALL: QpAttrMask = QpAttrMask((1 << 21) - 1);
-
-    /// Raw bits.
-    pub fn bits(self) -> u32 {
-        self.0
-    }
-
-    /// Whether all bits of `other` are set.
-    pub fn contains(self, other: QpAttrMask) -> bool {
-        self.0 & other.0 == other.0
-    }
-}
-
-impl std::ops::BitOr for QpAttrMask {
-    type Output = QpAttrMask;
-    fn bitor(self, rhs: QpAttrMask) -> QpAttrMask {
-        QpAttrMask(self.0 | rhs.0)
-    }
 }
 
 /// QP attributes for MODIFY_QP / from QUERY_QP (`ib_qp_attr`, the legacy subset).

@@ -8,8 +8,9 @@
 
 use std::ffi::c_int;
 
-use vrdma::provider::{PostError, RecvWr, SendFlags, SendWr, Sge, WorkCompletion, WrOpcode};
+use vrdma::provider::{PostError, RecvWr, SendFlags, SendWr, Sge, WorkCompletion};
 use vrdma::verbs::PostSendError;
+use vrdma::verbs::WrOpcode;
 
 use crate::cq::VrdmaCq;
 use crate::ffi::{guard, report};
@@ -47,26 +48,13 @@ unsafe fn sges<'a>(sg_list: *const ibv_sge, num_sge: c_int) -> Result<&'a [Sge],
     }
 }
 
-fn wr_opcode(value: u32) -> Option<WrOpcode> {
-    Some(match value {
-        0 => WrOpcode::RdmaWrite,
-        1 => WrOpcode::RdmaWriteWithImm,
-        2 => WrOpcode::Send,
-        3 => WrOpcode::SendWithImm,
-        4 => WrOpcode::RdmaRead,
-        5 => WrOpcode::AtomicCmpAndSwp,
-        6 => WrOpcode::AtomicFetchAndAdd,
-        _ => return None,
-    })
-}
-
 /// The provider's form of one `ibv_send_wr`; an errno value if it cannot be expressed.
 ///
 /// # Safety
 /// `wr` follows the `ibv_post_send` rules: its SGE list is valid, and on UD QPs `wr.ud.ah` is
 /// an address handle of this library, all for `'a`.
 pub(crate) unsafe fn send_wr<'a>(wr: &'a ibv_send_wr, ud: bool) -> Result<SendWr<'a>, c_int> {
-    let opcode = wr_opcode(wr.opcode).ok_or(libc::EINVAL)?;
+    let opcode = WrOpcode::try_from(wr.opcode).map_err(|_| libc::EINVAL)?;
     let flags = SendFlags::from_bits(wr.send_flags).ok_or(libc::EINVAL)?;
     // SAFETY: caller contract.
     let sg_list = unsafe { sges(wr.sg_list, wr.num_sge) }?;
@@ -347,7 +335,8 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vrdma::provider::{WcFlags, WcOpcode, WcStatus};
+    use vrdma::provider::WcFlags;
+    use vrdma::verbs::{WcOpcode, WcStatus};
 
     fn zeroed_wr() -> ibv_send_wr {
         // SAFETY: all-zero is a valid ibv_send_wr.

@@ -3,7 +3,6 @@
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use vrdma::spec::verbs::access;
 use vrdma::verbs::{AccessFlags, AhAttr, Gid, GlobalRoute};
 use vrdma::{Ah, Mr, Pd};
 
@@ -94,7 +93,7 @@ struct VrdmaMr {
 
 /// The access flags of a registration, with optional flags vrdma does not carry dropped.
 fn mr_access(bits: u32) -> Option<AccessFlags> {
-    let optional_unsupported = ACCESS_OPTIONAL_RANGE & !access::MR_ALLOWED;
+    let optional_unsupported = ACCESS_OPTIONAL_RANGE & !AccessFlags::MR_ALLOWED.bits();
     AccessFlags::from_bits(bits & !optional_unsupported)
 }
 

@@ -3,19 +3,14 @@
 use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 
-use vrdma::provider::QpType;
-use vrdma::spec::verbs::access;
-use vrdma::verbs::{AccessFlags, Mtu, QpAttr, QpAttrMask, QpCaps, QpState};
+use vrdma::verbs::{AccessFlags, Mtu, QpAttr, QpAttrMask, QpCaps, QpState, QpType};
 use vrdma::{Qp, QpInitAttr};
 
 use crate::cq::VrdmaCq;
 use crate::ffi::{guard, null_with, report};
 use crate::objects::{ah_attr_from, ah_attr_to, VrdmaPd};
 use crate::srq::VrdmaSrq;
-use crate::sys::{
-    ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_cap, ibv_qp_init_attr, ibv_qp_type_IBV_QPT_RC,
-    ibv_qp_type_IBV_QPT_UD,
-};
+use crate::sys::{ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_cap, ibv_qp_init_attr};
 
 /// A queue pair: `ibv_qp` first.
 #[repr(C)]
@@ -31,16 +26,6 @@ impl VrdmaQp {
     pub(crate) unsafe fn from_ptr<'a>(ptr: *mut ibv_qp) -> Option<&'a VrdmaQp> {
         // SAFETY: caller contract; `ibv` is the first field of a repr(C) struct.
         unsafe { ptr.cast::<VrdmaQp>().as_ref() }
-    }
-}
-
-fn qp_type(value: u32) -> Option<QpType> {
-    if value == ibv_qp_type_IBV_QPT_RC {
-        Some(QpType::Rc)
-    } else if value == ibv_qp_type_IBV_QPT_UD {
-        Some(QpType::Ud)
-    } else {
-        None
     }
 }
 
@@ -79,7 +64,7 @@ pub(crate) fn qp_attr_from(a: &ibv_qp_attr, mask: QpAttrMask) -> Option<QpAttr> 
     }
     if mask.contains(QpAttrMask::ACCESS_FLAGS) {
         let bits = a.qp_access_flags;
-        if bits & !access::QP_ALLOWED != 0 {
+        if bits & !AccessFlags::QP_ALLOWED.bits() != 0 {
             return None;
         }
         attr.qp_access_flags = AccessFlags::from_bits(bits)?;
@@ -159,7 +144,7 @@ pub unsafe extern "C" fn ibv_create_qp(
         else {
             return null_with("ibv_create_qp", libc::EINVAL);
         };
-        let Some(qp_type) = qp_type(init.qp_type) else {
+        let Ok(qp_type) = QpType::try_from(init.qp_type) else {
             return null_with("ibv_create_qp (QP type)", libc::EOPNOTSUPP);
         };
         // SAFETY: caller contract: NULL or an SRQ of this library.
@@ -269,7 +254,7 @@ pub unsafe extern "C" fn ibv_query_qp(
             return libc::EINVAL;
         }
         // Like rdma-core, ask for everything the mask allows; the device fills what it has.
-        let Some(mask) = QpAttrMask::from_bits(mask as u32 & QpAttrMask::all().bits()) else {
+        let Some(mask) = QpAttrMask::from_bits(mask as u32 & QpAttrMask::ALL.bits()) else {
             return libc::EINVAL;
         };
         match vqp.qp.query(mask) {
@@ -331,6 +316,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::{ibv_qp_type_IBV_QPT_RC, ibv_qp_type_IBV_QPT_UD};
 
     #[test]
     fn selected_attributes_convert_and_garbage_elsewhere_is_ignored() {
@@ -370,8 +356,10 @@ mod tests {
 
     #[test]
     fn only_rc_and_ud_are_supported() {
-        assert_eq!(qp_type(2), Some(QpType::Rc));
-        assert_eq!(qp_type(4), Some(QpType::Ud));
-        assert_eq!(qp_type(3), None); // UC
+        assert_eq!(QpType::try_from(ibv_qp_type_IBV_QPT_RC), Ok(QpType::Rc));
+        assert_eq!(QpType::try_from(ibv_qp_type_IBV_QPT_UD), Ok(QpType::Ud));
+        assert_eq!(QpType::try_from(2u32), Ok(QpType::Rc));
+        assert_eq!(QpType::try_from(4u32), Ok(QpType::Ud));
+        assert_eq!(QpType::try_from(3u32), Err(3)); // UC
     }
 }

@@ -5,7 +5,8 @@
 //! provider does for its NIC. It knows nothing about transports: after a successful
 //! `post_send` the caller rings the doorbell the transport offers.
 //!
-//! This module holds the format-independent work-request and completion types. Their numeric
+//! This module holds the format-independent work-request and completion types; the enums they
+//! carry (QP types, opcodes, completion statuses) are those of `vrdma_spec::verbs`. Their numeric
 //! values are those of rdma-core's `<infiniband/verbs.h>` (`ibv_*`), which are also the kernel
 //! uverbs values, so they pass unchanged into native queue entries.
 
@@ -15,6 +16,7 @@ use std::fmt;
 use std::ops::{BitOr, BitOrAssign};
 
 use rxe_v1::RxeAddressHandle;
+use vrdma_spec::verbs::{QpType, WcOpcode, WcStatus, WrOpcode};
 
 /// A scatter/gather element (`ibv_sge`).
 ///
@@ -30,71 +32,6 @@ pub struct Sge {
     pub length: u32,
     /// Local key of the memory region.
     pub lkey: u32,
-}
-
-/// QP transport types a send queue can belong to (`ibv_qp_type` values).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum QpType {
-    /// Reliable connected.
-    Rc = 2,
-    /// Unreliable datagram.
-    Ud = 4,
-}
-
-/// Send work-request opcodes (`ibv_wr_opcode`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum WrOpcode {
-    /// RDMA write.
-    RdmaWrite = 0,
-    /// RDMA write with immediate data (consumes a receive at the target).
-    RdmaWriteWithImm = 1,
-    /// Send.
-    #[default]
-    Send = 2,
-    /// Send with immediate data.
-    SendWithImm = 3,
-    /// RDMA read.
-    RdmaRead = 4,
-    /// 64-bit atomic compare and swap.
-    AtomicCmpAndSwp = 5,
-    /// 64-bit atomic fetch and add.
-    AtomicFetchAndAdd = 6,
-}
-
-impl WrOpcode {
-    /// Whether the opcode carries immediate data.
-    pub const fn has_imm(self) -> bool {
-        matches!(self, WrOpcode::RdmaWriteWithImm | WrOpcode::SendWithImm)
-    }
-
-    /// Whether the opcode addresses remote memory through `remote_addr`/`rkey`.
-    pub const fn is_rdma(self) -> bool {
-        matches!(
-            self,
-            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead
-        )
-    }
-
-    /// Whether the opcode is a remote atomic operation.
-    pub const fn is_atomic(self) -> bool {
-        matches!(
-            self,
-            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
-        )
-    }
-
-    /// Whether the payload may be given inline (it flows from the local buffer to the wire).
-    pub const fn allows_inline(self) -> bool {
-        matches!(
-            self,
-            WrOpcode::Send
-                | WrOpcode::SendWithImm
-                | WrOpcode::RdmaWrite
-                | WrOpcode::RdmaWriteWithImm
-        )
-    }
 }
 
 /// Send flags (`ibv_send_flags`). Only the flags below exist, so a value of this type
@@ -204,125 +141,6 @@ pub struct RecvWr<'a> {
     pub wr_id: u64,
     /// Buffers incoming data is scattered into.
     pub sg_list: &'a [Sge],
-}
-
-/// Defines a completion enum whose raw value comes from shared memory: every known value has
-/// a variant, any other value is kept in `Other` instead of being trusted or dropped.
-macro_rules! completion_enum {
-    (
-        $(#[$meta:meta])*
-        pub enum $name:ident {
-            $($(#[$vmeta:meta])* $variant:ident = $value:expr,)+
-        }
-    ) => {
-        $(#[$meta])*
-        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-        pub enum $name {
-            $($(#[$vmeta])* $variant,)+
-            /// A value this library does not know.
-            Other(u32),
-        }
-
-        impl $name {
-            /// Decodes the raw value found in a completion.
-            pub const fn from_raw(raw: u32) -> Self {
-                match raw {
-                    $($value => $name::$variant,)+
-                    other => $name::Other(other),
-                }
-            }
-
-            /// The raw (`ibv_*`) value.
-            pub const fn raw(self) -> u32 {
-                match self {
-                    $($name::$variant => $value,)+
-                    $name::Other(other) => other,
-                }
-            }
-        }
-    };
-}
-
-completion_enum! {
-    /// Completion status (`ibv_wc_status`).
-    pub enum WcStatus {
-        /// Success.
-        #[default]
-        Success = 0,
-        /// Local length error.
-        LocLenErr = 1,
-        /// Local QP operation error.
-        LocQpOpErr = 2,
-        /// Local EE context operation error.
-        LocEecOpErr = 3,
-        /// Local protection error.
-        LocProtErr = 4,
-        /// Flushed: the QP entered the error state.
-        WrFlushErr = 5,
-        /// Memory-window bind error.
-        MwBindErr = 6,
-        /// Bad response.
-        BadRespErr = 7,
-        /// Local access error.
-        LocAccessErr = 8,
-        /// Remote invalid request.
-        RemInvReqErr = 9,
-        /// Remote access error.
-        RemAccessErr = 10,
-        /// Remote operation error.
-        RemOpErr = 11,
-        /// Transport retry counter exceeded.
-        RetryExcErr = 12,
-        /// RNR retry counter exceeded.
-        RnrRetryExcErr = 13,
-        /// Local RDD violation.
-        LocRddViolErr = 14,
-        /// Remote invalid RD request.
-        RemInvRdReqErr = 15,
-        /// Remote aborted.
-        RemAbortErr = 16,
-        /// Invalid EE context number.
-        InvEecnErr = 17,
-        /// Invalid EE context state.
-        InvEecStateErr = 18,
-        /// Fatal error.
-        FatalErr = 19,
-        /// Response timeout.
-        RespTimeoutErr = 20,
-        /// General error.
-        GeneralErr = 21,
-    }
-}
-
-completion_enum! {
-    /// Completion opcode (`ibv_wc_opcode`). Only meaningful when the status is success.
-    pub enum WcOpcode {
-        /// Send.
-        #[default]
-        Send = 0,
-        /// RDMA write.
-        RdmaWrite = 1,
-        /// RDMA read.
-        RdmaRead = 2,
-        /// Compare and swap.
-        CompSwap = 3,
-        /// Fetch and add.
-        FetchAdd = 4,
-        /// Memory-window bind.
-        BindMw = 5,
-        /// Local invalidate.
-        LocalInv = 6,
-        /// TCP segmentation offload.
-        Tso = 7,
-        /// Flush.
-        Flush = 8,
-        /// Atomic write.
-        AtomicWrite = 9,
-        /// Receive (test `raw() & 128` for "any receive", as with ibverbs).
-        Recv = 128,
-        /// Receive of an RDMA write with immediate data.
-        RecvRdmaWithImm = 129,
-    }
 }
 
 /// Completion flags (`ibv_wc_flags`), kept exactly as the device wrote them.
@@ -469,44 +287,5 @@ mod tests {
         assert_eq!(SendFlags::from_bits(1 << 4), None);
         assert!(all.contains(SendFlags::SIGNALED | SendFlags::INLINE));
         assert!(!SendFlags::empty().contains(SendFlags::SIGNALED));
-    }
-
-    #[test]
-    fn completion_values_round_trip_and_keep_unknown_ones() {
-        // ibv_wc_opcode values from rdma-core's verbs.h that the 6.1 uapi header lacks.
-        assert_eq!(WcOpcode::from_raw(8), WcOpcode::Flush);
-        assert_eq!(WcOpcode::from_raw(9), WcOpcode::AtomicWrite);
-        assert_eq!(WcOpcode::from_raw(128), WcOpcode::Recv);
-        assert_eq!(WcOpcode::from_raw(129), WcOpcode::RecvRdmaWithImm);
-        assert_eq!(WcOpcode::from_raw(10), WcOpcode::Other(10));
-        assert_eq!(WcStatus::from_raw(5), WcStatus::WrFlushErr);
-        assert_eq!(WcStatus::from_raw(21), WcStatus::GeneralErr);
-        assert_eq!(WcStatus::from_raw(22), WcStatus::Other(22));
-        for raw in (0..300).chain([u32::MAX]) {
-            assert_eq!(WcOpcode::from_raw(raw).raw(), raw);
-            assert_eq!(WcStatus::from_raw(raw).raw(), raw);
-        }
-    }
-
-    #[test]
-    fn opcode_classes() {
-        use WrOpcode::*;
-        let all = [
-            RdmaWrite,
-            RdmaWriteWithImm,
-            Send,
-            SendWithImm,
-            RdmaRead,
-            AtomicCmpAndSwp,
-            AtomicFetchAndAdd,
-        ];
-        let inline: Vec<_> = all.iter().filter(|op| op.allows_inline()).collect();
-        assert_eq!(inline, [&RdmaWrite, &RdmaWriteWithImm, &Send, &SendWithImm]);
-        let imm: Vec<_> = all.iter().filter(|op| op.has_imm()).collect();
-        assert_eq!(imm, [&RdmaWriteWithImm, &SendWithImm]);
-        let rdma: Vec<_> = all.iter().filter(|op| op.is_rdma()).collect();
-        assert_eq!(rdma, [&RdmaWrite, &RdmaWriteWithImm, &RdmaRead]);
-        let atomic: Vec<_> = all.iter().filter(|op| op.is_atomic()).collect();
-        assert_eq!(atomic, [&AtomicCmpAndSwp, &AtomicFetchAndAdd]);
     }
 }

@@ -5,73 +5,12 @@
 
 use std::fmt;
 use std::net::Ipv6Addr;
-use std::ops::{BitOr, BitOrAssign};
 
-use vrdma_spec::verbs::{access, qp_attr};
+use vrdma_spec::verbs::PortState;
 use vrdma_spec::wire;
 use vrdma_spec::{Le16, Le32};
 
-pub use vrdma_spec::verbs::{GidType, QpState};
-
-/// Memory-region and QP access flags (`ibv_access_flags`), restricted to what vrdma carries.
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct AccessFlags(u32);
-
-impl AccessFlags {
-    /// Local write access (needed by any MR the device writes into, and by remote write).
-    pub const LOCAL_WRITE: AccessFlags = AccessFlags(access::LOCAL_WRITE);
-    /// Remote RDMA write.
-    pub const REMOTE_WRITE: AccessFlags = AccessFlags(access::REMOTE_WRITE);
-    /// Remote RDMA read.
-    pub const REMOTE_READ: AccessFlags = AccessFlags(access::REMOTE_READ);
-    /// Remote atomics.
-    pub const REMOTE_ATOMIC: AccessFlags = AccessFlags(access::REMOTE_ATOMIC);
-    /// Relaxed ordering (a hint; MRs only).
-    pub const RELAXED_ORDERING: AccessFlags = AccessFlags(access::RELAXED_ORDERING);
-
-    /// No access beyond local read.
-    pub const fn empty() -> Self {
-        AccessFlags(0)
-    }
-
-    /// Flags from `ibv_access_flags` bits; `None` if a bit is not one vrdma carries.
-    pub const fn from_bits(bits: u32) -> Option<Self> {
-        if bits & !access::MR_ALLOWED == 0 {
-            Some(AccessFlags(bits))
-        } else {
-            None
-        }
-    }
-
-    /// The raw bits.
-    pub const fn bits(self) -> u32 {
-        self.0
-    }
-
-    /// Whether every flag of `other` is set.
-    pub const fn contains(self, other: AccessFlags) -> bool {
-        self.0 & other.0 == other.0
-    }
-}
-
-impl BitOr for AccessFlags {
-    type Output = AccessFlags;
-    fn bitor(self, rhs: AccessFlags) -> AccessFlags {
-        AccessFlags(self.0 | rhs.0)
-    }
-}
-
-impl BitOrAssign for AccessFlags {
-    fn bitor_assign(&mut self, rhs: AccessFlags) {
-        self.0 |= rhs.0;
-    }
-}
-
-impl fmt::Debug for AccessFlags {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "AccessFlags({:#x})", self.0)
-    }
-}
+pub use vrdma_spec::verbs::{AccessFlags, GidType, Mtu, QpAttrMask, QpState};
 
 /// A GID, in network byte order as in `union ibv_gid`.
 #[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -110,44 +49,6 @@ impl fmt::Display for Gid {
 impl fmt::Debug for Gid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Gid({self})")
-    }
-}
-
-/// Path MTU (`ibv_mtu`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u32)]
-pub enum Mtu {
-    /// 256 bytes.
-    Mtu256 = 1,
-    /// 512 bytes.
-    Mtu512 = 2,
-    /// 1024 bytes.
-    #[default]
-    Mtu1024 = 3,
-    /// 2048 bytes.
-    Mtu2048 = 4,
-    /// 4096 bytes.
-    Mtu4096 = 5,
-}
-
-impl Mtu {
-    /// Size in bytes.
-    pub const fn bytes(self) -> u32 {
-        128 << self as u32
-    }
-}
-
-impl TryFrom<u32> for Mtu {
-    type Error = u32;
-    fn try_from(v: u32) -> Result<Self, u32> {
-        Ok(match v {
-            1 => Mtu::Mtu256,
-            2 => Mtu::Mtu512,
-            3 => Mtu::Mtu1024,
-            4 => Mtu::Mtu2048,
-            5 => Mtu::Mtu4096,
-            v => return Err(v),
-        })
     }
 }
 
@@ -219,103 +120,6 @@ impl AhAttr {
             static_rate: w.static_rate,
             port_num: w.port_num,
         }
-    }
-}
-
-/// Selects the attributes of a [`QpAttr`] that MODIFY_QP applies (`ibv_qp_attr_mask`).
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct QpAttrMask(u32);
-
-impl QpAttrMask {
-    /// `qp_state`.
-    pub const STATE: QpAttrMask = QpAttrMask(qp_attr::STATE);
-    /// `cur_qp_state`.
-    pub const CUR_STATE: QpAttrMask = QpAttrMask(qp_attr::CUR_STATE);
-    /// `en_sqd_async_notify`.
-    pub const EN_SQD_ASYNC_NOTIFY: QpAttrMask = QpAttrMask(qp_attr::EN_SQD_ASYNC_NOTIFY);
-    /// `qp_access_flags`.
-    pub const ACCESS_FLAGS: QpAttrMask = QpAttrMask(qp_attr::ACCESS_FLAGS);
-    /// `pkey_index`.
-    pub const PKEY_INDEX: QpAttrMask = QpAttrMask(qp_attr::PKEY_INDEX);
-    /// `port_num`.
-    pub const PORT: QpAttrMask = QpAttrMask(qp_attr::PORT);
-    /// `qkey`.
-    pub const QKEY: QpAttrMask = QpAttrMask(qp_attr::QKEY);
-    /// `ah_attr`.
-    pub const AV: QpAttrMask = QpAttrMask(qp_attr::AV);
-    /// `path_mtu`.
-    pub const PATH_MTU: QpAttrMask = QpAttrMask(qp_attr::PATH_MTU);
-    /// `timeout`.
-    pub const TIMEOUT: QpAttrMask = QpAttrMask(qp_attr::TIMEOUT);
-    /// `retry_cnt`.
-    pub const RETRY_CNT: QpAttrMask = QpAttrMask(qp_attr::RETRY_CNT);
-    /// `rnr_retry`.
-    pub const RNR_RETRY: QpAttrMask = QpAttrMask(qp_attr::RNR_RETRY);
-    /// `rq_psn`.
-    pub const RQ_PSN: QpAttrMask = QpAttrMask(qp_attr::RQ_PSN);
-    /// `max_rd_atomic`.
-    pub const MAX_QP_RD_ATOMIC: QpAttrMask = QpAttrMask(qp_attr::MAX_QP_RD_ATOMIC);
-    /// `alt_ah_attr`, `alt_pkey_index`, `alt_port_num`, `alt_timeout`.
-    pub const ALT_PATH: QpAttrMask = QpAttrMask(qp_attr::ALT_PATH);
-    /// `min_rnr_timer`.
-    pub const MIN_RNR_TIMER: QpAttrMask = QpAttrMask(qp_attr::MIN_RNR_TIMER);
-    /// `sq_psn`.
-    pub const SQ_PSN: QpAttrMask = QpAttrMask(qp_attr::SQ_PSN);
-    /// `max_dest_rd_atomic`.
-    pub const MAX_DEST_RD_ATOMIC: QpAttrMask = QpAttrMask(qp_attr::MAX_DEST_RD_ATOMIC);
-    /// `path_mig_state`.
-    pub const PATH_MIG_STATE: QpAttrMask = QpAttrMask(qp_attr::PATH_MIG_STATE);
-    /// `cap` (QUERY_QP only: queues cannot be resized).
-    pub const CAP: QpAttrMask = QpAttrMask(qp_attr::CAP);
-    /// `dest_qp_num`.
-    pub const DEST_QPN: QpAttrMask = QpAttrMask(qp_attr::DEST_QPN);
-
-    /// No attribute.
-    pub const fn empty() -> Self {
-        QpAttrMask(0)
-    }
-
-    /// Every attribute the specification defines.
-    pub const fn all() -> Self {
-        QpAttrMask(qp_attr::ALL)
-    }
-
-    /// A mask from raw bits; `None` if a bit is not defined.
-    pub const fn from_bits(bits: u32) -> Option<Self> {
-        if bits & !qp_attr::ALL == 0 {
-            Some(QpAttrMask(bits))
-        } else {
-            None
-        }
-    }
-
-    /// The raw bits.
-    pub const fn bits(self) -> u32 {
-        self.0
-    }
-
-    /// Whether every bit of `other` is set.
-    pub const fn contains(self, other: QpAttrMask) -> bool {
-        self.0 & other.0 == other.0
-    }
-}
-
-impl BitOr for QpAttrMask {
-    type Output = QpAttrMask;
-    fn bitor(self, rhs: QpAttrMask) -> QpAttrMask {
-        QpAttrMask(self.0 | rhs.0)
-    }
-}
-
-impl BitOrAssign for QpAttrMask {
-    fn bitor_assign(&mut self, rhs: QpAttrMask) {
-        self.0 |= rhs.0;
-    }
-}
-
-impl fmt::Debug for QpAttrMask {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "QpAttrMask({:#x})", self.0)
     }
 }
 
@@ -480,7 +284,7 @@ impl QpAttr {
         }
         if valid.contains(QpAttrMask::ACCESS_FLAGS) {
             let bits = w.qp_access_flags.get();
-            attr.qp_access_flags = AccessFlags::from_bits(bits & access::QP_ALLOWED)
+            attr.qp_access_flags = AccessFlags::from_bits(bits & AccessFlags::QP_ALLOWED.bits())
                 .filter(|f| f.bits() == bits)
                 .ok_or(("qp_access_flags", u64::from(bits)))?;
         }
@@ -600,7 +404,7 @@ impl From<&wire::DeviceAttr> for DeviceAttr {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[allow(missing_docs)] // Field names and meanings are those of `ibv_port_attr`.
 pub struct PortAttr {
-    /// `ibv_port_state` ([`vrdma_spec::verbs::port_state`]).
+    /// `ibv_port_state` ([`PortState`] value).
     pub state: u32,
     /// `ibv_mtu` value.
     pub max_mtu: u32,
@@ -632,7 +436,7 @@ pub struct PortAttr {
 impl PortAttr {
     /// True if the port is ACTIVE.
     pub fn is_active(&self) -> bool {
-        self.state == vrdma_spec::verbs::port_state::ACTIVE
+        self.state == PortState::Active as u32
     }
 
     /// The active MTU, if it is a defined value.
@@ -685,24 +489,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn access_flags_keep_ibverbs_values() {
-        let f = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-        assert_eq!(f.bits(), 0x7);
-        assert_eq!(AccessFlags::REMOTE_ATOMIC.bits(), 0x8);
-        assert_eq!(AccessFlags::RELAXED_ORDERING.bits(), 1 << 20);
-        assert_eq!(AccessFlags::from_bits(0x7), Some(f));
-        assert_eq!(AccessFlags::from_bits(access::MW_BIND), None);
-    }
-
-    #[test]
-    fn mtu_values_and_sizes() {
-        assert_eq!(Mtu::Mtu256.bytes(), 256);
-        assert_eq!(Mtu::Mtu4096.bytes(), 4096);
-        assert_eq!(Mtu::try_from(3), Ok(Mtu::Mtu1024));
-        assert_eq!(Mtu::try_from(6), Err(6));
-    }
-
-    #[test]
     fn qp_attr_round_trips_through_the_wire_form() {
         let attr = QpAttr {
             qp_state: QpState::Rtr,
@@ -739,7 +525,7 @@ mod tests {
         assert_eq!(wire.ah_attr.is_global, 1);
         assert_eq!(wire.ah_attr.dgid[..2], [0xfe, 0x80]);
         assert_eq!(wire.path_mtu.get(), 5);
-        let back = QpAttr::from_wire(&wire, QpAttrMask::all()).unwrap();
+        let back = QpAttr::from_wire(&wire, QpAttrMask::ALL).unwrap();
         assert_eq!(back, attr);
     }
 

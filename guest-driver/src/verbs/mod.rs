@@ -49,9 +49,9 @@ pub use qp::{ConnectOptions, Qp, QpInitAttr, RemoteQp};
 pub use srq::{Srq, SrqAttr};
 
 pub use crate::provider::{
-    PostError, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
-    WorkCompletion, WrOpcode,
+    PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WorkCompletion,
 };
+pub use vrdma_spec::verbs::{QpType, WcOpcode, WcStatus, WrOpcode};
 
 /// Locks `mutex`, ignoring poisoning: every structure behind these locks stays consistent
 /// across a panic (queue indices are published only after a complete entry).

@@ -18,7 +18,9 @@ use super::pd::{handle_req, nonzero_handle, Pd, PdInner};
 use super::ring::map_ring;
 use super::srq::{Srq, SrqShared};
 use crate::provider::rxe_v1::{RecvQueue, SendQueue, SendQueueCaps};
-use crate::provider::{PostError, QpType, RecvWr, SendWr};
+use vrdma_spec::verbs::QpType;
+
+use crate::provider::{PostError, RecvWr, SendWr};
 
 /// What a QP is created with (`ibv_qp_init_attr`).
 #[derive(Clone, Copy, Debug)]
@@ -198,7 +200,7 @@ impl Qp {
             max_send_sge: Le32::new(caps.max_send_sge),
             max_recv_sge: Le32::new(caps.max_recv_sge),
             max_inline_data: Le32::new(caps.max_inline_data),
-            qp_type: init.qp_type as u32 as u8,
+            qp_type: init.qp_type as u8,
             sq_sig_all: u8::from(init.sq_sig_all),
             reserved: Le16::ZERO,
         });

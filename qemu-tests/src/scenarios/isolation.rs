@@ -75,7 +75,7 @@ fn alloc_pd(what: &str, transport: &ProcessTransport) -> Result<u32> {
 fn reg_mr_request(pd: u32, iova: u64, pages: &[u64]) -> (RegMrReq, Vec<u8>) {
     let req = RegMrReq {
         pd: Le32::new(pd),
-        access: Le32::new(verbs::access::LOCAL_WRITE),
+        access: Le32::new(verbs::AccessFlags::LOCAL_WRITE.bits()),
         iova: Le64::new(iova),
         length: Le64::new(4096 * pages.len() as u64),
         page_shift: Le32::new(12),

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use vrdma_spec::rxe_v1::RxeAv;
-use vrdma_spec::verbs::{access, qp_attr, QpType};
+use vrdma_spec::verbs::{AccessFlags, QpAttrMask, QpType};
 use vrdma_spec::wire::*;
 use vrdma_spec::{ControlRequest, Le16, Le32, Le64, Opcode, RegMr, ResponseBody};
 use zerocopy::FromZeros;
@@ -65,7 +65,10 @@ pub fn page_list() -> Vec<u8> {
 pub fn reg_mr_req() -> RegMrReq {
     RegMrReq {
         pd: Le32::new(1),
-        access: Le32::new(access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ),
+        access: Le32::new(
+            (AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)
+                .bits(),
+        ),
         iova: Le64::new(0x7f00_0000_0100),
         // first page offset 0x100, 3 pages: 0x100 + len <= 3 * 4096, > 2 * 4096
         length: Le64::new(3 * 4096 - 0x100),
@@ -86,13 +89,14 @@ pub fn modify_qp_req() -> ModifyQpReq {
     ModifyQpReq {
         qp: Le32::new(7),
         attr_mask: Le32::new(
-            qp_attr::STATE
-                | qp_attr::AV
-                | qp_attr::PATH_MTU
-                | qp_attr::DEST_QPN
-                | qp_attr::RQ_PSN
-                | qp_attr::MAX_DEST_RD_ATOMIC
-                | qp_attr::MIN_RNR_TIMER,
+            (QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+                | QpAttrMask::MAX_DEST_RD_ATOMIC
+                | QpAttrMask::MIN_RNR_TIMER)
+                .bits(),
         ),
         attr: a,
     }
@@ -154,7 +158,7 @@ pub fn all_requests(pages: &[u8]) -> Vec<ControlRequest<'_>> {
         ControlRequest::ModifyQp(modify_qp_req()),
         ControlRequest::QueryQp(QueryQpReq {
             qp: Le32::new(7),
-            attr_mask: Le32::new(qp_attr::STATE | qp_attr::CAP),
+            attr_mask: Le32::new((QpAttrMask::STATE | QpAttrMask::CAP).bits()),
         }),
         ControlRequest::DestroyQp(h(7)),
         ControlRequest::CreateSrq(CreateSrqReq {
@@ -249,7 +253,7 @@ pub fn body_for(op: Opcode) -> ResponseBody {
             rq: ring(0x6000),
         }),
         Opcode::QueryQp => ResponseBody::QueryQp(QueryQpResp {
-            attr_mask: Le32::new(qp_attr::STATE),
+            attr_mask: Le32::new(QpAttrMask::STATE.bits()),
             reserved: Le32::ZERO,
             attr: modify_qp_req().attr,
         }),

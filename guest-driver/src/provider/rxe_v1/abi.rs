@@ -326,10 +326,10 @@ const _: () = {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::{WcOpcode, WrOpcode};
     use std::collections::BTreeMap;
     use std::io::ErrorKind;
     use std::process::Command;
+    use vrdma_spec::verbs::{WcOpcode, WrOpcode};
 
     /// One fact about the C headers, as a C expression and the value Rust says it has.
     struct Fact {

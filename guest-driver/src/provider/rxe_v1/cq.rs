@@ -5,7 +5,9 @@ use std::sync::atomic::Ordering;
 
 use super::abi::IbUverbsWc;
 use super::queue::{QueueError, RxeQueue};
-use crate::provider::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use vrdma_spec::verbs::{WcOpcode, WcStatus};
+
+use crate::provider::{WcFlags, WorkCompletion};
 
 /// A completion queue.
 ///

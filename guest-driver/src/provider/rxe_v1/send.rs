@@ -8,7 +8,9 @@ use super::abi::{
     RXE_AV_SIZE, WQE_STATE_POSTED,
 };
 use super::queue::{QueueError, RxeQueue};
-use crate::provider::{PostError, QpType, SendFlags, SendWr, UdDest, WrOpcode};
+use vrdma_spec::verbs::{QpType, WrOpcode};
+
+use crate::provider::{PostError, SendFlags, SendWr, UdDest};
 
 /// Limits the device reported when it created the send queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
