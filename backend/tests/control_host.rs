@@ -19,11 +19,13 @@ use vhost_user_backend::VhostUserBackend;
 use vm_memory::{
     Bytes, FileOffset, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap,
 };
-use vrdma_backend::backend::VrdmaBackend;
-use vrdma_backend::device::{self as host, *};
-use vrdma_backend::guest::{DeviceOptions, GuestDevice, GuestDeviceFactory};
-use vrdma_backend::handler::{CommandRejection, DeviceHandler, GuestContext};
+use vrdma_backend::guest::device::{GuestDevice, GuestDeviceFactory};
+use vrdma_backend::guest::options::DeviceOptions;
+use vrdma_backend::host::{self, *};
 use vrdma_backend::resources::Quotas;
+use vrdma_backend::vhost_device::guest_context::GuestContext;
+use vrdma_backend::vhost_device::handler::{CommandRejection, DeviceHandler};
+use vrdma_backend::vhost_device::VhostUserDevice;
 use vrdma_spec::config::{ring_format, DeviceConfig};
 use vrdma_spec::control::{encode_page_list, HEADER_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::doorbell::{area_bytes, HEAD_WORD, RING_WORD, TAIL_WORD};
@@ -507,7 +509,7 @@ fn serve_backend_channel(frontend: Arc<FakeFrontend>) -> Backend {
 // ------------------------------------------------------------------ harness
 
 struct Guest {
-    backend: VrdmaBackend<GuestDevice>,
+    backend: VhostUserDevice<GuestDevice>,
     frontend: Arc<FakeFrontend>,
     memory: GuestMemoryAtomic<GuestMemoryMmap>,
     ram: File,
@@ -545,7 +547,7 @@ impl Guest {
         let memory = GuestMemoryAtomic::new(guest_memory(&ram));
         let device = factory.create().unwrap();
         device.features_acked(VIRTIO_F_VERSION_1 | features);
-        let backend = VrdmaBackend::new(Arc::new(device), memory.clone()).unwrap();
+        let backend = VhostUserDevice::new(Arc::new(device), memory.clone()).unwrap();
         let frontend = Arc::new(FakeFrontend::default());
         backend.set_backend_req_fd(serve_backend_channel(Arc::clone(&frontend)));
         Guest {

@@ -25,7 +25,7 @@ use vrdma::provider::{
     self, RecvWr, SendFlags, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 use vrdma_backend::control::rings::{slot_geometry, slot_log2, RXE_CQE_BYTES};
-use vrdma_backend::device::*;
+use vrdma_backend::host::*;
 use vrdma_spec::rxe_v1::{header, recv_wqe_size, send_wqe_size};
 
 const PAGE: usize = 4096;

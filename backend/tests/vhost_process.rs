@@ -18,10 +18,11 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vrdma::transport::process::{ProcessDma, ProcessOptions, ProcessTransport};
 use vrdma::transport::{DmaMemory, Transport, TransportError};
 use vrdma::virtq::{Buffer, SplitQueue};
-use vrdma_backend::handler::{
-    CommandRejection, DeviceHandler, EventClass, GuestContext, SHMEM_PAGE_SIZE,
-};
 use vrdma_backend::listener::{Listener, StopHandle};
+use vrdma_backend::vhost_device::event_queue::EventClass;
+use vrdma_backend::vhost_device::guest_context::GuestContext;
+use vrdma_backend::vhost_device::handler::{CommandRejection, DeviceHandler};
+use vrdma_backend::vhost_device::shmem::SHMEM_PAGE_SIZE;
 
 const PAGE: usize = SHMEM_PAGE_SIZE as usize;
 const SHMEM_SIZE: u64 = 16 * SHMEM_PAGE_SIZE;
