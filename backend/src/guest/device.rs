@@ -201,7 +201,7 @@ impl GuestDevice {
     }
 
     /// The host device failed: drop everything and refuse commands until reset (spec §11.2).
-    pub(crate) fn host_failed(&self, ctx: &GuestContext) {
+    fn host_failed(&self, ctx: &GuestContext) {
         warn!(
             "guest {}: the host RDMA device reported a fatal error",
             self.id()
