@@ -14,7 +14,7 @@ use vrdma_backend::guest::device::GuestDeviceFactory;
 use vrdma_backend::guest::options::{DeviceOptions, DEFAULT_DOORBELL_POLL_US, DEFAULT_SHM_SIZE};
 use vrdma_backend::host::{HostDevice, PortState, RxeDevice};
 use vrdma_backend::listener::Listener;
-use vrdma_backend::resources::Quotas;
+use vrdma_backend::resources::quotas::Quotas;
 
 /// Command line.
 #[derive(Debug, Parser)]

@@ -10,7 +10,7 @@ use super::session::{host_err, CommandResult, Session};
 use crate::guest::objects::AhEntry;
 use crate::guest::shared::GuestShared;
 use crate::host::{self, AhHandle, AhInit, HostContext};
-use crate::resources::Handle;
+use crate::resources::table::Handle;
 
 /// `IB_LINK_LAYER_ETHERNET`: RoCE ports, where every address vector needs a GRH.
 const LINK_LAYER_ETHERNET: u8 = 2;

@@ -12,7 +12,8 @@ use crate::guest::objects::CqEntry;
 use crate::guest::objects::EventOwner;
 use crate::host::{CqHandle, CqInit, HostContext};
 use crate::memory::queue_region::ShmAllocator;
-use crate::resources::{Handle, ResourceError, ResourceKind};
+use crate::resources::kind::{ResourceError, ResourceKind};
+use crate::resources::table::Handle;
 use crate::vhost_device::guest_context::GuestContext;
 
 /// CREATE_CQ: depth limit, quota, host CQ on the context's completion channel, mapping.

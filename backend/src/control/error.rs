@@ -7,7 +7,7 @@ use vrdma_spec::{DecodeError, Status, StatusError};
 use crate::host::DeviceError;
 use crate::memory::error::MemError;
 use crate::memory::queue_region::ShmAllocError;
-use crate::resources::ResourceError;
+use crate::resources::kind::ResourceError;
 use crate::vhost_device::shmem::ShmemError;
 
 /// Why a command failed; [`CommandError::status`] is what the guest is told.
@@ -150,7 +150,7 @@ mod tests {
         assert_eq!(
             status(
                 ResourceError::Busy {
-                    kind: crate::resources::ResourceKind::Pd,
+                    kind: crate::resources::kind::ResourceKind::Pd,
                     handle: 1,
                     refs: 1
                 }

@@ -18,7 +18,8 @@ use crate::guest::state::GuestState;
 use crate::host::{AccessFlags, HostContext, MrInit};
 use crate::memory::guest_ram::GuestRamFiles;
 use crate::memory::mr_window::{MrPages, MrWindow};
-use crate::resources::{Handle, ResourceError, ResourceKind};
+use crate::resources::kind::{ResourceError, ResourceKind};
+use crate::resources::table::Handle;
 use crate::vhost_device::event_queue::EventClass;
 use crate::vhost_device::guest_context::GuestContext;
 

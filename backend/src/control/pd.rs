@@ -7,7 +7,8 @@ use vrdma_spec::{Le32, ResponseBody};
 use super::session::{host_err, CommandResult, Session};
 use crate::guest::objects::PdEntry;
 use crate::host::HostContext;
-use crate::resources::{Handle, ResourceError, ResourceKind};
+use crate::resources::kind::{ResourceError, ResourceKind};
+use crate::resources::table::Handle;
 
 /// ALLOC_PD: quota, then the host PD.
 pub(crate) fn alloc_pd(s: &mut Session<'_>) -> CommandResult {

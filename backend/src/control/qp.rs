@@ -17,7 +17,7 @@ use crate::guest::objects::{QpDeps, QpEntry};
 use crate::guest::state::GuestState;
 use crate::host::{self, HostContext, QpAttrMask, QpCaps, QpHandle, QpInit};
 use crate::memory::queue_region::{MappedRing, ShmAllocator};
-use crate::resources::Handle;
+use crate::resources::table::Handle;
 use crate::vhost_device::guest_context::GuestContext;
 
 impl QpDeps {

@@ -13,7 +13,8 @@ use crate::guest::objects::EventOwner;
 use crate::guest::objects::SrqEntry;
 use crate::host::{HostContext, SrqHandle, SrqInit, SrqModify};
 use crate::memory::queue_region::ShmAllocator;
-use crate::resources::{Handle, ResourceError, ResourceKind};
+use crate::resources::kind::{ResourceError, ResourceKind};
+use crate::resources::table::Handle;
 use crate::vhost_device::guest_context::GuestContext;
 
 /// The capacity the host gives an SRQ asked for `max_wr` WRs (spec §9.1).

@@ -172,7 +172,7 @@ fn deliver_async(
                 // The host disarms the limit when it fires.
                 if let Ok(srq) = state
                     .srqs
-                    .get_mut(crate::resources::Handle::from_raw(handle))
+                    .get_mut(crate::resources::table::Handle::from_raw(handle))
                 {
                     srq.srq_limit = 0;
                 }

@@ -6,7 +6,7 @@ use vrdma_spec::verbs::QpType;
 use crate::host::{AhHandle, CqHandle, Mr, PdHandle, QpHandle, SrqHandle};
 use crate::memory::mr_window::MrWindow;
 use crate::memory::queue_region::MappedRing;
-use crate::resources::Handle;
+use crate::resources::table::Handle;
 
 /// A guest's protection domain.
 #[derive(Debug)]

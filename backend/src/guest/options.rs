@@ -6,7 +6,8 @@ use vrdma_spec::control::HEADER_SIZE;
 
 use crate::host::DeviceError;
 use crate::memory::queue_region::ShmAllocError;
-use crate::resources::{Quotas, ResourceError};
+use crate::resources::kind::ResourceError;
+use crate::resources::quotas::Quotas;
 use crate::vhost_device::shmem::SHMEM_PAGE_SIZE;
 
 /// Default size of the queue region: 64 MiB.

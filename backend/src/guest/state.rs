@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use super::objects::{AhEntry, CqEntry, EventOwner, MrEntry, PdEntry, QpEntry, SrqEntry};
 use super::options::{DeviceOptions, GuestError};
 use crate::memory::queue_region::ShmAllocator;
-use crate::resources::{HandleTable, ResourceKind};
+use crate::resources::kind::ResourceKind;
+use crate::resources::table::HandleTable;
 use crate::vhost_device::shmem::SHMEM_PAGE_SIZE;
 
 /// Every object and placement of one guest.

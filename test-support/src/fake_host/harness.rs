@@ -8,7 +8,7 @@ use vhost_user_backend::VhostUserBackend;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 use vrdma_backend::guest::device::{GuestDevice, GuestDeviceFactory};
 use vrdma_backend::guest::options::DeviceOptions;
-use vrdma_backend::resources::Quotas;
+use vrdma_backend::resources::quotas::Quotas;
 use vrdma_backend::vhost_device::guest_context::GuestContext;
 use vrdma_backend::vhost_device::handler::{CommandRejection, DeviceHandler};
 use vrdma_backend::vhost_device::VhostUserDevice;
