@@ -1,7 +1,7 @@
 //! Execution of control commands (spec §7) on the host RDMA device.
 //!
 //! The guest's device decodes a request with the spec crate, checks features and takes the
-//! guest's state lock; [`execute`] then routes the decoded [`ControlRequest`] to the handler of
+//! guest's state lock; `execute` then routes the decoded [`ControlRequest`] to the handler of
 //! its command family, one file each. Each handler validates, in the order the specification
 //! gives, everything that depends on device state (handles of this guest only, quotas, guest
 //! addresses, state transitions), then calls the host device, and either answers with a body

@@ -1,4 +1,4 @@
-//! What every command handler shares: the [`Session`] a command runs in, its result type and
+//! What every command handler shares: the `Session` a command runs in, its result type and
 //! the small checks all families use.
 
 use vrdma_spec::ResponseBody;

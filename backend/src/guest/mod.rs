@@ -2,7 +2,7 @@
 //! vhost-user device calls), the objects it holds and the options every guest gets.
 //!
 //! Layers, top-down: [`device`] (the `DeviceHandler`) runs the `control` commands and the
-//! `datapath` pumps, which work on [`shared`] and [`state`]; [`objects`] are what
+//! `datapath` pumps, which work on `shared` and [`state`]; [`objects`] are what
 //! the state's handle tables hold; [`options`] is what the command line decides.
 
 pub mod device;

@@ -30,7 +30,7 @@ pub const RAM_SIZE: u64 = 16 << 20;
 pub const SHM_SIZE: u64 = 1 << 20;
 
 /// One guest's device as the daemon builds it (a `GuestDevice` inside the vhost-user device),
-/// over the [`FakeDevice`](super::device::FakeDevice), with guest RAM in a memfd and a
+/// over the [`FakeDevice`], with guest RAM in a memfd and a
 /// [`FakeFrontend`] on the backend request channel. Commands are handed to the device the way
 /// the control queue would.
 pub struct TestGuest {
