@@ -1,12 +1,15 @@
 #![deny(unsafe_op_in_unsafe_fn)]
+//! The vrdma vhost-user daemon as a library. Layers, top-down: the daemon's [`listener`]
+//! accepts guests; [`vhost_device`] is the vhost-user device of one connection; [`guest`] is the
+//! device logic of one guest, which runs [`control`] commands and the [`datapath`] pumps over
+//! [`memory`] (guest RAM, MR windows, the queue region) and the [`host`] RDMA device.
 
-pub mod backend;
 pub mod control;
-pub mod device;
-pub mod frontend_filter;
+pub mod datapath;
+pub mod fault_log;
 pub mod guest;
-pub mod handler;
+pub mod host;
 pub mod listener;
-pub mod mem;
+pub mod memory;
 pub mod resources;
-pub mod shm_alloc;
+pub mod vhost_device;

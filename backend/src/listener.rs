@@ -20,9 +20,9 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::backend::VrdmaBackend;
-use crate::frontend_filter;
-use crate::handler::DeviceHandler;
+use crate::memory::frontend_filter;
+use crate::vhost_device::handler::DeviceHandler;
+use crate::vhost_device::VhostUserDevice;
 
 /// Errors of the [`Listener`].
 #[derive(Debug, thiserror::Error)]
@@ -231,7 +231,7 @@ fn start_connection<H: DeviceHandler>(
 ) -> Result<Connection, Box<dyn std::error::Error>> {
     let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
     let handler = Arc::new(handler);
-    let backend = Arc::new(VrdmaBackend::new(handler.clone(), memory.clone())?);
+    let backend = Arc::new(VhostUserDevice::new(handler.clone(), memory.clone())?);
     let mut daemon = VhostUserDaemon::new(format!("vrdma-guest-{id}"), backend.clone(), memory)
         .map_err(|e| format!("cannot create the daemon: {e}"))?;
     backend.attach(&daemon.get_epoll_handlers())?;
@@ -259,7 +259,7 @@ fn start_connection<H: DeviceHandler>(
 /// Lets `daemon` accept a connection on a private socket (vhost-user-backend serves only
 /// connections it accepts itself) and returns the other end.
 fn connect_daemon<H: DeviceHandler>(
-    daemon: &mut VhostUserDaemon<Arc<VrdmaBackend<H>>>,
+    daemon: &mut VhostUserDaemon<Arc<VhostUserDevice<H>>>,
 ) -> Result<UnixStream, Box<dyn std::error::Error>> {
     let dir = PrivateDir::create()?;
     let path = dir.path.join("daemon.sock");
@@ -299,8 +299,8 @@ impl Drop for PrivateDir {
 
 fn serve_until_disconnect<H: DeviceHandler>(
     id: u64,
-    mut daemon: VhostUserDaemon<Arc<VrdmaBackend<H>>>,
-    backend: Arc<VrdmaBackend<H>>,
+    mut daemon: VhostUserDaemon<Arc<VhostUserDevice<H>>>,
+    backend: Arc<VhostUserDevice<H>>,
 ) {
     match daemon.wait() {
         // A frontend that closes its socket (process exit, QEMU quitting) is the normal end.

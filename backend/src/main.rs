@@ -10,12 +10,11 @@ use std::time::Duration;
 
 use clap::Parser;
 use log::info;
-use vrdma_backend::device::{HostDevice, RxeDevice};
-use vrdma_backend::guest::{
-    DeviceOptions, GuestDeviceFactory, DEFAULT_DOORBELL_POLL_US, DEFAULT_SHM_SIZE,
-};
+use vrdma_backend::guest::device::GuestDeviceFactory;
+use vrdma_backend::guest::options::{DeviceOptions, DEFAULT_DOORBELL_POLL_US, DEFAULT_SHM_SIZE};
+use vrdma_backend::host::{HostDevice, RxeDevice};
 use vrdma_backend::listener::Listener;
-use vrdma_backend::resources::Quotas;
+use vrdma_backend::resources::quotas::Quotas;
 use vrdma_spec::verbs::PortState;
 
 /// Command line.

@@ -23,7 +23,7 @@ use vrdma::provider::rxe_v1::{
 };
 use vrdma::provider::{RecvWr, SendFlags, SendWr, Sge, UdDest, WorkCompletion};
 use vrdma_backend::control::rings::{slot_geometry, slot_log2, RXE_CQE_BYTES};
-use vrdma_backend::device::*;
+use vrdma_backend::host::*;
 use vrdma_spec::rxe_v1::{header, recv_wqe_size, send_wqe_size};
 use vrdma_spec::verbs::{
     AccessFlags, GidType, QpAttrMask, QpState, QpType, WcOpcode, WcStatus, WrOpcode,

@@ -3,7 +3,7 @@
 //! malformed input).
 
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,10 +18,12 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vrdma::transport::process::{ProcessDma, ProcessOptions, ProcessTransport};
 use vrdma::transport::{DmaMemory, Transport, TransportError};
 use vrdma::virtq::{Buffer, SplitQueue};
-use vrdma_backend::handler::{
-    CommandRejection, DeviceHandler, EventClass, GuestContext, SHMEM_PAGE_SIZE,
-};
 use vrdma_backend::listener::{Listener, StopHandle};
+use vrdma_backend::vhost_device::event_queue::EventClass;
+use vrdma_backend::vhost_device::guest_context::GuestContext;
+use vrdma_backend::vhost_device::handler::{CommandRejection, DeviceHandler};
+use vrdma_backend::vhost_device::shmem::SHMEM_PAGE_SIZE;
+use vrdma_test_support::fake_host::device::memfd;
 
 const PAGE: usize = SHMEM_PAGE_SIZE as usize;
 const SHMEM_SIZE: u64 = 16 * SHMEM_PAGE_SIZE;
@@ -64,8 +66,7 @@ struct TestDevice {
 
 impl TestDevice {
     fn new(stats: Arc<Stats>) -> Self {
-        let host_pages = memfd();
-        host_pages.set_len((HOST_PAGES * PAGE) as u64).unwrap();
+        let host_pages = memfd((HOST_PAGES * PAGE) as u64);
         host_pages.write_all_at(b"written by the host", 0).unwrap();
         TestDevice {
             stats,
@@ -192,14 +193,6 @@ impl DeviceHandler for TestDevice {
     fn reset(&self) {
         self.stats.resets.fetch_add(1, Ordering::SeqCst);
     }
-}
-
-fn memfd() -> File {
-    // SAFETY: valid NUL-terminated name and flags.
-    let fd = unsafe { libc::memfd_create(c"vrdma-test".as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(fd >= 0, "memfd_create failed");
-    // SAFETY: `fd` is a new descriptor nothing else owns.
-    File::from(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// A listener serving test devices on its own thread.

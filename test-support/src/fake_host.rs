@@ -1,1 +1,7 @@
-//! (moved here from its test file)
+//! The fake host side of the backend's tests: a host RDMA device without RDMA ([`device`]), a
+//! frontend that serves SHMEM_MAP/UNMAP with QEMU's placement rules ([`frontend`]), and a
+//! harness that runs one guest's real device over both ([`harness`]).
+
+pub mod device;
+pub mod frontend;
+pub mod harness;

@@ -5,10 +5,12 @@ use vrdma_spec::rxe_v1::RxeAv;
 use vrdma_spec::wire::{self, CreateAhReq, CreateAhResp, HandleReq};
 use vrdma_spec::{Le16, Le32, ResponseBody};
 
-use super::{host_err, CommandError, CommandResult, Session};
-use crate::device::{self, AhHandle, AhInit, HostContext};
-use crate::guest::GuestDevice;
-use crate::resources::Handle;
+use super::error::CommandError;
+use super::session::{host_err, CommandResult, Session};
+use crate::guest::objects::AhEntry;
+use crate::guest::shared::GuestShared;
+use crate::host::{self, AhHandle, AhInit, HostContext};
+use crate::resources::table::Handle;
 
 /// `IB_LINK_LAYER_ETHERNET`: RoCE ports, where every address vector needs a GRH.
 const LINK_LAYER_ETHERNET: u8 = 2;
@@ -16,35 +18,26 @@ const LINK_LAYER_ETHERNET: u8 = 2;
 const NETWORK_TYPE_IPV4: u8 = 1;
 const NETWORK_TYPE_IPV6: u8 = 2;
 
-/// A guest's address handle.
-#[derive(Debug)]
-pub struct AhEntry {
-    /// The host AH.
-    pub host: AhHandle,
-    /// Its PD (holds a reference).
-    pub pd: Handle,
-}
-
 /// Checks an address vector against the port it names (spec §7.4 AhAttr rules: port,
 /// `sgid_index` below the table length and naming a populated entry, GRH on RoCE) and
 /// converts it to the host's terms (host port number).
 pub(crate) fn ah_attr_to_host(
-    dev: &GuestDevice,
+    guest: &GuestShared,
     a: &wire::AhAttr,
     what: &'static str,
-) -> Result<device::AhAttr, CommandError> {
-    let port = dev
+) -> Result<host::AhAttr, CommandError> {
+    let port = guest
         .host_port(a.port_num.into())
         .ok_or(CommandError::Invalid {
             what,
             value: a.port_num.into(),
         })?;
-    let port_attr = dev
+    let port_attr = guest
         .host()
         .query_port(port)
         .map_err(host_err("QUERY_PORT"))?;
     let gid_valid = u32::from(a.sgid_index) < port_attr.gid_tbl_len
-        && dev
+        && guest
             .device()
             .gid_entry(port, a.sgid_index.into())
             .map_err(host_err("GID table"))?
@@ -61,7 +54,7 @@ pub(crate) fn ah_attr_to_host(
             value: 0,
         });
     }
-    Ok(device::AhAttr {
+    Ok(host::AhAttr {
         dgid: a.dgid,
         flow_label: a.flow_label.get(),
         sgid_index: a.sgid_index,
@@ -77,7 +70,7 @@ pub(crate) fn ah_attr_to_host(
 }
 
 /// The guest's view of a host address vector.
-pub(crate) fn ah_attr_to_guest(dev: &GuestDevice, a: &device::AhAttr) -> wire::AhAttr {
+pub(crate) fn ah_attr_to_guest(guest: &GuestShared, a: &host::AhAttr) -> wire::AhAttr {
     wire::AhAttr {
         dgid: a.dgid,
         flow_label: Le32::new(a.flow_label),
@@ -89,7 +82,7 @@ pub(crate) fn ah_attr_to_guest(dev: &GuestDevice, a: &device::AhAttr) -> wire::A
         src_path_bits: a.src_path_bits,
         static_rate: a.static_rate,
         is_global: u8::from(a.is_global),
-        port_num: dev.guest_port(a.port_num),
+        port_num: guest.guest_port(a.port_num),
         reserved: Le16::ZERO,
     }
 }
@@ -98,7 +91,7 @@ pub(crate) fn ah_attr_to_guest(dev: &GuestDevice, a: &device::AhAttr) -> wire::A
 pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
     let pd = Handle::from_raw(r.pd.get());
     let pd_host = s.state.pds.get(pd)?.host;
-    let attr = ah_attr_to_host(s.dev, &r.ah_attr, "ah_attr.port_num")?;
+    let attr = ah_attr_to_host(s.guest, &r.ah_attr, "ah_attr.port_num")?;
     s.state.ahs.check_room(0)?;
     let ah = s
         .host()
@@ -129,7 +122,7 @@ pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
         return Err(e.into());
     }
     let sgid = s
-        .dev
+        .guest
         .device()
         .gid_entry(attr.port_num, attr.sgid_index.into())
         .ok()
@@ -187,7 +180,7 @@ fn gid_sockaddr(gid: &[u8; 16]) -> [u8; 28] {
 
 /// The `struct rxe_av` of an address vector, as far as it follows from the attributes: every
 /// field except `dmac`, which the host kernel resolves privately and does not return.
-fn rxe_av(attr: &device::AhAttr, sgid: &[u8; 16]) -> RxeAv {
+fn rxe_av(attr: &host::AhAttr, sgid: &[u8; 16]) -> RxeAv {
     RxeAv {
         port_num: attr.port_num,
         network_type: if is_ipv4_mapped(&attr.dgid) {
@@ -227,7 +220,7 @@ mod tests {
         let a = gid_sockaddr(&v6);
         assert_eq!(u16::from_ne_bytes([a[0], a[1]]), libc::AF_INET6 as u16);
         assert_eq!(&a[8..24], &v6);
-        let attr = device::AhAttr {
+        let attr = host::AhAttr {
             dgid: v4,
             port_num: 1,
             ..Default::default()

@@ -5,29 +5,21 @@ use vrdma_spec::verbs::arm_flags;
 use vrdma_spec::wire::{ArmCqReq, CreateCqReq, CreateCqResp, HandleReq};
 use vrdma_spec::{Le32, ResponseBody};
 
-use super::rings::{self, MappedRing, RXE_CQE_BYTES};
-use super::{at_most, host_err, CommandError, CommandResult, Session};
-use crate::device::{CqHandle, CqInit, HostContext};
-use crate::guest::EventOwner;
-use crate::handler::GuestContext;
-use crate::resources::{Handle, ResourceError, ResourceKind};
-use crate::shm_alloc::ShmAllocator;
-
-/// A guest's completion queue.
-#[derive(Debug)]
-pub struct CqEntry {
-    /// The host CQ.
-    pub host: CqHandle,
-    /// Its `user_handle` on the host (names it in events).
-    pub user_handle: u64,
-    /// Its buffer in the queue region.
-    pub ring: MappedRing,
-}
+use super::error::CommandError;
+use super::rings::{self, RXE_CQE_BYTES};
+use super::session::{at_most, host_err, CommandResult, Session};
+use crate::guest::objects::CqEntry;
+use crate::guest::objects::EventOwner;
+use crate::host::{CqHandle, CqInit, HostContext};
+use crate::memory::queue_region::ShmAllocator;
+use crate::resources::kind::{ResourceError, ResourceKind};
+use crate::resources::table::Handle;
+use crate::vhost_device::guest_context::GuestContext;
 
 /// CREATE_CQ: depth limit, quota, host CQ on the context's completion channel, mapping.
 pub(crate) fn create_cq(s: &mut Session<'_>, r: &CreateCqReq) -> CommandResult {
     rings::require_ring_format(s)?;
-    at_most(r.cqe.get(), s.dev.limits().attr.max_cqe, "cqe")?;
+    at_most(r.cqe.get(), s.guest.limits().attr.max_cqe, "cqe")?;
     s.state.cqs.check_room(0)?;
     let user_handle = s.state.new_user_handle();
     let cq = s

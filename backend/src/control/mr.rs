@@ -10,40 +10,26 @@ use vrdma_spec::verbs::AccessFlags;
 use vrdma_spec::wire::{HandleReq, RegMrResp};
 use vrdma_spec::{Event, EventType, Le32, RegMr, ResponseBody};
 
-use super::{at_most, host_err, CommandError, CommandResult, Session};
-use crate::device::{HostContext, Mr, MrInit};
-use crate::guest::{GuestDevice, GuestState};
-use crate::handler::{EventClass, GuestContext};
-use crate::mem::{GuestRam, MrPages, MrWindow};
-use crate::resources::{Handle, ResourceError, ResourceKind};
-
-/// A registered MR and the window it covers.
-#[derive(Debug)]
-pub struct LiveMr {
-    /// The host MR.
-    pub host: Mr,
-    /// The guest pages, mapped contiguously.
-    pub window: MrWindow,
-}
-
-/// A guest's memory region.
-#[derive(Debug)]
-pub struct MrEntry {
-    /// Its PD (holds a reference while the MR is live).
-    pub pd: Handle,
-    /// Bytes accounted against the MR byte quota: `npages · page size`.
-    pub bytes: u64,
-    /// `None` once revoked by a memory-table change; the handle stays until DEREG_MR.
-    pub live: Option<LiveMr>,
-}
+use super::error::CommandError;
+use super::session::{at_most, host_err, CommandResult, Session};
+use crate::guest::objects::{LiveMr, MrEntry};
+use crate::guest::shared::GuestShared;
+use crate::guest::state::GuestState;
+use crate::host::{HostContext, MrInit};
+use crate::memory::guest_ram::GuestRamFiles;
+use crate::memory::mr_window::{MrPages, MrWindow};
+use crate::resources::kind::{ResourceError, ResourceKind};
+use crate::resources::table::Handle;
+use crate::vhost_device::event_queue::EventClass;
+use crate::vhost_device::guest_context::GuestContext;
 
 /// REG_MR, validated in the spec's order: structure (decoder), limits, PD, quotas, addresses.
 pub(crate) fn reg_mr(s: &mut Session<'_>, m: &RegMr<'_>) -> CommandResult {
     let r = &m.req;
-    let options = s.dev.options();
+    let options = s.guest.options();
     at_most(r.npages.get(), options.max_mr_pages, "npages")?;
     let length = r.length.get();
-    let max_mr_size = max_mr_size(s.dev);
+    let max_mr_size = max_mr_size(s.guest);
     if length > max_mr_size {
         return Err(CommandError::Invalid {
             what: "length",
@@ -78,7 +64,7 @@ pub(crate) fn reg_mr(s: &mut Session<'_>, m: &RegMr<'_>) -> CommandResult {
     }
 
     let pages: Vec<u64> = m.pages.iter().collect();
-    let ram = GuestRam::new(&*s.ctx.memory())?;
+    let ram = GuestRamFiles::new(&*s.ctx.memory())?;
     let window = MrWindow::map(
         &ram,
         &MrPages {
@@ -179,26 +165,27 @@ fn deregister(host: &dyn HostContext, handle: Handle, live: LiveMr) {
 }
 
 /// Largest MR length: the host's limit, within the guest's MR byte quota.
-pub(crate) fn max_mr_size(dev: &GuestDevice) -> u64 {
-    dev.limits()
+pub(crate) fn max_mr_size(guest: &GuestShared) -> u64 {
+    guest
+        .limits()
         .attr
         .max_mr_size
-        .min(dev.options().quotas.mr_bytes)
+        .min(guest.options().quotas.mr_bytes)
 }
 
 /// Revokes every MR that maps guest pages the new memory table no longer backs the same way
 /// (spec §11.3): deregisters it, unmaps its window, releases its quota and PD reference, and
 /// sends MR_REVOKED. Its handle stays allocated until DEREG_MR.
-pub(crate) fn revoke_unbacked(dev: &GuestDevice, ctx: &GuestContext, state: &mut GuestState) {
-    let ram = match GuestRam::new(&*ctx.memory()) {
+pub(crate) fn revoke_unbacked(guest: &GuestShared, ctx: &GuestContext, state: &mut GuestState) {
+    let ram = match GuestRamFiles::new(&*ctx.memory()) {
         Ok(ram) => ram,
         Err(e) => {
             // Unknown memory cannot back anything.
             warn!(
                 "guest {}: cannot inspect the new memory table: {e}",
-                dev.id()
+                guest.id()
             );
-            GuestRam::default()
+            GuestRamFiles::default()
         }
     };
     let stale: Vec<Handle> = state
@@ -220,16 +207,19 @@ pub(crate) fn revoke_unbacked(dev: &GuestDevice, ctx: &GuestContext, state: &mut
             continue;
         };
         let (pd, bytes) = (entry.pd, entry.bytes);
-        deregister(dev.host(), handle, live);
+        deregister(guest.host(), handle, live);
         forget_live(state, pd, bytes);
-        debug!("guest {}: MR {handle} revoked by a memory change", dev.id());
+        debug!(
+            "guest {}: MR {handle} revoked by a memory change",
+            guest.id()
+        );
         let event = Event {
             event_type: EventType::MrRevoked,
             handle: handle.raw(),
             detail: 0,
         };
         if let Err(e) = ctx.events().push(&event.to_bytes(), EventClass::Async) {
-            warn!("guest {}: cannot queue MR_REVOKED: {e}", dev.id());
+            warn!("guest {}: cannot queue MR_REVOKED: {e}", guest.id());
         }
     }
 }

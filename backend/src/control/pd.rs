@@ -4,16 +4,11 @@ use log::warn;
 use vrdma_spec::wire::{HandleReq, HandleResp};
 use vrdma_spec::{Le32, ResponseBody};
 
-use super::{host_err, CommandResult, Session};
-use crate::device::{HostContext, PdHandle};
-use crate::resources::{Handle, ResourceError, ResourceKind};
-
-/// A guest's protection domain.
-#[derive(Debug)]
-pub struct PdEntry {
-    /// The host PD.
-    pub host: PdHandle,
-}
+use super::session::{host_err, CommandResult, Session};
+use crate::guest::objects::PdEntry;
+use crate::host::HostContext;
+use crate::resources::kind::{ResourceError, ResourceKind};
+use crate::resources::table::Handle;
 
 /// ALLOC_PD: quota, then the host PD.
 pub(crate) fn alloc_pd(s: &mut Session<'_>) -> CommandResult {

@@ -9,47 +9,16 @@ use vrdma_spec::{Le16, Le32, ResponseBody};
 use zerocopy::FromZeros;
 
 use super::ah::{ah_attr_to_guest, ah_attr_to_host};
-use super::rings::{self, MappedRing};
-use super::{at_most, host_err, CommandError, CommandResult, Session};
-use crate::device::{self, HostContext, QpCaps, QpHandle, QpInit};
-use crate::guest::{EventOwner, GuestState};
-use crate::handler::{lock, GuestContext};
-use crate::resources::Handle;
-use crate::shm_alloc::ShmAllocator;
-
-/// A guest's queue pair.
-#[derive(Debug)]
-pub struct QpEntry {
-    /// The host QP.
-    pub host: QpHandle,
-    /// Host QP number.
-    pub qpn: u32,
-    /// RC or UD.
-    pub qp_type: QpType,
-    /// Objects it references (each holds a reference count).
-    pub deps: QpDeps,
-    /// Its `user_handle` on the host (names it in events).
-    pub user_handle: u64,
-    /// Its slot in the doorbell area.
-    pub doorbell_index: u32,
-    /// Send queue buffer.
-    pub sq: MappedRing,
-    /// Receive queue buffer; `None` with an SRQ.
-    pub rq: Option<MappedRing>,
-}
-
-/// The objects a QP uses.
-#[derive(Debug, Clone, Copy)]
-pub struct QpDeps {
-    /// Its PD.
-    pub pd: Handle,
-    /// Send CQ.
-    pub send_cq: Handle,
-    /// Receive CQ (may equal the send CQ; referenced twice then).
-    pub recv_cq: Handle,
-    /// Its SRQ, if any.
-    pub srq: Option<Handle>,
-}
+use super::error::CommandError;
+use super::rings;
+use super::session::{at_most, host_err, CommandResult, Session};
+use crate::guest::objects::EventOwner;
+use crate::guest::objects::{QpDeps, QpEntry};
+use crate::guest::state::GuestState;
+use crate::host::{self, HostContext, QpCaps, QpHandle, QpInit};
+use crate::memory::queue_region::{MappedRing, ShmAllocator};
+use crate::resources::table::Handle;
+use crate::vhost_device::guest_context::GuestContext;
 
 impl QpDeps {
     /// Takes a reference on every dependency, or on none.
@@ -98,7 +67,7 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
         what: "qp_type",
         value: v.into(),
     })?;
-    let attr = &s.dev.limits().attr;
+    let attr = &s.guest.limits().attr;
     at_most(r.max_send_wr.get(), attr.max_qp_wr, "max_send_wr")?;
     at_most(r.max_recv_wr.get(), attr.max_qp_wr, "max_recv_wr")?;
     at_most(r.max_send_sge.get(), attr.max_sge, "max_send_sge")?;
@@ -125,7 +94,7 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
     s.state.qps.check_room(0)?;
 
     let doorbell_index = {
-        let mut doorbells = lock(s.dev.doorbells());
+        let mut doorbells = s.guest.doorbells().lock();
         if !doorbells.has_area() {
             return Err(CommandError::BadState("SET_DOORBELL_AREA must come first"));
         }
@@ -146,7 +115,7 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
         srq,
     );
     if result.is_err() {
-        lock(s.dev.doorbells()).release(doorbell_index);
+        s.guest.doorbells().lock().release(doorbell_index);
     }
     result
 }
@@ -158,10 +127,10 @@ fn create_reserved(
     qp_type: QpType,
     deps: QpDeps,
     doorbell_index: u32,
-    pd: device::PdHandle,
-    send_cq: device::CqHandle,
-    recv_cq: device::CqHandle,
-    srq: Option<device::SrqHandle>,
+    pd: host::PdHandle,
+    send_cq: host::CqHandle,
+    recv_cq: host::CqHandle,
+    srq: Option<host::SrqHandle>,
 ) -> CommandResult {
     deps.acquire(s.state)?;
     let user_handle = s.state.new_user_handle();
@@ -223,7 +192,7 @@ fn create_reserved(
         }
     };
     s.state.owners.insert(user_handle, EventOwner::Qp(handle));
-    lock(s.dev.doorbells()).attach(doorbell_index, qp.handle);
+    s.guest.doorbells().lock().attach(doorbell_index, qp.handle);
     Ok(ResponseBody::CreateQp(CreateQpResp {
         qp: Le32::new(handle.raw()),
         qpn: Le32::new(qp.qpn),
@@ -241,7 +210,7 @@ fn create_reserved(
 /// Maps the SQ and (without an SRQ) the RQ; on error neither stays mapped.
 fn map_rings(
     s: &mut Session<'_>,
-    qp: &device::Qp,
+    qp: &host::Qp,
     with_srq: bool,
 ) -> Result<(MappedRing, Option<MappedRing>), CommandError> {
     let slots = |wr: u32| {
@@ -335,18 +304,19 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
         }
     })?;
 
-    let dev = s.dev;
-    let limits = &dev.limits().attr;
+    let guest = s.guest;
+    let limits = &guest.limits().attr;
     let port = if has(QpAttrMask::PORT) {
-        dev.host_port(a.port_num.into())
+        guest
+            .host_port(a.port_num.into())
             .ok_or(CommandError::Invalid {
                 what: "port_num",
                 value: a.port_num.into(),
             })?
     } else {
-        dev.options().host_port
+        guest.options().host_port
     };
-    let port_attr = dev
+    let port_attr = guest
         .host()
         .query_port(port)
         .map_err(host_err("QUERY_PORT"))?;
@@ -377,25 +347,25 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
         )?;
     }
     let ah_attr = if has(QpAttrMask::AV) {
-        ah_attr_to_host(dev, &a.ah_attr, "ah_attr.port_num")?
+        ah_attr_to_host(guest, &a.ah_attr, "ah_attr.port_num")?
     } else {
-        device::AhAttr::default()
+        host::AhAttr::default()
     };
     let (alt_ah_attr, alt_port_num) = if has(QpAttrMask::ALT_PATH) {
-        let alt_port = dev
+        let alt_port = guest
             .host_port(a.alt_port_num.into())
             .ok_or(CommandError::Invalid {
                 what: "alt_port_num",
                 value: a.alt_port_num.into(),
             })?;
         (
-            ah_attr_to_host(dev, &a.alt_ah_attr, "alt_ah_attr.port_num")?,
+            ah_attr_to_host(guest, &a.alt_ah_attr, "alt_ah_attr.port_num")?,
             alt_port,
         )
     } else {
-        (device::AhAttr::default(), 0)
+        (host::AhAttr::default(), 0)
     };
-    let attr = device::QpAttr {
+    let attr = host::QpAttr {
         qp_state: next,
         cur_qp_state: claimed.unwrap_or(cur),
         // Ranges checked by the decoder: MTU 1..=5, migration state 0..=2.
@@ -422,7 +392,8 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
         alt_port_num,
         alt_timeout: a.alt_timeout,
     };
-    dev.host()
+    guest
+        .host()
         .modify_qp(host, &attr, mask)
         .map_err(host_err("MODIFY_QP"))?;
     Ok(ResponseBody::Empty)
@@ -440,7 +411,7 @@ pub(crate) fn query_qp(s: &mut Session<'_>, r: &QueryQpReq) -> CommandResult {
         .host()
         .query_qp(host, QUERY_QP_MASK)
         .map_err(host_err("QUERY_QP"))?;
-    let dev = s.dev;
+    let guest = s.guest;
     let a = &info.attr;
     let attr = wire::QpAttr {
         qp_state: Le32::new(a.qp_state as u32),
@@ -457,8 +428,8 @@ pub(crate) fn query_qp(s: &mut Session<'_>, r: &QueryQpReq) -> CommandResult {
         max_send_sge: Le32::new(info.caps.max_send_sge),
         max_recv_sge: Le32::new(info.caps.max_recv_sge),
         max_inline_data: Le32::new(info.caps.max_inline_data),
-        ah_attr: ah_attr_to_guest(dev, &a.ah_attr),
-        alt_ah_attr: ah_attr_to_guest(dev, &a.alt_ah_attr),
+        ah_attr: ah_attr_to_guest(guest, &a.ah_attr),
+        alt_ah_attr: ah_attr_to_guest(guest, &a.alt_ah_attr),
         pkey_index: Le16::new(a.pkey_index),
         alt_pkey_index: Le16::new(a.alt_pkey_index),
         en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
@@ -466,11 +437,11 @@ pub(crate) fn query_qp(s: &mut Session<'_>, r: &QueryQpReq) -> CommandResult {
         max_rd_atomic: a.max_rd_atomic,
         max_dest_rd_atomic: a.max_dest_rd_atomic,
         min_rnr_timer: a.min_rnr_timer,
-        port_num: dev.guest_port(a.port_num),
+        port_num: guest.guest_port(a.port_num),
         timeout: a.timeout,
         retry_cnt: a.retry_cnt,
         rnr_retry: a.rnr_retry,
-        alt_port_num: dev.guest_port(a.alt_port_num),
+        alt_port_num: guest.guest_port(a.alt_port_num),
         alt_timeout: a.alt_timeout,
         reserved0: 0,
         rate_limit: Le32::ZERO,
@@ -489,13 +460,13 @@ pub(crate) fn destroy_qp(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
     let entry = s.state.qps.get(handle)?;
     let (host, index) = (entry.host, entry.doorbell_index);
     // No kick may reach the host handle once it is destroyed (the kernel reuses handles).
-    lock(s.dev.doorbells()).detach(index);
+    s.guest.doorbells().lock().detach(index);
     if let Err(e) = s.host().destroy_qp(host) {
-        lock(s.dev.doorbells()).attach(index, host);
+        s.guest.doorbells().lock().attach(index, host);
         return Err(host_err("DESTROY_QP")(e));
     }
     let entry = s.state.qps.remove(handle)?;
-    lock(s.dev.doorbells()).release(index);
+    s.guest.doorbells().lock().release(index);
     s.state.owners.remove(&entry.user_handle);
     unmap_rings(Some(s.ctx), &mut s.state.shm, &entry.sq, entry.rq.as_ref());
     entry.deps.release(s.state);

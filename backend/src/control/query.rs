@@ -7,9 +7,10 @@ use vrdma_spec::wire::{
 };
 use vrdma_spec::{Le16, Le32, Le64, ResponseBody};
 
-use super::{host_err, CommandError, CommandResult, Session};
-use crate::device;
-use crate::guest::GUEST_PORT;
+use super::error::CommandError;
+use super::session::{host_err, CommandResult, Session};
+use crate::guest::shared::GUEST_PORT;
+use crate::host;
 
 /// `IB_LINK_LAYER_ETHERNET`.
 const LINK_LAYER_ETHERNET: u8 = 2;
@@ -28,18 +29,18 @@ const PASSED_CAP_FLAGS: u32 = (1 << 1) // BAD_PKEY_CNTR
 
 /// Largest inline send: rxe's `RXE_MAX_INLINE_DATA` is its largest WQE minus the WQE header,
 /// i.e. the room of `max_sge` SGEs.
-pub(crate) fn max_inline_data(attr: &device::DeviceAttr) -> u32 {
+pub(crate) fn max_inline_data(attr: &host::DeviceAttr) -> u32 {
     attr.max_sge.saturating_mul(SGE_SIZE as u32)
 }
 
 /// QUERY_DEVICE: host attributes, every count capped by this guest's quota.
 pub(crate) fn query_device(s: &mut Session<'_>) -> CommandResult {
     let host = s.host().query_device().map_err(host_err("QUERY_DEVICE"))?;
-    let q = &s.dev.options().quotas;
+    let q = &s.guest.options().quotas;
     let srq = s.features & VRDMA_F_SRQ != 0;
     let ud = s.features & VRDMA_F_UD != 0;
     let mut fw_ver = [0u8; 64];
-    let name = s.dev.device().info().fw_ver.as_bytes();
+    let name = s.guest.device().info().fw_ver.as_bytes();
     // Keep the terminating NUL.
     let n = name.len().min(fw_ver.len() - 1);
     fw_ver[..n].copy_from_slice(&name[..n]);
@@ -48,7 +49,7 @@ pub(crate) fn query_device(s: &mut Session<'_>) -> CommandResult {
         fw_ver,
         node_guid: host.node_guid,
         sys_image_guid: host.sys_image_guid,
-        max_mr_size: Le64::new(super::mr::max_mr_size(s.dev)),
+        max_mr_size: Le64::new(super::mr::max_mr_size(s.guest)),
         page_size_cap: Le64::new(host.page_size_cap),
         max_mr_bytes: Le64::new(q.mr_bytes),
         vendor_id: Le32::new(host.vendor_id),
@@ -81,13 +82,13 @@ pub(crate) fn query_device(s: &mut Session<'_>) -> CommandResult {
 
 /// The host port behind a guest port number, `INVALID` if there is none.
 fn port(s: &Session<'_>, port_num: u32) -> Result<u8, CommandError> {
-    s.dev.host_port(port_num).ok_or(CommandError::Invalid {
+    s.guest.host_port(port_num).ok_or(CommandError::Invalid {
         what: "port_num",
         value: port_num.into(),
     })
 }
 
-fn host_port_attr(s: &Session<'_>, port: u8) -> Result<device::PortAttr, CommandError> {
+fn host_port_attr(s: &Session<'_>, port: u8) -> Result<host::PortAttr, CommandError> {
     s.host().query_port(port).map_err(host_err("QUERY_PORT"))
 }
 
@@ -134,7 +135,7 @@ pub(crate) fn query_gid(s: &mut Session<'_>, r: &QueryTableReq) -> CommandResult
         });
     }
     let found = s
-        .dev
+        .guest
         .device()
         .gid_entry(host_port, index)
         .map_err(host_err("GID table"))?;

@@ -15,29 +15,22 @@ use vrdma_spec::rxe_v1::{self, MAX_LOG2_SLOT_SIZE, MIN_LOG2_SLOT_SIZE};
 use vrdma_spec::wire::RingDesc;
 use vrdma_spec::{Le32, Le64};
 
-use super::{CommandError, Session};
-use crate::device::QueueBuffer;
-use crate::handler::{GuestContext, SHMEM_PAGE_SIZE};
-use crate::shm_alloc::{ShmAllocator, ShmRange};
+use super::error::CommandError;
+use super::session::Session;
+use crate::host::QueueBuffer;
+use crate::memory::queue_region::{MappedRing, ShmAllocator, ShmRange};
+use crate::vhost_device::guest_context::GuestContext;
+use crate::vhost_device::shmem::SHMEM_PAGE_SIZE;
 
 /// Bytes of one rxe CQ slot: `sizeof(struct rxe_cqe)`, the union of the kernel's `struct ib_wc`
 /// (72 bytes on x86-64 since `port_num` became a u32 in Linux 5.13) and `struct ib_uverbs_wc`.
 pub const RXE_CQE_BYTES: usize = 72;
 
-/// A queue buffer mapped into the queue region.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MappedRing {
-    /// Its extent of the region.
-    pub range: ShmRange,
-    /// Its description for the guest.
-    pub desc: RingDesc,
-}
-
 /// Fails unless a ring format was negotiated that the host device produces (spec §3: without
 /// one, CREATE_CQ/QP/SRQ are `UNSUPPORTED`).
 pub(crate) fn require_ring_format(s: &Session<'_>) -> Result<(), CommandError> {
     s.require(VRDMA_F_RING_RXE_V1, "a ring format")?;
-    if s.dev.device().ring_format() != rxe_v1::FORMAT_ID {
+    if s.guest.device().ring_format() != rxe_v1::FORMAT_ID {
         return Err(CommandError::NotNegotiated("the host's ring format"));
     }
     Ok(())
@@ -118,7 +111,7 @@ pub(crate) fn map_ring(
         return Err(CommandError::Geometry(e.to_string()));
     }
     let mapped = s.ctx.shmem().map(
-        s.dev.host().queue_fd(),
+        s.guest.host().queue_fd(),
         buffer.offset,
         range.offset,
         len,

@@ -6,32 +6,16 @@ use vrdma_spec::verbs::srq_attr;
 use vrdma_spec::wire::{CreateSrqReq, CreateSrqResp, HandleReq, ModifySrqReq, QuerySrqResp};
 use vrdma_spec::{Le32, ResponseBody};
 
-use super::rings::{self, MappedRing};
-use super::{at_most, host_err, CommandError, CommandResult, Session};
-use crate::device::{HostContext, SrqHandle, SrqInit, SrqModify};
-use crate::guest::EventOwner;
-use crate::handler::GuestContext;
-use crate::resources::{Handle, ResourceError, ResourceKind};
-use crate::shm_alloc::ShmAllocator;
-
-/// A guest's shared receive queue.
-#[derive(Debug)]
-pub struct SrqEntry {
-    /// The host SRQ.
-    pub host: SrqHandle,
-    /// Its PD (holds a reference).
-    pub pd: Handle,
-    /// Its `user_handle` on the host (names it in events).
-    pub user_handle: u64,
-    /// Actual capacity.
-    pub max_wr: u32,
-    /// Actual SGEs per WR.
-    pub max_sge: u32,
-    /// Armed limit; 0 once SRQ_LIMIT_REACHED fired (the host disarms it then).
-    pub srq_limit: u32,
-    /// Its buffer in the queue region.
-    pub ring: MappedRing,
-}
+use super::error::CommandError;
+use super::rings;
+use super::session::{at_most, host_err, CommandResult, Session};
+use crate::guest::objects::EventOwner;
+use crate::guest::objects::SrqEntry;
+use crate::host::{HostContext, SrqHandle, SrqInit, SrqModify};
+use crate::memory::queue_region::ShmAllocator;
+use crate::resources::kind::{ResourceError, ResourceKind};
+use crate::resources::table::Handle;
+use crate::vhost_device::guest_context::GuestContext;
 
 /// The capacity the host gives an SRQ asked for `max_wr` WRs (spec §9.1).
 fn actual_depth(max_wr: u32) -> Option<u32> {
@@ -41,7 +25,7 @@ fn actual_depth(max_wr: u32) -> Option<u32> {
 /// CREATE_SRQ: ring format, limits, PD, quota, host SRQ, mapping.
 pub(crate) fn create_srq(s: &mut Session<'_>, r: &CreateSrqReq) -> CommandResult {
     rings::require_ring_format(s)?;
-    let attr = &s.dev.limits().attr;
+    let attr = &s.guest.limits().attr;
     at_most(r.max_wr.get(), attr.max_srq_wr, "max_wr")?;
     at_most(r.max_sge.get(), attr.max_srq_sge, "max_sge")?;
     let limit = r.srq_limit.get();
@@ -98,7 +82,7 @@ pub(crate) fn create_srq(s: &mut Session<'_>, r: &CreateSrqReq) -> CommandResult
     };
     if let Err(e) = s.state.pds.acquire(pd) {
         if let Ok(entry) = s.state.srqs.remove(handle) {
-            release(s.dev.host(), Some(s.ctx), &mut s.state.shm, handle, entry);
+            release(s.guest.host(), Some(s.ctx), &mut s.state.shm, handle, entry);
         }
         return Err(e.into());
     }

@@ -1,37 +1,13 @@
-//! The host-device layer: everything the backend does on the host's RDMA device on a guest's
-//! behalf.
-//!
-//! The backend speaks the kernel's uverbs `write()` command ABI directly ([`uverbs`]) rather
-//! than going through libibverbs: rxe's queue buffers can be mapped only once, by whoever maps
-//! them first, so the guest's side (QEMU or a process-mode frontend) must do that mapping and the
-//! backend must create queues itself and pass on (fd, offset, length). It also keeps the build
-//! free of rdma-core.
-//!
-//! - [`sysfs`]: device discovery and GID tables.
-//! - [`HostDevice`] / [`HostContext`]: what the rest of the backend uses, object-safe so a test
-//!   can put a fake device behind them.
-//! - [`rxe`]: the Soft-RoCE implementation.
-
-pub mod error;
-pub mod events;
-pub mod rxe;
-pub mod rxe_abi;
-pub mod sysfs;
-pub mod types;
-pub mod uverbs;
-pub mod verbs_file;
-
-#[cfg(test)]
-mod layout_tests;
+//! The object-safe host-device traits: what the rest of the backend uses of the host's RDMA
+//! device, so that a test can put a fake device behind them.
 
 use std::os::fd::BorrowedFd;
 
 use vrdma_spec::verbs::QpAttrMask;
 
-pub use error::{DeviceError, Result};
-pub use rxe::{RxeContext, RxeDevice};
-pub use sysfs::{DeviceInfo, GidEntry, PortInfo};
-pub use types::*;
+use super::error::Result;
+use super::sysfs::{DeviceInfo, GidEntry};
+use super::types::*;
 
 /// A host RDMA device the backend can serve guests from.
 pub trait HostDevice: Send + Sync {

@@ -1,4 +1,4 @@
-//! Host events to guest events (spec §8).
+//! The event pump: host events to guest events (spec §8).
 //!
 //! The host context has two event sources, both watched by the connection's fast worker:
 //! the completion channel (one event per armed CQ that got a completion) and the async event
@@ -11,9 +11,14 @@
 use log::{debug, warn};
 use vrdma_spec::{Event, EventType};
 
-use crate::device::{AsyncEvent, AsyncEventKind};
-use crate::guest::{EventOwner, GuestDevice, GuestState};
-use crate::handler::{lock, EventClass, GuestContext};
+use parking_lot::Mutex;
+
+use crate::guest::objects::EventOwner;
+use crate::guest::shared::GuestShared;
+use crate::guest::state::GuestState;
+use crate::host::{AsyncEvent, AsyncEventKind};
+use crate::vhost_device::event_queue::EventClass;
+use crate::vhost_device::guest_context::GuestContext;
 
 /// Index of the completion channel in `watched_fds`.
 pub const COMP_CHANNEL_FD: usize = 0;
@@ -64,11 +69,11 @@ pub fn translate(kind: AsyncEventKind) -> Translation {
     }
 }
 
-fn push(dev: &GuestDevice, ctx: &GuestContext, event: Event, class: EventClass) {
+fn push(guest: &GuestShared, ctx: &GuestContext, event: Event, class: EventClass) {
     if let Err(e) = ctx.events().push(&event.to_bytes(), class) {
         warn!(
             "guest {}: cannot queue {:?}: {e}",
-            dev.id(),
+            guest.id(),
             event.event_type
         );
     }
@@ -88,21 +93,21 @@ fn object_handle(state: &GuestState, user_handle: u64, event_type: EventType) ->
 }
 
 /// Drains the completion channel into COMPLETION events.
-pub(crate) fn completions(dev: &GuestDevice, ctx: &GuestContext) {
-    let mut state = lock(dev.state());
-    dev.announce_discard(ctx, &mut state);
+pub(crate) fn completions(guest: &GuestShared, state: &Mutex<GuestState>, ctx: &GuestContext) {
+    let mut state = state.lock();
+    guest.announce_discard(ctx, &mut state);
     for _ in 0..BATCH {
-        let event = match dev.host().read_comp_event() {
+        let event = match guest.host().read_comp_event() {
             Ok(Some(event)) => event,
             Ok(None) => return,
             Err(e) => {
-                warn!("guest {}: completion channel: {e}", dev.id());
+                warn!("guest {}: completion channel: {e}", guest.id());
                 return;
             }
         };
         match object_handle(&state, event.cq_user_handle, EventType::Completion) {
             Some(handle) => push(
-                dev,
+                guest,
                 ctx,
                 Event {
                     event_type: EventType::Completion,
@@ -113,38 +118,41 @@ pub(crate) fn completions(dev: &GuestDevice, ctx: &GuestContext) {
             ),
             None => debug!(
                 "guest {}: completion event of unknown CQ {:#x}",
-                dev.id(),
+                guest.id(),
                 event.cq_user_handle
             ),
         }
     }
 }
 
-/// Drains the async event fd into the guest's events.
-pub(crate) fn async_events(dev: &GuestDevice, ctx: &GuestContext) {
+/// Drains the async event fd into the guest's events. Returns true if the host device reported
+/// a fatal error (spec §11.2), which the caller handles once the state lock is released.
+pub(crate) fn async_events(
+    guest: &GuestShared,
+    state: &Mutex<GuestState>,
+    ctx: &GuestContext,
+) -> bool {
     let mut fatal = false;
     {
-        let mut state = lock(dev.state());
+        let mut state = state.lock();
         for _ in 0..BATCH {
-            let event = match dev.host().read_async_event() {
+            let event = match guest.host().read_async_event() {
                 Ok(Some(event)) => event,
                 Ok(None) => break,
                 Err(e) => {
-                    warn!("guest {}: async event fd: {e}", dev.id());
+                    warn!("guest {}: async event fd: {e}", guest.id());
                     break;
                 }
             };
-            fatal |= deliver_async(dev, ctx, &mut state, event);
+            fatal |= deliver_async(guest, ctx, &mut state, event);
         }
     }
-    if fatal {
-        dev.host_failed(ctx);
-    }
+    fatal
 }
 
 /// Queues the guest event of one host async event; returns true for a fatal device error.
 fn deliver_async(
-    dev: &GuestDevice,
+    guest: &GuestShared,
     ctx: &GuestContext,
     state: &mut GuestState,
     event: AsyncEvent,
@@ -154,7 +162,7 @@ fn deliver_async(
             let Some(handle) = object_handle(state, event.element, event_type) else {
                 debug!(
                     "guest {}: {:?} of unknown object {:#x}",
-                    dev.id(),
+                    guest.id(),
                     event.kind,
                     event.element
                 );
@@ -164,13 +172,13 @@ fn deliver_async(
                 // The host disarms the limit when it fires.
                 if let Ok(srq) = state
                     .srqs
-                    .get_mut(crate::resources::Handle::from_raw(handle))
+                    .get_mut(crate::resources::table::Handle::from_raw(handle))
                 {
                     srq.srq_limit = 0;
                 }
             }
             push(
-                dev,
+                guest,
                 ctx,
                 Event {
                     event_type,
@@ -183,11 +191,11 @@ fn deliver_async(
         }
         Translation::Port(event_type) => {
             let port = u8::try_from(event.element)
-                .map(|port| dev.guest_port(port))
+                .map(|port| guest.guest_port(port))
                 .unwrap_or(0);
             if port != 0 {
                 push(
-                    dev,
+                    guest,
                     ctx,
                     Event {
                         event_type,
@@ -201,7 +209,7 @@ fn deliver_async(
         }
         Translation::DeviceFatal => true,
         Translation::Ignored => {
-            debug!("guest {}: ignoring host event {:?}", dev.id(), event.kind);
+            debug!("guest {}: ignoring host event {:?}", guest.id(), event.kind);
             false
         }
     }

@@ -1,4 +1,5 @@
-//! `VhostUserBackend` of the vrdma device: virtqueue plumbing around a [`DeviceHandler`].
+//! The vhost-user device: the `VhostUserBackend` of one guest connection, the virtqueue
+//! plumbing around a [`DeviceHandler`] (the device logic: in the daemon, the per-guest device).
 //!
 //! Queues: 0 = controlq (request then response buffer per chain), 1 = eventq (device-writable
 //! buffers the device fills with one event each), 2 = doorbellq (its notification is the send
@@ -11,10 +12,11 @@
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use log::{debug, warn};
+use parking_lot::Mutex;
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserShMemConfig};
 use vhost::vhost_user::Backend;
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
@@ -29,19 +31,20 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::handler::{
-    lock, CommandRejection, DeviceHandler, GuestContext, GuestRam, GuestRamAtomic, Placement,
-    DEFAULT_EVENT_CAPACITY,
-};
+use vrdma_spec::features::DEVICE_SPECIFIC_MASK;
+use vrdma_spec::queue::{CONTROLQ, DOORBELLQ, EVENTQ, NUM_QUEUES};
 
-/// Index of the control queue.
-pub const CONTROLQ: u16 = 0;
-/// Index of the event queue.
-pub const EVENTQ: u16 = 1;
-/// Index of the doorbell queue.
-pub const DOORBELLQ: u16 = 2;
-/// Number of virtqueues.
-pub const NUM_QUEUES: usize = 3;
+use crate::fault_log::FaultLog;
+use crate::memory::guest_ram::{AtomicGuestRam, MappedGuestRam};
+use event_queue::{Placement, DEFAULT_EVENT_CAPACITY};
+use guest_context::GuestContext;
+use handler::{CommandRejection, DeviceHandler};
+
+pub mod event_queue;
+pub mod guest_context;
+pub mod handler;
+pub mod shmem;
+
 /// Largest queue size accepted.
 pub const MAX_QUEUE_SIZE: usize = 256;
 /// Largest configuration space served.
@@ -49,8 +52,6 @@ pub const MAX_CONFIG_SIZE: usize = 256;
 
 /// `VHOST_USER_F_PROTOCOL_FEATURES` (virtio feature bit 30 in vhost-user).
 const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
-/// Virtio feature bits the handler may choose (device-specific range).
-const DEVICE_FEATURE_MASK: u64 = (1 << 24) - 1;
 
 /// Worker thread serving the control queue.
 const CONTROL_WORKER: usize = 0;
@@ -58,32 +59,32 @@ const CONTROL_WORKER: usize = 0;
 const FAST_WORKER: usize = 1;
 /// Epoll token of the event-queue wake-up fd on [`FAST_WORKER`]. Tokens up to `NUM_QUEUES`
 /// are reserved by vhost-user-backend (queues, exit event).
-const EVENTS_WAKE_TOKEN: u16 = NUM_QUEUES as u16 + 1;
+const EVENTS_WAKE_TOKEN: u16 = NUM_QUEUES + 1;
 /// Epoll token of the handler's first watched fd on [`FAST_WORKER`].
-const FIRST_WATCHED_TOKEN: u16 = NUM_QUEUES as u16 + 2;
+const FIRST_WATCHED_TOKEN: u16 = NUM_QUEUES + 2;
 
 /// Local vring indices on each worker (vhost-user-backend numbers a worker's vrings from 0).
 const CONTROL_LOCAL: u16 = 0;
 const EVENT_LOCAL: u16 = 0;
 const DOORBELL_LOCAL: u16 = 1;
 
-type Vring = VringRwLock<GuestRamAtomic>;
-type MemoryGuard = GuestMemoryLoadGuard<GuestRam>;
+type Vring = VringRwLock<AtomicGuestRam>;
+type MemoryGuard = GuestMemoryLoadGuard<MappedGuestRam>;
 type Chain = DescriptorChain<MemoryGuard>;
 
-/// Epoll handler of one worker of a [`VrdmaBackend`] connection.
-pub type WorkerEpollHandler<H> = VringEpollHandler<Arc<VrdmaBackend<H>>>;
+/// Epoll handler of one worker of a [`VhostUserDevice`] connection.
+pub type WorkerEpollHandler<H> = VringEpollHandler<Arc<VhostUserDevice<H>>>;
 
 /// The vhost-user backend of one guest connection.
-pub struct VrdmaBackend<H: DeviceHandler> {
+pub struct VhostUserDevice<H: DeviceHandler> {
     handler: Arc<H>,
     ctx: GuestContext,
     event_idx: AtomicBool,
     command: Mutex<CommandBuffers>,
     doorbell_bytes: Mutex<Vec<u8>>,
-    faults: GuestFaultLog,
+    faults: FaultLog,
     /// Consumer ends of the worker exit events, which the daemon leaks (see
-    /// [`VrdmaBackend::close_leaked_exit_fds`]).
+    /// [`VhostUserDevice::close_leaked_exit_fds`]).
     exit_consumer_fds: Mutex<Vec<RawFd>>,
     /// The device was stopped or reset while a command may have been running: guest state
     /// is discarded as soon as no command is (spec §11.1).
@@ -96,18 +97,18 @@ struct CommandBuffers {
     response: Vec<u8>,
 }
 
-impl<H: DeviceHandler> VrdmaBackend<H> {
+impl<H: DeviceHandler> VhostUserDevice<H> {
     /// A backend serving `handler` over guest RAM `memory` (the same `GuestMemoryAtomic`
     /// must be given to `VhostUserDaemon::new`).
-    pub fn new(handler: Arc<H>, memory: GuestRamAtomic) -> io::Result<Self> {
+    pub fn new(handler: Arc<H>, memory: AtomicGuestRam) -> io::Result<Self> {
         let ctx = GuestContext::new(memory, handler.shmem_size(), DEFAULT_EVENT_CAPACITY)?;
-        Ok(VrdmaBackend {
+        Ok(VhostUserDevice {
             handler,
             ctx,
             event_idx: AtomicBool::new(false),
             command: Mutex::new(CommandBuffers::default()),
             doorbell_bytes: Mutex::new(Vec::new()),
-            faults: GuestFaultLog::default(),
+            faults: FaultLog::default(),
             exit_consumer_fds: Mutex::new(Vec::new()),
             discard_pending: AtomicBool::new(false),
         })
@@ -119,7 +120,7 @@ impl<H: DeviceHandler> VrdmaBackend<H> {
     /// months would run out. Call only after the daemon (and so every worker and its epoll) has
     /// been dropped.
     pub fn close_leaked_exit_fds(&self) {
-        let fds = std::mem::take(&mut *lock(&self.exit_consumer_fds));
+        let fds = std::mem::take(&mut *self.exit_consumer_fds.lock());
         for fd in fds {
             // SAFETY: `fd` is the consumer end created in `exit_event` and handed to the daemon,
             // which gave up ownership with `into_raw_fd()` and closes it nowhere; the daemon is
@@ -180,12 +181,7 @@ impl<H: DeviceHandler> VrdmaBackend<H> {
     /// (a SHMEM_MAP reply) while the front-end waits for this stop to be acknowledged.
     fn request_discard(&self) {
         self.discard_pending.store(true, Ordering::Release);
-        let idle = match self.command.try_lock() {
-            Ok(guard) => Some(guard),
-            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        };
-        if let Some(_no_command_runs) = idle {
+        if let Some(_no_command_runs) = self.command.try_lock() {
             if self.discard_pending.swap(false, Ordering::AcqRel) {
                 self.discard_guest_state();
             }
@@ -195,7 +191,7 @@ impl<H: DeviceHandler> VrdmaBackend<H> {
     /// Performs a discard requested while the command that just finished was running.
     fn finish_pending_discard(&self) {
         if self.discard_pending.load(Ordering::Acquire) {
-            let _no_command_runs = lock(&self.command);
+            let _no_command_runs = self.command.lock();
             if self.discard_pending.swap(false, Ordering::AcqRel) {
                 self.discard_guest_state();
             }
@@ -317,7 +313,7 @@ impl<H: DeviceHandler> VrdmaBackend<H> {
             return 0;
         }
 
-        let mut buffers = lock(&self.command);
+        let mut buffers = self.command.lock();
         let CommandBuffers { request, response } = &mut *buffers;
         response.clear();
         let len = reader.available_bytes();
@@ -386,7 +382,7 @@ impl<H: DeviceHandler> VrdmaBackend<H> {
             ));
             return;
         }
-        let mut bytes = lock(&self.doorbell_bytes);
+        let mut bytes = self.doorbell_bytes.lock();
         bytes.clear();
         bytes.resize(len, 0);
         if let Err(e) = reader.read_exact(&mut bytes) {
@@ -400,7 +396,7 @@ impl<H: DeviceHandler> VrdmaBackend<H> {
     /// Moves queued events into event buffers while both exist.
     fn deliver_events(&self, vring: &Vring) {
         let events = self.ctx.events();
-        events.announce_losses(&*self.handler);
+        events.announce_losses(|count, notice| self.handler.events_lost(count, notice));
         if events.is_empty() {
             return;
         }
@@ -472,12 +468,12 @@ impl<H: DeviceHandler> VrdmaBackend<H> {
     }
 }
 
-impl<H: DeviceHandler> VhostUserBackend for VrdmaBackend<H> {
+impl<H: DeviceHandler> VhostUserBackend for VhostUserDevice<H> {
     type Bitmap = ();
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {
-        NUM_QUEUES
+        usize::from(NUM_QUEUES)
     }
 
     fn max_queue_size(&self) -> usize {
@@ -489,7 +485,7 @@ impl<H: DeviceHandler> VhostUserBackend for VrdmaBackend<H> {
             | (1 << VIRTIO_RING_F_EVENT_IDX)
             | (1 << VIRTIO_RING_F_INDIRECT_DESC)
             | VHOST_USER_F_PROTOCOL_FEATURES
-            | (self.handler.device_features() & DEVICE_FEATURE_MASK)
+            | (self.handler.device_features() & DEVICE_SPECIFIC_MASK)
     }
 
     fn acked_features(&self, features: u64) {
@@ -545,7 +541,7 @@ impl<H: DeviceHandler> VhostUserBackend for VrdmaBackend<H> {
         ))
     }
 
-    fn update_memory(&self, _mem: GuestRamAtomic) -> io::Result<()> {
+    fn update_memory(&self, _mem: AtomicGuestRam) -> io::Result<()> {
         // `_mem` is the GuestMemoryAtomic the context already holds; only the handler needs
         // to look at what changed.
         self.handler.memory_changed(&self.ctx);
@@ -572,7 +568,7 @@ impl<H: DeviceHandler> VhostUserBackend for VrdmaBackend<H> {
         // Without an exit event the workers could never be stopped when the guest goes.
         match new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC) {
             Ok(pair) => {
-                lock(&self.exit_consumer_fds).push(pair.0.as_raw_fd());
+                self.exit_consumer_fds.lock().push(pair.0.as_raw_fd());
                 Some(pair)
             }
             Err(e) => {
@@ -623,30 +619,10 @@ fn pop_chain(vring: &Vring, mem: &MemoryGuard) -> Result<Option<Chain>, virtio_q
     Ok(available.next())
 }
 
-/// Logs what guests do wrong without letting one guest flood the log: the first few and then
-/// every power-of-two-th report at warn, the rest at debug.
-#[derive(Default)]
-struct GuestFaultLog {
-    count: AtomicU64,
-}
-
-impl GuestFaultLog {
-    const ALWAYS_SHOWN: u64 = 8;
-
-    fn report(&self, what: std::fmt::Arguments<'_>) {
-        let n = self.count.fetch_add(1, Ordering::Relaxed) + 1;
-        if n <= Self::ALWAYS_SHOWN || n.is_power_of_two() {
-            warn!("guest error #{n}: {what}");
-        } else {
-            debug!("guest error #{n}: {what}");
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handler::CommandRejection;
+    use std::sync::atomic::AtomicU64;
     use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
     #[derive(Default)]
@@ -676,12 +652,12 @@ mod tests {
         }
     }
 
-    fn backend() -> VrdmaBackend<ConfigOnly> {
+    fn backend() -> VhostUserDevice<ConfigOnly> {
         let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-        VrdmaBackend::new(Arc::new(ConfigOnly::default()), memory).unwrap()
+        VhostUserDevice::new(Arc::new(ConfigOnly::default()), memory).unwrap()
     }
 
-    fn resets(backend: &VrdmaBackend<ConfigOnly>) -> u64 {
+    fn resets(backend: &VhostUserDevice<ConfigOnly>) -> u64 {
         backend.handler().resets.load(Ordering::Relaxed)
     }
 
@@ -700,7 +676,7 @@ mod tests {
     #[test]
     fn a_stop_during_a_command_discards_after_it_without_waiting() {
         let backend = Arc::new(backend());
-        let running = lock(&backend.command);
+        let running = backend.command.lock();
         // Returns at once although a command "runs" (holds the command buffers).
         backend.stop_vring(u32::from(CONTROLQ)).unwrap();
         assert_eq!(resets(&backend), 0);
@@ -725,7 +701,7 @@ mod tests {
     #[test]
     fn features_keep_transport_bits_to_the_plumbing() {
         let features = backend().features();
-        assert_eq!(features & DEVICE_FEATURE_MASK, 0b101);
+        assert_eq!(features & DEVICE_SPECIFIC_MASK, 0b101);
         assert_ne!(features & (1 << VIRTIO_F_VERSION_1), 0);
         assert_ne!(features & (1 << VIRTIO_RING_F_EVENT_IDX), 0);
         assert_ne!(features & VHOST_USER_F_PROTOCOL_FEATURES, 0);

@@ -23,20 +23,19 @@
 //! recognises as its own device ([`DeviceHandler::is_device_mapping`]) are taken out.
 //! Messages of the daemon go back to the front-end unchanged.
 //!
-//! [`DeviceHandler::is_device_mapping`]: crate::handler::DeviceHandler::is_device_mapping
+//! [`DeviceHandler::is_device_mapping`]: crate::vhost_device::handler::DeviceHandler::is_device_mapping
 
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
 use log::{debug, warn};
+use parking_lot::Mutex;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
-
-use crate::handler::lock;
 
 /// vhost-user message header: request, flags, payload size (all u32, little-endian).
 const HEADER_SIZE: usize = 12;
@@ -322,7 +321,7 @@ pub fn start(
                 while let Some(message) = Message::receive(&frontend)? {
                     match filter.judge(message) {
                         Verdict::Forward(message) => message.send(&daemon)?,
-                        Verdict::Absorb { ack: Some(ack) } => ack.send(&lock(&replies_to))?,
+                        Verdict::Absorb { ack: Some(ack) } => ack.send(&replies_to.lock())?,
                         Verdict::Absorb { ack: None } => {}
                     }
                 }
@@ -340,7 +339,7 @@ pub fn start(
         .spawn(move || {
             let result = (|| -> io::Result<()> {
                 while let Some(message) = Message::receive(&daemon_reader)? {
-                    message.send(&lock(&frontend_writer))?;
+                    message.send(&frontend_writer.lock())?;
                 }
                 Ok(())
             })();
@@ -348,7 +347,7 @@ pub fn start(
                 debug!("daemon to front-end relay ended: {e}");
             }
             // The daemon went away: let the front-end (and the request relay) see it.
-            let _ = lock(&frontend_writer).shutdown(std::net::Shutdown::Both);
+            let _ = frontend_writer.lock().shutdown(std::net::Shutdown::Both);
         })?;
     Ok(FilterThreads {
         threads: [requests, replies],

@@ -1,4 +1,5 @@
-//! Placement of queue buffers in the guest's queue region (VIRTIO shared-memory region 0).
+//! Placement of queue buffers in the guest's queue region (VIRTIO shared-memory region 0), and
+//! the description of a buffer placed there ([`MappedRing`]).
 //!
 //! Every host queue buffer the device maps into the region needs an extent of its own: aligned
 //! to the region's page size, never overlapping another (the frontend refuses overlapping
@@ -7,6 +8,17 @@
 //! extents and fragmentation heals as soon as neighbours are freed.
 
 use std::collections::BTreeMap;
+
+use vrdma_spec::wire::RingDesc;
+
+/// A queue buffer mapped into the queue region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MappedRing {
+    /// Its extent of the region.
+    pub range: ShmRange,
+    /// Its description for the guest.
+    pub desc: RingDesc,
+}
 
 /// Errors of the [`ShmAllocator`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

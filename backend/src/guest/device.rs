@@ -1,0 +1,416 @@
+//! One guest's vrdma device: the [`DeviceHandler`] of a vhost-user connection.
+//!
+//! A [`GuestDevice`] owns a host verbs context of its own (one uverbs fd per guest, spec §12),
+//! the guest's handle tables, the placement of its queue buffers in the queue region, its MR
+//! windows and its doorbell area. [`GuestDeviceFactory`] makes one per connection from the
+//! shared host device and the daemon's options. It decodes and checks control requests and
+//! hands them to [`crate::control`]; doorbells and host events go to [`crate::datapath`].
+//!
+//! Locking: the control queue, the fast worker (doorbells, host events) and the vhost-user
+//! request thread (memory changes, reset) call in concurrently. All object state sits behind
+//! one mutex taken for a whole command; the doorbell area and the doorbell-index → QP map sit
+//! behind a second one, taken by the control path only for a moment (lock order: state, then
+//! doorbells), so a slow command never delays a doorbell.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use log::{debug, info, warn};
+use parking_lot::Mutex;
+use vrdma_spec::config::{self, DeviceConfig};
+use vrdma_spec::control::{HEADER_SIZE, MAX_RESPONSE_SIZE};
+use vrdma_spec::features::{
+    VIRTIO_F_VERSION_1, VRDMA_F_DOORBELL_POLL, VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ, VRDMA_F_UD,
+};
+use vrdma_spec::StatusError;
+use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, Le64, Status};
+use zerocopy::IntoBytes;
+
+use super::options::{DeviceOptions, GuestError};
+use super::shared::{GuestShared, HostLimits, GUEST_PORT};
+use super::state::{GuestState, ObjectCounts};
+use crate::control::discard;
+use crate::control::error::CommandError;
+use crate::control::session::{CommandResult, Session};
+use crate::control::{self, mr};
+use crate::datapath::{doorbell, events};
+use crate::fault_log::FaultLog;
+use crate::host::HostDevice;
+use crate::vhost_device::guest_context::GuestContext;
+use crate::vhost_device::handler::{CommandRejection, DeviceHandler};
+use crate::vhost_device::shmem::SHMEM_PAGE_SIZE;
+
+/// Makes one [`GuestDevice`] per guest connection.
+pub struct GuestDeviceFactory {
+    device: Arc<dyn HostDevice>,
+    options: Arc<DeviceOptions>,
+    next_id: AtomicU64,
+}
+
+impl GuestDeviceFactory {
+    /// A factory serving guests from `device` with `options` (validated here).
+    pub fn new(device: Arc<dyn HostDevice>, options: DeviceOptions) -> Result<Self, GuestError> {
+        options.validate()?;
+        let info = device.info();
+        if !info.ports.iter().any(|p| p.port == options.host_port) {
+            return Err(GuestError::NoSuchPort {
+                device: info.name.clone(),
+                port: options.host_port,
+            });
+        }
+        Ok(GuestDeviceFactory {
+            device,
+            options: Arc::new(options),
+            next_id: AtomicU64::new(0),
+        })
+    }
+
+    /// The options every guest gets.
+    pub fn options(&self) -> &DeviceOptions {
+        &self.options
+    }
+
+    /// A fresh device with its own host context, for one new guest.
+    pub fn create(&self) -> Result<GuestDevice, GuestError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        GuestDevice::new(id, Arc::clone(&self.device), Arc::clone(&self.options))
+    }
+}
+
+/// The device of one guest connection.
+pub struct GuestDevice {
+    state: Mutex<GuestState>,
+    /// Feature bits the driver accepted; `None` until it did (after a reset again).
+    acked: Mutex<Option<u64>>,
+    /// The host device reported a fatal error (spec §11.2).
+    failed: AtomicBool,
+    faults: FaultLog,
+    // Declared last so it is dropped last: it holds the host context.
+    shared: GuestShared,
+}
+
+impl GuestDevice {
+    fn new(
+        id: u64,
+        device: Arc<dyn HostDevice>,
+        options: Arc<DeviceOptions>,
+    ) -> Result<Self, GuestError> {
+        let host = device.open_context()?;
+        let attr = host.query_device()?;
+        let state = GuestState::new(&options)?;
+        info!(
+            "guest {id}: host context on {} opened (port {} exposed as port {GUEST_PORT})",
+            device.info().name,
+            options.host_port
+        );
+        Ok(GuestDevice {
+            state: Mutex::new(state),
+            acked: Mutex::new(None),
+            failed: AtomicBool::new(false),
+            faults: FaultLog::for_guest(id),
+            shared: GuestShared::new(id, device, options, host, HostLimits { attr }),
+        })
+    }
+
+    /// Connection number (for logs).
+    pub fn id(&self) -> u64 {
+        self.shared.id()
+    }
+
+    /// The current configuration `epoch`.
+    pub fn epoch(&self) -> u32 {
+        self.shared.epoch()
+    }
+
+    /// Live objects of this guest.
+    pub fn object_counts(&self) -> ObjectCounts {
+        self.state.lock().counts()
+    }
+
+    /// The daemon's options.
+    pub fn options(&self) -> &DeviceOptions {
+        self.shared.options()
+    }
+
+    fn features(&self) -> Option<u64> {
+        *self.acked.lock()
+    }
+
+    fn ring_format_reported(&self) -> u32 {
+        let offered = self.shared.device().ring_format();
+        match self.features() {
+            None => offered,
+            Some(f) if f & VRDMA_F_RING_RXE_V1 != 0 => offered,
+            Some(_) => config::ring_format::NONE,
+        }
+    }
+
+    /// Decodes, checks and executes one request.
+    fn run_command(
+        &self,
+        ctx: &GuestContext,
+        request: &[u8],
+        capacity: usize,
+    ) -> (Option<vrdma_spec::Opcode>, CommandResult) {
+        let decoded = match ControlRequest::decode(request) {
+            Ok(decoded) => decoded,
+            Err(e) => return (None, Err(e.into())),
+        };
+        let op = decoded.opcode();
+        (Some(op), self.run_decoded(ctx, &decoded, capacity))
+    }
+
+    fn run_decoded(
+        &self,
+        ctx: &GuestContext,
+        request: &ControlRequest<'_>,
+        capacity: usize,
+    ) -> CommandResult {
+        let op = request.opcode();
+        let needed = HEADER_SIZE + op.response_body_len();
+        if capacity < needed {
+            return Err(CommandError::Invalid {
+                what: "response buffer length",
+                value: capacity as u64,
+            });
+        }
+        let features = self.features().unwrap_or(0);
+        if features & VIRTIO_F_VERSION_1 == 0 {
+            return Err(CommandError::NotNegotiated("VIRTIO_F_VERSION_1"));
+        }
+        let missing = request.required_features() & !features;
+        if missing & VRDMA_F_SRQ != 0 {
+            return Err(CommandError::NotNegotiated("VRDMA_F_SRQ"));
+        }
+        if missing & VRDMA_F_UD != 0 {
+            return Err(CommandError::NotNegotiated("VRDMA_F_UD"));
+        }
+        if self.failed.load(Ordering::Acquire) {
+            return Err(CommandError::DeviceFailed);
+        }
+        let mut state = self.state.lock();
+        self.shared.announce_discard(ctx, &mut state);
+        let mut session = Session {
+            guest: &self.shared,
+            ctx,
+            state: &mut state,
+            features,
+        };
+        control::execute(&mut session, request)
+    }
+
+    /// The host device failed: drop everything and refuse commands until reset (spec §11.2).
+    fn host_failed(&self, ctx: &GuestContext) {
+        warn!(
+            "guest {}: the host RDMA device reported a fatal error",
+            self.id()
+        );
+        self.failed.store(true, Ordering::Release);
+        let mut state = self.state.lock();
+        discard::discard_all(&self.shared, &mut state, Some(ctx));
+        // Also announce when nothing existed: the device is unusable either way.
+        state.announce_discard = true;
+        self.shared.announce_discard(ctx, &mut state);
+    }
+}
+
+impl DeviceHandler for GuestDevice {
+    fn device_features(&self) -> u64 {
+        let mut features = VRDMA_F_SRQ;
+        if self.shared.device().ring_format() == vrdma_spec::rxe_v1::FORMAT_ID {
+            features |= VRDMA_F_RING_RXE_V1;
+        }
+        if self.shared.options().allow_ud {
+            features |= VRDMA_F_UD;
+        }
+        if !self.shared.options().doorbell_poll.is_zero() {
+            features |= VRDMA_F_DOORBELL_POLL;
+        }
+        features
+    }
+
+    fn features_acked(&self, features: u64) {
+        debug!(
+            "guest {}: driver accepted features {features:#x}",
+            self.id()
+        );
+        *self.acked.lock() = Some(features);
+    }
+
+    fn config_space(&self) -> Vec<u8> {
+        let options = self.shared.options();
+        let config = DeviceConfig {
+            magic: Le32::new(config::MAGIC),
+            version_major: Le16::new(config::VERSION_MAJOR),
+            version_minor: Le16::new(config::VERSION_MINOR),
+            ring_format: Le32::new(self.ring_format_reported()),
+            num_ports: Le32::new(u32::from(GUEST_PORT)),
+            shm_size: Le64::new(options.shm_size),
+            shm_id: Le32::new(u32::from(vrdma_spec::shm::QUEUE_REGION_ID)),
+            shm_page_shift: Le32::new(SHMEM_PAGE_SIZE.trailing_zeros()),
+            max_request_size: Le32::new(
+                u32::try_from(options.max_request_size()).unwrap_or(u32::MAX),
+            ),
+            max_response_size: Le32::new(MAX_RESPONSE_SIZE as u32),
+            max_mr_pages: Le32::new(options.max_mr_pages),
+            doorbell_slots: Le32::new(options.doorbell_slots()),
+            epoch: Le32::new(self.epoch()),
+            reserved: [0; 12],
+        };
+        config.as_bytes().to_vec()
+    }
+
+    fn shmem_size(&self) -> u64 {
+        self.shared.options().shm_size
+    }
+
+    fn max_request_size(&self) -> usize {
+        self.shared.options().max_request_size()
+    }
+
+    fn handle_command(
+        &self,
+        ctx: &GuestContext,
+        request: &[u8],
+        response_capacity: usize,
+        response: &mut Vec<u8>,
+    ) {
+        if response_capacity < HEADER_SIZE {
+            // Spec §5.1: without room for a status the command is not executed.
+            self.faults
+                .report(format_args!("response buffer of {response_capacity} bytes"));
+            return;
+        }
+        let (op, result) = self.run_command(ctx, request, response_capacity);
+        match result {
+            Ok(body) => {
+                debug!("guest {}: {op:?}: OK", self.id());
+                ControlResponse::Ok(body).encode_into(response);
+            }
+            Err(e) => {
+                let status = e.status();
+                self.faults
+                    .report(format_args!("{op:?}: {} ({e})", status.status()));
+                ControlResponse::Err(status).encode_into(response);
+            }
+        }
+    }
+
+    fn reject_command(
+        &self,
+        _ctx: &GuestContext,
+        rejection: CommandRejection,
+        response: &mut Vec<u8>,
+    ) {
+        self.faults
+            .report(format_args!("command rejected: {rejection}"));
+        ControlResponse::Err(StatusError::new(Status::Invalid)).encode_into(response);
+    }
+
+    fn doorbell(&self, _ctx: &GuestContext, rung: &[u8]) {
+        if !rung.is_empty() {
+            // The driver posts no doorbellq buffers (spec §5.3); their bytes mean nothing.
+            debug!(
+                "guest {}: ignoring a {}-byte doorbellq buffer",
+                self.id(),
+                rung.len()
+            );
+        }
+        doorbell::serve(
+            self.shared.doorbells(),
+            self.shared.host(),
+            self.shared.options().doorbell_poll,
+        );
+    }
+
+    fn watched_fds(&self) -> Vec<RawFd> {
+        vec![
+            self.shared.host().comp_channel_fd().as_raw_fd(),
+            self.shared.host().async_fd().as_raw_fd(),
+        ]
+    }
+
+    fn fd_ready(&self, ctx: &GuestContext, index: usize) {
+        match index {
+            events::COMP_CHANNEL_FD => events::completions(&self.shared, &self.state, ctx),
+            events::ASYNC_FD => {
+                if events::async_events(&self.shared, &self.state, ctx) {
+                    self.host_failed(ctx);
+                }
+            }
+            other => debug!("guest {}: no watched fd {other}", self.id()),
+        }
+    }
+
+    fn events_lost(&self, count: u64, notice: &mut Vec<u8>) {
+        let event = Event {
+            event_type: EventType::EventsLost,
+            handle: 0,
+            detail: u32::try_from(count).unwrap_or(u32::MAX),
+        };
+        notice.extend_from_slice(&event.to_bytes());
+    }
+
+    fn memory_changed(&self, ctx: &GuestContext) {
+        let mut state = self.state.lock();
+        mr::revoke_unbacked(&self.shared, ctx, &mut state);
+        self.shared
+            .doorbells()
+            .lock()
+            .memory_changed(ctx.memory().into_inner());
+    }
+
+    fn reset(&self) {
+        let mut state = self.state.lock();
+        discard::discard_all(&self.shared, &mut state, None);
+        self.failed.store(false, Ordering::Release);
+        *self.acked.lock() = None;
+    }
+
+    fn is_device_mapping(&self, file: &std::fs::File) -> bool {
+        // Queue buffers are mapped from the context's uverbs fd: a region backed by the same
+        // character device is one of them, never guest RAM.
+        let queue_fd = match self.shared.host().queue_fd().try_clone_to_owned() {
+            Ok(fd) => std::fs::File::from(fd),
+            Err(_) => return false,
+        };
+        same_character_device(file, &queue_fd)
+    }
+}
+
+fn same_character_device(a: &std::fs::File, b: &std::fs::File) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    match (a.metadata(), b.metadata()) {
+        (Ok(a), Ok(b)) => {
+            a.file_type().is_char_device() && b.file_type().is_char_device() && a.rdev() == b.rdev()
+        }
+        _ => false,
+    }
+}
+
+impl Drop for GuestDevice {
+    fn drop(&mut self) {
+        let mut state = self.state.lock();
+        let counts = state.counts();
+        if !counts.is_empty() {
+            info!("guest {}: closing with {counts}", self.id());
+        }
+        discard::discard_all(&self.shared, &mut state, None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_mappings_are_recognised_by_their_character_device() {
+        let null = || std::fs::File::open("/dev/null").unwrap();
+        let zero = std::fs::File::open("/dev/zero").unwrap();
+        let regular = std::fs::File::open(env!("CARGO_MANIFEST_PATH")).unwrap();
+        assert!(same_character_device(&null(), &null()));
+        assert!(!same_character_device(&null(), &zero));
+        assert!(!same_character_device(&regular, &regular));
+    }
+}

@@ -1,0 +1,120 @@
+//! The objects a guest holds, as its handle tables keep them: the host object behind each and
+//! what it references.
+
+use vrdma_spec::verbs::QpType;
+
+use crate::host::{AhHandle, CqHandle, Mr, PdHandle, QpHandle, SrqHandle};
+use crate::memory::mr_window::MrWindow;
+use crate::memory::queue_region::MappedRing;
+use crate::resources::table::Handle;
+
+/// A guest's protection domain.
+#[derive(Debug)]
+pub struct PdEntry {
+    /// The host PD.
+    pub host: PdHandle,
+}
+
+/// A registered MR and the window it covers.
+#[derive(Debug)]
+pub struct LiveMr {
+    /// The host MR.
+    pub host: Mr,
+    /// The guest pages, mapped contiguously.
+    pub window: MrWindow,
+}
+
+/// A guest's memory region.
+#[derive(Debug)]
+pub struct MrEntry {
+    /// Its PD (holds a reference while the MR is live).
+    pub pd: Handle,
+    /// Bytes accounted against the MR byte quota: `npages · page size`.
+    pub bytes: u64,
+    /// `None` once revoked by a memory-table change; the handle stays until DEREG_MR.
+    pub live: Option<LiveMr>,
+}
+
+/// A guest's completion queue.
+#[derive(Debug)]
+pub struct CqEntry {
+    /// The host CQ.
+    pub host: CqHandle,
+    /// Its `user_handle` on the host (names it in events).
+    pub user_handle: u64,
+    /// Its buffer in the queue region.
+    pub ring: MappedRing,
+}
+
+/// A guest's queue pair.
+#[derive(Debug)]
+pub struct QpEntry {
+    /// The host QP.
+    pub host: QpHandle,
+    /// Host QP number.
+    pub qpn: u32,
+    /// RC or UD.
+    pub qp_type: QpType,
+    /// Objects it references (each holds a reference count).
+    pub deps: QpDeps,
+    /// Its `user_handle` on the host (names it in events).
+    pub user_handle: u64,
+    /// Its slot in the doorbell area.
+    pub doorbell_index: u32,
+    /// Send queue buffer.
+    pub sq: MappedRing,
+    /// Receive queue buffer; `None` with an SRQ.
+    pub rq: Option<MappedRing>,
+}
+
+/// The objects a QP uses.
+#[derive(Debug, Clone, Copy)]
+pub struct QpDeps {
+    /// Its PD.
+    pub pd: Handle,
+    /// Send CQ.
+    pub send_cq: Handle,
+    /// Receive CQ (may equal the send CQ; referenced twice then).
+    pub recv_cq: Handle,
+    /// Its SRQ, if any.
+    pub srq: Option<Handle>,
+}
+
+/// A guest's shared receive queue.
+#[derive(Debug)]
+pub struct SrqEntry {
+    /// The host SRQ.
+    pub host: SrqHandle,
+    /// Its PD (holds a reference).
+    pub pd: Handle,
+    /// Its `user_handle` on the host (names it in events).
+    pub user_handle: u64,
+    /// Actual capacity.
+    pub max_wr: u32,
+    /// Actual SGEs per WR.
+    pub max_sge: u32,
+    /// Armed limit; 0 once SRQ_LIMIT_REACHED fired (the host disarms it then).
+    pub srq_limit: u32,
+    /// Its buffer in the queue region.
+    pub ring: MappedRing,
+}
+
+/// A guest's address handle.
+#[derive(Debug)]
+pub struct AhEntry {
+    /// The host AH.
+    pub host: AhHandle,
+    /// Its PD (holds a reference).
+    pub pd: Handle,
+}
+
+/// The guest object a host `user_handle` stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventOwner {
+    /// A completion queue.
+    Cq(Handle),
+    /// A queue pair.
+    Qp(Handle),
+    /// A shared receive queue.
+    Srq(Handle),
+}

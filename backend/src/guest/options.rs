@@ -1,0 +1,136 @@
+//! What the daemon's command line decides about every guest, checked against the spec's limits.
+
+use std::time::Duration;
+
+use vrdma_spec::control::HEADER_SIZE;
+
+use crate::host::DeviceError;
+use crate::memory::queue_region::ShmAllocError;
+use crate::resources::kind::ResourceError;
+use crate::resources::quotas::Quotas;
+use crate::vhost_device::shmem::SHMEM_PAGE_SIZE;
+
+/// Default size of the queue region: 64 MiB.
+pub const DEFAULT_SHM_SIZE: u64 = 64 << 20;
+/// Default largest page list of one REG_MR: 64 Ki pages (256 MiB in 4 KiB pages, one request of
+/// 512 KiB).
+pub const DEFAULT_MAX_MR_PAGES: u32 = 1 << 16;
+/// Default doorbell poll window in microseconds (`--doorbell-poll-us`); 0 is off.
+pub const DEFAULT_DOORBELL_POLL_US: u64 = 0;
+/// Longest doorbell poll window: the worker that polls also delivers events, which wait for up
+/// to [`POLL_BUDGET_WINDOWS`](crate::datapath::doorbell::POLL_BUDGET_WINDOWS) windows.
+pub const MAX_DOORBELL_POLL: Duration = Duration::from_millis(1);
+/// What the daemon's command line decides about every guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceOptions {
+    /// Per-guest object and MR byte quotas (spec §10).
+    pub quotas: Quotas,
+    /// Size of the queue region (shared-memory region 0), a power of two of whole pages.
+    pub shm_size: u64,
+    /// Offer `VRDMA_F_UD` (spec §12: on rxe UD lets a guest choose its packets' addresses).
+    pub allow_ud: bool,
+    /// Host port exposed to guests as their port 1.
+    pub host_port: u8,
+    /// Largest `npages` of one REG_MR.
+    pub max_mr_pages: u32,
+    /// How long the doorbell worker keeps polling a guest's doorbell area after a doorbell
+    /// (offering `VRDMA_F_DOORBELL_POLL`); zero for never.
+    pub doorbell_poll: Duration,
+}
+
+impl Default for DeviceOptions {
+    fn default() -> Self {
+        DeviceOptions {
+            quotas: Quotas::default(),
+            shm_size: DEFAULT_SHM_SIZE,
+            allow_ud: false,
+            host_port: 1,
+            max_mr_pages: DEFAULT_MAX_MR_PAGES,
+            doorbell_poll: Duration::from_micros(DEFAULT_DOORBELL_POLL_US),
+        }
+    }
+}
+
+/// Errors of [`DeviceOptions`] and of the creation of a guest's device.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestError {
+    /// The queue region size is unusable.
+    #[error("queue region size {0:#x} must be a power of two of at least one page, below 4 GiB")]
+    ShmSize(u64),
+    /// A quota does not fit a handle table.
+    #[error(transparent)]
+    Quota(#[from] ResourceError),
+    /// The QP quota needs more doorbell slots than the spec allows.
+    #[error("at most {max} QPs per guest are possible (doorbell area limit), not {qps}")]
+    TooManyQps {
+        /// Requested QP quota.
+        qps: u32,
+        /// Largest possible.
+        max: u32,
+    },
+    /// `max_mr_pages` is 0 or makes requests too large.
+    #[error("max MR pages must be 1..={max}, not {pages}")]
+    MaxMrPages {
+        /// Requested value.
+        pages: u32,
+        /// Largest accepted.
+        max: u32,
+    },
+    /// The host device has no such port.
+    #[error("RDMA device {device} has no port {port}")]
+    NoSuchPort {
+        /// Device name.
+        device: String,
+        /// Requested port.
+        port: u8,
+    },
+    /// The doorbell poll window is too long.
+    #[error("a doorbell poll window of {0:?} is over the limit of {MAX_DOORBELL_POLL:?}")]
+    DoorbellPoll(Duration),
+    /// The host device could not be opened or queried.
+    #[error("host device: {0}")]
+    Host(#[from] DeviceError),
+    /// The queue region could not be set up.
+    #[error(transparent)]
+    Placement(#[from] ShmAllocError),
+}
+
+/// Largest `max_mr_pages` accepted: keeps a REG_MR request below 8 MiB.
+const MAX_MR_PAGES_LIMIT: u32 = 1 << 20;
+
+impl DeviceOptions {
+    /// Checks every option against the spec's limits.
+    pub fn validate(&self) -> Result<(), GuestError> {
+        let size = self.shm_size;
+        if !size.is_power_of_two() || size < SHMEM_PAGE_SIZE || size > u64::from(u32::MAX) {
+            return Err(GuestError::ShmSize(size));
+        }
+        self.quotas.validate()?;
+        if self.quotas.qps > vrdma_spec::doorbell::MAX_SLOTS {
+            return Err(GuestError::TooManyQps {
+                qps: self.quotas.qps,
+                max: vrdma_spec::doorbell::MAX_SLOTS,
+            });
+        }
+        if self.doorbell_poll > MAX_DOORBELL_POLL {
+            return Err(GuestError::DoorbellPoll(self.doorbell_poll));
+        }
+        if self.max_mr_pages == 0 || self.max_mr_pages > MAX_MR_PAGES_LIMIT {
+            return Err(GuestError::MaxMrPages {
+                pages: self.max_mr_pages,
+                max: MAX_MR_PAGES_LIMIT,
+            });
+        }
+        Ok(())
+    }
+
+    /// Slots of the doorbell area: the QP quota rounded up to a power of two (spec §4).
+    pub fn doorbell_slots(&self) -> u32 {
+        self.quotas.qps.max(1).next_power_of_two()
+    }
+
+    /// Largest control request: header, REG_MR body and a full page list (spec §4).
+    pub fn max_request_size(&self) -> usize {
+        HEADER_SIZE + size_of::<vrdma_spec::wire::RegMrReq>() + 8 * self.max_mr_pages as usize
+    }
+}

@@ -1,0 +1,128 @@
+//! What every layer serving one guest shares outside the guest's state lock: its host context
+//! and device, the limits read from them, the daemon's options, the doorbell table and the
+//! configuration epoch.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use log::warn;
+use parking_lot::Mutex;
+use vrdma_spec::{Event, EventType};
+
+use super::options::DeviceOptions;
+use super::state::GuestState;
+use crate::datapath::doorbell::Doorbells;
+use crate::host::{DeviceAttr, HostContext, HostDevice};
+use crate::vhost_device::event_queue::EventClass;
+use crate::vhost_device::guest_context::GuestContext;
+
+/// The one port a guest sees (spec §4 `num_ports`); it stands for the host port of
+/// [`DeviceOptions::host_port`].
+pub const GUEST_PORT: u8 = 1;
+
+/// Host limits read once when the guest's context is opened.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HostLimits {
+    pub(crate) attr: DeviceAttr,
+}
+
+/// The parts of one guest's device that the control commands, the doorbell and the event pumps
+/// use besides the guest's state.
+pub(crate) struct GuestShared {
+    id: u64,
+    device: Arc<dyn HostDevice>,
+    options: Arc<DeviceOptions>,
+    limits: HostLimits,
+    /// Taken by the control path only for a moment (lock order: state, then doorbells), so a
+    /// slow command never delays a doorbell.
+    doorbells: Mutex<Doorbells>,
+    epoch: AtomicU32,
+    // Declared last so it is dropped last: every host object of the guest goes with it, even
+    // one whose explicit destruction failed.
+    host: Box<dyn HostContext>,
+}
+
+impl GuestShared {
+    pub(crate) fn new(
+        id: u64,
+        device: Arc<dyn HostDevice>,
+        options: Arc<DeviceOptions>,
+        host: Box<dyn HostContext>,
+        limits: HostLimits,
+    ) -> Self {
+        GuestShared {
+            id,
+            doorbells: Mutex::new(Doorbells::new(options.doorbell_slots())),
+            device,
+            options,
+            limits,
+            epoch: AtomicU32::new(0),
+            host,
+        }
+    }
+
+    /// Connection number (for logs).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The current configuration `epoch`.
+    pub(crate) fn epoch(&self) -> u32 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Moves to the next configuration `epoch` (after a discard); returns it.
+    pub(crate) fn advance_epoch(&self) -> u32 {
+        self.epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1)
+    }
+
+    /// The daemon's options.
+    pub(crate) fn options(&self) -> &DeviceOptions {
+        &self.options
+    }
+
+    pub(crate) fn host(&self) -> &dyn HostContext {
+        &*self.host
+    }
+
+    pub(crate) fn device(&self) -> &dyn HostDevice {
+        &*self.device
+    }
+
+    pub(crate) fn limits(&self) -> &HostLimits {
+        &self.limits
+    }
+
+    pub(crate) fn doorbells(&self) -> &Mutex<Doorbells> {
+        &self.doorbells
+    }
+
+    /// The host port behind guest port `port`, if the guest has such a port.
+    pub(crate) fn host_port(&self, port: u32) -> Option<u8> {
+        (port == u32::from(GUEST_PORT)).then_some(self.options.host_port)
+    }
+
+    /// The guest's number for host port `port` (0 for ports the guest does not see).
+    pub(crate) fn guest_port(&self, port: u8) -> u8 {
+        if port == self.options.host_port {
+            GUEST_PORT
+        } else {
+            0
+        }
+    }
+
+    /// Delivers the DEVICE_FATAL owed for an earlier discard (spec §11.1).
+    pub(crate) fn announce_discard(&self, ctx: &GuestContext, state: &mut GuestState) {
+        if !std::mem::take(&mut state.announce_discard) {
+            return;
+        }
+        let event = Event {
+            event_type: EventType::DeviceFatal,
+            handle: 0,
+            detail: self.epoch(),
+        };
+        if let Err(e) = ctx.events().push(&event.to_bytes(), EventClass::Async) {
+            warn!("guest {}: cannot queue DEVICE_FATAL: {e}", self.id);
+        }
+    }
+}

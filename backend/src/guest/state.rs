@@ -1,0 +1,108 @@
+//! Every object and placement of one guest: its handle tables, its queue-region extents and
+//! the bookkeeping events and discards need. Guarded by the guest's state lock.
+
+use std::collections::HashMap;
+
+use super::objects::{AhEntry, CqEntry, EventOwner, MrEntry, PdEntry, QpEntry, SrqEntry};
+use super::options::{DeviceOptions, GuestError};
+use crate::memory::queue_region::ShmAllocator;
+use crate::resources::kind::ResourceKind;
+use crate::resources::table::HandleTable;
+use crate::vhost_device::shmem::SHMEM_PAGE_SIZE;
+
+/// Every object and placement of one guest.
+pub(crate) struct GuestState {
+    pub(crate) pds: HandleTable<PdEntry>,
+    pub(crate) mrs: HandleTable<MrEntry>,
+    /// Bytes of live (not revoked) MRs, against `Quotas::mr_bytes`.
+    pub(crate) mr_bytes: u64,
+    pub(crate) cqs: HandleTable<CqEntry>,
+    pub(crate) qps: HandleTable<QpEntry>,
+    pub(crate) srqs: HandleTable<SrqEntry>,
+    pub(crate) ahs: HandleTable<AhEntry>,
+    /// Extents of the queue region in use.
+    pub(crate) shm: ShmAllocator,
+    /// Source of the `user_handle`s given to the host: events name objects by them.
+    pub(crate) next_user_handle: u64,
+    /// The object behind each `user_handle` in use.
+    pub(crate) owners: HashMap<u64, EventOwner>,
+    /// State was discarded; tell the guest with DEVICE_FATAL at the next opportunity.
+    pub(crate) announce_discard: bool,
+}
+
+impl GuestState {
+    pub(crate) fn new(options: &DeviceOptions) -> Result<Self, GuestError> {
+        let q = &options.quotas;
+        Ok(GuestState {
+            pds: HandleTable::new(ResourceKind::Pd, q.pds)?,
+            // MR bytes are counted here rather than by the table: a revoked MR (spec §11.3)
+            // releases its bytes while its handle stays allocated.
+            mrs: HandleTable::new(ResourceKind::Mr, q.mrs)?,
+            mr_bytes: 0,
+            cqs: HandleTable::new(ResourceKind::Cq, q.cqs)?,
+            qps: HandleTable::new(ResourceKind::Qp, q.qps)?,
+            srqs: HandleTable::new(ResourceKind::Srq, q.srqs)?,
+            ahs: HandleTable::new(ResourceKind::Ah, q.ahs)?,
+            shm: ShmAllocator::new(options.shm_size, SHMEM_PAGE_SIZE)?,
+            next_user_handle: 1,
+            owners: HashMap::new(),
+            announce_discard: false,
+        })
+    }
+
+    /// A `user_handle` never given out before on this connection.
+    pub(crate) fn new_user_handle(&mut self) -> u64 {
+        let handle = self.next_user_handle;
+        self.next_user_handle = self.next_user_handle.wrapping_add(1).max(1);
+        handle
+    }
+
+    /// Counts of live objects, for logs and tests.
+    pub(crate) fn counts(&self) -> ObjectCounts {
+        ObjectCounts {
+            pds: self.pds.len(),
+            mrs: self.mrs.len(),
+            cqs: self.cqs.len(),
+            qps: self.qps.len(),
+            srqs: self.srqs.len(),
+            ahs: self.ahs.len(),
+            shm_extents: self.shm.used_extents(),
+        }
+    }
+}
+
+/// How many objects a guest holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ObjectCounts {
+    /// Protection domains.
+    pub pds: usize,
+    /// Memory regions (revoked ones included until deregistered).
+    pub mrs: usize,
+    /// Completion queues.
+    pub cqs: usize,
+    /// Queue pairs.
+    pub qps: usize,
+    /// Shared receive queues.
+    pub srqs: usize,
+    /// Address handles.
+    pub ahs: usize,
+    /// Extents of the queue region in use.
+    pub shm_extents: usize,
+}
+
+impl ObjectCounts {
+    /// Whether the guest holds nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == ObjectCounts::default()
+    }
+}
+
+impl std::fmt::Display for ObjectCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} PDs, {} MRs, {} CQs, {} QPs, {} SRQs, {} AHs, {} queue-region extents",
+            self.pds, self.mrs, self.cqs, self.qps, self.srqs, self.ahs, self.shm_extents
+        )
+    }
+}

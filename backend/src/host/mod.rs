@@ -1,0 +1,36 @@
+//! The host-device layer: everything the backend does on the host's RDMA device on a guest's
+//! behalf.
+//!
+//! The backend speaks the kernel's uverbs `write()` command ABI directly ([`uverbs`]) rather
+//! than going through libibverbs: rxe's queue buffers can be mapped only once, by whoever maps
+//! them first, so the guest's side (QEMU or a process-mode frontend) must do that mapping and the
+//! backend must create queues itself and pass on (fd, offset, length). It also keeps the build
+//! free of rdma-core.
+//!
+//! - [`sysfs`]: device discovery and GID tables.
+//! - [`HostDevice`] / [`HostContext`] ([`device`]): what the rest of the backend uses,
+//!   object-safe so a test can put a fake device behind them; [`types`] are the verbs types
+//!   they speak.
+//! - [`rxe`]: the Soft-RoCE implementation, over [`uverbs`] commands written to a
+//!   [`verbs_file`]; [`rxe_convert`] translates between the verbs types and the command ABI.
+//! - [`events`]: the context's async event and completion channel fds.
+
+pub mod device;
+pub mod error;
+pub mod events;
+pub mod rxe;
+pub mod rxe_abi;
+pub mod rxe_convert;
+pub mod sysfs;
+pub mod types;
+pub mod uverbs;
+pub mod verbs_file;
+
+#[cfg(test)]
+mod layout_tests;
+
+pub use device::{HostContext, HostDevice};
+pub use error::{DeviceError, Result};
+pub use rxe::{RxeContext, RxeDevice};
+pub use sysfs::{DeviceInfo, GidEntry, PortInfo};
+pub use types::*;

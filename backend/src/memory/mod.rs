@@ -1,0 +1,13 @@
+//! Guest memory as the device uses it: the guest's RAM ([`guest_ram`]), the MR windows that map
+//! it for the host RDMA device ([`mr_window`]), the placement of queue buffers in the queue
+//! region ([`queue_region`]), and the filter that keeps the device's own mappings out of the
+//! guest memory table ([`frontend_filter`]).
+
+pub mod error;
+pub mod frontend_filter;
+pub mod guest_ram;
+pub mod mr_window;
+pub mod queue_region;
+mod reservation;
+#[cfg(test)]
+mod test_files;

@@ -1,0 +1,74 @@
+// Copyright 2026 The vrdma Authors
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+
+//! Per-guest quotas (spec §10): how many objects of each kind, and how many MR bytes, one
+//! guest may hold.
+
+use super::kind::{ResourceError, ResourceKind, MAX_OBJECTS_PER_TABLE};
+
+/// Per-guest limits on the objects a guest may create.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quotas {
+    /// Protection domains.
+    pub pds: u32,
+    /// Memory regions.
+    pub mrs: u32,
+    /// Total bytes of all memory regions.
+    pub mr_bytes: u64,
+    /// Completion queues.
+    pub cqs: u32,
+    /// Queue pairs.
+    pub qps: u32,
+    /// Shared receive queues.
+    pub srqs: u32,
+    /// Address handles.
+    pub ahs: u32,
+}
+
+impl Default for Quotas {
+    fn default() -> Self {
+        Quotas {
+            pds: 64,
+            mrs: 4096,
+            mr_bytes: 16 << 30,
+            cqs: 1024,
+            qps: 1024,
+            srqs: 256,
+            ahs: 4096,
+        }
+    }
+}
+
+impl Quotas {
+    /// Maximum number of objects of `kind`.
+    pub fn count_limit(&self, kind: ResourceKind) -> u32 {
+        match kind {
+            ResourceKind::Pd => self.pds,
+            ResourceKind::Mr => self.mrs,
+            ResourceKind::Cq => self.cqs,
+            ResourceKind::Qp => self.qps,
+            ResourceKind::Srq => self.srqs,
+            ResourceKind::Ah => self.ahs,
+        }
+    }
+
+    /// Maximum total bytes of objects of `kind` (only MRs are limited).
+    pub fn byte_limit(&self, kind: ResourceKind) -> u64 {
+        match kind {
+            ResourceKind::Mr => self.mr_bytes,
+            _ => u64::MAX,
+        }
+    }
+
+    /// Checks that every limit fits in a table (for limits read from the command line).
+    pub fn validate(&self) -> Result<(), ResourceError> {
+        use ResourceKind::*;
+        for kind in [Pd, Mr, Cq, Qp, Srq, Ah] {
+            let limit = self.count_limit(kind);
+            if limit > MAX_OBJECTS_PER_TABLE {
+                return Err(ResourceError::LimitTooLarge { kind, limit });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,160 @@
+//! The guest's VIRTIO shared-memory region 0, mapped and unmapped through the frontend
+//! (VHOST_USER_BACKEND_SHMEM_MAP/UNMAP).
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use parking_lot::Mutex;
+use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
+use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
+
+/// Page size the shared-memory region is mapped with.
+pub const SHMEM_PAGE_SIZE: u64 = 4096;
+
+/// Errors of [`ShmemMapper`].
+#[derive(Debug, thiserror::Error)]
+pub enum ShmemError {
+    /// The frontend gave no backend request channel (SET_BACKEND_REQ_FD) yet.
+    #[error("the frontend opened no backend request channel")]
+    NoChannel,
+    /// Offset or length not page aligned, zero, or beyond the region.
+    #[error("shared-memory range {offset:#x}+{len:#x} is invalid for a region of {size:#x} bytes")]
+    BadRange {
+        /// Offset in the region.
+        offset: u64,
+        /// Length.
+        len: u64,
+        /// Region size.
+        size: u64,
+    },
+    /// The file offset is not page aligned.
+    #[error("file offset {0:#x} is not page aligned")]
+    BadFileOffset(u64),
+    /// The frontend refused or failed the request, or did not negotiate
+    /// VHOST_USER_PROTOCOL_F_SHMEM.
+    #[error("the frontend did not map/unmap: {0}")]
+    Frontend(#[source] io::Error),
+}
+
+/// Sends VHOST_USER_BACKEND_SHMEM_MAP/UNMAP for region 0 over the backend request channel.
+pub struct ShmemMapper {
+    size: u64,
+    channel: Mutex<Option<Backend>>,
+}
+
+impl ShmemMapper {
+    pub(super) fn new(size: u64) -> Self {
+        ShmemMapper {
+            size,
+            channel: Mutex::new(None),
+        }
+    }
+
+    /// Size of region 0.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// True once the frontend gave a backend request channel.
+    pub fn has_channel(&self) -> bool {
+        self.channel.lock().is_some()
+    }
+
+    pub(crate) fn set_channel(&self, backend: Backend) {
+        *self.channel.lock() = Some(backend);
+    }
+
+    /// Maps `len` bytes of `fd` from `fd_offset` at `shm_offset` in region 0. The frontend
+    /// mmaps the fd itself; the guest then reaches the memory without exits.
+    pub fn map(
+        &self,
+        fd: BorrowedFd<'_>,
+        fd_offset: u64,
+        shm_offset: u64,
+        len: u64,
+        writable: bool,
+    ) -> Result<(), ShmemError> {
+        self.check_range(shm_offset, len)?;
+        if !fd_offset.is_multiple_of(SHMEM_PAGE_SIZE) || fd_offset.checked_add(len).is_none() {
+            return Err(ShmemError::BadFileOffset(fd_offset));
+        }
+        let flags = if writable {
+            VhostUserMMapFlags::WRITABLE
+        } else {
+            VhostUserMMapFlags::default()
+        };
+        let request = VhostUserMMap {
+            shmid: 0,
+            fd_offset,
+            shm_offset,
+            len,
+            flags: flags.bits(),
+            ..Default::default()
+        };
+        let channel = self.channel()?;
+        channel
+            .shmem_map(&request, &fd.as_raw_fd())
+            .map(|_| ())
+            .map_err(ShmemError::Frontend)
+    }
+
+    /// Replaces `len` bytes at `shm_offset` of region 0 with an empty (inaccessible) range.
+    pub fn unmap(&self, shm_offset: u64, len: u64) -> Result<(), ShmemError> {
+        self.check_range(shm_offset, len)?;
+        let request = VhostUserMMap {
+            shmid: 0,
+            shm_offset,
+            len,
+            ..Default::default()
+        };
+        let channel = self.channel()?;
+        channel
+            .shmem_unmap(&request)
+            .map(|_| ())
+            .map_err(ShmemError::Frontend)
+    }
+
+    fn channel(&self) -> Result<Backend, ShmemError> {
+        // Clone the channel handle so that no lock of ours is held while the frontend answers.
+        self.channel.lock().clone().ok_or(ShmemError::NoChannel)
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), ShmemError> {
+        let aligned = offset.is_multiple_of(SHMEM_PAGE_SIZE) && len.is_multiple_of(SHMEM_PAGE_SIZE);
+        let inside = offset.checked_add(len).is_some_and(|end| end <= self.size);
+        if len == 0 || !aligned || !inside {
+            return Err(ShmemError::BadRange {
+                offset,
+                len,
+                size: self.size,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shmem_ranges_are_checked_before_any_channel() {
+        let mapper = ShmemMapper::new(4 * SHMEM_PAGE_SIZE);
+        assert!(matches!(
+            mapper.unmap(SHMEM_PAGE_SIZE, 4 * SHMEM_PAGE_SIZE),
+            Err(ShmemError::BadRange { .. })
+        ));
+        assert!(matches!(
+            mapper.unmap(1, SHMEM_PAGE_SIZE),
+            Err(ShmemError::BadRange { .. })
+        ));
+        assert!(matches!(
+            mapper.unmap(0, 0),
+            Err(ShmemError::BadRange { .. })
+        ));
+        assert!(matches!(
+            mapper.unmap(0, SHMEM_PAGE_SIZE),
+            Err(ShmemError::NoChannel)
+        ));
+    }
+}

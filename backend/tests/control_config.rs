@@ -1,0 +1,194 @@
+//! Configuration space, features and QUERY_* of the per-guest device, and the checks of the
+//! daemon's options.
+//!
+//! The real per-guest device (`GuestDevice`) driven through the `DeviceHandler` API on a host
+//! without RDMA, over the fake host device and fake frontend of `vrdma_test_support::fake_host`.
+
+use std::process::Command;
+
+use vrdma_backend::guest::device::GuestDeviceFactory;
+use vrdma_backend::guest::options::DeviceOptions;
+use vrdma_backend::vhost_device::handler::DeviceHandler;
+use vrdma_spec::config::ring_format;
+use vrdma_spec::features::*;
+use vrdma_spec::wire::*;
+use vrdma_spec::{ControlRequest, Le32, ResponseBody, Status};
+use vrdma_test_support::fake_host::device::*;
+use vrdma_test_support::fake_host::harness::*;
+
+#[test]
+fn configuration_space_and_features() {
+    let fake = FakeDevice::new();
+    let guest = TestGuest::new(&fake, test_options(), ALL_FEATURES);
+    let dev = guest.dev();
+    assert_eq!(dev.device_features(), VRDMA_F_RING_RXE_V1 | VRDMA_F_SRQ);
+    let config = guest.config();
+    assert_eq!(config.ring_format.get(), ring_format::RXE_V1);
+    assert_eq!(config.num_ports.get(), 1);
+    assert_eq!(config.shm_size.get(), SHM_SIZE);
+    assert_eq!(config.shm_page_shift.get(), 12);
+    assert_eq!(config.doorbell_slots.get(), 4, "QP quota 3 rounded up");
+    assert_eq!(config.max_mr_pages.get(), 64);
+    assert_eq!(config.max_request_size.get(), 8 + 32 + 8 * 64);
+    assert_eq!(config.max_response_size.get(), 200);
+    assert_eq!(dev.shmem_size(), SHM_SIZE);
+    assert_eq!(dev.watched_fds().len(), 2);
+
+    // A driver without a ring format sees format 0 and cannot create queues.
+    dev.features_acked(VIRTIO_F_VERSION_1);
+    assert_eq!(guest.config().ring_format.get(), ring_format::NONE);
+    let cq = CreateCqReq {
+        cqe: Le32::new(8),
+        reserved: Le32::ZERO,
+    };
+    assert_eq!(
+        guest.status(ControlRequest::CreateCq(cq)),
+        Status::Unsupported
+    );
+    // A driver that did not accept VERSION_1 gets nothing done.
+    dev.features_acked(ALL_FEATURES);
+    assert_eq!(guest.status(ControlRequest::AllocPd), Status::Unsupported);
+    assert_eq!(fake.world().live(), 0);
+
+    let ud = DeviceOptions {
+        allow_ud: true,
+        ..test_options()
+    };
+    let guest = TestGuest::new(&fake, ud, ALL_FEATURES);
+    assert_eq!(guest.dev().device_features(), ALL_FEATURES);
+}
+
+#[test]
+fn queries() {
+    let fake = FakeDevice::new();
+    let guest = TestGuest::new(&fake, test_options(), VRDMA_F_RING_RXE_V1);
+    let ResponseBody::QueryDevice(attr) = guest.ok(ControlRequest::QueryDevice) else {
+        panic!()
+    };
+    assert_eq!(attr.max_qp.get(), 3, "capped by the quota");
+    assert_eq!(attr.max_pd.get(), 4);
+    assert_eq!(attr.max_srq.get(), 0, "SRQ not negotiated");
+    assert_eq!(attr.max_ah.get(), 0, "UD not negotiated");
+    assert_eq!(attr.max_mr_bytes.get(), 64 * PAGE);
+    assert_eq!(attr.max_mr_size.get(), 64 * PAGE);
+    assert_eq!(attr.max_inline_data.get(), 32 * 16);
+    assert_eq!(attr.phys_port_cnt, 1);
+    assert_eq!(&attr.fw_ver[..6], b"1.2.3\0");
+    assert_eq!(
+        attr.device_cap_flags.get() & (1 << 17),
+        0,
+        "no memory windows"
+    );
+
+    let port = |n| QueryPortReq {
+        port_num: Le32::new(n),
+        reserved: Le32::ZERO,
+    };
+    let ResponseBody::QueryPort(p) = guest.ok(ControlRequest::QueryPort(port(1))) else {
+        panic!()
+    };
+    assert_eq!(
+        (p.state.get(), p.gid_tbl_len.get(), p.link_layer),
+        (4, 16, 2)
+    );
+    assert_eq!(
+        guest.status(ControlRequest::QueryPort(port(2))),
+        Status::Invalid
+    );
+    assert_eq!(
+        guest.status(ControlRequest::QueryPort(port(0))),
+        Status::Invalid
+    );
+
+    let table = |port, index| QueryTableReq {
+        port_num: Le32::new(port),
+        index: Le32::new(index),
+    };
+    let ResponseBody::QueryGid(g) = guest.ok(ControlRequest::QueryGid(table(1, 0))) else {
+        panic!()
+    };
+    assert_eq!(
+        (g.gid, g.gid_type.get(), g.flags.get()),
+        (GID0, 2, GID_FLAG_VALID)
+    );
+    let ResponseBody::QueryGid(g) = guest.ok(ControlRequest::QueryGid(table(1, 5))) else {
+        panic!()
+    };
+    assert_eq!(
+        (g.gid, g.flags.get()),
+        ([0; 16], 0),
+        "empty entry, not an error"
+    );
+    assert_eq!(
+        guest.status(ControlRequest::QueryGid(table(1, 16))),
+        Status::Invalid
+    );
+    assert_eq!(
+        guest.status(ControlRequest::QueryGid(table(2, 0))),
+        Status::Invalid
+    );
+    let ResponseBody::QueryPkey(k) = guest.ok(ControlRequest::QueryPkey(table(1, 0))) else {
+        panic!()
+    };
+    assert_eq!(k.pkey.get(), 0xffff);
+    assert_eq!(
+        guest.status(ControlRequest::QueryPkey(table(1, 1))),
+        Status::Invalid
+    );
+}
+
+#[test]
+fn factory_options_are_validated() {
+    let fake = FakeDevice::new();
+    let bad = |options: DeviceOptions| GuestDeviceFactory::new(fake.clone(), options).is_err();
+    assert!(bad(DeviceOptions {
+        shm_size: 3 * PAGE,
+        ..test_options()
+    }));
+    assert!(bad(DeviceOptions {
+        host_port: 2,
+        ..test_options()
+    }));
+    assert!(bad(DeviceOptions {
+        max_mr_pages: 0,
+        ..test_options()
+    }));
+    let mut too_many = test_options();
+    too_many.quotas.qps = (1 << 16) + 1;
+    assert!(bad(too_many));
+}
+
+#[test]
+fn the_daemon_reports_a_missing_rdma_stack_in_one_line() {
+    let run = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_vrdma-backend"))
+            .args(args)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert!(!output.status.success(), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.starts_with("vrdma-backend: "), "{stderr}");
+        stderr
+    };
+    let socket = std::env::temp_dir().join(format!("vrdma-cli-{}.sock", std::process::id()));
+    let socket = socket.to_str().unwrap();
+    let missing = run(&["--socket", socket, "--device", "no-such-rdma-device"]);
+    if std::path::Path::new("/sys/class/infiniband").exists() {
+        assert!(missing.contains("no RDMA device named"), "{missing}");
+    } else {
+        assert!(
+            missing.contains("no RDMA subsystem in this kernel"),
+            "{missing}"
+        );
+        let default = run(&["--socket", socket]);
+        assert!(
+            default.contains("no RDMA subsystem in this kernel"),
+            "{default}"
+        );
+    }
+    let bad_size = run(&["--socket", socket, "--shm-size", "12345"]);
+    assert!(bad_size.contains("queue region size"), "{bad_size}");
+    assert!(!std::path::Path::new(socket).exists());
+}

@@ -1,0 +1,299 @@
+//! The per-guest device across its life: malformed input, reset, DISCARD_STATE, isolation between
+//! guests, host events.
+//!
+//! The real per-guest device (`GuestDevice`) driven through the `DeviceHandler` API on a host
+//! without RDMA, over the fake host device and fake frontend of `vrdma_test_support::fake_host`.
+
+use vrdma_backend::guest::device::GuestDeviceFactory;
+use vrdma_backend::host::*;
+use vrdma_backend::vhost_device::handler::DeviceHandler;
+use vrdma_spec::control::{HEADER_SIZE, MAX_RESPONSE_SIZE};
+use vrdma_spec::features::*;
+use vrdma_spec::{ControlRequest, ControlResponse, Opcode, Status};
+use vrdma_test_support::fake_host::device::*;
+use vrdma_test_support::fake_host::harness::*;
+
+#[test]
+fn malformed_input_is_answered_and_never_stops_the_device() {
+    let fake = FakeDevice::new();
+    let guest = TestGuest::new(&fake, test_options(), ALL_FEATURES);
+    let status_of = |bytes: &[u8]| -> (u32, usize) {
+        let r = guest.raw(bytes, MAX_RESPONSE_SIZE);
+        assert!(r.len() >= HEADER_SIZE, "{bytes:?}");
+        (u32::from_le_bytes(r[..4].try_into().unwrap()), r.len())
+    };
+    let invalid = Status::Invalid as u32;
+    assert_eq!(status_of(&[]), (invalid, 8));
+    assert_eq!(status_of(&[1, 0, 0]), (invalid, 8));
+    assert_eq!(
+        status_of(&[0x99, 0x99, 0, 0, 0, 0, 0, 0]).0,
+        Status::Unsupported as u32
+    );
+    assert_eq!(status_of(&[0x10, 0, 1, 0, 0, 0, 0, 0]).0, invalid, "flags");
+    assert_eq!(
+        status_of(&[0x10, 0, 0, 0, 0, 0, 0, 1]).0,
+        invalid,
+        "reserved"
+    );
+    assert_eq!(
+        status_of(&[0x10, 0, 0, 0, 0, 0, 0, 0, 0]).0,
+        invalid,
+        "trailing"
+    );
+    // Oversized request (the plumbing rejects it unread).
+    let huge = vec![0u8; guest.dev().max_request_size() + 1];
+    assert_eq!(status_of(&huge).0, invalid);
+    // A response buffer too small for the success body: not executed.
+    let alloc = ControlRequest::AllocPd.to_vec();
+    let r = guest.raw(&alloc, HEADER_SIZE + 4);
+    assert_eq!(u32::from_le_bytes(r[..4].try_into().unwrap()), invalid);
+    assert_eq!(fake.world().pds.len(), 0);
+    // No room for even a status: nothing written, nothing done.
+    assert!(guest.raw(&alloc, 4).is_empty());
+    assert_eq!(fake.world().pds.len(), 0);
+
+    // Random bodies behind every opcode, from a fixed seed.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let pd = guest.alloc_pd();
+    let cq = guest.create_cq(4).cq.get();
+    assert_eq!(guest.set_doorbell_area(RAM_BASE), Status::Ok);
+    for round in 0..4000 {
+        let op = Opcode::ALL[(next() % Opcode::ALL.len() as u64) as usize];
+        let len = if round % 2 == 0 {
+            op.request_body_len()
+        } else {
+            (next() % 200) as usize
+        };
+        let mut request = vec![0u8; HEADER_SIZE + len];
+        request[..2].copy_from_slice(&(op as u16).to_le_bytes());
+        for chunk in request[HEADER_SIZE..].chunks_mut(4) {
+            // Mostly small numbers and live handles, so that decoding often succeeds.
+            let v: u32 = match next() % 4 {
+                0 => (next() % 8) as u32,
+                1 => pd,
+                2 => cq,
+                _ => next() as u32,
+            };
+            let bytes = v.to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+        let response = guest.raw(&request, MAX_RESPONSE_SIZE);
+        let status = u32::from_le_bytes(response[..4].try_into().unwrap());
+        assert!(Status::try_from(status).is_ok());
+    }
+    // Still serving, and every extent it placed is mapped exactly once.
+    guest.ok(ControlRequest::QueryDevice);
+    let counts = guest.dev().object_counts();
+    assert_eq!(counts.shm_extents, guest.frontend.mapped().len());
+    guest.dev().reset();
+    assert_eq!(fake.world().live(), 0);
+}
+
+#[test]
+fn reset_releases_everything_and_bumps_the_epoch() {
+    let fake = FakeDevice::new();
+    let guest = TestGuest::new(&fake, test_options(), ALL_FEATURES);
+    let pd = guest.alloc_pd();
+    let cq = guest.create_cq(8).cq.get();
+    assert_eq!(guest.set_doorbell_area(RAM_BASE), Status::Ok);
+    let qp = guest.create_qp(qp_req(pd, cq, 0)).unwrap();
+    assert!(matches!(
+        reg_mr(&guest, pd, 0x1000, PAGE, &[RAM_BASE + PAGE]),
+        ControlResponse::Ok(_)
+    ));
+    let epoch = guest.config().epoch.get();
+    assert_eq!(fake.world().live(), 4);
+
+    guest.dev().reset();
+    // As QEMU does on a device reset.
+    guest.frontend.forget_mappings();
+    assert_eq!(fake.world().live(), 0);
+    assert!(guest.dev().object_counts().is_empty());
+    assert_eq!(guest.config().epoch.get(), epoch + 1);
+    // Reset again: nothing to drop, nothing changes.
+    guest.dev().reset();
+    assert_eq!(guest.config().epoch.get(), epoch + 1);
+
+    // The driver renegotiates; old handles are unknown; DEVICE_FATAL is owed.
+    guest
+        .dev()
+        .features_acked(VIRTIO_F_VERSION_1 | ALL_FEATURES);
+    assert_eq!(guest.ctx().events().len(), 0);
+    assert_eq!(
+        guest.status(ControlRequest::DeallocPd(handle(pd))),
+        Status::BadHandle
+    );
+    assert_eq!(guest.ctx().events().len(), 1);
+    assert_eq!(guest.create_qp(qp_req(pd, cq, 0)), Err(Status::BadHandle));
+    let qph = qp.qp.get();
+    assert_eq!(
+        guest.status(ControlRequest::DestroyQp(handle(qph))),
+        Status::BadHandle
+    );
+    // The doorbell area went too.
+    let pd = guest.alloc_pd();
+    let cq = guest.create_cq(8).cq.get();
+    assert_eq!(guest.create_qp(qp_req(pd, cq, 0)), Err(Status::BadState));
+    // The whole region is free again.
+    assert_eq!(guest.create_cq(8).ring.shm_offset.get() % PAGE, 0);
+
+    // Dropping the device releases what is left.
+    drop(guest);
+    assert_eq!(fake.world().live(), 0);
+}
+
+#[test]
+fn discard_state_releases_everything_and_unmaps_the_queues_itself() {
+    let fake = FakeDevice::new();
+    let guest = TestGuest::new(&fake, test_options(), ALL_FEATURES);
+    let pd = guest.alloc_pd();
+    let cq = guest.create_cq(8).cq.get();
+    assert_eq!(guest.set_doorbell_area(RAM_BASE), Status::Ok);
+    guest.create_qp(qp_req(pd, cq, 0)).unwrap();
+    let epoch = guest.config().epoch.get();
+    assert!(!guest.frontend.mapped().is_empty());
+
+    assert_eq!(guest.status(ControlRequest::DiscardState), Status::Ok);
+    // Unlike a reset, the device removed its mappings itself (QEMU 11.1.3 crashes when it
+    // removes live mappings during a reset).
+    assert!(guest.frontend.mapped().is_empty());
+    assert_eq!(fake.world().live(), 0);
+    assert!(guest.dev().object_counts().is_empty());
+    assert_eq!(guest.config().epoch.get(), epoch + 1);
+    assert_eq!(
+        guest.status(ControlRequest::DeallocPd(handle(pd))),
+        Status::BadHandle
+    );
+    // The driver asked: no DEVICE_FATAL is owed.
+    assert_eq!(guest.ctx().events().len(), 0);
+    // Nothing left: a second discard changes nothing.
+    assert_eq!(guest.status(ControlRequest::DiscardState), Status::Ok);
+    assert_eq!(guest.config().epoch.get(), epoch + 1);
+}
+
+#[test]
+fn guests_of_one_factory_cannot_see_each_other() {
+    let fake = FakeDevice::new();
+    let factory = GuestDeviceFactory::new(fake.clone(), test_options()).unwrap();
+    let a = TestGuest::from_factory(&factory, ALL_FEATURES);
+    let b = TestGuest::from_factory(&factory, ALL_FEATURES);
+    assert_ne!(a.dev().id(), b.dev().id());
+    let pd_a = a.alloc_pd();
+    let cq_a = a.create_cq(4).cq.get();
+    assert_eq!(
+        b.status(ControlRequest::DeallocPd(handle(pd_a))),
+        Status::BadHandle
+    );
+    assert_eq!(
+        b.status(ControlRequest::DestroyCq(handle(cq_a))),
+        Status::BadHandle
+    );
+    // B's objects may carry the same values; they are B's.
+    let pd_b = b.alloc_pd();
+    assert_eq!(
+        b.status(ControlRequest::DeallocPd(handle(pd_b))),
+        Status::Ok
+    );
+    assert_eq!(fake.world().pds.len(), 1, "A's PD is untouched");
+    // Each guest has its own queue region.
+    assert_eq!(b.create_cq(4).ring.shm_offset.get(), 0);
+    assert_eq!(a.frontend.mapped().len(), 1);
+    assert_eq!(b.frontend.mapped().len(), 1);
+    drop(b);
+    assert_eq!(fake.world().cqs.len(), 1, "only B's objects went with B");
+    assert_eq!(
+        a.status(ControlRequest::DestroyCq(handle(cq_a))),
+        Status::Ok
+    );
+}
+
+#[test]
+fn host_events_become_guest_events() {
+    let fake = FakeDevice::new();
+    let guest = TestGuest::new(&fake, test_options(), ALL_FEATURES);
+    let pd = guest.alloc_pd();
+    let cq = guest.create_cq(4).cq.get();
+    let cq2 = guest.create_cq(4).cq.get();
+    let user_handle = |i: usize| *fake.world().cqs.values().nth(i).unwrap();
+    let (uh1, uh2) = (user_handle(0), user_handle(1));
+    fake.world().comp_events.extend([
+        CompEvent {
+            cq_user_handle: uh1,
+        },
+        CompEvent {
+            cq_user_handle: 0xdead,
+        },
+    ]);
+    guest.dev().fd_ready(guest.ctx(), 0);
+    assert_eq!(guest.ctx().events().len(), 1, "unknown CQ dropped");
+    assert!(fake.world().comp_events.is_empty());
+
+    // Events of a destroyed object are not delivered.
+    assert_eq!(
+        guest.status(ControlRequest::DestroyCq(handle(cq2))),
+        Status::Ok
+    );
+    fake.world().comp_events.push_back(CompEvent {
+        cq_user_handle: uh2,
+    });
+    guest.dev().fd_ready(guest.ctx(), 0);
+    assert_eq!(guest.ctx().events().len(), 1);
+
+    assert_eq!(guest.set_doorbell_area(RAM_BASE), Status::Ok);
+    guest.create_qp(qp_req(pd, cq, 0)).unwrap();
+    let qp_user = fake.world().qps.values().next().unwrap().1;
+    fake.world().async_events.extend([
+        AsyncEvent {
+            kind: AsyncEventKind::QpFatal,
+            element: qp_user,
+        },
+        AsyncEvent {
+            kind: AsyncEventKind::PortActive,
+            element: 1,
+        },
+        AsyncEvent {
+            kind: AsyncEventKind::PortActive,
+            element: 7,
+        },
+        AsyncEvent {
+            kind: AsyncEventKind::LidChange,
+            element: 1,
+        },
+        // A CQ event naming a QP's user handle is not a CQ event.
+        AsyncEvent {
+            kind: AsyncEventKind::CqErr,
+            element: qp_user,
+        },
+    ]);
+    guest.dev().fd_ready(guest.ctx(), 1);
+    assert_eq!(guest.ctx().events().len(), 3);
+
+    // A fatal host error discards everything and refuses commands until reset.
+    fake.world().async_events.push_back(AsyncEvent {
+        kind: AsyncEventKind::DeviceFatal,
+        element: 1,
+    });
+    guest.dev().fd_ready(guest.ctx(), 1);
+    assert_eq!(guest.ctx().events().len(), 4, "DEVICE_FATAL");
+    assert_eq!(fake.world().live(), 0);
+    match guest.run(ControlRequest::AllocPd) {
+        ControlResponse::Err(e) => {
+            assert_eq!(
+                (e.status(), e.detail()),
+                (Status::DeviceError, libc::ENODEV as u32)
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    guest.dev().reset();
+    guest
+        .dev()
+        .features_acked(VIRTIO_F_VERSION_1 | ALL_FEATURES);
+    guest.alloc_pd();
+}

@@ -1,0 +1,440 @@
+//! The fake host RDMA device: [`FakeDevice`] and its contexts implement the backend's
+//! `HostDevice` / `HostContext` on a host without RDMA, keeping every object in a [`World`] the
+//! tests inspect and steer (failing the next command, queuing host events).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use vrdma_backend::host::{self, *};
+use vrdma_spec::config::ring_format;
+use vrdma_spec::rxe_v1;
+use vrdma_spec::verbs::{GidType, PortState, QpAttrMask, QpState};
+
+/// Bytes of a page.
+pub const PAGE: u64 = 4096;
+/// The one GID of the fake port (index 0, RoCE v2).
+pub const GID0: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+
+/// What the fake device holds, shared by the device and every context it opened: the live
+/// objects by handle, what the guest's device asked of it, the events to hand out, and the next
+/// operation to fail.
+#[derive(Default)]
+pub struct World {
+    next_handle: u32,
+    /// Offset of the next queue buffer on the contexts' queue fd.
+    next_offset: u64,
+    /// Live PDs.
+    pub pds: BTreeMap<u32, ()>,
+    /// Live MRs and how they were registered.
+    pub mrs: BTreeMap<u32, MrInit>,
+    /// Live CQs and their `user_handle`s.
+    pub cqs: BTreeMap<u32, u64>,
+    /// Live QPs: QP number and `user_handle`.
+    pub qps: BTreeMap<u32, (u32, u64)>,
+    /// Live SRQs and their `user_handle`s.
+    pub srqs: BTreeMap<u32, u64>,
+    /// Live AHs.
+    pub ahs: BTreeMap<u32, ()>,
+    /// QPs kicked (`kick_send`), in order.
+    pub kicks: Vec<u32>,
+    /// CQs armed, with `solicited_only`, in order.
+    pub armed: Vec<(u32, bool)>,
+    /// MODIFY_QPs: QP, mask and the state asked for, in order.
+    pub modified: Vec<(u32, QpAttrMask, QpState)>,
+    /// Current state of each live QP.
+    pub qp_state: HashMap<u32, QpState>,
+    /// Completion events `read_comp_event` hands out.
+    pub comp_events: VecDeque<CompEvent>,
+    /// Async events `read_async_event` hands out.
+    pub async_events: VecDeque<AsyncEvent>,
+    /// The next call of this command (`"ALLOC_PD"`, `"CREATE_QP"`, ...) fails with EINVAL.
+    pub fail_next: Option<&'static str>,
+}
+
+impl World {
+    fn handle(&mut self) -> u32 {
+        self.next_handle += 1;
+        self.next_handle
+    }
+
+    fn fail(&mut self, op: &'static str) -> host::Result<()> {
+        if self.fail_next == Some(op) {
+            self.fail_next = None;
+            return Err(DeviceError::Command {
+                command: op,
+                errno: libc::EINVAL,
+            });
+        }
+        Ok(())
+    }
+
+    /// A queue buffer the way rxe sizes it.
+    fn buffer(&mut self, slots: u32, entry_bytes: usize) -> QueueBuffer {
+        let elem = entry_bytes.next_power_of_two().max(64) as u64;
+        let len = (384 + u64::from(slots) * elem).next_multiple_of(PAGE);
+        let offset = self.next_offset;
+        self.next_offset += len;
+        QueueBuffer {
+            offset,
+            len: len as usize,
+        }
+    }
+
+    /// Number of live host objects of every kind.
+    pub fn live(&self) -> usize {
+        self.pds.len()
+            + self.mrs.len()
+            + self.cqs.len()
+            + self.qps.len()
+            + self.srqs.len()
+            + self.ahs.len()
+    }
+}
+
+type Shared = Arc<Mutex<World>>;
+
+fn world(shared: &Shared) -> MutexGuard<'_, World> {
+    shared.lock().unwrap()
+}
+
+/// A host RDMA device without RDMA: one active RoCE port with one GID ([`GID0`]), rxe's ring
+/// format, and contexts that keep every object in the shared [`World`].
+pub struct FakeDevice {
+    info: DeviceInfo,
+    world: Shared,
+}
+
+impl FakeDevice {
+    /// A device with nothing created yet.
+    pub fn new() -> Arc<FakeDevice> {
+        Arc::new(FakeDevice {
+            info: DeviceInfo {
+                name: "fake0".into(),
+                driver: "fake".into(),
+                uverbs_path: PathBuf::from("/dev/null"),
+                fw_ver: "1.2.3".into(),
+                ports: vec![PortInfo {
+                    port: 1,
+                    state: PortState::Active,
+                    link_layer: "Ethernet".into(),
+                }],
+            },
+            world: Shared::default(),
+        })
+    }
+
+    /// The objects of every context of this device, and the knobs tests turn.
+    pub fn world(&self) -> MutexGuard<'_, World> {
+        world(&self.world)
+    }
+}
+
+impl HostDevice for FakeDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn ring_format(&self) -> u32 {
+        ring_format::RXE_V1
+    }
+
+    fn gid_table(&self, port: u8) -> host::Result<Vec<host::GidEntry>> {
+        assert_eq!(port, 1, "the guest's port 1 is host port 1");
+        Ok(vec![host::GidEntry {
+            index: 0,
+            gid: GID0,
+            gid_type: GidType::RoceV2,
+        }])
+    }
+
+    fn open_context(&self) -> host::Result<Box<dyn HostContext>> {
+        Ok(Box::new(FakeContext {
+            world: Arc::clone(&self.world),
+            queue_file: memfd(64 << 20),
+            comp: UnixStream::pair().unwrap().0,
+            async_fd: UnixStream::pair().unwrap().0,
+        }))
+    }
+}
+
+/// A context of the [`FakeDevice`]: queue buffers come from a memfd of its own (like the
+/// uverbs fd, to pass with SHMEM_MAP), and its event fds are sockets that never become readable
+/// (tests push events into the [`World`] and call the event handlers themselves).
+pub struct FakeContext {
+    world: Shared,
+    queue_file: File,
+    comp: UnixStream,
+    async_fd: UnixStream,
+}
+
+/// The attributes every fake context reports: generous limits, rxe's vendor id.
+pub fn device_attr() -> host::DeviceAttr {
+    host::DeviceAttr {
+        max_mr_size: u64::MAX,
+        page_size_cap: 0xffff_f000,
+        vendor_id: 0xffffff,
+        max_qp: 1 << 16,
+        max_qp_wr: 1 << 14,
+        device_cap_flags: 0xffff_ffff,
+        max_sge: 32,
+        max_sge_rd: 32,
+        max_cq: 1 << 16,
+        max_cqe: 1 << 15,
+        max_mr: 1 << 18,
+        max_pd: 1 << 16,
+        max_qp_rd_atom: 128,
+        max_res_rd_atom: 1 << 16,
+        max_qp_init_rd_atom: 128,
+        max_ah: 1 << 15,
+        max_srq: 1 << 10,
+        max_srq_wr: 1 << 14,
+        max_srq_sge: 27,
+        max_pkeys: 64,
+        phys_port_cnt: 1,
+        ..Default::default()
+    }
+}
+
+impl HostContext for FakeContext {
+    fn queue_fd(&self) -> BorrowedFd<'_> {
+        self.queue_file.as_fd()
+    }
+    fn cmd_fd(&self) -> BorrowedFd<'_> {
+        self.queue_file.as_fd()
+    }
+    fn async_fd(&self) -> BorrowedFd<'_> {
+        self.async_fd.as_fd()
+    }
+    fn comp_channel_fd(&self) -> BorrowedFd<'_> {
+        self.comp.as_fd()
+    }
+    fn num_comp_vectors(&self) -> u32 {
+        1
+    }
+    fn query_device(&self) -> host::Result<host::DeviceAttr> {
+        Ok(device_attr())
+    }
+    fn query_port(&self, port: u8) -> host::Result<host::PortAttr> {
+        assert_eq!(port, 1);
+        Ok(host::PortAttr {
+            state: 4,
+            max_mtu: 5,
+            active_mtu: 3,
+            gid_tbl_len: 16,
+            pkey_tbl_len: 1,
+            link_layer: 2,
+            ..Default::default()
+        })
+    }
+    fn alloc_pd(&self) -> host::Result<PdHandle> {
+        let mut w = world(&self.world);
+        w.fail("ALLOC_PD")?;
+        let h = w.handle();
+        w.pds.insert(h, ());
+        Ok(PdHandle(h))
+    }
+    fn dealloc_pd(&self, pd: PdHandle) -> host::Result<()> {
+        let mut w = world(&self.world);
+        w.fail("DEALLOC_PD")?;
+        assert!(
+            !w.mrs.values().any(|m| m.pd == pd),
+            "PD freed while an MR uses it"
+        );
+        w.pds.remove(&pd.0).map(|_| ()).ok_or(DeviceError::Command {
+            command: "DEALLOC_PD",
+            errno: libc::EINVAL,
+        })
+    }
+    fn reg_mr(&self, init: &MrInit) -> host::Result<Mr> {
+        let mut w = world(&self.world);
+        w.fail("REG_MR")?;
+        assert!(w.pds.contains_key(&init.pd.0));
+        assert_eq!(init.start % PAGE, init.iova % PAGE, "same in-page offset");
+        let h = w.handle();
+        w.mrs.insert(h, *init);
+        Ok(Mr {
+            handle: MrHandle(h),
+            lkey: h << 8,
+            rkey: (h << 8) | 1,
+        })
+    }
+    fn dereg_mr(&self, mr: MrHandle) -> host::Result<()> {
+        let mut w = world(&self.world);
+        w.fail("DEREG_MR")?;
+        w.mrs.remove(&mr.0).map(|_| ()).ok_or(DeviceError::Command {
+            command: "DEREG_MR",
+            errno: libc::EINVAL,
+        })
+    }
+    fn create_cq(&self, init: &CqInit) -> host::Result<Cq> {
+        let mut w = world(&self.world);
+        w.fail("CREATE_CQ")?;
+        assert!(init.use_comp_channel);
+        let slots = (init.cqe + 1).next_power_of_two();
+        let buffer = w.buffer(slots, 72);
+        let h = w.handle();
+        w.cqs.insert(h, init.user_handle);
+        Ok(Cq {
+            handle: CqHandle(h),
+            cqe: slots - 1,
+            buffer,
+        })
+    }
+    fn destroy_cq(&self, cq: CqHandle) -> host::Result<()> {
+        let mut w = world(&self.world);
+        w.fail("DESTROY_CQ")?;
+        w.cqs.remove(&cq.0).map(|_| ()).ok_or(DeviceError::Command {
+            command: "DESTROY_CQ",
+            errno: libc::EINVAL,
+        })
+    }
+    fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> host::Result<()> {
+        world(&self.world).armed.push((cq.0, solicited_only));
+        Ok(())
+    }
+    fn create_qp(&self, init: &QpInit) -> host::Result<Qp> {
+        let mut w = world(&self.world);
+        w.fail("CREATE_QP")?;
+        let c = init.caps;
+        let send_slots = (c.max_send_wr + 1).next_power_of_two();
+        let wqe = (c.max_send_sge * 16).max(c.max_inline_data);
+        let sq = w.buffer(send_slots, rxe_v1::send_wqe_size(wqe / 16, wqe));
+        let (rq, max_recv_wr) = match init.srq {
+            Some(_) => (None, 0),
+            None => {
+                let slots = (c.max_recv_wr + 1).next_power_of_two();
+                (
+                    Some(w.buffer(slots, rxe_v1::recv_wqe_size(c.max_recv_sge))),
+                    slots - 1,
+                )
+            }
+        };
+        let h = w.handle();
+        let qpn = 0x100 + h;
+        w.qps.insert(h, (qpn, init.user_handle));
+        w.qp_state.insert(h, QpState::Reset);
+        Ok(Qp {
+            handle: QpHandle(h),
+            qpn,
+            caps: QpCaps {
+                max_send_wr: send_slots - 1,
+                max_recv_wr,
+                max_send_sge: wqe / 16,
+                max_recv_sge: c.max_recv_sge,
+                max_inline_data: wqe,
+            },
+            sq,
+            rq,
+        })
+    }
+    fn modify_qp(&self, qp: QpHandle, attr: &host::QpAttr, mask: QpAttrMask) -> host::Result<()> {
+        let mut w = world(&self.world);
+        w.fail("MODIFY_QP")?;
+        if mask.contains(QpAttrMask::STATE) {
+            w.qp_state.insert(qp.0, attr.qp_state);
+        }
+        w.modified.push((qp.0, mask, attr.qp_state));
+        Ok(())
+    }
+    fn query_qp(&self, qp: QpHandle, _mask: QpAttrMask) -> host::Result<QpInfo> {
+        let w = world(&self.world);
+        let state = *w.qp_state.get(&qp.0).ok_or(DeviceError::Command {
+            command: "QUERY_QP",
+            errno: libc::EINVAL,
+        })?;
+        Ok(QpInfo {
+            attr: host::QpAttr {
+                qp_state: state,
+                port_num: 1,
+                ..Default::default()
+            },
+            caps: QpCaps {
+                max_send_wr: 15,
+                ..Default::default()
+            },
+            sq_sig_all: false,
+        })
+    }
+    fn destroy_qp(&self, qp: QpHandle) -> host::Result<()> {
+        let mut w = world(&self.world);
+        w.fail("DESTROY_QP")?;
+        w.qp_state.remove(&qp.0);
+        w.qps.remove(&qp.0).map(|_| ()).ok_or(DeviceError::Command {
+            command: "DESTROY_QP",
+            errno: libc::EINVAL,
+        })
+    }
+    fn create_srq(&self, init: &SrqInit) -> host::Result<Srq> {
+        let mut w = world(&self.world);
+        w.fail("CREATE_SRQ")?;
+        let slots = (init.max_wr + 1).next_power_of_two();
+        let buffer = w.buffer(slots, rxe_v1::recv_wqe_size(init.max_sge));
+        let h = w.handle();
+        w.srqs.insert(h, init.user_handle);
+        Ok(Srq {
+            handle: SrqHandle(h),
+            max_wr: slots - 1,
+            max_sge: init.max_sge,
+            srq_num: 0x200 + h,
+            buffer,
+        })
+    }
+    fn modify_srq(&self, _srq: SrqHandle, _m: &SrqModify) -> host::Result<Option<QueueBuffer>> {
+        Ok(None)
+    }
+    fn destroy_srq(&self, srq: SrqHandle) -> host::Result<()> {
+        let mut w = world(&self.world);
+        w.fail("DESTROY_SRQ")?;
+        w.srqs
+            .remove(&srq.0)
+            .map(|_| ())
+            .ok_or(DeviceError::Command {
+                command: "DESTROY_SRQ",
+                errno: libc::EINVAL,
+            })
+    }
+    fn create_ah(&self, init: &AhInit) -> host::Result<Ah> {
+        let mut w = world(&self.world);
+        w.fail("CREATE_AH")?;
+        assert_eq!(init.attr.port_num, 1);
+        let h = w.handle();
+        w.ahs.insert(h, ());
+        Ok(Ah {
+            handle: AhHandle(h),
+            ah_num: h,
+        })
+    }
+    fn destroy_ah(&self, ah: AhHandle) -> host::Result<()> {
+        let mut w = world(&self.world);
+        w.ahs.remove(&ah.0).map(|_| ()).ok_or(DeviceError::Command {
+            command: "DESTROY_AH",
+            errno: libc::EINVAL,
+        })
+    }
+    fn kick_send(&self, qp: QpHandle) -> host::Result<()> {
+        world(&self.world).kicks.push(qp.0);
+        Ok(())
+    }
+    fn read_async_event(&self) -> host::Result<Option<AsyncEvent>> {
+        Ok(world(&self.world).async_events.pop_front())
+    }
+    fn read_comp_event(&self) -> host::Result<Option<CompEvent>> {
+        Ok(world(&self.world).comp_events.pop_front())
+    }
+}
+
+/// An anonymous memory file of `size` bytes (guest RAM, or a fake context's queue buffers).
+pub fn memfd(size: u64) -> File {
+    // SAFETY: memfd_create only reads the NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(c"vrdma-test".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
+    // SAFETY: memfd_create just returned this fd and nothing else owns it.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.set_len(size).unwrap();
+    file
+}

@@ -1,0 +1,245 @@
+//! A harness that runs one guest's real device (`GuestDevice` inside `VhostUserDevice`) over
+//! the fake host device and the fake frontend, and the control requests tests send it.
+
+use std::fs::File;
+use std::sync::Arc;
+
+use vhost_user_backend::VhostUserBackend;
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
+use vrdma_backend::guest::device::{GuestDevice, GuestDeviceFactory};
+use vrdma_backend::guest::options::DeviceOptions;
+use vrdma_backend::resources::quotas::Quotas;
+use vrdma_backend::vhost_device::guest_context::GuestContext;
+use vrdma_backend::vhost_device::handler::{CommandRejection, DeviceHandler};
+use vrdma_backend::vhost_device::VhostUserDevice;
+use vrdma_spec::config::DeviceConfig;
+use vrdma_spec::control::{encode_page_list, HEADER_SIZE, MAX_RESPONSE_SIZE};
+use vrdma_spec::features::*;
+use vrdma_spec::verbs::AccessFlags;
+use vrdma_spec::wire::*;
+use vrdma_spec::{ControlRequest, ControlResponse, Le16, Le32, Le64, RegMr, ResponseBody, Status};
+
+use super::device::{memfd, FakeDevice, PAGE};
+use super::frontend::{serve_backend_channel, FakeFrontend};
+
+/// Guest RAM: one region, not at 0, so that low addresses are outside it.
+pub const RAM_BASE: u64 = 0x10_0000;
+/// Size of guest RAM.
+pub const RAM_SIZE: u64 = 16 << 20;
+/// Size of the queue region of [`test_options`], and of the frontend's region.
+pub const SHM_SIZE: u64 = 1 << 20;
+
+/// One guest's device as the daemon builds it (a `GuestDevice` inside the vhost-user device),
+/// over the [`FakeDevice`], with guest RAM in a memfd and a
+/// [`FakeFrontend`] on the backend request channel. Commands are handed to the device the way
+/// the control queue would.
+pub struct TestGuest {
+    /// The vhost-user device serving the guest.
+    pub backend: VhostUserDevice<GuestDevice>,
+    /// The frontend serving SHMEM_MAP/UNMAP.
+    pub frontend: Arc<FakeFrontend>,
+    /// Guest RAM as the vhost-user device sees it (replace it to change the memory table).
+    pub memory: GuestMemoryAtomic<GuestMemoryMmap>,
+    /// The file behind guest RAM.
+    pub ram: File,
+}
+
+/// Small options: a 1 MiB queue region, 64-page MRs, a few objects of each kind.
+pub fn test_options() -> DeviceOptions {
+    DeviceOptions {
+        shm_size: SHM_SIZE,
+        max_mr_pages: 64,
+        quotas: Quotas {
+            pds: 4,
+            mrs: 4,
+            mr_bytes: 64 * PAGE,
+            cqs: 4,
+            qps: 3,
+            srqs: 2,
+            ahs: 2,
+        },
+        ..DeviceOptions::default()
+    }
+}
+
+/// Guest RAM: [`RAM_SIZE`] bytes of `ram` at [`RAM_BASE`].
+pub fn guest_memory(ram: &File) -> GuestMemoryMmap {
+    GuestMemoryMmap::from_ranges_with_files([(
+        GuestAddress(RAM_BASE),
+        RAM_SIZE as usize,
+        Some(FileOffset::new(ram.try_clone().unwrap(), 0)),
+    )])
+    .unwrap()
+}
+
+impl TestGuest {
+    /// A new guest of `factory` whose driver accepted `features` (and VIRTIO_F_VERSION_1).
+    pub fn from_factory(factory: &GuestDeviceFactory, features: u64) -> TestGuest {
+        let ram = memfd(RAM_SIZE);
+        let memory = GuestMemoryAtomic::new(guest_memory(&ram));
+        let device = factory.create().unwrap();
+        device.features_acked(VIRTIO_F_VERSION_1 | features);
+        let backend = VhostUserDevice::new(Arc::new(device), memory.clone()).unwrap();
+        let frontend = Arc::new(FakeFrontend::new(SHM_SIZE));
+        backend.set_backend_req_fd(serve_backend_channel(Arc::clone(&frontend)));
+        TestGuest {
+            backend,
+            frontend,
+            memory,
+            ram,
+        }
+    }
+
+    /// The first guest of a factory over `device` with `options`.
+    pub fn new(device: &Arc<FakeDevice>, options: DeviceOptions, features: u64) -> TestGuest {
+        let factory = GuestDeviceFactory::new(device.clone(), options).unwrap();
+        TestGuest::from_factory(&factory, features)
+    }
+
+    /// The guest's device.
+    pub fn dev(&self) -> &GuestDevice {
+        self.backend.handler()
+    }
+
+    /// What the device reaches of the guest.
+    pub fn ctx(&self) -> &GuestContext {
+        self.backend.context()
+    }
+
+    /// Runs request bytes with `capacity` writable response bytes, as the control queue would (too large a request is rejected unread); returns the response bytes.
+    pub fn raw(&self, request: &[u8], capacity: usize) -> Vec<u8> {
+        let mut response = Vec::new();
+        if request.len() > self.dev().max_request_size() {
+            let rejection = CommandRejection::RequestTooLarge {
+                len: request.len(),
+                max: self.dev().max_request_size(),
+            };
+            self.dev()
+                .reject_command(self.ctx(), rejection, &mut response);
+        } else {
+            self.dev()
+                .handle_command(self.ctx(), request, capacity, &mut response);
+        }
+        assert!(response.len() <= capacity.max(HEADER_SIZE));
+        response
+    }
+
+    /// Runs a request and decodes its response.
+    pub fn run(&self, request: ControlRequest<'_>) -> ControlResponse {
+        let bytes = self.raw(&request.to_vec(), MAX_RESPONSE_SIZE);
+        ControlResponse::decode(request.opcode(), &bytes).unwrap()
+    }
+
+    /// Runs a request that must succeed; returns its body.
+    pub fn ok(&self, request: ControlRequest<'_>) -> ResponseBody {
+        match self.run(request) {
+            ControlResponse::Ok(body) => body,
+            ControlResponse::Err(e) => panic!("{:?} failed: {e}", request.opcode()),
+        }
+    }
+
+    /// Runs a request; returns its status.
+    pub fn status(&self, request: ControlRequest<'_>) -> Status {
+        match self.run(request) {
+            ControlResponse::Ok(_) => Status::Ok,
+            ControlResponse::Err(e) => e.status(),
+        }
+    }
+
+    /// ALLOC_PD; returns the handle.
+    pub fn alloc_pd(&self) -> u32 {
+        match self.ok(ControlRequest::AllocPd) {
+            ResponseBody::AllocPd(r) => r.handle.get(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// CREATE_CQ of `cqe` entries, which must succeed.
+    pub fn create_cq(&self, cqe: u32) -> CreateCqResp {
+        match self.ok(ControlRequest::CreateCq(CreateCqReq {
+            cqe: Le32::new(cqe),
+            reserved: Le32::ZERO,
+        })) {
+            ResponseBody::CreateCq(r) => r,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// SET_DOORBELL_AREA at `gpa` with the configured slot count.
+    pub fn set_doorbell_area(&self, gpa: u64) -> Status {
+        self.status(ControlRequest::SetDoorbellArea(SetDoorbellAreaReq {
+            gpa: Le64::new(gpa),
+            slots: Le32::new(self.dev().options().doorbell_slots()),
+            reserved: Le32::ZERO,
+        }))
+    }
+
+    /// CREATE_QP; the response or the failure status.
+    pub fn create_qp(&self, req: CreateQpReq) -> Result<CreateQpResp, Status> {
+        match self.run(ControlRequest::CreateQp(req)) {
+            ControlResponse::Ok(ResponseBody::CreateQp(r)) => Ok(r),
+            ControlResponse::Ok(other) => panic!("{other:?}"),
+            ControlResponse::Err(e) => Err(e.status()),
+        }
+    }
+
+    /// The decoded configuration space.
+    pub fn config(&self) -> DeviceConfig {
+        DeviceConfig::decode(&self.dev().config_space()).unwrap()
+    }
+}
+
+/// A request naming handle `h`.
+pub fn handle(h: u32) -> HandleReq {
+    HandleReq {
+        handle: Le32::new(h),
+        reserved: Le32::ZERO,
+    }
+}
+
+/// CREATE_QP of an RC QP on `pd` with `cq` for both queues and SRQ `srq` (0 for none).
+pub fn qp_req(pd: u32, cq: u32, srq: u32) -> CreateQpReq {
+    CreateQpReq {
+        pd: Le32::new(pd),
+        send_cq: Le32::new(cq),
+        recv_cq: Le32::new(cq),
+        srq: Le32::new(srq),
+        max_send_wr: Le32::new(16),
+        max_recv_wr: Le32::new(if srq == 0 { 16 } else { 0 }),
+        max_send_sge: Le32::new(2),
+        max_recv_sge: Le32::new(if srq == 0 { 2 } else { 0 }),
+        max_inline_data: Le32::new(64),
+        qp_type: 2,
+        sq_sig_all: 0,
+        reserved: Le16::ZERO,
+    }
+}
+
+/// The fixed part of a REG_MR in 4 KiB pages.
+pub fn reg_mr_req(pd: u32, iova: u64, length: u64, access: u32, npages: u32) -> RegMrReq {
+    RegMrReq {
+        pd: Le32::new(pd),
+        access: Le32::new(access),
+        iova: Le64::new(iova),
+        length: Le64::new(length),
+        page_shift: Le32::new(12),
+        npages: Le32::new(npages),
+    }
+}
+
+/// REG_MR of `pages` (GPAs) covering `length` bytes from iova `iova`.
+pub fn reg_mr(
+    guest: &TestGuest,
+    pd: u32,
+    iova: u64,
+    length: u64,
+    pages: &[u64],
+) -> ControlResponse {
+    let mut list = Vec::new();
+    encode_page_list(pages.iter().copied(), &mut list);
+    let req = reg_mr_req(pd, iova, length, AccessFlags::LOCAL_WRITE.bits(), pages.len() as u32);
+    guest.run(ControlRequest::RegMr(RegMr::new(req, &list)))
+}
+
+/// Every feature the fake device offers or a test may accept.
+pub const ALL_FEATURES: u64 = VRDMA_F_RING_RXE_V1 | VRDMA_F_SRQ | VRDMA_F_UD;
