@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::provider::{
+use vrdma::provider::{
     PostError, SendFlags, SendWr, WcFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
-use crate::verbs::{Context, PostSendError, VerbsError};
+use vrdma::verbs::{Context, PostSendError, VerbsError};
 
 use super::endpoint::{Endpoint, EndpointError, WRID_RC_RECV, WRID_SEND, WRID_UD_RECV};
 use super::exchange::{Hello, Message};
