@@ -14,7 +14,9 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 /// Granule of guest-physical addresses and of allocations.
 pub const PAGE_SIZE: usize = 4096;
@@ -236,7 +238,6 @@ impl GuestRam {
         let offset = self
             .free
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .take(pages_len, align)
             .ok_or(DmaError::OutOfMemory { len, align })?;
         // SAFETY: `offset + pages_len <= self.len` (allocator invariant): inside the mapping.
@@ -254,10 +255,7 @@ impl GuestRam {
     }
 
     fn release(&self, offset: usize, len: usize) {
-        self.free
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .give_back(offset, len);
+        self.free.lock().give_back(offset, len);
     }
 }
 

@@ -18,8 +18,9 @@
 use std::fs;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use vrdma::dma::{DmaBuffer, DmaError, GuestRam, GUEST_RAM_BASE, PAGE_SIZE};
 use vrdma::transport::{DmaMemory, TransportError};
 
@@ -151,7 +152,7 @@ impl AppMemory {
             .checked_add(len)
             .and_then(|e| e.checked_next_multiple_of(PAGE_SIZE))
             .ok_or(RebackError::NotMapped { addr, len })?;
-        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut kept = self.kept.lock();
         let maps = read_maps().map_err(|source| RebackError::Io {
             what: "reading /proc/self/maps",
             source,
@@ -349,9 +350,9 @@ mod tests {
         // SAFETY: `in_ram` is inside the guest-RAM mapping (translated above).
         assert_eq!(unsafe { *((in_ram + 5) as *const u8) }, 0xEE);
         // A second registration re-backs nothing more.
-        let before = memory.kept.lock().unwrap().len();
+        let before = memory.kept.lock().len();
         memory.make_registrable(addr, 3 * PAGE_SIZE).unwrap();
-        assert_eq!(memory.kept.lock().unwrap().len(), before);
+        assert_eq!(memory.kept.lock().len(), before);
     }
 
     #[test]

@@ -7,8 +7,9 @@
 //! chain it never returned, so they can never be reused. Events: a fixed set of
 //! device-writable buffers kept posted, each re-posted once its event has been copied out.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use super::{DmaMemory, TransportError};
 use crate::dma::{DmaBuffer, PAGE_SIZE};
@@ -170,7 +171,7 @@ impl<S: QueueSignal> ControlChannel<S> {
         let response_len =
             u32::try_from(response.len()).map_err(|_| TransportError::InvalidRequest("size"))?;
         u32::try_from(request.len()).map_err(|_| TransportError::InvalidRequest("size"))?;
-        let mut guard = lock(&self.state);
+        let mut guard = self.state.lock();
         let control = &mut *guard;
         if control.broken {
             return Err(TransportError::DeviceFailure(
@@ -291,7 +292,7 @@ impl<S: QueueSignal> EventChannel<S> {
     /// Notifies the event queue (after the device started, for the buffers posted by
     /// [`EventChannel::start`]).
     pub(crate) fn notify(&self) -> Result<(), TransportError> {
-        lock(&self.state).vq.signal.notify()
+        self.state.lock().vq.signal.notify()
     }
 
     /// See [`super::Transport::next_event`].
@@ -301,7 +302,7 @@ impl<S: QueueSignal> EventChannel<S> {
         timeout: Option<Duration>,
     ) -> Result<Option<usize>, TransportError> {
         let deadline = timeout.map(|timeout| Instant::now() + timeout);
-        let mut events = lock(&self.state);
+        let mut events = self.state.lock();
         let Some(used) = events.vq.next_used(deadline)? else {
             return Ok(None);
         };
@@ -345,10 +346,6 @@ impl<S: QueueSignal> EventState<S> {
         self.slot_of_head[usize::from(head)] = Some(slot);
         Ok(())
     }
-}
-
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -1,10 +1,11 @@
 //! The device context: configuration, limits, control commands, doorbell area and events.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use log::debug;
+use parking_lot::Mutex;
 use vrdma_spec::config::{ring_format, CONFIG_SIZE};
 use vrdma_spec::control::{ControlRequest, ControlResponse, Opcode, ResponseBody, HEADER_SIZE};
 use vrdma_spec::features;
@@ -16,7 +17,6 @@ use super::attr::{DeviceAttr, Gid, GidEntry, PortAttr};
 use super::doorbell::DoorbellRegion;
 use super::error::{ProtocolError, Result, VerbsError};
 use super::event::{DeviceEvent, EventDispatch, Wanted};
-use super::lock;
 use super::pd::Pd;
 use crate::dma::DmaBuffer;
 use crate::transport::pci::{PciOptions, PciTransport, SysfsPciFunction};
@@ -240,7 +240,7 @@ impl CommandChannel {
     /// Executes one control command and returns the body of its success response.
     fn execute(&self, request: &ControlRequest<'_>) -> Result<ResponseBody> {
         let opcode = request.opcode();
-        let mut guard = lock(&self.buffers);
+        let mut guard = self.buffers.lock();
         let buffers = &mut *guard;
         buffers.request.clear();
         request.encode_into(&mut buffers.request);

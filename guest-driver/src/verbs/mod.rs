@@ -32,8 +32,6 @@ mod qp;
 mod ring;
 mod srq;
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
-
 pub use ah::Ah;
 pub use attr::{
     AccessFlags, AhAttr, DeviceAttr, Gid, GidEntry, GidType, GlobalRoute, Mtu, PortAttr, QpAttr,
@@ -52,9 +50,3 @@ pub use crate::provider::{
     PostError, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
     WorkCompletion, WrOpcode,
 };
-
-/// Locks `mutex`, ignoring poisoning: every structure behind these locks stays consistent
-/// across a panic (queue indices are published only after a complete entry).
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}

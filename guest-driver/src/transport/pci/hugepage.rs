@@ -12,14 +12,14 @@
 use std::fs;
 use std::io;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use log::debug;
+use parking_lot::Mutex;
 
 use super::function::PciError;
 use super::pagemap::{Pagemap, PagemapError, PagemapReadError};
 use crate::dma::{DmaBuffer, DmaError, PAGE_SIZE};
-use crate::transport::queues::lock;
 use crate::transport::{DmaMemory, TransportError};
 
 /// Hugepage size when /proc/meminfo does not say.
@@ -112,7 +112,7 @@ struct ChunkAllocation {
 
 impl Drop for ChunkAllocation {
     fn drop(&mut self) {
-        let mut chunks = lock(&self.pool.chunks);
+        let mut chunks = self.pool.chunks.lock();
         chunks[self.chunk].page_free[self.first_page..self.first_page + self.pages].fill(true);
     }
 }
@@ -162,7 +162,7 @@ impl HugepageDma {
                 })
             }
         }
-        lock(&dma.pool.chunks).push(first);
+        dma.pool.chunks.lock().push(first);
         debug!("DMA memory from {} KiB hugepages", hugepage_size >> 10);
         Ok(dma)
     }
@@ -178,7 +178,7 @@ impl HugepageDma {
     fn alloc_in_chunk(&self, len: usize, align: usize) -> Result<DmaBuffer, TransportError> {
         let pages = len.div_ceil(PAGE_SIZE);
         let align_pages = align / PAGE_SIZE;
-        let mut chunks = lock(&self.pool.chunks);
+        let mut chunks = self.pool.chunks.lock();
         let found = chunks
             .iter_mut()
             .enumerate()

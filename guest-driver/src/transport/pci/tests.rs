@@ -3,7 +3,7 @@
 //! notifications, and a control queue that echoes requests back reversed.
 
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::function::{PciError, PciFunction};
@@ -13,8 +13,8 @@ use super::virtio::{
 };
 use crate::dma::GuestRam;
 use crate::transport::process::ProcessDma;
-use crate::transport::queues::lock;
 use crate::transport::{DmaMemory, SharedMemory, Transport, TransportError};
+use parking_lot::{Mutex, MutexGuard};
 use vrdma_spec::config::MAGIC;
 use vrdma_spec::features::{
     VIRTIO_F_RING_EVENT_IDX, VIRTIO_F_RING_INDIRECT_DESC, VIRTIO_F_VERSION_1, VRDMA_F_ALL,
@@ -170,8 +170,8 @@ impl FakeDevice {
         })
     }
 
-    fn regs(&self) -> std::sync::MutexGuard<'_, Regs> {
-        lock(&self.regs)
+    fn regs(&self) -> MutexGuard<'_, Regs> {
+        self.regs.lock()
     }
 
     fn ram(&self) -> &Arc<GuestRam> {
@@ -444,7 +444,7 @@ impl PciFunction for FakeDevice {
 
     fn bar_region(&self, bar: u8, offset: u64, len: u64) -> Result<SharedMemory, PciError> {
         assert_eq!((bar, offset, len), (SHM_BAR, 0x1000, SHM_LEN));
-        let mut shm = lock(&self.shm);
+        let mut shm = self.shm.lock();
         let base = NonNull::new(shm[offset as usize..].as_mut_ptr());
         Ok(SharedMemory::new(base, len as usize))
     }
