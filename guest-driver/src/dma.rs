@@ -1,7 +1,7 @@
 //! Memory the device can reach.
 //!
-//! [`DmaBuffer`] is what every transport hands out: a zeroed, page-aligned allocation that the
-//! device addresses by guest-physical page addresses. [`GuestRam`] is the process transport's
+//! [`DmaMemory`] is how every transport hands it out and translates it; [`DmaBuffer`] is one
+//! allocation: zeroed, page aligned, addressed by the device by guest-physical page addresses. [`GuestRam`] is the process transport's
 //! "guest RAM": a sealed memfd mapped shared in this process and given to the backend with
 //! SET_MEM_TABLE, with a first-fit page allocator over it. Its guest-physical address space
 //! starts at [`GUEST_RAM_BASE`], so that 0 is never a valid address.
@@ -58,6 +58,26 @@ pub enum DmaError {
         /// Length.
         len: usize,
     },
+    /// A system call of the allocator failed (mapping, locking or translating memory).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Memory the device can reach by DMA.
+pub trait DmaMemory: Send + Sync {
+    /// A zeroed buffer of at least `len` bytes, aligned to `align` and at least to a page;
+    /// freed when the buffer is dropped.
+    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, DmaError>;
+
+    /// Guest-physical address of each 4 KiB page covering `[addr, addr + len)`, in order.
+    /// Fails unless the whole range is memory of this allocator's kind.
+    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, DmaError>;
 }
 
 /// A zeroed allocation the device can reach; freed when dropped.

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use vrdma::dma::{DmaBuffer, GuestRam, GUEST_RAM_BASE, PAGE_SIZE};
+use vrdma::dma::{DmaBuffer, DmaError, DmaMemory, GuestRam, GUEST_RAM_BASE, PAGE_SIZE};
 use vrdma::provider::rxe_v1::{IbUverbsWc, RxeRecvWqe, RxeSendWqe, RxeSge};
 use vrdma::spec::config::{ring_format, DeviceConfig, MAGIC};
 use vrdma::spec::control::{ControlRequest, ControlResponse, Opcode, ResponseBody};
@@ -22,7 +22,7 @@ use vrdma::spec::rxe_v1::{num_slots_for, recv_wqe_size, send_wqe_size, RxeAv};
 use vrdma::spec::verbs::{self as sv, check_modify_qp, qp_attr, QpState, QpType as SpecQpType};
 use vrdma::spec::wire::*;
 use vrdma::spec::{features, DoorbellArea, Le16, Le32, Le64, Status, StatusError};
-use vrdma::transport::{DmaMemory, SharedMemory, Transport, TransportError};
+use vrdma::transport::{SharedMemory, Transport, TransportError};
 use vrdma::verbs::{
     AccessFlags, Ah, AhAttr, ConnectOptions, Context, Cq, DeviceEvent, Gid, GidType, GlobalRoute,
     Mr, Mtu, Pd, PostError, PostSendError, ProtocolError, Qp, QpAttr, QpAttrMask, QpCaps,
@@ -50,12 +50,12 @@ const WAIT: Duration = Duration::from_secs(10);
 struct FakeDma(Arc<GuestRam>);
 
 impl DmaMemory for FakeDma {
-    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, TransportError> {
-        Ok(self.0.alloc(len, align)?)
+    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, DmaError> {
+        self.0.alloc(len, align)
     }
 
-    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, TransportError> {
-        Ok(self.0.translate(addr, len)?)
+    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, DmaError> {
+        self.0.translate(addr, len)
     }
 }
 

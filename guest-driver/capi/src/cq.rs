@@ -7,7 +7,7 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex};
 use vrdma::Cq;
 
-use crate::device::VrdmaContext;
+use crate::context::VrdmaContext;
 use crate::events::ChannelState;
 use crate::ffi::{guard, minus_one, null_with, report};
 use crate::sys::{ibv_comp_channel, ibv_context, ibv_cq};

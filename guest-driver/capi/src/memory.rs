@@ -21,8 +21,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use vrdma::dma::{DmaBuffer, DmaError, GuestRam, GUEST_RAM_BASE, PAGE_SIZE};
-use vrdma::transport::{DmaMemory, TransportError};
+use vrdma::dma::{DmaBuffer, DmaError, DmaMemory, GuestRam, GUEST_RAM_BASE, PAGE_SIZE};
 
 /// One line of `/proc/self/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -258,12 +257,12 @@ impl AppMemory {
 }
 
 impl DmaMemory for AppMemory {
-    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, TransportError> {
-        Ok(self.ram.alloc(len, align)?)
+    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, DmaError> {
+        self.ram.alloc(len, align)
     }
 
-    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, TransportError> {
-        Ok(self.translate_pages(addr as usize, len)?)
+    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, DmaError> {
+        self.translate_pages(addr as usize, len)
     }
 }
 

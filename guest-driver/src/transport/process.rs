@@ -30,8 +30,8 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::queues::{ControlChannel, EventChannel, QueueSignal, SignalledQueue};
-use super::{DmaMemory, SharedMemory, Transport, TransportError};
-use crate::dma::{DmaBuffer, GuestRam, DEFAULT_GUEST_RAM_SIZE, PAGE_SIZE};
+use super::{SharedMemory, Transport, TransportError};
+use crate::dma::{DmaBuffer, DmaError, DmaMemory, GuestRam, DEFAULT_GUEST_RAM_SIZE, PAGE_SIZE};
 use crate::virtq::SplitQueue;
 use vrdma_spec::features::{
     VIRTIO_F_RING_EVENT_IDX, VIRTIO_F_RING_INDIRECT_DESC, VIRTIO_F_VERSION_1,
@@ -96,12 +96,12 @@ impl ProcessDma {
 }
 
 impl DmaMemory for ProcessDma {
-    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, TransportError> {
-        Ok(self.ram.alloc(len, align)?)
+    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, DmaError> {
+        self.ram.alloc(len, align)
     }
 
-    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, TransportError> {
-        Ok(self.ram.translate(addr, len)?)
+    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, DmaError> {
+        self.ram.translate(addr, len)
     }
 }
 

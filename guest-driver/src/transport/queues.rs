@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{DmaMemory, TransportError};
-use crate::dma::{DmaBuffer, PAGE_SIZE};
+use super::TransportError;
+use crate::dma::{DmaBuffer, DmaMemory, PAGE_SIZE};
 use crate::virtq::{Buffer, SplitQueue, UsedElement};
 
 /// How a transport notifies one virtqueue and waits for the device to use its buffers.
@@ -351,6 +351,7 @@ impl<S: QueueSignal> EventState<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dma::DmaError;
     use crate::transport::process::ProcessDma;
 
     /// DMA memory whose pages are scattered: page i of every allocation lies at a bus
@@ -360,11 +361,11 @@ mod tests {
     }
 
     impl DmaMemory for ScatteredDma {
-        fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, TransportError> {
+        fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, DmaError> {
             self.inner.alloc(len, align)
         }
 
-        fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, TransportError> {
+        fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, DmaError> {
             let pages = self.inner.translate(addr, len)?;
             // Pages 0 and 1 stay adjacent; from page 2 on each is moved far away.
             Ok(pages

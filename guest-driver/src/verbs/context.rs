@@ -14,10 +14,10 @@ use vrdma_spec::wire::{QueryPortReq, QueryTableReq, SetDoorbellAreaReq, GID_FLAG
 use vrdma_spec::{DeviceConfig, Le32, Le64};
 
 use super::attr::{DeviceAttr, Gid, GidEntry, PortAttr};
+use super::command::unexpected_body;
 use super::doorbell::DoorbellRegion;
 use super::error::{ProtocolError, Result, VerbsError};
 use super::event::{DeviceEvent, EventDispatch, Wanted};
-use super::pd::Pd;
 use crate::dma::DmaBuffer;
 use crate::transport::pci::{PciOptions, PciTransport, SysfsPciFunction};
 use crate::transport::process::{ProcessOptions, ProcessTransport};
@@ -212,13 +212,8 @@ impl Context {
         }
     }
 
-    /// Allocates a protection domain.
-    pub fn alloc_pd(&self) -> Result<Pd> {
-        Pd::new(self)
-    }
-
     /// A zeroed buffer of at least `len` bytes in memory the device can reach, page aligned:
-    /// what [`Pd::register`] registers.
+    /// what [`Pd::register`](super::Pd::register) registers.
     pub fn alloc_buffer(&self, len: usize) -> Result<DmaBuffer> {
         Ok(self
             .inner
@@ -308,15 +303,4 @@ impl ContextInner {
     pub(crate) fn has_rxe_v1(&self) -> bool {
         self.features & features::VRDMA_F_RING_RXE_V1 != 0
     }
-}
-
-/// The error for a success body of the wrong kind (the spec crate's decoder rules it out; this
-/// keeps the match total without a panic).
-pub(crate) fn unexpected_body(opcode: Opcode) -> VerbsError {
-    ProtocolError::ResponseValue {
-        opcode,
-        field: "body",
-        value: 0,
-    }
-    .into()
 }

@@ -10,10 +10,10 @@ use vrdma_spec::verbs::arm_flags;
 use vrdma_spec::wire::{ArmCqReq, CreateCqReq};
 use vrdma_spec::Le32;
 
-use super::context::{unexpected_body, Context, ContextInner};
+use super::command::{handle_req, nonzero_handle, unexpected_body};
+use super::context::{Context, ContextInner};
 use super::error::{ProtocolError, Result, VerbsError};
 use super::event::{DeviceEvent, Wanted};
-use super::pd::{handle_req, nonzero_handle};
 use super::ring::map_ring;
 use crate::provider::rxe_v1::CompletionQueue;
 use crate::provider::WorkCompletion;

@@ -21,6 +21,7 @@
 
 mod ah;
 mod attr;
+mod command;
 mod context;
 mod cq;
 mod doorbell;

@@ -10,9 +10,9 @@ use vrdma_spec::wire::RegMrReq;
 use vrdma_spec::{Le32, Le64};
 
 use super::attr::AccessFlags;
-use super::context::unexpected_body;
+use super::command::{handle_req, nonzero_handle, unexpected_body};
 use super::error::{Result, VerbsError};
-use super::pd::{handle_req, nonzero_handle, Pd, PdInner};
+use super::pd::{Pd, PdInner};
 use crate::dma::{DmaBuffer, PAGE_SIZE};
 use crate::provider::Sge;
 
@@ -221,6 +221,37 @@ impl Mr<'static> {
     ) -> Result<Self> {
         // SAFETY: the caller keeps the memory allocated while the region lives.
         unsafe { Self::register(pd, addr, len, access, Memory::Raw) }
+    }
+}
+
+impl Pd {
+    /// Registers `buffer` (memory the transport allocated) as a memory region whose iova is
+    /// the buffer's address in this process. The region cannot outlive the buffer.
+    pub fn register<'a>(&self, buffer: &'a DmaBuffer, access: AccessFlags) -> Result<Mr<'a>> {
+        Mr::register_buffer(self, buffer, access)
+    }
+
+    /// Registers `buffer` and keeps it inside the region (for regions stored next to their
+    /// users).
+    pub fn register_owned(&self, buffer: DmaBuffer, access: AccessFlags) -> Result<Mr<'static>> {
+        Mr::register_owned(self, buffer, access)
+    }
+
+    /// Registers `len` bytes at `addr`, which must lie in memory the transport's DMA allocator
+    /// handed out (checked by translating it).
+    ///
+    /// # Safety
+    ///
+    /// The memory must stay allocated until the returned region is dropped: the device (and
+    /// remote peers, with remote access) may write it until then.
+    pub unsafe fn register_raw(
+        &self,
+        addr: *const u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Mr<'static>> {
+        // SAFETY: forwarded contract.
+        unsafe { Mr::register_raw(self, addr, len, access) }
     }
 }
 

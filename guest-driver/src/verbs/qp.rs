@@ -11,10 +11,11 @@ use vrdma_spec::{Le16, Le32};
 use super::attr::{
     AccessFlags, AhAttr, Gid, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpCaps, QpState,
 };
-use super::context::{unexpected_body, ContextInner};
+use super::command::{handle_req, nonzero_handle, unexpected_body};
+use super::context::ContextInner;
 use super::cq::{Cq, CqShared};
 use super::error::{PostSendError, ProtocolError, Result, VerbsError};
-use super::pd::{handle_req, nonzero_handle, Pd, PdInner};
+use super::pd::{Pd, PdInner};
 use super::ring::map_ring;
 use super::srq::{Srq, SrqShared};
 use crate::provider::rxe_v1::{RecvQueue, SendQueue, SendQueueCaps};

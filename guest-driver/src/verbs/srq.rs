@@ -9,9 +9,10 @@ use vrdma_spec::verbs::srq_attr;
 use vrdma_spec::wire::{CreateSrqReq, ModifySrqReq};
 use vrdma_spec::Le32;
 
-use super::context::{unexpected_body, ContextInner};
+use super::command::{handle_req, nonzero_handle, unexpected_body};
+use super::context::ContextInner;
 use super::error::{ProtocolError, Result, VerbsError};
-use super::pd::{handle_req, nonzero_handle, Pd, PdInner};
+use super::pd::{Pd, PdInner};
 use super::ring::map_ring;
 use crate::provider::rxe_v1::RecvQueue;
 use crate::provider::{PostError, RecvWr};

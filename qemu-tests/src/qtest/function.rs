@@ -11,8 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use vrdma::dma::DmaMemory;
 use vrdma::transport::pci::{PciError, PciFunction};
-use vrdma::transport::{DmaMemory, RegionAccess, SharedMemory};
+use vrdma::transport::{RegionAccess, SharedMemory};
 
 use super::client::{Qtest, QtestError};
 use super::memory::GuestMemory;

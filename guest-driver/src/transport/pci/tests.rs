@@ -11,9 +11,9 @@ use super::transport::{PciOptions, PciTransport};
 use super::virtio::{
     common, read_capabilities, status, BarRange, Capabilities, ISR_CONFIG, ISR_QUEUE, NO_VECTOR,
 };
-use crate::dma::GuestRam;
+use crate::dma::{DmaMemory, GuestRam};
 use crate::transport::process::ProcessDma;
-use crate::transport::{DmaMemory, SharedMemory, Transport, TransportError};
+use crate::transport::{SharedMemory, Transport, TransportError};
 use parking_lot::{Mutex, MutexGuard};
 use vrdma_spec::config::MAGIC;
 use vrdma_spec::features::{

@@ -21,8 +21,9 @@ use vrdma_spec::DeviceConfig;
 use super::function::PciFunction;
 use super::interrupt::Interrupts;
 use super::virtio::{status, NotifyAddress, VirtioPci, DEVICE_FEATURE_MASK};
+use crate::dma::DmaMemory;
 use crate::transport::queues::{ControlChannel, EventChannel, QueueSignal, SignalledQueue};
-use crate::transport::{DmaMemory, SharedMemory, Transport, TransportError};
+use crate::transport::{SharedMemory, Transport, TransportError};
 use crate::virtq::SplitQueue;
 
 /// Settings of a [`PciTransport`].

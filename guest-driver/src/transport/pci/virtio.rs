@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use log::debug;
 
 use super::function::{PciError, PciFunction};
-use crate::dma::PAGE_SIZE;
-use crate::transport::{DmaMemory, SharedMemory, TransportError};
+use crate::dma::{DmaMemory, PAGE_SIZE};
+use crate::transport::{SharedMemory, TransportError};
 use crate::virtq::SplitQueue;
 use vrdma_spec::features::{VIRTIO_F_RING_EVENT_IDX, VIRTIO_F_VERSION_1};
 
