@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use vrdma::dma::{DmaBuffer, DmaError, DmaMemory, GuestRam, GUEST_RAM_BASE, PAGE_SIZE};
+use vrdma::dma::{DmaBuffer, DmaError, DmaMemory, MemfdRam, GUEST_RAM_BASE, PAGE_SIZE};
 use vrdma::provider::rxe_v1::{IbUverbsWc, RxeRecvWqe, RxeSendWqe, RxeSge};
 use vrdma::spec::config::{ring_format, DeviceConfig, MAGIC};
 use vrdma::spec::control::{ControlRequest, ControlResponse, Opcode, ResponseBody};
@@ -47,7 +47,7 @@ const WAIT: Duration = Duration::from_secs(10);
 
 /// Guest RAM of the fake: allocations and translations from a memfd, like the process
 /// transport.
-struct FakeDma(Arc<GuestRam>);
+struct FakeDma(Arc<MemfdRam>);
 
 impl DmaMemory for FakeDma {
     fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, DmaError> {
@@ -154,7 +154,7 @@ impl FakeTransport {
     }
 
     fn with(config: DeviceConfig, features: u64) -> Arc<FakeTransport> {
-        let ram = GuestRam::new(RAM_SIZE).unwrap();
+        let ram = MemfdRam::new(RAM_SIZE).unwrap();
         Arc::new(FakeTransport {
             config,
             features,
@@ -375,7 +375,7 @@ struct FakeQp {
 type QpAttrWire = vrdma::spec::wire::QpAttr;
 
 struct Device {
-    ram: Arc<GuestRam>,
+    ram: Arc<MemfdRam>,
     log: Vec<(Opcode, Vec<u8>)>,
     fault: Option<Fault>,
     next_handle: u32,
@@ -397,7 +397,7 @@ unsafe impl Send for Device {}
 type Answer = Result<ResponseBody, Status>;
 
 impl Device {
-    fn new(ram: Arc<GuestRam>) -> Device {
+    fn new(ram: Arc<MemfdRam>) -> Device {
         Device {
             ram,
             log: Vec::new(),

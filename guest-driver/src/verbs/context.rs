@@ -23,8 +23,10 @@ use crate::transport::pci::{PciOptions, PciTransport, SysfsPciFunction};
 use crate::transport::process::{ProcessOptions, ProcessTransport};
 use crate::transport::{SharedMemory, Transport, TransportError};
 
-/// Bounds on `shm_page_shift` this library accepts (4 KiB .. 1 GiB).
-const SHM_PAGE_SHIFTS: std::ops::RangeInclusive<u32> = 12..=30;
+/// Host page sizes (the configuration's `shm_page_shift`, the placement granularity in the
+/// queue region) this library accepts: 4 KiB .. 1 GiB. A limit of this library on the host,
+/// not the REG_MR `page_shift` range of the control protocol.
+const SUPPORTED_SHM_PAGE_SHIFTS: std::ops::RangeInclusive<u32> = 12..=30;
 
 /// An open vrdma device: the `ibv_context` of this library.
 ///
@@ -68,7 +70,7 @@ impl Context {
         let config = DeviceConfig::decode(&raw[..raw.len().min(CONFIG_SIZE)])
             .map_err(ProtocolError::Config)?;
         let shift = config.shm_page_shift.get();
-        if !SHM_PAGE_SHIFTS.contains(&shift) {
+        if !SUPPORTED_SHM_PAGE_SHIFTS.contains(&shift) {
             return Err(ProtocolError::ConfigValue {
                 field: "shm_page_shift",
                 value: shift.into(),

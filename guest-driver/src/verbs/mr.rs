@@ -4,8 +4,10 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use log::warn;
-use vrdma_spec::control::HEADER_SIZE;
-use vrdma_spec::control::{encode_page_list, ControlRequest, Opcode, RegMr, ResponseBody};
+use vrdma_spec::control::{
+    encode_page_list, ControlRequest, Opcode, RegMr, ResponseBody, HEADER_SIZE, MAX_PAGE_SHIFT,
+    MIN_PAGE_SHIFT,
+};
 use vrdma_spec::wire::RegMrReq;
 use vrdma_spec::{Le32, Le64};
 
@@ -13,11 +15,11 @@ use super::attr::AccessFlags;
 use super::command::{handle_req, nonzero_handle, unexpected_body};
 use super::error::{Result, VerbsError};
 use super::pd::{Pd, PdInner};
-use crate::dma::{DmaBuffer, PAGE_SIZE};
+use crate::dma::{DmaBuffer, PAGE_SHIFT, PAGE_SIZE};
 use crate::provider::Sge;
 
-/// log2 of the page size of REG_MR page lists: what `DmaMemory::translate` returns.
-const PAGE_SHIFT: u32 = 12;
+// REG_MR page lists are lists of the pages `DmaMemory::translate` returns.
+const _: () = assert!(MIN_PAGE_SHIFT <= PAGE_SHIFT && PAGE_SHIFT <= MAX_PAGE_SHIFT);
 
 /// A registered memory region (`ibv_mr`). Deregistered when dropped.
 ///

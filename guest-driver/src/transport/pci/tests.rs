@@ -11,7 +11,7 @@ use super::transport::{PciOptions, PciTransport};
 use super::virtio::{
     common, read_capabilities, status, BarRange, Capabilities, ISR_CONFIG, ISR_QUEUE, NO_VECTOR,
 };
-use crate::dma::{DmaMemory, GuestRam};
+use crate::dma::{DmaMemory, MemfdRam};
 use crate::transport::process::ProcessDma;
 use crate::transport::{SharedMemory, Transport, TransportError};
 use parking_lot::{Mutex, MutexGuard};
@@ -174,7 +174,7 @@ impl FakeDevice {
         self.regs.lock()
     }
 
-    fn ram(&self) -> &Arc<GuestRam> {
+    fn ram(&self) -> &Arc<MemfdRam> {
         self.dma.guest_ram()
     }
 
