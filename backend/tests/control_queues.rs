@@ -164,8 +164,12 @@ fn queues_are_mapped_described_and_unmapped() {
             attr,
         })
     };
-    let init_mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
-    assert_eq!(guest.status(modify_qp(QpAttrMask::STATE, 3)), Status::BadState);
+    let init_mask =
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
+    assert_eq!(
+        guest.status(modify_qp(QpAttrMask::STATE, 3)),
+        Status::BadState
+    );
     assert_eq!(
         guest.status(modify_qp(QpAttrMask::STATE, 1)),
         Status::Invalid,

@@ -15,8 +15,9 @@ use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatu
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vrdma::dma::DmaMemory;
 use vrdma::transport::process::{ProcessDma, ProcessOptions, ProcessTransport};
-use vrdma::transport::{DmaMemory, Transport, TransportError};
+use vrdma::transport::{Transport, TransportError};
 use vrdma::virtq::{Buffer, SplitQueue};
 use vrdma_backend::listener::{Listener, StopHandle};
 use vrdma_backend::vhost_device::event_queue::EventClass;

@@ -1,10 +1,11 @@
 //! Memory the device can reach.
 //!
-//! [`DmaBuffer`] is what every transport hands out: a zeroed, page-aligned allocation that the
-//! device addresses by guest-physical page addresses. [`GuestRam`] is the process transport's
-//! "guest RAM": a sealed memfd mapped shared in this process and given to the backend with
-//! SET_MEM_TABLE, with a first-fit page allocator over it. Its guest-physical address space
-//! starts at [`GUEST_RAM_BASE`], so that 0 is never a valid address.
+//! [`DmaMemory`] is how every transport hands it out and translates it; [`DmaBuffer`] is one
+//! allocation: zeroed, page aligned, addressed by the device by guest-physical page addresses.
+//! [`MemfdRam`] is the process transport's "guest RAM": a sealed memfd mapped shared in this
+//! process and given to the backend with SET_MEM_TABLE, with a first-fit page allocator over
+//! it. Its guest-physical address space starts at [`GUEST_RAM_BASE`], so that 0 is never a
+//! valid address.
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -14,10 +15,15 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-/// Granule of guest-physical addresses and of allocations.
-pub const PAGE_SIZE: usize = 4096;
+use parking_lot::Mutex;
+
+/// log2 of [`PAGE_SIZE`].
+pub const PAGE_SHIFT: u32 = 12;
+/// Granule of guest-physical addresses and of allocations: the pages
+/// [`DmaMemory::translate`] returns.
+pub const PAGE_SIZE: usize = 1 << PAGE_SHIFT;
 /// Guest-physical address of the first byte of the process transport's guest RAM.
 pub const GUEST_RAM_BASE: u64 = 1 << 30;
 /// Default size of the process transport's guest RAM.
@@ -56,6 +62,26 @@ pub enum DmaError {
         /// Length.
         len: usize,
     },
+    /// A system call of the allocator failed (mapping, locking or translating memory).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Memory the device can reach by DMA.
+pub trait DmaMemory: Send + Sync {
+    /// A zeroed buffer of at least `len` bytes, aligned to `align` and at least to a page;
+    /// freed when the buffer is dropped.
+    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, DmaError>;
+
+    /// Guest-physical address of each 4 KiB page covering `[addr, addr + len)`, in order.
+    /// Fails unless the whole range is memory of this allocator's kind.
+    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, DmaError>;
 }
 
 /// A zeroed allocation the device can reach; freed when dropped.
@@ -141,21 +167,22 @@ impl fmt::Debug for DmaBuffer {
     }
 }
 
-/// The process transport's guest RAM: a memfd shared with the backend.
-pub struct GuestRam {
+/// The process transport's guest RAM: a sealed memfd mapped shared in this process and with
+/// the backend, and the page allocator over it.
+pub struct MemfdRam {
     memfd: File,
     base: NonNull<u8>,
     len: usize,
     free: Mutex<FreeRanges>,
 }
 
-// SAFETY: the mapping is shared memory owned by `GuestRam` for its whole life; the allocator
+// SAFETY: the mapping is shared memory owned by `MemfdRam` for its whole life; the allocator
 // state is behind a mutex.
-unsafe impl Send for GuestRam {}
+unsafe impl Send for MemfdRam {}
 // SAFETY: see `Send`; no method hands out references that alias mutable ones.
-unsafe impl Sync for GuestRam {}
+unsafe impl Sync for MemfdRam {}
 
-impl GuestRam {
+impl MemfdRam {
     /// Creates `len` bytes (a multiple of [`PAGE_SIZE`]) of guest RAM.
     pub fn new(len: usize) -> Result<Arc<Self>, DmaError> {
         if len == 0 || !len.is_multiple_of(PAGE_SIZE) || len as u64 > u64::MAX - GUEST_RAM_BASE {
@@ -165,7 +192,7 @@ impl GuestRam {
         memfd.set_len(len as u64).map_err(DmaError::Create)?;
         seal_size(&memfd).map_err(DmaError::Create)?;
         let base = map_shared(memfd.as_fd(), len).map_err(DmaError::Create)?;
-        Ok(Arc::new(GuestRam {
+        Ok(Arc::new(MemfdRam {
             memfd,
             base,
             len,
@@ -236,7 +263,6 @@ impl GuestRam {
         let offset = self
             .free
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .take(pages_len, align)
             .ok_or(DmaError::OutOfMemory { len, align })?;
         // SAFETY: `offset + pages_len <= self.len` (allocator invariant): inside the mapping.
@@ -254,23 +280,20 @@ impl GuestRam {
     }
 
     fn release(&self, offset: usize, len: usize) {
-        self.free
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .give_back(offset, len);
+        self.free.lock().give_back(offset, len);
     }
 }
 
-impl Drop for GuestRam {
+impl Drop for MemfdRam {
     fn drop(&mut self) {
         // SAFETY: `base`/`len` are the mapping made in `new`; every `DmaBuffer` holds an
-        // `Arc<GuestRam>`, so none outlives it.
+        // `Arc<MemfdRam>`, so none outlives it.
         unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
     }
 }
 
 struct Allocation {
-    ram: Arc<GuestRam>,
+    ram: Arc<MemfdRam>,
     offset: usize,
     len: usize,
 }
@@ -395,7 +418,7 @@ mod tests {
 
     #[test]
     fn allocations_are_zeroed_aligned_and_reused() {
-        let ram = GuestRam::new(16 * PAGE_SIZE).unwrap();
+        let ram = MemfdRam::new(16 * PAGE_SIZE).unwrap();
         let mut a = ram.alloc(100, 1).unwrap();
         assert_eq!(a.len(), 100);
         assert!(a.as_slice().iter().all(|&b| b == 0));
@@ -417,7 +440,7 @@ mod tests {
 
     #[test]
     fn free_ranges_coalesce() {
-        let ram = GuestRam::new(8 * PAGE_SIZE).unwrap();
+        let ram = MemfdRam::new(8 * PAGE_SIZE).unwrap();
         let bufs: Vec<_> = (0..8).map(|_| ram.alloc(PAGE_SIZE, 1).unwrap()).collect();
         assert!(matches!(ram.alloc(1, 1), Err(DmaError::OutOfMemory { .. })));
         // Free in an order that needs merging with both neighbours.
@@ -431,7 +454,7 @@ mod tests {
 
     #[test]
     fn translate_lists_each_page() {
-        let ram = GuestRam::new(8 * PAGE_SIZE).unwrap();
+        let ram = MemfdRam::new(8 * PAGE_SIZE).unwrap();
         let buf = ram.alloc(3 * PAGE_SIZE, 1).unwrap();
         let gpa = ram.guest_address(buf.as_ptr(), 1).unwrap();
         // SAFETY: offset 100 is inside the buffer.
@@ -452,16 +475,16 @@ mod tests {
 
     #[test]
     fn bad_sizes_are_refused() {
-        assert!(matches!(GuestRam::new(0), Err(DmaError::BadSize(0))));
-        assert!(matches!(GuestRam::new(100), Err(DmaError::BadSize(100))));
-        let ram = GuestRam::new(PAGE_SIZE).unwrap();
+        assert!(matches!(MemfdRam::new(0), Err(DmaError::BadSize(0))));
+        assert!(matches!(MemfdRam::new(100), Err(DmaError::BadSize(100))));
+        let ram = MemfdRam::new(PAGE_SIZE).unwrap();
         assert!(matches!(ram.alloc(0, 1), Err(DmaError::BadRequest { .. })));
         assert!(matches!(ram.alloc(1, 3), Err(DmaError::BadRequest { .. })));
     }
 
     #[test]
     fn size_is_sealed() {
-        let ram = GuestRam::new(2 * PAGE_SIZE).unwrap();
+        let ram = MemfdRam::new(2 * PAGE_SIZE).unwrap();
         let file = File::from(ram.fd().try_clone_to_owned().unwrap());
         assert!(file.set_len(PAGE_SIZE as u64).is_err());
         assert!(file.set_len(4 * PAGE_SIZE as u64).is_err());

@@ -1,13 +1,15 @@
 //! vrdma: the guest user library of the vrdma device (see spec/README.md).
 //!
-//! The verbs API and its transports land with the data-path work; for now this crate re-exports
-//! the wire types so that guest code can already be written against them.
+//! [`verbs`] is the API applications use; [`provider`] writes their work requests into the
+//! rings in the host device's native format; [`transport`] reaches the device (the PCI
+//! transport inside a VM, the process transport as a vhost-user frontend), driving its
+//! [`virtq`] split virtqueues over the memory of [`dma`]. The wire types are re-exported as
+//! [`spec`]. The test tools built on this library live in `guest-driver/tools/`.
 
 pub use vrdma_spec as spec;
 pub mod provider;
 
 pub mod dma;
-pub mod pingpong;
 pub mod transport;
 pub mod verbs;
 pub mod virtq;

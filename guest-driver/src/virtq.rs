@@ -13,8 +13,7 @@
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU16, Ordering};
 
-use crate::dma::{DmaBuffer, PAGE_SIZE};
-use crate::transport::{DmaMemory, TransportError};
+use crate::dma::{DmaBuffer, DmaError, DmaMemory, PAGE_SIZE};
 
 const DESC_SIZE: usize = 16;
 const VIRTQ_DESC_F_NEXT: u16 = 1;
@@ -31,7 +30,7 @@ pub enum VirtqError {
     BadSize(u16),
     /// The ring memory could not be allocated.
     #[error("cannot allocate the rings: {0}")]
-    Dma(#[source] Box<TransportError>),
+    Dma(#[source] DmaError),
     /// The ring memory is not contiguous in guest-physical space.
     #[error("the ring memory is not guest-physically contiguous")]
     NotContiguous,
@@ -142,7 +141,7 @@ impl SplitQueue {
         let layout = Layout::new(size);
         let memory = dma
             .alloc(layout.total, DESC_SIZE)
-            .map_err(|e| VirtqError::Dma(Box::new(e)))?;
+            .map_err(VirtqError::Dma)?;
         let desc = first_page_address(dma, &memory)?;
         let base = memory.as_non_null();
         let guest = RingAddresses {
@@ -376,7 +375,7 @@ fn need_event(event: u16, new: u16, old: u16) -> bool {
 fn first_page_address(dma: &dyn DmaMemory, memory: &DmaBuffer) -> Result<u64, VirtqError> {
     let pages = dma
         .translate(memory.as_ptr(), memory.len())
-        .map_err(|e| VirtqError::Dma(Box::new(e)))?;
+        .map_err(VirtqError::Dma)?;
     let first = *pages.first().ok_or(VirtqError::NotContiguous)?;
     let contiguous = pages
         .iter()

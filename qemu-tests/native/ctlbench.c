@@ -3,7 +3,7 @@
  * vrdma-native-ctlbench: the native side of `vrdma-vm bench`'s control-path and doorbell
  * benches, over rdma-core's libibverbs directly on a device.
  *
- * It does what guest-driver/src/bin/vrdma-ctlbench.rs does through vrdma (keep the two in
+ * It does what guest-driver/tools/src/bin/vrdma-ctlbench.rs does through vrdma (keep the two in
  * step: same objects, same sizes, same attributes, same output), so that the two can be
  * compared in one boot of the rxe VM.
  *

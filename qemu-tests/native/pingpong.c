@@ -2,10 +2,10 @@
 /*
  * vrdma-native-pingpong: the native peer of vrdma-pingpong.
  *
- * It speaks the vrdma-pingpong protocol (defined in guest-driver/src/pingpong/mod.rs; keep the
- * two in step) over rdma-core's libibverbs directly on a device, so that a vrdma process and a
- * native process can exchange and verify RDMA traffic, and so that the protocol itself can be
- * checked natively on Soft-RoCE.
+ * It speaks the vrdma-pingpong protocol (defined in guest-driver/tools/src/pingpong/mod.rs;
+ * keep the two in step) over rdma-core's libibverbs directly on a device, so that a vrdma
+ * process and a native process can exchange and verify RDMA traffic, and so that the protocol
+ * itself can be checked natively on Soft-RoCE.
  *
  *   vrdma-native-pingpong server|client [-d DEV] [-p PORT] [-H HOST] [-o OPS] [-s SIZES]
  *                         [-n ITERS] [--bw] [-w WINDOW] [-l LEN] [-t SECS] [-j FILE]
@@ -32,7 +32,7 @@
 
 #include <infiniband/verbs.h>
 
-/* Protocol constants: see guest-driver/src/pingpong/{mod,plan,exchange}.rs. */
+/* Protocol constants: see guest-driver/tools/src/pingpong/{mod,plan,exchange}.rs. */
 #define MAGIC "VRDMA-PP/1"
 #define MAX_LINE 1024
 #define DEFAULT_PORT 18600
@@ -153,7 +153,7 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* ---- Data patterns (guest-driver/src/pingpong/pattern.rs) ---- */
+/* ---- Data patterns (guest-driver/tools/src/pingpong/pattern.rs) ---- */
 
 static uint64_t splitmix64(uint64_t x)
 {
@@ -424,7 +424,7 @@ static bool plan_equal(const struct plan *a, const struct plan *b)
 	return !strcmp(wa, wb);
 }
 
-/* ---- Out-of-band lines (guest-driver/src/pingpong/exchange.rs) ---- */
+/* ---- Out-of-band lines (guest-driver/tools/src/pingpong/exchange.rs) ---- */
 
 static void send_line(int sock, const char *line)
 {
@@ -1267,7 +1267,7 @@ static void print_table(const struct row *rows, int nrows)
 	fflush(stdout);
 }
 
-/* The same shape as vrdma-pingpong's Report (guest-driver/src/pingpong/report.rs). */
+/* The same shape as vrdma-pingpong's Report (guest-driver/tools/src/pingpong/report.rs). */
 static void write_json(const char *path, const struct plan *plan, const struct row *rows,
 		       int nrows)
 {

@@ -9,7 +9,7 @@ use crate::vm::{find_target_dir, find_workspace_root};
 
 /// Packages whose binaries (and, for vrdma-ibverbs, the drop-in library) the scenarios use
 /// inside the VM.
-const PACKAGES: &[&str] = &["vrdma-backend", "vrdma-guest", "vrdma-ibverbs"];
+const PACKAGES: &[&str] = &["vrdma-backend", "vrdma-ibverbs", "vrdma-tools"];
 
 /// `cargo build`s the scenario binaries next to this executable, so that
 /// `cargo run -p vrdma-qemu-tests --bin vrdma-vm -- test …` needs nothing built beforehand.
@@ -98,7 +98,7 @@ mod tests {
         };
         assert_eq!(
             args("/ws/target/release/vrdma-vm"),
-            "build --profile release -p vrdma-backend -p vrdma-guest -p vrdma-ibverbs"
+            "build --profile release -p vrdma-backend -p vrdma-ibverbs -p vrdma-tools"
         );
         assert!(args("/ws/target/debug/vrdma-vm").contains("--profile dev"));
     }

@@ -11,7 +11,7 @@ use std::ffi::c_int;
 use vrdma::verbs::{AhAttr, Gid, GidType, GlobalRoute};
 use vrdma::Context;
 
-use crate::device::VrdmaContext;
+use crate::context::VrdmaContext;
 use crate::ffi::{guard, minus_one, null_with, report};
 use crate::objects::{ah_attr_to, ibv_create_ah, VrdmaPd};
 use crate::sys::{

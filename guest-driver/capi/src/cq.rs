@@ -2,11 +2,12 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::Arc;
 
+use parking_lot::{Condvar, Mutex};
 use vrdma::Cq;
 
-use crate::device::VrdmaContext;
+use crate::context::VrdmaContext;
 use crate::events::ChannelState;
 use crate::ffi::{guard, minus_one, null_with, report};
 use crate::sys::{ibv_comp_channel, ibv_context, ibv_cq};
@@ -159,12 +160,9 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         if vcq.users.load(Ordering::Acquire) != 0 {
             return libc::EBUSY;
         }
-        let mut counts = vcq.events.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut counts = vcq.events.lock();
         while counts.acked < counts.reported {
-            counts = vcq
-                .all_acked
-                .wait(counts)
-                .unwrap_or_else(PoisonError::into_inner);
+            vcq.all_acked.wait(&mut counts);
         }
         drop(counts);
         // SAFETY: the context outlives its CQs.
@@ -210,10 +208,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         let Some(vcq) = (unsafe { VrdmaCq::from_ptr(raw) }) else {
             return minus_one(libc::EIO);
         };
-        vcq.events
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .reported += 1;
+        vcq.events.lock().reported += 1;
         // SAFETY: caller contract.
         unsafe {
             *cq = raw;
@@ -231,7 +226,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
     guard("ibv_ack_cq_events", (), || {
         // SAFETY: caller contract.
         if let Some(vcq) = unsafe { VrdmaCq::from_ptr(cq) } {
-            let mut counts = vcq.events.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut counts = vcq.events.lock();
             counts.acked = counts.acked.wrapping_add(nevents);
             vcq.all_acked.notify_all();
         }

@@ -15,6 +15,7 @@ use vrdma::transport::Transport;
 use vrdma::Context;
 
 use crate::config::{self, TransportChoice};
+use crate::context::VrdmaContext;
 use crate::datapath;
 use crate::events::{CompletionRoutes, EventPump};
 use crate::ffi::{guard, null_with, set_errno};
@@ -179,28 +180,6 @@ pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
 
 fn node_guid(ctx: &Context) -> u64 {
     *NODE_GUID.get_or_init(|| u64::from_ne_bytes(ctx.query_device().node_guid))
-}
-
-/// A context of this library: `ibv_context` first, so the pointers are interchangeable.
-#[repr(C)]
-pub(crate) struct VrdmaContext {
-    pub(crate) ibv: ibv_context,
-    pub(crate) ctx: Context,
-    pub(crate) transport: Arc<AppTransport>,
-    pub(crate) routes: Arc<CompletionRoutes>,
-    // Dropped before `ctx`: stops the thread that holds a clone of it.
-    pump: Option<EventPump>,
-}
-
-impl VrdmaContext {
-    /// The context behind `ptr`.
-    ///
-    /// # Safety
-    /// `ptr` is NULL or was returned by [`ibv_open_device`] and not closed.
-    pub(crate) unsafe fn from_ptr<'a>(ptr: *mut ibv_context) -> Option<&'a VrdmaContext> {
-        // SAFETY: caller contract; `ibv` is the first field of a repr(C) struct.
-        unsafe { ptr.cast::<VrdmaContext>().as_ref() }
-    }
 }
 
 fn open_context() -> Result<(Context, Arc<AppTransport>), i32> {

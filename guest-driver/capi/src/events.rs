@@ -12,18 +12,15 @@
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use log::{debug, warn};
+use parking_lot::Mutex;
 use vrdma::transport::{Transport, TransportError};
 use vrdma::verbs::{DeviceEvent, VerbsError};
 use vrdma::Context;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 fn eventfd(flags: i32) -> io::Result<OwnedFd> {
     // SAFETY: creating a new eventfd; no memory is involved.
@@ -70,13 +67,13 @@ impl ChannelState {
 
     /// Queues an event of the CQ at `cq`.
     fn deliver(&self, cq: usize) {
-        lock(&self.queue).push_back(cq);
+        self.queue.lock().push_back(cq);
         write_one(&self.fd);
     }
 
     /// Drops the queued events of the CQ at `cq` (about to be destroyed).
     pub(crate) fn purge(&self, cq: usize) {
-        for entry in lock(&self.queue).iter_mut().filter(|e| **e == cq) {
+        for entry in self.queue.lock().iter_mut().filter(|e| **e == cq) {
             *entry = 0;
         }
     }
@@ -90,7 +87,7 @@ impl ChannelState {
             if n < 0 {
                 return Err(io::Error::last_os_error());
             }
-            match lock(&self.queue).pop_front() {
+            match self.queue.lock().pop_front() {
                 Some(0) => continue,
                 Some(cq) => return Ok(cq),
                 None => return Err(io::Error::from_raw_os_error(libc::EIO)),
@@ -107,17 +104,17 @@ pub(crate) struct CompletionRoutes {
 
 impl CompletionRoutes {
     pub(crate) fn add(&self, handle: u32, channel: Arc<ChannelState>, cq: usize) {
-        lock(&self.routes).insert(handle, (channel, cq));
+        self.routes.lock().insert(handle, (channel, cq));
     }
 
     pub(crate) fn remove(&self, handle: u32) {
-        if let Some((channel, cq)) = lock(&self.routes).remove(&handle) {
+        if let Some((channel, cq)) = self.routes.lock().remove(&handle) {
             channel.purge(cq);
         }
     }
 
     fn deliver(&self, handle: u32) {
-        match lock(&self.routes).get(&handle) {
+        match self.routes.lock().get(&handle) {
             Some((channel, cq)) => channel.deliver(*cq),
             None => debug!("vrdma: completion event of CQ {handle:#x} without a channel"),
         }

@@ -3,6 +3,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use log::error;
+use vrdma::dma::DmaError;
 use vrdma::spec::status::Status;
 use vrdma::transport::TransportError;
 use vrdma::VerbsError;
@@ -43,6 +44,9 @@ pub(crate) fn errno_of(e: &VerbsError) -> i32 {
                 .filter(|&errno| errno > 0)
                 .unwrap_or(libc::EIO),
         },
+        // A failed system call of the allocator (mapping hugepages, mlock, the pagemap) is an
+        // I/O error like the transport's own, not a lack of memory.
+        VerbsError::Transport(TransportError::Dma(DmaError::Io { .. })) => libc::EIO,
         VerbsError::Transport(TransportError::Dma(_)) => libc::ENOMEM,
         VerbsError::Transport(TransportError::Disconnected) => libc::ENODEV,
         VerbsError::Transport(_) => libc::EIO,

@@ -19,6 +19,7 @@ pub mod sys;
 
 mod ah_wc;
 mod config;
+mod context;
 mod cq;
 mod datapath;
 mod device;

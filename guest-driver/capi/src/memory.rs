@@ -18,10 +18,10 @@
 use std::fs;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-use vrdma::dma::{DmaBuffer, DmaError, GuestRam, GUEST_RAM_BASE, PAGE_SIZE};
-use vrdma::transport::{DmaMemory, TransportError};
+use parking_lot::Mutex;
+use vrdma::dma::{DmaBuffer, DmaError, DmaMemory, MemfdRam, GUEST_RAM_BASE, PAGE_SIZE};
 
 /// One line of `/proc/self/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,14 +107,14 @@ impl RebackError {
 /// DMA memory of the drop-in: the transport's guest RAM, and application memory re-backed
 /// with guest-RAM pages.
 pub(crate) struct AppMemory {
-    ram: Arc<GuestRam>,
+    ram: Arc<MemfdRam>,
     memfd: FileId,
     /// Guest-RAM ranges now backing application pages; serialises re-backing.
     kept: Mutex<Vec<DmaBuffer>>,
 }
 
 impl AppMemory {
-    pub(crate) fn new(ram: Arc<GuestRam>) -> io::Result<Self> {
+    pub(crate) fn new(ram: Arc<MemfdRam>) -> io::Result<Self> {
         // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: the fd is open for the life of `ram`; `st` is a valid out pointer.
@@ -151,7 +151,7 @@ impl AppMemory {
             .checked_add(len)
             .and_then(|e| e.checked_next_multiple_of(PAGE_SIZE))
             .ok_or(RebackError::NotMapped { addr, len })?;
-        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut kept = self.kept.lock();
         let maps = read_maps().map_err(|source| RebackError::Io {
             what: "reading /proc/self/maps",
             source,
@@ -257,12 +257,12 @@ impl AppMemory {
 }
 
 impl DmaMemory for AppMemory {
-    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, TransportError> {
-        Ok(self.ram.alloc(len, align)?)
+    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, DmaError> {
+        self.ram.alloc(len, align)
     }
 
-    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, TransportError> {
-        Ok(self.translate_pages(addr as usize, len)?)
+    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, DmaError> {
+        self.translate_pages(addr as usize, len)
     }
 }
 
@@ -318,7 +318,7 @@ mod tests {
 
     #[test]
     fn rebacking_keeps_contents_and_shares_the_pages_with_guest_ram() {
-        let ram = GuestRam::new(64 * PAGE_SIZE).unwrap();
+        let ram = MemfdRam::new(64 * PAGE_SIZE).unwrap();
         let memory = AppMemory::new(ram.clone()).unwrap();
         let mut buf = PosixMemalign::new(3 * PAGE_SIZE);
         for (i, b) in buf.bytes().iter_mut().enumerate() {
@@ -349,14 +349,14 @@ mod tests {
         // SAFETY: `in_ram` is inside the guest-RAM mapping (translated above).
         assert_eq!(unsafe { *((in_ram + 5) as *const u8) }, 0xEE);
         // A second registration re-backs nothing more.
-        let before = memory.kept.lock().unwrap().len();
+        let before = memory.kept.lock().len();
         memory.make_registrable(addr, 3 * PAGE_SIZE).unwrap();
-        assert_eq!(memory.kept.lock().unwrap().len(), before);
+        assert_eq!(memory.kept.lock().len(), before);
     }
 
     #[test]
     fn unmapped_unreadable_and_stack_memory_are_refused() {
-        let ram = GuestRam::new(16 * PAGE_SIZE).unwrap();
+        let ram = MemfdRam::new(16 * PAGE_SIZE).unwrap();
         let memory = AppMemory::new(ram).unwrap();
         // Unmapped: the first page of the address space lies below vm.mmap_min_addr (at
         // least one page), where nothing can be mapped. A range freed with munmap would not
@@ -391,7 +391,7 @@ mod tests {
 
     #[test]
     fn the_memfd_running_out_is_an_allocation_error() {
-        let ram = GuestRam::new(2 * PAGE_SIZE).unwrap();
+        let ram = MemfdRam::new(2 * PAGE_SIZE).unwrap();
         let memory = AppMemory::new(ram).unwrap();
         let buf = PosixMemalign::new(4 * PAGE_SIZE);
         let err = memory

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use vrdma::verbs::{AccessFlags, AhAttr, Gid, GlobalRoute};
 use vrdma::{Ah, Mr, Pd};
 
-use crate::device::VrdmaContext;
+use crate::context::VrdmaContext;
 use crate::ffi::{guard, null_with, report};
 use crate::sys::{ibv_ah, ibv_ah_attr, ibv_context, ibv_mr, ibv_pd};
 

@@ -7,7 +7,7 @@ use vrdma::spec::verbs::GidType;
 use vrdma::spec::{PCI_DEVICE_ID, PCI_VENDOR_ID};
 use vrdma::verbs::{DeviceAttr, PortAttr};
 
-use crate::device::VrdmaContext;
+use crate::context::VrdmaContext;
 use crate::ffi::{guard, minus_one, report};
 use crate::sys::{
     ibv_device_attr, ibv_gid, ibv_gid_entry, ibv_gid_type_IBV_GID_TYPE_IB,

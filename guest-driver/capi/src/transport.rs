@@ -6,9 +6,10 @@ use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
+use vrdma::dma::DmaMemory;
 use vrdma::transport::pci::{PciOptions, PciTransport, SysfsPciFunction};
 use vrdma::transport::process::{ProcessOptions, ProcessTransport};
-use vrdma::transport::{DmaMemory, SharedMemory, Transport, TransportError};
+use vrdma::transport::{SharedMemory, Transport, TransportError};
 
 use crate::memory::{AppMemory, RebackError};
 

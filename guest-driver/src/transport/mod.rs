@@ -11,7 +11,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::dma::{DmaBuffer, DmaError};
+use crate::dma::{DmaError, DmaMemory};
 use crate::virtq::VirtqError;
 
 pub mod pci;
@@ -166,17 +166,6 @@ impl SharedMemory {
         // SAFETY: `offset <= len` of the mapped region, so the result stays inside it.
         Some(unsafe { base.add(offset) })
     }
-}
-
-/// Memory the device can reach by DMA.
-pub trait DmaMemory: Send + Sync {
-    /// A zeroed buffer of at least `len` bytes, aligned to `align` and at least to a page;
-    /// freed when the buffer is dropped.
-    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, TransportError>;
-
-    /// Guest-physical address of each 4 KiB page covering `[addr, addr + len)`, in order.
-    /// Fails unless the whole range is memory of this allocator's kind.
-    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, TransportError>;
 }
 
 /// A connection to one vrdma device.

@@ -30,11 +30,11 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::queues::{ControlChannel, EventChannel, QueueSignal, SignalledQueue};
-use super::{DmaMemory, SharedMemory, Transport, TransportError};
-use crate::dma::{DmaBuffer, GuestRam, DEFAULT_GUEST_RAM_SIZE, PAGE_SIZE};
+use super::{SharedMemory, Transport, TransportError};
+use crate::dma::{DmaBuffer, DmaError, DmaMemory, MemfdRam, DEFAULT_GUEST_RAM_SIZE, PAGE_SIZE};
 use crate::virtq::SplitQueue;
 use vrdma_spec::features::{
-    VIRTIO_F_RING_EVENT_IDX, VIRTIO_F_RING_INDIRECT_DESC, VIRTIO_F_VERSION_1,
+    DEVICE_SPECIFIC_MASK, VIRTIO_F_RING_EVENT_IDX, VIRTIO_F_RING_INDIRECT_DESC, VIRTIO_F_VERSION_1,
 };
 use vrdma_spec::queue::{CONTROLQ, DOORBELLQ, EVENTQ, NUM_QUEUES};
 
@@ -64,7 +64,7 @@ impl Default for ProcessOptions {
             queue_size: 256,
             command_timeout: Duration::from_secs(30),
             config_size: 256,
-            device_features: (1 << 24) - 1,
+            device_features: DEVICE_SPECIFIC_MASK,
             event_buffers: 64,
             event_buffer_size: 64,
         }
@@ -73,19 +73,19 @@ impl Default for ProcessOptions {
 
 /// [`DmaMemory`] of the process transport: allocations from the memfd guest RAM.
 pub struct ProcessDma {
-    ram: Arc<GuestRam>,
+    ram: Arc<MemfdRam>,
 }
 
 impl ProcessDma {
     /// Guest RAM of `len` bytes.
     pub fn new(len: usize) -> Result<Self, TransportError> {
         Ok(ProcessDma {
-            ram: GuestRam::new(len)?,
+            ram: MemfdRam::new(len)?,
         })
     }
 
     /// The guest RAM.
-    pub fn guest_ram(&self) -> &Arc<GuestRam> {
+    pub fn guest_ram(&self) -> &Arc<MemfdRam> {
         &self.ram
     }
 
@@ -96,12 +96,12 @@ impl ProcessDma {
 }
 
 impl DmaMemory for ProcessDma {
-    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, TransportError> {
-        Ok(self.ram.alloc(len, align)?)
+    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, DmaError> {
+        self.ram.alloc(len, align)
     }
 
-    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, TransportError> {
-        Ok(self.ram.translate(addr, len)?)
+    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, DmaError> {
+        self.ram.translate(addr, len)
     }
 }
 
@@ -204,7 +204,7 @@ impl ProcessTransport {
         Ok(ProcessTransport {
             _frontend: frontend,
             dma,
-            device_features: device_features & DEVICE_FEATURE_MASK,
+            device_features: device_features & DEVICE_SPECIFIC_MASK,
             config,
             window,
             control,
@@ -270,7 +270,6 @@ impl Drop for ProcessTransport {
     }
 }
 
-const DEVICE_FEATURE_MASK: u64 = (1 << 24) - 1;
 const CALL_TOKEN: u64 = 0;
 const DISCONNECT_TOKEN: u64 = 1;
 
@@ -289,7 +288,7 @@ fn negotiate_features(frontend: &Frontend, accepted_device: u64) -> Result<u64, 
         | VIRTIO_F_RING_EVENT_IDX
         | VIRTIO_F_RING_INDIRECT_DESC
         | protocol
-        | (accepted_device & DEVICE_FEATURE_MASK);
+        | (accepted_device & DEVICE_SPECIFIC_MASK);
     let acked = offered & wanted;
     frontend
         .set_features(acked)

@@ -7,11 +7,12 @@
 //! chain it never returned, so they can never be reused. Events: a fixed set of
 //! device-writable buffers kept posted, each re-posted once its event has been copied out.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{DmaMemory, TransportError};
-use crate::dma::{DmaBuffer, PAGE_SIZE};
+use parking_lot::Mutex;
+
+use super::TransportError;
+use crate::dma::{DmaBuffer, DmaMemory, PAGE_SIZE};
 use crate::virtq::{Buffer, SplitQueue, UsedElement};
 
 /// How a transport notifies one virtqueue and waits for the device to use its buffers.
@@ -170,7 +171,7 @@ impl<S: QueueSignal> ControlChannel<S> {
         let response_len =
             u32::try_from(response.len()).map_err(|_| TransportError::InvalidRequest("size"))?;
         u32::try_from(request.len()).map_err(|_| TransportError::InvalidRequest("size"))?;
-        let mut guard = lock(&self.state);
+        let mut guard = self.state.lock();
         let control = &mut *guard;
         if control.broken {
             return Err(TransportError::DeviceFailure(
@@ -291,7 +292,7 @@ impl<S: QueueSignal> EventChannel<S> {
     /// Notifies the event queue (after the device started, for the buffers posted by
     /// [`EventChannel::start`]).
     pub(crate) fn notify(&self) -> Result<(), TransportError> {
-        lock(&self.state).vq.signal.notify()
+        self.state.lock().vq.signal.notify()
     }
 
     /// See [`super::Transport::next_event`].
@@ -301,7 +302,7 @@ impl<S: QueueSignal> EventChannel<S> {
         timeout: Option<Duration>,
     ) -> Result<Option<usize>, TransportError> {
         let deadline = timeout.map(|timeout| Instant::now() + timeout);
-        let mut events = lock(&self.state);
+        let mut events = self.state.lock();
         let Some(used) = events.vq.next_used(deadline)? else {
             return Ok(None);
         };
@@ -347,13 +348,10 @@ impl<S: QueueSignal> EventState<S> {
     }
 }
 
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dma::DmaError;
     use crate::transport::process::ProcessDma;
 
     /// DMA memory whose pages are scattered: page i of every allocation lies at a bus
@@ -363,11 +361,11 @@ mod tests {
     }
 
     impl DmaMemory for ScatteredDma {
-        fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, TransportError> {
+        fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, DmaError> {
             self.inner.alloc(len, align)
         }
 
-        fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, TransportError> {
+        fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, DmaError> {
             let pages = self.inner.translate(addr, len)?;
             // Pages 0 and 1 stay adjacent; from page 2 on each is moved far away.
             Ok(pages

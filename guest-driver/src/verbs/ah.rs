@@ -9,9 +9,9 @@ use vrdma_spec::wire::CreateAhReq;
 use vrdma_spec::Le32;
 
 use super::attr::AhAttr;
-use super::context::unexpected_body;
+use super::command::{handle_req, nonzero_handle, unexpected_body};
 use super::error::{ProtocolError, Result};
-use super::pd::{handle_req, nonzero_handle, Pd, PdInner};
+use super::pd::{Pd, PdInner};
 use crate::provider::rxe_v1::{RxeAddressHandle, RXE_AV_SIZE};
 use crate::provider::UdDest;
 

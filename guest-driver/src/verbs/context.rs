@@ -1,10 +1,11 @@
 //! The device context: configuration, limits, control commands, doorbell area and events.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use log::debug;
+use parking_lot::Mutex;
 use vrdma_spec::config::{ring_format, CONFIG_SIZE};
 use vrdma_spec::control::{ControlRequest, ControlResponse, Opcode, ResponseBody, HEADER_SIZE};
 use vrdma_spec::features;
@@ -13,18 +14,19 @@ use vrdma_spec::wire::{QueryPortReq, QueryTableReq, SetDoorbellAreaReq, GID_FLAG
 use vrdma_spec::{DeviceConfig, Le32, Le64};
 
 use super::attr::{DeviceAttr, Gid, GidEntry, PortAttr};
+use super::command::unexpected_body;
 use super::doorbell::DoorbellRegion;
 use super::error::{ProtocolError, Result, VerbsError};
 use super::event::{DeviceEvent, EventDispatch, Wanted};
-use super::lock;
-use super::pd::Pd;
 use crate::dma::DmaBuffer;
 use crate::transport::pci::{PciOptions, PciTransport, SysfsPciFunction};
 use crate::transport::process::{ProcessOptions, ProcessTransport};
 use crate::transport::{SharedMemory, Transport, TransportError};
 
-/// Bounds on `shm_page_shift` this library accepts (4 KiB .. 1 GiB).
-const SHM_PAGE_SHIFTS: std::ops::RangeInclusive<u32> = 12..=30;
+/// Host page sizes (the configuration's `shm_page_shift`, the placement granularity in the
+/// queue region) this library accepts: 4 KiB .. 1 GiB. A limit of this library on the host,
+/// not the REG_MR `page_shift` range of the control protocol.
+const SUPPORTED_SHM_PAGE_SHIFTS: std::ops::RangeInclusive<u32> = 12..=30;
 
 /// An open vrdma device: the `ibv_context` of this library.
 ///
@@ -68,7 +70,7 @@ impl Context {
         let config = DeviceConfig::decode(&raw[..raw.len().min(CONFIG_SIZE)])
             .map_err(ProtocolError::Config)?;
         let shift = config.shm_page_shift.get();
-        if !SHM_PAGE_SHIFTS.contains(&shift) {
+        if !SUPPORTED_SHM_PAGE_SHIFTS.contains(&shift) {
             return Err(ProtocolError::ConfigValue {
                 field: "shm_page_shift",
                 value: shift.into(),
@@ -212,13 +214,8 @@ impl Context {
         }
     }
 
-    /// Allocates a protection domain.
-    pub fn alloc_pd(&self) -> Result<Pd> {
-        Pd::new(self)
-    }
-
     /// A zeroed buffer of at least `len` bytes in memory the device can reach, page aligned:
-    /// what [`Pd::register`] registers.
+    /// what [`Pd::register`](super::Pd::register) registers.
     pub fn alloc_buffer(&self, len: usize) -> Result<DmaBuffer> {
         Ok(self
             .inner
@@ -240,7 +237,7 @@ impl CommandChannel {
     /// Executes one control command and returns the body of its success response.
     fn execute(&self, request: &ControlRequest<'_>) -> Result<ResponseBody> {
         let opcode = request.opcode();
-        let mut guard = lock(&self.buffers);
+        let mut guard = self.buffers.lock();
         let buffers = &mut *guard;
         buffers.request.clear();
         request.encode_into(&mut buffers.request);
@@ -308,15 +305,4 @@ impl ContextInner {
     pub(crate) fn has_rxe_v1(&self) -> bool {
         self.features & features::VRDMA_F_RING_RXE_V1 != 0
     }
-}
-
-/// The error for a success body of the wrong kind (the spec crate's decoder rules it out; this
-/// keeps the match total without a panic).
-pub(crate) fn unexpected_body(opcode: Opcode) -> VerbsError {
-    ProtocolError::ResponseValue {
-        opcode,
-        field: "body",
-        value: 0,
-    }
-    .into()
 }

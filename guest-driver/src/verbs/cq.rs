@@ -1,19 +1,19 @@
 //! Completion queues.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use log::warn;
+use parking_lot::Mutex;
 use vrdma_spec::control::{ControlRequest, Opcode, ResponseBody};
 use vrdma_spec::verbs::arm_flags;
 use vrdma_spec::wire::{ArmCqReq, CreateCqReq};
 use vrdma_spec::Le32;
 
-use super::context::{unexpected_body, Context, ContextInner};
+use super::command::{handle_req, nonzero_handle, unexpected_body};
+use super::context::{Context, ContextInner};
 use super::error::{ProtocolError, Result, VerbsError};
 use super::event::{DeviceEvent, Wanted};
-use super::lock;
-use super::pd::{handle_req, nonzero_handle};
 use super::ring::map_ring;
 use crate::provider::rxe_v1::CompletionQueue;
 use crate::provider::WorkCompletion;
@@ -99,12 +99,12 @@ impl Cq {
 
     /// How many completions the CQ holds.
     pub fn capacity(&self) -> u32 {
-        lock(&self.queue).capacity()
+        self.queue.lock().capacity()
     }
 
     /// Moves up to `out.len()` completions, oldest first, into `out`; returns how many.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
-        lock(&self.queue).poll(out)
+        self.queue.lock().poll(out)
     }
 
     /// Requests one completion event for the next completion (or the next solicited one)

@@ -6,8 +6,7 @@ use std::sync::atomic::AtomicU32;
 use vrdma_spec::doorbell::{self, DoorbellArea};
 
 use super::error::{ProtocolError, Result, VerbsError};
-use crate::dma::{DmaBuffer, PAGE_SIZE};
-use crate::transport::DmaMemory;
+use crate::dma::{DmaBuffer, DmaMemory, PAGE_SIZE};
 
 /// The doorbell area of one context.
 pub(crate) struct DoorbellRegion {

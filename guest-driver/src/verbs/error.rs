@@ -5,6 +5,7 @@ use vrdma_spec::rxe_v1::GeometryError;
 use vrdma_spec::status::{Status, StatusError};
 use vrdma_spec::DecodeError;
 
+use crate::dma::DmaError;
 use crate::provider::rxe_v1::QueueError;
 use crate::provider::PostError;
 use crate::transport::TransportError;
@@ -36,6 +37,14 @@ pub enum VerbsError {
     /// The device (or the negotiated features) cannot do what was asked.
     #[error("unsupported: {0}")]
     Unsupported(&'static str),
+}
+
+/// Memory the device reaches could not be allocated or translated: a failure of the
+/// transport's DMA memory, like any other of its failures.
+impl From<DmaError> for VerbsError {
+    fn from(e: DmaError) -> Self {
+        VerbsError::Transport(e.into())
+    }
 }
 
 impl VerbsError {

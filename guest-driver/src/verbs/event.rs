@@ -18,15 +18,14 @@
 //! for it, or `Context::next_event`.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use log::{debug, warn};
+use parking_lot::{Condvar, Mutex};
 use vrdma_spec::event::{Event, EventType, EVENT_SIZE};
 use vrdma_spec::DecodeError;
 
 use super::error::Result;
-use super::lock;
 use crate::transport::Transport;
 
 /// Events kept for `Context::next_event` while nobody asks for them; beyond, they are counted
@@ -221,12 +220,12 @@ pub(crate) struct EventDispatch {
 impl EventDispatch {
     /// Starts keeping completion events of CQ `handle`.
     pub(crate) fn register_cq(&self, handle: u32) {
-        lock(&self.stash).completions.insert(handle, 0);
+        self.stash.lock().completions.insert(handle, 0);
     }
 
     /// Forgets CQ `handle` and its pending completion events.
     pub(crate) fn unregister_cq(&self, handle: u32) {
-        lock(&self.stash).completions.remove(&handle);
+        self.stash.lock().completions.remove(&handle);
     }
 
     /// Waits up to `timeout` (`None`: forever) for an event `wanted` describes.
@@ -237,7 +236,7 @@ impl EventDispatch {
         timeout: Option<Duration>,
     ) -> Result<Option<DeviceEvent>> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let mut stash = lock(&self.stash);
+        let mut stash = self.stash.lock();
         loop {
             if let Some(event) = stash.take(wanted) {
                 return Ok(Some(event));
@@ -250,21 +249,18 @@ impl EventDispatch {
                 },
             };
             if stash.reader {
-                stash = match remaining {
-                    None => self.changed.wait(stash).unwrap_or_else(|e| e.into_inner()),
+                match remaining {
+                    None => self.changed.wait(&mut stash),
                     Some(r) => {
-                        self.changed
-                            .wait_timeout(stash, r)
-                            .unwrap_or_else(|e| e.into_inner())
-                            .0
+                        self.changed.wait_for(&mut stash, r);
                     }
-                };
+                }
                 continue;
             }
             stash.reader = true;
             drop(stash);
             let read = read_event(transport, remaining);
-            stash = lock(&self.stash);
+            stash = self.stash.lock();
             stash.reader = false;
             self.changed.notify_all();
             match read? {

@@ -21,6 +21,7 @@
 
 mod ah;
 mod attr;
+mod command;
 mod context;
 mod cq;
 mod doorbell;
@@ -31,8 +32,6 @@ mod pd;
 mod qp;
 mod ring;
 mod srq;
-
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use ah::Ah;
 pub use attr::{
@@ -52,9 +51,3 @@ pub use crate::provider::{
     PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WorkCompletion,
 };
 pub use vrdma_spec::verbs::{QpType, WcOpcode, WcStatus, WrOpcode};
-
-/// Locks `mutex`, ignoring poisoning: every structure behind these locks stays consistent
-/// across a panic (queue indices are published only after a complete entry).
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}

@@ -4,20 +4,22 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use log::warn;
-use vrdma_spec::control::HEADER_SIZE;
-use vrdma_spec::control::{encode_page_list, ControlRequest, Opcode, RegMr, ResponseBody};
+use vrdma_spec::control::{
+    encode_page_list, ControlRequest, Opcode, RegMr, ResponseBody, HEADER_SIZE, MAX_PAGE_SHIFT,
+    MIN_PAGE_SHIFT,
+};
 use vrdma_spec::wire::RegMrReq;
 use vrdma_spec::{Le32, Le64};
 
 use super::attr::AccessFlags;
-use super::context::unexpected_body;
+use super::command::{handle_req, nonzero_handle, unexpected_body};
 use super::error::{Result, VerbsError};
-use super::pd::{handle_req, nonzero_handle, Pd, PdInner};
-use crate::dma::{DmaBuffer, PAGE_SIZE};
+use super::pd::{Pd, PdInner};
+use crate::dma::{DmaBuffer, PAGE_SHIFT, PAGE_SIZE};
 use crate::provider::Sge;
 
-/// log2 of the page size of REG_MR page lists: what `DmaMemory::translate` returns.
-const PAGE_SHIFT: u32 = 12;
+// REG_MR page lists are lists of the pages `DmaMemory::translate` returns.
+const _: () = assert!(MIN_PAGE_SHIFT <= PAGE_SHIFT && PAGE_SHIFT <= MAX_PAGE_SHIFT);
 
 /// A registered memory region (`ibv_mr`). Deregistered when dropped.
 ///
@@ -221,6 +223,37 @@ impl Mr<'static> {
     ) -> Result<Self> {
         // SAFETY: the caller keeps the memory allocated while the region lives.
         unsafe { Self::register(pd, addr, len, access, Memory::Raw) }
+    }
+}
+
+impl Pd {
+    /// Registers `buffer` (memory the transport allocated) as a memory region whose iova is
+    /// the buffer's address in this process. The region cannot outlive the buffer.
+    pub fn register<'a>(&self, buffer: &'a DmaBuffer, access: AccessFlags) -> Result<Mr<'a>> {
+        Mr::register_buffer(self, buffer, access)
+    }
+
+    /// Registers `buffer` and keeps it inside the region (for regions stored next to their
+    /// users).
+    pub fn register_owned(&self, buffer: DmaBuffer, access: AccessFlags) -> Result<Mr<'static>> {
+        Mr::register_owned(self, buffer, access)
+    }
+
+    /// Registers `len` bytes at `addr`, which must lie in memory the transport's DMA allocator
+    /// handed out (checked by translating it).
+    ///
+    /// # Safety
+    ///
+    /// The memory must stay allocated until the returned region is dropped: the device (and
+    /// remote peers, with remote access) may write it until then.
+    pub unsafe fn register_raw(
+        &self,
+        addr: *const u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Mr<'static>> {
+        // SAFETY: forwarded contract.
+        unsafe { Mr::register_raw(self, addr, len, access) }
     }
 }
 

@@ -1,8 +1,9 @@
 //! Queue pairs: creation, state changes, and the send/receive data path.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use log::warn;
+use parking_lot::Mutex;
 use vrdma_spec::control::{ControlRequest, Opcode, ResponseBody};
 use vrdma_spec::wire::{CreateQpReq, ModifyQpReq, QueryQpReq};
 use vrdma_spec::{Le16, Le32};
@@ -10,11 +11,11 @@ use vrdma_spec::{Le16, Le32};
 use super::attr::{
     AccessFlags, AhAttr, Gid, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpCaps, QpState,
 };
-use super::context::{unexpected_body, ContextInner};
+use super::command::{handle_req, nonzero_handle, unexpected_body};
+use super::context::ContextInner;
 use super::cq::{Cq, CqShared};
 use super::error::{PostSendError, ProtocolError, Result, VerbsError};
-use super::lock;
-use super::pd::{handle_req, nonzero_handle, Pd, PdInner};
+use super::pd::{Pd, PdInner};
 use super::ring::map_ring;
 use super::srq::{Srq, SrqShared};
 use crate::provider::rxe_v1::{RecvQueue, SendQueue, SendQueueCaps};
@@ -524,7 +525,7 @@ impl Qp {
     /// [`Mr`](super::Mr) keeps alive; they must stay registered until the request completes.
     pub unsafe fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostSendError> {
         // SAFETY: forwarded contract.
-        let posted = unsafe { lock(&self.sq).post_send(wrs) };
+        let posted = unsafe { self.sq.lock().post_send(wrs) };
         let (count, refused) = match posted {
             Ok(()) => (wrs.len(), None),
             Err((index, error)) => (index, Some(PostSendError::Refused { index, error })),
@@ -550,7 +551,7 @@ impl Qp {
     /// with [`PostError::QueueFull`]; post to the [`Srq`] instead.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
         match &self.rq {
-            Some(rq) => lock(rq).post_recv(wrs),
+            Some(rq) => rq.lock().post_recv(wrs),
             None if wrs.is_empty() => Ok(()),
             None => Err((0, PostError::QueueFull)),
         }

@@ -1,17 +1,18 @@
 //! Shared receive queues.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use log::warn;
+use parking_lot::Mutex;
 use vrdma_spec::control::{ControlRequest, Opcode, ResponseBody};
 use vrdma_spec::verbs::srq_attr;
 use vrdma_spec::wire::{CreateSrqReq, ModifySrqReq};
 use vrdma_spec::Le32;
 
-use super::context::{unexpected_body, ContextInner};
+use super::command::{handle_req, nonzero_handle, unexpected_body};
+use super::context::ContextInner;
 use super::error::{ProtocolError, Result, VerbsError};
-use super::lock;
-use super::pd::{handle_req, nonzero_handle, Pd, PdInner};
+use super::pd::{Pd, PdInner};
 use super::ring::map_ring;
 use crate::provider::rxe_v1::RecvQueue;
 use crate::provider::{PostError, RecvWr};
@@ -145,7 +146,7 @@ impl Srq {
     /// Posts receive requests, like `ibv_post_srq_recv`. On `Err((n, e))` the first `n` were
     /// posted. No device involvement and no allocation.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
-        lock(&self.queue).post_recv(wrs)
+        self.queue.lock().post_recv(wrs)
     }
 
     /// Arms the one-shot limit event: it fires when fewer than `limit` requests remain

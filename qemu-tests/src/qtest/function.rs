@@ -12,9 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use vrdma::dma::DmaMemory;
 
 use vrdma::transport::pci::{PciError, PciFunction};
-use vrdma::transport::{DmaMemory, RegionAccess, SharedMemory};
+use vrdma::transport::{RegionAccess, SharedMemory};
 
 use super::client::Qtest;
 use super::error::QtestError;

@@ -13,8 +13,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use vrdma::dma::{map_shared, DmaBuffer, DmaError, FreeRanges, PAGE_SIZE};
-use vrdma::transport::{DmaMemory, TransportError};
+use vrdma::dma::{map_shared, DmaBuffer, DmaError, DmaMemory, FreeRanges, PAGE_SIZE};
 
 /// Guest RAM below this address is never handed out.
 pub const RESERVED_LOW: usize = 1 << 20;
@@ -131,9 +130,9 @@ impl GuestMemory {
 }
 
 impl DmaMemory for GuestMemory {
-    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, TransportError> {
+    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, DmaError> {
         if len == 0 || !align.is_power_of_two() {
-            return Err(DmaError::BadRequest { len, align }.into());
+            return Err(DmaError::BadRequest { len, align });
         }
         let pages_len = len
             .checked_next_multiple_of(PAGE_SIZE)
@@ -159,7 +158,7 @@ impl DmaMemory for GuestMemory {
         Ok(unsafe { DmaBuffer::from_raw_parts(ptr, len, Box::new(owner)) })
     }
 
-    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, TransportError> {
+    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, DmaError> {
         let first = self.bus_address(addr, len).ok_or(DmaError::NotDmaMemory {
             addr: addr as usize,
             len,
@@ -230,10 +229,7 @@ mod tests {
         ram.unlink().unwrap();
         let all = ram.alloc(4 * PAGE_SIZE, PAGE_SIZE).unwrap();
         assert_eq!(ram.free_bytes(), 0);
-        assert!(matches!(
-            ram.alloc(1, 1),
-            Err(TransportError::Dma(DmaError::OutOfMemory { .. }))
-        ));
+        assert!(matches!(ram.alloc(1, 1), Err(DmaError::OutOfMemory { .. })));
         drop(all);
         assert_eq!(ram.free_bytes(), 4 * PAGE_SIZE);
         let one = ram.alloc(PAGE_SIZE, PAGE_SIZE).unwrap();

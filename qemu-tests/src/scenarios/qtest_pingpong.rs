@@ -3,7 +3,7 @@
 //! QEMU 11.1 runs `vhost-user-test-device-pci` (virtio ID 38) backed by vrdma-backend on rxe0,
 //! with no guest CPU. This process is the guest: it assigns the function's BARs, reads the
 //! device configuration through them, opens the library's PCI transport and a verbs context
-//! on it, and runs the RC ping-pong of [`vrdma::pingpong`] as the client against the native C
+//! on it, and runs the RC ping-pong of [`vrdma_tools::pingpong`] as the client against the native C
 //! peer: SEND, SEND_WITH_IMM, WRITE, WRITE_WITH_IMM and READ at several sizes, every byte
 //! verified. Every register and shared-memory access is a qtest round trip; guest RAM is the
 //! memory-backend file, mapped here too. Then:
@@ -19,12 +19,12 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use vrdma::pingpong::runner::{run_client, Options};
-use vrdma::pingpong::wait::Completion;
-use vrdma::pingpong::Plan;
 use vrdma::transport::pci::{PciFunction, PciOptions, PciTransport};
 use vrdma::transport::Transport;
 use vrdma::verbs::Context;
+use vrdma_tools::pingpong::runner::{run_client, Options};
+use vrdma_tools::pingpong::wait::Completion;
+use vrdma_tools::pingpong::Plan;
 
 use super::backend::Backend;
 use super::pingpong_peer::{read_report, wait_listening, PingpongReport, PingpongRow};

@@ -237,7 +237,13 @@ pub fn reg_mr(
 ) -> ControlResponse {
     let mut list = Vec::new();
     encode_page_list(pages.iter().copied(), &mut list);
-    let req = reg_mr_req(pd, iova, length, AccessFlags::LOCAL_WRITE.bits(), pages.len() as u32);
+    let req = reg_mr_req(
+        pd,
+        iova,
+        length,
+        AccessFlags::LOCAL_WRITE.bits(),
+        pages.len() as u32,
+    );
     guest.run(ControlRequest::RegMr(RegMr::new(req, &list)))
 }
 

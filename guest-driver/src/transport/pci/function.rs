@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::transport::{DmaMemory, SharedMemory};
+use crate::dma::DmaMemory;
+use crate::transport::SharedMemory;
 
 /// Errors of PCI function access.
 #[derive(Debug, thiserror::Error)]

@@ -12,15 +12,14 @@
 use std::fs;
 use std::io;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use log::debug;
+use parking_lot::Mutex;
 
 use super::function::PciError;
 use super::pagemap::{Pagemap, PagemapError, PagemapReadError};
-use crate::dma::{DmaBuffer, DmaError, PAGE_SIZE};
-use crate::transport::queues::lock;
-use crate::transport::{DmaMemory, TransportError};
+use crate::dma::{DmaBuffer, DmaError, DmaMemory, PAGE_SIZE};
 
 /// Hugepage size when /proc/meminfo does not say.
 const DEFAULT_HUGEPAGE_SIZE: usize = 2 << 20;
@@ -112,7 +111,7 @@ struct ChunkAllocation {
 
 impl Drop for ChunkAllocation {
     fn drop(&mut self) {
-        let mut chunks = lock(&self.pool.chunks);
+        let mut chunks = self.pool.chunks.lock();
         chunks[self.chunk].page_free[self.first_page..self.first_page + self.pages].fill(true);
     }
 }
@@ -162,7 +161,7 @@ impl HugepageDma {
                 })
             }
         }
-        lock(&dma.pool.chunks).push(first);
+        dma.pool.chunks.lock().push(first);
         debug!("DMA memory from {} KiB hugepages", hugepage_size >> 10);
         Ok(dma)
     }
@@ -175,10 +174,10 @@ impl HugepageDma {
         })
     }
 
-    fn alloc_in_chunk(&self, len: usize, align: usize) -> Result<DmaBuffer, TransportError> {
+    fn alloc_in_chunk(&self, len: usize, align: usize) -> Result<DmaBuffer, DmaError> {
         let pages = len.div_ceil(PAGE_SIZE);
         let align_pages = align / PAGE_SIZE;
-        let mut chunks = lock(&self.pool.chunks);
+        let mut chunks = self.pool.chunks.lock();
         let found = chunks
             .iter_mut()
             .enumerate()
@@ -232,18 +231,18 @@ fn no_hugepages(size: usize, e: io::Error) -> PciError {
     ))
 }
 
-fn hugepage_exhausted(size: usize, e: io::Error) -> TransportError {
-    TransportError::Io {
+fn hugepage_exhausted(size: usize, e: io::Error) -> DmaError {
+    DmaError::Io {
         what: "mapping more hugepages (raise /proc/sys/vm/nr_hugepages)",
         source: io::Error::new(e.kind(), format!("{size}-byte hugepage: {e}")),
     }
 }
 
 impl DmaMemory for HugepageDma {
-    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, TransportError> {
+    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, DmaError> {
         let size = self.pool.hugepage_size;
         if len == 0 || !align.is_power_of_two() || align > size {
-            return Err(DmaError::BadRequest { len, align }.into());
+            return Err(DmaError::BadRequest { len, align });
         }
         let align = align.max(PAGE_SIZE);
         if len <= size {
@@ -257,7 +256,7 @@ impl DmaMemory for HugepageDma {
         Ok(zeroed_buffer(ptr, mapped_len, len, Box::new(mapping)))
     }
 
-    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, TransportError> {
+    fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, DmaError> {
         if len == 0 {
             return Ok(Vec::new());
         }
@@ -273,14 +272,14 @@ impl DmaMemory for HugepageDma {
         // SAFETY: mlock only changes residency of the caller's own mapped pages; it fails
         // (ENOMEM) for addresses that are not mapped.
         if unsafe { libc::mlock(start as *const libc::c_void, end - start) } != 0 {
-            return Err(TransportError::Io {
+            return Err(DmaError::Io {
                 what: "locking memory for DMA (mlock)",
                 source: io::Error::last_os_error(),
             });
         }
         self.pagemap
             .translate(addr as usize, len)
-            .map_err(|e| TransportError::Io {
+            .map_err(|e| DmaError::Io {
                 what: "translating through /proc/self/pagemap",
                 source: io::Error::other(e),
             })

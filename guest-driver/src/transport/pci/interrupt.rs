@@ -8,13 +8,12 @@
 //! last look at the ring, so an interrupt consumed by another thread in between still wakes
 //! it.
 
-use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use log::warn;
+use parking_lot::{Condvar, Mutex};
 
 use super::virtio::{pci_failure, status, VirtioPci, ISR_CONFIG};
-use crate::transport::queues::lock;
 use crate::transport::TransportError;
 
 /// Longest single call of `wait_interrupt`, so that a waiter without deadline still wakes
@@ -41,12 +40,12 @@ pub(crate) struct Interrupts {
 impl Interrupts {
     /// The current generation: [`Interrupts::wait`] returns as soon as it differs.
     pub(crate) fn generation(&self) -> u64 {
-        lock(&self.state).generation
+        self.state.lock().generation
     }
 
     /// Marks the device unusable: every wait fails with `reason` from now on.
     pub(crate) fn fail(&self, reason: String) {
-        lock(&self.state).failure.get_or_insert(reason);
+        self.state.lock().failure.get_or_insert(reason);
         self.changed.notify_all();
     }
 
@@ -58,7 +57,7 @@ impl Interrupts {
         seen: u64,
         deadline: Option<Instant>,
     ) -> Result<bool, TransportError> {
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         loop {
             if let Some(reason) = &state.failure {
                 return Err(TransportError::DeviceFailure(reason.clone()));
@@ -74,17 +73,13 @@ impl Interrupts {
                 return Ok(false);
             }
             if state.waiting {
-                state = self
-                    .changed
-                    .wait_timeout(state, left)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                self.changed.wait_for(&mut state, left);
                 continue;
             }
             state.waiting = true;
             drop(state);
             let outcome = self.wait_once(device, left.min(MAX_INTERRUPT_WAIT));
-            state = lock(&self.state);
+            state = self.state.lock();
             state.waiting = false;
             match outcome {
                 Ok(true) => state.generation = state.generation.wrapping_add(1),

@@ -22,8 +22,8 @@ use log::{debug, info, warn};
 use super::function::{PciError, PciFunction};
 use super::hugepage::HugepageDma;
 use super::virtio::{has_vrdma_magic, VIRTIO_VENDOR_ID, VRDMA_DEVICE_IDS};
-use crate::dma::map_shared;
-use crate::transport::{DmaMemory, SharedMemory};
+use crate::dma::{map_shared, DmaMemory};
+use crate::transport::SharedMemory;
 
 /// Where sysfs keeps the PCI bus.
 pub const SYSFS_PCI: &str = "/sys/bus/pci";

@@ -3,7 +3,7 @@
 //! notifications, and a control queue that echoes requests back reversed.
 
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::function::{PciError, PciFunction};
@@ -11,10 +11,10 @@ use super::transport::{PciOptions, PciTransport};
 use super::virtio::{
     common, read_capabilities, status, BarRange, Capabilities, ISR_CONFIG, ISR_QUEUE, NO_VECTOR,
 };
-use crate::dma::GuestRam;
+use crate::dma::{DmaMemory, MemfdRam};
 use crate::transport::process::ProcessDma;
-use crate::transport::queues::lock;
-use crate::transport::{DmaMemory, SharedMemory, Transport, TransportError};
+use crate::transport::{SharedMemory, Transport, TransportError};
+use parking_lot::{Mutex, MutexGuard};
 use vrdma_spec::config::MAGIC;
 use vrdma_spec::features::{
     VIRTIO_F_RING_EVENT_IDX, VIRTIO_F_RING_INDIRECT_DESC, VIRTIO_F_VERSION_1, VRDMA_F_ALL,
@@ -170,11 +170,11 @@ impl FakeDevice {
         })
     }
 
-    fn regs(&self) -> std::sync::MutexGuard<'_, Regs> {
-        lock(&self.regs)
+    fn regs(&self) -> MutexGuard<'_, Regs> {
+        self.regs.lock()
     }
 
-    fn ram(&self) -> &Arc<GuestRam> {
+    fn ram(&self) -> &Arc<MemfdRam> {
         self.dma.guest_ram()
     }
 
@@ -444,7 +444,7 @@ impl PciFunction for FakeDevice {
 
     fn bar_region(&self, bar: u8, offset: u64, len: u64) -> Result<SharedMemory, PciError> {
         assert_eq!((bar, offset, len), (SHM_BAR, 0x1000, SHM_LEN));
-        let mut shm = lock(&self.shm);
+        let mut shm = self.shm.lock();
         let base = NonNull::new(shm[offset as usize..].as_mut_ptr());
         Ok(SharedMemory::new(base, len as usize))
     }

@@ -14,15 +14,16 @@ use std::time::{Duration, Instant};
 use log::{debug, warn};
 use vrdma_spec::config::CONFIG_SIZE;
 use vrdma_spec::control::{ControlRequest, ControlResponse, Opcode, HEADER_SIZE};
-use vrdma_spec::features::{VIRTIO_F_RING_EVENT_IDX, VRDMA_F_ALL};
+use vrdma_spec::features::{DEVICE_SPECIFIC_MASK, VIRTIO_F_RING_EVENT_IDX, VRDMA_F_ALL};
 use vrdma_spec::queue::{CONTROLQ, DOORBELLQ, EVENTQ, NUM_QUEUES};
 use vrdma_spec::DeviceConfig;
 
 use super::function::PciFunction;
 use super::interrupt::Interrupts;
-use super::virtio::{status, NotifyAddress, VirtioPci, DEVICE_FEATURE_MASK};
+use super::virtio::{status, NotifyAddress, VirtioPci};
+use crate::dma::DmaMemory;
 use crate::transport::queues::{ControlChannel, EventChannel, QueueSignal, SignalledQueue};
-use crate::transport::{DmaMemory, SharedMemory, Transport, TransportError};
+use crate::transport::{SharedMemory, Transport, TransportError};
 use crate::virtq::SplitQueue;
 
 /// Settings of a [`PciTransport`].
@@ -171,7 +172,7 @@ impl PciTransport {
             dma,
             shared_memory,
             config,
-            device_features: features & DEVICE_FEATURE_MASK,
+            device_features: features & DEVICE_SPECIFIC_MASK,
         })
     }
 

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use log::debug;
 
 use super::function::{PciError, PciFunction};
-use crate::dma::PAGE_SIZE;
-use crate::transport::{DmaMemory, SharedMemory, TransportError};
+use crate::dma::{DmaMemory, PAGE_SIZE};
+use crate::transport::{SharedMemory, TransportError};
 use crate::virtq::SplitQueue;
-use vrdma_spec::features::{VIRTIO_F_RING_EVENT_IDX, VIRTIO_F_VERSION_1};
+use vrdma_spec::features::{DEVICE_SPECIFIC_MASK, VIRTIO_F_RING_EVENT_IDX, VIRTIO_F_VERSION_1};
 
 /// PCI vendor ID of virtio devices.
 pub const VIRTIO_VENDOR_ID: u16 = 0x1af4;
@@ -407,7 +407,7 @@ impl VirtioPci {
             return Err(TransportError::Unsupported("VIRTIO_F_VERSION_1"));
         }
         let wanted =
-            VIRTIO_F_VERSION_1 | VIRTIO_F_RING_EVENT_IDX | (accepted_device & DEVICE_FEATURE_MASK);
+            VIRTIO_F_VERSION_1 | VIRTIO_F_RING_EVENT_IDX | (accepted_device & DEVICE_SPECIFIC_MASK);
         let acked = offered & wanted;
         for select in 0..2u32 {
             let bits = (acked >> (32 * select)) as u32;
@@ -548,9 +548,6 @@ impl VirtioPci {
             .map_err(pci_failure("mapping the shared-memory region"))
     }
 }
-
-/// Device-specific feature bits (0..=23).
-pub(crate) const DEVICE_FEATURE_MASK: u64 = (1 << 24) - 1;
 
 fn check_inside(
     range: BarRange,

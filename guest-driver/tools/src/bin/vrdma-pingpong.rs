@@ -1,6 +1,6 @@
 //! `vrdma-pingpong`: proves and measures vrdma's data path.
 //!
-//! Runs the protocol of [`vrdma::pingpong`] over the vrdma verbs API, as server or client,
+//! Runs the protocol of [`vrdma_tools::pingpong`] over the vrdma verbs API, as server or client,
 //! against another `vrdma-pingpong` or the native peer `vrdma-native-pingpong`; every received
 //! byte is verified and the client prints latency and bandwidth per operation and size.
 
@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-use vrdma::pingpong::runner::{run_client, run_server, Options};
-use vrdma::pingpong::wait::Completion;
-use vrdma::pingpong::{Plan, DEFAULT_PORT, DEFAULT_TIMEOUT_SECS};
 use vrdma::verbs::Context;
+use vrdma_tools::pingpong::runner::{run_client, run_server, Options};
+use vrdma_tools::pingpong::wait::Completion;
+use vrdma_tools::pingpong::{Plan, DEFAULT_PORT, DEFAULT_TIMEOUT_SECS};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Role {

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::provider::WorkCompletion;
-use crate::verbs::{Cq, VerbsError};
+use vrdma::provider::WorkCompletion;
+use vrdma::verbs::{Cq, VerbsError};
 
 use super::oob::OobError;
 

@@ -3,7 +3,7 @@
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 
-use crate::verbs::{
+use vrdma::verbs::{
     AccessFlags, Ah, AhAttr, ConnectOptions, Context, Cq, GlobalRoute, Mr, Mtu, Pd, Qp, QpCaps,
     QpInitAttr, QpType, RecvWr, RemoteQp, Sge, VerbsError,
 };
@@ -167,7 +167,7 @@ impl Endpoint {
         let remote = RemoteQp {
             qpn: peer.qpn,
             psn: peer.psn,
-            gid: crate::verbs::Gid(peer.gid),
+            gid: vrdma::verbs::Gid(peer.gid),
             lid: 0,
         };
         self.qp
@@ -191,7 +191,7 @@ impl Endpoint {
             }
             let attr = AhAttr {
                 grh: Some(GlobalRoute {
-                    dgid: crate::verbs::Gid(peer.gid),
+                    dgid: vrdma::verbs::Gid(peer.gid),
                     flow_label: 0,
                     sgid_index: GID_INDEX,
                     hop_limit: 1,

@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::provider::{PostError, SendFlags, SendWr, WcFlags, WorkCompletion};
-use crate::spec::verbs::{WcOpcode, WcStatus, WrOpcode};
-use crate::verbs::{Context, PostSendError, VerbsError};
+use vrdma::provider::{PostError, SendFlags, SendWr, WcFlags, WorkCompletion};
+use vrdma::spec::verbs::{WcOpcode, WcStatus, WrOpcode};
+use vrdma::verbs::{Context, PostSendError, VerbsError};
 
 use super::endpoint::{Endpoint, EndpointError, WRID_RC_RECV, WRID_SEND, WRID_UD_RECV};
 use super::exchange::{Hello, Message};

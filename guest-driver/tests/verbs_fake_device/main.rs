@@ -1,0 +1,11 @@
+//! The verbs API against the fake vrdma device of `vrdma_test_support::fake_transport`: a
+//! `Transport` that answers every command from its own state, places rxe v1 queue buffers in a
+//! shared-memory region it maps and unmaps per object, and plays a tiny loopback Soft-RoCE
+//! "kernel" executing SEND, RDMA WRITE and RDMA READ between its QPs.
+//!
+//! [`control`]: opening, queries, object lifetimes, QP transitions, device failures;
+//! [`data_path`]: work requests through the kernel, the doorbell, completion events.
+
+mod control;
+mod data_path;
+mod helpers;

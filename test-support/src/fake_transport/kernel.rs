@@ -1,0 +1,340 @@
+//! The fake's loopback Soft-RoCE "kernel": drains the doorbell area and executes SEND, RDMA
+//! WRITE and RDMA READ between the device's own QPs through the registered page lists, writing
+//! native CQEs and the events they raise.
+
+use std::mem::size_of;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use vrdma::dma::PAGE_SIZE;
+use vrdma::provider::rxe_v1::{IbUverbsWc, RxeRecvWqe, RxeSendWqe, RxeSge};
+use vrdma::spec::event::{Event, EventType};
+use vrdma::spec::verbs::{self as sv, AccessFlags, QpState, QpType, WcOpcode, WcStatus, WrOpcode};
+use vrdma::spec::DoorbellArea;
+
+use super::device::{FakeDevice, FakeMr};
+use super::profile::{doorbell_area_bytes, DOORBELL_SLOTS, MAX_INLINE, MAX_SGE};
+use super::ring::Ring;
+
+impl FakeDevice {
+    /// Drains the doorbell area and processes the send queue of every QP it names; returns
+    /// the events that produced.
+    pub(crate) fn run_kernel(&mut self) -> Vec<Event> {
+        let Some(gpa) = self.doorbell else {
+            return Vec::new();
+        };
+        let area_ptr = self.ram_range(gpa, doorbell_area_bytes()).unwrap();
+        // SAFETY: the registered area lies in guest RAM (checked at registration), is 4-byte
+        // aligned, and both sides use it only atomically.
+        let words = unsafe {
+            std::slice::from_raw_parts(area_ptr.cast::<AtomicU32>(), doorbell_area_bytes() / 4)
+        };
+        let area = DoorbellArea::new(words, DOORBELL_SLOTS).unwrap();
+        let mut kicked = Vec::new();
+        area.drain(&mut self.doorbell_head, |index| kicked.push(index));
+        let mut events = Vec::new();
+        for index in kicked {
+            let qp = self
+                .qps
+                .iter()
+                .find(|(_, q)| q.doorbell_index == index)
+                .map(|(h, _)| *h);
+            if let Some(qp) = qp {
+                self.process_send_queue(qp, &mut events);
+            }
+        }
+        events
+    }
+
+    fn process_send_queue(&mut self, handle: u32, events: &mut Vec<Event>) {
+        let qp = &self.qps[&handle];
+        if qp.state != QpState::Rts {
+            return;
+        }
+        let (sq, qpn, send_cq, sig_all) = (qp.sq, qp.qpn, qp.send_cq, qp.sq_sig_all);
+        while let Some(index) = sq.peek() {
+            // SAFETY: a posted slot, owned by the kernel until the consumer passes it.
+            let wqe = unsafe { sq.slot(index).cast::<RxeSendWqe>().read() };
+            let (status, opcode, byte_len) = self.execute_wqe(handle, &sq, index, &wqe, events);
+            sq.pop(index);
+            let signaled = wqe.wr.send_flags & sv::send_flags::SIGNALED != 0;
+            if signaled || sig_all || status != WcStatus::Success.raw() {
+                let wc = IbUverbsWc {
+                    wr_id: wqe.wr.wr_id,
+                    status,
+                    opcode,
+                    byte_len,
+                    qp_num: qpn,
+                    port_num: 1,
+                    ..IbUverbsWc::default()
+                };
+                self.push_cqe(send_cq, wc, events);
+            }
+        }
+    }
+
+    /// Executes one send WQE; returns the completion's status, opcode and length.
+    fn execute_wqe(
+        &mut self,
+        handle: u32,
+        sq: &Ring,
+        index: u32,
+        wqe: &RxeSendWqe,
+        events: &mut Vec<Event>,
+    ) -> (u32, u32, u32) {
+        let qp = &self.qps[&handle];
+        let pd = qp.pd;
+        let dest_qpn = if qp.qp_type == QpType::Ud {
+            wqe.wr.wr.ud().remote_qpn
+        } else {
+            qp.dest_qpn
+        };
+        let len = wqe.dma.length;
+        let local = local_payload(sq, index, wqe);
+        match WrOpcode::try_from(wqe.wr.opcode) {
+            Ok(WrOpcode::Send | WrOpcode::SendWithImm) => {
+                let Some(payload) = self.gather(pd, &local) else {
+                    return (WcStatus::LocProtErr.raw(), WcOpcode::Send.raw(), 0);
+                };
+                let imm = (wqe.wr.opcode == WrOpcode::SendWithImm as u32).then_some(wqe.wr.ex);
+                let src_qpn = self.qps[&handle].qpn;
+                let status = self.deliver(dest_qpn, src_qpn, &payload, imm, events);
+                (status, WcOpcode::Send.raw(), len)
+            }
+            Ok(WrOpcode::RdmaWrite) => {
+                let Some(payload) = self.gather(pd, &local) else {
+                    return (WcStatus::LocProtErr.raw(), WcOpcode::RdmaWrite.raw(), 0);
+                };
+                let rdma = wqe.wr.wr.rdma();
+                match self.remote(
+                    dest_qpn,
+                    rdma.rkey,
+                    rdma.remote_addr,
+                    len,
+                    AccessFlags::REMOTE_WRITE.bits(),
+                ) {
+                    Some(mr) => {
+                        self.copy_to_mr(mr, rdma.remote_addr, &payload);
+                        (WcStatus::Success.raw(), WcOpcode::RdmaWrite.raw(), len)
+                    }
+                    None => (WcStatus::RemAccessErr.raw(), WcOpcode::RdmaWrite.raw(), 0),
+                }
+            }
+            Ok(WrOpcode::RdmaRead) => {
+                let rdma = wqe.wr.wr.rdma();
+                let Some(mr) = self.remote(
+                    dest_qpn,
+                    rdma.rkey,
+                    rdma.remote_addr,
+                    len,
+                    AccessFlags::REMOTE_READ.bits(),
+                ) else {
+                    return (WcStatus::RemAccessErr.raw(), WcOpcode::RdmaRead.raw(), 0);
+                };
+                let data = self.copy_from_mr(mr, rdma.remote_addr, len as usize);
+                let Local::Sges(sges) = &local else {
+                    return (WcStatus::LocQpOpErr.raw(), WcOpcode::RdmaRead.raw(), 0);
+                };
+                if self.scatter(pd, sges, &data).is_none() {
+                    return (WcStatus::LocProtErr.raw(), WcOpcode::RdmaRead.raw(), 0);
+                }
+                (WcStatus::Success.raw(), WcOpcode::RdmaRead.raw(), len)
+            }
+            _ => (WcStatus::LocQpOpErr.raw(), WcOpcode::Send.raw(), 0),
+        }
+    }
+
+    /// The payload of a send or write: inline bytes or the bytes under the SGEs.
+    fn gather(&self, pd: u32, local: &Local) -> Option<Vec<u8>> {
+        match local {
+            Local::Inline(bytes) => Some(bytes.clone()),
+            Local::Sges(sges) => {
+                let mut out = Vec::new();
+                for sge in sges {
+                    let mr = self.local_mr(pd, sge.lkey, sge.addr, sge.length, 0)?;
+                    out.extend(self.copy_from_mr(mr, sge.addr, sge.length as usize));
+                }
+                Some(out)
+            }
+        }
+    }
+
+    /// Writes `data` over the SGEs (which need local write access); `None` on a protection
+    /// error, `Some(false)` if the SGEs are too short.
+    fn scatter(&self, pd: u32, sges: &[RxeSge], data: &[u8]) -> Option<bool> {
+        let mut rest = data;
+        for sge in sges {
+            let n = rest.len().min(sge.length as usize);
+            let mr = self.local_mr(
+                pd,
+                sge.lkey,
+                sge.addr,
+                sge.length,
+                AccessFlags::LOCAL_WRITE.bits(),
+            )?;
+            self.copy_to_mr(mr, sge.addr, &rest[..n]);
+            rest = &rest[n..];
+        }
+        Some(rest.is_empty())
+    }
+
+    /// The MR of `pd` with local key `lkey` covering `[addr, addr + len)` with `access`.
+    fn local_mr(&self, pd: u32, lkey: u32, addr: u64, len: u32, access: u32) -> Option<&FakeMr> {
+        self.mrs.values().find(|m| {
+            m.pd == pd
+                && m.lkey == lkey
+                && m.access & access == access
+                && addr >= m.iova
+                && addr + u64::from(len) <= m.iova + m.len
+        })
+    }
+
+    /// The MR a remote access through QP `qpn` with `rkey` reaches.
+    fn remote(&self, qpn: u32, rkey: u32, addr: u64, len: u32, access: u32) -> Option<&FakeMr> {
+        let pd = self.qps.values().find(|q| q.qpn == qpn)?.pd;
+        self.mrs.values().find(|m| {
+            m.pd == pd
+                && m.rkey == rkey
+                && m.access & access == access
+                && addr >= m.iova
+                && addr + u64::from(len) <= m.iova + m.len
+        })
+    }
+
+    /// Host address of MR byte `iova`, through the page list as the device maps it.
+    fn mr_byte(&self, mr: &FakeMr, iova: u64) -> (*mut u8, usize) {
+        let page_size = PAGE_SIZE as u64;
+        let offset = (mr.iova % page_size) + (iova - mr.iova);
+        let page = mr.pages[(offset / page_size) as usize];
+        let in_page = (offset % page_size) as usize;
+        let host = self.ram_range(page, PAGE_SIZE).unwrap();
+        // SAFETY: inside the page just translated.
+        (unsafe { host.add(in_page) }, PAGE_SIZE - in_page)
+    }
+
+    fn copy_to_mr(&self, mr: &FakeMr, mut iova: u64, mut data: &[u8]) {
+        while !data.is_empty() {
+            let (host, room) = self.mr_byte(mr, iova);
+            let n = room.min(data.len());
+            // SAFETY: `n` bytes inside one registered guest page; the "NIC" writes guest
+            // memory the application handed to it, as DMA would.
+            unsafe { std::ptr::copy(data.as_ptr(), host, n) };
+            data = &data[n..];
+            iova += n as u64;
+        }
+    }
+
+    fn copy_from_mr(&self, mr: &FakeMr, mut iova: u64, len: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(len);
+        while out.len() < len {
+            let (host, room) = self.mr_byte(mr, iova);
+            let n = room.min(len - out.len());
+            // SAFETY: `n` readable bytes inside one registered guest page.
+            out.extend_from_slice(unsafe { std::slice::from_raw_parts(host, n) });
+            iova += n as u64;
+        }
+        out
+    }
+
+    /// A received message: consumes a receive WQE of QP `qpn` and completes it.
+    fn deliver(
+        &mut self,
+        qpn: u32,
+        src_qp: u32,
+        payload: &[u8],
+        imm: Option<u32>,
+        events: &mut Vec<Event>,
+    ) -> u32 {
+        let Some(dest) = self.qps.values().find(|q| q.qpn == qpn) else {
+            return WcStatus::RetryExcErr.raw();
+        };
+        if !matches!(dest.state, QpState::Rtr | QpState::Rts) {
+            return WcStatus::RetryExcErr.raw();
+        }
+        let (rq, pd, recv_cq) = (dest.rq, dest.pd, dest.recv_cq);
+        let Some(index) = rq.peek() else {
+            return WcStatus::RnrRetryExcErr.raw();
+        };
+        // SAFETY: a posted receive slot, owned by the kernel until the consumer passes it.
+        let wqe = unsafe { rq.slot(index).cast::<RxeRecvWqe>().read() };
+        let n = (wqe.dma.num_sge as usize).min(MAX_SGE as usize);
+        // SAFETY: `n` SGEs follow the receive WQE inside its slot.
+        let first = unsafe { rq.slot(index).add(size_of::<RxeRecvWqe>()).cast::<RxeSge>() };
+        // SAFETY: as above; SGEs are plain data.
+        let sges: Vec<RxeSge> = (0..n).map(|i| unsafe { first.add(i).read() }).collect();
+        rq.pop(index);
+        let status = match self.scatter(pd, &sges, payload) {
+            Some(true) => WcStatus::Success.raw(),
+            Some(false) => WcStatus::LocLenErr.raw(),
+            None => WcStatus::LocProtErr.raw(),
+        };
+        let wc = IbUverbsWc {
+            wr_id: wqe.wr_id,
+            status,
+            opcode: WcOpcode::Recv.raw(),
+            byte_len: payload.len() as u32,
+            ex: imm.unwrap_or(0),
+            qp_num: qpn,
+            src_qp,
+            wc_flags: if imm.is_some() {
+                sv::wc_flags::WITH_IMM
+            } else {
+                0
+            },
+            port_num: 1,
+            ..IbUverbsWc::default()
+        };
+        self.push_cqe(recv_cq, wc, events);
+        if status == WcStatus::Success.raw() {
+            WcStatus::Success.raw()
+        } else {
+            WcStatus::RemOpErr.raw()
+        }
+    }
+
+    fn push_cqe(&mut self, handle: u32, wc: IbUverbsWc, events: &mut Vec<Event>) {
+        let cq = self.cqs.get_mut(&handle).unwrap();
+        let ring = cq.ring;
+        let p = ring.producer().load(Ordering::Relaxed) & ring.mask;
+        let c = ring.consumer().load(Ordering::Acquire) & ring.mask;
+        if (p + 1) & ring.mask == c {
+            events.push(object_event(EventType::CqErr, handle));
+            return;
+        }
+        // SAFETY: the producer slot of a CQ that is not full belongs to the kernel.
+        unsafe { ring.slot(p).cast::<IbUverbsWc>().write(wc) };
+        ring.producer()
+            .store((p + 1) & ring.mask, Ordering::Release);
+        if std::mem::take(&mut cq.armed) {
+            events.push(object_event(EventType::Completion, handle));
+        }
+    }
+}
+
+/// What a send WQE carries locally.
+enum Local {
+    Inline(Vec<u8>),
+    Sges(Vec<RxeSge>),
+}
+
+fn local_payload(sq: &Ring, index: u32, wqe: &RxeSendWqe) -> Local {
+    // SAFETY: the payload area follows the WQE inside its slot.
+    let payload = unsafe { sq.slot(index).add(size_of::<RxeSendWqe>()) };
+    if wqe.wr.send_flags & sv::send_flags::INLINE != 0 {
+        let len = (wqe.dma.length as usize).min(MAX_INLINE as usize);
+        // SAFETY: at most MAX_INLINE bytes, which the slot holds.
+        return Local::Inline(unsafe { std::slice::from_raw_parts(payload, len) }.to_vec());
+    }
+    let n = (wqe.dma.num_sge as usize).min(MAX_SGE as usize);
+    let first = payload.cast::<RxeSge>();
+    // SAFETY: at most MAX_SGE SGEs, which the slot holds; SGEs are plain data.
+    Local::Sges((0..n).map(|i| unsafe { first.add(i).read() }).collect())
+}
+
+/// An event of `event_type` about the object `handle`, as the device queues it.
+pub fn object_event(event_type: EventType, handle: u32) -> Event {
+    Event {
+        event_type,
+        handle,
+        detail: 0,
+    }
+}
