@@ -17,14 +17,17 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use vrdma::provider::rxe_v1::{
-    CompletionQueue, IbUverbsWc, QueueError, QueueGeometry, RecvQueue, RxeAddressHandle, RxeQueue,
-    RxeRecvWqe, RxeSendWqe, RxeSge, SendQueue, SendQueueCaps, RXE_AV_SIZE,
+    CompletionQueue, QueueError, QueueGeometry, RecvQueue, RxeAddressHandle, RxeQueue, SendQueue,
+    SendQueueCaps,
 };
 use vrdma::provider::{
     PostError, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
     WorkCompletion, WrOpcode,
 };
 use vrdma::transport::RegionAccess;
+use vrdma_spec::rxe_v1::{IbUverbsWc, RxeAv, RxeRecvWqe, RxeSendWqe, RxeSge};
+use vrdma_spec::{Le16, Le32, Le64};
+use zerocopy::{FromZeros, IntoBytes};
 
 const HEADER: usize = 384;
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -332,9 +335,9 @@ impl KernelSide {
         bytes
             .chunks(16)
             .map(|c| RxeSge {
-                addr: u64::from_ne_bytes(c[0..8].try_into().unwrap()),
-                length: u32::from_ne_bytes(c[8..12].try_into().unwrap()),
-                lkey: u32::from_ne_bytes(c[12..16].try_into().unwrap()),
+                addr: Le64::from_bytes(c[0..8].try_into().unwrap()),
+                length: Le32::from_bytes(c[8..12].try_into().unwrap()),
+                lkey: Le32::from_bytes(c[12..16].try_into().unwrap()),
             })
             .collect()
     }
@@ -343,16 +346,17 @@ impl KernelSide {
     fn mark_kernel_owned(&self) {
         for i in 0..=self.mask {
             let wqe = self.slot(i).cast::<RxeSendWqe>();
-            // SAFETY: aligned fields of a slot inside the mapping; nothing is posted yet.
+            let owned = Le32::new(KERNEL_OWNED);
+            // SAFETY: fields (alignment 1) of a slot inside the mapping; nothing is posted yet.
             unsafe {
-                (&raw mut (*wqe).status).write(KERNEL_OWNED);
-                (&raw mut (*wqe).state).write(KERNEL_OWNED);
-                (&raw mut (*wqe).mask).write(KERNEL_OWNED);
-                (&raw mut (*wqe).first_psn).write(KERNEL_OWNED);
-                (&raw mut (*wqe).last_psn).write(KERNEL_OWNED);
-                (&raw mut (*wqe).ack_length).write(KERNEL_OWNED);
-                (&raw mut (*wqe).ssn).write(KERNEL_OWNED);
-                (&raw mut (*wqe).has_rd_atomic).write(KERNEL_OWNED);
+                (&raw mut (*wqe).status).write(owned);
+                (&raw mut (*wqe).state).write(owned);
+                (&raw mut (*wqe).mask).write(owned);
+                (&raw mut (*wqe).first_psn).write(owned);
+                (&raw mut (*wqe).last_psn).write(owned);
+                (&raw mut (*wqe).ack_length).write(owned);
+                (&raw mut (*wqe).ssn).write(owned);
+                (&raw mut (*wqe).has_rd_atomic).write(owned);
             }
         }
     }
@@ -388,28 +392,28 @@ fn sge_of(buf: &[u8], lkey: u32) -> Sge {
 fn rxe_sges(sges: &[Sge]) -> Vec<RxeSge> {
     sges.iter()
         .map(|s| RxeSge {
-            addr: s.addr,
-            length: s.length,
-            lkey: s.lkey,
+            addr: Le64::new(s.addr),
+            length: Le32::new(s.length),
+            lkey: Le32::new(s.lkey),
         })
         .collect()
 }
 
 /// Checks the fields every send WQE shares.
 fn check_common(wqe: &RxeSendWqe, wr: &SendWr<'_>, length: u32) {
-    assert_eq!(wqe.wr.wr_id, wr.wr_id);
-    assert_eq!(wqe.wr.reserved, 0);
-    assert_eq!(wqe.wr.opcode, wr.opcode as u32);
-    assert_eq!(wqe.wr.send_flags, wr.flags.bits());
+    assert_eq!(wqe.wr.wr_id.get(), wr.wr_id);
+    assert_eq!(wqe.wr.reserved.get(), 0);
+    assert_eq!(wqe.wr.opcode.get(), wr.opcode as u32);
+    assert_eq!(wqe.wr.send_flags.get(), wr.flags.bits());
     let imm = if wr.opcode.has_imm() { wr.imm_data } else { 0 };
-    assert_eq!(wqe.wr.ex, imm);
-    assert_eq!(wqe.state, 0);
-    assert_eq!(wqe.dma.length, length);
-    assert_eq!(wqe.dma.resid, length);
-    assert_eq!(wqe.dma.cur_sge, 0);
-    assert_eq!(wqe.dma.num_sge, wr.sg_list.len() as u32);
-    assert_eq!(wqe.dma.sge_offset, 0);
-    assert_eq!(wqe.dma.reserved, 0);
+    assert_eq!(u32::from_ne_bytes(wqe.wr.ex), imm);
+    assert_eq!(wqe.state.get(), 0);
+    assert_eq!(wqe.dma.length.get(), length);
+    assert_eq!(wqe.dma.resid.get(), length);
+    assert_eq!(wqe.dma.cur_sge.get(), 0);
+    assert_eq!(wqe.dma.num_sge.get(), wr.sg_list.len() as u32);
+    assert_eq!(wqe.dma.sge_offset.get(), 0);
+    assert_eq!(wqe.dma.reserved.get(), 0);
 }
 
 /// Checks that the provider left the kernel-owned WQE fields alone: a mapped queue never
@@ -429,7 +433,7 @@ fn check_kernel_fields(wqe: &RxeSendWqe, kind: Kind) {
         wqe.ssn,
         wqe.has_rd_atomic,
     ] {
-        assert_eq!(v, want);
+        assert_eq!(v.get(), want);
     }
 }
 
@@ -533,29 +537,29 @@ fn rc_send_wqes_carry_every_field(kind: Kind) {
         check_kernel_fields(&wqe, kind);
         let length: u32 = wr.sg_list.iter().map(|s| s.length).sum();
         check_common(&wqe, wr, length);
-        let union = wqe.wr.wr.raw();
+        let union = wqe.wr.wr.bytes;
         match wr.opcode {
             WrOpcode::Send | WrOpcode::SendWithImm => {
-                assert_eq!(union, [0; 15]);
-                assert_eq!(wqe.iova, 0);
+                assert_eq!(union, [0; 120]);
+                assert_eq!(wqe.iova.get(), 0);
             }
             WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead => {
                 let rdma = wqe.wr.wr.rdma();
                 assert_eq!(
-                    (rdma.remote_addr, rdma.rkey, rdma.reserved),
+                    (rdma.remote_addr.get(), rdma.rkey.get(), rdma.reserved.get()),
                     (wr.remote_addr, wr.rkey, 0)
                 );
-                assert_eq!(union[2..], [0; 13]);
-                assert_eq!(wqe.iova, wr.remote_addr);
+                assert_eq!(union[16..], [0; 104]);
+                assert_eq!(wqe.iova.get(), wr.remote_addr);
             }
             WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
                 let atomic = wqe.wr.wr.atomic();
-                assert_eq!(atomic.remote_addr, wr.remote_addr);
-                assert_eq!(atomic.compare_add, wr.compare_add);
-                assert_eq!(atomic.swap, wr.swap);
-                assert_eq!((atomic.rkey, atomic.reserved), (wr.rkey, 0));
-                assert_eq!(union[4..], [0; 11]);
-                assert_eq!(wqe.iova, wr.remote_addr);
+                assert_eq!(atomic.remote_addr.get(), wr.remote_addr);
+                assert_eq!(atomic.compare_add.get(), wr.compare_add);
+                assert_eq!(atomic.swap.get(), wr.swap);
+                assert_eq!((atomic.rkey.get(), atomic.reserved.get()), (wr.rkey, 0));
+                assert_eq!(union[32..], [0; 88]);
+                assert_eq!(wqe.iova.get(), wr.remote_addr);
             }
         }
         if wr.flags.contains(SendFlags::INLINE) {
@@ -569,15 +573,16 @@ fn rc_send_wqes_carry_every_field(kind: Kind) {
             );
         }
     }
-    assert_eq!(k.send_wqe(1).wr.ex.to_ne_bytes(), [0x12, 0x34, 0x56, 0x78]);
+    assert_eq!(k.send_wqe(1).wr.ex, [0x12, 0x34, 0x56, 0x78]);
 }
 
 fn ud_sends_name_the_ah_or_carry_the_av(kind: Kind) {
     let shared = SharedQueue::new(kind, 8, 9);
     let k = shared.kernel;
     let mut sq = send_queue(&shared, QpType::Ud);
-    let mut av = [0u8; RXE_AV_SIZE];
-    av.iter_mut()
+    let mut av = RxeAv::new_zeroed();
+    av.as_mut_bytes()
+        .iter_mut()
         .enumerate()
         .for_each(|(i, b)| *b = i as u8 + 1);
     let new_kernel_ah = RxeAddressHandle { ah_num: 7, av };
@@ -612,17 +617,23 @@ fn ud_sends_name_the_ah_or_carry_the_av(kind: Kind) {
         ],
     )
     .unwrap();
-    for (index, want_ah_num, want_av) in [(0, 7, [0; RXE_AV_SIZE]), (1, 0, av)] {
+    for (index, want_ah_num, want_av) in [(0, 7, RxeAv::new_zeroed()), (1, 0, av)] {
         let wqe = k.send_wqe(index);
         let ud = wqe.wr.wr.ud();
-        assert_eq!((ud.remote_qpn, ud.remote_qkey), (0x11, 0x1111_0000));
-        assert_eq!((ud.pkey_index, ud.reserved, ud.pad), (0, 0, [0; 4]));
-        assert_eq!(ud.ah_num, want_ah_num);
+        assert_eq!(
+            (ud.remote_qpn.get(), ud.remote_qkey.get()),
+            (0x11, 0x1111_0000)
+        );
+        assert_eq!(
+            (ud.pkey_index, ud.reserved, ud.pad),
+            (Le16::ZERO, Le16::ZERO, [0; 16])
+        );
+        assert_eq!(ud.ah_num.get(), want_ah_num);
         assert_eq!(ud.av, want_av);
-        assert_eq!(wqe.iova, 0);
+        assert_eq!(wqe.iova.get(), 0);
         assert_eq!(k.sges(index, 208, 1), rxe_sges(&sgl));
     }
-    assert_eq!(k.send_wqe(1).wr.ex, 0x0102_0304);
+    assert_eq!(u32::from_ne_bytes(k.send_wqe(1).wr.ex), 0x0102_0304);
 
     let mut write = wr(3, &new_kernel_ah, WrOpcode::RdmaWrite, &sgl);
     assert_eq!(
@@ -662,7 +673,7 @@ fn refusals_say_how_many_were_posted(kind: Kind) {
     let small_sgl = [sge];
     let ah = RxeAddressHandle {
         ah_num: 1,
-        av: [0; RXE_AV_SIZE],
+        av: RxeAv::new_zeroed(),
     };
     let cases: [(SendWr<'_>, PostError); 7] = [
         (
@@ -749,12 +760,12 @@ fn full_queue_refuses_without_overwriting(kind: Kind) {
     assert_eq!(post(&mut sq, &wrs), Err((3, PostError::QueueFull)));
     assert_eq!(k.producer().load(Ordering::Acquire), 3);
     assert_eq!(
-        k.send_wqe(3).wr.wr_id,
+        k.send_wqe(3).wr.wr_id.get(),
         0,
         "the free slot must not be written"
     );
     for i in 0..3 {
-        assert_eq!(k.send_wqe(i).wr.wr_id, u64::from(i));
+        assert_eq!(k.send_wqe(i).wr.wr_id.get(), u64::from(i));
     }
     assert_eq!(post(&mut sq, &wrs[3..4]), Err((0, PostError::QueueFull)));
 
@@ -762,10 +773,10 @@ fn full_queue_refuses_without_overwriting(kind: Kind) {
     k.consumer().store(2, Ordering::Release);
     assert_eq!(post(&mut sq, &wrs[3..]), Ok(()));
     assert_eq!(k.producer().load(Ordering::Acquire), 1);
-    assert_eq!(k.send_wqe(3).wr.wr_id, 3);
-    assert_eq!(k.send_wqe(0).wr.wr_id, 4);
+    assert_eq!(k.send_wqe(3).wr.wr_id.get(), 3);
+    assert_eq!(k.send_wqe(0).wr.wr_id.get(), 4);
     assert_eq!(
-        k.send_wqe(1).wr.wr_id,
+        k.send_wqe(1).wr.wr_id.get(),
         1,
         "an unconsumed slot must not be overwritten"
     );
@@ -850,10 +861,13 @@ fn simulated_kernel(sq: KernelSide, cq: KernelSide, total: u64) {
         check_common(&wqe, &want, length);
         if want.opcode.is_rdma() {
             let rdma = wqe.wr.wr.rdma();
-            assert_eq!((rdma.remote_addr, rdma.rkey), (want.remote_addr, want.rkey));
-            assert_eq!(wqe.iova, want.remote_addr);
+            assert_eq!(
+                (rdma.remote_addr.get(), rdma.rkey.get()),
+                (want.remote_addr, want.rkey)
+            );
+            assert_eq!(wqe.iova.get(), want.remote_addr);
         } else {
-            assert_eq!(wqe.wr.wr.raw(), [0; 15]);
+            assert_eq!(wqe.wr.wr.bytes, [0; 120]);
         }
         if want.flags.contains(SendFlags::INLINE) {
             let n = length as usize;
@@ -880,10 +894,10 @@ fn simulated_kernel(sq: KernelSide, cq: KernelSide, total: u64) {
                 cq_prod,
                 IbUverbsWc {
                     wr_id: wqe.wr.wr_id,
-                    opcode: opcode.raw(),
+                    opcode: Le32::new(opcode.raw()),
                     byte_len: wqe.dma.length,
-                    qp_num: 17,
-                    ..Default::default()
+                    qp_num: Le32::new(17),
+                    ..IbUverbsWc::new_zeroed()
                 },
             );
             cq_prod = (cq_prod + 1) & cq.mask;
@@ -999,17 +1013,20 @@ fn receive_wqes_carry_every_field_and_wrap(kind: Kind) {
     for (i, wr) in wrs.iter().enumerate() {
         let wqe = k.recv_wqe(i as u32);
         let length: u32 = wr.sg_list.iter().map(|s| s.length).sum();
-        assert_eq!((wqe.wr_id, wqe.reserved, wqe.padding), (wr.wr_id, 0, 0));
+        assert_eq!(
+            (wqe.wr_id.get(), wqe.reserved.get(), wqe.padding.get()),
+            (wr.wr_id, 0, 0)
+        );
         assert_eq!(
             (
-                wqe.dma.length,
-                wqe.dma.resid,
-                wqe.dma.cur_sge,
-                wqe.dma.num_sge
+                wqe.dma.length.get(),
+                wqe.dma.resid.get(),
+                wqe.dma.cur_sge.get(),
+                wqe.dma.num_sge.get()
             ),
             (length, length, 0, wr.sg_list.len() as u32)
         );
-        assert_eq!((wqe.dma.sge_offset, wqe.dma.reserved), (0, 0));
+        assert_eq!((wqe.dma.sge_offset.get(), wqe.dma.reserved.get()), (0, 0));
         assert_eq!(k.sges(i as u32, 40, wr.sg_list.len()), rxe_sges(wr.sg_list));
     }
 
@@ -1042,7 +1059,10 @@ fn receive_wqes_carry_every_field_and_wrap(kind: Kind) {
         let prod = k.producer().load(Ordering::Acquire);
         assert_eq!(prod, cons.wrapping_sub(1) & 7);
         let wqe = k.recv_wqe(prod.wrapping_sub(1));
-        assert_eq!((wqe.wr_id, wqe.dma.num_sge), (round, (round % 5) as u32));
+        assert_eq!(
+            (wqe.wr_id.get(), wqe.dma.num_sge.get()),
+            (round, (round % 5) as u32)
+        );
         assert_eq!(
             k.sges(prod.wrapping_sub(1), 40, (round % 5) as usize),
             rxe_sges(wr.sg_list)
@@ -1058,34 +1078,34 @@ fn poll_converts_native_completions(kind: Kind) {
     assert_eq!(cq.poll(&mut wcs), 0);
 
     let recv = IbUverbsWc {
-        wr_id: 0xfeed,
-        status: 0,
-        opcode: 128,
-        vendor_err: 0,
-        byte_len: 4096,
-        ex: u32::from_ne_bytes([0xde, 0xad, 0xbe, 0xef]),
-        qp_num: 0x11,
-        src_qp: 0x22,
-        wc_flags: 0x3,
-        pkey_index: 5,
-        slid: 6,
+        wr_id: Le64::new(0xfeed),
+        status: Le32::new(0),
+        opcode: Le32::new(128),
+        vendor_err: Le32::new(0),
+        byte_len: Le32::new(4096),
+        ex: [0xde, 0xad, 0xbe, 0xef],
+        qp_num: Le32::new(0x11),
+        src_qp: Le32::new(0x22),
+        wc_flags: Le32::new(0x3),
+        pkey_index: Le16::new(5),
+        slid: Le16::new(6),
         sl: 7,
         dlid_path_bits: 8,
         port_num: 1,
         reserved: 0xff,
     };
     let flushed = IbUverbsWc {
-        wr_id: 2,
-        status: 5,
-        vendor_err: 0x99,
-        qp_num: 0x11,
-        ..Default::default()
+        wr_id: Le64::new(2),
+        status: Le32::new(5),
+        vendor_err: Le32::new(0x99),
+        qp_num: Le32::new(0x11),
+        ..IbUverbsWc::new_zeroed()
     };
     let strange = IbUverbsWc {
-        wr_id: 3,
-        status: 77,
-        opcode: 55,
-        ..Default::default()
+        wr_id: Le64::new(3),
+        status: Le32::new(77),
+        opcode: Le32::new(55),
+        ..IbUverbsWc::new_zeroed()
     };
     for (i, cqe) in [recv, flushed, strange].into_iter().enumerate() {
         k.write_cqe(i as u32, cqe);
@@ -1205,8 +1225,8 @@ fn corrupted_indices_stay_inside_the_buffer(kind: Kind) {
         k.write_cqe(
             i,
             IbUverbsWc {
-                wr_id: u64::from(i),
-                ..Default::default()
+                wr_id: Le64::new(u64::from(i)),
+                ..IbUverbsWc::new_zeroed()
             },
         );
     }
@@ -1304,7 +1324,7 @@ fn accessed_send_queue_writes_each_wqe_once_before_publishing() {
             published(3)
         ]
     );
-    assert_eq!(shared.kernel.send_wqe(0).wr.wr_id, 1);
+    assert_eq!(shared.kernel.send_wqe(0).wr.wr_id.get(), 1);
     assert_eq!(shared.kernel.payload(0, 208, 40), inline);
 
     // A refusal after one request: that one is written, then published, nothing else.
@@ -1367,7 +1387,7 @@ fn accessed_receive_queue_writes_each_wqe_once_before_publishing() {
             }
         ]
     );
-    assert_eq!(shared.kernel.recv_wqe(1).wr_id, 2);
+    assert_eq!(shared.kernel.recv_wqe(1).wr_id.get(), 2);
 }
 
 /// Polling an accessed CQ: one Acquire load of the producer index before any CQE is read, one
@@ -1381,8 +1401,8 @@ fn accessed_completion_queue_reads_before_handing_slots_back() {
         k.write_cqe(
             i,
             IbUverbsWc {
-                wr_id: 10 + u64::from(i),
-                ..Default::default()
+                wr_id: Le64::new(10 + u64::from(i)),
+                ..IbUverbsWc::new_zeroed()
             },
         );
     }

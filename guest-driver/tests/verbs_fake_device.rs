@@ -14,11 +14,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use vrdma::dma::{DmaBuffer, GuestRam, GUEST_RAM_BASE, PAGE_SIZE};
-use vrdma::provider::rxe_v1::{IbUverbsWc, RxeRecvWqe, RxeSendWqe, RxeSge};
 use vrdma::spec::config::{ring_format, DeviceConfig, MAGIC};
 use vrdma::spec::control::{ControlRequest, ControlResponse, Opcode, ResponseBody};
 use vrdma::spec::event::{Event, EventType};
-use vrdma::spec::rxe_v1::{num_slots_for, recv_wqe_size, send_wqe_size, RxeAv};
+use vrdma::spec::rxe_v1::{
+    num_slots_for, recv_wqe_size, send_wqe_size, IbUverbsWc, RxeAv, RxeRecvWqe, RxeSendWqe, RxeSge,
+};
 use vrdma::spec::verbs::{self as sv, check_modify_qp, qp_attr, QpState, QpType as SpecQpType};
 use vrdma::spec::wire::*;
 use vrdma::spec::{features, DoorbellArea, Le16, Le32, Le64, Status, StatusError};
@@ -29,6 +30,7 @@ use vrdma::verbs::{
     QpInitAttr, QpType, RecvWr, RemoteQp, SendFlags, SendWr, Sge, VerbsError, WcFlags, WcOpcode,
     WcStatus, WorkCompletion, WrOpcode,
 };
+use zerocopy::{FromZeros, IntoBytes};
 
 const SHM_SIZE: usize = 4 << 20;
 const RAM_SIZE: usize = 16 << 20;
@@ -842,16 +844,16 @@ impl Device {
             let wqe = unsafe { sq.slot(index).cast::<RxeSendWqe>().read() };
             let (status, opcode, byte_len) = self.execute_wqe(handle, &sq, index, &wqe, events);
             sq.pop(index);
-            let signaled = wqe.wr.send_flags & sv::send_flags::SIGNALED != 0;
+            let signaled = wqe.wr.send_flags.get() & sv::send_flags::SIGNALED != 0;
             if signaled || sig_all || status != sv::wc_status::SUCCESS {
                 let wc = IbUverbsWc {
                     wr_id: wqe.wr.wr_id,
-                    status,
-                    opcode,
-                    byte_len,
-                    qp_num: qpn,
+                    status: Le32::new(status),
+                    opcode: Le32::new(opcode),
+                    byte_len: Le32::new(byte_len),
+                    qp_num: Le32::new(qpn),
                     port_num: 1,
-                    ..IbUverbsWc::default()
+                    ..IbUverbsWc::new_zeroed()
                 };
                 self.push_cqe(send_cq, wc, events);
             }
@@ -871,18 +873,19 @@ impl Device {
         let qp = &self.qps[&handle];
         let pd = qp.pd;
         let dest_qpn = if qp.qp_type == SpecQpType::Ud {
-            wqe.wr.wr.ud().remote_qpn
+            wqe.wr.wr.ud().remote_qpn.get()
         } else {
             qp.dest_qpn
         };
-        let len = wqe.dma.length;
+        let len = wqe.dma.length.get();
         let local = local_payload(sq, index, wqe);
-        match wqe.wr.opcode {
+        match wqe.wr.opcode.get() {
             wr_opcode::SEND | wr_opcode::SEND_WITH_IMM => {
                 let Some(payload) = self.gather(pd, &local) else {
                     return (wc_status::LOC_PROT_ERR, wc_opcode::SEND, 0);
                 };
-                let imm = (wqe.wr.opcode == wr_opcode::SEND_WITH_IMM).then_some(wqe.wr.ex);
+                let imm = (wqe.wr.opcode.get() == wr_opcode::SEND_WITH_IMM)
+                    .then_some(u32::from_ne_bytes(wqe.wr.ex));
                 let src_qpn = self.qps[&handle].qpn;
                 let status = self.deliver(dest_qpn, src_qpn, &payload, imm, events);
                 (status, wc_opcode::SEND, len)
@@ -892,15 +895,10 @@ impl Device {
                     return (wc_status::LOC_PROT_ERR, wc_opcode::RDMA_WRITE, 0);
                 };
                 let rdma = wqe.wr.wr.rdma();
-                match self.remote(
-                    dest_qpn,
-                    rdma.rkey,
-                    rdma.remote_addr,
-                    len,
-                    sv::access::REMOTE_WRITE,
-                ) {
+                let (rkey, remote_addr) = (rdma.rkey.get(), rdma.remote_addr.get());
+                match self.remote(dest_qpn, rkey, remote_addr, len, sv::access::REMOTE_WRITE) {
                     Some(mr) => {
-                        self.copy_to_mr(mr, rdma.remote_addr, &payload);
+                        self.copy_to_mr(mr, remote_addr, &payload);
                         (wc_status::SUCCESS, wc_opcode::RDMA_WRITE, len)
                     }
                     None => (wc_status::REM_ACCESS_ERR, wc_opcode::RDMA_WRITE, 0),
@@ -908,16 +906,13 @@ impl Device {
             }
             wr_opcode::RDMA_READ => {
                 let rdma = wqe.wr.wr.rdma();
-                let Some(mr) = self.remote(
-                    dest_qpn,
-                    rdma.rkey,
-                    rdma.remote_addr,
-                    len,
-                    sv::access::REMOTE_READ,
-                ) else {
+                let (rkey, remote_addr) = (rdma.rkey.get(), rdma.remote_addr.get());
+                let Some(mr) =
+                    self.remote(dest_qpn, rkey, remote_addr, len, sv::access::REMOTE_READ)
+                else {
                     return (wc_status::REM_ACCESS_ERR, wc_opcode::RDMA_READ, 0);
                 };
-                let data = self.copy_from_mr(mr, rdma.remote_addr, len as usize);
+                let data = self.copy_from_mr(mr, remote_addr, len as usize);
                 let Local::Sges(sges) = &local else {
                     return (wc_status::LOC_QP_OP_ERR, wc_opcode::RDMA_READ, 0);
                 };
@@ -937,8 +932,9 @@ impl Device {
             Local::Sges(sges) => {
                 let mut out = Vec::new();
                 for sge in sges {
-                    let mr = self.local_mr(pd, sge.lkey, sge.addr, sge.length, 0)?;
-                    out.extend(self.copy_from_mr(mr, sge.addr, sge.length as usize));
+                    let (lkey, addr, length) = (sge.lkey.get(), sge.addr.get(), sge.length.get());
+                    let mr = self.local_mr(pd, lkey, addr, length, 0)?;
+                    out.extend(self.copy_from_mr(mr, addr, length as usize));
                 }
                 Some(out)
             }
@@ -950,9 +946,10 @@ impl Device {
     fn scatter(&self, pd: u32, sges: &[RxeSge], data: &[u8]) -> Option<bool> {
         let mut rest = data;
         for sge in sges {
-            let n = rest.len().min(sge.length as usize);
-            let mr = self.local_mr(pd, sge.lkey, sge.addr, sge.length, sv::access::LOCAL_WRITE)?;
-            self.copy_to_mr(mr, sge.addr, &rest[..n]);
+            let (lkey, addr, length) = (sge.lkey.get(), sge.addr.get(), sge.length.get());
+            let n = rest.len().min(length as usize);
+            let mr = self.local_mr(pd, lkey, addr, length, sv::access::LOCAL_WRITE)?;
+            self.copy_to_mr(mr, addr, &rest[..n]);
             rest = &rest[n..];
         }
         Some(rest.is_empty())
@@ -1038,7 +1035,7 @@ impl Device {
         };
         // SAFETY: a posted receive slot, owned by the kernel until the consumer passes it.
         let wqe = unsafe { rq.slot(index).cast::<RxeRecvWqe>().read() };
-        let n = (wqe.dma.num_sge as usize).min(MAX_SGE as usize);
+        let n = (wqe.dma.num_sge.get() as usize).min(MAX_SGE as usize);
         // SAFETY: `n` SGEs follow the receive WQE inside its slot.
         let first = unsafe { rq.slot(index).add(size_of::<RxeRecvWqe>()).cast::<RxeSge>() };
         // SAFETY: as above; SGEs are plain data.
@@ -1051,19 +1048,19 @@ impl Device {
         };
         let wc = IbUverbsWc {
             wr_id: wqe.wr_id,
-            status,
-            opcode: sv::wc_opcode::RECV,
-            byte_len: payload.len() as u32,
-            ex: imm.unwrap_or(0),
-            qp_num: qpn,
-            src_qp,
-            wc_flags: if imm.is_some() {
+            status: Le32::new(status),
+            opcode: Le32::new(sv::wc_opcode::RECV),
+            byte_len: Le32::new(payload.len() as u32),
+            ex: imm.unwrap_or(0).to_ne_bytes(),
+            qp_num: Le32::new(qpn),
+            src_qp: Le32::new(src_qp),
+            wc_flags: Le32::new(if imm.is_some() {
                 sv::wc_flags::WITH_IMM
             } else {
                 0
-            },
+            }),
             port_num: 1,
-            ..IbUverbsWc::default()
+            ..IbUverbsWc::new_zeroed()
         };
         self.push_cqe(recv_cq, wc, events);
         if status == wc_status::SUCCESS {
@@ -1101,12 +1098,12 @@ enum Local {
 fn local_payload(sq: &Ring, index: u32, wqe: &RxeSendWqe) -> Local {
     // SAFETY: the payload area follows the WQE inside its slot.
     let payload = unsafe { sq.slot(index).add(size_of::<RxeSendWqe>()) };
-    if wqe.wr.send_flags & sv::send_flags::INLINE != 0 {
-        let len = (wqe.dma.length as usize).min(MAX_INLINE as usize);
+    if wqe.wr.send_flags.get() & sv::send_flags::INLINE != 0 {
+        let len = (wqe.dma.length.get() as usize).min(MAX_INLINE as usize);
         // SAFETY: at most MAX_INLINE bytes, which the slot holds.
         return Local::Inline(unsafe { std::slice::from_raw_parts(payload, len) }.to_vec());
     }
-    let n = (wqe.dma.num_sge as usize).min(MAX_SGE as usize);
+    let n = (wqe.dma.num_sge.get() as usize).min(MAX_SGE as usize);
     let first = payload.cast::<RxeSge>();
     // SAFETY: at most MAX_SGE SGEs, which the slot holds; SGEs are plain data.
     Local::Sges((0..n).map(|i| unsafe { first.add(i).read() }).collect())
@@ -1945,7 +1942,7 @@ fn ud_sends_name_the_address_handle() {
     )
     .unwrap();
     assert_ne!(ah.rxe().ah_num, 0);
-    assert_eq!(&ah.rxe().av[8..24], &LOCAL_GID);
+    assert_eq!(&ah.rxe().av.as_bytes()[8..24], &LOCAL_GID);
 
     let buf = ctx.alloc_buffer(256).unwrap();
     let mr = pd.register(&buf, AccessFlags::LOCAL_WRITE).unwrap();
