@@ -19,15 +19,16 @@ use std::time::{Duration, Instant};
 
 use vrdma::provider::rxe_v1::{
     CompletionQueue, QueueError, QueueGeometry, RecvQueue, RxeAddressHandle, RxeQueue, SendQueue,
-    SendQueueCaps, RXE_AV_SIZE,
+    SendQueueCaps,
 };
 use vrdma::provider::{RecvWr, SendFlags, SendWr, Sge, UdDest, WorkCompletion};
 use vrdma_backend::control::rings::{slot_geometry, slot_log2, RXE_CQE_BYTES};
 use vrdma_backend::host::*;
-use vrdma_spec::rxe_v1::{header, recv_wqe_size, send_wqe_size};
+use vrdma_spec::rxe_v1::{header, recv_wqe_size, send_wqe_size, RxeAv};
 use vrdma_spec::verbs::{
     AccessFlags, GidType, QpAttrMask, QpState, QpType, WcOpcode, WcStatus, WrOpcode,
 };
+use zerocopy::FromZeros;
 
 const PAGE: usize = 4096;
 const IOVA: u64 = 0x7a00_0000_0000;
@@ -568,7 +569,7 @@ fn rxe_host_path_end_to_end() {
         .unwrap_or_else(|(_, e)| panic!("post_recv: {e}"));
     let ah_handle = RxeAddressHandle {
         ah_num: ah.ah_num,
-        av: [0; RXE_AV_SIZE],
+        av: RxeAv::new_zeroed(),
     };
     let send_sge = [Sge {
         addr: IOVA,

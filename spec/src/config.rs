@@ -1,7 +1,6 @@
 //! Device configuration space (64 bytes, read-only, little-endian).
 
 use crate::error::DecodeError;
-use crate::wire::wire_struct;
 use crate::{Le16, Le32, Le64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 

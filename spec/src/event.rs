@@ -1,10 +1,10 @@
 //! Events the device returns on the event queue (16 bytes each).
 
+use zerocopy::IntoBytes;
+
 use crate::config::exact;
 use crate::error::DecodeError;
-use crate::wire::wire_struct;
 use crate::Le32;
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 wire_struct! {
     /// Wire form of one event.

@@ -24,6 +24,17 @@ macro_rules! assert_layout {
     };
 }
 
+/// A wire struct: `#[repr(C)]`, alignment 1, convertible from and to bytes.
+macro_rules! wire_struct {
+    ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident : $t:ty),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, zerocopy::FromBytes, zerocopy::IntoBytes,
+            zerocopy::KnownLayout, zerocopy::Immutable, zerocopy::Unaligned)]
+        #[repr(C)]
+        pub struct $name { $($(#[$fm])* pub $f: $t),* }
+    };
+}
+
 pub mod config;
 pub mod control;
 pub mod doorbell;

@@ -6,17 +6,6 @@
 
 use crate::rxe_v1::RxeAv;
 use crate::{Le16, Le32, Le64};
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
-
-macro_rules! wire_struct {
-    ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident : $t:ty),* $(,)? }) => {
-        $(#[$m])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
-        #[repr(C)]
-        pub struct $name { $($(#[$fm])* pub $f: $t),* }
-    };
-}
-pub(crate) use wire_struct;
 
 wire_struct! {
     /// Header of every control request (8 bytes).

@@ -835,31 +835,6 @@ abi_struct! {
 abi_layout!(DestroyAh, 4, ah_handle @ 0);
 command!(DestroyAh, cmd::DESTROY_AH, "DESTROY_AH");
 
-abi_struct! {
-    /// `struct ib_uverbs_wc`: the user half of an rxe CQ slot.
-    pub struct Wc {
-        pub wr_id: u64,
-        pub status: u32,
-        pub opcode: u32,
-        pub vendor_err: u32,
-        pub byte_len: u32,
-        /// `imm_data` (big-endian) or `invalidate_rkey`.
-        pub ex: u32,
-        pub qp_num: u32,
-        pub src_qp: u32,
-        pub wc_flags: u32,
-        pub pkey_index: u16,
-        pub slid: u16,
-        pub sl: u8,
-        pub dlid_path_bits: u8,
-        pub port_num: u8,
-        pub reserved: u8,
-    }
-}
-abi_layout!(Wc, 48, wr_id @ 0, status @ 8, opcode @ 12, vendor_err @ 16, byte_len @ 20,
-    ex @ 24, qp_num @ 28, src_qp @ 32, wc_flags @ 36, pkey_index @ 40, slid @ 42, sl @ 44,
-    dlid_path_bits @ 45, port_num @ 46, reserved @ 47);
-
 #[cfg(test)]
 mod tests {
     use super::*;

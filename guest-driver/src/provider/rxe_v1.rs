@@ -1,8 +1,10 @@
 //! Ring format "rxe v1": the native queues of Linux Soft-RoCE (`rdma_rxe`), as used by
 //! rdma-core's `providers/rxe`.
 //!
-//! Every SQ, RQ, SRQ and CQ is one kernel buffer: a 384-byte header holding the slot geometry
-//! and the two indices, followed by a power-of-two number of power-of-two sized slots. This
+//! The layout of the queues (header, WQEs, CQEs) is [`vrdma_spec::rxe_v1`]'s; this module adds
+//! what the provider does with it. Every SQ, RQ, SRQ and CQ is one kernel buffer: a 384-byte
+//! header holding the slot geometry and the two indices, followed by a power-of-two number of
+//! power-of-two sized slots. This
 //! process owns the SQ/RQ/SRQ producer index and the CQ consumer index; the host kernel owns
 //! the other two. The kernel keeps its own copy of the geometry and masks every index it reads,
 //! and so does this module: the header is cross-checked once against what the device reported,
@@ -21,29 +23,16 @@
 //! Posting needs no kernel call except for sends: the caller rings the send doorbell after
 //! [`SendQueue::post_send`] posted at least one request.
 
-mod abi;
+mod ah;
 mod cq;
 mod queue;
 mod recv;
 mod send;
+#[cfg(test)]
+mod uapi_opcode_tests;
 
-pub use abi::{
-    IbUverbsWc, RxeAtomicWr, RxeDmaInfo, RxeQueueBuf, RxeRdmaWr, RxeRecvWqe, RxeSendWqe, RxeSendWr,
-    RxeSendWrUnion, RxeSge, RxeUdWr, RXE_AV_SIZE, WQE_STATE_POSTED,
-};
+pub use ah::RxeAddressHandle;
 pub use cq::CompletionQueue;
 pub use queue::{QueueError, QueueGeometry, RxeQueue};
 pub use recv::RecvQueue;
 pub use send::{SendQueue, SendQueueCaps};
-
-/// An address handle created on the device, as its CREATE_AH response describes it.
-///
-/// Kernels since 5.10 return a non-zero `ah_num` that a UD send names; older kernels return 0
-/// and expect the address vector (`struct rxe_av`) copied into every UD send instead.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RxeAddressHandle {
-    /// The kernel's AH index, or 0 on kernels that want the address vector inline.
-    pub ah_num: u32,
-    /// Bytes of the kernel's `struct rxe_av` for this handle.
-    pub av: [u8; RXE_AV_SIZE],
-}

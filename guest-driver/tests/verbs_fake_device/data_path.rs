@@ -11,6 +11,7 @@ use vrdma::verbs::{
     QpType, RecvWr, SendFlags, SendWr, Sge, VerbsError, WcFlags, WcOpcode, WcStatus, WrOpcode,
 };
 use vrdma_test_support::fake_transport::{object_event, LOCAL_GID};
+use zerocopy::IntoBytes;
 
 use crate::helpers::*;
 
@@ -346,7 +347,7 @@ fn ud_sends_name_the_address_handle() {
     )
     .unwrap();
     assert_ne!(ah.rxe().ah_num, 0);
-    assert_eq!(&ah.rxe().av[8..24], &LOCAL_GID);
+    assert_eq!(&ah.rxe().av.as_bytes()[8..24], &LOCAL_GID);
 
     let buf = ctx.alloc_buffer(256).unwrap();
     let mr = pd.register(&buf, AccessFlags::LOCAL_WRITE).unwrap();

@@ -7,9 +7,8 @@ use std::mem::size_of;
 use std::sync::Arc;
 
 use vrdma::dma::{MemfdRam, GUEST_RAM_BASE, PAGE_SIZE};
-use vrdma::provider::rxe_v1::IbUverbsWc;
 use vrdma::spec::control::{ControlRequest, ControlResponse, Opcode, ResponseBody};
-use vrdma::spec::rxe_v1::{num_slots_for, recv_wqe_size, send_wqe_size, RxeAv};
+use vrdma::spec::rxe_v1::{num_slots_for, recv_wqe_size, send_wqe_size, IbUverbsWc, RxeAv};
 use vrdma::spec::verbs::{check_modify_qp, QpAttrMask, QpState, QpType};
 use vrdma::spec::wire::*;
 use vrdma::spec::{Le16, Le32, Le64, Status, StatusError};

@@ -6,10 +6,11 @@ use std::mem::size_of;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use vrdma::dma::PAGE_SIZE;
-use vrdma::provider::rxe_v1::{IbUverbsWc, RxeRecvWqe, RxeSendWqe, RxeSge};
 use vrdma::spec::event::{Event, EventType};
+use vrdma::spec::rxe_v1::{IbUverbsWc, RxeRecvWqe, RxeSendWqe, RxeSge};
 use vrdma::spec::verbs::{self as sv, AccessFlags, QpState, QpType, WcOpcode, WcStatus, WrOpcode};
-use vrdma::spec::DoorbellArea;
+use vrdma::spec::{DoorbellArea, Le32};
+use zerocopy::FromZeros;
 
 use super::device::{FakeDevice, FakeMr};
 use super::profile::{doorbell_area_bytes, DOORBELL_SLOTS, MAX_INLINE, MAX_SGE};
@@ -56,16 +57,16 @@ impl FakeDevice {
             let wqe = unsafe { sq.slot(index).cast::<RxeSendWqe>().read() };
             let (status, opcode, byte_len) = self.execute_wqe(handle, &sq, index, &wqe, events);
             sq.pop(index);
-            let signaled = wqe.wr.send_flags & sv::send_flags::SIGNALED != 0;
+            let signaled = wqe.wr.send_flags.get() & sv::send_flags::SIGNALED != 0;
             if signaled || sig_all || status != WcStatus::Success.raw() {
                 let wc = IbUverbsWc {
                     wr_id: wqe.wr.wr_id,
-                    status,
-                    opcode,
-                    byte_len,
-                    qp_num: qpn,
+                    status: Le32::new(status),
+                    opcode: Le32::new(opcode),
+                    byte_len: Le32::new(byte_len),
+                    qp_num: Le32::new(qpn),
                     port_num: 1,
-                    ..IbUverbsWc::default()
+                    ..IbUverbsWc::new_zeroed()
                 };
                 self.push_cqe(send_cq, wc, events);
             }
@@ -84,18 +85,19 @@ impl FakeDevice {
         let qp = &self.qps[&handle];
         let pd = qp.pd;
         let dest_qpn = if qp.qp_type == QpType::Ud {
-            wqe.wr.wr.ud().remote_qpn
+            wqe.wr.wr.ud().remote_qpn.get()
         } else {
             qp.dest_qpn
         };
-        let len = wqe.dma.length;
+        let len = wqe.dma.length.get();
         let local = local_payload(sq, index, wqe);
-        match WrOpcode::try_from(wqe.wr.opcode) {
+        match WrOpcode::try_from(wqe.wr.opcode.get()) {
             Ok(WrOpcode::Send | WrOpcode::SendWithImm) => {
                 let Some(payload) = self.gather(pd, &local) else {
                     return (WcStatus::LocProtErr.raw(), WcOpcode::Send.raw(), 0);
                 };
-                let imm = (wqe.wr.opcode == WrOpcode::SendWithImm as u32).then_some(wqe.wr.ex);
+                let imm = (wqe.wr.opcode.get() == WrOpcode::SendWithImm as u32)
+                    .then_some(u32::from_ne_bytes(wqe.wr.ex));
                 let src_qpn = self.qps[&handle].qpn;
                 let status = self.deliver(dest_qpn, src_qpn, &payload, imm, events);
                 (status, WcOpcode::Send.raw(), len)
@@ -105,15 +107,16 @@ impl FakeDevice {
                     return (WcStatus::LocProtErr.raw(), WcOpcode::RdmaWrite.raw(), 0);
                 };
                 let rdma = wqe.wr.wr.rdma();
+                let (rkey, remote_addr) = (rdma.rkey.get(), rdma.remote_addr.get());
                 match self.remote(
                     dest_qpn,
-                    rdma.rkey,
-                    rdma.remote_addr,
+                    rkey,
+                    remote_addr,
                     len,
                     AccessFlags::REMOTE_WRITE.bits(),
                 ) {
                     Some(mr) => {
-                        self.copy_to_mr(mr, rdma.remote_addr, &payload);
+                        self.copy_to_mr(mr, remote_addr, &payload);
                         (WcStatus::Success.raw(), WcOpcode::RdmaWrite.raw(), len)
                     }
                     None => (WcStatus::RemAccessErr.raw(), WcOpcode::RdmaWrite.raw(), 0),
@@ -121,16 +124,17 @@ impl FakeDevice {
             }
             Ok(WrOpcode::RdmaRead) => {
                 let rdma = wqe.wr.wr.rdma();
+                let (rkey, remote_addr) = (rdma.rkey.get(), rdma.remote_addr.get());
                 let Some(mr) = self.remote(
                     dest_qpn,
-                    rdma.rkey,
-                    rdma.remote_addr,
+                    rkey,
+                    remote_addr,
                     len,
                     AccessFlags::REMOTE_READ.bits(),
                 ) else {
                     return (WcStatus::RemAccessErr.raw(), WcOpcode::RdmaRead.raw(), 0);
                 };
-                let data = self.copy_from_mr(mr, rdma.remote_addr, len as usize);
+                let data = self.copy_from_mr(mr, remote_addr, len as usize);
                 let Local::Sges(sges) = &local else {
                     return (WcStatus::LocQpOpErr.raw(), WcOpcode::RdmaRead.raw(), 0);
                 };
@@ -150,8 +154,9 @@ impl FakeDevice {
             Local::Sges(sges) => {
                 let mut out = Vec::new();
                 for sge in sges {
-                    let mr = self.local_mr(pd, sge.lkey, sge.addr, sge.length, 0)?;
-                    out.extend(self.copy_from_mr(mr, sge.addr, sge.length as usize));
+                    let (lkey, addr, length) = (sge.lkey.get(), sge.addr.get(), sge.length.get());
+                    let mr = self.local_mr(pd, lkey, addr, length, 0)?;
+                    out.extend(self.copy_from_mr(mr, addr, length as usize));
                 }
                 Some(out)
             }
@@ -163,15 +168,10 @@ impl FakeDevice {
     fn scatter(&self, pd: u32, sges: &[RxeSge], data: &[u8]) -> Option<bool> {
         let mut rest = data;
         for sge in sges {
-            let n = rest.len().min(sge.length as usize);
-            let mr = self.local_mr(
-                pd,
-                sge.lkey,
-                sge.addr,
-                sge.length,
-                AccessFlags::LOCAL_WRITE.bits(),
-            )?;
-            self.copy_to_mr(mr, sge.addr, &rest[..n]);
+            let (lkey, addr, length) = (sge.lkey.get(), sge.addr.get(), sge.length.get());
+            let n = rest.len().min(length as usize);
+            let mr = self.local_mr(pd, lkey, addr, length, AccessFlags::LOCAL_WRITE.bits())?;
+            self.copy_to_mr(mr, addr, &rest[..n]);
             rest = &rest[n..];
         }
         Some(rest.is_empty())
@@ -256,7 +256,7 @@ impl FakeDevice {
         };
         // SAFETY: a posted receive slot, owned by the kernel until the consumer passes it.
         let wqe = unsafe { rq.slot(index).cast::<RxeRecvWqe>().read() };
-        let n = (wqe.dma.num_sge as usize).min(MAX_SGE as usize);
+        let n = (wqe.dma.num_sge.get() as usize).min(MAX_SGE as usize);
         // SAFETY: `n` SGEs follow the receive WQE inside its slot.
         let first = unsafe { rq.slot(index).add(size_of::<RxeRecvWqe>()).cast::<RxeSge>() };
         // SAFETY: as above; SGEs are plain data.
@@ -269,19 +269,19 @@ impl FakeDevice {
         };
         let wc = IbUverbsWc {
             wr_id: wqe.wr_id,
-            status,
-            opcode: WcOpcode::Recv.raw(),
-            byte_len: payload.len() as u32,
-            ex: imm.unwrap_or(0),
-            qp_num: qpn,
-            src_qp,
-            wc_flags: if imm.is_some() {
+            status: Le32::new(status),
+            opcode: Le32::new(WcOpcode::Recv.raw()),
+            byte_len: Le32::new(payload.len() as u32),
+            ex: imm.unwrap_or(0).to_ne_bytes(),
+            qp_num: Le32::new(qpn),
+            src_qp: Le32::new(src_qp),
+            wc_flags: Le32::new(if imm.is_some() {
                 sv::wc_flags::WITH_IMM
             } else {
                 0
-            },
+            }),
             port_num: 1,
-            ..IbUverbsWc::default()
+            ..IbUverbsWc::new_zeroed()
         };
         self.push_cqe(recv_cq, wc, events);
         if status == WcStatus::Success.raw() {
@@ -319,12 +319,12 @@ enum Local {
 fn local_payload(sq: &Ring, index: u32, wqe: &RxeSendWqe) -> Local {
     // SAFETY: the payload area follows the WQE inside its slot.
     let payload = unsafe { sq.slot(index).add(size_of::<RxeSendWqe>()) };
-    if wqe.wr.send_flags & sv::send_flags::INLINE != 0 {
-        let len = (wqe.dma.length as usize).min(MAX_INLINE as usize);
+    if wqe.wr.send_flags.get() & sv::send_flags::INLINE != 0 {
+        let len = (wqe.dma.length.get() as usize).min(MAX_INLINE as usize);
         // SAFETY: at most MAX_INLINE bytes, which the slot holds.
         return Local::Inline(unsafe { std::slice::from_raw_parts(payload, len) }.to_vec());
     }
-    let n = (wqe.dma.num_sge as usize).min(MAX_SGE as usize);
+    let n = (wqe.dma.num_sge.get() as usize).min(MAX_SGE as usize);
     let first = payload.cast::<RxeSge>();
     // SAFETY: at most MAX_SGE SGEs, which the slot holds; SGEs are plain data.
     Local::Sges((0..n).map(|i| unsafe { first.add(i).read() }).collect())

@@ -3,7 +3,8 @@
 use std::mem::size_of;
 use std::sync::atomic::Ordering;
 
-use super::abi::IbUverbsWc;
+use vrdma_spec::rxe_v1::IbUverbsWc;
+
 use super::queue::{QueueError, RxeQueue};
 use vrdma_spec::verbs::{WcOpcode, WcStatus};
 
@@ -69,19 +70,19 @@ impl CompletionQueue {
 /// Converts a native CQE; `imm_data` keeps its network byte order, as with rdma-core.
 fn completion(cqe: &IbUverbsWc) -> WorkCompletion {
     WorkCompletion {
-        wr_id: cqe.wr_id,
-        status: WcStatus::from_raw(cqe.status),
-        opcode: WcOpcode::from_raw(cqe.opcode),
-        byte_len: cqe.byte_len,
-        imm_data: cqe.ex,
-        qp_num: cqe.qp_num,
-        src_qp: cqe.src_qp,
-        wc_flags: WcFlags::from_bits_retain(cqe.wc_flags),
-        pkey_index: cqe.pkey_index,
-        slid: cqe.slid,
+        wr_id: cqe.wr_id.get(),
+        status: WcStatus::from_raw(cqe.status.get()),
+        opcode: WcOpcode::from_raw(cqe.opcode.get()),
+        byte_len: cqe.byte_len.get(),
+        imm_data: u32::from_ne_bytes(cqe.ex),
+        qp_num: cqe.qp_num.get(),
+        src_qp: cqe.src_qp.get(),
+        wc_flags: WcFlags::from_bits_retain(cqe.wc_flags.get()),
+        pkey_index: cqe.pkey_index.get(),
+        slid: cqe.slid.get(),
         sl: cqe.sl,
         dlid_path_bits: cqe.dlid_path_bits,
         port_num: cqe.port_num,
-        vendor_err: cqe.vendor_err,
+        vendor_err: cqe.vendor_err.get(),
     }
 }

@@ -11,28 +11,22 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::mem::{align_of, offset_of, size_of};
+use std::mem::size_of;
 use std::ptr::{self, NonNull};
 use std::slice;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::abi::{Plain, RxeQueueBuf};
+use vrdma_spec::rxe_v1::{self, header, MAX_LOG2_SLOT_SIZE, MIN_LOG2_SLOT_SIZE};
+use zerocopy::{FromBytes, Immutable, IntoBytes};
+
 use crate::transport::RegionAccess;
 
-/// Smallest slot the kernel allocates (one cache line), as log2.
-const MIN_LOG2_SLOT_SIZE: u32 = 6;
-/// Largest slot accepted (64 KiB), as log2: far above what any rxe queue uses.
-const MAX_LOG2_SLOT_SIZE: u32 = 16;
 /// Alignment required of the buffer start: slots are then cache-line aligned, like the kernel's.
 const BASE_ALIGN: usize = 64;
-/// Offset of the first slot.
-const DATA_OFFSET: usize = size_of::<RxeQueueBuf>();
 /// How long a new queue's header may take to become visible (see `check_header`).
 const HEADER_SETTLE: Duration = Duration::from_millis(200);
-/// Largest alignment an entry field may need: what the scratch slot (a `u64` array) offers.
-const ENTRY_ALIGN: usize = align_of::<u64>();
 
 /// Slot geometry the device reported for a queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -232,28 +226,28 @@ impl RxeQueue {
     /// The producer index, masked: a corrupted value still names a slot of this queue. An
     /// accessed queue always loads with Acquire, which is at least as strong as any `order`.
     pub(super) fn load_producer(&self, order: Ordering) -> u32 {
-        self.load_index(PRODUCER, order) & self.index_mask
+        self.load_index(header::PRODUCER_INDEX, order) & self.index_mask
     }
 
     /// The consumer index, masked like [`Self::load_producer`].
     pub(super) fn load_consumer(&self, order: Ordering) -> u32 {
-        self.load_index(CONSUMER, order) & self.index_mask
+        self.load_index(header::CONSUMER_INDEX, order) & self.index_mask
     }
 
     /// Publishes a new producer index. An accessed queue always stores with Release, which is
     /// at least as strong as any `order`.
     pub(super) fn store_producer(&self, index: u32, order: Ordering) {
-        self.store_index(PRODUCER, index & self.index_mask, order);
+        self.store_index(header::PRODUCER_INDEX, index & self.index_mask, order);
     }
 
     /// Publishes a new consumer index, like [`Self::store_producer`].
     pub(super) fn store_consumer(&self, index: u32, order: Ordering) {
-        self.store_index(CONSUMER, index & self.index_mask, order);
+        self.store_index(header::CONSUMER_INDEX, index & self.index_mask, order);
     }
 
     /// Offset of slot `index` (masked) from the buffer start; a multiple of 64.
     pub(super) fn slot_offset(&self, index: u32) -> usize {
-        DATA_OFFSET + (((index & self.index_mask) as usize) << self.log2_slot_size)
+        rxe_v1::slot_offset(index, self.index_mask, self.log2_slot_size)
     }
 
     /// A writer for the entry of slot `index` (masked): the slot itself when mapped, the
@@ -296,28 +290,26 @@ impl RxeQueue {
     /// The other side must have finished writing the slot (as published by the index it
     /// stores with Release and this side loaded with Acquire) and must not write it again
     /// before this side hands it back.
-    pub(super) unsafe fn read_slot<T: Plain>(&mut self, index: u32) -> T {
-        const { assert!(align_of::<T>() <= ENTRY_ALIGN) };
+    pub(super) unsafe fn read_slot<T: FromBytes>(&mut self, index: u32) -> T {
         assert!(
             size_of::<T>() <= self.slot_size(),
             "entry larger than a slot"
         );
         let slot_offset = self.slot_offset(index);
         match &mut self.memory {
-            // SAFETY: the slot lies in the mapping (`new` checked), is 64-byte aligned and at
-            // least `size_of::<T>()` long (asserted); the kernel does not write it during the
-            // read (the caller's contract); any bit pattern is a valid `T` (`Plain`).
-            Memory::Mapped(base) => unsafe { base.add(slot_offset).cast::<T>().read() },
+            // SAFETY: the slot lies in the mapping (`new` checked) and is at least
+            // `size_of::<T>()` long (asserted); the kernel does not write it during the read
+            // (the caller's contract); any bit pattern is a valid `T` (`FromBytes`).
+            Memory::Mapped(base) => unsafe { base.add(slot_offset).cast::<T>().read_unaligned() },
             Memory::Accessed {
                 access,
                 offset,
                 scratch,
             } => {
-                let bytes = scratch_bytes(scratch);
-                access.read(*offset + slot_offset as u64, &mut bytes[..size_of::<T>()]);
-                // SAFETY: the scratch is 8-byte aligned, holds at least `size_of::<T>()`
-                // initialised bytes (asserted above), and any bit pattern is a valid `T`.
-                unsafe { bytes.as_ptr().cast::<T>().read() }
+                let bytes = &mut scratch.as_mut_bytes()[..size_of::<T>()];
+                access.read(*offset + slot_offset as u64, bytes);
+                T::read_from_bytes(bytes)
+                    .unwrap_or_else(|_| unreachable!("the bytes are exactly one `T`"))
             }
         }
     }
@@ -332,8 +324,8 @@ impl RxeQueue {
         // fault.
         let deadline = Instant::now() + HEADER_SETTLE;
         loop {
-            let log2 = self.header_word(offset_of!(RxeQueueBuf, log2_elem_size));
-            let mask = self.header_word(offset_of!(RxeQueueBuf, index_mask));
+            let log2 = self.header_word(header::LOG2_ELEM_SIZE);
+            let mask = self.header_word(header::INDEX_MASK);
             if log2 == self.log2_slot_size && mask == self.index_mask {
                 break;
             }
@@ -342,7 +334,10 @@ impl RxeQueue {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        for (which, word) in [("producer", PRODUCER), ("consumer", CONSUMER)] {
+        for (which, word) in [
+            ("producer", header::PRODUCER_INDEX),
+            ("consumer", header::CONSUMER_INDEX),
+        ] {
             let value = self.load_index(word, Ordering::Relaxed);
             if value & !self.index_mask != 0 {
                 return Err(QueueError::IndexOutOfRange { which, value });
@@ -391,11 +386,6 @@ impl RxeQueue {
     }
 }
 
-/// Offset of the producer index word in the header.
-const PRODUCER: usize = offset_of!(RxeQueueBuf, producer_index);
-/// Offset of the consumer index word in the header.
-const CONSUMER: usize = offset_of!(RxeQueueBuf, consumer_index);
-
 /// Checks the reported geometry and that header plus slots fit in `len` bytes.
 fn check_geometry(geometry: QueueGeometry, len: usize) -> Result<(), QueueError> {
     let QueueGeometry {
@@ -409,7 +399,7 @@ fn check_geometry(geometry: QueueGeometry, len: usize) -> Result<(), QueueError>
         return Err(QueueError::SlotSize(log2_slot_size));
     }
     // Both factors are bounded (2^32 slots of at most 2^16 bytes), so this cannot overflow.
-    let need = DATA_OFFSET as u64 + (u64::from(num_slots) << log2_slot_size);
+    let need = header::DATA as u64 + (u64::from(num_slots) << log2_slot_size);
     if need > len as u64 {
         return Err(QueueError::TooSmall { need, mapped: len });
     }
@@ -424,14 +414,6 @@ fn index_word(base: &NonNull<u8>, offset: usize) -> &AtomicU32 {
     // (contract of `RxeQueue::new`), and the reference does not outlive that borrow. Both
     // sides access the word only atomically.
     unsafe { AtomicU32::from_ptr(base.add(offset).cast::<u32>().as_ptr()) }
-}
-
-/// The scratch slot as bytes.
-fn scratch_bytes(scratch: &mut [u64]) -> &mut [u8] {
-    let len = size_of_val(scratch);
-    // SAFETY: the same memory, exclusively borrowed for the same lifetime; every byte of a
-    // `u64` is initialised and every byte pattern is a valid `u64`.
-    unsafe { slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u8>(), len) }
 }
 
 /// An entry being built for one slot (see [`RxeQueue::slot_writer`]).
@@ -455,19 +437,16 @@ pub(super) struct SlotWriter<'a> {
 impl SlotWriter<'_> {
     /// Writes `value` at `offset` bytes into the entry.
     ///
-    /// Panics if the value would not lie inside the slot or `offset` is not aligned for `T`:
-    /// callers size their entries against the slot when the queue is created.
-    pub(super) fn put<T: Plain>(&mut self, offset: usize, value: T) {
-        const { assert!(align_of::<T>() <= ENTRY_ALIGN) };
-        self.check_range(offset, size_of::<T>());
-        assert!(
-            offset.is_multiple_of(align_of::<T>()),
-            "misaligned entry field"
-        );
-        // SAFETY: inside the slot (checked) and aligned for `T` (`start` is 8-byte aligned,
-        // `T` needs at most 8, `offset` is a multiple of its alignment); nobody else accesses
-        // these bytes while the writer lives (see `start`).
-        unsafe { self.start.add(offset).cast::<T>().write(value) }
+    /// Panics if the value would not lie inside the slot: callers size their entries against
+    /// the slot when the queue is created.
+    pub(super) fn put<T: IntoBytes + Immutable>(&mut self, offset: usize, value: T) {
+        let bytes = value.as_bytes();
+        self.check_range(offset, bytes.len());
+        // SAFETY: the destination lies inside the slot (checked) and nobody else accesses it
+        // while the writer lives (see `start`); the source is a local value.
+        unsafe {
+            ptr::copy_nonoverlapping(bytes.as_ptr(), self.start.add(offset).as_ptr(), bytes.len())
+        }
     }
 
     /// Copies `len` bytes from `src` to `offset` bytes into the entry. The source may overlap
@@ -494,7 +473,7 @@ impl SlotWriter<'_> {
         if let Some((access, offset)) = self.copy_to {
             // SAFETY: `start` is the scratch slot, owned by the queue this writer borrows
             // mutably; `len` bytes are in bounds (checked) and initialised (the scratch is
-            // zeroed on allocation and written only with `Plain` values and initialised bytes).
+            // zeroed on allocation and written only with the bytes of values and initialised bytes).
             let bytes = unsafe { slice::from_raw_parts(self.start.as_ptr(), len) };
             access.write(offset, bytes);
         }

@@ -3,7 +3,9 @@
 use std::mem::size_of;
 use std::sync::atomic::Ordering;
 
-use super::abi::{RxeDmaInfo, RxeRecvWqe, RxeSge};
+use vrdma_spec::rxe_v1::{recv_wqe_size, RxeDmaInfo, RxeRecvWqe, RxeSge};
+use vrdma_spec::{Le32, Le64};
+
 use super::queue::{QueueError, RxeQueue};
 use crate::provider::{PostError, RecvWr};
 
@@ -22,7 +24,7 @@ pub struct RecvQueue {
 impl RecvQueue {
     /// A receive queue over `queue`, whose slots must hold `max_sge` SGEs.
     pub fn new(queue: RxeQueue, max_sge: u32) -> Result<Self, QueueError> {
-        let need = size_of::<RxeRecvWqe>() + max_sge as usize * size_of::<RxeSge>();
+        let need = recv_wqe_size(max_sge);
         if need > queue.slot_size() {
             return Err(QueueError::SlotTooSmall {
                 need,
@@ -84,16 +86,16 @@ impl RecvQueue {
         }
 
         let header = RxeRecvWqe {
-            wr_id: wr.wr_id,
-            reserved: 0,
-            padding: 0,
+            wr_id: Le64::new(wr.wr_id),
+            reserved: Le32::ZERO,
+            padding: Le32::ZERO,
             dma: RxeDmaInfo {
-                length,
-                resid: length,
-                cur_sge: 0,
-                num_sge: wr.sg_list.len() as u32,
-                sge_offset: 0,
-                reserved: 0,
+                length: Le32::new(length),
+                resid: Le32::new(length),
+                cur_sge: Le32::ZERO,
+                num_sge: Le32::new(wr.sg_list.len() as u32),
+                sge_offset: Le32::ZERO,
+                reserved: Le32::ZERO,
             },
         };
         // SAFETY: `index` is the producer slot of a queue that is not full, so the kernel
@@ -105,9 +107,9 @@ impl RecvQueue {
         let mut end = size_of::<RxeRecvWqe>();
         for sge in wr.sg_list {
             let sge = RxeSge {
-                addr: sge.addr,
-                length: sge.length,
-                lkey: sge.lkey,
+                addr: Le64::new(sge.addr),
+                length: Le32::new(sge.length),
+                lkey: Le32::new(sge.lkey),
             };
             entry.put(end, sge);
             end += size_of::<RxeSge>();

@@ -3,10 +3,13 @@
 use std::mem::{offset_of, size_of};
 use std::sync::atomic::Ordering;
 
-use super::abi::{
-    RxeAtomicWr, RxeDmaInfo, RxeRdmaWr, RxeSendWqe, RxeSendWr, RxeSendWrUnion, RxeSge, RxeUdWr,
-    RXE_AV_SIZE, WQE_STATE_POSTED,
+use vrdma_spec::rxe_v1::{
+    send_wqe_size, RxeAtomicWr, RxeAv, RxeDmaInfo, RxeRdmaWr, RxeSendWqe, RxeSendWr,
+    RxeSendWrUnion, RxeSge, RxeUdWr, WQE_STATE_POSTED,
 };
+use vrdma_spec::{Le16, Le32, Le64};
+use zerocopy::FromZeros;
+
 use super::queue::{QueueError, RxeQueue};
 use vrdma_spec::verbs::{QpType, WrOpcode};
 
@@ -40,8 +43,7 @@ pub struct SendQueue {
 impl SendQueue {
     /// A send queue over `queue`, whose slots must hold requests of the sizes in `caps`.
     pub fn new(queue: RxeQueue, caps: SendQueueCaps) -> Result<Self, QueueError> {
-        let payload = (caps.max_sge as usize * size_of::<RxeSge>()).max(caps.max_inline as usize);
-        let need = size_of::<RxeSendWqe>() + payload;
+        let need = send_wqe_size(caps.max_sge, caps.max_inline);
         if need > queue.slot_size() {
             return Err(QueueError::SlotTooSmall {
                 need,
@@ -116,20 +118,25 @@ impl SendQueue {
 
         let (union, iova) = wr_union(wr);
         let kwr = RxeSendWr {
-            wr_id: wr.wr_id,
-            reserved: 0,
-            opcode: wr.opcode as u32,
-            send_flags: wr.flags.bits(),
-            ex: if wr.opcode.has_imm() { wr.imm_data } else { 0 },
+            wr_id: Le64::new(wr.wr_id),
+            reserved: Le32::ZERO,
+            opcode: Le32::new(wr.opcode as u32),
+            send_flags: Le32::new(wr.flags.bits()),
+            // `imm_data` is kept in network byte order, so its bytes go in unchanged.
+            ex: if wr.opcode.has_imm() {
+                wr.imm_data.to_ne_bytes()
+            } else {
+                [0; 4]
+            },
             wr: union,
         };
         let dma = RxeDmaInfo {
-            length,
-            resid: length,
-            cur_sge: 0,
-            num_sge: wr.sg_list.len() as u32,
-            sge_offset: 0,
-            reserved: 0,
+            length: Le32::new(length),
+            resid: Le32::new(length),
+            cur_sge: Le32::ZERO,
+            num_sge: Le32::new(wr.sg_list.len() as u32),
+            sge_offset: Le32::ZERO,
+            reserved: Le32::ZERO,
         };
         // SAFETY: `index` is the producer slot and the queue is not full, so the kernel does
         // not access this slot until `post_send` publishes the producer index.
@@ -139,8 +146,8 @@ impl SendQueue {
         // with the zeros its scratch slot always holds there: what rdma-core's `ibv_wr_*`
         // calls, which clear the whole WQE, leave in them.
         entry.put(offset_of!(RxeSendWqe, wr), kwr);
-        entry.put(offset_of!(RxeSendWqe, state), WQE_STATE_POSTED);
-        entry.put(offset_of!(RxeSendWqe, iova), iova);
+        entry.put(offset_of!(RxeSendWqe, state), Le32::new(WQE_STATE_POSTED));
+        entry.put(offset_of!(RxeSendWqe, iova), Le64::new(iova));
         entry.put(offset_of!(RxeSendWqe, dma), dma);
         // The payload area directly follows the WQE; `new` checked that the slot holds it with
         // `max_sge` SGEs or `max_inline` bytes, which `check` enforced.
@@ -156,9 +163,9 @@ impl SendQueue {
         } else {
             for sge in wr.sg_list {
                 let sge = RxeSge {
-                    addr: sge.addr,
-                    length: sge.length,
-                    lkey: sge.lkey,
+                    addr: Le64::new(sge.addr),
+                    length: Le32::new(sge.length),
+                    lkey: Le32::new(sge.lkey),
                 };
                 entry.put(end, sge);
                 end += size_of::<RxeSge>();
@@ -213,46 +220,45 @@ impl SendQueue {
 
 /// The opcode-specific union of the kernel request and the WQE's `iova`.
 fn wr_union(wr: &SendWr<'_>) -> (RxeSendWrUnion, u64) {
-    let mut union = RxeSendWrUnion::zeroed();
     if wr.opcode.is_rdma() {
-        union.rdma = RxeRdmaWr {
-            remote_addr: wr.remote_addr,
-            rkey: wr.rkey,
-            reserved: 0,
+        let rdma = RxeRdmaWr {
+            remote_addr: Le64::new(wr.remote_addr),
+            rkey: Le32::new(wr.rkey),
+            reserved: Le32::ZERO,
         };
-        (union, wr.remote_addr)
+        (RxeSendWrUnion::from_rdma(rdma), wr.remote_addr)
     } else if wr.opcode.is_atomic() {
-        union.atomic = RxeAtomicWr {
-            remote_addr: wr.remote_addr,
-            compare_add: wr.compare_add,
-            swap: wr.swap,
-            rkey: wr.rkey,
-            reserved: 0,
+        let atomic = RxeAtomicWr {
+            remote_addr: Le64::new(wr.remote_addr),
+            compare_add: Le64::new(wr.compare_add),
+            swap: Le64::new(wr.swap),
+            rkey: Le32::new(wr.rkey),
+            reserved: Le32::ZERO,
         };
-        (union, wr.remote_addr)
+        (RxeSendWrUnion::from_atomic(atomic), wr.remote_addr)
     } else {
-        if let Some(UdDest {
-            ah,
-            remote_qpn,
-            remote_qkey,
-        }) = wr.ud
-        {
-            union.ud = RxeUdWr {
+        let union = match wr.ud {
+            Some(UdDest {
+                ah,
                 remote_qpn,
                 remote_qkey,
-                pkey_index: 0,
-                reserved: 0,
-                ah_num: ah.ah_num,
-                pad: [0; 4],
+            }) => RxeSendWrUnion::from_ud(RxeUdWr {
+                remote_qpn: Le32::new(remote_qpn),
+                remote_qkey: Le32::new(remote_qkey),
+                pkey_index: Le16::ZERO,
+                reserved: Le16::ZERO,
+                ah_num: Le32::new(ah.ah_num),
+                pad: [0; 16],
                 // Kernels that return an AH number look the address up themselves; only the
                 // old ones (ah_num 0) need it in every WQE.
                 av: if ah.ah_num == 0 {
                     ah.av
                 } else {
-                    [0; RXE_AV_SIZE]
+                    RxeAv::new_zeroed()
                 },
-            };
-        }
+            }),
+            None => RxeSendWrUnion::ZERO,
+        };
         (union, 0)
     }
 }

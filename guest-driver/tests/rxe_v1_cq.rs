@@ -1,0 +1,147 @@
+//! Polling the rxe v1 completion queue against the simulated Soft-RoCE kernel
+//! ([`vrdma_test_support::rxe_kernel_sim`]): native CQEs converted field by field, and the
+//! accesses of a CQ reached through a [`RegionAccess`](vrdma::transport::RegionAccess).
+
+use std::mem::size_of;
+use std::sync::atomic::Ordering;
+
+use vrdma::provider::rxe_v1::CompletionQueue;
+use vrdma::provider::{WcFlags, WorkCompletion};
+use vrdma_spec::rxe_v1::IbUverbsWc;
+use vrdma_spec::verbs::{WcOpcode, WcStatus};
+use vrdma_spec::{Le16, Le32, Le64};
+use vrdma_test_support::for_both_reaches;
+use vrdma_test_support::rxe_kernel_sim::{Access, Reach, SharedQueue};
+use zerocopy::FromZeros;
+
+fn poll_converts_native_completions(reach: Reach) {
+    let shared = SharedQueue::new(reach, 4, 7);
+    let k = shared.kernel();
+    let mut cq = CompletionQueue::new(shared.queue()).unwrap();
+    let mut wcs = [WorkCompletion::default(); 2];
+    assert_eq!(cq.poll(&mut wcs), 0);
+
+    let recv = IbUverbsWc {
+        wr_id: Le64::new(0xfeed),
+        status: Le32::new(0),
+        opcode: Le32::new(128),
+        vendor_err: Le32::new(0),
+        byte_len: Le32::new(4096),
+        ex: [0xde, 0xad, 0xbe, 0xef],
+        qp_num: Le32::new(0x11),
+        src_qp: Le32::new(0x22),
+        wc_flags: Le32::new(0x3),
+        pkey_index: Le16::new(5),
+        slid: Le16::new(6),
+        sl: 7,
+        dlid_path_bits: 8,
+        port_num: 1,
+        reserved: 0xff,
+    };
+    let flushed = IbUverbsWc {
+        wr_id: Le64::new(2),
+        status: Le32::new(5),
+        vendor_err: Le32::new(0x99),
+        qp_num: Le32::new(0x11),
+        ..IbUverbsWc::new_zeroed()
+    };
+    let strange = IbUverbsWc {
+        wr_id: Le64::new(3),
+        status: Le32::new(77),
+        opcode: Le32::new(55),
+        ..IbUverbsWc::new_zeroed()
+    };
+    for (i, cqe) in [recv, flushed, strange].into_iter().enumerate() {
+        k.write_cqe(i as u32, cqe);
+    }
+    k.producer().store(3, Ordering::Release);
+
+    assert_eq!(cq.poll(&mut wcs), 2);
+    assert_eq!(k.consumer().load(Ordering::Acquire), 2);
+    assert_eq!(
+        wcs[0],
+        WorkCompletion {
+            wr_id: 0xfeed,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: 4096,
+            imm_data: u32::from_ne_bytes([0xde, 0xad, 0xbe, 0xef]),
+            qp_num: 0x11,
+            src_qp: 0x22,
+            wc_flags: WcFlags::from_bits_retain(0x3),
+            pkey_index: 5,
+            slid: 6,
+            sl: 7,
+            dlid_path_bits: 8,
+            port_num: 1,
+            vendor_err: 0,
+        }
+    );
+    assert_eq!(u32::from_be(wcs[0].imm_data), 0xdead_beef);
+    assert!(wcs[0].wc_flags.contains(WcFlags::GRH | WcFlags::WITH_IMM));
+    assert_eq!(
+        (wcs[1].wr_id, wcs[1].status, wcs[1].vendor_err),
+        (2, WcStatus::WrFlushErr, 0x99)
+    );
+
+    assert_eq!(cq.poll(&mut wcs), 1);
+    assert_eq!(
+        (wcs[0].wr_id, wcs[0].status, wcs[0].opcode),
+        (3, WcStatus::Other(77), WcOpcode::Other(55))
+    );
+    assert_eq!(cq.poll(&mut wcs), 0);
+    assert_eq!(cq.poll(&mut []), 0);
+    assert_eq!(k.consumer().load(Ordering::Acquire), 3);
+}
+
+/// Polling an accessed CQ: one Acquire load of the producer index before any CQE is read, one
+/// read per CQE, and the consumer index stored (Release) only after the last read.
+#[test]
+fn accessed_completion_queue_reads_before_handing_slots_back() {
+    let shared = SharedQueue::new(Reach::Accessed, 8, 6);
+    let mut cq = CompletionQueue::new(shared.queue()).unwrap();
+    let k = shared.kernel();
+    for i in 0..3 {
+        k.write_cqe(
+            i,
+            IbUverbsWc {
+                wr_id: Le64::new(10 + u64::from(i)),
+                ..IbUverbsWc::new_zeroed()
+            },
+        );
+    }
+    k.producer().store(3, Ordering::Release);
+    let region = shared.region();
+    region.start_log();
+    let mut wcs = [WorkCompletion::default(); 8];
+    assert_eq!(cq.poll(&mut wcs), 3);
+    assert_eq!(
+        wcs[..3].iter().map(|wc| wc.wr_id).collect::<Vec<_>>(),
+        [10, 11, 12]
+    );
+    let cqe = |index: u32| Access::Read {
+        offset: shared.slot_offset(index),
+        len: size_of::<IbUverbsWc>(),
+    };
+    let producer = Access::Load {
+        offset: shared.word_offset(128),
+    };
+    assert_eq!(
+        region.take_log(),
+        [
+            producer,
+            cqe(0),
+            cqe(1),
+            cqe(2),
+            Access::Store {
+                offset: shared.word_offset(256),
+                value: 3
+            }
+        ]
+    );
+    // Nothing new: one load, nothing else.
+    assert_eq!(cq.poll(&mut wcs), 0);
+    assert_eq!(region.take_log(), [producer]);
+}
+
+for_both_reaches!(poll_converts_native_completions,);

@@ -1,0 +1,342 @@
+//! Control requests: the decoded form of every command, its panic-free decoder (everything
+//! checkable without device state), and its encoder.
+
+use zerocopy::{FromBytes, IntoBytes};
+
+use super::attr::{check_ah_attr, check_qp_attr};
+use super::body::{handle_req, range, table_req, take_body, zero};
+use super::opcode::{Opcode, HEADER_SIZE};
+use super::reg_mr::{check_page_address, check_reg_mr, PageList, RegMr};
+use crate::error::DecodeError;
+use crate::features;
+use crate::verbs::{self, QpAttrMask, QpType};
+use crate::wire::*;
+use crate::{Le16, Le32};
+
+/// A decoded, structurally valid control request.
+///
+/// Decoding checks everything that can be checked without device state (see the
+/// README's per-command "validation" lists); handles, quotas, guest addresses and
+/// state transitions are the device's to check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControlRequest<'a> {
+    /// QUERY_DEVICE.
+    QueryDevice,
+    /// QUERY_PORT.
+    QueryPort(QueryPortReq),
+    /// QUERY_GID.
+    QueryGid(QueryTableReq),
+    /// QUERY_PKEY.
+    QueryPkey(QueryTableReq),
+    /// SET_DOORBELL_AREA.
+    SetDoorbellArea(SetDoorbellAreaReq),
+    /// DISCARD_STATE.
+    DiscardState,
+    /// ALLOC_PD.
+    AllocPd,
+    /// DEALLOC_PD.
+    DeallocPd(HandleReq),
+    /// REG_MR with its page list.
+    RegMr(RegMr<'a>),
+    /// DEREG_MR.
+    DeregMr(HandleReq),
+    /// CREATE_CQ.
+    CreateCq(CreateCqReq),
+    /// DESTROY_CQ.
+    DestroyCq(HandleReq),
+    /// ARM_CQ.
+    ArmCq(ArmCqReq),
+    /// CREATE_QP.
+    CreateQp(CreateQpReq),
+    /// MODIFY_QP.
+    ModifyQp(ModifyQpReq),
+    /// QUERY_QP.
+    QueryQp(QueryQpReq),
+    /// DESTROY_QP.
+    DestroyQp(HandleReq),
+    /// CREATE_SRQ.
+    CreateSrq(CreateSrqReq),
+    /// MODIFY_SRQ.
+    ModifySrq(ModifySrqReq),
+    /// QUERY_SRQ.
+    QuerySrq(HandleReq),
+    /// DESTROY_SRQ.
+    DestroySrq(HandleReq),
+    /// CREATE_AH.
+    CreateAh(CreateAhReq),
+    /// DESTROY_AH.
+    DestroyAh(HandleReq),
+}
+
+impl<'a> ControlRequest<'a> {
+    /// Decodes the whole device-readable part of a control chain.
+    pub fn decode(bytes: &'a [u8]) -> Result<Self, DecodeError> {
+        let (hdr, body) =
+            RequestHeader::read_from_prefix(bytes).map_err(|_| DecodeError::Short {
+                needed: HEADER_SIZE,
+                got: bytes.len(),
+            })?;
+        let op = Opcode::try_from(hdr.opcode.get())?;
+        zero(hdr.flags.get().into(), "flags")?;
+        zero(hdr.reserved.get().into(), "reserved")?;
+        let empty = |body: &[u8]| {
+            if body.is_empty() {
+                Ok(())
+            } else {
+                Err(DecodeError::Trailing {
+                    expected: HEADER_SIZE,
+                    got: HEADER_SIZE + body.len(),
+                })
+            }
+        };
+        Ok(match op {
+            Opcode::QueryDevice => {
+                empty(body)?;
+                ControlRequest::QueryDevice
+            }
+            Opcode::AllocPd => {
+                empty(body)?;
+                ControlRequest::AllocPd
+            }
+            Opcode::DiscardState => {
+                empty(body)?;
+                ControlRequest::DiscardState
+            }
+            Opcode::QueryPort => {
+                let r: QueryPortReq = take_body(body)?;
+                range(r.port_num.get().into(), 1, u8::MAX.into(), "port_num")?;
+                zero(r.reserved.get().into(), "reserved")?;
+                ControlRequest::QueryPort(r)
+            }
+            Opcode::QueryGid => ControlRequest::QueryGid(table_req(body)?),
+            Opcode::QueryPkey => ControlRequest::QueryPkey(table_req(body)?),
+            Opcode::SetDoorbellArea => {
+                let r: SetDoorbellAreaReq = take_body(body)?;
+                zero(r.reserved.get().into(), "reserved")?;
+                if !r.gpa.get().is_multiple_of(4096) {
+                    return Err(DecodeError::Misaligned {
+                        field: "gpa",
+                        value: r.gpa.get(),
+                    });
+                }
+                let slots = r.slots.get();
+                if !slots.is_power_of_two() || slots > crate::doorbell::MAX_SLOTS {
+                    return Err(DecodeError::InvalidValue {
+                        field: "slots",
+                        value: slots.into(),
+                    });
+                }
+                ControlRequest::SetDoorbellArea(r)
+            }
+            Opcode::DeallocPd => ControlRequest::DeallocPd(handle_req(body)?),
+            Opcode::DeregMr => ControlRequest::DeregMr(handle_req(body)?),
+            Opcode::DestroyCq => ControlRequest::DestroyCq(handle_req(body)?),
+            Opcode::DestroyQp => ControlRequest::DestroyQp(handle_req(body)?),
+            Opcode::QuerySrq => ControlRequest::QuerySrq(handle_req(body)?),
+            Opcode::DestroySrq => ControlRequest::DestroySrq(handle_req(body)?),
+            Opcode::DestroyAh => ControlRequest::DestroyAh(handle_req(body)?),
+            Opcode::RegMr => {
+                let fixed = core::mem::size_of::<RegMrReq>();
+                let (req, list) =
+                    RegMrReq::read_from_prefix(body).map_err(|_| DecodeError::Short {
+                        needed: HEADER_SIZE + fixed,
+                        got: bytes.len(),
+                    })?;
+                let npages = check_reg_mr(&req)?;
+                // npages <= u32::MAX, so this cannot overflow on 64-bit; checked anyway.
+                let list_len = usize::try_from(npages)
+                    .ok()
+                    .and_then(|n| n.checked_mul(8))
+                    .ok_or(DecodeError::Overflow("npages * 8"))?;
+                let total = HEADER_SIZE + fixed + list_len;
+                match list.len().cmp(&list_len) {
+                    core::cmp::Ordering::Less => {
+                        return Err(DecodeError::Short {
+                            needed: total,
+                            got: bytes.len(),
+                        })
+                    }
+                    core::cmp::Ordering::Greater => {
+                        return Err(DecodeError::Trailing {
+                            expected: total,
+                            got: bytes.len(),
+                        })
+                    }
+                    core::cmp::Ordering::Equal => {}
+                }
+                let pages = PageList::new(list);
+                let shift = req.page_shift.get();
+                for addr in pages.iter() {
+                    check_page_address(addr, shift)?;
+                }
+                ControlRequest::RegMr(RegMr { req, pages })
+            }
+            Opcode::CreateCq => {
+                let r: CreateCqReq = take_body(body)?;
+                range(r.cqe.get().into(), 1, u32::MAX.into(), "cqe")?;
+                zero(r.reserved.get().into(), "reserved")?;
+                ControlRequest::CreateCq(r)
+            }
+            Opcode::ArmCq => {
+                let r: ArmCqReq = take_body(body)?;
+                if r.flags.get() & !verbs::arm_flags::SOLICITED_ONLY != 0 {
+                    return Err(DecodeError::Reserved("flags"));
+                }
+                ControlRequest::ArmCq(r)
+            }
+            Opcode::CreateQp => {
+                let r: CreateQpReq = take_body(body)?;
+                QpType::try_from(r.qp_type).map_err(|v| DecodeError::InvalidValue {
+                    field: "qp_type",
+                    value: v.into(),
+                })?;
+                range(r.sq_sig_all.into(), 0, 1, "sq_sig_all")?;
+                zero(r.reserved.get().into(), "reserved")?;
+                if r.srq.get() != 0 {
+                    zero(r.max_recv_wr.get().into(), "max_recv_wr")?;
+                    zero(r.max_recv_sge.get().into(), "max_recv_sge")?;
+                }
+                ControlRequest::CreateQp(r)
+            }
+            Opcode::ModifyQp => {
+                let r: ModifyQpReq = take_body(body)?;
+                check_qp_attr(r.attr_mask.get(), &r.attr)?;
+                ControlRequest::ModifyQp(r)
+            }
+            Opcode::QueryQp => {
+                let r: QueryQpReq = take_body(body)?;
+                if QpAttrMask::from_bits(r.attr_mask.get()).is_none() {
+                    return Err(DecodeError::InvalidValue {
+                        field: "attr_mask",
+                        value: r.attr_mask.get().into(),
+                    });
+                }
+                ControlRequest::QueryQp(r)
+            }
+            Opcode::CreateSrq => {
+                let r: CreateSrqReq = take_body(body)?;
+                range(r.max_wr.get().into(), 1, u32::MAX.into(), "max_wr")?;
+                range(r.max_sge.get().into(), 1, u32::MAX.into(), "max_sge")?;
+                ControlRequest::CreateSrq(r)
+            }
+            Opcode::ModifySrq => {
+                let r: ModifySrqReq = take_body(body)?;
+                let all = verbs::srq_attr::MAX_WR | verbs::srq_attr::LIMIT;
+                let m = r.attr_mask.get();
+                if m == 0 || m & !all != 0 {
+                    return Err(DecodeError::InvalidValue {
+                        field: "attr_mask",
+                        value: m.into(),
+                    });
+                }
+                ControlRequest::ModifySrq(r)
+            }
+            Opcode::CreateAh => {
+                let r: CreateAhReq = take_body(body)?;
+                zero(r.reserved.get().into(), "reserved")?;
+                check_ah_attr(&r.ah_attr)?;
+                ControlRequest::CreateAh(r)
+            }
+        })
+    }
+
+    /// The request's opcode.
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            ControlRequest::QueryDevice => Opcode::QueryDevice,
+            ControlRequest::QueryPort(_) => Opcode::QueryPort,
+            ControlRequest::QueryGid(_) => Opcode::QueryGid,
+            ControlRequest::QueryPkey(_) => Opcode::QueryPkey,
+            ControlRequest::SetDoorbellArea(_) => Opcode::SetDoorbellArea,
+            ControlRequest::DiscardState => Opcode::DiscardState,
+            ControlRequest::AllocPd => Opcode::AllocPd,
+            ControlRequest::DeallocPd(_) => Opcode::DeallocPd,
+            ControlRequest::RegMr(_) => Opcode::RegMr,
+            ControlRequest::DeregMr(_) => Opcode::DeregMr,
+            ControlRequest::CreateCq(_) => Opcode::CreateCq,
+            ControlRequest::DestroyCq(_) => Opcode::DestroyCq,
+            ControlRequest::ArmCq(_) => Opcode::ArmCq,
+            ControlRequest::CreateQp(_) => Opcode::CreateQp,
+            ControlRequest::ModifyQp(_) => Opcode::ModifyQp,
+            ControlRequest::QueryQp(_) => Opcode::QueryQp,
+            ControlRequest::DestroyQp(_) => Opcode::DestroyQp,
+            ControlRequest::CreateSrq(_) => Opcode::CreateSrq,
+            ControlRequest::ModifySrq(_) => Opcode::ModifySrq,
+            ControlRequest::QuerySrq(_) => Opcode::QuerySrq,
+            ControlRequest::DestroySrq(_) => Opcode::DestroySrq,
+            ControlRequest::CreateAh(_) => Opcode::CreateAh,
+            ControlRequest::DestroyAh(_) => Opcode::DestroyAh,
+        }
+    }
+
+    /// Feature bits this particular request needs (a CREATE_QP may need SRQ and/or UD).
+    pub fn required_features(&self) -> u64 {
+        let mut f = self.opcode().required_feature().unwrap_or(0);
+        if let ControlRequest::CreateQp(r) = self {
+            if r.srq.get() != 0 {
+                f |= features::VRDMA_F_SRQ;
+            }
+            if r.qp_type == QpType::Ud as u8 {
+                f |= features::VRDMA_F_UD;
+            }
+        }
+        f
+    }
+
+    /// Length of the encoded request.
+    pub fn encoded_len(&self) -> usize {
+        HEADER_SIZE
+            + self.opcode().request_body_len()
+            + match self {
+                ControlRequest::RegMr(m) => m.pages.as_bytes().len(),
+                _ => 0,
+            }
+    }
+
+    /// Appends the encoded request (header, body, REG_MR page list) to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.reserve(self.encoded_len());
+        let hdr = RequestHeader {
+            opcode: Le16::new(self.opcode() as u16),
+            flags: Le16::ZERO,
+            reserved: Le32::ZERO,
+        };
+        out.extend_from_slice(hdr.as_bytes());
+        match self {
+            ControlRequest::QueryDevice
+            | ControlRequest::AllocPd
+            | ControlRequest::DiscardState => {}
+            ControlRequest::QueryPort(r) => out.extend_from_slice(r.as_bytes()),
+            ControlRequest::QueryGid(r) | ControlRequest::QueryPkey(r) => {
+                out.extend_from_slice(r.as_bytes())
+            }
+            ControlRequest::SetDoorbellArea(r) => out.extend_from_slice(r.as_bytes()),
+            ControlRequest::DeallocPd(r)
+            | ControlRequest::DeregMr(r)
+            | ControlRequest::DestroyCq(r)
+            | ControlRequest::DestroyQp(r)
+            | ControlRequest::QuerySrq(r)
+            | ControlRequest::DestroySrq(r)
+            | ControlRequest::DestroyAh(r) => out.extend_from_slice(r.as_bytes()),
+            ControlRequest::RegMr(m) => {
+                out.extend_from_slice(m.req.as_bytes());
+                out.extend_from_slice(m.pages.as_bytes());
+            }
+            ControlRequest::CreateCq(r) => out.extend_from_slice(r.as_bytes()),
+            ControlRequest::ArmCq(r) => out.extend_from_slice(r.as_bytes()),
+            ControlRequest::CreateQp(r) => out.extend_from_slice(r.as_bytes()),
+            ControlRequest::ModifyQp(r) => out.extend_from_slice(r.as_bytes()),
+            ControlRequest::QueryQp(r) => out.extend_from_slice(r.as_bytes()),
+            ControlRequest::CreateSrq(r) => out.extend_from_slice(r.as_bytes()),
+            ControlRequest::ModifySrq(r) => out.extend_from_slice(r.as_bytes()),
+            ControlRequest::CreateAh(r) => out.extend_from_slice(r.as_bytes()),
+        }
+    }
+
+    /// Encodes into a fresh vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.encoded_len());
+        self.encode_into(&mut v);
+        v
+    }
+}
