@@ -1,6 +1,9 @@
 //! Test fakes shared by every crate's tests, one copy each: the fake host device the backend's
 //! control handlers run against, the simulated rxe kernel behind the guest provider's rings, and
 //! the fake transport the verbs API runs over. Tests only: nothing here ships.
+//!
+//! Its own test `tests/module_cycles.rs` guards the workspace's shape: no crate has an import
+//! cycle between its modules.
 
 pub mod fake_host;
 pub mod fake_transport;
