@@ -35,6 +35,7 @@ macro_rules! wire_struct {
     };
 }
 
+pub mod attr;
 pub mod config;
 pub mod control;
 pub mod doorbell;
