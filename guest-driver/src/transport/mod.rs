@@ -22,7 +22,7 @@ mod queues;
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
     /// vhost-user negotiation or messaging failed.
-    #[error("vhost-user: {0}")]
+    #[error("{}", describe_vhost(.0))]
     VhostUser(#[source] vhost::Error),
     /// The device lacks something the driver requires.
     #[error("the device does not offer {0}")]
@@ -55,6 +55,14 @@ pub enum TransportError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// A vhost error under the "vhost-user" heading it has only for protocol errors.
+fn describe_vhost(error: &vhost::Error) -> String {
+    match error {
+        vhost::Error::VhostUserProtocol(_) => error.to_string(),
+        other => format!("vhost-user: {other}"),
+    }
 }
 
 impl TransportError {
@@ -202,4 +210,25 @@ pub trait Transport: Send + Sync {
 
     /// Memory the device can reach.
     fn dma(&self) -> &dyn DmaMemory;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vhost_errors_carry_one_vhost_user_heading() {
+        let refused = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let protocol = TransportError::VhostUser(vhost::Error::VhostUserProtocol(
+            vhost::vhost_user::Error::SocketConnect(refused),
+        ));
+        let text = protocol.to_string();
+        assert!(
+            text.starts_with("vhost-user: can't connect to peer"),
+            "{text}"
+        );
+        assert_eq!(text.matches("vhost-user").count(), 1, "{text}");
+        let other = TransportError::VhostUser(vhost::Error::InvalidQueue);
+        assert_eq!(other.to_string(), "vhost-user: invalid virtqueue");
+    }
 }
