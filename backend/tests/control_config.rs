@@ -13,9 +13,9 @@ use vrdma_spec::config::ring_format;
 use vrdma_spec::features::*;
 use vrdma_spec::wire::*;
 use vrdma_spec::{ControlRequest, Le16, Le32, Le64, ResponseBody, Status};
-use zerocopy::{FromZeros, IntoBytes};
 use vrdma_test_support::fake_host::device::*;
 use vrdma_test_support::fake_host::harness::*;
+use zerocopy::{FromZeros, IntoBytes};
 
 #[test]
 fn configuration_space_and_features() {

@@ -539,9 +539,7 @@ mod tests {
         let table = gid_table(&tree.sys(), "rxe0", 1).unwrap();
         for (index, entry) in &table {
             assert_eq!(
-                gid_entry(&tree.sys(), "rxe0", 1, *index)
-                    .unwrap()
-                    .as_ref(),
+                gid_entry(&tree.sys(), "rxe0", 1, *index).unwrap().as_ref(),
                 Some(entry)
             );
         }
