@@ -12,9 +12,10 @@ use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::config::ring_format;
 use vrdma_spec::features::*;
 use vrdma_spec::wire::*;
-use vrdma_spec::{ControlRequest, Le32, ResponseBody, Status};
+use vrdma_spec::{ControlRequest, Le16, Le32, Le64, ResponseBody, Status};
 use vrdma_test_support::fake_host::device::*;
 use vrdma_test_support::fake_host::harness::*;
+use zerocopy::{FromZeros, IntoBytes};
 
 #[test]
 fn configuration_space_and_features() {
@@ -135,6 +136,89 @@ fn queries() {
         guest.status(ControlRequest::QueryPkey(table(1, 1))),
         Status::Invalid
     );
+}
+
+/// Every byte of the QUERY_DEVICE, QUERY_PORT and QUERY_GID answers, from the fake host's
+/// attributes and the test quotas (SRQ and UD negotiated, so no count is zeroed).
+#[test]
+fn query_answers_are_byte_exact() {
+    let fake = FakeDevice::new();
+    let options = DeviceOptions {
+        allow_ud: true,
+        ..test_options()
+    };
+    let guest = TestGuest::new(&fake, options, ALL_FEATURES);
+    let ResponseBody::QueryDevice(attr) = guest.ok(ControlRequest::QueryDevice) else {
+        panic!()
+    };
+    let mut fw_ver = [0u8; 64];
+    fw_ver[..5].copy_from_slice(b"1.2.3");
+    let n = Le32::new;
+    let expected = DeviceAttr {
+        fw_ver,
+        node_guid: [0; 8],
+        sys_image_guid: [0; 8],
+        max_mr_size: Le64::new(64 * PAGE),
+        page_size_cap: Le64::new(0xffff_f000),
+        max_mr_bytes: Le64::new(64 * PAGE),
+        vendor_id: n(0xff_ffff),
+        vendor_part_id: n(0),
+        hw_ver: n(0),
+        device_cap_flags: n(0x5c86),
+        max_qp: n(3),
+        max_qp_wr: n(1 << 14),
+        max_sge: n(32),
+        max_sge_rd: n(32),
+        max_cq: n(4),
+        max_cqe: n(1 << 15),
+        max_mr: n(4),
+        max_pd: n(4),
+        max_qp_rd_atom: n(128),
+        max_qp_init_rd_atom: n(128),
+        max_res_rd_atom: n(1 << 16),
+        atomic_cap: n(0),
+        max_ah: n(2),
+        max_srq: n(2),
+        max_srq_wr: n(1 << 14),
+        max_srq_sge: n(27),
+        max_inline_data: n(32 * 16),
+        max_pkeys: Le16::new(64),
+        local_ca_ack_delay: 0,
+        phys_port_cnt: 1,
+    };
+    assert_eq!(attr, expected);
+
+    let ResponseBody::QueryPort(port) = guest.ok(ControlRequest::QueryPort(QueryPortReq {
+        port_num: Le32::new(1),
+        reserved: Le32::ZERO,
+    })) else {
+        panic!()
+    };
+    let mut expected = PortAttr::new_zeroed();
+    expected.state = n(4);
+    expected.max_mtu = n(5);
+    expected.active_mtu = n(3);
+    expected.gid_tbl_len = n(16);
+    expected.pkey_tbl_len = Le16::new(1);
+    expected.link_layer = 2;
+    assert_eq!(port, expected);
+
+    let gid = |index| {
+        let req = ControlRequest::QueryGid(QueryTableReq {
+            port_num: Le32::new(1),
+            index: Le32::new(index),
+        });
+        let ResponseBody::QueryGid(entry) = guest.ok(req) else {
+            panic!()
+        };
+        entry
+    };
+    let mut valid = [0u8; 24];
+    valid[..16].copy_from_slice(&GID0);
+    valid[16] = 2; // RoCE v2
+    valid[20] = 1; // VALID
+    assert_eq!(gid(0).as_bytes(), valid);
+    assert_eq!(gid(5).as_bytes(), [0; 24], "an empty entry is all zeroes");
 }
 
 #[test]

@@ -367,14 +367,14 @@ fn rxe_host_path_end_to_end() {
     assert_eq!(device.ring_format(), 1);
     let gids = device.gid_table(1).unwrap();
     println!("gid table: {gids:?}");
-    let gid0 = gids.first().expect("GID 0");
-    assert_eq!(gid0.index, 0);
+    let (gid0_index, gid0) = gids.first().expect("GID 0");
+    assert_eq!(*gid0_index, 0);
     assert_eq!(
         &gid0.gid[..2],
         &[0xfe, 0x80],
         "GID 0 is the IPv6 link-local address"
     );
-    assert_eq!(gid0.gid_type, GidType::RoceV2);
+    assert_eq!(gid0.gid_type(), Ok(GidType::RoceV2));
     let gid = gid0.gid;
 
     let boxed = device.open_context().unwrap();

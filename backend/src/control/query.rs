@@ -1,16 +1,15 @@
-//! QUERY_DEVICE, QUERY_PORT, QUERY_GID and QUERY_PKEY (spec §7.4).
+//! QUERY_DEVICE, QUERY_PORT, QUERY_GID and QUERY_PKEY (spec §7.4): the host's kernel answers
+//! turned into the guest's wire answers, with the guest's quotas applied.
 
 use vrdma_spec::features::{VRDMA_F_SRQ, VRDMA_F_UD};
 use vrdma_spec::rxe_v1::SGE_SIZE;
-use vrdma_spec::wire::{
-    DeviceAttr, GidEntry, PkeyEntry, PortAttr, QueryPortReq, QueryTableReq, GID_FLAG_VALID,
-};
+use vrdma_spec::wire::{DeviceAttr, GidEntry, PkeyEntry, PortAttr, QueryPortReq, QueryTableReq};
 use vrdma_spec::{Le16, Le32, Le64, ResponseBody};
 
 use super::error::CommandError;
 use super::session::{host_err, CommandResult, Session};
 use crate::guest::shared::GUEST_PORT;
-use crate::host;
+use crate::host::uverbs::{QueryDeviceResp, QueryPortResp};
 
 /// `IB_LINK_LAYER_ETHERNET`.
 const LINK_LAYER_ETHERNET: u8 = 2;
@@ -29,7 +28,7 @@ const PASSED_CAP_FLAGS: u32 = (1 << 1) // BAD_PKEY_CNTR
 
 /// Largest inline send: rxe's `RXE_MAX_INLINE_DATA` is its largest WQE minus the WQE header,
 /// i.e. the room of `max_sge` SGEs.
-pub(crate) fn max_inline_data(attr: &host::DeviceAttr) -> u32 {
+pub(crate) fn max_inline_data(attr: &QueryDeviceResp) -> u32 {
     attr.max_sge.saturating_mul(SGE_SIZE as u32)
 }
 
@@ -39,16 +38,12 @@ pub(crate) fn query_device(s: &mut Session<'_>) -> CommandResult {
     let q = &s.guest.options().quotas;
     let srq = s.features & VRDMA_F_SRQ != 0;
     let ud = s.features & VRDMA_F_UD != 0;
-    let mut fw_ver = [0u8; 64];
-    let name = s.guest.device().info().fw_ver.as_bytes();
-    // Keep the terminating NUL.
-    let n = name.len().min(fw_ver.len() - 1);
-    fw_ver[..n].copy_from_slice(&name[..n]);
     let only_if = |on: bool, v: u32| if on { v } else { 0 };
     let attr = DeviceAttr {
-        fw_ver,
-        node_guid: host.node_guid,
-        sys_image_guid: host.sys_image_guid,
+        fw_ver: DeviceAttr::encode_fw_ver(&s.guest.device().info().fw_ver),
+        // The kernel's `__be64` GUIDs: their bytes in memory are the wire's network order.
+        node_guid: host.node_guid.to_ne_bytes(),
+        sys_image_guid: host.sys_image_guid.to_ne_bytes(),
         max_mr_size: Le64::new(super::mr::max_mr_size(s.guest)),
         page_size_cap: Le64::new(host.page_size_cap),
         max_mr_bytes: Le64::new(q.mr_bytes),
@@ -88,7 +83,7 @@ fn port(s: &Session<'_>, port_num: u32) -> Result<u8, CommandError> {
     })
 }
 
-fn host_port_attr(s: &Session<'_>, port: u8) -> Result<host::PortAttr, CommandError> {
+fn host_port_attr(s: &Session<'_>, port: u8) -> Result<QueryPortResp, CommandError> {
     s.host().query_port(port).map_err(host_err("QUERY_PORT"))
 }
 
@@ -139,19 +134,7 @@ pub(crate) fn query_gid(s: &mut Session<'_>, r: &QueryTableReq) -> CommandResult
         .device()
         .gid_entry(host_port, index)
         .map_err(host_err("GID table"))?;
-    let entry = match found {
-        Some(e) => GidEntry {
-            gid: e.gid,
-            gid_type: Le32::new(e.gid_type as u32),
-            flags: Le32::new(GID_FLAG_VALID),
-        },
-        None => GidEntry {
-            gid: [0; 16],
-            gid_type: Le32::ZERO,
-            flags: Le32::ZERO,
-        },
-    };
-    Ok(ResponseBody::QueryGid(entry))
+    Ok(ResponseBody::QueryGid(found.unwrap_or(GidEntry::EMPTY)))
 }
 
 /// QUERY_PKEY: an index below `pkey_tbl_len`. RoCE ports have only the default P_Key; the

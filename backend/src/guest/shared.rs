@@ -12,7 +12,8 @@ use vrdma_spec::{Event, EventType};
 use super::options::DeviceOptions;
 use super::state::GuestState;
 use crate::datapath::doorbell::Doorbells;
-use crate::host::{DeviceAttr, HostContext, HostDevice};
+use crate::host::uverbs::QueryDeviceResp;
+use crate::host::{HostContext, HostDevice};
 use crate::vhost_device::event_queue::EventClass;
 use crate::vhost_device::guest_context::GuestContext;
 
@@ -23,7 +24,7 @@ pub const GUEST_PORT: u8 = 1;
 /// Host limits read once when the guest's context is opened.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HostLimits {
-    pub(crate) attr: DeviceAttr,
+    pub(crate) attr: QueryDeviceResp,
 }
 
 /// The parts of one guest's device that the control commands, the doorbell and the event pumps

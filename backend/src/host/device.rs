@@ -4,10 +4,12 @@
 use std::os::fd::BorrowedFd;
 
 use vrdma_spec::verbs::QpAttrMask;
+use vrdma_spec::wire::GidEntry;
 
 use super::error::Result;
-use super::sysfs::{DeviceInfo, GidEntry};
+use super::sysfs::DeviceInfo;
 use super::types::*;
+use super::uverbs::{QueryDeviceResp, QueryPortResp};
 
 /// A host RDMA device the backend can serve guests from.
 pub trait HostDevice: Send + Sync {
@@ -19,14 +21,17 @@ pub trait HostDevice: Send + Sync {
     /// write and read.
     fn ring_format(&self) -> u32;
 
-    /// The populated GID entries of a port.
-    fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>>;
+    /// The populated GID entries of a port with their indices, by index.
+    fn gid_table(&self, port: u8) -> Result<Vec<(u32, GidEntry)>>;
 
     /// GID entry `index` of a port, `None` if that slot is empty. Implementations that can
     /// read one entry should: commands look up single entries on hot control paths (every
     /// address vector names its source GID).
     fn gid_entry(&self, port: u8, index: u32) -> Result<Option<GidEntry>> {
-        Ok(self.gid_table(port)?.into_iter().find(|e| e.index == index))
+        Ok(self
+            .gid_table(port)?
+            .into_iter()
+            .find_map(|(i, entry)| (i == index).then_some(entry)))
     }
 
     /// Opens a fresh context: one per guest connection. Dropping it releases every kernel
@@ -63,11 +68,13 @@ pub trait HostContext: Send + Sync {
     /// Number of completion vectors CQs may use.
     fn num_comp_vectors(&self) -> u32;
 
-    /// Device attributes.
-    fn query_device(&self) -> Result<DeviceAttr>;
+    /// Device attributes, as the kernel reports them (`ib_uverbs_query_device_resp`): the
+    /// host's limits, before any guest's quota.
+    fn query_device(&self) -> Result<QueryDeviceResp>;
 
-    /// Attributes of a port (numbered from 1).
-    fn query_port(&self, port: u8) -> Result<PortAttr>;
+    /// Attributes of a port (numbered from 1), as the kernel reports them
+    /// (`ib_uverbs_query_port_resp`).
+    fn query_port(&self, port: u8) -> Result<QueryPortResp>;
 
     /// Allocates a protection domain.
     fn alloc_pd(&self) -> Result<PdHandle>;

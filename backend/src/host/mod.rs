@@ -7,10 +7,10 @@
 //! backend must create queues itself and pass on (fd, offset, length). It also keeps the build
 //! free of rdma-core.
 //!
-//! - [`sysfs`]: device discovery and GID tables.
+//! - [`sysfs`]: device discovery and GID tables (as the wire's `GidEntry`).
 //! - [`HostDevice`] / [`HostContext`] ([`device`]): what the rest of the backend uses,
 //!   object-safe so a test can put a fake device behind them; [`types`] are the verbs types
-//!   they speak.
+//!   they speak; device and port attributes are the kernel's own structs ([`uverbs`]).
 //! - [`rxe`]: the Soft-RoCE implementation, over [`uverbs`] commands written to a
 //!   [`verbs_file`]; [`rxe_convert`] translates between the verbs types and the command ABI.
 //! - [`events`]: the context's async event and completion channel fds.
@@ -32,5 +32,5 @@ mod layout_tests;
 pub use device::{HostContext, HostDevice};
 pub use error::{DeviceError, Result};
 pub use rxe::{RxeContext, RxeDevice};
-pub use sysfs::{DeviceInfo, GidEntry, PortInfo};
+pub use sysfs::{DeviceInfo, PortInfo};
 pub use types::*;

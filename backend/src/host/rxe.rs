@@ -9,6 +9,7 @@ use std::path::Path;
 
 use parking_lot::{Mutex, MutexGuard};
 use vrdma_spec::verbs::QpAttrMask;
+use vrdma_spec::wire::GidEntry;
 use zerocopy::IntoBytes;
 
 use super::device::{HostContext, HostDevice};
@@ -17,8 +18,8 @@ use super::events::EventFd;
 use super::rxe_abi::{
     MmInfo, RxeCreateAhResp, RxeCreateCqResp, RxeCreateQpResp, RxeCreateSrqResp, RxeModifySrqCmd,
 };
-use super::rxe_convert::{decode_query_qp, device_attr, encode_modify_qp, port_attr, queue_buffer};
-use super::sysfs::{self, DeviceInfo, GidEntry};
+use super::rxe_convert::{decode_query_qp, encode_modify_qp, queue_buffer};
+use super::sysfs::{self, DeviceInfo};
 use super::types::*;
 use super::uverbs::{self, FramedKick, PostSendResp};
 use super::verbs_file::VerbsFile;
@@ -79,7 +80,7 @@ impl HostDevice for RxeDevice {
         vrdma_spec::config::ring_format::RXE_V1
     }
 
-    fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>> {
+    fn gid_table(&self, port: u8) -> Result<Vec<(u32, GidEntry)>> {
         sysfs::gid_table(&self.sysfs_root, &self.info.name, port)
     }
 
@@ -251,18 +252,18 @@ impl HostContext for RxeContext {
         self.num_comp_vectors
     }
 
-    fn query_device(&self) -> Result<DeviceAttr> {
+    fn query_device(&self) -> Result<uverbs::QueryDeviceResp> {
         let (resp, ()) = self.file.execute(uverbs::QueryDevice::default(), &[])?;
-        Ok(device_attr(&resp))
+        Ok(resp)
     }
 
-    fn query_port(&self, port: u8) -> Result<PortAttr> {
+    fn query_port(&self, port: u8) -> Result<uverbs::QueryPortResp> {
         let req = uverbs::QueryPort {
             port_num: port,
             ..Default::default()
         };
         let (resp, ()) = self.file.execute(req, &[])?;
-        Ok(port_attr(&resp))
+        Ok(resp)
     }
 
     fn alloc_pd(&self) -> Result<PdHandle> {

@@ -8,6 +8,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use vrdma_spec::verbs::{GidType, PortState};
+use vrdma_spec::wire::GidEntry;
 
 use super::error::{DeviceError, Result};
 
@@ -55,16 +56,6 @@ fn gid_type(text: Option<&str>, ethernet: bool) -> GidType {
         _ if ethernet => GidType::RoceV1,
         _ => GidType::Ib,
     }
-}
-
-/// One populated GID table entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GidEntry {
-    pub index: u32,
-    /// The GID in network order.
-    pub gid: [u8; 16],
-    /// From `gid_attrs` and the port's link layer.
-    pub gid_type: GidType,
 }
 
 fn read_attr(path: &Path) -> Result<String> {
@@ -260,8 +251,9 @@ pub fn parse_gid(text: &str) -> Option<[u8; 16]> {
     groups.next().is_none().then_some(gid)
 }
 
-/// The populated GID entries of a port, by index (all-zero entries are skipped).
-pub fn gid_table(sysfs_root: &Path, device: &str, port: u8) -> Result<Vec<GidEntry>> {
+/// The populated GID entries of a port with their indices, by index (all-zero entries are
+/// skipped).
+pub fn gid_table(sysfs_root: &Path, device: &str, port: u8) -> Result<Vec<(u32, GidEntry)>> {
     let port_dir = port_dir(sysfs_root, device, port)?;
     let mut indices: Vec<u32> = read_dir_names(&port_dir.join("gids"))?
         .iter()
@@ -270,7 +262,7 @@ pub fn gid_table(sysfs_root: &Path, device: &str, port: u8) -> Result<Vec<GidEnt
     indices.sort_unstable();
     let mut table = Vec::new();
     for index in indices {
-        table.extend(read_gid_entry(&port_dir, index)?);
+        table.extend(read_gid_entry(&port_dir, index)?.map(|entry| (index, entry)));
     }
     Ok(table)
 }
@@ -319,11 +311,7 @@ fn read_gid_entry(port_dir: &Path, index: u32) -> Result<Option<GidEntry>> {
     let ethernet = fs::read_to_string(port_dir.join("link_layer"))
         .is_ok_and(|layer| layer.trim_end() == "Ethernet");
     let gid_type = gid_type(type_text.as_deref().map(str::trim_end), ethernet);
-    Ok(Some(GidEntry {
-        index,
-        gid,
-        gid_type,
-    }))
+    Ok(Some(GidEntry::valid(gid, gid_type)))
 }
 
 #[cfg(test)]
@@ -524,15 +512,16 @@ mod tests {
         tree.add_rxe("rxe0", "uverbs0", "4: ACTIVE");
         let table = gid_table(&tree.sys(), "rxe0", 1).unwrap();
         assert_eq!(table.len(), 2);
-        assert_eq!(table[0].index, 0);
+        assert_eq!(table[0].0, 0);
+        assert!(table[0].1.is_valid());
         assert_eq!(
-            table[0].gid,
+            table[0].1.gid,
             [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0xe8, 0x31, 0x2e, 0xff, 0xfe, 0xaa, 0x07, 0x02]
         );
-        assert_eq!(table[0].gid_type, GidType::RoceV2);
-        assert_eq!(table[1].index, 10, "numeric, not lexicographic, order");
+        assert_eq!(table[0].1.gid_type(), Ok(GidType::RoceV2));
+        assert_eq!(table[1].0, 10, "numeric, not lexicographic, order");
         // "IB/RoCE v1" on an Ethernet port.
-        assert_eq!(table[1].gid_type, GidType::RoceV1);
+        assert_eq!(table[1].1.gid_type(), Ok(GidType::RoceV1));
     }
 
     #[test]
@@ -548,11 +537,9 @@ mod tests {
         let tree = FakeTree::new();
         tree.add_rxe("rxe0", "uverbs0", "4: ACTIVE");
         let table = gid_table(&tree.sys(), "rxe0", 1).unwrap();
-        for entry in &table {
+        for (index, entry) in &table {
             assert_eq!(
-                gid_entry(&tree.sys(), "rxe0", 1, entry.index)
-                    .unwrap()
-                    .as_ref(),
+                gid_entry(&tree.sys(), "rxe0", 1, *index).unwrap().as_ref(),
                 Some(entry)
             );
         }

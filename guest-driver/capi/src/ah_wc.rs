@@ -124,11 +124,15 @@ fn find_gid_index(ctx: &Context, port: u8, gid: Gid, gid_types: &[GidType]) -> R
     let len = ctx
         .query_port(port)
         .map_err(|e| report("ibv_init_ah_from_wc", &e))?
-        .gid_tbl_len;
+        .gid_tbl_len
+        .get();
     // sgid_index is a u8: entries beyond 255 cannot be named in an address handle.
     for index in 0..len.min(256) {
         match ctx.query_gid(port, index) {
-            Ok(Some(entry)) if entry.gid == gid && gid_types.contains(&entry.gid_type) => {
+            Ok(Some(entry))
+                if Gid(entry.gid) == gid
+                    && entry.gid_type().is_ok_and(|t| gid_types.contains(&t)) =>
+            {
                 return Ok(index as u8);
             }
             Ok(_) => {}

@@ -4,8 +4,8 @@ use std::ffi::{c_char, c_int, c_uint, CStr, OsStr};
 use std::os::unix::ffi::OsStrExt;
 
 use vrdma::spec::verbs::GidType;
-use vrdma::spec::{PCI_DEVICE_ID, PCI_VENDOR_ID};
-use vrdma::verbs::{DeviceAttr, PortAttr};
+use vrdma::spec::{Le32, PCI_DEVICE_ID, PCI_VENDOR_ID};
+use vrdma::verbs::{DeviceAttr, GidEntry, PortAttr};
 
 use crate::context::VrdmaContext;
 use crate::ffi::{guard, minus_one, report};
@@ -19,20 +19,20 @@ use crate::sys::{
 pub(crate) fn device_attr(attr: &DeviceAttr) -> ibv_device_attr {
     // SAFETY: all-zero is a valid ibv_device_attr.
     let mut out: ibv_device_attr = unsafe { std::mem::zeroed() };
-    for (o, b) in out.fw_ver.iter_mut().zip(attr.fw_ver.bytes().take(63)) {
+    for (o, b) in out.fw_ver.iter_mut().zip(attr.fw_ver().bytes().take(63)) {
         *o = b as c_char;
     }
     out.node_guid = u64::from_ne_bytes(attr.node_guid);
     out.sys_image_guid = u64::from_ne_bytes(attr.sys_image_guid);
-    out.max_mr_size = attr.max_mr_size;
-    out.page_size_cap = attr.page_size_cap;
+    out.max_mr_size = attr.max_mr_size.get();
+    out.page_size_cap = attr.page_size_cap.get();
     out.vendor_id = PCI_VENDOR_ID.into();
     out.vendor_part_id = PCI_DEVICE_ID.into();
-    out.hw_ver = attr.hw_ver;
-    let int = |v: u32| c_int::try_from(v).unwrap_or(c_int::MAX);
+    out.hw_ver = attr.hw_ver.get();
+    let int = |v: Le32| c_int::try_from(v.get()).unwrap_or(c_int::MAX);
     out.max_qp = int(attr.max_qp);
     out.max_qp_wr = int(attr.max_qp_wr);
-    out.device_cap_flags = attr.device_cap_flags;
+    out.device_cap_flags = attr.device_cap_flags.get();
     out.max_sge = int(attr.max_sge);
     out.max_sge_rd = int(attr.max_sge_rd);
     out.max_cq = int(attr.max_cq);
@@ -42,12 +42,12 @@ pub(crate) fn device_attr(attr: &DeviceAttr) -> ibv_device_attr {
     out.max_qp_rd_atom = int(attr.max_qp_rd_atom);
     out.max_res_rd_atom = int(attr.max_res_rd_atom);
     out.max_qp_init_rd_atom = int(attr.max_qp_init_rd_atom);
-    out.atomic_cap = attr.atomic_cap;
+    out.atomic_cap = attr.atomic_cap.get();
     out.max_ah = int(attr.max_ah);
     out.max_srq = int(attr.max_srq);
     out.max_srq_wr = int(attr.max_srq_wr);
     out.max_srq_sge = int(attr.max_srq_sge);
-    out.max_pkeys = attr.max_pkeys;
+    out.max_pkeys = attr.max_pkeys.get();
     out.local_ca_ack_delay = attr.local_ca_ack_delay;
     out.phys_port_cnt = attr.phys_port_cnt;
     out
@@ -55,17 +55,17 @@ pub(crate) fn device_attr(attr: &DeviceAttr) -> ibv_device_attr {
 
 pub(crate) fn port_attr(p: &PortAttr) -> ibv_port_attr {
     ibv_port_attr {
-        state: p.state,
-        max_mtu: p.max_mtu,
-        active_mtu: p.active_mtu,
-        gid_tbl_len: c_int::try_from(p.gid_tbl_len).unwrap_or(c_int::MAX),
-        port_cap_flags: p.port_cap_flags,
-        max_msg_sz: p.max_msg_sz,
-        bad_pkey_cntr: p.bad_pkey_cntr,
-        qkey_viol_cntr: p.qkey_viol_cntr,
-        pkey_tbl_len: p.pkey_tbl_len,
-        lid: p.lid,
-        sm_lid: p.sm_lid,
+        state: p.state.get(),
+        max_mtu: p.max_mtu.get(),
+        active_mtu: p.active_mtu.get(),
+        gid_tbl_len: c_int::try_from(p.gid_tbl_len.get()).unwrap_or(c_int::MAX),
+        port_cap_flags: p.port_cap_flags.get(),
+        max_msg_sz: p.max_msg_sz.get(),
+        bad_pkey_cntr: p.bad_pkey_cntr.get(),
+        qkey_viol_cntr: p.qkey_viol_cntr.get(),
+        pkey_tbl_len: p.pkey_tbl_len.get(),
+        lid: p.lid.get(),
+        sm_lid: p.sm_lid.get(),
         lmc: p.lmc,
         max_vl_num: p.max_vl_num,
         sm_sl: p.sm_sl,
@@ -76,7 +76,7 @@ pub(crate) fn port_attr(p: &PortAttr) -> ibv_port_attr {
         phys_state: p.phys_state,
         link_layer: p.link_layer,
         flags: p.flags,
-        port_cap_flags2: p.port_cap_flags2,
+        port_cap_flags2: p.port_cap_flags2.get(),
     }
 }
 
@@ -155,7 +155,7 @@ pub unsafe extern "C" fn ibv_query_gid(
         }
         match ctx.ctx.query_gid(port_num, index) {
             Ok(entry) => {
-                let raw = entry.map(|e| e.gid.0).unwrap_or_default();
+                let raw = entry.map(|e| e.gid).unwrap_or_default();
                 // SAFETY: caller contract; ibv_gid is a 16-byte union.
                 unsafe { gid.write(ibv_gid { raw }) };
                 0
@@ -165,11 +165,14 @@ pub unsafe extern "C" fn ibv_query_gid(
     })
 }
 
-fn gid_type_value(t: GidType) -> u32 {
-    match t {
-        GidType::Ib => ibv_gid_type_IBV_GID_TYPE_IB,
-        GidType::RoceV1 => ibv_gid_type_IBV_GID_TYPE_ROCE_V1,
-        GidType::RoceV2 => ibv_gid_type_IBV_GID_TYPE_ROCE_V2,
+/// `ibv_gid_type` of a GID entry from [`vrdma::verbs::Context::query_gid`] (which checked the
+/// type, so the raw value is only a fallback that cannot occur).
+fn gid_type_value(entry: &GidEntry) -> u32 {
+    match entry.gid_type() {
+        Ok(GidType::Ib) => ibv_gid_type_IBV_GID_TYPE_IB,
+        Ok(GidType::RoceV1) => ibv_gid_type_IBV_GID_TYPE_ROCE_V1,
+        Ok(GidType::RoceV2) => ibv_gid_type_IBV_GID_TYPE_ROCE_V2,
+        Err(raw) => raw,
     }
 }
 
@@ -200,10 +203,10 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
         match ctx.ctx.query_gid(port, gid_index) {
             Ok(Some(found)) => {
                 let out = ibv_gid_entry {
-                    gid: ibv_gid { raw: found.gid.0 },
+                    gid: ibv_gid { raw: found.gid },
                     gid_index,
                     port_num,
-                    gid_type: gid_type_value(found.gid_type),
+                    gid_type: gid_type_value(&found),
                     // No netdev in this process's view of the device.
                     ndev_ifindex: 0,
                 };
@@ -238,7 +241,7 @@ pub unsafe extern "C" fn ibv_query_gid_type(
         }
         match ctx.ctx.query_gid(port_num, index) {
             Ok(Some(found)) => {
-                let sysfs = u32::from(found.gid_type == GidType::RoceV2);
+                let sysfs = u32::from(found.gid_type() == Ok(GidType::RoceV2));
                 // SAFETY: caller contract.
                 unsafe { gid_type.write(sysfs) };
                 0
@@ -357,7 +360,7 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
             return minus_one(libc::EINVAL);
         };
         let table_len = match ctx.ctx.query_port(port_num) {
-            Ok(port) => port.pkey_tbl_len,
+            Ok(port) => port.pkey_tbl_len.get(),
             Err(e) => return minus_one(report("ibv_get_pkey_index", &e)),
         };
         for index in 0..u32::from(table_len) {
@@ -376,6 +379,169 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vrdma::spec::Le16;
+    use vrdma::spec::Le64;
+
+    fn wire_device_attr() -> DeviceAttr {
+        let n = Le32::new;
+        DeviceAttr {
+            fw_ver: DeviceAttr::encode_fw_ver("2.0.1"),
+            node_guid: [1, 2, 3, 4, 5, 6, 7, 8],
+            sys_image_guid: [9, 10, 11, 12, 13, 14, 15, 16],
+            max_mr_size: Le64::new(1 << 40),
+            page_size_cap: Le64::new(0xffff_f000),
+            max_mr_bytes: Le64::new(1 << 30),
+            vendor_id: n(0xff_ffff),
+            vendor_part_id: n(7),
+            hw_ver: n(3),
+            device_cap_flags: n(0x5c86),
+            // Beyond a C int: reported as INT_MAX.
+            max_qp: n(u32::MAX),
+            max_qp_wr: n(101),
+            max_sge: n(102),
+            max_sge_rd: n(103),
+            max_cq: n(104),
+            max_cqe: n(105),
+            max_mr: n(106),
+            max_pd: n(107),
+            max_qp_rd_atom: n(108),
+            max_qp_init_rd_atom: n(109),
+            max_res_rd_atom: n(110),
+            atomic_cap: n(1),
+            max_ah: n(111),
+            max_srq: n(112),
+            max_srq_wr: n(113),
+            max_srq_sge: n(114),
+            max_inline_data: n(115),
+            max_pkeys: Le16::new(64),
+            local_ca_ack_delay: 15,
+            phys_port_cnt: 1,
+        }
+    }
+
+    #[test]
+    fn device_attributes_convert_to_ibv_device_attr() {
+        let c = device_attr(&wire_device_attr());
+        let fw: Vec<u8> = c.fw_ver.iter().map(|&b| b as u8).collect();
+        assert_eq!(&fw[..6], b"2.0.1\0");
+        assert!(fw[6..].iter().all(|&b| b == 0));
+        assert_eq!(c.node_guid, u64::from_ne_bytes([1, 2, 3, 4, 5, 6, 7, 8]));
+        assert_eq!(
+            c.sys_image_guid,
+            u64::from_ne_bytes([9, 10, 11, 12, 13, 14, 15, 16])
+        );
+        assert_eq!((c.max_mr_size, c.page_size_cap), (1 << 40, 0xffff_f000));
+        // vrdma's own PCI IDs, not the host's.
+        assert_eq!(c.vendor_id, u32::from(PCI_VENDOR_ID));
+        assert_eq!(c.vendor_part_id, u32::from(PCI_DEVICE_ID));
+        assert_eq!((c.hw_ver, c.device_cap_flags), (3, 0x5c86));
+        assert_eq!(c.max_qp, c_int::MAX);
+        assert_eq!(
+            [
+                c.max_qp_wr,
+                c.max_sge,
+                c.max_sge_rd,
+                c.max_cq,
+                c.max_cqe,
+                c.max_mr,
+                c.max_pd,
+                c.max_qp_rd_atom,
+                c.max_res_rd_atom,
+                c.max_qp_init_rd_atom,
+                c.max_ah,
+                c.max_srq,
+                c.max_srq_wr,
+                c.max_srq_sge,
+            ],
+            [101, 102, 103, 104, 105, 106, 107, 108, 110, 109, 111, 112, 113, 114]
+        );
+        assert_eq!(c.atomic_cap, 1);
+        assert_eq!(
+            (c.max_pkeys, c.local_ca_ack_delay, c.phys_port_cnt),
+            (64, 15, 1)
+        );
+        // What ibv_device_attr has and vrdma does not offer stays zero.
+        assert_eq!((c.max_mw, c.max_ee, c.max_mcast_grp), (0, 0, 0));
+
+        // A firmware version filling the field keeps C's terminating NUL.
+        let mut long = wire_device_attr();
+        long.fw_ver = [b'9'; 64];
+        let c = device_attr(&long);
+        assert!(c.fw_ver[..63].iter().all(|&b| b as u8 == b'9'));
+        assert_eq!(c.fw_ver[63], 0);
+    }
+
+    #[test]
+    fn port_attributes_convert_to_ibv_port_attr() {
+        let n = Le32::new;
+        let wire = PortAttr {
+            state: n(4),
+            max_mtu: n(5),
+            active_mtu: n(3),
+            gid_tbl_len: n(u32::MAX),
+            port_cap_flags: n(0x1_0000),
+            max_msg_sz: n(1 << 31),
+            bad_pkey_cntr: n(2),
+            qkey_viol_cntr: n(3),
+            pkey_tbl_len: Le16::new(1),
+            lid: Le16::new(4),
+            sm_lid: Le16::new(5),
+            lmc: 6,
+            max_vl_num: 7,
+            sm_sl: 8,
+            subnet_timeout: 9,
+            init_type_reply: 10,
+            active_width: 11,
+            active_speed: 12,
+            phys_state: 13,
+            link_layer: 2,
+            flags: 14,
+            port_cap_flags2: Le16::new(15),
+            reserved: Le16::ZERO,
+            active_speed_ex: n(16),
+        };
+        let c = port_attr(&wire);
+        assert_eq!((c.state, c.max_mtu, c.active_mtu), (4, 5, 3));
+        assert_eq!(c.gid_tbl_len, c_int::MAX, "beyond a C int");
+        assert_eq!(
+            (
+                c.port_cap_flags,
+                c.max_msg_sz,
+                c.bad_pkey_cntr,
+                c.qkey_viol_cntr
+            ),
+            (0x1_0000, 1 << 31, 2, 3)
+        );
+        assert_eq!((c.pkey_tbl_len, c.lid, c.sm_lid), (1, 4, 5));
+        assert_eq!(
+            [
+                c.lmc,
+                c.max_vl_num,
+                c.sm_sl,
+                c.subnet_timeout,
+                c.init_type_reply,
+                c.active_width,
+                c.active_speed,
+                c.phys_state,
+                c.link_layer,
+                c.flags
+            ],
+            [6, 7, 8, 9, 10, 11, 12, 13, 2, 14]
+        );
+        assert_eq!(c.port_cap_flags2, 15);
+    }
+
+    #[test]
+    fn gid_types_convert_to_ibv_gid_type() {
+        let gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        for (t, c) in [
+            (GidType::Ib, ibv_gid_type_IBV_GID_TYPE_IB),
+            (GidType::RoceV1, ibv_gid_type_IBV_GID_TYPE_ROCE_V1),
+            (GidType::RoceV2, ibv_gid_type_IBV_GID_TYPE_ROCE_V2),
+        ] {
+            assert_eq!(gid_type_value(&GidEntry::valid(gid, t)), c);
+        }
+    }
 
     #[test]
     fn sysfs_path_defaults_to_sys_and_drops_trailing_slashes() {

@@ -9,11 +9,11 @@ use parking_lot::Mutex;
 use vrdma_spec::config::{ring_format, CONFIG_SIZE};
 use vrdma_spec::control::{ControlRequest, ControlResponse, Opcode, ResponseBody, HEADER_SIZE};
 use vrdma_spec::features;
-use vrdma_spec::verbs::GidType;
-use vrdma_spec::wire::{QueryPortReq, QueryTableReq, SetDoorbellAreaReq, GID_FLAG_VALID};
+use vrdma_spec::wire::{
+    DeviceAttr, GidEntry, PortAttr, QueryPortReq, QueryTableReq, SetDoorbellAreaReq,
+};
 use vrdma_spec::{DeviceConfig, Le32, Le64};
 
-use super::attr::{DeviceAttr, Gid, GidEntry, PortAttr};
 use super::command::unexpected_body;
 use super::doorbell::DoorbellRegion;
 use super::error::{ProtocolError, Result, VerbsError};
@@ -112,7 +112,7 @@ impl Context {
             channel,
             config,
             features,
-            device_attr: DeviceAttr::from(&attr),
+            device_attr: attr,
             doorbell,
             events: EventDispatch::default(),
         };
@@ -120,7 +120,7 @@ impl Context {
             "vrdma context: {} port(s), ring format {format}, {} doorbell slots, fw {}",
             inner.config.num_ports.get(),
             inner.doorbell.slots(),
-            inner.device_attr.fw_ver
+            inner.device_attr.fw_ver()
         );
         Ok(Context {
             inner: Arc::new(inner),
@@ -173,12 +173,13 @@ impl Context {
             reserved: Le32::ZERO,
         });
         match self.inner.execute(&req)? {
-            ResponseBody::QueryPort(attr) => Ok(PortAttr::from(&attr)),
+            ResponseBody::QueryPort(attr) => Ok(attr),
             _ => Err(unexpected_body(Opcode::QueryPort)),
         }
     }
 
-    /// GID `index` of port `port`; `None` for an empty table entry.
+    /// GID `index` of port `port`; `None` for an empty table entry. A returned entry is valid
+    /// and its `gid_type()` is a [`vrdma_spec::verbs::GidType`].
     pub fn query_gid(&self, port: u8, index: u32) -> Result<Option<GidEntry>> {
         let req = ControlRequest::QueryGid(QueryTableReq {
             port_num: Le32::new(port.into()),
@@ -187,19 +188,16 @@ impl Context {
         let ResponseBody::QueryGid(entry) = self.inner.execute(&req)? else {
             return Err(unexpected_body(Opcode::QueryGid));
         };
-        if entry.flags.get() & GID_FLAG_VALID == 0 {
+        if !entry.is_valid() {
             return Ok(None);
         }
-        let gid_type =
-            GidType::try_from(entry.gid_type.get()).map_err(|v| ProtocolError::ResponseValue {
-                opcode: Opcode::QueryGid,
-                field: "gid_type",
-                value: v.into(),
-            })?;
-        Ok(Some(GidEntry {
-            gid: Gid(entry.gid),
-            gid_type,
-        }))
+        // A valid entry's type is checked here, once: users may rely on `gid_type()` being `Ok`.
+        entry.gid_type().map_err(|v| ProtocolError::ResponseValue {
+            opcode: Opcode::QueryGid,
+            field: "gid_type",
+            value: v.into(),
+        })?;
+        Ok(Some(entry))
     }
 
     /// P_Key `index` of port `port`.

@@ -35,8 +35,7 @@ mod srq;
 
 pub use ah::Ah;
 pub use attr::{
-    AccessFlags, AhAttr, DeviceAttr, Gid, GidEntry, GidType, GlobalRoute, Mtu, PortAttr, QpAttr,
-    QpAttrMask, QpCaps, QpState,
+    AccessFlags, AhAttr, Gid, GidType, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpCaps, QpState,
 };
 pub use context::Context;
 pub use cq::Cq;
@@ -51,3 +50,6 @@ pub use crate::provider::{
     PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WorkCompletion,
 };
 pub use vrdma_spec::verbs::{QpType, WcOpcode, WcStatus, WrOpcode};
+/// Device, port and GID-table attributes are the wire structs (typed access in
+/// `vrdma_spec::attr::query`).
+pub use vrdma_spec::wire::{DeviceAttr, GidEntry, PortAttr};

@@ -392,7 +392,7 @@ impl Qp {
     /// INIT → RTR of an RC QP towards `remote`.
     pub fn to_rtr(&self, remote: &RemoteQp, opts: &ConnectOptions) -> Result<()> {
         self.require(QpType::Rc)?;
-        let limit = self.object.ctx().device_attr().max_qp_rd_atom;
+        let limit = self.object.ctx().device_attr().max_qp_rd_atom.get();
         let attr = QpAttr {
             qp_state: QpState::Rtr,
             path_mtu: opts.path_mtu,
@@ -429,7 +429,7 @@ impl Qp {
     /// RTR → RTS of an RC QP.
     pub fn to_rts(&self, opts: &ConnectOptions) -> Result<()> {
         self.require(QpType::Rc)?;
-        let limit = self.object.ctx().device_attr().max_qp_init_rd_atom;
+        let limit = self.object.ctx().device_attr().max_qp_init_rd_atom.get();
         let attr = QpAttr {
             qp_state: QpState::Rts,
             sq_psn: opts.sq_psn,

@@ -25,9 +25,9 @@ fn open_reads_the_device_and_registers_a_zeroed_doorbell_area() {
         [Opcode::QueryDevice, Opcode::SetDoorbellArea]
     );
     let attr = ctx.query_device();
-    assert_eq!(attr.fw_ver, "fake 1.0");
-    assert_eq!(attr.max_qp_wr, MAX_QP_WR);
-    assert_eq!(attr.max_inline_data, MAX_INLINE);
+    assert_eq!(attr.fw_ver(), "fake 1.0");
+    assert_eq!(attr.max_qp_wr.get(), MAX_QP_WR);
+    assert_eq!(attr.max_inline_data.get(), MAX_INLINE);
     assert_eq!(attr.phys_port_cnt, 1);
 
     let raw = t.device().log[1].1.clone();
@@ -87,12 +87,12 @@ fn queries_return_typed_attributes() {
     assert!(port.is_active());
     assert_eq!(port.active_mtu(), Some(Mtu::Mtu1024));
     assert_eq!(port.link_layer, 2);
-    assert_eq!(port.gid_tbl_len, 2);
+    assert_eq!(port.gid_tbl_len.get(), 2);
 
     let gid = ctx.query_gid(1, 0).unwrap().unwrap();
-    assert_eq!(gid.gid, Gid(LOCAL_GID));
-    assert_eq!(gid.gid.to_string(), "fe80::1");
-    assert_eq!(gid.gid_type, GidType::RoceV2);
+    assert_eq!(Gid(gid.gid), Gid(LOCAL_GID));
+    assert_eq!(Gid(gid.gid).to_string(), "fe80::1");
+    assert_eq!(gid.gid_type(), Ok(GidType::RoceV2));
     assert_eq!(ctx.query_gid(1, 1).unwrap(), None, "empty entry");
     assert_eq!(ctx.query_pkey(1, 0).unwrap(), 0xffff);
 

@@ -10,10 +10,12 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use vrdma_backend::host::uverbs::{QueryDeviceResp, QueryPortResp};
 use vrdma_backend::host::{self, *};
 use vrdma_spec::config::ring_format;
 use vrdma_spec::rxe_v1;
 use vrdma_spec::verbs::{GidType, PortState, QpAttrMask, QpState};
+use vrdma_spec::wire::GidEntry;
 
 /// Bytes of a page.
 pub const PAGE: u64 = 4096;
@@ -143,13 +145,9 @@ impl HostDevice for FakeDevice {
         ring_format::RXE_V1
     }
 
-    fn gid_table(&self, port: u8) -> host::Result<Vec<host::GidEntry>> {
+    fn gid_table(&self, port: u8) -> host::Result<Vec<(u32, GidEntry)>> {
         assert_eq!(port, 1, "the guest's port 1 is host port 1");
-        Ok(vec![host::GidEntry {
-            index: 0,
-            gid: GID0,
-            gid_type: GidType::RoceV2,
-        }])
+        Ok(vec![(0, GidEntry::valid(GID0, GidType::RoceV2))])
     }
 
     fn open_context(&self) -> host::Result<Box<dyn HostContext>> {
@@ -173,8 +171,8 @@ pub struct FakeContext {
 }
 
 /// The attributes every fake context reports: generous limits, rxe's vendor id.
-pub fn device_attr() -> host::DeviceAttr {
-    host::DeviceAttr {
+pub fn device_attr() -> QueryDeviceResp {
+    QueryDeviceResp {
         max_mr_size: u64::MAX,
         page_size_cap: 0xffff_f000,
         vendor_id: 0xffffff,
@@ -216,12 +214,12 @@ impl HostContext for FakeContext {
     fn num_comp_vectors(&self) -> u32 {
         1
     }
-    fn query_device(&self) -> host::Result<host::DeviceAttr> {
+    fn query_device(&self) -> host::Result<QueryDeviceResp> {
         Ok(device_attr())
     }
-    fn query_port(&self, port: u8) -> host::Result<host::PortAttr> {
+    fn query_port(&self, port: u8) -> host::Result<QueryPortResp> {
         assert_eq!(port, 1);
-        Ok(host::PortAttr {
+        Ok(QueryPortResp {
             state: 4,
             max_mtu: 5,
             active_mtu: 3,

@@ -63,11 +63,9 @@ pub(crate) fn check_port(port: u32) -> Result<(), Status> {
 
 /// QUERY_DEVICE's answer.
 pub(crate) fn device_attr() -> DeviceAttr {
-    let mut fw_ver = [0u8; 64];
-    fw_ver[..8].copy_from_slice(b"fake 1.0");
     let n = Le32::new;
     DeviceAttr {
-        fw_ver,
+        fw_ver: DeviceAttr::encode_fw_ver("fake 1.0"),
         node_guid: [1; 8],
         sys_image_guid: [2; 8],
         max_mr_size: Le64::new(1 << 32),

@@ -173,7 +173,7 @@ impl Samples {
 fn local_gid(ctx: &Context) -> Result<Gid, String> {
     ctx.query_gid(1, 0)
         .map_err(|e| format!("querying GID 0: {e}"))?
-        .map(|entry| entry.gid)
+        .map(|entry| Gid(entry.gid))
         .ok_or_else(|| "port 1 has no GID 0".to_string())
 }
 

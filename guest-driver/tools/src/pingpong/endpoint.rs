@@ -131,7 +131,7 @@ impl Endpoint {
         let hello = Hello {
             qpn: qp.qpn(),
             psn: random_psn(),
-            gid: *gid.raw(),
+            gid,
             rkey: mr.rkey(),
             addr: mr.addr(),
             len,

@@ -50,11 +50,12 @@ impl AsyncSide {
     fn open(socket: &Path, psn: u32) -> Result<Self> {
         use vrdma::verbs::{AccessFlags, Context, Cq, Qp, QpCaps, QpInitAttr, QpType};
         let ctx = Context::connect_process(socket).map_err(verbs_err("opening vrdma"))?;
-        let gid = ctx
-            .query_gid(1, 0)
-            .map_err(verbs_err("QUERY_GID"))?
-            .ok_or_else(|| Error::Scenario("port 1 has no GID 0".into()))?
-            .gid;
+        let gid = vrdma::verbs::Gid(
+            ctx.query_gid(1, 0)
+                .map_err(verbs_err("QUERY_GID"))?
+                .ok_or_else(|| Error::Scenario("port 1 has no GID 0".into()))?
+                .gid,
+        );
         let pd = ctx.alloc_pd().map_err(verbs_err("ALLOC_PD"))?;
         let buffer = ctx.alloc_buffer(4096).map_err(verbs_err("buffer"))?;
         let mr = pd
