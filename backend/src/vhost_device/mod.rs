@@ -1,5 +1,6 @@
 //! The vhost-user device: the `VhostUserBackend` of one guest connection, the virtqueue
-//! plumbing around a [`DeviceHandler`](handler::DeviceHandler) (the device logic: in the daemon, the per-guest device).
+//! plumbing around a [`DeviceHandler`](handler::DeviceHandler) (the device logic: in the
+//! daemon, the per-guest device).
 //!
 //! Queues: 0 = controlq (request then response buffer per chain), 1 = eventq (device-writable
 //! buffers the device fills with one event each), 2 = doorbellq (its notification is the send
