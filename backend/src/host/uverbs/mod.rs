@@ -14,10 +14,10 @@
 //! padding at compile time, the `abi_layout!` asserts pin sizes and offsets, and a host test
 //! compares them with the C compiler's view of the system headers.
 //!
-//! - [`framing`]: the command header, the [`Command`] traits, [`frame`] and the layout macros;
-//! - one file per object family for the command structs: [`context`] (context, queries,
-//!   completion channels, event descriptors), [`pd_mr`], [`cq`], [`qp`] (including the send
-//!   kick), [`srq`], [`ah`].
+//! - `framing.rs`: the command header, the [`Command`] traits, [`frame`] and the layout macros;
+//! - one file per object family for the command structs: `context.rs` (context, queries,
+//!   completion channels, event descriptors), `pd_mr.rs`, `cq.rs`, `qp.rs` (including the send
+//!   kick), `srq.rs`, `ah.rs`.
 
 mod ah;
 mod context;

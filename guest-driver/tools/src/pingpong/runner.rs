@@ -1,5 +1,5 @@
 //! Runs a plan as server or client over an [`Endpoint`] (see the protocol in
-//! [`crate::pingpong`]): the hello exchange and the plan check, then a [`Session`].
+//! [`crate::pingpong`]): the hello exchange and the plan check, then a `Session` (`session.rs`).
 
 use vrdma::verbs::Context;
 

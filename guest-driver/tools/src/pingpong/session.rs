@@ -15,7 +15,7 @@ use super::options::Options;
 use super::pattern::{self, Direction, PatternKey};
 use super::plan::{Mode, Op, GRH_LEN};
 use super::report::Row;
-use super::stats::{summarize, throughput};
+use super::stats::{summarize, throughput, LatencySummary};
 use super::wait::{EventCounts, WaitError, Waiter};
 use super::UD_QKEY;
 
@@ -395,18 +395,9 @@ impl<'c> Session<'c> {
         }
         // Payloads per timed interval: two for a round trip, one for a read.
         let per_iter = if op == Op::Read { 1 } else { 2 };
-        let (mib_s, mmsg_s) = throughput(u64::from(iters) * per_iter, size, total);
-        self.rows.push(Row {
-            op,
-            size,
-            iters,
-            inline: self.inline_for(op, size),
-            latency: summarize(&mut self.samples),
-            mib_s,
-            mmsg_s,
-            completion: self.waiter.mode(),
-            events: self.waiter.counts().since(&self.step_start),
-        });
+        let rates = throughput(u64::from(iters) * per_iter, size, total);
+        let latency = summarize(&mut self.samples);
+        self.push_row(op, size, iters, latency, rates);
         Ok(())
     }
 
@@ -481,18 +472,8 @@ impl<'c> Session<'c> {
             total += t0.elapsed();
         }
         if !self.is_server {
-            let (mib_s, mmsg_s) = throughput(iters.into(), size, total);
-            self.rows.push(Row {
-                op,
-                size,
-                iters,
-                inline: self.inline_for(op, size),
-                latency: None,
-                mib_s,
-                mmsg_s,
-                completion: self.waiter.mode(),
-                events: self.waiter.counts().since(&self.step_start),
-            });
+            let rates = throughput(iters.into(), size, total);
+            self.push_row(op, size, iters, None, rates);
         }
         Ok(())
     }
@@ -564,19 +545,32 @@ impl<'c> Session<'c> {
             self.reap_sends(1)?;
         }
         self.receive(&CONTROL)?; // ack: the server verified the last message
-        let (mib_s, mmsg_s) = throughput(n.into(), size, elapsed);
+        let rates = throughput(n.into(), size, elapsed);
+        self.push_row(op, size, n, None, rates);
+        Ok(())
+    }
+
+    /// Records the result of the current step: its latency (if measured), its `(MiB/s,
+    /// Mmsg/s)` rates, and how completions were awaited during it.
+    fn push_row(
+        &mut self,
+        op: Op,
+        size: u32,
+        iters: u32,
+        latency: Option<LatencySummary>,
+        (mib_s, mmsg_s): (f64, f64),
+    ) {
         self.rows.push(Row {
             op,
             size,
-            iters: n,
+            iters,
             inline: self.inline_for(op, size),
-            latency: None,
+            latency,
             mib_s,
             mmsg_s,
             completion: self.waiter.mode(),
             events: self.waiter.counts().since(&self.step_start),
         });
-        Ok(())
     }
 }
 
