@@ -22,9 +22,9 @@ use vrdma::provider::rxe_v1::{
     SendQueueCaps,
 };
 use vrdma::provider::{RecvWr, SendFlags, SendWr, Sge, UdDest, WorkCompletion};
-use vrdma_backend::control::rings::{slot_geometry, slot_log2, RXE_CQE_BYTES};
+use vrdma_backend::control::rings::{slot_geometry, slot_log2};
 use vrdma_backend::host::*;
-use vrdma_spec::rxe_v1::{header, recv_wqe_size, send_wqe_size, RxeAv};
+use vrdma_spec::rxe_v1::{self, header, recv_wqe_size, send_wqe_size, RxeAv};
 use vrdma_spec::verbs::{
     AccessFlags, GidType, QpAttrMask, QpState, QpType, WcOpcode, WcStatus, WrOpcode,
 };
@@ -476,7 +476,13 @@ fn rxe_host_path_end_to_end() {
 
     // Map every queue once, as the frontend does, and wrap it as the guest does: the provider
     // checks the real rxe header against the geometry the backend derives.
-    let mut cq_ring = Ring::new(ctx, cq.buffer, cq.cqe, RXE_CQE_BYTES, CompletionQueue::new);
+    let mut cq_ring = Ring::new(
+        ctx,
+        cq.buffer,
+        cq.cqe,
+        rxe_v1::CQE_SIZE,
+        CompletionQueue::new,
+    );
     let mut sq_a = send_ring(ctx, &rc_a, QpType::Rc);
     let rq_a = recv_ring(
         ctx,

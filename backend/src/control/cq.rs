@@ -1,12 +1,13 @@
 //! CREATE_CQ, DESTROY_CQ and ARM_CQ (spec §7.4).
 
 use log::warn;
+use vrdma_spec::rxe_v1;
 use vrdma_spec::verbs::arm_flags;
 use vrdma_spec::wire::{ArmCqReq, CreateCqReq, CreateCqResp, HandleReq};
 use vrdma_spec::{Le32, ResponseBody};
 
 use super::error::CommandError;
-use super::rings::{self, RXE_CQE_BYTES};
+use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
 use crate::guest::objects::CqEntry;
 use crate::guest::objects::EventOwner;
@@ -35,7 +36,7 @@ pub(crate) fn create_cq(s: &mut Session<'_>, r: &CreateCqReq) -> CommandResult {
         .cqe
         .checked_add(1)
         .ok_or_else(|| CommandError::Geometry(format!("cqe {}", cq.cqe)))
-        .and_then(|num_slots| rings::map_ring(s, cq.buffer, num_slots, RXE_CQE_BYTES));
+        .and_then(|num_slots| rings::map_ring(s, cq.buffer, num_slots, rxe_v1::CQE_SIZE));
     let ring = match mapped {
         Ok(ring) => ring,
         Err(e) => {

@@ -22,10 +22,6 @@ use crate::memory::queue_region::{MappedRing, ShmAllocator, ShmRange};
 use crate::vhost_device::guest_context::GuestContext;
 use crate::vhost_device::shmem::SHMEM_PAGE_SIZE;
 
-/// Bytes of one rxe CQ slot: `sizeof(struct rxe_cqe)`, the union of the kernel's `struct ib_wc`
-/// (72 bytes on x86-64 since `port_num` became a u32 in Linux 5.13) and `struct ib_uverbs_wc`.
-pub const RXE_CQE_BYTES: usize = 72;
-
 /// Fails unless a ring format was negotiated that the host device produces (spec §3: without
 /// one, CREATE_CQ/QP/SRQ are `UNSUPPORTED`).
 pub(crate) fn require_ring_format(s: &Session<'_>) -> Result<(), CommandError> {
@@ -160,7 +156,7 @@ mod tests {
         assert_eq!(slot_log2(1), 6);
         assert_eq!(slot_log2(64), 6);
         assert_eq!(slot_log2(65), 7);
-        assert_eq!(slot_log2(RXE_CQE_BYTES), 7);
+        assert_eq!(slot_log2(rxe_v1::CQE_SIZE), 7);
         assert_eq!(slot_log2(rxe_v1::send_wqe_size(1, 0)), 8);
         assert_eq!(slot_log2(rxe_v1::recv_wqe_size(1)), 6);
     }
@@ -168,11 +164,11 @@ mod tests {
     #[test]
     fn geometry_is_cross_checked_with_the_length() {
         // 256 CQ slots of 128 bytes: 384 + 32 KiB -> 9 pages.
-        assert_eq!(slot_geometry(9 * 4096, 256, RXE_CQE_BYTES).unwrap(), 7);
+        assert_eq!(slot_geometry(9 * 4096, 256, rxe_v1::CQE_SIZE).unwrap(), 7);
         // A kernel with 256-byte CQEs is recognised when the length leaves no doubt.
-        assert_eq!(slot_geometry(17 * 4096, 256, RXE_CQE_BYTES).unwrap(), 8);
+        assert_eq!(slot_geometry(17 * 4096, 256, rxe_v1::CQE_SIZE).unwrap(), 8);
         // Nothing fits.
-        assert!(slot_geometry(5 * 4096, 256, RXE_CQE_BYTES).is_err());
+        assert!(slot_geometry(5 * 4096, 256, rxe_v1::CQE_SIZE).is_err());
         // Ambiguous: 2 slots of 64..=1024 bytes all fit one page; the rule decides.
         assert_eq!(slot_geometry(4096, 2, 64).unwrap(), 6);
         assert!(slot_geometry(4096, 3, 64).is_err());

@@ -3,9 +3,9 @@
 //! Applications linked against rdma-core's libibverbs run unmodified over vrdma when this
 //! library (installed as `libibverbs.so.1`) comes first in `LD_LIBRARY_PATH`. Struct layouts
 //! are rdma-core's ([`sys`], generated from its headers); exported names carry rdma-core's
-//! symbol versions (`libibverbs.map`, see `build.rs` and [`export`]). The context's
+//! symbol versions (`libibverbs.map`, see `build.rs` and `src/export.rs`). The context's
 //! `ibv_context_ops` table holds the data path that the static inline functions of
-//! `<infiniband/verbs.h>` call ([`datapath`]). See README.md for what is provided.
+//! `<infiniband/verbs.h>` call (`src/datapath.rs`). See README.md for what is provided.
 
 #[allow(
     non_camel_case_types,

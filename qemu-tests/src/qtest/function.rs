@@ -14,6 +14,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use vrdma::dma::DmaMemory;
 
+use vrdma::spec::PCI_VENDOR_ID;
+use vrdma::transport::pci::virtio::VRDMA_DEVICE_IDS;
 use vrdma::transport::pci::{PciError, PciFunction};
 use vrdma::transport::{RegionAccess, SharedMemory};
 
@@ -21,11 +23,12 @@ use super::client::Qtest;
 use super::error::QtestError;
 use super::memory::GuestMemory;
 
-/// Red Hat's virtio vendor ID.
-pub const VIRTIO_VENDOR: u16 = 0x1af4;
 /// Vendor and device IDs a vrdma function may have: RDMA's own (virtio ID 42) and the carrier
 /// ID 38 QEMU 11.1 can instantiate.
-pub const VRDMA_IDS: [(u16, u16); 2] = [(VIRTIO_VENDOR, 0x106a), (VIRTIO_VENDOR, 0x1066)];
+pub const VRDMA_IDS: [(u16, u16); 2] = [
+    (PCI_VENDOR_ID, VRDMA_DEVICE_IDS[0]),
+    (PCI_VENDOR_ID, VRDMA_DEVICE_IDS[1]),
+];
 /// PCI capability ID of virtio's vendor-specific capabilities.
 const CAP_VENDOR_SPECIFIC: u8 = 0x09;
 const PCI_STATUS: u16 = 0x06;

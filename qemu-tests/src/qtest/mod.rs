@@ -220,7 +220,7 @@ mod tests {
         let function = QtestPciFunction::probe_ids(
             machine.qtest.clone(),
             machine.memory.clone(),
-            &[(function::VIRTIO_VENDOR, 0x1044)],
+            &[(vrdma::spec::PCI_VENDOR_ID, 0x1044)],
         )
         .unwrap();
         let bars = function.info().bars;

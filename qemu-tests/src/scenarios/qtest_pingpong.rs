@@ -22,7 +22,8 @@ use serde::{Deserialize, Serialize};
 use vrdma::transport::pci::{PciFunction, PciOptions, PciTransport};
 use vrdma::transport::Transport;
 use vrdma::verbs::Context;
-use vrdma_tools::pingpong::runner::{run_client, Options};
+use vrdma_tools::pingpong::options::Options;
+use vrdma_tools::pingpong::runner::run_client;
 use vrdma_tools::pingpong::wait::Completion;
 use vrdma_tools::pingpong::Plan;
 

@@ -80,7 +80,8 @@ impl RegMr<'_> {
 
 impl<'a> RegMr<'a> {
     /// Builds a REG_MR request over page-list bytes produced by [`encode_page_list`].
-    /// The result is not validated; [`ControlRequest::decode`] of its encoding is.
+    /// The result is not validated; [`ControlRequest::decode`](super::ControlRequest::decode) of
+    /// its encoding is.
     pub fn new(req: RegMrReq, page_list_bytes: &'a [u8]) -> Self {
         let n = page_list_bytes.len() / 8 * 8;
         RegMr {

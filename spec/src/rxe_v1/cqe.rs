@@ -1,4 +1,5 @@
-//! The user half of a CQ slot (`struct ib_uverbs_wc`), as the host kernel writes it.
+//! A CQ slot: its entry size ([`CQE_SIZE`]) and its user half (`struct ib_uverbs_wc`), as the
+//! host kernel writes it.
 
 use crate::{Le16, Le32, Le64};
 
@@ -40,3 +41,10 @@ wire_struct! {
 assert_layout!(IbUverbsWc, 48, wr_id @ 0, status @ 8, opcode @ 12, vendor_err @ 16,
     byte_len @ 20, ex @ 24, qp_num @ 28, src_qp @ 32, wc_flags @ 36, pkey_index @ 40,
     slid @ 42, sl @ 44, dlid_path_bits @ 45, port_num @ 46, reserved @ 47);
+
+/// Bytes of one rxe CQ entry: `sizeof(struct rxe_cqe)`, the union of the kernel's `struct ib_wc`
+/// (72 bytes on x86-64 since `port_num` became a u32 in Linux 5.13) and [`IbUverbsWc`]. The
+/// kernel-only `ib_wc` is the larger member, so an entry is larger than the half a user reads;
+/// the slot is this rounded up to a power of two.
+pub const CQE_SIZE: usize = 72;
+const _: () = assert!(CQE_SIZE >= size_of::<IbUverbsWc>());

@@ -18,7 +18,7 @@ mod wqe;
 mod uapi_layout_tests;
 
 pub use av::RxeAv;
-pub use cqe::IbUverbsWc;
+pub use cqe::{IbUverbsWc, CQE_SIZE};
 pub use geometry::{
     num_slots_for, slot_offset, GeometryError, FORMAT_ID, MAX_LOG2_SLOT_SIZE, MIN_LOG2_SLOT_SIZE,
 };

@@ -2,9 +2,9 @@
 //!
 //! The device has one interrupt (INTx; MSI-X stays off) for all queues, and reading the ISR,
 //! which deasserts it, also clears it for everybody. So one waiter at a time sits in
-//! [`PciFunction::wait_interrupt`]; when it returns, it reads the ISR and advances a
-//! generation count that every other waiter sleeps on, and each waiter then looks at its own
-//! used ring again. A waiter notes the generation ([`Interrupts::generation`]) before its
+//! [`PciFunction::wait_interrupt`](super::PciFunction::wait_interrupt); when it returns, it
+//! reads the ISR and advances a generation count that every other waiter sleeps on, and each
+//! waiter then looks at its own used ring again. A waiter notes the generation ([`Interrupts::generation`]) before its
 //! last look at the ring, so an interrupt consumed by another thread in between still wakes
 //! it.
 

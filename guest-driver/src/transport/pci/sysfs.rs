@@ -21,9 +21,10 @@ use log::{debug, info, warn};
 
 use super::function::{PciError, PciFunction};
 use super::hugepage::HugepageDma;
-use super::virtio::{has_vrdma_magic, VIRTIO_VENDOR_ID, VRDMA_DEVICE_IDS};
+use super::virtio::{has_vrdma_magic, VRDMA_DEVICE_IDS};
 use crate::dma::{map_shared, DmaMemory};
 use crate::transport::SharedMemory;
+use vrdma_spec::PCI_VENDOR_ID;
 
 /// Where sysfs keeps the PCI bus.
 pub const SYSFS_PCI: &str = "/sys/bus/pci";
@@ -74,7 +75,7 @@ fn read_id(device: &Path, name: &str) -> Option<u16> {
 }
 
 fn is_candidate(device: &Path) -> bool {
-    read_id(device, "vendor") == Some(VIRTIO_VENDOR_ID)
+    read_id(device, "vendor") == Some(PCI_VENDOR_ID)
         && read_id(device, "device").is_some_and(|id| VRDMA_DEVICE_IDS.contains(&id))
 }
 
@@ -83,7 +84,7 @@ fn is_candidate(device: &Path) -> bool {
 pub fn find_candidates(sysfs_pci: &Path, address: Option<&str>) -> Result<Vec<PathBuf>, PciError> {
     let devices = sysfs_pci.join("devices");
     let ids = format!(
-        "{VIRTIO_VENDOR_ID:04x}:{:04x} or {VIRTIO_VENDOR_ID:04x}:{:04x}",
+        "{PCI_VENDOR_ID:04x}:{:04x} or {PCI_VENDOR_ID:04x}:{:04x}",
         VRDMA_DEVICE_IDS[0], VRDMA_DEVICE_IDS[1]
     );
     if let Some(address) = address {

@@ -13,9 +13,9 @@ use crate::dma::{DmaMemory, PAGE_SIZE};
 use crate::transport::{SharedMemory, TransportError};
 use crate::virtq::SplitQueue;
 use vrdma_spec::features::{DEVICE_SPECIFIC_MASK, VIRTIO_F_RING_EVENT_IDX, VIRTIO_F_VERSION_1};
+use vrdma_spec::shm::VIRTIO_PCI_CAP_SHARED_MEMORY_CFG;
+use vrdma_spec::PCI_VENDOR_ID;
 
-/// PCI vendor ID of virtio devices.
-pub const VIRTIO_VENDOR_ID: u16 = 0x1af4;
 /// PCI device IDs a vrdma device may carry: its own (virtio ID 42) and the one QEMU 11.1 can
 /// present it under (virtio ID 38, see the spec, 2.1). The configuration magic decides.
 pub const VRDMA_DEVICE_IDS: [u16; 2] = [vrdma_spec::PCI_DEVICE_ID, 0x1040 + 38];
@@ -75,8 +75,6 @@ pub mod cap_type {
     pub const DEVICE: u8 = 4;
     /// PCI configuration access (unused: BARs are reached directly).
     pub const PCI_CFG: u8 = 5;
-    /// A shared-memory region (`virtio_pci_cap64`, `id` = shmid).
-    pub const SHARED_MEMORY: u8 = 8;
 }
 
 /// Offsets in the common configuration structure (`virtio_pci_common_cfg`).
@@ -231,7 +229,7 @@ pub fn read_capabilities(function: &dyn PciFunction) -> Result<Capabilities, Tra
             }
             cap_type::ISR if isr.is_none() => isr = Some(range),
             cap_type::DEVICE if device.is_none() => device = Some(range),
-            cap_type::SHARED_MEMORY
+            VIRTIO_PCI_CAP_SHARED_MEMORY_CFG
                 if shared_memory.is_none()
                     && cap_id == vrdma_spec::shm::QUEUE_REGION_ID
                     && cap_len >= 24 =>
@@ -280,7 +278,7 @@ impl VirtioPci {
             .map_err(failure)?;
         let vendor = u16::from_le_bytes([ids[0], ids[1]]);
         let device = u16::from_le_bytes([ids[2], ids[3]]);
-        if vendor != VIRTIO_VENDOR_ID || !VRDMA_DEVICE_IDS.contains(&device) {
+        if vendor != PCI_VENDOR_ID || !VRDMA_DEVICE_IDS.contains(&device) {
             return Err(TransportError::DeviceFailure(format!(
                 "PCI function {vendor:04x}:{device:04x} is not a vrdma device"
             )));

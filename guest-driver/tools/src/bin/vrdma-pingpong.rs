@@ -11,7 +11,8 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 
 use vrdma::verbs::Context;
-use vrdma_tools::pingpong::runner::{run_client, run_server, Options};
+use vrdma_tools::pingpong::options::Options;
+use vrdma_tools::pingpong::runner::{run_client, run_server};
 use vrdma_tools::pingpong::wait::Completion;
 use vrdma_tools::pingpong::{Plan, DEFAULT_PORT, DEFAULT_TIMEOUT_SECS};
 

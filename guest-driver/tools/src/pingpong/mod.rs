@@ -91,12 +91,15 @@
 //! (`spurious_wakeups`).
 
 pub mod endpoint;
+pub mod error;
 pub mod exchange;
 pub mod oob;
+pub mod options;
 pub mod pattern;
 pub mod plan;
 pub mod report;
 pub mod runner;
+mod session;
 pub mod stats;
 pub mod wait;
 

@@ -1,0 +1,290 @@
+//! The `VhostUserBackend` impl of [`VhostUserDevice`]: what the vhost-user daemon asks of the
+//! device (features, configuration space, shared memory, worker layout) and the dispatch of each
+//! worker's events to the queue it serves.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+
+use log::{debug, warn};
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserShMemConfig};
+use vhost::vhost_user::Backend;
+use vhost_user_backend::VhostUserBackend;
+use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::bindings::virtio_ring::{
+    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+
+use vrdma_spec::features::DEVICE_SPECIFIC_MASK;
+use vrdma_spec::queue::{CONTROLQ, DOORBELLQ, EVENTQ, NUM_QUEUES};
+
+use super::device::{
+    VhostUserDevice, Vring, CONTROL_LOCAL, CONTROL_WORKER, DOORBELL_LOCAL, EVENTS_WAKE_TOKEN,
+    EVENT_LOCAL, FAST_WORKER, FIRST_WATCHED_TOKEN,
+};
+use super::handler::DeviceHandler;
+use crate::memory::guest_ram::AtomicGuestRam;
+
+/// Largest queue size accepted.
+pub const MAX_QUEUE_SIZE: usize = 256;
+/// Largest configuration space served.
+pub const MAX_CONFIG_SIZE: usize = 256;
+
+/// `VHOST_USER_F_PROTOCOL_FEATURES` (virtio feature bit 30 in vhost-user).
+const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
+
+impl<H: DeviceHandler> VhostUserBackend for VhostUserDevice<H> {
+    type Bitmap = ();
+    type Vring = Vring;
+
+    fn num_queues(&self) -> usize {
+        usize::from(NUM_QUEUES)
+    }
+
+    fn max_queue_size(&self) -> usize {
+        MAX_QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        (1 << VIRTIO_F_VERSION_1)
+            | (1 << VIRTIO_RING_F_EVENT_IDX)
+            | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+            | VHOST_USER_F_PROTOCOL_FEATURES
+            | (self.handler.device_features() & DEVICE_SPECIFIC_MASK)
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.handler.features_acked(features);
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::BACKEND_REQ
+            | VhostUserProtocolFeatures::BACKEND_SEND_FD
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::RESET_DEVICE
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::SHMEM
+    }
+
+    fn reset_device(&self) {
+        self.request_discard();
+    }
+
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        // QEMU stops every vring alike after a guest reset and when the VM stops, and sends
+        // nothing else in either case (no SET_STATUS without that protocol feature, no
+        // RESET_DEVICE from vhost-user-base): the stop of the control queue is the reset.
+        if queue_index == u32::from(CONTROLQ) {
+            self.request_discard();
+        }
+        Ok(())
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, Ordering::Relaxed);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let (offset, size) = (offset as usize, size as usize);
+        let Some(end) = offset
+            .checked_add(size)
+            .filter(|&end| end <= MAX_CONFIG_SIZE)
+        else {
+            // An empty reply tells the frontend that the request failed.
+            return Vec::new();
+        };
+        let mut config = self.handler.config_space();
+        config.resize(MAX_CONFIG_SIZE, 0);
+        config[offset..end].to_vec()
+    }
+
+    fn set_config(&self, _offset: u32, _buf: &[u8]) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "the vrdma configuration space is read-only",
+        ))
+    }
+
+    fn update_memory(&self, _mem: AtomicGuestRam) -> io::Result<()> {
+        // `_mem` is the GuestMemoryAtomic the context already holds; only the handler needs
+        // to look at what changed.
+        self.handler.memory_changed(&self.ctx);
+        Ok(())
+    }
+
+    fn set_backend_req_fd(&self, backend: Backend) {
+        self.ctx.shmem().set_channel(backend);
+    }
+
+    fn get_shmem_config(&self) -> io::Result<VhostUserShMemConfig> {
+        let size = self.ctx.shmem().size();
+        if size == 0 {
+            return Ok(VhostUserShMemConfig::new(0, &[]));
+        }
+        Ok(VhostUserShMemConfig::new(1, &[size]))
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        vec![1 << CONTROLQ, (1 << EVENTQ) | (1 << DOORBELLQ)]
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        // Without an exit event the workers could never be stopped when the guest goes.
+        match new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC) {
+            Ok(pair) => {
+                self.exit_consumer_fds.lock().push(pair.0.as_raw_fd());
+                Some(pair)
+            }
+            Err(e) => {
+                warn!("cannot create a worker exit event: {e}");
+                None
+            }
+        }
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        _evset: EventSet,
+        vrings: &[Vring],
+        thread_id: usize,
+    ) -> io::Result<()> {
+        // Errors returned here would end the worker thread, so guest-caused problems are
+        // logged where they happen and never returned.
+        match (thread_id, device_event) {
+            (CONTROL_WORKER, CONTROL_LOCAL) => self.serve_controlq(&vrings[0]),
+            (FAST_WORKER, EVENT_LOCAL) => self.deliver_events(&vrings[0]),
+            (FAST_WORKER, DOORBELL_LOCAL) => self.serve_doorbellq(&vrings[1]),
+            (FAST_WORKER, EVENTS_WAKE_TOKEN) => {
+                self.ctx.events().consume_wake();
+                self.deliver_events(&vrings[0]);
+            }
+            (FAST_WORKER, token) if token >= FIRST_WATCHED_TOKEN => {
+                self.handler
+                    .fd_ready(&self.ctx, usize::from(token - FIRST_WATCHED_TOKEN));
+                self.deliver_events(&vrings[0]);
+            }
+            (thread, token) => debug!("ignoring event {token} on worker {thread}"),
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vhost_device::guest_context::GuestContext;
+    use crate::vhost_device::handler::CommandRejection;
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+    use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+
+    #[derive(Default)]
+    struct ConfigOnly {
+        resets: AtomicU64,
+    }
+
+    impl DeviceHandler for ConfigOnly {
+        fn device_features(&self) -> u64 {
+            // Bit 32 is a transport bit: the handler must not be able to offer it.
+            0b101 | (1 << 32) | (1 << 40)
+        }
+        fn config_space(&self) -> Vec<u8> {
+            b"abcdef".to_vec()
+        }
+        fn shmem_size(&self) -> u64 {
+            0x10_0000
+        }
+        fn max_request_size(&self) -> usize {
+            64
+        }
+        fn handle_command(&self, _: &GuestContext, _: &[u8], _: usize, _: &mut Vec<u8>) {}
+        fn reject_command(&self, _: &GuestContext, _: CommandRejection, _: &mut Vec<u8>) {}
+        fn doorbell(&self, _: &GuestContext, _: &[u8]) {}
+        fn reset(&self) {
+            self.resets.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn backend() -> VhostUserDevice<ConfigOnly> {
+        let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+        VhostUserDevice::new(Arc::new(ConfigOnly::default()), memory).unwrap()
+    }
+
+    fn resets(backend: &VhostUserDevice<ConfigOnly>) -> u64 {
+        backend.handler().resets.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn stopping_the_control_queue_discards_guest_state() {
+        let backend = backend();
+        backend.stop_vring(u32::from(EVENTQ)).unwrap();
+        backend.stop_vring(u32::from(DOORBELLQ)).unwrap();
+        assert_eq!(resets(&backend), 0);
+        backend.stop_vring(u32::from(CONTROLQ)).unwrap();
+        assert_eq!(resets(&backend), 1);
+        backend.reset_device();
+        assert_eq!(resets(&backend), 2);
+    }
+
+    #[test]
+    fn a_stop_during_a_command_discards_after_it_without_waiting() {
+        let backend = Arc::new(backend());
+        let running = backend.command.lock();
+        // Returns at once although a command "runs" (holds the command buffers).
+        backend.stop_vring(u32::from(CONTROLQ)).unwrap();
+        assert_eq!(resets(&backend), 0);
+        drop(running);
+        backend.finish_pending_discard();
+        assert_eq!(resets(&backend), 1);
+        backend.finish_pending_discard();
+        assert_eq!(resets(&backend), 1, "one stop, one discard");
+    }
+
+    #[test]
+    fn configuration_space_is_padded_and_bounded() {
+        let backend = backend();
+        assert_eq!(backend.get_config(0, 4), b"abcd");
+        assert_eq!(backend.get_config(4, 4), b"ef\0\0");
+        assert_eq!(backend.get_config(0, 256).len(), 256);
+        assert!(backend.get_config(250, 7).is_empty());
+        assert!(backend.get_config(u32::MAX, 2).is_empty());
+        assert!(backend.set_config(0, b"x").is_err());
+    }
+
+    #[test]
+    fn features_keep_transport_bits_to_the_plumbing() {
+        let features = backend().features();
+        assert_eq!(features & DEVICE_SPECIFIC_MASK, 0b101);
+        assert_ne!(features & (1 << VIRTIO_F_VERSION_1), 0);
+        assert_ne!(features & (1 << VIRTIO_RING_F_EVENT_IDX), 0);
+        assert_ne!(features & VHOST_USER_F_PROTOCOL_FEATURES, 0);
+        assert_eq!(features & (1 << 40), 0);
+    }
+
+    #[test]
+    fn protocol_features_and_shared_memory() {
+        let backend = backend();
+        let protocol = backend.protocol_features();
+        // Bit 22 is VHOST_USER_PROTOCOL_F_SHMEM in QEMU 11.1 as in vhost 0.18.
+        assert_eq!(VhostUserProtocolFeatures::SHMEM.bits(), 1 << 22);
+        assert!(protocol.contains(
+            VhostUserProtocolFeatures::CONFIG
+                | VhostUserProtocolFeatures::BACKEND_REQ
+                | VhostUserProtocolFeatures::BACKEND_SEND_FD
+                | VhostUserProtocolFeatures::REPLY_ACK
+                | VhostUserProtocolFeatures::SHMEM
+        ));
+        assert!(!protocol.contains(VhostUserProtocolFeatures::MQ));
+        let shmem = backend.get_shmem_config().unwrap();
+        assert_eq!(shmem.nregions, 1);
+        assert_eq!(shmem.memory_sizes[0], 0x10_0000);
+        assert_eq!(backend.num_queues(), 3);
+        assert_eq!(backend.queues_per_thread(), vec![0b001, 0b110]);
+    }
+}
