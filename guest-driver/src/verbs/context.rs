@@ -9,11 +9,11 @@ use parking_lot::Mutex;
 use vrdma_spec::config::{ring_format, CONFIG_SIZE};
 use vrdma_spec::control::{ControlRequest, ControlResponse, Opcode, ResponseBody, HEADER_SIZE};
 use vrdma_spec::features;
-use vrdma_spec::verbs::GidType;
+use vrdma_spec::verbs::{Gid, GidType};
 use vrdma_spec::wire::{QueryPortReq, QueryTableReq, SetDoorbellAreaReq, GID_FLAG_VALID};
 use vrdma_spec::{DeviceConfig, Le32, Le64};
 
-use super::attr::{DeviceAttr, Gid, GidEntry, PortAttr};
+use super::attr::{DeviceAttr, GidEntry, PortAttr};
 use super::command::unexpected_body;
 use super::doorbell::DoorbellRegion;
 use super::error::{ProtocolError, Result, VerbsError};

@@ -34,10 +34,7 @@ mod ring;
 mod srq;
 
 pub use ah::Ah;
-pub use attr::{
-    AccessFlags, AhAttr, DeviceAttr, Gid, GidEntry, GidType, GlobalRoute, Mtu, PortAttr, QpAttr,
-    QpAttrMask, QpCaps, QpState,
-};
+pub use attr::{DeviceAttr, GidEntry, PortAttr};
 pub use context::Context;
 pub use cq::Cq;
 pub use error::{opcode_name, PostSendError, ProtocolError, Result, VerbsError};
@@ -50,4 +47,8 @@ pub use srq::{Srq, SrqAttr};
 pub use crate::provider::{
     PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WorkCompletion,
 };
-pub use vrdma_spec::verbs::{QpType, WcOpcode, WcStatus, WrOpcode};
+pub use vrdma_spec::attr::qp::{GlobalRoute, QpCaps};
+pub use vrdma_spec::verbs::{
+    AccessFlags, Gid, GidType, Mtu, QpAttrMask, QpState, QpType, WcOpcode, WcStatus, WrOpcode,
+};
+pub use vrdma_spec::wire::{AhAttr, QpAttr};
