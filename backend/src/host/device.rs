@@ -4,6 +4,7 @@
 use std::os::fd::BorrowedFd;
 
 use vrdma_spec::verbs::QpAttrMask;
+use vrdma_spec::wire::QpAttr;
 
 use super::error::Result;
 use super::sysfs::{DeviceInfo, GidEntry};
