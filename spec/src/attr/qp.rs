@@ -344,8 +344,10 @@ mod tests {
 
     #[test]
     fn undefined_values_from_the_device_are_named() {
-        let mut wire = QpAttr::default();
-        wire.qp_state = Le32::new(9);
+        let mut wire = QpAttr {
+            qp_state: Le32::new(9),
+            ..QpAttr::default()
+        };
         assert_eq!(
             wire.check_defined(QpAttrMask::STATE),
             Err(UndefinedValue {
