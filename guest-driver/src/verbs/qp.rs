@@ -7,7 +7,7 @@ use parking_lot::Mutex;
 use vrdma_spec::attr::qp::{GlobalRoute, QpCaps, UndefinedValue};
 use vrdma_spec::control::{ControlRequest, Opcode, ResponseBody};
 use vrdma_spec::verbs::{AccessFlags, Gid, Mtu, QpAttrMask, QpState, QpType};
-use vrdma_spec::wire::{AhAttr, CreateQpReq, ModifyQpReq, QpAttr, QueryQpReq};
+use vrdma_spec::wire::{AhAttr, CreateQpReq, ModifyQpReq, QpAttr, QueryQpReq, QueryQpResp};
 use vrdma_spec::{Le16, Le32};
 
 use super::command::{handle_req, nonzero_handle, unexpected_body};
@@ -340,14 +340,7 @@ impl Qp {
         let ResponseBody::QueryQp(resp) = self.object.ctx().execute(&req)? else {
             return Err(unexpected_body(Opcode::QueryQp));
         };
-        let bits = resp.attr_mask.get();
-        let valid = QpAttrMask::from_bits(bits).ok_or(ProtocolError::ResponseValue {
-            opcode: Opcode::QueryQp,
-            field: "attr_mask",
-            value: bits.into(),
-        })?;
-        resp.attr.check_defined(valid).map_err(undefined_in_query)?;
-        Ok((resp.attr, valid))
+        Ok(queried_attributes(&resp)?)
     }
 
     /// The current state (QUERY_QP).
@@ -543,6 +536,19 @@ impl std::fmt::Debug for Qp {
     }
 }
 
+/// The attributes of a QUERY_QP response and the mask of the valid ones; refused if the mask
+/// or a valid enumerated field holds an undefined value.
+fn queried_attributes(resp: &QueryQpResp) -> Result<(QpAttr, QpAttrMask), ProtocolError> {
+    let bits = resp.attr_mask.get();
+    let valid = QpAttrMask::from_bits(bits).ok_or(ProtocolError::ResponseValue {
+        opcode: Opcode::QueryQp,
+        field: "attr_mask",
+        value: bits.into(),
+    })?;
+    resp.attr.check_defined(valid).map_err(undefined_in_query)?;
+    Ok((resp.attr, valid))
+}
+
 /// A QUERY_QP response field holding an undefined value, as the error the caller sees.
 fn undefined_in_query(e: UndefinedValue) -> ProtocolError {
     ProtocolError::ResponseValue {
@@ -555,4 +561,49 @@ fn undefined_in_query(e: UndefinedValue) -> ProtocolError {
 /// `wanted`, or the device's `limit` capped at [`DEFAULT_RD_ATOMIC`].
 fn rd_atomic(wanted: Option<u8>, limit: u32) -> u8 {
     wanted.unwrap_or(limit.min(DEFAULT_RD_ATOMIC) as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(attr: QpAttr, valid: QpAttrMask) -> QueryQpResp {
+        QueryQpResp {
+            attr_mask: Le32::new(valid.bits()),
+            reserved: Le32::ZERO,
+            attr,
+        }
+    }
+
+    #[test]
+    fn undefined_values_in_a_query_response_are_named() {
+        let attr = QpAttr {
+            qp_state: Le32::new(9),
+            ..QpAttr::default()
+        };
+        let refused = queried_attributes(&response(attr, QpAttrMask::STATE));
+        assert!(
+            matches!(
+                refused,
+                Err(ProtocolError::ResponseValue {
+                    opcode: Opcode::QueryQp,
+                    field: "qp_state",
+                    value: 9,
+                })
+            ),
+            "{refused:?}"
+        );
+        // Not selected: not interpreted.
+        let (queried, valid) = queried_attributes(&response(attr, QpAttrMask::PATH_MTU)).unwrap();
+        assert_eq!((queried, valid), (attr, QpAttrMask::PATH_MTU));
+        let mut bad_mask = response(attr, QpAttrMask::PATH_MTU);
+        bad_mask.attr_mask = Le32::new(1 << 31);
+        assert!(matches!(
+            queried_attributes(&bad_mask),
+            Err(ProtocolError::ResponseValue {
+                field: "attr_mask",
+                ..
+            })
+        ));
+    }
 }
