@@ -24,10 +24,12 @@ use vrdma::provider::rxe_v1::{
 use vrdma::provider::{RecvWr, SendFlags, SendWr, Sge, UdDest, WorkCompletion};
 use vrdma_backend::control::rings::{slot_geometry, slot_log2};
 use vrdma_backend::host::*;
+use vrdma_spec::attr::qp::{GlobalRoute, QpCaps};
 use vrdma_spec::rxe_v1::{self, header, recv_wqe_size, send_wqe_size, RxeAv};
 use vrdma_spec::verbs::{
-    AccessFlags, GidType, QpAttrMask, QpState, QpType, WcOpcode, WcStatus, WrOpcode,
+    AccessFlags, Gid, GidType, Mtu, QpAttrMask, QpState, QpType, WcOpcode, WcStatus, WrOpcode,
 };
+use vrdma_spec::wire::{AhAttr, QpAttr};
 use zerocopy::FromZeros;
 
 const PAGE: usize = 4096;
@@ -237,43 +239,45 @@ fn rdma_resources() -> BTreeMap<String, u64> {
 
 fn modify(ctx: &dyn HostContext, qp: QpHandle, attr: QpAttr, mask: QpAttrMask) {
     ctx.modify_qp(qp, &attr, mask)
-        .unwrap_or_else(|e| panic!("modify_qp to {:?}: {e}", attr.qp_state));
+        .unwrap_or_else(|e| panic!("modify_qp to {:?}: {e}", attr.qp_state()));
+}
+
+/// The address vector to `gid` on port 1 from GID 0, one hop.
+fn loopback_path(gid: [u8; 16]) -> AhAttr {
+    AhAttr::default()
+        .with_grh(GlobalRoute {
+            dgid: Gid(gid),
+            sgid_index: 0,
+            hop_limit: 1,
+            ..GlobalRoute::default()
+        })
+        .with_port_num(1)
 }
 
 fn connect_rc(ctx: &dyn HostContext, qp: QpHandle, remote_qpn: u32, gid: [u8; 16], mtu: u8) {
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let mtu = Mtu::try_from(u32::from(mtu)).expect("rxe reports a defined MTU");
     modify(
         ctx,
         qp,
-        QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            qp_access_flags: access,
-            ..Default::default()
-        },
+        QpAttr::default()
+            .with_qp_state(QpState::Init)
+            .with_pkey_index(0)
+            .with_port_num(1)
+            .with_qp_access_flags(access),
         QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
     );
     modify(
         ctx,
         qp,
-        QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: mtu,
-            dest_qp_num: remote_qpn,
-            rq_psn: 0x100,
-            max_dest_rd_atomic: 1,
-            min_rnr_timer: 12,
-            ah_attr: AhAttr {
-                dgid: gid,
-                sgid_index: 0,
-                hop_limit: 1,
-                is_global: true,
-                port_num: 1,
-                ..Default::default()
-            },
-            ..Default::default()
-        },
+        QpAttr::default()
+            .with_qp_state(QpState::Rtr)
+            .with_path_mtu(mtu)
+            .with_dest_qp_num(remote_qpn)
+            .with_rq_psn(0x100)
+            .with_max_dest_rd_atomic(1)
+            .with_min_rnr_timer(12)
+            .with_ah_attr(loopback_path(gid)),
         QpAttrMask::STATE
             | QpAttrMask::AV
             | QpAttrMask::PATH_MTU
@@ -285,15 +289,13 @@ fn connect_rc(ctx: &dyn HostContext, qp: QpHandle, remote_qpn: u32, gid: [u8; 16
     modify(
         ctx,
         qp,
-        QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: 0x100,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 1,
-            ..Default::default()
-        },
+        QpAttr::default()
+            .with_qp_state(QpState::Rts)
+            .with_sq_psn(0x100)
+            .with_timeout(14)
+            .with_retry_cnt(7)
+            .with_rnr_retry(7)
+            .with_max_rd_atomic(1),
         QpAttrMask::STATE
             | QpAttrMask::SQ_PSN
             | QpAttrMask::TIMEOUT
@@ -307,31 +309,24 @@ fn activate_ud(ctx: &dyn HostContext, qp: QpHandle) {
     modify(
         ctx,
         qp,
-        QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qkey: QKEY,
-            ..Default::default()
-        },
+        QpAttr::default()
+            .with_qp_state(QpState::Init)
+            .with_port_num(1)
+            .with_qkey(QKEY),
         QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
     );
     modify(
         ctx,
         qp,
-        QpAttr {
-            qp_state: QpState::Rtr,
-            ..Default::default()
-        },
+        QpAttr::default().with_qp_state(QpState::Rtr),
         QpAttrMask::STATE,
     );
     modify(
         ctx,
         qp,
-        QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: 0x200,
-            ..Default::default()
-        },
+        QpAttr::default()
+            .with_qp_state(QpState::Rts)
+            .with_sq_psn(0x200),
         QpAttrMask::STATE | QpAttrMask::SQ_PSN,
     );
 }
@@ -452,14 +447,7 @@ fn rxe_host_path_end_to_end() {
     let ah = ctx
         .create_ah(&AhInit {
             pd,
-            attr: AhAttr {
-                dgid: gid,
-                sgid_index: 0,
-                hop_limit: 1,
-                is_global: true,
-                port_num: 1,
-                ..Default::default()
-            },
+            attr: loopback_path(gid),
             user_handle: 5,
         })
         .unwrap();
@@ -524,10 +512,10 @@ fn rxe_host_path_end_to_end() {
     connect_rc(ctx, rc_b.handle, rc_a.qpn, gid, mtu);
     let info = ctx.query_qp(rc_a.handle, QpAttrMask::LEGACY_ALL).unwrap();
     println!("query_qp(rc_a): {info:?}");
-    assert_eq!(info.attr.qp_state, QpState::Rts);
-    assert_eq!(info.attr.dest_qp_num, rc_b.qpn);
+    assert_eq!(info.attr.qp_state(), Ok(QpState::Rts));
+    assert_eq!(info.attr.dest_qp_num.get(), rc_b.qpn);
     assert_eq!(info.attr.ah_attr.dgid, gid);
-    assert_eq!(info.attr.sq_psn, 0x100);
+    assert_eq!(info.attr.sq_psn.get(), 0x100);
 
     let payload: Vec<u8> = (0..256u32).map(|i| (i * 7 + 3) as u8).collect();
     buf.write(0, &payload);

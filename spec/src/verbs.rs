@@ -4,6 +4,7 @@
 //! also the kernel uverbs ABI values, so both sides can pass them through unchanged.
 
 use std::fmt;
+use std::net::Ipv6Addr;
 use std::ops::{BitAnd, BitOr, BitOrAssign, Not};
 
 use crate::status::Status;
@@ -301,6 +302,46 @@ impl TryFrom<u32> for Mtu {
 
 /// `static_rate` upper bound (`IBV_RATE_1200_GBPS`); 0 means "port rate".
 pub const MAX_STATIC_RATE: u8 = 24;
+
+/// A GID, in network byte order as in `union ibv_gid`.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Gid(pub [u8; 16]);
+
+impl Gid {
+    /// The raw bytes.
+    pub const fn raw(&self) -> &[u8; 16] {
+        &self.0
+    }
+
+    /// True for the all-zero GID (an empty table entry).
+    pub fn is_zero(&self) -> bool {
+        self.0 == [0; 16]
+    }
+}
+
+impl From<Ipv6Addr> for Gid {
+    fn from(addr: Ipv6Addr) -> Self {
+        Gid(addr.octets())
+    }
+}
+
+impl From<Gid> for Ipv6Addr {
+    fn from(gid: Gid) -> Self {
+        Ipv6Addr::from(gid.0)
+    }
+}
+
+impl fmt::Display for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        Ipv6Addr::from(self.0).fmt(f)
+    }
+}
+
+impl fmt::Debug for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Gid({self})")
+    }
+}
 
 /// GID types (`ibv_gid_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

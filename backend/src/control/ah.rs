@@ -2,14 +2,14 @@
 
 use log::warn;
 use vrdma_spec::rxe_v1::RxeAv;
-use vrdma_spec::wire::{self, CreateAhReq, CreateAhResp, HandleReq};
-use vrdma_spec::{Le16, Le32, ResponseBody};
+use vrdma_spec::wire::{AhAttr, CreateAhReq, CreateAhResp, HandleReq};
+use vrdma_spec::{Le32, ResponseBody};
 
 use super::error::CommandError;
 use super::session::{host_err, CommandResult, Session};
 use crate::guest::objects::AhEntry;
 use crate::guest::shared::GuestShared;
-use crate::host::{self, AhHandle, AhInit, HostContext};
+use crate::host::{AhHandle, AhInit, HostContext};
 use crate::resources::table::Handle;
 
 /// `IB_LINK_LAYER_ETHERNET`: RoCE ports, where every address vector needs a GRH.
@@ -20,12 +20,12 @@ const NETWORK_TYPE_IPV6: u8 = 2;
 
 /// Checks an address vector against the port it names (spec §7.4 AhAttr rules: port,
 /// `sgid_index` below the table length and naming a populated entry, GRH on RoCE) and
-/// converts it to the host's terms (host port number).
+/// returns a copy in the host's terms (host port number).
 pub(crate) fn ah_attr_to_host(
     guest: &GuestShared,
-    a: &wire::AhAttr,
+    a: &AhAttr,
     what: &'static str,
-) -> Result<host::AhAttr, CommandError> {
+) -> Result<AhAttr, CommandError> {
     let port = guest
         .host_port(a.port_num.into())
         .ok_or(CommandError::Invalid {
@@ -54,37 +54,12 @@ pub(crate) fn ah_attr_to_host(
             value: 0,
         });
     }
-    Ok(host::AhAttr {
-        dgid: a.dgid,
-        flow_label: a.flow_label.get(),
-        sgid_index: a.sgid_index,
-        hop_limit: a.hop_limit,
-        traffic_class: a.traffic_class,
-        dlid: a.dlid.get(),
-        sl: a.sl,
-        src_path_bits: a.src_path_bits,
-        static_rate: a.static_rate,
-        is_global: a.is_global != 0,
-        port_num: port,
-    })
+    Ok(a.with_port_num(port))
 }
 
-/// The guest's view of a host address vector.
-pub(crate) fn ah_attr_to_guest(guest: &GuestShared, a: &host::AhAttr) -> wire::AhAttr {
-    wire::AhAttr {
-        dgid: a.dgid,
-        flow_label: Le32::new(a.flow_label),
-        sgid_index: a.sgid_index,
-        hop_limit: a.hop_limit,
-        traffic_class: a.traffic_class,
-        sl: a.sl,
-        dlid: Le16::new(a.dlid),
-        src_path_bits: a.src_path_bits,
-        static_rate: a.static_rate,
-        is_global: u8::from(a.is_global),
-        port_num: guest.guest_port(a.port_num),
-        reserved: Le16::ZERO,
-    }
+/// The guest's view of a host address vector (guest port number).
+pub(crate) fn ah_attr_to_guest(guest: &GuestShared, a: &AhAttr) -> AhAttr {
+    a.with_port_num(guest.guest_port(a.port_num))
 }
 
 /// CREATE_AH: PD, address vector, quota, host AH.
@@ -180,7 +155,7 @@ fn gid_sockaddr(gid: &[u8; 16]) -> [u8; 28] {
 
 /// The `struct rxe_av` of an address vector, as far as it follows from the attributes: every
 /// field except `dmac`, which the host kernel resolves privately and does not return.
-fn rxe_av(attr: &host::AhAttr, sgid: &[u8; 16]) -> RxeAv {
+fn rxe_av(attr: &AhAttr, sgid: &[u8; 16]) -> RxeAv {
     RxeAv {
         port_num: attr.port_num,
         network_type: if is_ipv4_mapped(&attr.dgid) {
@@ -190,7 +165,7 @@ fn rxe_av(attr: &host::AhAttr, sgid: &[u8; 16]) -> RxeAv {
         },
         dmac: [0; 6],
         dgid: attr.dgid,
-        flow_label: Le32::new(attr.flow_label),
+        flow_label: attr.flow_label,
         sgid_index: attr.sgid_index,
         hop_limit: attr.hop_limit,
         traffic_class: attr.traffic_class,
@@ -220,10 +195,10 @@ mod tests {
         let a = gid_sockaddr(&v6);
         assert_eq!(u16::from_ne_bytes([a[0], a[1]]), libc::AF_INET6 as u16);
         assert_eq!(&a[8..24], &v6);
-        let attr = host::AhAttr {
+        let attr = AhAttr {
             dgid: v4,
             port_num: 1,
-            ..Default::default()
+            ..AhAttr::default()
         };
         assert_eq!(rxe_av(&attr, &v6).network_type, NETWORK_TYPE_IPV4);
     }

@@ -1,11 +1,12 @@
 //! CREATE_QP, MODIFY_QP, QUERY_QP and DESTROY_QP (spec §7.4).
 
 use log::warn;
+use vrdma_spec::attr::qp::QpCaps;
 use vrdma_spec::rxe_v1;
-use vrdma_spec::verbs::{self, AccessFlags, QpAttrMask, QpState, QpType};
-use vrdma_spec::wire::{self, CreateQpReq, CreateQpResp, HandleReq, ModifyQpReq, QueryQpReq};
+use vrdma_spec::verbs::{self, QpAttrMask, QpState, QpType};
+use vrdma_spec::wire::{AhAttr, CreateQpReq, CreateQpResp, HandleReq, ModifyQpReq, QueryQpReq};
 use vrdma_spec::wire::{QueryQpResp, RingDesc};
-use vrdma_spec::{Le16, Le32, ResponseBody};
+use vrdma_spec::{Le32, ResponseBody};
 use zerocopy::FromZeros;
 
 use super::ah::{ah_attr_to_guest, ah_attr_to_host};
@@ -15,7 +16,7 @@ use super::session::{at_most, host_err, CommandResult, Session};
 use crate::guest::objects::EventOwner;
 use crate::guest::objects::{QpDeps, QpEntry};
 use crate::guest::state::GuestState;
-use crate::host::{self, HostContext, QpCaps, QpHandle, QpInit};
+use crate::host::{self, DeviceError, HostContext, QpHandle, QpInit};
 use crate::memory::queue_region::{MappedRing, ShmAllocator};
 use crate::resources::table::Handle;
 use crate::vhost_device::guest_context::GuestContext;
@@ -264,7 +265,12 @@ fn current_state(s: &Session<'_>, host: QpHandle) -> Result<QpState, CommandErro
         .host()
         .query_qp(host, QpAttrMask::STATE)
         .map_err(host_err("QUERY_QP"))?;
-    Ok(info.attr.qp_state)
+    info.attr.qp_state().map_err(|e| {
+        host_err("QUERY_QP")(DeviceError::InvalidReply {
+            command: "QUERY_QP",
+            reason: e.to_string(),
+        })
+    })
 }
 
 fn state_field(value: u32, what: &'static str) -> Result<QpState, CommandError> {
@@ -284,7 +290,7 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
     if mask.intersects(QpAttrMask::CAP | QpAttrMask::RATE_LIMIT) {
         return Err(CommandError::Unsupported("QP resize or rate limit"));
     }
-    let a = &r.attr;
+    let a = r.attr;
     let has = |bits: QpAttrMask| mask.contains(bits);
     let cur = current_state(s, host)?;
     let next = if has(QpAttrMask::STATE) {
@@ -346,12 +352,17 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
             "max_dest_rd_atomic",
         )?;
     }
-    let ah_attr = if has(QpAttrMask::AV) {
+    // The guest's attributes, with what the host sees differently rewritten: the states
+    // as checked, and port numbers (unselected paths and ports cleared).
+    let mut attr = a
+        .with_qp_state(next)
+        .with_cur_qp_state(claimed.unwrap_or(cur));
+    attr.ah_attr = if has(QpAttrMask::AV) {
         ah_attr_to_host(guest, &a.ah_attr, "ah_attr.port_num")?
     } else {
-        host::AhAttr::default()
+        AhAttr::default()
     };
-    let (alt_ah_attr, alt_port_num) = if has(QpAttrMask::ALT_PATH) {
+    (attr.alt_ah_attr, attr.alt_port_num) = if has(QpAttrMask::ALT_PATH) {
         let alt_port = guest
             .host_port(a.alt_port_num.into())
             .ok_or(CommandError::Invalid {
@@ -363,35 +374,9 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
             alt_port,
         )
     } else {
-        (host::AhAttr::default(), 0)
+        (AhAttr::default(), 0)
     };
-    let attr = host::QpAttr {
-        qp_state: next,
-        cur_qp_state: claimed.unwrap_or(cur),
-        // Ranges checked by the decoder: MTU 1..=5, migration state 0..=2.
-        path_mtu: a.path_mtu.get() as u8,
-        path_mig_state: a.path_mig_state.get() as u8,
-        qkey: a.qkey.get(),
-        rq_psn: a.rq_psn.get(),
-        sq_psn: a.sq_psn.get(),
-        dest_qp_num: a.dest_qp_num.get(),
-        qp_access_flags: AccessFlags::from_bits_retain(a.qp_access_flags.get()),
-        ah_attr,
-        alt_ah_attr,
-        pkey_index: a.pkey_index.get(),
-        alt_pkey_index: a.alt_pkey_index.get(),
-        en_sqd_async_notify: a.en_sqd_async_notify != 0,
-        sq_draining: false,
-        max_rd_atomic: a.max_rd_atomic,
-        max_dest_rd_atomic: a.max_dest_rd_atomic,
-        min_rnr_timer: a.min_rnr_timer,
-        port_num: if has(QpAttrMask::PORT) { port } else { 0 },
-        timeout: a.timeout,
-        retry_cnt: a.retry_cnt,
-        rnr_retry: a.rnr_retry,
-        alt_port_num,
-        alt_timeout: a.alt_timeout,
-    };
+    attr.port_num = if has(QpAttrMask::PORT) { port } else { 0 };
     guest
         .host()
         .modify_qp(host, &attr, mask)
@@ -412,41 +397,14 @@ pub(crate) fn query_qp(s: &mut Session<'_>, r: &QueryQpReq) -> CommandResult {
         .query_qp(host, QUERY_QP_MASK)
         .map_err(host_err("QUERY_QP"))?;
     let guest = s.guest;
-    let a = &info.attr;
-    let attr = wire::QpAttr {
-        qp_state: Le32::new(a.qp_state as u32),
-        cur_qp_state: Le32::new(a.qp_state as u32),
-        path_mtu: Le32::new(a.path_mtu.into()),
-        path_mig_state: Le32::new(a.path_mig_state.into()),
-        qkey: Le32::new(a.qkey),
-        rq_psn: Le32::new(a.rq_psn),
-        sq_psn: Le32::new(a.sq_psn),
-        dest_qp_num: Le32::new(a.dest_qp_num),
-        qp_access_flags: Le32::new(a.qp_access_flags.bits()),
-        max_send_wr: Le32::new(info.caps.max_send_wr),
-        max_recv_wr: Le32::new(info.caps.max_recv_wr),
-        max_send_sge: Le32::new(info.caps.max_send_sge),
-        max_recv_sge: Le32::new(info.caps.max_recv_sge),
-        max_inline_data: Le32::new(info.caps.max_inline_data),
-        ah_attr: ah_attr_to_guest(guest, &a.ah_attr),
-        alt_ah_attr: ah_attr_to_guest(guest, &a.alt_ah_attr),
-        pkey_index: Le16::new(a.pkey_index),
-        alt_pkey_index: Le16::new(a.alt_pkey_index),
-        en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
-        sq_draining: u8::from(a.sq_draining),
-        max_rd_atomic: a.max_rd_atomic,
-        max_dest_rd_atomic: a.max_dest_rd_atomic,
-        min_rnr_timer: a.min_rnr_timer,
-        port_num: guest.guest_port(a.port_num),
-        timeout: a.timeout,
-        retry_cnt: a.retry_cnt,
-        rnr_retry: a.rnr_retry,
-        alt_port_num: guest.guest_port(a.alt_port_num),
-        alt_timeout: a.alt_timeout,
-        reserved0: 0,
-        rate_limit: Le32::ZERO,
-        reserved1: Le32::ZERO,
-    };
+    // What the guest sees differently: its port numbers, and the current state as the
+    // expected one.
+    let mut attr = info.attr;
+    attr.cur_qp_state = attr.qp_state;
+    attr.ah_attr = ah_attr_to_guest(guest, &attr.ah_attr);
+    attr.alt_ah_attr = ah_attr_to_guest(guest, &attr.alt_ah_attr);
+    attr.port_num = guest.guest_port(attr.port_num);
+    attr.alt_port_num = guest.guest_port(attr.alt_port_num);
     Ok(ResponseBody::QueryQp(QueryQpResp {
         attr_mask: Le32::new(QUERY_QP_MASK.bits()),
         reserved: Le32::ZERO,

@@ -4,7 +4,7 @@
 use std::os::fd::BorrowedFd;
 
 use vrdma_spec::verbs::QpAttrMask;
-use vrdma_spec::wire::GidEntry;
+use vrdma_spec::wire::{GidEntry, QpAttr};
 
 use super::error::Result;
 use super::sysfs::DeviceInfo;

@@ -8,8 +8,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::Path;
 
 use parking_lot::{Mutex, MutexGuard};
+use vrdma_spec::attr::qp::QpCaps;
 use vrdma_spec::verbs::QpAttrMask;
-use vrdma_spec::wire::GidEntry;
+use vrdma_spec::wire::{GidEntry, QpAttr};
 use zerocopy::IntoBytes;
 
 use super::device::{HostContext, HostDevice};
@@ -18,7 +19,7 @@ use super::events::EventFd;
 use super::rxe_abi::{
     MmInfo, RxeCreateAhResp, RxeCreateCqResp, RxeCreateQpResp, RxeCreateSrqResp, RxeModifySrqCmd,
 };
-use super::rxe_convert::{decode_query_qp, encode_modify_qp, queue_buffer};
+use super::rxe_convert::{decode_query_qp, encode_modify_qp, kernel_ah_attr, queue_buffer};
 use super::sysfs::{self, DeviceInfo};
 use super::types::*;
 use super::uverbs::{self, FramedKick, PostSendResp};
@@ -481,29 +482,12 @@ impl HostContext for RxeContext {
     }
 
     fn create_ah(&self, init: &AhInit) -> Result<Ah> {
-        let a = &init.attr;
         let req = uverbs::CreateAh {
             response: 0,
             user_handle: init.user_handle,
             pd_handle: init.pd.0,
             reserved: 0,
-            attr: uverbs::AhAttr {
-                grh: uverbs::GlobalRoute {
-                    dgid: a.dgid,
-                    flow_label: a.flow_label,
-                    sgid_index: a.sgid_index,
-                    hop_limit: a.hop_limit,
-                    traffic_class: a.traffic_class,
-                    reserved: 0,
-                },
-                dlid: a.dlid,
-                sl: a.sl,
-                src_path_bits: a.src_path_bits,
-                static_rate: a.static_rate,
-                is_global: u8::from(a.is_global),
-                port_num: a.port_num,
-                reserved: 0,
-            },
+            attr: kernel_ah_attr(&init.attr),
         };
         let (resp, drv): (_, RxeCreateAhResp) = self.file.execute(req, &[])?;
         self.live().ahs.insert(resp.ah_handle);

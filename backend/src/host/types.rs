@@ -2,7 +2,9 @@
 
 use std::fmt;
 
-use vrdma_spec::verbs::{AccessFlags, QpState, QpType};
+use vrdma_spec::attr::qp::QpCaps;
+use vrdma_spec::verbs::{AccessFlags, QpType};
+use vrdma_spec::wire::{AhAttr, QpAttr};
 
 macro_rules! handle {
     ($(#[$m:meta])* $name:ident) => {
@@ -54,70 +56,11 @@ pub struct QueueBuffer {
     pub len: usize,
 }
 
-/// Address vector (`ib_uverbs_ah_attr` / `ib_uverbs_qp_dest` contents).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct AhAttr {
-    /// Destination GID (network order).
-    pub dgid: [u8; 16],
-    pub flow_label: u32,
-    pub sgid_index: u8,
-    pub hop_limit: u8,
-    pub traffic_class: u8,
-    pub dlid: u16,
-    pub sl: u8,
-    pub src_path_bits: u8,
-    pub static_rate: u8,
-    /// A GRH is present; RoCE requires it.
-    pub is_global: bool,
-    pub port_num: u8,
-}
-
-/// QP capacities (`ib_qp_cap`).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct QpCaps {
-    pub max_send_wr: u32,
-    pub max_recv_wr: u32,
-    pub max_send_sge: u32,
-    pub max_recv_sge: u32,
-    pub max_inline_data: u32,
-}
-
-/// QP attributes for MODIFY_QP / from QUERY_QP (`ib_qp_attr`, the legacy subset).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct QpAttr {
-    pub qp_state: QpState,
-    pub cur_qp_state: QpState,
-    /// `ib_mtu` (1 = 256 … 5 = 4096).
-    pub path_mtu: u8,
-    pub path_mig_state: u8,
-    pub qkey: u32,
-    pub rq_psn: u32,
-    pub sq_psn: u32,
-    pub dest_qp_num: u32,
-    pub qp_access_flags: AccessFlags,
-    pub ah_attr: AhAttr,
-    pub alt_ah_attr: AhAttr,
-    pub pkey_index: u16,
-    pub alt_pkey_index: u16,
-    pub en_sqd_async_notify: bool,
-    /// Output of QUERY_QP only.
-    pub sq_draining: bool,
-    pub max_rd_atomic: u8,
-    pub max_dest_rd_atomic: u8,
-    pub min_rnr_timer: u8,
-    pub port_num: u8,
-    pub timeout: u8,
-    pub retry_cnt: u8,
-    pub rnr_retry: u8,
-    pub alt_port_num: u8,
-    pub alt_timeout: u8,
-}
-
 /// QUERY_QP result.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct QpInfo {
+    /// The attributes, with the host's port numbers; the states are defined values.
     pub attr: QpAttr,
-    pub caps: QpCaps,
     pub sq_sig_all: bool,
 }
 

@@ -149,14 +149,12 @@ fn ah_from_wc(
     wc: &ibv_wc,
     grh: Option<&ibv_grh>,
 ) -> Result<AhAttr, c_int> {
-    let mut attr = AhAttr {
-        grh: None,
-        dlid: wc.slid,
-        sl: wc.sl,
-        src_path_bits: wc.dlid_path_bits,
-        static_rate: 0,
-        port_num: port,
-    };
+    let attr = AhAttr::default()
+        .with_dlid(wc.slid)
+        .with_sl(wc.sl)
+        .with_src_path_bits(wc.dlid_path_bits)
+        .with_static_rate(0)
+        .with_port_num(port);
     if wc.wc_flags & ibv_wc_flags_IBV_WC_GRH == 0 {
         return Ok(attr);
     }
@@ -165,14 +163,13 @@ fn ah_from_wc(
     let area = unsafe { &*(grh as *const ibv_grh).cast::<[u8; GRH_LEN]>() };
     let route = parse_header(area)?;
     let sgid_index = find_gid_index(ctx, port, route.destination, route.gid_types)?;
-    attr.grh = Some(GlobalRoute {
+    Ok(attr.with_grh(GlobalRoute {
         dgid: route.source,
         flow_label: route.flow_label,
         sgid_index,
         hop_limit: route.hop_limit,
         traffic_class: route.traffic_class,
-    });
-    Ok(attr)
+    }))
 }
 
 const _: () = assert!(std::mem::size_of::<ibv_grh>() == GRH_LEN);

@@ -198,30 +198,30 @@ pub(crate) struct VrdmaAh {
     pub(crate) ah: Ah,
 }
 
-/// The library's form of an `ibv_ah_attr`.
+/// The wire form of an `ibv_ah_attr`; the GRH fields count only with `is_global`.
 pub(crate) fn ah_attr_from(a: &ibv_ah_attr) -> AhAttr {
-    AhAttr {
-        grh: (a.is_global != 0).then_some(GlobalRoute {
-            // SAFETY: every bit pattern of the 16-byte union is a valid `raw`.
-            dgid: Gid(unsafe { a.grh.dgid.raw }),
-            flow_label: a.grh.flow_label,
-            sgid_index: a.grh.sgid_index,
-            hop_limit: a.grh.hop_limit,
-            traffic_class: a.grh.traffic_class,
-        }),
-        dlid: a.dlid,
-        sl: a.sl,
-        src_path_bits: a.src_path_bits,
-        static_rate: a.static_rate,
-        port_num: a.port_num,
-    }
+    let mut attr = AhAttr::default()
+        .with_dlid(a.dlid)
+        .with_sl(a.sl)
+        .with_src_path_bits(a.src_path_bits)
+        .with_static_rate(a.static_rate)
+        .with_port_num(a.port_num);
+    attr.set_grh((a.is_global != 0).then_some(GlobalRoute {
+        // SAFETY: every bit pattern of the 16-byte union is a valid `raw`.
+        dgid: Gid(unsafe { a.grh.dgid.raw }),
+        flow_label: a.grh.flow_label,
+        sgid_index: a.grh.sgid_index,
+        hop_limit: a.grh.hop_limit,
+        traffic_class: a.grh.traffic_class,
+    }));
+    attr
 }
 
-/// The `ibv_ah_attr` of an address vector.
+/// The `ibv_ah_attr` of an address vector in wire form.
 pub(crate) fn ah_attr_to(a: &AhAttr) -> ibv_ah_attr {
     // SAFETY: all-zero is a valid ibv_ah_attr.
     let mut out: ibv_ah_attr = unsafe { std::mem::zeroed() };
-    if let Some(grh) = a.grh {
+    if let Some(grh) = a.grh() {
         out.is_global = 1;
         out.grh.dgid.raw = grh.dgid.0;
         out.grh.flow_label = grh.flow_label;
@@ -229,7 +229,7 @@ pub(crate) fn ah_attr_to(a: &AhAttr) -> ibv_ah_attr {
         out.grh.hop_limit = grh.hop_limit;
         out.grh.traffic_class = grh.traffic_class;
     }
-    out.dlid = a.dlid;
+    out.dlid = a.dlid.get();
     out.sl = a.sl;
     out.src_path_bits = a.src_path_bits;
     out.static_rate = a.static_rate;
@@ -303,27 +303,22 @@ mod tests {
 
     #[test]
     fn ah_attributes_round_trip() {
-        let attr = AhAttr {
-            grh: Some(GlobalRoute {
+        let attr = AhAttr::default()
+            .with_grh(GlobalRoute {
                 dgid: Gid([0xfe; 16]),
                 flow_label: 0x12345,
                 sgid_index: 1,
                 hop_limit: 64,
                 traffic_class: 3,
-            }),
-            dlid: 0,
-            sl: 2,
-            src_path_bits: 0,
-            static_rate: 0,
-            port_num: 1,
-        };
+            })
+            .with_dlid(0)
+            .with_sl(2)
+            .with_src_path_bits(0)
+            .with_static_rate(0)
+            .with_port_num(1);
         assert_eq!(ah_attr_from(&ah_attr_to(&attr)), attr);
-        let local = AhAttr {
-            grh: None,
-            dlid: 5,
-            port_num: 1,
-            ..AhAttr::default()
-        };
+        let local = AhAttr::default().with_dlid(5).with_port_num(1);
+        assert_eq!(local.grh(), None);
         assert_eq!(ah_attr_from(&ah_attr_to(&local)), local);
     }
 }

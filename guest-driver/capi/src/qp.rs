@@ -49,72 +49,74 @@ fn caps_to(c: &QpCaps) -> ibv_qp_cap {
     }
 }
 
-/// The library's form of the attributes `mask` selects; `None` if a selected value is not
-/// defined. Unselected fields are not interpreted (applications leave them uninitialised).
+/// The wire form of the attributes `mask` selects; `None` if a selected value is not
+/// defined. Unselected enumerated fields and address vectors are not interpreted
+/// (applications leave them uninitialised) and keep their defaults.
 pub(crate) fn qp_attr_from(a: &ibv_qp_attr, mask: QpAttrMask) -> Option<QpAttr> {
-    let mut attr = QpAttr::default();
+    let mut attr = QpAttr::default()
+        .with_path_mig_state(a.path_mig_state)
+        .with_qkey(a.qkey)
+        .with_rq_psn(a.rq_psn)
+        .with_sq_psn(a.sq_psn)
+        .with_dest_qp_num(a.dest_qp_num)
+        .with_caps(caps_from(&a.cap))
+        .with_pkey_index(a.pkey_index)
+        .with_alt_pkey_index(a.alt_pkey_index)
+        .with_en_sqd_async_notify(a.en_sqd_async_notify != 0)
+        .with_max_rd_atomic(a.max_rd_atomic)
+        .with_max_dest_rd_atomic(a.max_dest_rd_atomic)
+        .with_min_rnr_timer(a.min_rnr_timer)
+        .with_port_num(a.port_num)
+        .with_timeout(a.timeout)
+        .with_retry_cnt(a.retry_cnt)
+        .with_rnr_retry(a.rnr_retry)
+        .with_alt_port_num(a.alt_port_num)
+        .with_alt_timeout(a.alt_timeout)
+        .with_rate_limit(a.rate_limit);
     if mask.contains(QpAttrMask::STATE) {
-        attr.qp_state = QpState::try_from(a.qp_state).ok()?;
+        attr = attr.with_qp_state(QpState::try_from(a.qp_state).ok()?);
     }
     if mask.contains(QpAttrMask::CUR_STATE) {
-        attr.cur_qp_state = QpState::try_from(a.cur_qp_state).ok()?;
+        attr = attr.with_cur_qp_state(QpState::try_from(a.cur_qp_state).ok()?);
     }
     if mask.contains(QpAttrMask::PATH_MTU) {
-        attr.path_mtu = Mtu::try_from(a.path_mtu).ok()?;
+        attr = attr.with_path_mtu(Mtu::try_from(a.path_mtu).ok()?);
     }
     if mask.contains(QpAttrMask::ACCESS_FLAGS) {
         let bits = a.qp_access_flags;
         if bits & !AccessFlags::QP_ALLOWED.bits() != 0 {
             return None;
         }
-        attr.qp_access_flags = AccessFlags::from_bits(bits)?;
+        attr = attr.with_qp_access_flags(AccessFlags::from_bits(bits)?);
     }
     if mask.contains(QpAttrMask::AV) {
-        attr.ah_attr = ah_attr_from(&a.ah_attr);
+        attr = attr.with_ah_attr(ah_attr_from(&a.ah_attr));
     }
     if mask.contains(QpAttrMask::ALT_PATH) {
-        attr.alt_ah_attr = ah_attr_from(&a.alt_ah_attr);
+        attr = attr.with_alt_ah_attr(ah_attr_from(&a.alt_ah_attr));
     }
-    attr.path_mig_state = a.path_mig_state;
-    attr.qkey = a.qkey;
-    attr.rq_psn = a.rq_psn;
-    attr.sq_psn = a.sq_psn;
-    attr.dest_qp_num = a.dest_qp_num;
-    attr.cap = caps_from(&a.cap);
-    attr.pkey_index = a.pkey_index;
-    attr.alt_pkey_index = a.alt_pkey_index;
-    attr.en_sqd_async_notify = a.en_sqd_async_notify != 0;
-    attr.max_rd_atomic = a.max_rd_atomic;
-    attr.max_dest_rd_atomic = a.max_dest_rd_atomic;
-    attr.min_rnr_timer = a.min_rnr_timer;
-    attr.port_num = a.port_num;
-    attr.timeout = a.timeout;
-    attr.retry_cnt = a.retry_cnt;
-    attr.rnr_retry = a.rnr_retry;
-    attr.alt_port_num = a.alt_port_num;
-    attr.alt_timeout = a.alt_timeout;
-    attr.rate_limit = a.rate_limit;
     Some(attr)
 }
 
+/// The `ibv_qp_attr` of attributes in wire form.
 pub(crate) fn qp_attr_to(a: &QpAttr) -> ibv_qp_attr {
     ibv_qp_attr {
-        qp_state: a.qp_state as u32,
-        cur_qp_state: a.cur_qp_state as u32,
-        path_mtu: a.path_mtu as u32,
-        path_mig_state: a.path_mig_state,
-        qkey: a.qkey,
-        rq_psn: a.rq_psn,
-        sq_psn: a.sq_psn,
-        dest_qp_num: a.dest_qp_num,
-        qp_access_flags: a.qp_access_flags.bits(),
-        cap: caps_to(&a.cap),
+        qp_state: a.qp_state.get(),
+        cur_qp_state: a.cur_qp_state.get(),
+        path_mtu: a.path_mtu.get(),
+        path_mig_state: a.path_mig_state.get(),
+        qkey: a.qkey.get(),
+        rq_psn: a.rq_psn.get(),
+        sq_psn: a.sq_psn.get(),
+        dest_qp_num: a.dest_qp_num.get(),
+        qp_access_flags: a.qp_access_flags.get(),
+        cap: caps_to(&a.caps()),
         ah_attr: ah_attr_to(&a.ah_attr),
         alt_ah_attr: ah_attr_to(&a.alt_ah_attr),
-        pkey_index: a.pkey_index,
-        alt_pkey_index: a.alt_pkey_index,
-        en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
-        sq_draining: u8::from(a.sq_draining),
+        pkey_index: a.pkey_index.get(),
+        alt_pkey_index: a.alt_pkey_index.get(),
+        en_sqd_async_notify: a.en_sqd_async_notify,
+        sq_draining: a.sq_draining,
         max_rd_atomic: a.max_rd_atomic,
         max_dest_rd_atomic: a.max_dest_rd_atomic,
         min_rnr_timer: a.min_rnr_timer,
@@ -124,7 +126,7 @@ pub(crate) fn qp_attr_to(a: &QpAttr) -> ibv_qp_attr {
         rnr_retry: a.rnr_retry,
         alt_port_num: a.alt_port_num,
         alt_timeout: a.alt_timeout,
-        rate_limit: a.rate_limit,
+        rate_limit: a.rate_limit.get(),
     }
 }
 
@@ -226,7 +228,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
                 if mask.contains(QpAttrMask::STATE) {
                     // SAFETY: caller contract (the QP is live); the application reads this
                     // field, nothing else writes it concurrently by ibverbs rules.
-                    unsafe { (*qp).state = converted.qp_state as u32 };
+                    unsafe { (*qp).state = converted.qp_state.get() };
                 }
                 0
             }
@@ -272,7 +274,7 @@ pub unsafe extern "C" fn ibv_query_qp(
                 unsafe {
                     attr.write(qp_attr_to(&queried));
                     init_attr.write(init);
-                    (*qp).state = queried.qp_state as u32;
+                    (*qp).state = queried.qp_state.get();
                 }
                 0
             }
@@ -340,10 +342,15 @@ mod tests {
             | QpAttrMask::MIN_RNR_TIMER
             | QpAttrMask::AV;
         let attr = qp_attr_from(&a, mask).unwrap();
-        assert_eq!(attr.qp_state, QpState::Rtr);
-        assert_eq!(attr.path_mtu, Mtu::Mtu4096);
-        assert_eq!(attr.dest_qp_num, 0x42);
-        assert_eq!(attr.ah_attr.grh.unwrap().hop_limit, 64);
+        assert_eq!(attr.qp_state(), Ok(QpState::Rtr));
+        assert_eq!(attr.path_mtu(), Ok(Mtu::Mtu4096));
+        assert_eq!(attr.dest_qp_num.get(), 0x42);
+        assert_eq!(attr.ah_attr.grh().unwrap().hop_limit, 64);
+        assert_eq!(
+            attr.cur_qp_state(),
+            Ok(QpState::Reset),
+            "not selected: default"
+        );
         let back = qp_attr_to(&attr);
         assert_eq!((back.qp_state, back.path_mtu, back.rq_psn), (2, 5, 0x1234));
         // Selected but undefined values are refused.

@@ -4,10 +4,9 @@ use std::sync::Arc;
 
 use log::warn;
 use vrdma_spec::control::{ControlRequest, Opcode, ResponseBody};
-use vrdma_spec::wire::CreateAhReq;
+use vrdma_spec::wire::{AhAttr, CreateAhReq};
 use vrdma_spec::Le32;
 
-use super::attr::AhAttr;
 use super::command::{handle_req, nonzero_handle, unexpected_body};
 use super::error::{ProtocolError, Result};
 use super::pd::{Pd, PdInner};
@@ -40,7 +39,7 @@ impl Ah {
         let req = ControlRequest::CreateAh(CreateAhReq {
             pd: Le32::new(pd.inner.handle),
             reserved: Le32::ZERO,
-            ah_attr: attr.to_wire(),
+            ah_attr: *attr,
         });
         let ResponseBody::CreateAh(resp) = pd.inner.ctx.execute(&req)? else {
             return Err(unexpected_body(Opcode::CreateAh));

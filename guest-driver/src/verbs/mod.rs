@@ -20,7 +20,6 @@
 //! [`Context::next_event`] and [`Cq::wait_event`].
 
 mod ah;
-mod attr;
 mod command;
 mod context;
 mod cq;
@@ -34,9 +33,6 @@ mod ring;
 mod srq;
 
 pub use ah::Ah;
-pub use attr::{
-    AccessFlags, AhAttr, Gid, GidType, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpCaps, QpState,
-};
 pub use context::Context;
 pub use cq::Cq;
 pub use error::{opcode_name, PostSendError, ProtocolError, Result, VerbsError};
@@ -49,7 +45,10 @@ pub use srq::{Srq, SrqAttr};
 pub use crate::provider::{
     PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WorkCompletion,
 };
-pub use vrdma_spec::verbs::{QpType, WcOpcode, WcStatus, WrOpcode};
+pub use vrdma_spec::attr::qp::{GlobalRoute, QpCaps};
+pub use vrdma_spec::verbs::{
+    AccessFlags, Gid, GidType, Mtu, QpAttrMask, QpState, QpType, WcOpcode, WcStatus, WrOpcode,
+};
 /// Device, port and GID-table attributes are the wire structs (typed access in
 /// `vrdma_spec::attr::query`).
-pub use vrdma_spec::wire::{DeviceAttr, GidEntry, PortAttr};
+pub use vrdma_spec::wire::{AhAttr, DeviceAttr, GidEntry, PortAttr, QpAttr};

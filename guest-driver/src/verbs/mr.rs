@@ -11,12 +11,12 @@ use vrdma_spec::control::{
 use vrdma_spec::wire::RegMrReq;
 use vrdma_spec::{Le32, Le64};
 
-use super::attr::AccessFlags;
 use super::command::{handle_req, nonzero_handle, unexpected_body};
 use super::error::{Result, VerbsError};
 use super::pd::{Pd, PdInner};
 use crate::dma::{DmaBuffer, PAGE_SHIFT, PAGE_SIZE};
 use crate::provider::Sge;
+use vrdma_spec::verbs::AccessFlags;
 
 // REG_MR page lists are lists of the pages `DmaMemory::translate` returns.
 const _: () = assert!(MIN_PAGE_SHIFT <= PAGE_SHIFT && PAGE_SHIFT <= MAX_PAGE_SHIFT);

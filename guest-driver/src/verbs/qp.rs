@@ -4,13 +4,12 @@ use std::sync::Arc;
 
 use log::warn;
 use parking_lot::Mutex;
+use vrdma_spec::attr::qp::{GlobalRoute, QpCaps, UndefinedValue};
 use vrdma_spec::control::{ControlRequest, Opcode, ResponseBody};
-use vrdma_spec::wire::{CreateQpReq, ModifyQpReq, QueryQpReq};
+use vrdma_spec::verbs::{AccessFlags, Gid, Mtu, QpAttrMask, QpState, QpType};
+use vrdma_spec::wire::{AhAttr, CreateQpReq, ModifyQpReq, QpAttr, QueryQpReq, QueryQpResp};
 use vrdma_spec::{Le16, Le32};
 
-use super::attr::{
-    AccessFlags, AhAttr, Gid, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpCaps, QpState,
-};
 use super::command::{handle_req, nonzero_handle, unexpected_body};
 use super::context::ContextInner;
 use super::cq::{Cq, CqShared};
@@ -19,8 +18,6 @@ use super::pd::{Pd, PdInner};
 use super::ring::map_ring;
 use super::srq::{Srq, SrqShared};
 use crate::provider::rxe_v1::{RecvQueue, SendQueue, SendQueueCaps};
-use vrdma_spec::verbs::QpType;
-
 use crate::provider::{PostError, RecvWr, SendWr};
 
 /// What a QP is created with (`ibv_qp_init_attr`).
@@ -328,12 +325,13 @@ impl Qp {
         let req = ControlRequest::ModifyQp(ModifyQpReq {
             qp: Le32::new(self.object.handle),
             attr_mask: Le32::new(mask.bits()),
-            attr: attr.to_wire(),
+            attr: *attr,
         });
         self.object.ctx().execute_empty(&req)
     }
 
-    /// Current attributes (QUERY_QP); the returned mask says which are valid.
+    /// Current attributes (QUERY_QP); the returned mask says which are valid, and the
+    /// enumerated ones among them hold defined values (else [`ProtocolError::ResponseValue`]).
     pub fn query(&self, mask: QpAttrMask) -> Result<(QpAttr, QpAttrMask)> {
         let req = ControlRequest::QueryQp(QueryQpReq {
             qp: Le32::new(self.object.handle),
@@ -342,20 +340,7 @@ impl Qp {
         let ResponseBody::QueryQp(resp) = self.object.ctx().execute(&req)? else {
             return Err(unexpected_body(Opcode::QueryQp));
         };
-        let bits = resp.attr_mask.get();
-        let valid = QpAttrMask::from_bits(bits).ok_or(ProtocolError::ResponseValue {
-            opcode: Opcode::QueryQp,
-            field: "attr_mask",
-            value: bits.into(),
-        })?;
-        let attr = QpAttr::from_wire(&resp.attr, valid).map_err(|(field, value)| {
-            ProtocolError::ResponseValue {
-                opcode: Opcode::QueryQp,
-                field,
-                value,
-            }
-        })?;
-        Ok((attr, valid))
+        Ok(queried_attributes(&resp)?)
     }
 
     /// The current state (QUERY_QP).
@@ -369,19 +354,17 @@ impl Qp {
             }
             .into());
         }
-        Ok(attr.qp_state)
+        Ok(attr.qp_state().map_err(undefined_in_query)?)
     }
 
     /// RESET → INIT of an RC QP on `port` with remote `access`, P_Key index 0.
     pub fn to_init(&self, port: u8, access: AccessFlags) -> Result<()> {
         self.require(QpType::Rc)?;
-        let attr = QpAttr {
-            qp_state: QpState::Init,
-            port_num: port,
-            pkey_index: 0,
-            qp_access_flags: access,
-            ..QpAttr::default()
-        };
+        let attr = QpAttr::default()
+            .with_qp_state(QpState::Init)
+            .with_port_num(port)
+            .with_pkey_index(0)
+            .with_qp_access_flags(access);
         let mask = QpAttrMask::STATE
             | QpAttrMask::PKEY_INDEX
             | QpAttrMask::PORT
@@ -393,29 +376,25 @@ impl Qp {
     pub fn to_rtr(&self, remote: &RemoteQp, opts: &ConnectOptions) -> Result<()> {
         self.require(QpType::Rc)?;
         let limit = self.object.ctx().device_attr().max_qp_rd_atom.get();
-        let attr = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: opts.path_mtu,
-            dest_qp_num: remote.qpn,
-            rq_psn: remote.psn,
-            max_dest_rd_atomic: rd_atomic(opts.max_dest_rd_atomic, limit),
-            min_rnr_timer: opts.min_rnr_timer,
-            ah_attr: AhAttr {
-                grh: Some(GlobalRoute {
-                    dgid: remote.gid,
-                    flow_label: 0,
-                    sgid_index: opts.sgid_index,
-                    hop_limit: opts.hop_limit,
-                    traffic_class: opts.traffic_class,
-                }),
-                dlid: remote.lid,
-                sl: opts.sl,
-                src_path_bits: 0,
-                static_rate: 0,
-                port_num: opts.port,
-            },
-            ..QpAttr::default()
-        };
+        let path = AhAttr::default()
+            .with_grh(GlobalRoute {
+                dgid: remote.gid,
+                flow_label: 0,
+                sgid_index: opts.sgid_index,
+                hop_limit: opts.hop_limit,
+                traffic_class: opts.traffic_class,
+            })
+            .with_dlid(remote.lid)
+            .with_sl(opts.sl)
+            .with_port_num(opts.port);
+        let attr = QpAttr::default()
+            .with_qp_state(QpState::Rtr)
+            .with_path_mtu(opts.path_mtu)
+            .with_dest_qp_num(remote.qpn)
+            .with_rq_psn(remote.psn)
+            .with_max_dest_rd_atomic(rd_atomic(opts.max_dest_rd_atomic, limit))
+            .with_min_rnr_timer(opts.min_rnr_timer)
+            .with_ah_attr(path);
         let mask = QpAttrMask::STATE
             | QpAttrMask::AV
             | QpAttrMask::PATH_MTU
@@ -430,15 +409,13 @@ impl Qp {
     pub fn to_rts(&self, opts: &ConnectOptions) -> Result<()> {
         self.require(QpType::Rc)?;
         let limit = self.object.ctx().device_attr().max_qp_init_rd_atom.get();
-        let attr = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: opts.sq_psn,
-            timeout: opts.timeout,
-            retry_cnt: opts.retry_cnt,
-            rnr_retry: opts.rnr_retry,
-            max_rd_atomic: rd_atomic(opts.max_rd_atomic, limit),
-            ..QpAttr::default()
-        };
+        let attr = QpAttr::default()
+            .with_qp_state(QpState::Rts)
+            .with_sq_psn(opts.sq_psn)
+            .with_timeout(opts.timeout)
+            .with_retry_cnt(opts.retry_cnt)
+            .with_rnr_retry(opts.rnr_retry)
+            .with_max_rd_atomic(rd_atomic(opts.max_rd_atomic, limit));
         let mask = QpAttrMask::STATE
             | QpAttrMask::SQ_PSN
             | QpAttrMask::TIMEOUT
@@ -458,27 +435,20 @@ impl Qp {
     /// Brings a UD QP from RESET to RTS on `port` with Q_Key `qkey`, P_Key index 0.
     pub fn ud_to_rts(&self, port: u8, qkey: u32, sq_psn: u32) -> Result<()> {
         self.require(QpType::Ud)?;
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            port_num: port,
-            pkey_index: 0,
-            qkey,
-            ..QpAttr::default()
-        };
+        let init = QpAttr::default()
+            .with_qp_state(QpState::Init)
+            .with_port_num(port)
+            .with_pkey_index(0)
+            .with_qkey(qkey);
         self.modify(
             &init,
             QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
         )?;
-        let rtr = QpAttr {
-            qp_state: QpState::Rtr,
-            ..QpAttr::default()
-        };
+        let rtr = QpAttr::default().with_qp_state(QpState::Rtr);
         self.modify(&rtr, QpAttrMask::STATE)?;
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn,
-            ..QpAttr::default()
-        };
+        let rts = QpAttr::default()
+            .with_qp_state(QpState::Rts)
+            .with_sq_psn(sq_psn);
         self.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
     }
 
@@ -493,10 +463,7 @@ impl Qp {
     }
 
     fn to_state(&self, state: QpState) -> Result<()> {
-        let attr = QpAttr {
-            qp_state: state,
-            ..QpAttr::default()
-        };
+        let attr = QpAttr::default().with_qp_state(state);
         self.modify(&attr, QpAttrMask::STATE)
     }
 
@@ -569,7 +536,74 @@ impl std::fmt::Debug for Qp {
     }
 }
 
+/// The attributes of a QUERY_QP response and the mask of the valid ones; refused if the mask
+/// or a valid enumerated field holds an undefined value.
+fn queried_attributes(resp: &QueryQpResp) -> Result<(QpAttr, QpAttrMask), ProtocolError> {
+    let bits = resp.attr_mask.get();
+    let valid = QpAttrMask::from_bits(bits).ok_or(ProtocolError::ResponseValue {
+        opcode: Opcode::QueryQp,
+        field: "attr_mask",
+        value: bits.into(),
+    })?;
+    resp.attr.check_defined(valid).map_err(undefined_in_query)?;
+    Ok((resp.attr, valid))
+}
+
+/// A QUERY_QP response field holding an undefined value, as the error the caller sees.
+fn undefined_in_query(e: UndefinedValue) -> ProtocolError {
+    ProtocolError::ResponseValue {
+        opcode: Opcode::QueryQp,
+        field: e.field,
+        value: e.value,
+    }
+}
+
 /// `wanted`, or the device's `limit` capped at [`DEFAULT_RD_ATOMIC`].
 fn rd_atomic(wanted: Option<u8>, limit: u32) -> u8 {
     wanted.unwrap_or(limit.min(DEFAULT_RD_ATOMIC) as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(attr: QpAttr, valid: QpAttrMask) -> QueryQpResp {
+        QueryQpResp {
+            attr_mask: Le32::new(valid.bits()),
+            reserved: Le32::ZERO,
+            attr,
+        }
+    }
+
+    #[test]
+    fn undefined_values_in_a_query_response_are_named() {
+        let attr = QpAttr {
+            qp_state: Le32::new(9),
+            ..QpAttr::default()
+        };
+        let refused = queried_attributes(&response(attr, QpAttrMask::STATE));
+        assert!(
+            matches!(
+                refused,
+                Err(ProtocolError::ResponseValue {
+                    opcode: Opcode::QueryQp,
+                    field: "qp_state",
+                    value: 9,
+                })
+            ),
+            "{refused:?}"
+        );
+        // Not selected: not interpreted.
+        let (queried, valid) = queried_attributes(&response(attr, QpAttrMask::PATH_MTU)).unwrap();
+        assert_eq!((queried, valid), (attr, QpAttrMask::PATH_MTU));
+        let mut bad_mask = response(attr, QpAttrMask::PATH_MTU);
+        bad_mask.attr_mask = Le32::new(1 << 31);
+        assert!(matches!(
+            queried_attributes(&bad_mask),
+            Err(ProtocolError::ResponseValue {
+                field: "attr_mask",
+                ..
+            })
+        ));
+    }
 }

@@ -115,14 +115,12 @@ fn objects_are_destroyed_in_dependency_order_whatever_the_drop_order() {
     let qp = create_qp(&pd, &cq, QpType::Rc);
     let ah = Ah::new(
         &pd,
-        &AhAttr {
-            grh: Some(GlobalRoute {
+        &AhAttr::default()
+            .with_grh(GlobalRoute {
                 dgid: Gid(LOCAL_GID),
                 ..GlobalRoute::default()
-            }),
-            port_num: 1,
-            ..AhAttr::default()
-        },
+            })
+            .with_port_num(1),
     )
     .unwrap();
     assert_eq!(
@@ -253,11 +251,9 @@ fn illegal_transitions_and_masks_surface_the_device_status() {
     assert!(err.to_string().starts_with("MODIFY_QP failed"), "{err}");
 
     // RESET -> INIT without the access flags RC requires.
-    let attr = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        ..QpAttr::default()
-    };
+    let attr = QpAttr::default()
+        .with_qp_state(QpState::Init)
+        .with_port_num(1);
     let err = qp
         .modify(
             &attr,

@@ -335,15 +335,13 @@ fn ud_sends_name_the_address_handle() {
 
     let ah = Ah::new(
         &pd,
-        &AhAttr {
-            grh: Some(GlobalRoute {
+        &AhAttr::default()
+            .with_grh(GlobalRoute {
                 dgid: Gid(LOCAL_GID),
                 hop_limit: 1,
                 ..GlobalRoute::default()
-            }),
-            port_num: 1,
-            ..AhAttr::default()
-        },
+            })
+            .with_port_num(1),
     )
     .unwrap();
     assert_ne!(ah.rxe().ah_num, 0);

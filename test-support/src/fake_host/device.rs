@@ -12,10 +12,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use vrdma_backend::host::uverbs::{QueryDeviceResp, QueryPortResp};
 use vrdma_backend::host::{self, *};
+use vrdma_spec::attr::qp::QpCaps;
 use vrdma_spec::config::ring_format;
 use vrdma_spec::rxe_v1;
 use vrdma_spec::verbs::{GidType, PortState, QpAttrMask, QpState};
-use vrdma_spec::wire::GidEntry;
+use vrdma_spec::wire::{GidEntry, QpAttr};
+use zerocopy::FromZeros;
 
 /// Bytes of a page.
 pub const PAGE: u64 = 4096;
@@ -330,13 +332,17 @@ impl HostContext for FakeContext {
             rq,
         })
     }
-    fn modify_qp(&self, qp: QpHandle, attr: &host::QpAttr, mask: QpAttrMask) -> host::Result<()> {
+    fn modify_qp(&self, qp: QpHandle, attr: &QpAttr, mask: QpAttrMask) -> host::Result<()> {
         let mut w = world(&self.world);
         w.fail("MODIFY_QP")?;
+        let state = attr.qp_state().map_err(|_| DeviceError::Command {
+            command: "MODIFY_QP",
+            errno: libc::EINVAL,
+        })?;
         if mask.contains(QpAttrMask::STATE) {
-            w.qp_state.insert(qp.0, attr.qp_state);
+            w.qp_state.insert(qp.0, state);
         }
-        w.modified.push((qp.0, mask, attr.qp_state));
+        w.modified.push((qp.0, mask, state));
         Ok(())
     }
     fn query_qp(&self, qp: QpHandle, _mask: QpAttrMask) -> host::Result<QpInfo> {
@@ -345,16 +351,15 @@ impl HostContext for FakeContext {
             command: "QUERY_QP",
             errno: libc::EINVAL,
         })?;
+        let caps = QpCaps {
+            max_send_wr: 15,
+            ..Default::default()
+        };
         Ok(QpInfo {
-            attr: host::QpAttr {
-                qp_state: state,
-                port_num: 1,
-                ..Default::default()
-            },
-            caps: QpCaps {
-                max_send_wr: 15,
-                ..Default::default()
-            },
+            attr: QpAttr::new_zeroed()
+                .with_qp_state(state)
+                .with_port_num(1)
+                .with_caps(caps),
             sq_sig_all: false,
         })
     }

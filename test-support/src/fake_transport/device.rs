@@ -12,7 +12,7 @@ use vrdma::spec::rxe_v1::{num_slots_for, recv_wqe_size, send_wqe_size, IbUverbsW
 use vrdma::spec::verbs::{check_modify_qp, QpAttrMask, QpState, QpType};
 use vrdma::spec::wire::*;
 use vrdma::spec::{Le16, Le32, Le64, Status, StatusError};
-use vrdma::verbs::{GidType, QpAttr};
+use vrdma::verbs::GidType;
 
 use super::profile::{
     check_port, device_attr, doorbell_area_bytes, port_attr, DOORBELL_SLOTS, LOCAL_GID, MAX_INLINE,
@@ -69,10 +69,8 @@ pub(crate) struct FakeQp {
     pub(crate) sq: Ring,
     pub(crate) rq: Ring,
     pub(crate) dest_qpn: u32,
-    pub(crate) attr: QpAttrWire,
+    pub(crate) attr: QpAttr,
 }
-
-pub(crate) type QpAttrWire = vrdma::spec::wire::QpAttr;
 
 /// The fake device's state: its objects, the command log, the next fault, and where the
 /// doorbell area is.
@@ -441,7 +439,7 @@ impl FakeDevice {
                 sq,
                 rq,
                 dest_qpn: 0,
-                attr: QpAttr::default().to_wire(),
+                attr: QpAttr::default(),
             },
         );
         Ok(ResponseBody::CreateQp(CreateQpResp {

@@ -189,17 +189,15 @@ impl Endpoint {
             for _ in 0..UD_DEPTH {
                 self.post_recv(true)?;
             }
-            let attr = AhAttr {
-                grh: Some(GlobalRoute {
+            let attr = AhAttr::default()
+                .with_grh(GlobalRoute {
                     dgid: vrdma::verbs::Gid(peer.gid),
                     flow_label: 0,
                     sgid_index: GID_INDEX,
                     hop_limit: 1,
                     traffic_class: 0,
-                }),
-                port_num: PORT,
-                ..AhAttr::default()
-            };
+                })
+                .with_port_num(PORT);
             let ah = Ah::new(&self.pd, &attr).map_err(verbs("creating the address handle"))?;
             if let Some(ud) = &mut self.ud {
                 ud.ah = Some(ah);
