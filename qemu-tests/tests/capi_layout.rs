@@ -1,9 +1,12 @@
-//! The generated bindings (`src/sys.rs`) against the system's `<infiniband/verbs.h>`: a C
+//! The drop-in's generated bindings (`guest-driver/capi/src/sys.rs`) against the system's
+//! `<infiniband/verbs.h>`: a C
 //! program compiled with the system `cc` prints the size and field offsets of every structure
 //! this library touches, and they must equal the Rust ones.
 //!
 //! The test installs the headers (package libibverbs-dev) with the harness's apt-get helper
-//! when it runs as root; without them it is skipped with a message, unless `CI` is set.
+//! when it runs as root; without them it is skipped with a message, unless `CI` is set. It
+//! lives here, beside the harness that installs what it needs, so that the drop-in library's
+//! own dependency tree (dev-dependencies included) stays free of the harness's CLI crates.
 
 use std::mem::{offset_of, size_of};
 use std::path::PathBuf;
