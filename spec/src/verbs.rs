@@ -81,6 +81,43 @@ macro_rules! flag_set {
     };
 }
 
+/// Declares a verbs enum from one list of `Variant = value`: the enum, with those
+/// discriminants and the `repr` after its name, and the fallible conversion from that raw type
+/// and from each `impl TryFrom<T>;` listed after the enum. A conversion hands back the raw
+/// value it rejects.
+macro_rules! verbs_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident: $repr:ident {
+            $($(#[$vmeta:meta])* $variant:ident = $value:literal,)+
+        }
+        $($(#[$imeta:meta])* impl TryFrom<$wider:ident>;)*
+    ) => {
+        $(#[$meta])*
+        #[repr($repr)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant = $value,)+
+        }
+
+        verbs_enum!(@conversions $name { $($variant = $value),+ } $repr $($(#[$imeta])* $wider)*);
+    };
+    (@conversions $name:ident $variants:tt $($(#[$imeta:meta])* $raw:ident)+) => {
+        $(verbs_enum!(@try_from $(#[$imeta])* $name: $raw $variants);)+
+    };
+    (@try_from $(#[$imeta:meta])* $name:ident: $raw:ident { $($variant:ident = $value:literal),+ }) => {
+        $(#[$imeta])*
+        impl TryFrom<$raw> for $name {
+            type Error = $raw;
+            fn try_from(v: $raw) -> Result<Self, $raw> {
+                match v {
+                    $($value => Ok($name::$variant),)+
+                    v => Err(v),
+                }
+            }
+        }
+    };
+}
+
 flag_set!(
     /// Memory-region and QP access flags (`ibv_access_flags`, the kernel's `IB_ACCESS_*`).
     AccessFlags
@@ -127,72 +164,38 @@ impl AccessFlags {
     }
 }
 
-/// QP transport types supported by vrdma (`ibv_qp_type` values).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum QpType {
-    /// Reliable connected.
-    Rc = 2,
-    /// Unreliable datagram (needs `VRDMA_F_UD`).
-    Ud = 4,
-}
-
-impl TryFrom<u8> for QpType {
-    type Error = u8;
-    fn try_from(v: u8) -> Result<Self, u8> {
-        match v {
-            2 => Ok(QpType::Rc),
-            4 => Ok(QpType::Ud),
-            v => Err(v),
-        }
+verbs_enum! {
+    /// QP transport types supported by vrdma (`ibv_qp_type` values).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum QpType: u8 {
+        /// Reliable connected.
+        Rc = 2,
+        /// Unreliable datagram (needs `VRDMA_F_UD`).
+        Ud = 4,
     }
+    /// From `ibv_qp_type` as the C API passes it (an `enum`, so 32 bits wide).
+    impl TryFrom<u32>;
 }
 
-/// From `ibv_qp_type` as the C API passes it (an `enum`, so 32 bits wide).
-impl TryFrom<u32> for QpType {
-    type Error = u32;
-    fn try_from(v: u32) -> Result<Self, u32> {
-        u8::try_from(v)
-            .ok()
-            .and_then(|b| QpType::try_from(b).ok())
-            .ok_or(v)
-    }
-}
-
-/// QP states (`ibv_qp_state`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u32)]
-pub enum QpState {
-    /// Reset.
-    #[default]
-    Reset = 0,
-    /// Initialized.
-    Init = 1,
-    /// Ready to receive.
-    Rtr = 2,
-    /// Ready to send.
-    Rts = 3,
-    /// Send queue drained.
-    Sqd = 4,
-    /// Send queue error.
-    Sqe = 5,
-    /// Error.
-    Err = 6,
-}
-
-impl TryFrom<u32> for QpState {
-    type Error = u32;
-    fn try_from(v: u32) -> Result<Self, u32> {
-        Ok(match v {
-            0 => QpState::Reset,
-            1 => QpState::Init,
-            2 => QpState::Rtr,
-            3 => QpState::Rts,
-            4 => QpState::Sqd,
-            5 => QpState::Sqe,
-            6 => QpState::Err,
-            v => return Err(v),
-        })
+verbs_enum! {
+    /// QP states (`ibv_qp_state`).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum QpState: u32 {
+        /// Reset.
+        #[default]
+        Reset = 0,
+        /// Initialized.
+        Init = 1,
+        /// Ready to receive.
+        Rtr = 2,
+        /// Ready to send.
+        Rts = 3,
+        /// Send queue drained.
+        Sqd = 4,
+        /// Send queue error.
+        Sqe = 5,
+        /// Error.
+        Err = 6,
     }
 }
 
@@ -262,41 +265,28 @@ impl QpAttrMask {
     }
 }
 
-/// Path MTU (`ibv_mtu`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u32)]
-pub enum Mtu {
-    /// 256 bytes.
-    Mtu256 = 1,
-    /// 512 bytes.
-    Mtu512 = 2,
-    /// 1024 bytes.
-    #[default]
-    Mtu1024 = 3,
-    /// 2048 bytes.
-    Mtu2048 = 4,
-    /// 4096 bytes.
-    Mtu4096 = 5,
+verbs_enum! {
+    /// Path MTU (`ibv_mtu`).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum Mtu: u32 {
+        /// 256 bytes.
+        Mtu256 = 1,
+        /// 512 bytes.
+        Mtu512 = 2,
+        /// 1024 bytes.
+        #[default]
+        Mtu1024 = 3,
+        /// 2048 bytes.
+        Mtu2048 = 4,
+        /// 4096 bytes.
+        Mtu4096 = 5,
+    }
 }
 
 impl Mtu {
     /// Size in bytes.
     pub const fn bytes(self) -> u32 {
         128 << self as u32
-    }
-}
-
-impl TryFrom<u32> for Mtu {
-    type Error = u32;
-    fn try_from(v: u32) -> Result<Self, u32> {
-        Ok(match v {
-            1 => Mtu::Mtu256,
-            2 => Mtu::Mtu512,
-            3 => Mtu::Mtu1024,
-            4 => Mtu::Mtu2048,
-            5 => Mtu::Mtu4096,
-            v => return Err(v),
-        })
     }
 }
 
@@ -343,83 +333,60 @@ impl fmt::Debug for Gid {
     }
 }
 
-/// GID types (`ibv_gid_type`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum GidType {
-    /// InfiniBand GID.
-    Ib = 0,
-    /// RoCE v1.
-    RoceV1 = 1,
-    /// RoCE v2 (UDP encapsulated); what rxe reports.
-    RoceV2 = 2,
-}
-
-impl TryFrom<u32> for GidType {
-    type Error = u32;
-    fn try_from(v: u32) -> Result<Self, u32> {
-        match v {
-            0 => Ok(GidType::Ib),
-            1 => Ok(GidType::RoceV1),
-            2 => Ok(GidType::RoceV2),
-            v => Err(v),
-        }
+verbs_enum! {
+    /// GID types (`ibv_gid_type`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum GidType: u32 {
+        /// InfiniBand GID.
+        Ib = 0,
+        /// RoCE v1.
+        RoceV1 = 1,
+        /// RoCE v2 (UDP encapsulated); what rxe reports.
+        RoceV2 = 2,
     }
 }
 
-/// Port states (`ibv_port_state`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum PortState {
-    /// No state change.
-    Nop = 0,
-    /// Down.
-    Down = 1,
-    /// Initializing.
-    Init = 2,
-    /// Armed.
-    Armed = 3,
-    /// Active.
-    Active = 4,
-    /// Active, deferring (`IB_PORT_ACTIVE_DEFER`).
-    ActiveDefer = 5,
-}
-
-impl TryFrom<u32> for PortState {
-    type Error = u32;
-    fn try_from(v: u32) -> Result<Self, u32> {
-        Ok(match v {
-            0 => PortState::Nop,
-            1 => PortState::Down,
-            2 => PortState::Init,
-            3 => PortState::Armed,
-            4 => PortState::Active,
-            5 => PortState::ActiveDefer,
-            v => return Err(v),
-        })
+verbs_enum! {
+    /// Port states (`ibv_port_state`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum PortState: u32 {
+        /// No state change.
+        Nop = 0,
+        /// Down.
+        Down = 1,
+        /// Initializing.
+        Init = 2,
+        /// Armed.
+        Armed = 3,
+        /// Active.
+        Active = 4,
+        /// Active, deferring (`IB_PORT_ACTIVE_DEFER`).
+        ActiveDefer = 5,
     }
 }
 
-/// Send work-request opcodes vrdma carries (`ibv_wr_opcode`), as written into
-/// `rxe_send_wr.opcode`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum WrOpcode {
-    /// RDMA write.
-    RdmaWrite = 0,
-    /// RDMA write with immediate data (consumes a receive at the target).
-    RdmaWriteWithImm = 1,
-    /// Send.
-    #[default]
-    Send = 2,
-    /// Send with immediate data.
-    SendWithImm = 3,
-    /// RDMA read.
-    RdmaRead = 4,
-    /// 64-bit atomic compare and swap.
-    AtomicCmpAndSwp = 5,
-    /// 64-bit atomic fetch and add.
-    AtomicFetchAndAdd = 6,
+verbs_enum! {
+    /// Send work-request opcodes vrdma carries (`ibv_wr_opcode`), as written into
+    /// `rxe_send_wr.opcode`. The other `ibv_wr_opcode` values (local invalidate,
+    /// memory-window bind, send with invalidate, …) are refused by `try_from`.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    pub enum WrOpcode: u32 {
+        /// RDMA write.
+        RdmaWrite = 0,
+        /// RDMA write with immediate data (consumes a receive at the target).
+        RdmaWriteWithImm = 1,
+        /// Send.
+        #[default]
+        Send = 2,
+        /// Send with immediate data.
+        SendWithImm = 3,
+        /// RDMA read.
+        RdmaRead = 4,
+        /// 64-bit atomic compare and swap.
+        AtomicCmpAndSwp = 5,
+        /// 64-bit atomic fetch and add.
+        AtomicFetchAndAdd = 6,
+    }
 }
 
 impl WrOpcode {
@@ -453,24 +420,6 @@ impl WrOpcode {
                 | WrOpcode::RdmaWrite
                 | WrOpcode::RdmaWriteWithImm
         )
-    }
-}
-
-/// From `ibv_wr_opcode`; the other opcodes (local invalidate, memory-window bind, send with
-/// invalidate, …) are refused.
-impl TryFrom<u32> for WrOpcode {
-    type Error = u32;
-    fn try_from(v: u32) -> Result<Self, u32> {
-        Ok(match v {
-            0 => WrOpcode::RdmaWrite,
-            1 => WrOpcode::RdmaWriteWithImm,
-            2 => WrOpcode::Send,
-            3 => WrOpcode::SendWithImm,
-            4 => WrOpcode::RdmaRead,
-            5 => WrOpcode::AtomicCmpAndSwp,
-            6 => WrOpcode::AtomicFetchAndAdd,
-            v => return Err(v),
-        })
     }
 }
 
