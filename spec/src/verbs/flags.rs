@@ -1,0 +1,240 @@
+//! Flag sets: access flags and the MODIFY_QP / MODIFY_SRQ attribute masks.
+
+use std::fmt;
+use std::ops::{BitAnd, BitOr, BitOrAssign, Not};
+
+/// Defines a set of flag bits: a `u32` newtype with the shared constructors, queries and
+/// operators. Each type defines its own checked `from_bits` (what "defined" means differs).
+macro_rules! flag_set {
+    ($(#[$meta:meta])* $name:ident) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+        pub struct $name(u32);
+
+        impl $name {
+            /// No flag.
+            pub const fn empty() -> Self {
+                $name(0)
+            }
+
+            /// Exactly these bits, defined or not (for values already checked elsewhere, or
+            /// passed through from the kernel unchanged).
+            pub const fn from_bits_retain(bits: u32) -> Self {
+                $name(bits)
+            }
+
+            /// The raw bits.
+            pub const fn bits(self) -> u32 {
+                self.0
+            }
+
+            /// Whether every bit of `other` is set.
+            pub const fn contains(self, other: $name) -> bool {
+                self.0 & other.0 == other.0
+            }
+
+            /// Whether any bit of `other` is set.
+            pub const fn intersects(self, other: $name) -> bool {
+                self.0 & other.0 != 0
+            }
+        }
+
+        impl BitOr for $name {
+            type Output = $name;
+            fn bitor(self, rhs: $name) -> $name {
+                $name(self.0 | rhs.0)
+            }
+        }
+
+        impl BitOrAssign for $name {
+            fn bitor_assign(&mut self, rhs: $name) {
+                self.0 |= rhs.0;
+            }
+        }
+
+        impl BitAnd for $name {
+            type Output = $name;
+            fn bitand(self, rhs: $name) -> $name {
+                $name(self.0 & rhs.0)
+            }
+        }
+
+        /// The complement over all 32 bits (undefined ones included).
+        impl Not for $name {
+            type Output = $name;
+            fn not(self) -> $name {
+                $name(!self.0)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!(stringify!($name), "({:#x})"), self.0)
+            }
+        }
+    };
+}
+
+flag_set!(
+    /// Memory-region and QP access flags (`ibv_access_flags`, the kernel's `IB_ACCESS_*`).
+    AccessFlags
+);
+
+impl AccessFlags {
+    /// Local write access (required by remote write and remote atomic).
+    pub const LOCAL_WRITE: AccessFlags = AccessFlags(1 << 0);
+    /// Remote RDMA write access.
+    pub const REMOTE_WRITE: AccessFlags = AccessFlags(1 << 1);
+    /// Remote RDMA read access.
+    pub const REMOTE_READ: AccessFlags = AccessFlags(1 << 2);
+    /// Remote atomic access.
+    pub const REMOTE_ATOMIC: AccessFlags = AccessFlags(1 << 3);
+    /// Memory-window binding (not supported by vrdma 1.0).
+    pub const MW_BIND: AccessFlags = AccessFlags(1 << 4);
+    /// Zero-based addressing (not supported by vrdma 1.0).
+    pub const ZERO_BASED: AccessFlags = AccessFlags(1 << 5);
+    /// On-demand paging (not supported by vrdma 1.0).
+    pub const ON_DEMAND: AccessFlags = AccessFlags(1 << 6);
+    /// Relaxed ordering (optional hint; the device may ignore it).
+    pub const RELAXED_ORDERING: AccessFlags = AccessFlags(1 << 20);
+    /// Flags REG_MR accepts.
+    pub const MR_ALLOWED: AccessFlags = AccessFlags(
+        Self::LOCAL_WRITE.0
+            | Self::REMOTE_WRITE.0
+            | Self::REMOTE_READ.0
+            | Self::REMOTE_ATOMIC.0
+            | Self::RELAXED_ORDERING.0,
+    );
+    /// Flags MODIFY_QP (`IBV_QP_ACCESS_FLAGS`) accepts.
+    pub const QP_ALLOWED: AccessFlags = AccessFlags(
+        Self::LOCAL_WRITE.0 | Self::REMOTE_WRITE.0 | Self::REMOTE_READ.0 | Self::REMOTE_ATOMIC.0,
+    );
+
+    /// Flags from `ibv_access_flags` bits; `None` if a bit is not one vrdma carries (outside
+    /// [`AccessFlags::MR_ALLOWED`]).
+    pub const fn from_bits(bits: u32) -> Option<Self> {
+        if bits & !Self::MR_ALLOWED.0 == 0 {
+            Some(AccessFlags(bits))
+        } else {
+            None
+        }
+    }
+}
+
+flag_set!(
+    /// Which QP attributes MODIFY_QP applies / QUERY_QP returns (`ibv_qp_attr_mask`).
+    QpAttrMask
+);
+
+impl QpAttrMask {
+    /// `qp_state`.
+    pub const STATE: QpAttrMask = QpAttrMask(1 << 0);
+    /// `cur_qp_state`.
+    pub const CUR_STATE: QpAttrMask = QpAttrMask(1 << 1);
+    /// `en_sqd_async_notify`.
+    pub const EN_SQD_ASYNC_NOTIFY: QpAttrMask = QpAttrMask(1 << 2);
+    /// `qp_access_flags`.
+    pub const ACCESS_FLAGS: QpAttrMask = QpAttrMask(1 << 3);
+    /// `pkey_index`.
+    pub const PKEY_INDEX: QpAttrMask = QpAttrMask(1 << 4);
+    /// `port_num`.
+    pub const PORT: QpAttrMask = QpAttrMask(1 << 5);
+    /// `qkey`.
+    pub const QKEY: QpAttrMask = QpAttrMask(1 << 6);
+    /// `ah_attr` (primary address vector).
+    pub const AV: QpAttrMask = QpAttrMask(1 << 7);
+    /// `path_mtu`.
+    pub const PATH_MTU: QpAttrMask = QpAttrMask(1 << 8);
+    /// `timeout`.
+    pub const TIMEOUT: QpAttrMask = QpAttrMask(1 << 9);
+    /// `retry_cnt`.
+    pub const RETRY_CNT: QpAttrMask = QpAttrMask(1 << 10);
+    /// `rnr_retry`.
+    pub const RNR_RETRY: QpAttrMask = QpAttrMask(1 << 11);
+    /// `rq_psn`.
+    pub const RQ_PSN: QpAttrMask = QpAttrMask(1 << 12);
+    /// `max_rd_atomic`.
+    pub const MAX_QP_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 13);
+    /// `alt_ah_attr`, `alt_pkey_index`, `alt_port_num`, `alt_timeout`.
+    pub const ALT_PATH: QpAttrMask = QpAttrMask(1 << 14);
+    /// `min_rnr_timer`.
+    pub const MIN_RNR_TIMER: QpAttrMask = QpAttrMask(1 << 15);
+    /// `sq_psn`.
+    pub const SQ_PSN: QpAttrMask = QpAttrMask(1 << 16);
+    /// `max_dest_rd_atomic`.
+    pub const MAX_DEST_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 17);
+    /// `path_mig_state`.
+    pub const PATH_MIG_STATE: QpAttrMask = QpAttrMask(1 << 18);
+    /// `cap` (never valid in MODIFY_QP: queues are not resizable).
+    pub const CAP: QpAttrMask = QpAttrMask(1 << 19);
+    /// `dest_qp_num`.
+    pub const DEST_QPN: QpAttrMask = QpAttrMask(1 << 20);
+    /// `rate_limit` (never valid for RC/UD).
+    pub const RATE_LIMIT: QpAttrMask = QpAttrMask(1 << 25);
+    /// Every bit the kernel's legacy MODIFY_QP / QUERY_QP commands take (`STATE` through
+    /// `DEST_QPN`; `RATE_LIMIT` needs the extended command).
+    pub const LEGACY_ALL: QpAttrMask = QpAttrMask((1 << 21) - 1);
+    /// Every bit defined by this version; the others are reserved.
+    pub const ALL: QpAttrMask = QpAttrMask(Self::LEGACY_ALL.0 | Self::RATE_LIMIT.0);
+
+    /// A mask from raw bits; `None` if a bit is not defined (outside [`QpAttrMask::ALL`]).
+    pub const fn from_bits(bits: u32) -> Option<Self> {
+        if bits & !Self::ALL.0 == 0 {
+            Some(QpAttrMask(bits))
+        } else {
+            None
+        }
+    }
+}
+
+/// MODIFY_SRQ `attr_mask` bits (`ibv_srq_attr_mask`).
+pub mod srq_attr {
+    /// Resize (`max_wr`); answered with UNSUPPORTED by vrdma 1.0.
+    pub const MAX_WR: u32 = 1 << 0;
+    /// Arm the limit event (`srq_limit`).
+    pub const LIMIT: u32 = 1 << 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_flags_keep_ibverbs_values() {
+        let f = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+        assert_eq!(f.bits(), 0x7);
+        assert_eq!(AccessFlags::REMOTE_ATOMIC.bits(), 0x8);
+        assert_eq!(AccessFlags::RELAXED_ORDERING.bits(), 1 << 20);
+        assert_eq!(AccessFlags::from_bits(0x7), Some(f));
+        assert_eq!(AccessFlags::from_bits(AccessFlags::MW_BIND.bits()), None);
+        assert_eq!(AccessFlags::MR_ALLOWED.bits(), 0xf | (1 << 20));
+        assert_eq!(AccessFlags::QP_ALLOWED.bits(), 0xf);
+        for undefined in [AccessFlags::ZERO_BASED, AccessFlags::ON_DEMAND] {
+            assert_eq!(AccessFlags::from_bits(undefined.bits()), None);
+        }
+        assert_eq!(AccessFlags::from_bits(1 << 31), None);
+        assert_eq!(AccessFlags::from_bits_retain(1 << 31).bits(), 1 << 31);
+        let mut g = AccessFlags::empty();
+        g |= AccessFlags::REMOTE_READ;
+        assert!(f.contains(g) && !g.contains(f) && g.intersects(f));
+        assert_eq!(format!("{f:?}"), "AccessFlags(0x7)");
+    }
+
+    #[test]
+    fn qp_attr_masks_keep_ibverbs_values() {
+        assert_eq!(QpAttrMask::DEST_QPN.bits(), 1 << 20);
+        assert_eq!(QpAttrMask::LEGACY_ALL.bits(), (1 << 21) - 1);
+        assert_eq!(QpAttrMask::ALL.bits(), ((1 << 21) - 1) | (1 << 25));
+        assert_eq!(
+            QpAttrMask::from_bits(QpAttrMask::ALL.bits()),
+            Some(QpAttrMask::ALL)
+        );
+        assert_eq!(QpAttrMask::from_bits(1 << 21), None);
+        assert_eq!(QpAttrMask::from_bits_retain(1 << 21).bits(), 1 << 21);
+        assert!(!QpAttrMask::LEGACY_ALL.contains(QpAttrMask::RATE_LIMIT));
+        assert!((!QpAttrMask::LEGACY_ALL).contains(QpAttrMask::RATE_LIMIT));
+        let m = QpAttrMask::STATE | QpAttrMask::AV;
+        assert_eq!(m & QpAttrMask::AV, QpAttrMask::AV);
+        assert_eq!(format!("{m:?}"), "QpAttrMask(0x81)");
+    }
+}

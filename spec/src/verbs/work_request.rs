@@ -1,0 +1,120 @@
+//! Send work requests: the opcodes vrdma carries and the send flags.
+
+verbs_enum! {
+    /// Send work-request opcodes vrdma carries (`ibv_wr_opcode`), as written into
+    /// `rxe_send_wr.opcode`. The other `ibv_wr_opcode` values (local invalidate,
+    /// memory-window bind, send with invalidate, …) are refused by `try_from`.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    pub enum WrOpcode: u32 {
+        /// RDMA write.
+        RdmaWrite = 0,
+        /// RDMA write with immediate data (consumes a receive at the target).
+        RdmaWriteWithImm = 1,
+        /// Send.
+        #[default]
+        Send = 2,
+        /// Send with immediate data.
+        SendWithImm = 3,
+        /// RDMA read.
+        RdmaRead = 4,
+        /// 64-bit atomic compare and swap.
+        AtomicCmpAndSwp = 5,
+        /// 64-bit atomic fetch and add.
+        AtomicFetchAndAdd = 6,
+    }
+}
+
+impl WrOpcode {
+    /// Whether the opcode carries immediate data.
+    pub const fn has_imm(self) -> bool {
+        matches!(self, WrOpcode::RdmaWriteWithImm | WrOpcode::SendWithImm)
+    }
+
+    /// Whether the opcode addresses remote memory through `remote_addr`/`rkey`.
+    pub const fn is_rdma(self) -> bool {
+        matches!(
+            self,
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead
+        )
+    }
+
+    /// Whether the opcode is a remote atomic operation.
+    pub const fn is_atomic(self) -> bool {
+        matches!(
+            self,
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
+        )
+    }
+
+    /// Whether the payload may be given inline (it flows from the local buffer to the wire).
+    pub const fn allows_inline(self) -> bool {
+        matches!(
+            self,
+            WrOpcode::Send
+                | WrOpcode::SendWithImm
+                | WrOpcode::RdmaWrite
+                | WrOpcode::RdmaWriteWithImm
+        )
+    }
+}
+
+/// Send flags written into `rxe_send_wr.send_flags` (`ibv_send_flags`).
+pub mod send_flags {
+    /// Fence.
+    pub const FENCE: u32 = 1 << 0;
+    /// Generate a completion.
+    pub const SIGNALED: u32 = 1 << 1;
+    /// Solicited event.
+    pub const SOLICITED: u32 = 1 << 2;
+    /// Payload inline in the WQE.
+    pub const INLINE: u32 = 1 << 3;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wr_opcodes_convert_both_ways_and_refuse_others() {
+        use WrOpcode::*;
+        let all = [
+            RdmaWrite,
+            RdmaWriteWithImm,
+            Send,
+            SendWithImm,
+            RdmaRead,
+            AtomicCmpAndSwp,
+            AtomicFetchAndAdd,
+        ];
+        for (raw, op) in all.into_iter().enumerate() {
+            assert_eq!(op as u32, raw as u32);
+            assert_eq!(WrOpcode::try_from(raw as u32), Ok(op));
+        }
+        // LOCAL_INV, BIND_MW, SEND_WITH_INV, TSO and the rest are not carried.
+        for v in [7, 8, 9, 10, 15, u32::MAX] {
+            assert_eq!(WrOpcode::try_from(v), Err(v));
+        }
+    }
+
+    #[test]
+    fn opcode_classes() {
+        use WrOpcode::*;
+        let all = [
+            RdmaWrite,
+            RdmaWriteWithImm,
+            Send,
+            SendWithImm,
+            RdmaRead,
+            AtomicCmpAndSwp,
+            AtomicFetchAndAdd,
+        ];
+        let inline: Vec<_> = all.iter().filter(|op| op.allows_inline()).collect();
+        assert_eq!(inline, [&RdmaWrite, &RdmaWriteWithImm, &Send, &SendWithImm]);
+        let imm: Vec<_> = all.iter().filter(|op| op.has_imm()).collect();
+        assert_eq!(imm, [&RdmaWriteWithImm, &SendWithImm]);
+        let rdma: Vec<_> = all.iter().filter(|op| op.is_rdma()).collect();
+        assert_eq!(rdma, [&RdmaWrite, &RdmaWriteWithImm, &RdmaRead]);
+        let atomic: Vec<_> = all.iter().filter(|op| op.is_atomic()).collect();
+        assert_eq!(atomic, [&AtomicCmpAndSwp, &AtomicFetchAndAdd]);
+    }
+}
