@@ -28,8 +28,6 @@ mod cq;
 mod queue;
 mod recv;
 mod send;
-#[cfg(test)]
-mod uapi_opcode_tests;
 
 pub use ah::RxeAddressHandle;
 pub use cq::CompletionQueue;

@@ -5,8 +5,9 @@
 //! This is the one definition of that layout: the device sizes queue buffers with it, the
 //! driver writes WQEs into them and reads CQEs from them through these types. Every queue
 //! buffer is a [`header`] followed by power-of-two sized slots; offsets in the structs are
-//! from the start of the buffer (header) or of one slot (WQE, CQE). The test next to this
-//! module compares every size and offset with the system's uapi headers.
+//! from the start of the buffer (header) or of one slot (WQE, CQE). The tests next to this
+//! module compare every size and offset, and the opcode values written into WQEs and read
+//! from CQEs, with the system's uapi headers.
 
 mod av;
 mod cqe;
@@ -15,7 +16,7 @@ pub mod header;
 mod wqe;
 
 #[cfg(test)]
-mod uapi_layout_tests;
+mod uapi_header_tests;
 
 pub use av::RxeAv;
 pub use cqe::{IbUverbsWc, CQE_SIZE};

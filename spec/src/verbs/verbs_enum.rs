@@ -24,7 +24,10 @@ macro_rules! verbs_enum {
     (@conversions $name:ident $variants:tt $($(#[$imeta:meta])* $raw:ident)+) => {
         $(verbs_enum!(@try_from $(#[$imeta])* $name: $raw $variants);)+
     };
-    (@try_from $(#[$imeta:meta])* $name:ident: $raw:ident { $($variant:ident = $value:literal),+ }) => {
+    (
+        @try_from $(#[$imeta:meta])* $name:ident: $raw:ident
+        { $($variant:ident = $value:literal),+ }
+    ) => {
         $(#[$imeta])*
         impl TryFrom<$raw> for $name {
             type Error = $raw;

@@ -1,5 +1,6 @@
-//! Compares every size and offset of the rxe v1 layout with the C compiler's view of the
-//! system's uapi headers (`<rdma/ib_user_verbs.h>`, `<rdma/rdma_user_rxe.h>`).
+//! Compares every size and offset of the rxe v1 layout, and the opcode values written into
+//! send WQEs and read from CQEs ([`WrOpcode`], [`WcOpcode`]), with the C compiler's view of
+//! the system's uapi headers (`<rdma/ib_user_verbs.h>`, `<rdma/rdma_user_rxe.h>`).
 
 use std::collections::BTreeMap;
 use std::io::ErrorKind;
@@ -7,6 +8,7 @@ use std::mem::{offset_of, size_of};
 use std::process::Command;
 
 use super::*;
+use crate::verbs::{WcOpcode, WrOpcode};
 
 /// One fact about the C headers, as a C expression and the value Rust says it has.
 struct Fact {
@@ -28,7 +30,15 @@ fn offset(c_type: &str, c_field: &str, rust: usize) -> Fact {
     }
 }
 
-fn facts() -> Vec<Fact> {
+/// A C enumerator (or other constant expression) and the value Rust gives it.
+fn constant(c_name: &str, rust: u32) -> Fact {
+    Fact {
+        c_expr: c_name.to_string(),
+        rust: rust as usize,
+    }
+}
+
+fn layout_facts() -> Vec<Fact> {
     let wr = offset_of!(RxeSendWqe, wr) + offset_of!(RxeSendWr, wr);
     vec![
         size("rxe_queue_buf", size_of::<RxeQueueBuf>()),
@@ -206,6 +216,46 @@ fn facts() -> Vec<Fact> {
     ]
 }
 
+fn opcode_facts() -> Vec<Fact> {
+    let wr_opcodes = [
+        ("IB_UVERBS_WR_RDMA_WRITE", WrOpcode::RdmaWrite),
+        (
+            "IB_UVERBS_WR_RDMA_WRITE_WITH_IMM",
+            WrOpcode::RdmaWriteWithImm,
+        ),
+        ("IB_UVERBS_WR_SEND", WrOpcode::Send),
+        ("IB_UVERBS_WR_SEND_WITH_IMM", WrOpcode::SendWithImm),
+        ("IB_UVERBS_WR_RDMA_READ", WrOpcode::RdmaRead),
+        ("IB_UVERBS_WR_ATOMIC_CMP_AND_SWP", WrOpcode::AtomicCmpAndSwp),
+        (
+            "IB_UVERBS_WR_ATOMIC_FETCH_AND_ADD",
+            WrOpcode::AtomicFetchAndAdd,
+        ),
+    ];
+    let mut facts: Vec<Fact> = wr_opcodes
+        .iter()
+        .map(|(c_name, op)| constant(c_name, *op as u32))
+        .collect();
+    // The 6.1 uapi names completion opcodes up to TSO; FLUSH (8) and ATOMIC_WRITE (9)
+    // arrived in 6.2 and are checked against rdma-core's values in `verbs::completion`'s tests.
+    let wc_opcodes = [
+        ("IB_UVERBS_WC_SEND", WcOpcode::Send),
+        ("IB_UVERBS_WC_RDMA_WRITE", WcOpcode::RdmaWrite),
+        ("IB_UVERBS_WC_RDMA_READ", WcOpcode::RdmaRead),
+        ("IB_UVERBS_WC_COMP_SWAP", WcOpcode::CompSwap),
+        ("IB_UVERBS_WC_FETCH_ADD", WcOpcode::FetchAdd),
+        ("IB_UVERBS_WC_BIND_MW", WcOpcode::BindMw),
+        ("IB_UVERBS_WC_LOCAL_INV", WcOpcode::LocalInv),
+        ("IB_UVERBS_WC_TSO", WcOpcode::Tso),
+    ];
+    facts.extend(
+        wc_opcodes
+            .iter()
+            .map(|(c_name, op)| constant(c_name, op.raw())),
+    );
+    facts
+}
+
 fn c_program(facts: &[Fact]) -> String {
     let mut src = String::from(
         "#include <stdio.h>\n#include <stddef.h>\n#include <rdma/ib_user_verbs.h>\n\
@@ -225,6 +275,20 @@ fn c_program(facts: &[Fact]) -> String {
 /// and constant it prints with the Rust definitions.
 #[test]
 fn layouts_match_system_uapi_headers() {
+    check_against_system_uapi_headers("layout", &layout_facts());
+}
+
+/// Compiles a C program against the system's uapi headers and compares every opcode it prints
+/// with the Rust definitions.
+#[test]
+fn opcodes_match_system_uapi_headers() {
+    check_against_system_uapi_headers("opcode", &opcode_facts());
+}
+
+/// Prints every fact's C expression from a C program built with the system's `cc` and
+/// compares each with the Rust value; skips (passes) when there is no `cc` on `PATH`.
+/// `what` names the facts in the program's files and in the failure message.
+fn check_against_system_uapi_headers(what: &str, facts: &[Fact]) {
     match Command::new("cc").arg("--version").output() {
         Err(e) if e.kind() == ErrorKind::NotFound => {
             eprintln!("skipped: no C compiler `cc` on PATH to check the uapi headers with");
@@ -233,12 +297,12 @@ fn layouts_match_system_uapi_headers() {
         Err(e) => panic!("running cc: {e}"),
         Ok(_) => {}
     }
-    let facts = facts();
-    let dir = std::env::temp_dir().join(format!("vrdma-spec-rxe-v1-{}", std::process::id()));
+    // One directory per check: the tests of one process run in parallel.
+    let dir = std::env::temp_dir().join(format!("vrdma-spec-rxe-v1-{what}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("layout.c");
-    let bin = dir.join("layout");
-    std::fs::write(&src, c_program(&facts)).unwrap();
+    let src = dir.join(format!("{what}.c"));
+    let bin = dir.join(what);
+    std::fs::write(&src, c_program(facts)).unwrap();
     let cc = Command::new("cc")
         .arg("-Wall")
         .arg("-o")
@@ -273,5 +337,5 @@ fn layouts_match_system_uapi_headers() {
         .filter(|(i, fact)| printed[i] != fact.rust)
         .map(|(i, fact)| format!("{}: C {} Rust {}", fact.c_expr, printed[&i], fact.rust))
         .collect();
-    assert!(wrong.is_empty(), "layout mismatches:\n{}", wrong.join("\n"));
+    assert!(wrong.is_empty(), "{what} mismatches:\n{}", wrong.join("\n"));
 }
