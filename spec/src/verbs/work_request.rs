@@ -74,19 +74,20 @@ pub mod send_flags {
 mod tests {
     use super::*;
 
+    /// Every opcode, in `ibv_wr_opcode` order.
+    const ALL: [WrOpcode; 7] = [
+        WrOpcode::RdmaWrite,
+        WrOpcode::RdmaWriteWithImm,
+        WrOpcode::Send,
+        WrOpcode::SendWithImm,
+        WrOpcode::RdmaRead,
+        WrOpcode::AtomicCmpAndSwp,
+        WrOpcode::AtomicFetchAndAdd,
+    ];
+
     #[test]
     fn wr_opcodes_convert_both_ways_and_refuse_others() {
-        use WrOpcode::*;
-        let all = [
-            RdmaWrite,
-            RdmaWriteWithImm,
-            Send,
-            SendWithImm,
-            RdmaRead,
-            AtomicCmpAndSwp,
-            AtomicFetchAndAdd,
-        ];
-        for (raw, op) in all.into_iter().enumerate() {
+        for (raw, op) in ALL.into_iter().enumerate() {
             assert_eq!(op as u32, raw as u32);
             assert_eq!(WrOpcode::try_from(raw as u32), Ok(op));
         }
@@ -99,22 +100,13 @@ mod tests {
     #[test]
     fn opcode_classes() {
         use WrOpcode::*;
-        let all = [
-            RdmaWrite,
-            RdmaWriteWithImm,
-            Send,
-            SendWithImm,
-            RdmaRead,
-            AtomicCmpAndSwp,
-            AtomicFetchAndAdd,
-        ];
-        let inline: Vec<_> = all.iter().filter(|op| op.allows_inline()).collect();
+        let inline: Vec<_> = ALL.iter().filter(|op| op.allows_inline()).collect();
         assert_eq!(inline, [&RdmaWrite, &RdmaWriteWithImm, &Send, &SendWithImm]);
-        let imm: Vec<_> = all.iter().filter(|op| op.has_imm()).collect();
+        let imm: Vec<_> = ALL.iter().filter(|op| op.has_imm()).collect();
         assert_eq!(imm, [&RdmaWriteWithImm, &SendWithImm]);
-        let rdma: Vec<_> = all.iter().filter(|op| op.is_rdma()).collect();
+        let rdma: Vec<_> = ALL.iter().filter(|op| op.is_rdma()).collect();
         assert_eq!(rdma, [&RdmaWrite, &RdmaWriteWithImm, &RdmaRead]);
-        let atomic: Vec<_> = all.iter().filter(|op| op.is_atomic()).collect();
+        let atomic: Vec<_> = ALL.iter().filter(|op| op.is_atomic()).collect();
         assert_eq!(atomic, [&AtomicCmpAndSwp, &AtomicFetchAndAdd]);
     }
 }
