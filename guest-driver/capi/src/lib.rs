@@ -32,5 +32,6 @@ mod objects;
 mod qp;
 mod query;
 mod srq;
+mod strings;
 mod transport;
 mod unsupported;

@@ -1,5 +1,5 @@
-//! rdma-core's converters from the kernel's uverbs/SA structures to the verbs ones, which
-//! librdmacm imports from libibverbs (it receives those structures from the RDMA CM device).
+//! rdma-core's converters between the kernel's uverbs/SA structures and the verbs ones, which
+//! librdmacm imports from libibverbs (it exchanges those structures with the RDMA CM device).
 //! Plain field copies, as in rdma-core's `marshall.c`; `qp_state` is not copied there either.
 
 use crate::sys::{
@@ -76,6 +76,30 @@ fn path_rec_from_kern(dst: &mut ibv_sa_path_rec, src: &ib_user_path_rec) {
     dst.packet_life_time_selector = src.packet_life_time_selector;
 }
 
+fn path_rec_to_kern(dst: &mut ib_user_path_rec, src: &ibv_sa_path_rec) {
+    // SAFETY: `ibv_gid` is a union of plain bytes and integers: every bit pattern is valid
+    // as its `raw` bytes.
+    (dst.dgid, dst.sgid) = unsafe { (src.dgid.raw, src.sgid.raw) };
+    dst.dlid = src.dlid;
+    dst.slid = src.slid;
+    // C's int-to-u32 conversions.
+    dst.raw_traffic = src.raw_traffic as u32;
+    dst.flow_label = src.flow_label;
+    dst.reversible = src.reversible as u32;
+    dst.mtu = src.mtu.into();
+    dst.pkey = src.pkey;
+    dst.hop_limit = src.hop_limit;
+    dst.traffic_class = src.traffic_class;
+    dst.numb_path = src.numb_path;
+    dst.sl = src.sl;
+    dst.mtu_selector = src.mtu_selector;
+    dst.rate_selector = src.rate_selector;
+    dst.rate = src.rate;
+    dst.packet_life_time_selector = src.packet_life_time_selector;
+    dst.packet_life_time = src.packet_life_time;
+    dst.preference = src.preference;
+}
+
 /// `ibv_copy_ah_attr_from_kern` (IBVERBS_1.1).
 ///
 /// # Safety
@@ -115,6 +139,20 @@ pub unsafe extern "C" fn ibv_copy_path_rec_from_kern(
     // SAFETY: caller contract; `as_mut`/`as_ref` turn NULL into None.
     if let (Some(dst), Some(src)) = unsafe { (dst.as_mut(), src.as_ref()) } {
         path_rec_from_kern(dst, src);
+    }
+}
+
+/// `ibv_copy_path_rec_to_kern` (IBVERBS_1.0).
+///
+/// # Safety
+/// `dst` is valid for writes and `src` for reads (NULL is ignored).
+pub unsafe extern "C" fn ibv_copy_path_rec_to_kern(
+    dst: *mut ib_user_path_rec,
+    src: *const ibv_sa_path_rec,
+) {
+    // SAFETY: caller contract; `as_mut`/`as_ref` turn NULL into None.
+    if let (Some(dst), Some(src)) = unsafe { (dst.as_mut(), src.as_ref()) } {
+        path_rec_to_kern(dst, src);
     }
 }
 
@@ -193,6 +231,18 @@ mod tests {
         assert_eq!((dst.dlid, dst.flow_label), (src.dlid, src.flow_label));
         assert_eq!((dst.pkey, dst.reversible, dst.mtu), (src.pkey, 1, 4));
         assert_eq!((dst.packet_life_time_selector, dst.preference), (2, 3));
+
+        // And back: every field returns as the kernel gave it.
+        let mut back: ib_user_path_rec = zeroed();
+        // SAFETY: both point at live locals.
+        unsafe { ibv_copy_path_rec_to_kern(&mut back, &dst) };
+        assert_eq!((back.dgid, back.sgid), (src.dgid, src.sgid));
+        assert_eq!(
+            (back.dlid, back.flow_label, back.pkey),
+            (src.dlid, src.flow_label, src.pkey)
+        );
+        assert_eq!((back.reversible, back.mtu), (1, 4));
+        assert_eq!((back.packet_life_time_selector, back.preference), (2, 3));
     }
 
     #[test]
@@ -203,6 +253,7 @@ mod tests {
             ibv_copy_ah_attr_from_kern(std::ptr::null_mut(), &src);
             ibv_copy_qp_attr_from_kern(std::ptr::null_mut(), std::ptr::null());
             ibv_copy_path_rec_from_kern(std::ptr::null_mut(), std::ptr::null());
+            ibv_copy_path_rec_to_kern(std::ptr::null_mut(), std::ptr::null());
         }
     }
 }

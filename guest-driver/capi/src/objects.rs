@@ -111,6 +111,22 @@ pub unsafe extern "C" fn ibv_reg_mr(
     unsafe { ibv_reg_mr_iova2(pd, addr, length, addr as u64, access as u32) }
 }
 
+/// `ibv_reg_mr_iova` (IBVERBS_1.7): `ibv_reg_mr_iova2` with the access flags as an `int`.
+///
+/// # Safety
+/// As `ibv_reg_mr_iova2`.
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    // The flags are a bit set: C's int-to-unsigned conversion keeps every bit.
+    // SAFETY: caller contract, the same as ibv_reg_mr_iova2's.
+    unsafe { ibv_reg_mr_iova2(pd, addr, length, iova, access as u32) }
+}
+
 /// `ibv_reg_mr_iova2`: registers `length` bytes at `addr`. Memory outside the transport's guest
 /// RAM is re-backed by guest RAM first (see [`crate::memory`]). vrdma registers every region
 /// with its own address as iova: another `iova` fails with EOPNOTSUPP.

@@ -82,6 +82,26 @@ const REQUIRED: &[(&str, &str)] = &[
     ("ibv_init_ah_from_wc", "IBVERBS_1.1"),
     ("ibv_modify_srq", "IBVERBS_1.1"),
     ("ibv_query_srq", "IBVERBS_1.1"),
+    // The helpers every program calls to print and convert values.
+    ("ibv_event_type_str", "IBVERBS_1.1"),
+    ("ibv_node_type_str", "IBVERBS_1.1"),
+    ("ibv_port_state_str", "IBVERBS_1.1"),
+    ("ibv_wc_status_str", "IBVERBS_1.1"),
+    ("ibv_rate_to_mbps", "IBVERBS_1.1"),
+    ("mbps_to_ibv_rate", "IBVERBS_1.1"),
+    ("ibv_rate_to_mult", "IBVERBS_1.0"),
+    ("mult_to_ibv_rate", "IBVERBS_1.0"),
+    ("ibv_copy_path_rec_to_kern", "IBVERBS_1.0"),
+    ("ibv_reg_mr_iova", "IBVERBS_1.7"),
+    ("ibv_query_qp_data_in_order", "IBVERBS_1.14"),
+    // Context and object import: refused with EOPNOTSUPP.
+    ("ibv_import_device", "IBVERBS_1.10"),
+    ("ibv_import_pd", "IBVERBS_1.10"),
+    ("ibv_import_mr", "IBVERBS_1.10"),
+    ("ibv_unimport_pd", "IBVERBS_1.10"),
+    ("ibv_unimport_mr", "IBVERBS_1.10"),
+    ("ibv_import_dm", "IBVERBS_1.13"),
+    ("ibv_unimport_dm", "IBVERBS_1.13"),
 ];
 
 #[test]
