@@ -79,72 +79,60 @@ pub struct Transition {
 /// Looks up the transition `cur -> next` for `qp_type`; `None` if it is not legal.
 pub fn qp_transition(qp_type: QpType, cur: QpState, next: QpState) -> Option<Transition> {
     use QpState::*;
-    // The state table's own names, so the table below reads like the specification's.
-    const NONE: QpAttrMask = QpAttrMask::empty();
-    const CUR_STATE: QpAttrMask = QpAttrMask::CUR_STATE;
-    const EN_SQD_ASYNC_NOTIFY: QpAttrMask = QpAttrMask::EN_SQD_ASYNC_NOTIFY;
-    const ACCESS_FLAGS: QpAttrMask = QpAttrMask::ACCESS_FLAGS;
-    const PKEY_INDEX: QpAttrMask = QpAttrMask::PKEY_INDEX;
-    const PORT: QpAttrMask = QpAttrMask::PORT;
-    const QKEY: QpAttrMask = QpAttrMask::QKEY;
-    const AV: QpAttrMask = QpAttrMask::AV;
-    const PATH_MTU: QpAttrMask = QpAttrMask::PATH_MTU;
-    const TIMEOUT: QpAttrMask = QpAttrMask::TIMEOUT;
-    const RETRY_CNT: QpAttrMask = QpAttrMask::RETRY_CNT;
-    const RNR_RETRY: QpAttrMask = QpAttrMask::RNR_RETRY;
-    const RQ_PSN: QpAttrMask = QpAttrMask::RQ_PSN;
-    const MAX_QP_RD_ATOMIC: QpAttrMask = QpAttrMask::MAX_QP_RD_ATOMIC;
-    const ALT_PATH: QpAttrMask = QpAttrMask::ALT_PATH;
-    const MIN_RNR_TIMER: QpAttrMask = QpAttrMask::MIN_RNR_TIMER;
-    const SQ_PSN: QpAttrMask = QpAttrMask::SQ_PSN;
-    const MAX_DEST_RD_ATOMIC: QpAttrMask = QpAttrMask::MAX_DEST_RD_ATOMIC;
-    const PATH_MIG_STATE: QpAttrMask = QpAttrMask::PATH_MIG_STATE;
-    const DEST_QPN: QpAttrMask = QpAttrMask::DEST_QPN;
+    // Short names, so the table below reads like the specification's.
+    type M = QpAttrMask;
+    const NONE: M = M::empty();
     let rc = qp_type == QpType::Rc;
     let t = |required: QpAttrMask, optional: QpAttrMask| Some(Transition { required, optional });
     match (cur, next) {
         (Reset, Reset) => t(NONE, NONE),
         (Reset, Init) => t(
-            PKEY_INDEX | PORT | if rc { ACCESS_FLAGS } else { QKEY },
+            M::PKEY_INDEX | M::PORT | if rc { M::ACCESS_FLAGS } else { M::QKEY },
             NONE,
         ),
         // Every state except RESET may go to RESET or ERR with no attributes.
         (Init | Rtr | Rts | Sqd | Sqe | Err, Reset | Err) => t(NONE, NONE),
         (Init, Init) => t(
             NONE,
-            PKEY_INDEX | PORT | if rc { ACCESS_FLAGS } else { QKEY },
+            M::PKEY_INDEX | M::PORT | if rc { M::ACCESS_FLAGS } else { M::QKEY },
         ),
         (Init, Rtr) if rc => t(
-            AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER,
-            ALT_PATH | ACCESS_FLAGS | PKEY_INDEX,
+            M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER,
+            M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
         ),
-        (Init, Rtr) => t(NONE, PKEY_INDEX | QKEY),
+        (Init, Rtr) => t(NONE, M::PKEY_INDEX | M::QKEY),
         (Rtr, Rts) if rc => t(
-            TIMEOUT | RETRY_CNT | RNR_RETRY | SQ_PSN | MAX_QP_RD_ATOMIC,
-            CUR_STATE | ALT_PATH | ACCESS_FLAGS | MIN_RNR_TIMER | PATH_MIG_STATE,
+            M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+            M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
         ),
-        (Rtr, Rts) => t(SQ_PSN, CUR_STATE | QKEY),
+        (Rtr, Rts) => t(M::SQ_PSN, M::CUR_STATE | M::QKEY),
         (Rts | Sqd, Rts) if rc => t(
             NONE,
-            CUR_STATE | ACCESS_FLAGS | ALT_PATH | PATH_MIG_STATE | MIN_RNR_TIMER,
+            M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
         ),
-        (Rts | Sqd | Sqe, Rts) if !rc => t(NONE, CUR_STATE | QKEY),
-        (Rts, Sqd) => t(NONE, EN_SQD_ASYNC_NOTIFY),
+        (Rts | Sqd | Sqe, Rts) if !rc => t(NONE, M::CUR_STATE | M::QKEY),
+        (Rts, Sqd) => t(NONE, M::EN_SQD_ASYNC_NOTIFY),
         (Sqd, Sqd) if rc => t(
             NONE,
-            PORT | AV
-                | TIMEOUT
-                | RETRY_CNT
-                | RNR_RETRY
-                | MAX_QP_RD_ATOMIC
-                | MAX_DEST_RD_ATOMIC
-                | ALT_PATH
-                | ACCESS_FLAGS
-                | PKEY_INDEX
-                | MIN_RNR_TIMER
-                | PATH_MIG_STATE,
+            M::PORT
+                | M::AV
+                | M::TIMEOUT
+                | M::RETRY_CNT
+                | M::RNR_RETRY
+                | M::MAX_QP_RD_ATOMIC
+                | M::MAX_DEST_RD_ATOMIC
+                | M::ALT_PATH
+                | M::ACCESS_FLAGS
+                | M::PKEY_INDEX
+                | M::MIN_RNR_TIMER
+                | M::PATH_MIG_STATE,
         ),
-        (Sqd, Sqd) => t(NONE, PKEY_INDEX | QKEY),
+        (Sqd, Sqd) => t(NONE, M::PKEY_INDEX | M::QKEY),
         _ => None,
     }
 }
