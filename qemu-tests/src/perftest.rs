@@ -190,6 +190,11 @@ pub enum Measurement {
         avg_mib_s: f64,
         msg_rate_mpps: f64,
     },
+    /// A latency tool ran every iteration but could not time them: its cycle-counter
+    /// calibration (a fit of the TSC against gettimeofday that must reach r² ≥ 0.9) failed,
+    /// which happens at random under TCG when the process is preempted while it samples; it
+    /// then divides by a clock rate of 0 and prints `inf` for every latency.
+    Untimed,
 }
 
 impl Measurement {
@@ -204,7 +209,14 @@ impl Measurement {
                 msg_rate_mpps,
                 ..
             } => *avg_mib_s > 0.0 && *msg_rate_mpps > 0.0,
+            Measurement::Untimed => false,
         }
+    }
+
+    /// Whether the run completed: timed plausibly, or untimed because perftest's clock
+    /// calibration failed (the data still moved; only the timing is missing).
+    pub fn completed(&self) -> bool {
+        self.is_plausible() || *self == Measurement::Untimed
     }
 
     /// The figure comparisons read: the typical latency in µs for the latency tools (lower is
@@ -213,6 +225,7 @@ impl Measurement {
         match self {
             Measurement::Latency { typical_us, .. } => *typical_us,
             Measurement::Bandwidth { avg_mib_s, .. } => *avg_mib_s,
+            Measurement::Untimed => f64::NAN,
         }
     }
 
@@ -223,6 +236,7 @@ impl Measurement {
             Measurement::Latency { avg_us, .. } if *avg_us > 0.0 => 1.0 / avg_us,
             Measurement::Latency { .. } => 0.0,
             Measurement::Bandwidth { msg_rate_mpps, .. } => *msg_rate_mpps,
+            Measurement::Untimed => 0.0,
         }
     }
 }
@@ -273,6 +287,11 @@ pub fn parse(tool: Tool, output: &str) -> Result<(u64, u64, Measurement)> {
                 tool.command()
             )));
         }
+        // The signature of a failed clock calibration: every latency is `inf`.
+        let untimed = fields.len() > 8 && fields[2..6].iter().all(|f| *f == "inf");
+        if untimed {
+            return Ok((bytes, iterations, Measurement::Untimed));
+        }
         Measurement::Latency {
             min_us: number(2)?,
             max_us: number(3)?,
@@ -302,9 +321,10 @@ pub fn parse(tool: Tool, output: &str) -> Result<(u64, u64, Measurement)> {
 
 /// Runs `case` with a server on `server` and a client on `client`, both on this machine.
 ///
-/// A run that succeeds but reports a zero rate is measured once more: under TCG perftest's
-/// cycle-counter timing occasionally comes out as 0 MiB/s (seen once in a few hundred runs of
-/// ib_send_bw) although every message was transferred.
+/// A run that succeeds but reports a zero rate, or no timing at all ([`Measurement::Untimed`]),
+/// is measured once more: under TCG perftest's cycle-counter timing occasionally comes out as
+/// 0 MiB/s (seen once in a few hundred runs of ib_send_bw), and its clock calibration fails now
+/// and then, although every message was transferred.
 pub fn run_case(case: &Case, server: &Side, client: &Side, port: u16) -> Result<Row> {
     let row = run_case_once(case, server, client, port)?;
     if row.measurement.is_plausible() {
@@ -455,6 +475,12 @@ pub fn render_table(rows: &[Row]) -> String {
                 "-".to_string(),
                 format!("{avg_mib_s:.2}"),
             ),
+            Measurement::Untimed => (
+                "untimed".to_string(),
+                "untimed".to_string(),
+                "untimed".to_string(),
+                "-".to_string(),
+            ),
         };
         let _ = writeln!(
             out,
@@ -549,6 +575,18 @@ mod tests {
         assert!(parse(Tool::IbSendLat, " #bytes #iterations t_typical\n").is_err());
         let garbled = LAT.replace("58.61", "nan");
         assert!(parse(Tool::IbSendLat, &garbled).is_err());
+        // A calibration failure is reported as untimed, not as garbage.
+        let untimed = LAT.lines().map(|l| {
+            if l.trim_start().starts_with(|c: char| c.is_ascii_digit()) {
+                " 2       200          inf            inf          inf      \t       inf         \t-nan   \t\tinf     \t\tinf    ".to_string()
+            } else {
+                l.to_string()
+            }
+        });
+        let untimed: String = untimed.collect::<Vec<_>>().join("\n");
+        let (size, iterations, m) = parse(Tool::IbSendLat, &untimed).unwrap();
+        assert_eq!((size, iterations, &m), (2, 200, &Measurement::Untimed));
+        assert!(!m.is_plausible() && m.completed());
         // A latency tool's output read as if it were bandwidth has the wrong header.
         assert!(parse(Tool::IbWriteBw, LAT).is_err());
     }

@@ -47,6 +47,8 @@ fn native_perftest_reports_five_sane_rows() {
                     "{row:?}: {implied} Mpps implied"
                 );
             }
+            // run_case measures once more after an untimed run; twice untimed is a failure.
+            Measurement::Untimed => panic!("perftest could not time {row:?} twice"),
         }
     }
 }

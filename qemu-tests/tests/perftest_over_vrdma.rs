@@ -50,6 +50,8 @@ fn perftest_runs_unmodified_over_vrdma() {
                     "{row:?}: {implied} Mpps implied"
                 );
             }
+            // run_case measures once more after an untimed run; twice untimed is a failure.
+            Measurement::Untimed => panic!("perftest could not time {row:?} twice"),
         }
     }
 }

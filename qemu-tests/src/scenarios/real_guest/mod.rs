@@ -30,7 +30,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::inside::ResourceCounts;
-use crate::perftest::{Case, Row, Tool};
+use crate::perftest::{Case, Measurement, Row, Tool};
 
 /// One TCP exchange carried over a virtio-serial port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,18 +217,23 @@ pub fn render_comparison(rows: &[Comparison]) -> String {
         "{:<14} {:>8} {:>6} {:>11} {:>12} {:>12} {:>7}",
         "tool", "size", "iters", "unit", "native", "vrdma-guest", "ratio"
     );
+    // An untimed run (perftest's clock calibration failed under TCG) shows as such.
+    let figure = |m: &Measurement, value: f64| match m {
+        Measurement::Untimed => "untimed".to_string(),
+        _ => format!("{value:.2}"),
+    };
     for row in rows {
         let tool = row.native.tool;
         let _ = writeln!(
             out,
-            "{:<14} {:>8} {:>6} {:>11} {:>12.2} {:>12.2} {:>7.2}",
+            "{:<14} {:>8} {:>6} {:>11} {:>12} {:>12} {:>7}",
             tool.command(),
             row.native.size,
             row.native.iterations,
             tool.headline_unit(),
-            row.native.measurement.headline(),
-            row.vrdma.measurement.headline(),
-            row.ratio()
+            figure(&row.native.measurement, row.native.measurement.headline()),
+            figure(&row.vrdma.measurement, row.vrdma.measurement.headline()),
+            format!("{:.2}", row.ratio())
         );
     }
     out
@@ -282,7 +287,6 @@ pub fn chardev_path(dir: &Path, name: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::perftest::Measurement;
 
     #[test]
     fn the_guest_gets_shared_ram_the_device_and_a_port_per_link() {
