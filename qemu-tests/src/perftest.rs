@@ -190,10 +190,10 @@ pub enum Measurement {
         avg_mib_s: f64,
         msg_rate_mpps: f64,
     },
-    /// A latency tool ran every iteration but could not time them: its cycle-counter
-    /// calibration (a fit of the TSC against gettimeofday that must reach r² ≥ 0.9) failed,
-    /// which happens at random under TCG when the process is preempted while it samples; it
-    /// then divides by a clock rate of 0 and prints `inf` for every latency.
+    /// perftest ran every iteration but could not time them: its cycle-counter calibration
+    /// (a fit of the TSC against gettimeofday that must reach r² ≥ 0.9) failed, which happens
+    /// at random under TCG when the process is preempted while it samples. It then uses a clock
+    /// rate of 0: every latency comes out `inf`, every bandwidth and message rate exactly 0.
     Untimed,
 }
 
@@ -310,10 +310,17 @@ pub fn parse(tool: Tool, output: &str) -> Result<(u64, u64, Measurement)> {
                 tool.command()
             )));
         }
-        Measurement::Bandwidth {
+        let measurement = Measurement::Bandwidth {
             peak_mib_s: number(2)?,
             avg_mib_s: number(3)?,
             msg_rate_mpps: number(4)?,
+        };
+        // The signature of a failed clock calibration: every rate exactly 0.
+        let untimed = fields[2..5].iter().all(|f| f.parse::<f64>() == Ok(0.0));
+        if untimed {
+            Measurement::Untimed
+        } else {
+            measurement
         }
     };
     Ok((bytes, iterations, measurement))
@@ -321,10 +328,10 @@ pub fn parse(tool: Tool, output: &str) -> Result<(u64, u64, Measurement)> {
 
 /// Runs `case` with a server on `server` and a client on `client`, both on this machine.
 ///
-/// A run that succeeds but reports a zero rate, or no timing at all ([`Measurement::Untimed`]),
-/// is measured once more: under TCG perftest's cycle-counter timing occasionally comes out as
-/// 0 MiB/s (seen once in a few hundred runs of ib_send_bw), and its clock calibration fails now
-/// and then, although every message was transferred.
+/// A run that succeeds but reports implausible figures is measured once more: under TCG
+/// perftest's clock calibration fails now and then ([`Measurement::Untimed`]: `inf` latencies,
+/// 0 MiB/s; seen once in a few hundred native runs, more often next to a nested guest),
+/// although every message was transferred.
 pub fn run_case(case: &Case, server: &Side, client: &Side, port: u16) -> Result<Row> {
     let row = run_case_once(case, server, client, port)?;
     if row.measurement.is_plausible() {
@@ -565,6 +572,14 @@ mod tests {
             .replace("0.000538", "0.000000");
         let (_, _, m) = parse(Tool::IbWriteBw, &zero).unwrap();
         assert!(!m.is_plausible());
+        assert_eq!(
+            m,
+            Measurement::Untimed,
+            "all-zero rates: the clock was never calibrated"
+        );
+        let slow = BW.replace("35.12", "0.01").replace("33.60", "0.00");
+        let (_, _, m) = parse(Tool::IbWriteBw, &slow).unwrap();
+        assert!(!m.is_plausible() && !m.completed(), "{m:?}");
         let (_, _, m) = parse(Tool::IbSendLat, LAT).unwrap();
         assert!(m.is_plausible());
     }
