@@ -11,6 +11,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 /// Public symbols of rdma-core's libibverbs that the drop-in does not export yet (issue 12:
 /// asynchronous events, fork support, CQ resize, MR re-registration, the GID table query and
@@ -30,7 +31,14 @@ const NOT_YET_PROVIDED: &[&str] = &[
 
 const SYSTEM_LIBRARY_DIRS: &[&str] = &["/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu"];
 
+/// The system library, installed once per test process: the tests here run on parallel
+/// threads, and two concurrent apt-get runs would fight over the dpkg lock.
 fn system_library() -> Option<PathBuf> {
+    static FOUND: OnceLock<Option<PathBuf>> = OnceLock::new();
+    FOUND.get_or_init(find_system_library).clone()
+}
+
+fn find_system_library() -> Option<PathBuf> {
     if let Err(e) = vrdma_qemu_tests::native::ensure_prerequisites() {
         eprintln!("cannot install the system libibverbs: {e}");
     }
@@ -50,15 +58,9 @@ fn system_library() -> Option<PathBuf> {
 
 /// The drop-in cdylib `cargo test --workspace` built next to this test.
 fn dropin_library() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [
-        deps.join("libvrdma_ibverbs.so"),
-        deps.join("../libvrdma_ibverbs.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .expect("libvrdma_ibverbs.so next to the tests: run `cargo test --workspace`")
+    vrdma_qemu_tests::cli::host::dropin_library()
+        .expect("libvrdma_ibverbs.so next to the tests: run `cargo test --workspace`")
+        .1
 }
 
 /// Default-version (`name@@VERSION`) function and object symbols a library defines, outside
