@@ -390,7 +390,12 @@ fn run_in(
         .arg(&root.initramfs)
         .arg("-append")
         .arg(
-            ["console=ttyS0 panic=-1 loglevel=4 rw"]
+            // tsc=reliable: under TCG the guest's TSC is the host's (linear in real time), but
+            // the clocksource watchdog compares it against HPET reads that a busy TCG delays,
+            // declares it unstable within seconds and switches to HPET. gettimeofday then traps
+            // into QEMU, and perftest's clock calibration (a TSC against gettimeofday fit that
+            // must reach r² 0.9) failed in one run of six (measured 2026-11-23).
+            ["console=ttyS0 panic=-1 loglevel=4 rw tsc=reliable"]
                 .into_iter()
                 .chain(config.extra_kernel_args.iter().map(String::as_str))
                 .collect::<Vec<_>>()

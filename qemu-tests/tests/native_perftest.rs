@@ -2,7 +2,7 @@
 
 mod common;
 
-use vrdma_qemu_tests::perftest::{Measurement, Row, Tool, BASELINE};
+use vrdma_qemu_tests::perftest::{Row, Tool, BASELINE};
 
 #[test]
 fn native_perftest_reports_five_sane_rows() {
@@ -15,40 +15,6 @@ fn native_perftest_reports_five_sane_rows() {
     assert_eq!(tools, expected);
     for (row, case) in rows.iter().zip(BASELINE) {
         assert_eq!(row.label, "native");
-        assert_eq!(row.size, case.size, "{row:?}");
-        assert_eq!(row.iterations, u64::from(case.iterations), "{row:?}");
-        match row.measurement {
-            Measurement::Latency {
-                min_us,
-                typical_us,
-                avg_us,
-                max_us,
-                p99_us,
-                ..
-            } => {
-                // Soft-RoCE under TCG: tens of microseconds; natively a few. Either way well
-                // inside (0.1 µs, 100 ms), and the order statistics must be ordered.
-                assert!(typical_us > 0.1 && typical_us < 100_000.0, "{row:?}");
-                assert!(min_us <= typical_us && typical_us <= max_us, "{row:?}");
-                assert!(min_us <= avg_us && avg_us <= max_us, "{row:?}");
-                assert!(p99_us <= max_us, "{row:?}");
-            }
-            Measurement::Bandwidth {
-                peak_mib_s,
-                avg_mib_s,
-                msg_rate_mpps,
-            } => {
-                assert!(avg_mib_s > 1.0 && avg_mib_s < 1_000_000.0, "{row:?}");
-                assert!(avg_mib_s <= peak_mib_s * 1.01, "{row:?}");
-                // Message rate and bandwidth must agree on the message size.
-                let implied = avg_mib_s * 1_048_576.0 / row.size as f64 / 1e6;
-                assert!(
-                    (msg_rate_mpps - implied).abs() <= implied * 0.05,
-                    "{row:?}: {implied} Mpps implied"
-                );
-            }
-            // run_case measures once more after an untimed run; twice untimed is a failure.
-            Measurement::Untimed => panic!("perftest could not time {row:?} twice"),
-        }
+        common::assert_sane_row(row, case);
     }
 }
