@@ -99,6 +99,22 @@ impl Proc {
         }
     }
 
+    /// Waits until a TCP socket listens on `port` (the out-of-band exchange of perftest and the
+    /// libibverbs examples), so that a client never races this server's start-up.
+    pub fn wait_listening(&mut self, port: u16, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while !tcp_listening(port) {
+            if let Some(status) = self.try_wait()? {
+                return Err(self.failure(&format!("exited ({status}) before listening")));
+            }
+            if Instant::now() >= deadline {
+                return Err(self.failure(&format!("not listening on {port} after {timeout:?}")));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
     /// SIGKILL and reap.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -178,6 +194,24 @@ fn io_error(what: &str, source: std::io::Error) -> Error {
         what: what.to_string(),
         source,
     }
+}
+
+/// Whether a TCP socket of this machine listens on `port` (IPv4 or IPv6).
+pub fn tcp_listening(port: u16) -> bool {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .any(|table| listens_on(&table, port))
+}
+
+/// Whether a /proc/net/tcp{,6} table has a socket in LISTEN (state 0A) on `port`.
+pub fn listens_on(table: &str, port: u16) -> bool {
+    let wanted = format!("{port:04X}");
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let local_port = fields.get(1).and_then(|a| a.rsplit(':').next());
+        local_port == Some(wanted.as_str()) && fields.get(3) == Some(&"0A")
+    })
 }
 
 /// Waits until `path` exists (a daemon's socket).
@@ -292,6 +326,17 @@ pub fn wait_for_counts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_listening_sockets() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue
+   0: 00000000:4853 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0
+   1: 0100007F:4854 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0
+";
+        assert!(listens_on(table, 0x4853));
+        assert!(!listens_on(table, 0x4854), "established, not listening");
+        assert!(!listens_on(table, 1));
+    }
 
     #[test]
     fn parses_rdma_json() {

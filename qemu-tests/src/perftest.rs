@@ -433,10 +433,7 @@ pub fn finish(mut child: Child, timeout: Duration, role: &str, case: &Case) -> R
 fn wait_listening(port: u16, timeout: Duration, server: &mut Child) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
-        let tables = ["/proc/net/tcp", "/proc/net/tcp6"]
-            .iter()
-            .filter_map(|p| std::fs::read_to_string(p).ok());
-        if tables.into_iter().any(|t| listens_on(&t, port)) {
+        if crate::inside::tcp_listening(port) {
             return Ok(());
         }
         if let Ok(Some(status)) = server.try_wait() {
@@ -451,16 +448,6 @@ fn wait_listening(port: u16, timeout: Duration, server: &mut Child) -> Result<()
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// Whether a /proc/net/tcp{,6} table has a socket in LISTEN (state 0A) on `port`.
-pub fn listens_on(table: &str, port: u16) -> bool {
-    let wanted = format!("{port:04X}");
-    table.lines().skip(1).any(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let local_port = fields.get(1).and_then(|a| a.rsplit(':').next());
-        local_port == Some(wanted.as_str()) && fields.get(3) == Some(&"0A")
-    })
 }
 
 /// A fixed-width table of rows, one per line.
@@ -612,17 +599,6 @@ mod tests {
         assert!(!m.is_plausible() && m.completed());
         // A latency tool's output read as if it were bandwidth has the wrong header.
         assert!(parse(Tool::IbWriteBw, LAT).is_err());
-    }
-
-    #[test]
-    fn finds_listening_sockets() {
-        let table = "  sl  local_address rem_address   st tx_queue rx_queue
-   0: 00000000:4853 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0
-   1: 0100007F:4854 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0
-";
-        assert!(listens_on(table, 0x4853));
-        assert!(!listens_on(table, 0x4854), "established, not listening");
-        assert!(!listens_on(table, 1));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use vrdma_qemu_tests::bench;
 use vrdma_qemu_tests::cli::{
     self, backend_device, dropin, native_perftest, perftest_over_vrdma, process_pingpong,
-    qtest_pingpong, real_guest, vm_args::VmArgs,
+    qtest_pingpong, real_guest, verbs_utils, vm_args::VmArgs,
 };
 use vrdma_qemu_tests::workspace;
 use vrdma_qemu_tests::{Error, Result};
@@ -110,6 +110,10 @@ enum Suite {
     /// over the PCI transport, the bypass proof and a reboot with live objects, against
     /// native peers; the same perftest natively beside it.
     RealGuest,
+    /// Debian's unmodified libibverbs examples (ibv_rc_pingpong with polling and with events,
+    /// ibv_ud_pingpong, ibv_srq_pingpong) over the drop-in against native peers both ways and
+    /// vrdma to vrdma, received data checked by the programs (-c).
+    VerbsUtils,
 }
 
 #[derive(Subcommand)]
@@ -175,6 +179,12 @@ enum GuestCmd {
         #[arg(long)]
         library_dir: PathBuf,
     },
+    /// The verbs-utils scenario; results go to $VRDMA_RESULT_DIR/verbs-utils.json.
+    VerbsUtils {
+        /// Directory with the drop-in as libibverbs.so.1.
+        #[arg(long)]
+        library_dir: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -214,6 +224,7 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
                 Suite::PerftestOverVrdma => perftest_over_vrdma::test(&vm, json)?,
                 Suite::QtestPingpong => qtest_pingpong::test(&vm, json)?,
                 Suite::RealGuest => real_guest::test(&vm, json, true)?,
+                Suite::VerbsUtils => verbs_utils::test(&vm, json)?,
             }
         }
         Cmd::Bench {
@@ -239,6 +250,7 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
             GuestCmd::PerftestOverVrdma { library_dir } => {
                 perftest_over_vrdma::guest(&library_dir)?
             }
+            GuestCmd::VerbsUtils { library_dir } => verbs_utils::guest(&library_dir)?,
             GuestCmd::QtestPingpong { native, iters } => qtest_pingpong::guest(native, iters)?,
             GuestCmd::RealGuest {
                 native,

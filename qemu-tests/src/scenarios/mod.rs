@@ -9,3 +9,4 @@ pub mod process_pingpong;
 pub mod qtest_pingpong;
 pub mod readme_qemu;
 pub mod real_guest;
+pub mod verbs_utils;

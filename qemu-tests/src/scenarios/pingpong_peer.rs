@@ -2,13 +2,10 @@
 //! of its `--json` report, and waiting until a server listens for its out-of-band exchange.
 
 use std::path::Path;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::inside::Proc;
-use crate::perftest;
 
 /// One row of a pingpong `--json` report.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -48,25 +45,4 @@ pub fn read_report(json: &Path) -> Result<Vec<PingpongRow>> {
     let report: PingpongReport = serde_json::from_str(&text)
         .map_err(|e| Error::Scenario(format!("parsing {}: {e}", json.display())))?;
     Ok(report.rows)
-}
-
-/// Waits until the server listens on `port` (its out-of-band exchange socket).
-pub fn wait_listening(port: u16, server: &mut Proc) -> Result<()> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let tables = ["/proc/net/tcp", "/proc/net/tcp6"]
-            .iter()
-            .filter_map(|p| std::fs::read_to_string(p).ok())
-            .collect::<Vec<_>>();
-        if tables.iter().any(|t| perftest::listens_on(t, port)) {
-            return Ok(());
-        }
-        if let Some(status) = server.try_wait()? {
-            return Err(server.failure(&format!("exited ({status}) before listening")));
-        }
-        if std::time::Instant::now() >= deadline {
-            return Err(server.failure(&format!("does not listen on port {port}")));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }

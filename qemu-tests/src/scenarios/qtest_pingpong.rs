@@ -28,7 +28,7 @@ use vrdma_tools::pingpong::wait::Completion;
 use vrdma_tools::pingpong::Plan;
 
 use super::backend::Backend;
-use super::pingpong_peer::{read_report, wait_listening, PingpongReport, PingpongRow};
+use super::pingpong_peer::{read_report, PingpongReport, PingpongRow};
 use crate::error::{tail, Error, Result};
 use crate::inside::{resource_counts, wait_for_counts, Proc, ResourceCounts, DEVICE};
 use crate::qtest::{Machine, MachineConfig, QtestPciFunction};
@@ -168,7 +168,7 @@ fn native_server(
         &format!("qtest-{label}-server"),
         &mut native_command(binaries, "server", port, ops, sizes, iters),
     )?;
-    wait_listening(port, &mut server)?;
+    server.wait_listening(port, Duration::from_secs(60))?;
     Ok(server)
 }
 

@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::inside::Proc;
 use crate::scenarios::backend::Backend;
 use crate::scenarios::binaries::Binaries;
-use crate::scenarios::pingpong_peer::{read_report, wait_listening, PingpongRow};
+use crate::scenarios::pingpong_peer::{read_report, PingpongRow};
 
 /// Runs verified ping-pongs (send, write, read) and a bandwidth stream between `pair`, with
 /// every vrdma side waiting for completions by events (`--events`). Checks that the vrdma
@@ -55,7 +55,7 @@ pub(super) fn run(
             &format!("{label}-server"),
             &mut with_events(pair.0, "server"),
         )?;
-        wait_listening(port, &mut server)?;
+        server.wait_listening(port, Duration::from_secs(60))?;
         let mut client_cmd = with_events(pair.1, "client");
         client_cmd.arg("--json").arg(&json);
         let mut client = Proc::spawn(&format!("{label}-client"), &mut client_cmd)?;

@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::inside::{Proc, DEVICE};
 use crate::scenarios::backend::Backend;
 use crate::scenarios::binaries::Binaries;
-use crate::scenarios::pingpong_peer::{read_report, wait_listening, PingpongRow};
+use crate::scenarios::pingpong_peer::{read_report, PingpongRow};
 
 /// One side of a pingpong run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +83,7 @@ pub(super) fn start_pair(
         &format!("{label}-server"),
         &mut pingpong_command(binaries, backend, server, "server", port, plan),
     )?;
-    wait_listening(port, &mut server_proc)?;
+    server_proc.wait_listening(port, Duration::from_secs(60))?;
     let mut client_cmd = pingpong_command(binaries, backend, client, "client", port, plan);
     client_cmd.args(client_args);
     let client_proc = Proc::spawn(&format!("{label}-client"), &mut client_cmd)?;
