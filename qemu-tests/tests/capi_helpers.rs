@@ -1,5 +1,6 @@
 //! The drop-in `libibverbs.so.1` against the system's own (Debian's rdma-core), on the host:
-//! - every public symbol of the system library is exported by the drop-in at the same version,
+//! - every public symbol of the system library (Debian 12's, and Debian 13's from the VM's root
+//!   file system) is exported by the drop-in at the same version,
 //!   except the ones listed as not provided yet, and each of those is indeed still missing (so
 //!   the list can only shrink);
 //! - the string and rate helpers answer exactly what the system library answers, for every
@@ -94,18 +95,21 @@ fn public_symbols(library: &Path) -> Vec<(String, String)> {
     symbols
 }
 
-#[test]
-fn every_public_symbol_is_exported_at_its_version_or_listed_as_not_yet_provided() {
-    let Some(system) = system_library() else {
-        return;
-    };
+/// Fails unless every public symbol of `system` is exported by the drop-in at the same version
+/// or listed in NOT_YET_PROVIDED, and every listed one is still missing.
+fn assert_exports_everything_of(system: &Path) {
     let ours = public_symbols(&dropin_library());
-    let theirs = public_symbols(&system);
+    let theirs = public_symbols(system);
+    assert!(theirs.len() > 50, "{}: {theirs:?}", system.display());
     let missing: Vec<&(String, String)> = theirs
         .iter()
         .filter(|s| !ours.contains(s) && !NOT_YET_PROVIDED.contains(&s.0.as_str()))
         .collect();
-    assert!(missing.is_empty(), "missing from the drop-in: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "missing from the drop-in ({}): {missing:?}",
+        system.display()
+    );
     let provided_now: Vec<&&str> = NOT_YET_PROVIDED
         .iter()
         .filter(|name| ours.iter().any(|(n, _)| n == *name))
@@ -114,6 +118,39 @@ fn every_public_symbol_is_exported_at_its_version_or_listed_as_not_yet_provided(
         provided_now.is_empty(),
         "exported now, remove from NOT_YET_PROVIDED: {provided_now:?}"
     );
+}
+
+/// Debian 12's rdma-core (44), this machine's.
+#[test]
+fn every_public_symbol_of_the_host_library_is_exported_at_its_version() {
+    let Some(system) = system_library() else {
+        return;
+    };
+    assert_exports_everything_of(&system);
+}
+
+/// Debian 13's rdma-core (56), the one in the test VM's root file system (read from the
+/// prepared tree on the host: the same file the VM's programs load).
+#[test]
+fn every_public_symbol_of_the_vm_library_is_exported_at_its_version() {
+    let root = match vrdma_qemu_tests::cli::host::prepared_root() {
+        Ok(root) => root,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipped: the VM's root file system is unavailable: {e}");
+            return;
+        }
+        Err(e) => panic!("preparing the VM's root file system: {e}"),
+    };
+    let system = SYSTEM_LIBRARY_DIRS
+        .iter()
+        .map(|dir| {
+            root.tree
+                .join(dir.trim_start_matches('/'))
+                .join("libibverbs.so.1")
+        })
+        .find(|p| p.exists())
+        .expect("libibverbs.so.1 in the VM's root file system");
+    assert_exports_everything_of(&system);
 }
 
 /// A library opened with `dlopen`, closed on drop.
