@@ -115,7 +115,8 @@ pub fn build(target_dir: &Path) -> Result<PathBuf> {
 /// Builds the verbs program `source` (C, against the system's rdma-core) into
 /// `<target_dir>/native/NAME` the same way as the peer.
 pub fn build_program(target_dir: &Path, source: &Path, name: &str) -> Result<PathBuf> {
-    let text = std::fs::read(source).context(|| format!("reading {}", source.display()))?;
+    let mut text = std::fs::read(source).context(|| format!("reading {}", source.display()))?;
+    text.extend(local_headers(source)?);
     let out_dir = target_dir.join("native");
     let binary = out_dir.join(name);
     let stamp = out_dir.join(format!("{name}.stamp"));
@@ -167,7 +168,8 @@ pub fn build_shared_object(
     version_script: &Path,
     soname: &str,
 ) -> Result<PathBuf> {
-    let text = std::fs::read(source).context(|| format!("reading {}", source.display()))?;
+    let mut text = std::fs::read(source).context(|| format!("reading {}", source.display()))?;
+    text.extend(local_headers(source)?);
     let script = std::fs::read(version_script)
         .context(|| format!("reading {}", version_script.display()))?;
     let library = out_dir.join(soname);
@@ -205,6 +207,23 @@ pub fn build_shared_object(
 }
 
 /// The compiler command line followed by the source: the binary is current if this matches.
+/// The text of every `*.h` beside `source`, in name order: the headers a program may include
+/// with `#include "…"`, so that editing one rebuilds it.
+fn local_headers(source: &Path) -> Result<Vec<u8>> {
+    let dir = source.parent().unwrap_or(Path::new("."));
+    let mut headers: Vec<PathBuf> = std::fs::read_dir(dir)
+        .context(|| format!("listing {}", dir.display()))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "h"))
+        .collect();
+    headers.sort();
+    let mut text = Vec::new();
+    for header in headers {
+        text.extend(std::fs::read(&header).context(|| format!("reading {}", header.display()))?);
+    }
+    Ok(text)
+}
+
 fn fingerprint(source: &[u8]) -> Vec<u8> {
     let mut out = format!(
         "{} {} {}\n",

@@ -12,23 +12,14 @@
 #include <time.h>
 #include <infiniband/verbs.h>
 
+#include "verbs_test.h"
+
 #define BUF_SIZE (64 * 1024)
 #define MSG_SIZE 4096
-#define PORT 1
 #define UD_QKEY 0x11111111
 #define UD_MSG 512
 /* What a UD receive buffer holds in front of the payload. */
 #define GRH_SIZE ((int)sizeof(struct ibv_grh))
-
-#define CHECK(cond, ...)                                                                     \
-	do {                                                                                 \
-		if (!(cond)) {                                                               \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                 \
-			fprintf(stderr, __VA_ARGS__);                                        \
-			fprintf(stderr, " (errno %d: %s)\n", errno, strerror(errno));        \
-			exit(1);                                                             \
-		}                                                                            \
-	} while (0)
 
 struct end {
 	struct ibv_comp_channel *channel;
@@ -37,19 +28,6 @@ struct end {
 	struct ibv_mr *mr;
 	unsigned char *buf;
 };
-
-static void fill(unsigned char *p, size_t n, unsigned seed)
-{
-	for (size_t i = 0; i < n; i++)
-		p[i] = (unsigned char)(i * 31 + seed);
-}
-
-static void expect_same(const unsigned char *a, const unsigned char *b, size_t n, const char *what)
-{
-	for (size_t i = 0; i < n; i++)
-		CHECK(a[i] == b[i], "%s: byte %zu is %u, expected %u", what, i, a[i], b[i]);
-	printf("%s: %zu bytes verified\n", what, n);
-}
 
 /* Waits for one completion, by polling (use_events = 0) or through the completion channel. */
 static struct ibv_wc wait_wc(struct end *e, int use_events)
@@ -134,49 +112,6 @@ static void post_recv_at(struct ibv_qp *qp, struct ibv_srq *srq, struct end *e, 
 	struct ibv_recv_wr wr = { .wr_id = wr_id, .sg_list = &sge, .num_sge = 1 }, *bad = NULL;
 	errno = srq ? ibv_post_srq_recv(srq, &wr, &bad) : ibv_post_recv(qp, &wr, &bad);
 	CHECK(errno == 0, srq ? "ibv_post_srq_recv" : "ibv_post_recv");
-}
-
-static void connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, const union ibv_gid *gid,
-		       enum ibv_mtu mtu)
-{
-	struct ibv_qp_attr a = {
-		.qp_state = IBV_QPS_INIT,
-		.port_num = PORT,
-		.qp_access_flags =
-			IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
-	};
-	errno = ibv_modify_qp(qp, &a,
-			      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-	CHECK(errno == 0, "modify to INIT");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = mtu;
-	a.dest_qp_num = remote_qpn;
-	a.rq_psn = 0;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = *gid;
-	a.ah_attr.grh.sgid_index = 0;
-	a.ah_attr.grh.hop_limit = 64;
-	a.ah_attr.port_num = PORT;
-	errno = ibv_modify_qp(qp, &a,
-			      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-				      IBV_QP_MIN_RNR_TIMER);
-	CHECK(errno == 0, "modify to RTR");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.sq_psn = 0;
-	a.max_rd_atomic = 1;
-	errno = ibv_modify_qp(qp, &a,
-			      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				      IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
-	CHECK(errno == 0, "modify to RTS");
-	CHECK(qp->state == IBV_QPS_RTS, "qp->state not updated");
 }
 
 static void post_one(struct end *e, enum ibv_wr_opcode op, size_t offset, uint64_t remote_addr,
