@@ -15,7 +15,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// Public symbols of rdma-core's libibverbs that the drop-in does not export yet (issue 12:
-/// asynchronous events, fork support, CQ resize, MR re-registration, the GID table query and
+/// asynchronous events, fork support, MR re-registration, the GID table query and
 /// L2 address resolution).
 const NOT_YET_PROVIDED: &[&str] = &[
     "_ibv_query_gid_table",
@@ -26,7 +26,6 @@ const NOT_YET_PROVIDED: &[&str] = &[
     "ibv_get_async_event",
     "ibv_is_fork_initialized",
     "ibv_rereg_mr",
-    "ibv_resize_cq",
     "ibv_resolve_eth_l2_from_gid",
 ];
 

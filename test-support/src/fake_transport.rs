@@ -107,6 +107,17 @@ impl FakeTransport {
         self.event_posted.notify_all();
     }
 
+    /// The "kernel" adds a SEND completion with `wr_id` to CQ `cq` (a handle of this device),
+    /// raising the completion event if the CQ is armed; false if the CQ was full.
+    pub fn complete(&self, cq: u32, wr_id: u64) -> bool {
+        let mut events = Vec::new();
+        let added = self.device().complete(cq, wr_id, &mut events);
+        for e in events {
+            self.post_event(e);
+        }
+        added
+    }
+
     /// The "kernel": drains the doorbell area and processes the send queues it names; returns
     /// how many events that posted.
     pub fn run_kernel(&self) -> usize {

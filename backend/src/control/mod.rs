@@ -41,6 +41,7 @@ pub(crate) fn execute(s: &mut Session<'_>, request: &ControlRequest<'_>) -> Comm
         ControlRequest::CreateCq(r) => cq::create_cq(s, r),
         ControlRequest::DestroyCq(r) => cq::destroy_cq(s, r),
         ControlRequest::ArmCq(r) => cq::arm_cq(s, r),
+        ControlRequest::ResizeCq(r) => cq::resize_cq(s, r),
         ControlRequest::CreateQp(r) => qp::create_qp(s, r),
         ControlRequest::ModifyQp(r) => qp::modify_qp(s, r),
         ControlRequest::QueryQp(r) => qp::query_qp(s, r),

@@ -18,6 +18,7 @@ use super::error::{DeviceError, Result};
 use super::events::EventFd;
 use super::rxe_abi::{
     MmInfo, RxeCreateAhResp, RxeCreateCqResp, RxeCreateQpResp, RxeCreateSrqResp, RxeModifySrqCmd,
+    RxeResizeCqResp,
 };
 use super::rxe_convert::{decode_query_qp, encode_modify_qp, kernel_ah_attr, queue_buffer};
 use super::sysfs::{self, DeviceInfo};
@@ -336,6 +337,21 @@ impl HostContext for RxeContext {
         self.destroy_cq_raw(cq.0)?;
         self.live().cqs.remove(&cq.0);
         Ok(())
+    }
+
+    fn resize_cq(&self, cq: CqHandle, cqe: u32) -> Result<CqResize> {
+        let req = uverbs::ResizeCq {
+            response: 0,
+            cq_handle: cq.0,
+            cqe,
+        };
+        // rxe answers with the new buffer's mminfo in the driver part of the response
+        // (`struct rxe_resize_cq_resp`, as rdma-core's rxe_resize_cq reads it).
+        let (resp, drv): (_, RxeResizeCqResp) = self.file.execute(req, &[])?;
+        Ok(CqResize {
+            cqe: resp.cqe,
+            buffer: queue_buffer("RESIZE_CQ", &drv.mi)?,
+        })
     }
 
     fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()> {

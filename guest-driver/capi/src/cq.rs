@@ -182,6 +182,34 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     })
 }
 
+/// `ibv_resize_cq`: 0 with `cq->cqe` set to the new capacity (at least `cqe`), or an errno
+/// value, as rdma-core: `EINVAL` for a `cqe` below the completions the CQ holds (they are kept
+/// either way, as rxe's resize does). Polls of the CQ on other threads wait for it.
+///
+/// # Safety
+/// `cq` is a CQ of this library.
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    guard("ibv_resize_cq", libc::EIO, || {
+        // SAFETY: caller contract.
+        let Some(vcq) = (unsafe { VrdmaCq::from_ptr(cq) }) else {
+            return libc::EINVAL;
+        };
+        let Ok(cqe) = u32::try_from(cqe) else {
+            return libc::EINVAL;
+        };
+        match vcq.cq.resize(cqe) {
+            Ok(capacity) => {
+                let capacity = c_int::try_from(capacity).unwrap_or(c_int::MAX);
+                // SAFETY: `cq` is live (caller contract); `cqe` is the application's to read
+                // and, as in rdma-core, written here, without other writers.
+                unsafe { std::ptr::addr_of_mut!((*cq).cqe).write(capacity) };
+                0
+            }
+            Err(e) => report("ibv_resize_cq", &e),
+        }
+    })
+}
+
 /// `ibv_get_cq_event`: waits for the next completion event of the channel (blocking unless
 /// the application made the channel's fd non-blocking). 0, or -1 and errno.
 ///

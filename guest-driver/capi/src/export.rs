@@ -76,6 +76,7 @@ export!(
     cq::ibv_destroy_comp_channel,
     cq::ibv_create_cq,
     cq::ibv_destroy_cq,
+    cq::ibv_resize_cq,
     cq::ibv_get_cq_event,
     cq::ibv_ack_cq_events,
     qp::ibv_create_qp,

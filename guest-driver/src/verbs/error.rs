@@ -156,6 +156,7 @@ pub fn opcode_name(opcode: Opcode) -> &'static str {
         Opcode::CreateCq => "CREATE_CQ",
         Opcode::DestroyCq => "DESTROY_CQ",
         Opcode::ArmCq => "ARM_CQ",
+        Opcode::ResizeCq => "RESIZE_CQ",
         Opcode::CreateQp => "CREATE_QP",
         Opcode::ModifyQp => "MODIFY_QP",
         Opcode::QueryQp => "QUERY_QP",

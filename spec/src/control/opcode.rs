@@ -35,6 +35,8 @@ pub enum Opcode {
     DestroyCq = 0x0031,
     /// Request one completion event.
     ArmCq = 0x0032,
+    /// Resize a completion queue and map its new buffer.
+    ResizeCq = 0x0033,
     /// Create a queue pair and map its buffers.
     CreateQp = 0x0040,
     /// Modify QP attributes / state.
@@ -59,7 +61,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 23] = [
+    pub const ALL: [Opcode; 24] = [
         Opcode::QueryDevice,
         Opcode::QueryPort,
         Opcode::QueryGid,
@@ -73,6 +75,7 @@ impl Opcode {
         Opcode::CreateCq,
         Opcode::DestroyCq,
         Opcode::ArmCq,
+        Opcode::ResizeCq,
         Opcode::CreateQp,
         Opcode::ModifyQp,
         Opcode::QueryQp,
@@ -96,6 +99,7 @@ impl Opcode {
             Opcode::RegMr => size_of::<RegMrReq>(),
             Opcode::CreateCq => size_of::<CreateCqReq>(),
             Opcode::ArmCq => size_of::<ArmCqReq>(),
+            Opcode::ResizeCq => size_of::<ResizeCqReq>(),
             Opcode::CreateQp => size_of::<CreateQpReq>(),
             Opcode::ModifyQp => size_of::<ModifyQpReq>(),
             Opcode::QueryQp => size_of::<QueryQpReq>(),
@@ -123,6 +127,7 @@ impl Opcode {
             Opcode::AllocPd => size_of::<HandleResp>(),
             Opcode::RegMr => size_of::<RegMrResp>(),
             Opcode::CreateCq => size_of::<CreateCqResp>(),
+            Opcode::ResizeCq => size_of::<ResizeCqResp>(),
             Opcode::CreateQp => size_of::<CreateQpResp>(),
             Opcode::QueryQp => size_of::<QueryQpResp>(),
             Opcode::CreateSrq => size_of::<CreateSrqResp>(),

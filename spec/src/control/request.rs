@@ -46,6 +46,8 @@ pub enum ControlRequest<'a> {
     DestroyCq(HandleReq),
     /// ARM_CQ.
     ArmCq(ArmCqReq),
+    /// RESIZE_CQ.
+    ResizeCq(ResizeCqReq),
     /// CREATE_QP.
     CreateQp(CreateQpReq),
     /// MODIFY_QP.
@@ -184,6 +186,11 @@ impl<'a> ControlRequest<'a> {
                 }
                 ControlRequest::ArmCq(r)
             }
+            Opcode::ResizeCq => {
+                let r: ResizeCqReq = take_body(body)?;
+                range(r.cqe.get().into(), 1, u32::MAX.into(), "cqe")?;
+                ControlRequest::ResizeCq(r)
+            }
             Opcode::CreateQp => {
                 let r: CreateQpReq = take_body(body)?;
                 QpType::try_from(r.qp_type).map_err(|v| DecodeError::InvalidValue {
@@ -256,6 +263,7 @@ impl<'a> ControlRequest<'a> {
             ControlRequest::CreateCq(_) => Opcode::CreateCq,
             ControlRequest::DestroyCq(_) => Opcode::DestroyCq,
             ControlRequest::ArmCq(_) => Opcode::ArmCq,
+            ControlRequest::ResizeCq(_) => Opcode::ResizeCq,
             ControlRequest::CreateQp(_) => Opcode::CreateQp,
             ControlRequest::ModifyQp(_) => Opcode::ModifyQp,
             ControlRequest::QueryQp(_) => Opcode::QueryQp,
@@ -324,6 +332,7 @@ impl<'a> ControlRequest<'a> {
             }
             ControlRequest::CreateCq(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::ArmCq(r) => out.extend_from_slice(r.as_bytes()),
+            ControlRequest::ResizeCq(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::CreateQp(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::ModifyQp(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::QueryQp(r) => out.extend_from_slice(r.as_bytes()),

@@ -29,6 +29,8 @@ pub enum ResponseBody {
     RegMr(RegMrResp),
     /// CREATE_CQ.
     CreateCq(CreateCqResp),
+    /// RESIZE_CQ.
+    ResizeCq(ResizeCqResp),
     /// CREATE_QP.
     CreateQp(CreateQpResp),
     /// QUERY_QP.
@@ -53,6 +55,7 @@ impl ResponseBody {
             ResponseBody::AllocPd(b) => b.as_bytes(),
             ResponseBody::RegMr(b) => b.as_bytes(),
             ResponseBody::CreateCq(b) => b.as_bytes(),
+            ResponseBody::ResizeCq(b) => b.as_bytes(),
             ResponseBody::CreateQp(b) => b.as_bytes(),
             ResponseBody::QueryQp(b) => b.as_bytes(),
             ResponseBody::CreateSrq(b) => b.as_bytes(),
@@ -72,6 +75,7 @@ impl ResponseBody {
                 | (ResponseBody::AllocPd(_), Opcode::AllocPd)
                 | (ResponseBody::RegMr(_), Opcode::RegMr)
                 | (ResponseBody::CreateCq(_), Opcode::CreateCq)
+                | (ResponseBody::ResizeCq(_), Opcode::ResizeCq)
                 | (ResponseBody::CreateQp(_), Opcode::CreateQp)
                 | (ResponseBody::QueryQp(_), Opcode::QueryQp)
                 | (ResponseBody::CreateSrq(_), Opcode::CreateSrq)
@@ -89,6 +93,7 @@ impl ResponseBody {
             Opcode::AllocPd => ResponseBody::AllocPd(take_body(b)?),
             Opcode::RegMr => ResponseBody::RegMr(take_body(b)?),
             Opcode::CreateCq => ResponseBody::CreateCq(take_body(b)?),
+            Opcode::ResizeCq => ResponseBody::ResizeCq(take_body(b)?),
             Opcode::CreateQp => ResponseBody::CreateQp(take_body(b)?),
             Opcode::QueryQp => ResponseBody::QueryQp(take_body(b)?),
             Opcode::CreateSrq => ResponseBody::CreateSrq(take_body(b)?),

@@ -154,6 +154,10 @@ pub fn all_requests(pages: &[u8]) -> Vec<ControlRequest<'_>> {
             cq: Le32::new(2),
             flags: Le32::new(vrdma_spec::verbs::arm_flags::SOLICITED_ONLY),
         }),
+        ControlRequest::ResizeCq(ResizeCqReq {
+            cq: Le32::new(2),
+            cqe: Le32::new(4095),
+        }),
         ControlRequest::CreateQp(create_qp_req()),
         ControlRequest::ModifyQp(modify_qp_req()),
         ControlRequest::QueryQp(QueryQpReq {
@@ -239,6 +243,11 @@ pub fn body_for(op: Opcode) -> ResponseBody {
             cq: Le32::new(2),
             cqe: Le32::new(63),
             ring: ring(0),
+        }),
+        Opcode::ResizeCq => ResponseBody::ResizeCq(ResizeCqResp {
+            cqe: Le32::new(255),
+            reserved: Le32::ZERO,
+            ring: ring(0x9000),
         }),
         Opcode::CreateQp => ResponseBody::CreateQp(CreateQpResp {
             qp: Le32::new(7),

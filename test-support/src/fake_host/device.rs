@@ -38,6 +38,11 @@ pub struct World {
     pub mrs: BTreeMap<u32, MrInit>,
     /// Live CQs and their `user_handle`s.
     pub cqs: BTreeMap<u32, u64>,
+    /// Completions each CQ holds, as a test sets them: a resize below this count fails with
+    /// EINVAL, as rxe's does (the fake writes no CQEs itself).
+    pub cq_pending: BTreeMap<u32, u32>,
+    /// RESIZE_CQs: CQ and the capacity it got, in order.
+    pub resized: Vec<(u32, u32)>,
     /// Live QPs: QP number and `user_handle`.
     pub qps: BTreeMap<u32, (u32, u64)>,
     /// Live SRQs and their `user_handle`s.
@@ -288,9 +293,32 @@ impl HostContext for FakeContext {
     fn destroy_cq(&self, cq: CqHandle) -> host::Result<()> {
         let mut w = world(&self.world);
         w.fail("DESTROY_CQ")?;
+        w.cq_pending.remove(&cq.0);
         w.cqs.remove(&cq.0).map(|_| ()).ok_or(DeviceError::Command {
             command: "DESTROY_CQ",
             errno: libc::EINVAL,
+        })
+    }
+    fn resize_cq(&self, cq: CqHandle, cqe: u32) -> host::Result<CqResize> {
+        let mut w = world(&self.world);
+        w.fail("RESIZE_CQ")?;
+        let einval = DeviceError::Command {
+            command: "RESIZE_CQ",
+            errno: libc::EINVAL,
+        };
+        if !w.cqs.contains_key(&cq.0) {
+            return Err(einval);
+        }
+        let pending = w.cq_pending.get(&cq.0).copied().unwrap_or(0);
+        if cqe < pending || cqe > device_attr().max_cqe {
+            return Err(einval);
+        }
+        let slots = (cqe + 1).next_power_of_two();
+        let buffer = w.buffer(slots, 72);
+        w.resized.push((cq.0, slots - 1));
+        Ok(CqResize {
+            cqe: slots - 1,
+            buffer,
         })
     }
     fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> host::Result<()> {

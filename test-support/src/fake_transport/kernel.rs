@@ -291,6 +291,22 @@ impl FakeDevice {
         }
     }
 
+    /// Adds a successful SEND completion with `wr_id` to CQ `handle`, as the kernel would for a
+    /// QP using it; returns false if the CQ is full (the completion is then lost, as rxe's).
+    pub(crate) fn complete(&mut self, handle: u32, wr_id: u64, events: &mut Vec<Event>) -> bool {
+        let before = events.len();
+        let wc = IbUverbsWc {
+            wr_id: wr_id.into(),
+            opcode: Le32::new(WcOpcode::Send.raw()),
+            port_num: 1,
+            ..IbUverbsWc::new_zeroed()
+        };
+        self.push_cqe(handle, wc, events);
+        !events[before..]
+            .iter()
+            .any(|e| e.event_type == EventType::CqErr)
+    }
+
     fn push_cqe(&mut self, handle: u32, wc: IbUverbsWc, events: &mut Vec<Event>) {
         let cq = self.cqs.get_mut(&handle).unwrap();
         let ring = cq.ring;

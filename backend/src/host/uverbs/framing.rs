@@ -68,6 +68,8 @@ pub mod cmd {
     pub const CREATE_COMP_CHANNEL: u32 = 17;
     /// `IB_USER_VERBS_CMD_CREATE_CQ`.
     pub const CREATE_CQ: u32 = 18;
+    /// `IB_USER_VERBS_CMD_RESIZE_CQ`.
+    pub const RESIZE_CQ: u32 = 19;
     /// `IB_USER_VERBS_CMD_DESTROY_CQ`.
     pub const DESTROY_CQ: u32 = 20;
     /// `IB_USER_VERBS_CMD_REQ_NOTIFY_CQ`.
