@@ -19,11 +19,9 @@ use std::sync::OnceLock;
 /// L2 address resolution).
 const NOT_YET_PROVIDED: &[&str] = &[
     "_ibv_query_gid_table",
-    "ibv_ack_async_event",
     "ibv_dofork_range",
     "ibv_dontfork_range",
     "ibv_fork_init",
-    "ibv_get_async_event",
     "ibv_is_fork_initialized",
     "ibv_rereg_mr",
     "ibv_resolve_eth_l2_from_gid",

@@ -78,6 +78,7 @@ layouts! {
     struct ibv_ah { context, pd, handle }
     struct ibv_srq { context, srq_context, pd, handle, mutex, cond, events_completed }
     struct ibv_srq_attr { max_wr, max_sge, srq_limit }
+    struct ibv_async_event { element, event_type }
     struct ibv_srq_init_attr { srq_context, attr }
     struct ibv_grh { version_tclass_flow, paylen, next_hdr, hop_limit, sgid, dgid }
     struct ibv_sge { addr, length, lkey }

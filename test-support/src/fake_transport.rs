@@ -17,7 +17,7 @@ mod ring;
 
 use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -60,6 +60,8 @@ pub struct FakeTransport {
     notifications: AtomicUsize,
     events: Mutex<VecDeque<Event>>,
     event_posted: Condvar,
+    /// The event queue reports [`TransportError::Disconnected`] once it is empty.
+    events_disconnected: AtomicBool,
 }
 
 impl FakeTransport {
@@ -83,6 +85,7 @@ impl FakeTransport {
             notifications: AtomicUsize::new(0),
             events: Mutex::new(VecDeque::new()),
             event_posted: Condvar::new(),
+            events_disconnected: AtomicBool::new(false),
         })
     }
 
@@ -116,6 +119,17 @@ impl FakeTransport {
             self.post_event(e);
         }
         added
+    }
+
+    /// Makes the event queue behave as the backend's connection closed: the events already
+    /// queued are read, then `next_event` fails with [`TransportError::Disconnected`] (as
+    /// the process transport does when the backend goes away).
+    pub fn disconnect_events(&self) {
+        // Under the queue's lock, so that a reader cannot miss the change between its check
+        // and its wait.
+        let _events = self.events.lock().unwrap();
+        self.events_disconnected.store(true, Ordering::SeqCst);
+        self.event_posted.notify_all();
     }
 
     /// The "kernel": drains the doorbell area and processes the send queues it names; returns
@@ -170,6 +184,9 @@ impl Transport for FakeTransport {
                 let n = bytes.len().min(out.len());
                 out[..n].copy_from_slice(&bytes[..n]);
                 return Ok(Some(n));
+            }
+            if self.events_disconnected.load(Ordering::SeqCst) {
+                return Err(TransportError::Disconnected);
             }
             match timeout {
                 None => events = self.event_posted.wait(events).unwrap(),

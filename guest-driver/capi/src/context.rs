@@ -1,11 +1,12 @@
-//! The context behind an `ibv_context` of this library: the vrdma context, its transport and
-//! the routing of its completion events. Made by `ibv_open_device` ([`crate::device`]), used by
+//! The context behind an `ibv_context` of this library: the vrdma context, its transport, the
+//! routing of its completion events and its asynchronous event queue. Made by `ibv_open_device` ([`crate::device`]), used by
 //! every object and data-path call of the context.
 
 use std::sync::Arc;
 
 use vrdma::Context;
 
+use crate::async_events::AsyncEvents;
 use crate::events::{CompletionRoutes, EventPump};
 use crate::sys::ibv_context;
 use crate::transport::AppTransport;
@@ -17,6 +18,8 @@ pub(crate) struct VrdmaContext {
     pub(crate) ctx: Context,
     pub(crate) transport: Arc<AppTransport>,
     pub(crate) routes: Arc<CompletionRoutes>,
+    /// Behind `ibv.async_fd`.
+    pub(crate) async_events: Arc<AsyncEvents>,
     // Taken and dropped first by `ibv_close_device`: stops the thread that holds a clone of
     // `ctx`.
     pub(crate) pump: Option<EventPump>,

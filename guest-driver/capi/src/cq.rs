@@ -7,6 +7,7 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex};
 use vrdma::Cq;
 
+use crate::async_events::ObjectKind;
 use crate::context::VrdmaContext;
 use crate::events::ChannelState;
 use crate::ffi::{guard, minus_one, null_with, report};
@@ -142,12 +143,15 @@ pub unsafe extern "C" fn ibv_create_cq(
             ch.ibv.refcnt += 1;
             ctx.routes.add(handle, state, raw as usize);
         }
+        ctx.async_events
+            .register(ObjectKind::Cq, handle, raw as usize);
         raw.cast()
     })
 }
 
-/// `ibv_destroy_cq`: waits until every event handed out by `ibv_get_cq_event` was
-/// acknowledged, as rdma-core does; 0, EBUSY while QPs use the CQ, or another errno value.
+/// `ibv_destroy_cq`: waits until every event handed out for the CQ by `ibv_get_cq_event` and
+/// `ibv_get_async_event` was acknowledged, as rdma-core does; 0, EBUSY while QPs use the CQ,
+/// or another errno value.
 ///
 /// # Safety
 /// `cq` is a CQ of this library, not used afterwards on success.
@@ -167,6 +171,10 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         drop(counts);
         // SAFETY: the context outlives its CQs.
         let ctx = unsafe { VrdmaContext::from_ptr(vcq.ibv.context) };
+        if let Some(ctx) = ctx {
+            ctx.async_events
+                .retire(ObjectKind::Cq, vcq.ibv.handle, cq as usize);
+        }
         if vcq.channel.is_some() {
             if let Some(ctx) = ctx {
                 ctx.routes.remove(vcq.ibv.handle);

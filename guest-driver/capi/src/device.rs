@@ -14,10 +14,11 @@ use vrdma::transport::pci::sysfs::{find_candidates, SYSFS_PCI};
 use vrdma::transport::Transport;
 use vrdma::Context;
 
+use crate::async_events::AsyncEvents;
 use crate::config::{self, TransportChoice};
 use crate::context::VrdmaContext;
 use crate::datapath;
-use crate::events::{CompletionRoutes, EventPump};
+use crate::events::{CompletionRoutes, EventPump, EventSinks};
 use crate::ffi::{guard, null_with, set_errno};
 use crate::sys::{
     ibv_context, ibv_context_ops, ibv_device, ibv_node_type_IBV_NODE_CA,
@@ -49,7 +50,7 @@ fn c_string<const N: usize>(text: &str) -> [c_char; N] {
     out
 }
 
-fn device() -> *mut ibv_device {
+pub(crate) fn device() -> *mut ibv_device {
     let device = DEVICE.get_or_init(|| {
         // SAFETY: an all-zero ibv_device (null ops, empty strings) is a valid value.
         let mut d: ibv_device = unsafe { std::mem::zeroed() };
@@ -242,39 +243,57 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             Err(errno) => return null_with("ibv_open_device", errno),
         };
         node_guid(&ctx);
-        let routes = Arc::new(CompletionRoutes::default());
-        let pump = match EventPump::start(
-            ctx.clone(),
-            transport.clone() as Arc<dyn Transport>,
-            routes.clone(),
-        ) {
-            Ok(pump) => pump,
-            Err(e) => {
-                error!("vrdma: cannot start the event thread: {e}");
-                return null_with("ibv_open_device", e.raw_os_error().unwrap_or(libc::EIO));
-            }
-        };
-        // SAFETY: all-zero is a valid ibv_context (its pthread mutex is then
-        // PTHREAD_MUTEX_INITIALIZER on glibc); the fields that matter are set below.
-        let mut ibv: ibv_context = unsafe { std::mem::zeroed() };
-        ibv.device = device;
-        ibv.ops = context_ops();
-        // No uverbs command fd, and no asynchronous events yet.
-        ibv.cmd_fd = -1;
-        ibv.async_fd = -1;
-        ibv.num_comp_vectors = 1;
-        // Anything but UINTPTR_MAX: this is not an extended `verbs_context`, so the inline
-        // `_ex` helpers fall back to the classic calls.
-        ibv.abi_compat = std::ptr::null_mut();
-        let context = Box::new(VrdmaContext {
-            ibv,
-            ctx,
-            transport,
-            routes,
-            pump: Some(pump),
-        });
-        Box::into_raw(context).cast()
+        match context_over(device, ctx, transport) {
+            Ok(context) => context,
+            Err(errno) => null_with("ibv_open_device", errno),
+        }
     })
+}
+
+/// A new `ibv_context` of `device` over the opened `ctx`, with its event thread running; an
+/// errno value if the thread or the async event fd cannot be made. `device` is this library's
+/// device.
+pub(crate) fn context_over(
+    device: *mut ibv_device,
+    ctx: Context,
+    transport: Arc<AppTransport>,
+) -> Result<*mut ibv_context, c_int> {
+    let errno = |e: std::io::Error| e.raw_os_error().unwrap_or(libc::EIO);
+    let routes = Arc::new(CompletionRoutes::default());
+    let async_events = Arc::new(AsyncEvents::new().map_err(|e| {
+        error!("vrdma: cannot make the async event fd: {e}");
+        errno(e)
+    })?);
+    let sinks = EventSinks {
+        routes: routes.clone(),
+        async_events: async_events.clone(),
+    };
+    let pump = EventPump::start(ctx.clone(), transport.clone() as Arc<dyn Transport>, sinks)
+        .map_err(|e| {
+            error!("vrdma: cannot start the event thread: {e}");
+            errno(e)
+        })?;
+    // SAFETY: all-zero is a valid ibv_context (its pthread mutex is then
+    // PTHREAD_MUTEX_INITIALIZER on glibc); the fields that matter are set below.
+    let mut ibv: ibv_context = unsafe { std::mem::zeroed() };
+    ibv.device = device;
+    ibv.ops = context_ops();
+    // No uverbs command fd.
+    ibv.cmd_fd = -1;
+    ibv.async_fd = async_events.raw_fd();
+    ibv.num_comp_vectors = 1;
+    // Anything but UINTPTR_MAX: this is not an extended `verbs_context`, so the inline
+    // `_ex` helpers fall back to the classic calls.
+    ibv.abi_compat = std::ptr::null_mut();
+    let context = Box::new(VrdmaContext {
+        ibv,
+        ctx,
+        transport,
+        routes,
+        async_events,
+        pump: Some(pump),
+    });
+    Ok(Box::into_raw(context).cast())
 }
 
 /// `ibv_close_device`. Objects still open in the context are leaked.

@@ -79,6 +79,8 @@ export!(
     cq::ibv_resize_cq,
     cq::ibv_get_cq_event,
     cq::ibv_ack_cq_events,
+    async_verbs::ibv_get_async_event,
+    async_verbs::ibv_ack_async_event,
     qp::ibv_create_qp,
     qp::ibv_modify_qp,
     qp::ibv_query_qp,

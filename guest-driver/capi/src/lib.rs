@@ -18,6 +18,8 @@
 pub mod sys;
 
 mod ah_wc;
+mod async_events;
+mod async_verbs;
 mod config;
 mod context;
 mod cq;
@@ -25,6 +27,7 @@ mod datapath;
 mod device;
 mod events;
 mod export;
+mod fd;
 mod ffi;
 mod marshall;
 mod memory;

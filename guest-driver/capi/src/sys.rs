@@ -260,6 +260,42 @@ pub struct ibv_port_attr {
     pub flags: u8,
     pub port_cap_flags2: u16,
 }
+pub const ibv_event_type_IBV_EVENT_CQ_ERR: ibv_event_type = 0;
+pub const ibv_event_type_IBV_EVENT_QP_FATAL: ibv_event_type = 1;
+pub const ibv_event_type_IBV_EVENT_QP_REQ_ERR: ibv_event_type = 2;
+pub const ibv_event_type_IBV_EVENT_QP_ACCESS_ERR: ibv_event_type = 3;
+pub const ibv_event_type_IBV_EVENT_COMM_EST: ibv_event_type = 4;
+pub const ibv_event_type_IBV_EVENT_SQ_DRAINED: ibv_event_type = 5;
+pub const ibv_event_type_IBV_EVENT_PATH_MIG: ibv_event_type = 6;
+pub const ibv_event_type_IBV_EVENT_PATH_MIG_ERR: ibv_event_type = 7;
+pub const ibv_event_type_IBV_EVENT_DEVICE_FATAL: ibv_event_type = 8;
+pub const ibv_event_type_IBV_EVENT_PORT_ACTIVE: ibv_event_type = 9;
+pub const ibv_event_type_IBV_EVENT_PORT_ERR: ibv_event_type = 10;
+pub const ibv_event_type_IBV_EVENT_LID_CHANGE: ibv_event_type = 11;
+pub const ibv_event_type_IBV_EVENT_PKEY_CHANGE: ibv_event_type = 12;
+pub const ibv_event_type_IBV_EVENT_SM_CHANGE: ibv_event_type = 13;
+pub const ibv_event_type_IBV_EVENT_SRQ_ERR: ibv_event_type = 14;
+pub const ibv_event_type_IBV_EVENT_SRQ_LIMIT_REACHED: ibv_event_type = 15;
+pub const ibv_event_type_IBV_EVENT_QP_LAST_WQE_REACHED: ibv_event_type = 16;
+pub const ibv_event_type_IBV_EVENT_CLIENT_REREGISTER: ibv_event_type = 17;
+pub const ibv_event_type_IBV_EVENT_GID_CHANGE: ibv_event_type = 18;
+pub const ibv_event_type_IBV_EVENT_WQ_FATAL: ibv_event_type = 19;
+pub type ibv_event_type = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_async_event {
+    pub element: ibv_async_event__bindgen_ty_1,
+    pub event_type: ibv_event_type,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union ibv_async_event__bindgen_ty_1 {
+    pub cq: *mut ibv_cq,
+    pub qp: *mut ibv_qp,
+    pub srq: *mut ibv_srq,
+    pub wq: *mut ibv_wq,
+    pub port_num: ::std::os::raw::c_int,
+}
 pub const ibv_wc_status_IBV_WC_SUCCESS: ibv_wc_status = 0;
 pub const ibv_wc_status_IBV_WC_LOC_LEN_ERR: ibv_wc_status = 1;
 pub const ibv_wc_status_IBV_WC_LOC_QP_OP_ERR: ibv_wc_status = 2;
@@ -429,6 +465,13 @@ pub struct ibv_srq_init_attr {
     pub srq_context: *mut ::std::os::raw::c_void,
     pub attr: ibv_srq_attr,
 }
+pub const ibv_wq_type_IBV_WQT_RQ: ibv_wq_type = 0;
+pub type ibv_wq_type = ::std::os::raw::c_uint;
+pub const ibv_wq_state_IBV_WQS_RESET: ibv_wq_state = 0;
+pub const ibv_wq_state_IBV_WQS_RDY: ibv_wq_state = 1;
+pub const ibv_wq_state_IBV_WQS_ERR: ibv_wq_state = 2;
+pub const ibv_wq_state_IBV_WQS_UNKNOWN: ibv_wq_state = 3;
+pub type ibv_wq_state = ::std::os::raw::c_uint;
 pub const ibv_qp_type_IBV_QPT_RC: ibv_qp_type = 2;
 pub const ibv_qp_type_IBV_QPT_UC: ibv_qp_type = 3;
 pub const ibv_qp_type_IBV_QPT_UD: ibv_qp_type = 4;
@@ -653,6 +696,29 @@ pub struct ibv_srq {
     pub mutex: pthread_mutex_t,
     pub cond: pthread_cond_t,
     pub events_completed: u32,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_wq {
+    pub context: *mut ibv_context,
+    pub wq_context: *mut ::std::os::raw::c_void,
+    pub pd: *mut ibv_pd,
+    pub cq: *mut ibv_cq,
+    pub wq_num: u32,
+    pub handle: u32,
+    pub state: ibv_wq_state,
+    pub wq_type: ibv_wq_type,
+    pub post_recv: ::std::option::Option<
+        unsafe extern "C" fn(
+            current: *mut ibv_wq,
+            recv_wr: *mut ibv_recv_wr,
+            bad_recv_wr: *mut *mut ibv_recv_wr,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+    pub comp_mask: u32,
 }
 #[repr(C)]
 #[derive(Copy, Clone)]
