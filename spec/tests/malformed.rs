@@ -222,7 +222,8 @@ fn reg_mr_validation() {
 fn enum_and_range_checks() {
     // CREATE_QP: bad type, bad sq_sig_all, SRQ with receive caps
     for (t, sig, srq, rwr) in [
-        (3u8, 0u8, 0u32, 1u32),
+        (5u8, 0u8, 0u32, 1u32),
+        (8, 0, 0, 1),
         (2, 2, 0, 1),
         (2, 0, 5, 1),
         (0, 0, 0, 0),

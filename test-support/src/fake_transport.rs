@@ -26,6 +26,7 @@ use vrdma::spec::config::DeviceConfig;
 use vrdma::spec::control::{ControlRequest, ControlResponse};
 use vrdma::spec::event::Event;
 use vrdma::spec::features;
+use vrdma::spec::{Status, StatusError};
 use vrdma::transport::{SharedMemory, Transport, TransportError};
 
 pub use device::{FakeDevice, FakeMr, Fault};
@@ -65,11 +66,11 @@ pub struct FakeTransport {
 }
 
 impl FakeTransport {
-    /// A fake device with [`default_config`], rxe v1 rings and UD.
+    /// A fake device with [`default_config`], rxe v1 rings, UD and UC.
     pub fn new() -> Arc<FakeTransport> {
         Self::with(
             default_config(),
-            features::VRDMA_F_RING_RXE_V1 | features::VRDMA_F_UD,
+            features::VRDMA_F_RING_RXE_V1 | features::VRDMA_F_UD | features::VRDMA_F_UC,
         )
     }
 
@@ -155,6 +156,10 @@ impl Transport for FakeTransport {
 
     fn execute(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
         let answer = match ControlRequest::decode(request) {
+            // Like the device: a command needing a feature that was not negotiated (spec §3).
+            Ok(req) if req.required_features() & !self.features != 0 => {
+                ControlResponse::Err(StatusError::new(Status::Unsupported)).to_vec()
+            }
             Ok(req) => self.device().execute(request, &req, &self.region),
             Err(e) => ControlResponse::from(e).to_vec(),
         };

@@ -376,6 +376,8 @@ impl HostContext for RxeContext {
             max_recv_sge: init.caps.max_recv_sge,
             max_inline_data: init.caps.max_inline_data,
             sq_sig_all: u8::from(init.sq_sig_all),
+            // `QpType`'s values are the kernel's `ib_qp_type` ones (RC 2, UC 3, UD 4; spec's
+            // tests pin them).
             qp_type: init.qp_type as u8,
             is_srq: u8::from(init.srq.is_some()),
             reserved: 0,

@@ -332,7 +332,10 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::{ibv_qp_type_IBV_QPT_RC, ibv_qp_type_IBV_QPT_UD};
+    use crate::sys::{
+        ibv_qp_type_IBV_QPT_RAW_PACKET, ibv_qp_type_IBV_QPT_RC, ibv_qp_type_IBV_QPT_UC,
+        ibv_qp_type_IBV_QPT_UD, ibv_qp_type_IBV_QPT_XRC_RECV, ibv_qp_type_IBV_QPT_XRC_SEND,
+    };
 
     #[test]
     fn selected_attributes_convert_and_garbage_elsewhere_is_ignored() {
@@ -376,11 +379,30 @@ mod tests {
     }
 
     #[test]
-    fn only_rc_and_ud_are_supported() {
+    fn rc_uc_and_ud_are_supported() {
         assert_eq!(QpType::try_from(ibv_qp_type_IBV_QPT_RC), Ok(QpType::Rc));
+        assert_eq!(QpType::try_from(ibv_qp_type_IBV_QPT_UC), Ok(QpType::Uc));
         assert_eq!(QpType::try_from(ibv_qp_type_IBV_QPT_UD), Ok(QpType::Ud));
-        assert_eq!(QpType::try_from(2u32), Ok(QpType::Rc));
-        assert_eq!(QpType::try_from(4u32), Ok(QpType::Ud));
-        assert_eq!(QpType::try_from(3u32), Err(3)); // UC
+        // rxe has no raw-packet or XRC QPs: ibv_create_qp answers EOPNOTSUPP.
+        for other in [
+            ibv_qp_type_IBV_QPT_RAW_PACKET,
+            ibv_qp_type_IBV_QPT_XRC_SEND,
+            ibv_qp_type_IBV_QPT_XRC_RECV,
+        ] {
+            assert_eq!(QpType::try_from(other), Err(other));
+        }
+    }
+
+    #[test]
+    fn uc_connection_attributes_convert() {
+        // SAFETY: all-zero is a valid ibv_qp_attr.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = QpState::Rts as u32;
+        a.sq_psn = 0xabcdef;
+        // RC's RTS attributes are left uninitialised by a UC application.
+        a.path_mtu = 77;
+        let attr = qp_attr_from(&a, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
+        assert_eq!(attr.qp_state(), Ok(QpState::Rts));
+        assert_eq!(attr.sq_psn.get(), 0xabcdef);
     }
 }

@@ -6,8 +6,10 @@
 //! [`control`]: opening, queries, object lifetimes, QP transitions, device failures;
 //! [`data_path`]: work requests through the kernel, the doorbell, completion events;
 //! [`resize_cq`]: CQ resizes with completions pending and pollers running.
+//! [`uc`]: UC queue pairs end to end.
 
 mod control;
 mod data_path;
 mod helpers;
 mod resize_cq;
+mod uc;

@@ -277,7 +277,7 @@ impl<'a> ControlRequest<'a> {
         }
     }
 
-    /// Feature bits this particular request needs (a CREATE_QP may need SRQ and/or UD).
+    /// Feature bits this particular request needs (a CREATE_QP may need SRQ, and UD or UC).
     pub fn required_features(&self) -> u64 {
         let mut f = self.opcode().required_feature().unwrap_or(0);
         if let ControlRequest::CreateQp(r) = self {
@@ -286,6 +286,9 @@ impl<'a> ControlRequest<'a> {
             }
             if r.qp_type == QpType::Ud as u8 {
                 f |= features::VRDMA_F_UD;
+            }
+            if r.qp_type == QpType::Uc as u8 {
+                f |= features::VRDMA_F_UC;
             }
         }
         f

@@ -15,7 +15,7 @@ use vrdma_backend::host::{self, *};
 use vrdma_spec::attr::qp::QpCaps;
 use vrdma_spec::config::ring_format;
 use vrdma_spec::rxe_v1;
-use vrdma_spec::verbs::{GidType, PortState, QpAttrMask, QpState};
+use vrdma_spec::verbs::{check_modify_qp, GidType, PortState, QpAttrMask, QpState, QpType};
 use vrdma_spec::wire::{GidEntry, QpAttr};
 use zerocopy::FromZeros;
 
@@ -57,6 +57,8 @@ pub struct World {
     pub modified: Vec<(u32, QpAttrMask, QpState)>,
     /// Current state of each live QP.
     pub qp_state: HashMap<u32, QpState>,
+    /// Transport type of each live QP, as CREATE_QP asked for it.
+    pub qp_types: HashMap<u32, QpType>,
     /// Completion events `read_comp_event` hands out.
     pub comp_events: VecDeque<CompEvent>,
     /// Async events `read_async_event` hands out.
@@ -346,6 +348,7 @@ impl HostContext for FakeContext {
         let qpn = 0x100 + h;
         w.qps.insert(h, (qpn, init.user_handle));
         w.qp_state.insert(h, QpState::Reset);
+        w.qp_types.insert(h, init.qp_type);
         Ok(Qp {
             handle: QpHandle(h),
             qpn,
@@ -367,6 +370,22 @@ impl HostContext for FakeContext {
             command: "MODIFY_QP",
             errno: libc::EINVAL,
         })?;
+        // The kernel's own check (`ib_modify_qp_is_ok`), so that an attribute the device let
+        // through for the wrong QP type shows up as a host failure.
+        if let (Some(&qp_type), Some(&cur)) = (w.qp_types.get(&qp.0), w.qp_state.get(&qp.0)) {
+            let next = if mask.contains(QpAttrMask::STATE) {
+                state
+            } else {
+                cur
+            };
+            let claimed = mask.contains(QpAttrMask::CUR_STATE).then_some(cur);
+            check_modify_qp(qp_type, cur, mask, next, claimed).map_err(|_| {
+                DeviceError::Command {
+                    command: "MODIFY_QP",
+                    errno: libc::EINVAL,
+                }
+            })?;
+        }
         if mask.contains(QpAttrMask::STATE) {
             w.qp_state.insert(qp.0, state);
         }
@@ -395,6 +414,7 @@ impl HostContext for FakeContext {
         let mut w = world(&self.world);
         w.fail("DESTROY_QP")?;
         w.qp_state.remove(&qp.0);
+        w.qp_types.remove(&qp.0);
         w.qps.remove(&qp.0).map(|_| ()).ok_or(DeviceError::Command {
             command: "DESTROY_QP",
             errno: libc::EINVAL,
