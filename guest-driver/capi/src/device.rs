@@ -263,17 +263,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         ibv.cmd_fd = -1;
         ibv.async_fd = -1;
         ibv.num_comp_vectors = 1;
-        // Anything but UINTPTR_MAX: this is not an extended `verbs_context`, so the inline
-        // `_ex` helpers fall back to the classic calls.
-        ibv.abi_compat = std::ptr::null_mut();
-        let context = Box::new(VrdmaContext {
-            ibv,
-            ctx,
-            transport,
-            routes,
-            pump: Some(pump),
-        });
-        Box::into_raw(context).cast()
+        // An extended context (`abi_compat`, the `verbs_context` in front): the inline `_ex`
+        // helpers of `verbs.h` reach the extended verbs through it.
+        VrdmaContext::into_raw(ibv, ctx, transport, routes, Some(pump))
     })
 }
 
@@ -283,11 +275,10 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
 /// `context` was returned by [`ibv_open_device`] and is not used afterwards.
 pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     guard("ibv_close_device", -1, || {
-        if context.is_null() {
+        // SAFETY: caller contract: a live context made by VrdmaContext::into_raw.
+        let Some(mut context) = (unsafe { VrdmaContext::from_raw(context) }) else {
             return crate::ffi::minus_one(libc::EINVAL);
-        }
-        // SAFETY: caller contract: a live context made by Box::into_raw.
-        let mut context = unsafe { Box::from_raw(context.cast::<VrdmaContext>()) };
+        };
         context.pump.take();
         drop(context);
         0

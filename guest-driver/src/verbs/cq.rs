@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use log::warn;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use vrdma_spec::control::{ControlRequest, Opcode, ResponseBody};
 use vrdma_spec::verbs::arm_flags;
 use vrdma_spec::wire::{ArmCqReq, CreateCqReq};
@@ -107,6 +107,16 @@ impl Cq {
         self.queue.lock().poll(out)
     }
 
+    /// Starts a batch poll (`ibv_start_poll` .. `ibv_end_poll`): the CQ stays locked for the
+    /// batch's lifetime (other pollers wait), completions are read in place one by one, and the
+    /// ones consumed are handed back to the device together when the batch ends (is dropped).
+    pub fn poll_batch(&self) -> CqPollBatch<'_> {
+        CqPollBatch {
+            queue: self.queue.lock(),
+            consumed: false,
+        }
+    }
+
     /// Requests one completion event for the next completion (or the next solicited one)
     /// added to the CQ (ARM_CQ, like `ibv_req_notify_cq`). Completions already in the CQ do
     /// not trigger it: poll again after arming.
@@ -132,6 +142,35 @@ impl Cq {
         let event = ctx.events.wait(ctx.transport(), wanted, timeout)?;
         debug_assert!(matches!(event, None | Some(DeviceEvent::Completion { .. })));
         Ok(event.is_some())
+    }
+}
+
+/// A batch poll of a [`Cq`] (see [`Cq::poll_batch`]). No allocation, no device involvement.
+pub struct CqPollBatch<'a> {
+    queue: MutexGuard<'a, CompletionQueue>,
+    /// Whether a completion was consumed, so the consumer index must be published.
+    consumed: bool,
+}
+
+impl CqPollBatch<'_> {
+    /// The oldest completion not consumed yet, or `None` when the CQ holds no more.
+    pub fn peek(&mut self) -> Option<WorkCompletion> {
+        self.queue.peek()
+    }
+
+    /// Consumes the completion [`Self::peek`] returned; false if there was none.
+    pub fn consume(&mut self) -> bool {
+        let moved = self.queue.skip();
+        self.consumed |= moved;
+        moved
+    }
+}
+
+impl Drop for CqPollBatch<'_> {
+    fn drop(&mut self) {
+        if self.consumed {
+            self.queue.publish();
+        }
     }
 }
 
