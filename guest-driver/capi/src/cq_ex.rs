@@ -28,6 +28,9 @@ use crate::sys::{
     ibv_create_cq_wc_flags_IBV_WC_EX_WITH_SRC_QP as WITH_SRC_QP, ibv_poll_cq_attr, ibv_wc_opcode,
 };
 
+#[cfg(test)]
+pub(crate) mod tests;
+
 /// The `wc_flags` of `ibv_cq_init_attr_ex` this library fills: those of rdma-core's rxe
 /// provider. Completion timestamps (rxe has no clock), CVLAN, flow tag and tag matching:
 /// EOPNOTSUPP.

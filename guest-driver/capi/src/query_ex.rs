@@ -132,3 +132,84 @@ pub(crate) unsafe extern "C" fn query_port_ex(
         0
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cq_ex::tests::{close, open_fake, verbs_get_ctx};
+
+    #[test]
+    fn query_device_ex_writes_only_what_the_caller_has_room_for() {
+        let (_fake, ctx) = open_fake();
+        let query = verbs_get_ctx(ctx).query_device_ex.unwrap();
+        let full = size_of::<ibv_device_attr_ex>();
+        let orig = size_of::<ibv_device_attr>();
+        // A buffer larger than any header's structure, filled with a sentinel.
+        let mut buf = vec![0xa5a5_a5a5_a5a5_a5a5u64; full / 8 + 8];
+        let attr = buf.as_mut_ptr().cast::<ibv_device_attr_ex>();
+        let bytes =
+            |buf: &Vec<u64>| -> Vec<u8> { buf.iter().flat_map(|w| w.to_ne_bytes()).collect() };
+        // SAFETY: the buffer holds more than `full` bytes.
+        unsafe {
+            assert_eq!(
+                query(ctx, std::ptr::null(), attr, (orig - 1) as size_t),
+                libc::EINVAL
+            );
+            let input = ibv_query_device_ex_input { comp_mask: 1 };
+            assert_eq!(query(ctx, &input, attr, full as size_t), libc::EINVAL);
+            // The classic size: only orig_attr, the bytes after it untouched.
+            assert_eq!(query(ctx, std::ptr::null(), attr, orig as size_t), 0);
+            assert_eq!((*attr).orig_attr.phys_port_cnt, 1);
+            assert!(bytes(&buf)[orig..].iter().all(|&b| b == 0xa5));
+            // The full size (and a newer header's larger one): the extended fields.
+            let input = ibv_query_device_ex_input { comp_mask: 0 };
+            assert_eq!(query(ctx, &input, attr, (full + 16) as size_t), 0);
+            let got = &*attr;
+            assert_eq!(
+                got.device_cap_flags_ex,
+                u64::from(got.orig_attr.device_cap_flags)
+            );
+            assert_eq!(got.phys_port_cnt_ex, 1);
+            assert_eq!(
+                (
+                    got.raw_packet_caps,
+                    got.max_dm_size,
+                    got.completion_timestamp_mask
+                ),
+                (0, 0, 0)
+            );
+            let b = bytes(&buf);
+            assert!(
+                b[full..full + 16].iter().all(|&x| x == 0),
+                "cleared up to attr_size"
+            );
+            assert!(b[full + 16..].iter().all(|&x| x == 0xa5));
+        }
+        close(ctx);
+    }
+
+    #[test]
+    fn query_port_fills_active_speed_ex_only_for_headers_that_have_it() {
+        let (_fake, ctx) = open_fake();
+        let query = verbs_get_ctx(ctx).query_port.unwrap();
+        let mut buf = [0xa5a5_a5a5u32; 16];
+        let attr = buf.as_mut_ptr().cast::<ibv_port_attr>();
+        // SAFETY: the buffer holds 64 bytes.
+        unsafe {
+            // rdma-core 44's structure: active_speed_ex (offset 52) is not the caller's.
+            assert_eq!(query(ctx, 1, attr, size_of::<ibv_port_attr>() as size_t), 0);
+            assert_eq!((*attr).state, 4);
+            assert_eq!(buf[13], 0xa5a5_a5a5);
+            // A newer header's 56 bytes: active_speed_ex is written (the fake reports 0).
+            assert_eq!(query(ctx, 1, attr, 56), 0);
+            assert_eq!((buf[13], buf[14]), (0, 0xa5a5_a5a5));
+            // An older, shorter one: the prefix only.
+            buf = [0xa5a5_a5a5u32; 16];
+            assert_eq!(query(ctx, 1, attr, 8), 0);
+            assert_eq!(buf[0], 4);
+            assert_eq!(buf[2], 0xa5a5_a5a5);
+            assert_ne!(query(ctx, 9, attr, 56), 0, "no port 9");
+        }
+        close(ctx);
+    }
+}
