@@ -160,6 +160,7 @@ fn extended_cq_polls_sends_and_writes_with_immediate_field_by_field() {
         assert_eq!(start(cq, &mut bad), libc::EINVAL);
     }
 
+    // SAFETY: the live context of this test.
     let vrdma_ctx = &unsafe { VrdmaContext::from_ptr(ctx) }.unwrap().ctx;
     let pd = vrdma_ctx.alloc_pd().unwrap();
     let caps = QpCaps {
