@@ -30,25 +30,20 @@ pub(crate) struct VrdmaContext {
 }
 
 impl VrdmaContext {
-    /// Wraps `ibv` (whose `ops`, device and descriptors are set) and the vrdma context into an
-    /// extended context with the extended verbs of [`crate::cq_ex`] and [`crate::query_ex`];
-    /// the `ibv_context` to hand to the application. [`Self::from_raw`] takes it back.
+    /// Wraps `ibv` (whose `ops`, device and descriptors are set), the extended operations in
+    /// `verbs` (NULL ones make the inline helpers of `verbs.h` report EOPNOTSUPP or fall back
+    /// to the classic verb) and the vrdma context into an extended context; the
+    /// `ibv_context` to hand to the application. [`Self::from_raw`] takes it back.
     pub(crate) fn into_raw(
         mut ibv: ibv_context,
+        mut verbs: verbs_context,
         ctx: Context,
         transport: Arc<AppTransport>,
         routes: Arc<CompletionRoutes>,
         pump: Option<EventPump>,
     ) -> *mut ibv_context {
         ibv.abi_compat = ABI_IS_EXTENDED as *mut _;
-        // SAFETY: all-None function pointers and a zero size are a valid verbs_context; the
-        // fields that matter are set below. Ops left NULL make the inline helpers of `verbs.h`
-        // report EOPNOTSUPP (or fall back to the classic verb).
-        let mut verbs: verbs_context = unsafe { std::mem::zeroed() };
         verbs.sz = std::mem::size_of::<verbs_context>() as crate::sys::size_t;
-        verbs.query_device_ex = Some(crate::query_ex::query_device_ex);
-        verbs.query_port = Some(crate::query_ex::query_port_ex);
-        verbs.create_cq_ex = Some(crate::cq_ex::create_cq_ex);
         verbs.context = ibv;
         let raw = Box::into_raw(Box::new(VrdmaContext {
             verbs,

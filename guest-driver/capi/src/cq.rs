@@ -1,14 +1,16 @@
 //! Completion channels and completion queues.
 
+use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
+use vrdma::provider::WorkCompletion;
+use vrdma::verbs::CqPollBatch;
 use vrdma::Cq;
 
 use crate::context::VrdmaContext;
-use crate::cq_ex::PollState;
 use crate::events::ChannelState;
 use crate::ffi::{guard, minus_one, null_with, report};
 use crate::sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_cq_ex};
@@ -74,6 +76,18 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
 struct EventCounts {
     reported: u32,
     acked: u32,
+}
+
+/// The batch poll state of an extended CQ ([`crate::cq_ex`]). Only the caller that holds the batch (whose `start_poll`
+/// returned 0, until its `end_poll`) touches it, as the `ibv_cq_ex` contract requires; the
+/// batch holds the CQ's lock meanwhile, which orders one batch's accesses before the next's.
+#[derive(Default)]
+pub(crate) struct PollState {
+    /// The open batch. Its lifetime is the CQ's own (`VrdmaCq::cq`, declared after this
+    /// field, so a batch left open is dropped before the CQ it borrows).
+    pub(crate) batch: UnsafeCell<Option<CqPollBatch<'static>>>,
+    /// The completion the accessors read: the batch's current one.
+    pub(crate) current: Cell<Option<WorkCompletion>>,
 }
 
 /// A completion queue: `ibv_cq_ex` first, which starts with the fields of `ibv_cq` (so that

@@ -8,13 +8,12 @@
 //! The CQ is an ordinary [`VrdmaCq`]: `ibv_cq_ex_to_cq`, `ibv_poll_cq`, `ibv_req_notify_cq`,
 //! completion channels and `ibv_destroy_cq` work on it as on any CQ.
 
-use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_uint};
 
 use vrdma::provider::WorkCompletion;
 use vrdma::verbs::CqPollBatch;
 
-use crate::cq::{self, VrdmaCq};
+use crate::cq::{self, PollState, VrdmaCq};
 use crate::ffi::{guard, null_with};
 use crate::sys::{
     ibv_context, ibv_cq_ex, ibv_cq_init_attr_ex, ibv_cq_init_attr_mask_IBV_CQ_INIT_ATTR_MASK_FLAGS,
@@ -45,18 +44,6 @@ const SUPPORTED_WC_FLAGS: u64 = (WITH_BYTE_LEN
 /// The `comp_mask` bits of `ibv_cq_init_attr_ex` rdma-core knows.
 const KNOWN_INIT_MASK: u32 = ibv_cq_init_attr_mask_IBV_CQ_INIT_ATTR_MASK_FLAGS
     | ibv_cq_init_attr_mask_IBV_CQ_INIT_ATTR_MASK_PD;
-
-/// The batch poll state of a CQ. Only the caller that holds the batch (whose `start_poll`
-/// returned 0, until its `end_poll`) touches it, as the `ibv_cq_ex` contract requires; the
-/// batch holds the CQ's lock meanwhile, which orders one batch's accesses before the next's.
-#[derive(Default)]
-pub(crate) struct PollState {
-    /// The open batch. Its lifetime is the CQ's own (`VrdmaCq::cq`, declared after this
-    /// field, so a batch left open is dropped before the CQ it borrows).
-    batch: UnsafeCell<Option<CqPollBatch<'static>>>,
-    /// The completion the accessors read: the batch's current one.
-    current: Cell<Option<WorkCompletion>>,
-}
 
 /// `verbs_context.create_cq_ex`: a CQ with the extended poll operations, or NULL and errno:
 /// EINVAL for unknown `comp_mask` bits, EOPNOTSUPP for `wc_flags` this library does not fill

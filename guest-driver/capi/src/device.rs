@@ -16,14 +16,14 @@ use vrdma::Context;
 
 use crate::config::{self, TransportChoice};
 use crate::context::VrdmaContext;
-use crate::datapath;
 use crate::events::{CompletionRoutes, EventPump};
 use crate::ffi::{guard, null_with, set_errno};
 use crate::sys::{
     ibv_context, ibv_context_ops, ibv_device, ibv_node_type_IBV_NODE_CA,
-    ibv_transport_type_IBV_TRANSPORT_IB,
+    ibv_transport_type_IBV_TRANSPORT_IB, verbs_context,
 };
 use crate::transport::AppTransport;
+use crate::{cq_ex, datapath, query_ex};
 
 /// Name of the one device.
 pub(crate) const DEVICE_NAME: &str = "vrdma0";
@@ -227,6 +227,18 @@ fn context_ops() -> ibv_context_ops {
     ops
 }
 
+/// The extended operations of the context's `verbs_context`, which the static inline
+/// `ibv_query_device_ex`, `ibv_query_port` and `ibv_create_cq_ex` of `<infiniband/verbs.h>`
+/// call; the others stay NULL.
+pub(crate) fn extended_ops() -> verbs_context {
+    // SAFETY: all-None function pointers (and zero sizes) are a valid verbs_context.
+    let mut verbs: verbs_context = unsafe { std::mem::zeroed() };
+    verbs.query_device_ex = Some(query_ex::query_device_ex);
+    verbs.query_port = Some(query_ex::query_port_ex);
+    verbs.create_cq_ex = Some(cq_ex::create_cq_ex);
+    verbs
+}
+
 /// `ibv_open_device`.
 ///
 /// # Safety
@@ -265,7 +277,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         ibv.num_comp_vectors = 1;
         // An extended context (`abi_compat`, the `verbs_context` in front): the inline `_ex`
         // helpers of `verbs.h` reach the extended verbs through it.
-        VrdmaContext::into_raw(ibv, ctx, transport, routes, Some(pump))
+        VrdmaContext::into_raw(ibv, extended_ops(), ctx, transport, routes, Some(pump))
     })
 }
 

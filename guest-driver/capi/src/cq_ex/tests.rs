@@ -25,10 +25,13 @@ pub(crate) fn open_fake() -> (Arc<FakeTransport>, *mut ibv_context) {
     // SAFETY: all-zero is a valid ibv_context.
     let ibv: ibv_context = unsafe { std::mem::zeroed() };
     let routes = Arc::new(CompletionRoutes::default());
-    (
-        fake,
-        VrdmaContext::into_raw(ibv, ctx, transport, routes, None),
-    )
+    // SAFETY: all-None function pointers are a valid verbs_context.
+    let mut verbs: verbs_context = unsafe { std::mem::zeroed() };
+    verbs.query_device_ex = Some(crate::query_ex::query_device_ex);
+    verbs.query_port = Some(crate::query_ex::query_port_ex);
+    verbs.create_cq_ex = Some(create_cq_ex);
+    let raw = VrdmaContext::into_raw(ibv, verbs, ctx, transport, routes, None);
+    (fake, raw)
 }
 
 /// What the inline `verbs_get_ctx` of `verbs.h` finds in front of `ctx`.
