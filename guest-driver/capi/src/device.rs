@@ -17,14 +17,14 @@ use vrdma::Context;
 use crate::async_events::AsyncEvents;
 use crate::config::{self, TransportChoice};
 use crate::context::VrdmaContext;
-use crate::datapath;
 use crate::events::{CompletionRoutes, EventPump, EventSinks};
 use crate::ffi::{guard, null_with, set_errno};
 use crate::sys::{
     ibv_context, ibv_context_ops, ibv_device, ibv_node_type_IBV_NODE_CA,
-    ibv_transport_type_IBV_TRANSPORT_IB,
+    ibv_transport_type_IBV_TRANSPORT_IB, verbs_context,
 };
 use crate::transport::AppTransport;
+use crate::{cq_ex, datapath, query_ex};
 
 /// Name of the one device.
 pub(crate) const DEVICE_NAME: &str = "vrdma0";
@@ -228,6 +228,18 @@ fn context_ops() -> ibv_context_ops {
     ops
 }
 
+/// The extended operations of the context's `verbs_context`, which the static inline
+/// `ibv_query_device_ex`, `ibv_query_port` and `ibv_create_cq_ex` of `<infiniband/verbs.h>`
+/// call; the others stay NULL.
+pub(crate) fn extended_ops() -> verbs_context {
+    // SAFETY: all-None function pointers (and zero sizes) are a valid verbs_context.
+    let mut verbs: verbs_context = unsafe { std::mem::zeroed() };
+    verbs.query_device_ex = Some(query_ex::query_device_ex);
+    verbs.query_port = Some(query_ex::query_port_ex);
+    verbs.create_cq_ex = Some(cq_ex::create_cq_ex);
+    verbs
+}
+
 /// `ibv_open_device`.
 ///
 /// # Safety
@@ -282,18 +294,17 @@ pub(crate) fn context_over(
     ibv.cmd_fd = -1;
     ibv.async_fd = async_events.raw_fd();
     ibv.num_comp_vectors = 1;
-    // Anything but UINTPTR_MAX: this is not an extended `verbs_context`, so the inline
-    // `_ex` helpers fall back to the classic calls.
-    ibv.abi_compat = std::ptr::null_mut();
-    let context = Box::new(VrdmaContext {
+    // An extended context (`abi_compat`, the `verbs_context` in front): the inline `_ex`
+    // helpers of `verbs.h` reach the extended verbs through it.
+    Ok(VrdmaContext::into_raw(
         ibv,
+        extended_ops(),
         ctx,
         transport,
         routes,
         async_events,
-        pump: Some(pump),
-    });
-    Ok(Box::into_raw(context).cast())
+        Some(pump),
+    ))
 }
 
 /// `ibv_close_device`. Objects still open in the context are leaked.
@@ -302,11 +313,10 @@ pub(crate) fn context_over(
 /// `context` was returned by [`ibv_open_device`] and is not used afterwards.
 pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     guard("ibv_close_device", -1, || {
-        if context.is_null() {
+        // SAFETY: caller contract: a live context made by VrdmaContext::into_raw.
+        let Some(mut context) = (unsafe { VrdmaContext::from_raw(context) }) else {
             return crate::ffi::minus_one(libc::EINVAL);
-        }
-        // SAFETY: caller contract: a live context made by Box::into_raw.
-        let mut context = unsafe { Box::from_raw(context.cast::<VrdmaContext>()) };
+        };
         context.pump.take();
         drop(context);
         0

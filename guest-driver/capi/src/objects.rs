@@ -33,7 +33,7 @@ impl VrdmaPd {
     /// The context the PD belongs to.
     pub(crate) fn context(&self) -> &VrdmaContext {
         // SAFETY: set at allocation to the live context, which outlives its PDs.
-        unsafe { &*self.ibv.context.cast::<VrdmaContext>() }
+        unsafe { VrdmaContext::of(self.ibv.context) }
     }
 }
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use log::warn;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use vrdma_spec::control::{ControlRequest, Opcode, ResponseBody};
 use vrdma_spec::verbs::arm_flags;
 use vrdma_spec::wire::{ArmCqReq, CreateCqReq, ResizeCqReq, RingDesc};
@@ -143,6 +143,16 @@ impl Cq {
             .map_or(0, |queue| queue.poll(out))
     }
 
+    /// Starts a batch poll (`ibv_start_poll` .. `ibv_end_poll`): the CQ stays locked for the
+    /// batch's lifetime (other pollers wait), completions are read in place one by one, and the
+    /// ones consumed are handed back to the device together when the batch ends (is dropped).
+    pub fn poll_batch(&self) -> CqPollBatch<'_> {
+        CqPollBatch {
+            queue: self.queue.lock(),
+            consumed: false,
+        }
+    }
+
     /// Requests one completion event for the next completion (or the next solicited one)
     /// added to the CQ (ARM_CQ, like `ibv_req_notify_cq`). Completions already in the CQ do
     /// not trigger it: poll again after arming.
@@ -193,6 +203,36 @@ unsafe fn completion_queue(ctx: &ContextInner, desc: &RingDesc) -> Result<Comple
     // SAFETY: forwarded to the caller.
     let ring = unsafe { map_ring(ctx, desc) }?;
     Ok(CompletionQueue::new(ring).map_err(ProtocolError::Queue)?)
+}
+
+/// A batch poll of a [`Cq`] (see [`Cq::poll_batch`]). No allocation, no device involvement.
+pub struct CqPollBatch<'a> {
+    /// `None` after a failed resize: the batch then sees an empty CQ.
+    queue: MutexGuard<'a, Option<CompletionQueue>>,
+    /// Whether a completion was consumed, so the consumer index must be published.
+    consumed: bool,
+}
+
+impl CqPollBatch<'_> {
+    /// The oldest completion not consumed yet, or `None` when the CQ holds no more.
+    pub fn peek(&mut self) -> Option<WorkCompletion> {
+        self.queue.as_mut()?.peek()
+    }
+
+    /// Consumes the completion [`Self::peek`] returned; false if there was none.
+    pub fn consume(&mut self) -> bool {
+        let moved = self.queue.as_mut().is_some_and(CompletionQueue::skip);
+        self.consumed |= moved;
+        moved
+    }
+}
+
+impl Drop for CqPollBatch<'_> {
+    fn drop(&mut self) {
+        if let (true, Some(queue)) = (self.consumed, self.queue.as_mut()) {
+            queue.publish();
+        }
+    }
 }
 
 impl std::fmt::Debug for Cq {

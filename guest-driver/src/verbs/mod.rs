@@ -34,7 +34,7 @@ mod srq;
 
 pub use ah::Ah;
 pub use context::Context;
-pub use cq::Cq;
+pub use cq::{Cq, CqPollBatch};
 pub use error::{opcode_name, PostSendError, ProtocolError, Result, VerbsError};
 pub use event::DeviceEvent;
 pub use mr::Mr;
