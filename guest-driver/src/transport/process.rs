@@ -116,7 +116,11 @@ pub struct ProcessTransport {
     window: Arc<ShmemWindow>,
     control: ControlChannel<EventFdSignal>,
     events: EventChannel<EventFdSignal>,
-    event_call: EventFd,
+    /// What [`Transport::event_fd`] hands out: readable when the event queue's call eventfd
+    /// fires *or* the backend hangs up, so that a caller sleeping in poll on it (the drop-in's
+    /// event thread) wakes up to learn of a dead backend from `next_event` instead of sleeping
+    /// forever. Its registered fds stay open as long as `events` and `_frontend`.
+    event_wakeup: Epoll,
     doorbell: EventFdSignal,
     /// The doorbell queue's rings: the driver never posts on them, but the device was given
     /// their addresses and reads and writes them (avail index, `avail_event`) until it is
@@ -180,13 +184,7 @@ impl ProcessTransport {
         let control = set_up_vring(&frontend, &dma, CONTROLQ, size, event_idx)?;
         let event_queue = set_up_vring(&frontend, &dma, EVENTQ, size, event_idx)?;
         let doorbell = set_up_vring(&frontend, &dma, DOORBELLQ, size, event_idx)?;
-        let event_call = event_queue
-            .signal
-            .call
-            .try_clone()
-            .map_err(TransportError::io(
-                "cannot clone the event queue's call eventfd",
-            ))?;
+        let event_wakeup = wakeup_epoll(&frontend, &event_queue.signal.call)?;
         let events = EventChannel::start(
             &dma,
             event_queue,
@@ -209,7 +207,7 @@ impl ProcessTransport {
             window,
             control,
             events,
-            event_call,
+            event_wakeup,
             doorbell: doorbell.signal,
             _doorbell_rings: doorbell.queue,
             backend_channel: Some(backend_channel),
@@ -248,9 +246,9 @@ impl Transport for ProcessTransport {
     }
 
     fn event_fd(&self) -> Option<BorrowedFd<'_>> {
-        // SAFETY: the eventfd is owned by `self.event_call` and stays open while `self` is
+        // SAFETY: the epoll fd is owned by `self.event_wakeup` and stays open while `self` is
         // borrowed.
-        Some(unsafe { BorrowedFd::borrow_raw(self.event_call.as_raw_fd()) })
+        Some(unsafe { BorrowedFd::borrow_raw(self.event_wakeup.as_raw_fd()) })
     }
 
     fn shared_memory(&self) -> SharedMemory {
@@ -336,20 +334,10 @@ struct EventFdSignal {
     epoll: Epoll,
 }
 
-/// Creates the rings of vring `index` and hands them to the backend with fresh eventfds.
-fn set_up_vring(
-    frontend: &Frontend,
-    dma: &ProcessDma,
-    index: u16,
-    size: u16,
-    event_idx: bool,
-) -> Result<SignalledQueue<EventFdSignal>, TransportError> {
-    let queue = SplitQueue::new(dma, size, event_idx)?;
-    let kick = EventFd::new(EFD_NONBLOCK).map_err(TransportError::io("eventfd"))?;
-    let call = EventFd::new(EFD_NONBLOCK).map_err(TransportError::io("eventfd"))?;
+/// An epoll over `call` and the vhost-user socket (which turns readable only when the backend
+/// closes it: the backend sends nothing unasked on it).
+fn wakeup_epoll(frontend: &Frontend, call: &EventFd) -> Result<Epoll, TransportError> {
     let epoll = Epoll::new().map_err(TransportError::io("epoll"))?;
-    // The backend sends nothing unasked on the vhost-user socket, so it turns readable
-    // only when the backend closes it.
     for (fd, token) in [
         (call.as_raw_fd(), CALL_TOKEN),
         (frontend.as_raw_fd(), DISCONNECT_TOKEN),
@@ -362,6 +350,21 @@ fn set_up_vring(
             )
             .map_err(TransportError::io("epoll_ctl"))?;
     }
+    Ok(epoll)
+}
+
+/// Creates the rings of vring `index` and hands them to the backend with fresh eventfds.
+fn set_up_vring(
+    frontend: &Frontend,
+    dma: &ProcessDma,
+    index: u16,
+    size: u16,
+    event_idx: bool,
+) -> Result<SignalledQueue<EventFdSignal>, TransportError> {
+    let queue = SplitQueue::new(dma, size, event_idx)?;
+    let kick = EventFd::new(EFD_NONBLOCK).map_err(TransportError::io("eventfd"))?;
+    let call = EventFd::new(EFD_NONBLOCK).map_err(TransportError::io("eventfd"))?;
+    let epoll = wakeup_epoll(frontend, &call)?;
     let host = queue.host_addresses();
     let config = VringConfigData {
         queue_max_size: size,
