@@ -1,5 +1,5 @@
-//! `dropin`: the drop-in libibverbs.so.1 under unmodified ibv_devinfo and a C verbs program,
-//! next to the same program on rxe0 natively.
+//! `dropin`: the drop-in libibverbs.so.1 under unmodified ibv_devinfo and the C verbs programs
+//! of `guest-driver/capi/tests/c`, next to the same programs on rxe0 natively.
 
 use std::path::Path;
 
@@ -18,6 +18,8 @@ pub fn test(vm_args: &VmArgs) -> Result<()> {
     let tests = workspace.join("guest-driver/capi/tests");
     let program =
         native::build_program(&target, &tests.join("c/verbs_loopback.c"), "verbs_loopback")?;
+    let async_events =
+        native::build_program(&target, &tests.join("c/async_events.c"), "async_events")?;
     let (profile_dir, library) = dropin_library()?;
     let command: Vec<String> = vec![
         "sh".into(),
@@ -28,6 +30,7 @@ pub fn test(vm_args: &VmArgs) -> Result<()> {
             .into_owned(),
         library.to_string_lossy().into_owned(),
         program.to_string_lossy().into_owned(),
+        async_events.to_string_lossy().into_owned(),
     ];
     let outcome = vm::run(&root, &vm_args.config(&root)?, &command)?;
     if outcome.status != 0 {
