@@ -20,6 +20,9 @@ pub(crate) struct VrdmaContext {
     // Taken and dropped first by `ibv_close_device`: stops the thread that holds a clone of
     // `ctx`.
     pub(crate) pump: Option<EventPump>,
+    /// The process that opened the context: in a `fork()` child the device, the event thread
+    /// and the objects are the parent's.
+    pub(crate) owner: libc::pid_t,
 }
 
 impl VrdmaContext {
@@ -31,5 +34,12 @@ impl VrdmaContext {
     pub(crate) unsafe fn from_ptr<'a>(ptr: *mut ibv_context) -> Option<&'a VrdmaContext> {
         // SAFETY: caller contract; `ibv` is the first field of a repr(C) struct.
         unsafe { ptr.cast::<VrdmaContext>().as_ref() }
+    }
+
+    /// True in a `fork()` child of the process that opened the context.
+    pub(crate) fn in_forked_child(&self) -> bool {
+        // SAFETY: getpid has no preconditions.
+        let current = unsafe { libc::getpid() };
+        current != self.owner
     }
 }
