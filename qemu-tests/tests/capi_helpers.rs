@@ -15,16 +15,10 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// Public symbols of rdma-core's libibverbs that the drop-in does not export yet (issue 12:
-/// asynchronous events, fork support, MR re-registration, the GID table query and
-/// L2 address resolution).
+/// MR re-registration and the GID table query).
 const NOT_YET_PROVIDED: &[&str] = &[
     "_ibv_query_gid_table",
-    "ibv_dofork_range",
-    "ibv_dontfork_range",
-    "ibv_fork_init",
-    "ibv_is_fork_initialized",
     "ibv_rereg_mr",
-    "ibv_resolve_eth_l2_from_gid",
 ];
 
 const SYSTEM_LIBRARY_DIRS: &[&str] = &["/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu"];

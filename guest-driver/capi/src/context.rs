@@ -31,6 +31,9 @@ pub(crate) struct VrdmaContext {
     // Taken and dropped first by `ibv_close_device`: stops the thread that holds a clone of
     // `ctx`.
     pub(crate) pump: Option<EventPump>,
+    /// The process that opened the context: in a `fork()` child the device, the event thread
+    /// and the objects are the parent's.
+    pub(crate) owner: libc::pid_t,
 }
 
 impl VrdmaContext {
@@ -57,9 +60,18 @@ impl VrdmaContext {
             routes,
             async_events,
             pump,
+            // SAFETY: getpid has no preconditions.
+            owner: unsafe { libc::getpid() },
         }));
         // SAFETY: `raw` is the live allocation just made.
         unsafe { &raw mut (*raw).verbs.context }
+    }
+
+    /// Whether this process is a `fork()` child of the one that opened the context.
+    pub(crate) fn in_forked_child(&self) -> bool {
+        // SAFETY: getpid has no preconditions.
+        let current = unsafe { libc::getpid() };
+        current != self.owner
     }
 
     /// The context behind `ptr`.

@@ -98,6 +98,7 @@ fn device_present(choice: &TransportChoice) -> Result<(), String> {
 pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
     guard("ibv_get_device_list", std::ptr::null_mut(), || {
         init_logging();
+        crate::fork::init_from_env();
         let listed = config::from_env()
             .map_err(|e| e.to_string())
             .and_then(|choice| device_present(&choice));
@@ -307,7 +308,8 @@ pub(crate) fn context_over(
     ))
 }
 
-/// `ibv_close_device`. Objects still open in the context are leaked.
+/// `ibv_close_device`. Objects still open in the context are leaked. In a `fork()` child of the
+/// process that opened it, only forgets the context: the device stays the parent's.
 ///
 /// # Safety
 /// `context` was returned by [`ibv_open_device`] and is not used afterwards.
@@ -317,6 +319,12 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         let Some(mut context) = (unsafe { VrdmaContext::from_raw(context) }) else {
             return crate::ffi::minus_one(libc::EINVAL);
         };
+        if context.in_forked_child() {
+            // The event thread to stop and join exists only in the parent, and the device is
+            // the parent's: this process only forgets the context.
+            std::mem::forget(context);
+            return 0;
+        }
         context.pump.take();
         drop(context);
         0

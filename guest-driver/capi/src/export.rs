@@ -99,6 +99,11 @@ export!(
     unsupported::ibv_unimport_mr,
     unsupported::ibv_unimport_dm,
     unsupported::ibv_query_qp_data_in_order,
+    fork::ibv_fork_init,
+    fork::ibv_is_fork_initialized,
+    fork::ibv_dontfork_range,
+    fork::ibv_dofork_range,
+    eth_l2::ibv_resolve_eth_l2_from_gid,
 );
 
 #[cfg(test)]

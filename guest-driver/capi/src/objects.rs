@@ -8,6 +8,7 @@ use vrdma::{Ah, Mr, Pd};
 
 use crate::context::VrdmaContext;
 use crate::ffi::{guard, null_with, report};
+use crate::fork;
 use crate::sys::{ibv_ah, ibv_ah_attr, ibv_context, ibv_mr, ibv_pd};
 
 /// `IBV_ACCESS_OPTIONAL_RANGE`: flags a library may ignore when it does not support them.
@@ -164,9 +165,18 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
             log::warn!("vrdma: ibv_reg_mr of {length:#x} bytes at {addr:p}: {e}");
             return null_with("ibv_reg_mr", e.errno());
         }
+        // As rdma-core's ibv_reg_mr, but after the re-backing, whose new mappings would not
+        // carry advice given before.
+        if let Err(e) = fork::dont_fork(addr as usize, length) {
+            log::warn!("vrdma: ibv_reg_mr: MADV_DONTFORK of {length:#x} bytes at {addr:p}: {e}");
+            return null_with("ibv_reg_mr", e.raw_os_error().unwrap_or(libc::EINVAL));
+        }
         // SAFETY: the caller keeps the memory mapped while the region lives; it is guest
         // RAM now (checked again by the translation inside).
         let registered = unsafe { vpd.pd.register_raw(addr.cast(), length, flags) };
+        if registered.is_err() {
+            fork::do_fork(addr as usize, length);
+        }
         match registered {
             Ok(mr) => {
                 let ibv = ibv_mr {
@@ -199,7 +209,9 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         let mr = unsafe { Box::from_raw(mr.cast::<VrdmaMr>()) };
         // SAFETY: the PD outlives its regions (ibv_dealloc_pd refuses while they exist).
         let pd = unsafe { VrdmaPd::from_ptr(mr.ibv.pd) };
+        let (addr, length) = (mr.ibv.addr as usize, mr.ibv.length as usize);
         drop(mr);
+        fork::do_fork(addr, length);
         if let Some(pd) = pd {
             pd.users.fetch_sub(1, Ordering::AcqRel);
         }

@@ -105,6 +105,12 @@ const REQUIRED: &[(&str, &str)] = &[
     ("ibv_unimport_mr", "IBVERBS_1.10"),
     ("ibv_import_dm", "IBVERBS_1.13"),
     ("ibv_unimport_dm", "IBVERBS_1.13"),
+    // fork() support and L2 address resolution.
+    ("ibv_fork_init", "IBVERBS_1.1"),
+    ("ibv_dontfork_range", "IBVERBS_1.1"),
+    ("ibv_dofork_range", "IBVERBS_1.1"),
+    ("ibv_is_fork_initialized", "IBVERBS_1.13"),
+    ("ibv_resolve_eth_l2_from_gid", "IBVERBS_1.1"),
 ];
 
 #[test]

@@ -7,9 +7,11 @@
 //! [`data_path`]: work requests through the kernel, the doorbell, completion events;
 //! [`resize_cq`]: CQ resizes with completions pending and pollers running.
 //! [`uc`]: UC queue pairs end to end.
+//! [`fork`]: what a `fork()` child inherits, and the parent's regions after it.
 
 mod control;
 mod data_path;
+mod fork;
 mod helpers;
 mod resize_cq;
 mod uc;
