@@ -24,7 +24,6 @@ const NOT_YET_PROVIDED: &[&str] = &[
     "ibv_fork_init",
     "ibv_get_async_event",
     "ibv_is_fork_initialized",
-    "ibv_rereg_mr",
     "ibv_resize_cq",
     "ibv_resolve_eth_l2_from_gid",
 ];

@@ -64,6 +64,7 @@ export!(
     objects::ibv_reg_mr_iova,
     objects::ibv_reg_mr_iova2,
     objects::ibv_dereg_mr,
+    mr_rereg::ibv_rereg_mr,
     objects::ibv_create_ah,
     objects::ibv_destroy_ah,
     ah_wc::ibv_init_ah_from_wc,

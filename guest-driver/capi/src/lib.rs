@@ -28,6 +28,7 @@ mod export;
 mod ffi;
 mod marshall;
 mod memory;
+mod mr_rereg;
 mod objects;
 mod qp;
 mod query;

@@ -64,6 +64,7 @@ const REQUIRED: &[(&str, &str)] = &[
     ("ibv_query_port", "IBVERBS_1.1"),
     ("ibv_query_qp", "IBVERBS_1.1"),
     ("ibv_reg_mr", "IBVERBS_1.1"),
+    ("ibv_rereg_mr", "IBVERBS_1.1"),
     ("ibv_qp_to_qp_ex", "IBVERBS_1.6"),
     ("ibv_reg_mr_iova2", "IBVERBS_1.8"),
     ("_ibv_query_gid_ex", "IBVERBS_1.11"),

@@ -4,8 +4,10 @@
 //! "kernel" executing SEND, RDMA WRITE and RDMA READ between its QPs.
 //!
 //! [`control`]: opening, queries, object lifetimes, QP transitions, device failures;
-//! [`data_path`]: work requests through the kernel, the doorbell, completion events.
+//! [`data_path`]: work requests through the kernel, the doorbell, completion events;
+//! [`mr_rereg`]: re-registration of memory regions.
 
 mod control;
 mod data_path;
 mod helpers;
+mod mr_rereg;

@@ -29,6 +29,8 @@ pub enum Opcode {
     RegMr = 0x0020,
     /// Deregister a memory region.
     DeregMr = 0x0021,
+    /// Change a memory region's PD, access or translation in place.
+    ReregMr = 0x0022,
     /// Create a completion queue and map its buffer.
     CreateCq = 0x0030,
     /// Destroy a completion queue.
@@ -59,7 +61,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 23] = [
+    pub const ALL: [Opcode; 24] = [
         Opcode::QueryDevice,
         Opcode::QueryPort,
         Opcode::QueryGid,
@@ -70,6 +72,7 @@ impl Opcode {
         Opcode::DeallocPd,
         Opcode::RegMr,
         Opcode::DeregMr,
+        Opcode::ReregMr,
         Opcode::CreateCq,
         Opcode::DestroyCq,
         Opcode::ArmCq,
@@ -85,7 +88,7 @@ impl Opcode {
         Opcode::DestroyAh,
     ];
 
-    /// Size of the fixed request body (REG_MR: without its page list).
+    /// Size of the fixed request body (REG_MR, REREG_MR: without the page list).
     pub const fn request_body_len(self) -> usize {
         use core::mem::size_of;
         match self {
@@ -94,6 +97,7 @@ impl Opcode {
             Opcode::QueryGid | Opcode::QueryPkey => size_of::<QueryTableReq>(),
             Opcode::SetDoorbellArea => size_of::<SetDoorbellAreaReq>(),
             Opcode::RegMr => size_of::<RegMrReq>(),
+            Opcode::ReregMr => size_of::<ReregMrReq>(),
             Opcode::CreateCq => size_of::<CreateCqReq>(),
             Opcode::ArmCq => size_of::<ArmCqReq>(),
             Opcode::CreateQp => size_of::<CreateQpReq>(),
@@ -122,6 +126,7 @@ impl Opcode {
             Opcode::QueryPkey => size_of::<PkeyEntry>(),
             Opcode::AllocPd => size_of::<HandleResp>(),
             Opcode::RegMr => size_of::<RegMrResp>(),
+            Opcode::ReregMr => size_of::<ReregMrResp>(),
             Opcode::CreateCq => size_of::<CreateCqResp>(),
             Opcode::CreateQp => size_of::<CreateQpResp>(),
             Opcode::QueryQp => size_of::<QueryQpResp>(),

@@ -280,6 +280,7 @@ impl FakeDevice {
                 self.mrs.remove(&r.handle.get()).ok_or(Status::BadHandle)?;
                 Ok(ResponseBody::Empty)
             }
+            R::ReregMr(m) => self.rereg_mr(m),
             R::CreateCq(r) => {
                 let cqe = r.cqe.get();
                 if cqe > 4096 {
