@@ -17,7 +17,6 @@ use std::sync::OnceLock;
 /// asynchronous events, fork support, CQ resize, MR re-registration, the GID table query and
 /// L2 address resolution).
 const NOT_YET_PROVIDED: &[&str] = &[
-    "_ibv_query_gid_table",
     "ibv_ack_async_event",
     "ibv_dofork_range",
     "ibv_dontfork_range",

@@ -33,6 +33,7 @@ pub(crate) fn execute(s: &mut Session<'_>, request: &ControlRequest<'_>) -> Comm
         ControlRequest::QueryPort(r) => query::query_port(s, r),
         ControlRequest::QueryGid(r) => query::query_gid(s, r),
         ControlRequest::QueryPkey(r) => query::query_pkey(s, r),
+        ControlRequest::QueryGidTable(r) => query::query_gid_table(s, r),
         ControlRequest::SetDoorbellArea(r) => doorbell::set_doorbell_area(s, r),
         ControlRequest::DiscardState => discard::discard_state(s),
         ControlRequest::AllocPd => pd::alloc_pd(s),

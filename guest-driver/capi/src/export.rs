@@ -41,6 +41,7 @@ export!(
     query::ibv_query_port,
     query::ibv_query_gid,
     query::_ibv_query_gid_ex,
+    gid_table::_ibv_query_gid_table,
     query::ibv_query_gid_type,
     query::ibv_query_pkey,
     query::ibv_read_sysfs_file,

@@ -26,6 +26,7 @@ mod device;
 mod events;
 mod export;
 mod ffi;
+mod gid_table;
 mod marshall;
 mod memory;
 mod mr_rereg;

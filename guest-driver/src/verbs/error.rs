@@ -149,6 +149,7 @@ pub fn opcode_name(opcode: Opcode) -> &'static str {
         Opcode::QueryPkey => "QUERY_PKEY",
         Opcode::SetDoorbellArea => "SET_DOORBELL_AREA",
         Opcode::DiscardState => "DISCARD_STATE",
+        Opcode::QueryGidTable => "QUERY_GID_TABLE",
         Opcode::AllocPd => "ALLOC_PD",
         Opcode::DeallocPd => "DEALLOC_PD",
         Opcode::RegMr => "REG_MR",

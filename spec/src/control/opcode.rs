@@ -21,6 +21,8 @@ pub enum Opcode {
     SetDoorbellArea = 0x0005,
     /// Discard every object of the guest (spec §11.1) before a reset.
     DiscardState = 0x0006,
+    /// The populated GID table entries of a port, several per command.
+    QueryGidTable = 0x0007,
     /// Allocate a protection domain.
     AllocPd = 0x0010,
     /// Free a protection domain.
@@ -61,13 +63,14 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 24] = [
+    pub const ALL: [Opcode; 25] = [
         Opcode::QueryDevice,
         Opcode::QueryPort,
         Opcode::QueryGid,
         Opcode::QueryPkey,
         Opcode::SetDoorbellArea,
         Opcode::DiscardState,
+        Opcode::QueryGidTable,
         Opcode::AllocPd,
         Opcode::DeallocPd,
         Opcode::RegMr,
@@ -94,7 +97,9 @@ impl Opcode {
         match self {
             Opcode::QueryDevice | Opcode::AllocPd | Opcode::DiscardState => 0,
             Opcode::QueryPort => size_of::<QueryPortReq>(),
-            Opcode::QueryGid | Opcode::QueryPkey => size_of::<QueryTableReq>(),
+            Opcode::QueryGid | Opcode::QueryPkey | Opcode::QueryGidTable => {
+                size_of::<QueryTableReq>()
+            }
             Opcode::SetDoorbellArea => size_of::<SetDoorbellAreaReq>(),
             Opcode::RegMr => size_of::<RegMrReq>(),
             Opcode::ReregMr => size_of::<ReregMrReq>(),
@@ -123,6 +128,7 @@ impl Opcode {
             Opcode::QueryDevice => size_of::<DeviceAttr>(),
             Opcode::QueryPort => size_of::<PortAttr>(),
             Opcode::QueryGid => size_of::<GidEntry>(),
+            Opcode::QueryGidTable => size_of::<GidTableResp>(),
             Opcode::QueryPkey => size_of::<PkeyEntry>(),
             Opcode::AllocPd => size_of::<HandleResp>(),
             Opcode::RegMr => size_of::<RegMrResp>(),
@@ -174,3 +180,12 @@ impl TryFrom<u16> for Opcode {
 pub const HEADER_SIZE: usize = 8;
 /// Largest response of this version: header + QUERY_DEVICE body.
 pub const MAX_RESPONSE_SIZE: usize = HEADER_SIZE + core::mem::size_of::<DeviceAttr>();
+
+// Every success body fits the largest response.
+const _: () = {
+    let mut i = 0;
+    while i < Opcode::ALL.len() {
+        assert!(HEADER_SIZE + Opcode::ALL[i].response_body_len() <= MAX_RESPONSE_SIZE);
+        i += 1;
+    }
+};

@@ -33,6 +33,8 @@ pub enum ControlRequest<'a> {
     SetDoorbellArea(SetDoorbellAreaReq),
     /// DISCARD_STATE.
     DiscardState,
+    /// QUERY_GID_TABLE (`index`: the first index to look at).
+    QueryGidTable(QueryTableReq),
     /// ALLOC_PD.
     AllocPd,
     /// DEALLOC_PD.
@@ -113,6 +115,7 @@ impl<'a> ControlRequest<'a> {
             }
             Opcode::QueryGid => ControlRequest::QueryGid(table_req(body)?),
             Opcode::QueryPkey => ControlRequest::QueryPkey(table_req(body)?),
+            Opcode::QueryGidTable => ControlRequest::QueryGidTable(table_req(body)?),
             Opcode::SetDoorbellArea => {
                 let r: SetDoorbellAreaReq = take_body(body)?;
                 zero(r.reserved.get().into(), "reserved")?;
@@ -228,6 +231,7 @@ impl<'a> ControlRequest<'a> {
             ControlRequest::QueryPkey(_) => Opcode::QueryPkey,
             ControlRequest::SetDoorbellArea(_) => Opcode::SetDoorbellArea,
             ControlRequest::DiscardState => Opcode::DiscardState,
+            ControlRequest::QueryGidTable(_) => Opcode::QueryGidTable,
             ControlRequest::AllocPd => Opcode::AllocPd,
             ControlRequest::DeallocPd(_) => Opcode::DeallocPd,
             ControlRequest::RegMr(_) => Opcode::RegMr,
@@ -288,9 +292,9 @@ impl<'a> ControlRequest<'a> {
             | ControlRequest::AllocPd
             | ControlRequest::DiscardState => {}
             ControlRequest::QueryPort(r) => out.extend_from_slice(r.as_bytes()),
-            ControlRequest::QueryGid(r) | ControlRequest::QueryPkey(r) => {
-                out.extend_from_slice(r.as_bytes())
-            }
+            ControlRequest::QueryGid(r)
+            | ControlRequest::QueryPkey(r)
+            | ControlRequest::QueryGidTable(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::SetDoorbellArea(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::DeallocPd(r)
             | ControlRequest::DeregMr(r)

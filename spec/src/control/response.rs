@@ -23,6 +23,8 @@ pub enum ResponseBody {
     QueryGid(GidEntry),
     /// QUERY_PKEY.
     QueryPkey(PkeyEntry),
+    /// QUERY_GID_TABLE.
+    QueryGidTable(GidTableResp),
     /// ALLOC_PD.
     AllocPd(HandleResp),
     /// REG_MR.
@@ -52,6 +54,7 @@ impl ResponseBody {
             ResponseBody::QueryPort(b) => b.as_bytes(),
             ResponseBody::QueryGid(b) => b.as_bytes(),
             ResponseBody::QueryPkey(b) => b.as_bytes(),
+            ResponseBody::QueryGidTable(b) => b.as_bytes(),
             ResponseBody::AllocPd(b) => b.as_bytes(),
             ResponseBody::RegMr(b) => b.as_bytes(),
             ResponseBody::ReregMr(b) => b.as_bytes(),
@@ -72,6 +75,7 @@ impl ResponseBody {
                 | (ResponseBody::QueryPort(_), Opcode::QueryPort)
                 | (ResponseBody::QueryGid(_), Opcode::QueryGid)
                 | (ResponseBody::QueryPkey(_), Opcode::QueryPkey)
+                | (ResponseBody::QueryGidTable(_), Opcode::QueryGidTable)
                 | (ResponseBody::AllocPd(_), Opcode::AllocPd)
                 | (ResponseBody::RegMr(_), Opcode::RegMr)
                 | (ResponseBody::ReregMr(_), Opcode::ReregMr)
@@ -90,6 +94,7 @@ impl ResponseBody {
             Opcode::QueryPort => ResponseBody::QueryPort(take_body(b)?),
             Opcode::QueryGid => ResponseBody::QueryGid(take_body(b)?),
             Opcode::QueryPkey => ResponseBody::QueryPkey(take_body(b)?),
+            Opcode::QueryGidTable => ResponseBody::QueryGidTable(take_body(b)?),
             Opcode::AllocPd => ResponseBody::AllocPd(take_body(b)?),
             Opcode::RegMr => ResponseBody::RegMr(take_body(b)?),
             Opcode::ReregMr => ResponseBody::ReregMr(take_body(b)?),

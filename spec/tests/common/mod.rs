@@ -153,6 +153,10 @@ pub fn all_requests(pages: &[u8]) -> Vec<ControlRequest<'_>> {
             port_num: Le32::new(1),
             index: Le32::new(0),
         }),
+        ControlRequest::QueryGidTable(QueryTableReq {
+            port_num: Le32::new(1),
+            index: Le32::new(6),
+        }),
         ControlRequest::SetDoorbellArea(SetDoorbellAreaReq {
             gpa: Le64::new(0x4000_1000),
             slots: Le32::new(1024),
@@ -239,6 +243,16 @@ pub fn body_for(op: Opcode) -> ResponseBody {
             gid_type: Le32::new(2),
             flags: Le32::new(GID_FLAG_VALID),
         }),
+        Opcode::QueryGidTable => {
+            let mut t = GidTableResp::new_zeroed();
+            t.count = Le32::new(1);
+            t.next_index = Le32::new(GID_TABLE_END);
+            t.entries[0] = GidTableEntry::new(
+                3,
+                &GidEntry::valid([0xfe; 16], vrdma_spec::verbs::GidType::RoceV2),
+            );
+            ResponseBody::QueryGidTable(t)
+        }
         Opcode::QueryPkey => ResponseBody::QueryPkey(PkeyEntry {
             pkey: Le16::new(0xffff),
             reserved: [0; 6],

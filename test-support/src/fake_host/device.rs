@@ -56,6 +56,9 @@ pub struct World {
     pub comp_events: VecDeque<CompEvent>,
     /// Async events `read_async_event` hands out.
     pub async_events: VecDeque<AsyncEvent>,
+    /// GID entries of port 1 besides [`GID0`] at index 0 (indices below 16, the port's
+    /// `gid_tbl_len`, or beyond it to test filtering).
+    pub extra_gids: Vec<(u32, GidEntry)>,
     /// The next call of this command (`"ALLOC_PD"`, `"CREATE_QP"`, ...) fails with EINVAL.
     pub fail_next: Option<&'static str>,
 }
@@ -149,7 +152,9 @@ impl HostDevice for FakeDevice {
 
     fn gid_table(&self, port: u8) -> host::Result<Vec<(u32, GidEntry)>> {
         assert_eq!(port, 1, "the guest's port 1 is host port 1");
-        Ok(vec![(0, GidEntry::valid(GID0, GidType::RoceV2))])
+        let mut table = vec![(0, GidEntry::valid(GID0, GidType::RoceV2))];
+        table.extend(self.world().extra_gids.iter().copied());
+        Ok(table)
     }
 
     fn open_context(&self) -> host::Result<Box<dyn HostContext>> {

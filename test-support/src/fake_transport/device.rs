@@ -13,6 +13,7 @@ use vrdma::spec::verbs::{check_modify_qp, QpAttrMask, QpState, QpType};
 use vrdma::spec::wire::*;
 use vrdma::spec::{Le16, Le32, Le64, Status, StatusError};
 use vrdma::verbs::GidType;
+use zerocopy::FromZeros;
 
 use super::profile::{
     check_port, device_attr, doorbell_area_bytes, port_attr, DOORBELL_SLOTS, LOCAL_GID, MAX_INLINE,
@@ -189,6 +190,21 @@ impl FakeDevice {
                     gid_type: Le32::new(GidType::RoceV2 as u32),
                     flags: Le32::new(flags),
                 }))
+            }
+            R::QueryGidTable(r) => {
+                // The table QUERY_GID answers: LOCAL_GID at 0, then empty slots.
+                check_port(r.port_num.get())?;
+                if r.index.get() >= port_attr().gid_tbl_len.get() {
+                    return Err(Status::Invalid);
+                }
+                let mut table = GidTableResp::new_zeroed();
+                table.next_index = Le32::new(GID_TABLE_END);
+                if r.index.get() == 0 {
+                    table.count = Le32::new(1);
+                    table.entries[0] =
+                        GidTableEntry::new(0, &GidEntry::valid(LOCAL_GID, GidType::RoceV2));
+                }
+                Ok(ResponseBody::QueryGidTable(table))
             }
             R::QueryPkey(r) => {
                 check_port(r.port_num.get())?;
