@@ -14,12 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// Public symbols of rdma-core's libibverbs that the drop-in does not export yet (issue 12:
-/// MR re-registration and the GID table query).
-const NOT_YET_PROVIDED: &[&str] = &[
-    "_ibv_query_gid_table",
-    "ibv_rereg_mr",
-];
+/// Public symbols of rdma-core's libibverbs that the drop-in does not export yet: none. A symbol
+/// a newer rdma-core adds may wait here while it is built; the test fails once it is exported.
+const NOT_YET_PROVIDED: &[&str] = &[];
 
 const SYSTEM_LIBRARY_DIRS: &[&str] = &["/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu"];
 

@@ -7,6 +7,12 @@
 use crate::rxe_v1::RxeAv;
 use crate::{Le16, Le32, Le64};
 
+// Commands added after 1.0's first set keep their structs in files of their own.
+mod gid_table;
+mod mr_rereg;
+pub use gid_table::*;
+pub use mr_rereg::*;
+
 wire_struct! {
     /// Header of every control request (8 bytes).
     pub struct RequestHeader {

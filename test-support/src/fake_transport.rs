@@ -11,6 +11,7 @@
 
 mod device;
 mod kernel;
+mod mr;
 mod profile;
 mod region;
 mod ring;

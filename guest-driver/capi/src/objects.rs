@@ -87,13 +87,13 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
 
 /// A memory region: `ibv_mr` first.
 #[repr(C)]
-struct VrdmaMr {
-    ibv: ibv_mr,
-    mr: Mr<'static>,
+pub(crate) struct VrdmaMr {
+    pub(crate) ibv: ibv_mr,
+    pub(crate) mr: Mr<'static>,
 }
 
 /// The access flags of a registration, with optional flags vrdma does not carry dropped.
-fn mr_access(bits: u32) -> Option<AccessFlags> {
+pub(crate) fn mr_access(bits: u32) -> Option<AccessFlags> {
     let optional_unsupported = ACCESS_OPTIONAL_RANGE & !AccessFlags::MR_ALLOWED.bits();
     AccessFlags::from_bits(bits & !optional_unsupported)
 }

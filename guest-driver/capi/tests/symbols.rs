@@ -67,9 +67,11 @@ const REQUIRED: &[(&str, &str)] = &[
     ("ibv_query_qp", "IBVERBS_1.1"),
     ("ibv_reg_mr", "IBVERBS_1.1"),
     ("ibv_resize_cq", "IBVERBS_1.1"),
+    ("ibv_rereg_mr", "IBVERBS_1.1"),
     ("ibv_qp_to_qp_ex", "IBVERBS_1.6"),
     ("ibv_reg_mr_iova2", "IBVERBS_1.8"),
     ("_ibv_query_gid_ex", "IBVERBS_1.11"),
+    ("_ibv_query_gid_table", "IBVERBS_1.11"),
     ("ibv_reg_dmabuf_mr", "IBVERBS_1.12"),
     ("ibv_query_gid_type", "IBVERBS_PRIVATE_34"),
     // librdmacm (linked by perftest, bound at load).

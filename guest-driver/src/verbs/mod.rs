@@ -37,7 +37,7 @@ pub use context::Context;
 pub use cq::{Cq, CqPollBatch};
 pub use error::{opcode_name, PostSendError, ProtocolError, Result, VerbsError};
 pub use event::DeviceEvent;
-pub use mr::Mr;
+pub use mr::{Mr, MrChange};
 pub use pd::Pd;
 pub use qp::{ConnectOptions, Qp, QpInitAttr, RemoteQp};
 pub use srq::{Srq, SrqAttr};

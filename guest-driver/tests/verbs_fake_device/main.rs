@@ -8,10 +8,12 @@
 //! [`resize_cq`]: CQ resizes with completions pending and pollers running.
 //! [`uc`]: UC queue pairs end to end.
 //! [`fork`]: what a `fork()` child inherits, and the parent's regions after it.
+//! [`mr_rereg`]: re-registration of memory regions.
 
 mod control;
 mod data_path;
 mod fork;
 mod helpers;
+mod mr_rereg;
 mod resize_cq;
 mod uc;

@@ -21,6 +21,8 @@ pub enum Opcode {
     SetDoorbellArea = 0x0005,
     /// Discard every object of the guest (spec §11.1) before a reset.
     DiscardState = 0x0006,
+    /// The populated GID table entries of a port, several per command.
+    QueryGidTable = 0x0007,
     /// Allocate a protection domain.
     AllocPd = 0x0010,
     /// Free a protection domain.
@@ -29,6 +31,8 @@ pub enum Opcode {
     RegMr = 0x0020,
     /// Deregister a memory region.
     DeregMr = 0x0021,
+    /// Change a memory region's PD, access or translation in place.
+    ReregMr = 0x0022,
     /// Create a completion queue and map its buffer.
     CreateCq = 0x0030,
     /// Destroy a completion queue.
@@ -61,17 +65,19 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 24] = [
+    pub const ALL: [Opcode; 26] = [
         Opcode::QueryDevice,
         Opcode::QueryPort,
         Opcode::QueryGid,
         Opcode::QueryPkey,
         Opcode::SetDoorbellArea,
         Opcode::DiscardState,
+        Opcode::QueryGidTable,
         Opcode::AllocPd,
         Opcode::DeallocPd,
         Opcode::RegMr,
         Opcode::DeregMr,
+        Opcode::ReregMr,
         Opcode::CreateCq,
         Opcode::DestroyCq,
         Opcode::ArmCq,
@@ -88,15 +94,18 @@ impl Opcode {
         Opcode::DestroyAh,
     ];
 
-    /// Size of the fixed request body (REG_MR: without its page list).
+    /// Size of the fixed request body (REG_MR, REREG_MR: without the page list).
     pub const fn request_body_len(self) -> usize {
         use core::mem::size_of;
         match self {
             Opcode::QueryDevice | Opcode::AllocPd | Opcode::DiscardState => 0,
             Opcode::QueryPort => size_of::<QueryPortReq>(),
-            Opcode::QueryGid | Opcode::QueryPkey => size_of::<QueryTableReq>(),
+            Opcode::QueryGid | Opcode::QueryPkey | Opcode::QueryGidTable => {
+                size_of::<QueryTableReq>()
+            }
             Opcode::SetDoorbellArea => size_of::<SetDoorbellAreaReq>(),
             Opcode::RegMr => size_of::<RegMrReq>(),
+            Opcode::ReregMr => size_of::<ReregMrReq>(),
             Opcode::CreateCq => size_of::<CreateCqReq>(),
             Opcode::ArmCq => size_of::<ArmCqReq>(),
             Opcode::ResizeCq => size_of::<ResizeCqReq>(),
@@ -123,9 +132,11 @@ impl Opcode {
             Opcode::QueryDevice => size_of::<DeviceAttr>(),
             Opcode::QueryPort => size_of::<PortAttr>(),
             Opcode::QueryGid => size_of::<GidEntry>(),
+            Opcode::QueryGidTable => size_of::<GidTableResp>(),
             Opcode::QueryPkey => size_of::<PkeyEntry>(),
             Opcode::AllocPd => size_of::<HandleResp>(),
             Opcode::RegMr => size_of::<RegMrResp>(),
+            Opcode::ReregMr => size_of::<ReregMrResp>(),
             Opcode::CreateCq => size_of::<CreateCqResp>(),
             Opcode::ResizeCq => size_of::<ResizeCqResp>(),
             Opcode::CreateQp => size_of::<CreateQpResp>(),
@@ -174,3 +185,12 @@ impl TryFrom<u16> for Opcode {
 pub const HEADER_SIZE: usize = 8;
 /// Largest response of this version: header + QUERY_DEVICE body.
 pub const MAX_RESPONSE_SIZE: usize = HEADER_SIZE + core::mem::size_of::<DeviceAttr>();
+
+// Every success body fits the largest response.
+const _: () = {
+    let mut i = 0;
+    while i < Opcode::ALL.len() {
+        assert!(HEADER_SIZE + Opcode::ALL[i].response_body_len() <= MAX_RESPONSE_SIZE);
+        i += 1;
+    }
+};

@@ -63,6 +63,9 @@ pub struct World {
     pub comp_events: VecDeque<CompEvent>,
     /// Async events `read_async_event` hands out.
     pub async_events: VecDeque<AsyncEvent>,
+    /// GID entries of port 1 besides [`GID0`] at index 0 (indices below 16, the port's
+    /// `gid_tbl_len`, or beyond it to test filtering).
+    pub extra_gids: Vec<(u32, GidEntry)>,
     /// The next call of this command (`"ALLOC_PD"`, `"CREATE_QP"`, ...) fails with EINVAL.
     pub fail_next: Option<&'static str>,
 }
@@ -156,7 +159,9 @@ impl HostDevice for FakeDevice {
 
     fn gid_table(&self, port: u8) -> host::Result<Vec<(u32, GidEntry)>> {
         assert_eq!(port, 1, "the guest's port 1 is host port 1");
-        Ok(vec![(0, GidEntry::valid(GID0, GidType::RoceV2))])
+        let mut table = vec![(0, GidEntry::valid(GID0, GidType::RoceV2))];
+        table.extend(self.world().extra_gids.iter().copied());
+        Ok(table)
     }
 
     fn open_context(&self) -> host::Result<Box<dyn HostContext>> {
@@ -268,6 +273,25 @@ impl HostContext for FakeContext {
             handle: MrHandle(h),
             lkey: h << 8,
             rkey: (h << 8) | 1,
+        })
+    }
+    fn rereg_mr(&self, mr: MrHandle, change: &MrRereg) -> host::Result<Mr> {
+        let mut w = world(&self.world);
+        w.fail("REREG_MR")?;
+        if let Some(pd) = change.pd {
+            assert!(w.pds.contains_key(&pd.0), "REREG_MR to a PD that is gone");
+        }
+        let init = w.mrs.get_mut(&mr.0).ok_or(DeviceError::Command {
+            command: "REREG_MR",
+            errno: libc::EINVAL,
+        })?;
+        init.pd = change.pd.unwrap_or(init.pd);
+        init.access = change.access.unwrap_or(init.access);
+        // Like rxe: a new PD or access keeps the keys.
+        Ok(Mr {
+            handle: mr,
+            lkey: mr.0 << 8,
+            rkey: (mr.0 << 8) | 1,
         })
     }
     fn dereg_mr(&self, mr: MrHandle) -> host::Result<()> {

@@ -14,6 +14,7 @@ use vrdma::spec::verbs::{check_modify_qp, QpAttrMask, QpState, QpType};
 use vrdma::spec::wire::*;
 use vrdma::spec::{Le16, Le32, Le64, Status, StatusError};
 use vrdma::verbs::GidType;
+use zerocopy::FromZeros;
 
 use super::profile::{
     check_port, device_attr, doorbell_area_bytes, port_attr, DOORBELL_SLOTS, LOCAL_GID, MAX_INLINE,
@@ -191,6 +192,21 @@ impl FakeDevice {
                     flags: Le32::new(flags),
                 }))
             }
+            R::QueryGidTable(r) => {
+                // The table QUERY_GID answers: LOCAL_GID at 0, then empty slots.
+                check_port(r.port_num.get())?;
+                if r.index.get() >= port_attr().gid_tbl_len.get() {
+                    return Err(Status::Invalid);
+                }
+                let mut table = GidTableResp::new_zeroed();
+                table.next_index = Le32::new(GID_TABLE_END);
+                if r.index.get() == 0 {
+                    table.count = Le32::new(1);
+                    table.entries[0] =
+                        GidTableEntry::new(0, &GidEntry::valid(LOCAL_GID, GidType::RoceV2));
+                }
+                Ok(ResponseBody::QueryGidTable(table))
+            }
             R::QueryPkey(r) => {
                 check_port(r.port_num.get())?;
                 if r.index.get() != 0 {
@@ -281,6 +297,7 @@ impl FakeDevice {
                 self.mrs.remove(&r.handle.get()).ok_or(Status::BadHandle)?;
                 Ok(ResponseBody::Empty)
             }
+            R::ReregMr(m) => self.rereg_mr(m),
             R::CreateCq(r) => {
                 let cqe = r.cqe.get();
                 if cqe > 4096 {

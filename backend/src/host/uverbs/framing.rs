@@ -62,6 +62,8 @@ pub mod cmd {
     pub const DESTROY_AH: u32 = 8;
     /// `IB_USER_VERBS_CMD_REG_MR`.
     pub const REG_MR: u32 = 9;
+    /// `IB_USER_VERBS_CMD_REREG_MR`.
+    pub const REREG_MR: u32 = 11;
     /// `IB_USER_VERBS_CMD_DEREG_MR`.
     pub const DEREG_MR: u32 = 13;
     /// `IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL`.
