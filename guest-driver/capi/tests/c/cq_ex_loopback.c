@@ -16,23 +16,14 @@
 #include <time.h>
 #include <infiniband/verbs.h>
 
+#include "verbs_test.h"
+
 #define BUF_SIZE (64 * 1024)
-#define PORT 1
 #define SEND_LEN 3000
 #define WRITE_LEN 5000
 #define WRITE_AT 32768
 #define IMM_SEND 0x12345678u
 #define IMM_WRITE 0xcafef00du
-
-#define CHECK(cond, ...)                                                                     \
-	do {                                                                                 \
-		if (!(cond)) {                                                               \
-			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                 \
-			fprintf(stderr, __VA_ARGS__);                                        \
-			fprintf(stderr, " (errno %d: %s)\n", errno, strerror(errno));        \
-			exit(1);                                                             \
-		}                                                                            \
-	} while (0)
 
 /* One completion as the accessors read it. */
 struct read_wc {
@@ -93,43 +84,6 @@ static const struct read_wc *find(const struct read_wc *wcs, int n, uint64_t wr_
 	return NULL;
 }
 
-static void connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, const union ibv_gid *gid,
-		       enum ibv_mtu mtu)
-{
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = PORT,
-				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
-	errno = ibv_modify_qp(qp, &a,
-			      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-	CHECK(errno == 0, "INIT");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = mtu;
-	a.dest_qp_num = remote_qpn;
-	a.rq_psn = 0;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = *gid;
-	a.ah_attr.grh.hop_limit = 64;
-	a.ah_attr.port_num = PORT;
-	errno = ibv_modify_qp(qp, &a,
-			      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-				      IBV_QP_MIN_RNR_TIMER);
-	CHECK(errno == 0, "RTR");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.sq_psn = 0;
-	a.max_rd_atomic = 1;
-	errno = ibv_modify_qp(qp, &a,
-			      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				      IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
-	CHECK(errno == 0, "RTS");
-}
-
 static void post_send(struct ibv_qp *qp, uint64_t wr_id, enum ibv_wr_opcode opcode,
 		      struct ibv_sge *sge, uint32_t imm, uint64_t raddr, uint32_t rkey)
 {
@@ -149,6 +103,10 @@ static void post_recv(struct ibv_qp *qp, uint64_t wr_id, struct ibv_sge *sge)
 	CHECK(errno == 0, "ibv_post_recv %" PRIu64, wr_id);
 }
 
+/* `with_imm` of expect(): no IBV_WC_WITH_IMM; the flag and the immediate value (receives); the
+ * flag only (rxe's send completion of a *_WITH_IMM request carries the flag, not the value). */
+enum { NO_IMM, IMM_VALUE, IMM_FLAG };
+
 /* What a completion must read; RC receives report the sender as src_qp or 0 (rxe: 0). */
 static void expect(const struct read_wc *wc, enum ibv_wc_opcode opcode, uint32_t qp_num,
 		   uint32_t byte_len, int with_imm, uint32_t imm, uint32_t peer)
@@ -161,9 +119,9 @@ static void expect(const struct read_wc *wc, enum ibv_wc_opcode opcode, uint32_t
 	if (byte_len)
 		CHECK(wc->byte_len == byte_len, "wr %" PRIu64 ": byte_len %u, expected %u",
 		      wc->wr_id, wc->byte_len, byte_len);
-	CHECK(!!(wc->flags & IBV_WC_WITH_IMM) == with_imm, "wr %" PRIu64 ": wc_flags %#x",
+	CHECK(!!(wc->flags & IBV_WC_WITH_IMM) == !!with_imm, "wr %" PRIu64 ": wc_flags %#x",
 	      wc->wr_id, wc->flags);
-	if (with_imm)
+	if (with_imm == IMM_VALUE)
 		CHECK(wc->imm == imm, "wr %" PRIu64 ": imm %#x, expected %#x", wc->wr_id, wc->imm,
 		      imm);
 	if (opcode & IBV_WC_RECV)
@@ -173,19 +131,6 @@ static void expect(const struct read_wc *wc, enum ibv_wc_opcode opcode, uint32_t
 	CHECK(wc->slid == 0 && wc->dlid_path_bits == 0 && wc->sl < 16,
 	      "wr %" PRIu64 ": slid %u sl %u path bits %u", wc->wr_id, wc->slid, wc->sl,
 	      wc->dlid_path_bits);
-}
-
-static void fill(unsigned char *p, size_t n, unsigned seed)
-{
-	for (size_t i = 0; i < n; i++)
-		p[i] = (unsigned char)(i * 31 + seed);
-}
-
-static void expect_same(const unsigned char *a, const unsigned char *b, size_t n, const char *what)
-{
-	for (size_t i = 0; i < n; i++)
-		CHECK(a[i] == b[i], "%s: byte %zu is %u, expected %u", what, i, a[i], b[i]);
-	printf("%s: %zu bytes verified\n", what, n);
 }
 
 int main(void)
@@ -267,13 +212,13 @@ int main(void)
 	post_send(a, 3, IBV_WR_SEND, &s2, 0, 0, 0);
 	struct read_wc wcs[6];
 	int n = poll_ex(cq, wcs, 6);
-	expect(find(wcs, n, 1), IBV_WC_SEND, a->qp_num, 0, 0, 0, 0);
-	expect(find(wcs, n, 2), IBV_WC_RDMA_WRITE, a->qp_num, 0, 0, 0, 0);
-	expect(find(wcs, n, 3), IBV_WC_SEND, a->qp_num, 0, 0, 0, 0);
-	expect(find(wcs, n, 10), IBV_WC_RECV, b->qp_num, SEND_LEN, 1, IMM_SEND, a->qp_num);
-	expect(find(wcs, n, 11), IBV_WC_RECV_RDMA_WITH_IMM, b->qp_num, WRITE_LEN, 1, IMM_WRITE,
+	expect(find(wcs, n, 1), IBV_WC_SEND, a->qp_num, 0, IMM_FLAG, 0, 0);
+	expect(find(wcs, n, 2), IBV_WC_RDMA_WRITE, a->qp_num, 0, IMM_FLAG, 0, 0);
+	expect(find(wcs, n, 3), IBV_WC_SEND, a->qp_num, 0, NO_IMM, 0, 0);
+	expect(find(wcs, n, 10), IBV_WC_RECV, b->qp_num, SEND_LEN, IMM_VALUE, IMM_SEND, a->qp_num);
+	expect(find(wcs, n, 11), IBV_WC_RECV_RDMA_WITH_IMM, b->qp_num, WRITE_LEN, IMM_VALUE, IMM_WRITE,
 	       a->qp_num);
-	expect(find(wcs, n, 12), IBV_WC_RECV, b->qp_num, SEND_LEN, 0, 0, a->qp_num);
+	expect(find(wcs, n, 12), IBV_WC_RECV, b->qp_num, SEND_LEN, NO_IMM, 0, a->qp_num);
 	expect_same(dst, src, SEND_LEN, "SEND with immediate");
 	expect_same(dst + WRITE_AT, src + 4096, WRITE_LEN, "RDMA WRITE with immediate");
 	expect_same(dst + 8192, src + 16384, SEND_LEN, "SEND");
@@ -317,8 +262,8 @@ int main(void)
 	      "ibv_get_cq_event");
 	ibv_ack_cq_events(ev_cq, 1);
 	n = poll_ex(cq, wcs, 2);
-	expect(find(wcs, n, 4), IBV_WC_SEND, a->qp_num, 0, 0, 0, 0);
-	expect(find(wcs, n, 13), IBV_WC_RECV, b->qp_num, SEND_LEN, 0, 0, a->qp_num);
+	expect(find(wcs, n, 4), IBV_WC_SEND, a->qp_num, 0, NO_IMM, 0, 0);
+	expect(find(wcs, n, 13), IBV_WC_RECV, b->qp_num, SEND_LEN, NO_IMM, 0, a->qp_num);
 	expect_same(dst, src + 16384, SEND_LEN, "SEND after a completion event");
 
 	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0, "ibv_destroy_qp");
