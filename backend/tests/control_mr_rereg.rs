@@ -107,12 +107,16 @@ fn pd_alone_moves_the_pd_reference() {
         },
     )
     .unwrap();
-    // rxe changes PD and access in place: same host MR, same keys.
-    assert_eq!((keys.lkey, keys.rkey), (mr.lkey, mr.rkey));
+    // A new host MR over the same window (not rxe's in-place rereg, whose access change leaves a
+    // local-only MR without an rkey): new keys, the old host MR gone, the same memory.
+    assert_ne!((keys.lkey, keys.rkey), (mr.lkey, mr.rkey));
     let (host_after, after) = only_host_mr(&fake);
-    assert_eq!(host_after, host_mr);
+    assert_ne!(host_after, host_mr);
     assert_ne!(after.pd, before.pd);
-    assert_eq!((after.iova, after.access), (before.iova, before.access));
+    assert_eq!(
+        (after.start, after.iova, after.length, after.access),
+        (before.start, before.iova, before.length, before.access)
+    );
     // The old PD is free, the new one is referenced.
     assert_eq!(
         guest.status(ControlRequest::DeallocPd(handle(pd_b))),
@@ -286,7 +290,7 @@ fn every_flag_combined() {
         guest.status(ControlRequest::DeallocPd(handle(pd_b))),
         Status::Busy
     );
-    // Then PD and access together, in place.
+    // Then PD and access together over the same window.
     let pd_c = guest.alloc_pd();
     let again = rereg(
         &guest,
@@ -298,8 +302,12 @@ fn every_flag_combined() {
         },
     )
     .unwrap();
-    assert_eq!(again, keys);
-    assert_eq!(only_host_mr(&fake).1.access, AccessFlags::LOCAL_WRITE);
+    assert_ne!(again, keys);
+    let (_, last) = only_host_mr(&fake);
+    assert_eq!(
+        (last.access, last.iova, last.length),
+        (AccessFlags::LOCAL_WRITE, 0x2000, 2 * PAGE)
+    );
     assert_eq!(
         guest.status(ControlRequest::DeallocPd(handle(pd_b))),
         Status::Ok
@@ -337,20 +345,20 @@ fn failures_leave_the_old_mr_registered() {
         Err(Status::DeviceError)
     );
     unchanged("failed deregistration");
-    // In-place change refused by the host.
-    fake.world().fail_next = Some("REREG_MR");
-    assert_eq!(
-        rereg(
-            &guest,
-            mr.mr.get(),
-            &Change {
-                pd: Some(pd_b),
-                ..NONE
-            }
-        ),
-        Err(Status::DeviceError)
-    );
-    unchanged("failed in-place change");
+    // A PD change whose new registration fails, or whose old one cannot be dropped.
+    let pd_only = Change {
+        pd: Some(pd_b),
+        ..NONE
+    };
+    for step in ["REG_MR", "DEREG_MR"] {
+        fake.world().fail_next = Some(step);
+        assert_eq!(
+            rereg(&guest, mr.mr.get(), &pd_only),
+            Err(Status::DeviceError),
+            "{step}"
+        );
+        unchanged(step);
+    }
     // Pages outside guest RAM, and over the byte quota.
     let outside = Change {
         translation: Some((0, PAGE, &[0])),

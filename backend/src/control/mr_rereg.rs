@@ -1,6 +1,6 @@
-//! REREG_MR (spec §7.4): a new PD and/or access flags in place on the host MR, or a new
-//! translation as a new host MR registered before the old one is deregistered, so that a
-//! failure leaves the old MR registered and usable. The guest's MR handle stays the same.
+//! REREG_MR (spec §7.4): a new host MR registered before the old one is deregistered, so that
+//! a failure leaves the old MR registered and usable: over a new window for a new translation,
+//! over the MR's own window for a new PD or access flags. The guest's MR handle stays the same.
 
 use log::{debug, warn};
 use vrdma_spec::control::ReregMr;
@@ -11,7 +11,7 @@ use super::error::CommandError;
 use super::mr::{check_mr_bytes, deregister, host_access, map_window, max_mr_size, mr_bytes};
 use super::session::{at_most, host_err, CommandResult, Session};
 use crate::guest::objects::LiveMr;
-use crate::host::{Mr, MrInit, MrRereg};
+use crate::host::MrInit;
 use crate::memory::mr_window::MrPages;
 use crate::resources::table::Handle;
 
@@ -76,14 +76,31 @@ pub(crate) fn rereg_mr(s: &mut Session<'_>, m: &ReregMr<'_>) -> CommandResult {
         }
         (host, Some(LiveMr { host, window }), bytes)
     } else {
-        let change = MrRereg {
-            pd: m.new_pd().map(|_| new_pd_host),
-            access: m.new_access().map(|_| new_access),
-        };
+        // A new registration over the same window, not rxe's in-place REREG_MR: Linux 6.12's
+        // changes an MR's access without giving a local-only MR an rkey, so a peer's RDMA WRITE
+        // with the returned rkey failed with REM_ACCESS_ERR (seen in the rxe VM; rdma-core's
+        // own rxe provider offers no rereg at all). Keys change, which ibv_rereg_mr allows.
+        let (start, length, iova) = (
+            live.window.addr() as u64,
+            live.window.len(),
+            live.window.iova(),
+        );
         let host = s
             .host()
-            .rereg_mr(old_host.handle, &change)
-            .map_err(host_err("REREG_MR"))?;
+            .reg_mr(&MrInit {
+                pd: new_pd_host,
+                start,
+                length,
+                iova,
+                access: new_access,
+            })
+            .map_err(host_err("REREG_MR (new registration)"))?;
+        if let Err(e) = s.host().dereg_mr(old_host.handle) {
+            if let Err(undo) = s.host().dereg_mr(host.handle) {
+                warn!("MR {handle}: the new registration outlives a failed REREG_MR: {undo}");
+            }
+            return Err(host_err("REREG_MR (old registration)")(e));
+        }
         (host, None, old_bytes)
     };
 
@@ -105,11 +122,9 @@ pub(crate) fn rereg_mr(s: &mut Session<'_>, m: &ReregMr<'_>) -> CommandResult {
     let old_window = match (new_live, entry.live.as_mut()) {
         // The old host MR is deregistered: its window can go.
         (Some(new_live), _) => entry.live.replace(new_live).map(|old| old.window),
+        // Same window, new host MR.
         (None, Some(live)) => {
-            live.host = Mr {
-                handle: live.host.handle,
-                ..host
-            };
+            live.host = host;
             None
         }
         (None, None) => None,

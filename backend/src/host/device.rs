@@ -86,10 +86,6 @@ pub trait HostContext: Send + Sync {
     /// peer and the guest at `iova`.
     fn reg_mr(&self, init: &MrInit) -> Result<Mr>;
 
-    /// Changes an MR's PD and/or access flags in place (rxe supports nothing else in place);
-    /// returns the MR with its keys after the change (same handle).
-    fn rereg_mr(&self, mr: MrHandle, change: &MrRereg) -> Result<Mr>;
-
     /// Deregisters an MR.
     fn dereg_mr(&self, mr: MrHandle) -> Result<()>;
 

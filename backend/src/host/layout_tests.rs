@@ -55,10 +55,6 @@ fn all_layouts() -> Vec<Layout> {
             response, start, length, hca_va, pd_handle, access_flags,
         },
         "struct ib_uverbs_reg_mr_resp" => RegMrResp { mr_handle, lkey, rkey },
-        "struct ib_uverbs_rereg_mr" => ReregMr {
-            response, mr_handle, flags, start, length, hca_va, pd_handle, access_flags,
-        },
-        "struct ib_uverbs_rereg_mr_resp" => ReregMrResp { lkey, rkey },
         "struct ib_uverbs_dereg_mr" => DeregMr { mr_handle },
         "struct ib_uverbs_create_comp_channel" => CreateCompChannel { response },
         "struct ib_uverbs_create_comp_channel_resp" => CreateCompChannelResp { fd },

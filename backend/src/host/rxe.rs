@@ -298,29 +298,6 @@ impl HostContext for RxeContext {
         })
     }
 
-    fn rereg_mr(&self, mr: MrHandle, change: &MrRereg) -> Result<Mr> {
-        // start, length and hca_va count only with IB_MR_REREG_TRANS, which rxe refuses
-        // (EOPNOTSUPP); translation changes are a new registration (control/mr_rereg.rs).
-        let mut req = uverbs::ReregMr {
-            mr_handle: mr.0,
-            ..Default::default()
-        };
-        if let Some(pd) = change.pd {
-            req.flags |= uverbs::MR_REREG_PD;
-            req.pd_handle = pd.0;
-        }
-        if let Some(access) = change.access {
-            req.flags |= uverbs::MR_REREG_ACCESS;
-            req.access_flags = access.bits();
-        }
-        let (resp, ()) = self.file.execute(req, &[])?;
-        Ok(Mr {
-            handle: mr,
-            lkey: resp.lkey,
-            rkey: resp.rkey,
-        })
-    }
-
     fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
         self.dereg_mr_raw(mr.0)?;
         self.live().mrs.remove(&mr.0);

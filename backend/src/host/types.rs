@@ -85,15 +85,6 @@ pub struct Mr {
     pub rkey: u32,
 }
 
-/// An in-place change of a registered MR (its translation stays): what is `Some` changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MrRereg {
-    /// The MR's new PD.
-    pub pd: Option<PdHandle>,
-    /// The MR's new access flags.
-    pub access: Option<AccessFlags>,
-}
-
 /// CQ creation request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CqInit {

@@ -128,9 +128,11 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
     unsafe { ibv_reg_mr_iova2(pd, addr, length, iova, access as u32) }
 }
 
-/// `ibv_reg_mr_iova2`: registers `length` bytes at `addr`. Memory outside the transport's guest
-/// RAM is re-backed by guest RAM first (see [`crate::memory`]). vrdma registers every region
-/// with its own address as iova: another `iova` fails with EOPNOTSUPP.
+/// `ibv_reg_mr_iova2`: registers `length` bytes at `addr`, addressed by work requests and peers
+/// as `[iova, iova + length)`. Memory outside the transport's guest RAM is re-backed by guest RAM
+/// first (see [`crate::memory`]). rxe translates an iova page by page, keeping its offset in the
+/// page, so an `iova` whose offset within a 4 KiB page differs from `addr`'s fails with EINVAL
+/// (rxe itself would place the data at the wrong offset).
 ///
 /// # Safety
 /// `pd` is a PD of this library; `[addr, addr + length)` is memory of this process that stays
@@ -147,9 +149,6 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
         let Some(vpd) = (unsafe { VrdmaPd::from_ptr(pd) }) else {
             return null_with("ibv_reg_mr", libc::EINVAL);
         };
-        if iova != addr as u64 {
-            return null_with("ibv_reg_mr (iova other than the address)", libc::EOPNOTSUPP);
-        }
         let Some(flags) = mr_access(access) else {
             return null_with("ibv_reg_mr (access flags)", libc::EINVAL);
         };
@@ -173,7 +172,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
         }
         // SAFETY: the caller keeps the memory mapped while the region lives; it is guest
         // RAM now (checked again by the translation inside).
-        let registered = unsafe { vpd.pd.register_raw(addr.cast(), length, flags) };
+        let registered = unsafe { vpd.pd.register_raw_at(addr.cast(), length, iova, flags) };
         if registered.is_err() {
             fork::do_fork(addr as usize, length);
         }

@@ -149,8 +149,35 @@ impl<'a> Mr<'a> {
         access: AccessFlags,
         memory: Memory<'a>,
     ) -> Result<Self> {
+        // SAFETY: forwarded contract.
+        unsafe { Self::register_at(pd, addr, len, addr as u64, access, memory) }
+    }
+
+    /// Registers `[addr, addr + len)` so that work requests and peers address it as
+    /// `[iova, iova + len)`. rxe translates an iova page by page, keeping its offset within the
+    /// page, so `iova` and `addr` must have the same offset within a page.
+    ///
+    /// # Safety
+    ///
+    /// `memory` keeps the range allocated for as long as the region lives.
+    unsafe fn register_at(
+        pd: &Pd,
+        addr: *const u8,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+        memory: Memory<'a>,
+    ) -> Result<Self> {
         check_access(access)?;
-        let iova = addr as u64;
+        let page_mask = (1u64 << PAGE_SHIFT) - 1;
+        if iova & page_mask != addr as u64 & page_mask {
+            return Err(VerbsError::InvalidArgument(
+                "the iova and the address must have the same offset within a page",
+            ));
+        }
+        if iova.checked_add(len as u64).is_none() {
+            return Err(VerbsError::InvalidArgument("iova + length overflows"));
+        }
         let (page_list, npages) = page_list(&pd.inner.ctx, addr, len, size_of::<RegMrReq>())?;
         let req = RegMrReq {
             pd: Le32::new(pd.inner.handle),
@@ -194,7 +221,8 @@ impl<'a> Mr<'a> {
         self.rkey
     }
 
-    /// Start address (= iova).
+    /// The iova: the start address work requests and peers use (the memory's own address
+    /// unless registered with [`Pd::register_raw_at`]).
     pub fn addr(&self) -> u64 {
         self.addr
     }
@@ -341,10 +369,11 @@ impl Mr<'static> {
         pd: &Pd,
         addr: *const u8,
         len: usize,
+        iova: u64,
         access: AccessFlags,
     ) -> Result<Self> {
         // SAFETY: the caller keeps the memory allocated while the region lives.
-        unsafe { Self::register(pd, addr, len, access, Memory::Raw) }
+        unsafe { Self::register_at(pd, addr, len, iova, access, Memory::Raw) }
     }
 }
 
@@ -375,7 +404,25 @@ impl Pd {
         access: AccessFlags,
     ) -> Result<Mr<'static>> {
         // SAFETY: forwarded contract.
-        unsafe { Mr::register_raw(self, addr, len, access) }
+        unsafe { Mr::register_raw(self, addr, len, addr as u64, access) }
+    }
+
+    /// As [`Self::register_raw`], addressed by work requests and peers as `[iova, iova + len)`
+    /// (`ibv_reg_mr_iova`): `iova` must have the same offset within a page as `addr`, as rxe
+    /// translates an iova page by page.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Self::register_raw`].
+    pub unsafe fn register_raw_at(
+        &self,
+        addr: *const u8,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Mr<'static>> {
+        // SAFETY: forwarded contract.
+        unsafe { Mr::register_raw(self, addr, len, iova, access) }
     }
 }
 

@@ -275,25 +275,6 @@ impl HostContext for FakeContext {
             rkey: (h << 8) | 1,
         })
     }
-    fn rereg_mr(&self, mr: MrHandle, change: &MrRereg) -> host::Result<Mr> {
-        let mut w = world(&self.world);
-        w.fail("REREG_MR")?;
-        if let Some(pd) = change.pd {
-            assert!(w.pds.contains_key(&pd.0), "REREG_MR to a PD that is gone");
-        }
-        let init = w.mrs.get_mut(&mr.0).ok_or(DeviceError::Command {
-            command: "REREG_MR",
-            errno: libc::EINVAL,
-        })?;
-        init.pd = change.pd.unwrap_or(init.pd);
-        init.access = change.access.unwrap_or(init.access);
-        // Like rxe: a new PD or access keeps the keys.
-        Ok(Mr {
-            handle: mr,
-            lkey: mr.0 << 8,
-            rkey: (mr.0 << 8) | 1,
-        })
-    }
     fn dereg_mr(&self, mr: MrHandle) -> host::Result<()> {
         let mut w = world(&self.world);
         w.fail("DEREG_MR")?;

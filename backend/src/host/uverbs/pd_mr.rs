@@ -54,37 +54,6 @@ abi_struct! {
 abi_layout!(RegMrResp, 12, mr_handle @ 0, lkey @ 4, rkey @ 8);
 command!(RegMr, cmd::REG_MR, "REG_MR", RegMrResp);
 
-/// `IB_MR_REREG_PD`: REREG_MR's `flags` bit for a new PD.
-pub const MR_REREG_PD: u32 = 1 << 1;
-/// `IB_MR_REREG_ACCESS`: REREG_MR's `flags` bit for new access flags.
-pub const MR_REREG_ACCESS: u32 = 1 << 2;
-
-abi_struct! {
-    /// `struct ib_uverbs_rereg_mr`.
-    pub struct ReregMr {
-        pub response: u64,
-        pub mr_handle: u32,
-        pub flags: u32,
-        pub start: u64,
-        pub length: u64,
-        pub hca_va: u64,
-        pub pd_handle: u32,
-        pub access_flags: u32,
-    }
-}
-abi_layout!(ReregMr, 48, response @ 0, mr_handle @ 8, flags @ 12, start @ 16, length @ 24,
-    hca_va @ 32, pd_handle @ 40, access_flags @ 44);
-
-abi_struct! {
-    /// `struct ib_uverbs_rereg_mr_resp`.
-    pub struct ReregMrResp {
-        pub lkey: u32,
-        pub rkey: u32,
-    }
-}
-abi_layout!(ReregMrResp, 8, lkey @ 0, rkey @ 4);
-command!(ReregMr, cmd::REREG_MR, "REREG_MR", ReregMrResp);
-
 abi_struct! {
     /// `struct ib_uverbs_dereg_mr`.
     pub struct DeregMr {
