@@ -42,6 +42,9 @@ expected_lines() {
 	verbs_uc) printf '%s\n' "UC: PASS" ;;
 	mr_rereg) printf '%s\n' "reg_mr_iova: WRITE, READ and receive by iova verified" \
 		"mr_rereg: all passed" ;;
+	# Status 2: IBV_FORK_UNNEEDED (a kernel with copy-on-fork natively; private copies over vrdma).
+	fork_child) printf '%s\n' "fork status: 2" "child's writes stayed in the child" \
+		"WRITE into the parent's region after fork: 4096 bytes verified" "fork: all passed" ;;
 	*) echo "vm-dropin.sh: no expected lines for $1" >&2; exit 1 ;;
 	esac
 }
