@@ -4,10 +4,12 @@
 #define VERBS_TEST_H
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <infiniband/verbs.h>
 
 #define PORT 1
@@ -34,6 +36,38 @@ static inline void expect_same(const unsigned char *a, const unsigned char *b, s
 	for (size_t i = 0; i < n; i++)
 		CHECK(a[i] == b[i], "%s: byte %zu is %u, expected %u", what, i, a[i], b[i]);
 	printf("%s: %zu bytes verified\n", what, n);
+}
+
+/* Opens the first verbs device (rxe0 natively, vrdma0 over the drop-in) and prints its name,
+ * which the dropin suite checks. */
+static inline struct ibv_context *open_first_device(void)
+{
+	int num = 0;
+	struct ibv_device **list = ibv_get_device_list(&num);
+	CHECK(list && num > 0, "no verbs device");
+	printf("device: %s\n", ibv_get_device_name(list[0]));
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	CHECK(ctx, "ibv_open_device");
+	ibv_free_device_list(list);
+	return ctx;
+}
+
+/* The next completion of `cq`, which must have `status` and come within 10 s (a bound for a
+ * hang, not a measurement). */
+static inline struct ibv_wc wait_status(struct ibv_cq *cq, enum ibv_wc_status status)
+{
+	struct ibv_wc wc;
+	time_t deadline = time(NULL) + 10;
+	for (;;) {
+		int n = ibv_poll_cq(cq, 1, &wc);
+		CHECK(n >= 0, "ibv_poll_cq");
+		if (n == 1)
+			break;
+		CHECK(time(NULL) < deadline, "no completion within 10 s");
+	}
+	CHECK(wc.status == status, "wr %" PRIu64 ": %s, expected %s", wc.wr_id,
+	      ibv_wc_status_str(wc.status), ibv_wc_status_str(status));
+	return wc;
 }
 
 /* Moves an RC QP through INIT and RTR to RTS towards `remote_qpn` at `gid` (GID index 0). */
