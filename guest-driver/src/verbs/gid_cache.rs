@@ -17,12 +17,13 @@
 //!   the change (the host raises the event once its table changed). A table read concurrently
 //!   with such an event is returned to its reader but not kept: each port has a generation,
 //!   bumped by every invalidation, and a read made under an older generation is not stored.
-//! - **After [`DEFAULT_GID_CACHE_LIFETIME`]**, for programs that never read events (nobody
-//!   reads the event queue, so the first rule never fires): a kept table older than the
-//!   lifetime is read again. This is the only guarantee such a program has, and it is a bound
-//!   on staleness, not freshness: a GID that changed on the host is seen at most one lifetime
-//!   (plus one command) late. The host's own table already lags its network interfaces (the
-//!   kernel updates it from netdev events in a work queue), by a similar order of magnitude.
+//! - **After [`DEFAULT_GID_CACHE_LIFETIME`]** (or the context's own lifetime): a kept table
+//!   older than that is read again. This covers what events cannot: a program of the verbs
+//!   API that never reads events (then nothing reads the event queue and the first rule never
+//!   fires), the time between the host's change and the event being read, and an event lost
+//!   on the way. It bounds staleness, it does not promise freshness: a GID that changed on the
+//!   host is seen at most one lifetime late (the lifetime counts from before the read). The host's own table already
+//!   lags its network interfaces (the kernel updates it from netdev events in a work queue).
 //!
 //! Revalidating each query with a cheap command (a generation in QUERY_PORT) was not chosen:
 //! the device offers no such generation, and one command per query is exactly the cost this
