@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_int};
 use std::path::Path;
 use std::sync::{Arc, Once, OnceLock};
 
-use log::error;
+use log::{error, warn};
 use vrdma::transport::pci::sysfs::{find_candidates, SYSFS_PCI};
 use vrdma::transport::Transport;
 use vrdma::Context;
@@ -272,6 +272,11 @@ pub(crate) fn context_over(
     transport: Arc<AppTransport>,
 ) -> Result<*mut ibv_context, c_int> {
     let errno = |e: std::io::Error| e.raw_os_error().unwrap_or(libc::EIO);
+    match config::gid_cache_lifetime(|name| std::env::var_os(name)) {
+        Ok(Some(lifetime)) => ctx.set_gid_cache_lifetime(lifetime),
+        Ok(None) => {}
+        Err(e) => warn!("vrdma: {e}; the default GID cache lifetime is used"),
+    }
     let routes = Arc::new(CompletionRoutes::default());
     let async_events = Arc::new(AsyncEvents::new().map_err(|e| {
         error!("vrdma: cannot make the async event fd: {e}");

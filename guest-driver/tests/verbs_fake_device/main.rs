@@ -9,10 +9,12 @@
 //! [`uc`]: UC queue pairs end to end.
 //! [`fork`]: what a `fork()` child inherits, and the parent's regions after it.
 //! [`mr_rereg`]: re-registration of memory regions.
+//! [`gid_cache`]: the context's GID table cache: its cost and its invalidation.
 
 mod control;
 mod data_path;
 mod fork;
+mod gid_cache;
 mod helpers;
 mod mr_rereg;
 mod resize_cq;
