@@ -1,24 +1,24 @@
 //! Queue pairs (RC, UC and UD): create, modify, query, destroy. `ibv_create_qp_ex` and the
-//! `ibv_wr_*` operations are in [`crate::qp_ex`].
+//! `ibv_wr_*` operations (module `qp_ex`) build on these.
 
+use std::cell::UnsafeCell;
 use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 
-use vrdma::verbs::{AccessFlags, Mtu, QpAttr, QpAttrMask, QpCaps, QpState, QpType};
+use vrdma::verbs::{AccessFlags, Mtu, QpAttr, QpAttrMask, QpCaps, QpState, QpType, SendBatch};
 use vrdma::{Qp, QpInitAttr};
 
 use crate::async_events::ObjectKind;
 use crate::cq::VrdmaCq;
 use crate::ffi::{guard, null_with, report};
 use crate::objects::{ah_attr_from, ah_attr_to, VrdmaPd};
-use crate::qp_ex::BatchSlot;
 use crate::srq::VrdmaSrq;
 use crate::sys::{ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_cap, ibv_qp_ex, ibv_qp_init_attr};
 
 /// A queue pair: `ibv_qp_ex` first, whose first member is the `ibv_qp` handed to the
 /// application (so `ibv_qp_to_qp_ex` needs no lookup, as in rdma-core). A QP made by
-/// `ibv_create_qp` leaves the extended part zero; one made by `ibv_create_qp_ex`
-/// ([`crate::qp_ex`]) has its `ibv_wr_*` operations set. Every classic verb works on both.
+/// `ibv_create_qp` leaves the extended part zero; one made by `ibv_create_qp_ex` has its
+/// `ibv_wr_*` operations set. Every classic verb works on both.
 #[repr(C)]
 pub(crate) struct VrdmaQp {
     pub(crate) ibv: ibv_qp_ex,
@@ -28,6 +28,19 @@ pub(crate) struct VrdmaQp {
     sq_sig_all: bool,
     /// Made by `ibv_create_qp_ex`: `ibv_qp_to_qp_ex` hands out `ibv`.
     pub(crate) extended: bool,
+}
+
+/// The open `ibv_wr_*` batch of a QP, between `ibv_wr_start` and `ibv_wr_complete` or
+/// `ibv_wr_abort`.
+///
+/// Only the thread that opened the batch touches it, as the `ibv_qp_ex` contract requires (a
+/// batch is one thread's sequence of calls); the batch holds the QP's send lock meanwhile,
+/// which orders one batch's accesses before the next's.
+#[derive(Default)]
+pub(crate) struct BatchSlot {
+    /// The open batch. Its lifetime is the QP's own (`VrdmaQp::qp`, declared after this
+    /// slot, so a batch left open is dropped before the QP it borrows).
+    pub(crate) open: UnsafeCell<Option<SendBatch<'static>>>,
 }
 
 impl VrdmaQp {

@@ -18,7 +18,6 @@
 //! `EOPNOTSUPP`. TSO and XRC (and rdma-core's later FLUSH and ATOMIC_WRITE) are refused at
 //! creation, as rxe refuses them.
 
-use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 
 use vrdma::provider::PostError;
@@ -48,6 +47,8 @@ use crate::sys::{
 };
 
 #[cfg(test)]
+mod create_tests;
+#[cfg(test)]
 mod tests;
 
 /// The `comp_mask` bits of `ibv_qp_init_attr_ex` rxe accepts.
@@ -67,19 +68,6 @@ const RC_SEND_OPS: u32 = WITH_WRITE
 const UC_SEND_OPS: u32 =
     WITH_WRITE | WITH_WRITE_IMM | WITH_SEND | WITH_SEND_IMM | WITH_BIND_MW | WITH_SEND_INV;
 const UD_SEND_OPS: u32 = WITH_SEND | WITH_SEND_IMM;
-
-/// The open `ibv_wr_*` batch of a QP, between `ibv_wr_start` and `ibv_wr_complete` or
-/// `ibv_wr_abort`.
-///
-/// Only the thread that opened the batch touches it, as the `ibv_qp_ex` contract requires (a
-/// batch is one thread's sequence of calls); the batch holds the QP's send lock meanwhile,
-/// which orders one batch's accesses before the next's.
-#[derive(Default)]
-pub(crate) struct BatchSlot {
-    /// The open batch. Its lifetime is the QP's own (`VrdmaQp::qp`, declared after this
-    /// slot, so a batch left open is dropped before the QP it borrows).
-    batch: UnsafeCell<Option<SendBatch<'static>>>,
-}
 
 /// `verbs_context.create_qp_ex`: an RC, UC or UD QP whose `ibv_qp_ex` has the operations of
 /// `send_ops_flags` (when `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` is given) and the setters, or NULL
@@ -244,8 +232,8 @@ unsafe fn with_batch(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut SendBatch<'static>,
     let Some(vqp) = (unsafe { VrdmaQp::from_ptr(qp.cast()) }) else {
         return;
     };
-    // SAFETY: only the thread that opened the batch touches it (see `BatchSlot`).
-    match unsafe { &mut *vqp.batch.batch.get() } {
+    // SAFETY: only the thread that opened the batch touches it (see `qp::BatchSlot`).
+    match unsafe { &mut *vqp.batch.open.get() } {
         Some(batch) => f(batch, &vqp.ibv),
         None => log::warn!("vrdma: ibv_wr_* call without ibv_wr_start"),
     }
@@ -294,7 +282,7 @@ unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
         let batch = unsafe { std::mem::transmute::<SendBatch<'_>, SendBatch<'static>>(batch) };
         // SAFETY: this caller holds the QP's send lock now (through `batch`): no other batch
         // touches the slot.
-        unsafe { *vqp.batch.batch.get() = Some(batch) };
+        unsafe { *vqp.batch.open.get() = Some(batch) };
     })
 }
 
@@ -309,8 +297,8 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
         let Some(vqp) = (unsafe { VrdmaQp::from_ptr(qp.cast()) }) else {
             return libc::EINVAL;
         };
-        // SAFETY: the caller holds the batch (see `BatchSlot`).
-        let Some(batch) = (unsafe { &mut *vqp.batch.batch.get() }).take() else {
+        // SAFETY: the caller holds the batch (see `qp::BatchSlot`).
+        let Some(batch) = (unsafe { &mut *vqp.batch.open.get() }).take() else {
             return libc::EINVAL;
         };
         match batch.complete() {
@@ -331,8 +319,8 @@ unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
     guard("ibv_wr_abort", (), || {
         // SAFETY: caller contract.
         if let Some(vqp) = unsafe { VrdmaQp::from_ptr(qp.cast()) } {
-            // SAFETY: the caller holds the batch (see `BatchSlot`).
-            drop(unsafe { &mut *vqp.batch.batch.get() }.take());
+            // SAFETY: the caller holds the batch (see `qp::BatchSlot`).
+            drop(unsafe { &mut *vqp.batch.open.get() }.take());
         }
     })
 }

@@ -2,7 +2,7 @@
 //! made through the `verbs_context` in front of the `ibv_context`, requests posted through
 //! the `ibv_qp_ex` operations.
 
-use vrdma::verbs::{AccessFlags, QpType, RecvWr, WcOpcode};
+use vrdma::verbs::{AccessFlags, RecvWr, WcOpcode};
 use vrdma_test_support::fake_transport::{FakeTransport, LOCAL_GID};
 
 use super::*;
@@ -10,14 +10,9 @@ use crate::cq_ex::tests::{close, open_fake, verbs_get_ctx};
 use crate::datapath::poll_cq;
 use crate::objects::VrdmaPd;
 use crate::sys::{
-    ibv_ah_attr, ibv_cq, ibv_pd, ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_TSO as WITH_TSO,
-    ibv_qp_type_IBV_QPT_RC, ibv_qp_type_IBV_QPT_UC, ibv_qp_type_IBV_QPT_UD,
+    ibv_ah_attr, ibv_cq, ibv_pd, ibv_qp_type_IBV_QPT_RC, ibv_qp_type_IBV_QPT_UD,
     ibv_send_flags_IBV_SEND_INLINE as INLINE, ibv_send_flags_IBV_SEND_IP_CSUM as IP_CSUM,
-    ibv_send_flags_IBV_SEND_SIGNALED as SIGNALED, ibv_srq_init_attr_ex, ibv_wc,
-};
-use crate::sys::{
-    ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_PD as SRQ_PD,
-    ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_TYPE as SRQ_TYPE, ibv_srq_type_IBV_SRQT_XRC,
+    ibv_send_flags_IBV_SEND_SIGNALED as SIGNALED, ibv_wc,
 };
 
 const RC_ALL: u64 = (WITH_SEND
@@ -32,15 +27,15 @@ const RC_ALL: u64 = (WITH_SEND
     | WITH_SEND_INV) as u64;
 
 /// A context over a fake device with a PD and one CQ.
-struct Fixture {
-    fake: std::sync::Arc<FakeTransport>,
-    ctx: *mut ibv_context,
-    pd: *mut ibv_pd,
-    cq: *mut ibv_cq,
+pub(super) struct Fixture {
+    pub(super) fake: std::sync::Arc<FakeTransport>,
+    pub(super) ctx: *mut ibv_context,
+    pub(super) pd: *mut ibv_pd,
+    pub(super) cq: *mut ibv_cq,
 }
 
 impl Fixture {
-    fn new() -> Fixture {
+    pub(super) fn new() -> Fixture {
         let (fake, ctx) = open_fake();
         // SAFETY: a live context of this library.
         let pd = unsafe { crate::objects::ibv_alloc_pd(ctx) };
@@ -57,7 +52,7 @@ impl Fixture {
         unsafe { VrdmaPd::from_ptr(self.pd) }.unwrap()
     }
 
-    fn attr(&self, qp_type: u32, send_ops: Option<u64>) -> ibv_qp_init_attr_ex {
+    pub(super) fn attr(&self, qp_type: u32, send_ops: Option<u64>) -> ibv_qp_init_attr_ex {
         // SAFETY: all-zero is a valid ibv_qp_init_attr_ex.
         let mut attr: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
         attr.send_cq = self.cq;
@@ -78,7 +73,7 @@ impl Fixture {
     }
 
     /// `ibv_create_qp_ex` through the context's operation: the QP or the errno.
-    fn create(&self, mut attr: ibv_qp_init_attr_ex) -> Result<*mut ibv_qp, c_int> {
+    pub(super) fn create(&self, mut attr: ibv_qp_init_attr_ex) -> Result<*mut ibv_qp, c_int> {
         let create = verbs_get_ctx(self.ctx).create_qp_ex.unwrap();
         // SAFETY: a live context and a valid attribute structure naming its objects.
         let qp = unsafe { create(self.ctx, &mut attr) };
@@ -96,7 +91,7 @@ impl Fixture {
         wcs[..n as usize].to_vec()
     }
 
-    fn close(self, qps: &[*mut ibv_qp]) {
+    pub(super) fn close(self, qps: &[*mut ibv_qp]) {
         for &qp in qps {
             // SAFETY: QPs of this fixture, not used afterwards.
             assert_eq!(unsafe { crate::qp::ibv_destroy_qp(qp) }, 0);
@@ -115,7 +110,7 @@ fn vqp<'a>(qp: *mut ibv_qp) -> &'a VrdmaQp {
     unsafe { VrdmaQp::from_ptr(qp) }.unwrap()
 }
 
-fn qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+pub(super) fn qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
     // SAFETY: a live QP of a test.
     let ex = unsafe { ibv_qp_to_qp_ex(qp) };
     assert_eq!(
@@ -151,32 +146,42 @@ fn connect(a: *mut ibv_qp, b: *mut ibv_qp) {
 struct Ops(*mut ibv_qp_ex);
 
 impl Ops {
-    fn ex(&self) -> &mut ibv_qp_ex {
-        // SAFETY: a live extended QP of a test; the test is its only user.
-        unsafe { &mut *self.0 }
+    fn ex(&self) -> &ibv_qp_ex {
+        // SAFETY: a live extended QP of a test.
+        unsafe { &*self.0 }
     }
     fn next(&self, wr_id: u64, flags: u32) {
-        self.ex().wr_id = wr_id;
-        self.ex().wr_flags = flags;
+        // SAFETY: a live extended QP of a test, whose fields the application sets between
+        // requests.
+        unsafe {
+            (*self.0).wr_id = wr_id;
+            (*self.0).wr_flags = flags;
+        }
     }
-    // SAFETY (all below): operations of a live extended QP, in their documented order.
     fn start(&self) {
+        // SAFETY: an operation of a live extended QP, called in its documented order (as
+        // every operation below).
         unsafe { self.ex().wr_start.unwrap()(self.0) }
     }
     fn complete(&self) -> c_int {
+        // SAFETY: as above.
         unsafe { self.ex().wr_complete.unwrap()(self.0) }
     }
     fn abort(&self) {
+        // SAFETY: as above.
         unsafe { self.ex().wr_abort.unwrap()(self.0) }
     }
     fn send(&self) {
+        // SAFETY: as above.
         unsafe { self.ex().wr_send.unwrap()(self.0) }
     }
     fn sge(&self, sge: Sge) {
+        // SAFETY: as above.
         unsafe { self.ex().wr_set_sge.unwrap()(self.0, sge.lkey, sge.addr, sge.length) }
     }
     fn sge_list(&self, sges: &[Sge]) {
         let list = sges.as_ptr().cast::<ibv_sge>();
+        // SAFETY: as above; the list is valid for its length.
         unsafe { self.ex().wr_set_sge_list.unwrap()(self.0, sges.len() as size_t, list) }
     }
 }
@@ -314,13 +319,9 @@ fn every_rc_opcode_posts_through_one_batch() {
             (6, 0, WcOpcode::CompSwap.raw(), 8),
         ],
     );
-    // SAFETY: reading the u32 member of the union.
-    assert_eq!(
-        unsafe { wcs[2].__bindgen_anon_1.imm_data },
-        0xa1b2_c3d4_u32.to_be()
-    );
-    // SAFETY: as above.
-    assert_eq!(unsafe { wcs[5].__bindgen_anon_1.imm_data }, 7u32.to_be());
+    // SAFETY: reading the u32 member of the unions.
+    let imms = unsafe { [wcs[2], wcs[5]].map(|w| w.__bindgen_anon_1.imm_data) };
+    assert_eq!(imms, [0xa1b2_c3d4_u32.to_be(), 7u32.to_be()]);
     let (s, d, l) = (src.as_slice(), dst.as_slice(), local.as_slice());
     assert_eq!(&d[..100], &s[..100]);
     assert_eq!(&d[100..150], &s[200..250]);
@@ -354,10 +355,8 @@ fn every_rc_opcode_posts_through_one_batch() {
     wr.wr.rdma.rkey = dst_mr.rkey();
     let mut bad = std::ptr::null_mut();
     // SAFETY: a valid request on a live QP.
-    assert_eq!(
-        unsafe { crate::datapath::post_send(a, &mut wr, &mut bad) },
-        0
-    );
+    let posted = unsafe { crate::datapath::post_send(a, &mut wr, &mut bad) };
+    assert_eq!(posted, 0);
     f.fake.run_kernel();
     assert_eq!(f.poll()[0].wr_id, 9);
     assert_eq!(&dst.as_slice()[12000..12016], &src.as_slice()[..16]);
@@ -578,129 +577,4 @@ fn ud_sends_take_the_address_handle_of_this_library() {
     // SAFETY: the AH, no longer used.
     assert_eq!(unsafe { crate::objects::ibv_destroy_ah(ah) }, 0);
     f.close(&[a, b]);
-}
-
-#[test]
-fn create_qp_ex_refuses_what_rxe_refuses_and_sets_only_the_asked_opcodes() {
-    let f = Fixture::new();
-    let rc = |ops| f.attr(ibv_qp_type_IBV_QPT_RC, Some(ops));
-    assert_eq!(f.create(rc(u64::from(WITH_TSO))), Err(libc::EOPNOTSUPP));
-    assert_eq!(f.create(rc(1 << 40)), Err(libc::EOPNOTSUPP));
-    let uc_read = f.attr(
-        ibv_qp_type_IBV_QPT_UC,
-        Some(u64::from(WITH_SEND | WITH_READ)),
-    );
-    assert_eq!(f.create(uc_read), Err(libc::EOPNOTSUPP));
-    let ud_write = f.attr(ibv_qp_type_IBV_QPT_UD, Some(u64::from(WITH_WRITE)));
-    assert_eq!(f.create(ud_write), Err(libc::EOPNOTSUPP));
-    let mut flags = rc(0);
-    flags.comp_mask |= ATTR_CREATE_FLAGS;
-    flags.create_flags = 1;
-    assert_eq!(f.create(flags), Err(libc::EOPNOTSUPP));
-    let mut xrcd = rc(0);
-    xrcd.comp_mask |= 2; // IBV_QP_INIT_ATTR_XRCD
-    assert_eq!(f.create(xrcd), Err(libc::EOPNOTSUPP));
-    let mut no_pd = rc(0);
-    no_pd.comp_mask &= !ATTR_PD;
-    assert_eq!(f.create(no_pd), Err(libc::EINVAL));
-    let mut xrc = rc(0);
-    xrc.qp_type = 9; // IBV_QPT_XRC_SEND
-    assert_eq!(f.create(xrc), Err(libc::EOPNOTSUPP));
-
-    // Only the opcodes asked for; the setters and the batch operations always.
-    let uc = f
-        .create(f.attr(ibv_qp_type_IBV_QPT_UC, Some(u64::from(WITH_WRITE))))
-        .unwrap();
-    let ex = qp_ex(uc);
-    // SAFETY: the QP just made.
-    let ops = unsafe { &*ex };
-    assert!(ops.wr_rdma_write.is_some() && ops.wr_send.is_none() && ops.wr_rdma_read.is_none());
-    assert!(ops.wr_set_sge.is_some() && ops.wr_set_ud_addr.is_some() && ops.wr_start.is_some());
-    assert!(ops.wr_send_tso.is_none() && ops.wr_set_xrc_srqn.is_none());
-    // SAFETY: as above.
-    assert_eq!(unsafe { (*uc).qp_type }, ibv_qp_type_IBV_QPT_UC);
-    // A QP made without SEND_OPS_FLAGS has only the setters and batch operations.
-    let plain = f.create(rc(0).without_send_ops()).unwrap();
-    // SAFETY: the QP just made.
-    let ops = unsafe { &*qp_ex(plain) };
-    assert!(ops.wr_send.is_none() && ops.wr_complete.is_some());
-
-    // A QP of ibv_create_qp has no ibv_qp_ex, as in rdma-core.
-    let mut classic_attr = rc(0);
-    // SAFETY: the fixture's PD and a valid attribute structure (its classic prefix).
-    let classic = unsafe {
-        crate::qp::ibv_create_qp(f.pd, (&raw mut classic_attr).cast::<ibv_qp_init_attr>())
-    };
-    assert!(!classic.is_null());
-    // SAFETY: a live QP.
-    assert!(unsafe { ibv_qp_to_qp_ex(classic) }.is_null());
-    f.close(&[uc, plain, classic]);
-}
-
-trait WithoutSendOps {
-    fn without_send_ops(self) -> Self;
-}
-
-impl WithoutSendOps for ibv_qp_init_attr_ex {
-    fn without_send_ops(mut self) -> Self {
-        self.comp_mask &= !ATTR_SEND_OPS_FLAGS;
-        self
-    }
-}
-
-#[test]
-fn create_srq_ex_makes_basic_srqs_only() {
-    let f = Fixture::new();
-    let create = verbs_get_ctx(f.ctx).create_srq_ex.unwrap();
-    let errno_of = |mut attr: ibv_srq_init_attr_ex| {
-        // SAFETY: a live context and a valid attribute structure.
-        let srq = unsafe { create(f.ctx, &mut attr) };
-        assert!(srq.is_null());
-        std::io::Error::last_os_error().raw_os_error().unwrap()
-    };
-    // SAFETY: all-zero is a valid ibv_srq_init_attr_ex.
-    let mut attr: ibv_srq_init_attr_ex = unsafe { std::mem::zeroed() };
-    attr.attr.max_wr = 16;
-    attr.attr.max_sge = 1;
-    attr.comp_mask = SRQ_PD | SRQ_TYPE;
-    attr.pd = f.pd;
-    let mut xrc = attr;
-    xrc.srq_type = ibv_srq_type_IBV_SRQT_XRC;
-    assert_eq!(errno_of(xrc), libc::EOPNOTSUPP);
-    let mut tm = attr;
-    tm.srq_type = 2; // IBV_SRQT_TM
-    assert_eq!(errno_of(tm), libc::EOPNOTSUPP);
-    let mut reserved = attr;
-    reserved.comp_mask |= 1 << 5;
-    assert_eq!(errno_of(reserved), libc::EOPNOTSUPP);
-    let mut no_pd = attr;
-    no_pd.comp_mask = SRQ_TYPE;
-    assert_eq!(errno_of(no_pd), libc::EINVAL);
-    // A basic SRQ is an ibv_create_srq: the same answer (this fake device has no SRQs), and
-    // the sizes written back the same way.
-    let basic = errno_of(attr);
-    let mut classic = crate::sys::ibv_srq_init_attr {
-        srq_context: std::ptr::null_mut(),
-        attr: attr.attr,
-    };
-    // SAFETY: the fixture's PD and a valid attribute structure.
-    let srq = unsafe { crate::srq::ibv_create_srq(f.pd, &mut classic) };
-    assert!(srq.is_null());
-    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(basic));
-    assert_ne!(basic, libc::EINVAL);
-    f.close(&[]);
-}
-
-#[test]
-fn rxe_errnos_of_refused_batches() {
-    let refused = |error| SendBatchError::Refused { index: 0, error };
-    assert_eq!(batch_errno(&refused(PostError::QueueFull)), libc::ENOSPC);
-    assert_eq!(
-        batch_errno(&refused(PostError::MissingUdDest)),
-        libc::EINVAL
-    );
-    assert_eq!(batch_errno(&refused(PostError::NoRequest)), libc::EINVAL);
-    let unsupported = refused(PostError::Unsupported("x"));
-    assert_eq!(batch_errno(&unsupported), libc::EOPNOTSUPP);
-    assert_eq!(QpType::try_from(ibv_qp_type_IBV_QPT_RC), Ok(QpType::Rc));
 }
