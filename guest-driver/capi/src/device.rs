@@ -24,7 +24,7 @@ use crate::sys::{
     ibv_transport_type_IBV_TRANSPORT_IB, verbs_context,
 };
 use crate::transport::AppTransport;
-use crate::{cq_ex, datapath, query_ex};
+use crate::{cq_ex, datapath, qp_ex, query_ex, srq};
 
 /// Name of the one device.
 pub(crate) const DEVICE_NAME: &str = "vrdma0";
@@ -238,6 +238,8 @@ pub(crate) fn extended_ops() -> verbs_context {
     verbs.query_device_ex = Some(query_ex::query_device_ex);
     verbs.query_port = Some(query_ex::query_port_ex);
     verbs.create_cq_ex = Some(cq_ex::create_cq_ex);
+    verbs.create_qp_ex = Some(qp_ex::create_qp_ex);
+    verbs.create_srq_ex = Some(srq::create_srq_ex);
     verbs
 }
 

@@ -89,7 +89,7 @@ export!(
     qp::ibv_destroy_qp,
     unsupported::ibv_attach_mcast,
     unsupported::ibv_detach_mcast,
-    unsupported::ibv_qp_to_qp_ex,
+    qp_ex::ibv_qp_to_qp_ex,
     unsupported::ibv_reg_dmabuf_mr,
     unsupported::ibv_query_ece,
     unsupported::ibv_set_ece,

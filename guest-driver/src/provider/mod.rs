@@ -272,6 +272,13 @@ pub enum PostError {
     /// An atomic needs an 8-byte local buffer and an 8-byte aligned remote address.
     #[error("atomic operation needs 8 local bytes and an 8-byte aligned remote address")]
     InvalidAtomic,
+    /// A batch setter (`ibv_wr_set_*`) was called before any work request of the batch was
+    /// started.
+    #[error("no work request started in the batch")]
+    NoRequest,
+    /// An operation or flag this library does not provide (named).
+    #[error("{0} is not supported")]
+    Unsupported(&'static str),
 }
 
 #[cfg(test)]

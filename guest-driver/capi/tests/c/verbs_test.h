@@ -38,6 +38,12 @@ static inline void expect_same(const unsigned char *a, const unsigned char *b, s
 	printf("%s: %zu bytes verified\n", what, n);
 }
 
+/* The remote access connect_qp grants; a program defines it before including this header to
+ * grant more (atomics). */
+#ifndef CONNECT_QP_ACCESS
+#define CONNECT_QP_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+#endif
+
 /* Opens the first verbs device (rxe0 natively, vrdma0 over the drop-in) and prints its name,
  * which the dropin suite checks. */
 static inline struct ibv_context *open_first_device(void)
@@ -77,8 +83,7 @@ static inline void connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, const unio
 	struct ibv_qp_attr a = {
 		.qp_state = IBV_QPS_INIT,
 		.port_num = PORT,
-		.qp_access_flags =
-			IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+		.qp_access_flags = CONNECT_QP_ACCESS,
 	};
 	errno = ibv_modify_qp(qp, &a,
 			      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
