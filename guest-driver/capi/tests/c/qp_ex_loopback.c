@@ -186,11 +186,13 @@ int main(void)
 	qx->wr_id = WR_SEND;
 	qx->wr_flags = IBV_SEND_SIGNALED;
 	ibv_wr_send(qx);
-	ibv_wr_set_sge_list(qx, 2, two);
+	/* A one-entry list here; the two-entry list runs last (see there). */
+	ibv_wr_set_sge_list(qx, 1, two);
 	qx->wr_id = WR_SEND_IMM;
 	qx->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
 	ibv_wr_send_imm(qx, htonl(IMM_SEND));
-	ibv_wr_set_inline_data_list(qx, 2, bufs);
+	/* One buffer here; the two-buffer list runs last (see there). */
+	ibv_wr_set_inline_data(qx, (void *)inline_a, sizeof(inline_a) - 1);
 	qx->wr_id = WR_WRITE;
 	qx->wr_flags = IBV_SEND_SIGNALED;
 	ibv_wr_rdma_write(qx, rkey, raddr + WRITE_AT);
@@ -220,8 +222,8 @@ int main(void)
 	expect_wc(by_id, WR_READ, IBV_WC_RDMA_READ, READ_LEN);
 	expect_wc(by_id, WR_CMP_SWP, IBV_WC_COMP_SWAP, 8);
 	expect_wc(by_id, WR_FETCH_ADD, IBV_WC_FETCH_ADD, 8);
-	expect_wc(by_id, RECV_SEND, IBV_WC_RECV, 1500);
-	expect_wc(by_id, RECV_SEND_IMM, IBV_WC_RECV, inline_len);
+	expect_wc(by_id, RECV_SEND, IBV_WC_RECV, 1000);
+	expect_wc(by_id, RECV_SEND_IMM, IBV_WC_RECV, sizeof(inline_a) - 1);
 	expect_wc(by_id, RECV_WRITE_IMM, IBV_WC_RECV_RDMA_WITH_IMM, WRITE_IMM_LEN);
 	CHECK((by_id[RECV_SEND].wc_flags & IBV_WC_WITH_IMM) == 0, "SEND with an immediate");
 	CHECK((by_id[RECV_SEND_IMM].wc_flags & IBV_WC_WITH_IMM) &&
@@ -231,10 +233,9 @@ int main(void)
 		      ntohl(by_id[RECV_WRITE_IMM].imm_data) == IMM_WRITE,
 	      "WRITE immediate %#x", ntohl(by_id[RECV_WRITE_IMM].imm_data));
 
-	expect_same(dst + SEND_AT, src, 1000, "SEND, first SGE");
-	expect_same(dst + SEND_AT + 1000, src + 2000, 500, "SEND, second SGE");
-	expect_same(dst + SEND_IMM_AT, (const unsigned char *)"inline data from two buffers",
-		    inline_len, "SEND_WITH_IMM, inline data list");
+	expect_same(dst + SEND_AT, src, 1000, "SEND, one-entry SGE list");
+	expect_same(dst + SEND_IMM_AT, (const unsigned char *)inline_a, sizeof(inline_a) - 1,
+		    "SEND_WITH_IMM, inline data");
 	expect_same(dst + WRITE_AT, src + 8192, WRITE_LEN, "RDMA WRITE");
 	expect_same(dst + WRITE_IMM_AT, src + 12000, WRITE_IMM_LEN, "RDMA WRITE_WITH_IMM");
 	expect_same(local, dst + READ_FROM, READ_LEN, "RDMA READ");
@@ -289,6 +290,60 @@ int main(void)
 	poll_all(cq, by_id, RECV_WRITE_IMM + 1, 1);
 	expect_wc(by_id, WR_WRITE, IBV_WC_RDMA_WRITE, 0);
 	expect_same(dst + WRITE_AT, src + 100, WRITE_LEN, "RDMA WRITE after the refused batch");
+
+	/* Two gathers rdma-core 56's own rxe provider gets wrong natively on rxe0 (seen there): an
+	 * inline data list arrives as 0 bytes, and a two-entry SGE list is posted as a WQE the
+	 * kernel fails (the QP goes to error, the SEND completes flushed). Last, so that this
+	 * program finishes natively too: it reports what it saw, and the dropin suite requires
+	 * "verified" over vrdma only. */
+	memset(dst + SEND_IMM_AT, 0, 4096);
+	post_recv(b, RECV_SEND_IMM, dst + SEND_IMM_AT, 4096, dst_mr->lkey);
+	ibv_wr_start(qx);
+	qx->wr_id = WR_SEND_IMM;
+	qx->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	ibv_wr_send_imm(qx, htonl(IMM_SEND));
+	ibv_wr_set_inline_data_list(qx, 2, bufs);
+	errno = ibv_wr_complete(qx);
+	CHECK(errno == 0, "ibv_wr_complete of an inline data list");
+	memset(by_id, 0, sizeof(by_id));
+	poll_all(cq, by_id, RECV_WRITE_IMM + 1, 2);
+	expect_wc(by_id, WR_SEND_IMM, IBV_WC_SEND, 0);
+	if (by_id[RECV_SEND_IMM].byte_len == inline_len) {
+		expect_same(dst + SEND_IMM_AT,
+			    (const unsigned char *)"inline data from two buffers", inline_len,
+			    "SEND_WITH_IMM, inline data list");
+		printf("inline data list: verified\n");
+	} else {
+		printf("inline data list: %u bytes arrived\n", by_id[RECV_SEND_IMM].byte_len);
+	}
+
+	memset(dst + SEND_AT, 0, 4096);
+	post_recv(b, RECV_SEND, dst + SEND_AT, 4096, dst_mr->lkey);
+	ibv_wr_start(qx);
+	qx->wr_id = WR_SEND;
+	qx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(qx);
+	ibv_wr_set_sge_list(qx, 2, two);
+	errno = ibv_wr_complete(qx);
+	CHECK(errno == 0, "ibv_wr_complete of a two-SGE SEND");
+	struct ibv_wc wc;
+	time_t deadline = time(NULL) + 10;
+	int seen = 0;
+	while (seen == 0) {
+		seen = ibv_poll_cq(cq, 1, &wc);
+		CHECK(seen >= 0 && time(NULL) < deadline, "the two-SGE SEND did not complete");
+	}
+	if (wc.status == IBV_WC_SUCCESS) {
+		memset(by_id, 0, sizeof(by_id));
+		by_id[wc.wr_id] = wc;
+		poll_all(cq, by_id, RECV_WRITE_IMM + 1, 1);
+		expect_wc(by_id, RECV_SEND, IBV_WC_RECV, 1500);
+		expect_same(dst + SEND_AT, src, 1000, "SEND, first SGE");
+		expect_same(dst + SEND_AT + 1000, src + 2000, 500, "SEND, second SGE");
+		printf("SEND with a two-SGE list: verified\n");
+	} else {
+		printf("SEND with a two-SGE list: %s\n", ibv_wc_status_str(wc.status));
+	}
 
 	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0, "ibv_destroy_qp");
 	CHECK(ibv_dereg_mr(src_mr) == 0 && ibv_dereg_mr(dst_mr) == 0 &&
