@@ -110,8 +110,8 @@ enum Suite {
     /// over the PCI transport, the bypass proof and a reboot with live objects, against
     /// native peers; the same perftest natively beside it.
     RealGuest,
-    /// Debian's unmodified libibverbs examples (ibv_rc_pingpong with polling and with events,
-    /// ibv_uc_pingpong, ibv_ud_pingpong, ibv_srq_pingpong) over the drop-in against native peers
+    /// Debian's unmodified libibverbs examples (ibv_rc_pingpong with polling, with events and
+    /// through the extended QP API (-N), ibv_uc_pingpong, ibv_ud_pingpong, ibv_srq_pingpong) over the drop-in against native peers
     /// both ways and vrdma to vrdma, received data checked by the programs (-c).
     VerbsUtils,
 }

@@ -32,7 +32,7 @@ pub struct Program {
 
 /// The programs and their options. Sizes stay within one 1024-byte path MTU for UD (the
 /// examples refuse larger UD messages); `-e` runs the RC example on completion events instead
-/// of polling.
+/// of polling, `-N` posts through the extended QP API (`ibv_create_qp_ex`, `ibv_wr_send`).
 pub const PROGRAMS: &[Program] = &[
     Program {
         command: "ibv_rc_pingpong",
@@ -43,6 +43,11 @@ pub const PROGRAMS: &[Program] = &[
         command: "ibv_rc_pingpong",
         args: &["-e", "-s", "65536", "-n", "50", "-c"],
         iters: 50,
+    },
+    Program {
+        command: "ibv_rc_pingpong",
+        args: &["-N", "-s", "4096", "-n", "200", "-c"],
+        iters: 200,
     },
     Program {
         command: "ibv_uc_pingpong",
