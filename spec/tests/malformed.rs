@@ -187,7 +187,7 @@ fn reg_mr_validation() {
     ));
     // access flags
     for acc in [
-        AccessFlags::MW_BIND.bits(),
+        AccessFlags::ZERO_BASED.bits(),
         AccessFlags::ON_DEMAND.bits(),
         1 << 31,
         AccessFlags::REMOTE_WRITE.bits(),
@@ -378,4 +378,58 @@ fn malformed_events_and_doorbells() {
         Event::decode(fatal.as_bytes()).is_err(),
         "device event with handle"
     );
+}
+
+#[test]
+fn memory_window_requests() {
+    // ALLOC_MW: only types 1 and 2 exist.
+    for mw_type in [0u32, 3, u32::MAX] {
+        let r = AllocMwReq {
+            pd: Le32::new(1),
+            mw_type: Le32::new(mw_type),
+        };
+        let e = ControlRequest::decode(&enc(ControlRequest::AllocMw(r))).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DecodeError::InvalidValue {
+                    field: "mw_type",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+    // Both commands, and a REG_MR that asks for MW_BIND, need VRDMA_F_MW.
+    let r = AllocMwReq {
+        pd: Le32::new(1),
+        mw_type: Le32::new(1),
+    };
+    let alloc_bytes = enc(ControlRequest::AllocMw(r));
+    let alloc = ControlRequest::decode(&alloc_bytes).unwrap();
+    assert_eq!(alloc.required_features(), vrdma_spec::features::VRDMA_F_MW);
+    let mut bind = reg_mr_req();
+    bind.access = Le32::new((AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).bits());
+    let pages: Vec<u64> = (0..bind.npages.get() as u64)
+        .map(|i| 0x10_0000 + i * 4096)
+        .collect();
+    let bytes = reg_mr_bytes(bind, &pages);
+    let decoded = ControlRequest::decode(&bytes).unwrap();
+    assert_eq!(
+        decoded.required_features(),
+        vrdma_spec::features::VRDMA_F_MW
+    );
+    let plain = reg_mr_bytes(reg_mr_req(), &pages);
+    let decoded = ControlRequest::decode(&plain).unwrap();
+    assert_eq!(decoded.required_features(), 0);
+    // DEALLOC_MW takes the handle body with its reserved word zero.
+    let mut b = enc(ControlRequest::DeallocMw(HandleReq {
+        handle: Le32::new(1),
+        reserved: Le32::ZERO,
+    }));
+    b[12] = 1;
+    assert!(matches!(
+        ControlRequest::decode(&b),
+        Err(DecodeError::Reserved("reserved"))
+    ));
 }

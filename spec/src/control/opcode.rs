@@ -29,6 +29,10 @@ pub enum Opcode {
     RegMr = 0x0020,
     /// Deregister a memory region.
     DeregMr = 0x0021,
+    /// Allocate a memory window (needs `VRDMA_F_MW`).
+    AllocMw = 0x0022,
+    /// Free a memory window (needs `VRDMA_F_MW`).
+    DeallocMw = 0x0023,
     /// Create a completion queue and map its buffer.
     CreateCq = 0x0030,
     /// Destroy a completion queue.
@@ -59,7 +63,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 23] = [
+    pub const ALL: [Opcode; 25] = [
         Opcode::QueryDevice,
         Opcode::QueryPort,
         Opcode::QueryGid,
@@ -70,6 +74,8 @@ impl Opcode {
         Opcode::DeallocPd,
         Opcode::RegMr,
         Opcode::DeregMr,
+        Opcode::AllocMw,
+        Opcode::DeallocMw,
         Opcode::CreateCq,
         Opcode::DestroyCq,
         Opcode::ArmCq,
@@ -94,6 +100,7 @@ impl Opcode {
             Opcode::QueryGid | Opcode::QueryPkey => size_of::<QueryTableReq>(),
             Opcode::SetDoorbellArea => size_of::<SetDoorbellAreaReq>(),
             Opcode::RegMr => size_of::<RegMrReq>(),
+            Opcode::AllocMw => size_of::<AllocMwReq>(),
             Opcode::CreateCq => size_of::<CreateCqReq>(),
             Opcode::ArmCq => size_of::<ArmCqReq>(),
             Opcode::CreateQp => size_of::<CreateQpReq>(),
@@ -104,6 +111,7 @@ impl Opcode {
             Opcode::CreateAh => size_of::<CreateAhReq>(),
             Opcode::DeallocPd
             | Opcode::DeregMr
+            | Opcode::DeallocMw
             | Opcode::DestroyCq
             | Opcode::DestroyQp
             | Opcode::QuerySrq
@@ -122,6 +130,7 @@ impl Opcode {
             Opcode::QueryPkey => size_of::<PkeyEntry>(),
             Opcode::AllocPd => size_of::<HandleResp>(),
             Opcode::RegMr => size_of::<RegMrResp>(),
+            Opcode::AllocMw => size_of::<AllocMwResp>(),
             Opcode::CreateCq => size_of::<CreateCqResp>(),
             Opcode::CreateQp => size_of::<CreateQpResp>(),
             Opcode::QueryQp => size_of::<QueryQpResp>(),
@@ -132,6 +141,7 @@ impl Opcode {
             | Opcode::DiscardState
             | Opcode::DeallocPd
             | Opcode::DeregMr
+            | Opcode::DeallocMw
             | Opcode::DestroyCq
             | Opcode::ArmCq
             | Opcode::ModifyQp
@@ -149,6 +159,7 @@ impl Opcode {
                 Some(features::VRDMA_F_SRQ)
             }
             Opcode::CreateAh | Opcode::DestroyAh => Some(features::VRDMA_F_UD),
+            Opcode::AllocMw | Opcode::DeallocMw => Some(features::VRDMA_F_MW),
             _ => None,
         }
     }

@@ -40,6 +40,10 @@ pub enum ControlRequest<'a> {
     RegMr(RegMr<'a>),
     /// DEREG_MR.
     DeregMr(HandleReq),
+    /// ALLOC_MW.
+    AllocMw(AllocMwReq),
+    /// DEALLOC_MW.
+    DeallocMw(HandleReq),
     /// CREATE_CQ.
     CreateCq(CreateCqReq),
     /// DESTROY_CQ.
@@ -130,6 +134,17 @@ impl<'a> ControlRequest<'a> {
             }
             Opcode::DeallocPd => ControlRequest::DeallocPd(handle_req(body)?),
             Opcode::DeregMr => ControlRequest::DeregMr(handle_req(body)?),
+            Opcode::DeallocMw => ControlRequest::DeallocMw(handle_req(body)?),
+            Opcode::AllocMw => {
+                let r: AllocMwReq = take_body(body)?;
+                verbs::MwType::try_from(r.mw_type.get()).map_err(|v| {
+                    DecodeError::InvalidValue {
+                        field: "mw_type",
+                        value: v.into(),
+                    }
+                })?;
+                ControlRequest::AllocMw(r)
+            }
             Opcode::DestroyCq => ControlRequest::DestroyCq(handle_req(body)?),
             Opcode::DestroyQp => ControlRequest::DestroyQp(handle_req(body)?),
             Opcode::QuerySrq => ControlRequest::QuerySrq(handle_req(body)?),
@@ -253,6 +268,8 @@ impl<'a> ControlRequest<'a> {
             ControlRequest::DeallocPd(_) => Opcode::DeallocPd,
             ControlRequest::RegMr(_) => Opcode::RegMr,
             ControlRequest::DeregMr(_) => Opcode::DeregMr,
+            ControlRequest::AllocMw(_) => Opcode::AllocMw,
+            ControlRequest::DeallocMw(_) => Opcode::DeallocMw,
             ControlRequest::CreateCq(_) => Opcode::CreateCq,
             ControlRequest::DestroyCq(_) => Opcode::DestroyCq,
             ControlRequest::ArmCq(_) => Opcode::ArmCq,
@@ -269,9 +286,15 @@ impl<'a> ControlRequest<'a> {
         }
     }
 
-    /// Feature bits this particular request needs (a CREATE_QP may need SRQ and/or UD).
+    /// Feature bits this particular request needs (a CREATE_QP may need SRQ and/or UD, a
+    /// REG_MR with `MW_BIND` access memory windows).
     pub fn required_features(&self) -> u64 {
         let mut f = self.opcode().required_feature().unwrap_or(0);
+        if let ControlRequest::RegMr(m) = self {
+            if m.req.access.get() & verbs::AccessFlags::MW_BIND.bits() != 0 {
+                f |= features::VRDMA_F_MW;
+            }
+        }
         if let ControlRequest::CreateQp(r) = self {
             if r.srq.get() != 0 {
                 f |= features::VRDMA_F_SRQ;
@@ -313,6 +336,7 @@ impl<'a> ControlRequest<'a> {
             ControlRequest::SetDoorbellArea(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::DeallocPd(r)
             | ControlRequest::DeregMr(r)
+            | ControlRequest::DeallocMw(r)
             | ControlRequest::DestroyCq(r)
             | ControlRequest::DestroyQp(r)
             | ControlRequest::QuerySrq(r)
@@ -322,6 +346,7 @@ impl<'a> ControlRequest<'a> {
                 out.extend_from_slice(m.req.as_bytes());
                 out.extend_from_slice(m.pages.as_bytes());
             }
+            ControlRequest::AllocMw(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::CreateCq(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::ArmCq(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::CreateQp(r) => out.extend_from_slice(r.as_bytes()),

@@ -27,6 +27,8 @@ pub enum ResponseBody {
     AllocPd(HandleResp),
     /// REG_MR.
     RegMr(RegMrResp),
+    /// ALLOC_MW.
+    AllocMw(AllocMwResp),
     /// CREATE_CQ.
     CreateCq(CreateCqResp),
     /// CREATE_QP.
@@ -52,6 +54,7 @@ impl ResponseBody {
             ResponseBody::QueryPkey(b) => b.as_bytes(),
             ResponseBody::AllocPd(b) => b.as_bytes(),
             ResponseBody::RegMr(b) => b.as_bytes(),
+            ResponseBody::AllocMw(b) => b.as_bytes(),
             ResponseBody::CreateCq(b) => b.as_bytes(),
             ResponseBody::CreateQp(b) => b.as_bytes(),
             ResponseBody::QueryQp(b) => b.as_bytes(),
@@ -71,6 +74,7 @@ impl ResponseBody {
                 | (ResponseBody::QueryPkey(_), Opcode::QueryPkey)
                 | (ResponseBody::AllocPd(_), Opcode::AllocPd)
                 | (ResponseBody::RegMr(_), Opcode::RegMr)
+                | (ResponseBody::AllocMw(_), Opcode::AllocMw)
                 | (ResponseBody::CreateCq(_), Opcode::CreateCq)
                 | (ResponseBody::CreateQp(_), Opcode::CreateQp)
                 | (ResponseBody::QueryQp(_), Opcode::QueryQp)
@@ -88,6 +92,7 @@ impl ResponseBody {
             Opcode::QueryPkey => ResponseBody::QueryPkey(take_body(b)?),
             Opcode::AllocPd => ResponseBody::AllocPd(take_body(b)?),
             Opcode::RegMr => ResponseBody::RegMr(take_body(b)?),
+            Opcode::AllocMw => ResponseBody::AllocMw(take_body(b)?),
             Opcode::CreateCq => ResponseBody::CreateCq(take_body(b)?),
             Opcode::CreateQp => ResponseBody::CreateQp(take_body(b)?),
             Opcode::QueryQp => ResponseBody::QueryQp(take_body(b)?),
