@@ -14,6 +14,7 @@ pub mod discard;
 pub mod doorbell;
 pub mod error;
 pub mod mr;
+pub mod mw;
 pub mod pd;
 pub mod qp;
 pub mod query;
@@ -38,6 +39,8 @@ pub(crate) fn execute(s: &mut Session<'_>, request: &ControlRequest<'_>) -> Comm
         ControlRequest::DeallocPd(r) => pd::dealloc_pd(s, r),
         ControlRequest::RegMr(r) => mr::reg_mr(s, r),
         ControlRequest::DeregMr(r) => mr::dereg_mr(s, r),
+        ControlRequest::AllocMw(r) => mw::alloc_mw(s, r),
+        ControlRequest::DeallocMw(r) => mw::dealloc_mw(s, r),
         ControlRequest::CreateCq(r) => cq::create_cq(s, r),
         ControlRequest::DestroyCq(r) => cq::destroy_cq(s, r),
         ControlRequest::ArmCq(r) => cq::arm_cq(s, r),

@@ -153,6 +153,8 @@ pub fn opcode_name(opcode: Opcode) -> &'static str {
         Opcode::DeallocPd => "DEALLOC_PD",
         Opcode::RegMr => "REG_MR",
         Opcode::DeregMr => "DEREG_MR",
+        Opcode::AllocMw => "ALLOC_MW",
+        Opcode::DeallocMw => "DEALLOC_MW",
         Opcode::CreateCq => "CREATE_CQ",
         Opcode::DestroyCq => "DESTROY_CQ",
         Opcode::ArmCq => "ARM_CQ",

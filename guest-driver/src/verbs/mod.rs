@@ -27,6 +27,7 @@ mod doorbell;
 mod error;
 pub mod event;
 mod mr;
+mod mw;
 mod pd;
 mod qp;
 mod ring;
@@ -38,16 +39,18 @@ pub use cq::Cq;
 pub use error::{opcode_name, PostSendError, ProtocolError, Result, VerbsError};
 pub use event::DeviceEvent;
 pub use mr::Mr;
+pub use mw::Mw;
 pub use pd::Pd;
 pub use qp::{ConnectOptions, Qp, QpInitAttr, RemoteQp};
 pub use srq::{Srq, SrqAttr};
 
 pub use crate::provider::{
-    PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WorkCompletion,
+    inc_rkey, MwBind, PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WorkCompletion,
 };
 pub use vrdma_spec::attr::qp::{GlobalRoute, QpCaps};
 pub use vrdma_spec::verbs::{
-    AccessFlags, Gid, GidType, Mtu, QpAttrMask, QpState, QpType, WcOpcode, WcStatus, WrOpcode,
+    AccessFlags, Gid, GidType, Mtu, MwType, QpAttrMask, QpState, QpType, WcOpcode, WcStatus,
+    WrOpcode,
 };
 /// Device, port and GID-table attributes are the wire structs (typed access in
 /// `vrdma_spec::attr::query`).

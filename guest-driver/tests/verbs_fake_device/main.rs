@@ -9,3 +9,4 @@
 mod control;
 mod data_path;
 mod helpers;
+mod memory_windows;

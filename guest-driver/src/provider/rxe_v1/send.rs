@@ -4,14 +4,14 @@ use std::mem::{offset_of, size_of};
 use std::sync::atomic::Ordering;
 
 use vrdma_spec::rxe_v1::{
-    send_wqe_size, RxeAtomicWr, RxeAv, RxeDmaInfo, RxeRdmaWr, RxeSendWqe, RxeSendWr,
+    send_wqe_size, RxeAtomicWr, RxeAv, RxeDmaInfo, RxeMwWr, RxeRdmaWr, RxeSendWqe, RxeSendWr,
     RxeSendWrUnion, RxeSge, RxeUdWr, WQE_STATE_POSTED,
 };
 use vrdma_spec::{Le16, Le32, Le64};
 use zerocopy::FromZeros;
 
 use super::queue::{QueueError, RxeQueue};
-use vrdma_spec::verbs::{QpType, WrOpcode};
+use vrdma_spec::verbs::{AccessFlags, QpType, WrOpcode};
 
 use crate::provider::{PostError, SendFlags, SendWr, UdDest};
 
@@ -122,9 +122,12 @@ impl SendQueue {
             reserved: Le32::ZERO,
             opcode: Le32::new(wr.opcode as u32),
             send_flags: Le32::new(wr.flags.bits()),
-            // `imm_data` is kept in network byte order, so its bytes go in unchanged.
+            // `imm_data` is kept in network byte order, so its bytes go in unchanged;
+            // `invalidate_rkey` is a host-order `__u32`.
             ex: if wr.opcode.has_imm() {
                 wr.imm_data.to_ne_bytes()
+            } else if wr.opcode.has_invalidate() {
+                wr.invalidate_rkey.to_le_bytes()
             } else {
                 [0; 4]
             },
@@ -214,6 +217,17 @@ impl SendQueue {
         if wr.opcode.is_atomic() && (length < 8 || !wr.remote_addr.is_multiple_of(8)) {
             return Err(PostError::InvalidAtomic);
         }
+        if wr.opcode.is_local() && !wr.sg_list.is_empty() {
+            return Err(PostError::UnexpectedSges(wr.opcode));
+        }
+        if wr.opcode == WrOpcode::BindMw {
+            let access_ok = |b: &crate::provider::MwBind| {
+                b.access.bits() & !AccessFlags::MW_ALLOWED.bits() == 0
+            };
+            if !wr.bind.as_ref().is_some_and(access_ok) {
+                return Err(PostError::InvalidBind);
+            }
+        }
         Ok(length)
     }
 }
@@ -236,6 +250,16 @@ fn wr_union(wr: &SendWr<'_>) -> (RxeSendWrUnion, u64) {
             reserved: Le32::ZERO,
         };
         (RxeSendWrUnion::from_atomic(atomic), wr.remote_addr)
+    } else if let (WrOpcode::BindMw, Some(bind)) = (wr.opcode, wr.bind) {
+        let mw = RxeMwWr {
+            addr: Le64::new(bind.addr),
+            length: Le64::new(bind.length),
+            mr_lkey: Le32::new(bind.mr_lkey),
+            mw_rkey: Le32::new(bind.mw_rkey),
+            rkey: Le32::new(bind.rkey),
+            access: Le32::new(bind.access.bits()),
+        };
+        (RxeSendWrUnion::from_mw(mw), 0)
     } else {
         let union = match wr.ud {
             Some(UdDest {
