@@ -24,6 +24,7 @@ use crate::sys::{
     ibv_transport_type_IBV_TRANSPORT_IB,
 };
 use crate::transport::AppTransport;
+use crate::windows;
 
 /// Name of the one device.
 pub(crate) const DEVICE_NAME: &str = "vrdma0";
@@ -224,6 +225,9 @@ fn context_ops() -> ibv_context_ops {
     ops.post_send = Some(datapath::post_send);
     ops.post_recv = Some(datapath::post_recv);
     ops.post_srq_recv = Some(datapath::post_srq_recv);
+    ops.alloc_mw = Some(windows::alloc_mw);
+    ops.dealloc_mw = Some(windows::dealloc_mw);
+    ops.bind_mw = Some(windows::bind_mw);
     ops
 }
 

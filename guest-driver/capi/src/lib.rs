@@ -35,3 +35,4 @@ mod srq;
 mod strings;
 mod transport;
 mod unsupported;
+mod windows;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use log::warn;
 use vrdma_spec::control::{ControlRequest, Opcode, ResponseBody};
-use vrdma_spec::verbs::{AccessFlags, MwType, WrOpcode};
+use vrdma_spec::verbs::{AccessFlags, MwType};
 use vrdma_spec::wire::AllocMwReq;
 use vrdma_spec::Le32;
 
@@ -16,7 +16,7 @@ use super::error::{PostSendError, Result, VerbsError};
 use super::mr::Mr;
 use super::pd::{Pd, PdInner};
 use super::qp::Qp;
-use crate::provider::{inc_rkey, MwBind, SendFlags, SendWr};
+use crate::provider::{inc_rkey, MwBind, PostError, SendFlags, SendWr};
 
 /// A memory window. Freed (DEALLOC_MW) when dropped, bound or not.
 pub struct Mw {
@@ -77,13 +77,19 @@ impl Mw {
     }
 
     /// The bind of this window onto `[addr, addr + length)` of `mr` with `access`, under the
-    /// window's next rkey; for [`SendWr::bind_mw`] (type 2).
+    /// window's next rkey: for [`SendWr::bind_mw`] (type 2) or [`Qp::bind_mw`] (type 1).
     pub fn bind_info(&self, mr: &Mr<'_>, addr: u64, length: u64, access: AccessFlags) -> MwBind {
+        self.bind_to_key(mr.lkey(), addr, length, access)
+    }
+
+    /// [`Mw::bind_info`] naming the MR by its local key; a type-1 window is unbound with
+    /// `(0, 0, 0, AccessFlags::empty())`.
+    pub fn bind_to_key(&self, mr_lkey: u32, addr: u64, length: u64, access: AccessFlags) -> MwBind {
         let rkey = self.rkey();
         MwBind {
             mw_rkey: rkey,
             rkey: inc_rkey(rkey),
-            mr_lkey: mr.lkey(),
+            mr_lkey,
             addr,
             length,
             access,
@@ -92,24 +98,29 @@ impl Mw {
 }
 
 impl Qp {
-    /// Binds a type-1 window (`ibv_bind_mw`): posts a BIND_MW request under the window's next
-    /// rkey, which becomes [`Mw::rkey`] once the request is posted; returns it. A `length` of
-    /// 0 unbinds. Its completion (if signaled) is a [`WcOpcode::BindMw`](super::WcOpcode).
+    /// Binds a type-1 window (`ibv_bind_mw`): posts `bind` (from [`Mw::bind_info`]) as a
+    /// BIND_MW request; its new rkey becomes [`Mw::rkey`] once the request is posted, as
+    /// rdma-core does, and is returned. A `length` of 0 unbinds. Its completion (if signaled)
+    /// is a [`WcOpcode::BindMw`](super::WcOpcode). A bind made for another key of the window
+    /// is refused with [`PostError::InvalidBind`].
     pub fn bind_mw(
         &self,
         mw: &Mw,
         wr_id: u64,
         flags: SendFlags,
-        bind: (&Mr<'_>, u64, u64, AccessFlags),
+        bind: MwBind,
     ) -> std::result::Result<u32, PostSendError> {
-        let (mr, addr, length, access) = bind;
-        let info = mw.bind_info(mr, addr, length, access);
-        let wr = SendWr::bind_mw(wr_id, info, flags);
-        debug_assert_eq!(wr.opcode, WrOpcode::BindMw);
+        if mw.mw_type != MwType::Type1 || bind.mw_rkey != mw.rkey() {
+            return Err(PostSendError::Refused {
+                index: 0,
+                error: PostError::InvalidBind,
+            });
+        }
+        let wr = SendWr::bind_mw(wr_id, bind, flags);
         // SAFETY: a bind carries no SGEs and no inline data.
         unsafe { self.post_send(std::slice::from_ref(&wr)) }?;
-        mw.set_rkey(info.rkey);
-        Ok(info.rkey)
+        mw.set_rkey(bind.rkey);
+        Ok(bind.rkey)
     }
 }
 

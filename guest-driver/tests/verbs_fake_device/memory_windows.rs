@@ -98,14 +98,14 @@ fn windows_are_allocated_bound_used_and_invalidated() {
     // Type 1: bound with Qp::bind_mw on B (the target's side), which moves its key on.
     let mw1 = pd.alloc_mw(MwType::Type1).unwrap();
     let before = mw1.rkey();
-    let rkey1 = b
-        .bind_mw(
-            &mw1,
-            1,
-            SendFlags::SIGNALED,
-            (&target_mr, base, 1024, window_access()),
-        )
-        .unwrap();
+    let bind = mw1.bind_info(&target_mr, base, 1024, window_access());
+    // Type 1 only, and only under the window's current key.
+    let stale = vrdma::verbs::MwBind {
+        mw_rkey: before ^ 1,
+        ..bind
+    };
+    assert!(b.bind_mw(&mw1, 1, SendFlags::SIGNALED, stale).is_err());
+    let rkey1 = b.bind_mw(&mw1, 1, SendFlags::SIGNALED, bind).unwrap();
     assert_eq!(rkey1, vrdma::verbs::inc_rkey(before));
     assert_eq!(mw1.rkey(), rkey1);
     let wc = one_completion(&t, &cq_b);
@@ -134,6 +134,11 @@ fn windows_are_allocated_bound_used_and_invalidated() {
     let (a, b) = connected_pair(&pd, &cq_a, &cq_b);
     let mw2 = pd.alloc_mw(MwType::Type2).unwrap();
     let bind = mw2.bind_info(&target_mr, base + 1024, 1024, window_access());
+    let refused = b.bind_mw(&mw2, 2, SendFlags::SIGNALED, bind);
+    assert!(
+        refused.is_err(),
+        "type 2 windows are bound by work requests"
+    );
     post(&b, &[SendWr::bind_mw(2, bind, SendFlags::SIGNALED)]).unwrap();
     let wc = one_completion(&t, &cq_b);
     assert_eq!(
