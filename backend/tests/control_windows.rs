@@ -39,7 +39,7 @@ fn alloc_mw(guest: &TestGuest, pd: u32, mw_type: MwType) -> AllocMwResp {
 
 fn reg_mr_with(guest: &TestGuest, pd: u32, access: AccessFlags) -> ControlResponse {
     let mut list = Vec::new();
-    encode_page_list([RAM_BASE].into_iter(), &mut list);
+    encode_page_list([RAM_BASE], &mut list);
     let req = reg_mr_req(pd, 0x7000_0000, PAGE, access.bits(), 1);
     guest.run(ControlRequest::RegMr(RegMr::new(req, &list)))
 }

@@ -10,6 +10,7 @@ use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 
 use vrdma::provider::{inc_rkey, MwBind, SendFlags};
+use vrdma::spec::features::VRDMA_F_MW;
 use vrdma::verbs::{AccessFlags, MwType, PostError, PostSendError};
 use vrdma::Mw;
 
@@ -68,6 +69,10 @@ pub(crate) unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, mw_type: ibv_mw_type) 
         let Ok(kind) = MwType::try_from(mw_type) else {
             return null_with("ibv_alloc_mw", libc::EINVAL);
         };
+        // As `ibv_alloc_mw` of a provider without windows.
+        if vpd.context().ctx.features() & VRDMA_F_MW == 0 {
+            return null_with("ibv_alloc_mw", libc::EOPNOTSUPP);
+        }
         match vpd.pd.alloc_mw(kind) {
             Ok(mw) => {
                 let ibv = ibv_mw {

@@ -3,8 +3,9 @@
 //! window binds only through a QP of its PD and is then usable only through that QP; only
 //! type-2 windows can be invalidated; the MR must allow binding and cover the window).
 //!
-//! Stricter than rxe in one respect, on purpose: the bound MR must be of the binding QP's PD
-//! (rxe looks the MR up by lkey device-wide, spec §12).
+//! Stricter than rxe in two respects, as the InfiniBand rules are: the bound MR must be of the
+//! binding QP's PD (rxe looks the MR up by lkey device-wide), and an access through a window
+//! must lie inside the window (rxe checks only the MR's range); spec §12.
 
 use vrdma::spec::rxe_v1::RxeSendWqe;
 use vrdma::spec::verbs::{AccessFlags, MwType, WcStatus};
