@@ -4,7 +4,8 @@
 //! "kernel" executing SEND, RDMA WRITE and RDMA READ between its QPs.
 //!
 //! [`control`]: opening, queries, object lifetimes, QP transitions, device failures;
-//! [`data_path`]: work requests through the kernel, the doorbell, completion events.
+//! [`data_path`]: work requests through the kernel, the doorbell, completion events;
+//! [`memory_windows`]: windows allocated, bound, used and invalidated through the kernel.
 
 mod control;
 mod data_path;
