@@ -22,7 +22,10 @@ fn configuration_space_and_features() {
     let fake = FakeDevice::new();
     let guest = TestGuest::new(&fake, test_options(), ALL_FEATURES);
     let dev = guest.dev();
-    assert_eq!(dev.device_features(), VRDMA_F_RING_RXE_V1 | VRDMA_F_SRQ);
+    assert_eq!(
+        dev.device_features(),
+        VRDMA_F_RING_RXE_V1 | VRDMA_F_SRQ | VRDMA_F_UC
+    );
     let config = guest.config();
     assert_eq!(config.ring_format.get(), ring_format::RXE_V1);
     assert_eq!(config.num_ports.get(), 1);

@@ -6,6 +6,10 @@
 //! process and given to the backend with SET_MEM_TABLE, with a first-fit page allocator over
 //! it. Its guest-physical address space starts at [`GUEST_RAM_BASE`], so that 0 is never a
 //! valid address.
+//!
+//! Guest RAM is `MADV_DONTFORK`: the child of a `fork()` has no mapping of it, so it can
+//! neither read the parent's command and ring memory nor write into it (the child's copy of
+//! the transport refuses to run commands, see [`crate::transport::process`]).
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -192,12 +196,15 @@ impl MemfdRam {
         memfd.set_len(len as u64).map_err(DmaError::Create)?;
         seal_size(&memfd).map_err(DmaError::Create)?;
         let base = map_shared(memfd.as_fd(), len).map_err(DmaError::Create)?;
-        Ok(Arc::new(MemfdRam {
+        let ram = MemfdRam {
             memfd,
             base,
             len,
             free: Mutex::new(FreeRanges::new(0, len)),
-        }))
+        };
+        // SAFETY: the mapping just made, owned by `ram`.
+        unsafe { dont_fork(base.as_ptr(), len) }.map_err(DmaError::Create)?;
+        Ok(Arc::new(ram))
     }
 
     /// The memfd (for SET_MEM_TABLE).
@@ -391,6 +398,19 @@ fn seal_size(memfd: &File) -> io::Result<()> {
     Ok(())
 }
 
+/// Marks `[addr, addr + len)` `MADV_DONTFORK`: a `fork()` child gets no mapping there.
+///
+/// # Safety
+/// The range is page aligned and mapped by the caller, who owns it (the advice changes
+/// what a child process inherits, nothing in this process).
+pub unsafe fn dont_fork(addr: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: caller contract; MADV_DONTFORK does not change the pages' contents.
+    if unsafe { libc::madvise(addr.cast(), len, libc::MADV_DONTFORK) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Maps the first `len` bytes of the file `fd` shared and read/write.
 pub fn map_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
     use std::os::fd::AsRawFd;
@@ -480,6 +500,36 @@ mod tests {
         let ram = MemfdRam::new(PAGE_SIZE).unwrap();
         assert!(matches!(ram.alloc(0, 1), Err(DmaError::BadRequest { .. })));
         assert!(matches!(ram.alloc(1, 3), Err(DmaError::BadRequest { .. })));
+    }
+
+    #[test]
+    fn a_fork_child_has_no_mapping_of_guest_ram() {
+        let ram = MemfdRam::new(4 * PAGE_SIZE).unwrap();
+        let buf = ram.alloc(PAGE_SIZE, 1).unwrap();
+        // SAFETY: the buffer is ours and nothing else accesses it.
+        unsafe { buf.as_mut_ptr().write(7) };
+        let base = ram.host_base() as usize;
+        let status = vrdma_test_support::fork::in_child(|| {
+            // mincore fails with ENOMEM on addresses that are not mapped.
+            let mut resident = [0u8; 4];
+            // SAFETY: `resident` has one byte per page of the range.
+            let rc = unsafe {
+                libc::mincore(
+                    base as *mut libc::c_void,
+                    4 * PAGE_SIZE,
+                    resident.as_mut_ptr(),
+                )
+            };
+            let errno = std::io::Error::last_os_error().raw_os_error();
+            if rc == -1 && errno == Some(libc::ENOMEM) {
+                0
+            } else {
+                1
+            }
+        });
+        assert_eq!(status, 0, "the child still maps guest RAM");
+        // SAFETY: as above.
+        assert_eq!(unsafe { buf.as_ptr().read() }, 7, "the parent keeps it");
     }
 
     #[test]

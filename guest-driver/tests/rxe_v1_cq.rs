@@ -144,4 +144,52 @@ fn accessed_completion_queue_reads_before_handing_slots_back() {
     assert_eq!(region.take_log(), [producer]);
 }
 
-for_both_reaches!(poll_converts_native_completions,);
+/// Batch polling (`ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll`): `peek` reads the oldest
+/// completion without consuming it, `skip` moves the read cursor only, and the kernel sees the
+/// slots handed back only at `publish`; a later `poll` continues after the skipped ones.
+fn batch_poll_hands_slots_back_at_publish(reach: Reach) {
+    let shared = SharedQueue::new(reach, 4, 7);
+    let k = shared.kernel();
+    let mut cq = CompletionQueue::new(shared.queue()).unwrap();
+    assert_eq!(cq.peek(), None);
+    assert!(!cq.skip(), "nothing to skip in an empty queue");
+    for i in 0..3u32 {
+        let cqe = IbUverbsWc {
+            wr_id: Le64::new(20 + u64::from(i)),
+            byte_len: Le32::new(100 * i),
+            ..IbUverbsWc::new_zeroed()
+        };
+        k.write_cqe(i, cqe);
+    }
+    k.producer().store(3, Ordering::Release);
+
+    let first = cq.peek().unwrap();
+    assert_eq!((first.wr_id, first.byte_len), (20, 0));
+    assert_eq!(
+        cq.peek(),
+        Some(first),
+        "peeking twice reads the same completion"
+    );
+    assert!(cq.skip());
+    assert_eq!(cq.peek().map(|wc| (wc.wr_id, wc.byte_len)), Some((21, 100)));
+    assert!(cq.skip());
+    assert_eq!(
+        k.consumer().load(Ordering::Acquire),
+        0,
+        "not handed back yet"
+    );
+    cq.publish();
+    assert_eq!(k.consumer().load(Ordering::Acquire), 2);
+
+    let mut wcs = [WorkCompletion::default(); 4];
+    assert_eq!(cq.poll(&mut wcs), 1);
+    assert_eq!(wcs[0].wr_id, 22);
+    assert_eq!(cq.peek(), None);
+    assert!(!cq.skip());
+    assert_eq!(k.consumer().load(Ordering::Acquire), 3);
+}
+
+for_both_reaches!(
+    poll_converts_native_completions,
+    batch_poll_hands_slots_back_at_publish,
+);

@@ -14,21 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// Public symbols of rdma-core's libibverbs that the drop-in does not export yet (issue 12:
-/// asynchronous events, fork support, CQ resize, MR re-registration, the GID table query and
-/// L2 address resolution).
-const NOT_YET_PROVIDED: &[&str] = &[
-    "_ibv_query_gid_table",
-    "ibv_ack_async_event",
-    "ibv_dofork_range",
-    "ibv_dontfork_range",
-    "ibv_fork_init",
-    "ibv_get_async_event",
-    "ibv_is_fork_initialized",
-    "ibv_rereg_mr",
-    "ibv_resize_cq",
-    "ibv_resolve_eth_l2_from_gid",
-];
+/// Public symbols of rdma-core's libibverbs that the drop-in does not export yet: none. A symbol
+/// a newer rdma-core adds may wait here while it is built; the test fails once it is exported.
+const NOT_YET_PROVIDED: &[&str] = &[];
 
 const SYSTEM_LIBRARY_DIRS: &[&str] = &["/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu"];
 

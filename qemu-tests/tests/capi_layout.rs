@@ -78,6 +78,7 @@ layouts! {
     struct ibv_ah { context, pd, handle }
     struct ibv_srq { context, srq_context, pd, handle, mutex, cond, events_completed }
     struct ibv_srq_attr { max_wr, max_sge, srq_limit }
+    struct ibv_async_event { element, event_type }
     struct ibv_srq_init_attr { srq_context, attr }
     struct ibv_grh { version_tclass_flow, paylen, next_hdr, hop_limit, sgid, dgid }
     struct ibv_sge { addr, length, lkey }
@@ -116,6 +117,28 @@ layouts! {
         max_raw_ipv6_qp, max_raw_ethy_qp, max_mcast_grp, max_mcast_qp_attach,
         max_total_mcast_qp_attach, max_ah, max_fmr, max_map_per_fmr, max_srq, max_srq_wr,
         max_srq_sge, max_pkeys, local_ca_ack_delay, phys_port_cnt
+    }
+    struct verbs_context {
+        query_port, create_cq_ex, query_device_ex, create_qp_ex, create_srq_ex, open_xrcd,
+        close_xrcd, sz, context
+    }
+    struct ibv_cq_ex {
+        context, channel, cq_context, handle, cqe, mutex, cond, comp_events_completed,
+        async_events_completed, comp_mask, status, wr_id, start_poll, next_poll, end_poll,
+        read_opcode, read_vendor_err, read_byte_len, read_imm_data, read_qp_num, read_src_qp,
+        read_wc_flags, read_slid, read_sl, read_dlid_path_bits, read_completion_ts,
+        read_cvlan, read_flow_tag, read_tm_info, read_completion_wallclock_ns
+    }
+    struct ibv_cq_init_attr_ex {
+        cqe, cq_context, channel, comp_vector, wc_flags, comp_mask, flags, parent_domain
+    }
+    struct ibv_poll_cq_attr { comp_mask }
+    struct ibv_query_device_ex_input { comp_mask }
+    struct ibv_device_attr_ex {
+        orig_attr, comp_mask, odp_caps, completion_timestamp_mask, hca_core_clock,
+        device_cap_flags_ex, tso_caps, rss_caps, max_wq_type_rq, packet_pacing_caps,
+        raw_packet_caps, tm_caps, cq_mod_caps, max_dm_size, pci_atomic_caps, xrc_odp_caps,
+        phys_port_cnt_ex
     }
     union ibv_gid { raw, global }
     struct ibv_gid_entry { gid, gid_index, port_num, gid_type, ndev_ifindex }

@@ -7,6 +7,12 @@
 use crate::rxe_v1::RxeAv;
 use crate::{Le16, Le32, Le64};
 
+// Commands added after 1.0's first set keep their structs in files of their own.
+mod gid_table;
+mod mr_rereg;
+pub use gid_table::*;
+pub use mr_rereg::*;
+
 wire_struct! {
     /// Header of every control request (8 bytes).
     pub struct RequestHeader {
@@ -244,6 +250,17 @@ wire_struct! {
     }
 }
 assert_layout!(CreateCqReq, 8, cqe @ 0, reserved @ 4);
+
+wire_struct! {
+    /// RESIZE_CQ body.
+    pub struct ResizeCqReq {
+        /// CQ handle.
+        pub cq: Le32,
+        /// Minimum number of CQEs after the resize (>= 1).
+        pub cqe: Le32,
+    }
+}
+assert_layout!(ResizeCqReq, 8, cq @ 0, cqe @ 4);
 
 wire_struct! {
     /// ARM_CQ body.
@@ -579,6 +596,19 @@ wire_struct! {
     }
 }
 assert_layout!(CreateCqResp, 48, cq @ 0, cqe @ 4, ring @ 8);
+
+wire_struct! {
+    /// RESIZE_CQ response body.
+    pub struct ResizeCqResp {
+        /// Actual capacity of the new buffer (`num_slots - 1`).
+        pub cqe: Le32,
+        /// Zero.
+        pub reserved: Le32,
+        /// The new CQ buffer; the old one is unmapped.
+        pub ring: RingDesc,
+    }
+}
+assert_layout!(ResizeCqResp, 48, cqe @ 0, reserved @ 4, ring @ 8);
 
 wire_struct! {
     /// CREATE_QP response body.

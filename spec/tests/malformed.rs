@@ -66,7 +66,7 @@ fn trailing_bytes_rejected() {
 
 #[test]
 fn unknown_opcode_is_unsupported() {
-    for op in [0u16, 7, 0x12, 0x33, 0x44, 0x62, 0xffff] {
+    for op in [0u16, 0x0f, 0x12, 0x23, 0x26, 0x3f, 0x44, 0x62, 0xffff] {
         let mut b = vec![0u8; 8];
         b[..2].copy_from_slice(&op.to_le_bytes());
         let e = ControlRequest::decode(&b).unwrap_err();
@@ -222,7 +222,8 @@ fn reg_mr_validation() {
 fn enum_and_range_checks() {
     // CREATE_QP: bad type, bad sq_sig_all, SRQ with receive caps
     for (t, sig, srq, rwr) in [
-        (3u8, 0u8, 0u32, 1u32),
+        (5u8, 0u8, 0u32, 1u32),
+        (8, 0, 0, 1),
         (2, 2, 0, 1),
         (2, 0, 5, 1),
         (0, 0, 0, 0),
@@ -293,6 +294,11 @@ fn enum_and_range_checks() {
         reserved: Le32::ZERO,
     };
     assert!(ControlRequest::decode(&enc(ControlRequest::CreateCq(r))).is_err());
+    let r = ResizeCqReq {
+        cq: Le32::new(1),
+        cqe: Le32::ZERO,
+    };
+    assert!(ControlRequest::decode(&enc(ControlRequest::ResizeCq(r))).is_err());
     let r = QueryPortReq {
         port_num: Le32::ZERO,
         reserved: Le32::ZERO,
@@ -422,6 +428,33 @@ fn memory_window_requests() {
     let plain = reg_mr_bytes(reg_mr_req(), &pages);
     let decoded = ControlRequest::decode(&plain).unwrap();
     assert_eq!(decoded.required_features(), 0);
+    // So does a REREG_MR that changes the access to one with MW_BIND.
+    let mut rereg = rereg_mr_req();
+    rereg.flags = Le32::new(vrdma_spec::control::rereg_flags::CHANGE_ACCESS);
+    rereg.pd = Le32::ZERO;
+    rereg.iova = Le64::ZERO;
+    rereg.length = Le64::ZERO;
+    rereg.page_shift = Le32::ZERO;
+    rereg.npages = Le32::ZERO;
+    rereg.access = Le32::new((AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).bits());
+    let bytes = enc(ControlRequest::ReregMr(vrdma_spec::control::ReregMr::new(
+        rereg,
+        &[],
+    )));
+    let decoded = ControlRequest::decode(&bytes).unwrap();
+    assert_eq!(
+        decoded.required_features(),
+        vrdma_spec::features::VRDMA_F_MW
+    );
+    rereg.access = Le32::new(AccessFlags::LOCAL_WRITE.bits());
+    let bytes = enc(ControlRequest::ReregMr(vrdma_spec::control::ReregMr::new(
+        rereg,
+        &[],
+    )));
+    assert_eq!(
+        ControlRequest::decode(&bytes).unwrap().required_features(),
+        0
+    );
     // DEALLOC_MW takes the handle body with its reserved word zero.
     let mut b = enc(ControlRequest::DeallocMw(HandleReq {
         handle: Le32::new(1),

@@ -1,5 +1,9 @@
-//! QP state table and rxe v1 geometry helpers.
+//! QP state table, the features a CREATE_QP needs, and rxe v1 geometry helpers.
 
+mod common;
+
+use vrdma_spec::control::ControlRequest;
+use vrdma_spec::features::{VRDMA_F_SRQ, VRDMA_F_UC, VRDMA_F_UD};
 use vrdma_spec::rxe_v1::{self, GeometryError};
 use vrdma_spec::verbs::{check_modify_qp, qp_transition, QpAttrMask, QpState, QpType};
 use vrdma_spec::wire::RingDesc;
@@ -144,6 +148,110 @@ fn ud_sequence_is_legal() {
     );
     assert!(qp_transition(ud, Rts, Sqd).is_some());
     assert!(qp_transition(ud, Rtr, Rtr).is_none());
+}
+
+#[test]
+fn uc_sequence_takes_the_connected_attributes_without_rc_ones() {
+    use QpState::{Init, Reset, Rtr, Rts, Sqd, Sqe};
+    type M = QpAttrMask;
+    let uc = QpType::Uc;
+    let init = M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
+    assert_eq!(check_modify_qp(uc, Reset, init, Init, None), Ok(()));
+    // A Q_Key belongs to datagram QPs.
+    assert_eq!(
+        check_modify_qp(uc, Reset, init | M::QKEY, Init, None),
+        Err(Status::Invalid)
+    );
+    let rtr = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
+    assert_eq!(check_modify_qp(uc, Init, rtr, Rtr, None), Ok(()));
+    assert_eq!(
+        check_modify_qp(uc, Init, rtr | M::ACCESS_FLAGS | M::PKEY_INDEX, Rtr, None),
+        Ok(())
+    );
+    for missing in [M::AV, M::PATH_MTU, M::DEST_QPN, M::RQ_PSN] {
+        assert_eq!(
+            check_modify_qp(uc, Init, rtr & !missing, Rtr, None),
+            Err(Status::Invalid),
+            "{missing:?}"
+        );
+    }
+    // RC's responder attributes are refused on UC, in RTR as in RTS.
+    for rc_only in [M::MAX_DEST_RD_ATOMIC, M::MIN_RNR_TIMER, M::QKEY] {
+        assert_eq!(
+            check_modify_qp(uc, Init, rtr | rc_only, Rtr, None),
+            Err(Status::Invalid),
+            "{rc_only:?}"
+        );
+    }
+    let rts = M::STATE | M::SQ_PSN;
+    assert_eq!(check_modify_qp(uc, Rtr, rts, Rts, None), Ok(()));
+    assert_eq!(
+        check_modify_qp(
+            uc,
+            Rtr,
+            rts | M::CUR_STATE | M::PATH_MIG_STATE,
+            Rts,
+            Some(Rtr)
+        ),
+        Ok(())
+    );
+    assert_eq!(
+        check_modify_qp(uc, Rtr, M::STATE, Rts, None),
+        Err(Status::Invalid)
+    );
+    for rc_only in [
+        M::TIMEOUT,
+        M::RETRY_CNT,
+        M::RNR_RETRY,
+        M::MAX_QP_RD_ATOMIC,
+        M::MIN_RNR_TIMER,
+    ] {
+        assert_eq!(
+            check_modify_qp(uc, Rtr, rts | rc_only, Rts, None),
+            Err(Status::Invalid),
+            "{rc_only:?}"
+        );
+    }
+    // Unlike RC, UC can leave SQE for RTS (a send error does not break the connection).
+    assert_eq!(
+        check_modify_qp(uc, Sqe, M::STATE | M::ACCESS_FLAGS, Rts, None),
+        Ok(())
+    );
+    assert_eq!(qp_transition(QpType::Rc, Sqe, Rts), None);
+    assert_eq!(
+        check_modify_qp(uc, Sqe, M::STATE | M::ALT_PATH, Rts, None),
+        Err(Status::Invalid)
+    );
+    // SQD -> SQD may change the path but not the port, as in Linux's table.
+    assert_eq!(
+        check_modify_qp(uc, Sqd, M::STATE | M::AV | M::PKEY_INDEX, Sqd, None),
+        Ok(())
+    );
+    assert_eq!(
+        check_modify_qp(uc, Sqd, M::STATE | M::PORT, Sqd, None),
+        Err(Status::Invalid)
+    );
+    assert!(qp_transition(uc, Rts, Sqd).is_some());
+    assert!(qp_transition(uc, Rts, Rts).is_some());
+    assert!(qp_transition(uc, Reset, Rtr).is_none());
+    assert_eq!(
+        check_modify_qp(uc, Rts, M::STATE | M::MIN_RNR_TIMER, Rts, None),
+        Err(Status::Invalid)
+    );
+}
+
+#[test]
+fn create_qp_needs_the_feature_of_its_type() {
+    let needs = |qp_type: QpType, srq: u32| {
+        let mut r = common::create_qp_req();
+        r.qp_type = qp_type as u8;
+        r.srq = Le32::new(srq);
+        ControlRequest::CreateQp(r).required_features()
+    };
+    assert_eq!(needs(QpType::Rc, 0), 0);
+    assert_eq!(needs(QpType::Uc, 0), VRDMA_F_UC);
+    assert_eq!(needs(QpType::Ud, 0), VRDMA_F_UD);
+    assert_eq!(needs(QpType::Uc, 7), VRDMA_F_UC | VRDMA_F_SRQ);
 }
 
 fn desc() -> RingDesc {

@@ -11,6 +11,7 @@
 
 mod device;
 mod kernel;
+mod mr;
 mod profile;
 mod region;
 mod ring;
@@ -18,7 +19,7 @@ mod windows;
 
 use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ use vrdma::spec::config::DeviceConfig;
 use vrdma::spec::control::{ControlRequest, ControlResponse};
 use vrdma::spec::event::Event;
 use vrdma::spec::features;
+use vrdma::spec::{Status, StatusError};
 use vrdma::transport::{SharedMemory, Transport, TransportError};
 
 pub use device::{FakeDevice, FakeMr, FakeMw, Fault, MwBinding};
@@ -61,14 +63,19 @@ pub struct FakeTransport {
     notifications: AtomicUsize,
     events: Mutex<VecDeque<Event>>,
     event_posted: Condvar,
+    /// The event queue reports [`TransportError::Disconnected`] once it is empty.
+    events_disconnected: AtomicBool,
 }
 
 impl FakeTransport {
-    /// A fake device with [`default_config`], rxe v1 rings, UD and memory windows.
+    /// A fake device with [`default_config`], rxe v1 rings, UD, UC and memory windows.
     pub fn new() -> Arc<FakeTransport> {
         Self::with(
             default_config(),
-            features::VRDMA_F_RING_RXE_V1 | features::VRDMA_F_UD | features::VRDMA_F_MW,
+            features::VRDMA_F_RING_RXE_V1
+                | features::VRDMA_F_UD
+                | features::VRDMA_F_UC
+                | features::VRDMA_F_MW,
         )
     }
 
@@ -84,6 +91,7 @@ impl FakeTransport {
             notifications: AtomicUsize::new(0),
             events: Mutex::new(VecDeque::new()),
             event_posted: Condvar::new(),
+            events_disconnected: AtomicBool::new(false),
         })
     }
 
@@ -105,6 +113,28 @@ impl FakeTransport {
     /// Queues `event` on the event queue.
     pub fn post_event(&self, event: Event) {
         self.events.lock().unwrap().push_back(event);
+        self.event_posted.notify_all();
+    }
+
+    /// The "kernel" adds a SEND completion with `wr_id` to CQ `cq` (a handle of this device),
+    /// raising the completion event if the CQ is armed; false if the CQ was full.
+    pub fn complete(&self, cq: u32, wr_id: u64) -> bool {
+        let mut events = Vec::new();
+        let added = self.device().complete(cq, wr_id, &mut events);
+        for e in events {
+            self.post_event(e);
+        }
+        added
+    }
+
+    /// Makes the event queue behave as the backend's connection closed: the events already
+    /// queued are read, then `next_event` fails with [`TransportError::Disconnected`] (as
+    /// the process transport does when the backend goes away).
+    pub fn disconnect_events(&self) {
+        // Under the queue's lock, so that a reader cannot miss the change between its check
+        // and its wait.
+        let _events = self.events.lock().unwrap();
+        self.events_disconnected.store(true, Ordering::SeqCst);
         self.event_posted.notify_all();
     }
 
@@ -131,6 +161,10 @@ impl Transport for FakeTransport {
 
     fn execute(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
         let answer = match ControlRequest::decode(request) {
+            // Like the device: a command needing a feature that was not negotiated (spec §3).
+            Ok(req) if req.required_features() & !self.features != 0 => {
+                ControlResponse::Err(StatusError::new(Status::Unsupported)).to_vec()
+            }
             Ok(req) => self.device().execute(request, &req, &self.region),
             Err(e) => ControlResponse::from(e).to_vec(),
         };
@@ -160,6 +194,9 @@ impl Transport for FakeTransport {
                 let n = bytes.len().min(out.len());
                 out[..n].copy_from_slice(&bytes[..n]);
                 return Ok(Some(n));
+            }
+            if self.events_disconnected.load(Ordering::SeqCst) {
+                return Err(TransportError::Disconnected);
             }
             match timeout {
                 None => events = self.event_posted.wait(events).unwrap(),

@@ -1,9 +1,9 @@
-//! CREATE_CQ, DESTROY_CQ and ARM_CQ (spec §7.4).
+//! CREATE_CQ, DESTROY_CQ, ARM_CQ and RESIZE_CQ (spec §7.4).
 
-use log::warn;
+use log::{debug, warn};
 use vrdma_spec::rxe_v1;
 use vrdma_spec::verbs::arm_flags;
-use vrdma_spec::wire::{ArmCqReq, CreateCqReq, CreateCqResp, HandleReq};
+use vrdma_spec::wire::{ArmCqReq, CreateCqReq, CreateCqResp, HandleReq, ResizeCqReq, ResizeCqResp};
 use vrdma_spec::{Le32, ResponseBody};
 
 use super::error::CommandError;
@@ -93,6 +93,66 @@ pub(crate) fn arm_cq(s: &mut Session<'_>, r: &ArmCqReq) -> CommandResult {
         .req_notify_cq(host, solicited_only)
         .map_err(host_err("REQ_NOTIFY_CQ"))?;
     Ok(ResponseBody::Empty)
+}
+
+/// RESIZE_CQ: the host CQ gets a new buffer (carrying its completions over), which replaces
+/// the old one in the queue region.
+///
+/// Region space for the new buffer is reserved before the host is asked, so that a full region
+/// fails the command without effect; once the host has resized, the old buffer is dead, so a
+/// failure to map the new one leaves the CQ without a live ring (spec: the driver destroys it).
+pub(crate) fn resize_cq(s: &mut Session<'_>, r: &ResizeCqReq) -> CommandResult {
+    rings::require_ring_format(s)?;
+    let handle = Handle::from_raw(r.cq.get());
+    let host = s.state.cqs.get(handle)?.host;
+    let cqe = r.cqe.get();
+    at_most(cqe, s.guest.limits().attr.max_cqe, "cqe")?;
+    let predicted = rxe_v1::num_slots_for(cqe)
+        .and_then(|slots| rings::predicted_len(slots, rxe_v1::CQE_SIZE))
+        .ok_or(CommandError::Invalid {
+            what: "cqe",
+            value: cqe.into(),
+        })?;
+    let reservation = s.state.shm.alloc(predicted)?;
+    let resized = s.host().resize_cq(host, cqe);
+    if let Err(e) = s.state.shm.free(reservation) {
+        warn!("queue region bookkeeping: {e}");
+    }
+    let resized = resized.map_err(|source| match source.errno() {
+        // rxe's only EINVAL left after the checks above: fewer entries than completions held.
+        libc::EINVAL => CommandError::Invalid {
+            what: "cqe (below the completions the CQ holds)",
+            value: cqe.into(),
+        },
+        _ => host_err("RESIZE_CQ")(source),
+    })?;
+    let ring = resized
+        .cqe
+        .checked_add(1)
+        .ok_or_else(|| CommandError::Geometry(format!("cqe {}", resized.cqe)))
+        .and_then(|num_slots| rings::map_ring(s, resized.buffer, num_slots, rxe_v1::CQE_SIZE))
+        .map_err(|e| {
+            warn!("CQ {handle} was resized on the host but its new buffer is not mapped: {e}");
+            // Never a status that promises "no effect" (NO_MEMORY): the old ring is dead now.
+            match e {
+                CommandError::Placement(e) => {
+                    CommandError::Geometry(format!("no room for the resized buffer: {e}"))
+                }
+                e => e,
+            }
+        })?;
+    let entry = s.state.cqs.get_mut(handle)?;
+    let old = std::mem::replace(&mut entry.ring, ring);
+    rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &old);
+    debug!(
+        "CQ {handle} resized to {} entries: region {:#x} -> {:#x}",
+        resized.cqe, old.range.offset, ring.range.offset
+    );
+    Ok(ResponseBody::ResizeCq(ResizeCqResp {
+        cqe: Le32::new(resized.cqe),
+        reserved: Le32::ZERO,
+        ring: ring.desc,
+    }))
 }
 
 fn destroy_host(host: &dyn HostContext, cq: CqHandle) {

@@ -14,6 +14,7 @@ pub mod discard;
 pub mod doorbell;
 pub mod error;
 pub mod mr;
+pub mod mr_rereg;
 pub mod mw;
 pub mod pd;
 pub mod qp;
@@ -33,17 +34,20 @@ pub(crate) fn execute(s: &mut Session<'_>, request: &ControlRequest<'_>) -> Comm
         ControlRequest::QueryPort(r) => query::query_port(s, r),
         ControlRequest::QueryGid(r) => query::query_gid(s, r),
         ControlRequest::QueryPkey(r) => query::query_pkey(s, r),
+        ControlRequest::QueryGidTable(r) => query::query_gid_table(s, r),
         ControlRequest::SetDoorbellArea(r) => doorbell::set_doorbell_area(s, r),
         ControlRequest::DiscardState => discard::discard_state(s),
         ControlRequest::AllocPd => pd::alloc_pd(s),
         ControlRequest::DeallocPd(r) => pd::dealloc_pd(s, r),
         ControlRequest::RegMr(r) => mr::reg_mr(s, r),
         ControlRequest::DeregMr(r) => mr::dereg_mr(s, r),
+        ControlRequest::ReregMr(r) => mr_rereg::rereg_mr(s, r),
         ControlRequest::AllocMw(r) => mw::alloc_mw(s, r),
         ControlRequest::DeallocMw(r) => mw::dealloc_mw(s, r),
         ControlRequest::CreateCq(r) => cq::create_cq(s, r),
         ControlRequest::DestroyCq(r) => cq::destroy_cq(s, r),
         ControlRequest::ArmCq(r) => cq::arm_cq(s, r),
+        ControlRequest::ResizeCq(r) => cq::resize_cq(s, r),
         ControlRequest::CreateQp(r) => qp::create_qp(s, r),
         ControlRequest::ModifyQp(r) => qp::modify_qp(s, r),
         ControlRequest::QueryQp(r) => qp::query_qp(s, r),

@@ -41,43 +41,18 @@ pub(crate) fn reg_mr(s: &mut Session<'_>, m: &RegMr<'_>) -> CommandResult {
     let pd_host = s.state.pds.get(pd)?.host;
 
     s.state.mrs.check_room(0)?;
-    let bytes =
-        u64::from(r.npages.get())
-            .checked_mul(m.page_size())
-            .ok_or(CommandError::Invalid {
-                what: "npages",
-                value: r.npages.get().into(),
-            })?;
-    let limit = options.quotas.mr_bytes;
-    if s.state
-        .mr_bytes
-        .checked_add(bytes)
-        .is_none_or(|total| total > limit)
-    {
-        return Err(ResourceError::ByteQuota {
-            kind: ResourceKind::Mr,
-            limit,
-            used: s.state.mr_bytes,
-            requested: bytes,
-        }
-        .into());
-    }
-
-    let pages: Vec<u64> = m.pages.iter().collect();
-    let ram = GuestRamFiles::new(&*s.ctx.memory())?;
-    let window = MrWindow::map(
-        &ram,
+    let bytes = mr_bytes(r.npages.get(), m.page_size())?;
+    check_mr_bytes(s, bytes, 0)?;
+    let window = map_window(
+        s,
         &MrPages {
             iova: r.iova.get(),
             length,
             page_shift: r.page_shift.get(),
-            pages: &pages,
+            pages: &m.pages.iter().collect::<Vec<u64>>(),
         },
-        max_mr_size,
     )?;
-    // Relaxed ordering is a hint the spec lets the device ignore.
-    let access =
-        AccessFlags::from_bits_retain(r.access.get() & !AccessFlags::RELAXED_ORDERING.bits());
+    let access = host_access(r.access.get());
     let host = s
         .host()
         .reg_mr(&MrInit {
@@ -91,6 +66,7 @@ pub(crate) fn reg_mr(s: &mut Session<'_>, m: &RegMr<'_>) -> CommandResult {
     let entry = MrEntry {
         pd,
         bytes,
+        access,
         live: Some(LiveMr { host, window }),
     };
     // Cannot fail after `check_room` and the lookup above; undone completely if it does.
@@ -119,6 +95,49 @@ pub(crate) fn reg_mr(s: &mut Session<'_>, m: &RegMr<'_>) -> CommandResult {
     }))
 }
 
+/// Bytes an MR of `npages` pages of `page_size` bytes counts against the MR byte quota.
+pub(super) fn mr_bytes(npages: u32, page_size: u64) -> Result<u64, CommandError> {
+    u64::from(npages)
+        .checked_mul(page_size)
+        .ok_or(CommandError::Invalid {
+            what: "npages",
+            value: npages.into(),
+        })
+}
+
+/// Fails with `QUOTA` unless the guest's MR bytes, with `replaced` bytes of an MR that is
+/// being re-registered given back, have room for `bytes` more.
+pub(super) fn check_mr_bytes(
+    s: &Session<'_>,
+    bytes: u64,
+    replaced: u64,
+) -> Result<(), CommandError> {
+    let limit = s.guest.options().quotas.mr_bytes;
+    let used = s.state.mr_bytes.saturating_sub(replaced);
+    if used.checked_add(bytes).is_none_or(|total| total > limit) {
+        return Err(ResourceError::ByteQuota {
+            kind: ResourceKind::Mr,
+            limit,
+            used,
+            requested: bytes,
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// Maps guest pages (`BAD_ADDRESS` unless this guest's RAM backs each) into a new window.
+pub(super) fn map_window(s: &Session<'_>, pages: &MrPages<'_>) -> Result<MrWindow, CommandError> {
+    let ram = GuestRamFiles::new(&*s.ctx.memory())?;
+    Ok(MrWindow::map(&ram, pages, max_mr_size(s.guest))?)
+}
+
+/// The access flags to register with the host: relaxed ordering is a hint the spec lets the
+/// device ignore.
+pub(super) fn host_access(access: u32) -> AccessFlags {
+    AccessFlags::from_bits_retain(access & !AccessFlags::RELAXED_ORDERING.bits())
+}
+
 /// DEREG_MR: deregisters the host MR, then unmaps its window. A revoked MR has neither left,
 /// and its deregistration just frees the handle.
 pub(crate) fn dereg_mr(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
@@ -139,7 +158,7 @@ pub(crate) fn dereg_mr(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
 }
 
 /// Gives back the quota and PD reference of an MR that was live.
-fn forget_live(state: &mut GuestState, pd: Handle, bytes: u64) {
+pub(super) fn forget_live(state: &mut GuestState, pd: Handle, bytes: u64) {
     state.mr_bytes = state.mr_bytes.saturating_sub(bytes);
     if let Err(e) = state.pds.release(pd) {
         warn!("MR bookkeeping: {e}");
@@ -153,7 +172,7 @@ pub(crate) fn release(host: &dyn HostContext, handle: Handle, entry: MrEntry) {
     }
 }
 
-fn deregister(host: &dyn HostContext, handle: Handle, live: LiveMr) {
+pub(super) fn deregister(host: &dyn HostContext, handle: Handle, live: LiveMr) {
     if let Err(e) = host.dereg_mr(live.host.handle) {
         // Closing the host context releases it all the same.
         warn!(

@@ -1,10 +1,14 @@
-//! QUERY_DEVICE, QUERY_PORT, QUERY_GID and QUERY_PKEY (spec §7.4): the host's kernel answers
+//! QUERY_DEVICE, QUERY_PORT, QUERY_GID, QUERY_GID_TABLE and QUERY_PKEY (spec §7.4): the host's kernel answers
 //! turned into the guest's wire answers, with the guest's quotas applied.
 
 use vrdma_spec::features::{VRDMA_F_MW, VRDMA_F_SRQ, VRDMA_F_UD};
 use vrdma_spec::rxe_v1::SGE_SIZE;
-use vrdma_spec::wire::{DeviceAttr, GidEntry, PkeyEntry, PortAttr, QueryPortReq, QueryTableReq};
+use vrdma_spec::wire::{
+    DeviceAttr, GidEntry, GidTableEntry, GidTableResp, PkeyEntry, PortAttr, QueryPortReq,
+    QueryTableReq, GID_TABLE_BATCH, GID_TABLE_END,
+};
 use vrdma_spec::{Le16, Le32, Le64, ResponseBody};
+use zerocopy::FromZeros;
 
 use super::error::CommandError;
 use super::session::{host_err, CommandResult, Session};
@@ -142,6 +146,41 @@ pub(crate) fn query_gid(s: &mut Session<'_>, r: &QueryTableReq) -> CommandResult
         .gid_entry(host_port, index)
         .map_err(host_err("GID table"))?;
     Ok(ResponseBody::QueryGid(found.unwrap_or(GidEntry::EMPTY)))
+}
+
+/// QUERY_GID_TABLE: the populated entries at or after `index` (below `gid_tbl_len`, as
+/// QUERY_GID's), up to [`GID_TABLE_BATCH`] of them by increasing index, from the host's table in
+/// one read.
+pub(crate) fn query_gid_table(s: &mut Session<'_>, r: &QueryTableReq) -> CommandResult {
+    let host_port = port(s, r.port_num.get())?;
+    let table_len = host_port_attr(s, host_port)?.gid_tbl_len;
+    let first = r.index.get();
+    if first >= table_len {
+        return Err(CommandError::Invalid {
+            what: "index",
+            value: first.into(),
+        });
+    }
+    let mut table = s
+        .guest
+        .device()
+        .gid_table(host_port)
+        .map_err(host_err("GID table"))?;
+    table.retain(|(index, entry)| (first..table_len).contains(index) && entry.is_valid());
+    table.sort_unstable_by_key(|(index, _)| *index);
+    let mut resp = GidTableResp::new_zeroed();
+    for (slot, (index, entry)) in resp.entries.iter_mut().zip(&table) {
+        *slot = GidTableEntry::new(*index, entry);
+    }
+    let count = table.len().min(GID_TABLE_BATCH);
+    resp.count = Le32::new(count as u32);
+    // More populated entries follow: continue after the last one returned.
+    let next = match table.get(GID_TABLE_BATCH) {
+        Some(_) => table[GID_TABLE_BATCH - 1].0 + 1,
+        None => GID_TABLE_END,
+    };
+    resp.next_index = Le32::new(next);
+    Ok(ResponseBody::QueryGidTable(resp))
 }
 
 /// QUERY_PKEY: an index below `pkey_tbl_len`. RoCE ports have only the default P_Key; the

@@ -46,6 +46,12 @@ fn buffer_len(num_slots: u32, log2: u32) -> Option<u64> {
         .checked_next_multiple_of(SHMEM_PAGE_SIZE)
 }
 
+/// The queue-region bytes a host buffer of `num_slots` slots of entries of `entry_bytes` takes
+/// by rxe's allocation rule (what [`map_ring`] will place, unless the host's slots differ).
+pub(crate) fn predicted_len(num_slots: u32, entry_bytes: usize) -> Option<u64> {
+    buffer_len(num_slots, slot_log2(entry_bytes))
+}
+
 /// The slot stride of a buffer of `len` bytes holding `num_slots` slots of entries of
 /// `entry_bytes`: rxe's rule when it matches `len`, else the only stride that does.
 pub fn slot_geometry(len: u64, num_slots: u32, entry_bytes: usize) -> Result<u32, CommandError> {

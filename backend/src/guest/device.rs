@@ -22,7 +22,7 @@ use vrdma_spec::config::{self, DeviceConfig};
 use vrdma_spec::control::{HEADER_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::{
     VIRTIO_F_VERSION_1, VRDMA_F_DOORBELL_POLL, VRDMA_F_MW, VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ,
-    VRDMA_F_UD,
+    VRDMA_F_UC, VRDMA_F_UD,
 };
 use vrdma_spec::StatusError;
 use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, Le64, Status};
@@ -187,6 +187,9 @@ impl GuestDevice {
         if missing & VRDMA_F_UD != 0 {
             return Err(CommandError::NotNegotiated("VRDMA_F_UD"));
         }
+        if missing & VRDMA_F_UC != 0 {
+            return Err(CommandError::NotNegotiated("VRDMA_F_UC"));
+        }
         if missing & VRDMA_F_MW != 0 {
             return Err(CommandError::NotNegotiated("VRDMA_F_MW"));
         }
@@ -221,7 +224,8 @@ impl GuestDevice {
 
 impl DeviceHandler for GuestDevice {
     fn device_features(&self) -> u64 {
-        let mut features = VRDMA_F_SRQ;
+        // Every rxe device has SRQs and UC QPs.
+        let mut features = VRDMA_F_SRQ | VRDMA_F_UC;
         if self.shared.device().ring_format() == vrdma_spec::rxe_v1::FORMAT_ID {
             features |= VRDMA_F_RING_RXE_V1;
         }

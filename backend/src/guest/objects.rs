@@ -1,7 +1,7 @@
 //! The objects a guest holds, as its handle tables keep them: the host object behind each and
 //! what it references.
 
-use vrdma_spec::verbs::QpType;
+use vrdma_spec::verbs::{AccessFlags, QpType};
 
 use crate::host::{AhHandle, CqHandle, Mr, Mw, PdHandle, QpHandle, SrqHandle};
 use crate::memory::mr_window::MrWindow;
@@ -31,6 +31,8 @@ pub struct MrEntry {
     pub pd: Handle,
     /// Bytes accounted against the MR byte quota: `npages · page size`.
     pub bytes: u64,
+    /// The access flags the host MR has (REREG_MR keeps them for a new translation).
+    pub access: AccessFlags,
     /// `None` once revoked by a memory-table change; the handle stays until DEREG_MR.
     pub live: Option<LiveMr>,
 }

@@ -101,6 +101,11 @@ pub trait HostContext: Send + Sync {
     /// Destroys a CQ (fails while QPs use it).
     fn destroy_cq(&self, cq: CqHandle) -> Result<()>;
 
+    /// Gives a CQ a new buffer of at least `cqe` entries, carrying over the completions it
+    /// holds (rxe: EINVAL when `cqe` is below their number). From then on the host writes
+    /// completions to the new buffer only.
+    fn resize_cq(&self, cq: CqHandle, cqe: u32) -> Result<CqResize>;
+
     /// Arms a CQ: its next (solicited) completion raises one completion event.
     fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()>;
 

@@ -65,6 +65,8 @@ fn all_layouts() -> Vec<Layout> {
             response, user_handle, cqe, comp_vector, comp_channel, reserved,
         },
         "struct ib_uverbs_create_cq_resp" => CreateCqResp { cq_handle, cqe },
+        "struct ib_uverbs_resize_cq" => ResizeCq { response, cq_handle, cqe },
+        "struct ib_uverbs_resize_cq_resp" => ResizeCqResp { cqe, reserved },
         "struct ib_uverbs_req_notify_cq" => ReqNotifyCq { cq_handle, solicited_only },
         "struct ib_uverbs_destroy_cq" => DestroyCq { response, cq_handle, reserved },
         "struct ib_uverbs_destroy_cq_resp" => DestroyCqResp {
@@ -126,6 +128,7 @@ fn all_layouts() -> Vec<Layout> {
         "struct ib_uverbs_destroy_ah" => DestroyAh { ah_handle },
         "struct mminfo" => MmInfo { offset, size, pad },
         "struct rxe_create_cq_resp" => RxeCreateCqResp { mi },
+        "struct rxe_resize_cq_resp" => RxeResizeCqResp { mi },
         "struct rxe_create_qp_resp" => RxeCreateQpResp { rq_mi, sq_mi },
         "struct rxe_create_srq_resp" => RxeCreateSrqResp { mi, srq_num, reserved },
         "struct rxe_modify_srq_cmd" => RxeModifySrqCmd { mmap_info_addr },

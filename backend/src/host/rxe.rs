@@ -18,6 +18,7 @@ use super::error::{DeviceError, Result};
 use super::events::EventFd;
 use super::rxe_abi::{
     MmInfo, RxeCreateAhResp, RxeCreateCqResp, RxeCreateQpResp, RxeCreateSrqResp, RxeModifySrqCmd,
+    RxeResizeCqResp,
 };
 use super::rxe_convert::{decode_query_qp, encode_modify_qp, kernel_ah_attr, queue_buffer};
 use super::sysfs::{self, DeviceInfo};
@@ -370,6 +371,21 @@ impl HostContext for RxeContext {
         Ok(())
     }
 
+    fn resize_cq(&self, cq: CqHandle, cqe: u32) -> Result<CqResize> {
+        let req = uverbs::ResizeCq {
+            response: 0,
+            cq_handle: cq.0,
+            cqe,
+        };
+        // rxe answers with the new buffer's mminfo in the driver part of the response
+        // (`struct rxe_resize_cq_resp`, as rdma-core's rxe_resize_cq reads it).
+        let (resp, drv): (_, RxeResizeCqResp) = self.file.execute(req, &[])?;
+        Ok(CqResize {
+            cqe: resp.cqe,
+            buffer: queue_buffer("RESIZE_CQ", &drv.mi)?,
+        })
+    }
+
     fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()> {
         let req = uverbs::ReqNotifyCq {
             cq_handle: cq.0,
@@ -392,6 +408,8 @@ impl HostContext for RxeContext {
             max_recv_sge: init.caps.max_recv_sge,
             max_inline_data: init.caps.max_inline_data,
             sq_sig_all: u8::from(init.sq_sig_all),
+            // `QpType`'s values are the kernel's `ib_qp_type` ones (RC 2, UC 3, UD 4; spec's
+            // tests pin them).
             qp_type: init.qp_type as u8,
             is_srq: u8::from(init.srq.is_some()),
             reserved: 0,

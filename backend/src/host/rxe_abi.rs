@@ -26,6 +26,14 @@ abi_struct! {
 abi_layout!(RxeCreateCqResp, 16, mi @ 0);
 
 abi_struct! {
+    /// `struct rxe_resize_cq_resp`: where user space maps the CQ's new buffer.
+    pub struct RxeResizeCqResp {
+        pub mi: MmInfo,
+    }
+}
+abi_layout!(RxeResizeCqResp, 16, mi @ 0);
+
+abi_struct! {
     /// `struct rxe_create_qp_resp`.
     pub struct RxeCreateQpResp {
         pub rq_mi: MmInfo,

@@ -118,6 +118,15 @@ pub struct Cq {
     pub buffer: QueueBuffer,
 }
 
+/// A resized CQ: its new capacity and the new buffer that replaces the old one (rxe frees the
+/// old buffer once its last mapping is gone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CqResize {
+    /// Actual capacity of the new buffer.
+    pub cqe: u32,
+    pub buffer: QueueBuffer,
+}
+
 /// QP creation request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpInit {

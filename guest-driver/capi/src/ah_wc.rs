@@ -121,25 +121,19 @@ fn parse_header(area: &[u8; GRH_LEN]) -> Result<ReceivedRoute, c_int> {
 
 /// The index of `gid` with one of `gid_types` in the GID table of `port`.
 fn find_gid_index(ctx: &Context, port: u8, gid: Gid, gid_types: &[GidType]) -> Result<u8, c_int> {
-    let len = ctx
-        .query_port(port)
-        .map_err(|e| report("ibv_init_ah_from_wc", &e))?
-        .gid_tbl_len
-        .get();
-    // sgid_index is a u8: entries beyond 255 cannot be named in an address handle.
-    for index in 0..len.min(256) {
-        match ctx.query_gid(port, index) {
-            Ok(Some(entry))
-                if Gid(entry.gid) == gid
-                    && entry.gid_type().is_ok_and(|t| gid_types.contains(&t)) =>
-            {
-                return Ok(index as u8);
-            }
-            Ok(_) => {}
-            Err(e) => return Err(report("ibv_init_ah_from_wc", &e)),
-        }
-    }
-    Err(libc::ENOENT)
+    // The populated entries in a few commands (QUERY_GID_TABLE), by increasing index: the
+    // first match is the one rdma-core's entry-by-entry search finds.
+    let table = ctx
+        .query_gid_table(port)
+        .map_err(|e| report("ibv_init_ah_from_wc", &e))?;
+    table
+        .iter()
+        .find(|(_, entry)| {
+            Gid(entry.gid) == gid && entry.gid_type().is_ok_and(|t| gid_types.contains(&t))
+        })
+        // sgid_index is a u8: entries beyond 255 cannot be named in an address handle.
+        .and_then(|(index, _)| u8::try_from(*index).ok())
+        .ok_or(libc::ENOENT)
 }
 
 /// The address vector answering `wc` (received on `port` with network header `grh`).

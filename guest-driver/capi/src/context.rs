@@ -1,35 +1,119 @@
-//! The context behind an `ibv_context` of this library: the vrdma context, its transport and
-//! the routing of its completion events. Made by `ibv_open_device` ([`crate::device`]), used by
-//! every object and data-path call of the context.
+//! The context behind an `ibv_context` of this library: an extended context (rdma-core's
+//! `struct verbs_context`, whose last member is the `ibv_context` handed to applications), the
+//! vrdma context, its transport, the routing of its completion events and its asynchronous
+//! event queue. Made by `ibv_open_device` ([`crate::device`]), used by every object and
+//! data-path call of the context.
 
+use std::mem::offset_of;
 use std::sync::Arc;
 
 use vrdma::Context;
 
+use crate::async_events::AsyncEvents;
 use crate::events::{CompletionRoutes, EventPump};
-use crate::sys::ibv_context;
+use crate::sys::{ibv_context, verbs_context};
 use crate::transport::AppTransport;
 
-/// A context of this library: `ibv_context` first, so the pointers are interchangeable.
+/// `ibv_context.abi_compat` of an extended context (`__VERBS_ABI_IS_EXTENDED`): the static
+/// inline helpers of `verbs.h` then find the `verbs_context` in front of the `ibv_context`.
+const ABI_IS_EXTENDED: usize = usize::MAX;
+
+/// A context of this library: `verbs_context` first, so that the `ibv_context` at its end has
+/// the `verbs_context` in front of it, as `verbs_get_ctx` expects.
 #[repr(C)]
 pub(crate) struct VrdmaContext {
-    pub(crate) ibv: ibv_context,
+    pub(crate) verbs: verbs_context,
     pub(crate) ctx: Context,
     pub(crate) transport: Arc<AppTransport>,
     pub(crate) routes: Arc<CompletionRoutes>,
+    /// Behind `ibv.async_fd`.
+    pub(crate) async_events: Arc<AsyncEvents>,
     // Taken and dropped first by `ibv_close_device`: stops the thread that holds a clone of
     // `ctx`.
     pub(crate) pump: Option<EventPump>,
+    /// The process that opened the context: in a `fork()` child the device, the event thread
+    /// and the objects are the parent's.
+    pub(crate) owner: libc::pid_t,
 }
 
 impl VrdmaContext {
+    /// Wraps `ibv` (whose `ops`, device and descriptors are set), the extended operations in
+    /// `verbs` (NULL ones make the inline helpers of `verbs.h` report EOPNOTSUPP or fall back
+    /// to the classic verb) and the vrdma context into an extended context; the
+    /// `ibv_context` to hand to the application. [`Self::from_raw`] takes it back.
+    pub(crate) fn into_raw(
+        mut ibv: ibv_context,
+        mut verbs: verbs_context,
+        ctx: Context,
+        transport: Arc<AppTransport>,
+        routes: Arc<CompletionRoutes>,
+        async_events: Arc<AsyncEvents>,
+        pump: Option<EventPump>,
+    ) -> *mut ibv_context {
+        ibv.abi_compat = ABI_IS_EXTENDED as *mut _;
+        verbs.sz = std::mem::size_of::<verbs_context>() as crate::sys::size_t;
+        verbs.context = ibv;
+        let raw = Box::into_raw(Box::new(VrdmaContext {
+            verbs,
+            ctx,
+            transport,
+            routes,
+            async_events,
+            pump,
+            // SAFETY: getpid has no preconditions.
+            owner: unsafe { libc::getpid() },
+        }));
+        // SAFETY: `raw` is the live allocation just made.
+        unsafe { &raw mut (*raw).verbs.context }
+    }
+
+    /// Whether this process is a `fork()` child of the one that opened the context.
+    pub(crate) fn in_forked_child(&self) -> bool {
+        // SAFETY: getpid has no preconditions.
+        let current = unsafe { libc::getpid() };
+        current != self.owner
+    }
+
     /// The context behind `ptr`.
     ///
     /// # Safety
-    /// `ptr` is NULL or was returned by [`ibv_open_device`](crate::device::ibv_open_device) and
-    /// not closed.
+    /// `ptr` is NULL or was returned by [`Self::into_raw`] and not closed.
     pub(crate) unsafe fn from_ptr<'a>(ptr: *mut ibv_context) -> Option<&'a VrdmaContext> {
-        // SAFETY: caller contract; `ibv` is the first field of a repr(C) struct.
-        unsafe { ptr.cast::<VrdmaContext>().as_ref() }
+        // SAFETY: caller contract.
+        unsafe { Self::container(ptr).as_ref() }
+    }
+
+    /// The context behind `ptr`, which is not NULL.
+    ///
+    /// # Safety
+    /// `ptr` was returned by [`Self::into_raw`] and is not closed.
+    pub(crate) unsafe fn of<'a>(ptr: *mut ibv_context) -> &'a VrdmaContext {
+        // SAFETY: caller contract: a live context, so the container is not NULL.
+        unsafe { &*Self::container(ptr) }
+    }
+
+    /// The `VrdmaContext` allocation around `ptr`, or NULL.
+    ///
+    /// # Safety
+    /// As [`Self::from_ptr`].
+    unsafe fn container(ptr: *mut ibv_context) -> *mut VrdmaContext {
+        if ptr.is_null() {
+            return std::ptr::null_mut();
+        }
+        let front = offset_of!(VrdmaContext, verbs) + offset_of!(verbs_context, context);
+        // SAFETY: caller contract: `ptr` is the `verbs.context` field of a live VrdmaContext,
+        // `front` bytes after the start of its allocation.
+        unsafe { ptr.byte_sub(front).cast::<VrdmaContext>() }
+    }
+
+    /// Takes back the context [`Self::into_raw`] handed out.
+    ///
+    /// # Safety
+    /// `ptr` was returned by [`Self::into_raw`]; it is not used afterwards.
+    pub(crate) unsafe fn from_raw(ptr: *mut ibv_context) -> Option<Box<VrdmaContext>> {
+        // SAFETY: caller contract: the allocation made by Box::into_raw in `into_raw`.
+        let raw = unsafe { Self::container(ptr) };
+        // SAFETY: as above; NULL stays None.
+        (!raw.is_null()).then(|| unsafe { Box::from_raw(raw) })
     }
 }

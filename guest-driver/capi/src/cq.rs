@@ -1,16 +1,20 @@
 //! Completion channels and completion queues.
 
+use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
+use vrdma::provider::WorkCompletion;
+use vrdma::verbs::CqPollBatch;
 use vrdma::Cq;
 
+use crate::async_events::ObjectKind;
 use crate::context::VrdmaContext;
 use crate::events::ChannelState;
 use crate::ffi::{guard, minus_one, null_with, report};
-use crate::sys::{ibv_comp_channel, ibv_context, ibv_cq};
+use crate::sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_cq_ex};
 
 /// A completion channel: `ibv_comp_channel` first.
 #[repr(C)]
@@ -75,10 +79,27 @@ struct EventCounts {
     acked: u32,
 }
 
-/// A completion queue: `ibv_cq` first.
+/// The batch poll state of an extended CQ ([`crate::cq_ex`]). Only the caller that holds the batch (whose `start_poll`
+/// returned 0, until its `end_poll`) touches it, as the `ibv_cq_ex` contract requires; the
+/// batch holds the CQ's lock meanwhile, which orders one batch's accesses before the next's.
+#[derive(Default)]
+pub(crate) struct PollState {
+    /// The open batch. Its lifetime is the CQ's own (`VrdmaCq::cq`, declared after this
+    /// field, so a batch left open is dropped before the CQ it borrows).
+    pub(crate) batch: UnsafeCell<Option<CqPollBatch<'static>>>,
+    /// The completion the accessors read: the batch's current one.
+    pub(crate) current: Cell<Option<WorkCompletion>>,
+}
+
+/// A completion queue: `ibv_cq_ex` first, which starts with the fields of `ibv_cq` (so that
+/// `ibv_cq_ex_to_cq` is a cast, as in rdma-core); a CQ made by `ibv_create_cq` leaves the
+/// extended part zero, one made by `ibv_create_cq_ex` ([`crate::cq_ex`]) has its poll
+/// operations set. Both work with every classic CQ verb.
 #[repr(C)]
 pub(crate) struct VrdmaCq {
-    pub(crate) ibv: ibv_cq,
+    pub(crate) ibv: ibv_cq_ex,
+    /// The open batch poll of an extended CQ; declared before `cq`, which it borrows.
+    pub(crate) poll: PollState,
     pub(crate) cq: Cq,
     channel: Option<Arc<ChannelState>>,
     events: Mutex<EventCounts>,
@@ -86,6 +107,25 @@ pub(crate) struct VrdmaCq {
     /// QPs using the CQ.
     pub(crate) users: AtomicU32,
 }
+
+// `ibv_cq_ex` begins with the layout of `ibv_cq`.
+const _: () = {
+    use std::mem::offset_of;
+    assert!(offset_of!(ibv_cq, context) == offset_of!(ibv_cq_ex, context));
+    assert!(offset_of!(ibv_cq, channel) == offset_of!(ibv_cq_ex, channel));
+    assert!(offset_of!(ibv_cq, cq_context) == offset_of!(ibv_cq_ex, cq_context));
+    assert!(offset_of!(ibv_cq, handle) == offset_of!(ibv_cq_ex, handle));
+    assert!(offset_of!(ibv_cq, cqe) == offset_of!(ibv_cq_ex, cqe));
+    assert!(offset_of!(ibv_cq, mutex) == offset_of!(ibv_cq_ex, mutex));
+    assert!(offset_of!(ibv_cq, cond) == offset_of!(ibv_cq_ex, cond));
+    assert!(
+        offset_of!(ibv_cq, comp_events_completed) == offset_of!(ibv_cq_ex, comp_events_completed)
+    );
+    assert!(
+        offset_of!(ibv_cq, async_events_completed) == offset_of!(ibv_cq_ex, async_events_completed)
+    );
+    assert!(std::mem::size_of::<ibv_cq>() <= offset_of!(ibv_cq_ex, comp_mask));
+};
 
 impl VrdmaCq {
     /// # Safety
@@ -108,46 +148,66 @@ pub unsafe extern "C" fn ibv_create_cq(
     _comp_vector: c_int,
 ) -> *mut ibv_cq {
     guard("ibv_create_cq", std::ptr::null_mut(), || {
-        // SAFETY: caller contract.
-        let Some(ctx) = (unsafe { VrdmaContext::from_ptr(context) }) else {
-            return null_with("ibv_create_cq", libc::EINVAL);
-        };
         let Ok(cqe) = u32::try_from(cqe) else {
             return null_with("ibv_create_cq", libc::EINVAL);
         };
         // SAFETY: caller contract.
-        let ch = unsafe { channel.cast::<VrdmaChannel>().as_mut() };
-        let cq = match Cq::new(&ctx.ctx, cqe) {
-            Ok(cq) => cq,
-            Err(e) => return null_with("ibv_create_cq", report("ibv_create_cq", &e)),
-        };
-        // SAFETY: all-zero is a valid ibv_cq (glibc's initializers are zero); set below.
-        let mut ibv: ibv_cq = unsafe { std::mem::zeroed() };
-        ibv.context = context;
-        ibv.channel = channel;
-        ibv.cq_context = cq_context;
-        ibv.handle = cq.handle();
-        ibv.cqe = c_int::try_from(cq.capacity()).unwrap_or(c_int::MAX);
-        let handle = cq.handle();
-        let state = ch.as_ref().map(|ch| ch.state.clone());
-        let raw = Box::into_raw(Box::new(VrdmaCq {
-            ibv,
-            cq,
-            channel: state.clone(),
-            events: Mutex::new(EventCounts::default()),
-            all_acked: Condvar::new(),
-            users: AtomicU32::new(0),
-        }));
-        if let (Some(ch), Some(state)) = (ch, state) {
-            ch.ibv.refcnt += 1;
-            ctx.routes.add(handle, state, raw as usize);
+        match unsafe { create(context, cqe, cq_context, channel) } {
+            Ok(raw) => raw.cast(),
+            Err(errno) => null_with("ibv_create_cq", errno),
         }
-        raw.cast()
     })
 }
 
-/// `ibv_destroy_cq`: waits until every event handed out by `ibv_get_cq_event` was
-/// acknowledged, as rdma-core does; 0, EBUSY while QPs use the CQ, or another errno value.
+/// Creates a CQ of at least `cqe` entries in `context`, with the extended part of its
+/// `ibv_cq_ex` zero; the CQ, or an errno value (the failure is logged).
+///
+/// # Safety
+/// `context` is NULL or a context of this library; `channel` is NULL or one of its channels.
+pub(crate) unsafe fn create(
+    context: *mut ibv_context,
+    cqe: u32,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+) -> Result<*mut VrdmaCq, c_int> {
+    // SAFETY: caller contract.
+    let Some(ctx) = (unsafe { VrdmaContext::from_ptr(context) }) else {
+        return Err(libc::EINVAL);
+    };
+    // SAFETY: caller contract.
+    let ch = unsafe { channel.cast::<VrdmaChannel>().as_mut() };
+    let cq = Cq::new(&ctx.ctx, cqe).map_err(|e| report("ibv_create_cq", &e))?;
+    // SAFETY: all-zero is a valid ibv_cq_ex (glibc's initializers are zero, the extended
+    // operations NULL); set below.
+    let mut ibv: ibv_cq_ex = unsafe { std::mem::zeroed() };
+    ibv.context = context;
+    ibv.channel = channel;
+    ibv.cq_context = cq_context;
+    ibv.handle = cq.handle();
+    ibv.cqe = c_int::try_from(cq.capacity()).unwrap_or(c_int::MAX);
+    let handle = cq.handle();
+    let state = ch.as_ref().map(|ch| ch.state.clone());
+    let raw = Box::into_raw(Box::new(VrdmaCq {
+        ibv,
+        poll: PollState::default(),
+        cq,
+        channel: state.clone(),
+        events: Mutex::new(EventCounts::default()),
+        all_acked: Condvar::new(),
+        users: AtomicU32::new(0),
+    }));
+    if let (Some(ch), Some(state)) = (ch, state) {
+        ch.ibv.refcnt += 1;
+        ctx.routes.add(handle, state, raw as usize);
+    }
+    ctx.async_events
+        .register(ObjectKind::Cq, handle, raw as usize);
+    Ok(raw)
+}
+
+/// `ibv_destroy_cq`: waits until every event handed out for the CQ by `ibv_get_cq_event` and
+/// `ibv_get_async_event` was acknowledged, as rdma-core does; 0, EBUSY while QPs use the CQ,
+/// or another errno value.
 ///
 /// # Safety
 /// `cq` is a CQ of this library, not used afterwards on success.
@@ -167,6 +227,10 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         drop(counts);
         // SAFETY: the context outlives its CQs.
         let ctx = unsafe { VrdmaContext::from_ptr(vcq.ibv.context) };
+        if let Some(ctx) = ctx {
+            ctx.async_events
+                .retire(ObjectKind::Cq, vcq.ibv.handle, cq as usize);
+        }
         if vcq.channel.is_some() {
             if let Some(ctx) = ctx {
                 ctx.routes.remove(vcq.ibv.handle);
@@ -179,6 +243,34 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         // SAFETY: made by Box::into_raw in ibv_create_cq; the caller gives it up.
         drop(unsafe { Box::from_raw(cq.cast::<VrdmaCq>()) });
         0
+    })
+}
+
+/// `ibv_resize_cq`: 0 with `cq->cqe` set to the new capacity (at least `cqe`), or an errno
+/// value, as rdma-core: `EINVAL` for a `cqe` below the completions the CQ holds (they are kept
+/// either way, as rxe's resize does). Polls of the CQ on other threads wait for it.
+///
+/// # Safety
+/// `cq` is a CQ of this library.
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    guard("ibv_resize_cq", libc::EIO, || {
+        // SAFETY: caller contract.
+        let Some(vcq) = (unsafe { VrdmaCq::from_ptr(cq) }) else {
+            return libc::EINVAL;
+        };
+        let Ok(cqe) = u32::try_from(cqe) else {
+            return libc::EINVAL;
+        };
+        match vcq.cq.resize(cqe) {
+            Ok(capacity) => {
+                let capacity = c_int::try_from(capacity).unwrap_or(c_int::MAX);
+                // SAFETY: `cq` is live (caller contract); `cqe` is the application's to read
+                // and, as in rdma-core, written here, without other writers.
+                unsafe { std::ptr::addr_of_mut!((*cq).cqe).write(capacity) };
+                0
+            }
+            Err(e) => report("ibv_resize_cq", &e),
+        }
     })
 }
 

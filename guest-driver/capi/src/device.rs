@@ -14,17 +14,17 @@ use vrdma::transport::pci::sysfs::{find_candidates, SYSFS_PCI};
 use vrdma::transport::Transport;
 use vrdma::Context;
 
+use crate::async_events::AsyncEvents;
 use crate::config::{self, TransportChoice};
 use crate::context::VrdmaContext;
-use crate::datapath;
-use crate::events::{CompletionRoutes, EventPump};
+use crate::events::{CompletionRoutes, EventPump, EventSinks};
 use crate::ffi::{guard, null_with, set_errno};
 use crate::sys::{
     ibv_context, ibv_context_ops, ibv_device, ibv_node_type_IBV_NODE_CA,
-    ibv_transport_type_IBV_TRANSPORT_IB,
+    ibv_transport_type_IBV_TRANSPORT_IB, verbs_context,
 };
 use crate::transport::AppTransport;
-use crate::windows;
+use crate::{cq_ex, datapath, query_ex, windows};
 
 /// Name of the one device.
 pub(crate) const DEVICE_NAME: &str = "vrdma0";
@@ -50,7 +50,7 @@ fn c_string<const N: usize>(text: &str) -> [c_char; N] {
     out
 }
 
-fn device() -> *mut ibv_device {
+pub(crate) fn device() -> *mut ibv_device {
     let device = DEVICE.get_or_init(|| {
         // SAFETY: an all-zero ibv_device (null ops, empty strings) is a valid value.
         let mut d: ibv_device = unsafe { std::mem::zeroed() };
@@ -98,6 +98,7 @@ fn device_present(choice: &TransportChoice) -> Result<(), String> {
 pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
     guard("ibv_get_device_list", std::ptr::null_mut(), || {
         init_logging();
+        crate::fork::init_from_env();
         let listed = config::from_env()
             .map_err(|e| e.to_string())
             .and_then(|choice| device_present(&choice));
@@ -231,6 +232,18 @@ fn context_ops() -> ibv_context_ops {
     ops
 }
 
+/// The extended operations of the context's `verbs_context`, which the static inline
+/// `ibv_query_device_ex`, `ibv_query_port` and `ibv_create_cq_ex` of `<infiniband/verbs.h>`
+/// call; the others stay NULL.
+pub(crate) fn extended_ops() -> verbs_context {
+    // SAFETY: all-None function pointers (and zero sizes) are a valid verbs_context.
+    let mut verbs: verbs_context = unsafe { std::mem::zeroed() };
+    verbs.query_device_ex = Some(query_ex::query_device_ex);
+    verbs.query_port = Some(query_ex::query_port_ex);
+    verbs.create_cq_ex = Some(cq_ex::create_cq_ex);
+    verbs
+}
+
 /// `ibv_open_device`.
 ///
 /// # Safety
@@ -246,52 +259,75 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             Err(errno) => return null_with("ibv_open_device", errno),
         };
         node_guid(&ctx);
-        let routes = Arc::new(CompletionRoutes::default());
-        let pump = match EventPump::start(
-            ctx.clone(),
-            transport.clone() as Arc<dyn Transport>,
-            routes.clone(),
-        ) {
-            Ok(pump) => pump,
-            Err(e) => {
-                error!("vrdma: cannot start the event thread: {e}");
-                return null_with("ibv_open_device", e.raw_os_error().unwrap_or(libc::EIO));
-            }
-        };
-        // SAFETY: all-zero is a valid ibv_context (its pthread mutex is then
-        // PTHREAD_MUTEX_INITIALIZER on glibc); the fields that matter are set below.
-        let mut ibv: ibv_context = unsafe { std::mem::zeroed() };
-        ibv.device = device;
-        ibv.ops = context_ops();
-        // No uverbs command fd, and no asynchronous events yet.
-        ibv.cmd_fd = -1;
-        ibv.async_fd = -1;
-        ibv.num_comp_vectors = 1;
-        // Anything but UINTPTR_MAX: this is not an extended `verbs_context`, so the inline
-        // `_ex` helpers fall back to the classic calls.
-        ibv.abi_compat = std::ptr::null_mut();
-        let context = Box::new(VrdmaContext {
-            ibv,
-            ctx,
-            transport,
-            routes,
-            pump: Some(pump),
-        });
-        Box::into_raw(context).cast()
+        match context_over(device, ctx, transport) {
+            Ok(context) => context,
+            Err(errno) => null_with("ibv_open_device", errno),
+        }
     })
 }
 
-/// `ibv_close_device`. Objects still open in the context are leaked.
+/// A new `ibv_context` of `device` over the opened `ctx`, with its event thread running; an
+/// errno value if the thread or the async event fd cannot be made. `device` is this library's
+/// device.
+pub(crate) fn context_over(
+    device: *mut ibv_device,
+    ctx: Context,
+    transport: Arc<AppTransport>,
+) -> Result<*mut ibv_context, c_int> {
+    let errno = |e: std::io::Error| e.raw_os_error().unwrap_or(libc::EIO);
+    let routes = Arc::new(CompletionRoutes::default());
+    let async_events = Arc::new(AsyncEvents::new().map_err(|e| {
+        error!("vrdma: cannot make the async event fd: {e}");
+        errno(e)
+    })?);
+    let sinks = EventSinks {
+        routes: routes.clone(),
+        async_events: async_events.clone(),
+    };
+    let pump = EventPump::start(ctx.clone(), transport.clone() as Arc<dyn Transport>, sinks)
+        .map_err(|e| {
+            error!("vrdma: cannot start the event thread: {e}");
+            errno(e)
+        })?;
+    // SAFETY: all-zero is a valid ibv_context (its pthread mutex is then
+    // PTHREAD_MUTEX_INITIALIZER on glibc); the fields that matter are set below.
+    let mut ibv: ibv_context = unsafe { std::mem::zeroed() };
+    ibv.device = device;
+    ibv.ops = context_ops();
+    // No uverbs command fd.
+    ibv.cmd_fd = -1;
+    ibv.async_fd = async_events.raw_fd();
+    ibv.num_comp_vectors = 1;
+    // An extended context (`abi_compat`, the `verbs_context` in front): the inline `_ex`
+    // helpers of `verbs.h` reach the extended verbs through it.
+    Ok(VrdmaContext::into_raw(
+        ibv,
+        extended_ops(),
+        ctx,
+        transport,
+        routes,
+        async_events,
+        Some(pump),
+    ))
+}
+
+/// `ibv_close_device`. Objects still open in the context are leaked. In a `fork()` child of the
+/// process that opened it, only forgets the context: the device stays the parent's.
 ///
 /// # Safety
 /// `context` was returned by [`ibv_open_device`] and is not used afterwards.
 pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     guard("ibv_close_device", -1, || {
-        if context.is_null() {
+        // SAFETY: caller contract: a live context made by VrdmaContext::into_raw.
+        let Some(mut context) = (unsafe { VrdmaContext::from_raw(context) }) else {
             return crate::ffi::minus_one(libc::EINVAL);
+        };
+        if context.in_forked_child() {
+            // The event thread to stop and join exists only in the parent, and the device is
+            // the parent's: this process only forgets the context.
+            std::mem::forget(context);
+            return 0;
         }
-        // SAFETY: caller contract: a live context made by Box::into_raw.
-        let mut context = unsafe { Box::from_raw(context.cast::<VrdmaContext>()) };
         context.pump.take();
         drop(context);
         0

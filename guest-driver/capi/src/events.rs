@@ -6,12 +6,13 @@
 //! its channel file (blocking unless the application made the fd non-blocking).
 //!
 //! One thread per context, the [`EventPump`], waits on the transport's event fd and routes
-//! each completion event to the channel of its CQ. Asynchronous events are only logged:
-//! `ibv_get_async_event` is not provided yet.
+//! each completion event to the channel of its CQ and every other event to the context's
+//! asynchronous event queue ([`crate::async_events`]). When the transport fails, the queue
+//! gets its one `IBV_EVENT_DEVICE_FATAL` and the thread ends.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -22,27 +23,8 @@ use vrdma::transport::{Transport, TransportError};
 use vrdma::verbs::{DeviceEvent, VerbsError};
 use vrdma::Context;
 
-fn eventfd(flags: i32) -> io::Result<OwnedFd> {
-    // SAFETY: creating a new eventfd; no memory is involved.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | flags) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a new descriptor nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn write_one(fd: &OwnedFd) {
-    let one = 1u64.to_ne_bytes();
-    // SAFETY: writes 8 bytes from a live buffer to an eventfd we own.
-    let n = unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
-    if n != 8 {
-        warn!(
-            "vrdma: eventfd write failed: {}",
-            io::Error::last_os_error()
-        );
-    }
-}
+use crate::async_events::AsyncEvents;
+use crate::fd::{eventfd, read_one, wait_readable, write_one};
 
 /// The state of one completion channel.
 pub(crate) struct ChannelState {
@@ -81,12 +63,7 @@ impl ChannelState {
     /// Waits for the next event (as the fd's blocking mode says) and returns its CQ.
     pub(crate) fn next(&self) -> io::Result<usize> {
         loop {
-            let mut count = [0u8; 8];
-            // SAFETY: reads 8 bytes into a live buffer from an eventfd we own.
-            let n = unsafe { libc::read(self.fd.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
+            read_one(&self.fd)?;
             match self.queue.lock().pop_front() {
                 Some(0) => continue,
                 Some(cq) => return Ok(cq),
@@ -121,6 +98,22 @@ impl CompletionRoutes {
     }
 }
 
+/// Where the event thread sends what it reads.
+pub(crate) struct EventSinks {
+    /// Completion events, to the channels of their CQs.
+    pub(crate) routes: Arc<CompletionRoutes>,
+    /// Asynchronous events, to the context's `async_fd` queue.
+    pub(crate) async_events: Arc<AsyncEvents>,
+}
+
+/// Why the event loop ended.
+enum Ended {
+    /// `ibv_close_device` asked it to.
+    Stopped,
+    /// The transport failed: no more events will come.
+    Failed,
+}
+
 /// The thread routing a context's events.
 pub(crate) struct EventPump {
     stop: OwnedFd,
@@ -131,13 +124,13 @@ impl EventPump {
     pub(crate) fn start(
         ctx: Context,
         transport: Arc<dyn Transport>,
-        routes: Arc<CompletionRoutes>,
+        sinks: EventSinks,
     ) -> io::Result<EventPump> {
         let stop = eventfd(0)?;
         let stop_fd = stop.as_raw_fd();
         let thread = std::thread::Builder::new()
             .name("vrdma-events".into())
-            .spawn(move || pump(&ctx, transport.as_ref(), &routes, stop_fd))?;
+            .spawn(move || pump(&ctx, transport.as_ref(), &sinks, stop_fd))?;
         Ok(EventPump {
             stop,
             thread: Some(thread),
@@ -156,30 +149,34 @@ impl Drop for EventPump {
     }
 }
 
-fn pump(ctx: &Context, transport: &dyn Transport, routes: &CompletionRoutes, stop: i32) {
-    match transport.event_fd().map(|fd| fd.as_raw_fd()) {
-        Some(events) => pump_notified(ctx, routes, events, stop),
-        None => pump_polling(ctx, routes, stop),
+fn pump(ctx: &Context, transport: &dyn Transport, sinks: &EventSinks, stop: i32) {
+    let ended = match transport.event_fd().map(|fd| fd.as_raw_fd()) {
+        Some(events) => pump_notified(ctx, sinks, events, stop),
+        None => pump_polling(ctx, sinks, stop),
+    };
+    if let Ended::Failed = ended {
+        // The application learns it the way rdma-core reports a device that went away.
+        sinks.async_events.device_gone();
     }
 }
 
 /// For transports with an event fd: sleeps in poll until it or `stop` turns readable.
-fn pump_notified(ctx: &Context, routes: &CompletionRoutes, events: i32, stop: i32) {
+fn pump_notified(ctx: &Context, sinks: &EventSinks, events: i32, stop: i32) -> Ended {
     loop {
         match wait_readable([events, stop], -1) {
-            Ok([_, true]) => return,
+            Ok([_, true]) => return Ended::Stopped,
             Ok(_) => {}
             Err(e) => {
                 warn!("vrdma: poll of the event fd failed: {e}");
-                return;
+                return Ended::Failed;
             }
         }
         // Drain what is there; the short timeout only covers a notification racing a read.
         loop {
-            match route_next(ctx, routes, Duration::from_millis(1)) {
+            match route_next(ctx, sinks, Duration::from_millis(1)) {
                 Some(true) => {}
                 Some(false) => break,
-                None => return,
+                None => return Ended::Failed,
             }
         }
     }
@@ -187,55 +184,35 @@ fn pump_notified(ctx: &Context, routes: &CompletionRoutes, events: i32, stop: i3
 
 /// For transports without an event fd (PCI polls its interrupt status): waits on the event
 /// queue itself in short slices, looking at `stop` between them.
-fn pump_polling(ctx: &Context, routes: &CompletionRoutes, stop: i32) {
+fn pump_polling(ctx: &Context, sinks: &EventSinks, stop: i32) -> Ended {
     loop {
-        match wait_readable([stop, stop], 0) {
-            Ok([true, _]) => return,
+        match wait_readable([stop], 0) {
+            Ok([true]) => return Ended::Stopped,
             Ok(_) => {}
             Err(e) => {
                 warn!("vrdma: poll of the stop fd failed: {e}");
-                return;
+                return Ended::Failed;
             }
         }
-        if route_next(ctx, routes, Duration::from_millis(50)).is_none() {
-            return;
-        }
-    }
-}
-
-/// Which of `fds` are readable, waiting up to `timeout_ms` (-1: forever) for one to be.
-fn wait_readable(fds: [i32; 2], timeout_ms: i32) -> io::Result<[bool; 2]> {
-    let mut polled = fds.map(|fd| libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    });
-    loop {
-        // SAFETY: `polled` is a live array of two pollfd entries.
-        let n = unsafe { libc::poll(polled.as_mut_ptr(), 2, timeout_ms) };
-        if n >= 0 {
-            return Ok(polled.map(|p| p.revents != 0));
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        if route_next(ctx, sinks, Duration::from_millis(50)).is_none() {
+            return Ended::Failed;
         }
     }
 }
 
 /// Routes the next event if one comes within `timeout`: `Some(true)` if one came,
 /// `Some(false)` if none did, `None` if the transport failed (no more events will come).
-fn route_next(ctx: &Context, routes: &CompletionRoutes, timeout: Duration) -> Option<bool> {
+fn route_next(ctx: &Context, sinks: &EventSinks, timeout: Duration) -> Option<bool> {
     match ctx.next_event(Some(timeout)) {
-        Ok(Some(DeviceEvent::Completion { cq })) => routes.deliver(cq),
-        Ok(Some(event)) => debug!("vrdma: asynchronous event {event:?} not delivered"),
+        Ok(Some(DeviceEvent::Completion { cq })) => sinks.routes.deliver(cq),
+        Ok(Some(event)) => sinks.async_events.deliver(event),
         Ok(None) => return Some(false),
         Err(VerbsError::Transport(TransportError::Disconnected)) => {
             warn!("vrdma: the device disconnected; no more events");
             return None;
         }
         Err(e) => {
-            warn!("vrdma: reading events failed: {e}");
+            warn!("vrdma: reading events failed: {e}; no more events");
             return None;
         }
     }

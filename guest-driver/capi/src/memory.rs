@@ -15,7 +15,6 @@
 //! between the copy and the remap are lost; memfd ranges are never given back while the
 //! context lives; the calling thread's own stack cannot be re-backed.
 
-use std::fs;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -23,54 +22,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use vrdma::dma::{DmaBuffer, DmaError, DmaMemory, MemfdRam, GUEST_RAM_BASE, PAGE_SIZE};
 
-/// One line of `/proc/self/maps`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Mapping {
-    start: usize,
-    end: usize,
-    prot: i32,
-    offset: u64,
-    dev: (u32, u32),
-    inode: u64,
-}
-
-impl Mapping {
-    fn parse(line: &str) -> Option<Mapping> {
-        let mut fields = line.split_ascii_whitespace();
-        let (start, end) = fields.next()?.split_once('-')?;
-        let perms = fields.next()?.as_bytes();
-        let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
-        let (major, minor) = fields.next()?.split_once(':')?;
-        let inode = fields.next()?.parse().ok()?;
-        let flag = |i: usize, c: u8, bit: i32| if perms.get(i) == Some(&c) { bit } else { 0 };
-        Some(Mapping {
-            start: usize::from_str_radix(start, 16).ok()?,
-            end: usize::from_str_radix(end, 16).ok()?,
-            prot: flag(0, b'r', libc::PROT_READ)
-                | flag(1, b'w', libc::PROT_WRITE)
-                | flag(2, b'x', libc::PROT_EXEC),
-            offset,
-            dev: (
-                u32::from_str_radix(major, 16).ok()?,
-                u32::from_str_radix(minor, 16).ok()?,
-            ),
-            inode,
-        })
-    }
-}
-
-/// The mappings of this process, in address order.
-fn read_maps() -> io::Result<Vec<Mapping>> {
-    let text = fs::read_to_string("/proc/self/maps")?;
-    Ok(text.lines().filter_map(Mapping::parse).collect())
-}
-
-/// Identity of a file as `/proc/self/maps` shows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct FileId {
-    dev: (u32, u32),
-    inode: u64,
-}
+use crate::fork;
+use crate::maps::{read_maps, FileId, Mapping};
 
 /// Why memory could not be made registrable.
 #[derive(Debug, thiserror::Error)]
@@ -114,17 +67,14 @@ pub(crate) struct AppMemory {
 }
 
 impl AppMemory {
+    /// Re-backing with pages of `ram`; registers `ram` with the fork handlers, so that a
+    /// `fork()` child gets private copies of what it backs (see [`crate::fork`]), for the rest
+    /// of the process's life: re-backed pages stay mappings of the memfd after the context is
+    /// closed, and the allocator may hand them out again.
     pub(crate) fn new(ram: Arc<MemfdRam>) -> io::Result<Self> {
-        // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: the fd is open for the life of `ram`; `st` is a valid out pointer.
-        if unsafe { libc::fstat(ram.fd().as_raw_fd(), &mut st) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let memfd = FileId {
-            dev: (libc::major(st.st_dev), libc::minor(st.st_dev)),
-            inode: st.st_ino,
-        };
+        let memfd = FileId::of(&ram.fd())?;
+        let base = ram.host_base() as usize;
+        fork::register_ram(memfd, base..base + ram.len());
         Ok(AppMemory {
             ram,
             memfd,
@@ -133,10 +83,7 @@ impl AppMemory {
     }
 
     fn is_ours(&self, m: &Mapping) -> bool {
-        FileId {
-            dev: m.dev,
-            inode: m.inode,
-        } == self.memfd
+        self.memfd.maps(m)
     }
 
     /// Makes `[addr, addr + len)` registrable: every covering page that is not already a page
@@ -152,6 +99,9 @@ impl AppMemory {
             .and_then(|e| e.checked_next_multiple_of(PAGE_SIZE))
             .ok_or(RebackError::NotMapped { addr, len })?;
         let mut kept = self.kept.lock();
+        // No fork() between reading the maps and the remaps: the child's copies are planned
+        // from the maps.
+        let _no_fork = fork::hold_fork();
         let maps = read_maps().map_err(|source| RebackError::Io {
             what: "reading /proc/self/maps",
             source,
@@ -293,27 +243,12 @@ mod tests {
     }
 
     fn maps_line_of(addr: usize) -> String {
-        fs::read_to_string("/proc/self/maps")
+        std::fs::read_to_string("/proc/self/maps")
             .unwrap()
             .lines()
             .find(|l| Mapping::parse(l).is_some_and(|m| (m.start..m.end).contains(&addr)))
             .unwrap()
             .to_owned()
-    }
-
-    #[test]
-    fn maps_lines_parse() {
-        let m = Mapping::parse(
-            "7f12a0000000-7f12a0021000 rw-s 00003000 00:01 2051    /memfd:vrdma (deleted)",
-        )
-        .unwrap();
-        assert_eq!((m.start, m.end), (0x7f12a0000000, 0x7f12a0021000));
-        assert_eq!(m.prot, libc::PROT_READ | libc::PROT_WRITE);
-        assert_eq!((m.offset, m.dev, m.inode), (0x3000, (0, 1), 2051));
-        let anon = Mapping::parse("55d0c4a00000-55d0c4a21000 r-xp 00000000 fd:01 0").unwrap();
-        assert_eq!(anon.prot, libc::PROT_READ | libc::PROT_EXEC);
-        assert_eq!(anon.dev, (0xfd, 1));
-        assert!(Mapping::parse("garbage").is_none());
     }
 
     #[test]
@@ -387,6 +322,103 @@ mod tests {
             memory.make_registrable(on_stack.as_ptr() as usize, on_stack.len()),
             Err(RebackError::OnStack)
         ));
+    }
+
+    /// Whether the page at `addr` is mapped (mincore fails with ENOMEM where it is not).
+    fn mapped(addr: usize) -> bool {
+        let mut resident = 0u8;
+        // SAFETY: one page, one byte of result.
+        unsafe { libc::mincore(addr as *mut libc::c_void, PAGE_SIZE, &mut resident) == 0 }
+    }
+
+    /// The `/proc/self/maps` line of `addr` names the guest-RAM memfd.
+    fn backed_by_guest_ram(addr: usize) -> bool {
+        Mapping::parse(&maps_line_of(addr)).is_some_and(|m| m.prot != 0)
+            && maps_line_of(addr).contains("/memfd:vrdma-guest-ram")
+    }
+
+    #[test]
+    fn a_fork_child_gets_private_copies_and_the_parent_keeps_guest_ram() {
+        let ram = MemfdRam::new(64 * PAGE_SIZE).unwrap();
+        let memory = AppMemory::new(ram.clone()).unwrap();
+        let mut buf = PosixMemalign::new(2 * PAGE_SIZE);
+        buf.bytes().fill(0x11);
+        let addr = buf.0 as usize;
+        memory.make_registrable(addr, 2 * PAGE_SIZE).unwrap();
+        let pages = memory.translate_pages(addr, 2 * PAGE_SIZE).unwrap();
+        let in_ram = ram.host_base() as usize + (pages[0] - GUEST_RAM_BASE) as usize;
+
+        let status = vrdma_test_support::fork::in_child(|| {
+            // SAFETY: the buffer is inherited (private now) and nothing else uses it here.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, 2 * PAGE_SIZE) };
+            if bytes.iter().any(|&b| b != 0x11) {
+                return 1; // the contents did not come along
+            }
+            bytes.fill(0x22);
+            // Guest RAM itself is not mapped in the child.
+            if mapped(in_ram) {
+                return 2;
+            }
+            0
+        });
+        assert_eq!(status, 0);
+        assert!(
+            buf.bytes().iter().all(|&b| b == 0x11),
+            "the child's writes reached the parent's registered buffer"
+        );
+        // The parent's pages are still the device's: same guest RAM, coherent both ways.
+        assert!(backed_by_guest_ram(addr));
+        assert_eq!(memory.translate_pages(addr, 2 * PAGE_SIZE).unwrap(), pages);
+        buf.bytes()[7] = 0x33;
+        // SAFETY: `in_ram` is inside the guest-RAM mapping (translated above).
+        assert_eq!(unsafe { *((in_ram + 7) as *const u8) }, 0x33);
+
+        // The context gone, the pages are still the memfd's (and, freed, may become the
+        // allocator's): children still get copies.
+        drop(memory);
+        drop(ram);
+        assert!(backed_by_guest_ram(addr));
+        let status = vrdma_test_support::fork::in_child(|| {
+            // SAFETY: inherited (private) memory nothing else uses here.
+            unsafe { (addr as *mut u8).write_bytes(0x55, 2 * PAGE_SIZE) };
+            0
+        });
+        assert_eq!(status, 0);
+        assert_eq!(buf.bytes()[0], 0x11);
+    }
+
+    #[test]
+    fn a_fork_child_gets_private_copies_of_read_only_rebacked_memory() {
+        let ram = MemfdRam::new(16 * PAGE_SIZE).unwrap();
+        let memory = AppMemory::new(ram).unwrap();
+        let mut buf = PosixMemalign::new(PAGE_SIZE);
+        buf.bytes().fill(0x44);
+        let addr = buf.0 as usize;
+        memory.make_registrable(addr, PAGE_SIZE).unwrap();
+        // SAFETY: the page is ours; made read-only for this test, writable again below.
+        let read_only = unsafe { libc::mprotect(buf.0.cast(), PAGE_SIZE, libc::PROT_READ) };
+        assert_eq!(read_only, 0);
+        let status = vrdma_test_support::fork::in_child(|| {
+            let line = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+            let own = line
+                .lines()
+                .filter_map(Mapping::parse)
+                .find(|m| (m.start..m.end).contains(&addr));
+            match own {
+                // Private (not the memfd), still read-only, same bytes.
+                Some(m) if m.inode == 0 && m.prot == libc::PROT_READ => {
+                    // SAFETY: mapped readable in the child.
+                    i32::from(unsafe { *(addr as *const u8) } != 0x44)
+                }
+                _ => 2,
+            }
+        });
+        // SAFETY: as above.
+        let writable =
+            unsafe { libc::mprotect(buf.0.cast(), PAGE_SIZE, libc::PROT_READ | libc::PROT_WRITE) };
+        assert_eq!(writable, 0);
+        assert_eq!(status, 0);
+        assert!(backed_by_guest_ram(addr));
     }
 
     #[test]

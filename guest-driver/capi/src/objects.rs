@@ -8,6 +8,7 @@ use vrdma::{Ah, Mr, Pd};
 
 use crate::context::VrdmaContext;
 use crate::ffi::{guard, null_with, report};
+use crate::fork;
 use crate::sys::{ibv_ah, ibv_ah_attr, ibv_context, ibv_mr, ibv_pd};
 
 /// `IBV_ACCESS_OPTIONAL_RANGE`: flags a library may ignore when it does not support them.
@@ -33,7 +34,7 @@ impl VrdmaPd {
     /// The context the PD belongs to.
     pub(crate) fn context(&self) -> &VrdmaContext {
         // SAFETY: set at allocation to the live context, which outlives its PDs.
-        unsafe { &*self.ibv.context.cast::<VrdmaContext>() }
+        unsafe { VrdmaContext::of(self.ibv.context) }
     }
 }
 
@@ -86,13 +87,13 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
 
 /// A memory region: `ibv_mr` first.
 #[repr(C)]
-struct VrdmaMr {
-    ibv: ibv_mr,
-    mr: Mr<'static>,
+pub(crate) struct VrdmaMr {
+    pub(crate) ibv: ibv_mr,
+    pub(crate) mr: Mr<'static>,
 }
 
 /// The access flags of a registration, with optional flags vrdma does not carry dropped.
-fn mr_access(bits: u32) -> Option<AccessFlags> {
+pub(crate) fn mr_access(bits: u32) -> Option<AccessFlags> {
     let optional_unsupported = ACCESS_OPTIONAL_RANGE & !AccessFlags::MR_ALLOWED.bits();
     AccessFlags::from_bits(bits & !optional_unsupported)
 }
@@ -127,9 +128,11 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
     unsafe { ibv_reg_mr_iova2(pd, addr, length, iova, access as u32) }
 }
 
-/// `ibv_reg_mr_iova2`: registers `length` bytes at `addr`. Memory outside the transport's guest
-/// RAM is re-backed by guest RAM first (see [`crate::memory`]). vrdma registers every region
-/// with its own address as iova: another `iova` fails with EOPNOTSUPP.
+/// `ibv_reg_mr_iova2`: registers `length` bytes at `addr`, addressed by work requests and peers
+/// as `[iova, iova + length)`. Memory outside the transport's guest RAM is re-backed by guest RAM
+/// first (see [`crate::memory`]). rxe translates an iova page by page, keeping its offset in the
+/// page, so an `iova` whose offset within a 4 KiB page differs from `addr`'s fails with EINVAL
+/// (rxe itself would place the data at the wrong offset).
 ///
 /// # Safety
 /// `pd` is a PD of this library; `[addr, addr + length)` is memory of this process that stays
@@ -146,9 +149,6 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
         let Some(vpd) = (unsafe { VrdmaPd::from_ptr(pd) }) else {
             return null_with("ibv_reg_mr", libc::EINVAL);
         };
-        if iova != addr as u64 {
-            return null_with("ibv_reg_mr (iova other than the address)", libc::EOPNOTSUPP);
-        }
         let Some(flags) = mr_access(access) else {
             return null_with("ibv_reg_mr (access flags)", libc::EINVAL);
         };
@@ -164,9 +164,18 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
             log::warn!("vrdma: ibv_reg_mr of {length:#x} bytes at {addr:p}: {e}");
             return null_with("ibv_reg_mr", e.errno());
         }
+        // As rdma-core's ibv_reg_mr, but after the re-backing, whose new mappings would not
+        // carry advice given before.
+        if let Err(e) = fork::dont_fork(addr as usize, length) {
+            log::warn!("vrdma: ibv_reg_mr: MADV_DONTFORK of {length:#x} bytes at {addr:p}: {e}");
+            return null_with("ibv_reg_mr", e.raw_os_error().unwrap_or(libc::EINVAL));
+        }
         // SAFETY: the caller keeps the memory mapped while the region lives; it is guest
         // RAM now (checked again by the translation inside).
-        let registered = unsafe { vpd.pd.register_raw(addr.cast(), length, flags) };
+        let registered = unsafe { vpd.pd.register_raw_at(addr.cast(), length, iova, flags) };
+        if registered.is_err() {
+            fork::do_fork(addr as usize, length);
+        }
         match registered {
             Ok(mr) => {
                 let ibv = ibv_mr {
@@ -199,7 +208,9 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         let mr = unsafe { Box::from_raw(mr.cast::<VrdmaMr>()) };
         // SAFETY: the PD outlives its regions (ibv_dealloc_pd refuses while they exist).
         let pd = unsafe { VrdmaPd::from_ptr(mr.ibv.pd) };
+        let (addr, length) = (mr.ibv.addr as usize, mr.ibv.length as usize);
         drop(mr);
+        fork::do_fork(addr, length);
         if let Some(pd) = pd {
             pd.users.fetch_sub(1, Ordering::AcqRel);
         }

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use vrdma::verbs::{AccessFlags, Mtu, QpAttr, QpAttrMask, QpCaps, QpState, QpType};
 use vrdma::{Qp, QpInitAttr};
 
+use crate::async_events::ObjectKind;
 use crate::cq::VrdmaCq;
 use crate::ffi::{guard, null_with, report};
 use crate::objects::{ah_attr_from, ah_attr_to, VrdmaPd};
@@ -194,12 +195,17 @@ pub unsafe extern "C" fn ibv_create_qp(
         if let Some(srq) = srq {
             srq.users.fetch_add(1, Ordering::AcqRel);
         }
+        let handle = qp.handle();
         let qp = VrdmaQp {
             ibv,
             qp,
             sq_sig_all: init.sq_sig_all != 0,
         };
-        Box::into_raw(Box::new(qp)).cast()
+        let raw = Box::into_raw(Box::new(qp));
+        vpd.context()
+            .async_events
+            .register(ObjectKind::Qp, handle, raw as usize);
+        raw.cast()
     })
 }
 
@@ -283,14 +289,22 @@ pub unsafe extern "C" fn ibv_query_qp(
     })
 }
 
-/// `ibv_destroy_qp`: 0, or an errno value.
+/// `ibv_destroy_qp`: waits until every asynchronous event handed out for the QP was
+/// acknowledged, as rdma-core does; 0, or an errno value.
 ///
 /// # Safety
 /// `qp` is a QP of this library, not used afterwards.
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     guard("ibv_destroy_qp", libc::EIO, || {
-        if qp.is_null() {
+        // SAFETY: caller contract.
+        let Some(live) = (unsafe { VrdmaQp::from_ptr(qp) }) else {
             return libc::EINVAL;
+        };
+        // SAFETY: the PD outlives its QPs (ibv_dealloc_pd refuses while they exist).
+        if let Some(pd) = unsafe { VrdmaPd::from_ptr(live.ibv.pd) } {
+            pd.context()
+                .async_events
+                .retire(ObjectKind::Qp, live.ibv.handle, qp as usize);
         }
         // SAFETY: made by Box::into_raw in ibv_create_qp; the caller gives it up.
         let vqp = unsafe { Box::from_raw(qp.cast::<VrdmaQp>()) };
@@ -318,7 +332,10 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::{ibv_qp_type_IBV_QPT_RC, ibv_qp_type_IBV_QPT_UD};
+    use crate::sys::{
+        ibv_qp_type_IBV_QPT_RAW_PACKET, ibv_qp_type_IBV_QPT_RC, ibv_qp_type_IBV_QPT_UC,
+        ibv_qp_type_IBV_QPT_UD, ibv_qp_type_IBV_QPT_XRC_RECV, ibv_qp_type_IBV_QPT_XRC_SEND,
+    };
 
     #[test]
     fn selected_attributes_convert_and_garbage_elsewhere_is_ignored() {
@@ -362,11 +379,30 @@ mod tests {
     }
 
     #[test]
-    fn only_rc_and_ud_are_supported() {
+    fn rc_uc_and_ud_are_supported() {
         assert_eq!(QpType::try_from(ibv_qp_type_IBV_QPT_RC), Ok(QpType::Rc));
+        assert_eq!(QpType::try_from(ibv_qp_type_IBV_QPT_UC), Ok(QpType::Uc));
         assert_eq!(QpType::try_from(ibv_qp_type_IBV_QPT_UD), Ok(QpType::Ud));
-        assert_eq!(QpType::try_from(2u32), Ok(QpType::Rc));
-        assert_eq!(QpType::try_from(4u32), Ok(QpType::Ud));
-        assert_eq!(QpType::try_from(3u32), Err(3)); // UC
+        // rxe has no raw-packet or XRC QPs: ibv_create_qp answers EOPNOTSUPP.
+        for other in [
+            ibv_qp_type_IBV_QPT_RAW_PACKET,
+            ibv_qp_type_IBV_QPT_XRC_SEND,
+            ibv_qp_type_IBV_QPT_XRC_RECV,
+        ] {
+            assert_eq!(QpType::try_from(other), Err(other));
+        }
+    }
+
+    #[test]
+    fn uc_connection_attributes_convert() {
+        // SAFETY: all-zero is a valid ibv_qp_attr.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = QpState::Rts as u32;
+        a.sq_psn = 0xabcdef;
+        // RC's RTS attributes are left uninitialised by a UC application.
+        a.path_mtu = 77;
+        let attr = qp_attr_from(&a, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
+        assert_eq!(attr.qp_state(), Ok(QpState::Rts));
+        assert_eq!(attr.sq_psn.get(), 0xabcdef);
     }
 }

@@ -175,7 +175,7 @@ pub unsafe extern "C" fn ibv_query_gid(
 
 /// `ibv_gid_type` of a GID entry from [`vrdma::verbs::Context::query_gid`] (which checked the
 /// type, so the raw value is only a fallback that cannot occur).
-fn gid_type_value(entry: &GidEntry) -> u32 {
+pub(crate) fn gid_type_value(entry: &GidEntry) -> u32 {
     match entry.gid_type() {
         Ok(GidType::Ib) => ibv_gid_type_IBV_GID_TYPE_IB,
         Ok(GidType::RoceV1) => ibv_gid_type_IBV_GID_TYPE_ROCE_V1,

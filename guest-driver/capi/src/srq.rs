@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use vrdma::Srq;
 
+use crate::async_events::ObjectKind;
 use crate::ffi::{guard, null_with, report};
 use crate::objects::VrdmaPd;
 use crate::sys::{
@@ -61,12 +62,17 @@ pub unsafe extern "C" fn ibv_create_srq(
         ibv.pd = pd;
         ibv.handle = srq.handle();
         vpd.users.fetch_add(1, Ordering::AcqRel);
+        let handle = srq.handle();
         let srq = VrdmaSrq {
             ibv,
             srq,
             users: AtomicU32::new(0),
         };
-        Box::into_raw(Box::new(srq)).cast()
+        let raw = Box::into_raw(Box::new(srq));
+        vpd.context()
+            .async_events
+            .register(ObjectKind::Srq, handle, raw as usize);
+        raw.cast()
     })
 }
 
@@ -130,7 +136,8 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
     })
 }
 
-/// `ibv_destroy_srq`: 0, EBUSY while QPs use the SRQ, or another errno value.
+/// `ibv_destroy_srq`: waits until every asynchronous event handed out for the SRQ was
+/// acknowledged, as rdma-core does; 0, EBUSY while QPs use the SRQ, or another errno value.
 ///
 /// # Safety
 /// `srq` is an SRQ of this library, not used afterwards on success.
@@ -142,6 +149,12 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         };
         if vsrq.users.load(Ordering::Acquire) != 0 {
             return libc::EBUSY;
+        }
+        // SAFETY: the PD outlives its SRQs (ibv_dealloc_pd refuses while they exist).
+        if let Some(pd) = unsafe { VrdmaPd::from_ptr(vsrq.ibv.pd) } {
+            pd.context()
+                .async_events
+                .retire(ObjectKind::Srq, vsrq.ibv.handle, srq as usize);
         }
         // SAFETY: made by Box::into_raw in ibv_create_srq; the caller gives it up.
         let vsrq = unsafe { Box::from_raw(srq.cast::<VrdmaSrq>()) };

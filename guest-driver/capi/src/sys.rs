@@ -11,7 +11,15 @@ pub type __uint8_t = ::std::os::raw::c_uchar;
 pub type __uint16_t = ::std::os::raw::c_ushort;
 pub type __uint32_t = ::std::os::raw::c_uint;
 pub type __uint64_t = ::std::os::raw::c_ulong;
+pub type __time_t = ::std::os::raw::c_long;
+pub type __syscall_slong_t = ::std::os::raw::c_long;
 pub type size_t = ::std::os::raw::c_ulong;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct timespec {
+    pub tv_sec: __time_t,
+    pub tv_nsec: __syscall_slong_t,
+}
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub union __atomic_wide_counter {
@@ -132,6 +140,50 @@ pub struct ib_uverbs_qp_attr {
     pub alt_timeout: __u8,
     pub reserved: [__u8; 5usize],
 }
+pub const ib_uverbs_flow_action_esp_keymat_IB_UVERBS_FLOW_ACTION_ESP_KEYMAT_AES_GCM:
+    ib_uverbs_flow_action_esp_keymat = 0;
+pub type ib_uverbs_flow_action_esp_keymat = ::std::os::raw::c_uint;
+pub const ib_uverbs_flow_action_esp_replay_IB_UVERBS_FLOW_ACTION_ESP_REPLAY_NONE:
+    ib_uverbs_flow_action_esp_replay = 0;
+pub const ib_uverbs_flow_action_esp_replay_IB_UVERBS_FLOW_ACTION_ESP_REPLAY_BMP:
+    ib_uverbs_flow_action_esp_replay = 1;
+pub type ib_uverbs_flow_action_esp_replay = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ib_uverbs_flow_action_esp_encap {
+    pub __bindgen_anon_1: ib_uverbs_flow_action_esp_encap__bindgen_ty_1,
+    pub __bindgen_anon_2: ib_uverbs_flow_action_esp_encap__bindgen_ty_2,
+    pub len: __u16,
+    pub type_: __u16,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union ib_uverbs_flow_action_esp_encap__bindgen_ty_1 {
+    pub val_ptr: *mut ::std::os::raw::c_void,
+    pub val_ptr_data_u64: __u64,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union ib_uverbs_flow_action_esp_encap__bindgen_ty_2 {
+    pub next_ptr: *mut ib_uverbs_flow_action_esp_encap,
+    pub next_ptr_data_u64: __u64,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ib_uverbs_flow_action_esp {
+    pub spi: __u32,
+    pub seq: __u32,
+    pub tfc_pad: __u32,
+    pub flags: __u32,
+    pub hard_limit_pkts: __u64,
+}
+pub const ib_uverbs_advise_mr_advice_IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH:
+    ib_uverbs_advise_mr_advice = 0;
+pub const ib_uverbs_advise_mr_advice_IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE:
+    ib_uverbs_advise_mr_advice = 1;
+pub const ib_uverbs_advise_mr_advice_IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT:
+    ib_uverbs_advise_mr_advice = 2;
+pub type ib_uverbs_advise_mr_advice = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub union ibv_gid {
@@ -179,6 +231,36 @@ pub const ibv_atomic_cap_IBV_ATOMIC_GLOB: ibv_atomic_cap = 2;
 pub type ibv_atomic_cap = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
+pub struct ibv_alloc_dm_attr {
+    pub length: size_t,
+    pub log_align_req: u32,
+    pub comp_mask: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_dm {
+    pub context: *mut ibv_context,
+    pub memcpy_to_dm: ::std::option::Option<
+        unsafe extern "C" fn(
+            dm: *mut ibv_dm,
+            dm_offset: u64,
+            host_addr: *const ::std::os::raw::c_void,
+            length: size_t,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub memcpy_from_dm: ::std::option::Option<
+        unsafe extern "C" fn(
+            host_addr: *mut ::std::os::raw::c_void,
+            dm: *mut ibv_dm,
+            dm_offset: u64,
+            length: size_t,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub comp_mask: u32,
+    pub handle: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
 pub struct ibv_device_attr {
     pub fw_ver: [::std::os::raw::c_char; 64usize],
     pub node_guid: __be64,
@@ -221,6 +303,89 @@ pub struct ibv_device_attr {
     pub local_ca_ack_delay: u8,
     pub phys_port_cnt: u8,
 }
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_query_device_ex_input {
+    pub comp_mask: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_odp_caps {
+    pub general_caps: u64,
+    pub per_transport_caps: ibv_odp_caps__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_odp_caps__bindgen_ty_1 {
+    pub rc_odp_caps: u32,
+    pub uc_odp_caps: u32,
+    pub ud_odp_caps: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_tso_caps {
+    pub max_tso: u32,
+    pub supported_qpts: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_rss_caps {
+    pub supported_qpts: u32,
+    pub max_rwq_indirection_tables: u32,
+    pub max_rwq_indirection_table_size: u32,
+    pub rx_hash_fields_mask: u64,
+    pub rx_hash_function: u8,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_packet_pacing_caps {
+    pub qp_rate_limit_min: u32,
+    pub qp_rate_limit_max: u32,
+    pub supported_qpts: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_tm_caps {
+    pub max_rndv_hdr_size: u32,
+    pub max_num_tags: u32,
+    pub flags: u32,
+    pub max_ops: u32,
+    pub max_sge: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_cq_moderation_caps {
+    pub max_cq_count: u16,
+    pub max_cq_period: u16,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_pci_atomic_caps {
+    pub fetch_add: u16,
+    pub swap: u16,
+    pub compare_swap: u16,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_device_attr_ex {
+    pub orig_attr: ibv_device_attr,
+    pub comp_mask: u32,
+    pub odp_caps: ibv_odp_caps,
+    pub completion_timestamp_mask: u64,
+    pub hca_core_clock: u64,
+    pub device_cap_flags_ex: u64,
+    pub tso_caps: ibv_tso_caps,
+    pub rss_caps: ibv_rss_caps,
+    pub max_wq_type_rq: u32,
+    pub packet_pacing_caps: ibv_packet_pacing_caps,
+    pub raw_packet_caps: u32,
+    pub tm_caps: ibv_tm_caps,
+    pub cq_mod_caps: ibv_cq_moderation_caps,
+    pub max_dm_size: u64,
+    pub pci_atomic_caps: ibv_pci_atomic_caps,
+    pub xrc_odp_caps: u32,
+    pub phys_port_cnt_ex: u32,
+}
 pub const ibv_mtu_IBV_MTU_256: ibv_mtu = 1;
 pub const ibv_mtu_IBV_MTU_512: ibv_mtu = 2;
 pub const ibv_mtu_IBV_MTU_1024: ibv_mtu = 3;
@@ -259,6 +424,42 @@ pub struct ibv_port_attr {
     pub link_layer: u8,
     pub flags: u8,
     pub port_cap_flags2: u16,
+}
+pub const ibv_event_type_IBV_EVENT_CQ_ERR: ibv_event_type = 0;
+pub const ibv_event_type_IBV_EVENT_QP_FATAL: ibv_event_type = 1;
+pub const ibv_event_type_IBV_EVENT_QP_REQ_ERR: ibv_event_type = 2;
+pub const ibv_event_type_IBV_EVENT_QP_ACCESS_ERR: ibv_event_type = 3;
+pub const ibv_event_type_IBV_EVENT_COMM_EST: ibv_event_type = 4;
+pub const ibv_event_type_IBV_EVENT_SQ_DRAINED: ibv_event_type = 5;
+pub const ibv_event_type_IBV_EVENT_PATH_MIG: ibv_event_type = 6;
+pub const ibv_event_type_IBV_EVENT_PATH_MIG_ERR: ibv_event_type = 7;
+pub const ibv_event_type_IBV_EVENT_DEVICE_FATAL: ibv_event_type = 8;
+pub const ibv_event_type_IBV_EVENT_PORT_ACTIVE: ibv_event_type = 9;
+pub const ibv_event_type_IBV_EVENT_PORT_ERR: ibv_event_type = 10;
+pub const ibv_event_type_IBV_EVENT_LID_CHANGE: ibv_event_type = 11;
+pub const ibv_event_type_IBV_EVENT_PKEY_CHANGE: ibv_event_type = 12;
+pub const ibv_event_type_IBV_EVENT_SM_CHANGE: ibv_event_type = 13;
+pub const ibv_event_type_IBV_EVENT_SRQ_ERR: ibv_event_type = 14;
+pub const ibv_event_type_IBV_EVENT_SRQ_LIMIT_REACHED: ibv_event_type = 15;
+pub const ibv_event_type_IBV_EVENT_QP_LAST_WQE_REACHED: ibv_event_type = 16;
+pub const ibv_event_type_IBV_EVENT_CLIENT_REREGISTER: ibv_event_type = 17;
+pub const ibv_event_type_IBV_EVENT_GID_CHANGE: ibv_event_type = 18;
+pub const ibv_event_type_IBV_EVENT_WQ_FATAL: ibv_event_type = 19;
+pub type ibv_event_type = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_async_event {
+    pub element: ibv_async_event__bindgen_ty_1,
+    pub event_type: ibv_event_type,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union ibv_async_event__bindgen_ty_1 {
+    pub cq: *mut ibv_cq,
+    pub qp: *mut ibv_qp,
+    pub srq: *mut ibv_srq,
+    pub wq: *mut ibv_wq,
+    pub port_num: ::std::os::raw::c_int,
 }
 pub const ibv_wc_status_IBV_WC_SUCCESS: ibv_wc_status = 0;
 pub const ibv_wc_status_IBV_WC_LOC_LEN_ERR: ibv_wc_status = 1;
@@ -305,6 +506,20 @@ pub const ibv_wc_opcode_IBV_WC_DRIVER1: ibv_wc_opcode = 135;
 pub const ibv_wc_opcode_IBV_WC_DRIVER2: ibv_wc_opcode = 136;
 pub const ibv_wc_opcode_IBV_WC_DRIVER3: ibv_wc_opcode = 137;
 pub type ibv_wc_opcode = ::std::os::raw::c_uint;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_BYTE_LEN: ibv_create_cq_wc_flags = 1;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_IMM: ibv_create_cq_wc_flags = 2;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_QP_NUM: ibv_create_cq_wc_flags = 4;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_SRC_QP: ibv_create_cq_wc_flags = 8;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_SLID: ibv_create_cq_wc_flags = 16;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_SL: ibv_create_cq_wc_flags = 32;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_DLID_PATH_BITS: ibv_create_cq_wc_flags = 64;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: ibv_create_cq_wc_flags = 128;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_CVLAN: ibv_create_cq_wc_flags = 256;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_FLOW_TAG: ibv_create_cq_wc_flags = 512;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_TM_INFO: ibv_create_cq_wc_flags = 1024;
+pub const ibv_create_cq_wc_flags_IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK:
+    ibv_create_cq_wc_flags = 2048;
+pub type ibv_create_cq_wc_flags = ::std::os::raw::c_uint;
 pub const ibv_wc_flags_IBV_WC_GRH: ibv_wc_flags = 1;
 pub const ibv_wc_flags_IBV_WC_WITH_IMM: ibv_wc_flags = 2;
 pub const ibv_wc_flags_IBV_WC_IP_CSUM_OK: ibv_wc_flags = 4;
@@ -359,6 +574,28 @@ pub struct ibv_mw_bind_info {
 pub struct ibv_pd {
     pub context: *mut ibv_context,
     pub handle: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_td_init_attr {
+    pub comp_mask: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_td {
+    pub context: *mut ibv_context,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_xrcd_init_attr {
+    pub comp_mask: u32,
+    pub fd: ::std::os::raw::c_int,
+    pub oflags: ::std::os::raw::c_int,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_xrcd {
+    pub context: *mut ibv_context,
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -429,6 +666,71 @@ pub struct ibv_srq_init_attr {
     pub srq_context: *mut ::std::os::raw::c_void,
     pub attr: ibv_srq_attr,
 }
+pub const ibv_srq_type_IBV_SRQT_BASIC: ibv_srq_type = 0;
+pub const ibv_srq_type_IBV_SRQT_XRC: ibv_srq_type = 1;
+pub const ibv_srq_type_IBV_SRQT_TM: ibv_srq_type = 2;
+pub type ibv_srq_type = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_tm_cap {
+    pub max_num_tags: u32,
+    pub max_ops: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_srq_init_attr_ex {
+    pub srq_context: *mut ::std::os::raw::c_void,
+    pub attr: ibv_srq_attr,
+    pub comp_mask: u32,
+    pub srq_type: ibv_srq_type,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut ibv_xrcd,
+    pub cq: *mut ibv_cq,
+    pub tm_cap: ibv_tm_cap,
+}
+pub const ibv_wq_type_IBV_WQT_RQ: ibv_wq_type = 0;
+pub type ibv_wq_type = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_wq_init_attr {
+    pub wq_context: *mut ::std::os::raw::c_void,
+    pub wq_type: ibv_wq_type,
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub pd: *mut ibv_pd,
+    pub cq: *mut ibv_cq,
+    pub comp_mask: u32,
+    pub create_flags: u32,
+}
+pub const ibv_wq_state_IBV_WQS_RESET: ibv_wq_state = 0;
+pub const ibv_wq_state_IBV_WQS_RDY: ibv_wq_state = 1;
+pub const ibv_wq_state_IBV_WQS_ERR: ibv_wq_state = 2;
+pub const ibv_wq_state_IBV_WQS_UNKNOWN: ibv_wq_state = 3;
+pub type ibv_wq_state = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_wq_attr {
+    pub attr_mask: u32,
+    pub wq_state: ibv_wq_state,
+    pub curr_wq_state: ibv_wq_state,
+    pub flags: u32,
+    pub flags_mask: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_rwq_ind_table {
+    pub context: *mut ibv_context,
+    pub ind_tbl_handle: ::std::os::raw::c_int,
+    pub ind_tbl_num: ::std::os::raw::c_int,
+    pub comp_mask: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_rwq_ind_table_init_attr {
+    pub log_ind_tbl_size: u32,
+    pub ind_tbl: *mut *mut ibv_wq,
+    pub comp_mask: u32,
+}
 pub const ibv_qp_type_IBV_QPT_RC: ibv_qp_type = 2;
 pub const ibv_qp_type_IBV_QPT_UC: ibv_qp_type = 3;
 pub const ibv_qp_type_IBV_QPT_UD: ibv_qp_type = 4;
@@ -456,6 +758,43 @@ pub struct ibv_qp_init_attr {
     pub cap: ibv_qp_cap,
     pub qp_type: ibv_qp_type,
     pub sq_sig_all: ::std::os::raw::c_int,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_rx_hash_conf {
+    pub rx_hash_function: u8,
+    pub rx_hash_key_len: u8,
+    pub rx_hash_key: *mut u8,
+    pub rx_hash_fields_mask: u64,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_qp_init_attr_ex {
+    pub qp_context: *mut ::std::os::raw::c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub cap: ibv_qp_cap,
+    pub qp_type: ibv_qp_type,
+    pub sq_sig_all: ::std::os::raw::c_int,
+    pub comp_mask: u32,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut ibv_xrcd,
+    pub create_flags: u32,
+    pub max_tso_header: u16,
+    pub rwq_ind_tbl: *mut ibv_rwq_ind_table,
+    pub rx_hash_conf: ibv_rx_hash_conf,
+    pub source_qpn: u32,
+    pub send_ops_flags: u64,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_qp_open_attr {
+    pub comp_mask: u32,
+    pub qp_num: u32,
+    pub xrcd: *mut ibv_xrcd,
+    pub qp_context: *mut ::std::os::raw::c_void,
+    pub qp_type: ibv_qp_type,
 }
 pub const ibv_qp_attr_mask_IBV_QP_STATE: ibv_qp_attr_mask = 1;
 pub const ibv_qp_attr_mask_IBV_QP_CUR_STATE: ibv_qp_attr_mask = 2;
@@ -522,6 +861,14 @@ pub struct ibv_qp_attr {
     pub alt_port_num: u8,
     pub alt_timeout: u8,
     pub rate_limit: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_qp_rate_limit_attr {
+    pub rate_limit: u32,
+    pub max_burst_sz: u32,
+    pub typical_pkt_sz: u16,
+    pub comp_mask: u32,
 }
 pub const ibv_wr_opcode_IBV_WR_RDMA_WRITE: ibv_wr_opcode = 0;
 pub const ibv_wr_opcode_IBV_WR_RDMA_WRITE_WITH_IMM: ibv_wr_opcode = 1;
@@ -636,6 +983,35 @@ pub struct ibv_recv_wr {
     pub sg_list: *mut ibv_sge,
     pub num_sge: ::std::os::raw::c_int,
 }
+pub const ibv_ops_wr_opcode_IBV_WR_TAG_ADD: ibv_ops_wr_opcode = 0;
+pub const ibv_ops_wr_opcode_IBV_WR_TAG_DEL: ibv_ops_wr_opcode = 1;
+pub const ibv_ops_wr_opcode_IBV_WR_TAG_SYNC: ibv_ops_wr_opcode = 2;
+pub type ibv_ops_wr_opcode = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_ops_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_ops_wr,
+    pub opcode: ibv_ops_wr_opcode,
+    pub flags: ::std::os::raw::c_int,
+    pub tm: ibv_ops_wr__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_ops_wr__bindgen_ty_1 {
+    pub unexpected_cnt: u32,
+    pub handle: u32,
+    pub add: ibv_ops_wr__bindgen_ty_1__bindgen_ty_1,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_ops_wr__bindgen_ty_1__bindgen_ty_1 {
+    pub recv_wr_id: u64,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: ::std::os::raw::c_int,
+    pub tag: u64,
+    pub mask: u64,
+}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct ibv_mw_bind {
@@ -653,6 +1029,29 @@ pub struct ibv_srq {
     pub mutex: pthread_mutex_t,
     pub cond: pthread_cond_t,
     pub events_completed: u32,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_wq {
+    pub context: *mut ibv_context,
+    pub wq_context: *mut ::std::os::raw::c_void,
+    pub pd: *mut ibv_pd,
+    pub cq: *mut ibv_cq,
+    pub wq_num: u32,
+    pub handle: u32,
+    pub state: ibv_wq_state,
+    pub wq_type: ibv_wq_type,
+    pub post_recv: ::std::option::Option<
+        unsafe extern "C" fn(
+            current: *mut ibv_wq,
+            recv_wr: *mut ibv_recv_wr,
+            bad_recv_wr: *mut *mut ibv_recv_wr,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+    pub comp_mask: u32,
 }
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -693,10 +1092,126 @@ pub struct ibv_cq {
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
+pub struct ibv_poll_cq_attr {
+    pub comp_mask: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_wc_tm_info {
+    pub tag: u64,
+    pub priv_: u32,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_cq_ex {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut ::std::os::raw::c_void,
+    pub handle: u32,
+    pub cqe: ::std::os::raw::c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+    pub comp_mask: u32,
+    pub status: ibv_wc_status,
+    pub wr_id: u64,
+    pub start_poll: ::std::option::Option<
+        unsafe extern "C" fn(
+            current: *mut ibv_cq_ex,
+            attr: *mut ibv_poll_cq_attr,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub next_poll: ::std::option::Option<
+        unsafe extern "C" fn(current: *mut ibv_cq_ex) -> ::std::os::raw::c_int,
+    >,
+    pub end_poll: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex)>,
+    pub read_opcode:
+        ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> ibv_wc_opcode>,
+    pub read_vendor_err:
+        ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u32>,
+    pub read_byte_len: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u32>,
+    pub read_imm_data:
+        ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> __be32>,
+    pub read_qp_num: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u32>,
+    pub read_src_qp: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u32>,
+    pub read_wc_flags: ::std::option::Option<
+        unsafe extern "C" fn(current: *mut ibv_cq_ex) -> ::std::os::raw::c_uint,
+    >,
+    pub read_slid: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u32>,
+    pub read_sl: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u8>,
+    pub read_dlid_path_bits:
+        ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u8>,
+    pub read_completion_ts:
+        ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u64>,
+    pub read_cvlan: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u16>,
+    pub read_flow_tag: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u32>,
+    pub read_tm_info: ::std::option::Option<
+        unsafe extern "C" fn(current: *mut ibv_cq_ex, tm_info: *mut ibv_wc_tm_info),
+    >,
+    pub read_completion_wallclock_ns:
+        ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u64>,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_moderate_cq {
+    pub cq_count: u16,
+    pub cq_period: u16,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_modify_cq_attr {
+    pub attr_mask: u32,
+    pub moderate: ibv_moderate_cq,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
 pub struct ibv_ah {
     pub context: *mut ibv_context,
     pub pd: *mut ibv_pd,
     pub handle: u32,
+}
+pub const ibv_flow_attr_type_IBV_FLOW_ATTR_NORMAL: ibv_flow_attr_type = 0;
+pub const ibv_flow_attr_type_IBV_FLOW_ATTR_ALL_DEFAULT: ibv_flow_attr_type = 1;
+pub const ibv_flow_attr_type_IBV_FLOW_ATTR_MC_DEFAULT: ibv_flow_attr_type = 2;
+pub const ibv_flow_attr_type_IBV_FLOW_ATTR_SNIFFER: ibv_flow_attr_type = 3;
+pub type ibv_flow_attr_type = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_flow_attr {
+    pub comp_mask: u32,
+    pub type_: ibv_flow_attr_type,
+    pub size: u16,
+    pub priority: u16,
+    pub num_of_specs: u8,
+    pub port: u8,
+    pub flags: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_flow {
+    pub comp_mask: u32,
+    pub context: *mut ibv_context,
+    pub handle: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_flow_action {
+    pub context: *mut ibv_context,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_flow_action_esp_attr {
+    pub esp_attr: *mut ib_uverbs_flow_action_esp,
+    pub keymat_proto: ib_uverbs_flow_action_esp_keymat,
+    pub keymat_len: u16,
+    pub keymat_ptr: *mut ::std::os::raw::c_void,
+    pub replay_proto: ib_uverbs_flow_action_esp_replay,
+    pub replay_len: u16,
+    pub replay_ptr: *mut ::std::os::raw::c_void,
+    pub esp_encap: *mut ib_uverbs_flow_action_esp_encap,
+    pub comp_mask: u32,
+    pub esn: u32,
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -843,6 +1358,263 @@ pub struct ibv_context {
     pub mutex: pthread_mutex_t,
     pub abi_compat: *mut ::std::os::raw::c_void,
 }
+pub const ibv_cq_init_attr_mask_IBV_CQ_INIT_ATTR_MASK_FLAGS: ibv_cq_init_attr_mask = 1;
+pub const ibv_cq_init_attr_mask_IBV_CQ_INIT_ATTR_MASK_PD: ibv_cq_init_attr_mask = 2;
+pub type ibv_cq_init_attr_mask = ::std::os::raw::c_uint;
+pub const ibv_create_cq_attr_flags_IBV_CREATE_CQ_ATTR_SINGLE_THREADED: ibv_create_cq_attr_flags = 1;
+pub const ibv_create_cq_attr_flags_IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: ibv_create_cq_attr_flags = 2;
+pub type ibv_create_cq_attr_flags = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_cq_init_attr_ex {
+    pub cqe: u32,
+    pub cq_context: *mut ::std::os::raw::c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: u32,
+    pub wc_flags: u64,
+    pub comp_mask: u32,
+    pub flags: u32,
+    pub parent_domain: *mut ibv_pd,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_parent_domain_init_attr {
+    pub pd: *mut ibv_pd,
+    pub td: *mut ibv_td,
+    pub comp_mask: u32,
+    pub alloc: ::std::option::Option<
+        unsafe extern "C" fn(
+            pd: *mut ibv_pd,
+            pd_context: *mut ::std::os::raw::c_void,
+            size: size_t,
+            alignment: size_t,
+            resource_type: u64,
+        ) -> *mut ::std::os::raw::c_void,
+    >,
+    pub free: ::std::option::Option<
+        unsafe extern "C" fn(
+            pd: *mut ibv_pd,
+            pd_context: *mut ::std::os::raw::c_void,
+            ptr: *mut ::std::os::raw::c_void,
+            resource_type: u64,
+        ),
+    >,
+    pub pd_context: *mut ::std::os::raw::c_void,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_counters_init_attr {
+    pub comp_mask: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_counters {
+    pub context: *mut ibv_context,
+}
+pub const ibv_counter_description_IBV_COUNTER_PACKETS: ibv_counter_description = 0;
+pub const ibv_counter_description_IBV_COUNTER_BYTES: ibv_counter_description = 1;
+pub type ibv_counter_description = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_counter_attach_attr {
+    pub counter_desc: ibv_counter_description,
+    pub index: u32,
+    pub comp_mask: u32,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_values_ex {
+    pub comp_mask: u32,
+    pub raw_clock: timespec,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct verbs_context {
+    pub query_port: ::std::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            port_num: u8,
+            port_attr: *mut ibv_port_attr,
+            port_attr_len: size_t,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub advise_mr: ::std::option::Option<
+        unsafe extern "C" fn(
+            pd: *mut ibv_pd,
+            advice: ib_uverbs_advise_mr_advice,
+            flags: u32,
+            sg_list: *mut ibv_sge,
+            num_sges: u32,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub alloc_null_mr: ::std::option::Option<unsafe extern "C" fn(pd: *mut ibv_pd) -> *mut ibv_mr>,
+    pub read_counters: ::std::option::Option<
+        unsafe extern "C" fn(
+            counters: *mut ibv_counters,
+            counters_value: *mut u64,
+            ncounters: u32,
+            flags: u32,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub attach_counters_point_flow: ::std::option::Option<
+        unsafe extern "C" fn(
+            counters: *mut ibv_counters,
+            attr: *mut ibv_counter_attach_attr,
+            flow: *mut ibv_flow,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub create_counters: ::std::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            init_attr: *mut ibv_counters_init_attr,
+        ) -> *mut ibv_counters,
+    >,
+    pub destroy_counters: ::std::option::Option<
+        unsafe extern "C" fn(counters: *mut ibv_counters) -> ::std::os::raw::c_int,
+    >,
+    pub reg_dm_mr: ::std::option::Option<
+        unsafe extern "C" fn(
+            pd: *mut ibv_pd,
+            dm: *mut ibv_dm,
+            dm_offset: u64,
+            length: size_t,
+            access: ::std::os::raw::c_uint,
+        ) -> *mut ibv_mr,
+    >,
+    pub alloc_dm: ::std::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            attr: *mut ibv_alloc_dm_attr,
+        ) -> *mut ibv_dm,
+    >,
+    pub free_dm:
+        ::std::option::Option<unsafe extern "C" fn(dm: *mut ibv_dm) -> ::std::os::raw::c_int>,
+    pub modify_flow_action_esp: ::std::option::Option<
+        unsafe extern "C" fn(
+            action: *mut ibv_flow_action,
+            attr: *mut ibv_flow_action_esp_attr,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub destroy_flow_action: ::std::option::Option<
+        unsafe extern "C" fn(action: *mut ibv_flow_action) -> ::std::os::raw::c_int,
+    >,
+    pub create_flow_action_esp: ::std::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            attr: *mut ibv_flow_action_esp_attr,
+        ) -> *mut ibv_flow_action,
+    >,
+    pub modify_qp_rate_limit: ::std::option::Option<
+        unsafe extern "C" fn(
+            qp: *mut ibv_qp,
+            attr: *mut ibv_qp_rate_limit_attr,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub alloc_parent_domain: ::std::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            attr: *mut ibv_parent_domain_init_attr,
+        ) -> *mut ibv_pd,
+    >,
+    pub dealloc_td:
+        ::std::option::Option<unsafe extern "C" fn(td: *mut ibv_td) -> ::std::os::raw::c_int>,
+    pub alloc_td: ::std::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            init_attr: *mut ibv_td_init_attr,
+        ) -> *mut ibv_td,
+    >,
+    pub modify_cq: ::std::option::Option<
+        unsafe extern "C" fn(
+            cq: *mut ibv_cq,
+            attr: *mut ibv_modify_cq_attr,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub post_srq_ops: ::std::option::Option<
+        unsafe extern "C" fn(
+            srq: *mut ibv_srq,
+            op: *mut ibv_ops_wr,
+            bad_op: *mut *mut ibv_ops_wr,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub destroy_rwq_ind_table: ::std::option::Option<
+        unsafe extern "C" fn(rwq_ind_table: *mut ibv_rwq_ind_table) -> ::std::os::raw::c_int,
+    >,
+    pub create_rwq_ind_table: ::std::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            init_attr: *mut ibv_rwq_ind_table_init_attr,
+        ) -> *mut ibv_rwq_ind_table,
+    >,
+    pub destroy_wq:
+        ::std::option::Option<unsafe extern "C" fn(wq: *mut ibv_wq) -> ::std::os::raw::c_int>,
+    pub modify_wq: ::std::option::Option<
+        unsafe extern "C" fn(wq: *mut ibv_wq, wq_attr: *mut ibv_wq_attr) -> ::std::os::raw::c_int,
+    >,
+    pub create_wq: ::std::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            wq_init_attr: *mut ibv_wq_init_attr,
+        ) -> *mut ibv_wq,
+    >,
+    pub query_rt_values: ::std::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            values: *mut ibv_values_ex,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub create_cq_ex: ::std::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            init_attr: *mut ibv_cq_init_attr_ex,
+        ) -> *mut ibv_cq_ex,
+    >,
+    pub priv_: *mut verbs_ex_private,
+    pub query_device_ex: ::std::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            input: *const ibv_query_device_ex_input,
+            attr: *mut ibv_device_attr_ex,
+            attr_size: size_t,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub ibv_destroy_flow:
+        ::std::option::Option<unsafe extern "C" fn(flow: *mut ibv_flow) -> ::std::os::raw::c_int>,
+    pub ABI_placeholder2: ::std::option::Option<unsafe extern "C" fn()>,
+    pub ibv_create_flow: ::std::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp, flow_attr: *mut ibv_flow_attr) -> *mut ibv_flow,
+    >,
+    pub ABI_placeholder1: ::std::option::Option<unsafe extern "C" fn()>,
+    pub open_qp: ::std::option::Option<
+        unsafe extern "C" fn(context: *mut ibv_context, attr: *mut ibv_qp_open_attr) -> *mut ibv_qp,
+    >,
+    pub create_qp_ex: ::std::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            qp_init_attr_ex: *mut ibv_qp_init_attr_ex,
+        ) -> *mut ibv_qp,
+    >,
+    pub get_srq_num: ::std::option::Option<
+        unsafe extern "C" fn(srq: *mut ibv_srq, srq_num: *mut u32) -> ::std::os::raw::c_int,
+    >,
+    pub create_srq_ex: ::std::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            srq_init_attr_ex: *mut ibv_srq_init_attr_ex,
+        ) -> *mut ibv_srq,
+    >,
+    pub open_xrcd: ::std::option::Option<
+        unsafe extern "C" fn(
+            context: *mut ibv_context,
+            xrcd_init_attr: *mut ibv_xrcd_init_attr,
+        ) -> *mut ibv_xrcd,
+    >,
+    pub close_xrcd:
+        ::std::option::Option<unsafe extern "C" fn(xrcd: *mut ibv_xrcd) -> ::std::os::raw::c_int>,
+    pub _ABI_placeholder3: u64,
+    pub sz: size_t,
+    pub context: ibv_context,
+}
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub struct ibv_sa_path_rec {
@@ -888,4 +1660,9 @@ pub struct ib_user_path_rec {
     pub packet_life_time_selector: __u8,
     pub packet_life_time: __u8,
     pub preference: __u8,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct verbs_ex_private {
+    pub _address: u8,
 }

@@ -15,7 +15,7 @@ use crate::memory::{AppMemory, RebackError};
 
 /// The device's transport, and what registering application memory takes with it.
 pub(crate) struct AppTransport {
-    inner: Box<dyn Transport>,
+    inner: Arc<dyn Transport>,
     /// Re-backing of application memory (process transport only).
     memory: Option<AppMemory>,
 }
@@ -66,7 +66,7 @@ impl AppTransport {
             source,
         })?;
         Ok(AppTransport {
-            inner: Box::new(inner),
+            inner: Arc::new(inner),
             memory: Some(memory),
         })
     }
@@ -76,9 +76,18 @@ impl AppTransport {
         let function = SysfsPciFunction::open(address)?;
         let inner = PciTransport::open(Arc::new(function), PciOptions::default())?;
         Ok(AppTransport {
-            inner: Box::new(inner),
+            inner: Arc::new(inner),
             memory: None,
         })
+    }
+
+    /// Another transport used as it is, with its own DMA memory (tests: the fake device).
+    #[cfg(test)]
+    pub(crate) fn over(inner: Arc<dyn Transport>) -> AppTransport {
+        AppTransport {
+            inner,
+            memory: None,
+        }
     }
 
     /// Application memory registration.

@@ -35,6 +35,7 @@ const REQUIRED: &[(&str, &str)] = &[
     ("ibv_create_comp_channel", "IBVERBS_1.0"),
     ("ibv_destroy_comp_channel", "IBVERBS_1.0"),
     ("ibv_read_sysfs_file", "IBVERBS_1.0"),
+    ("ibv_ack_async_event", "IBVERBS_1.1"),
     ("ibv_ack_cq_events", "IBVERBS_1.1"),
     ("ibv_alloc_pd", "IBVERBS_1.1"),
     ("ibv_attach_mcast", "IBVERBS_1.1"),
@@ -52,6 +53,7 @@ const REQUIRED: &[(&str, &str)] = &[
     ("ibv_destroy_srq", "IBVERBS_1.1"),
     ("ibv_detach_mcast", "IBVERBS_1.1"),
     ("ibv_free_device_list", "IBVERBS_1.1"),
+    ("ibv_get_async_event", "IBVERBS_1.1"),
     ("ibv_get_cq_event", "IBVERBS_1.1"),
     ("ibv_get_device_guid", "IBVERBS_1.1"),
     ("ibv_get_device_list", "IBVERBS_1.1"),
@@ -64,9 +66,12 @@ const REQUIRED: &[(&str, &str)] = &[
     ("ibv_query_port", "IBVERBS_1.1"),
     ("ibv_query_qp", "IBVERBS_1.1"),
     ("ibv_reg_mr", "IBVERBS_1.1"),
+    ("ibv_resize_cq", "IBVERBS_1.1"),
+    ("ibv_rereg_mr", "IBVERBS_1.1"),
     ("ibv_qp_to_qp_ex", "IBVERBS_1.6"),
     ("ibv_reg_mr_iova2", "IBVERBS_1.8"),
     ("_ibv_query_gid_ex", "IBVERBS_1.11"),
+    ("_ibv_query_gid_table", "IBVERBS_1.11"),
     ("ibv_reg_dmabuf_mr", "IBVERBS_1.12"),
     ("ibv_query_gid_type", "IBVERBS_PRIVATE_34"),
     // librdmacm (linked by perftest, bound at load).
@@ -102,6 +107,12 @@ const REQUIRED: &[(&str, &str)] = &[
     ("ibv_unimport_mr", "IBVERBS_1.10"),
     ("ibv_import_dm", "IBVERBS_1.13"),
     ("ibv_unimport_dm", "IBVERBS_1.13"),
+    // fork() support and L2 address resolution.
+    ("ibv_fork_init", "IBVERBS_1.1"),
+    ("ibv_dontfork_range", "IBVERBS_1.1"),
+    ("ibv_dofork_range", "IBVERBS_1.1"),
+    ("ibv_is_fork_initialized", "IBVERBS_1.13"),
+    ("ibv_resolve_eth_l2_from_gid", "IBVERBS_1.1"),
 ];
 
 #[test]

@@ -39,6 +39,9 @@ pub enum TransportError {
     /// The device went away (the backend closed the connection).
     #[error("the device disconnected")]
     Disconnected,
+    /// The transport was opened by the parent of this `fork()` child, whose device it is.
+    #[error("the device belongs to the process that opened it, not to this fork() child")]
+    ForkedChild,
     /// A request that cannot be sent (empty, or larger than the transport allows).
     #[error("invalid request: {0}")]
     InvalidRequest(&'static str),
@@ -68,6 +71,37 @@ fn describe_vhost(error: &vhost::Error) -> String {
 impl TransportError {
     pub(crate) fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
         move |source| TransportError::Io { what, source }
+    }
+}
+
+/// The process that opened a transport. After `fork()` the child holds a copy of every
+/// transport, but the device (its queues, the backend's state, the PCI function) is still the
+/// parent's: the copy refuses to drive it ([`TransportError::ForkedChild`]) and its drop leaves
+/// the device alone.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OwnerProcess(libc::pid_t);
+
+impl OwnerProcess {
+    /// The calling process.
+    pub(crate) fn current() -> Self {
+        // SAFETY: getpid has no preconditions.
+        OwnerProcess(unsafe { libc::getpid() })
+    }
+
+    /// True in the process that opened the transport, false in a `fork()` child of it.
+    pub(crate) fn is_current(&self) -> bool {
+        // SAFETY: getpid has no preconditions.
+        let current = unsafe { libc::getpid() };
+        current == self.0
+    }
+
+    /// Fails in a `fork()` child.
+    pub(crate) fn check(&self) -> Result<(), TransportError> {
+        if self.is_current() {
+            Ok(())
+        } else {
+            Err(TransportError::ForkedChild)
+        }
     }
 }
 

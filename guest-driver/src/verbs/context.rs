@@ -11,6 +11,7 @@ use vrdma_spec::control::{ControlRequest, ControlResponse, Opcode, ResponseBody,
 use vrdma_spec::features;
 use vrdma_spec::wire::{
     DeviceAttr, GidEntry, PortAttr, QueryPortReq, QueryTableReq, SetDoorbellAreaReq,
+    GID_TABLE_BATCH, GID_TABLE_END,
 };
 use vrdma_spec::{DeviceConfig, Le32, Le64};
 
@@ -198,6 +199,55 @@ impl Context {
             value: v.into(),
         })?;
         Ok(Some(entry))
+    }
+
+    /// The populated GID entries of port `port` with their indices, by increasing index
+    /// (QUERY_GID_TABLE: one command per [`GID_TABLE_BATCH`] entries instead of one per index).
+    /// Every entry is valid and its `gid_type()` is a [`vrdma_spec::verbs::GidType`].
+    pub fn query_gid_table(&self, port: u8) -> Result<Vec<(u32, GidEntry)>> {
+        let mut table = Vec::new();
+        let mut next = 0;
+        loop {
+            let req = ControlRequest::QueryGidTable(QueryTableReq {
+                port_num: Le32::new(port.into()),
+                index: Le32::new(next),
+            });
+            let ResponseBody::QueryGidTable(batch) = self.inner.execute(&req)? else {
+                return Err(unexpected_body(Opcode::QueryGidTable));
+            };
+            let bad = |field, value: u32| ProtocolError::ResponseValue {
+                opcode: Opcode::QueryGidTable,
+                field,
+                value: value.into(),
+            };
+            let count = batch.count.get();
+            let entries = batch
+                .entries
+                .get(..count as usize)
+                .ok_or(bad("count", count))?;
+            for e in entries {
+                let index = e.index.get();
+                // Increasing indices at or after the request's: also what makes the loop end.
+                if index < next || table.last().is_some_and(|(last, _)| *last >= index) {
+                    return Err(bad("index", index).into());
+                }
+                let entry = e.entry();
+                if !entry.is_valid() {
+                    return Err(bad("flags", entry.flags.get()).into());
+                }
+                entry.gid_type().map_err(|v| bad("gid_type", v))?;
+                table.push((index, entry));
+            }
+            let after = batch.next_index.get();
+            if after == GID_TABLE_END {
+                return Ok(table);
+            }
+            // A device that does not advance would make this loop forever.
+            if after <= next || count as usize != GID_TABLE_BATCH {
+                return Err(bad("next_index", after).into());
+            }
+            next = after;
+        }
     }
 
     /// P_Key `index` of port `port`.

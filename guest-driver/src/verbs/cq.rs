@@ -4,10 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use log::warn;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use vrdma_spec::control::{ControlRequest, Opcode, ResponseBody};
 use vrdma_spec::verbs::arm_flags;
-use vrdma_spec::wire::{ArmCqReq, CreateCqReq};
+use vrdma_spec::wire::{ArmCqReq, CreateCqReq, ResizeCqReq, RingDesc};
 use vrdma_spec::Le32;
 
 use super::command::{handle_req, nonzero_handle, unexpected_body};
@@ -25,7 +25,9 @@ use crate::provider::WorkCompletion;
 /// and CQs never contend with each other. Destroyed when dropped and no QP uses it any more.
 pub struct Cq {
     // Declared first: the mapping must not be used after DESTROY_CQ (`shared`'s drop).
-    queue: Mutex<CompletionQueue>,
+    // `None` once a RESIZE_CQ unmapped the old buffer but the new one proved unusable: the CQ
+    // then yields nothing and should be destroyed.
+    queue: Mutex<Option<CompletionQueue>>,
     pub(crate) shared: Arc<CqShared>,
 }
 
@@ -73,23 +75,51 @@ impl Cq {
             ctx: ctx.clone(),
             handle,
         });
-        let capacity = resp.cqe.get();
-        if capacity < cqe || capacity.checked_add(1) != Some(resp.ring.num_slots.get()) {
-            return Err(ProtocolError::ResponseValue {
-                opcode: Opcode::CreateCq,
-                field: "cqe",
-                value: capacity.into(),
-            }
-            .into());
-        }
+        check_capacity(Opcode::CreateCq, cqe, resp.cqe.get(), &resp.ring)?;
         // SAFETY: DESTROY_CQ is sent by `shared`'s drop, after the queue (declared first in
-        // `Cq`, or dropped on the error path before `shared`) is gone; the ring is wrapped once.
-        let ring = unsafe { map_ring(ctx, &resp.ring) }?;
-        let queue = CompletionQueue::new(ring).map_err(ProtocolError::Queue)?;
+        // `Cq`, or dropped on the error path before `shared`) is gone; RESIZE_CQ (`resize`)
+        // replaces it under its lock; the ring is wrapped once.
+        let queue = unsafe { completion_queue(ctx, &resp.ring) }?;
         Ok(Cq {
-            queue: Mutex::new(queue),
+            queue: Mutex::new(Some(queue)),
             shared,
         })
+    }
+
+    /// Gives the CQ room for at least `cqe` completions (RESIZE_CQ, like `ibv_resize_cq`) and
+    /// returns the new capacity, which may be smaller or larger than before. The completions
+    /// the CQ holds are kept, in order: polls after the resize return them first. Fails with
+    /// an `INVALID` status when `cqe` is below their number, and then changes nothing.
+    ///
+    /// Pollers of this CQ wait for the resize: the device copies the pending completions from
+    /// the consumer index last published, and unmaps the old buffer before it answers.
+    pub fn resize(&self, cqe: u32) -> Result<u32> {
+        let ctx = &self.shared.ctx;
+        if cqe == 0 {
+            return Err(VerbsError::InvalidArgument("a CQ needs at least one entry"));
+        }
+        let mut queue = self.queue.lock();
+        if queue.is_none() {
+            return Err(VerbsError::InvalidArgument(
+                "the CQ lost its buffer in an earlier failed resize",
+            ));
+        }
+        let req = ControlRequest::ResizeCq(ResizeCqReq {
+            cq: Le32::new(self.shared.handle),
+            cqe: Le32::new(cqe),
+        });
+        let ResponseBody::ResizeCq(resp) = ctx.execute(&req)? else {
+            return Err(unexpected_body(Opcode::ResizeCq));
+        };
+        // From here on the old buffer is unmapped: it is dropped unused, whatever follows.
+        *queue = None;
+        let capacity = resp.cqe.get();
+        check_capacity(Opcode::ResizeCq, cqe, capacity, &resp.ring)?;
+        // SAFETY: as in `new`: the device unmaps this ring on DESTROY_CQ (after the queue is
+        // dropped) or on the next RESIZE_CQ (sent under this lock, which drops it unused).
+        let resized = unsafe { completion_queue(ctx, &resp.ring) }?;
+        *queue = Some(resized);
+        Ok(capacity)
     }
 
     /// The device's handle of this CQ (as found in [`DeviceEvent::Completion`]).
@@ -99,12 +129,28 @@ impl Cq {
 
     /// How many completions the CQ holds.
     pub fn capacity(&self) -> u32 {
-        self.queue.lock().capacity()
+        self.queue
+            .lock()
+            .as_ref()
+            .map_or(0, CompletionQueue::capacity)
     }
 
     /// Moves up to `out.len()` completions, oldest first, into `out`; returns how many.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
-        self.queue.lock().poll(out)
+        self.queue
+            .lock()
+            .as_mut()
+            .map_or(0, |queue| queue.poll(out))
+    }
+
+    /// Starts a batch poll (`ibv_start_poll` .. `ibv_end_poll`): the CQ stays locked for the
+    /// batch's lifetime (other pollers wait), completions are read in place one by one, and the
+    /// ones consumed are handed back to the device together when the batch ends (is dropped).
+    pub fn poll_batch(&self) -> CqPollBatch<'_> {
+        CqPollBatch {
+            queue: self.queue.lock(),
+            consumed: false,
+        }
     }
 
     /// Requests one completion event for the next completion (or the next solicited one)
@@ -132,6 +178,60 @@ impl Cq {
         let event = ctx.events.wait(ctx.transport(), wanted, timeout)?;
         debug_assert!(matches!(event, None | Some(DeviceEvent::Completion { .. })));
         Ok(event.is_some())
+    }
+}
+
+/// Checks the capacity a CREATE_CQ or RESIZE_CQ answered against the request and the ring.
+fn check_capacity(opcode: Opcode, requested: u32, capacity: u32, ring: &RingDesc) -> Result<()> {
+    if capacity < requested || capacity.checked_add(1) != Some(ring.num_slots.get()) {
+        return Err(ProtocolError::ResponseValue {
+            opcode,
+            field: "cqe",
+            value: capacity.into(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// Checks and wraps a CQ buffer the device mapped.
+///
+/// # Safety
+///
+/// As [`map_ring`]'s.
+unsafe fn completion_queue(ctx: &ContextInner, desc: &RingDesc) -> Result<CompletionQueue> {
+    // SAFETY: forwarded to the caller.
+    let ring = unsafe { map_ring(ctx, desc) }?;
+    Ok(CompletionQueue::new(ring).map_err(ProtocolError::Queue)?)
+}
+
+/// A batch poll of a [`Cq`] (see [`Cq::poll_batch`]). No allocation, no device involvement.
+pub struct CqPollBatch<'a> {
+    /// `None` after a failed resize: the batch then sees an empty CQ.
+    queue: MutexGuard<'a, Option<CompletionQueue>>,
+    /// Whether a completion was consumed, so the consumer index must be published.
+    consumed: bool,
+}
+
+impl CqPollBatch<'_> {
+    /// The oldest completion not consumed yet, or `None` when the CQ holds no more.
+    pub fn peek(&mut self) -> Option<WorkCompletion> {
+        self.queue.as_mut()?.peek()
+    }
+
+    /// Consumes the completion [`Self::peek`] returned; false if there was none.
+    pub fn consume(&mut self) -> bool {
+        let moved = self.queue.as_mut().is_some_and(CompletionQueue::skip);
+        self.consumed |= moved;
+        moved
+    }
+}
+
+impl Drop for CqPollBatch<'_> {
+    fn drop(&mut self) {
+        if let (true, Some(queue)) = (self.consumed, self.queue.as_mut()) {
+            queue.publish();
+        }
     }
 }
 

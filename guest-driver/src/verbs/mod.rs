@@ -35,10 +35,10 @@ mod srq;
 
 pub use ah::Ah;
 pub use context::Context;
-pub use cq::Cq;
+pub use cq::{Cq, CqPollBatch};
 pub use error::{opcode_name, PostSendError, ProtocolError, Result, VerbsError};
 pub use event::DeviceEvent;
-pub use mr::Mr;
+pub use mr::{Mr, MrChange};
 pub use mw::Mw;
 pub use pd::Pd;
 pub use qp::{ConnectOptions, Qp, QpInitAttr, RemoteQp};

@@ -1,17 +1,21 @@
-//! Memory regions.
+//! Memory regions: registration (REG_MR), re-registration (REREG_MR) and deregistration.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use log::warn;
+use std::mem::size_of;
+
 use vrdma_spec::control::{
-    encode_page_list, ControlRequest, Opcode, RegMr, ResponseBody, HEADER_SIZE, MAX_PAGE_SHIFT,
-    MIN_PAGE_SHIFT,
+    encode_page_list, rereg_flags, ControlRequest, Opcode, RegMr, ReregMr, ResponseBody,
+    HEADER_SIZE, MAX_PAGE_SHIFT, MIN_PAGE_SHIFT,
 };
-use vrdma_spec::wire::RegMrReq;
+use vrdma_spec::wire::{RegMrReq, ReregMrReq};
 use vrdma_spec::{Le32, Le64};
+use zerocopy::FromZeros;
 
 use super::command::{handle_req, nonzero_handle, unexpected_body};
+use super::context::ContextInner;
 use super::error::{Result, VerbsError};
 use super::pd::{Pd, PdInner};
 use crate::dma::{DmaBuffer, PAGE_SHIFT, PAGE_SIZE};
@@ -20,6 +24,67 @@ use vrdma_spec::verbs::AccessFlags;
 
 // REG_MR page lists are lists of the pages `DmaMemory::translate` returns.
 const _: () = assert!(MIN_PAGE_SHIFT <= PAGE_SHIFT && PAGE_SHIFT <= MAX_PAGE_SHIFT);
+
+/// Refuses access flags the device would refuse (remote write or atomic without local write).
+fn check_access(access: AccessFlags) -> Result<()> {
+    let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+    if access.bits() & remote.bits() != 0 && !access.contains(AccessFlags::LOCAL_WRITE) {
+        return Err(VerbsError::InvalidArgument(
+            "remote write or atomic access needs local write access",
+        ));
+    }
+    Ok(())
+}
+
+/// The encoded page list of `[addr, addr + len)` in the transport's DMA memory, and its number
+/// of pages, checked against the device's limits for a request whose fixed body is
+/// `fixed_body` bytes.
+fn page_list(
+    ctx: &ContextInner,
+    addr: *const u8,
+    len: usize,
+    fixed_body: usize,
+) -> Result<(Vec<u8>, u32)> {
+    if len == 0 {
+        return Err(VerbsError::InvalidArgument(
+            "a memory region needs at least one byte",
+        ));
+    }
+    let span = (addr as u64 % PAGE_SIZE as u64) + len as u64;
+    let npages = span.div_ceil(PAGE_SIZE as u64);
+    let config = ctx.config();
+    if npages > u64::from(config.max_mr_pages.get()) {
+        return Err(VerbsError::InvalidArgument(
+            "the buffer spans more pages than the device's max_mr_pages",
+        ));
+    }
+    let request_len = (HEADER_SIZE + fixed_body) as u64 + 8 * npages;
+    if request_len > u64::from(config.max_request_size.get()) {
+        return Err(VerbsError::InvalidArgument(
+            "the page list exceeds the device's max_request_size",
+        ));
+    }
+    let pages = ctx.transport().dma().translate(addr, len)?;
+    if pages.len() as u64 != npages {
+        return Err(VerbsError::InvalidArgument(
+            "the transport's translation does not list one entry per page",
+        ));
+    }
+    let mut bytes = Vec::with_capacity(pages.len() * 8);
+    encode_page_list(pages.iter().copied(), &mut bytes);
+    // npages <= max_mr_pages, a u32.
+    Ok((bytes, npages as u32))
+}
+
+/// What [`Mr::rereg`] changes (`ibv_rereg_mr`'s `IBV_REREG_MR_CHANGE_PD` and
+/// `IBV_REREG_MR_CHANGE_ACCESS`): each field that is `Some`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MrChange<'p> {
+    /// The new PD (of the same context).
+    pub pd: Option<&'p Pd>,
+    /// The new access flags.
+    pub access: Option<AccessFlags>,
+}
 
 /// A registered memory region (`ibv_mr`). Deregistered when dropped.
 ///
@@ -84,51 +149,46 @@ impl<'a> Mr<'a> {
         access: AccessFlags,
         memory: Memory<'a>,
     ) -> Result<Self> {
-        let ctx = &pd.inner.ctx;
-        if len == 0 {
+        // SAFETY: forwarded contract.
+        unsafe { Self::register_at(pd, addr, len, addr as u64, access, memory) }
+    }
+
+    /// Registers `[addr, addr + len)` so that work requests and peers address it as
+    /// `[iova, iova + len)`. rxe translates an iova page by page, keeping its offset within the
+    /// page, so `iova` and `addr` must have the same offset within a page.
+    ///
+    /// # Safety
+    ///
+    /// `memory` keeps the range allocated for as long as the region lives.
+    unsafe fn register_at(
+        pd: &Pd,
+        addr: *const u8,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+        memory: Memory<'a>,
+    ) -> Result<Self> {
+        check_access(access)?;
+        let page_mask = (1u64 << PAGE_SHIFT) - 1;
+        if iova & page_mask != addr as u64 & page_mask {
             return Err(VerbsError::InvalidArgument(
-                "a memory region needs at least one byte",
+                "the iova and the address must have the same offset within a page",
             ));
         }
-        let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-        if access.bits() & remote.bits() != 0 && !access.contains(AccessFlags::LOCAL_WRITE) {
-            return Err(VerbsError::InvalidArgument(
-                "remote write or atomic access needs local write access",
-            ));
+        if iova.checked_add(len as u64).is_none() {
+            return Err(VerbsError::InvalidArgument("iova + length overflows"));
         }
-        let iova = addr as u64;
-        let span = (iova % PAGE_SIZE as u64) + len as u64;
-        let npages = span.div_ceil(PAGE_SIZE as u64);
-        let config = ctx.config();
-        if npages > u64::from(config.max_mr_pages.get()) {
-            return Err(VerbsError::InvalidArgument(
-                "the buffer spans more pages than the device's max_mr_pages",
-            ));
-        }
-        let request_len = HEADER_SIZE as u64 + 32 + 8 * npages;
-        if request_len > u64::from(config.max_request_size.get()) {
-            return Err(VerbsError::InvalidArgument(
-                "the page list exceeds the device's max_request_size",
-            ));
-        }
-        let pages = ctx.transport().dma().translate(addr, len)?;
-        if pages.len() as u64 != npages {
-            return Err(VerbsError::InvalidArgument(
-                "the transport's translation does not list one entry per page",
-            ));
-        }
-        let mut page_list = Vec::with_capacity(pages.len() * 8);
-        encode_page_list(pages.iter().copied(), &mut page_list);
+        let (page_list, npages) = page_list(&pd.inner.ctx, addr, len, size_of::<RegMrReq>())?;
         let req = RegMrReq {
             pd: Le32::new(pd.inner.handle),
             access: Le32::new(access.bits()),
             iova: Le64::new(iova),
             length: Le64::new(len as u64),
             page_shift: Le32::new(PAGE_SHIFT),
-            npages: Le32::new(pages.len() as u32),
+            npages: Le32::new(npages),
         };
         let request = ControlRequest::RegMr(RegMr::new(req, &page_list));
-        let ResponseBody::RegMr(resp) = ctx.execute(&request)? else {
+        let ResponseBody::RegMr(resp) = pd.inner.ctx.execute(&request)? else {
             return Err(unexpected_body(Opcode::RegMr));
         };
         let handle = nonzero_handle(Opcode::RegMr, resp.mr.get())?;
@@ -161,7 +221,8 @@ impl<'a> Mr<'a> {
         self.rkey
     }
 
-    /// Start address (= iova).
+    /// The iova: the start address work requests and peers use (the memory's own address
+    /// unless registered with [`Pd::register_raw_at`]).
     pub fn addr(&self) -> u64 {
         self.addr
     }
@@ -204,6 +265,95 @@ impl<'a> Mr<'a> {
     }
 }
 
+impl<'a> Mr<'a> {
+    /// Changes the region's PD and/or access flags in place (REREG_MR, `ibv_rereg_mr` without
+    /// `IBV_REREG_MR_CHANGE_TRANSLATION`). Its keys may change; [`Mr::lkey`] and [`Mr::rkey`]
+    /// return the new ones. On failure the region is unchanged.
+    pub fn rereg(&mut self, change: MrChange<'_>) -> Result<()> {
+        self.execute_rereg(change, None)
+    }
+
+    /// Changes the region's translation to `[addr, addr + len)` (iova = `addr`), and its PD
+    /// and/or access flags with it (REREG_MR with `IBV_REREG_MR_CHANGE_TRANSLATION`). The device
+    /// registers the new range before it releases the old one: on failure the region still
+    /// covers its old memory with its old keys. On success the region no longer keeps the old
+    /// memory (an owned buffer is freed).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Pd::register_raw`]: the new memory lies in the transport's DMA memory and stays
+    /// allocated until the region is dropped or re-registered again.
+    pub unsafe fn rereg_translation(
+        &mut self,
+        change: MrChange<'_>,
+        addr: *const u8,
+        len: usize,
+    ) -> Result<()> {
+        self.execute_rereg(change, Some((addr, len)))
+    }
+
+    fn execute_rereg(
+        &mut self,
+        change: MrChange<'_>,
+        translation: Option<(*const u8, usize)>,
+    ) -> Result<()> {
+        let ctx = self.object.pd.ctx.clone();
+        let mut req = ReregMrReq::new_zeroed();
+        req.mr = Le32::new(self.object.handle);
+        let mut flags = 0;
+        if let Some(pd) = change.pd {
+            if !Arc::ptr_eq(&pd.inner.ctx, &ctx) {
+                return Err(VerbsError::InvalidArgument(
+                    "the new PD belongs to another context",
+                ));
+            }
+            flags |= rereg_flags::CHANGE_PD;
+            req.pd = Le32::new(pd.inner.handle);
+        }
+        if let Some(access) = change.access {
+            check_access(access)?;
+            flags |= rereg_flags::CHANGE_ACCESS;
+            req.access = Le32::new(access.bits());
+        }
+        let mut list = Vec::new();
+        if let Some((addr, len)) = translation {
+            let (bytes, npages) = page_list(&ctx, addr, len, size_of::<ReregMrReq>())?;
+            list = bytes;
+            flags |= rereg_flags::CHANGE_TRANSLATION;
+            req.iova = Le64::new(addr as u64);
+            req.length = Le64::new(len as u64);
+            req.page_shift = Le32::new(PAGE_SHIFT);
+            req.npages = Le32::new(npages);
+        }
+        if flags == 0 {
+            return Err(VerbsError::InvalidArgument(
+                "a re-registration must change the PD, the access flags or the translation",
+            ));
+        }
+        req.flags = Le32::new(flags);
+        let request = ControlRequest::ReregMr(ReregMr::new(req, &list));
+        let ResponseBody::ReregMr(resp) = ctx.execute(&request)? else {
+            return Err(unexpected_body(Opcode::ReregMr));
+        };
+        // The device holds the new state: follow it.
+        if let Some(pd) = change.pd {
+            self.object.pd = pd.inner.clone();
+        }
+        if let Some(access) = change.access {
+            self.access = access;
+        }
+        if let Some((addr, len)) = translation {
+            self.addr = addr as u64;
+            self.len = len;
+            // The old memory is no longer registered; the caller keeps the new one.
+            self._memory = Memory::Raw;
+        }
+        self.lkey = resp.lkey.get();
+        self.rkey = resp.rkey.get();
+        Ok(())
+    }
+}
+
 impl Mr<'static> {
     pub(crate) fn register_owned(pd: &Pd, buffer: DmaBuffer, access: AccessFlags) -> Result<Self> {
         let (addr, len) = (buffer.as_ptr(), buffer.len());
@@ -219,10 +369,11 @@ impl Mr<'static> {
         pd: &Pd,
         addr: *const u8,
         len: usize,
+        iova: u64,
         access: AccessFlags,
     ) -> Result<Self> {
         // SAFETY: the caller keeps the memory allocated while the region lives.
-        unsafe { Self::register(pd, addr, len, access, Memory::Raw) }
+        unsafe { Self::register_at(pd, addr, len, iova, access, Memory::Raw) }
     }
 }
 
@@ -253,7 +404,25 @@ impl Pd {
         access: AccessFlags,
     ) -> Result<Mr<'static>> {
         // SAFETY: forwarded contract.
-        unsafe { Mr::register_raw(self, addr, len, access) }
+        unsafe { Mr::register_raw(self, addr, len, addr as u64, access) }
+    }
+
+    /// As [`Self::register_raw`], addressed by work requests and peers as `[iova, iova + len)`
+    /// (`ibv_reg_mr_iova`): `iova` must have the same offset within a page as `addr`, as rxe
+    /// translates an iova page by page.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Self::register_raw`].
+    pub unsafe fn register_raw_at(
+        &self,
+        addr: *const u8,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Mr<'static>> {
+        // SAFETY: forwarded contract.
+        unsafe { Mr::register_raw(self, addr, len, iova, access) }
     }
 }
 

@@ -35,7 +35,7 @@ pub struct QpInitAttr<'a> {
     pub sq_sig_all: bool,
 }
 
-/// What the peer of an RC QP tells us about its end.
+/// What the peer of a connected (RC or UC) QP tells us about its end.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RemoteQp {
     /// Its QP number.
@@ -48,7 +48,9 @@ pub struct RemoteQp {
     pub lid: u16,
 }
 
-/// Local settings of an RC connection; the defaults are those of perftest.
+/// Local settings of a connection; the defaults are those of perftest. A UC connection uses
+/// only the path, access and PSN settings: it has no acknowledgements, so no timeouts,
+/// retries, RNR timer or read/atomic depths.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectOptions {
     /// Local port.
@@ -357,9 +359,10 @@ impl Qp {
         Ok(attr.qp_state().map_err(undefined_in_query)?)
     }
 
-    /// RESET → INIT of an RC QP on `port` with remote `access`, P_Key index 0.
+    /// RESET → INIT of a connected (RC or UC) QP on `port` with remote `access`, P_Key
+    /// index 0.
     pub fn to_init(&self, port: u8, access: AccessFlags) -> Result<()> {
-        self.require(QpType::Rc)?;
+        self.require_connected()?;
         let attr = QpAttr::default()
             .with_qp_state(QpState::Init)
             .with_port_num(port)
@@ -372,10 +375,10 @@ impl Qp {
         self.modify(&attr, mask)
     }
 
-    /// INIT → RTR of an RC QP towards `remote`.
+    /// INIT → RTR of a connected QP towards `remote`; an RC QP also sets its responder
+    /// resources and RNR timer.
     pub fn to_rtr(&self, remote: &RemoteQp, opts: &ConnectOptions) -> Result<()> {
-        self.require(QpType::Rc)?;
-        let limit = self.object.ctx().device_attr().max_qp_rd_atom.get();
+        self.require_connected()?;
         let path = AhAttr::default()
             .with_grh(GlobalRoute {
                 dgid: remote.gid,
@@ -392,26 +395,36 @@ impl Qp {
             .with_path_mtu(opts.path_mtu)
             .with_dest_qp_num(remote.qpn)
             .with_rq_psn(remote.psn)
-            .with_max_dest_rd_atomic(rd_atomic(opts.max_dest_rd_atomic, limit))
-            .with_min_rnr_timer(opts.min_rnr_timer)
             .with_ah_attr(path);
         let mask = QpAttrMask::STATE
             | QpAttrMask::AV
             | QpAttrMask::PATH_MTU
             | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER;
-        self.modify(&attr, mask)
+            | QpAttrMask::RQ_PSN;
+        if self.qp_type != QpType::Rc {
+            return self.modify(&attr, mask);
+        }
+        let limit = self.object.ctx().device_attr().max_qp_rd_atom.get();
+        let attr = attr
+            .with_max_dest_rd_atomic(rd_atomic(opts.max_dest_rd_atomic, limit))
+            .with_min_rnr_timer(opts.min_rnr_timer);
+        self.modify(
+            &attr,
+            mask | QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER,
+        )
     }
 
-    /// RTR → RTS of an RC QP.
+    /// RTR → RTS of a connected QP; an RC QP also sets its timeout, retries and read depth.
     pub fn to_rts(&self, opts: &ConnectOptions) -> Result<()> {
-        self.require(QpType::Rc)?;
-        let limit = self.object.ctx().device_attr().max_qp_init_rd_atom.get();
+        self.require_connected()?;
         let attr = QpAttr::default()
             .with_qp_state(QpState::Rts)
-            .with_sq_psn(opts.sq_psn)
+            .with_sq_psn(opts.sq_psn);
+        if self.qp_type != QpType::Rc {
+            return self.modify(&attr, QpAttrMask::STATE | QpAttrMask::SQ_PSN);
+        }
+        let limit = self.object.ctx().device_attr().max_qp_init_rd_atom.get();
+        let attr = attr
             .with_timeout(opts.timeout)
             .with_retry_cnt(opts.retry_cnt)
             .with_rnr_retry(opts.rnr_retry)
@@ -425,7 +438,7 @@ impl Qp {
         self.modify(&attr, mask)
     }
 
-    /// Connects an RC QP in RESET to `remote`: INIT, RTR, RTS.
+    /// Connects an RC or UC QP in RESET to `remote`: INIT, RTR, RTS.
     pub fn connect(&self, remote: &RemoteQp, opts: &ConnectOptions) -> Result<()> {
         self.to_init(opts.port, opts.access)?;
         self.to_rtr(remote, opts)?;
@@ -434,7 +447,11 @@ impl Qp {
 
     /// Brings a UD QP from RESET to RTS on `port` with Q_Key `qkey`, P_Key index 0.
     pub fn ud_to_rts(&self, port: u8, qkey: u32, sq_psn: u32) -> Result<()> {
-        self.require(QpType::Ud)?;
+        if self.qp_type != QpType::Ud {
+            return Err(VerbsError::InvalidArgument(
+                "this transition helper is for UD QPs",
+            ));
+        }
         let init = QpAttr::default()
             .with_qp_state(QpState::Init)
             .with_port_num(port)
@@ -467,14 +484,13 @@ impl Qp {
         self.modify(&attr, QpAttrMask::STATE)
     }
 
-    fn require(&self, qp_type: QpType) -> Result<()> {
-        if self.qp_type != qp_type {
-            return Err(VerbsError::InvalidArgument(match qp_type {
-                QpType::Rc => "this transition helper is for RC QPs",
-                QpType::Ud => "this transition helper is for UD QPs",
-            }));
+    fn require_connected(&self) -> Result<()> {
+        match self.qp_type {
+            QpType::Rc | QpType::Uc => Ok(()),
+            QpType::Ud => Err(VerbsError::InvalidArgument(
+                "this transition helper is for connected (RC or UC) QPs",
+            )),
         }
-        Ok(())
     }
 
     /// Posts send requests, like `ibv_post_send`, and rings this QP's doorbell if any was

@@ -11,9 +11,10 @@ use crate::provider::rxe_v1::{QueueGeometry, RxeQueue};
 ///
 /// # Safety
 ///
-/// `desc` must come from the create response of an object whose DESTROY is sent only after
-/// the returned queue (and everything built on it) is dropped, and each ring must be wrapped
-/// once.
+/// `desc` must come from the create (or RESIZE_CQ) response of an object whose DESTROY is sent
+/// only after the returned queue (and everything built on it) is dropped, or that is resized
+/// only while the returned queue is no longer used (and then dropped unused); each ring must be
+/// wrapped once.
 pub(crate) unsafe fn map_ring(ctx: &ContextInner, desc: &RingDesc) -> Result<RxeQueue> {
     let config = ctx.config();
     let page_size = 1u64 << config.shm_page_shift.get();
@@ -38,7 +39,8 @@ pub(crate) unsafe fn map_ring(ctx: &ContextInner, desc: &RingDesc) -> Result<Rxe
         let base = region.range(offset, len_bytes).ok_or_else(outside)?;
         // SAFETY: the device mapped `len` bytes read/write at `offset` of the region before it
         // answered the create command (spec §5.1) and unmaps them only on DESTROY, which the
-        // caller sends after dropping the queue; the region stays mapped while the transport,
+        // caller sends after dropping the queue, or on a RESIZE_CQ, after which the caller
+        // drops the queue unused; the region stays mapped while the transport,
         // which the context holds, lives. The caller wraps the ring once; the host kernel is
         // the only other party and uses the index words atomically.
         unsafe { RxeQueue::new(base, len_bytes, geometry) }

@@ -82,7 +82,7 @@ fn open_refuses_devices_it_cannot_drive() {
 
 #[test]
 fn queries_return_typed_attributes() {
-    let (_t, ctx) = open();
+    let (t, ctx) = open();
     let port = ctx.query_port(1).unwrap();
     assert!(port.is_active());
     assert_eq!(port.active_mtu(), Some(Mtu::Mtu1024));
@@ -94,6 +94,14 @@ fn queries_return_typed_attributes() {
     assert_eq!(Gid(gid.gid).to_string(), "fe80::1");
     assert_eq!(gid.gid_type(), Ok(GidType::RoceV2));
     assert_eq!(ctx.query_gid(1, 1).unwrap(), None, "empty entry");
+    // The whole table in one command: the populated entries only.
+    t.device().log.clear();
+    assert_eq!(ctx.query_gid_table(1).unwrap(), [(0, gid)]);
+    assert_eq!(t.device().ops(), [Opcode::QueryGidTable]);
+    assert_eq!(
+        status_of(&ctx.query_gid_table(2).unwrap_err()),
+        Some(Status::Invalid)
+    );
     assert_eq!(ctx.query_pkey(1, 0).unwrap(), 0xffff);
 
     let err = ctx.query_port(2).unwrap_err();

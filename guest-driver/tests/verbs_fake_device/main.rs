@@ -5,9 +5,17 @@
 //!
 //! [`control`]: opening, queries, object lifetimes, QP transitions, device failures;
 //! [`data_path`]: work requests through the kernel, the doorbell, completion events;
+//! [`resize_cq`]: CQ resizes with completions pending and pollers running.
+//! [`uc`]: UC queue pairs end to end.
+//! [`fork`]: what a `fork()` child inherits, and the parent's regions after it.
+//! [`mr_rereg`]: re-registration of memory regions.
 //! [`memory_windows`]: windows allocated, bound, used and invalidated through the kernel.
 
 mod control;
 mod data_path;
+mod fork;
 mod helpers;
 mod memory_windows;
+mod mr_rereg;
+mod resize_cq;
+mod uc;

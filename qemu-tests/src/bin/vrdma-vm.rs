@@ -111,8 +111,8 @@ enum Suite {
     /// native peers; the same perftest natively beside it.
     RealGuest,
     /// Debian's unmodified libibverbs examples (ibv_rc_pingpong with polling and with events,
-    /// ibv_ud_pingpong, ibv_srq_pingpong) over the drop-in against native peers both ways and
-    /// vrdma to vrdma, received data checked by the programs (-c).
+    /// ibv_uc_pingpong, ibv_ud_pingpong, ibv_srq_pingpong) over the drop-in against native peers
+    /// both ways and vrdma to vrdma, received data checked by the programs (-c).
     VerbsUtils,
 }
 

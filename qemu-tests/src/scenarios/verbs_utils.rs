@@ -45,6 +45,11 @@ pub const PROGRAMS: &[Program] = &[
         iters: 50,
     },
     Program {
+        command: "ibv_uc_pingpong",
+        args: &["-s", "4096", "-n", "200", "-c"],
+        iters: 200,
+    },
+    Program {
         command: "ibv_ud_pingpong",
         args: &["-s", "512", "-n", "200", "-c"],
         iters: 200,

@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 
 use crate::verbs::{GidType, Mtu, PortState};
-use crate::wire::{DeviceAttr, GidEntry, PortAttr, GID_FLAG_VALID};
+use crate::wire::{DeviceAttr, GidEntry, GidTableEntry, PortAttr, GID_FLAG_VALID};
 use crate::Le32;
 
 impl DeviceAttr {
@@ -46,6 +46,27 @@ impl PortAttr {
     /// The active MTU, if it is a defined value.
     pub fn active_mtu(&self) -> Option<Mtu> {
         Mtu::try_from(self.active_mtu.get()).ok()
+    }
+}
+
+impl GidTableEntry {
+    /// Entry `index` of a table.
+    pub fn new(index: u32, entry: &GidEntry) -> GidTableEntry {
+        GidTableEntry {
+            index: index.into(),
+            gid: entry.gid,
+            gid_type: entry.gid_type,
+            flags: entry.flags,
+        }
+    }
+
+    /// The QUERY_GID entry this one carries.
+    pub fn entry(&self) -> GidEntry {
+        GidEntry {
+            gid: self.gid,
+            gid_type: self.gid_type,
+            flags: self.flags,
+        }
     }
 }
 

@@ -1,5 +1,5 @@
 //! Control-queue commands: opcodes and header sizes ([`Opcode`]), requests
-//! ([`ControlRequest`], with REG_MR's page list) and responses ([`ControlResponse`]), each
+//! ([`ControlRequest`], with the page lists of REG_MR and REREG_MR) and responses ([`ControlResponse`]), each
 //! with a panic-free decoder and an encoder, and the validation both share.
 
 mod attr;
@@ -7,13 +7,15 @@ mod body;
 mod opcode;
 mod reg_mr;
 mod request;
+mod rereg_mr;
 mod response;
 
 pub use attr::{check_ah_attr, check_qp_attr};
 pub use opcode::{Opcode, HEADER_SIZE, MAX_RESPONSE_SIZE};
 pub use reg_mr::{
-    check_page_address, check_reg_mr, encode_page_list, PageList, RegMr, MAX_PAGE_SHIFT,
-    MIN_PAGE_SHIFT,
+    check_mr_access, check_page_address, check_reg_mr, encode_page_list, PageList, RegMr,
+    MAX_PAGE_SHIFT, MIN_PAGE_SHIFT,
 };
 pub use request::ControlRequest;
+pub use rereg_mr::{rereg_flags, ReregMr};
 pub use response::{ControlResponse, ResponseBody};

@@ -21,6 +21,8 @@ pub enum Opcode {
     SetDoorbellArea = 0x0005,
     /// Discard every object of the guest (spec §11.1) before a reset.
     DiscardState = 0x0006,
+    /// The populated GID table entries of a port, several per command.
+    QueryGidTable = 0x0007,
     /// Allocate a protection domain.
     AllocPd = 0x0010,
     /// Free a protection domain.
@@ -29,16 +31,20 @@ pub enum Opcode {
     RegMr = 0x0020,
     /// Deregister a memory region.
     DeregMr = 0x0021,
+    /// Change a memory region's PD, access or translation in place.
+    ReregMr = 0x0022,
     /// Allocate a memory window (needs `VRDMA_F_MW`).
-    AllocMw = 0x0022,
+    AllocMw = 0x0024,
     /// Free a memory window (needs `VRDMA_F_MW`).
-    DeallocMw = 0x0023,
+    DeallocMw = 0x0025,
     /// Create a completion queue and map its buffer.
     CreateCq = 0x0030,
     /// Destroy a completion queue.
     DestroyCq = 0x0031,
     /// Request one completion event.
     ArmCq = 0x0032,
+    /// Resize a completion queue and map its new buffer.
+    ResizeCq = 0x0033,
     /// Create a queue pair and map its buffers.
     CreateQp = 0x0040,
     /// Modify QP attributes / state.
@@ -63,22 +69,25 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 25] = [
+    pub const ALL: [Opcode; 28] = [
         Opcode::QueryDevice,
         Opcode::QueryPort,
         Opcode::QueryGid,
         Opcode::QueryPkey,
         Opcode::SetDoorbellArea,
         Opcode::DiscardState,
+        Opcode::QueryGidTable,
         Opcode::AllocPd,
         Opcode::DeallocPd,
         Opcode::RegMr,
         Opcode::DeregMr,
+        Opcode::ReregMr,
         Opcode::AllocMw,
         Opcode::DeallocMw,
         Opcode::CreateCq,
         Opcode::DestroyCq,
         Opcode::ArmCq,
+        Opcode::ResizeCq,
         Opcode::CreateQp,
         Opcode::ModifyQp,
         Opcode::QueryQp,
@@ -91,18 +100,22 @@ impl Opcode {
         Opcode::DestroyAh,
     ];
 
-    /// Size of the fixed request body (REG_MR: without its page list).
+    /// Size of the fixed request body (REG_MR, REREG_MR: without the page list).
     pub const fn request_body_len(self) -> usize {
         use core::mem::size_of;
         match self {
             Opcode::QueryDevice | Opcode::AllocPd | Opcode::DiscardState => 0,
             Opcode::QueryPort => size_of::<QueryPortReq>(),
-            Opcode::QueryGid | Opcode::QueryPkey => size_of::<QueryTableReq>(),
+            Opcode::QueryGid | Opcode::QueryPkey | Opcode::QueryGidTable => {
+                size_of::<QueryTableReq>()
+            }
             Opcode::SetDoorbellArea => size_of::<SetDoorbellAreaReq>(),
             Opcode::RegMr => size_of::<RegMrReq>(),
+            Opcode::ReregMr => size_of::<ReregMrReq>(),
             Opcode::AllocMw => size_of::<AllocMwReq>(),
             Opcode::CreateCq => size_of::<CreateCqReq>(),
             Opcode::ArmCq => size_of::<ArmCqReq>(),
+            Opcode::ResizeCq => size_of::<ResizeCqReq>(),
             Opcode::CreateQp => size_of::<CreateQpReq>(),
             Opcode::ModifyQp => size_of::<ModifyQpReq>(),
             Opcode::QueryQp => size_of::<QueryQpReq>(),
@@ -127,11 +140,14 @@ impl Opcode {
             Opcode::QueryDevice => size_of::<DeviceAttr>(),
             Opcode::QueryPort => size_of::<PortAttr>(),
             Opcode::QueryGid => size_of::<GidEntry>(),
+            Opcode::QueryGidTable => size_of::<GidTableResp>(),
             Opcode::QueryPkey => size_of::<PkeyEntry>(),
             Opcode::AllocPd => size_of::<HandleResp>(),
             Opcode::RegMr => size_of::<RegMrResp>(),
+            Opcode::ReregMr => size_of::<ReregMrResp>(),
             Opcode::AllocMw => size_of::<AllocMwResp>(),
             Opcode::CreateCq => size_of::<CreateCqResp>(),
+            Opcode::ResizeCq => size_of::<ResizeCqResp>(),
             Opcode::CreateQp => size_of::<CreateQpResp>(),
             Opcode::QueryQp => size_of::<QueryQpResp>(),
             Opcode::CreateSrq => size_of::<CreateSrqResp>(),
@@ -180,3 +196,12 @@ impl TryFrom<u16> for Opcode {
 pub const HEADER_SIZE: usize = 8;
 /// Largest response of this version: header + QUERY_DEVICE body.
 pub const MAX_RESPONSE_SIZE: usize = HEADER_SIZE + core::mem::size_of::<DeviceAttr>();
+
+// Every success body fits the largest response.
+const _: () = {
+    let mut i = 0;
+    while i < Opcode::ALL.len() {
+        assert!(HEADER_SIZE + Opcode::ALL[i].response_body_len() <= MAX_RESPONSE_SIZE);
+        i += 1;
+    }
+};

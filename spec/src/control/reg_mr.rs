@@ -1,6 +1,7 @@
 //! REG_MR: the page-shift limits, the borrowed page list, the decoded request, and the checks
 //! of its fixed part and of each page address.
 
+use super::opcode::HEADER_SIZE;
 use crate::error::DecodeError;
 use crate::verbs::AccessFlags;
 use crate::wire::RegMrReq;
@@ -96,21 +97,7 @@ impl<'a> RegMr<'a> {
 /// Useful on its own to a device that streams a large page list from the descriptor
 /// chain instead of collecting it.
 pub fn check_reg_mr(r: &RegMrReq) -> Result<u64, DecodeError> {
-    let acc = r.access.get();
-    let Some(flags) = AccessFlags::from_bits(acc) else {
-        return Err(DecodeError::InvalidValue {
-            field: "access",
-            value: acc.into(),
-        });
-    };
-    if flags.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
-        && !flags.contains(AccessFlags::LOCAL_WRITE)
-    {
-        return Err(DecodeError::InvalidValue {
-            field: "access",
-            value: acc.into(),
-        });
-    }
+    check_mr_access(r.access.get())?;
     let shift = r.page_shift.get();
     if !(MIN_PAGE_SHIFT..=MAX_PAGE_SHIFT).contains(&shift) {
         return Err(DecodeError::PageShift(shift));
@@ -139,6 +126,22 @@ pub fn check_reg_mr(r: &RegMrReq) -> Result<u64, DecodeError> {
     Ok(expected)
 }
 
+/// Validates MR access flags (REG_MR, REREG_MR): only [`AccessFlags::MR_ALLOWED`] bits, and
+/// remote write or remote atomic only with local write.
+pub fn check_mr_access(acc: u32) -> Result<AccessFlags, DecodeError> {
+    let invalid = DecodeError::InvalidValue {
+        field: "access",
+        value: acc.into(),
+    };
+    let flags = AccessFlags::from_bits(acc).ok_or(invalid)?;
+    if flags.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+        && !flags.contains(AccessFlags::LOCAL_WRITE)
+    {
+        return Err(invalid);
+    }
+    Ok(flags)
+}
+
 /// Validates one page-list entry against the page size.
 pub fn check_page_address(addr: u64, page_shift: u32) -> Result<(), DecodeError> {
     let page_size = 1u64 << page_shift.min(63);
@@ -151,6 +154,44 @@ pub fn check_page_address(addr: u64, page_shift: u32) -> Result<(), DecodeError>
     addr.checked_add(page_size)
         .ok_or(DecodeError::Overflow("page address + page size"))?;
     Ok(())
+}
+
+/// Splits off and checks the page list that follows a fixed body: exactly `npages` entries
+/// (`fixed` is the fixed body's size, `total` the length of the whole request, both for error
+/// reports), each aligned to the page size.
+pub(super) fn take_page_list(
+    list: &[u8],
+    npages: u64,
+    page_shift: u32,
+    fixed: usize,
+    total: usize,
+) -> Result<PageList<'_>, DecodeError> {
+    // npages <= u32::MAX, so this cannot overflow on 64-bit; checked anyway.
+    let list_len = usize::try_from(npages)
+        .ok()
+        .and_then(|n| n.checked_mul(8))
+        .ok_or(DecodeError::Overflow("npages * 8"))?;
+    let expected = HEADER_SIZE + fixed + list_len;
+    match list.len().cmp(&list_len) {
+        core::cmp::Ordering::Less => {
+            return Err(DecodeError::Short {
+                needed: expected,
+                got: total,
+            })
+        }
+        core::cmp::Ordering::Greater => {
+            return Err(DecodeError::Trailing {
+                expected,
+                got: total,
+            })
+        }
+        core::cmp::Ordering::Equal => {}
+    }
+    let pages = PageList::new(list);
+    for addr in pages.iter() {
+        check_page_address(addr, page_shift)?;
+    }
+    Ok(pages)
 }
 
 /// Builds the page-list bytes of a REG_MR request from page addresses (driver side).

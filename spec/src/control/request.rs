@@ -6,7 +6,8 @@ use zerocopy::{FromBytes, IntoBytes};
 use super::attr::{check_ah_attr, check_qp_attr};
 use super::body::{handle_req, range, table_req, take_body, zero};
 use super::opcode::{Opcode, HEADER_SIZE};
-use super::reg_mr::{check_page_address, check_reg_mr, PageList, RegMr};
+use super::reg_mr::{check_reg_mr, take_page_list, RegMr};
+use super::rereg_mr::{decode_rereg_mr, encode_rereg_mr, ReregMr};
 use crate::error::DecodeError;
 use crate::features;
 use crate::verbs::{self, QpAttrMask, QpType};
@@ -32,6 +33,8 @@ pub enum ControlRequest<'a> {
     SetDoorbellArea(SetDoorbellAreaReq),
     /// DISCARD_STATE.
     DiscardState,
+    /// QUERY_GID_TABLE (`index`: the first index to look at).
+    QueryGidTable(QueryTableReq),
     /// ALLOC_PD.
     AllocPd,
     /// DEALLOC_PD.
@@ -40,6 +43,8 @@ pub enum ControlRequest<'a> {
     RegMr(RegMr<'a>),
     /// DEREG_MR.
     DeregMr(HandleReq),
+    /// REREG_MR with the page list of a translation change.
+    ReregMr(ReregMr<'a>),
     /// ALLOC_MW.
     AllocMw(AllocMwReq),
     /// DEALLOC_MW.
@@ -50,6 +55,8 @@ pub enum ControlRequest<'a> {
     DestroyCq(HandleReq),
     /// ARM_CQ.
     ArmCq(ArmCqReq),
+    /// RESIZE_CQ.
+    ResizeCq(ResizeCqReq),
     /// CREATE_QP.
     CreateQp(CreateQpReq),
     /// MODIFY_QP.
@@ -114,6 +121,7 @@ impl<'a> ControlRequest<'a> {
             }
             Opcode::QueryGid => ControlRequest::QueryGid(table_req(body)?),
             Opcode::QueryPkey => ControlRequest::QueryPkey(table_req(body)?),
+            Opcode::QueryGidTable => ControlRequest::QueryGidTable(table_req(body)?),
             Opcode::SetDoorbellArea => {
                 let r: SetDoorbellAreaReq = take_body(body)?;
                 zero(r.reserved.get().into(), "reserved")?;
@@ -158,34 +166,10 @@ impl<'a> ControlRequest<'a> {
                         got: bytes.len(),
                     })?;
                 let npages = check_reg_mr(&req)?;
-                // npages <= u32::MAX, so this cannot overflow on 64-bit; checked anyway.
-                let list_len = usize::try_from(npages)
-                    .ok()
-                    .and_then(|n| n.checked_mul(8))
-                    .ok_or(DecodeError::Overflow("npages * 8"))?;
-                let total = HEADER_SIZE + fixed + list_len;
-                match list.len().cmp(&list_len) {
-                    core::cmp::Ordering::Less => {
-                        return Err(DecodeError::Short {
-                            needed: total,
-                            got: bytes.len(),
-                        })
-                    }
-                    core::cmp::Ordering::Greater => {
-                        return Err(DecodeError::Trailing {
-                            expected: total,
-                            got: bytes.len(),
-                        })
-                    }
-                    core::cmp::Ordering::Equal => {}
-                }
-                let pages = PageList::new(list);
-                let shift = req.page_shift.get();
-                for addr in pages.iter() {
-                    check_page_address(addr, shift)?;
-                }
+                let pages = take_page_list(list, npages, req.page_shift.get(), fixed, bytes.len())?;
                 ControlRequest::RegMr(RegMr { req, pages })
             }
+            Opcode::ReregMr => ControlRequest::ReregMr(decode_rereg_mr(body, bytes.len())?),
             Opcode::CreateCq => {
                 let r: CreateCqReq = take_body(body)?;
                 range(r.cqe.get().into(), 1, u32::MAX.into(), "cqe")?;
@@ -198,6 +182,11 @@ impl<'a> ControlRequest<'a> {
                     return Err(DecodeError::Reserved("flags"));
                 }
                 ControlRequest::ArmCq(r)
+            }
+            Opcode::ResizeCq => {
+                let r: ResizeCqReq = take_body(body)?;
+                range(r.cqe.get().into(), 1, u32::MAX.into(), "cqe")?;
+                ControlRequest::ResizeCq(r)
             }
             Opcode::CreateQp => {
                 let r: CreateQpReq = take_body(body)?;
@@ -264,15 +253,18 @@ impl<'a> ControlRequest<'a> {
             ControlRequest::QueryPkey(_) => Opcode::QueryPkey,
             ControlRequest::SetDoorbellArea(_) => Opcode::SetDoorbellArea,
             ControlRequest::DiscardState => Opcode::DiscardState,
+            ControlRequest::QueryGidTable(_) => Opcode::QueryGidTable,
             ControlRequest::AllocPd => Opcode::AllocPd,
             ControlRequest::DeallocPd(_) => Opcode::DeallocPd,
             ControlRequest::RegMr(_) => Opcode::RegMr,
             ControlRequest::DeregMr(_) => Opcode::DeregMr,
+            ControlRequest::ReregMr(_) => Opcode::ReregMr,
             ControlRequest::AllocMw(_) => Opcode::AllocMw,
             ControlRequest::DeallocMw(_) => Opcode::DeallocMw,
             ControlRequest::CreateCq(_) => Opcode::CreateCq,
             ControlRequest::DestroyCq(_) => Opcode::DestroyCq,
             ControlRequest::ArmCq(_) => Opcode::ArmCq,
+            ControlRequest::ResizeCq(_) => Opcode::ResizeCq,
             ControlRequest::CreateQp(_) => Opcode::CreateQp,
             ControlRequest::ModifyQp(_) => Opcode::ModifyQp,
             ControlRequest::QueryQp(_) => Opcode::QueryQp,
@@ -286,14 +278,17 @@ impl<'a> ControlRequest<'a> {
         }
     }
 
-    /// Feature bits this particular request needs (a CREATE_QP may need SRQ and/or UD, a
-    /// REG_MR with `MW_BIND` access memory windows).
+    /// Feature bits this particular request needs (a CREATE_QP may need SRQ, and UD or UC; a
+    /// REG_MR or an access-changing REREG_MR with `MW_BIND` access needs memory windows).
     pub fn required_features(&self) -> u64 {
         let mut f = self.opcode().required_feature().unwrap_or(0);
-        if let ControlRequest::RegMr(m) = self {
-            if m.req.access.get() & verbs::AccessFlags::MW_BIND.bits() != 0 {
-                f |= features::VRDMA_F_MW;
-            }
+        let mr_access = match self {
+            ControlRequest::RegMr(m) => Some(m.req.access.get()),
+            ControlRequest::ReregMr(m) => m.new_access(),
+            _ => None,
+        };
+        if mr_access.is_some_and(|a| a & verbs::AccessFlags::MW_BIND.bits() != 0) {
+            f |= features::VRDMA_F_MW;
         }
         if let ControlRequest::CreateQp(r) = self {
             if r.srq.get() != 0 {
@@ -301,6 +296,9 @@ impl<'a> ControlRequest<'a> {
             }
             if r.qp_type == QpType::Ud as u8 {
                 f |= features::VRDMA_F_UD;
+            }
+            if r.qp_type == QpType::Uc as u8 {
+                f |= features::VRDMA_F_UC;
             }
         }
         f
@@ -312,11 +310,12 @@ impl<'a> ControlRequest<'a> {
             + self.opcode().request_body_len()
             + match self {
                 ControlRequest::RegMr(m) => m.pages.as_bytes().len(),
+                ControlRequest::ReregMr(m) => m.pages.as_bytes().len(),
                 _ => 0,
             }
     }
 
-    /// Appends the encoded request (header, body, REG_MR page list) to `out`.
+    /// Appends the encoded request (header, body, REG_MR / REREG_MR page list) to `out`.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         out.reserve(self.encoded_len());
         let hdr = RequestHeader {
@@ -330,9 +329,9 @@ impl<'a> ControlRequest<'a> {
             | ControlRequest::AllocPd
             | ControlRequest::DiscardState => {}
             ControlRequest::QueryPort(r) => out.extend_from_slice(r.as_bytes()),
-            ControlRequest::QueryGid(r) | ControlRequest::QueryPkey(r) => {
-                out.extend_from_slice(r.as_bytes())
-            }
+            ControlRequest::QueryGid(r)
+            | ControlRequest::QueryPkey(r)
+            | ControlRequest::QueryGidTable(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::SetDoorbellArea(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::DeallocPd(r)
             | ControlRequest::DeregMr(r)
@@ -346,9 +345,11 @@ impl<'a> ControlRequest<'a> {
                 out.extend_from_slice(m.req.as_bytes());
                 out.extend_from_slice(m.pages.as_bytes());
             }
+            ControlRequest::ReregMr(m) => encode_rereg_mr(m, out),
             ControlRequest::AllocMw(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::CreateCq(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::ArmCq(r) => out.extend_from_slice(r.as_bytes()),
+            ControlRequest::ResizeCq(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::CreateQp(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::ModifyQp(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::QueryQp(r) => out.extend_from_slice(r.as_bytes()),

@@ -23,14 +23,20 @@ pub enum ResponseBody {
     QueryGid(GidEntry),
     /// QUERY_PKEY.
     QueryPkey(PkeyEntry),
+    /// QUERY_GID_TABLE.
+    QueryGidTable(GidTableResp),
     /// ALLOC_PD.
     AllocPd(HandleResp),
     /// REG_MR.
     RegMr(RegMrResp),
+    /// REREG_MR.
+    ReregMr(ReregMrResp),
     /// ALLOC_MW.
     AllocMw(AllocMwResp),
     /// CREATE_CQ.
     CreateCq(CreateCqResp),
+    /// RESIZE_CQ.
+    ResizeCq(ResizeCqResp),
     /// CREATE_QP.
     CreateQp(CreateQpResp),
     /// QUERY_QP.
@@ -52,10 +58,13 @@ impl ResponseBody {
             ResponseBody::QueryPort(b) => b.as_bytes(),
             ResponseBody::QueryGid(b) => b.as_bytes(),
             ResponseBody::QueryPkey(b) => b.as_bytes(),
+            ResponseBody::QueryGidTable(b) => b.as_bytes(),
             ResponseBody::AllocPd(b) => b.as_bytes(),
             ResponseBody::RegMr(b) => b.as_bytes(),
+            ResponseBody::ReregMr(b) => b.as_bytes(),
             ResponseBody::AllocMw(b) => b.as_bytes(),
             ResponseBody::CreateCq(b) => b.as_bytes(),
+            ResponseBody::ResizeCq(b) => b.as_bytes(),
             ResponseBody::CreateQp(b) => b.as_bytes(),
             ResponseBody::QueryQp(b) => b.as_bytes(),
             ResponseBody::CreateSrq(b) => b.as_bytes(),
@@ -72,10 +81,13 @@ impl ResponseBody {
                 | (ResponseBody::QueryPort(_), Opcode::QueryPort)
                 | (ResponseBody::QueryGid(_), Opcode::QueryGid)
                 | (ResponseBody::QueryPkey(_), Opcode::QueryPkey)
+                | (ResponseBody::QueryGidTable(_), Opcode::QueryGidTable)
                 | (ResponseBody::AllocPd(_), Opcode::AllocPd)
                 | (ResponseBody::RegMr(_), Opcode::RegMr)
+                | (ResponseBody::ReregMr(_), Opcode::ReregMr)
                 | (ResponseBody::AllocMw(_), Opcode::AllocMw)
                 | (ResponseBody::CreateCq(_), Opcode::CreateCq)
+                | (ResponseBody::ResizeCq(_), Opcode::ResizeCq)
                 | (ResponseBody::CreateQp(_), Opcode::CreateQp)
                 | (ResponseBody::QueryQp(_), Opcode::QueryQp)
                 | (ResponseBody::CreateSrq(_), Opcode::CreateSrq)
@@ -90,10 +102,13 @@ impl ResponseBody {
             Opcode::QueryPort => ResponseBody::QueryPort(take_body(b)?),
             Opcode::QueryGid => ResponseBody::QueryGid(take_body(b)?),
             Opcode::QueryPkey => ResponseBody::QueryPkey(take_body(b)?),
+            Opcode::QueryGidTable => ResponseBody::QueryGidTable(take_body(b)?),
             Opcode::AllocPd => ResponseBody::AllocPd(take_body(b)?),
             Opcode::RegMr => ResponseBody::RegMr(take_body(b)?),
+            Opcode::ReregMr => ResponseBody::ReregMr(take_body(b)?),
             Opcode::AllocMw => ResponseBody::AllocMw(take_body(b)?),
             Opcode::CreateCq => ResponseBody::CreateCq(take_body(b)?),
+            Opcode::ResizeCq => ResponseBody::ResizeCq(take_body(b)?),
             Opcode::CreateQp => ResponseBody::CreateQp(take_body(b)?),
             Opcode::QueryQp => ResponseBody::QueryQp(take_body(b)?),
             Opcode::CreateSrq => ResponseBody::CreateSrq(take_body(b)?),

@@ -9,6 +9,9 @@ verbs_enum! {
     pub enum QpType: u8 {
         /// Reliable connected.
         Rc = 2,
+        /// Unreliable connected (needs `VRDMA_F_UC`): connected like RC, without
+        /// acknowledgements, so without RDMA READ, atomics and their attributes.
+        Uc = 3,
         /// Unreliable datagram (needs `VRDMA_F_UD`).
         Ud = 4,
     }
@@ -77,62 +80,95 @@ pub struct Transition {
 }
 
 /// Looks up the transition `cur -> next` for `qp_type`; `None` if it is not legal.
+///
+/// The rows and masks are those of Linux's `qp_state_table` (`ib_modify_qp_is_ok`) for the
+/// three types: UC is connected like RC (a path, a destination QP and PSNs) but has no
+/// acknowledgements, so none of RC's read/atomic depths, retry counts, timeouts or RNR timer.
 pub fn qp_transition(qp_type: QpType, cur: QpState, next: QpState) -> Option<Transition> {
     use QpState::*;
+    use QpType::{Rc, Uc, Ud};
     // Short names, so the table below reads like the specification's.
     type M = QpAttrMask;
     const NONE: M = M::empty();
-    let rc = qp_type == QpType::Rc;
     let t = |required: QpAttrMask, optional: QpAttrMask| Some(Transition { required, optional });
+    // The attribute a datagram QP has where a connected one has its remote access rights.
+    let access_or_qkey = match qp_type {
+        Rc | Uc => M::ACCESS_FLAGS,
+        Ud => M::QKEY,
+    };
     match (cur, next) {
         (Reset, Reset) => t(NONE, NONE),
-        (Reset, Init) => t(
-            M::PKEY_INDEX | M::PORT | if rc { M::ACCESS_FLAGS } else { M::QKEY },
-            NONE,
-        ),
+        (Reset, Init) => t(M::PKEY_INDEX | M::PORT | access_or_qkey, NONE),
         // Every state except RESET may go to RESET or ERR with no attributes.
         (Init | Rtr | Rts | Sqd | Sqe | Err, Reset | Err) => t(NONE, NONE),
-        (Init, Init) => t(
-            NONE,
-            M::PKEY_INDEX | M::PORT | if rc { M::ACCESS_FLAGS } else { M::QKEY },
-        ),
-        (Init, Rtr) if rc => t(
-            M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER,
-            M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
-        ),
-        (Init, Rtr) => t(NONE, M::PKEY_INDEX | M::QKEY),
-        (Rtr, Rts) if rc => t(
-            M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
-            M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
-        ),
-        (Rtr, Rts) => t(M::SQ_PSN, M::CUR_STATE | M::QKEY),
-        (Rts | Sqd, Rts) if rc => t(
-            NONE,
-            M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
-        ),
-        (Rts | Sqd | Sqe, Rts) if !rc => t(NONE, M::CUR_STATE | M::QKEY),
+        (Init, Init) => t(NONE, M::PKEY_INDEX | M::PORT | access_or_qkey),
+        (Init, Rtr) => match qp_type {
+            Rc => t(
+                M::AV
+                    | M::PATH_MTU
+                    | M::DEST_QPN
+                    | M::RQ_PSN
+                    | M::MAX_DEST_RD_ATOMIC
+                    | M::MIN_RNR_TIMER,
+                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+            ),
+            Uc => t(
+                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
+                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+            ),
+            Ud => t(NONE, M::PKEY_INDEX | M::QKEY),
+        },
+        (Rtr, Rts) => match qp_type {
+            Rc => t(
+                M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
+            ),
+            Uc => t(
+                M::SQ_PSN,
+                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE,
+            ),
+            Ud => t(M::SQ_PSN, M::CUR_STATE | M::QKEY),
+        },
+        (Rts | Sqd, Rts) => match qp_type {
+            Rc => t(
+                NONE,
+                M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
+            ),
+            Uc => t(
+                NONE,
+                M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE,
+            ),
+            Ud => t(NONE, M::CUR_STATE | M::QKEY),
+        },
+        // An RC QP never enters SQE: its send errors take it to ERR.
+        (Sqe, Rts) => match qp_type {
+            Rc => None,
+            Uc => t(NONE, M::CUR_STATE | M::ACCESS_FLAGS),
+            Ud => t(NONE, M::CUR_STATE | M::QKEY),
+        },
         (Rts, Sqd) => t(NONE, M::EN_SQD_ASYNC_NOTIFY),
-        (Sqd, Sqd) if rc => t(
-            NONE,
-            M::PORT
-                | M::AV
-                | M::TIMEOUT
-                | M::RETRY_CNT
-                | M::RNR_RETRY
-                | M::MAX_QP_RD_ATOMIC
-                | M::MAX_DEST_RD_ATOMIC
-                | M::ALT_PATH
-                | M::ACCESS_FLAGS
-                | M::PKEY_INDEX
-                | M::MIN_RNR_TIMER
-                | M::PATH_MIG_STATE,
-        ),
-        (Sqd, Sqd) => t(NONE, M::PKEY_INDEX | M::QKEY),
+        (Sqd, Sqd) => match qp_type {
+            Rc => t(
+                NONE,
+                M::PORT
+                    | M::AV
+                    | M::TIMEOUT
+                    | M::RETRY_CNT
+                    | M::RNR_RETRY
+                    | M::MAX_QP_RD_ATOMIC
+                    | M::MAX_DEST_RD_ATOMIC
+                    | M::ALT_PATH
+                    | M::ACCESS_FLAGS
+                    | M::PKEY_INDEX
+                    | M::MIN_RNR_TIMER
+                    | M::PATH_MIG_STATE,
+            ),
+            Uc => t(
+                NONE,
+                M::AV | M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::PATH_MIG_STATE,
+            ),
+            Ud => t(NONE, M::PKEY_INDEX | M::QKEY),
+        },
         _ => None,
     }
 }
@@ -176,17 +212,19 @@ mod tests {
 
     #[test]
     fn qp_types_convert_both_ways_and_refuse_others() {
-        for t in [QpType::Rc, QpType::Ud] {
+        for t in [QpType::Rc, QpType::Uc, QpType::Ud] {
             assert_eq!(QpType::try_from(t as u8), Ok(t));
             assert_eq!(QpType::try_from(t as u8 as u32), Ok(t));
         }
+        // The values of `ibv_qp_type` and of the kernel's `ib_qp_type`.
         assert_eq!(QpType::Rc as u8, 2);
+        assert_eq!(QpType::Uc as u8, 3);
         assert_eq!(QpType::Ud as u8, 4);
-        // UC (3) and everything else is not carried.
-        for v in [0u8, 1, 3, 5, u8::MAX] {
+        // Raw packet (8), XRC (9, 10) and everything else is not carried.
+        for v in [0u8, 1, 5, 8, 9, 10, u8::MAX] {
             assert_eq!(QpType::try_from(v), Err(v));
         }
-        for v in [3u32, 0x102, 0x104, u32::MAX] {
+        for v in [0x102u32, 0x103, 0x104, u32::MAX] {
             assert_eq!(QpType::try_from(v), Err(v));
         }
     }

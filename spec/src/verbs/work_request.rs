@@ -1,4 +1,7 @@
-//! Send work requests: the opcodes vrdma carries, the send flags, and memory-window types.
+//! Send work requests: the opcodes vrdma carries, which QP types carry them, the send flags,
+//! and memory-window types.
+
+use super::qp::QpType;
 
 verbs_enum! {
     /// Send work-request opcodes vrdma carries (`ibv_wr_opcode`), as written into
@@ -64,6 +67,25 @@ impl WrOpcode {
             self,
             WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
         )
+    }
+
+    /// Whether a QP of `qp_type` can carry the operation, as rdma_rxe's opcode table says: a
+    /// UD QP only sends; a UC QP sends, writes and binds memory windows (no responses come
+    /// back on UC, so no RDMA READ and no atomics; no UC wire opcode carries an invalidate,
+    /// and rxe's LOCAL_INV is RC-only); an RC QP does everything.
+    pub const fn valid_on(self, qp_type: QpType) -> bool {
+        match qp_type {
+            QpType::Rc => true,
+            QpType::Uc => matches!(
+                self,
+                WrOpcode::Send
+                    | WrOpcode::SendWithImm
+                    | WrOpcode::RdmaWrite
+                    | WrOpcode::RdmaWriteWithImm
+                    | WrOpcode::BindMw
+            ),
+            QpType::Ud => matches!(self, WrOpcode::Send | WrOpcode::SendWithImm),
+        }
     }
 
     /// Whether the payload may be given inline (it flows from the local buffer to the wire).
@@ -167,5 +189,18 @@ mod tests {
         assert_eq!(rdma, [&RdmaWrite, &RdmaWriteWithImm, &RdmaRead]);
         let atomic: Vec<_> = ALL.iter().filter(|op| op.is_atomic()).collect();
         assert_eq!(atomic, [&AtomicCmpAndSwp, &AtomicFetchAndAdd]);
+    }
+
+    #[test]
+    fn opcodes_valid_per_qp_type_as_in_rxe() {
+        use WrOpcode::*;
+        let on =
+            |qp_type| -> Vec<_> { ALL.into_iter().filter(|op| op.valid_on(qp_type)).collect() };
+        assert_eq!(on(QpType::Rc), ALL);
+        assert_eq!(
+            on(QpType::Uc),
+            [RdmaWrite, RdmaWriteWithImm, Send, SendWithImm, BindMw]
+        );
+        assert_eq!(on(QpType::Ud), [Send, SendWithImm]);
     }
 }

@@ -2,6 +2,7 @@
 //! deterministic PRNG.
 #![allow(dead_code)]
 
+use vrdma_spec::control::{rereg_flags, ReregMr};
 use vrdma_spec::rxe_v1::RxeAv;
 use vrdma_spec::verbs::{AccessFlags, QpAttrMask, QpType};
 use vrdma_spec::wire::*;
@@ -77,6 +78,22 @@ pub fn reg_mr_req() -> RegMrReq {
     }
 }
 
+/// A REREG_MR changing everything: the translation of [`reg_mr_req`] (3 pages of
+/// [`page_list`]), PD 2, local write only.
+pub fn rereg_mr_req() -> ReregMrReq {
+    let t = reg_mr_req();
+    ReregMrReq {
+        mr: Le32::new(0x0100_0002),
+        flags: Le32::new(rereg_flags::ALL),
+        pd: Le32::new(2),
+        access: Le32::new(AccessFlags::LOCAL_WRITE.bits()),
+        iova: t.iova,
+        length: t.length,
+        page_shift: t.page_shift,
+        npages: t.npages,
+    }
+}
+
 pub fn modify_qp_req() -> ModifyQpReq {
     let mut a = QpAttr::new_zeroed();
     a.qp_state = Le32::new(2);
@@ -136,6 +153,10 @@ pub fn all_requests(pages: &[u8]) -> Vec<ControlRequest<'_>> {
             port_num: Le32::new(1),
             index: Le32::new(0),
         }),
+        ControlRequest::QueryGidTable(QueryTableReq {
+            port_num: Le32::new(1),
+            index: Le32::new(6),
+        }),
         ControlRequest::SetDoorbellArea(SetDoorbellAreaReq {
             gpa: Le64::new(0x4000_1000),
             slots: Le32::new(1024),
@@ -145,6 +166,7 @@ pub fn all_requests(pages: &[u8]) -> Vec<ControlRequest<'_>> {
         ControlRequest::DeallocPd(h(1)),
         ControlRequest::RegMr(RegMr::new(reg_mr_req(), pages)),
         ControlRequest::DeregMr(h(0x0100_0002)),
+        ControlRequest::ReregMr(ReregMr::new(rereg_mr_req(), pages)),
         ControlRequest::AllocMw(AllocMwReq {
             pd: Le32::new(1),
             mw_type: Le32::new(2),
@@ -158,6 +180,10 @@ pub fn all_requests(pages: &[u8]) -> Vec<ControlRequest<'_>> {
         ControlRequest::ArmCq(ArmCqReq {
             cq: Le32::new(2),
             flags: Le32::new(vrdma_spec::verbs::arm_flags::SOLICITED_ONLY),
+        }),
+        ControlRequest::ResizeCq(ResizeCqReq {
+            cq: Le32::new(2),
+            cqe: Le32::new(4095),
         }),
         ControlRequest::CreateQp(create_qp_req()),
         ControlRequest::ModifyQp(modify_qp_req()),
@@ -226,6 +252,16 @@ pub fn body_for(op: Opcode) -> ResponseBody {
             gid_type: Le32::new(2),
             flags: Le32::new(GID_FLAG_VALID),
         }),
+        Opcode::QueryGidTable => {
+            let mut t = GidTableResp::new_zeroed();
+            t.count = Le32::new(1);
+            t.next_index = Le32::new(GID_TABLE_END);
+            t.entries[0] = GidTableEntry::new(
+                3,
+                &GidEntry::valid([0xfe; 16], vrdma_spec::verbs::GidType::RoceV2),
+            );
+            ResponseBody::QueryGidTable(t)
+        }
         Opcode::QueryPkey => ResponseBody::QueryPkey(PkeyEntry {
             pkey: Le16::new(0xffff),
             reserved: [0; 6],
@@ -244,10 +280,19 @@ pub fn body_for(op: Opcode) -> ResponseBody {
             rkey: Le32::new(0x5678),
             reserved: Le32::ZERO,
         }),
+        Opcode::ReregMr => ResponseBody::ReregMr(ReregMrResp {
+            lkey: Le32::new(0x1334),
+            rkey: Le32::new(0x5778),
+        }),
         Opcode::CreateCq => ResponseBody::CreateCq(CreateCqResp {
             cq: Le32::new(2),
             cqe: Le32::new(63),
             ring: ring(0),
+        }),
+        Opcode::ResizeCq => ResponseBody::ResizeCq(ResizeCqResp {
+            cqe: Le32::new(255),
+            reserved: Le32::ZERO,
+            ring: ring(0x9000),
         }),
         Opcode::CreateQp => ResponseBody::CreateQp(CreateQpResp {
             qp: Le32::new(7),

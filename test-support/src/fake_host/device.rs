@@ -15,7 +15,7 @@ use vrdma_backend::host::{self, *};
 use vrdma_spec::attr::qp::QpCaps;
 use vrdma_spec::config::ring_format;
 use vrdma_spec::rxe_v1;
-use vrdma_spec::verbs::{GidType, MwType, PortState, QpAttrMask, QpState};
+use vrdma_spec::verbs::{check_modify_qp, GidType, MwType, PortState, QpAttrMask, QpState, QpType};
 use vrdma_spec::wire::{GidEntry, QpAttr};
 use zerocopy::FromZeros;
 
@@ -38,6 +38,11 @@ pub struct World {
     pub mrs: BTreeMap<u32, MrInit>,
     /// Live CQs and their `user_handle`s.
     pub cqs: BTreeMap<u32, u64>,
+    /// Completions each CQ holds, as a test sets them: a resize below this count fails with
+    /// EINVAL, as rxe's does (the fake writes no CQEs itself).
+    pub cq_pending: BTreeMap<u32, u32>,
+    /// RESIZE_CQs: CQ and the capacity it got, in order.
+    pub resized: Vec<(u32, u32)>,
     /// Live QPs: QP number and `user_handle`.
     pub qps: BTreeMap<u32, (u32, u64)>,
     /// Live SRQs and their `user_handle`s.
@@ -54,10 +59,15 @@ pub struct World {
     pub modified: Vec<(u32, QpAttrMask, QpState)>,
     /// Current state of each live QP.
     pub qp_state: HashMap<u32, QpState>,
+    /// Transport type of each live QP, as CREATE_QP asked for it.
+    pub qp_types: HashMap<u32, QpType>,
     /// Completion events `read_comp_event` hands out.
     pub comp_events: VecDeque<CompEvent>,
     /// Async events `read_async_event` hands out.
     pub async_events: VecDeque<AsyncEvent>,
+    /// GID entries of port 1 besides [`GID0`] at index 0 (indices below 16, the port's
+    /// `gid_tbl_len`, or beyond it to test filtering).
+    pub extra_gids: Vec<(u32, GidEntry)>,
     /// The next call of this command (`"ALLOC_PD"`, `"CREATE_QP"`, ...) fails with EINVAL.
     pub fail_next: Option<&'static str>,
 }
@@ -152,7 +162,9 @@ impl HostDevice for FakeDevice {
 
     fn gid_table(&self, port: u8) -> host::Result<Vec<(u32, GidEntry)>> {
         assert_eq!(port, 1, "the guest's port 1 is host port 1");
-        Ok(vec![(0, GidEntry::valid(GID0, GidType::RoceV2))])
+        let mut table = vec![(0, GidEntry::valid(GID0, GidType::RoceV2))];
+        table.extend(self.world().extra_gids.iter().copied());
+        Ok(table)
     }
 
     fn open_context(&self) -> host::Result<Box<dyn HostContext>> {
@@ -315,9 +327,32 @@ impl HostContext for FakeContext {
     fn destroy_cq(&self, cq: CqHandle) -> host::Result<()> {
         let mut w = world(&self.world);
         w.fail("DESTROY_CQ")?;
+        w.cq_pending.remove(&cq.0);
         w.cqs.remove(&cq.0).map(|_| ()).ok_or(DeviceError::Command {
             command: "DESTROY_CQ",
             errno: libc::EINVAL,
+        })
+    }
+    fn resize_cq(&self, cq: CqHandle, cqe: u32) -> host::Result<CqResize> {
+        let mut w = world(&self.world);
+        w.fail("RESIZE_CQ")?;
+        let einval = DeviceError::Command {
+            command: "RESIZE_CQ",
+            errno: libc::EINVAL,
+        };
+        if !w.cqs.contains_key(&cq.0) {
+            return Err(einval);
+        }
+        let pending = w.cq_pending.get(&cq.0).copied().unwrap_or(0);
+        if cqe < pending || cqe > device_attr().max_cqe {
+            return Err(einval);
+        }
+        let slots = (cqe + 1).next_power_of_two();
+        let buffer = w.buffer(slots, 72);
+        w.resized.push((cq.0, slots - 1));
+        Ok(CqResize {
+            cqe: slots - 1,
+            buffer,
         })
     }
     fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> host::Result<()> {
@@ -345,6 +380,7 @@ impl HostContext for FakeContext {
         let qpn = 0x100 + h;
         w.qps.insert(h, (qpn, init.user_handle));
         w.qp_state.insert(h, QpState::Reset);
+        w.qp_types.insert(h, init.qp_type);
         Ok(Qp {
             handle: QpHandle(h),
             qpn,
@@ -366,6 +402,22 @@ impl HostContext for FakeContext {
             command: "MODIFY_QP",
             errno: libc::EINVAL,
         })?;
+        // The kernel's own check (`ib_modify_qp_is_ok`), so that an attribute the device let
+        // through for the wrong QP type shows up as a host failure.
+        if let (Some(&qp_type), Some(&cur)) = (w.qp_types.get(&qp.0), w.qp_state.get(&qp.0)) {
+            let next = if mask.contains(QpAttrMask::STATE) {
+                state
+            } else {
+                cur
+            };
+            let claimed = mask.contains(QpAttrMask::CUR_STATE).then_some(cur);
+            check_modify_qp(qp_type, cur, mask, next, claimed).map_err(|_| {
+                DeviceError::Command {
+                    command: "MODIFY_QP",
+                    errno: libc::EINVAL,
+                }
+            })?;
+        }
         if mask.contains(QpAttrMask::STATE) {
             w.qp_state.insert(qp.0, state);
         }
@@ -394,6 +446,7 @@ impl HostContext for FakeContext {
         let mut w = world(&self.world);
         w.fail("DESTROY_QP")?;
         w.qp_state.remove(&qp.0);
+        w.qp_types.remove(&qp.0);
         w.qps.remove(&qp.0).map(|_| ()).ok_or(DeviceError::Command {
             command: "DESTROY_QP",
             errno: libc::EINVAL,

@@ -249,4 +249,4 @@ pub fn reg_mr(
 }
 
 /// Every feature the fake device offers or a test may accept.
-pub const ALL_FEATURES: u64 = VRDMA_F_RING_RXE_V1 | VRDMA_F_SRQ | VRDMA_F_UD;
+pub const ALL_FEATURES: u64 = VRDMA_F_RING_RXE_V1 | VRDMA_F_SRQ | VRDMA_F_UD | VRDMA_F_UC;

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::mem::size_of;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use vrdma::dma::{MemfdRam, GUEST_RAM_BASE, PAGE_SIZE};
@@ -13,6 +14,7 @@ use vrdma::spec::verbs::{check_modify_qp, MwType, QpAttrMask, QpState, QpType};
 use vrdma::spec::wire::*;
 use vrdma::spec::{Le16, Le32, Le64, Status, StatusError};
 use vrdma::verbs::GidType;
+use zerocopy::FromZeros;
 
 use super::profile::{
     check_port, device_attr, doorbell_area_bytes, port_attr, DOORBELL_SLOTS, LOCAL_GID, MAX_INLINE,
@@ -221,6 +223,21 @@ impl FakeDevice {
                     flags: Le32::new(flags),
                 }))
             }
+            R::QueryGidTable(r) => {
+                // The table QUERY_GID answers: LOCAL_GID at 0, then empty slots.
+                check_port(r.port_num.get())?;
+                if r.index.get() >= port_attr().gid_tbl_len.get() {
+                    return Err(Status::Invalid);
+                }
+                let mut table = GidTableResp::new_zeroed();
+                table.next_index = Le32::new(GID_TABLE_END);
+                if r.index.get() == 0 {
+                    table.count = Le32::new(1);
+                    table.entries[0] =
+                        GidTableEntry::new(0, &GidEntry::valid(LOCAL_GID, GidType::RoceV2));
+                }
+                Ok(ResponseBody::QueryGidTable(table))
+            }
             R::QueryPkey(r) => {
                 check_port(r.port_num.get())?;
                 if r.index.get() != 0 {
@@ -352,6 +369,7 @@ impl FakeDevice {
                 self.mws.remove(&r.handle.get()).ok_or(Status::BadHandle)?;
                 Ok(ResponseBody::Empty)
             }
+            R::ReregMr(m) => self.rereg_mr(m),
             R::CreateCq(r) => {
                 let cqe = r.cqe.get();
                 if cqe > 4096 {
@@ -380,6 +398,7 @@ impl FakeDevice {
                 self.destroy_ring(region, &cq.ring);
                 Ok(ResponseBody::Empty)
             }
+            R::ResizeCq(r) => self.resize_cq(r, region),
             R::ArmCq(r) => {
                 let cq = self.cqs.get_mut(&r.cq.get()).ok_or(Status::BadHandle)?;
                 cq.armed = true;
@@ -457,6 +476,41 @@ impl FakeDevice {
                 Err(Status::Unsupported)
             }
         }
+    }
+
+    /// RESIZE_CQ as rxe's `rxe_queue_resize`: the pending CQEs move to slots 0.. of a new
+    /// buffer whose consumer index is 0; the old buffer is unmapped.
+    fn resize_cq(&mut self, r: &ResizeCqReq, region: &Region) -> Answer {
+        let handle = r.cq.get();
+        let old = self.cqs.get(&handle).ok_or(Status::BadHandle)?.ring;
+        let cqe = r.cqe.get();
+        if cqe > 4096 {
+            return Err(Status::Invalid);
+        }
+        let producer = old.producer().load(Ordering::Acquire) & old.mask;
+        let consumer = old.consumer().load(Ordering::Acquire) & old.mask;
+        let pending = producer.wrapping_sub(consumer) & old.mask;
+        if cqe < pending {
+            return Err(Status::Invalid);
+        }
+        let slots = num_slots_for(cqe).ok_or(Status::Invalid)?;
+        let new = self.create_ring(region, slots, size_of::<IbUverbsWc>())?;
+        for i in 0..pending {
+            // SAFETY: both slots lie in their mapped extents and hold at least a CQE; the
+            // driver does not poll during the resize (spec RESIZE_CQ).
+            unsafe {
+                let cqe = old.slot(consumer + i).cast::<IbUverbsWc>().read();
+                new.slot(i).cast::<IbUverbsWc>().write(cqe);
+            }
+        }
+        new.producer().store(pending, Ordering::Release);
+        self.destroy_ring(region, &old);
+        self.cqs.get_mut(&handle).ok_or(Status::BadHandle)?.ring = new;
+        Ok(ResponseBody::ResizeCq(ResizeCqResp {
+            cqe: Le32::new(slots - 1),
+            reserved: Le32::ZERO,
+            ring: self.describe(&new),
+        }))
     }
 
     fn create_qp(&mut self, r: &CreateQpReq, region: &Region) -> Answer {

@@ -1,6 +1,8 @@
 //! The fake's loopback Soft-RoCE "kernel": drains the doorbell area and executes SEND, RDMA
-//! WRITE and RDMA READ between the device's own QPs through the registered page lists (and
-//! memory windows, `windows.rs`), writing native CQEs and the events they raise.
+//! WRITE (with or without immediate data) and RDMA READ between the device's own QPs through
+//! the registered page lists (and memory windows, `windows.rs`), writing native CQEs and the
+//! events they raise. As rdma_rxe, a UC sender is never told what became of its message: what
+//! the responder drops completes successfully at the sender.
 
 use std::mem::size_of;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -56,7 +58,12 @@ impl FakeDevice {
         while let Some(index) = sq.peek() {
             // SAFETY: a posted slot, owned by the kernel until the consumer passes it.
             let wqe = unsafe { sq.slot(index).cast::<RxeSendWqe>().read() };
-            let (status, opcode, byte_len) = self.execute_wqe(handle, &sq, index, &wqe, events);
+            let (mut status, opcode, byte_len) = self.execute_wqe(handle, &sq, index, &wqe, events);
+            // Only errors found at the sender reach a UC sender; no acknowledgement carries
+            // the responder's.
+            if self.qps[&handle].qp_type == QpType::Uc && !local_error(status) {
+                status = WcStatus::Success.raw();
+            }
             sq.pop(index);
             let signaled = wqe.wr.send_flags.get() & sv::send_flags::SIGNALED != 0;
             if signaled || sig_all || status != WcStatus::Success.raw() {
@@ -119,7 +126,7 @@ impl FakeDevice {
                 };
                 (status.raw(), WcOpcode::LocalInv.raw(), 0)
             }
-            Ok(WrOpcode::RdmaWrite) => {
+            Ok(op @ (WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm)) => {
                 let Some(payload) = self.gather(pd, &local) else {
                     return (WcStatus::LocProtErr.raw(), WcOpcode::RdmaWrite.raw(), 0);
                 };
@@ -132,9 +139,16 @@ impl FakeDevice {
                     len,
                     AccessFlags::REMOTE_WRITE.bits(),
                 ) {
-                    Some(mr) => {
+                    Some(mr) if op == WrOpcode::RdmaWrite => {
                         self.copy_to_mr(mr, remote_addr, &payload);
                         (WcStatus::Success.raw(), WcOpcode::RdmaWrite.raw(), len)
+                    }
+                    Some(mr) => {
+                        self.copy_to_mr(mr, remote_addr, &payload);
+                        let imm = u32::from_ne_bytes(wqe.wr.ex);
+                        let src_qpn = self.qps[&handle].qpn;
+                        let status = self.complete_write_imm(dest_qpn, src_qpn, len, imm, events);
+                        (status, WcOpcode::RdmaWrite.raw(), len)
                     }
                     None => (WcStatus::RemAccessErr.raw(), WcOpcode::RdmaWrite.raw(), 0),
                 }
@@ -320,6 +334,61 @@ impl FakeDevice {
         }
     }
 
+    /// Adds a successful SEND completion with `wr_id` to CQ `handle`, as the kernel would for a
+    /// QP using it; returns false if the CQ is full (the completion is then lost, as rxe's).
+    pub(crate) fn complete(&mut self, handle: u32, wr_id: u64, events: &mut Vec<Event>) -> bool {
+        let before = events.len();
+        let wc = IbUverbsWc {
+            wr_id: wr_id.into(),
+            opcode: Le32::new(WcOpcode::Send.raw()),
+            port_num: 1,
+            ..IbUverbsWc::new_zeroed()
+        };
+        self.push_cqe(handle, wc, events);
+        !events[before..]
+            .iter()
+            .any(|e| e.event_type == EventType::CqErr)
+    }
+
+    /// The receive side of an RDMA WRITE with immediate data (already written): consumes a
+    /// receive WQE of QP `qpn` without touching its SGEs and completes it with the immediate.
+    fn complete_write_imm(
+        &mut self,
+        qpn: u32,
+        src_qp: u32,
+        len: u32,
+        imm: u32,
+        events: &mut Vec<Event>,
+    ) -> u32 {
+        let Some(dest) = self.qps.values().find(|q| q.qpn == qpn) else {
+            return WcStatus::RetryExcErr.raw();
+        };
+        if !matches!(dest.state, QpState::Rtr | QpState::Rts) {
+            return WcStatus::RetryExcErr.raw();
+        }
+        let (rq, recv_cq) = (dest.rq, dest.recv_cq);
+        let Some(index) = rq.peek() else {
+            return WcStatus::RnrRetryExcErr.raw();
+        };
+        // SAFETY: a posted receive slot, owned by the kernel until the consumer passes it.
+        let wqe = unsafe { rq.slot(index).cast::<RxeRecvWqe>().read() };
+        rq.pop(index);
+        let wc = IbUverbsWc {
+            wr_id: wqe.wr_id,
+            status: Le32::new(WcStatus::Success.raw()),
+            opcode: Le32::new(WcOpcode::RecvRdmaWithImm.raw()),
+            byte_len: Le32::new(len),
+            ex: imm.to_ne_bytes(),
+            qp_num: Le32::new(qpn),
+            src_qp: Le32::new(src_qp),
+            wc_flags: Le32::new(sv::wc_flags::WITH_IMM),
+            port_num: 1,
+            ..IbUverbsWc::new_zeroed()
+        };
+        self.push_cqe(recv_cq, wc, events);
+        WcStatus::Success.raw()
+    }
+
     fn push_cqe(&mut self, handle: u32, wc: IbUverbsWc, events: &mut Vec<Event>) {
         let cq = self.cqs.get_mut(&handle).unwrap();
         let ring = cq.ring;
@@ -350,6 +419,19 @@ enum Extra {
     Imm(u32),
     /// An rkey the responder invalidates.
     Invalidate(u32),
+}
+
+/// Whether a completion status reports an error found at the sender itself (which a UC sender
+/// sees), rather than one reported back by the responder (which UC has no way to report).
+fn local_error(status: u32) -> bool {
+    [
+        WcStatus::LocLenErr,
+        WcStatus::LocQpOpErr,
+        WcStatus::LocProtErr,
+        WcStatus::MwBindErr,
+    ]
+    .iter()
+    .any(|s| s.raw() == status)
 }
 
 /// What a send WQE carries locally.

@@ -1,4 +1,4 @@
-//! The completion-queue commands: CREATE_CQ, REQ_NOTIFY_CQ, DESTROY_CQ.
+//! The completion-queue commands: CREATE_CQ, RESIZE_CQ, REQ_NOTIFY_CQ, DESTROY_CQ.
 
 use super::framing::{abi_layout, abi_struct, cmd, command, Command, CommandWithResponse};
 
@@ -26,6 +26,26 @@ abi_struct! {
 }
 abi_layout!(CreateCqResp, 8, cq_handle @ 0, cqe @ 4);
 command!(CreateCq, cmd::CREATE_CQ, "CREATE_CQ", CreateCqResp);
+
+abi_struct! {
+    /// `struct ib_uverbs_resize_cq`.
+    pub struct ResizeCq {
+        pub response: u64,
+        pub cq_handle: u32,
+        pub cqe: u32,
+    }
+}
+abi_layout!(ResizeCq, 16, response @ 0, cq_handle @ 8, cqe @ 12);
+
+abi_struct! {
+    /// `struct ib_uverbs_resize_cq_resp`.
+    pub struct ResizeCqResp {
+        pub cqe: u32,
+        pub reserved: u32,
+    }
+}
+abi_layout!(ResizeCqResp, 8, cqe @ 0, reserved @ 4);
+command!(ResizeCq, cmd::RESIZE_CQ, "RESIZE_CQ", ResizeCqResp);
 
 abi_struct! {
     /// `struct ib_uverbs_req_notify_cq`.

@@ -62,12 +62,16 @@ pub mod cmd {
     pub const DESTROY_AH: u32 = 8;
     /// `IB_USER_VERBS_CMD_REG_MR`.
     pub const REG_MR: u32 = 9;
+    /// `IB_USER_VERBS_CMD_REREG_MR`.
+    pub const REREG_MR: u32 = 11;
     /// `IB_USER_VERBS_CMD_DEREG_MR`.
     pub const DEREG_MR: u32 = 13;
     /// `IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL`.
     pub const CREATE_COMP_CHANNEL: u32 = 17;
     /// `IB_USER_VERBS_CMD_CREATE_CQ`.
     pub const CREATE_CQ: u32 = 18;
+    /// `IB_USER_VERBS_CMD_RESIZE_CQ`.
+    pub const RESIZE_CQ: u32 = 19;
     /// `IB_USER_VERBS_CMD_DESTROY_CQ`.
     pub const DESTROY_CQ: u32 = 20;
     /// `IB_USER_VERBS_CMD_REQ_NOTIFY_CQ`.

@@ -130,6 +130,27 @@ static void post_one(struct end *e, enum ibv_wr_opcode op, size_t offset, uint64
 	CHECK(errno == 0, "ibv_post_send");
 }
 
+/* ibv_resize_cq while completions may be pending: each comes out once, in order. */
+static void resize_with_pending(struct end *a, struct end *b)
+{
+	for (uint64_t i = 0; i < 3; i++)
+		post_one(a, IBV_WR_RDMA_WRITE, 0, (uintptr_t)b->buf + 16384, b->mr->rkey, 10 + i);
+	errno = ibv_resize_cq(a->cq, 200);
+	CHECK(errno == 0, "ibv_resize_cq to 200");
+	CHECK(a->cq->cqe >= 200, "cq->cqe is %d after a resize to 200", a->cq->cqe);
+	for (uint64_t i = 0; i < 3; i++) {
+		struct ibv_wc wc = wait_wc(a, 0);
+		CHECK(wc.wr_id == 10 + i && wc.opcode == IBV_WC_RDMA_WRITE,
+		      "completion %" PRIu64 " after the resize is wr %" PRIu64, i, wc.wr_id);
+	}
+	struct ibv_wc extra;
+	CHECK(ibv_poll_cq(a->cq, 1, &extra) == 0, "a completion came out twice");
+	errno = ibv_resize_cq(a->cq, 16);
+	CHECK(errno == 0, "ibv_resize_cq to 16");
+	CHECK(a->cq->cqe >= 16, "cq->cqe is %d after a resize to 16", a->cq->cqe);
+	printf("CQ resize: 3 pending completions kept, cqe now %d\n", a->cq->cqe);
+}
+
 /* Two SENDs from an RC QP into the SRQ of its peer, in the order the receives were posted. */
 static void srq_sends(struct ibv_context *ctx, struct ibv_pd *pd, const union ibv_gid *gid,
 		      enum ibv_mtu mtu)
@@ -326,6 +347,7 @@ int main(void)
 	wc = wait_wc(&a, 1);
 	CHECK(wc.wr_id == 2 && wc.opcode == IBV_WC_RDMA_WRITE, "write completion");
 	expect_same(b.buf + 16384, a.buf + 4096, MSG_SIZE, "RDMA WRITE");
+	resize_with_pending(&a, &b);
 
 	/* RDMA READ: b's bytes [32768, 36864) into a's buffer at 12288. */
 	fill(b.buf + 32768, MSG_SIZE, 3);

@@ -65,6 +65,38 @@ impl CompletionQueue {
         }
         polled
     }
+
+    /// The oldest completion not consumed yet (at the read cursor), without consuming it; `None`
+    /// when the queue holds no more. For batch polling (`ibv_start_poll`): see [`Self::skip`]
+    /// and [`Self::publish`].
+    pub fn peek(&mut self) -> Option<WorkCompletion> {
+        // Acquire: as in `poll`, the kernel's CQE writes happen before the read below.
+        let producer = self.queue.load_producer(Ordering::Acquire);
+        if self.consumer == producer {
+            return None;
+        }
+        // SAFETY: the slot lies between the consumer and the producer index (see `poll`).
+        let cqe: IbUverbsWc = unsafe { self.queue.read_slot(self.consumer) };
+        Some(completion(&cqe))
+    }
+
+    /// Moves the read cursor past the completion [`Self::peek`] returned; false (and nothing
+    /// moves) if the queue holds none. The kernel may reuse the slot only after
+    /// [`Self::publish`].
+    pub fn skip(&mut self) -> bool {
+        if self.consumer == self.queue.load_producer(Ordering::Acquire) {
+            return false;
+        }
+        self.consumer = self.queue.next(self.consumer);
+        true
+    }
+
+    /// Publishes the read cursor as the consumer index: the completions skipped so far are
+    /// consumed.
+    pub fn publish(&mut self) {
+        // Release: the CQE reads of `peek` complete before the kernel may reuse the slots.
+        self.queue.store_consumer(self.consumer, Ordering::Release);
+    }
 }
 
 /// The kernel's `IB_WC_WITH_INVALIDATE`, which rxe writes into user CQEs as it is.

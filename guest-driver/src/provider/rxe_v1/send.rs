@@ -192,12 +192,11 @@ impl SendQueue {
 
         match (caps.qp_type, &wr.ud) {
             (QpType::Ud, None) => return Err(PostError::MissingUdDest),
-            (QpType::Rc, Some(_)) => return Err(PostError::UnexpectedUdDest),
+            (QpType::Rc | QpType::Uc, Some(_)) => return Err(PostError::UnexpectedUdDest),
             _ => {}
         }
-        if caps.qp_type == QpType::Ud
-            && !matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm)
-        {
+        // As rdma_rxe's opcode table: a UC QP has no READ or atomics, a UD QP only sends.
+        if !wr.opcode.valid_on(caps.qp_type) {
             return Err(PostError::OpcodeNotSupported {
                 opcode: wr.opcode,
                 qp_type: caps.qp_type,

@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 
 use super::function::PciError;
 use super::pagemap::{Pagemap, PagemapError, PagemapReadError};
-use crate::dma::{DmaBuffer, DmaError, DmaMemory, PAGE_SIZE};
+use crate::dma::{dont_fork, DmaBuffer, DmaError, DmaMemory, PAGE_SIZE};
 
 /// Hugepage size when /proc/meminfo does not say.
 const DEFAULT_HUGEPAGE_SIZE: usize = 2 << 20;
@@ -64,7 +64,12 @@ impl HugeMapping {
         }
         let base =
             NonNull::new(addr.cast()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
-        Ok(HugeMapping { base, len })
+        let mapping = HugeMapping { base, len };
+        // The rings and command buffers are the parent's device's: a fork() child gets no
+        // mapping of them.
+        // SAFETY: the mapping just made, owned by `mapping`.
+        unsafe { dont_fork(base.as_ptr(), len) }?;
+        Ok(mapping)
     }
 }
 

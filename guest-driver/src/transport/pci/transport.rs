@@ -5,7 +5,8 @@
 //! FEATURES_OK, the configuration checked (magic, major version) before the driver commits,
 //! the three queues without MSI-X vectors, eventq buffers, DRIVER_OK. Dropping the
 //! transport resets the device: the backend then discards everything it held for this driver
-//! (spec, 11.1), and the rings can be freed.
+//! (spec, 11.1), and the rings can be freed. A `fork()` child's copy of the transport neither
+//! drives nor resets the parent's device.
 
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
@@ -23,7 +24,7 @@ use super::interrupt::Interrupts;
 use super::virtio::{status, NotifyAddress, VirtioPci};
 use crate::dma::DmaMemory;
 use crate::transport::queues::{ControlChannel, EventChannel, QueueSignal, SignalledQueue};
-use crate::transport::{SharedMemory, Transport, TransportError};
+use crate::transport::{OwnerProcess, SharedMemory, Transport, TransportError};
 use crate::virtq::SplitQueue;
 
 /// Settings of a [`PciTransport`].
@@ -92,6 +93,8 @@ pub struct PciTransport {
     shared_memory: SharedMemory,
     config: Vec<u8>,
     device_features: u64,
+    /// A `fork()` child's copy neither drives nor resets the parent's device.
+    owner: OwnerProcess,
 }
 
 impl PciTransport {
@@ -173,6 +176,7 @@ impl PciTransport {
             shared_memory,
             config,
             device_features: features & DEVICE_SPECIFIC_MASK,
+            owner: OwnerProcess::current(),
         })
     }
 
@@ -205,6 +209,7 @@ impl PciTransport {
     /// the host objects and the shared-memory mappings are gone before the reset rather
     /// than at it (spec §7.4, §11.1). Waiters fail; the transport is unusable afterwards.
     pub fn reset(&self) -> Result<(), TransportError> {
+        self.owner.check()?;
         self.discard_state();
         self.interrupts.fail("the device was reset".into());
         self.device.reset()
@@ -238,6 +243,7 @@ impl Transport for PciTransport {
     }
 
     fn execute(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
+        self.owner.check()?;
         self.control.execute(self.dma.as_ref(), request, response)
     }
 
@@ -250,6 +256,7 @@ impl Transport for PciTransport {
         out: &mut [u8],
         timeout: Option<Duration>,
     ) -> Result<Option<usize>, TransportError> {
+        self.owner.check()?;
         self.events.next_event(out, timeout)
     }
 
@@ -268,6 +275,10 @@ impl Transport for PciTransport {
 
 impl Drop for PciTransport {
     fn drop(&mut self) {
+        if !self.owner.is_current() {
+            // A fork() child's copy: the device, and the interrupt thread, are the parent's.
+            return;
+        }
         self.discard_state();
         self.interrupts
             .fail("the transport is shutting down".into());

@@ -7,36 +7,43 @@
 //! the memfd, and the three vrings in that memory with eventfds for kicks and calls.
 //! Dropping the transport closes the connection; the backend then releases everything it
 //! held for this "guest".
+//!
+//! After `fork()` the child holds a copy of the transport, which it must not use: the
+//! connection, the eventfds and the backend's view of guest RAM belong to the parent's
+//! device. The child has no mapping of guest RAM or of the shared-memory window (both
+//! `MADV_DONTFORK`); its copy refuses commands and events with
+//! [`TransportError::ForkedChild`], and dropping it there closes only the child's
+//! descriptors (no shutdown of the shared sockets, no join of the parent's threads).
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::ptr::NonNull;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use log::{debug, warn};
 use vhost::vhost_user::message::{
-    VhostUserConfigFlags, VhostUserMMap, VhostUserMMapFlags, VhostUserProtocolFeatures,
-    VhostUserVirtioFeatures,
+    VhostUserConfigFlags, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
-use vhost::vhost_user::{
-    Frontend, FrontendReqHandler, HandlerResult, VhostUserFrontend, VhostUserFrontendReqHandler,
-};
+use vhost::vhost_user::{Frontend, FrontendReqHandler, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::queues::{ControlChannel, EventChannel, QueueSignal, SignalledQueue};
-use super::{SharedMemory, Transport, TransportError};
-use crate::dma::{DmaBuffer, DmaError, DmaMemory, MemfdRam, DEFAULT_GUEST_RAM_SIZE, PAGE_SIZE};
+use super::{OwnerProcess, SharedMemory, Transport, TransportError};
+use crate::dma::{DmaBuffer, DmaError, DmaMemory, MemfdRam, DEFAULT_GUEST_RAM_SIZE};
 use crate::virtq::SplitQueue;
 use vrdma_spec::features::{
     DEVICE_SPECIFIC_MASK, VIRTIO_F_RING_EVENT_IDX, VIRTIO_F_RING_INDIRECT_DESC, VIRTIO_F_VERSION_1,
 };
 use vrdma_spec::queue::{CONTROLQ, DOORBELLQ, EVENTQ, NUM_QUEUES};
+
+mod shmem_window;
+
+use shmem_window::ShmemWindow;
 
 /// Settings of a [`ProcessTransport`].
 #[derive(Clone, Debug)]
@@ -116,13 +123,19 @@ pub struct ProcessTransport {
     window: Arc<ShmemWindow>,
     control: ControlChannel<EventFdSignal>,
     events: EventChannel<EventFdSignal>,
-    event_call: EventFd,
+    /// What [`Transport::event_fd`] hands out: readable when the event queue's call eventfd
+    /// fires *or* the backend hangs up, so that a caller sleeping in poll on it (the drop-in's
+    /// event thread) wakes up to learn of a dead backend from `next_event` instead of sleeping
+    /// forever. Its registered fds stay open as long as `events` and `_frontend`.
+    event_wakeup: Epoll,
     doorbell: EventFdSignal,
     /// The doorbell queue's rings: the driver never posts on them, but the device was given
     /// their addresses and reads and writes them (avail index, `avail_event`) until it is
     /// disconnected, so their memory must not be reused before.
     _doorbell_rings: SplitQueue,
     backend_channel: Option<BackendChannel>,
+    /// The process that connected: a `fork()` child's copy must not drive the device.
+    owner: OwnerProcess,
 }
 
 impl ProcessTransport {
@@ -180,13 +193,7 @@ impl ProcessTransport {
         let control = set_up_vring(&frontend, &dma, CONTROLQ, size, event_idx)?;
         let event_queue = set_up_vring(&frontend, &dma, EVENTQ, size, event_idx)?;
         let doorbell = set_up_vring(&frontend, &dma, DOORBELLQ, size, event_idx)?;
-        let event_call = event_queue
-            .signal
-            .call
-            .try_clone()
-            .map_err(TransportError::io(
-                "cannot clone the event queue's call eventfd",
-            ))?;
+        let event_wakeup = wakeup_epoll(&frontend, &event_queue.signal.call)?;
         let events = EventChannel::start(
             &dma,
             event_queue,
@@ -209,10 +216,11 @@ impl ProcessTransport {
             window,
             control,
             events,
-            event_call,
+            event_wakeup,
             doorbell: doorbell.signal,
             _doorbell_rings: doorbell.queue,
             backend_channel: Some(backend_channel),
+            owner: OwnerProcess::current(),
         })
     }
 
@@ -232,6 +240,9 @@ impl Transport for ProcessTransport {
     }
 
     fn execute(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
+        // Checked first: in a child, guest RAM (the command buffers) is not mapped, and the
+        // control queue's lock may have been held by a thread the child does not have.
+        self.owner.check()?;
         self.control.execute(&self.dma, request, response)
     }
 
@@ -244,13 +255,14 @@ impl Transport for ProcessTransport {
         out: &mut [u8],
         timeout: Option<Duration>,
     ) -> Result<Option<usize>, TransportError> {
+        self.owner.check()?;
         self.events.next_event(out, timeout)
     }
 
     fn event_fd(&self) -> Option<BorrowedFd<'_>> {
-        // SAFETY: the eventfd is owned by `self.event_call` and stays open while `self` is
+        // SAFETY: the epoll fd is owned by `self.event_wakeup` and stays open while `self` is
         // borrowed.
-        Some(unsafe { BorrowedFd::borrow_raw(self.event_call.as_raw_fd()) })
+        Some(unsafe { BorrowedFd::borrow_raw(self.event_wakeup.as_raw_fd()) })
     }
 
     fn shared_memory(&self) -> SharedMemory {
@@ -265,7 +277,11 @@ impl Transport for ProcessTransport {
 impl Drop for ProcessTransport {
     fn drop(&mut self) {
         if let Some(channel) = self.backend_channel.take() {
-            channel.stop();
+            if self.owner.is_current() {
+                channel.stop();
+            } else {
+                channel.abandon();
+            }
         }
     }
 }
@@ -336,20 +352,10 @@ struct EventFdSignal {
     epoll: Epoll,
 }
 
-/// Creates the rings of vring `index` and hands them to the backend with fresh eventfds.
-fn set_up_vring(
-    frontend: &Frontend,
-    dma: &ProcessDma,
-    index: u16,
-    size: u16,
-    event_idx: bool,
-) -> Result<SignalledQueue<EventFdSignal>, TransportError> {
-    let queue = SplitQueue::new(dma, size, event_idx)?;
-    let kick = EventFd::new(EFD_NONBLOCK).map_err(TransportError::io("eventfd"))?;
-    let call = EventFd::new(EFD_NONBLOCK).map_err(TransportError::io("eventfd"))?;
+/// An epoll over `call` and the vhost-user socket (which turns readable only when the backend
+/// closes it: the backend sends nothing unasked on it).
+fn wakeup_epoll(frontend: &Frontend, call: &EventFd) -> Result<Epoll, TransportError> {
     let epoll = Epoll::new().map_err(TransportError::io("epoll"))?;
-    // The backend sends nothing unasked on the vhost-user socket, so it turns readable
-    // only when the backend closes it.
     for (fd, token) in [
         (call.as_raw_fd(), CALL_TOKEN),
         (frontend.as_raw_fd(), DISCONNECT_TOKEN),
@@ -362,6 +368,21 @@ fn set_up_vring(
             )
             .map_err(TransportError::io("epoll_ctl"))?;
     }
+    Ok(epoll)
+}
+
+/// Creates the rings of vring `index` and hands them to the backend with fresh eventfds.
+fn set_up_vring(
+    frontend: &Frontend,
+    dma: &ProcessDma,
+    index: u16,
+    size: u16,
+    event_idx: bool,
+) -> Result<SignalledQueue<EventFdSignal>, TransportError> {
+    let queue = SplitQueue::new(dma, size, event_idx)?;
+    let kick = EventFd::new(EFD_NONBLOCK).map_err(TransportError::io("eventfd"))?;
+    let call = EventFd::new(EFD_NONBLOCK).map_err(TransportError::io("eventfd"))?;
+    let epoll = wakeup_epoll(frontend, &call)?;
     let host = queue.host_addresses();
     let config = VringConfigData {
         queue_max_size: size,
@@ -459,6 +480,14 @@ impl BackendChannel {
         Ok(BackendChannel { thread, socket })
     }
 
+    /// In a `fork()` child: the serving thread exists only in the parent (joining it would
+    /// wait forever) and shutting the socket down would cut the parent's channel; only this
+    /// process's descriptor is closed.
+    fn abandon(self) {
+        std::mem::forget(self.thread);
+        drop(self.socket);
+    }
+
     fn stop(self) {
         // Shutting the socket down wakes the thread from its receive.
         let _ = self.socket.shutdown(std::net::Shutdown::Both);
@@ -477,139 +506,4 @@ fn socket_of(requests: &FrontendReqHandler<ShmemWindow>) -> Result<UnixStream, T
         "cannot duplicate the backend request socket",
     ))?;
     Ok(UnixStream::from(owned))
-}
-
-/// The address range of shared-memory region 0: reserved inaccessible, filled by SHMEM_MAP.
-struct ShmemWindow {
-    base: Option<NonNull<u8>>,
-    len: usize,
-}
-
-// SAFETY: the window is an address range reserved for the whole life of this value; the
-// mappings inside it are changed only with MAP_FIXED over that range.
-unsafe impl Send for ShmemWindow {}
-// SAFETY: see Send; the struct itself is immutable.
-unsafe impl Sync for ShmemWindow {}
-
-impl ShmemWindow {
-    fn reserve(len: u64) -> Result<Self, TransportError> {
-        if len == 0 {
-            return Ok(ShmemWindow { base: None, len: 0 });
-        }
-        let len = usize::try_from(len)
-            .ok()
-            .filter(|len| len.is_multiple_of(PAGE_SIZE))
-            .ok_or_else(|| {
-                TransportError::DeviceFailure(format!("shared-memory size {len:#x} is unusable"))
-            })?;
-        // SAFETY: a new private inaccessible mapping; no existing memory is affected.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(TransportError::io(
-                "cannot reserve the shared-memory window",
-            )(io::Error::last_os_error()));
-        }
-        Ok(ShmemWindow {
-            base: NonNull::new(addr.cast()),
-            len,
-        })
-    }
-
-    fn shared_memory(&self) -> SharedMemory {
-        SharedMemory::new(self.base, self.len)
-    }
-
-    /// Start address of `[offset, offset + len)` of the window, if valid for a mapping.
-    fn range(&self, request: &VhostUserMMap) -> io::Result<*mut libc::c_void> {
-        let (shmid, offset, len) = (request.shmid, request.shm_offset, request.len);
-        let fd_offset = request.fd_offset;
-        let page = PAGE_SIZE as u64;
-        let valid = shmid == 0
-            && len != 0
-            && offset.is_multiple_of(page)
-            && len.is_multiple_of(page)
-            && fd_offset.is_multiple_of(page)
-            && offset
-                .checked_add(len)
-                .is_some_and(|end| end <= self.len as u64);
-        match (valid, self.base) {
-            (true, Some(base)) => {
-                // SAFETY: `offset < self.len`, so the address is inside the window.
-                Ok(unsafe { base.as_ptr().add(offset as usize) }.cast())
-            }
-            _ => {
-                warn!("refusing shared-memory request for region {shmid} at {offset:#x}+{len:#x}");
-                Err(io::Error::from_raw_os_error(libc::EINVAL))
-            }
-        }
-    }
-}
-
-impl VhostUserFrontendReqHandler for ShmemWindow {
-    fn shmem_map(&self, request: &VhostUserMMap, fd: &dyn AsRawFd) -> HandlerResult<u64> {
-        let addr = self.range(request)?;
-        let writable = VhostUserMMapFlags::from_bits_truncate(request.flags)
-            .contains(VhostUserMMapFlags::WRITABLE);
-        let prot = if writable {
-            libc::PROT_READ | libc::PROT_WRITE
-        } else {
-            libc::PROT_READ
-        };
-        let offset = libc::off_t::try_from(request.fd_offset)
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: `addr..addr + len` lies inside the window reserved by this value (checked
-        // by `range`); MAP_FIXED replaces only pages of that window.
-        let mapped = unsafe {
-            libc::mmap(
-                addr,
-                request.len as usize,
-                prot,
-                libc::MAP_SHARED | libc::MAP_FIXED,
-                fd.as_raw_fd(),
-                offset,
-            )
-        };
-        if mapped == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(0)
-    }
-
-    fn shmem_unmap(&self, request: &VhostUserMMap) -> HandlerResult<u64> {
-        let addr = self.range(request)?;
-        // SAFETY: as in `shmem_map`; the range becomes inaccessible again.
-        let mapped = unsafe {
-            libc::mmap(
-                addr,
-                request.len as usize,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
-                -1,
-                0,
-            )
-        };
-        if mapped == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(0)
-    }
-}
-
-impl Drop for ShmemWindow {
-    fn drop(&mut self) {
-        if let Some(base) = self.base {
-            // SAFETY: the window reserved in `reserve`; nothing in this process refers to it
-            // once the transport (its only user) is gone.
-            unsafe { libc::munmap(base.as_ptr().cast(), self.len) };
-        }
-    }
 }
