@@ -265,6 +265,12 @@ fn host_events_become_guest_events() {
             kind: AsyncEventKind::LidChange,
             element: 1,
         },
+        // The host's GID table changed (an address came or went on its interface): the guest
+        // drops its cached GID table on it.
+        AsyncEvent {
+            kind: AsyncEventKind::GidChange,
+            element: 1,
+        },
         // A CQ event naming a QP's user handle is not a CQ event.
         AsyncEvent {
             kind: AsyncEventKind::CqErr,
@@ -272,7 +278,7 @@ fn host_events_become_guest_events() {
         },
     ]);
     guest.dev().fd_ready(guest.ctx(), 1);
-    assert_eq!(guest.ctx().events().len(), 3);
+    assert_eq!(guest.ctx().events().len(), 4);
 
     // A fatal host error discards everything and refuses commands until reset.
     fake.world().async_events.push_back(AsyncEvent {
@@ -280,7 +286,7 @@ fn host_events_become_guest_events() {
         element: 1,
     });
     guest.dev().fd_ready(guest.ctx(), 1);
-    assert_eq!(guest.ctx().events().len(), 4, "DEVICE_FATAL");
+    assert_eq!(guest.ctx().events().len(), 5, "DEVICE_FATAL");
     assert_eq!(fake.world().live(), 0);
     match guest.run(ControlRequest::AllocPd) {
         ControlResponse::Err(e) => {

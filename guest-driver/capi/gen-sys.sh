@@ -16,6 +16,6 @@ version=$(dpkg-query -W -f '${Version}' libibverbs-dev 2>/dev/null || echo unkno
   echo
   bindgen "$header" \
     --allowlist-type 'ib_uverbs_(qp_attr|ah_attr|global_route)|ib_user_path_rec|ibv_sa_path_rec' \
-    --allowlist-type 'verbs_context|ibv_(async_event|event_type|cq_ex|device_attr_ex|query_device_ex_input|cq_init_attr_ex|cq_init_attr_mask|create_cq_attr_flags|poll_cq_attr|create_cq_wc_flags|wc_flags_ex|context|context_ops|device|pd|mr|cq|qp|ah|srq|srq_attr|srq_init_attr|srq_attr_mask|grh|comp_channel|wc|send_wr|recv_wr|sge|qp_attr|qp_init_attr|port_attr|device_attr|gid|ah_attr|global_route|qp_cap|gid_entry|wc_flags|send_flags|access_flags|wr_opcode|wc_opcode|wc_status|qp_type|qp_state|qp_attr_mask|mtu|port_state|node_type|transport_type|atomic_cap|gid_type|mig_state)' \
+    --allowlist-type 'verbs_context|ibv_(async_event|event_type|cq_ex|device_attr_ex|query_device_ex_input|cq_init_attr_ex|cq_init_attr_mask|create_cq_attr_flags|poll_cq_attr|create_cq_wc_flags|wc_flags_ex|context|context_ops|device|pd|mr|cq|qp|ah|srq|srq_attr|srq_init_attr|srq_attr_mask|grh|comp_channel|wc|send_wr|recv_wr|sge|qp_attr|qp_init_attr|qp_ex|data_buf|qp_init_attr_mask|qp_create_send_ops_flags|srq_init_attr_mask|port_attr|device_attr|gid|ah_attr|global_route|qp_cap|gid_entry|wc_flags|send_flags|access_flags|wr_opcode|wc_opcode|wc_status|qp_type|qp_state|qp_attr_mask|mtu|port_state|node_type|transport_type|atomic_cap|gid_type|mig_state)' \
     --no-layout-tests --no-doc-comments --default-enum-style consts --
 } > src/sys.rs

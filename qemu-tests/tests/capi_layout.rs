@@ -133,6 +133,21 @@ layouts! {
         cqe, cq_context, channel, comp_vector, wc_flags, comp_mask, flags, parent_domain
     }
     struct ibv_poll_cq_attr { comp_mask }
+    struct ibv_qp_init_attr_ex {
+        qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all, comp_mask, pd, xrcd,
+        create_flags, max_tso_header, rwq_ind_tbl, rx_hash_conf, source_qpn, send_ops_flags
+    }
+    struct ibv_qp_ex {
+        qp_base, comp_mask, wr_id, wr_flags, wr_atomic_cmp_swp, wr_atomic_fetch_add, wr_bind_mw,
+        wr_local_inv, wr_rdma_read, wr_rdma_write, wr_rdma_write_imm, wr_send, wr_send_imm,
+        wr_send_inv, wr_send_tso, wr_set_ud_addr, wr_set_xrc_srqn, wr_set_inline_data,
+        wr_set_inline_data_list, wr_set_sge, wr_set_sge_list, wr_start, wr_complete, wr_abort,
+        wr_atomic_write
+    }
+    struct ibv_data_buf { addr, length }
+    struct ibv_srq_init_attr_ex {
+        srq_context, attr, comp_mask, srq_type, pd, xrcd, cq, tm_cap
+    }
     struct ibv_query_device_ex_input { comp_mask }
     struct ibv_device_attr_ex {
         orig_attr, comp_mask, odp_caps, completion_timestamp_mask, hca_core_clock,

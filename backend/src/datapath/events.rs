@@ -241,5 +241,10 @@ mod tests {
             Translation::Object(EventType::QpLastWqeReached)
         );
         assert_eq!(translate(AsyncEventKind::LidChange), Translation::Ignored);
+        // Guests cache GID tables and drop them on this event.
+        assert_eq!(
+            translate(AsyncEventKind::GidChange),
+            Translation::Port(EventType::GidChange)
+        );
     }
 }

@@ -121,12 +121,13 @@ fn parse_header(area: &[u8; GRH_LEN]) -> Result<ReceivedRoute, c_int> {
 
 /// The index of `gid` with one of `gid_types` in the GID table of `port`.
 fn find_gid_index(ctx: &Context, port: u8, gid: Gid, gid_types: &[GidType]) -> Result<u8, c_int> {
-    // The populated entries in a few commands (QUERY_GID_TABLE), by increasing index: the
-    // first match is the one rdma-core's entry-by-entry search finds.
+    // The populated entries from the context's GID table cache (read in a few commands), by
+    // increasing index: the first match is the one rdma-core's entry-by-entry search finds.
     let table = ctx
-        .query_gid_table(port)
+        .gid_table(port)
         .map_err(|e| report("ibv_init_ah_from_wc", &e))?;
     table
+        .populated()
         .iter()
         .find(|(_, entry)| {
             Gid(entry.gid) == gid && entry.gid_type().is_ok_and(|t| gid_types.contains(&t))

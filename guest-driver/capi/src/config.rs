@@ -3,6 +3,7 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use vrdma::dma::PAGE_SIZE;
 
@@ -12,6 +13,12 @@ pub(crate) const SOCKET_VAR: &str = "VRDMA_SOCKET";
 pub(crate) const RAM_SIZE_VAR: &str = "VRDMA_RAM_SIZE";
 /// PCI address (`dddd:bb:dd.f`) of the vrdma function to use, if there are several.
 pub(crate) const PCI_ADDRESS_VAR: &str = "VRDMA_PCI_ADDRESS";
+/// How long a port's GID table read from the device answers GID queries when no event made it
+/// out of date, in milliseconds (`0`: every query reads the device); the staleness bound of
+/// programs that never read events (see [`crate::gid_table`]).
+pub(crate) const GID_CACHE_VAR: &str = "VRDMA_GID_CACHE_MS";
+/// Beyond this, a lifetime would make the cache's staleness bound meaningless.
+const MAX_GID_CACHE_MS: u64 = 60_000;
 /// Default guest-RAM size: application buffers registered with `ibv_reg_mr` live in it.
 pub(crate) const DEFAULT_RAM_SIZE: usize = 1 << 30;
 
@@ -29,6 +36,22 @@ pub(crate) enum TransportChoice {
 pub(crate) enum ConfigError {
     #[error("{RAM_SIZE_VAR}={0:?} is not a size in bytes (K, M, G suffixes allowed) that is a non-zero multiple of 4 KiB")]
     BadRamSize(String),
+    #[error("{GID_CACHE_VAR}={0:?} is not a number of milliseconds up to {MAX_GID_CACHE_MS}")]
+    BadGidCacheLifetime(String),
+}
+
+/// The GID cache lifetime the environment (read through `var`) sets, if it sets one.
+pub(crate) fn gid_cache_lifetime(
+    var: impl Fn(&str) -> Option<OsString>,
+) -> Result<Option<Duration>, ConfigError> {
+    let Some(text) = var(GID_CACHE_VAR) else {
+        return Ok(None);
+    };
+    let text = text.to_string_lossy().into_owned();
+    match text.trim().parse::<u64>() {
+        Ok(ms) if ms <= MAX_GID_CACHE_MS => Ok(Some(Duration::from_millis(ms))),
+        _ => Err(ConfigError::BadGidCacheLifetime(text)),
+    }
 }
 
 /// The transport the environment (read through `var`) selects.
@@ -113,6 +136,25 @@ mod tests {
                 address: Some("00:03.0".into())
             })
         );
+    }
+
+    #[test]
+    fn the_gid_cache_lifetime_is_milliseconds_up_to_a_minute() {
+        assert_eq!(gid_cache_lifetime(env(&[])), Ok(None));
+        assert_eq!(
+            gid_cache_lifetime(env(&[(GID_CACHE_VAR, "250")])),
+            Ok(Some(Duration::from_millis(250)))
+        );
+        assert_eq!(
+            gid_cache_lifetime(env(&[(GID_CACHE_VAR, "0")])),
+            Ok(Some(Duration::ZERO))
+        );
+        for bad in ["", "-1", "1s", "60001"] {
+            assert_eq!(
+                gid_cache_lifetime(env(&[(GID_CACHE_VAR, bad)])),
+                Err(ConfigError::BadGidCacheLifetime(bad.into()))
+            );
+        }
     }
 
     #[test]

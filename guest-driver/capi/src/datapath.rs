@@ -124,7 +124,7 @@ pub(crate) unsafe extern "C" fn post_send(
         let Some(vqp) = (unsafe { VrdmaQp::from_ptr(qp) }) else {
             return fail_at(bad_wr, wr, libc::EINVAL);
         };
-        let ud = vqp.ibv.qp_type == ibv_qp_type_IBV_QPT_UD;
+        let ud = vqp.ibv.qp_base.qp_type == ibv_qp_type_IBV_QPT_UD;
         let post = |batch: &[SendWr<'_>]| {
             // SAFETY: the application's SGEs follow the ibv_post_send rules (inline data
             // readable now, other buffers registered).

@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_int};
 use std::path::Path;
 use std::sync::{Arc, Once, OnceLock};
 
-use log::error;
+use log::{error, warn};
 use vrdma::transport::pci::sysfs::{find_candidates, SYSFS_PCI};
 use vrdma::transport::Transport;
 use vrdma::Context;
@@ -24,7 +24,7 @@ use crate::sys::{
     ibv_transport_type_IBV_TRANSPORT_IB, verbs_context,
 };
 use crate::transport::AppTransport;
-use crate::{cq_ex, datapath, query_ex, windows};
+use crate::{cq_ex, datapath, qp_ex, query_ex, srq, windows};
 
 /// Name of the one device.
 pub(crate) const DEVICE_NAME: &str = "vrdma0";
@@ -241,6 +241,8 @@ pub(crate) fn extended_ops() -> verbs_context {
     verbs.query_device_ex = Some(query_ex::query_device_ex);
     verbs.query_port = Some(query_ex::query_port_ex);
     verbs.create_cq_ex = Some(cq_ex::create_cq_ex);
+    verbs.create_qp_ex = Some(qp_ex::create_qp_ex);
+    verbs.create_srq_ex = Some(srq::create_srq_ex);
     verbs
 }
 
@@ -275,6 +277,11 @@ pub(crate) fn context_over(
     transport: Arc<AppTransport>,
 ) -> Result<*mut ibv_context, c_int> {
     let errno = |e: std::io::Error| e.raw_os_error().unwrap_or(libc::EIO);
+    match config::gid_cache_lifetime(|name| std::env::var_os(name)) {
+        Ok(Some(lifetime)) => ctx.set_gid_cache_lifetime(lifetime),
+        Ok(None) => {}
+        Err(e) => warn!("vrdma: {e}; the default GID cache lifetime is used"),
+    }
     let routes = Arc::new(CompletionRoutes::default());
     let async_events = Arc::new(AsyncEvents::new().map_err(|e| {
         error!("vrdma: cannot make the async event fd: {e}");

@@ -22,7 +22,8 @@
 use std::ffi::c_int;
 
 use crate::context::VrdmaContext;
-use crate::ffi::{guard, report};
+use crate::ffi::guard;
+use crate::gid_table::{gid_slot, GidSlot};
 use crate::sys::{ibv_ah_attr, ibv_context};
 
 /// `ETHERNET_LL_SIZE` of `<infiniband/verbs.h>`.
@@ -89,12 +90,18 @@ pub unsafe extern "C" fn ibv_resolve_eth_l2_from_gid(
         if eth_mac.is_null() {
             return -libc::EINVAL;
         }
-        let sgid = match ctx.ctx.query_gid(attr.port_num, attr.grh.sgid_index.into()) {
-            Ok(Some(entry)) => entry.gid,
+        let verb = "ibv_resolve_eth_l2_from_gid";
+        let sgid = match gid_slot(&ctx.ctx, attr.port_num, attr.grh.sgid_index.into(), verb) {
+            Ok(GidSlot::Populated(entry)) => entry.gid,
             // An empty entry has no address, so no interface either.
-            Ok(None) => return -libc::EINVAL,
-            Err(e) => {
-                crate::ffi::set_errno(report("ibv_resolve_eth_l2_from_gid", &e));
+            Ok(GidSlot::Empty) => return -libc::EINVAL,
+            // rdma-core returns what its ibv_query_gid did: -1 and errno.
+            Ok(GidSlot::OutOfRange) => {
+                crate::ffi::set_errno(libc::EINVAL);
+                return -1;
+            }
+            Err(errno) => {
+                crate::ffi::set_errno(errno);
                 return -1;
             }
         };

@@ -39,6 +39,7 @@ mod memory;
 mod mr_rereg;
 mod objects;
 mod qp;
+mod qp_ex;
 mod query;
 mod query_ex;
 mod srq;

@@ -1,9 +1,11 @@
-//! Queue pairs (RC and UD): create, modify, query, destroy.
+//! Queue pairs (RC, UC and UD): create, modify, query, destroy. `ibv_create_qp_ex` and the
+//! `ibv_wr_*` operations (module `qp_ex`) build on these.
 
+use std::cell::UnsafeCell;
 use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 
-use vrdma::verbs::{AccessFlags, Mtu, QpAttr, QpAttrMask, QpCaps, QpState, QpType};
+use vrdma::verbs::{AccessFlags, Mtu, QpAttr, QpAttrMask, QpCaps, QpState, QpType, SendBatch};
 use vrdma::{Qp, QpInitAttr};
 
 use crate::async_events::ObjectKind;
@@ -11,14 +13,34 @@ use crate::cq::VrdmaCq;
 use crate::ffi::{guard, null_with, report};
 use crate::objects::{ah_attr_from, ah_attr_to, VrdmaPd};
 use crate::srq::VrdmaSrq;
-use crate::sys::{ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_cap, ibv_qp_init_attr};
+use crate::sys::{ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_cap, ibv_qp_ex, ibv_qp_init_attr};
 
-/// A queue pair: `ibv_qp` first.
+/// A queue pair: `ibv_qp_ex` first, whose first member is the `ibv_qp` handed to the
+/// application (so `ibv_qp_to_qp_ex` needs no lookup, as in rdma-core). A QP made by
+/// `ibv_create_qp` leaves the extended part zero; one made by `ibv_create_qp_ex` has its
+/// `ibv_wr_*` operations set. Every classic verb works on both.
 #[repr(C)]
 pub(crate) struct VrdmaQp {
-    pub(crate) ibv: ibv_qp,
+    pub(crate) ibv: ibv_qp_ex,
+    /// The open `ibv_wr_*` batch; declared before `qp`, which it borrows.
+    pub(crate) batch: BatchSlot,
     pub(crate) qp: Qp,
     sq_sig_all: bool,
+    /// Made by `ibv_create_qp_ex`: `ibv_qp_to_qp_ex` hands out `ibv`.
+    pub(crate) extended: bool,
+}
+
+/// The open `ibv_wr_*` batch of a QP, between `ibv_wr_start` and `ibv_wr_complete` or
+/// `ibv_wr_abort`.
+///
+/// Only the thread that opened the batch touches it, as the `ibv_qp_ex` contract requires (a
+/// batch is one thread's sequence of calls); the batch holds the QP's send lock meanwhile,
+/// which orders one batch's accesses before the next's.
+#[derive(Default)]
+pub(crate) struct BatchSlot {
+    /// The open batch. Its lifetime is the QP's own (`VrdmaQp::qp`, declared after this
+    /// slot, so a batch left open is dropped before the QP it borrows).
+    pub(crate) open: UnsafeCell<Option<SendBatch<'static>>>,
 }
 
 impl VrdmaQp {
@@ -131,8 +153,8 @@ pub(crate) fn qp_attr_to(a: &QpAttr) -> ibv_qp_attr {
     }
 }
 
-/// `ibv_create_qp`: RC and UD QPs, with or without SRQ. The actual queue sizes are written back into
-/// `init_attr->cap`, as rdma-core does.
+/// `ibv_create_qp`: RC, UC and UD QPs, with or without SRQ. The actual queue sizes are written
+/// back into `init_attr->cap`, as rdma-core does.
 ///
 /// # Safety
 /// `pd` is a PD of this library; `init_attr` is valid for reads and writes and names CQs of
@@ -143,70 +165,90 @@ pub unsafe extern "C" fn ibv_create_qp(
 ) -> *mut ibv_qp {
     guard("ibv_create_qp", std::ptr::null_mut(), || {
         // SAFETY: caller contract.
-        let (Some(vpd), Some(init)) = (unsafe { (VrdmaPd::from_ptr(pd), init_attr.as_mut()) })
-        else {
-            return null_with("ibv_create_qp", libc::EINVAL);
-        };
-        let Ok(qp_type) = QpType::try_from(init.qp_type) else {
-            return null_with("ibv_create_qp (QP type)", libc::EOPNOTSUPP);
-        };
-        // SAFETY: caller contract: NULL or an SRQ of this library.
-        let srq = unsafe { VrdmaSrq::from_ptr(init.srq) };
-        // SAFETY: caller contract.
-        let (Some(send_cq), Some(recv_cq)) = (unsafe {
-            (
-                VrdmaCq::from_ptr(init.send_cq),
-                VrdmaCq::from_ptr(init.recv_cq),
-            )
-        }) else {
-            return null_with("ibv_create_qp", libc::EINVAL);
-        };
-        let attr = QpInitAttr {
-            qp_type,
-            send_cq: &send_cq.cq,
-            recv_cq: &recv_cq.cq,
-            caps: caps_from(&init.cap),
-            sq_sig_all: init.sq_sig_all != 0,
-        };
-        let created = match srq {
-            Some(srq) => Qp::with_srq(&vpd.pd, &attr, &srq.srq),
-            None => Qp::new(&vpd.pd, &attr),
-        };
-        let qp = match created {
-            Ok(qp) => qp,
-            Err(e) => return null_with("ibv_create_qp", report("ibv_create_qp", &e)),
-        };
-        init.cap = caps_to(&qp.caps());
-        // SAFETY: all-zero is a valid ibv_qp (glibc's initializers are zero); set below.
-        let mut ibv: ibv_qp = unsafe { std::mem::zeroed() };
-        ibv.context = vpd.ibv.context;
-        ibv.qp_context = init.qp_context;
-        ibv.pd = pd;
-        ibv.send_cq = init.send_cq;
-        ibv.recv_cq = init.recv_cq;
-        ibv.srq = init.srq;
-        ibv.handle = qp.handle();
-        ibv.qp_num = qp.qpn();
-        ibv.state = QpState::Reset as u32;
-        ibv.qp_type = init.qp_type;
-        for users in [&vpd.users, &send_cq.users, &recv_cq.users] {
-            users.fetch_add(1, Ordering::AcqRel);
+        match unsafe { create(pd, init_attr) } {
+            Ok(raw) => raw.cast(),
+            Err(errno) => null_with("ibv_create_qp", errno),
         }
-        if let Some(srq) = srq {
-            srq.users.fetch_add(1, Ordering::AcqRel);
-        }
-        let handle = qp.handle();
-        let qp = VrdmaQp {
-            ibv,
-            qp,
-            sq_sig_all: init.sq_sig_all != 0,
-        };
-        let raw = Box::into_raw(Box::new(qp));
-        vpd.context()
-            .async_events
-            .register(ObjectKind::Qp, handle, raw as usize);
-        raw.cast()
     })
+}
+
+/// Creates a QP in `pd` as `ibv_create_qp` does (its extended part zero, not registered as
+/// extended yet); an errno value on failure.
+///
+/// # Safety
+/// As [`ibv_create_qp`].
+pub(crate) unsafe fn create(
+    pd: *mut ibv_pd,
+    init_attr: *mut ibv_qp_init_attr,
+) -> Result<*mut VrdmaQp, c_int> {
+    // SAFETY: caller contract.
+    let (Some(vpd), Some(init)) = (unsafe { (VrdmaPd::from_ptr(pd), init_attr.as_mut()) }) else {
+        return Err(libc::EINVAL);
+    };
+    let Ok(qp_type) = QpType::try_from(init.qp_type) else {
+        log::debug!(
+            "vrdma: ibv_create_qp: QP type {} not supported",
+            init.qp_type
+        );
+        return Err(libc::EOPNOTSUPP);
+    };
+    // SAFETY: caller contract: NULL or an SRQ of this library.
+    let srq = unsafe { VrdmaSrq::from_ptr(init.srq) };
+    // SAFETY: caller contract.
+    let (Some(send_cq), Some(recv_cq)) = (unsafe {
+        (
+            VrdmaCq::from_ptr(init.send_cq),
+            VrdmaCq::from_ptr(init.recv_cq),
+        )
+    }) else {
+        return Err(libc::EINVAL);
+    };
+    let attr = QpInitAttr {
+        qp_type,
+        send_cq: &send_cq.cq,
+        recv_cq: &recv_cq.cq,
+        caps: caps_from(&init.cap),
+        sq_sig_all: init.sq_sig_all != 0,
+    };
+    let created = match srq {
+        Some(srq) => Qp::with_srq(&vpd.pd, &attr, &srq.srq),
+        None => Qp::new(&vpd.pd, &attr),
+    };
+    let qp = created.map_err(|e| report("ibv_create_qp", &e))?;
+    init.cap = caps_to(&qp.caps());
+    // SAFETY: all-zero is a valid ibv_qp_ex (glibc's initializers are zero, the operations
+    // NULL); set below.
+    let mut ibv: ibv_qp_ex = unsafe { std::mem::zeroed() };
+    let base = &mut ibv.qp_base;
+    base.context = vpd.ibv.context;
+    base.qp_context = init.qp_context;
+    base.pd = pd;
+    base.send_cq = init.send_cq;
+    base.recv_cq = init.recv_cq;
+    base.srq = init.srq;
+    base.handle = qp.handle();
+    base.qp_num = qp.qpn();
+    base.state = QpState::Reset as u32;
+    base.qp_type = init.qp_type;
+    for users in [&vpd.users, &send_cq.users, &recv_cq.users] {
+        users.fetch_add(1, Ordering::AcqRel);
+    }
+    if let Some(srq) = srq {
+        srq.users.fetch_add(1, Ordering::AcqRel);
+    }
+    let handle = qp.handle();
+    let qp = VrdmaQp {
+        ibv,
+        batch: BatchSlot::default(),
+        qp,
+        sq_sig_all: init.sq_sig_all != 0,
+        extended: false,
+    };
+    let raw = Box::into_raw(Box::new(qp));
+    vpd.context()
+        .async_events
+        .register(ObjectKind::Qp, handle, raw as usize);
+    Ok(raw)
 }
 
 /// `ibv_modify_qp`: 0, or an errno value.
@@ -268,12 +310,12 @@ pub unsafe extern "C" fn ibv_query_qp(
         match vqp.qp.query(mask) {
             Ok((queried, _valid)) => {
                 let init = ibv_qp_init_attr {
-                    qp_context: vqp.ibv.qp_context,
-                    send_cq: vqp.ibv.send_cq,
-                    recv_cq: vqp.ibv.recv_cq,
-                    srq: vqp.ibv.srq,
+                    qp_context: vqp.ibv.qp_base.qp_context,
+                    send_cq: vqp.ibv.qp_base.send_cq,
+                    recv_cq: vqp.ibv.qp_base.recv_cq,
+                    srq: vqp.ibv.qp_base.srq,
                     cap: caps_to(&vqp.qp.caps()),
-                    qp_type: vqp.ibv.qp_type,
+                    qp_type: vqp.ibv.qp_base.qp_type,
                     sq_sig_all: c_int::from(vqp.sq_sig_all),
                 };
                 // SAFETY: caller contract.
@@ -301,15 +343,19 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
             return libc::EINVAL;
         };
         // SAFETY: the PD outlives its QPs (ibv_dealloc_pd refuses while they exist).
-        if let Some(pd) = unsafe { VrdmaPd::from_ptr(live.ibv.pd) } {
+        if let Some(pd) = unsafe { VrdmaPd::from_ptr(live.ibv.qp_base.pd) } {
             pd.context()
                 .async_events
-                .retire(ObjectKind::Qp, live.ibv.handle, qp as usize);
+                .retire(ObjectKind::Qp, live.ibv.qp_base.handle, qp as usize);
         }
         // SAFETY: made by Box::into_raw in ibv_create_qp; the caller gives it up.
         let vqp = unsafe { Box::from_raw(qp.cast::<VrdmaQp>()) };
-        let (pd, send_cq, recv_cq) = (vqp.ibv.pd, vqp.ibv.send_cq, vqp.ibv.recv_cq);
-        let srq = vqp.ibv.srq;
+        let (pd, send_cq, recv_cq) = (
+            vqp.ibv.qp_base.pd,
+            vqp.ibv.qp_base.send_cq,
+            vqp.ibv.qp_base.recv_cq,
+        );
+        let srq = vqp.ibv.qp_base.srq;
         drop(vqp);
         // SAFETY: PD, CQs and SRQ outlive their QPs (their destroy refuses while it exists).
         unsafe {

@@ -1,18 +1,14 @@
-//! Device, port, GID and P_Key queries.
+//! Device, port and P_Key queries (GID queries: [`crate::gid_table`]).
 
-use std::ffi::{c_char, c_int, c_uint, CStr, OsStr};
+use std::ffi::{c_char, c_int, CStr, OsStr};
 use std::os::unix::ffi::OsStrExt;
 
-use vrdma::spec::verbs::GidType;
 use vrdma::spec::{Le32, PCI_DEVICE_ID, PCI_VENDOR_ID};
-use vrdma::verbs::{DeviceAttr, GidEntry, PortAttr};
+use vrdma::verbs::{DeviceAttr, PortAttr};
 
 use crate::context::VrdmaContext;
 use crate::ffi::{guard, minus_one, report};
-use crate::sys::{
-    ibv_device_attr, ibv_gid, ibv_gid_entry, ibv_gid_type_IBV_GID_TYPE_IB,
-    ibv_gid_type_IBV_GID_TYPE_ROCE_V1, ibv_gid_type_IBV_GID_TYPE_ROCE_V2, ibv_port_attr,
-};
+use crate::sys::{ibv_device_attr, ibv_port_attr};
 
 /// `IBV_DEVICE_MEM_WINDOW`: the device has memory windows (with `VRDMA_F_MW`).
 const DEVICE_MEM_WINDOW: u32 = 1 << 17;
@@ -136,126 +132,6 @@ pub unsafe extern "C" fn ibv_query_port(
                 0
             }
             Err(e) => report("ibv_query_port", &e),
-        }
-    })
-}
-
-/// `ibv_query_gid`: 0 (an empty entry reads as the zero GID, as from sysfs), or -1 and errno.
-///
-/// # Safety
-/// `context` is a context of this library; `gid` is valid for a write.
-pub unsafe extern "C" fn ibv_query_gid(
-    context: *mut crate::sys::ibv_context,
-    port_num: u8,
-    index: c_int,
-    gid: *mut ibv_gid,
-) -> c_int {
-    guard("ibv_query_gid", -1, || {
-        // SAFETY: caller contract.
-        let Some(ctx) = (unsafe { VrdmaContext::from_ptr(context) }) else {
-            return minus_one(libc::EINVAL);
-        };
-        let Ok(index) = u32::try_from(index) else {
-            return minus_one(libc::EINVAL);
-        };
-        if gid.is_null() {
-            return minus_one(libc::EINVAL);
-        }
-        match ctx.ctx.query_gid(port_num, index) {
-            Ok(entry) => {
-                let raw = entry.map(|e| e.gid).unwrap_or_default();
-                // SAFETY: caller contract; ibv_gid is a 16-byte union.
-                unsafe { gid.write(ibv_gid { raw }) };
-                0
-            }
-            Err(e) => minus_one(report("ibv_query_gid", &e)),
-        }
-    })
-}
-
-/// `ibv_gid_type` of a GID entry from [`vrdma::verbs::Context::query_gid`] (which checked the
-/// type, so the raw value is only a fallback that cannot occur).
-pub(crate) fn gid_type_value(entry: &GidEntry) -> u32 {
-    match entry.gid_type() {
-        Ok(GidType::Ib) => ibv_gid_type_IBV_GID_TYPE_IB,
-        Ok(GidType::RoceV1) => ibv_gid_type_IBV_GID_TYPE_ROCE_V1,
-        Ok(GidType::RoceV2) => ibv_gid_type_IBV_GID_TYPE_ROCE_V2,
-        Err(raw) => raw,
-    }
-}
-
-/// `_ibv_query_gid_ex` (behind the inline `ibv_query_gid_ex`): 0, ENODATA for an empty entry,
-/// or another errno value.
-///
-/// # Safety
-/// `context` is a context of this library; `entry` is valid for `entry_size` bytes.
-pub unsafe extern "C" fn _ibv_query_gid_ex(
-    context: *mut crate::sys::ibv_context,
-    port_num: u32,
-    gid_index: u32,
-    entry: *mut ibv_gid_entry,
-    flags: u32,
-    entry_size: usize,
-) -> c_int {
-    guard("_ibv_query_gid_ex", libc::EIO, || {
-        // SAFETY: caller contract.
-        let Some(ctx) = (unsafe { VrdmaContext::from_ptr(context) }) else {
-            return libc::EINVAL;
-        };
-        let Ok(port) = u8::try_from(port_num) else {
-            return libc::EINVAL;
-        };
-        if flags != 0 || entry.is_null() || entry_size < std::mem::size_of::<ibv_gid_entry>() {
-            return libc::EINVAL;
-        }
-        match ctx.ctx.query_gid(port, gid_index) {
-            Ok(Some(found)) => {
-                let out = ibv_gid_entry {
-                    gid: ibv_gid { raw: found.gid },
-                    gid_index,
-                    port_num,
-                    gid_type: gid_type_value(&found),
-                    // No netdev in this process's view of the device.
-                    ndev_ifindex: 0,
-                };
-                // SAFETY: caller contract.
-                unsafe { entry.write(out) };
-                0
-            }
-            Ok(None) => libc::ENODATA,
-            Err(e) => report("_ibv_query_gid_ex", &e),
-        }
-    })
-}
-
-/// `ibv_query_gid_type` (IBVERBS_PRIVATE_34, used by `ibv_devinfo`): the sysfs GID type,
-/// 0 for IB/RoCE v1, 1 for RoCE v2. 0, or -1 and errno.
-///
-/// # Safety
-/// `context` is a context of this library; `gid_type` is valid for a write.
-pub unsafe extern "C" fn ibv_query_gid_type(
-    context: *mut crate::sys::ibv_context,
-    port_num: u8,
-    index: c_uint,
-    gid_type: *mut c_uint,
-) -> c_int {
-    guard("ibv_query_gid_type", -1, || {
-        // SAFETY: caller contract.
-        let Some(ctx) = (unsafe { VrdmaContext::from_ptr(context) }) else {
-            return minus_one(libc::EINVAL);
-        };
-        if gid_type.is_null() {
-            return minus_one(libc::EINVAL);
-        }
-        match ctx.ctx.query_gid(port_num, index) {
-            Ok(Some(found)) => {
-                let sysfs = u32::from(found.gid_type() == Ok(GidType::RoceV2));
-                // SAFETY: caller contract.
-                unsafe { gid_type.write(sysfs) };
-                0
-            }
-            Ok(None) => minus_one(libc::ENODATA),
-            Err(e) => minus_one(report("ibv_query_gid_type", &e)),
         }
     })
 }
@@ -541,18 +417,6 @@ mod tests {
             [6, 7, 8, 9, 10, 11, 12, 13, 2, 14]
         );
         assert_eq!(c.port_cap_flags2, 15);
-    }
-
-    #[test]
-    fn gid_types_convert_to_ibv_gid_type() {
-        let gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
-        for (t, c) in [
-            (GidType::Ib, ibv_gid_type_IBV_GID_TYPE_IB),
-            (GidType::RoceV1, ibv_gid_type_IBV_GID_TYPE_ROCE_V1),
-            (GidType::RoceV2, ibv_gid_type_IBV_GID_TYPE_ROCE_V2),
-        ] {
-            assert_eq!(gid_type_value(&GidEntry::valid(gid, t)), c);
-        }
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Shared receive queues: create, modify (limit), query, destroy. Posting is
-//! `ops.post_srq_recv` in [`crate::datapath`].
+//! Shared receive queues: create (also through `verbs_context.create_srq_ex`), modify (limit),
+//! query, destroy. Posting is `ops.post_srq_recv` in [`crate::datapath`].
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -10,8 +10,11 @@ use crate::async_events::ObjectKind;
 use crate::ffi::{guard, null_with, report};
 use crate::objects::VrdmaPd;
 use crate::sys::{
-    ibv_pd, ibv_srq, ibv_srq_attr, ibv_srq_attr_mask_IBV_SRQ_LIMIT,
-    ibv_srq_attr_mask_IBV_SRQ_MAX_WR, ibv_srq_init_attr,
+    ibv_context, ibv_pd, ibv_srq, ibv_srq_attr, ibv_srq_attr_mask_IBV_SRQ_LIMIT,
+    ibv_srq_attr_mask_IBV_SRQ_MAX_WR, ibv_srq_init_attr, ibv_srq_init_attr_ex,
+    ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_PD as SRQ_ATTR_PD,
+    ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_RESERVED as SRQ_ATTR_RESERVED,
+    ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_TYPE as SRQ_ATTR_TYPE, ibv_srq_type_IBV_SRQT_BASIC,
 };
 
 /// A shared receive queue: `ibv_srq` first.
@@ -73,6 +76,41 @@ pub unsafe extern "C" fn ibv_create_srq(
             .async_events
             .register(ObjectKind::Srq, handle, raw as usize);
         raw.cast()
+    })
+}
+
+/// `verbs_context.create_srq_ex` (behind the inline `ibv_create_srq_ex`, which calls
+/// `ibv_create_srq` itself for the plainest requests): a basic SRQ, made as `ibv_create_srq`
+/// makes it, or NULL and errno as rdma-core: EOPNOTSUPP for `comp_mask` bits it does not know
+/// and for XRC and tag-matching SRQs (rxe has neither), EINVAL without a PD of the context.
+/// The XRCD, CQ and tag-matching fields of a basic SRQ are not used, as in rdma-core.
+///
+/// # Safety
+/// `context` is a context of this library; `attr` is valid for reads and writes; its PD is
+/// NULL or a PD of the context.
+pub(crate) unsafe extern "C" fn create_srq_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_srq_init_attr_ex,
+) -> *mut ibv_srq {
+    guard("ibv_create_srq_ex", std::ptr::null_mut(), || {
+        // SAFETY: caller contract.
+        let Some(init) = (unsafe { attr.as_ref() }) else {
+            return null_with("ibv_create_srq_ex", libc::EINVAL);
+        };
+        if init.comp_mask >= SRQ_ATTR_RESERVED {
+            return null_with("ibv_create_srq_ex (comp_mask)", libc::EOPNOTSUPP);
+        }
+        // SAFETY: caller contract: NULL or a PD of this library.
+        let pd_context = unsafe { init.pd.as_ref() }.map(|pd| pd.context);
+        if init.comp_mask & SRQ_ATTR_PD == 0 || pd_context != Some(context) {
+            return null_with("ibv_create_srq_ex (PD)", libc::EINVAL);
+        }
+        if init.comp_mask & SRQ_ATTR_TYPE != 0 && init.srq_type != ibv_srq_type_IBV_SRQT_BASIC {
+            return null_with("ibv_create_srq_ex (SRQ type)", libc::EOPNOTSUPP);
+        }
+        // SAFETY: `ibv_srq_init_attr_ex` begins with the fields of `ibv_srq_init_attr` (as
+        // rdma-core's own cast in `ibv_create_srq_ex` relies on); caller contract.
+        unsafe { ibv_create_srq(init.pd, attr.cast::<ibv_srq_init_attr>()) }
     })
 }
 

@@ -670,6 +670,13 @@ pub const ibv_srq_type_IBV_SRQT_BASIC: ibv_srq_type = 0;
 pub const ibv_srq_type_IBV_SRQT_XRC: ibv_srq_type = 1;
 pub const ibv_srq_type_IBV_SRQT_TM: ibv_srq_type = 2;
 pub type ibv_srq_type = ::std::os::raw::c_uint;
+pub const ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_TYPE: ibv_srq_init_attr_mask = 1;
+pub const ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_PD: ibv_srq_init_attr_mask = 2;
+pub const ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_XRCD: ibv_srq_init_attr_mask = 4;
+pub const ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_CQ: ibv_srq_init_attr_mask = 8;
+pub const ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_TM: ibv_srq_init_attr_mask = 16;
+pub const ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_RESERVED: ibv_srq_init_attr_mask = 32;
+pub type ibv_srq_init_attr_mask = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct ibv_tm_cap {
@@ -759,6 +766,33 @@ pub struct ibv_qp_init_attr {
     pub qp_type: ibv_qp_type,
     pub sq_sig_all: ::std::os::raw::c_int,
 }
+pub const ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD: ibv_qp_init_attr_mask = 1;
+pub const ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_XRCD: ibv_qp_init_attr_mask = 2;
+pub const ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_CREATE_FLAGS: ibv_qp_init_attr_mask = 4;
+pub const ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_MAX_TSO_HEADER: ibv_qp_init_attr_mask = 8;
+pub const ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_IND_TABLE: ibv_qp_init_attr_mask = 16;
+pub const ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_RX_HASH: ibv_qp_init_attr_mask = 32;
+pub const ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: ibv_qp_init_attr_mask = 64;
+pub type ibv_qp_init_attr_mask = ::std::os::raw::c_uint;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_RDMA_WRITE: ibv_qp_create_send_ops_flags = 1;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM:
+    ibv_qp_create_send_ops_flags = 2;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_SEND: ibv_qp_create_send_ops_flags = 4;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_SEND_WITH_IMM: ibv_qp_create_send_ops_flags =
+    8;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_RDMA_READ: ibv_qp_create_send_ops_flags = 16;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP:
+    ibv_qp_create_send_ops_flags = 32;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD:
+    ibv_qp_create_send_ops_flags = 64;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_LOCAL_INV: ibv_qp_create_send_ops_flags = 128;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_BIND_MW: ibv_qp_create_send_ops_flags = 256;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_SEND_WITH_INV: ibv_qp_create_send_ops_flags =
+    512;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_TSO: ibv_qp_create_send_ops_flags = 1024;
+pub const ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_ATOMIC_WRITE: ibv_qp_create_send_ops_flags =
+    4096;
+pub type ibv_qp_create_send_ops_flags = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct ibv_rx_hash_conf {
@@ -890,6 +924,12 @@ pub const ibv_send_flags_IBV_SEND_SOLICITED: ibv_send_flags = 4;
 pub const ibv_send_flags_IBV_SEND_INLINE: ibv_send_flags = 8;
 pub const ibv_send_flags_IBV_SEND_IP_CSUM: ibv_send_flags = 16;
 pub type ibv_send_flags = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct ibv_data_buf {
+    pub addr: *mut ::std::os::raw::c_void,
+    pub length: size_t,
+}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct ibv_sge {
@@ -1069,6 +1109,92 @@ pub struct ibv_qp {
     pub mutex: pthread_mutex_t,
     pub cond: pthread_cond_t,
     pub events_completed: u32,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct ibv_qp_ex {
+    pub qp_base: ibv_qp,
+    pub comp_mask: u64,
+    pub wr_id: u64,
+    pub wr_flags: ::std::os::raw::c_uint,
+    pub wr_atomic_cmp_swp: ::std::option::Option<
+        unsafe extern "C" fn(
+            qp: *mut ibv_qp_ex,
+            rkey: u32,
+            remote_addr: u64,
+            compare: u64,
+            swap: u64,
+        ),
+    >,
+    pub wr_atomic_fetch_add: ::std::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64),
+    >,
+    pub wr_bind_mw: ::std::option::Option<
+        unsafe extern "C" fn(
+            qp: *mut ibv_qp_ex,
+            mw: *mut ibv_mw,
+            rkey: u32,
+            bind_info: *const ibv_mw_bind_info,
+        ),
+    >,
+    pub wr_local_inv:
+        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, invalidate_rkey: u32)>,
+    pub wr_rdma_read: ::std::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64),
+    >,
+    pub wr_rdma_write: ::std::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64),
+    >,
+    pub wr_rdma_write_imm: ::std::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm_data: __be32),
+    >,
+    pub wr_send: ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex)>,
+    pub wr_send_imm:
+        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, imm_data: __be32)>,
+    pub wr_send_inv:
+        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, invalidate_rkey: u32)>,
+    pub wr_send_tso: ::std::option::Option<
+        unsafe extern "C" fn(
+            qp: *mut ibv_qp_ex,
+            hdr: *mut ::std::os::raw::c_void,
+            hdr_sz: u16,
+            mss: u16,
+        ),
+    >,
+    pub wr_set_ud_addr: ::std::option::Option<
+        unsafe extern "C" fn(
+            qp: *mut ibv_qp_ex,
+            ah: *mut ibv_ah,
+            remote_qpn: u32,
+            remote_qkey: u32,
+        ),
+    >,
+    pub wr_set_xrc_srqn:
+        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, remote_srqn: u32)>,
+    pub wr_set_inline_data: ::std::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, addr: *mut ::std::os::raw::c_void, length: size_t),
+    >,
+    pub wr_set_inline_data_list: ::std::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, num_buf: size_t, buf_list: *const ibv_data_buf),
+    >,
+    pub wr_set_sge: ::std::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32),
+    >,
+    pub wr_set_sge_list: ::std::option::Option<
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, num_sge: size_t, sg_list: *const ibv_sge),
+    >,
+    pub wr_start: ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex)>,
+    pub wr_complete:
+        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex) -> ::std::os::raw::c_int>,
+    pub wr_abort: ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex)>,
+    pub wr_atomic_write: ::std::option::Option<
+        unsafe extern "C" fn(
+            qp: *mut ibv_qp_ex,
+            rkey: u32,
+            remote_addr: u64,
+            atomic_wr: *const ::std::os::raw::c_void,
+        ),
+    >,
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

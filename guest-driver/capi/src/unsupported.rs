@@ -31,17 +31,6 @@ pub unsafe extern "C" fn ibv_detach_mcast(
     libc::EOPNOTSUPP
 }
 
-/// `ibv_qp_to_qp_ex`: NULL, errno EOPNOTSUPP: no QP is created through `ibv_create_qp_ex`
-/// (the context is not an extended one), which is when rdma-core returns NULL too.
-///
-/// # Safety
-/// Nothing is dereferenced.
-pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {
-    guard("ibv_qp_to_qp_ex", std::ptr::null_mut(), || {
-        null_with("ibv_qp_to_qp_ex", libc::EOPNOTSUPP)
-    })
-}
-
 /// `ibv_reg_dmabuf_mr`: NULL, errno EOPNOTSUPP.
 ///
 /// # Safety

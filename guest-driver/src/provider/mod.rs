@@ -345,6 +345,13 @@ pub enum PostError {
     /// LOCAL_INV and BIND_MW move no data: they take no SGEs.
     #[error("{0:?} takes no scatter/gather elements")]
     UnexpectedSges(WrOpcode),
+    /// A batch setter (`ibv_wr_set_*`) was called before any work request of the batch was
+    /// started.
+    #[error("no work request started in the batch")]
+    NoRequest,
+    /// An operation or flag this library does not provide (named).
+    #[error("{0} is not supported")]
+    Unsupported(&'static str),
 }
 
 #[cfg(test)]

@@ -21,16 +21,19 @@
 //! [`RxeQueue`].
 //!
 //! Posting needs no kernel call except for sends: the caller rings the send doorbell after
-//! [`SendQueue::post_send`] posted at least one request.
+//! [`SendQueue::post_send`] posted at least one request, or [`SendQueue::batch_publish`]
+//! published an `ibv_wr_*` batch.
 
 mod ah;
 mod cq;
 mod queue;
 mod recv;
 mod send;
+mod send_batch;
 
 pub use ah::RxeAddressHandle;
 pub use cq::CompletionQueue;
 pub use queue::{QueueError, QueueGeometry, RxeQueue};
 pub use recv::RecvQueue;
 pub use send::{SendQueue, SendQueueCaps};
+pub use send_batch::SendBatchState;

@@ -19,6 +19,7 @@ use super::command::unexpected_body;
 use super::doorbell::DoorbellRegion;
 use super::error::{ProtocolError, Result, VerbsError};
 use super::event::{DeviceEvent, EventDispatch, Wanted};
+use super::gid_cache::{GidCache, GidTable};
 use crate::dma::DmaBuffer;
 use crate::transport::pci::{PciOptions, PciTransport, SysfsPciFunction};
 use crate::transport::process::{ProcessOptions, ProcessTransport};
@@ -47,6 +48,8 @@ pub(crate) struct ContextInner {
     device_attr: DeviceAttr,
     pub(crate) doorbell: DoorbellRegion,
     pub(crate) events: EventDispatch,
+    /// Dropped by the events read through `events` that make it out of date.
+    gid_cache: GidCache,
 }
 
 /// The transport, and the control commands sent over it.
@@ -116,6 +119,7 @@ impl Context {
             device_attr: attr,
             doorbell,
             events: EventDispatch::default(),
+            gid_cache: GidCache::default(),
         };
         debug!(
             "vrdma context: {} port(s), ring format {format}, {} doorbell slots, fw {}",
@@ -179,8 +183,10 @@ impl Context {
         }
     }
 
-    /// GID `index` of port `port`; `None` for an empty table entry. A returned entry is valid
-    /// and its `gid_type()` is a [`vrdma_spec::verbs::GidType`].
+    /// GID `index` of port `port`, asked of the device (one QUERY_GID); `None` for an empty
+    /// table entry. A returned entry is valid and its `gid_type()` is a
+    /// [`vrdma_spec::verbs::GidType`]. [`Self::gid_table`] answers repeated queries without
+    /// a command each.
     pub fn query_gid(&self, port: u8, index: u32) -> Result<Option<GidEntry>> {
         let req = ControlRequest::QueryGid(QueryTableReq {
             port_num: Le32::new(port.into()),
@@ -199,6 +205,45 @@ impl Context {
             value: v.into(),
         })?;
         Ok(Some(entry))
+    }
+
+    /// The GID table of port `port` from this context's cache, read from the device (see
+    /// [`Self::read_gid_table`]) when none is kept: when it was never read, when an event read
+    /// since (GID_CHANGE, PORT_ACTIVE, PORT_ERR of the port; DEVICE_FATAL, EVENTS_LOST) made
+    /// it out of date, or when it is older than the cache's lifetime
+    /// ([`Self::set_gid_cache_lifetime`], default [`super::DEFAULT_GID_CACHE_LIFETIME`]).
+    /// Design and guarantees: `verbs/gid_cache.rs`.
+    pub fn gid_table(&self, port: u8) -> Result<Arc<GidTable>> {
+        self.inner
+            .gid_cache
+            .table(port, || self.read_gid_table(port))
+    }
+
+    /// Sets how long [`Self::gid_table`] keeps a table that no event made out of date: the
+    /// staleness bound of programs that never read events. Zero reads the device every time.
+    pub fn set_gid_cache_lifetime(&self, lifetime: Duration) {
+        self.inner.gid_cache.set_lifetime(lifetime);
+    }
+
+    /// The GID table of port `port` as the device has it now: its length (QUERY_PORT's
+    /// `gid_tbl_len`) and its populated entries ([`Self::query_gid_table`]).
+    pub fn read_gid_table(&self, port: u8) -> Result<GidTable> {
+        let len = self.query_port(port)?.gid_tbl_len.get();
+        // A port without GID indices has no table to ask for (the device refuses index 0).
+        let populated = if len == 0 {
+            Vec::new()
+        } else {
+            self.query_gid_table(port)?
+        };
+        if let Some((index, _)) = populated.iter().find(|(index, _)| *index >= len) {
+            return Err(ProtocolError::ResponseValue {
+                opcode: Opcode::QueryGidTable,
+                field: "index",
+                value: (*index).into(),
+            }
+            .into());
+        }
+        Ok(GidTable::new(len, populated))
     }
 
     /// The populated GID entries of port `port` with their indices, by increasing index
@@ -275,9 +320,7 @@ impl Context {
     /// Waits up to `timeout` (`None`: forever) for the next device event; `Ok(None)` if none
     /// came. Completion events taken here are not seen by [`Cq::wait_event`](super::Cq::wait_event).
     pub fn next_event(&self, timeout: Option<Duration>) -> Result<Option<DeviceEvent>> {
-        self.inner
-            .events
-            .wait(self.inner.transport(), Wanted::Any, timeout)
+        self.inner.wait_event(Wanted::Any, timeout)
     }
 }
 
@@ -335,6 +378,25 @@ impl ContextInner {
 
     pub(crate) fn transport(&self) -> &dyn Transport {
         self.channel.transport.as_ref()
+    }
+
+    /// Waits for an event (see [`EventDispatch::wait`]), dropping the cached GID tables it
+    /// makes out of date as it is read; all of them if the event queue fails (the device may
+    /// be gone: queries must ask it again, and fail if so).
+    pub(crate) fn wait_event(
+        &self,
+        wanted: Wanted,
+        timeout: Option<Duration>,
+    ) -> Result<Option<DeviceEvent>> {
+        let read = self
+            .events
+            .wait(self.transport(), wanted, timeout, &|event| {
+                self.gid_cache.observe(event)
+            });
+        if read.is_err() {
+            self.gid_cache.invalidate_all();
+        }
+        read
     }
 
     pub(crate) fn shared_memory(&self) -> SharedMemory {

@@ -175,7 +175,7 @@ impl Cq {
     pub fn wait_event(&self, timeout: Option<Duration>) -> Result<bool> {
         let ctx = &self.shared.ctx;
         let wanted = Wanted::Completion(self.shared.handle);
-        let event = ctx.events.wait(ctx.transport(), wanted, timeout)?;
+        let event = ctx.wait_event(wanted, timeout)?;
         debug_assert!(matches!(event, None | Some(DeviceEvent::Completion { .. })));
         Ok(event.is_some())
     }

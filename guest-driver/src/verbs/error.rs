@@ -130,6 +130,30 @@ pub enum PostSendError {
     },
 }
 
+/// Why a send batch ([`SendBatch`](super::SendBatch)) was not completed.
+#[derive(Debug, thiserror::Error)]
+pub enum SendBatchError {
+    /// Request `index` of the batch was refused: nothing of the batch was posted.
+    #[error("send work request {index} of the batch refused: {error}")]
+    Refused {
+        /// Index of the refused request in the batch.
+        index: usize,
+        /// Why.
+        #[source]
+        error: PostError,
+    },
+    /// The `posted` requests of the batch are in the send queue but the device could not be
+    /// notified. The transport is most likely broken; the QP should be considered lost.
+    #[error("{posted} send work requests posted, doorbell failed: {source}")]
+    Doorbell {
+        /// Requests written to the send queue.
+        posted: usize,
+        /// Transport failure.
+        #[source]
+        source: TransportError,
+    },
+}
+
 impl PostSendError {
     /// Number of requests of the call that reached the send queue.
     pub fn posted(&self) -> usize {

@@ -228,12 +228,16 @@ impl EventDispatch {
         self.stash.lock().completions.remove(&handle);
     }
 
-    /// Waits up to `timeout` (`None`: forever) for an event `wanted` describes.
+    /// Waits up to `timeout` (`None`: forever) for an event `wanted` describes. Every event
+    /// read from the device is shown to `on_read` first, before it is returned or kept for
+    /// another waiter, so that state it makes out of date (the GID cache) is dropped before
+    /// anyone learns of the event.
     pub(crate) fn wait(
         &self,
         transport: &dyn Transport,
         wanted: Wanted,
         timeout: Option<Duration>,
+        on_read: &dyn Fn(&DeviceEvent),
     ) -> Result<Option<DeviceEvent>> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut stash = self.stash.lock();
@@ -263,7 +267,11 @@ impl EventDispatch {
             stash = self.stash.lock();
             stash.reader = false;
             self.changed.notify_all();
-            match read? {
+            let read = read?;
+            if let Some(event) = &read {
+                on_read(event);
+            }
+            match read {
                 Some(event) if wanted.matches(&event) => {
                     // A completion of a CQ nobody registered is not ours to report either.
                     if let DeviceEvent::Completion { cq } = event {

@@ -8,7 +8,7 @@
 //! The data path never involves the device except for one notification: [`Cq::poll`] reads
 //! native completions and [`Qp::post_recv`] and [`Srq::post_recv`] write native receive WQEs
 //! in queue buffers the device mapped into the shared-memory region; [`Qp::post_send`] writes
-//! native send WQEs and then rings the QP's slot in the context's doorbell area, notifying the
+//! native send WQEs (so does a [`SendBatch`], the `ibv_wr_*` way) and then rings the QP's slot in the context's doorbell area, notifying the
 //! device only when the QP was not already queued (spec §5.3). Nothing on that path allocates,
 //! and no lock is shared between queues: each CQ, SQ, RQ and SRQ has its own.
 //!
@@ -26,22 +26,26 @@ mod cq;
 mod doorbell;
 mod error;
 pub mod event;
+mod gid_cache;
 mod mr;
 mod mw;
 mod pd;
 mod qp;
 mod ring;
+mod send_batch;
 mod srq;
 
 pub use ah::Ah;
 pub use context::Context;
 pub use cq::{Cq, CqPollBatch};
-pub use error::{opcode_name, PostSendError, ProtocolError, Result, VerbsError};
+pub use error::{opcode_name, PostSendError, ProtocolError, Result, SendBatchError, VerbsError};
 pub use event::DeviceEvent;
+pub use gid_cache::{GidTable, DEFAULT_GID_CACHE_LIFETIME};
 pub use mr::{Mr, MrChange};
 pub use mw::Mw;
 pub use pd::Pd;
 pub use qp::{ConnectOptions, Qp, QpInitAttr, RemoteQp};
+pub use send_batch::SendBatch;
 pub use srq::{Srq, SrqAttr};
 
 pub use crate::provider::{

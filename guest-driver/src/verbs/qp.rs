@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use log::warn;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use vrdma_spec::attr::qp::{GlobalRoute, QpCaps, UndefinedValue};
 use vrdma_spec::control::{ControlRequest, Opcode, ResponseBody};
 use vrdma_spec::verbs::{AccessFlags, Gid, Mtu, QpAttrMask, QpState, QpType};
@@ -19,6 +19,7 @@ use super::ring::map_ring;
 use super::srq::{Srq, SrqShared};
 use crate::provider::rxe_v1::{RecvQueue, SendQueue, SendQueueCaps};
 use crate::provider::{PostError, RecvWr, SendWr};
+use crate::transport::TransportError;
 
 /// What a QP is created with (`ibv_qp_init_attr`).
 #[derive(Clone, Copy, Debug)]
@@ -513,11 +514,8 @@ impl Qp {
             Ok(()) => (wrs.len(), None),
             Err((index, error)) => (index, Some(PostSendError::Refused { index, error })),
         };
-        // The provider published the producer index with a Release store; `ring` fences and
-        // queues the doorbell index, and says whether to notify: not when it was still queued,
-        // nor while a device that negotiated polling says it polls (spec §5.3).
-        if count > 0 && self.object.ctx().doorbell.ring(self.doorbell_index) {
-            if let Err(source) = self.object.ctx().transport().notify_doorbell() {
+        if count > 0 {
+            if let Err(source) = self.ring_send_doorbell() {
                 return Err(PostSendError::Doorbell {
                     posted: count,
                     source,
@@ -525,6 +523,22 @@ impl Qp {
             }
         }
         refused.map_or(Ok(()), Err)
+    }
+
+    /// The send queue, locked for the caller (see [`super::send_batch`]).
+    pub(super) fn lock_send_queue(&self) -> MutexGuard<'_, SendQueue> {
+        self.sq.lock()
+    }
+
+    /// Rings this QP's doorbell after requests were published in its send queue.
+    pub(super) fn ring_send_doorbell(&self) -> std::result::Result<(), TransportError> {
+        // The provider published the producer index with a Release store; `ring` fences and
+        // queues the doorbell index, and says whether to notify: not when it was still queued,
+        // nor while a device that negotiated polling says it polls (spec §5.3).
+        if self.object.ctx().doorbell.ring(self.doorbell_index) {
+            self.object.ctx().transport().notify_doorbell()?;
+        }
+        Ok(())
     }
 
     /// Posts receive requests, like `ibv_post_recv`. On `Err((n, e))` the first `n` were

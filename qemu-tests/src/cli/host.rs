@@ -22,10 +22,20 @@ pub fn target_dir() -> Result<PathBuf> {
 /// The drop-in library as cargo names it (installed as libibverbs.so.1).
 const DROPIN_LIBRARY: &str = "libvrdma_ibverbs.so";
 
+/// The directory of this executable: the cargo profile directory the workspace binaries are in.
+pub fn profile_dir() -> Result<PathBuf> {
+    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
+    Ok(exe.parent().unwrap_or(Path::new(".")).to_path_buf())
+}
+
+/// The vrdma-backend cargo built beside this executable.
+pub fn backend_binary() -> Result<PathBuf> {
+    Ok(profile_dir()?.join("vrdma-backend"))
+}
+
 /// The profile directory of this executable and the drop-in library cargo built there.
 pub fn dropin_library() -> Result<(PathBuf, PathBuf)> {
-    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
-    let profile_dir = exe.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let profile_dir = profile_dir()?;
     // `cargo build` puts the cdylib next to the binaries; `cargo test` leaves it in deps/.
     let library = [
         profile_dir.join(DROPIN_LIBRARY),

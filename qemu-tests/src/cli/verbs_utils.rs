@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use super::guest_suite::{deliver_results, run_guest_suite};
-use super::host::{dropin_library, prepared_root, target_dir};
+use super::host::{backend_binary, dropin_library, prepared_root, target_dir};
 use super::vm_args::VmArgs;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::scenarios::{perftest_over_vrdma, verbs_utils};
 
 /// `vrdma-vm test verbs-utils`.
@@ -34,8 +34,7 @@ pub fn test(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<()> {
 
 /// `vrdma-vm guest verbs-utils`.
 pub fn guest(library_dir: &Path) -> Result<()> {
-    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
-    let backend = exe.parent().unwrap_or(Path::new(".")).join("vrdma-backend");
+    let backend = backend_binary()?;
     let runs = verbs_utils::run(&backend, library_dir)?;
     deliver_results("verbs-utils", &runs, || verbs_utils::render_table(&runs))
 }

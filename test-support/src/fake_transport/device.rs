@@ -2,7 +2,7 @@
 //! checked as the host device would (handles, PDs in use, legal QP transitions through the spec
 //! crate, queue sizes), with queue buffers placed in the shared-memory region.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::mem::size_of;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -121,6 +121,11 @@ pub struct FakeDevice {
     pub(crate) doorbell: Option<u64>,
     pub(crate) doorbell_head: u32,
     pub(crate) region_pages: Vec<bool>,
+    /// The port's `gid_tbl_len` (QUERY_PORT) and its populated GID entries by index, which
+    /// QUERY_GID and QUERY_GID_TABLE answer from. Tests change them (and post GID_CHANGE).
+    pub gid_tbl_len: u32,
+    /// See [`Self::gid_tbl_len`]; every entry is valid.
+    pub gids: BTreeMap<u32, GidEntry>,
 }
 
 // SAFETY: the raw pointers are into the region and guest RAM, both owned by the transport that
@@ -146,7 +151,36 @@ impl FakeDevice {
             doorbell: None,
             doorbell_head: 0,
             region_pages: vec![false; SHM_SIZE / PAGE_SIZE],
+            gid_tbl_len: port_attr().gid_tbl_len.get(),
+            gids: BTreeMap::from([(0, GidEntry::valid(LOCAL_GID, GidType::RoceV2))]),
         }
+    }
+
+    /// Sets GID `index` of the port (`None`: empties it), as the host's table changes when an
+    /// address is added to or removed from its interface.
+    pub fn set_gid(&mut self, index: u32, entry: Option<GidEntry>) {
+        match entry {
+            Some(entry) => self.gids.insert(index, entry),
+            None => self.gids.remove(&index),
+        };
+    }
+
+    /// The QUERY_GID_TABLE answer from `first` on, with the backend's batching rules.
+    fn gid_table(&self, first: u32) -> Answer {
+        if first >= self.gid_tbl_len {
+            return Err(Status::Invalid);
+        }
+        let populated: Vec<_> = self.gids.range(first..self.gid_tbl_len).collect();
+        let mut table = GidTableResp::new_zeroed();
+        for (slot, (index, entry)) in table.entries.iter_mut().zip(&populated) {
+            *slot = GidTableEntry::new(**index, entry);
+        }
+        table.count = Le32::new(populated.len().min(GID_TABLE_BATCH) as u32);
+        table.next_index = Le32::new(match populated.get(GID_TABLE_BATCH) {
+            Some(_) => populated[GID_TABLE_BATCH - 1].0 + 1,
+            None => GID_TABLE_END,
+        });
+        Ok(ResponseBody::QueryGidTable(table))
     }
 
     fn handle(&mut self) -> u32 {
@@ -208,35 +242,23 @@ impl FakeDevice {
             R::QueryDevice => Ok(ResponseBody::QueryDevice(device_attr())),
             R::QueryPort(r) => {
                 check_port(r.port_num.get())?;
-                Ok(ResponseBody::QueryPort(port_attr()))
+                let mut attr = port_attr();
+                attr.gid_tbl_len = Le32::new(self.gid_tbl_len);
+                Ok(ResponseBody::QueryPort(attr))
             }
             R::QueryGid(r) => {
                 check_port(r.port_num.get())?;
-                let (gid, flags) = match r.index.get() {
-                    0 => (LOCAL_GID, GID_FLAG_VALID),
-                    1 => ([0; 16], 0),
-                    _ => return Err(Status::Invalid),
-                };
-                Ok(ResponseBody::QueryGid(GidEntry {
-                    gid,
-                    gid_type: Le32::new(GidType::RoceV2 as u32),
-                    flags: Le32::new(flags),
-                }))
-            }
-            R::QueryGidTable(r) => {
-                // The table QUERY_GID answers: LOCAL_GID at 0, then empty slots.
-                check_port(r.port_num.get())?;
-                if r.index.get() >= port_attr().gid_tbl_len.get() {
+                let index = r.index.get();
+                if index >= self.gid_tbl_len {
                     return Err(Status::Invalid);
                 }
-                let mut table = GidTableResp::new_zeroed();
-                table.next_index = Le32::new(GID_TABLE_END);
-                if r.index.get() == 0 {
-                    table.count = Le32::new(1);
-                    table.entries[0] =
-                        GidTableEntry::new(0, &GidEntry::valid(LOCAL_GID, GidType::RoceV2));
-                }
-                Ok(ResponseBody::QueryGidTable(table))
+                Ok(ResponseBody::QueryGid(
+                    self.gids.get(&index).copied().unwrap_or(GidEntry::EMPTY),
+                ))
+            }
+            R::QueryGidTable(r) => {
+                check_port(r.port_num.get())?;
+                self.gid_table(r.index.get())
             }
             R::QueryPkey(r) => {
                 check_port(r.port_num.get())?;

@@ -1,5 +1,6 @@
 //! The fake's loopback Soft-RoCE "kernel": drains the doorbell area and executes SEND, RDMA
-//! WRITE (with or without immediate data) and RDMA READ between the device's own QPs through
+//! WRITE (with or without immediate data), RDMA READ and the two atomics (compare and swap,
+//! fetch and add, on native-endian 64-bit words as rdma_rxe) between the device's own QPs through
 //! the registered page lists (and memory windows, `windows.rs`), writing native CQEs and the
 //! events they raise. As rdma_rxe, a UC sender is never told what became of its message: what
 //! the responder drops completes successfully at the sender.
@@ -174,8 +175,53 @@ impl FakeDevice {
                 }
                 (WcStatus::Success.raw(), WcOpcode::RdmaRead.raw(), len)
             }
+            Ok(op @ (WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd)) => {
+                self.execute_atomic(pd, dest_qpn, op, wqe, &local)
+            }
             _ => (WcStatus::LocQpOpErr.raw(), WcOpcode::Send.raw(), 0),
         }
+    }
+
+    /// Executes an atomic: the remote 64-bit word is replaced (compare and swap: if it equals
+    /// `compare_add`) and its original value lands in the local SGEs.
+    fn execute_atomic(
+        &mut self,
+        pd: u32,
+        dest_qpn: u32,
+        op: WrOpcode,
+        wqe: &RxeSendWqe,
+        local: &Local,
+    ) -> (u32, u32, u32) {
+        let wc_opcode = if op == WrOpcode::AtomicCmpAndSwp {
+            WcOpcode::CompSwap.raw()
+        } else {
+            WcOpcode::FetchAdd.raw()
+        };
+        let atomic = wqe.wr.wr.atomic();
+        let (rkey, remote_addr) = (atomic.rkey.get(), atomic.remote_addr.get());
+        let access = AccessFlags::REMOTE_ATOMIC.bits();
+        let Some(mr) = self.remote(dest_qpn, rkey, remote_addr, 8, access) else {
+            return (WcStatus::RemAccessErr.raw(), wc_opcode, 0);
+        };
+        if !remote_addr.is_multiple_of(8) {
+            return (WcStatus::RemInvReqErr.raw(), wc_opcode, 0);
+        }
+        let bytes: [u8; 8] = self.copy_from_mr(mr, remote_addr, 8).try_into().unwrap();
+        let original = u64::from_ne_bytes(bytes);
+        let operand = atomic.compare_add.get();
+        let replaced = match op {
+            WrOpcode::AtomicCmpAndSwp if original == operand => atomic.swap.get(),
+            WrOpcode::AtomicCmpAndSwp => original,
+            _ => original.wrapping_add(operand),
+        };
+        self.copy_to_mr(mr, remote_addr, &replaced.to_ne_bytes());
+        let Local::Sges(sges) = local else {
+            return (WcStatus::LocQpOpErr.raw(), wc_opcode, 0);
+        };
+        if self.scatter(pd, sges, &bytes).is_none() {
+            return (WcStatus::LocProtErr.raw(), wc_opcode, 0);
+        }
+        (WcStatus::Success.raw(), wc_opcode, 8)
     }
 
     /// The payload of a send or write: inline bytes or the bytes under the SGEs.

@@ -86,7 +86,8 @@ pub(crate) fn device_attr() -> DeviceAttr {
         max_qp_rd_atom: n(MAX_QP_RD_ATOM),
         max_qp_init_rd_atom: n(MAX_QP_INIT_RD_ATOM),
         max_res_rd_atom: n(0),
-        atomic_cap: n(0),
+        // IBV_ATOMIC_HCA, as rdma_rxe: the loopback kernel executes atomics.
+        atomic_cap: n(1),
         max_ah: n(16),
         max_srq: n(0),
         max_srq_wr: n(0),

@@ -28,15 +28,9 @@ struct setup {
 	unsigned char *buf;
 };
 
-static void open_first_device(struct setup *s)
+static void set_up(struct setup *s)
 {
-	int n = 0;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	CHECK(list && n > 0, "no verbs device");
-	printf("device: %s\n", ibv_get_device_name(list[0]));
-	s->ctx = ibv_open_device(list[0]);
-	CHECK(s->ctx, "ibv_open_device");
-	ibv_free_device_list(list);
+	s->ctx = open_first_device();
 	s->pd = ibv_alloc_pd(s->ctx);
 	CHECK(s->pd, "ibv_alloc_pd");
 	s->cq = ibv_create_cq(s->ctx, 64, NULL, NULL, 0);
@@ -98,7 +92,7 @@ static void wait_completions(struct ibv_cq *cq, int count)
 static int srq_limit_and_last_wqe(void)
 {
 	struct setup s;
-	open_first_device(&s);
+	set_up(&s);
 	union ibv_gid gid;
 	struct ibv_port_attr port;
 	CHECK(ibv_query_gid(s.ctx, PORT, 0, &gid) == 0, "ibv_query_gid");
@@ -172,7 +166,7 @@ static int srq_limit_and_last_wqe(void)
 static int device_fatal(void)
 {
 	struct setup s;
-	open_first_device(&s);
+	set_up(&s);
 	struct ibv_qp *qp = rc_qp(&s, NULL);
 	printf("ready\n");
 	fflush(stdout);

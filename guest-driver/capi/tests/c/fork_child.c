@@ -7,9 +7,7 @@
  *     WRITE into it lands in the parent's buffer, where the parent reads it.
  * Exit status 0 = pass. */
 #define _GNU_SOURCE
-#include <inttypes.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "verbs_test.h"
@@ -17,30 +15,10 @@
 #define BUF_SIZE (64 * 1024)
 #define MSG 4096
 
-static void wait_ok(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	time_t deadline = time(NULL) + 10;
-	for (;;) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		CHECK(n >= 0, "ibv_poll_cq");
-		if (n == 1)
-			break;
-		CHECK(time(NULL) < deadline, "no completion within 10 s");
-	}
-	CHECK(wc.status == IBV_WC_SUCCESS, "wr %" PRIu64 ": %s", wc.wr_id,
-	      ibv_wc_status_str(wc.status));
-}
-
 int main(void)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	int n = 0;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	CHECK(list && n > 0, "no verbs device");
-	printf("device: %s\n", ibv_get_device_name(list[0]));
-	struct ibv_context *ctx = ibv_open_device(list[0]);
-	CHECK(ctx, "ibv_open_device");
+	struct ibv_context *ctx = open_first_device();
 	union ibv_gid gid;
 	struct ibv_port_attr port;
 	CHECK(ibv_query_gid(ctx, PORT, 0, &gid) == 0, "ibv_query_gid");
@@ -101,7 +79,7 @@ int main(void)
 	wr.wr.rdma.rkey = target_mr->rkey;
 	struct ibv_send_wr *bad = NULL;
 	CHECK(ibv_post_send(qp[0], &wr, &bad) == 0, "ibv_post_send");
-	wait_ok(cq);
+	wait_status(cq, IBV_WC_SUCCESS);
 	expect_same(target + 8192, source, MSG, "WRITE into the parent's region after fork");
 
 	CHECK(ibv_destroy_qp(qp[0]) == 0 && ibv_destroy_qp(qp[1]) == 0, "ibv_destroy_qp");
@@ -109,7 +87,6 @@ int main(void)
 	CHECK(ibv_destroy_cq(cq) == 0, "ibv_destroy_cq");
 	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
-	ibv_free_device_list(list);
 	printf("fork: all passed\n");
 	return 0;
 }

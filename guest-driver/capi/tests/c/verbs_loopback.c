@@ -289,13 +289,7 @@ static void ud_reply_from_wc(struct ibv_context *ctx, struct ibv_pd *pd, const u
 
 int main(void)
 {
-	int num;
-	struct ibv_device **list = ibv_get_device_list(&num);
-	CHECK(list && num > 0, "no verbs device");
-	printf("device: %s\n", ibv_get_device_name(list[0]));
-	struct ibv_context *ctx = ibv_open_device(list[0]);
-	CHECK(ctx, "ibv_open_device");
-	ibv_free_device_list(list);
+	struct ibv_context *ctx = open_first_device();
 
 	struct ibv_device_attr dattr;
 	CHECK(ibv_query_device(ctx, &dattr) == 0, "ibv_query_device");

@@ -4,10 +4,12 @@
 #define VERBS_TEST_H
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <infiniband/verbs.h>
 
 #define PORT 1
@@ -36,6 +38,44 @@ static inline void expect_same(const unsigned char *a, const unsigned char *b, s
 	printf("%s: %zu bytes verified\n", what, n);
 }
 
+/* The remote access connect_qp grants; a program defines it before including this header to
+ * grant more (atomics). */
+#ifndef CONNECT_QP_ACCESS
+#define CONNECT_QP_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+#endif
+
+/* Opens the first verbs device (rxe0 natively, vrdma0 over the drop-in) and prints its name,
+ * which the dropin suite checks. */
+static inline struct ibv_context *open_first_device(void)
+{
+	int num = 0;
+	struct ibv_device **list = ibv_get_device_list(&num);
+	CHECK(list && num > 0, "no verbs device");
+	printf("device: %s\n", ibv_get_device_name(list[0]));
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	CHECK(ctx, "ibv_open_device");
+	ibv_free_device_list(list);
+	return ctx;
+}
+
+/* The next completion of `cq`, which must have `status` and come within 10 s (a bound for a
+ * hang, not a measurement). */
+static inline struct ibv_wc wait_status(struct ibv_cq *cq, enum ibv_wc_status status)
+{
+	struct ibv_wc wc;
+	time_t deadline = time(NULL) + 10;
+	for (;;) {
+		int n = ibv_poll_cq(cq, 1, &wc);
+		CHECK(n >= 0, "ibv_poll_cq");
+		if (n == 1)
+			break;
+		CHECK(time(NULL) < deadline, "no completion within 10 s");
+	}
+	CHECK(wc.status == status, "wr %" PRIu64 ": %s, expected %s", wc.wr_id,
+	      ibv_wc_status_str(wc.status), ibv_wc_status_str(status));
+	return wc;
+}
+
 /* Moves an RC QP through INIT and RTR to RTS towards `remote_qpn` at `gid` (GID index 0). */
 static inline void connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, const union ibv_gid *gid,
 				     enum ibv_mtu mtu)
@@ -43,8 +83,7 @@ static inline void connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, const unio
 	struct ibv_qp_attr a = {
 		.qp_state = IBV_QPS_INIT,
 		.port_num = PORT,
-		.qp_access_flags =
-			IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+		.qp_access_flags = CONNECT_QP_ACCESS,
 	};
 	errno = ibv_modify_qp(qp, &a,
 			      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);

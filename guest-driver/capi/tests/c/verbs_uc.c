@@ -175,13 +175,7 @@ static int post_msg(struct end *e, enum ibv_wr_opcode op, size_t offset, uint64_
 
 int main(void)
 {
-	int num;
-	struct ibv_device **list = ibv_get_device_list(&num);
-	CHECK(list && num > 0, "no verbs device");
-	printf("device: %s\n", ibv_get_device_name(list[0]));
-	struct ibv_context *ctx = ibv_open_device(list[0]);
-	CHECK(ctx, "ibv_open_device");
-	ibv_free_device_list(list);
+	struct ibv_context *ctx = open_first_device();
 
 	struct ibv_port_attr pattr;
 	CHECK(ibv_query_port(ctx, PORT, &pattr) == 0, "ibv_query_port");

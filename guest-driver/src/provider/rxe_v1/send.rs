@@ -1,4 +1,7 @@
-//! Posting send work requests as native rxe send WQEs.
+//! Posting send work requests as native rxe send WQEs: `ibv_post_send`'s list of requests
+//! here, the piecewise `ibv_wr_*` batches in [`super::send_batch`]. Both check requests with
+//! [`SendQueue::check_shape`] and write them with the encoders below, so a WQE is the same
+//! bytes whichever API built it.
 
 use std::mem::{offset_of, size_of};
 use std::sync::atomic::Ordering;
@@ -10,10 +13,10 @@ use vrdma_spec::rxe_v1::{
 use vrdma_spec::{Le16, Le32, Le64};
 use zerocopy::FromZeros;
 
-use super::queue::{QueueError, RxeQueue};
+use super::queue::{QueueError, RxeQueue, SlotWriter};
 use vrdma_spec::verbs::{AccessFlags, QpType, WrOpcode};
 
-use crate::provider::{PostError, SendFlags, SendWr, UdDest};
+use crate::provider::{MwBind, PostError, SendFlags, SendWr, Sge, UdDest};
 
 /// Limits the device reported when it created the send queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,11 +36,39 @@ pub struct SendQueueCaps {
 /// slot back.
 #[derive(Debug)]
 pub struct SendQueue {
-    queue: RxeQueue,
-    caps: SendQueueCaps,
+    pub(super) queue: RxeQueue,
+    pub(super) caps: SendQueueCaps,
     /// Next slot to fill; the authoritative copy of the producer index (this side owns it, so
     /// it is never re-read from shared memory).
-    producer: u32,
+    pub(super) producer: u32,
+}
+
+/// What the checks of a send request look at, whichever API built it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct WqeShape {
+    pub(super) opcode: WrOpcode,
+    pub(super) flags: SendFlags,
+    pub(super) num_sge: usize,
+    /// Sum of the SGE lengths, or the inline bytes.
+    pub(super) length: u64,
+    pub(super) has_ud_dest: bool,
+    pub(super) remote_addr: u64,
+    /// The bind of a BIND_MW request.
+    pub(super) bind: Option<MwBind>,
+}
+
+impl WqeShape {
+    fn of(wr: &SendWr<'_>) -> Self {
+        WqeShape {
+            opcode: wr.opcode,
+            flags: wr.flags,
+            num_sge: wr.sg_list.len(),
+            length: wr.sg_list.iter().map(|sge| u64::from(sge.length)).sum(),
+            has_ud_dest: wr.ud.is_some(),
+            remote_addr: wr.remote_addr,
+            bind: wr.bind,
+        }
+    }
 }
 
 impl SendQueue {
@@ -116,83 +147,47 @@ impl SendQueue {
             return Err(PostError::QueueFull);
         }
 
-        let (union, iova) = wr_union(wr);
-        let kwr = RxeSendWr {
-            wr_id: Le64::new(wr.wr_id),
-            reserved: Le32::ZERO,
-            opcode: Le32::new(wr.opcode as u32),
-            send_flags: Le32::new(wr.flags.bits()),
-            // `imm_data` is kept in network byte order, so its bytes go in unchanged;
-            // `invalidate_rkey` is a host-order `__u32`.
-            ex: if wr.opcode.has_imm() {
-                wr.imm_data.to_ne_bytes()
-            } else if wr.opcode.has_invalidate() {
-                wr.invalidate_rkey.to_le_bytes()
-            } else {
-                [0; 4]
-            },
-            wr: union,
-        };
-        let dma = RxeDmaInfo {
-            length: Le32::new(length),
-            resid: Le32::new(length),
-            cur_sge: Le32::ZERO,
-            num_sge: Le32::new(wr.sg_list.len() as u32),
-            sge_offset: Le32::ZERO,
-            reserved: Le32::ZERO,
-        };
         // SAFETY: `index` is the producer slot and the queue is not full, so the kernel does
         // not access this slot until `post_send` publishes the producer index.
         let mut entry = unsafe { self.queue.slot_writer(index) };
-        // The fields the kernel owns (status, mask, PSNs...) are not written here, as in
-        // rdma-core's `ibv_post_send`. An accessed queue's single write still covers them,
-        // with the zeros its scratch slot always holds there: what rdma-core's `ibv_wr_*`
-        // calls, which clear the whole WQE, leave in them.
-        entry.put(offset_of!(RxeSendWqe, wr), kwr);
-        entry.put(offset_of!(RxeSendWqe, state), Le32::new(WQE_STATE_POSTED));
-        entry.put(offset_of!(RxeSendWqe, iova), Le64::new(iova));
-        entry.put(offset_of!(RxeSendWqe, dma), dma);
-        // The payload area directly follows the WQE; `new` checked that the slot holds it with
-        // `max_sge` SGEs or `max_inline` bytes, which `check` enforced.
-        let mut end = size_of::<RxeSendWqe>();
-        if wr.flags.contains(SendFlags::INLINE) {
-            for sge in wr.sg_list.iter().filter(|sge| sge.length != 0) {
-                let len = sge.length as usize;
-                // SAFETY: the source is readable application memory (contract of
-                // `post_send`).
-                unsafe { entry.put_bytes(end, sge.addr as usize as *const u8, len) };
-                end += len;
-            }
+        put_request(&mut entry, wr);
+        let end = if wr.flags.contains(SendFlags::INLINE) {
+            let chunks = wr
+                .sg_list
+                .iter()
+                .map(|sge| (sge.addr as usize as *const u8, sge.length as usize));
+            // SAFETY: the sources are readable application memory (contract of `post_send`);
+            // `check` bounded their total by the slot's inline room.
+            unsafe { put_inline(&mut entry, chunks) }
         } else {
-            for sge in wr.sg_list {
-                let sge = RxeSge {
-                    addr: Le64::new(sge.addr),
-                    length: Le32::new(sge.length),
-                    lkey: Le32::new(sge.lkey),
-                };
-                entry.put(end, sge);
-                end += size_of::<RxeSge>();
-            }
-        }
+            put_sges(&mut entry, wr.sg_list)
+        };
+        put_dma(&mut entry, length, wr.sg_list.len() as u32);
         entry.commit(end);
         Ok(())
     }
 
     /// Validates `wr` against the queue; returns the total payload length.
     fn check(&self, wr: &SendWr<'_>) -> Result<u32, PostError> {
+        self.check_shape(&WqeShape::of(wr))
+    }
+
+    /// Validates a request against the queue, as rdma-core's rxe provider and rdma_rxe's
+    /// opcode table do; returns the total payload length.
+    pub(super) fn check_shape(&self, wr: &WqeShape) -> Result<u32, PostError> {
         let caps = &self.caps;
-        if wr.sg_list.len() > caps.max_sge as usize {
+        if wr.num_sge > caps.max_sge as usize {
             return Err(PostError::TooManySges {
-                num: wr.sg_list.len(),
+                num: wr.num_sge,
                 max: caps.max_sge,
             });
         }
-        let total: u64 = wr.sg_list.iter().map(|sge| u64::from(sge.length)).sum();
+        let total = wr.length;
         let length = u32::try_from(total).map_err(|_| PostError::MessageTooLong(total))?;
 
-        match (caps.qp_type, &wr.ud) {
-            (QpType::Ud, None) => return Err(PostError::MissingUdDest),
-            (QpType::Rc | QpType::Uc, Some(_)) => return Err(PostError::UnexpectedUdDest),
+        match (caps.qp_type, wr.has_ud_dest) {
+            (QpType::Ud, false) => return Err(PostError::MissingUdDest),
+            (QpType::Rc | QpType::Uc, true) => return Err(PostError::UnexpectedUdDest),
             _ => {}
         }
         // As rdma_rxe's opcode table: a UC QP has no READ or atomics, a UD QP only sends.
@@ -216,19 +211,110 @@ impl SendQueue {
         if wr.opcode.is_atomic() && (length < 8 || !wr.remote_addr.is_multiple_of(8)) {
             return Err(PostError::InvalidAtomic);
         }
-        if wr.opcode.is_local() && !wr.sg_list.is_empty() {
+        if wr.opcode.is_local() && wr.num_sge != 0 {
             return Err(PostError::UnexpectedSges(wr.opcode));
         }
         if wr.opcode == WrOpcode::BindMw {
-            let access_ok = |b: &crate::provider::MwBind| {
-                b.access.bits() & !AccessFlags::MW_ALLOWED.bits() == 0
-            };
+            let access_ok = |b: &MwBind| b.access.bits() & !AccessFlags::MW_ALLOWED.bits() == 0;
             if !wr.bind.as_ref().is_some_and(access_ok) {
                 return Err(PostError::InvalidBind);
             }
         }
         Ok(length)
     }
+}
+
+/// Writes the request part of a send WQE: the kernel request (`wr`, whose opcode-specific
+/// union and `iova` come from `wr`'s opcode: remote operands, the window bind of BIND_MW, the
+/// rkey LOCAL_INV and SEND_WITH_INV invalidate), `state` and `iova`. The payload and its `dma`
+/// description are written by [`put_sges`] or [`put_inline`] and [`put_dma`].
+///
+/// The fields the kernel owns (status, mask, PSNs...) are not written, as in rdma-core's
+/// `ibv_post_send`. An accessed queue's single write still covers them, with the zeros its
+/// scratch slot always holds there: what rdma-core's `ibv_wr_*` calls, which clear the whole
+/// WQE, leave in them.
+pub(super) fn put_request(entry: &mut SlotWriter<'_>, wr: &SendWr<'_>) {
+    let (union, iova) = wr_union(wr);
+    let kwr = RxeSendWr {
+        wr_id: Le64::new(wr.wr_id),
+        reserved: Le32::ZERO,
+        opcode: Le32::new(wr.opcode as u32),
+        send_flags: Le32::new(wr.flags.bits()),
+        // `imm_data` is kept in network byte order, so its bytes go in unchanged;
+        // `invalidate_rkey` is a host-order `__u32`.
+        ex: if wr.opcode.has_imm() {
+            wr.imm_data.to_ne_bytes()
+        } else if wr.opcode.has_invalidate() {
+            wr.invalidate_rkey.to_le_bytes()
+        } else {
+            [0; 4]
+        },
+        wr: union,
+    };
+    entry.put(offset_of!(RxeSendWqe, wr), kwr);
+    entry.put(offset_of!(RxeSendWqe, state), Le32::new(WQE_STATE_POSTED));
+    entry.put(offset_of!(RxeSendWqe, iova), Le64::new(iova));
+}
+
+/// Rewrites the send flags of the request [`put_request`] wrote.
+pub(super) fn put_send_flags(entry: &mut SlotWriter<'_>, flags: SendFlags) {
+    let at = offset_of!(RxeSendWqe, wr) + offset_of!(RxeSendWr, send_flags);
+    entry.put(at, Le32::new(flags.bits()));
+}
+
+/// Writes the destination of a UD send into the request [`put_request`] wrote.
+pub(super) fn put_ud_dest(entry: &mut SlotWriter<'_>, dest: &UdDest<'_>) {
+    let at = offset_of!(RxeSendWqe, wr) + offset_of!(RxeSendWr, wr);
+    entry.put(at, ud_union(dest));
+}
+
+/// Writes the `dma` description of a payload of `length` bytes in `num_sge` SGEs (0 for
+/// inline data).
+pub(super) fn put_dma(entry: &mut SlotWriter<'_>, length: u32, num_sge: u32) {
+    let dma = RxeDmaInfo {
+        length: Le32::new(length),
+        resid: Le32::new(length),
+        cur_sge: Le32::ZERO,
+        num_sge: Le32::new(num_sge),
+        sge_offset: Le32::ZERO,
+        reserved: Le32::ZERO,
+    };
+    entry.put(offset_of!(RxeSendWqe, dma), dma);
+}
+
+/// Writes `sges` into the payload area, which directly follows the WQE; returns the end of the
+/// entry. The caller checked that the slot holds them (at most `max_sge`).
+pub(super) fn put_sges(entry: &mut SlotWriter<'_>, sges: &[Sge]) -> usize {
+    let mut end = size_of::<RxeSendWqe>();
+    for sge in sges {
+        let sge = RxeSge {
+            addr: Le64::new(sge.addr),
+            length: Le32::new(sge.length),
+            lkey: Le32::new(sge.lkey),
+        };
+        entry.put(end, sge);
+        end += size_of::<RxeSge>();
+    }
+    end
+}
+
+/// Copies the bytes of `chunks` (start, length) one after the other into the payload area;
+/// returns the end of the entry. The caller checked that the slot holds them (at most
+/// `max_inline` bytes in all).
+///
+/// # Safety
+/// Each chunk is readable memory of this process for the duration of the call.
+pub(super) unsafe fn put_inline(
+    entry: &mut SlotWriter<'_>,
+    chunks: impl Iterator<Item = (*const u8, usize)>,
+) -> usize {
+    let mut end = size_of::<RxeSendWqe>();
+    for (src, len) in chunks.filter(|&(_, len)| len != 0) {
+        // SAFETY: the caller's contract.
+        unsafe { entry.put_bytes(end, src, len) };
+        end += len;
+    }
+    end
 }
 
 /// The opcode-specific union of the kernel request and the WQE's `iova`.
@@ -260,28 +346,27 @@ fn wr_union(wr: &SendWr<'_>) -> (RxeSendWrUnion, u64) {
         };
         (RxeSendWrUnion::from_mw(mw), 0)
     } else {
-        let union = match wr.ud {
-            Some(UdDest {
-                ah,
-                remote_qpn,
-                remote_qkey,
-            }) => RxeSendWrUnion::from_ud(RxeUdWr {
-                remote_qpn: Le32::new(remote_qpn),
-                remote_qkey: Le32::new(remote_qkey),
-                pkey_index: Le16::ZERO,
-                reserved: Le16::ZERO,
-                ah_num: Le32::new(ah.ah_num),
-                pad: [0; 16],
-                // Kernels that return an AH number look the address up themselves; only the
-                // old ones (ah_num 0) need it in every WQE.
-                av: if ah.ah_num == 0 {
-                    ah.av
-                } else {
-                    RxeAv::new_zeroed()
-                },
-            }),
-            None => RxeSendWrUnion::ZERO,
-        };
+        let union = wr.ud.as_ref().map_or(RxeSendWrUnion::ZERO, ud_union);
         (union, 0)
     }
+}
+
+/// The union of a UD send to `dest`.
+fn ud_union(dest: &UdDest<'_>) -> RxeSendWrUnion {
+    let ah = dest.ah;
+    RxeSendWrUnion::from_ud(RxeUdWr {
+        remote_qpn: Le32::new(dest.remote_qpn),
+        remote_qkey: Le32::new(dest.remote_qkey),
+        pkey_index: Le16::ZERO,
+        reserved: Le16::ZERO,
+        ah_num: Le32::new(ah.ah_num),
+        pad: [0; 16],
+        // Kernels that return an AH number look the address up themselves; only the old ones
+        // (ah_num 0) need it in every WQE.
+        av: if ah.ah_num == 0 {
+            ah.av
+        } else {
+            RxeAv::new_zeroed()
+        },
+    })
 }
