@@ -187,13 +187,7 @@ static void bind_type2(struct side *b, struct ibv_mw *mw, struct ibv_mr *mr, uin
 
 int main(void)
 {
-	int num;
-	struct ibv_device **list = ibv_get_device_list(&num);
-	CHECK(list && num > 0, "no RDMA device");
-	printf("device: %s\n", ibv_get_device_name(list[0]));
-	struct ibv_context *ctx = ibv_open_device(list[0]);
-	CHECK(ctx, "open %s", ibv_get_device_name(list[0]));
-	ibv_free_device_list(list);
+	struct ibv_context *ctx = open_first_device();
 	struct ibv_device_attr dev;
 	CHECK(ibv_query_device(ctx, &dev) == 0, "query device");
 	CHECK(dev.device_cap_flags & IBV_DEVICE_MEM_WINDOW,
