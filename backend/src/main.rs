@@ -58,10 +58,19 @@ struct Args {
     /// Most address handles per guest.
     #[arg(long)]
     max_ahs: Option<u32>,
+    /// Most memory windows per guest (with --allow-memory-windows).
+    #[arg(long)]
+    max_mws: Option<u32>,
     /// Offer unreliable-datagram QPs and address handles. On rxe a guest can then choose the
     /// source and destination addresses of its UD packets (spec §12).
     #[arg(long)]
     allow_ud: bool,
+    /// Offer memory windows (ALLOC_MW, MW_BIND access, bind and invalidate work requests).
+    /// rxe checks neither the MR of a bind nor the window of an invalidate against the
+    /// binding QP's PD, so guests that all have this can reach each other's MRs that were
+    /// registered with MW_BIND access (spec §12): only for guests that trust each other.
+    #[arg(long)]
+    allow_memory_windows: bool,
     /// After a doorbell, keep polling the guest's doorbell area for this many microseconds
     /// (restarted by every doorbell found, at most 8 windows per notification) while telling the
     /// guest not to notify (VRDMA_F_DOORBELL_POLL, spec §5.3); 0 turns polling off.
@@ -97,11 +106,13 @@ impl Args {
             qps: self.max_qps.unwrap_or(defaults.qps),
             srqs: self.max_srqs.unwrap_or(defaults.srqs),
             ahs: self.max_ahs.unwrap_or(defaults.ahs),
+            mws: self.max_mws.unwrap_or(defaults.mws),
         };
         DeviceOptions {
             quotas,
             shm_size: self.shm_size,
             allow_ud: self.allow_ud,
+            allow_memory_windows: self.allow_memory_windows,
             host_port,
             doorbell_poll: Duration::from_micros(self.doorbell_poll_us),
             ..DeviceOptions::default()
@@ -145,10 +156,14 @@ fn run(args: &Args) -> Result<(), String> {
         factory.options().host_port,
         args.socket.display(),
         factory.options().shm_size >> 20,
-        if factory.options().allow_ud {
-            ", UD allowed"
-        } else {
-            ""
+        match (
+            factory.options().allow_ud,
+            factory.options().allow_memory_windows
+        ) {
+            (false, false) => "",
+            (true, false) => ", UD allowed",
+            (false, true) => ", memory windows allowed",
+            (true, true) => ", UD and memory windows allowed",
         }
     );
     let result = listener.run().map_err(|e| e.to_string());

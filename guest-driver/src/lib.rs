@@ -15,5 +15,5 @@ pub mod verbs;
 pub mod virtq;
 
 pub use verbs::{
-    Ah, AhAttr, Context, Cq, Mr, Pd, Qp, QpAttr, QpAttrMask, QpInitAttr, Srq, VerbsError,
+    Ah, AhAttr, Context, Cq, Mr, Mw, Pd, Qp, QpAttr, QpAttrMask, QpInitAttr, Srq, VerbsError,
 };

@@ -9,9 +9,9 @@ use std::thread;
 use std::time::Instant;
 
 use vrdma::provider::rxe_v1::{CompletionQueue, RxeAddressHandle, SendQueue, SendQueueCaps};
-use vrdma::provider::{PostError, SendFlags, SendWr, Sge, UdDest, WorkCompletion};
+use vrdma::provider::{MwBind, PostError, SendFlags, SendWr, Sge, UdDest, WorkCompletion};
 use vrdma_spec::rxe_v1::{IbUverbsWc, RxeAv, RxeSendWqe};
-use vrdma_spec::verbs::{QpType, WcOpcode, WcStatus, WrOpcode};
+use vrdma_spec::verbs::{AccessFlags, QpType, WcOpcode, WcStatus, WrOpcode};
 use vrdma_spec::{Le16, Le32};
 use vrdma_test_support::for_both_reaches;
 use vrdma_test_support::rxe_kernel_sim::{
@@ -40,8 +40,14 @@ fn check_common(wqe: &RxeSendWqe, wr: &SendWr<'_>, length: u32) {
     assert_eq!(wqe.wr.reserved.get(), 0);
     assert_eq!(wqe.wr.opcode.get(), wr.opcode as u32);
     assert_eq!(wqe.wr.send_flags.get(), wr.flags.bits());
-    let imm = if wr.opcode.has_imm() { wr.imm_data } else { 0 };
-    assert_eq!(u32::from_ne_bytes(wqe.wr.ex), imm);
+    let ex = if wr.opcode.has_imm() {
+        u32::from_ne_bytes(wr.imm_data.to_ne_bytes())
+    } else if wr.opcode.has_invalidate() {
+        wr.invalidate_rkey
+    } else {
+        0
+    };
+    assert_eq!(u32::from_le_bytes(wqe.wr.ex), ex);
     assert_eq!(wqe.state.get(), 0);
     assert_eq!(wqe.dma.length.get(), length);
     assert_eq!(wqe.dma.resid.get(), length);
@@ -163,6 +169,24 @@ fn rc_send_wqes_carry_every_field(reach: Reach) {
             sg_list: &[],
             ..Default::default()
         },
+        SendWr {
+            // Ignored without INV.
+            imm_data: 5,
+            ..SendWr::local_inv(108, 0x1234_5601, signaled)
+        },
+        SendWr::bind_mw(
+            109,
+            MwBind {
+                mw_rkey: 0x0000_4280,
+                rkey: 0x0000_4281,
+                mr_lkey: 0x0000_3300,
+                addr: 0x7f00_0000_2000,
+                length: 0x1_0000_0000,
+                access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            },
+            SendFlags::FENCE,
+        ),
+        SendWr::send_with_inv(110, &sgl3, 0xfeed_0001, signaled),
     ];
     post(&mut sq, &wrs).unwrap();
     assert_eq!(k.producer().load(Ordering::Acquire), wrs.len() as u32);
@@ -174,8 +198,26 @@ fn rc_send_wqes_carry_every_field(reach: Reach) {
         check_common(&wqe, wr, length);
         let union = wqe.wr.wr.bytes;
         match wr.opcode {
-            WrOpcode::Send | WrOpcode::SendWithImm => {
+            WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv | WrOpcode::LocalInv => {
                 assert_eq!(union, [0; 120]);
+                assert_eq!(wqe.iova.get(), 0);
+            }
+            WrOpcode::BindMw => {
+                let mw = wqe.wr.wr.mw();
+                assert_eq!(
+                    (mw.addr.get(), mw.length.get()),
+                    (0x7f00_0000_2000, 0x1_0000_0000)
+                );
+                assert_eq!(
+                    (
+                        mw.mr_lkey.get(),
+                        mw.mw_rkey.get(),
+                        mw.rkey.get(),
+                        mw.access.get()
+                    ),
+                    (0x3300, 0x4280, 0x4281, 0x6)
+                );
+                assert_eq!(union[32..], [0; 88]);
                 assert_eq!(wqe.iova.get(), 0);
             }
             WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead => {

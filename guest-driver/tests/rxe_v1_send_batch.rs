@@ -1,15 +1,15 @@
 //! Send batches (the `ibv_wr_*` way of posting) on the rxe v1 send queue against the simulated
 //! Soft-RoCE kernel: a batch writes the same WQE bytes `post_send` writes for the same
-//! requests, publishes all of them at once, and publishes nothing when one is refused. Each
+//! requests (memory-window binds and invalidations included), publishes all of them at once, and publishes nothing when one is refused. Each
 //! test runs for a mapped and for an accessed queue.
 
 use std::mem::offset_of;
 use std::sync::atomic::Ordering;
 
 use vrdma::provider::rxe_v1::{SendBatchState, SendQueue, SendQueueCaps};
-use vrdma::provider::{PostError, SendFlags, SendWr, Sge};
+use vrdma::provider::{MwBind, PostError, SendFlags, SendWr, Sge};
 use vrdma_spec::rxe_v1::{RxeDmaInfo, RxeSendWqe};
-use vrdma_spec::verbs::{QpType, WrOpcode};
+use vrdma_spec::verbs::{AccessFlags, QpType, WrOpcode};
 use vrdma_test_support::for_both_reaches;
 use vrdma_test_support::rxe_kernel_sim::{sge_of, Reach, SharedQueue};
 
@@ -78,6 +78,14 @@ fn batches_write_what_post_send_writes(reach: Reach) {
     let inline = [sge_of(&inline_a, 0), sge_of(&inline_b, 0)];
     let eight = [sge_of(&data[..8], 5)];
     let signaled = SendFlags::SIGNALED;
+    let bind = MwBind {
+        mw_rkey: 0x4200,
+        rkey: 0x4201,
+        mr_lkey: 0x33,
+        addr: 0x7000,
+        length: 4096,
+        access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+    };
     let wrs = [
         SendWr {
             wr_id: 1,
@@ -143,6 +151,9 @@ fn batches_write_what_post_send_writes(reach: Reach) {
             rkey: 0xaa,
             ..Default::default()
         },
+        SendWr::bind_mw(8, bind, signaled | SendFlags::FENCE),
+        SendWr::local_inv(9, 0x4201, signaled),
+        SendWr::send_with_inv(10, &two, 0x4201, signaled),
     ];
     // SAFETY: the inline SGEs point into live local buffers.
     unsafe { a.post_send(&wrs) }.unwrap();
@@ -164,6 +175,18 @@ fn batches_write_what_post_send_writes(reach: Reach) {
             "WQE {i}"
         );
     }
+    // The window fields are there (not zeros on both sides).
+    let k = batched.kernel();
+    let mw = k.send_wqe(7).wr.wr.mw();
+    let fields = (mw.mw_rkey.get(), mw.rkey.get(), mw.mr_lkey.get());
+    assert_eq!(fields, (0x4200, 0x4201, 0x33));
+    assert_eq!(
+        (mw.addr.get(), mw.length.get(), mw.access.get()),
+        (0x7000, 4096, 0x6)
+    );
+    for i in [8, 9] {
+        assert_eq!(k.send_wqe(i).wr.ex, 0x4201u32.to_le_bytes(), "WQE {i}");
+    }
 }
 
 fn a_refused_request_publishes_nothing(reach: Reach) {
@@ -178,8 +201,9 @@ fn a_refused_request_publishes_nothing(reach: Reach) {
     };
     let sge = sge_of(&data[..8], 1);
     // Each refusal follows a complete request and a started one: a refused setter names the
-    // started request (1), a refused opcode the one it would have started (2).
-    let refusals: [(&Refusal<'_>, PostError); 5] = [
+    // started request (1), a refused opcode, or a request refused once complete, the one it
+    // started (2).
+    let refusals: [(&Refusal<'_>, PostError); 7] = [
         // RDMA READ on UC.
         (
             &|sq, b| {
@@ -232,6 +256,25 @@ fn a_refused_request_publishes_nothing(reach: Reach) {
             },
             PostError::MessageTooLong(2 * u64::from(u32::MAX)),
         ),
+        // A BIND_MW without its bind, and one with a payload.
+        (
+            &|sq, b| {
+                let no_bind = SendWr {
+                    opcode: WrOpcode::BindMw,
+                    ..send
+                };
+                sq.batch_add(b, &no_bind)
+            },
+            PostError::InvalidBind,
+        ),
+        (
+            &|sq, b| {
+                let bind = SendWr::bind_mw(2, MwBind::default(), SendFlags::SIGNALED);
+                sq.batch_add(b, &bind);
+                sq.batch_set_sges(b, &[sge]);
+            },
+            PostError::UnexpectedSges(WrOpcode::BindMw),
+        ),
     ];
     for (refuse, error) in refusals {
         let mut batch = sq.batch_begin();
@@ -241,11 +284,13 @@ fn a_refused_request_publishes_nothing(reach: Reach) {
         refuse(&mut sq, &mut batch);
         // Ignored after the refusal.
         sq.batch_add(&mut batch, &send);
-        let refused = if matches!(error, PostError::OpcodeNotSupported { .. }) {
-            2
-        } else {
-            1
-        };
+        let started_by_refusal = matches!(
+            error,
+            PostError::OpcodeNotSupported { .. }
+                | PostError::InvalidBind
+                | PostError::UnexpectedSges(_)
+        );
+        let refused = if started_by_refusal { 2 } else { 1 };
         assert_eq!(sq.batch_publish(batch), Err((refused, error)));
         assert_eq!(k.producer().load(Ordering::Acquire), 0);
     }

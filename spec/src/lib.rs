@@ -89,9 +89,16 @@ pub mod features {
     pub const VRDMA_F_DOORBELL_POLL: u64 = 1 << 3;
     /// Unreliable-connected QPs (CREATE_QP with `qp_type` UC).
     pub const VRDMA_F_UC: u64 = 1 << 4;
+    /// Memory windows: ALLOC_MW, DEALLOC_MW, MRs with `MW_BIND` access, and the bind and
+    /// invalidate work requests on the data path (spec §12 says when a device may offer it).
+    pub const VRDMA_F_MW: u64 = 1 << 5;
     /// Mask of all device-specific bits defined by this version.
-    pub const VRDMA_F_ALL: u64 =
-        VRDMA_F_RING_RXE_V1 | VRDMA_F_SRQ | VRDMA_F_UD | VRDMA_F_DOORBELL_POLL | VRDMA_F_UC;
+    pub const VRDMA_F_ALL: u64 = VRDMA_F_RING_RXE_V1
+        | VRDMA_F_SRQ
+        | VRDMA_F_UD
+        | VRDMA_F_DOORBELL_POLL
+        | VRDMA_F_UC
+        | VRDMA_F_MW;
     /// Mask of the device-specific feature range (bits 0..=23) in which every `VRDMA_F_*` bit
     /// lives; the generic virtio bits lie above it.
     pub const DEVICE_SPECIFIC_MASK: u64 = (1 << 24) - 1;

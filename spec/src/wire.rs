@@ -563,6 +563,28 @@ wire_struct! {
 assert_layout!(RegMrResp, 16, mr @ 0, lkey @ 4, rkey @ 8, reserved @ 12);
 
 wire_struct! {
+    /// ALLOC_MW request body.
+    pub struct AllocMwReq {
+        /// PD handle.
+        pub pd: Le32,
+        /// Window type: [`crate::verbs::MwType`] (1 or 2).
+        pub mw_type: Le32,
+    }
+}
+assert_layout!(AllocMwReq, 8, pd @ 0, mw_type @ 4);
+
+wire_struct! {
+    /// ALLOC_MW response body.
+    pub struct AllocMwResp {
+        /// MW handle.
+        pub mw: Le32,
+        /// The window's initial remote key (host key; its low 8 bits change on every bind).
+        pub rkey: Le32,
+    }
+}
+assert_layout!(AllocMwResp, 8, mw @ 0, rkey @ 4);
+
+wire_struct! {
     /// CREATE_CQ response body.
     pub struct CreateCqResp {
         /// CQ handle.

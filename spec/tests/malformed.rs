@@ -66,7 +66,7 @@ fn trailing_bytes_rejected() {
 
 #[test]
 fn unknown_opcode_is_unsupported() {
-    for op in [0u16, 0x0f, 0x12, 0x3f, 0x44, 0x62, 0xffff] {
+    for op in [0u16, 0x0f, 0x12, 0x23, 0x26, 0x3f, 0x44, 0x62, 0xffff] {
         let mut b = vec![0u8; 8];
         b[..2].copy_from_slice(&op.to_le_bytes());
         let e = ControlRequest::decode(&b).unwrap_err();
@@ -187,7 +187,7 @@ fn reg_mr_validation() {
     ));
     // access flags
     for acc in [
-        AccessFlags::MW_BIND.bits(),
+        AccessFlags::ZERO_BASED.bits(),
         AccessFlags::ON_DEMAND.bits(),
         1 << 31,
         AccessFlags::REMOTE_WRITE.bits(),
@@ -384,4 +384,85 @@ fn malformed_events_and_doorbells() {
         Event::decode(fatal.as_bytes()).is_err(),
         "device event with handle"
     );
+}
+
+#[test]
+fn memory_window_requests() {
+    // ALLOC_MW: only types 1 and 2 exist.
+    for mw_type in [0u32, 3, u32::MAX] {
+        let r = AllocMwReq {
+            pd: Le32::new(1),
+            mw_type: Le32::new(mw_type),
+        };
+        let e = ControlRequest::decode(&enc(ControlRequest::AllocMw(r))).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DecodeError::InvalidValue {
+                    field: "mw_type",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+    // Both commands, and a REG_MR that asks for MW_BIND, need VRDMA_F_MW.
+    let r = AllocMwReq {
+        pd: Le32::new(1),
+        mw_type: Le32::new(1),
+    };
+    let alloc_bytes = enc(ControlRequest::AllocMw(r));
+    let alloc = ControlRequest::decode(&alloc_bytes).unwrap();
+    assert_eq!(alloc.required_features(), vrdma_spec::features::VRDMA_F_MW);
+    let mut bind = reg_mr_req();
+    bind.access = Le32::new((AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).bits());
+    let pages: Vec<u64> = (0..bind.npages.get() as u64)
+        .map(|i| 0x10_0000 + i * 4096)
+        .collect();
+    let bytes = reg_mr_bytes(bind, &pages);
+    let decoded = ControlRequest::decode(&bytes).unwrap();
+    assert_eq!(
+        decoded.required_features(),
+        vrdma_spec::features::VRDMA_F_MW
+    );
+    let plain = reg_mr_bytes(reg_mr_req(), &pages);
+    let decoded = ControlRequest::decode(&plain).unwrap();
+    assert_eq!(decoded.required_features(), 0);
+    // So does a REREG_MR that changes the access to one with MW_BIND.
+    let mut rereg = rereg_mr_req();
+    rereg.flags = Le32::new(vrdma_spec::control::rereg_flags::CHANGE_ACCESS);
+    rereg.pd = Le32::ZERO;
+    rereg.iova = Le64::ZERO;
+    rereg.length = Le64::ZERO;
+    rereg.page_shift = Le32::ZERO;
+    rereg.npages = Le32::ZERO;
+    rereg.access = Le32::new((AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).bits());
+    let bytes = enc(ControlRequest::ReregMr(vrdma_spec::control::ReregMr::new(
+        rereg,
+        &[],
+    )));
+    let decoded = ControlRequest::decode(&bytes).unwrap();
+    assert_eq!(
+        decoded.required_features(),
+        vrdma_spec::features::VRDMA_F_MW
+    );
+    rereg.access = Le32::new(AccessFlags::LOCAL_WRITE.bits());
+    let bytes = enc(ControlRequest::ReregMr(vrdma_spec::control::ReregMr::new(
+        rereg,
+        &[],
+    )));
+    assert_eq!(
+        ControlRequest::decode(&bytes).unwrap().required_features(),
+        0
+    );
+    // DEALLOC_MW takes the handle body with its reserved word zero.
+    let mut b = enc(ControlRequest::DeallocMw(HandleReq {
+        handle: Le32::new(1),
+        reserved: Le32::ZERO,
+    }));
+    b[12] = 1;
+    assert!(matches!(
+        ControlRequest::decode(&b),
+        Err(DecodeError::Reserved("reserved"))
+    ));
 }

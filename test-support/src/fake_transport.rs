@@ -15,6 +15,7 @@ mod mr;
 mod profile;
 mod region;
 mod ring;
+mod windows;
 
 use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
@@ -30,7 +31,7 @@ use vrdma::spec::features;
 use vrdma::spec::{Status, StatusError};
 use vrdma::transport::{SharedMemory, Transport, TransportError};
 
-pub use device::{FakeDevice, FakeMr, Fault};
+pub use device::{FakeDevice, FakeMr, FakeMw, Fault, MwBinding};
 pub use kernel::object_event;
 pub use profile::{
     default_config, doorbell_area_bytes, DOORBELL_SLOTS, LOCAL_GID, MAX_INLINE, MAX_MR_PAGES,
@@ -67,11 +68,14 @@ pub struct FakeTransport {
 }
 
 impl FakeTransport {
-    /// A fake device with [`default_config`], rxe v1 rings, UD and UC.
+    /// A fake device with [`default_config`], rxe v1 rings, UD, UC and memory windows.
     pub fn new() -> Arc<FakeTransport> {
         Self::with(
             default_config(),
-            features::VRDMA_F_RING_RXE_V1 | features::VRDMA_F_UD | features::VRDMA_F_UC,
+            features::VRDMA_F_RING_RXE_V1
+                | features::VRDMA_F_UD
+                | features::VRDMA_F_UC
+                | features::VRDMA_F_MW,
         )
     }
 

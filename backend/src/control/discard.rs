@@ -5,7 +5,7 @@ use log::info;
 use vrdma_spec::control::ResponseBody;
 
 use super::session::{CommandResult, Session};
-use super::{ah, cq, mr, pd, qp, srq};
+use super::{ah, cq, mr, mw, pd, qp, srq};
 use crate::guest::shared::GuestShared;
 use crate::guest::state::GuestState;
 use crate::vhost_device::guest_context::GuestContext;
@@ -33,6 +33,10 @@ pub(crate) fn discard_all(
         return false;
     }
     let host = guest.host();
+    // Windows first: a bound one holds its MR and (type 2) its QP in the kernel.
+    for (handle, entry) in state.mws.drain() {
+        mw::release(host, handle, entry);
+    }
     for (handle, entry) in state.qps.drain() {
         qp::release(host, ctx, &mut state.shm, handle, entry);
     }

@@ -15,6 +15,7 @@ pub mod doorbell;
 pub mod error;
 pub mod mr;
 pub mod mr_rereg;
+pub mod mw;
 pub mod pd;
 pub mod qp;
 pub mod query;
@@ -41,6 +42,8 @@ pub(crate) fn execute(s: &mut Session<'_>, request: &ControlRequest<'_>) -> Comm
         ControlRequest::RegMr(r) => mr::reg_mr(s, r),
         ControlRequest::DeregMr(r) => mr::dereg_mr(s, r),
         ControlRequest::ReregMr(r) => mr_rereg::rereg_mr(s, r),
+        ControlRequest::AllocMw(r) => mw::alloc_mw(s, r),
+        ControlRequest::DeallocMw(r) => mw::dealloc_mw(s, r),
         ControlRequest::CreateCq(r) => cq::create_cq(s, r),
         ControlRequest::DestroyCq(r) => cq::destroy_cq(s, r),
         ControlRequest::ArmCq(r) => cq::arm_cq(s, r),

@@ -1,7 +1,7 @@
 //! QUERY_DEVICE, QUERY_PORT, QUERY_GID, QUERY_GID_TABLE and QUERY_PKEY (spec §7.4): the host's kernel answers
 //! turned into the guest's wire answers, with the guest's quotas applied.
 
-use vrdma_spec::features::{VRDMA_F_SRQ, VRDMA_F_UD};
+use vrdma_spec::features::{VRDMA_F_MW, VRDMA_F_SRQ, VRDMA_F_UD};
 use vrdma_spec::rxe_v1::SGE_SIZE;
 use vrdma_spec::wire::{
     DeviceAttr, GidEntry, GidTableEntry, GidTableResp, PkeyEntry, PortAttr, QueryPortReq,
@@ -30,6 +30,10 @@ const PASSED_CAP_FLAGS: u32 = (1 << 1) // BAD_PKEY_CNTR
     | (1 << 12) // RC_RNR_NAK_GEN
     | (1 << 14); // N_NOTIFY_CQ
 
+/// `device_cap_flags` passed on only with `VRDMA_F_MW`: `IB_DEVICE_MEM_WINDOW` and
+/// `IB_DEVICE_MEM_WINDOW_TYPE_2B`, as rxe reports them.
+const MW_CAP_FLAGS: u32 = (1 << 17) | (1 << 24);
+
 /// Largest inline send: rxe's `RXE_MAX_INLINE_DATA` is its largest WQE minus the WQE header,
 /// i.e. the room of `max_sge` SGEs.
 pub(crate) fn max_inline_data(attr: &QueryDeviceResp) -> u32 {
@@ -42,6 +46,7 @@ pub(crate) fn query_device(s: &mut Session<'_>) -> CommandResult {
     let q = &s.guest.options().quotas;
     let srq = s.features & VRDMA_F_SRQ != 0;
     let ud = s.features & VRDMA_F_UD != 0;
+    let mw = s.features & VRDMA_F_MW != 0;
     let only_if = |on: bool, v: u32| if on { v } else { 0 };
     let attr = DeviceAttr {
         fw_ver: DeviceAttr::encode_fw_ver(&s.guest.device().info().fw_ver),
@@ -54,7 +59,9 @@ pub(crate) fn query_device(s: &mut Session<'_>) -> CommandResult {
         vendor_id: Le32::new(host.vendor_id),
         vendor_part_id: Le32::new(host.vendor_part_id),
         hw_ver: Le32::new(host.hw_ver),
-        device_cap_flags: Le32::new(host.device_cap_flags & PASSED_CAP_FLAGS),
+        device_cap_flags: Le32::new(
+            host.device_cap_flags & (PASSED_CAP_FLAGS | if mw { MW_CAP_FLAGS } else { 0 }),
+        ),
         max_qp: Le32::new(host.max_qp.min(q.qps)),
         max_qp_wr: Le32::new(host.max_qp_wr),
         max_sge: Le32::new(host.max_sge),

@@ -21,8 +21,8 @@ use parking_lot::Mutex;
 use vrdma_spec::config::{self, DeviceConfig};
 use vrdma_spec::control::{HEADER_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::{
-    VIRTIO_F_VERSION_1, VRDMA_F_DOORBELL_POLL, VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ, VRDMA_F_UC,
-    VRDMA_F_UD,
+    VIRTIO_F_VERSION_1, VRDMA_F_DOORBELL_POLL, VRDMA_F_MW, VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ,
+    VRDMA_F_UC, VRDMA_F_UD,
 };
 use vrdma_spec::StatusError;
 use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, Le64, Status};
@@ -190,6 +190,9 @@ impl GuestDevice {
         if missing & VRDMA_F_UC != 0 {
             return Err(CommandError::NotNegotiated("VRDMA_F_UC"));
         }
+        if missing & VRDMA_F_MW != 0 {
+            return Err(CommandError::NotNegotiated("VRDMA_F_MW"));
+        }
         if self.failed.load(Ordering::Acquire) {
             return Err(CommandError::DeviceFailed);
         }
@@ -228,6 +231,9 @@ impl DeviceHandler for GuestDevice {
         }
         if self.shared.options().allow_ud {
             features |= VRDMA_F_UD;
+        }
+        if self.shared.options().allow_memory_windows {
+            features |= VRDMA_F_MW;
         }
         if !self.shared.options().doorbell_poll.is_zero() {
             features |= VRDMA_F_DOORBELL_POLL;

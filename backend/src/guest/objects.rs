@@ -3,7 +3,7 @@
 
 use vrdma_spec::verbs::{AccessFlags, QpType};
 
-use crate::host::{AhHandle, CqHandle, Mr, PdHandle, QpHandle, SrqHandle};
+use crate::host::{AhHandle, CqHandle, Mr, Mw, PdHandle, QpHandle, SrqHandle};
 use crate::memory::mr_window::MrWindow;
 use crate::memory::queue_region::MappedRing;
 use crate::resources::table::Handle;
@@ -35,6 +35,16 @@ pub struct MrEntry {
     pub access: AccessFlags,
     /// `None` once revoked by a memory-table change; the handle stays until DEREG_MR.
     pub live: Option<LiveMr>,
+}
+
+/// A guest's memory window. Which MR it is bound to is the host kernel's business: binds
+/// and invalidations are work requests the device never sees.
+#[derive(Debug)]
+pub struct MwEntry {
+    /// Its PD (holds a reference).
+    pub pd: Handle,
+    /// The host MW.
+    pub host: Mw,
 }
 
 /// A guest's completion queue.

@@ -29,6 +29,9 @@ pub struct DeviceOptions {
     pub shm_size: u64,
     /// Offer `VRDMA_F_UD` (spec §12: on rxe UD lets a guest choose its packets' addresses).
     pub allow_ud: bool,
+    /// Offer `VRDMA_F_MW` (spec §12: on rxe a guest with memory windows can bind them to
+    /// another such guest's MRs that allow binding).
+    pub allow_memory_windows: bool,
     /// Host port exposed to guests as their port 1.
     pub host_port: u8,
     /// Largest `npages` of one REG_MR.
@@ -44,6 +47,7 @@ impl Default for DeviceOptions {
             quotas: Quotas::default(),
             shm_size: DEFAULT_SHM_SIZE,
             allow_ud: false,
+            allow_memory_windows: false,
             host_port: 1,
             max_mr_pages: DEFAULT_MAX_MR_PAGES,
             doorbell_poll: Duration::from_micros(DEFAULT_DOORBELL_POLL_US),

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::objects::{AhEntry, CqEntry, EventOwner, MrEntry, PdEntry, QpEntry, SrqEntry};
+use super::objects::{AhEntry, CqEntry, EventOwner, MrEntry, MwEntry, PdEntry, QpEntry, SrqEntry};
 use super::options::{DeviceOptions, GuestError};
 use crate::memory::queue_region::ShmAllocator;
 use crate::resources::kind::ResourceKind;
@@ -20,6 +20,7 @@ pub(crate) struct GuestState {
     pub(crate) qps: HandleTable<QpEntry>,
     pub(crate) srqs: HandleTable<SrqEntry>,
     pub(crate) ahs: HandleTable<AhEntry>,
+    pub(crate) mws: HandleTable<MwEntry>,
     /// Extents of the queue region in use.
     pub(crate) shm: ShmAllocator,
     /// Source of the `user_handle`s given to the host: events name objects by them.
@@ -43,6 +44,7 @@ impl GuestState {
             qps: HandleTable::new(ResourceKind::Qp, q.qps)?,
             srqs: HandleTable::new(ResourceKind::Srq, q.srqs)?,
             ahs: HandleTable::new(ResourceKind::Ah, q.ahs)?,
+            mws: HandleTable::new(ResourceKind::Mw, q.mws)?,
             shm: ShmAllocator::new(options.shm_size, SHMEM_PAGE_SIZE)?,
             next_user_handle: 1,
             owners: HashMap::new(),
@@ -66,6 +68,7 @@ impl GuestState {
             qps: self.qps.len(),
             srqs: self.srqs.len(),
             ahs: self.ahs.len(),
+            mws: self.mws.len(),
             shm_extents: self.shm.used_extents(),
         }
     }
@@ -86,6 +89,8 @@ pub struct ObjectCounts {
     pub srqs: usize,
     /// Address handles.
     pub ahs: usize,
+    /// Memory windows.
+    pub mws: usize,
     /// Extents of the queue region in use.
     pub shm_extents: usize,
 }
@@ -101,8 +106,8 @@ impl std::fmt::Display for ObjectCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} PDs, {} MRs, {} CQs, {} QPs, {} SRQs, {} AHs, {} queue-region extents",
-            self.pds, self.mrs, self.cqs, self.qps, self.srqs, self.ahs, self.shm_extents
+            "{} PDs, {} MRs, {} MWs, {} CQs, {} QPs, {} SRQs, {} AHs, {} queue-region extents",
+            self.pds, self.mrs, self.mws, self.cqs, self.qps, self.srqs, self.ahs, self.shm_extents
         )
     }
 }

@@ -3,7 +3,7 @@
 
 use std::os::fd::BorrowedFd;
 
-use vrdma_spec::verbs::QpAttrMask;
+use vrdma_spec::verbs::{MwType, QpAttrMask};
 use vrdma_spec::wire::{GidEntry, QpAttr};
 
 use super::error::Result;
@@ -86,8 +86,14 @@ pub trait HostContext: Send + Sync {
     /// peer and the guest at `iova`.
     fn reg_mr(&self, init: &MrInit) -> Result<Mr>;
 
-    /// Deregisters an MR.
+    /// Deregisters an MR (fails while memory windows are bound to it).
     fn dereg_mr(&self, mr: MrHandle) -> Result<()>;
+
+    /// Allocates a memory window of `mw_type` in `pd`. Binds happen on the data path.
+    fn alloc_mw(&self, pd: PdHandle, mw_type: MwType) -> Result<Mw>;
+
+    /// Frees a memory window (bound or not).
+    fn dealloc_mw(&self, mw: MwHandle) -> Result<()>;
 
     /// Creates a CQ.
     fn create_cq(&self, init: &CqInit) -> Result<Cq>;

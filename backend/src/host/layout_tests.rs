@@ -56,6 +56,9 @@ fn all_layouts() -> Vec<Layout> {
         },
         "struct ib_uverbs_reg_mr_resp" => RegMrResp { mr_handle, lkey, rkey },
         "struct ib_uverbs_dereg_mr" => DeregMr { mr_handle },
+        "struct ib_uverbs_alloc_mw" => AllocMw { response, pd_handle, mw_type, reserved },
+        "struct ib_uverbs_alloc_mw_resp" => AllocMwResp { mw_handle, rkey },
+        "struct ib_uverbs_dealloc_mw" => DeallocMw { mw_handle },
         "struct ib_uverbs_create_comp_channel" => CreateCompChannel { response },
         "struct ib_uverbs_create_comp_channel_resp" => CreateCompChannelResp { fd },
         "struct ib_uverbs_create_cq" => CreateCq {

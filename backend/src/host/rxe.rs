@@ -9,7 +9,7 @@ use std::path::Path;
 
 use parking_lot::{Mutex, MutexGuard};
 use vrdma_spec::attr::qp::QpCaps;
-use vrdma_spec::verbs::QpAttrMask;
+use vrdma_spec::verbs::{MwType, QpAttrMask};
 use vrdma_spec::wire::{GidEntry, QpAttr};
 use zerocopy::IntoBytes;
 
@@ -100,6 +100,7 @@ impl HostDevice for RxeDevice {
 struct LiveObjects {
     pds: BTreeSet<u32>,
     mrs: BTreeSet<u32>,
+    mws: BTreeSet<u32>,
     cqs: BTreeSet<u32>,
     qps: BTreeSet<u32>,
     srqs: BTreeSet<u32>,
@@ -156,7 +157,11 @@ impl RxeContext {
 
     fn destroy_all(&self) {
         let live = std::mem::take(&mut *self.live());
-        // Reverse dependency order: AHs and QPs use PDs, CQs and SRQs; MRs use PDs.
+        // Reverse dependency order: bound MWs hold their MR and (type 2) their QP, which rxe
+        // waits for when it destroys those; AHs and QPs use PDs, CQs and SRQs; MRs use PDs.
+        for mw in live.mws {
+            self.log_destroy("MW", mw, self.dealloc_mw_raw(mw));
+        }
         for ah in live.ahs {
             self.log_destroy("AH", ah, self.destroy_ah_raw(ah));
         }
@@ -219,6 +224,11 @@ impl RxeContext {
     fn dereg_mr_raw(&self, mr: u32) -> Result<()> {
         self.file
             .execute_no_response(&uverbs::DeregMr { mr_handle: mr }, &[])
+    }
+
+    fn dealloc_mw_raw(&self, mw: u32) -> Result<()> {
+        self.file
+            .execute_no_response(&uverbs::DeallocMw { mw_handle: mw }, &[])
     }
 
     fn dealloc_pd_raw(&self, pd: u32) -> Result<()> {
@@ -301,6 +311,28 @@ impl HostContext for RxeContext {
     fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
         self.dereg_mr_raw(mr.0)?;
         self.live().mrs.remove(&mr.0);
+        Ok(())
+    }
+
+    fn alloc_mw(&self, pd: PdHandle, mw_type: MwType) -> Result<Mw> {
+        let req = uverbs::AllocMw {
+            response: 0,
+            pd_handle: pd.0,
+            // `MwType` holds the kernel's `IB_MW_TYPE_*` values, 1 and 2.
+            mw_type: mw_type as u32 as u8,
+            reserved: [0; 3],
+        };
+        let (resp, ()) = self.file.execute(req, &[])?;
+        self.live().mws.insert(resp.mw_handle);
+        Ok(Mw {
+            handle: MwHandle(resp.mw_handle),
+            rkey: resp.rkey,
+        })
+    }
+
+    fn dealloc_mw(&self, mw: MwHandle) -> Result<()> {
+        self.dealloc_mw_raw(mw.0)?;
+        self.live().mws.remove(&mw.0);
         Ok(())
     }
 

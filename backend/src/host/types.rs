@@ -29,6 +29,10 @@ handle!(
     MrHandle
 );
 handle!(
+    /// Kernel handle of a memory window in one context.
+    MwHandle
+);
+handle!(
     /// Kernel handle of a completion queue in one context.
     CqHandle
 );
@@ -82,6 +86,13 @@ pub struct MrInit {
 pub struct Mr {
     pub handle: MrHandle,
     pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// An allocated memory window: its kernel handle and its initial rkey.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mw {
+    pub handle: MwHandle,
     pub rkey: u32,
 }
 

@@ -23,6 +23,8 @@ pub enum ResourceKind {
     Srq,
     /// Address handle.
     Ah,
+    /// Memory window.
+    Mw,
 }
 
 impl fmt::Display for ResourceKind {
@@ -34,6 +36,7 @@ impl fmt::Display for ResourceKind {
             ResourceKind::Qp => "QP",
             ResourceKind::Srq => "SRQ",
             ResourceKind::Ah => "AH",
+            ResourceKind::Mw => "MW",
         })
     }
 }

@@ -23,6 +23,8 @@ pub struct Quotas {
     pub srqs: u32,
     /// Address handles.
     pub ahs: u32,
+    /// Memory windows (only with `VRDMA_F_MW`).
+    pub mws: u32,
 }
 
 impl Default for Quotas {
@@ -35,6 +37,7 @@ impl Default for Quotas {
             qps: 1024,
             srqs: 256,
             ahs: 4096,
+            mws: 4096,
         }
     }
 }
@@ -49,6 +52,7 @@ impl Quotas {
             ResourceKind::Qp => self.qps,
             ResourceKind::Srq => self.srqs,
             ResourceKind::Ah => self.ahs,
+            ResourceKind::Mw => self.mws,
         }
     }
 
@@ -63,7 +67,7 @@ impl Quotas {
     /// Checks that every limit fits in a table (for limits read from the command line).
     pub fn validate(&self) -> Result<(), ResourceError> {
         use ResourceKind::*;
-        for kind in [Pd, Mr, Cq, Qp, Srq, Ah] {
+        for kind in [Pd, Mr, Cq, Qp, Srq, Ah, Mw] {
             let limit = self.count_limit(kind);
             if limit > MAX_OBJECTS_PER_TABLE {
                 return Err(ResourceError::LimitTooLarge { kind, limit });

@@ -21,6 +21,7 @@ use crate::sys::{
     ibv_cq, ibv_qp, ibv_qp_type_IBV_QPT_UD, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_srq, ibv_wc,
     ibv_wc__bindgen_ty_1,
 };
+use crate::windows;
 
 /// Work requests (or completions) handled per provider call.
 const BATCH: usize = 16;
@@ -79,6 +80,17 @@ pub(crate) unsafe fn send_wr<'a>(wr: &'a ibv_send_wr, ud: bool) -> Result<SendWr
         let rdma = unsafe { wr.wr.rdma };
         out.remote_addr = rdma.remote_addr;
         out.rkey = rdma.rkey;
+    } else if opcode == WrOpcode::BindMw {
+        // SAFETY: the union's active member for BIND_MW.
+        let bind = unsafe { wr.__bindgen_anon_2.bind_mw };
+        // SAFETY: caller contract: the window of a BIND_MW is a live `ibv_mw`.
+        let mw = unsafe { bind.mw.cast_const().as_ref() }.ok_or(libc::EINVAL)?;
+        // SAFETY: caller contract: the MR is NULL or live.
+        out.bind = Some(unsafe { windows::bind_of(&bind.bind_info, mw.rkey, bind.rkey) }?);
+    }
+    if opcode.has_invalidate() {
+        // SAFETY: the union's active member for LOCAL_INV and SEND_WITH_INV; a plain u32.
+        out.invalidate_rkey = unsafe { wr.__bindgen_anon_1.invalidate_rkey };
     }
     if ud {
         // SAFETY: the union's active member on UD QPs.
@@ -484,8 +496,11 @@ mod tests {
     #[test]
     fn unsupported_requests_are_einval() {
         let mut wr = zeroed_wr();
-        wr.opcode = 7; // IBV_WR_LOCAL_INV
-                       // SAFETY: no SGEs.
+        wr.opcode = 10; // IBV_WR_TSO
+                        // SAFETY: no SGEs.
+        assert_eq!(unsafe { send_wr(&wr, false) }.unwrap_err(), libc::EINVAL);
+        wr.opcode = 8; // IBV_WR_BIND_MW without its window
+                       // SAFETY: no SGEs; the NULL window is rejected.
         assert_eq!(unsafe { send_wr(&wr, false) }.unwrap_err(), libc::EINVAL);
         wr.opcode = 2;
         wr.send_flags = 16; // IBV_SEND_IP_CSUM
@@ -504,6 +519,43 @@ mod tests {
         assert_eq!(unsafe { send_wr(&wr, true) }.unwrap_err(), libc::EINVAL);
         assert_eq!(post_errno(&PostError::QueueFull), libc::ENOMEM);
         assert_eq!(post_errno(&PostError::MissingUdDest), libc::EINVAL);
+    }
+
+    #[test]
+    fn memory_window_requests_carry_their_keys() {
+        for opcode in [7, 9] {
+            // IBV_WR_LOCAL_INV, IBV_WR_SEND_WITH_INV
+            let mut wr = zeroed_wr();
+            wr.opcode = opcode;
+            wr.__bindgen_anon_1.invalidate_rkey = 0x1234_5678;
+            // SAFETY: no SGEs.
+            let out = unsafe { send_wr(&wr, false) }.unwrap();
+            assert_eq!(out.invalidate_rkey, 0x1234_5678);
+            assert_eq!(out.opcode as u32, opcode);
+        }
+        // SAFETY: all-zero is a valid ibv_mw and ibv_mr (NULL pointers, zero numbers).
+        let (mut mw, mut mr): (crate::sys::ibv_mw, crate::sys::ibv_mr) =
+            unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+        mw.rkey = 0x4280;
+        mr.lkey = 0x3300;
+        let mut wr = zeroed_wr();
+        wr.opcode = 8; // IBV_WR_BIND_MW
+        wr.__bindgen_anon_2.bind_mw.mw = &mut mw;
+        wr.__bindgen_anon_2.bind_mw.rkey = 0x4281;
+        wr.__bindgen_anon_2.bind_mw.bind_info.mr = &mut mr;
+        wr.__bindgen_anon_2.bind_mw.bind_info.addr = 0x7000;
+        wr.__bindgen_anon_2.bind_mw.bind_info.length = 4096;
+        wr.__bindgen_anon_2.bind_mw.bind_info.mw_access_flags = 0x2;
+        // SAFETY: the window and MR are live locals.
+        let bind = unsafe { send_wr(&wr, false) }.unwrap().bind.unwrap();
+        assert_eq!(
+            (bind.mw_rkey, bind.rkey, bind.mr_lkey),
+            (0x4280, 0x4281, 0x3300)
+        );
+        assert_eq!(
+            (bind.addr, bind.length, bind.access.bits()),
+            (0x7000, 4096, 0x2)
+        );
     }
 
     #[test]

@@ -24,7 +24,7 @@ use crate::sys::{
     ibv_transport_type_IBV_TRANSPORT_IB, verbs_context,
 };
 use crate::transport::AppTransport;
-use crate::{cq_ex, datapath, qp_ex, query_ex, srq};
+use crate::{cq_ex, datapath, qp_ex, query_ex, srq, windows};
 
 /// Name of the one device.
 pub(crate) const DEVICE_NAME: &str = "vrdma0";
@@ -226,6 +226,9 @@ fn context_ops() -> ibv_context_ops {
     ops.post_send = Some(datapath::post_send);
     ops.post_recv = Some(datapath::post_recv);
     ops.post_srq_recv = Some(datapath::post_srq_recv);
+    ops.alloc_mw = Some(windows::alloc_mw);
+    ops.dealloc_mw = Some(windows::dealloc_mw);
+    ops.bind_mw = Some(windows::bind_mw);
     ops
 }
 

@@ -46,3 +46,4 @@ mod srq;
 mod strings;
 mod transport;
 mod unsupported;
+mod windows;

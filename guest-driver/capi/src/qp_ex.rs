@@ -13,16 +13,18 @@
 //! this library lacks). The requests are written by the encoder `ibv_post_send` uses
 //! ([`vrdma::verbs::SendBatch`]); nothing allocates.
 //!
-//! Memory windows are not provided yet: `ibv_wr_bind_mw`, `ibv_wr_local_inv` and
-//! `ibv_wr_send_inv` are accepted at creation as rxe accepts them, and fail the batch with
-//! `EOPNOTSUPP`. TSO and XRC (and rdma-core's later FLUSH and ATOMIC_WRITE) are refused at
-//! creation, as rxe refuses them.
+//! `ibv_wr_bind_mw`, `ibv_wr_local_inv` and `ibv_wr_send_inv` are accepted at creation as rxe
+//! accepts them; they build memory-window requests when the context negotiated memory
+//! windows (`VRDMA_F_MW`), and otherwise fail the batch with `EOPNOTSUPP`. TSO and XRC (and
+//! rdma-core's later FLUSH and ATOMIC_WRITE) are refused at creation, as rxe refuses them.
 
 use std::ffi::{c_int, c_void};
 
 use vrdma::provider::PostError;
+use vrdma::spec::features::VRDMA_F_MW;
 use vrdma::verbs::{QpType, SendBatch, SendBatchError, SendFlags, SendWr, Sge, WrOpcode};
 
+use crate::context::VrdmaContext;
 use crate::ffi::{guard, null_with};
 use crate::objects::VrdmaAh;
 use crate::qp::{self, VrdmaQp};
@@ -45,11 +47,14 @@ use crate::sys::{
     ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_PD as ATTR_PD,
     ibv_qp_init_attr_mask_IBV_QP_INIT_ATTR_SEND_OPS_FLAGS as ATTR_SEND_OPS_FLAGS,
 };
+use crate::windows;
 
 #[cfg(test)]
 mod create_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod window_tests;
 
 /// The `comp_mask` bits of `ibv_qp_init_attr_ex` rxe accepts.
 const SUPPORTED_INIT_MASK: u32 = ATTR_PD | ATTR_CREATE_FLAGS | ATTR_SEND_OPS_FLAGS;
@@ -430,51 +435,85 @@ unsafe extern "C" fn wr_atomic_fetch_add(
     })
 }
 
-/// Fails the open batch with `EOPNOTSUPP`: `what` needs memory windows, which this library
-/// does not provide yet (the verbs of the memory-window work will replace these).
+/// Starts a memory-window request as [`add`] does if the QP's context negotiated memory
+/// windows (`VRDMA_F_MW`); otherwise fails the batch with `EOPNOTSUPP` (`what` is the verb).
 ///
 /// # Safety
-/// As [`wr_send`].
-unsafe fn memory_windows_missing(qp: *mut ibv_qp_ex, what: &'static str) {
+/// As [`with_batch`].
+unsafe fn add_window_request(
+    qp: *mut ibv_qp_ex,
+    what: &'static str,
+    opcode: WrOpcode,
+    fill: impl FnOnce(&mut SendWr<'_>),
+) {
+    // SAFETY: caller contract: a live QP of this library, whose context is live.
+    let windows = unsafe { VrdmaQp::from_ptr(qp.cast()) }.is_some_and(|vqp| {
+        // SAFETY: as above.
+        let context = unsafe { VrdmaContext::of(vqp.ibv.qp_base.context) };
+        context.ctx.features() & VRDMA_F_MW != 0
+    });
     // SAFETY: forwarded contract.
-    unsafe { with_batch(qp, |batch, _| batch.fail(PostError::Unsupported(what))) }
+    unsafe {
+        if windows {
+            add(qp, opcode, fill);
+        } else {
+            with_batch(qp, |batch, _| batch.fail(PostError::Unsupported(what)));
+        }
+    }
 }
 
-/// `ibv_wr_bind_mw`: fails the batch with `EOPNOTSUPP` (no memory windows yet).
+/// `ibv_wr_bind_mw`: binds the type-2 window `mw` (named by its current `mw->rkey`) onto
+/// `info`'s range of `info->mr` under the new key `rkey` (the application's choice, as
+/// `ibv_inc_rkey(mw->rkey)`). As rxe, `mw->rkey` is left alone: the window answers to `rkey`
+/// once the bind has executed, and the application records the key it chose. A NULL MR is
+/// taken only with an empty range; access beyond remote READ/WRITE/ATOMIC and zero-based
+/// refuses the request (EINVAL at `ibv_wr_complete`).
 ///
 /// # Safety
-/// As [`wr_send`].
+/// As [`wr_send`]; `mw` is a window of this library, `info` valid and its MR NULL or live.
 unsafe extern "C" fn wr_bind_mw(
     qp: *mut ibv_qp_ex,
-    _mw: *mut ibv_mw,
-    _rkey: u32,
-    _info: *const ibv_mw_bind_info,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: *const ibv_mw_bind_info,
 ) {
     // SAFETY: caller contract.
     guard("ibv_wr_bind_mw", (), || unsafe {
-        memory_windows_missing(qp, "ibv_wr_bind_mw")
+        let bind = match (mw.cast_const().as_ref(), info.as_ref()) {
+            // SAFETY: caller contract: the MR is NULL or live.
+            (Some(mw), Some(info)) => windows::bind_of(info, mw.rkey, rkey).ok(),
+            _ => None,
+        };
+        // Without a bind the request is refused when it completes.
+        add_window_request(qp, "ibv_wr_bind_mw", WrOpcode::BindMw, |wr| wr.bind = bind)
     })
 }
 
-/// `ibv_wr_local_inv`: fails the batch with `EOPNOTSUPP` (no memory windows yet).
+/// `ibv_wr_local_inv`: invalidates the type-2 window (or fast-registered MR) whose key is
+/// `invalidate_rkey`, on this QP's side. Takes no payload.
 ///
 /// # Safety
 /// As [`wr_send`].
-unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, _invalidate_rkey: u32) {
+unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
     // SAFETY: caller contract.
     guard("ibv_wr_local_inv", (), || unsafe {
-        memory_windows_missing(qp, "ibv_wr_local_inv")
+        add_window_request(qp, "ibv_wr_local_inv", WrOpcode::LocalInv, |wr| {
+            wr.invalidate_rkey = invalidate_rkey;
+        })
     })
 }
 
-/// `ibv_wr_send_inv`: fails the batch with `EOPNOTSUPP` (no memory windows yet).
+/// `ibv_wr_send_inv`: a SEND that also invalidates `invalidate_rkey` at the responder (whose
+/// completion carries `IBV_WC_WITH_INV` and the key).
 ///
 /// # Safety
 /// As [`wr_send`].
-unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, _invalidate_rkey: u32) {
+unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
     // SAFETY: caller contract.
     guard("ibv_wr_send_inv", (), || unsafe {
-        memory_windows_missing(qp, "ibv_wr_send_inv")
+        add_window_request(qp, "ibv_wr_send_inv", WrOpcode::SendWithInv, |wr| {
+            wr.invalidate_rkey = invalidate_rkey;
+        })
     })
 }
 

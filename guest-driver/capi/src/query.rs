@@ -10,6 +10,9 @@ use crate::context::VrdmaContext;
 use crate::ffi::{guard, minus_one, report};
 use crate::sys::{ibv_device_attr, ibv_port_attr};
 
+/// `IBV_DEVICE_MEM_WINDOW`: the device has memory windows (with `VRDMA_F_MW`).
+const DEVICE_MEM_WINDOW: u32 = 1 << 17;
+
 /// `ibv_device_attr` of the device. The vendor and part IDs are vrdma's own (its PCI IDs),
 /// so that applications with vendor-specific paths (perftest) take their generic one.
 pub(crate) fn device_attr(attr: &DeviceAttr) -> ibv_device_attr {
@@ -34,6 +37,11 @@ pub(crate) fn device_attr(attr: &DeviceAttr) -> ibv_device_attr {
     out.max_cq = int(attr.max_cq);
     out.max_cqe = int(attr.max_cqe);
     out.max_mr = int(attr.max_mr);
+    // QUERY_DEVICE 1.0 has no max_mw: with memory windows (IB_DEVICE_MEM_WINDOW) a guest may
+    // hold as many windows as MRs by default (spec §7.4 ALLOC_MW).
+    if attr.device_cap_flags.get() & DEVICE_MEM_WINDOW != 0 {
+        out.max_mw = out.max_mr;
+    }
     out.max_pd = int(attr.max_pd);
     out.max_qp_rd_atom = int(attr.max_qp_rd_atom);
     out.max_res_rd_atom = int(attr.max_res_rd_atom);
@@ -338,6 +346,10 @@ mod tests {
         );
         // What ibv_device_attr has and vrdma does not offer stays zero.
         assert_eq!((c.max_mw, c.max_ee, c.max_mcast_grp), (0, 0, 0));
+        // Memory windows, when the device reports them, as many as MRs.
+        let mut mw = wire_device_attr();
+        mw.device_cap_flags = Le32::new(0x5c86 | DEVICE_MEM_WINDOW | (1 << 24));
+        assert_eq!(device_attr(&mw).max_mw, 106);
 
         // A firmware version filling the field keeps C's terminating NUL.
         let mut long = wire_device_attr();

@@ -24,7 +24,7 @@ wait_socket() {
 	done
 }
 
-"$backend_bin" --socket "$sock" --device rxe0 --allow-ud &
+"$backend_bin" --socket "$sock" --device rxe0 --allow-ud --allow-memory-windows &
 backend=$!
 trap 'kill $backend 2>/dev/null; wait $backend 2>/dev/null; rm -rf "$dir"' EXIT
 wait_socket "$sock"
@@ -47,6 +47,14 @@ expected_lines() {
 	# Status 2: IBV_FORK_UNNEEDED (a kernel with copy-on-fork natively; private copies over vrdma).
 	fork_child) printf '%s\n' "fork status: 2" "child's writes stayed in the child" \
 		"WRITE into the parent's region after fork: 4096 bytes verified" "fork: all passed" ;;
+	memory_windows) printf '%s\n' "type-1 window: RDMA WRITE: 4096 bytes verified" \
+		"type-1 window: RDMA READ: 4096 bytes verified" \
+		"type-1 window, read-only: RDMA WRITE: IBV_WC_REM_ACCESS_ERR" \
+		"type-2 window: RDMA WRITE: 4096 bytes verified" \
+		"type-2 window after LOCAL_INV: IBV_WC_REM_ACCESS_ERR" \
+		"SEND_WITH_INV payload: 64 bytes verified" \
+		"type-2 window after SEND_WITH_INV: IBV_WC_REM_ACCESS_ERR" \
+		"type-1 window, still bound: RDMA READ: 4096 bytes verified" "memory windows: all passed" ;;
 	*) echo "vm-dropin.sh: no expected lines for $1" >&2; exit 1 ;;
 	esac
 }

@@ -16,7 +16,7 @@ use std::fmt;
 use std::ops::{BitOr, BitOrAssign};
 
 use rxe_v1::RxeAddressHandle;
-use vrdma_spec::verbs::{QpType, WcOpcode, WcStatus, WrOpcode};
+use vrdma_spec::verbs::{AccessFlags, QpType, WcOpcode, WcStatus, WrOpcode};
 
 /// A scatter/gather element (`ibv_sge`).
 ///
@@ -105,6 +105,31 @@ pub struct UdDest<'a> {
     pub remote_qkey: u32,
 }
 
+/// A memory-window bind: what a BIND_MW work request (`ibv_send_wr.bind_mw`) or a type-1
+/// `ibv_bind_mw` asks of the device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MwBind {
+    /// The window's current rkey (names the window).
+    pub mw_rkey: u32,
+    /// The window's rkey after the bind: same index bits, new low 8 bits ([`inc_rkey`]).
+    pub rkey: u32,
+    /// Local key of the MR the window opens onto.
+    pub mr_lkey: u32,
+    /// First byte of the window, in the MR's iova space.
+    pub addr: u64,
+    /// Length of the window; 0 unbinds a type-1 window.
+    pub length: u64,
+    /// What remote peers may do through the window (within
+    /// [`AccessFlags::MW_ALLOWED`]).
+    pub access: AccessFlags,
+}
+
+/// The next rkey of a memory window (`ibv_inc_rkey`): the low 8 bits, the consumer-owned key,
+/// advance and wrap; the index bits stay.
+pub const fn inc_rkey(rkey: u32) -> u32 {
+    (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
+}
+
 /// A send work request (`ibv_send_wr` without the list link: requests are posted as a slice).
 ///
 /// Fields an opcode does not use are ignored, as in `ibv_send_wr`'s union.
@@ -132,6 +157,46 @@ pub struct SendWr<'a> {
     pub swap: u64,
     /// Destination; required on UD queue pairs, refused on connected ones.
     pub ud: Option<UdDest<'a>>,
+    /// The rkey LOCAL_INV invalidates here, or SEND_WITH_INV at the responder.
+    pub invalidate_rkey: u32,
+    /// The bind of a BIND_MW request (required by it, ignored by other opcodes).
+    pub bind: Option<MwBind>,
+}
+
+impl<'a> SendWr<'a> {
+    /// A LOCAL_INV request: invalidates the type-2 window (or fast-registered MR) `rkey`.
+    pub fn local_inv(wr_id: u64, rkey: u32, flags: SendFlags) -> Self {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::LocalInv,
+            flags,
+            invalidate_rkey: rkey,
+            ..SendWr::default()
+        }
+    }
+
+    /// A SEND_WITH_INV request: sends `sg_list` and invalidates `rkey` at the responder.
+    pub fn send_with_inv(wr_id: u64, sg_list: &'a [Sge], rkey: u32, flags: SendFlags) -> Self {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::SendWithInv,
+            flags,
+            sg_list,
+            invalidate_rkey: rkey,
+            ..SendWr::default()
+        }
+    }
+
+    /// A BIND_MW request (type-2 windows; type-1 binds go through `Qp::bind_mw`).
+    pub fn bind_mw(wr_id: u64, bind: MwBind, flags: SendFlags) -> Self {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::BindMw,
+            flags,
+            bind: Some(bind),
+            ..SendWr::default()
+        }
+    }
 }
 
 /// A receive work request (`ibv_recv_wr` without the list link).
@@ -148,7 +213,9 @@ pub struct RecvWr<'a> {
 /// Soft-RoCE writes the kernel's `ib_wc_flags` into user CQEs and rdma-core's rxe provider
 /// hands them over unchanged; so does this library. The two agree on [`WcFlags::GRH`] and
 /// [`WcFlags::WITH_IMM`]. For a received SEND_WITH_INVALIDATE the kernel sets its
-/// `IB_WC_WITH_INVALIDATE` (bit 2), the bit ibverbs calls [`WcFlags::IP_CSUM_OK`].
+/// `IB_WC_WITH_INVALIDATE` (bit 2), the bit ibverbs calls [`WcFlags::IP_CSUM_OK`]; the rxe
+/// provider translates that one bit into [`WcFlags::WITH_INV`], which rdma-core's does not
+/// (rxe never reports a checksum result, so bit 2 can mean nothing else).
 #[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct WcFlags(u32);
 
@@ -272,6 +339,12 @@ pub enum PostError {
     /// An atomic needs an 8-byte local buffer and an 8-byte aligned remote address.
     #[error("atomic operation needs 8 local bytes and an 8-byte aligned remote address")]
     InvalidAtomic,
+    /// A BIND_MW request without its bind, or a bind with access a window cannot have.
+    #[error("memory-window bind without a bind or with invalid access")]
+    InvalidBind,
+    /// LOCAL_INV and BIND_MW move no data: they take no SGEs.
+    #[error("{0:?} takes no scatter/gather elements")]
+    UnexpectedSges(WrOpcode),
     /// A batch setter (`ibv_wr_set_*`) was called before any work request of the batch was
     /// started.
     #[error("no work request started in the batch")]
@@ -294,5 +367,12 @@ mod tests {
         assert_eq!(SendFlags::from_bits(1 << 4), None);
         assert!(all.contains(SendFlags::SIGNALED | SendFlags::INLINE));
         assert!(!SendFlags::empty().contains(SendFlags::SIGNALED));
+    }
+
+    #[test]
+    fn inc_rkey_advances_only_the_key_byte() {
+        assert_eq!(inc_rkey(0x1234_5600), 0x1234_5601);
+        assert_eq!(inc_rkey(0x1234_56ff), 0x1234_5600);
+        assert_eq!(inc_rkey(u32::MAX), 0xffff_ff00);
     }
 }

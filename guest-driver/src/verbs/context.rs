@@ -411,6 +411,11 @@ impl ContextInner {
         &self.device_attr
     }
 
+    /// Whether memory windows (`VRDMA_F_MW`) were negotiated.
+    pub(crate) fn has_memory_windows(&self) -> bool {
+        self.features & features::VRDMA_F_MW != 0
+    }
+
     /// Whether the data path (ring format rxe v1) was negotiated.
     pub(crate) fn has_rxe_v1(&self) -> bool {
         self.features & features::VRDMA_F_RING_RXE_V1 != 0

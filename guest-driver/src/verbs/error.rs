@@ -179,6 +179,8 @@ pub fn opcode_name(opcode: Opcode) -> &'static str {
         Opcode::RegMr => "REG_MR",
         Opcode::DeregMr => "DEREG_MR",
         Opcode::ReregMr => "REREG_MR",
+        Opcode::AllocMw => "ALLOC_MW",
+        Opcode::DeallocMw => "DEALLOC_MW",
         Opcode::CreateCq => "CREATE_CQ",
         Opcode::DestroyCq => "DESTROY_CQ",
         Opcode::ArmCq => "ARM_CQ",

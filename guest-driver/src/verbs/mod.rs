@@ -28,6 +28,7 @@ mod error;
 pub mod event;
 mod gid_cache;
 mod mr;
+mod mw;
 mod pd;
 mod qp;
 mod ring;
@@ -41,17 +42,19 @@ pub use error::{opcode_name, PostSendError, ProtocolError, Result, SendBatchErro
 pub use event::DeviceEvent;
 pub use gid_cache::{GidTable, DEFAULT_GID_CACHE_LIFETIME};
 pub use mr::{Mr, MrChange};
+pub use mw::Mw;
 pub use pd::Pd;
 pub use qp::{ConnectOptions, Qp, QpInitAttr, RemoteQp};
 pub use send_batch::SendBatch;
 pub use srq::{Srq, SrqAttr};
 
 pub use crate::provider::{
-    PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WorkCompletion,
+    inc_rkey, MwBind, PostError, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WorkCompletion,
 };
 pub use vrdma_spec::attr::qp::{GlobalRoute, QpCaps};
 pub use vrdma_spec::verbs::{
-    AccessFlags, Gid, GidType, Mtu, QpAttrMask, QpState, QpType, WcOpcode, WcStatus, WrOpcode,
+    AccessFlags, Gid, GidType, Mtu, MwType, QpAttrMask, QpState, QpType, WcOpcode, WcStatus,
+    WrOpcode,
 };
 /// Device, port and GID-table attributes are the wire structs (typed access in
 /// `vrdma_spec::attr::query`).

@@ -10,12 +10,14 @@
 //! [`fork`]: what a `fork()` child inherits, and the parent's regions after it.
 //! [`mr_rereg`]: re-registration of memory regions.
 //! [`gid_cache`]: the context's GID table cache: its cost and its invalidation.
+//! [`memory_windows`]: windows allocated, bound, used and invalidated through the kernel.
 
 mod control;
 mod data_path;
 mod fork;
 mod gid_cache;
 mod helpers;
+mod memory_windows;
 mod mr_rereg;
 mod resize_cq;
 mod uc;

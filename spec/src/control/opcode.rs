@@ -33,6 +33,10 @@ pub enum Opcode {
     DeregMr = 0x0021,
     /// Change a memory region's PD, access or translation in place.
     ReregMr = 0x0022,
+    /// Allocate a memory window (needs `VRDMA_F_MW`).
+    AllocMw = 0x0024,
+    /// Free a memory window (needs `VRDMA_F_MW`).
+    DeallocMw = 0x0025,
     /// Create a completion queue and map its buffer.
     CreateCq = 0x0030,
     /// Destroy a completion queue.
@@ -65,7 +69,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 26] = [
+    pub const ALL: [Opcode; 28] = [
         Opcode::QueryDevice,
         Opcode::QueryPort,
         Opcode::QueryGid,
@@ -78,6 +82,8 @@ impl Opcode {
         Opcode::RegMr,
         Opcode::DeregMr,
         Opcode::ReregMr,
+        Opcode::AllocMw,
+        Opcode::DeallocMw,
         Opcode::CreateCq,
         Opcode::DestroyCq,
         Opcode::ArmCq,
@@ -106,6 +112,7 @@ impl Opcode {
             Opcode::SetDoorbellArea => size_of::<SetDoorbellAreaReq>(),
             Opcode::RegMr => size_of::<RegMrReq>(),
             Opcode::ReregMr => size_of::<ReregMrReq>(),
+            Opcode::AllocMw => size_of::<AllocMwReq>(),
             Opcode::CreateCq => size_of::<CreateCqReq>(),
             Opcode::ArmCq => size_of::<ArmCqReq>(),
             Opcode::ResizeCq => size_of::<ResizeCqReq>(),
@@ -117,6 +124,7 @@ impl Opcode {
             Opcode::CreateAh => size_of::<CreateAhReq>(),
             Opcode::DeallocPd
             | Opcode::DeregMr
+            | Opcode::DeallocMw
             | Opcode::DestroyCq
             | Opcode::DestroyQp
             | Opcode::QuerySrq
@@ -137,6 +145,7 @@ impl Opcode {
             Opcode::AllocPd => size_of::<HandleResp>(),
             Opcode::RegMr => size_of::<RegMrResp>(),
             Opcode::ReregMr => size_of::<ReregMrResp>(),
+            Opcode::AllocMw => size_of::<AllocMwResp>(),
             Opcode::CreateCq => size_of::<CreateCqResp>(),
             Opcode::ResizeCq => size_of::<ResizeCqResp>(),
             Opcode::CreateQp => size_of::<CreateQpResp>(),
@@ -148,6 +157,7 @@ impl Opcode {
             | Opcode::DiscardState
             | Opcode::DeallocPd
             | Opcode::DeregMr
+            | Opcode::DeallocMw
             | Opcode::DestroyCq
             | Opcode::ArmCq
             | Opcode::ModifyQp
@@ -165,6 +175,7 @@ impl Opcode {
                 Some(features::VRDMA_F_SRQ)
             }
             Opcode::CreateAh | Opcode::DestroyAh => Some(features::VRDMA_F_UD),
+            Opcode::AllocMw | Opcode::DeallocMw => Some(features::VRDMA_F_MW),
             _ => None,
         }
     }

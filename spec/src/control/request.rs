@@ -45,6 +45,10 @@ pub enum ControlRequest<'a> {
     DeregMr(HandleReq),
     /// REREG_MR with the page list of a translation change.
     ReregMr(ReregMr<'a>),
+    /// ALLOC_MW.
+    AllocMw(AllocMwReq),
+    /// DEALLOC_MW.
+    DeallocMw(HandleReq),
     /// CREATE_CQ.
     CreateCq(CreateCqReq),
     /// DESTROY_CQ.
@@ -138,6 +142,17 @@ impl<'a> ControlRequest<'a> {
             }
             Opcode::DeallocPd => ControlRequest::DeallocPd(handle_req(body)?),
             Opcode::DeregMr => ControlRequest::DeregMr(handle_req(body)?),
+            Opcode::DeallocMw => ControlRequest::DeallocMw(handle_req(body)?),
+            Opcode::AllocMw => {
+                let r: AllocMwReq = take_body(body)?;
+                verbs::MwType::try_from(r.mw_type.get()).map_err(|v| {
+                    DecodeError::InvalidValue {
+                        field: "mw_type",
+                        value: v.into(),
+                    }
+                })?;
+                ControlRequest::AllocMw(r)
+            }
             Opcode::DestroyCq => ControlRequest::DestroyCq(handle_req(body)?),
             Opcode::DestroyQp => ControlRequest::DestroyQp(handle_req(body)?),
             Opcode::QuerySrq => ControlRequest::QuerySrq(handle_req(body)?),
@@ -244,6 +259,8 @@ impl<'a> ControlRequest<'a> {
             ControlRequest::RegMr(_) => Opcode::RegMr,
             ControlRequest::DeregMr(_) => Opcode::DeregMr,
             ControlRequest::ReregMr(_) => Opcode::ReregMr,
+            ControlRequest::AllocMw(_) => Opcode::AllocMw,
+            ControlRequest::DeallocMw(_) => Opcode::DeallocMw,
             ControlRequest::CreateCq(_) => Opcode::CreateCq,
             ControlRequest::DestroyCq(_) => Opcode::DestroyCq,
             ControlRequest::ArmCq(_) => Opcode::ArmCq,
@@ -261,9 +278,18 @@ impl<'a> ControlRequest<'a> {
         }
     }
 
-    /// Feature bits this particular request needs (a CREATE_QP may need SRQ, and UD or UC).
+    /// Feature bits this particular request needs (a CREATE_QP may need SRQ, and UD or UC; a
+    /// REG_MR or an access-changing REREG_MR with `MW_BIND` access needs memory windows).
     pub fn required_features(&self) -> u64 {
         let mut f = self.opcode().required_feature().unwrap_or(0);
+        let mr_access = match self {
+            ControlRequest::RegMr(m) => Some(m.req.access.get()),
+            ControlRequest::ReregMr(m) => m.new_access(),
+            _ => None,
+        };
+        if mr_access.is_some_and(|a| a & verbs::AccessFlags::MW_BIND.bits() != 0) {
+            f |= features::VRDMA_F_MW;
+        }
         if let ControlRequest::CreateQp(r) = self {
             if r.srq.get() != 0 {
                 f |= features::VRDMA_F_SRQ;
@@ -309,6 +335,7 @@ impl<'a> ControlRequest<'a> {
             ControlRequest::SetDoorbellArea(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::DeallocPd(r)
             | ControlRequest::DeregMr(r)
+            | ControlRequest::DeallocMw(r)
             | ControlRequest::DestroyCq(r)
             | ControlRequest::DestroyQp(r)
             | ControlRequest::QuerySrq(r)
@@ -319,6 +346,7 @@ impl<'a> ControlRequest<'a> {
                 out.extend_from_slice(m.pages.as_bytes());
             }
             ControlRequest::ReregMr(m) => encode_rereg_mr(m, out),
+            ControlRequest::AllocMw(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::CreateCq(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::ArmCq(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::ResizeCq(r) => out.extend_from_slice(r.as_bytes()),

@@ -31,6 +31,8 @@ pub enum ResponseBody {
     RegMr(RegMrResp),
     /// REREG_MR.
     ReregMr(ReregMrResp),
+    /// ALLOC_MW.
+    AllocMw(AllocMwResp),
     /// CREATE_CQ.
     CreateCq(CreateCqResp),
     /// RESIZE_CQ.
@@ -60,6 +62,7 @@ impl ResponseBody {
             ResponseBody::AllocPd(b) => b.as_bytes(),
             ResponseBody::RegMr(b) => b.as_bytes(),
             ResponseBody::ReregMr(b) => b.as_bytes(),
+            ResponseBody::AllocMw(b) => b.as_bytes(),
             ResponseBody::CreateCq(b) => b.as_bytes(),
             ResponseBody::ResizeCq(b) => b.as_bytes(),
             ResponseBody::CreateQp(b) => b.as_bytes(),
@@ -82,6 +85,7 @@ impl ResponseBody {
                 | (ResponseBody::AllocPd(_), Opcode::AllocPd)
                 | (ResponseBody::RegMr(_), Opcode::RegMr)
                 | (ResponseBody::ReregMr(_), Opcode::ReregMr)
+                | (ResponseBody::AllocMw(_), Opcode::AllocMw)
                 | (ResponseBody::CreateCq(_), Opcode::CreateCq)
                 | (ResponseBody::ResizeCq(_), Opcode::ResizeCq)
                 | (ResponseBody::CreateQp(_), Opcode::CreateQp)
@@ -102,6 +106,7 @@ impl ResponseBody {
             Opcode::AllocPd => ResponseBody::AllocPd(take_body(b)?),
             Opcode::RegMr => ResponseBody::RegMr(take_body(b)?),
             Opcode::ReregMr => ResponseBody::ReregMr(take_body(b)?),
+            Opcode::AllocMw => ResponseBody::AllocMw(take_body(b)?),
             Opcode::CreateCq => ResponseBody::CreateCq(take_body(b)?),
             Opcode::ResizeCq => ResponseBody::ResizeCq(take_body(b)?),
             Opcode::CreateQp => ResponseBody::CreateQp(take_body(b)?),

@@ -179,6 +179,36 @@ fn layout_facts() -> Vec<Fact> {
             wr + offset_of!(RxeUdWr, pad),
         ),
         offset("rxe_send_wqe", "wr.wr.ud.av", wr + offset_of!(RxeUdWr, av)),
+        offset(
+            "rxe_send_wqe",
+            "wr.wr.mw.addr",
+            wr + offset_of!(RxeMwWr, addr),
+        ),
+        offset(
+            "rxe_send_wqe",
+            "wr.wr.mw.length",
+            wr + offset_of!(RxeMwWr, length),
+        ),
+        offset(
+            "rxe_send_wqe",
+            "wr.wr.mw.mr_lkey",
+            wr + offset_of!(RxeMwWr, mr_lkey),
+        ),
+        offset(
+            "rxe_send_wqe",
+            "wr.wr.mw.mw_rkey",
+            wr + offset_of!(RxeMwWr, mw_rkey),
+        ),
+        offset(
+            "rxe_send_wqe",
+            "wr.wr.mw.rkey",
+            wr + offset_of!(RxeMwWr, rkey),
+        ),
+        offset(
+            "rxe_send_wqe",
+            "wr.wr.mw.access",
+            wr + offset_of!(RxeMwWr, access),
+        ),
         size("rxe_recv_wqe", size_of::<RxeRecvWqe>()),
         offset("rxe_recv_wqe", "wr_id", offset_of!(RxeRecvWqe, wr_id)),
         offset("rxe_recv_wqe", "reserved", offset_of!(RxeRecvWqe, reserved)),
@@ -231,6 +261,9 @@ fn opcode_facts() -> Vec<Fact> {
             "IB_UVERBS_WR_ATOMIC_FETCH_AND_ADD",
             WrOpcode::AtomicFetchAndAdd,
         ),
+        ("IB_UVERBS_WR_LOCAL_INV", WrOpcode::LocalInv),
+        ("IB_UVERBS_WR_BIND_MW", WrOpcode::BindMw),
+        ("IB_UVERBS_WR_SEND_WITH_INV", WrOpcode::SendWithInv),
     ];
     let mut facts: Vec<Fact> = wr_opcodes
         .iter()

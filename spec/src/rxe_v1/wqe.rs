@@ -104,12 +104,33 @@ wire_struct! {
 assert_layout!(RxeUdWr, 120, remote_qpn @ 0, remote_qkey @ 4, pkey_index @ 8, reserved @ 10,
     ah_num @ 12, pad @ 16, av @ 32);
 
+wire_struct! {
+    /// `rxe_send_wr.wr.mw`: a memory-window bind (BIND_MW work requests, and type-1 binds).
+    pub struct RxeMwWr {
+        /// Start of the window in the MR's iova space (or offset for zero-based windows).
+        pub addr: Le64,
+        /// Length of the window; 0 unbinds a type-1 window.
+        pub length: Le64,
+        /// Local key of the MR the window is bound to.
+        pub mr_lkey: Le32,
+        /// The window's current rkey (which window to bind).
+        pub mw_rkey: Le32,
+        /// The rkey after the bind: the window's index bits with the new low 8 key bits.
+        pub rkey: Le32,
+        /// The window's access (`ibv_access_flags`).
+        pub access: Le32,
+    }
+}
+assert_layout!(RxeMwWr, 32, addr @ 0, length @ 8, mr_lkey @ 16, mw_rkey @ 20, rkey @ 24,
+    access @ 28);
+
 /// Size of the `wr` union of `struct rxe_send_wr`.
 const WR_UNION_SIZE: usize = 120;
 
 wire_struct! {
     /// The `wr` union of `struct rxe_send_wr`, 120 bytes: one of [`RxeRdmaWr`],
-    /// [`RxeAtomicWr`] or [`RxeUdWr`] at its start, which one depending on the opcode.
+    /// [`RxeAtomicWr`], [`RxeUdWr`] or [`RxeMwWr`] at its start, which one depending on the
+    /// opcode.
     pub struct RxeSendWrUnion {
         /// The union's bytes.
         pub bytes: [u8; WR_UNION_SIZE],
@@ -138,6 +159,11 @@ impl RxeSendWrUnion {
         Self::holding(&ud)
     }
 
+    /// The union holding `mw`, its other bytes zero.
+    pub fn from_mw(mw: RxeMwWr) -> Self {
+        Self::holding(&mw)
+    }
+
     /// The union read as its `rdma` member.
     pub fn rdma(&self) -> RxeRdmaWr {
         self.member()
@@ -150,6 +176,11 @@ impl RxeSendWrUnion {
 
     /// The union read as its `ud` member.
     pub fn ud(&self) -> RxeUdWr {
+        self.member()
+    }
+
+    /// The union read as its `mw` member.
+    pub fn mw(&self) -> RxeMwWr {
         self.member()
     }
 

@@ -89,9 +89,9 @@ impl AccessFlags {
     pub const REMOTE_READ: AccessFlags = AccessFlags(1 << 2);
     /// Remote atomic access.
     pub const REMOTE_ATOMIC: AccessFlags = AccessFlags(1 << 3);
-    /// Memory-window binding (not supported by vrdma 1.0).
+    /// Memory windows may be bound to the MR (REG_MR with `VRDMA_F_MW` only).
     pub const MW_BIND: AccessFlags = AccessFlags(1 << 4);
-    /// Zero-based addressing (not supported by vrdma 1.0).
+    /// Zero-based addressing (not supported by vrdma 1.0 MRs; a bind may ask for it).
     pub const ZERO_BASED: AccessFlags = AccessFlags(1 << 5);
     /// On-demand paging (not supported by vrdma 1.0).
     pub const ON_DEMAND: AccessFlags = AccessFlags(1 << 6);
@@ -103,7 +103,17 @@ impl AccessFlags {
             | Self::REMOTE_WRITE.0
             | Self::REMOTE_READ.0
             | Self::REMOTE_ATOMIC.0
+            | Self::MW_BIND.0
             | Self::RELAXED_ORDERING.0,
+    );
+    /// Flags a memory-window bind may give the window (rxe's `RXE_ACCESS_SUPPORTED_MW`
+    /// without its local-only bits).
+    pub const MW_ALLOWED: AccessFlags = AccessFlags(
+        Self::LOCAL_WRITE.0
+            | Self::REMOTE_WRITE.0
+            | Self::REMOTE_READ.0
+            | Self::REMOTE_ATOMIC.0
+            | Self::ZERO_BASED.0,
     );
     /// Flags MODIFY_QP (`IBV_QP_ACCESS_FLAGS`) accepts.
     pub const QP_ALLOWED: AccessFlags = AccessFlags(
@@ -206,8 +216,12 @@ mod tests {
         assert_eq!(AccessFlags::REMOTE_ATOMIC.bits(), 0x8);
         assert_eq!(AccessFlags::RELAXED_ORDERING.bits(), 1 << 20);
         assert_eq!(AccessFlags::from_bits(0x7), Some(f));
-        assert_eq!(AccessFlags::from_bits(AccessFlags::MW_BIND.bits()), None);
-        assert_eq!(AccessFlags::MR_ALLOWED.bits(), 0xf | (1 << 20));
+        assert_eq!(
+            AccessFlags::from_bits(AccessFlags::MW_BIND.bits()),
+            Some(AccessFlags::MW_BIND)
+        );
+        assert_eq!(AccessFlags::MR_ALLOWED.bits(), 0x1f | (1 << 20));
+        assert_eq!(AccessFlags::MW_ALLOWED.bits(), 0x2f);
         assert_eq!(AccessFlags::QP_ALLOWED.bits(), 0xf);
         for undefined in [AccessFlags::ZERO_BASED, AccessFlags::ON_DEMAND] {
             assert_eq!(AccessFlags::from_bits(undefined.bits()), None);

@@ -18,4 +18,4 @@ pub use completion::{arm_flags, wc_flags, WcOpcode, WcStatus};
 pub use flags::{srq_attr, AccessFlags, QpAttrMask};
 pub use port::{Gid, GidType, PortState, MAX_FLOW_LABEL, MAX_STATIC_RATE};
 pub use qp::{check_modify_qp, qp_transition, Mtu, QpState, QpType, Transition, MAX_PSN};
-pub use work_request::{send_flags, WrOpcode};
+pub use work_request::{send_flags, MwType, WrOpcode};

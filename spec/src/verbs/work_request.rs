@@ -1,12 +1,13 @@
-//! Send work requests: the opcodes vrdma carries, which QP types carry them, and the send
-//! flags.
+//! Send work requests: the opcodes vrdma carries, which QP types carry them, the send flags,
+//! and memory-window types.
 
 use super::qp::QpType;
 
 verbs_enum! {
     /// Send work-request opcodes vrdma carries (`ibv_wr_opcode`), as written into
-    /// `rxe_send_wr.opcode`. The other `ibv_wr_opcode` values (local invalidate,
-    /// memory-window bind, send with invalidate, …) are refused by `try_from`.
+    /// `rxe_send_wr.opcode`. The other `ibv_wr_opcode` values (TSO, the driver-specific
+    /// ones, …) are refused by `try_from`. LOCAL_INV, BIND_MW and SEND_WITH_INV need
+    /// `VRDMA_F_MW` (spec §9.2).
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
     pub enum WrOpcode: u32 {
         /// RDMA write.
@@ -24,6 +25,25 @@ verbs_enum! {
         AtomicCmpAndSwp = 5,
         /// 64-bit atomic fetch and add.
         AtomicFetchAndAdd = 6,
+        /// Invalidate the rkey in `invalidate_rkey` (a type-2 memory window) locally.
+        LocalInv = 7,
+        /// Bind a memory window to a range of a memory region.
+        BindMw = 8,
+        /// Send that also invalidates `invalidate_rkey` on the responder.
+        SendWithInv = 9,
+    }
+}
+
+verbs_enum! {
+    /// Memory-window types (`ibv_mw_type`).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    pub enum MwType: u32 {
+        /// Type 1: bound with `ibv_bind_mw`, stays until unbound or freed; not invalidatable.
+        #[default]
+        Type1 = 1,
+        /// Type 2 (rxe: 2B): bound by a BIND_MW work request to one QP, invalidated by
+        /// LOCAL_INV or SEND_WITH_INV.
+        Type2 = 2,
     }
 }
 
@@ -50,8 +70,9 @@ impl WrOpcode {
     }
 
     /// Whether a QP of `qp_type` can carry the operation, as rdma_rxe's opcode table says: a
-    /// UD QP only sends; a UC QP sends and writes (no responses come back on UC, so no
-    /// RDMA READ and no atomics); an RC QP does everything.
+    /// UD QP only sends; a UC QP sends, writes and binds memory windows (no responses come
+    /// back on UC, so no RDMA READ and no atomics; no UC wire opcode carries an invalidate,
+    /// and rxe's LOCAL_INV is RC-only); an RC QP does everything.
     pub const fn valid_on(self, qp_type: QpType) -> bool {
         match qp_type {
             QpType::Rc => true,
@@ -61,6 +82,7 @@ impl WrOpcode {
                     | WrOpcode::SendWithImm
                     | WrOpcode::RdmaWrite
                     | WrOpcode::RdmaWriteWithImm
+                    | WrOpcode::BindMw
             ),
             QpType::Ud => matches!(self, WrOpcode::Send | WrOpcode::SendWithImm),
         }
@@ -72,8 +94,27 @@ impl WrOpcode {
             self,
             WrOpcode::Send
                 | WrOpcode::SendWithImm
+                | WrOpcode::SendWithInv
                 | WrOpcode::RdmaWrite
                 | WrOpcode::RdmaWriteWithImm
+        )
+    }
+
+    /// Whether the opcode carries an rkey to invalidate in `rxe_send_wr.ex`.
+    pub const fn has_invalidate(self) -> bool {
+        matches!(self, WrOpcode::LocalInv | WrOpcode::SendWithInv)
+    }
+
+    /// Whether the opcode is a local memory operation: no payload, nothing on the wire.
+    pub const fn is_local(self) -> bool {
+        matches!(self, WrOpcode::LocalInv | WrOpcode::BindMw)
+    }
+
+    /// Whether the opcode uses memory windows, i.e. needs `VRDMA_F_MW`.
+    pub const fn needs_memory_windows(self) -> bool {
+        matches!(
+            self,
+            WrOpcode::LocalInv | WrOpcode::BindMw | WrOpcode::SendWithInv
         )
     }
 }
@@ -95,7 +136,7 @@ mod tests {
     use super::*;
 
     /// Every opcode, in `ibv_wr_opcode` order.
-    const ALL: [WrOpcode; 7] = [
+    const ALL: [WrOpcode; 10] = [
         WrOpcode::RdmaWrite,
         WrOpcode::RdmaWriteWithImm,
         WrOpcode::Send,
@@ -103,6 +144,9 @@ mod tests {
         WrOpcode::RdmaRead,
         WrOpcode::AtomicCmpAndSwp,
         WrOpcode::AtomicFetchAndAdd,
+        WrOpcode::LocalInv,
+        WrOpcode::BindMw,
+        WrOpcode::SendWithInv,
     ];
 
     #[test]
@@ -111,8 +155,8 @@ mod tests {
             assert_eq!(op as u32, raw as u32);
             assert_eq!(WrOpcode::try_from(raw as u32), Ok(op));
         }
-        // LOCAL_INV, BIND_MW, SEND_WITH_INV, TSO and the rest are not carried.
-        for v in [7, 8, 9, 10, 15, u32::MAX] {
+        // TSO, FLUSH, ATOMIC_WRITE and the driver-specific ones are not carried.
+        for v in [10, 14, 15, 200, u32::MAX] {
             assert_eq!(WrOpcode::try_from(v), Err(v));
         }
     }
@@ -121,7 +165,24 @@ mod tests {
     fn opcode_classes() {
         use WrOpcode::*;
         let inline: Vec<_> = ALL.iter().filter(|op| op.allows_inline()).collect();
-        assert_eq!(inline, [&RdmaWrite, &RdmaWriteWithImm, &Send, &SendWithImm]);
+        assert_eq!(
+            inline,
+            [
+                &RdmaWrite,
+                &RdmaWriteWithImm,
+                &Send,
+                &SendWithImm,
+                &SendWithInv
+            ]
+        );
+        let local: Vec<_> = ALL.iter().filter(|op| op.is_local()).collect();
+        assert_eq!(local, [&LocalInv, &BindMw]);
+        let inv: Vec<_> = ALL.iter().filter(|op| op.has_invalidate()).collect();
+        assert_eq!(inv, [&LocalInv, &SendWithInv]);
+        assert_eq!(MwType::try_from(1), Ok(MwType::Type1));
+        assert_eq!(MwType::try_from(2), Ok(MwType::Type2));
+        assert_eq!(MwType::try_from(0), Err(0));
+        assert_eq!(MwType::try_from(3), Err(3));
         let imm: Vec<_> = ALL.iter().filter(|op| op.has_imm()).collect();
         assert_eq!(imm, [&RdmaWriteWithImm, &SendWithImm]);
         let rdma: Vec<_> = ALL.iter().filter(|op| op.is_rdma()).collect();
@@ -138,7 +199,7 @@ mod tests {
         assert_eq!(on(QpType::Rc), ALL);
         assert_eq!(
             on(QpType::Uc),
-            [RdmaWrite, RdmaWriteWithImm, Send, SendWithImm]
+            [RdmaWrite, RdmaWriteWithImm, Send, SendWithImm, BindMw]
         );
         assert_eq!(on(QpType::Ud), [Send, SendWithImm]);
     }

@@ -167,6 +167,11 @@ pub fn all_requests(pages: &[u8]) -> Vec<ControlRequest<'_>> {
         ControlRequest::RegMr(RegMr::new(reg_mr_req(), pages)),
         ControlRequest::DeregMr(h(0x0100_0002)),
         ControlRequest::ReregMr(ReregMr::new(rereg_mr_req(), pages)),
+        ControlRequest::AllocMw(AllocMwReq {
+            pd: Le32::new(1),
+            mw_type: Le32::new(2),
+        }),
+        ControlRequest::DeallocMw(h(0x0100_0003)),
         ControlRequest::CreateCq(CreateCqReq {
             cqe: Le32::new(1023),
             reserved: Le32::ZERO,
@@ -260,6 +265,10 @@ pub fn body_for(op: Opcode) -> ResponseBody {
         Opcode::QueryPkey => ResponseBody::QueryPkey(PkeyEntry {
             pkey: Le16::new(0xffff),
             reserved: [0; 6],
+        }),
+        Opcode::AllocMw => ResponseBody::AllocMw(AllocMwResp {
+            mw: Le32::new(0x0100_0003),
+            rkey: Le32::new(0x0000_1234),
         }),
         Opcode::AllocPd => ResponseBody::AllocPd(HandleResp {
             handle: Le32::new(0x0100_0001),

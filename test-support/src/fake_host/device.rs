@@ -15,7 +15,7 @@ use vrdma_backend::host::{self, *};
 use vrdma_spec::attr::qp::QpCaps;
 use vrdma_spec::config::ring_format;
 use vrdma_spec::rxe_v1;
-use vrdma_spec::verbs::{check_modify_qp, GidType, PortState, QpAttrMask, QpState, QpType};
+use vrdma_spec::verbs::{check_modify_qp, GidType, MwType, PortState, QpAttrMask, QpState, QpType};
 use vrdma_spec::wire::{GidEntry, QpAttr};
 use zerocopy::FromZeros;
 
@@ -49,6 +49,8 @@ pub struct World {
     pub srqs: BTreeMap<u32, u64>,
     /// Live AHs.
     pub ahs: BTreeMap<u32, ()>,
+    /// Live MWs: their PD and type.
+    pub mws: BTreeMap<u32, (PdHandle, MwType)>,
     /// QPs kicked (`kick_send`), in order.
     pub kicks: Vec<u32>,
     /// CQs armed, with `solicited_only`, in order.
@@ -107,6 +109,7 @@ impl World {
             + self.qps.len()
             + self.srqs.len()
             + self.ahs.len()
+            + self.mws.len()
     }
 }
 
@@ -257,6 +260,10 @@ impl HostContext for FakeContext {
             !w.mrs.values().any(|m| m.pd == pd),
             "PD freed while an MR uses it"
         );
+        assert!(
+            !w.mws.values().any(|(mw_pd, _)| *mw_pd == pd),
+            "PD freed while an MW uses it"
+        );
         w.pds.remove(&pd.0).map(|_| ()).ok_or(DeviceError::Command {
             command: "DEALLOC_PD",
             errno: libc::EINVAL,
@@ -280,6 +287,26 @@ impl HostContext for FakeContext {
         w.fail("DEREG_MR")?;
         w.mrs.remove(&mr.0).map(|_| ()).ok_or(DeviceError::Command {
             command: "DEREG_MR",
+            errno: libc::EINVAL,
+        })
+    }
+    fn alloc_mw(&self, pd: PdHandle, mw_type: MwType) -> host::Result<Mw> {
+        let mut w = world(&self.world);
+        w.fail("ALLOC_MW")?;
+        assert!(w.pds.contains_key(&pd.0));
+        let h = w.handle();
+        w.mws.insert(h, (pd, mw_type));
+        // rxe's layout: pool index in the upper 24 bits, an 8-bit key below.
+        Ok(Mw {
+            handle: MwHandle(h),
+            rkey: (h << 8) | 0x42,
+        })
+    }
+    fn dealloc_mw(&self, mw: MwHandle) -> host::Result<()> {
+        let mut w = world(&self.world);
+        w.fail("DEALLOC_MW")?;
+        w.mws.remove(&mw.0).map(|_| ()).ok_or(DeviceError::Command {
+            command: "DEALLOC_MW",
             errno: libc::EINVAL,
         })
     }

@@ -57,6 +57,7 @@ pub fn test_options() -> DeviceOptions {
             qps: 3,
             srqs: 2,
             ahs: 2,
+            mws: 2,
         },
         ..DeviceOptions::default()
     }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use vrdma::dma::{MemfdRam, GUEST_RAM_BASE, PAGE_SIZE};
 use vrdma::spec::control::{ControlRequest, ControlResponse, Opcode, ResponseBody};
 use vrdma::spec::rxe_v1::{num_slots_for, recv_wqe_size, send_wqe_size, IbUverbsWc, RxeAv};
-use vrdma::spec::verbs::{check_modify_qp, QpAttrMask, QpState, QpType};
+use vrdma::spec::verbs::{check_modify_qp, MwType, QpAttrMask, QpState, QpType};
 use vrdma::spec::wire::*;
 use vrdma::spec::{Le16, Le32, Le64, Status, StatusError};
 use vrdma::verbs::GidType;
@@ -54,6 +54,33 @@ pub struct FakeMr {
     pub pages: Vec<u64>,
 }
 
+/// A memory window as the device allocated it.
+pub struct FakeMw {
+    /// Handle of its PD.
+    pub pd: u32,
+    /// Type 1 or 2.
+    pub mw_type: MwType,
+    /// Current rkey (its low 8 bits change with every bind).
+    pub rkey: u32,
+    /// Where it is bound, if it is.
+    pub binding: Option<MwBinding>,
+}
+
+/// A bound window: the MR range it opens and to whom.
+#[derive(Clone, Copy, Debug)]
+pub struct MwBinding {
+    /// Handle of the MR.
+    pub mr: u32,
+    /// First byte, in the MR's iova space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote access the window grants (wire values).
+    pub access: u32,
+    /// The QP number a type-2 window was bound through: only that QP may use it.
+    pub qpn: Option<u32>,
+}
+
 pub(crate) struct FakeCq {
     pub(crate) ring: Ring,
     pub(crate) armed: bool,
@@ -89,6 +116,8 @@ pub struct FakeDevice {
     pub(crate) cqs: HashMap<u32, FakeCq>,
     pub(crate) qps: HashMap<u32, FakeQp>,
     pub(crate) ahs: HashMap<u32, (u32, u32)>,
+    /// The allocated memory windows by handle.
+    pub mws: HashMap<u32, FakeMw>,
     pub(crate) doorbell: Option<u64>,
     pub(crate) doorbell_head: u32,
     pub(crate) region_pages: Vec<bool>,
@@ -118,6 +147,7 @@ impl FakeDevice {
             cqs: HashMap::new(),
             qps: HashMap::new(),
             ahs: HashMap::new(),
+            mws: HashMap::new(),
             doorbell: None,
             doorbell_head: 0,
             region_pages: vec![false; SHM_SIZE / PAGE_SIZE],
@@ -170,6 +200,7 @@ impl FakeDevice {
             && self.cqs.is_empty()
             && self.qps.is_empty()
             && self.ahs.is_empty()
+            && self.mws.is_empty()
             && self.region_pages.iter().all(|used| !used)
     }
 
@@ -245,6 +276,7 @@ impl FakeDevice {
                 self.cqs.clear();
                 self.qps.clear();
                 self.ahs.clear();
+                self.mws.clear();
                 self.doorbell = None;
                 self.region_pages.iter_mut().for_each(|page| *page = false);
                 Ok(ResponseBody::Empty)
@@ -277,7 +309,8 @@ impl FakeDevice {
                     .ok_or(Status::BadHandle)?;
                 let used = self.mrs.values().any(|m| m.pd == pd)
                     || self.qps.values().any(|q| q.pd == pd)
-                    || self.ahs.values().any(|a| a.0 == pd);
+                    || self.ahs.values().any(|a| a.0 == pd)
+                    || self.mws.values().any(|w| w.pd == pd);
                 if used {
                     return Err(Status::Busy);
                 }
@@ -316,7 +349,46 @@ impl FakeDevice {
                 }))
             }
             R::DeregMr(r) => {
-                self.mrs.remove(&r.handle.get()).ok_or(Status::BadHandle)?;
+                let mr = r.handle.get();
+                if !self.mrs.contains_key(&mr) {
+                    return Err(Status::BadHandle);
+                }
+                // rxe refuses to deregister an MR windows are bound to (EINVAL).
+                let bound = self
+                    .mws
+                    .values()
+                    .any(|w| w.binding.is_some_and(|b| b.mr == mr));
+                if bound {
+                    return Err(Status::DeviceError);
+                }
+                self.mrs.remove(&mr);
+                Ok(ResponseBody::Empty)
+            }
+            R::AllocMw(r) => {
+                let pd = r.pd.get();
+                if !self.pds.contains(&pd) {
+                    return Err(Status::BadHandle);
+                }
+                let mw_type = MwType::try_from(r.mw_type.get()).map_err(|_| Status::Invalid)?;
+                let handle = self.handle();
+                self.next_key += 0x100;
+                let rkey = self.next_key | 0x80;
+                self.mws.insert(
+                    handle,
+                    FakeMw {
+                        pd,
+                        mw_type,
+                        rkey,
+                        binding: None,
+                    },
+                );
+                Ok(ResponseBody::AllocMw(AllocMwResp {
+                    mw: Le32::new(handle),
+                    rkey: Le32::new(rkey),
+                }))
+            }
+            R::DeallocMw(r) => {
+                self.mws.remove(&r.handle.get()).ok_or(Status::BadHandle)?;
                 Ok(ResponseBody::Empty)
             }
             R::ReregMr(m) => self.rereg_mr(m),

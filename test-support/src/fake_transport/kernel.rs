@@ -1,9 +1,9 @@
 //! The fake's loopback Soft-RoCE "kernel": drains the doorbell area and executes SEND, RDMA
 //! WRITE (with or without immediate data), RDMA READ and the two atomics (compare and swap,
 //! fetch and add, on native-endian 64-bit words as rdma_rxe) between the device's own QPs through
-//! the registered page lists, writing native CQEs and the events they raise. As rdma_rxe, a UC
-//! sender is never told what became of its message: what the responder drops completes
-//! successfully at the sender.
+//! the registered page lists (and memory windows, `windows.rs`), writing native CQEs and the
+//! events they raise. As rdma_rxe, a UC sender is never told what became of its message: what
+//! the responder drops completes successfully at the sender.
 
 use std::mem::size_of;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -18,6 +18,7 @@ use zerocopy::FromZeros;
 use super::device::{FakeDevice, FakeMr};
 use super::profile::{doorbell_area_bytes, DOORBELL_SLOTS, MAX_INLINE, MAX_SGE};
 use super::ring::Ring;
+use super::windows::LOCAL_INV_FAILED;
 
 impl FakeDevice {
     /// Drains the doorbell area and processes the send queue of every QP it names; returns
@@ -100,15 +101,31 @@ impl FakeDevice {
         let len = wqe.dma.length.get();
         let local = local_payload(sq, index, wqe);
         match WrOpcode::try_from(wqe.wr.opcode.get()) {
-            Ok(WrOpcode::Send | WrOpcode::SendWithImm) => {
+            Ok(op @ (WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv)) => {
                 let Some(payload) = self.gather(pd, &local) else {
                     return (WcStatus::LocProtErr.raw(), WcOpcode::Send.raw(), 0);
                 };
-                let imm = (wqe.wr.opcode.get() == WrOpcode::SendWithImm as u32)
-                    .then_some(u32::from_ne_bytes(wqe.wr.ex));
+                let ex = u32::from_ne_bytes(wqe.wr.ex);
+                let extra = match op {
+                    WrOpcode::SendWithImm => Extra::Imm(ex),
+                    WrOpcode::SendWithInv => Extra::Invalidate(ex),
+                    _ => Extra::None,
+                };
                 let src_qpn = self.qps[&handle].qpn;
-                let status = self.deliver(dest_qpn, src_qpn, &payload, imm, events);
+                let status = self.deliver(dest_qpn, src_qpn, &payload, extra, events);
                 (status, WcOpcode::Send.raw(), len)
+            }
+            Ok(WrOpcode::BindMw) => {
+                let status = self.bind_mw(handle, wqe);
+                (status.raw(), WcOpcode::BindMw.raw(), 0)
+            }
+            Ok(WrOpcode::LocalInv) => {
+                let status = if self.invalidate(u32::from_ne_bytes(wqe.wr.ex)) {
+                    WcStatus::Success
+                } else {
+                    LOCAL_INV_FAILED
+                };
+                (status.raw(), WcOpcode::LocalInv.raw(), 0)
             }
             Ok(op @ (WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm)) => {
                 let Some(payload) = self.gather(pd, &local) else {
@@ -248,16 +265,19 @@ impl FakeDevice {
         })
     }
 
-    /// The MR a remote access through QP `qpn` with `rkey` reaches.
+    /// The MR a remote access through QP `qpn` with `rkey` (of an MR or a window) reaches.
     fn remote(&self, qpn: u32, rkey: u32, addr: u64, len: u32, access: u32) -> Option<&FakeMr> {
         let pd = self.qps.values().find(|q| q.qpn == qpn)?.pd;
-        self.mrs.values().find(|m| {
-            m.pd == pd
-                && m.rkey == rkey
-                && m.access & access == access
-                && addr >= m.iova
-                && addr + u64::from(len) <= m.iova + m.len
-        })
+        self.mrs
+            .values()
+            .find(|m| {
+                m.pd == pd
+                    && m.rkey == rkey
+                    && m.access & access == access
+                    && addr >= m.iova
+                    && addr + u64::from(len) <= m.iova + m.len
+            })
+            .or_else(|| self.remote_window(qpn, pd, rkey, addr, len, access))
     }
 
     /// Host address of MR byte `iova`, through the page list as the device maps it.
@@ -301,7 +321,7 @@ impl FakeDevice {
         qpn: u32,
         src_qp: u32,
         payload: &[u8],
-        imm: Option<u32>,
+        extra: Extra,
         events: &mut Vec<Event>,
     ) -> u32 {
         let Some(dest) = self.qps.values().find(|q| q.qpn == qpn) else {
@@ -314,6 +334,11 @@ impl FakeDevice {
         let Some(index) = rq.peek() else {
             return WcStatus::RnrRetryExcErr.raw();
         };
+        if let Extra::Invalidate(rkey) = extra {
+            if !self.invalidate(rkey) {
+                return WcStatus::RemOpErr.raw();
+            }
+        }
         // SAFETY: a posted receive slot, owned by the kernel until the consumer passes it.
         let wqe = unsafe { rq.slot(index).cast::<RxeRecvWqe>().read() };
         let n = (wqe.dma.num_sge.get() as usize).min(MAX_SGE as usize);
@@ -332,13 +357,17 @@ impl FakeDevice {
             status: Le32::new(status),
             opcode: Le32::new(WcOpcode::Recv.raw()),
             byte_len: Le32::new(payload.len() as u32),
-            ex: imm.unwrap_or(0).to_ne_bytes(),
+            ex: match extra {
+                Extra::Imm(v) | Extra::Invalidate(v) => v.to_ne_bytes(),
+                Extra::None => [0; 4],
+            },
             qp_num: Le32::new(qpn),
             src_qp: Le32::new(src_qp),
-            wc_flags: Le32::new(if imm.is_some() {
-                sv::wc_flags::WITH_IMM
-            } else {
-                0
+            // rxe writes the kernel's flags: IB_WC_WITH_INVALIDATE is bit 2.
+            wc_flags: Le32::new(match extra {
+                Extra::Imm(_) => sv::wc_flags::WITH_IMM,
+                Extra::Invalidate(_) => KERNEL_WC_WITH_INVALIDATE,
+                Extra::None => 0,
             }),
             port_num: 1,
             ..IbUverbsWc::new_zeroed()
@@ -425,6 +454,19 @@ impl FakeDevice {
     }
 }
 
+/// The kernel's `IB_WC_WITH_INVALIDATE`, as rxe writes it into user CQEs.
+const KERNEL_WC_WITH_INVALIDATE: u32 = 1 << 2;
+
+/// What a send carries besides its payload.
+#[derive(Clone, Copy)]
+enum Extra {
+    None,
+    /// Immediate data (network order, as found in the WQE).
+    Imm(u32),
+    /// An rkey the responder invalidates.
+    Invalidate(u32),
+}
+
 /// Whether a completion status reports an error found at the sender itself (which a UC sender
 /// sees), rather than one reported back by the responder (which UC has no way to report).
 fn local_error(status: u32) -> bool {
@@ -432,6 +474,7 @@ fn local_error(status: u32) -> bool {
         WcStatus::LocLenErr,
         WcStatus::LocQpOpErr,
         WcStatus::LocProtErr,
+        WcStatus::MwBindErr,
     ]
     .iter()
     .any(|s| s.raw() == status)

@@ -1,5 +1,5 @@
-//! The protection-domain and memory-region commands: ALLOC_PD, DEALLOC_PD, REG_MR, REREG_MR,
-//! DEREG_MR.
+//! The protection-domain, memory-region and memory-window commands: ALLOC_PD, DEALLOC_PD,
+//! REG_MR, DEREG_MR, ALLOC_MW, DEALLOC_MW.
 
 use super::framing::{abi_layout, abi_struct, cmd, command, Command, CommandWithResponse};
 
@@ -62,3 +62,34 @@ abi_struct! {
 }
 abi_layout!(DeregMr, 4, mr_handle @ 0);
 command!(DeregMr, cmd::DEREG_MR, "DEREG_MR");
+
+abi_struct! {
+    /// `struct ib_uverbs_alloc_mw` (rxe adds no driver data).
+    pub struct AllocMw {
+        pub response: u64,
+        pub pd_handle: u32,
+        /// `IB_MW_TYPE_1` or `IB_MW_TYPE_2`.
+        pub mw_type: u8,
+        pub reserved: [u8; 3],
+    }
+}
+abi_layout!(AllocMw, 16, response @ 0, pd_handle @ 8, mw_type @ 12, reserved @ 13);
+
+abi_struct! {
+    /// `struct ib_uverbs_alloc_mw_resp`.
+    pub struct AllocMwResp {
+        pub mw_handle: u32,
+        pub rkey: u32,
+    }
+}
+abi_layout!(AllocMwResp, 8, mw_handle @ 0, rkey @ 4);
+command!(AllocMw, cmd::ALLOC_MW, "ALLOC_MW", AllocMwResp);
+
+abi_struct! {
+    /// `struct ib_uverbs_dealloc_mw`.
+    pub struct DeallocMw {
+        pub mw_handle: u32,
+    }
+}
+abi_layout!(DeallocMw, 4, mw_handle @ 0);
+command!(DeallocMw, cmd::DEALLOC_MW, "DEALLOC_MW");

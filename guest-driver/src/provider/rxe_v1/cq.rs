@@ -99,7 +99,23 @@ impl CompletionQueue {
     }
 }
 
-/// Converts a native CQE; `imm_data` keeps its network byte order, as with rdma-core.
+/// The kernel's `IB_WC_WITH_INVALIDATE`, which rxe writes into user CQEs as it is.
+const KERNEL_WC_WITH_INVALIDATE: u32 = 1 << 2;
+
+/// rxe's user CQEs carry the kernel's `ib_wc_flags`, which agree with ibverbs' on GRH and
+/// WITH_IMM but put WITH_INVALIDATE at bit 2, ibverbs' IP_CSUM_OK (which rxe never reports):
+/// moved to [`WcFlags::WITH_INV`]. Other bits stay as found.
+fn wc_flags(raw: u32) -> WcFlags {
+    let flags = if raw & KERNEL_WC_WITH_INVALIDATE != 0 {
+        (raw & !KERNEL_WC_WITH_INVALIDATE) | WcFlags::WITH_INV.bits()
+    } else {
+        raw
+    };
+    WcFlags::from_bits_retain(flags)
+}
+
+/// Converts a native CQE; `imm_data` keeps its network byte order, as with rdma-core (for a
+/// received SEND_WITH_INV it holds the invalidated rkey in host order).
 fn completion(cqe: &IbUverbsWc) -> WorkCompletion {
     WorkCompletion {
         wr_id: cqe.wr_id.get(),
@@ -109,12 +125,24 @@ fn completion(cqe: &IbUverbsWc) -> WorkCompletion {
         imm_data: u32::from_ne_bytes(cqe.ex),
         qp_num: cqe.qp_num.get(),
         src_qp: cqe.src_qp.get(),
-        wc_flags: WcFlags::from_bits_retain(cqe.wc_flags.get()),
+        wc_flags: wc_flags(cqe.wc_flags.get()),
         pkey_index: cqe.pkey_index.get(),
         slid: cqe.slid.get(),
         sl: cqe.sl,
         dlid_path_bits: cqe.dlid_path_bits,
         port_num: cqe.port_num,
         vendor_err: cqe.vendor_err.get(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_invalidate_flag_becomes_ibverbs_with_inv() {
+        assert_eq!(wc_flags(0x1 | 0x4), WcFlags::GRH | WcFlags::WITH_INV);
+        assert_eq!(wc_flags(0x3), WcFlags::GRH | WcFlags::WITH_IMM);
+        assert_eq!(wc_flags(0x100), WcFlags::from_bits_retain(0x100));
     }
 }

@@ -7,16 +7,16 @@ use std::mem::{offset_of, size_of};
 use std::sync::atomic::Ordering;
 
 use vrdma_spec::rxe_v1::{
-    send_wqe_size, RxeAtomicWr, RxeAv, RxeDmaInfo, RxeRdmaWr, RxeSendWqe, RxeSendWr,
+    send_wqe_size, RxeAtomicWr, RxeAv, RxeDmaInfo, RxeMwWr, RxeRdmaWr, RxeSendWqe, RxeSendWr,
     RxeSendWrUnion, RxeSge, RxeUdWr, WQE_STATE_POSTED,
 };
 use vrdma_spec::{Le16, Le32, Le64};
 use zerocopy::FromZeros;
 
 use super::queue::{QueueError, RxeQueue, SlotWriter};
-use vrdma_spec::verbs::{QpType, WrOpcode};
+use vrdma_spec::verbs::{AccessFlags, QpType, WrOpcode};
 
-use crate::provider::{PostError, SendFlags, SendWr, Sge, UdDest};
+use crate::provider::{MwBind, PostError, SendFlags, SendWr, Sge, UdDest};
 
 /// Limits the device reported when it created the send queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +53,8 @@ pub(super) struct WqeShape {
     pub(super) length: u64,
     pub(super) has_ud_dest: bool,
     pub(super) remote_addr: u64,
+    /// The bind of a BIND_MW request.
+    pub(super) bind: Option<MwBind>,
 }
 
 impl WqeShape {
@@ -64,6 +66,7 @@ impl WqeShape {
             length: wr.sg_list.iter().map(|sge| u64::from(sge.length)).sum(),
             has_ud_dest: wr.ud.is_some(),
             remote_addr: wr.remote_addr,
+            bind: wr.bind,
         }
     }
 }
@@ -208,12 +211,22 @@ impl SendQueue {
         if wr.opcode.is_atomic() && (length < 8 || !wr.remote_addr.is_multiple_of(8)) {
             return Err(PostError::InvalidAtomic);
         }
+        if wr.opcode.is_local() && wr.num_sge != 0 {
+            return Err(PostError::UnexpectedSges(wr.opcode));
+        }
+        if wr.opcode == WrOpcode::BindMw {
+            let access_ok = |b: &MwBind| b.access.bits() & !AccessFlags::MW_ALLOWED.bits() == 0;
+            if !wr.bind.as_ref().is_some_and(access_ok) {
+                return Err(PostError::InvalidBind);
+            }
+        }
         Ok(length)
     }
 }
 
 /// Writes the request part of a send WQE: the kernel request (`wr`, whose opcode-specific
-/// union and `iova` come from `wr`'s opcode), `state` and `iova`. The payload and its `dma`
+/// union and `iova` come from `wr`'s opcode: remote operands, the window bind of BIND_MW, the
+/// rkey LOCAL_INV and SEND_WITH_INV invalidate), `state` and `iova`. The payload and its `dma`
 /// description are written by [`put_sges`] or [`put_inline`] and [`put_dma`].
 ///
 /// The fields the kernel owns (status, mask, PSNs...) are not written, as in rdma-core's
@@ -227,9 +240,12 @@ pub(super) fn put_request(entry: &mut SlotWriter<'_>, wr: &SendWr<'_>) {
         reserved: Le32::ZERO,
         opcode: Le32::new(wr.opcode as u32),
         send_flags: Le32::new(wr.flags.bits()),
-        // `imm_data` is kept in network byte order, so its bytes go in unchanged.
+        // `imm_data` is kept in network byte order, so its bytes go in unchanged;
+        // `invalidate_rkey` is a host-order `__u32`.
         ex: if wr.opcode.has_imm() {
             wr.imm_data.to_ne_bytes()
+        } else if wr.opcode.has_invalidate() {
+            wr.invalidate_rkey.to_le_bytes()
         } else {
             [0; 4]
         },
@@ -319,6 +335,16 @@ fn wr_union(wr: &SendWr<'_>) -> (RxeSendWrUnion, u64) {
             reserved: Le32::ZERO,
         };
         (RxeSendWrUnion::from_atomic(atomic), wr.remote_addr)
+    } else if let (WrOpcode::BindMw, Some(bind)) = (wr.opcode, wr.bind) {
+        let mw = RxeMwWr {
+            addr: Le64::new(bind.addr),
+            length: Le64::new(bind.length),
+            mr_lkey: Le32::new(bind.mr_lkey),
+            mw_rkey: Le32::new(bind.mw_rkey),
+            rkey: Le32::new(bind.rkey),
+            access: Le32::new(bind.access.bits()),
+        };
+        (RxeSendWrUnion::from_mw(mw), 0)
     } else {
         let union = wr.ud.as_ref().map_or(RxeSendWrUnion::ZERO, ud_union);
         (union, 0)

@@ -87,8 +87,9 @@ impl SendQueue {
         }
     }
 
-    /// Starts the next request of `batch`: `wr`'s id, opcode, flags, immediate data and remote
-    /// operands (its `sg_list` and `ud` are not looked at: the setters give them). Until a
+    /// Starts the next request of `batch`: `wr`'s id, opcode, flags, immediate data, remote
+    /// operands, window bind and invalidated rkey (its `sg_list` and `ud` are not looked at:
+    /// the setters give them). Until a
     /// setter gives one, its payload is empty. A full queue, an opcode the QP type lacks or
     /// inline data for an opcode that takes none refuses it.
     pub fn batch_add(&mut self, batch: &mut SendBatchState, wr: &SendWr<'_>) {
@@ -131,6 +132,7 @@ impl SendQueue {
                 length: 0,
                 has_ud_dest: false,
                 remote_addr: wr.remote_addr,
+                bind: wr.bind,
             },
             end: size_of::<RxeSendWqe>(),
         });
