@@ -172,20 +172,20 @@ fn rust_lines(layouts: &[Layout]) -> Vec<String> {
     lines
 }
 
-#[test]
-fn abi_structs_match_the_c_headers() {
-    let layouts = all_layouts();
-    let dir = std::env::temp_dir().join(format!("vrdma-layout-{}", std::process::id()));
+/// Compiles and runs `program` against the system headers; its standard output, or `None`
+/// (skipped, with a message) on a machine without a C compiler.
+fn run_c(name: &str, program: &str) -> Option<String> {
+    let dir = std::env::temp_dir().join(format!("vrdma-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("layout.c");
-    let bin = dir.join("layout");
-    std::fs::write(&src, c_program(&layouts)).unwrap();
+    let src = dir.join(format!("{name}.c"));
+    let bin = dir.join(name);
+    std::fs::write(&src, program).unwrap();
     let compiled = match Command::new("cc").arg(&src).arg("-o").arg(&bin).output() {
         Ok(out) => out,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("skipping the ABI layout check: no C compiler `cc` on this machine");
+            eprintln!("skipping the ABI check {name}: no C compiler `cc` on this machine");
             let _ = std::fs::remove_dir_all(&dir);
-            return;
+            return None;
         }
         Err(e) => panic!("running cc: {e}"),
     };
@@ -197,7 +197,62 @@ fn abi_structs_match_the_c_headers() {
     let run = Command::new(&bin).output().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     assert!(run.status.success());
-    let c_out = String::from_utf8(run.stdout).unwrap();
+    Some(String::from_utf8(run.stdout).unwrap())
+}
+
+/// Every command code this layer sends, against `enum ib_uverbs_write_cmds` (ALLOC_MW and
+/// DEALLOC_MW were once sent as ATTACH_MCAST/DETACH_MCAST, which only the kernel noticed).
+#[test]
+fn command_codes_match_the_c_headers() {
+    let codes = [
+        ("GET_CONTEXT", cmd::GET_CONTEXT),
+        ("QUERY_DEVICE", cmd::QUERY_DEVICE),
+        ("QUERY_PORT", cmd::QUERY_PORT),
+        ("ALLOC_PD", cmd::ALLOC_PD),
+        ("DEALLOC_PD", cmd::DEALLOC_PD),
+        ("CREATE_AH", cmd::CREATE_AH),
+        ("DESTROY_AH", cmd::DESTROY_AH),
+        ("REG_MR", cmd::REG_MR),
+        ("REREG_MR", cmd::REREG_MR),
+        ("DEREG_MR", cmd::DEREG_MR),
+        ("ALLOC_MW", cmd::ALLOC_MW),
+        ("DEALLOC_MW", cmd::DEALLOC_MW),
+        ("CREATE_COMP_CHANNEL", cmd::CREATE_COMP_CHANNEL),
+        ("CREATE_CQ", cmd::CREATE_CQ),
+        ("RESIZE_CQ", cmd::RESIZE_CQ),
+        ("DESTROY_CQ", cmd::DESTROY_CQ),
+        ("REQ_NOTIFY_CQ", cmd::REQ_NOTIFY_CQ),
+        ("CREATE_QP", cmd::CREATE_QP),
+        ("QUERY_QP", cmd::QUERY_QP),
+        ("MODIFY_QP", cmd::MODIFY_QP),
+        ("DESTROY_QP", cmd::DESTROY_QP),
+        ("POST_SEND", cmd::POST_SEND),
+        ("CREATE_SRQ", cmd::CREATE_SRQ),
+        ("MODIFY_SRQ", cmd::MODIFY_SRQ),
+        ("DESTROY_SRQ", cmd::DESTROY_SRQ),
+    ];
+    let mut program =
+        String::from("#include <stdio.h>\n#include <rdma/ib_user_verbs.h>\nint main(void) {\n");
+    for (name, _) in &codes {
+        let _ = writeln!(
+            program,
+            "printf(\"{name} %d\\n\", IB_USER_VERBS_CMD_{name});"
+        );
+    }
+    program.push_str("return 0;\n}\n");
+    let Some(c_out) = run_c("command-codes", &program) else {
+        return;
+    };
+    let expected: String = codes.iter().map(|(n, v)| format!("{n} {v}\n")).collect();
+    assert_eq!(c_out, expected);
+}
+
+#[test]
+fn abi_structs_match_the_c_headers() {
+    let layouts = all_layouts();
+    let Some(c_out) = run_c("layout", &c_program(&layouts)) else {
+        return;
+    };
     let c_lines: Vec<&str> = c_out.lines().collect();
     let expected = rust_lines(&layouts);
     assert_eq!(c_lines.len(), expected.len());

@@ -87,9 +87,9 @@ pub mod cmd {
     /// `IB_USER_VERBS_CMD_POST_SEND`.
     pub const POST_SEND: u32 = 28;
     /// `IB_USER_VERBS_CMD_ALLOC_MW`.
-    pub const ALLOC_MW: u32 = 30;
+    pub const ALLOC_MW: u32 = 14;
     /// `IB_USER_VERBS_CMD_DEALLOC_MW`.
-    pub const DEALLOC_MW: u32 = 31;
+    pub const DEALLOC_MW: u32 = 16;
     /// `IB_USER_VERBS_CMD_CREATE_SRQ`.
     pub const CREATE_SRQ: u32 = 32;
     /// `IB_USER_VERBS_CMD_MODIFY_SRQ`.
