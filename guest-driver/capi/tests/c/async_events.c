@@ -1,9 +1,10 @@
 /* Asynchronous events through ibv_get_async_event / ibv_ack_async_event on port 1 of the first
  * verbs device, plain rdma-core API (runs natively on rxe0 and, unchanged, over vrdma's drop-in):
- *   async_events          SRQ_LIMIT_REACHED for an SRQ drained below its armed limit, then
- *                         QP_LAST_WQE_REACHED for the QP attached to it moved to ERR; async_fd is
- *                         pollable, readable only while an event is pending, and gives EAGAIN
- *                         when non-blocking and empty; each event names the application's object.
+ *   async_events          SRQ_LIMIT_REACHED for an SRQ (made by ibv_create_srq_ex) drained
+ *                         below its armed limit, then QP_LAST_WQE_REACHED for the QP attached
+ *                         to it moved to ERR; async_fd is pollable, readable only while an
+ *                         event is pending, and gives EAGAIN when non-blocking and empty; each
+ *                         event names the application's object.
  *   async_events fatal    holds a QP, prints "ready", and waits for IBV_EVENT_DEVICE_FATAL (the
  *                         caller then takes the device away, e.g. kills vrdma's backend).
  * Exit status 0 = pass. */
@@ -98,9 +99,17 @@ static int srq_limit_and_last_wqe(void)
 	CHECK(ibv_query_gid(s.ctx, PORT, 0, &gid) == 0, "ibv_query_gid");
 	CHECK(ibv_query_port(s.ctx, PORT, &port) == 0, "ibv_query_port");
 
-	struct ibv_srq_init_attr srq_init = { .attr = { .max_wr = SRQ_WRS, .max_sge = 1 } };
-	struct ibv_srq *srq = ibv_create_srq(s.pd, &srq_init);
-	CHECK(srq, "ibv_create_srq");
+	/* Through the extended call (a basic SRQ), which the extended context provides. */
+	struct ibv_srq_init_attr_ex srq_init = {
+		.attr = { .max_wr = SRQ_WRS, .max_sge = 1 },
+		.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD,
+		.srq_type = IBV_SRQT_BASIC,
+		.pd = s.pd,
+	};
+	struct ibv_srq *srq = ibv_create_srq_ex(s.ctx, &srq_init);
+	CHECK(srq, "ibv_create_srq_ex");
+	CHECK(srq_init.attr.max_wr >= SRQ_WRS, "ibv_create_srq_ex wrote back max_wr %u",
+	      srq_init.attr.max_wr);
 	struct ibv_qp *sender = rc_qp(&s, NULL);
 	struct ibv_qp *receiver = rc_qp(&s, srq);
 	connect_qp(sender, receiver->qp_num, &gid, port.active_mtu);
