@@ -4,8 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
+use super::host::{dropin_library, prepared_root, target_dir};
+use super::vm_args::VmArgs;
 use crate::error::{Error, Result};
 use crate::rootfs::PreparedRoot;
+use crate::scenarios::perftest_over_vrdma;
 use crate::vm::{self, VmConfig};
 
 /// Runs `vrdma-vm guest SUITE ARGS…` (this executable) in the VM and returns the outcome and
@@ -45,6 +48,28 @@ pub fn run_guest_suite<T: serde::de::DeserializeOwned>(
             .map_err(|e| Error::Usage(format!("writing {}: {e}", path.display())))?;
     }
     Ok((outcome, results))
+}
+
+/// Runs a suite whose guest half takes `--library-dir`: the directory (prepared on the host)
+/// with vrdma's drop-in as `libibverbs.so.1` and the vendor library stand-ins. Returns the VM
+/// configuration it booted with, the outcome and the results.
+pub fn run_dropin_suite<T: serde::de::DeserializeOwned>(
+    vm_args: &VmArgs,
+    suite: &str,
+    json: Option<&Path>,
+) -> Result<(VmConfig, vm::RunOutcome, T)> {
+    let root = prepared_root()?;
+    let target = target_dir()?;
+    let (_, library) = dropin_library()?;
+    let library_dir = perftest_over_vrdma::prepare_library_dir(&target, &library)?;
+    let mut config = vm_args.config(&root)?;
+    config.echo = true;
+    let args = vec![
+        "--library-dir".into(),
+        library_dir.to_string_lossy().into_owned(),
+    ];
+    let (outcome, results) = run_guest_suite(&root, &config, suite, args, json)?;
+    Ok((config, outcome, results))
 }
 
 /// Inside the VM: hands `results` to the host as `SUITE.json` in `$VRDMA_RESULT_DIR`; run by

@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::guest_suite::{deliver_results, run_guest_suite};
-use super::host::{backend_binary, dropin_library, prepared_root, target_dir};
+use super::guest_suite::{deliver_results, run_dropin_suite};
+use super::host::backend_binary;
 use super::vm_args::VmArgs;
 use crate::error::Result;
 use crate::perftest::{self, Row};
@@ -12,18 +12,8 @@ use crate::scenarios::perftest_over_vrdma;
 
 /// `vrdma-vm test perftest-over-vrdma`.
 pub fn test(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<()> {
-    let root = prepared_root()?;
-    let target = target_dir()?;
-    let (_, library) = dropin_library()?;
-    let library_dir = perftest_over_vrdma::prepare_library_dir(&target, &library)?;
-    let mut config = vm_args.config(&root)?;
-    config.echo = true;
-    let args = vec![
-        "--library-dir".into(),
-        library_dir.to_string_lossy().into_owned(),
-    ];
-    let (outcome, rows): (_, Vec<Row>) =
-        run_guest_suite(&root, &config, "perftest-over-vrdma", args, json.as_deref())?;
+    let (config, outcome, rows): (_, _, Vec<Row>) =
+        run_dropin_suite(vm_args, "perftest-over-vrdma", json.as_deref())?;
     println!(
         "\nunmodified perftest on rxe0: native, client over vrdma (server native), both over \
          vrdma ({:?}, {} vCPUs; VM run {:.0?}):",
