@@ -126,7 +126,7 @@ asyncwatch=$!
 i=0
 until grep -q "^ready" "$dir/fatal" && grep -q "^vrdma0: async event FD" "$dir/asyncwatch"; do
 	i=$((i + 1))
-	if [ $i -gt 600 ] || ! kill -0 $fatal_program 2>/dev/null || ! kill -0 $asyncwatch 2>/dev/null; then
+	if [ $i -gt 1200 ] || ! kill -0 $fatal_program 2>/dev/null || ! kill -0 $asyncwatch 2>/dev/null; then
 		cat "$dir/fatal" "$dir/asyncwatch"; echo "the DEVICE_FATAL waiters never got ready" >&2; exit 1
 	fi
 	sleep 0.1

@@ -66,11 +66,12 @@ static int async_readable(struct ibv_context *ctx, int ms)
 	return n == 1 && (p.revents & POLLIN);
 }
 
-/* The next event, which must come within 30 s (a bound for a hang, not a measurement). */
+/* The next event, which must come within HANG_BOUND_S (a bound for a hang). */
 static struct ibv_async_event next_event(struct ibv_context *ctx)
 {
 	struct ibv_async_event ev;
-	CHECK(async_readable(ctx, 30000), "no asynchronous event within 30 s");
+	CHECK(async_readable(ctx, HANG_BOUND_S * 1000), "no asynchronous event within %d s",
+	      HANG_BOUND_S);
 	CHECK(ibv_get_async_event(ctx, &ev) == 0, "ibv_get_async_event");
 	printf("event: %s\n", ibv_event_type_str(ev.event_type));
 	return ev;

@@ -51,11 +51,11 @@ static void read_current(struct ibv_cq_ex *cq, struct read_wc *out)
 	out->dlid_path_bits = ibv_wc_read_dlid_path_bits(cq);
 }
 
-/* Polls until `want` completions were read (10 s at most), in batches. */
+/* Polls until `want` completions were read (HANG_BOUND_S at most), in batches. */
 static int poll_ex(struct ibv_cq_ex *cq, struct read_wc *out, int want)
 {
 	int got = 0;
-	time_t deadline = time(NULL) + 10;
+	time_t deadline = time(NULL) + HANG_BOUND_S;
 	while (got < want) {
 		struct ibv_poll_cq_attr attr = { .comp_mask = 0 };
 		int rc = ibv_start_poll(cq, &attr);
@@ -226,7 +226,7 @@ int main(void)
 			  dst_mr->rkey);
 	struct ibv_wc wc[4];
 	int polled = 0;
-	time_t deadline = time(NULL) + 10;
+	time_t deadline = time(NULL) + HANG_BOUND_S;
 	while (polled < 3) {
 		CHECK(time(NULL) < deadline, "only %d of 3 mixed completions", polled);
 		if (polled == 0) {

@@ -76,10 +76,10 @@ static void post_recv(struct ibv_qp *qp, uint64_t wr_id, void *addr, uint32_t le
 	CHECK(errno == 0, "ibv_post_recv %" PRIu64, wr_id);
 }
 
-/* Polls until `want` completions arrived (10 s at most); returns them by wr_id slot. */
+/* Polls until `want` completions arrived (HANG_BOUND_S at most); returns them by wr_id slot. */
 static void poll_all(struct ibv_cq *cq, struct ibv_wc *by_id, size_t slots, int want)
 {
-	time_t deadline = time(NULL) + 10;
+	time_t deadline = time(NULL) + HANG_BOUND_S;
 	for (int got = 0; got < want;) {
 		struct ibv_wc wc;
 		int n = ibv_poll_cq(cq, 1, &wc);
@@ -327,7 +327,7 @@ int main(void)
 	errno = ibv_wr_complete(qx);
 	CHECK(errno == 0, "ibv_wr_complete of a two-SGE SEND");
 	struct ibv_wc wc;
-	time_t deadline = time(NULL) + 10;
+	time_t deadline = time(NULL) + HANG_BOUND_S;
 	int seen = 0;
 	while (seen == 0) {
 		seen = ibv_poll_cq(cq, 1, &wc);

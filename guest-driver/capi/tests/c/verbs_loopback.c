@@ -33,7 +33,7 @@ struct end {
 static struct ibv_wc wait_wc(struct end *e, int use_events)
 {
 	struct ibv_wc wc;
-	time_t deadline = time(NULL) + 10;
+	time_t deadline = time(NULL) + HANG_BOUND_S;
 	for (;;) {
 		int n = ibv_poll_cq(e->cq, 1, &wc);
 		CHECK(n >= 0, "ibv_poll_cq returned %d", n);
@@ -42,7 +42,7 @@ static struct ibv_wc wait_wc(struct end *e, int use_events)
 			      wc.wr_id, ibv_wc_status_str(wc.status));
 			return wc;
 		}
-		CHECK(time(NULL) < deadline, "no completion within 10 s");
+		CHECK(time(NULL) < deadline, "no completion within %d s", HANG_BOUND_S);
 		if (use_events) {
 			struct ibv_cq *ev_cq;
 			void *ev_ctx;

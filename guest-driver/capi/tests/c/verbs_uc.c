@@ -37,17 +37,17 @@ static void expect_untouched(const unsigned char *p, size_t n, const char *what)
 		CHECK(p[i] == 0, "%s: byte %zu was written (%u)", what, i, p[i]);
 }
 
-/* Waits up to 10 s for one completion, whatever its status. */
+/* Waits up to HANG_BOUND_S for one completion, whatever its status. */
 static struct ibv_wc wait_any(struct end *e)
 {
 	struct ibv_wc wc;
-	time_t deadline = time(NULL) + 10;
+	time_t deadline = time(NULL) + HANG_BOUND_S;
 	for (;;) {
 		int n = ibv_poll_cq(e->cq, 1, &wc);
 		CHECK(n >= 0, "ibv_poll_cq returned %d", n);
 		if (n == 1)
 			return wc;
-		CHECK(time(NULL) < deadline, "no completion within 10 s");
+		CHECK(time(NULL) < deadline, "no completion within %d s", HANG_BOUND_S);
 	}
 }
 
