@@ -61,10 +61,16 @@ struct Args {
     /// Most memory windows per guest (with --allow-memory-windows).
     #[arg(long)]
     max_mws: Option<u32>,
-    /// Offer unreliable-datagram QPs and address handles. On rxe a guest can then choose the
-    /// source and destination addresses of its UD packets (spec §12).
+    /// Offer unreliable-datagram QPs and address handles. UD sends go through a staging ring
+    /// that the daemon checks (VRDMA_F_UD_STAGED_SQ, spec §9.6): a guest sends only through
+    /// its own address handles.
     #[arg(long)]
     allow_ud: bool,
+    /// With --allow-ud, also accept UD QPs of drivers that did not negotiate
+    /// VRDMA_F_UD_STAGED_SQ. Their UD sends are not checked: on rxe such a guest can choose the
+    /// source and destination addresses of its packets (spec §12). Only for trusted guests.
+    #[arg(long, requires = "allow_ud")]
+    allow_unenforced_ud: bool,
     /// Offer memory windows (ALLOC_MW, MW_BIND access, bind and invalidate work requests).
     /// rxe checks neither the MR of a bind nor the window of an invalidate against the
     /// binding QP's PD, so guests that all have this can reach each other's MRs that were
@@ -112,6 +118,7 @@ impl Args {
             quotas,
             shm_size: self.shm_size,
             allow_ud: self.allow_ud,
+            allow_unenforced_ud: self.allow_unenforced_ud,
             allow_memory_windows: self.allow_memory_windows,
             host_port,
             doorbell_poll: Duration::from_micros(self.doorbell_poll_us),

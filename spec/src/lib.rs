@@ -92,13 +92,17 @@ pub mod features {
     /// Memory windows: ALLOC_MW, DEALLOC_MW, MRs with `MW_BIND` access, and the bind and
     /// invalidate work requests on the data path (spec §12 says when a device may offer it).
     pub const VRDMA_F_MW: u64 = 1 << 5;
+    /// UD QPs post through a staging ring that the device copies, checks and forwards to the
+    /// host send queue; their WQEs name address handles by handle (spec §9.6).
+    pub const VRDMA_F_UD_STAGED_SQ: u64 = 1 << 6;
     /// Mask of all device-specific bits defined by this version.
     pub const VRDMA_F_ALL: u64 = VRDMA_F_RING_RXE_V1
         | VRDMA_F_SRQ
         | VRDMA_F_UD
         | VRDMA_F_DOORBELL_POLL
         | VRDMA_F_UC
-        | VRDMA_F_MW;
+        | VRDMA_F_MW
+        | VRDMA_F_UD_STAGED_SQ;
     /// Mask of the device-specific feature range (bits 0..=23) in which every `VRDMA_F_*` bit
     /// lives; the generic virtio bits lie above it.
     pub const DEVICE_SPECIFIC_MASK: u64 = (1 << 24) - 1;

@@ -7,6 +7,7 @@ use vrdma_spec::{Le32, ResponseBody};
 
 use super::error::CommandError;
 use super::session::{host_err, CommandResult, Session};
+use crate::datapath::ud_staging::StagedAh;
 use crate::guest::objects::AhEntry;
 use crate::guest::shared::GuestShared;
 use crate::host::{AhHandle, AhInit, HostContext};
@@ -96,6 +97,14 @@ pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
         }
         return Err(e.into());
     }
+    // Staged UD sends (spec §9.6) name it by handle from now on.
+    s.guest.doorbells().lock().ud_staging().ahs_mut().insert(
+        handle,
+        StagedAh {
+            pd,
+            ah_num: ah.ah_num,
+        },
+    );
     let sgid = s
         .guest
         .device()
@@ -114,7 +123,21 @@ pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
 pub(crate) fn destroy_ah(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
     let handle = Handle::from_raw(r.handle.get());
     let host = s.state.ahs.get(handle)?.host;
-    s.host().destroy_ah(host).map_err(host_err("DESTROY_AH"))?;
+    // No staged WQE may be translated to its host number once the host may reuse it.
+    let staged = s
+        .guest
+        .doorbells()
+        .lock()
+        .ud_staging()
+        .ahs_mut()
+        .remove(handle);
+    if let Err(e) = s.host().destroy_ah(host) {
+        if let Some(staged) = staged {
+            let mut doorbells = s.guest.doorbells().lock();
+            doorbells.ud_staging().ahs_mut().insert(handle, staged);
+        }
+        return Err(host_err("DESTROY_AH")(e));
+    }
     let entry = s.state.ahs.remove(handle)?;
     if let Err(e) = s.state.pds.release(entry.pd) {
         warn!("AH bookkeeping: {e}");

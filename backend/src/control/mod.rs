@@ -22,6 +22,7 @@ pub mod query;
 pub mod rings;
 pub mod session;
 pub mod srq;
+pub mod staged_sq;
 
 use vrdma_spec::ControlRequest;
 

@@ -13,6 +13,8 @@ use super::ah::{ah_attr_to_guest, ah_attr_to_host};
 use super::error::CommandError;
 use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
+use super::staged_sq::{self, SendQueueMode};
+use crate::datapath::ud_staging::StagedSq;
 use crate::guest::objects::EventOwner;
 use crate::guest::objects::{QpDeps, QpEntry};
 use crate::guest::state::GuestState;
@@ -68,6 +70,7 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
         what: "qp_type",
         value: v.into(),
     })?;
+    let sq_mode = staged_sq::send_queue_mode(s, qp_type)?;
     let attr = &s.guest.limits().attr;
     at_most(r.max_send_wr.get(), attr.max_qp_wr, "max_send_wr")?;
     at_most(r.max_recv_wr.get(), attr.max_qp_wr, "max_recv_wr")?;
@@ -107,7 +110,7 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
     let result = create_reserved(
         s,
         r,
-        qp_type,
+        (qp_type, sq_mode),
         deps,
         doorbell_index,
         pd,
@@ -125,7 +128,7 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
 fn create_reserved(
     s: &mut Session<'_>,
     r: &CreateQpReq,
-    qp_type: QpType,
+    (qp_type, sq_mode): (QpType, SendQueueMode),
     deps: QpDeps,
     doorbell_index: u32,
     pd: host::PdHandle,
@@ -164,8 +167,8 @@ fn create_reserved(
             return Err(host_err("CREATE_QP")(e));
         }
     };
-    let rings = map_rings(s, &qp, srq.is_some());
-    let (sq, rq) = match rings {
+    let rings = map_rings(s, &qp, srq.is_some(), sq_mode, deps.pd);
+    let (sq, rq, staged) = match rings {
         Ok(rings) => rings,
         Err(e) => {
             destroy_host(s.host(), qp.handle);
@@ -193,7 +196,13 @@ fn create_reserved(
         }
     };
     s.state.owners.insert(user_handle, EventOwner::Qp(handle));
-    s.guest.doorbells().lock().attach(doorbell_index, qp.handle);
+    {
+        let mut doorbells = s.guest.doorbells().lock();
+        if let Some(staged) = staged {
+            doorbells.ud_staging().attach(doorbell_index, staged);
+        }
+        doorbells.attach(doorbell_index, qp.handle);
+    }
     Ok(ResponseBody::CreateQp(CreateQpResp {
         qp: Le32::new(handle.raw()),
         qpn: Le32::new(qp.qpn),
@@ -208,23 +217,35 @@ fn create_reserved(
     }))
 }
 
-/// Maps the SQ and (without an SRQ) the RQ; on error neither stays mapped.
+/// Maps the SQ (or its staging ring, with the device's copy state) and, without an SRQ, the
+/// RQ; on error nothing stays mapped.
 fn map_rings(
     s: &mut Session<'_>,
     qp: &host::Qp,
     with_srq: bool,
-) -> Result<(MappedRing, Option<MappedRing>), CommandError> {
+    sq_mode: SendQueueMode,
+    pd: Handle,
+) -> Result<(MappedRing, Option<MappedRing>, Option<StagedSq>), CommandError> {
     let slots = |wr: u32| {
         wr.checked_add(1)
             .ok_or_else(|| CommandError::Geometry(format!("depth {wr}")))
     };
     let caps = qp.caps;
-    let sq = rings::map_ring(
-        s,
-        qp.sq,
-        slots(caps.max_send_wr)?,
-        rxe_v1::send_wqe_size(caps.max_send_sge, caps.max_inline_data),
-    )?;
+    let (sq, staged) = match sq_mode {
+        SendQueueMode::Direct => {
+            let sq = rings::map_ring(
+                s,
+                qp.sq,
+                slots(caps.max_send_wr)?,
+                rxe_v1::send_wqe_size(caps.max_send_sge, caps.max_inline_data),
+            )?;
+            (sq, None)
+        }
+        SendQueueMode::Staged => {
+            let (sq, staged) = staged_sq::map_staged_sq(s, qp, pd)?;
+            (sq, Some(staged))
+        }
+    };
     let rq = match (qp.rq, with_srq) {
         (_, true) => None,
         (Some(buffer), false) => {
@@ -244,7 +265,7 @@ fn map_rings(
             return Err(CommandError::Geometry("the host QP has no RQ".into()));
         }
     };
-    Ok((sq, rq))
+    Ok((sq, rq, staged))
 }
 
 fn unmap_rings(

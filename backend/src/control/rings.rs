@@ -93,19 +93,14 @@ pub(crate) fn map_ring(
         .ok()
         .filter(|len| *len != 0 && len.is_multiple_of(SHMEM_PAGE_SIZE))
         .ok_or_else(|| CommandError::Geometry(format!("length {:#x}", buffer.len)))?;
-    let map_len = u32::try_from(len)
-        .map_err(|_| CommandError::Geometry(format!("length {len:#x} exceeds 32 bits")))?;
     let log2 = slot_geometry(len, num_slots, entry_bytes)?;
     let range = s.state.shm.alloc(len)?;
-    let desc = RingDesc {
-        shm_offset: Le64::new(range.offset),
-        map_len: Le32::new(map_len),
-        num_slots: Le32::new(num_slots),
-        log2_slot_size: Le32::new(log2),
-        format: Le32::new(rxe_v1::FORMAT_ID),
-        db_offset: Le64::ZERO,
-        db_len: Le32::ZERO,
-        reserved: Le32::ZERO,
+    let desc = match describe(range, num_slots, log2) {
+        Ok(desc) => desc,
+        Err(e) => {
+            free_extent(&mut s.state.shm, range);
+            return Err(e);
+        }
     };
     // What the driver will check (spec §6) must hold before anything is mapped.
     if let Err(e) = desc.check_rxe_v1(s.state.shm.size(), SHMEM_PAGE_SIZE) {
@@ -130,6 +125,26 @@ pub(crate) fn map_ring(
     Ok(MappedRing { range, desc })
 }
 
+/// The `RingDesc` of an rxe v1 ring of `num_slots` slots of `2^log2` bytes filling `range`.
+pub(crate) fn describe(
+    range: ShmRange,
+    num_slots: u32,
+    log2: u32,
+) -> Result<RingDesc, CommandError> {
+    let map_len = u32::try_from(range.len)
+        .map_err(|_| CommandError::Geometry(format!("length {:#x} exceeds 32 bits", range.len)))?;
+    Ok(RingDesc {
+        shm_offset: Le64::new(range.offset),
+        map_len: Le32::new(map_len),
+        num_slots: Le32::new(num_slots),
+        log2_slot_size: Le32::new(log2),
+        format: Le32::new(rxe_v1::FORMAT_ID),
+        db_offset: Le64::ZERO,
+        db_len: Le32::ZERO,
+        reserved: Le32::ZERO,
+    })
+}
+
 /// Removes a ring from the queue region. `ctx` is `None` when the frontend already dropped
 /// every mapping (device reset, disconnect). An extent whose unmap fails stays allocated, so
 /// that no other buffer is ever placed over a mapping that may still exist.
@@ -146,7 +161,7 @@ pub(crate) fn unmap_ring(ctx: Option<&GuestContext>, shm: &mut ShmAllocator, rin
     free_extent(shm, ring.range);
 }
 
-fn free_extent(shm: &mut ShmAllocator, range: ShmRange) {
+pub(crate) fn free_extent(shm: &mut ShmAllocator, range: ShmRange) {
     if let Err(e) = shm.free(range) {
         // Only a bookkeeping bug can get here; the extent is then simply not reused.
         warn!("queue region bookkeeping: {e}");

@@ -25,6 +25,7 @@ use parking_lot::Mutex;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 use vrdma_spec::doorbell::{area_bytes, DoorbellArea};
 
+use super::ud_staging::UdStaging;
 use crate::control::error::CommandError;
 use crate::host::{HostContext, QpHandle};
 use crate::memory::error::MemError;
@@ -103,6 +104,8 @@ pub struct Doorbells {
     free: Vec<u32>,
     /// Which indices are handed out (reserved or attached).
     taken: Vec<bool>,
+    /// Staged UD send queues and the address handles they may name (spec §9.6).
+    ud: UdStaging,
 }
 
 impl Doorbells {
@@ -116,7 +119,13 @@ impl Doorbells {
             owners: vec![None; slots as usize],
             free: (0..slots).rev().collect(),
             taken: vec![false; slots as usize],
+            ud: UdStaging::new(slots),
         }
+    }
+
+    /// The staged UD send queues and address handles (spec §9.6).
+    pub fn ud_staging(&mut self) -> &mut UdStaging {
+        &mut self.ud
     }
 
     /// Registers the driver's area (SET_DOORBELL_AREA), consumed from its start; the device
@@ -167,6 +176,7 @@ impl Doorbells {
     /// Gives a reserved index back.
     pub fn release(&mut self, index: u32) {
         self.detach(index);
+        self.ud.release(index);
         if let Some(taken) = self.taken.get_mut(index as usize) {
             if std::mem::take(taken) {
                 self.free.push(index);
@@ -216,10 +226,14 @@ impl Doorbells {
         let mapped = self.area.as_ref()?;
         let area = DoorbellArea::new(mapped.words(), mapped.slots).ok()?;
         let owners = &self.owners;
+        let ud = &mut self.ud;
         let kick = |index: u32| {
             // Indices of no live QP are dropped; kick errors (QP not in RTS) are the guest's.
+            // A staged UD send queue is copied to its host queue first (it kicks itself).
             if let Some(Some(qp)) = owners.get(index as usize) {
-                let _ = host.kick_send(*qp);
+                if !ud.ring(index, host) {
+                    let _ = host.kick_send(*qp);
+                }
             }
         };
         Some(match pass {

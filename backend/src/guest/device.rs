@@ -22,7 +22,7 @@ use vrdma_spec::config::{self, DeviceConfig};
 use vrdma_spec::control::{HEADER_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::{
     VIRTIO_F_VERSION_1, VRDMA_F_DOORBELL_POLL, VRDMA_F_MW, VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ,
-    VRDMA_F_UC, VRDMA_F_UD,
+    VRDMA_F_UC, VRDMA_F_UD, VRDMA_F_UD_STAGED_SQ,
 };
 use vrdma_spec::StatusError;
 use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, Le64, Status};
@@ -38,6 +38,7 @@ use crate::control::{self, mr};
 use crate::datapath::{doorbell, events};
 use crate::fault_log::FaultLog;
 use crate::host::HostDevice;
+use crate::memory::staging::StagingFile;
 use crate::vhost_device::guest_context::GuestContext;
 use crate::vhost_device::handler::{CommandRejection, DeviceHandler};
 use crate::vhost_device::shmem::SHMEM_PAGE_SIZE;
@@ -100,6 +101,14 @@ impl GuestDevice {
         let host = device.open_context()?;
         let attr = host.query_device()?;
         let state = GuestState::new(&options)?;
+        // Only devices that offer UD stage sends (spec §9.6).
+        let staging = if options.allow_ud {
+            Some(Arc::new(
+                StagingFile::new(options.shm_size).map_err(GuestError::Staging)?,
+            ))
+        } else {
+            None
+        };
         info!(
             "guest {id}: host context on {} opened (port {} exposed as port {GUEST_PORT})",
             device.info().name,
@@ -110,7 +119,7 @@ impl GuestDevice {
             acked: Mutex::new(None),
             failed: AtomicBool::new(false),
             faults: FaultLog::for_guest(id),
-            shared: GuestShared::new(id, device, options, host, HostLimits { attr }),
+            shared: GuestShared::new(id, device, options, host, HostLimits { attr }, staging),
         })
     }
 
@@ -230,7 +239,7 @@ impl DeviceHandler for GuestDevice {
             features |= VRDMA_F_RING_RXE_V1;
         }
         if self.shared.options().allow_ud {
-            features |= VRDMA_F_UD;
+            features |= VRDMA_F_UD | VRDMA_F_UD_STAGED_SQ;
         }
         if self.shared.options().allow_memory_windows {
             features |= VRDMA_F_MW;
@@ -382,6 +391,12 @@ impl DeviceHandler for GuestDevice {
     fn is_device_mapping(&self, file: &std::fs::File) -> bool {
         // Queue buffers are mapped from the context's uverbs fd: a region backed by the same
         // character device is one of them, never guest RAM.
+        // So are staging rings, which live in the guest's staging file (spec §9.6).
+        if let Some(staging) = self.shared.staging() {
+            if staging.is_same_file(file) {
+                return true;
+            }
+        }
         let queue_fd = match self.shared.host().queue_fd().try_clone_to_owned() {
             Ok(fd) => std::fs::File::from(fd),
             Err(_) => return false,

@@ -27,8 +27,11 @@ pub struct DeviceOptions {
     pub quotas: Quotas,
     /// Size of the queue region (shared-memory region 0), a power of two of whole pages.
     pub shm_size: u64,
-    /// Offer `VRDMA_F_UD` (spec §12: on rxe UD lets a guest choose its packets' addresses).
+    /// Offer `VRDMA_F_UD` with `VRDMA_F_UD_STAGED_SQ` (spec §9.6: UD sends are checked).
     pub allow_ud: bool,
+    /// With `allow_ud`, also create UD QPs for drivers without `VRDMA_F_UD_STAGED_SQ`, whose
+    /// UD sends are not checked (spec §12: on rxe they choose their packets' addresses).
+    pub allow_unenforced_ud: bool,
     /// Offer `VRDMA_F_MW` (spec §12: on rxe a guest with memory windows can bind them to
     /// another such guest's MRs that allow binding).
     pub allow_memory_windows: bool,
@@ -47,6 +50,7 @@ impl Default for DeviceOptions {
             quotas: Quotas::default(),
             shm_size: DEFAULT_SHM_SIZE,
             allow_ud: false,
+            allow_unenforced_ud: false,
             allow_memory_windows: false,
             host_port: 1,
             max_mr_pages: DEFAULT_MAX_MR_PAGES,
@@ -97,6 +101,9 @@ pub enum GuestError {
     /// The queue region could not be set up.
     #[error(transparent)]
     Placement(#[from] ShmAllocError),
+    /// The staging file of enforced UD sends could not be created.
+    #[error("UD staging file: {0}")]
+    Staging(std::io::Error),
 }
 
 /// Largest `max_mr_pages` accepted: keeps a REG_MR request below 8 MiB.

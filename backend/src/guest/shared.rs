@@ -14,6 +14,7 @@ use super::state::GuestState;
 use crate::datapath::doorbell::Doorbells;
 use crate::host::uverbs::QueryDeviceResp;
 use crate::host::{HostContext, HostDevice};
+use crate::memory::staging::StagingFile;
 use crate::vhost_device::event_queue::EventClass;
 use crate::vhost_device::guest_context::GuestContext;
 
@@ -38,6 +39,8 @@ pub(crate) struct GuestShared {
     /// slow command never delays a doorbell.
     doorbells: Mutex<Doorbells>,
     epoch: AtomicU32,
+    /// Where staged UD send queues live (spec §9.6); `None` when UD is not offered.
+    staging: Option<Arc<StagingFile>>,
     // Declared last so it is dropped last: every host object of the guest goes with it, even
     // one whose explicit destruction failed.
     host: Box<dyn HostContext>,
@@ -50,6 +53,7 @@ impl GuestShared {
         options: Arc<DeviceOptions>,
         host: Box<dyn HostContext>,
         limits: HostLimits,
+        staging: Option<Arc<StagingFile>>,
     ) -> Self {
         GuestShared {
             id,
@@ -58,6 +62,7 @@ impl GuestShared {
             options,
             limits,
             epoch: AtomicU32::new(0),
+            staging,
             host,
         }
     }
@@ -94,6 +99,12 @@ impl GuestShared {
         &self.limits
     }
 
+    /// The staging file of enforced UD sends, when UD is offered.
+    pub(crate) fn staging(&self) -> Option<&Arc<StagingFile>> {
+        self.staging.as_ref()
+    }
+
+    /// The doorbell table and the staged UD send queues.
     pub(crate) fn doorbells(&self) -> &Mutex<Doorbells> {
         &self.doorbells
     }

@@ -1,7 +1,8 @@
 //! Guest memory as the device uses it: the guest's RAM ([`guest_ram`]), the MR windows that map
 //! it for the host RDMA device ([`mr_window`]), the placement of queue buffers in the queue
 //! region ([`queue_region`]), and the filter that keeps the device's own mappings out of the
-//! guest memory table ([`frontend_filter`]).
+//! guest memory table ([`frontend_filter`]), and the staging file and host send-queue mappings
+//! of enforced UD sends ([`staging`]).
 
 pub mod error;
 pub mod frontend_filter;
@@ -9,5 +10,6 @@ pub mod guest_ram;
 pub mod mr_window;
 pub mod queue_region;
 mod reservation;
+pub mod staging;
 #[cfg(test)]
 mod test_files;

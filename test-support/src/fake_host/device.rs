@@ -45,6 +45,8 @@ pub struct World {
     pub resized: Vec<(u32, u32)>,
     /// Live QPs: QP number and `user_handle`.
     pub qps: BTreeMap<u32, (u32, u64)>,
+    /// Send queue buffer of every live QP: its context's queue file and the buffer there.
+    pub send_queues: HashMap<u32, (File, QueueBuffer)>,
     /// Live SRQs and their `user_handle`s.
     pub srqs: BTreeMap<u32, u64>,
     /// Live AHs.
@@ -381,6 +383,8 @@ impl HostContext for FakeContext {
         w.qps.insert(h, (qpn, init.user_handle));
         w.qp_state.insert(h, QpState::Reset);
         w.qp_types.insert(h, init.qp_type);
+        w.send_queues
+            .insert(h, (self.queue_file.try_clone().unwrap(), sq));
         Ok(Qp {
             handle: QpHandle(h),
             qpn,
@@ -447,6 +451,7 @@ impl HostContext for FakeContext {
         w.fail("DESTROY_QP")?;
         w.qp_state.remove(&qp.0);
         w.qp_types.remove(&qp.0);
+        w.send_queues.remove(&qp.0);
         w.qps.remove(&qp.0).map(|_| ()).ok_or(DeviceError::Command {
             command: "DESTROY_QP",
             errno: libc::EINVAL,

@@ -2,8 +2,10 @@
 //! placement rules QEMU enforces.
 
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,11 +19,13 @@ pub struct FakeFrontend {
     region_size: u64,
     /// Mapped extents: offset to length.
     maps: Mutex<BTreeMap<u64, u64>>,
+    /// What each extent maps: offset to the file and the file offset.
+    files: Mutex<BTreeMap<u64, (File, u64)>>,
     refuse: AtomicBool,
 }
 
 impl VhostUserFrontendReqHandler for FakeFrontend {
-    fn shmem_map(&self, req: &VhostUserMMap, _fd: &dyn AsRawFd) -> io::Result<u64> {
+    fn shmem_map(&self, req: &VhostUserMMap, fd: &dyn AsRawFd) -> io::Result<u64> {
         let (offset, len) = (req.shm_offset, req.len);
         let mut maps = self.maps.lock().unwrap();
         let overlaps = maps
@@ -36,6 +40,16 @@ impl VhostUserFrontendReqHandler for FakeFrontend {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         maps.insert(offset, len);
+        // SAFETY: duplicates the fd of the request; the copy is owned by the `File` below.
+        let copy = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+        if copy >= 0 {
+            // SAFETY: `copy` was just duplicated and has no other owner.
+            let file = unsafe { File::from_raw_fd(copy) };
+            self.files
+                .lock()
+                .unwrap()
+                .insert(offset, (file, req.fd_offset));
+        }
         Ok(0)
     }
 
@@ -45,6 +59,7 @@ impl VhostUserFrontendReqHandler for FakeFrontend {
         match maps.get(&offset) {
             Some(&mapped) if mapped == len => {
                 maps.remove(&offset);
+                self.files.lock().unwrap().remove(&offset);
                 Ok(0)
             }
             _ => Err(io::Error::from_raw_os_error(libc::EINVAL)),
@@ -58,6 +73,7 @@ impl FakeFrontend {
         FakeFrontend {
             region_size,
             maps: Mutex::default(),
+            files: Mutex::default(),
             refuse: AtomicBool::new(false),
         }
     }
@@ -70,6 +86,42 @@ impl FakeFrontend {
     /// Drops every mapping without the backend asking, as QEMU does on a device reset.
     pub fn forget_mappings(&self) {
         self.maps.lock().unwrap().clear();
+        self.files.lock().unwrap().clear();
+    }
+
+    /// The mapping holding region offset `offset`: its file and the file offset of `offset`.
+    fn backing(&self, offset: u64, len: usize) -> (File, u64) {
+        let maps = self.maps.lock().unwrap();
+        let (&start, &mapped) = maps
+            .range(..=offset)
+            .next_back()
+            .expect("offset not mapped");
+        assert!(
+            offset + len as u64 <= start + mapped,
+            "range leaves its mapping"
+        );
+        let files = self.files.lock().unwrap();
+        let (file, fd_offset) = &files[&start];
+        (file.try_clone().unwrap(), fd_offset + (offset - start))
+    }
+
+    /// The file mapped at region offset `offset` (what QEMU would hand back as guest memory).
+    pub fn mapped_file(&self, offset: u64) -> File {
+        self.backing(offset, 1).0
+    }
+
+    /// Reads `len` bytes of the region at `offset` through the mapped file, as the guest would.
+    pub fn read(&self, offset: u64, len: usize) -> Vec<u8> {
+        let (file, at) = self.backing(offset, len);
+        let mut bytes = vec![0; len];
+        file.read_exact_at(&mut bytes, at).unwrap();
+        bytes
+    }
+
+    /// Writes `bytes` into the region at `offset` through the mapped file, as the guest would.
+    pub fn write(&self, offset: u64, bytes: &[u8]) {
+        let (file, at) = self.backing(offset, bytes.len());
+        file.write_all_at(bytes, at).unwrap();
     }
 
     /// The mapped extents, (offset, length), by offset.

@@ -249,4 +249,5 @@ pub fn reg_mr(
 }
 
 /// Every feature the fake device offers or a test may accept.
-pub const ALL_FEATURES: u64 = VRDMA_F_RING_RXE_V1 | VRDMA_F_SRQ | VRDMA_F_UD | VRDMA_F_UC;
+pub const ALL_FEATURES: u64 =
+    VRDMA_F_RING_RXE_V1 | VRDMA_F_SRQ | VRDMA_F_UD | VRDMA_F_UC | VRDMA_F_UD_STAGED_SQ;

@@ -1,0 +1,219 @@
+//! Memory for enforced UD sends (spec §9.6): the staging file whose extents the guest writes
+//! its UD WQEs into, and the device's private mapping of a host send queue.
+//!
+//! The staging file is one memfd per guest, as large as the queue region and sparse: a staged
+//! send queue at region offset `o` is the file's bytes at `o`, mapped into the region with
+//! SHMEM_MAP at file offset `o`, so extents never collide and the region allocator is the only
+//! bookkeeping. The device maps the whole file once and reads staged WQEs through that mapping.
+//!
+//! A host send queue of a staged QP is mapped by the device alone: rxe lets each queue buffer
+//! be mapped exactly once, and the device needs it writable, so the guest never sees it.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU32;
+
+use vrdma_spec::rxe_v1::header;
+
+use super::queue_region::ShmRange;
+
+/// A shared read/write mapping of a file range in this process, unmapped when dropped.
+pub struct SharedMapping {
+    addr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; every access goes through raw pointers or atomics
+// and the owner decides who touches what.
+unsafe impl Send for SharedMapping {}
+// SAFETY: as above; shared access is only through atomics and raw copies.
+unsafe impl Sync for SharedMapping {}
+
+impl SharedMapping {
+    /// Maps `len` bytes of `fd` from `offset`, shared and read/write.
+    pub fn new(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<Self> {
+        let file_offset = libc::off_t::try_from(offset)
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        if len == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: a fresh mapping chosen by the kernel; it aliases nothing of ours.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                file_offset,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let addr = NonNull::new(addr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap at 0"))?;
+        Ok(SharedMapping { addr, len })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the mapping is empty (never: mappings have at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The byte range `[offset, offset + len)`, or `None` if it leaves the mapping.
+    pub fn range(&self, offset: usize, len: usize) -> Option<*mut u8> {
+        let end = offset.checked_add(len)?;
+        // SAFETY: `offset <= end <= self.len`, so the pointer stays inside the mapping.
+        (end <= self.len).then(|| unsafe { self.addr.as_ptr().add(offset) })
+    }
+
+    /// The 32-bit word at `offset` (4-byte aligned, inside the mapping).
+    pub fn word(&self, offset: usize) -> Option<&AtomicU32> {
+        if !offset.is_multiple_of(4) {
+            return None;
+        }
+        let ptr = self.range(offset, 4)?;
+        // SAFETY: inside the mapping (checked), 4-byte aligned (mappings are page aligned and
+        // `offset` is a multiple of 4), valid for as long as `self`; any bit pattern is a valid
+        // u32, and the other side writes the word concurrently, hence only atomic access.
+        Some(unsafe { &*ptr.cast::<AtomicU32>() })
+    }
+}
+
+impl Drop for SharedMapping {
+    fn drop(&mut self) {
+        // SAFETY: `addr..addr + len` is the mapping `new` made, and nothing borrows it once its
+        // owner is dropped.
+        unsafe { libc::munmap(self.addr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The guest's staging file (see the module documentation).
+pub struct StagingFile {
+    file: File,
+    mapping: SharedMapping,
+}
+
+impl StagingFile {
+    /// A sparse staging file of `size` bytes (the queue region's size), mapped here.
+    pub fn new(size: u64) -> io::Result<Self> {
+        // SAFETY: memfd_create only reads the NUL-terminated name.
+        let fd = unsafe { libc::memfd_create(c"vrdma-ud-staging".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: memfd_create just returned this fd and nothing else owns it.
+        let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        file.set_len(size)?;
+        let len = usize::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+        let mapping = SharedMapping::new(file.as_fd(), 0, len)?;
+        Ok(StagingFile { file, mapping })
+    }
+
+    /// The file, to pass with SHMEM_MAP.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    /// Whether `other` is this very file (a memory-table region the frontend hands back).
+    pub fn is_same_file(&self, other: &File) -> bool {
+        match (self.file.metadata(), other.metadata()) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+
+    /// The device's mapping of the whole file.
+    pub fn mapping(&self) -> &SharedMapping {
+        &self.mapping
+    }
+
+    /// Empties `range` and writes an rxe v1 queue header there (both indices 0), so that the
+    /// guest's cross-check of the header (spec §6) holds for the staging ring.
+    pub fn init_ring(
+        &self,
+        range: ShmRange,
+        log2_slot_size: u32,
+        index_mask: u32,
+    ) -> io::Result<()> {
+        self.punch(range)?;
+        let base = usize::try_from(range.offset).map_err(|_| io::Error::other("offset"))?;
+        let word = |at: usize| {
+            self.mapping
+                .word(base + at)
+                .ok_or_else(|| io::Error::other("staging ring outside the staging file"))
+        };
+        use std::sync::atomic::Ordering::Release;
+        word(header::LOG2_ELEM_SIZE)?.store(log2_slot_size, Release);
+        word(header::INDEX_MASK)?.store(index_mask, Release);
+        Ok(())
+    }
+
+    /// Gives the pages of `range` back (they read as zero afterwards).
+    pub fn punch(&self, range: ShmRange) -> io::Result<()> {
+        let (offset, len) = match (
+            libc::off_t::try_from(range.offset),
+            libc::off_t::try_from(range.len),
+        ) {
+            (Ok(o), Ok(l)) => (o, l),
+            _ => return Err(io::Error::from_raw_os_error(libc::EINVAL)),
+        };
+        // SAFETY: fallocate only acts on the file; the mapping sees zero pages afterwards.
+        let rc = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset,
+                len,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rings_start_empty_with_their_geometry() {
+        let staging = StagingFile::new(1 << 20).unwrap();
+        let range = ShmRange {
+            offset: 0x2000,
+            len: 0x2000,
+        };
+        // Leftovers of an earlier ring are gone.
+        let slot = staging.mapping().range(0x2000 + 512, 1).unwrap();
+        // SAFETY: inside the mapping.
+        unsafe { slot.write(0xab) };
+        staging.init_ring(range, 8, 15).unwrap();
+        // SAFETY: inside the mapping.
+        assert_eq!(unsafe { slot.read() }, 0);
+        let word = |at| {
+            staging
+                .mapping()
+                .word(0x2000 + at)
+                .unwrap()
+                .load(std::sync::atomic::Ordering::Acquire)
+        };
+        assert_eq!(word(header::LOG2_ELEM_SIZE), 8);
+        assert_eq!(word(header::INDEX_MASK), 15);
+        assert_eq!(word(header::PRODUCER_INDEX), 0);
+        assert!(staging.mapping().word(1 << 20).is_none());
+        assert!(staging.mapping().word(2).is_none());
+        let again = File::from(staging.fd().try_clone_to_owned().unwrap());
+        assert!(staging.is_same_file(&again));
+        assert!(!staging.is_same_file(&File::open("/dev/null").unwrap()));
+    }
+}
