@@ -68,12 +68,14 @@ pub struct FakeTransport {
 }
 
 impl FakeTransport {
-    /// A fake device with [`default_config`], rxe v1 rings, UD, UC and memory windows.
+    /// A fake device with [`default_config`], rxe v1 rings, UD with staged send queues, UC
+    /// and memory windows.
     pub fn new() -> Arc<FakeTransport> {
         Self::with(
             default_config(),
             features::VRDMA_F_RING_RXE_V1
                 | features::VRDMA_F_UD
+                | features::VRDMA_F_UD_STAGED_SQ
                 | features::VRDMA_F_UC
                 | features::VRDMA_F_MW,
         )
@@ -82,12 +84,14 @@ impl FakeTransport {
     /// A fake device with this configuration space and these negotiated device features.
     pub fn with(config: DeviceConfig, features: u64) -> Arc<FakeTransport> {
         let ram = MemfdRam::new(RAM_SIZE).unwrap();
+        let mut device = FakeDevice::new(ram.clone());
+        device.ud_staged = features & features::VRDMA_F_UD_STAGED_SQ != 0;
         Arc::new(FakeTransport {
             config,
             features,
             dma: FakeDma(ram.clone()),
             region: Region::new(SHM_SIZE),
-            device: Mutex::new(FakeDevice::new(ram)),
+            device: Mutex::new(device),
             notifications: AtomicUsize::new(0),
             events: Mutex::new(VecDeque::new()),
             event_posted: Condvar::new(),

@@ -54,6 +54,8 @@ mod create_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod ud_tests;
+#[cfg(test)]
 mod window_tests;
 
 /// The `comp_mask` bits of `ibv_qp_init_attr_ex` rxe accepts.

@@ -59,10 +59,17 @@ impl Ah {
             }
             .into());
         }
+        // With staged UD send queues the device translates the handle itself and never lets a
+        // host `ah_num` through (spec §9.6); the WQE's own number is then the handle.
+        let wqe_ah_num = if pd.inner.ctx.has_staged_ud() {
+            handle
+        } else {
+            ah_num
+        };
         Ok(Ah {
             object,
             rxe: RxeAddressHandle {
-                ah_num,
+                ah_num: wqe_ah_num,
                 av: resp.av,
             },
         })
@@ -73,7 +80,8 @@ impl Ah {
         self.object.handle
     }
 
-    /// What an rxe v1 UD send needs of this handle.
+    /// What an rxe v1 UD send needs of this handle: its `ah_num` is the number a UD WQE
+    /// carries (the device's handle with `VRDMA_F_UD_STAGED_SQ`, else the host's number).
     pub fn rxe(&self) -> &RxeAddressHandle {
         &self.rxe
     }

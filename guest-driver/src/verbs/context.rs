@@ -416,6 +416,12 @@ impl ContextInner {
         self.features & features::VRDMA_F_MW != 0
     }
 
+    /// Whether UD sends go through staging rings (`VRDMA_F_UD_STAGED_SQ`): their WQEs then
+    /// name address handles by handle (spec §9.6).
+    pub(crate) fn has_staged_ud(&self) -> bool {
+        self.features & features::VRDMA_F_UD_STAGED_SQ != 0
+    }
+
     /// Whether the data path (ring format rxe v1) was negotiated.
     pub(crate) fn has_rxe_v1(&self) -> bool {
         self.features & features::VRDMA_F_RING_RXE_V1 != 0

@@ -11,6 +11,7 @@
 //! [`mr_rereg`]: re-registration of memory regions.
 //! [`gid_cache`]: the context's GID table cache: its cost and its invalidation.
 //! [`memory_windows`]: windows allocated, bound, used and invalidated through the kernel.
+//! [`ud_staged`]: UD sends through staged send queues, checked as the device checks them.
 
 mod control;
 mod data_path;
@@ -21,3 +22,4 @@ mod memory_windows;
 mod mr_rereg;
 mod resize_cq;
 mod uc;
+mod ud_staged;

@@ -115,7 +115,11 @@ pub struct FakeDevice {
     pub mrs: HashMap<u32, FakeMr>,
     pub(crate) cqs: HashMap<u32, FakeCq>,
     pub(crate) qps: HashMap<u32, FakeQp>,
+    /// Address handles by handle: their PD and `ah_num`.
     pub(crate) ahs: HashMap<u32, (u32, u32)>,
+    /// `VRDMA_F_UD_STAGED_SQ` was negotiated: UD WQEs name AHs by handle and are checked
+    /// as the device checks staged WQEs (the fake reads them where the driver wrote them).
+    pub(crate) ud_staged: bool,
     /// The allocated memory windows by handle.
     pub mws: HashMap<u32, FakeMw>,
     pub(crate) doorbell: Option<u64>,
@@ -147,6 +151,7 @@ impl FakeDevice {
             cqs: HashMap::new(),
             qps: HashMap::new(),
             ahs: HashMap::new(),
+            ud_staged: false,
             mws: HashMap::new(),
             doorbell: None,
             doorbell_head: 0,

@@ -59,7 +59,19 @@ impl FakeDevice {
         while let Some(index) = sq.peek() {
             // SAFETY: a posted slot, owned by the kernel until the consumer passes it.
             let wqe = unsafe { sq.slot(index).cast::<RxeSendWqe>().read() };
-            let (mut status, opcode, byte_len) = self.execute_wqe(handle, &sq, index, &wqe, events);
+            let (mut status, opcode, byte_len) = if self.qps[&handle].state == QpState::Err {
+                // What follows a WQE the device refused is flushed (spec §9.6).
+                (WcStatus::WrFlushErr.raw(), WcOpcode::Send.raw(), 0)
+            } else if !self.staged_ud_allowed(handle, &wqe) {
+                // The device's checks of a staged UD WQE (spec §9.6): it reaches the host
+                // neutralised, fails there, and the QP goes to ERR.
+                if let Some(qp) = self.qps.get_mut(&handle) {
+                    qp.state = QpState::Err;
+                }
+                (WcStatus::LocQpOpErr.raw(), WcOpcode::Send.raw(), 0)
+            } else {
+                self.execute_wqe(handle, &sq, index, &wqe, events)
+            };
             // Only errors found at the sender reach a UC sender; no acknowledgement carries
             // the responder's.
             if self.qps[&handle].qp_type == QpType::Uc && !local_error(status) {
@@ -80,6 +92,23 @@ impl FakeDevice {
                 self.push_cqe(send_cq, wc, events);
             }
         }
+    }
+
+    /// Whether a WQE of QP `handle` passes the device's checks of staged UD sends (always true
+    /// for other QPs, or without `VRDMA_F_UD_STAGED_SQ`): SEND or SEND_WITH_IMM through an AH
+    /// *handle* of the QP's PD, with no embedded address vector.
+    fn staged_ud_allowed(&self, handle: u32, wqe: &RxeSendWqe) -> bool {
+        let qp = &self.qps[&handle];
+        if !self.ud_staged || qp.qp_type != QpType::Ud {
+            return true;
+        }
+        let opcode = wqe.wr.opcode.get();
+        let ud = wqe.wr.wr.ud();
+        (opcode == WrOpcode::Send as u32 || opcode == WrOpcode::SendWithImm as u32)
+            && self
+                .ahs
+                .get(&ud.ah_num.get())
+                .is_some_and(|&(pd, _)| pd == qp.pd)
     }
 
     /// Executes one send WQE; returns the completion's status, opcode and length.
