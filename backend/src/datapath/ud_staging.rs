@@ -20,7 +20,7 @@ use std::mem::{offset_of, size_of};
 use std::sync::atomic::Ordering::{Acquire, Release};
 use std::sync::Arc;
 
-use log::warn;
+use log::{debug, warn};
 use vrdma_spec::rxe_v1::{self, header, RxeSendWqe, RxeSendWr, RxeSge, RxeUdWr};
 use vrdma_spec::verbs::{send_flags, QpAttrMask, QpState, WrOpcode};
 use vrdma_spec::wire::QpAttr;
@@ -93,6 +93,8 @@ pub struct StagedSq {
     position: u32,
     /// The guest published an impossible index: its doorbells are ignored from then on.
     poisoned: bool,
+    /// A refusal was logged: later ones only at debug level (one line per QP, not per WQE).
+    refusal_logged: bool,
     /// One slot, the private copy checks work on.
     scratch: Box<[u8]>,
 }
@@ -161,6 +163,7 @@ impl StagedSq {
             max_inline: init.max_inline,
             position: 0,
             poisoned: false,
+            refusal_logged: false,
             scratch: vec![0; slot].into_boxed_slice(),
         })
     }
@@ -219,9 +222,15 @@ impl StagedSq {
                 break;
             }
             if let Err(why) = self.forward(self.position, ahs) {
-                if !refused {
+                if !std::mem::replace(&mut self.refusal_logged, true) {
                     warn!(
-                        "host QP {}: staged WQE {} refused ({why}); moving the QP to ERR",
+                        "host QP {}: staged WQE {} refused ({why}); moving the QP to ERR \
+                         (further refusals on this QP are logged at debug level)",
+                        self.host_qp, self.position
+                    );
+                } else {
+                    debug!(
+                        "host QP {}: staged WQE {} refused ({why})",
                         self.host_qp, self.position
                     );
                 }
@@ -491,5 +500,80 @@ impl UdStaging {
     /// The guest's address handles.
     pub fn ahs_mut(&mut self) -> &mut StagedAhs {
         &mut self.ahs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PD: u32 = 0x0100_0001;
+    const AH: u32 = 0x0100_0002;
+
+    fn ahs() -> StagedAhs {
+        let mut ahs = StagedAhs::default();
+        let pd = Handle::from_raw(PD);
+        ahs.insert(Handle::from_raw(AH), StagedAh { pd, ah_num: 42 });
+        ahs
+    }
+
+    /// A slot of 512 bytes holding an inline UD SEND of `len` bytes, with host-owned junk.
+    fn inline_slot(len: u32) -> Vec<u8> {
+        let mut wqe = RxeSendWqe::new_zeroed();
+        wqe.wr.wr_id = Le64::new(5);
+        wqe.wr.reserved = Le32::new(7);
+        wqe.wr.opcode = Le32::new(WrOpcode::SendWithImm as u32);
+        wqe.wr.send_flags = Le32::new(send_flags::INLINE | send_flags::SIGNALED);
+        wqe.wr.wr = rxe_v1::RxeSendWrUnion::from_ud(RxeUdWr {
+            remote_qpn: Le32::new(0x42),
+            ah_num: Le32::new(AH),
+            pad: [1; 16],
+            ..FromZeros::new_zeroed()
+        });
+        wqe.status = Le32::new(3);
+        wqe.first_psn = Le32::new(9);
+        wqe.dma.length = Le32::new(len);
+        wqe.dma.resid = Le32::new(len);
+        wqe.dma.cur_sge = Le32::new(1);
+        let mut slot = vec![0xee; 512];
+        slot[..size_of::<RxeSendWqe>()].copy_from_slice(wqe.as_bytes());
+        slot
+    }
+
+    #[test]
+    fn a_checked_wqe_is_rewritten_for_the_host() {
+        let mut slot = inline_slot(64);
+        let used = check(&mut slot, Handle::from_raw(PD), 1, 64, &ahs()).unwrap();
+        assert_eq!(used, size_of::<RxeSendWqe>() + 64);
+        let (wqe, _) = RxeSendWqe::read_from_prefix(&slot).unwrap();
+        let ud = wqe.wr.wr.ud();
+        assert_eq!((ud.ah_num.get(), ud.remote_qpn.get()), (42, 0x42));
+        assert_eq!(ud.pad, [0; 16]);
+        assert_eq!(wqe.wr.reserved.get(), 0);
+        assert_eq!((wqe.status.get(), wqe.first_psn.get()), (0, 0));
+        assert_eq!(wqe.dma.cur_sge.get(), 0);
+        assert_eq!(wqe.wr.wr_id.get(), 5);
+    }
+
+    #[test]
+    fn checks_refuse_what_the_qp_cannot_send() {
+        let pd = Handle::from_raw(PD);
+        let mut long = inline_slot(65);
+        assert_eq!(
+            check(&mut long, pd, 1, 64, &ahs()),
+            Err(Refusal::InlineTooLong(65))
+        );
+        let mut other_pd = inline_slot(8);
+        assert_eq!(
+            check(&mut other_pd, Handle::from_raw(PD + 1), 1, 64, &ahs()),
+            Err(Refusal::AddressHandle(AH))
+        );
+        let mut slot = inline_slot(8);
+        let used = neutralise(&mut slot);
+        let (wqe, _) = RxeSendWqe::read_from_prefix(&slot).unwrap();
+        assert_eq!(used, size_of::<RxeSendWqe>());
+        assert_eq!(wqe.wr.wr_id.get(), 5);
+        assert_eq!(wqe.wr.wr.ud().ah_num.get(), NEUTRALISED_AH_NUM);
+        assert_eq!((wqe.dma.length.get(), wqe.wr.ex), (0, [0; 4]));
     }
 }
