@@ -259,16 +259,28 @@ impl StagedSq {
     /// a neutralised one) into host slot `index`.
     fn forward(&mut self, index: u32, ahs: &StagedAhs) -> Result<(), Refusal> {
         let offset = self.slot_offset(index);
-        let len = self.scratch.len();
+        let slot = self.scratch.len();
         let src = self
             .staging
             .mapping()
-            .range(self.staging_offset + offset, len)
+            .range(self.staging_offset + offset, slot)
             .expect("staging slot inside the staging file");
-        // SAFETY: `src..src + len` lies in the staging mapping (checked in `new`), `scratch` is
-        // our own buffer of `len` bytes; the guest may write the source concurrently, which is
-        // why it is copied once and only the copy is used (a torn copy is merely checked).
-        unsafe { std::ptr::copy_nonoverlapping(src, self.scratch.as_mut_ptr(), len) };
+        let head = size_of::<RxeSendWqe>();
+        // SAFETY: `src..src + slot` lies in the staging mapping (checked in `new`), `scratch` is
+        // our own buffer of `slot` bytes (at least a header, checked in `new`); the guest may
+        // write the source concurrently, which is why it is copied once and only the copy is
+        // used (a torn copy is merely checked). The header first, then only the payload it
+        // describes.
+        unsafe { std::ptr::copy_nonoverlapping(src, self.scratch.as_mut_ptr(), head) };
+        let payload = payload_len(&self.scratch).min(slot - head);
+        // SAFETY: as above; `head + payload <= slot`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.add(head),
+                self.scratch.as_mut_ptr().add(head),
+                payload,
+            )
+        };
         let checked = check(
             &mut self.scratch,
             self.pd,
@@ -332,7 +344,7 @@ pub fn check(
         return Err(Refusal::Length(length));
     }
     let used = if flags & send_flags::INLINE != 0 {
-        if length > max_inline {
+        if length > max_inline || length as usize > payload.len() {
             return Err(Refusal::InlineTooLong(length));
         }
         head + length as usize
@@ -341,7 +353,9 @@ pub fn check(
         if num_sge > max_sge {
             return Err(Refusal::TooManySges(num_sge));
         }
-        let sges = &payload[..num_sge as usize * size_of::<RxeSge>()];
+        let sges = payload
+            .get(..num_sge as usize * size_of::<RxeSge>())
+            .ok_or(Refusal::TooManySges(num_sge))?;
         let total: u64 = <[RxeSge]>::ref_from_bytes(sges)
             .expect("SGEs are unaligned plain data")
             .iter()
@@ -374,6 +388,18 @@ pub fn check(
     clear_host_fields(&mut wqe);
     wqe_bytes.copy_from_slice(wqe.as_bytes());
     Ok(used)
+}
+
+/// Bytes after the header that the WQE in `slot` says it uses: its inline data or its SGEs.
+fn payload_len(slot: &[u8]) -> usize {
+    let Ok((wqe, _)) = RxeSendWqe::read_from_prefix(slot) else {
+        return 0;
+    };
+    if wqe.wr.send_flags.get() & send_flags::INLINE != 0 {
+        wqe.dma.length.get() as usize
+    } else {
+        (wqe.dma.num_sge.get() as usize).saturating_mul(size_of::<RxeSge>())
+    }
 }
 
 /// Where D's per-guest network identity plugs in: a UD send through `ah` to `remote_qpn`
