@@ -1,0 +1,282 @@
+//! The checks of one staged UD WQE (spec §9.6) and what replaces a refused one, on the
+//! device's private copy; the address handles a guest may name.
+
+use std::collections::HashMap;
+use std::mem::{offset_of, size_of};
+
+use vrdma_spec::rxe_v1::{self, RxeSendWqe, RxeSendWr, RxeSge, RxeUdWr};
+use vrdma_spec::verbs::{send_flags, WrOpcode};
+use vrdma_spec::{Le32, Le64};
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
+
+use crate::resources::table::Handle;
+
+/// `ah_num` of a neutralised WQE: no rxe AH pool reaches it, so the kernel finds no address
+/// vector and fails the WQE (`LOC_QP_OP_ERR`) if the QP is not already flushing.
+pub const NEUTRALISED_AH_NUM: u32 = u32::MAX;
+
+/// Send flags a staged UD WQE may carry.
+const UD_SEND_FLAGS: u32 =
+    send_flags::FENCE | send_flags::SIGNALED | send_flags::SOLICITED | send_flags::INLINE;
+
+/// What the pump knows of one of the guest's address handles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StagedAh {
+    /// The AH's PD (guest handle).
+    pub pd: Handle,
+    /// The host's `ah_num` for it.
+    pub ah_num: u32,
+}
+
+/// Why a staged WQE was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// Not SEND or SEND_WITH_IMM.
+    #[error("opcode {0} is not a UD opcode")]
+    Opcode(u32),
+    /// Undefined send flags.
+    #[error("send flags {0:#x}")]
+    Flags(u32),
+    /// More SGEs than the QP's `max_send_sge`.
+    #[error("{0} SGEs")]
+    TooManySges(u32),
+    /// Inline data longer than the QP's `max_inline_data`.
+    #[error("{0} inline bytes")]
+    InlineTooLong(u32),
+    /// `dma.length`/`resid` do not describe the payload.
+    #[error("payload length {0} does not match its SGEs")]
+    Length(u32),
+    /// `ah_num` names no AH of this guest in the QP's PD (0, a host `ah_num`, another
+    /// guest's handle, a destroyed AH).
+    #[error("AH handle {0:#x} is not an AH of the QP's PD")]
+    AddressHandle(u32),
+    /// The destination policy refused `remote_qpn`.
+    #[error("destination QPN {0:#x} refused")]
+    Destination(u32),
+}
+
+/// The checks of one staged WQE, applied to the private copy in `slot`, which becomes the WQE
+/// the host receives: host-owned fields zeroed, `ah_num` translated, the embedded AV zeroed.
+/// Returns the bytes of the slot in use (header and payload).
+pub fn check(
+    slot: &mut [u8],
+    pd: Handle,
+    max_sge: u32,
+    max_inline: u32,
+    ahs: &StagedAhs,
+) -> Result<usize, Refusal> {
+    let head = size_of::<RxeSendWqe>();
+    let (wqe_bytes, payload) = slot.split_at_mut(head);
+    let mut wqe = RxeSendWqe::read_from_bytes(wqe_bytes).expect("slot holds a WQE header");
+    let opcode = wqe.wr.opcode.get();
+    if opcode != WrOpcode::Send as u32 && opcode != WrOpcode::SendWithImm as u32 {
+        return Err(Refusal::Opcode(opcode));
+    }
+    let flags = wqe.wr.send_flags.get();
+    if flags & !UD_SEND_FLAGS != 0 {
+        return Err(Refusal::Flags(flags));
+    }
+    let length = wqe.dma.length.get();
+    if wqe.dma.resid.get() != length {
+        return Err(Refusal::Length(length));
+    }
+    let used = if flags & send_flags::INLINE != 0 {
+        if length > max_inline || length as usize > payload.len() {
+            return Err(Refusal::InlineTooLong(length));
+        }
+        head + length as usize
+    } else {
+        let num_sge = wqe.dma.num_sge.get();
+        if num_sge > max_sge {
+            return Err(Refusal::TooManySges(num_sge));
+        }
+        let sges = payload
+            .get(..num_sge as usize * size_of::<RxeSge>())
+            .ok_or(Refusal::TooManySges(num_sge))?;
+        let total: u64 = <[RxeSge]>::ref_from_bytes(sges)
+            .expect("SGEs are unaligned plain data")
+            .iter()
+            .map(|sge| u64::from(sge.length.get()))
+            .sum();
+        if total != u64::from(length) {
+            return Err(Refusal::Length(length));
+        }
+        head + sges.len()
+    };
+    let ud = wqe.wr.wr.ud();
+    let handle = ud.ah_num.get();
+    let ah = ahs
+        .get(handle)
+        .filter(|ah| ah.pd == pd)
+        .ok_or(Refusal::AddressHandle(handle))?;
+    if !destination_allowed(ah, ud.remote_qpn.get()) {
+        return Err(Refusal::Destination(ud.remote_qpn.get()));
+    }
+    wqe.wr.reserved = Le32::ZERO;
+    wqe.wr.wr = rxe_v1::RxeSendWrUnion::from_ud(RxeUdWr {
+        remote_qpn: ud.remote_qpn,
+        remote_qkey: ud.remote_qkey,
+        pkey_index: ud.pkey_index,
+        reserved: Default::default(),
+        ah_num: Le32::new(ah.ah_num),
+        pad: [0; 16],
+        av: FromZeros::new_zeroed(),
+    });
+    clear_host_fields(&mut wqe);
+    wqe_bytes.copy_from_slice(wqe.as_bytes());
+    Ok(used)
+}
+
+/// Bytes after the header that the WQE in `slot` says it uses: its inline data or its SGEs.
+pub(super) fn payload_len(slot: &[u8]) -> usize {
+    let Ok((wqe, _)) = RxeSendWqe::read_from_prefix(slot) else {
+        return 0;
+    };
+    if wqe.wr.send_flags.get() & send_flags::INLINE != 0 {
+        wqe.dma.length.get() as usize
+    } else {
+        (wqe.dma.num_sge.get() as usize).saturating_mul(size_of::<RxeSge>())
+    }
+}
+
+/// Where D's per-guest network identity plugs in: a UD send through `ah` to `remote_qpn`
+/// must, when the AH's destination is another local guest, name one of that guest's QPs.
+/// Until identities exist, every destination an AH of the guest's own PD reaches is allowed
+/// (the AH's source address was checked at CREATE_AH).
+fn destination_allowed(_ah: &StagedAh, _remote_qpn: u32) -> bool {
+    true
+}
+
+/// The fields the host owns once a WQE is posted, as a fresh WQE has them.
+fn clear_host_fields(wqe: &mut RxeSendWqe) {
+    wqe.status = Le32::ZERO;
+    wqe.state = Le32::new(rxe_v1::WQE_STATE_POSTED);
+    wqe.iova = Le64::ZERO;
+    wqe.mask = Le32::ZERO;
+    wqe.first_psn = Le32::ZERO;
+    wqe.last_psn = Le32::ZERO;
+    wqe.ack_length = Le32::ZERO;
+    wqe.ssn = Le32::ZERO;
+    wqe.has_rd_atomic = Le32::ZERO;
+    wqe.dma.cur_sge = Le32::ZERO;
+    wqe.dma.sge_offset = Le32::ZERO;
+    wqe.dma.reserved = Le32::ZERO;
+}
+
+/// Replaces the WQE in `slot` by a signaled, payload-less SEND with the same `wr_id` through
+/// [`NEUTRALISED_AH_NUM`]; returns its length.
+pub fn neutralise(slot: &mut [u8]) -> usize {
+    let head = size_of::<RxeSendWqe>();
+    let wr_id =
+        Le64::read_from_prefix(&slot[offset_of!(RxeSendWqe, wr) + offset_of!(RxeSendWr, wr_id)..])
+            .map_or(Le64::ZERO, |(id, _)| id);
+    let mut wqe = RxeSendWqe::new_zeroed();
+    wqe.wr.wr_id = wr_id;
+    wqe.wr.opcode = Le32::new(WrOpcode::Send as u32);
+    wqe.wr.send_flags = Le32::new(send_flags::SIGNALED);
+    wqe.wr.wr = rxe_v1::RxeSendWrUnion::from_ud(RxeUdWr {
+        ah_num: Le32::new(NEUTRALISED_AH_NUM),
+        ..FromZeros::new_zeroed()
+    });
+    wqe.state = Le32::new(rxe_v1::WQE_STATE_POSTED);
+    slot[..head].copy_from_slice(wqe.as_bytes());
+    head
+}
+
+/// The guest's address handles as the pump sees them, by raw AH handle.
+#[derive(Debug, Default)]
+pub struct StagedAhs {
+    by_handle: HashMap<u32, StagedAh>,
+}
+
+impl StagedAhs {
+    /// Makes AH `handle` usable in staged WQEs.
+    pub fn insert(&mut self, handle: Handle, ah: StagedAh) {
+        self.by_handle.insert(handle.raw(), ah);
+    }
+
+    /// Stops AH `handle` from being usable; returns what it was.
+    pub fn remove(&mut self, handle: Handle) -> Option<StagedAh> {
+        self.by_handle.remove(&handle.raw())
+    }
+
+    /// The AH a staged WQE names by `raw` handle.
+    pub fn get(&self, raw: u32) -> Option<&StagedAh> {
+        self.by_handle.get(&raw)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PD: u32 = 0x0100_0001;
+    const AH: u32 = 0x0100_0002;
+
+    fn ahs() -> StagedAhs {
+        let mut ahs = StagedAhs::default();
+        let pd = Handle::from_raw(PD);
+        ahs.insert(Handle::from_raw(AH), StagedAh { pd, ah_num: 42 });
+        ahs
+    }
+
+    /// A slot of 512 bytes holding an inline UD SEND of `len` bytes, with host-owned junk.
+    fn inline_slot(len: u32) -> Vec<u8> {
+        let mut wqe = RxeSendWqe::new_zeroed();
+        wqe.wr.wr_id = Le64::new(5);
+        wqe.wr.reserved = Le32::new(7);
+        wqe.wr.opcode = Le32::new(WrOpcode::SendWithImm as u32);
+        wqe.wr.send_flags = Le32::new(send_flags::INLINE | send_flags::SIGNALED);
+        wqe.wr.wr = rxe_v1::RxeSendWrUnion::from_ud(RxeUdWr {
+            remote_qpn: Le32::new(0x42),
+            ah_num: Le32::new(AH),
+            pad: [1; 16],
+            ..FromZeros::new_zeroed()
+        });
+        wqe.status = Le32::new(3);
+        wqe.first_psn = Le32::new(9);
+        wqe.dma.length = Le32::new(len);
+        wqe.dma.resid = Le32::new(len);
+        wqe.dma.cur_sge = Le32::new(1);
+        let mut slot = vec![0xee; 512];
+        slot[..size_of::<RxeSendWqe>()].copy_from_slice(wqe.as_bytes());
+        slot
+    }
+
+    #[test]
+    fn a_checked_wqe_is_rewritten_for_the_host() {
+        let mut slot = inline_slot(64);
+        let used = check(&mut slot, Handle::from_raw(PD), 1, 64, &ahs()).unwrap();
+        assert_eq!(used, size_of::<RxeSendWqe>() + 64);
+        let (wqe, _) = RxeSendWqe::read_from_prefix(&slot).unwrap();
+        let ud = wqe.wr.wr.ud();
+        assert_eq!((ud.ah_num.get(), ud.remote_qpn.get()), (42, 0x42));
+        assert_eq!(ud.pad, [0; 16]);
+        assert_eq!(wqe.wr.reserved.get(), 0);
+        assert_eq!((wqe.status.get(), wqe.first_psn.get()), (0, 0));
+        assert_eq!(wqe.dma.cur_sge.get(), 0);
+        assert_eq!(wqe.wr.wr_id.get(), 5);
+    }
+
+    #[test]
+    fn checks_refuse_what_the_qp_cannot_send() {
+        let pd = Handle::from_raw(PD);
+        let mut long = inline_slot(65);
+        assert_eq!(
+            check(&mut long, pd, 1, 64, &ahs()),
+            Err(Refusal::InlineTooLong(65))
+        );
+        let mut other_pd = inline_slot(8);
+        assert_eq!(
+            check(&mut other_pd, Handle::from_raw(PD + 1), 1, 64, &ahs()),
+            Err(Refusal::AddressHandle(AH))
+        );
+        let mut slot = inline_slot(8);
+        let used = neutralise(&mut slot);
+        let (wqe, _) = RxeSendWqe::read_from_prefix(&slot).unwrap();
+        assert_eq!(used, size_of::<RxeSendWqe>());
+        assert_eq!(wqe.wr.wr_id.get(), 5);
+        assert_eq!(wqe.wr.wr.ud().ah_num.get(), NEUTRALISED_AH_NUM);
+        assert_eq!((wqe.dma.length.get(), wqe.wr.ex), (0, [0; 4]));
+    }
+}
