@@ -3,10 +3,12 @@
 //! region ([`queue_region`]), and the filter that keeps the device's own mappings out of the
 //! guest memory table ([`frontend_filter`]).
 
+pub mod budget;
 pub mod error;
 pub mod frontend_filter;
 pub mod guest_ram;
 pub mod mr_window;
+pub mod pinned_extents;
 pub mod queue_region;
 mod reservation;
 #[cfg(test)]
