@@ -321,6 +321,140 @@ impl Drop for MemoryAccount {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::guest_ram::GuestRamFiles;
+    use crate::memory::mr_window::MrPages;
+    use crate::memory::pinned_extents::Extent;
+    use crate::memory::test_files::*;
+
+    fn pages_request(pages: &[u64]) -> MrPages<'_> {
+        MrPages {
+            iova: 0,
+            length: pages.len() as u64 * PAGE,
+            page_shift: 12,
+            pages,
+        }
+    }
+
+    fn budget(mappings: u64, pinned_bytes: u64) -> Arc<HostBudget> {
+        Arc::new(HostBudget::new(HostBudgetLimits {
+            mappings,
+            pinned_bytes,
+        }))
+    }
+
+    #[test]
+    fn guest_quota_then_daemon_budget_shared_by_accounts() {
+        let (_file, mem) = one_file_two_regions();
+        let ram = GuestRamFiles::new(&mem).unwrap();
+        let scattered: Vec<u64> = (0..6).map(|i| LOW + 2 * i * PAGE).collect();
+        let plan = MrWindow::plan(&ram, &pages_request(&scattered), GIB).unwrap();
+        assert_eq!(plan.mappings(), 6);
+
+        let daemon = budget(16, GIB);
+        let mut first = MemoryAccount::new(Arc::clone(&daemon), 10);
+        let mut second = MemoryAccount::new(Arc::clone(&daemon), 10);
+        first.charge(&plan).unwrap();
+        // The guest's own quota: 6 + 6 > 10.
+        assert_eq!(
+            first.charge(&plan),
+            Err(BudgetError::GuestMappings {
+                limit: 10,
+                used: 6,
+                requested: 6
+            })
+        );
+        second.charge(&plan).unwrap();
+        // Both within their quota, but the daemon's 16 are shared: 12 + 6 > 16.
+        let mut third = MemoryAccount::new(Arc::clone(&daemon), 10);
+        assert_eq!(
+            third.charge(&plan),
+            Err(BudgetError::DaemonMappings {
+                limit: 16,
+                used: 12,
+                requested: 6
+            })
+        );
+        assert_eq!((daemon.mappings(), third.mappings()), (12, 0));
+        // A failed charge took nothing; a release and a dropped account give back.
+        first.release_plan(&plan);
+        third.charge(&plan).unwrap();
+        drop(second);
+        third.clear();
+        assert_eq!((daemon.mappings(), daemon.pinned_bytes()), (0, 0));
+    }
+
+    #[test]
+    fn overlapping_mrs_pin_distinct_bytes_once() {
+        let (_file, mem) = one_file_two_regions();
+        let ram = GuestRamFiles::new(&mem).unwrap();
+        let four: Vec<u64> = (0..4).map(|i| LOW + i * PAGE).collect();
+        let overlapping: Vec<u64> = (2..8).map(|i| LOW + i * PAGE).collect();
+        let daemon = budget(100, 8 * PAGE);
+        let mut account = MemoryAccount::new(Arc::clone(&daemon), 100);
+
+        let mut plan = MrWindow::plan(&ram, &pages_request(&four), GIB).unwrap();
+        account.charge(&plan).unwrap();
+        let window = plan.map().unwrap();
+        // The same pages again pin nothing more.
+        let mut again = MrWindow::plan(&ram, &pages_request(&four), GIB).unwrap();
+        account.charge(&again).unwrap();
+        let window_again = again.map().unwrap();
+        assert_eq!(
+            (account.pinned_bytes(), daemon.pinned_bytes()),
+            (4 * PAGE, 4 * PAGE)
+        );
+        // Six pages, two of them pinned already.
+        let plan = MrWindow::plan(&ram, &pages_request(&overlapping), GIB).unwrap();
+        account.charge(&plan).unwrap();
+        assert_eq!(daemon.pinned_bytes(), 8 * PAGE);
+        // A ninth distinct page is over the daemon's budget.
+        let ninth = [LOW + 8 * PAGE];
+        let over = MrWindow::plan(&ram, &pages_request(&ninth), GIB).unwrap();
+        assert_eq!(
+            account.charge(&over),
+            Err(BudgetError::DaemonPinned {
+                limit: 8 * PAGE,
+                used: 8 * PAGE,
+                requested: PAGE
+            })
+        );
+        // Releasing one of the two identical MRs unpins nothing; the other frees pages 0 and 1.
+        account.release(&window);
+        assert_eq!(daemon.pinned_bytes(), 8 * PAGE);
+        account.release(&window_again);
+        assert_eq!(daemon.pinned_bytes(), 6 * PAGE);
+        account.release_plan(&plan);
+        assert_eq!((daemon.pinned_bytes(), daemon.mappings()), (0, 0));
+    }
+
+    #[test]
+    fn repeated_pages_cost_mappings_not_pinned_bytes() {
+        let (_file, mem) = one_file_two_regions();
+        let ram = GuestRamFiles::new(&mem).unwrap();
+        // One page four times: four places in the window, one page pinned.
+        let repeated = [LOW; 4];
+        let mut plan = MrWindow::plan(&ram, &pages_request(&repeated), GIB).unwrap();
+        assert_eq!(plan.mappings(), 4);
+        assert_eq!(
+            plan.pinned_extents(),
+            &[Extent {
+                start: LOW,
+                end: LOW + PAGE
+            }]
+        );
+        let window = plan.map().unwrap();
+        assert_eq!(window.mappings(), 4);
+        // A buffer mapped twice in a row (a "mirrored" ring): two runs, its pages pinned once.
+        let ring: Vec<u64> = (0..2)
+            .flat_map(|_| (0..8).map(|i| HIGH + i * PAGE))
+            .collect();
+        let plan = MrWindow::plan(&ram, &pages_request(&ring), GIB).unwrap();
+        assert_eq!(plan.mappings(), 2);
+        assert_eq!(
+            plan.pinned_extents().iter().map(Extent::len).sum::<u64>(),
+            8 * PAGE
+        );
+    }
 
     #[test]
     fn mapping_budget_keeps_a_reserve() {

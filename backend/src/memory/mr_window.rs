@@ -495,4 +495,6 @@ fn collect_runs(
 }
 
 #[cfg(test)]
+mod accounting_tests;
+#[cfg(test)]
 mod tests;
