@@ -292,4 +292,24 @@ mod tests {
         assert!(parse_size("").is_err());
         assert!(parse_size("99999999999G").is_err());
     }
+
+    #[test]
+    fn mapping_and_pinned_limits_come_from_the_command_line() {
+        let args = Args::parse_from([
+            "vrdma-backend",
+            "--socket=s",
+            "--max-mappings=100",
+            "--max-pinned-bytes=1G",
+            "--max-guest-mappings=50",
+            "--max-mr-mappings=10",
+        ]);
+        let limits = args.budget_limits();
+        assert_eq!((limits.mappings, limits.pinned_bytes), (100, 1 << 30));
+        let options = args.options(1);
+        assert_eq!((options.quotas.mappings, options.max_mr_mappings), (50, 10));
+        // Without them: this host's defaults, below vm.max_map_count.
+        let defaults = Args::parse_from(["vrdma-backend", "--socket=s"]);
+        assert!(defaults.budget_limits().mappings < read_max_map_count());
+        assert_eq!(defaults.options(1), DeviceOptions::default());
+    }
 }
