@@ -23,7 +23,8 @@ use crate::resources::table::Handle;
 use crate::vhost_device::event_queue::EventClass;
 use crate::vhost_device::guest_context::GuestContext;
 
-/// REG_MR, validated in the spec's order: structure (decoder), limits, PD, quotas, addresses.
+/// REG_MR, validated in the spec's order: structure (decoder), limits, PD, quotas, addresses,
+/// window mappings, budgets (spec §7.4).
 pub(crate) fn reg_mr(s: &mut Session<'_>, m: &RegMr<'_>) -> CommandResult {
     let r = &m.req;
     let options = s.guest.options();

@@ -1,7 +1,8 @@
 //! Guest memory as the device uses it: the guest's RAM ([`guest_ram`]), the MR windows that map
 //! it for the host RDMA device ([`mr_window`]), the placement of queue buffers in the queue
 //! region ([`queue_region`]), and the filter that keeps the device's own mappings out of the
-//! guest memory table ([`frontend_filter`]).
+//! guest memory table ([`frontend_filter`]), and the budgets of mappings and pinned memory MR
+//! windows take from the host ([`budget`], [`pinned_extents`]).
 
 pub mod budget;
 pub mod error;
