@@ -1,6 +1,6 @@
 //! Guest memory as the device uses it: the guest's RAM ([`guest_ram`]), the MR windows that map
 //! it for the host RDMA device ([`mr_window`]), the placement of queue buffers in the queue
-//! region ([`queue_region`]), and the filter that keeps the device's own mappings out of the
+//! region ([`queue_region`]), the filter that keeps the device's own mappings out of the
 //! guest memory table ([`frontend_filter`]), and the budgets of mappings and pinned memory MR
 //! windows take from the host ([`budget`], [`pinned_extents`]).
 
