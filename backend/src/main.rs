@@ -11,9 +11,14 @@ use std::time::Duration;
 use clap::Parser;
 use log::info;
 use vrdma_backend::guest::device::GuestDeviceFactory;
-use vrdma_backend::guest::options::{DeviceOptions, DEFAULT_DOORBELL_POLL_US, DEFAULT_SHM_SIZE};
+use vrdma_backend::guest::options::{
+    DeviceOptions, DEFAULT_DOORBELL_POLL_US, DEFAULT_MAX_MR_MAPPINGS, DEFAULT_SHM_SIZE,
+};
 use vrdma_backend::host::{HostDevice, RxeDevice};
 use vrdma_backend::listener::Listener;
+use vrdma_backend::memory::budget::{
+    default_mapping_budget, default_pinned_budget, read_max_map_count, HostBudget, HostBudgetLimits,
+};
 use vrdma_backend::resources::quotas::Quotas;
 use vrdma_spec::verbs::PortState;
 
@@ -49,6 +54,21 @@ struct Args {
     /// Most bytes of all MRs of a guest together (suffixes K, M, G).
     #[arg(long, value_parser = parse_size)]
     max_mr_bytes: Option<u64>,
+    /// Most memory mappings of all MR windows of a guest together: a window needs one per run
+    /// of pages contiguous in guest RAM (default 16384).
+    #[arg(long)]
+    max_guest_mappings: Option<u32>,
+    /// Most memory mappings of one MR's window; a REG_MR needing more is refused.
+    #[arg(long, default_value_t = DEFAULT_MAX_MR_MAPPINGS)]
+    max_mr_mappings: u32,
+    /// Most memory mappings of all MR windows of all guests together (default: a quarter less
+    /// than vm.max_map_count, which every mapping of the daemon counts against).
+    #[arg(long)]
+    max_mappings: Option<u64>,
+    /// Most distinct guest bytes the MRs of all guests pin together (suffixes K, M, G; default:
+    /// three quarters of RAM, and at most RLIMIT_MEMLOCK without CAP_IPC_LOCK).
+    #[arg(long, value_parser = parse_size)]
+    max_pinned_bytes: Option<u64>,
     /// Most PDs per guest.
     #[arg(long)]
     max_pds: Option<u32>,
@@ -108,6 +128,7 @@ impl Args {
             pds: self.max_pds.unwrap_or(defaults.pds),
             mrs: self.max_mrs.unwrap_or(defaults.mrs),
             mr_bytes: self.max_mr_bytes.unwrap_or(defaults.mr_bytes),
+            mappings: self.max_guest_mappings.unwrap_or(defaults.mappings),
             cqs: self.max_cqs.unwrap_or(defaults.cqs),
             qps: self.max_qps.unwrap_or(defaults.qps),
             srqs: self.max_srqs.unwrap_or(defaults.srqs),
@@ -121,8 +142,29 @@ impl Args {
             allow_unenforced_ud: self.allow_unenforced_ud,
             allow_memory_windows: self.allow_memory_windows,
             host_port,
+            max_mr_mappings: self.max_mr_mappings,
             doorbell_poll: Duration::from_micros(self.doorbell_poll_us),
             ..DeviceOptions::default()
+        }
+    }
+}
+
+impl Args {
+    /// The daemon-wide budgets of MR windows: the options given, else this host's defaults.
+    fn budget_limits(&self) -> HostBudgetLimits {
+        let max_map_count = read_max_map_count();
+        let mappings = self
+            .max_mappings
+            .unwrap_or_else(|| default_mapping_budget(max_map_count));
+        if mappings >= max_map_count {
+            log::warn!(
+                "--max-mappings {mappings} leaves nothing of vm.max_map_count {max_map_count} \
+                 for the daemon's other mappings: a guest may make every mmap fail"
+            );
+        }
+        HostBudgetLimits {
+            mappings,
+            pinned_bytes: self.max_pinned_bytes.unwrap_or_else(default_pinned_budget),
         }
     }
 }
@@ -144,8 +186,15 @@ fn run(args: &Args) -> Result<(), String> {
     });
     let device: Arc<dyn HostDevice> = Arc::new(device);
     let options = args.options(host_port);
-    let factory =
-        GuestDeviceFactory::new(Arc::clone(&device), options).map_err(|e| e.to_string())?;
+    let limits = args.budget_limits();
+    info!(
+        "MR windows of all guests: at most {} mappings and {} MiB pinned",
+        limits.mappings,
+        limits.pinned_bytes >> 20
+    );
+    let budget = Arc::new(HostBudget::new(limits));
+    let factory = GuestDeviceFactory::with_budget(Arc::clone(&device), options, budget)
+        .map_err(|e| e.to_string())?;
     let mut listener =
         Listener::bind(&args.socket, || factory.create()).map_err(|e| e.to_string())?;
     let stop = listener.stop_handle();
@@ -249,5 +298,25 @@ mod tests {
         assert!(parse_size("x").is_err());
         assert!(parse_size("").is_err());
         assert!(parse_size("99999999999G").is_err());
+    }
+
+    #[test]
+    fn mapping_and_pinned_limits_come_from_the_command_line() {
+        let args = Args::parse_from([
+            "vrdma-backend",
+            "--socket=s",
+            "--max-mappings=100",
+            "--max-pinned-bytes=1G",
+            "--max-guest-mappings=50",
+            "--max-mr-mappings=10",
+        ]);
+        let limits = args.budget_limits();
+        assert_eq!((limits.mappings, limits.pinned_bytes), (100, 1 << 30));
+        let options = args.options(1);
+        assert_eq!((options.quotas.mappings, options.max_mr_mappings), (50, 10));
+        // Without them: this host's defaults, below vm.max_map_count.
+        let defaults = Args::parse_from(["vrdma-backend", "--socket=s"]);
+        assert!(defaults.budget_limits().mappings < read_max_map_count());
+        assert_eq!(defaults.options(1), DeviceOptions::default());
     }
 }

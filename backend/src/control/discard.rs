@@ -49,13 +49,16 @@ pub(crate) fn discard_all(
     for (handle, entry) in state.ahs.drain() {
         ah::release(host, handle, entry);
     }
-    for (handle, entry) in state.mrs.drain() {
-        mr::release(host, handle, entry);
+    let mrs = state.mrs.drain();
+    for (handle, entry) in mrs {
+        mr::release(host, state, handle, entry);
     }
     for (handle, entry) in state.pds.drain() {
         pd::release(host, handle, entry);
     }
     state.mr_bytes = 0;
+    // Every window was given back above; this also drops what a lost window left charged.
+    state.memory.clear();
     state.owners.clear();
     state.shm.clear();
     state.announce_discard = true;

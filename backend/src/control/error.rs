@@ -5,6 +5,7 @@ use std::io;
 use vrdma_spec::{DecodeError, Status, StatusError};
 
 use crate::host::DeviceError;
+use crate::memory::budget::BudgetError;
 use crate::memory::error::MemError;
 use crate::memory::queue_region::ShmAllocError;
 use crate::resources::kind::ResourceError;
@@ -33,6 +34,9 @@ pub enum CommandError {
     /// A handle, quota or reference-count failure.
     #[error(transparent)]
     Resource(#[from] ResourceError),
+    /// An MR's window does not fit the guest's or the daemon's mapping or pinned-memory budget.
+    #[error(transparent)]
+    Budget(#[from] BudgetError),
     /// Guest memory could not be used as asked.
     #[error(transparent)]
     Memory(#[from] MemError),
@@ -87,6 +91,7 @@ impl CommandError {
                 ResourceError::Busy { .. } => StatusError::new(Status::Busy),
                 ResourceError::NotReferenced { .. } | ResourceError::LimitTooLarge { .. } => eio,
             },
+            CommandError::Budget(_) => StatusError::new(Status::Quota),
             CommandError::Memory(e) => memory_status(e),
             CommandError::BadState(_) => StatusError::new(Status::BadState),
             CommandError::Rule { status, .. } => StatusError::new(*status),

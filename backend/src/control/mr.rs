@@ -23,7 +23,8 @@ use crate::resources::table::Handle;
 use crate::vhost_device::event_queue::EventClass;
 use crate::vhost_device::guest_context::GuestContext;
 
-/// REG_MR, validated in the spec's order: structure (decoder), limits, PD, quotas, addresses.
+/// REG_MR, validated in the spec's order: structure (decoder), limits, PD, quotas, addresses,
+/// window mappings, budgets (spec §7.4).
 pub(crate) fn reg_mr(s: &mut Session<'_>, m: &RegMr<'_>) -> CommandResult {
     let r = &m.req;
     let options = s.guest.options();
@@ -53,27 +54,31 @@ pub(crate) fn reg_mr(s: &mut Session<'_>, m: &RegMr<'_>) -> CommandResult {
         },
     )?;
     let access = host_access(r.access.get());
-    let host = s
-        .host()
-        .reg_mr(&MrInit {
-            pd: pd_host,
-            start: window.addr() as u64,
-            length,
-            iova: r.iova.get(),
-            access,
-        })
-        .map_err(host_err("REG_MR"))?;
+    let host = match s.host().reg_mr(&MrInit {
+        pd: pd_host,
+        start: window.addr() as u64,
+        length,
+        iova: r.iova.get(),
+        access,
+    }) {
+        Ok(host) => host,
+        Err(e) => {
+            unmap_window(s.state, window);
+            return Err(host_err("REG_MR")(e));
+        }
+    };
     let entry = MrEntry {
         pd,
         bytes,
         access,
         live: Some(LiveMr { host, window }),
     };
-    // Cannot fail after `check_room` and the lookup above; undone completely if it does.
+    // Cannot fail after `check_room` and the lookup above, under the same lock.
     let handle = match s.state.mrs.insert(entry) {
         Ok(handle) => handle,
         Err(e) => {
-            // The table dropped the window; the MR must not outlive this command either.
+            // The table dropped the window; the MR must not outlive this command either. The
+            // window's budget stays charged (the safe side) until the guest's next discard.
             if let Err(d) = s.host().dereg_mr(host.handle) {
                 warn!("dereg of unrecorded MR (host {}) failed: {d}", host.handle);
             }
@@ -82,7 +87,7 @@ pub(crate) fn reg_mr(s: &mut Session<'_>, m: &RegMr<'_>) -> CommandResult {
     };
     if let Err(e) = s.state.pds.acquire(pd) {
         if let Ok(entry) = s.state.mrs.remove(handle) {
-            release(s.host(), handle, entry);
+            release(s.guest.host(), s.state, handle, entry);
         }
         return Err(e.into());
     }
@@ -126,10 +131,36 @@ pub(super) fn check_mr_bytes(
     Ok(())
 }
 
-/// Maps guest pages (`BAD_ADDRESS` unless this guest's RAM backs each) into a new window.
-pub(super) fn map_window(s: &Session<'_>, pages: &MrPages<'_>) -> Result<MrWindow, CommandError> {
+/// Maps guest pages into a new window, validated in the spec's order: every page is this
+/// guest's RAM (`BAD_ADDRESS`), the window's mappings are within `max_mr_mappings` (`INVALID`),
+/// and its mappings and the guest bytes it pins newly fit the guest's quota and the daemon's
+/// budget (`QUOTA`). Nothing is mapped before the checks pass; what the window takes from the
+/// budgets goes back with [`unmap_window`] (or [`forget_live`]).
+pub(super) fn map_window(
+    s: &mut Session<'_>,
+    pages: &MrPages<'_>,
+) -> Result<MrWindow, CommandError> {
     let ram = GuestRamFiles::new(&*s.ctx.memory())?;
-    Ok(MrWindow::map(&ram, pages, max_mr_size(s.guest))?)
+    let mut plan = MrWindow::plan(&ram, pages, max_mr_size(s.guest))?;
+    let max_mappings = s.guest.options().max_mr_mappings;
+    if plan.mappings() > u64::from(max_mappings) {
+        return Err(CommandError::Invalid {
+            what: "page list: mappings needed (runs of contiguous guest pages)",
+            value: plan.mappings(),
+        });
+    }
+    s.state.memory.charge(&plan)?;
+    plan.map().map_err(|e| {
+        s.state.memory.release_plan(&plan);
+        e.into()
+    })
+}
+
+/// Unmaps a window that was never registered (or whose MR is deregistered) and gives back
+/// what it took from the budgets.
+pub(super) fn unmap_window(state: &mut GuestState, window: MrWindow) {
+    state.memory.release(&window);
+    drop(window);
 }
 
 /// The access flags to register with the host: relaxed ordering is a hint the spec lets the
@@ -149,15 +180,16 @@ pub(crate) fn dereg_mr(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
             .map_err(host_err("DEREG_MR"))?;
     }
     let entry = s.state.mrs.remove(handle)?;
-    if entry.live.is_some() {
+    if let Some(live) = entry.live {
         forget_live(s.state, entry.pd, entry.bytes);
+        // Unmaps the window, now that the host no longer uses it.
+        unmap_window(s.state, live.window);
     }
-    // Drops the window, now that the host no longer uses it.
-    drop(entry);
     Ok(ResponseBody::Empty)
 }
 
-/// Gives back the quota and PD reference of an MR that was live.
+/// Gives back the byte quota and PD reference of an MR that was live (its window's budget goes
+/// back with [`unmap_window`]).
 pub(super) fn forget_live(state: &mut GuestState, pd: Handle, bytes: u64) {
     state.mr_bytes = state.mr_bytes.saturating_sub(bytes);
     if let Err(e) = state.pds.release(pd) {
@@ -166,13 +198,25 @@ pub(super) fn forget_live(state: &mut GuestState, pd: Handle, bytes: u64) {
 }
 
 /// Deregisters the MR of a table entry that is already gone (teardown).
-pub(crate) fn release(host: &dyn HostContext, handle: Handle, entry: MrEntry) {
+pub(crate) fn release(
+    host: &dyn HostContext,
+    state: &mut GuestState,
+    handle: Handle,
+    entry: MrEntry,
+) {
     if let Some(live) = entry.live {
-        deregister(host, handle, live);
+        deregister(host, state, handle, live);
     }
 }
 
-pub(super) fn deregister(host: &dyn HostContext, handle: Handle, live: LiveMr) {
+/// Deregisters a host MR, then unmaps its window and gives back what the window took from the
+/// budgets.
+pub(super) fn deregister(
+    host: &dyn HostContext,
+    state: &mut GuestState,
+    handle: Handle,
+    live: LiveMr,
+) {
     if let Err(e) = host.dereg_mr(live.host.handle) {
         // Closing the host context releases it all the same.
         warn!(
@@ -180,7 +224,7 @@ pub(super) fn deregister(host: &dyn HostContext, handle: Handle, live: LiveMr) {
             live.host.handle
         );
     }
-    drop(live.window);
+    unmap_window(state, live.window);
 }
 
 /// Largest MR length: the host's limit, within the guest's MR byte quota.
@@ -226,7 +270,7 @@ pub(crate) fn revoke_unbacked(guest: &GuestShared, ctx: &GuestContext, state: &m
             continue;
         };
         let (pd, bytes) = (entry.pd, entry.bytes);
-        deregister(guest.host(), handle, live);
+        deregister(guest.host(), state, handle, live);
         forget_live(state, pd, bytes);
         debug!(
             "guest {}: MR {handle} revoked by a memory change",

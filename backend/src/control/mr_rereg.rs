@@ -8,7 +8,9 @@ use vrdma_spec::wire::ReregMrResp;
 use vrdma_spec::{Le32, ResponseBody};
 
 use super::error::CommandError;
-use super::mr::{check_mr_bytes, deregister, host_access, map_window, max_mr_size, mr_bytes};
+use super::mr::{
+    check_mr_bytes, deregister, host_access, map_window, max_mr_size, mr_bytes, unmap_window,
+};
 use super::session::{at_most, host_err, CommandResult, Session};
 use crate::guest::objects::LiveMr;
 use crate::host::MrInit;
@@ -58,20 +60,24 @@ pub(crate) fn rereg_mr(s: &mut Session<'_>, m: &ReregMr<'_>) -> CommandResult {
                 pages: &m.pages.iter().collect::<Vec<u64>>(),
             },
         )?;
-        let host = s
-            .host()
-            .reg_mr(&MrInit {
-                pd: new_pd_host,
-                start: window.addr() as u64,
-                length: r.length.get(),
-                iova: r.iova.get(),
-                access: new_access,
-            })
-            .map_err(host_err("REREG_MR (new translation)"))?;
+        let init = MrInit {
+            pd: new_pd_host,
+            start: window.addr() as u64,
+            length: r.length.get(),
+            iova: r.iova.get(),
+            access: new_access,
+        };
+        let host = match s.host().reg_mr(&init) {
+            Ok(host) => host,
+            Err(e) => {
+                unmap_window(s.state, window);
+                return Err(host_err("REREG_MR (new translation)")(e));
+            }
+        };
         // Only now the old registration goes; if it cannot, the new one goes instead and the
         // MR stays as it was.
         if let Err(e) = s.host().dereg_mr(old_host.handle) {
-            deregister(s.host(), handle, LiveMr { host, window });
+            deregister(s.guest.host(), s.state, handle, LiveMr { host, window });
             return Err(host_err("REREG_MR (old translation)")(e));
         }
         (host, Some(LiveMr { host, window }), bytes)
@@ -129,7 +135,9 @@ pub(crate) fn rereg_mr(s: &mut Session<'_>, m: &ReregMr<'_>) -> CommandResult {
         }
         (None, None) => None,
     };
-    drop(old_window);
+    if let Some(old_window) = old_window {
+        unmap_window(s.state, old_window);
+    }
     debug!(
         "MR {handle} re-registered (flags {:#x}): lkey {:#x}, rkey {:#x}",
         r.flags.get(),

@@ -38,6 +38,7 @@ use crate::control::{self, mr};
 use crate::datapath::{doorbell, events};
 use crate::fault_log::FaultLog;
 use crate::host::HostDevice;
+use crate::memory::budget::{HostBudget, HostBudgetLimits};
 use crate::memory::staging::StagingFile;
 use crate::vhost_device::guest_context::GuestContext;
 use crate::vhost_device::handler::{CommandRejection, DeviceHandler};
@@ -47,12 +48,26 @@ use crate::vhost_device::shmem::SHMEM_PAGE_SIZE;
 pub struct GuestDeviceFactory {
     device: Arc<dyn HostDevice>,
     options: Arc<DeviceOptions>,
+    /// Mappings and pinned memory shared by every guest's MRs.
+    budget: Arc<HostBudget>,
     next_id: AtomicU64,
 }
 
 impl GuestDeviceFactory {
-    /// A factory serving guests from `device` with `options` (validated here).
+    /// A factory serving guests from `device` with `options` (validated here), within a budget
+    /// of its own with this host's default limits ([`HostBudgetLimits::for_this_host`]).
     pub fn new(device: Arc<dyn HostDevice>, options: DeviceOptions) -> Result<Self, GuestError> {
+        let budget = Arc::new(HostBudget::new(HostBudgetLimits::for_this_host()));
+        Self::with_budget(device, options, budget)
+    }
+
+    /// A factory serving guests from `device` with `options` (validated here), whose guests'
+    /// MRs share `budget` (with every other factory given the same one).
+    pub fn with_budget(
+        device: Arc<dyn HostDevice>,
+        options: DeviceOptions,
+        budget: Arc<HostBudget>,
+    ) -> Result<Self, GuestError> {
         options.validate()?;
         let info = device.info();
         if !info.ports.iter().any(|p| p.port == options.host_port) {
@@ -64,8 +79,14 @@ impl GuestDeviceFactory {
         Ok(GuestDeviceFactory {
             device,
             options: Arc::new(options),
+            budget,
             next_id: AtomicU64::new(0),
         })
+    }
+
+    /// The mappings and pinned memory budget its guests share.
+    pub fn budget(&self) -> &Arc<HostBudget> {
+        &self.budget
     }
 
     /// The options every guest gets.
@@ -76,8 +97,24 @@ impl GuestDeviceFactory {
     /// A fresh device with its own host context, for one new guest.
     pub fn create(&self) -> Result<GuestDevice, GuestError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        GuestDevice::new(id, Arc::clone(&self.device), Arc::clone(&self.options))
+        GuestDevice::new(
+            id,
+            Arc::clone(&self.device),
+            Arc::clone(&self.options),
+            Arc::clone(&self.budget),
+        )
     }
+}
+
+/// Host memory one guest's live MRs use (spec §10).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// Bytes against the MR byte quota: `npages · page size` per MR.
+    pub mr_bytes: u64,
+    /// Memory mappings of the MR windows.
+    pub mappings: u64,
+    /// Distinct guest bytes pinned.
+    pub pinned_bytes: u64,
 }
 
 /// The device of one guest connection.
@@ -97,10 +134,11 @@ impl GuestDevice {
         id: u64,
         device: Arc<dyn HostDevice>,
         options: Arc<DeviceOptions>,
+        budget: Arc<HostBudget>,
     ) -> Result<Self, GuestError> {
         let host = device.open_context()?;
         let attr = host.query_device()?;
-        let state = GuestState::new(&options)?;
+        let state = GuestState::new(&options, budget)?;
         // Only devices that offer UD stage sends (spec §9.6).
         let staging = if options.allow_ud {
             Some(Arc::new(
@@ -141,6 +179,16 @@ impl GuestDevice {
     /// The daemon's options.
     pub fn options(&self) -> &DeviceOptions {
         self.shared.options()
+    }
+
+    /// Host memory this guest's live MRs use.
+    pub fn memory_usage(&self) -> MemoryUsage {
+        let state = self.state.lock();
+        MemoryUsage {
+            mr_bytes: state.mr_bytes,
+            mappings: state.memory.mappings(),
+            pinned_bytes: state.memory.pinned_bytes(),
+        }
     }
 
     fn features(&self) -> Option<u64> {

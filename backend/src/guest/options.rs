@@ -15,6 +15,11 @@ pub const DEFAULT_SHM_SIZE: u64 = 64 << 20;
 /// Default largest page list of one REG_MR: 64 Ki pages (256 MiB in 4 KiB pages, one request of
 /// 512 KiB).
 pub const DEFAULT_MAX_MR_PAGES: u32 = 1 << 16;
+/// Default largest number of memory mappings of one MR's window (`--max-mr-mappings`): one
+/// per run of pages contiguous in guest RAM. Every MR of up to 32 MiB fits even in scattered
+/// 4 KiB pages; a largest MR (64 Ki pages) fits if its pages come in runs of 32 KiB on average,
+/// which the guest's buddy allocator and transparent huge pages give large buffers.
+pub const DEFAULT_MAX_MR_MAPPINGS: u32 = 8 << 10;
 /// Default doorbell poll window in microseconds (`--doorbell-poll-us`); 0 is off.
 pub const DEFAULT_DOORBELL_POLL_US: u64 = 0;
 /// Longest doorbell poll window: the worker that polls also delivers events, which wait for up
@@ -39,6 +44,8 @@ pub struct DeviceOptions {
     pub host_port: u8,
     /// Largest `npages` of one REG_MR.
     pub max_mr_pages: u32,
+    /// Most memory mappings of one MR's window (spec §10; over it REG_MR is `INVALID`).
+    pub max_mr_mappings: u32,
     /// How long the doorbell worker keeps polling a guest's doorbell area after a doorbell
     /// (offering `VRDMA_F_DOORBELL_POLL`); zero for never.
     pub doorbell_poll: Duration,
@@ -54,6 +61,7 @@ impl Default for DeviceOptions {
             allow_memory_windows: false,
             host_port: 1,
             max_mr_pages: DEFAULT_MAX_MR_PAGES,
+            max_mr_mappings: DEFAULT_MAX_MR_MAPPINGS,
             doorbell_poll: Duration::from_micros(DEFAULT_DOORBELL_POLL_US),
         }
     }
@@ -84,6 +92,9 @@ pub enum GuestError {
         /// Largest accepted.
         max: u32,
     },
+    /// `max_mr_mappings` is 0.
+    #[error("max MR mappings must be at least 1")]
+    MaxMrMappings,
     /// The host device has no such port.
     #[error("RDMA device {device} has no port {port}")]
     NoSuchPort {
@@ -131,6 +142,9 @@ impl DeviceOptions {
                 pages: self.max_mr_pages,
                 max: MAX_MR_PAGES_LIMIT,
             });
+        }
+        if self.max_mr_mappings == 0 {
+            return Err(GuestError::MaxMrMappings);
         }
         Ok(())
     }

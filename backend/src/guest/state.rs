@@ -2,9 +2,11 @@
 //! the bookkeeping events and discards need. Guarded by the guest's state lock.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::objects::{AhEntry, CqEntry, EventOwner, MrEntry, MwEntry, PdEntry, QpEntry, SrqEntry};
 use super::options::{DeviceOptions, GuestError};
+use crate::memory::budget::{HostBudget, MemoryAccount};
 use crate::memory::queue_region::ShmAllocator;
 use crate::resources::kind::ResourceKind;
 use crate::resources::table::HandleTable;
@@ -16,6 +18,8 @@ pub(crate) struct GuestState {
     pub(crate) mrs: HandleTable<MrEntry>,
     /// Bytes of live (not revoked) MRs, against `Quotas::mr_bytes`.
     pub(crate) mr_bytes: u64,
+    /// Mappings and pinned guest memory of live (not revoked) MRs, in the daemon's budget.
+    pub(crate) memory: MemoryAccount,
     pub(crate) cqs: HandleTable<CqEntry>,
     pub(crate) qps: HandleTable<QpEntry>,
     pub(crate) srqs: HandleTable<SrqEntry>,
@@ -32,7 +36,10 @@ pub(crate) struct GuestState {
 }
 
 impl GuestState {
-    pub(crate) fn new(options: &DeviceOptions) -> Result<Self, GuestError> {
+    pub(crate) fn new(
+        options: &DeviceOptions,
+        budget: Arc<HostBudget>,
+    ) -> Result<Self, GuestError> {
         let q = &options.quotas;
         Ok(GuestState {
             pds: HandleTable::new(ResourceKind::Pd, q.pds)?,
@@ -40,6 +47,7 @@ impl GuestState {
             // releases its bytes while its handle stays allocated.
             mrs: HandleTable::new(ResourceKind::Mr, q.mrs)?,
             mr_bytes: 0,
+            memory: MemoryAccount::new(budget, q.mappings.into()),
             cqs: HandleTable::new(ResourceKind::Cq, q.cqs)?,
             qps: HandleTable::new(ResourceKind::Qp, q.qps)?,
             srqs: HandleTable::new(ResourceKind::Srq, q.srqs)?,

@@ -21,6 +21,7 @@ use vrdma_spec::control::{MAX_PAGE_SHIFT, MIN_PAGE_SHIFT};
 
 use super::error::MemError;
 use super::guest_ram::{FileIdentity, GuestRamFiles};
+use super::pinned_extents::{normalize, Extent};
 use super::reservation::{host_page_size, Reservation};
 
 /// An MR registration request, as sent by the guest.
@@ -167,7 +168,104 @@ pub struct MrWindow {
     length: u64,
     iova: u64,
     runs: usize,
+    mappings: u64,
+    /// Guest-physical bytes the registration pins, normalized.
+    pinned: Vec<Extent>,
     dependencies: Vec<Dependency>,
+}
+
+impl Layout {
+    /// Number of memory mappings (VMAs) the window adds to this process: one per planned map,
+    /// plus one per piece of the reservation left inaccessible before, between or after them.
+    /// An upper bound: the kernel may merge neighbours that continue each other.
+    fn mappings(&self) -> u64 {
+        let mut count = 0;
+        let mut end = 0;
+        for map in &self.maps {
+            if map.window_offset > end {
+                count += 1;
+            }
+            count += 1;
+            end = map.window_offset + map.len;
+        }
+        if self.reserve_len > end {
+            count += 1;
+        }
+        count
+    }
+}
+
+/// A validated MR registration whose window is planned but not yet mapped: its cost (mappings
+/// and pinned guest memory) can be checked against budgets before any mmap is made.
+#[derive(Debug)]
+pub struct MrPlan<'r> {
+    ram: &'r GuestRamFiles,
+    layout: Layout,
+    dependencies: Vec<Dependency>,
+    iova: u64,
+    length: u64,
+    in_page_offset: u64,
+    npages: u64,
+    page_size: u64,
+    pinned: Vec<Extent>,
+}
+
+impl<'r> MrPlan<'r> {
+    /// Number of memory mappings the window will add to this process (see
+    /// [`MrWindow::mappings`]).
+    pub fn mappings(&self) -> u64 {
+        self.layout.mappings()
+    }
+
+    /// Number of mmaps of guest RAM the window will be made of.
+    pub fn runs(&self) -> usize {
+        self.layout.maps.len()
+    }
+
+    /// The guest-physical bytes the registration pins (see [`MrWindow::pinned_extents`]).
+    pub fn pinned_extents(&self) -> &[Extent] {
+        &self.pinned
+    }
+
+    /// Reserves the window and maps the planned pages into it. The plan keeps its
+    /// [`mappings`](Self::mappings) and, if this fails, its
+    /// [`pinned_extents`](Self::pinned_extents), so that what was charged for it can be given
+    /// back.
+    pub fn map(&mut self) -> Result<MrWindow, MemError> {
+        let too_large = || MemError::WindowTooLarge {
+            pages: self.npages,
+            page_size: self.page_size,
+        };
+        let reserve_len = usize::try_from(self.layout.reserve_len).map_err(|_| too_large())?;
+        let alignment = usize::try_from(self.layout.alignment).map_err(|_| too_large())?;
+        let reservation = Reservation::new(reserve_len, alignment)?;
+        for map in &self.layout.maps {
+            let region = &self.ram.regions[map.region];
+            let backing = region.backing.as_ref().ok_or(MemError::NotFdBacked {
+                region_start: region.gpa_start,
+            })?;
+            reservation.map_file(&backing.file, map.window_offset, map.file_offset, map.len)?;
+        }
+        log::debug!(
+            "mapped MR window iova {:#x} len {:#x}: {} pages in {} runs ({} mappings)",
+            self.iova,
+            self.length,
+            self.npages,
+            self.layout.maps.len(),
+            self.layout.mappings()
+        );
+        Ok(MrWindow {
+            reservation,
+            // Cannot overflow: both are inside the reservation.
+            mr_offset: (self.layout.first_page + self.in_page_offset) as usize,
+            length: self.length,
+            iova: self.iova,
+            runs: self.layout.maps.len(),
+            mappings: self.layout.mappings(),
+            pinned: std::mem::take(&mut self.pinned),
+            dependencies: std::mem::take(&mut self.dependencies),
+        })
+    }
 }
 
 impl MrWindow {
@@ -178,6 +276,16 @@ impl MrWindow {
         request: &MrPages<'_>,
         max_length: u64,
     ) -> Result<Self, MemError> {
+        let mut plan = Self::plan(ram, request, max_length)?;
+        plan.map()
+    }
+
+    /// Validates `request` against `ram` and plans its window without mapping anything.
+    pub fn plan<'r>(
+        ram: &'r GuestRamFiles,
+        request: &MrPages<'_>,
+        max_length: u64,
+    ) -> Result<MrPlan<'r>, MemError> {
         let MrPages {
             iova,
             length,
@@ -226,36 +334,17 @@ impl MrWindow {
             page_size,
             host_page_size,
         )?;
-        let too_large = || MemError::WindowTooLarge {
-            pages: expected_pages,
-            page_size,
-        };
-        let reserve_len = usize::try_from(layout.reserve_len).map_err(|_| too_large())?;
-        let alignment = usize::try_from(layout.alignment).map_err(|_| too_large())?;
-        let reservation = Reservation::new(reserve_len, alignment)?;
-        for map in &layout.maps {
-            let backing =
-                ram.regions[map.region]
-                    .backing
-                    .as_ref()
-                    .ok_or(MemError::NotFdBacked {
-                        region_start: ram.regions[map.region].gpa_start,
-                    })?;
-            reservation.map_file(&backing.file, map.window_offset, map.file_offset, map.len)?;
-        }
-        log::debug!(
-            "mapped MR window iova {iova:#x} len {length:#x}: {} pages in {} runs",
-            pages.len(),
-            layout.maps.len()
-        );
-        Ok(MrWindow {
-            reservation,
-            // Cannot overflow: both are inside the reservation.
-            mr_offset: (layout.first_page + in_page_offset) as usize,
-            length,
-            iova,
-            runs: layout.maps.len(),
+        let pinned = pinned_extents(pages, page_size, in_page_offset, length, host_page_size);
+        Ok(MrPlan {
+            ram,
+            layout,
             dependencies,
+            iova,
+            length,
+            in_page_offset,
+            npages: expected_pages,
+            page_size,
+            pinned,
         })
     }
 
@@ -284,6 +373,20 @@ impl MrWindow {
         self.runs
     }
 
+    /// Number of memory mappings (VMAs) the window holds in this process: its runs and the
+    /// inaccessible pieces of its reservation around them. Every mapping of the daemon counts
+    /// against the host's `vm.max_map_count`.
+    pub fn mappings(&self) -> u64 {
+        self.mappings
+    }
+
+    /// The guest-physical bytes the registration pins: the host pages holding
+    /// `[iova, iova + length)`, sorted and merged, so a page repeated in the page list appears
+    /// once. (Huge pages mapped whole around the MR are mapped, not pinned.)
+    pub fn pinned_extents(&self) -> &[Extent] {
+        &self.pinned
+    }
+
     /// The MR's bytes, for the backend's own accesses (e.g. tests and diagnostics).
     pub fn as_volatile_slice(&self) -> VolatileSlice<'_> {
         // SAFETY: `addr()..addr() + len()` lies inside the reservation, which is mapped
@@ -306,6 +409,35 @@ impl MrWindow {
             })
         })
     }
+}
+
+/// The guest-physical extents of the host pages that hold the MR's bytes `[o, o + length)` of
+/// the concatenated `pages`, normalized. Only the first and last MR pages can be partly used.
+fn pinned_extents(
+    pages: &[u64],
+    page_size: u64,
+    in_page_offset: u64,
+    length: u64,
+    host_page_size: u64,
+) -> Vec<Extent> {
+    let last = pages.len().saturating_sub(1);
+    // `o + length` fits: checked by the caller; it ends inside the last page.
+    let end_in_last = in_page_offset + length - last as u64 * page_size;
+    let mut extents: Vec<Extent> = pages
+        .iter()
+        .enumerate()
+        .map(|(i, &gpa)| {
+            let from = if i == 0 { in_page_offset } else { 0 };
+            let to = if i == last { end_in_last } else { page_size };
+            // Cannot overflow: every page was checked to lie inside guest RAM.
+            Extent {
+                start: gpa + (from & !(host_page_size - 1)),
+                end: gpa + to.next_multiple_of(host_page_size),
+            }
+        })
+        .collect();
+    normalize(&mut extents);
+    extents
 }
 
 /// Checks and translates every page, coalescing pages consecutive in one file into runs, and
@@ -362,5 +494,7 @@ fn collect_runs(
     Ok((runs, dependencies))
 }
 
+#[cfg(test)]
+mod accounting_tests;
 #[cfg(test)]
 mod tests;

@@ -6,6 +6,12 @@
 
 use super::kind::{ResourceError, ResourceKind, MAX_OBJECTS_PER_TABLE};
 
+/// Default per-guest mapping quota: two MRs at the default per-MR limit
+/// ([`DEFAULT_MAX_MR_MAPPINGS`](crate::guest::options::DEFAULT_MAX_MR_MAPPINGS)), a third of
+/// the daemon's default window budget (`vm.max_map_count` 65530 less a quarter), so one guest
+/// cannot take it all.
+pub const DEFAULT_GUEST_MAPPINGS: u32 = 16 << 10;
+
 /// Per-guest limits on the objects a guest may create.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quotas {
@@ -13,8 +19,10 @@ pub struct Quotas {
     pub pds: u32,
     /// Memory regions.
     pub mrs: u32,
-    /// Total bytes of all memory regions.
+    /// Total bytes of all memory regions, `npages · page size` each (overlaps count again).
     pub mr_bytes: u64,
+    /// Memory mappings all MR windows of the guest may hold together (spec §10).
+    pub mappings: u32,
     /// Completion queues.
     pub cqs: u32,
     /// Queue pairs.
@@ -33,6 +41,7 @@ impl Default for Quotas {
             pds: 64,
             mrs: 4096,
             mr_bytes: 16 << 30,
+            mappings: DEFAULT_GUEST_MAPPINGS,
             cqs: 1024,
             qps: 1024,
             srqs: 256,

@@ -53,6 +53,7 @@ pub fn test_options() -> DeviceOptions {
             pds: 4,
             mrs: 4,
             mr_bytes: 64 * PAGE,
+            mappings: 1024,
             cqs: 4,
             qps: 3,
             srqs: 2,
