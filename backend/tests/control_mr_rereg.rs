@@ -499,3 +499,25 @@ fn a_revoked_mr_only_deregisters() {
         Status::Ok
     );
 }
+
+#[test]
+fn a_translation_of_max_mr_pages_fits_the_request_size() {
+    // A REREG_MR body is 8 bytes longer than a REG_MR body: max_request_size must cover it,
+    // or the largest translation is refused as a request too large.
+    let (fake, guest) = guest();
+    let pd = guest.alloc_pd();
+    let mr = registered(&guest, pd, 0x1000, PAGE, &[RAM_BASE]);
+    let max_pages = test_options().max_mr_pages as u64;
+    let pages: Vec<u64> = (0..max_pages).map(|i| RAM_BASE + i * PAGE).collect();
+    let translation = (0x10_0000, max_pages * PAGE, &pages[..]);
+    rereg(
+        &guest,
+        mr.mr.get(),
+        &Change {
+            translation: Some(translation),
+            ..NONE
+        },
+    )
+    .expect("a REREG_MR of max_mr_pages pages");
+    assert_eq!(only_host_mr(&fake).1.length, max_pages * PAGE);
+}

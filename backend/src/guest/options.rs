@@ -154,8 +154,11 @@ impl DeviceOptions {
         self.quotas.qps.max(1).next_power_of_two()
     }
 
-    /// Largest control request: header, REG_MR body and a full page list (spec §4).
+    /// Largest control request: header, the larger of the REG_MR and REREG_MR bodies and a
+    /// full page list (spec §4), so that both accept `max_mr_pages` pages.
     pub fn max_request_size(&self) -> usize {
-        HEADER_SIZE + size_of::<vrdma_spec::wire::RegMrReq>() + 8 * self.max_mr_pages as usize
+        let body = size_of::<vrdma_spec::wire::RegMrReq>()
+            .max(size_of::<vrdma_spec::wire::ReregMrReq>());
+        HEADER_SIZE + body + 8 * self.max_mr_pages as usize
     }
 }
