@@ -157,8 +157,8 @@ impl DeviceOptions {
     /// Largest control request: header, the larger of the REG_MR and REREG_MR bodies and a
     /// full page list (spec §4), so that both accept `max_mr_pages` pages.
     pub fn max_request_size(&self) -> usize {
-        let body = size_of::<vrdma_spec::wire::RegMrReq>()
-            .max(size_of::<vrdma_spec::wire::ReregMrReq>());
+        let body =
+            size_of::<vrdma_spec::wire::RegMrReq>().max(size_of::<vrdma_spec::wire::ReregMrReq>());
         HEADER_SIZE + body + 8 * self.max_mr_pages as usize
     }
 }
