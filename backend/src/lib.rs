@@ -10,6 +10,7 @@ pub mod datapath;
 pub mod fault_log;
 pub mod guest;
 pub mod host;
+pub mod identity;
 pub mod listener;
 pub mod memory;
 pub mod resources;

@@ -54,11 +54,38 @@ impl GuestDeviceFactory {
     pub fn new(device: Arc<dyn HostDevice>, options: DeviceOptions) -> Result<Self, GuestError> {
         options.validate()?;
         let info = device.info();
-        if !info.ports.iter().any(|p| p.port == options.host_port) {
+        let Some(port) = info.ports.iter().find(|p| p.port == options.host_port) else {
             return Err(GuestError::NoSuchPort {
                 device: info.name.clone(),
                 port: options.host_port,
             });
+        };
+        let identity = &options.identity;
+        if identity.has_addresses() && port.link_layer != "Ethernet" {
+            return Err(GuestError::AddressesNeedRoce {
+                name: identity.name.clone(),
+                device: info.name.clone(),
+                port: port.port,
+            });
+        }
+        if identity.has_addresses() {
+            info!(
+                "guest {}: addresses {}; policy {:?}",
+                identity.name,
+                identity
+                    .addresses
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                identity.policy
+            );
+        } else {
+            warn!(
+                "guest {}: no network identity (no addresses): it sees the whole GID table of \
+                 {} port {} and may send from any of its addresses",
+                identity.name, info.name, port.port
+            );
         }
         Ok(GuestDeviceFactory {
             device,
@@ -101,7 +128,8 @@ impl GuestDevice {
         let attr = host.query_device()?;
         let state = GuestState::new(&options)?;
         info!(
-            "guest {id}: host context on {} opened (port {} exposed as port {GUEST_PORT})",
+            "guest {id} ({}): host context on {} opened (port {} exposed as port {GUEST_PORT})",
+            options.identity.name,
             device.info().name,
             options.host_port
         );

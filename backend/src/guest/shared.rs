@@ -14,6 +14,7 @@ use super::state::GuestState;
 use crate::datapath::doorbell::Doorbells;
 use crate::host::uverbs::QueryDeviceResp;
 use crate::host::{HostContext, HostDevice};
+use crate::identity::gid_view::GidView;
 use crate::vhost_device::event_queue::EventClass;
 use crate::vhost_device::guest_context::GuestContext;
 
@@ -34,6 +35,8 @@ pub(crate) struct GuestShared {
     device: Arc<dyn HostDevice>,
     options: Arc<DeviceOptions>,
     limits: HostLimits,
+    /// The guest's GID table (its own entries, or the host's without an identity).
+    gids: GidView,
     /// Taken by the control path only for a moment (lock order: state, then doorbells), so a
     /// slow command never delays a doorbell.
     doorbells: Mutex<Doorbells>,
@@ -54,6 +57,7 @@ impl GuestShared {
         GuestShared {
             id,
             doorbells: Mutex::new(Doorbells::new(options.doorbell_slots())),
+            gids: GidView::new(&options.identity.addresses),
             device,
             options,
             limits,
@@ -92,6 +96,11 @@ impl GuestShared {
 
     pub(crate) fn limits(&self) -> &HostLimits {
         &self.limits
+    }
+
+    /// The guest's view of its port's GID table.
+    pub(crate) fn gids(&self) -> &GidView {
+        &self.gids
     }
 
     pub(crate) fn doorbells(&self) -> &Mutex<Doorbells> {

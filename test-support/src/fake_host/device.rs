@@ -12,11 +12,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use vrdma_backend::host::uverbs::{QueryDeviceResp, QueryPortResp};
 use vrdma_backend::host::{self, *};
+use vrdma_backend::identity::provision::{NetdevAddresses, ProvisionError};
+use vrdma_backend::identity::GuestAddress;
 use vrdma_spec::attr::qp::QpCaps;
 use vrdma_spec::config::ring_format;
 use vrdma_spec::rxe_v1;
 use vrdma_spec::verbs::{check_modify_qp, GidType, MwType, PortState, QpAttrMask, QpState, QpType};
-use vrdma_spec::wire::{GidEntry, QpAttr};
+use vrdma_spec::wire::{AhAttr, GidEntry, QpAttr};
 use zerocopy::FromZeros;
 
 /// Bytes of a page.
@@ -70,6 +72,18 @@ pub struct World {
     pub extra_gids: Vec<(u32, GidEntry)>,
     /// The next call of this command (`"ALLOC_PD"`, `"CREATE_QP"`, ...) fails with EINVAL.
     pub fail_next: Option<&'static str>,
+    /// The addresses of the fake port's netdev (`NetdevAddresses`).
+    pub netdev_addresses: Vec<GuestAddress>,
+    /// Whether an address added to the netdev gets its GID entries, as the kernel gives them
+    /// (turn off to see the daemon's wait time out).
+    pub no_gids_for_new_addresses: bool,
+    /// The netdev refuses to take this address (EPERM).
+    pub refuse_address: Option<std::net::IpAddr>,
+    /// The primary and alternate path each QP was last given (MODIFY_QP AV / ALT_PATH, in
+    /// the host's terms), returned by QUERY_QP.
+    pub qp_paths: HashMap<u32, (AhAttr, AhAttr)>,
+    /// The attributes each live AH was created with (host terms).
+    pub ah_attrs: BTreeMap<u32, AhAttr>,
 }
 
 impl World {
@@ -99,6 +113,24 @@ impl World {
             offset,
             len: len as usize,
         }
+    }
+
+    /// Puts the RoCE v1 and v2 entries of `address` into port 1's GID table at the lowest free
+    /// indices (above [`GID0`]'s), as the kernel does when the netdev gets an address.
+    pub fn add_address_gids(&mut self, address: &GuestAddress) {
+        for gid_type in [GidType::RoceV1, GidType::RoceV2] {
+            let index = (1..)
+                .find(|i| !self.extra_gids.iter().any(|(used, _)| used == i))
+                .expect("a free index");
+            self.extra_gids
+                .push((index, GidEntry::valid(address.gid(), gid_type)));
+        }
+    }
+
+    /// Takes the GID entries of `address` out of port 1's table.
+    pub fn remove_address_gids(&mut self, address: &GuestAddress) {
+        self.extra_gids
+            .retain(|(_, entry)| entry.gid != address.gid());
     }
 
     /// Number of live host objects of every kind.
@@ -148,6 +180,40 @@ impl FakeDevice {
     /// The objects of every context of this device, and the knobs tests turn.
     pub fn world(&self) -> MutexGuard<'_, World> {
         world(&self.world)
+    }
+}
+
+/// The fake port's netdev: adding an address fills the GID table as the kernel would.
+impl NetdevAddresses for FakeDevice {
+    fn netdev(&self) -> String {
+        "fakeeth0".into()
+    }
+
+    fn add(&self, address: &GuestAddress) -> Result<bool, ProvisionError> {
+        let mut w = self.world();
+        if w.refuse_address == Some(address.ip) {
+            return Err(ProvisionError::Netlink {
+                op: "RTM_NEWADDR",
+                address: address.to_string(),
+                netdev: self.netdev(),
+                source: io::Error::from_raw_os_error(libc::EPERM),
+            });
+        }
+        if w.netdev_addresses.iter().any(|a| a.ip == address.ip) {
+            return Ok(false);
+        }
+        w.netdev_addresses.push(*address);
+        if !w.no_gids_for_new_addresses {
+            w.add_address_gids(address);
+        }
+        Ok(true)
+    }
+
+    fn remove(&self, address: &GuestAddress) -> Result<(), ProvisionError> {
+        let mut w = self.world();
+        w.netdev_addresses.retain(|a| a.ip != address.ip);
+        w.remove_address_gids(address);
+        Ok(())
     }
 }
 
@@ -421,6 +487,13 @@ impl HostContext for FakeContext {
         if mask.contains(QpAttrMask::STATE) {
             w.qp_state.insert(qp.0, state);
         }
+        let paths = w.qp_paths.entry(qp.0).or_default();
+        if mask.contains(QpAttrMask::AV) {
+            paths.0 = attr.ah_attr;
+        }
+        if mask.contains(QpAttrMask::ALT_PATH) {
+            paths.1 = attr.alt_ah_attr;
+        }
         w.modified.push((qp.0, mask, state));
         Ok(())
     }
@@ -434,11 +507,16 @@ impl HostContext for FakeContext {
             max_send_wr: 15,
             ..Default::default()
         };
+        let mut attr = QpAttr::new_zeroed()
+            .with_qp_state(state)
+            .with_port_num(1)
+            .with_caps(caps);
+        if let Some((primary, alternate)) = w.qp_paths.get(&qp.0) {
+            attr.ah_attr = *primary;
+            attr.alt_ah_attr = *alternate;
+        }
         Ok(QpInfo {
-            attr: QpAttr::new_zeroed()
-                .with_qp_state(state)
-                .with_port_num(1)
-                .with_caps(caps),
+            attr,
             sq_sig_all: false,
         })
     }
@@ -447,6 +525,7 @@ impl HostContext for FakeContext {
         w.fail("DESTROY_QP")?;
         w.qp_state.remove(&qp.0);
         w.qp_types.remove(&qp.0);
+        w.qp_paths.remove(&qp.0);
         w.qps.remove(&qp.0).map(|_| ()).ok_or(DeviceError::Command {
             command: "DESTROY_QP",
             errno: libc::EINVAL,
@@ -487,6 +566,7 @@ impl HostContext for FakeContext {
         assert_eq!(init.attr.port_num, 1);
         let h = w.handle();
         w.ahs.insert(h, ());
+        w.ah_attrs.insert(h, init.attr);
         Ok(Ah {
             handle: AhHandle(h),
             ah_num: h,
@@ -494,6 +574,7 @@ impl HostContext for FakeContext {
     }
     fn destroy_ah(&self, ah: AhHandle) -> host::Result<()> {
         let mut w = world(&self.world);
+        w.ah_attrs.remove(&ah.0);
         w.ahs.remove(&ah.0).map(|_| ()).ok_or(DeviceError::Command {
             command: "DESTROY_AH",
             errno: libc::EINVAL,
