@@ -5,6 +5,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod config;
 pub mod control;
 pub mod datapath;
 pub mod fault_log;
