@@ -45,9 +45,23 @@ fn identified(name: &str, addresses: &[&str], policy: TrafficPolicy) -> DeviceOp
     }
 }
 
-/// A fake device whose netdev holds `addresses` (their GIDs after [`GID0`]'s, in order).
+/// A fake device like rxe (RoCE v2 entries only) whose netdev holds `addresses` (their GIDs
+/// after [`GID0`]'s, in order).
 fn device_with(addresses: &[&str]) -> std::sync::Arc<FakeDevice> {
     let fake = FakeDevice::new();
+    for a in addresses {
+        fake.world().add_address_gids(&address(a));
+    }
+    fake
+}
+
+/// As [`device_with`], for a port with RoCE v1 and v2 entries.
+fn two_type_device_with(addresses: &[&str]) -> std::sync::Arc<FakeDevice> {
+    let fake = FakeDevice::new();
+    fake.world().both_roce_types = true;
+    fake.world()
+        .extra_gids
+        .push((1, GidEntry::valid(GID0, GidType::RoceV1)));
     for a in addresses {
         fake.world().add_address_gids(&address(a));
     }
@@ -111,20 +125,14 @@ fn two_guests_see_only_their_own_tables_from_index_0() {
         ALL_FEATURES,
     );
     for (guest, gid) in [(&a, gid_of("fd00::a:1")), (&b, gid_of("192.0.2.20"))] {
-        assert_eq!(port_attr(guest).gid_tbl_len.get(), 2);
+        // rxe's ports have RoCE v2 entries only: one slot per address.
+        assert_eq!(port_attr(guest).gid_tbl_len.get(), 1);
         assert_eq!(
             query_gid(guest, 0),
-            Ok(GidEntry::valid(gid, GidType::RoceV1))
-        );
-        assert_eq!(
-            query_gid(guest, 1),
             Ok(GidEntry::valid(gid, GidType::RoceV2))
         );
-        assert_eq!(query_gid(guest, 2), Err(Status::Invalid));
-        assert_eq!(
-            gid_table(guest),
-            (vec![(0, gid, 1), (1, gid, 2)], GID_TABLE_END)
-        );
+        assert_eq!(query_gid(guest, 1), Err(Status::Invalid));
+        assert_eq!(gid_table(guest), (vec![(0, gid, 2)], GID_TABLE_END));
     }
     // Each is a node of its own, neither the host nor the other.
     let (ga, gb) = (device_attr(&a), device_attr(&b));
@@ -144,21 +152,40 @@ fn two_guests_see_only_their_own_tables_from_index_0() {
     fake.world().remove_address_gids(&address("fd00::a:1"));
     assert_eq!(query_gid(&a, 0), Ok(GidEntry::EMPTY));
     assert_eq!(gid_table(&a), (vec![], GID_TABLE_END));
-    assert_eq!(port_attr(&a).gid_tbl_len.get(), 2);
+    assert_eq!(port_attr(&a).gid_tbl_len.get(), 1);
     fake.world().add_address_gids(&address("fd00::a:1"));
     assert_eq!(
-        query_gid(&a, 1),
+        query_gid(&a, 0),
         Ok(GidEntry::valid(gid_of("fd00::a:1"), GidType::RoceV2))
     );
 
     // A guest without addresses sees the whole host table, as before identities.
     let open = TestGuest::new(&fake, test_options(), ALL_FEATURES);
     assert_eq!(port_attr(&open).gid_tbl_len.get(), 16);
-    assert_eq!(gid_table(&open).0.len(), 5);
+    assert_eq!(gid_table(&open).0.len(), 3);
     assert_eq!(
         device_attr(&open).node_guid,
         [0; 8],
         "the host's (the fake's is 0)"
+    );
+}
+
+#[test]
+fn a_port_with_both_roce_types_gives_two_slots_per_address() {
+    let fake = two_type_device_with(&["fd00::b:1", "fd00::a:1", "10.0.0.1"]);
+    let a = TestGuest::new(
+        &fake,
+        identified("a", &["fd00::a:1", "10.0.0.1"], TrafficPolicy::default()),
+        ALL_FEATURES,
+    );
+    assert_eq!(port_attr(&a).gid_tbl_len.get(), 4);
+    let (v6, v4) = (gid_of("fd00::a:1"), gid_of("10.0.0.1"));
+    assert_eq!(
+        gid_table(&a),
+        (
+            vec![(0, v6, 1), (1, v6, 2), (2, v4, 1), (3, v4, 2)],
+            GID_TABLE_END
+        )
     );
 }
 
@@ -215,7 +242,7 @@ const PEER: &str = "fd00::b:9";
 
 #[test]
 fn address_handles_use_only_the_guests_own_sources() {
-    let fake = device_with(&["fd00::b:1", "fd00::a:1", "10.0.0.1"]);
+    let fake = two_type_device_with(&["fd00::b:1", "fd00::a:1", "10.0.0.1"]);
     let a = TestGuest::new(
         &fake,
         identified("a", &["fd00::a:1", "10.0.0.1"], TrafficPolicy::default()),
@@ -329,7 +356,7 @@ fn query_paths(guest: &TestGuest, qp: u32) -> (wire::AhAttr, wire::AhAttr) {
 
 #[test]
 fn qp_paths_use_only_the_guests_own_sources_and_query_back_in_its_terms() {
-    let fake = device_with(&["fd00::b:1", "fd00::a:1", "fd00::a:2"]);
+    let fake = two_type_device_with(&["fd00::b:1", "fd00::a:1", "fd00::a:2"]);
     let a = TestGuest::new(
         &fake,
         identified("a", &["fd00::a:1", "fd00::a:2"], TrafficPolicy::default()),
@@ -380,7 +407,7 @@ fn traffic_class_sl_and_destinations_follow_the_policy() {
     let with = |tc: u8, sl: u8, dgid: [u8; 16]| wire::AhAttr {
         traffic_class: tc,
         sl,
-        ..av(1, dgid)
+        ..av(0, dgid)
     };
     for (attr, allowed) in [
         (with(0, 0, peer), true),
@@ -452,13 +479,14 @@ fn provisioning_adds_waits_for_gids_and_removes_only_what_it_added() {
     let new = [address("fd00::a:1/64"), address("192.0.2.7/24"), existing];
     let added = provision(&*fake, &*fake, 1, &new, Duration::from_secs(1)).unwrap();
     assert_eq!(added.added(), &new[..2]);
-    assert_eq!(fake.world().extra_gids.len(), 6);
+    // One RoCE v2 entry per address, as on rxe.
+    assert_eq!(fake.world().extra_gids.len(), 3);
     added.release(&*fake);
     assert_eq!(fake.world().netdev_addresses, vec![existing]);
     assert_eq!(
         fake.world().extra_gids.len(),
-        2,
-        "the existing address's GIDs stay"
+        1,
+        "the existing address's GID stays"
     );
 
     // GID entries that never come: a clear error after the bound, and nothing left behind.
@@ -467,7 +495,7 @@ fn provisioning_adds_waits_for_gids_and_removes_only_what_it_added() {
     assert!(matches!(e, ProvisionError::GidTimeout { .. }));
     assert!(
         e.to_string().starts_with(
-            "fd00::a:1/64 is on fakeeth0 but the GID table of port 1 has no RoCE v1 entry"
+            "fd00::a:1/64 is on fakeeth0 but the GID table of port 1 has no RoCE v2 entry"
         ),
         "{e}"
     );
@@ -479,5 +507,23 @@ fn provisioning_adds_waits_for_gids_and_removes_only_what_it_added() {
     let e = provision(&*fake, &*fake, 1, &new, Duration::from_secs(1)).unwrap_err();
     assert!(matches!(e, ProvisionError::Netlink { .. }), "{e}");
     assert_eq!(fake.world().netdev_addresses, vec![existing]);
-    assert_eq!(fake.world().extra_gids.len(), 2);
+    assert_eq!(fake.world().extra_gids.len(), 1);
+
+    // A port with v1 and v2 entries: both must come.
+    fake.world().refuse_address = None;
+    fake.world().both_roce_types = true;
+    fake.world()
+        .extra_gids
+        .push((9, GidEntry::valid(GID0, GidType::RoceV1)));
+    let added = provision(&*fake, &*fake, 1, &new[..1], Duration::from_secs(1)).unwrap();
+    let a = new[0].gid();
+    let types: Vec<_> = fake
+        .world()
+        .extra_gids
+        .iter()
+        .filter(|(_, e)| e.gid == a)
+        .map(|(_, e)| e.gid_type().unwrap())
+        .collect();
+    assert_eq!(types, [GidType::RoceV1, GidType::RoceV2]);
+    added.release(&*fake);
 }

@@ -38,6 +38,7 @@ use crate::control::{self, mr};
 use crate::datapath::{doorbell, events};
 use crate::fault_log::FaultLog;
 use crate::host::HostDevice;
+use crate::identity::gid_view::GidView;
 use crate::vhost_device::guest_context::GuestContext;
 use crate::vhost_device::handler::{CommandRejection, DeviceHandler};
 use crate::vhost_device::shmem::SHMEM_PAGE_SIZE;
@@ -127,6 +128,7 @@ impl GuestDevice {
         let host = device.open_context()?;
         let attr = host.query_device()?;
         let state = GuestState::new(&options)?;
+        let gids = GidView::for_port(&*device, options.host_port, &options.identity.addresses)?;
         info!(
             "guest {id} ({}): host context on {} opened (port {} exposed as port {GUEST_PORT})",
             options.identity.name,
@@ -138,7 +140,7 @@ impl GuestDevice {
             acked: Mutex::new(None),
             failed: AtomicBool::new(false),
             faults: FaultLog::for_guest(id),
-            shared: GuestShared::new(id, device, options, host, HostLimits { attr }),
+            shared: GuestShared::new(id, device, options, host, HostLimits { attr }, gids),
         })
     }
 

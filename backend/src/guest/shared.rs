@@ -53,11 +53,12 @@ impl GuestShared {
         options: Arc<DeviceOptions>,
         host: Box<dyn HostContext>,
         limits: HostLimits,
+        gids: GidView,
     ) -> Self {
         GuestShared {
             id,
             doorbells: Mutex::new(Doorbells::new(options.doorbell_slots())),
-            gids: GidView::new(&options.identity.addresses),
+            gids,
             device,
             options,
             limits,

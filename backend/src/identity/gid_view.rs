@@ -1,10 +1,11 @@
 //! The GID table a guest sees, and its translation to the host port's.
 //!
 //! A guest without addresses sees the host port's table unchanged ([`GidView::Host`]). A guest
-//! with addresses sees a virtual table of its own ([`VirtualGids`]): two slots per address, in
-//! the order the operator gave them, RoCE v1 at `2k` and RoCE v2 at `2k + 1` (the order in
-//! which the kernel adds an address's entries). Its `gid_tbl_len` is twice the number of
-//! addresses; a slot whose host entry does not exist (yet) reads as empty. Fixed slots keep a
+//! with addresses sees a virtual table of its own ([`VirtualGids`]): one slot per address and
+//! RoCE GID type of the port, in the order the operator gave the addresses, the types in the
+//! kernel's order (RoCE v1 before v2). rxe ports have RoCE v2 entries only, so there slot `k`
+//! is address `k`; a port with both types has address `k`'s v1 entry at `2k` and its v2 entry
+//! at `2k + 1`. A slot whose host entry does not exist (yet) reads as empty. Fixed slots keep a
 //! guest's indices stable while the host table changes under it (other guests' addresses
 //! coming and going move host indices, never the guest's).
 //!
@@ -19,8 +20,17 @@ use vrdma_spec::wire::GidEntry;
 use super::address::GuestAddress;
 use crate::host::{HostDevice, Result};
 
-/// RoCE GID types of each address, in slot order.
-const SLOT_TYPES: [GidType; 2] = [GidType::RoceV1, GidType::RoceV2];
+/// RoCE GID types in the order the kernel adds an address's entries.
+const ROCE_TYPES: [GidType; 2] = [GidType::RoceV1, GidType::RoceV2];
+
+/// The RoCE GID types a port's table holds (in [`ROCE_TYPES`] order); empty when it holds no
+/// RoCE entry at all.
+pub fn port_gid_types(table: &[(u32, GidEntry)]) -> Vec<GidType> {
+    ROCE_TYPES
+        .into_iter()
+        .filter(|t| table.iter().any(|(_, e)| e.gid_type() == Ok(*t)))
+        .collect()
+}
 
 /// One guest's view of the GID table of its port.
 pub enum GidView {
@@ -39,11 +49,11 @@ pub struct VirtualGids {
 }
 
 impl VirtualGids {
-    /// The table of `addresses`: two slots each.
-    pub fn new(addresses: &[GuestAddress]) -> VirtualGids {
+    /// The table of `addresses`: one slot per address and type of `types`.
+    pub fn new(addresses: &[GuestAddress], types: &[GidType]) -> VirtualGids {
         let slots: Vec<GidEntry> = addresses
             .iter()
-            .flat_map(|a| SLOT_TYPES.map(|t| GidEntry::valid(a.gid(), t)))
+            .flat_map(|a| types.iter().map(|t| GidEntry::valid(a.gid(), *t)))
             .collect();
         VirtualGids {
             host_index: Mutex::new(vec![None; slots.len()]),
@@ -105,13 +115,22 @@ impl VirtualGids {
 }
 
 impl GidView {
-    /// The view of a guest with `addresses` (the host's table when there are none).
-    pub fn new(addresses: &[GuestAddress]) -> GidView {
+    /// The view of a guest with `addresses` on `port` (the host's table when there are none),
+    /// with a slot per address for each RoCE type the port's table holds now (RoCE v2 if it
+    /// holds none: rxe's only type).
+    pub fn for_port(
+        device: &dyn HostDevice,
+        port: u8,
+        addresses: &[GuestAddress],
+    ) -> Result<GidView> {
         if addresses.is_empty() {
-            GidView::Host
-        } else {
-            GidView::Virtual(VirtualGids::new(addresses))
+            return Ok(GidView::Host);
         }
+        let mut types = port_gid_types(&device.gid_table(port)?);
+        if types.is_empty() {
+            types.push(GidType::RoceV2);
+        }
+        Ok(GidView::Virtual(VirtualGids::new(addresses, &types)))
     }
 
     /// The guest's `gid_tbl_len`, given the host port's.

@@ -1,6 +1,7 @@
 //! Making a guest's addresses usable: each goes onto the netdev behind the host port, and the
-//! daemon waits until the kernel has put the address's RoCE GID entries (v1 and v2) into the
-//! port's GID table. Addresses the daemon added are removed again at shutdown; ones that were
+//! daemon waits until the kernel has put the address's RoCE GID entries into the port's GID
+//! table: one of each RoCE type the table held before (rxe: RoCE v2 only; a port with v1 and
+//! v2 gets both), at least one. Addresses the daemon added are removed again at shutdown; ones that were
 //! there before are left alone.
 //!
 //! The netdev side is the [`NetdevAddresses`] trait: [`super::netlink::NetlinkAddresses`] on a
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 use log::{info, warn};
 
 use super::address::GuestAddress;
+use super::gid_view::port_gid_types;
 use crate::host::{DeviceError, HostDevice};
 use vrdma_spec::verbs::GidType;
 use vrdma_spec::wire::GidEntry;
@@ -122,7 +124,7 @@ impl ProvisionedAddresses {
 }
 
 /// Puts `addresses` on the netdev and waits (at most `wait` for each) until the port's GID
-/// table holds their RoCE v1 and v2 entries. On error, the addresses added so far are
+/// table holds their entries of every RoCE type it holds now (at least one entry each). On error, the addresses added so far are
 /// removed again.
 pub fn provision(
     netdev: &dyn NetdevAddresses,
@@ -131,6 +133,7 @@ pub fn provision(
     addresses: &[GuestAddress],
     wait: Duration,
 ) -> Result<ProvisionedAddresses, ProvisionError> {
+    let types = port_gid_types(&device.gid_table(port)?);
     let mut done = ProvisionedAddresses::none();
     for address in addresses {
         let added = match netdev.add(address) {
@@ -146,7 +149,7 @@ pub fn provision(
         } else {
             info!("{address} was already on {}: it stays", netdev.netdev());
         }
-        if let Err(e) = wait_for_gids(netdev, device, port, address, wait) {
+        if let Err(e) = wait_for_gids(netdev, device, port, address, &types, wait) {
             done.release(netdev);
             return Err(e);
         }
@@ -154,12 +157,14 @@ pub fn provision(
     Ok(done)
 }
 
-/// Waits until the port's GID table holds both RoCE entries of `address`.
+/// Waits until the port's GID table holds an entry of `address` of each of `types`, and at
+/// least one.
 fn wait_for_gids(
     netdev: &dyn NetdevAddresses,
     device: &dyn HostDevice,
     port: u8,
     address: &GuestAddress,
+    types: &[GidType],
     wait: Duration,
 ) -> Result<(), ProvisionError> {
     let start = Instant::now();
@@ -169,10 +174,11 @@ fn wait_for_gids(
             let wanted = GidEntry::valid(address.gid(), t);
             table.iter().any(|(_, entry)| *entry == wanted)
         };
-        let missing = match (has(GidType::RoceV1), has(GidType::RoceV2)) {
-            (true, true) => return Ok(()),
-            (false, _) => "RoCE v1",
-            (true, false) => "RoCE v2",
+        let missing = match types.iter().find(|t| !has(**t)) {
+            Some(GidType::RoceV1) => "RoCE v1",
+            Some(_) => "RoCE v2",
+            None if types.is_empty() && !has(GidType::RoceV1) && !has(GidType::RoceV2) => "RoCE",
+            None => return Ok(()),
         };
         let waited = start.elapsed();
         if waited >= wait {

@@ -77,6 +77,9 @@ pub struct World {
     /// Whether an address added to the netdev gets its GID entries, as the kernel gives them
     /// (turn off to see the daemon's wait time out).
     pub no_gids_for_new_addresses: bool,
+    /// Whether the port has RoCE v1 entries besides v2 ones (rxe has only v2): an address
+    /// added to the netdev then gets both (a test adds [`GID0`]'s v1 entry itself).
+    pub both_roce_types: bool,
     /// The netdev refuses to take this address (EPERM).
     pub refuse_address: Option<std::net::IpAddr>,
     /// The primary and alternate path each QP was last given (MODIFY_QP AV / ALT_PATH, in
@@ -115,10 +118,16 @@ impl World {
         }
     }
 
-    /// Puts the RoCE v1 and v2 entries of `address` into port 1's GID table at the lowest free
-    /// indices (above [`GID0`]'s), as the kernel does when the netdev gets an address.
+    /// Puts the RoCE v2 entry (and with [`World::both_roce_types`] first the v1 entry) of
+    /// `address` into port 1's GID table at the lowest free indices (above [`GID0`]'s), as the
+    /// kernel does when the netdev gets an address.
     pub fn add_address_gids(&mut self, address: &GuestAddress) {
-        for gid_type in [GidType::RoceV1, GidType::RoceV2] {
+        let types: &[GidType] = if self.both_roce_types {
+            &[GidType::RoceV1, GidType::RoceV2]
+        } else {
+            &[GidType::RoceV2]
+        };
+        for &gid_type in types {
             let index = (1..)
                 .find(|i| !self.extra_gids.iter().any(|(used, _)| used == i))
                 .expect("a free index");
