@@ -77,8 +77,10 @@ pub struct Listener<F> {
     factory: F,
     stop: Arc<EventFd>,
     connections: Vec<Connection>,
-    next_id: u64,
 }
+
+/// Connection numbers, unique in the daemon (several listeners log side by side).
+static NEXT_CONNECTION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl<H, E, F> Listener<F>
 where
@@ -101,7 +103,6 @@ where
             factory,
             stop: Arc::new(stop),
             connections: Vec::new(),
-            next_id: 0,
         })
     }
 
@@ -162,8 +163,7 @@ where
     /// The handler is built before the accept because `VhostUserDaemon` accepts by itself;
     /// waiting for readability first keeps idle listeners from holding a spare handler.
     fn accept_one(&mut self) {
-        let id = self.next_id;
-        self.next_id += 1;
+        let id = NEXT_CONNECTION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let handler = match (self.factory)() {
             Ok(handler) => handler,
             Err(e) => {
@@ -393,7 +393,7 @@ mod tests {
                 assert_eq!(stream.read(&mut [0u8; 1]).unwrap(), 0);
                 assert_eq!(tried.load(Ordering::SeqCst), 1);
             }
-            // Stopping one listener stops only it; the daemon stops them all.
+            // The daemon's signal thread stops every listener.
             stops.iter().for_each(StopHandle::stop);
             server.join().unwrap().unwrap();
         });

@@ -47,8 +47,10 @@ use crate::vhost_device::shmem::SHMEM_PAGE_SIZE;
 pub struct GuestDeviceFactory {
     device: Arc<dyn HostDevice>,
     options: Arc<DeviceOptions>,
-    next_id: AtomicU64,
 }
+
+/// Guest device numbers (for logs), unique in the daemon: several factories serve side by side.
+static NEXT_GUEST_ID: AtomicU64 = AtomicU64::new(0);
 
 impl GuestDeviceFactory {
     /// A factory serving guests from `device` with `options` (validated here).
@@ -91,7 +93,6 @@ impl GuestDeviceFactory {
         Ok(GuestDeviceFactory {
             device,
             options: Arc::new(options),
-            next_id: AtomicU64::new(0),
         })
     }
 
@@ -102,7 +103,7 @@ impl GuestDeviceFactory {
 
     /// A fresh device with its own host context, for one new guest.
     pub fn create(&self) -> Result<GuestDevice, GuestError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = NEXT_GUEST_ID.fetch_add(1, Ordering::Relaxed);
         GuestDevice::new(id, Arc::clone(&self.device), Arc::clone(&self.options))
     }
 }
