@@ -129,8 +129,26 @@ struct RawFile {
     device: Option<String>,
     port: Option<u8>,
     gid_wait_ms: Option<u64>,
+    #[serde(default)]
+    defaults: RawDefaults,
     #[serde(default, rename = "guest")]
     guests: Vec<RawGuest>,
+}
+
+/// What every guest gets unless it says otherwise: a guest's own setting replaces the
+/// default one key by key (a guest's `policy.destinations` replaces the default list).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDefaults {
+    shm_size: Option<Size>,
+    max_mr_pages: Option<u32>,
+    allow_ud: Option<bool>,
+    allow_memory_windows: Option<bool>,
+    doorbell_poll_us: Option<u64>,
+    #[serde(default)]
+    quotas: RawQuotas,
+    #[serde(default)]
+    policy: RawPolicy,
 }
 
 #[derive(Debug, Deserialize)]
@@ -193,52 +211,71 @@ pub fn parse_prefixes<S: AsRef<str>>(texts: &[S]) -> Result<Vec<IpPrefix>, Strin
 }
 
 impl RawGuest {
-    fn options(&self) -> Result<DeviceOptions, String> {
+    fn options(&self, d: &RawDefaults) -> Result<DeviceOptions, String> {
         let defaults = DeviceOptions::default();
         let q = Quotas::default();
-        let raw = &self.quotas;
-        let size = |s: &Option<Size>, default: u64, what: &str| {
-            s.as_ref()
-                .map_or(Ok(default), Size::bytes)
+        let (raw, rd) = (&self.quotas, &d.quotas);
+        let size = |s: Option<&Size>, default: u64, what: &str| {
+            s.map_or(Ok(default), Size::bytes)
                 .map_err(|e| format!("{what}: {e}"))
         };
         let quotas = Quotas {
-            pds: raw.pds.unwrap_or(q.pds),
-            mrs: raw.mrs.unwrap_or(q.mrs),
-            mr_bytes: size(&raw.mr_bytes, q.mr_bytes, "quotas.mr_bytes")?,
-            cqs: raw.cqs.unwrap_or(q.cqs),
-            qps: raw.qps.unwrap_or(q.qps),
-            srqs: raw.srqs.unwrap_or(q.srqs),
-            ahs: raw.ahs.unwrap_or(q.ahs),
-            mws: raw.mws.unwrap_or(q.mws),
+            pds: raw.pds.or(rd.pds).unwrap_or(q.pds),
+            mrs: raw.mrs.or(rd.mrs).unwrap_or(q.mrs),
+            mr_bytes: size(
+                raw.mr_bytes.as_ref().or(rd.mr_bytes.as_ref()),
+                q.mr_bytes,
+                "quotas.mr_bytes",
+            )?,
+            cqs: raw.cqs.or(rd.cqs).unwrap_or(q.cqs),
+            qps: raw.qps.or(rd.qps).unwrap_or(q.qps),
+            srqs: raw.srqs.or(rd.srqs).unwrap_or(q.srqs),
+            ahs: raw.ahs.or(rd.ahs).unwrap_or(q.ahs),
+            mws: raw.mws.or(rd.mws).unwrap_or(q.mws),
         };
-        let p = &self.policy;
+        let (p, pd) = (&self.policy, &d.policy);
         let open = TrafficPolicy::default();
         let policy = TrafficPolicy {
             traffic_classes: p
                 .traffic_classes
                 .as_ref()
+                .or(pd.traffic_classes.as_ref())
                 .map_or(Ok(open.traffic_classes), |l| {
                     l.set(MAX_TRAFFIC_CLASS, "policy.traffic_classes")
                 })?,
             service_levels: p
                 .service_levels
                 .as_ref()
+                .or(pd.service_levels.as_ref())
                 .map_or(Ok(open.service_levels), |l| {
                     l.set(MAX_SERVICE_LEVEL, "policy.service_levels")
                 })?,
-            destinations: p.destinations.as_deref().map(parse_prefixes).transpose()?,
+            destinations: p
+                .destinations
+                .as_deref()
+                .or(pd.destinations.as_deref())
+                .map(parse_prefixes)
+                .transpose()?,
         };
         Ok(DeviceOptions {
             quotas,
-            shm_size: size(&self.shm_size, defaults.shm_size, "shm_size")?,
-            allow_ud: self.allow_ud.unwrap_or(defaults.allow_ud),
+            shm_size: size(
+                self.shm_size.as_ref().or(d.shm_size.as_ref()),
+                defaults.shm_size,
+                "shm_size",
+            )?,
+            allow_ud: self.allow_ud.or(d.allow_ud).unwrap_or(defaults.allow_ud),
             allow_memory_windows: self
                 .allow_memory_windows
+                .or(d.allow_memory_windows)
                 .unwrap_or(defaults.allow_memory_windows),
-            max_mr_pages: self.max_mr_pages.unwrap_or(defaults.max_mr_pages),
+            max_mr_pages: self
+                .max_mr_pages
+                .or(d.max_mr_pages)
+                .unwrap_or(defaults.max_mr_pages),
             doorbell_poll: self
                 .doorbell_poll_us
+                .or(d.doorbell_poll_us)
                 .map_or(defaults.doorbell_poll, Duration::from_micros),
             identity: GuestIdentity {
                 name: self.name.clone(),
@@ -269,10 +306,12 @@ impl DaemonConfig {
         let file = path.display();
         let mut guests = Vec::with_capacity(raw.guests.len());
         for (i, guest) in raw.guests.iter().enumerate() {
-            let options = guest.options().map_err(|message| ConfigError::Invalid {
-                place: format!("{file}: guest {:?} (guest #{})", guest.name, i + 1),
-                message,
-            })?;
+            let options = guest
+                .options(&raw.defaults)
+                .map_err(|message| ConfigError::Invalid {
+                    place: format!("{file}: guest {:?} (guest #{})", guest.name, i + 1),
+                    message,
+                })?;
             guests.push(GuestConfig {
                 socket: guest.socket.clone(),
                 options,
@@ -430,6 +469,41 @@ mod tests {
             }
         );
         assert_eq!(config.guests[1].socket, Path::new("/run/vrdma/b.sock"));
+    }
+
+    #[test]
+    fn defaults_apply_key_by_key() {
+        let config = parse(
+            r#"
+            [defaults]
+            allow_ud = true
+            quotas = { qps = 16, mr_bytes = "2G" }
+            policy = { service_levels = "0-1", destinations = ["fd00::/16"] }
+
+            [[guest]]
+            name = "a"
+            socket = "/a"
+            quotas = { qps = 4 }
+            policy = { destinations = ["fd00:a::/32"] }
+
+            [[guest]]
+            name = "b"
+            socket = "/b"
+            allow_ud = false
+            "#,
+        )
+        .unwrap();
+        let (a, b) = (&config.guests[0].options, &config.guests[1].options);
+        assert_eq!((a.quotas.qps, a.quotas.mr_bytes), (4, 2 << 30));
+        assert_eq!((b.quotas.qps, b.quotas.mr_bytes), (16, 2 << 30));
+        assert!(a.allow_ud && !b.allow_ud);
+        assert!(!a.identity.policy.service_levels.contains(2));
+        let dest = |o: &DeviceOptions| o.identity.policy.destinations.clone().unwrap();
+        assert_eq!(dest(a), vec!["fd00:a::/32".parse().unwrap()]);
+        assert_eq!(dest(b), vec!["fd00::/16".parse().unwrap()]);
+        assert!(parse("[defaults]\nname = \"x\"\n")
+            .unwrap_err()
+            .contains("unknown field `name`"));
     }
 
     #[test]

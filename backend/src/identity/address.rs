@@ -39,6 +39,9 @@ pub enum IdentityError {
     /// A guest name that is empty, too long or has other characters than `[A-Za-z0-9._-]`.
     #[error("guest name {0:?} must be 1..=64 characters of A-Z a-z 0-9 . _ -")]
     Name(String),
+    /// An IPv4-mapped IPv6 address: its GID is the IPv4 address's.
+    #[error("{0} is an IPv4-mapped IPv6 address: give the IPv4 address")]
+    Mapped(IpAddr),
     /// The same address twice in one guest.
     #[error("address {0} is given twice")]
     Duplicate(IpAddr),
@@ -96,6 +99,11 @@ impl FromStr for GuestAddress {
         let (ip, len) = parse_ip_and_len(text)?;
         if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() {
             return Err(IdentityError::Unusable(ip));
+        }
+        if let IpAddr::V6(v6) = ip {
+            if v6.to_ipv4_mapped().is_some() {
+                return Err(IdentityError::Mapped(ip));
+            }
         }
         let prefix_len = len.unwrap_or(if ip.is_ipv4() { 32 } else { 128 });
         Ok(GuestAddress { ip, prefix_len })
@@ -156,6 +164,10 @@ mod tests {
                 Err(IdentityError::Address(_))
             ));
         }
+        assert!(matches!(
+            "::ffff:10.0.0.1".parse::<GuestAddress>(),
+            Err(IdentityError::Mapped(_))
+        ));
         for unusable in ["::", "::1", "ff02::1", "127.0.0.1", "0.0.0.0", "224.0.0.1"] {
             assert!(matches!(
                 unusable.parse::<GuestAddress>(),
