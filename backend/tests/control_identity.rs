@@ -388,6 +388,29 @@ fn qp_paths_use_only_the_guests_own_sources_and_query_back_in_its_terms() {
     assert_eq!((primary.sgid_index, primary.port_num), (1, 1));
     assert_eq!((alternate.sgid_index, alternate.port_num), (2, 1));
     assert_eq!(primary.dgid, peer);
+    // A source entry that left the host table (its index taken by another address) is not
+    // reported as the guest's: the path reads as index 0, never the other entry's index.
+    fake.world().remove_address_gids(&address("fd00::a:2"));
+    fake.world().add_address_gids(&address("fd00::c:1"));
+    let (_, alternate) = query_paths(&a, qp);
+    assert_eq!(alternate.sgid_index, 0);
+}
+
+#[test]
+fn a_guest_without_addresses_is_still_held_to_its_policy() {
+    let fake = FakeDevice::new();
+    let policy = TrafficPolicy {
+        destinations: Some(vec!["fd00::b:0/112".parse().unwrap()]),
+        ..TrafficPolicy::default()
+    };
+    let guest = TestGuest::new(&fake, identified("open", &[], policy), ALL_FEATURES);
+    let pd = guest.alloc_pd();
+    // The host's table as before: GID 0 is the host's.
+    assert!(create_ah(&guest, pd, av(0, gid_of(PEER))).is_ok());
+    assert_eq!(
+        create_ah(&guest, pd, av(0, gid_of("fd00::c:1"))),
+        Err(Status::Invalid)
+    );
 }
 
 #[test]

@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use vrdma_backend::host::uverbs::{QueryDeviceResp, QueryPortResp};
 use vrdma_backend::host::{self, *};
-use vrdma_backend::identity::provision::{NetdevAddresses, ProvisionError};
 use vrdma_backend::identity::GuestAddress;
 use vrdma_spec::attr::qp::QpCaps;
 use vrdma_spec::config::ring_format;
@@ -72,7 +71,7 @@ pub struct World {
     pub extra_gids: Vec<(u32, GidEntry)>,
     /// The next call of this command (`"ALLOC_PD"`, `"CREATE_QP"`, ...) fails with EINVAL.
     pub fail_next: Option<&'static str>,
-    /// The addresses of the fake port's netdev (`NetdevAddresses`).
+    /// The addresses of the fake port's netdev (`NetdevAddresses`, in `super::netdev`).
     pub netdev_addresses: Vec<GuestAddress>,
     /// Whether an address added to the netdev gets its GID entries, as the kernel gives them
     /// (turn off to see the daemon's wait time out).
@@ -116,30 +115,6 @@ impl World {
             offset,
             len: len as usize,
         }
-    }
-
-    /// Puts the RoCE v2 entry (and with [`World::both_roce_types`] first the v1 entry) of
-    /// `address` into port 1's GID table at the lowest free indices (above [`GID0`]'s), as the
-    /// kernel does when the netdev gets an address.
-    pub fn add_address_gids(&mut self, address: &GuestAddress) {
-        let types: &[GidType] = if self.both_roce_types {
-            &[GidType::RoceV1, GidType::RoceV2]
-        } else {
-            &[GidType::RoceV2]
-        };
-        for &gid_type in types {
-            let index = (1..)
-                .find(|i| !self.extra_gids.iter().any(|(used, _)| used == i))
-                .expect("a free index");
-            self.extra_gids
-                .push((index, GidEntry::valid(address.gid(), gid_type)));
-        }
-    }
-
-    /// Takes the GID entries of `address` out of port 1's table.
-    pub fn remove_address_gids(&mut self, address: &GuestAddress) {
-        self.extra_gids
-            .retain(|(_, entry)| entry.gid != address.gid());
     }
 
     /// Number of live host objects of every kind.
@@ -189,40 +164,6 @@ impl FakeDevice {
     /// The objects of every context of this device, and the knobs tests turn.
     pub fn world(&self) -> MutexGuard<'_, World> {
         world(&self.world)
-    }
-}
-
-/// The fake port's netdev: adding an address fills the GID table as the kernel would.
-impl NetdevAddresses for FakeDevice {
-    fn netdev(&self) -> String {
-        "fakeeth0".into()
-    }
-
-    fn add(&self, address: &GuestAddress) -> Result<bool, ProvisionError> {
-        let mut w = self.world();
-        if w.refuse_address == Some(address.ip) {
-            return Err(ProvisionError::Netlink {
-                op: "RTM_NEWADDR",
-                address: address.to_string(),
-                netdev: self.netdev(),
-                source: io::Error::from_raw_os_error(libc::EPERM),
-            });
-        }
-        if w.netdev_addresses.iter().any(|a| a.ip == address.ip) {
-            return Ok(false);
-        }
-        w.netdev_addresses.push(*address);
-        if !w.no_gids_for_new_addresses {
-            w.add_address_gids(address);
-        }
-        Ok(true)
-    }
-
-    fn remove(&self, address: &GuestAddress) -> Result<(), ProvisionError> {
-        let mut w = self.world();
-        w.netdev_addresses.retain(|a| a.ip != address.ip);
-        w.remove_address_gids(address);
-        Ok(())
     }
 }
 
