@@ -23,7 +23,7 @@ use crate::host::{HostDevice, Result};
 /// RoCE GID types in the order the kernel adds an address's entries.
 const ROCE_TYPES: [GidType; 2] = [GidType::RoceV1, GidType::RoceV2];
 
-/// The RoCE GID types a port's table holds (in [`ROCE_TYPES`] order); empty when it holds no
+/// The RoCE GID types a port's table holds (RoCE v1 before v2); empty when it holds no
 /// RoCE entry at all.
 pub fn port_gid_types(table: &[(u32, GidEntry)]) -> Vec<GidType> {
     ROCE_TYPES

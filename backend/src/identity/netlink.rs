@@ -144,6 +144,15 @@ impl NetdevAddresses for NetlinkAddresses {
         match self.change(address, libc::RTM_NEWADDR, flags) {
             Ok(()) => Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(false),
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => Err(ProvisionError::Netlink {
+                op: "RTM_NEWADDR",
+                address: address.to_string(),
+                netdev: self.name.clone(),
+                source: io::Error::new(
+                    e.kind(),
+                    format!("{e} (adding addresses needs CAP_NET_ADMIN)"),
+                ),
+            }),
             Err(source) => Err(ProvisionError::Netlink {
                 op: "RTM_NEWADDR",
                 address: address.to_string(),
