@@ -5,11 +5,13 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod config;
 pub mod control;
 pub mod datapath;
 pub mod fault_log;
 pub mod guest;
 pub mod host;
+pub mod identity;
 pub mod listener;
 pub mod memory;
 pub mod resources;

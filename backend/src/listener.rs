@@ -5,6 +5,7 @@
 //! factory and a daemon for it, lets the daemon accept that connection and serves it on a
 //! thread of its own. When the guest goes, its worker threads are stopped, its handler is
 //! reset (every host object of that guest released) and dropped; listening goes on.
+//! [`run_all`] serves several sockets (one per configured guest), each on a thread of its own.
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -76,8 +77,10 @@ pub struct Listener<F> {
     factory: F,
     stop: Arc<EventFd>,
     connections: Vec<Connection>,
-    next_id: u64,
 }
+
+/// Connection numbers, unique in the daemon (several listeners log side by side).
+static NEXT_CONNECTION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl<H, E, F> Listener<F>
 where
@@ -100,7 +103,6 @@ where
             factory,
             stop: Arc::new(stop),
             connections: Vec::new(),
-            next_id: 0,
         })
     }
 
@@ -161,8 +163,7 @@ where
     /// The handler is built before the accept because `VhostUserDaemon` accepts by itself;
     /// waiting for readability first keeps idle listeners from holding a spare handler.
     fn accept_one(&mut self) {
-        let id = self.next_id;
-        self.next_id += 1;
+        let id = NEXT_CONNECTION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let handler = match (self.factory)() {
             Ok(handler) => handler,
             Err(e) => {
@@ -214,6 +215,46 @@ where
             join(connection);
         }
     }
+}
+
+/// Serves every listener on a thread of its own until each has stopped (through its
+/// [`StopHandle`]). A listener that fails stops the others, and the first error is returned.
+pub fn run_all<H, E, F>(listeners: &mut [Listener<F>]) -> Result<(), ListenerError>
+where
+    H: DeviceHandler,
+    E: std::fmt::Display,
+    F: FnMut() -> Result<H, E> + Send,
+{
+    let stops: Vec<StopHandle> = listeners.iter().map(Listener::stop_handle).collect();
+    thread::scope(|scope| {
+        let threads: Vec<_> = listeners
+            .iter_mut()
+            .map(|listener| {
+                let stops = &stops;
+                scope.spawn(move || {
+                    let result = listener.run();
+                    if let Err(e) = &result {
+                        error!("{}: {e}; stopping every listener", listener.path.display());
+                        stops.iter().for_each(StopHandle::stop);
+                    }
+                    result
+                })
+            })
+            .collect();
+        let mut first = Ok(());
+        for thread in threads {
+            let result = thread.join().unwrap_or_else(|_| {
+                stops.iter().for_each(StopHandle::stop);
+                Err(ListenerError::Wait(io::Error::other(
+                    "a listener thread panicked",
+                )))
+            });
+            if first.is_ok() {
+                first = result;
+            }
+        }
+        first
+    })
 }
 
 fn join(connection: Connection) {
@@ -315,4 +356,46 @@ fn serve_until_disconnect<H: DeviceHandler>(
     drop(daemon);
     backend.close_leaked_exit_fds();
     backend.handler().reset();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::guest::device::GuestDevice;
+
+    #[test]
+    fn several_sockets_are_served_and_stopped_together() {
+        let dir = PrivateDir::create().unwrap();
+        let tried = [AtomicUsize::new(0), AtomicUsize::new(0)];
+        let mut listeners: Vec<_> = tried
+            .iter()
+            .enumerate()
+            .map(|(i, tried)| {
+                // A factory that cannot make a device: each connection is closed at once,
+                // which is enough to see which socket served it.
+                Listener::bind(dir.path.join(format!("{i}.sock")), move || {
+                    tried.fetch_add(1, Ordering::SeqCst);
+                    Err::<GuestDevice, _>("no device in this test")
+                })
+                .unwrap()
+            })
+            .collect();
+        let stops: Vec<_> = listeners.iter().map(Listener::stop_handle).collect();
+        let paths: Vec<_> = listeners.iter().map(|l| l.path().to_owned()).collect();
+        thread::scope(|scope| {
+            let server = scope.spawn(|| run_all(&mut listeners));
+            for (path, tried) in paths.iter().zip(&tried) {
+                let mut stream = UnixStream::connect(path).unwrap();
+                // The refused connection is closed: end of file.
+                assert_eq!(stream.read(&mut [0u8; 1]).unwrap(), 0);
+                assert_eq!(tried.load(Ordering::SeqCst), 1);
+            }
+            // The daemon's signal thread stops every listener.
+            stops.iter().for_each(StopHandle::stop);
+            server.join().unwrap().unwrap();
+        });
+    }
 }

@@ -1,21 +1,31 @@
 //! vrdma-backend: the vhost-user daemon of the vrdma device (see spec/README.md).
 //!
-//! Serves every guest that connects to `--socket` from one host RDMA device, each with its own
-//! host context, handle namespace and quotas, until SIGINT or SIGTERM.
+//! Serves guests from one host RDMA device, each with its own host context, handle namespace,
+//! quotas and (with addresses) network identity, until SIGINT or SIGTERM: every guest that
+//! connects to `--socket` (one named guest described by the command line), or the guests of a
+//! `--config` file, each on its own socket.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{ArgGroup, Parser};
 use log::info;
+use vrdma_backend::config::{
+    parse_addresses, parse_prefixes, parse_size, DaemonConfig, GuestConfig,
+};
 use vrdma_backend::guest::device::GuestDeviceFactory;
 use vrdma_backend::guest::options::{
     DeviceOptions, DEFAULT_DOORBELL_POLL_US, DEFAULT_MAX_MR_MAPPINGS, DEFAULT_SHM_SIZE,
 };
+use vrdma_backend::host::sysfs::SYSFS_ROOT;
 use vrdma_backend::host::{HostDevice, RxeDevice};
-use vrdma_backend::listener::Listener;
+use vrdma_backend::identity::netlink::NetlinkAddresses;
+use vrdma_backend::identity::policy::{parse_value_list, MAX_SERVICE_LEVEL, MAX_TRAFFIC_CLASS};
+use vrdma_backend::identity::provision::{self, ProvisionedAddresses, DEFAULT_GID_WAIT};
+use vrdma_backend::identity::{GuestIdentity, TrafficPolicy};
+use vrdma_backend::listener::{self, Listener};
 use vrdma_backend::memory::budget::{
     default_mapping_budget, default_pinned_budget, read_max_map_count, HostBudget, HostBudgetLimits,
 };
@@ -29,10 +39,23 @@ use vrdma_spec::verbs::PortState;
     version,
     about = "vhost-user back-end of the vrdma device"
 )]
+// The options that describe the one guest of `--socket`: a configuration file describes each
+// of its guests itself.
+#[command(group(ArgGroup::new("single_guest").multiple(true).conflicts_with("config").args([
+    "socket", "shm_size", "max_qps", "max_cqs", "max_mrs", "max_mr_bytes", "max_pds",
+    "max_srqs", "max_ahs", "max_mws", "allow_ud", "allow_memory_windows", "doorbell_poll_us",
+    "name", "address", "traffic_classes", "service_levels", "allow_destination",
+    "max_guest_mappings", "max_mr_mappings", "allow_unenforced_ud",
+])))]
 struct Args {
+    /// Configuration file (TOML) describing every guest: its socket, addresses, quotas and
+    /// policy (backend/README.md; example in backend/examples/guests.toml). Instead of
+    /// --socket and the per-guest options.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Path of the vhost-user socket to listen on (a stale socket file is replaced).
-    #[arg(long)]
-    socket: PathBuf,
+    #[arg(long, required_unless_present = "config")]
+    socket: Option<PathBuf>,
     /// Host RDMA device (default: the first one with an ACTIVE port).
     #[arg(long)]
     device: Option<String>,
@@ -102,23 +125,28 @@ struct Args {
     /// guest not to notify (VRDMA_F_DOORBELL_POLL, spec §5.3); 0 turns polling off.
     #[arg(long, default_value_t = DEFAULT_DOORBELL_POLL_US)]
     doorbell_poll_us: u64,
-}
-
-/// Parses a byte count with an optional binary suffix (K, M, G).
-fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let (digits, shift) = match text.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&text[..i], 10),
-        Some((i, 'm' | 'M')) => (&text[..i], 20),
-        Some((i, 'g' | 'G')) => (&text[..i], 30),
-        _ => (text, 0),
-    };
-    let value: u64 = digits
-        .parse()
-        .map_err(|e| format!("{text:?} is not a byte count: {e}"))?;
-    value
-        .checked_mul(1 << shift)
-        .ok_or_else(|| format!("{text:?} is too large"))
+    /// Name of the guest of --socket (logs; its node GUID is derived from it when it has
+    /// addresses).
+    #[arg(long, default_value = "guest")]
+    name: String,
+    /// An RDMA address of the guest (IPv6 or IPv4, optionally with /prefix-length; repeat for
+    /// more). The daemon adds it to the host port's netdev, waits for its GIDs and shows the
+    /// guest only its own GID entries. Without any, the guest sees the host's whole GID table.
+    #[arg(long = "address", value_name = "ADDR")]
+    address: Vec<String>,
+    /// Traffic classes the guest's address vectors may carry, e.g. `0,96-103` (default: all).
+    #[arg(long, value_name = "LIST")]
+    traffic_classes: Option<String>,
+    /// Service levels the guest's address vectors may carry, e.g. `0-3` (default: all).
+    #[arg(long, value_name = "LIST")]
+    service_levels: Option<String>,
+    /// A destination prefix the guest may reach (e.g. `fd00::/48`, `10.1.0.0/16`; repeat for
+    /// more). Without any, every destination is allowed.
+    #[arg(long = "allow-destination", value_name = "PREFIX")]
+    allow_destination: Vec<String>,
+    /// Longest wait, in milliseconds, for the GID entries of an address the daemon added.
+    #[arg(long, default_value_t = DEFAULT_GID_WAIT.as_millis() as u64)]
+    gid_wait_ms: u64,
 }
 
 impl Args {
@@ -147,6 +175,57 @@ impl Args {
             ..DeviceOptions::default()
         }
     }
+
+    /// The identity of the guest of --socket.
+    fn identity(&self) -> Result<GuestIdentity, String> {
+        let open = TrafficPolicy::default();
+        Ok(GuestIdentity {
+            name: self.name.clone(),
+            addresses: parse_addresses(&self.address)?,
+            policy: TrafficPolicy {
+                traffic_classes: match &self.traffic_classes {
+                    Some(text) => parse_value_list(text, MAX_TRAFFIC_CLASS, "--traffic-classes")?,
+                    None => open.traffic_classes,
+                },
+                service_levels: match &self.service_levels {
+                    Some(text) => parse_value_list(text, MAX_SERVICE_LEVEL, "--service-levels")?,
+                    None => open.service_levels,
+                },
+                destinations: if self.allow_destination.is_empty() {
+                    None
+                } else {
+                    Some(parse_prefixes(&self.allow_destination)?)
+                },
+            },
+        })
+    }
+
+    /// What the daemon serves: the configuration file's guests, or the one guest of --socket.
+    fn daemon_config(&self) -> Result<DaemonConfig, String> {
+        if let Some(path) = &self.config {
+            let mut config = DaemonConfig::load(path).map_err(|e| e.to_string())?;
+            // The command line's device and port win over the file's.
+            config.device = self.device.clone().or(config.device);
+            config.port = self.port.or(config.port);
+            return Ok(config);
+        }
+        let socket = self
+            .socket
+            .clone()
+            .ok_or("--socket or --config is needed")?;
+        let mut options = self.options(1);
+        options.identity = self.identity()?;
+        let config = DaemonConfig {
+            device: self.device.clone(),
+            port: self.port,
+            gid_wait: Duration::from_millis(self.gid_wait_ms),
+            guests: vec![GuestConfig { socket, options }],
+        };
+        config
+            .validate()
+            .map_err(|(place, message)| format!("{}{place}: {message}", "command line"))?;
+        Ok(config)
+    }
 }
 
 impl Args {
@@ -174,9 +253,9 @@ fn run(args: &Args) -> Result<(), String> {
     // signal thread ever sees them.
     let signals = signals::block_termination().map_err(|e| format!("signal setup: {e}"))?;
     // Bad options are reported before the host is looked at.
-    args.options(1).validate().map_err(|e| e.to_string())?;
-    let device = RxeDevice::find_system(args.device.as_deref()).map_err(|e| e.to_string())?;
-    let host_port = args.port.unwrap_or_else(|| {
+    let mut config = args.daemon_config()?;
+    let device = RxeDevice::find_system(config.device.as_deref()).map_err(|e| e.to_string())?;
+    let host_port = config.port.unwrap_or_else(|| {
         device
             .info()
             .ports
@@ -185,48 +264,114 @@ fn run(args: &Args) -> Result<(), String> {
             .map_or(1, |p| p.port)
     });
     let device: Arc<dyn HostDevice> = Arc::new(device);
-    let options = args.options(host_port);
     let limits = args.budget_limits();
     info!(
         "MR windows of all guests: at most {} mappings and {} MiB pinned",
         limits.mappings,
         limits.pinned_bytes >> 20
     );
+    // One budget for every guest of every socket: the limits are the daemon's.
     let budget = Arc::new(HostBudget::new(limits));
-    let factory = GuestDeviceFactory::with_budget(Arc::clone(&device), options, budget)
+    let mut factories = Vec::with_capacity(config.guests.len());
+    for guest in &mut config.guests {
+        guest.options.host_port = host_port;
+        let factory = GuestDeviceFactory::with_budget(
+            Arc::clone(&device),
+            guest.options.clone(),
+            Arc::clone(&budget),
+        )
+        .map_err(|e| format!("guest {}: {e}", guest.options.identity.name))?;
+        factories.push(factory);
+    }
+    let addresses = provision_addresses(&config, &*device, host_port)?;
+    let result = serve(&config, &factories, &device, signals);
+    for guest in &config.guests {
+        if let Err(e) = std::fs::remove_file(&guest.socket) {
+            log::warn!("cannot remove {}: {e}", guest.socket.display());
+        }
+    }
+    if let Some((netdev, added)) = addresses {
+        added.release(&netdev);
+    }
+    result
+}
+
+/// Puts every guest's addresses on the host port's netdev and waits for their GIDs; `None`
+/// when no guest has addresses.
+fn provision_addresses(
+    config: &DaemonConfig,
+    device: &dyn HostDevice,
+    host_port: u8,
+) -> Result<Option<(NetlinkAddresses, ProvisionedAddresses)>, String> {
+    if !config
+        .guests
+        .iter()
+        .any(|g| g.options.identity.has_addresses())
+    {
+        return Ok(None);
+    }
+    let netdev = NetlinkAddresses::for_port(Path::new(SYSFS_ROOT), &device.info().name, host_port)
         .map_err(|e| e.to_string())?;
-    let mut listener =
-        Listener::bind(&args.socket, || factory.create()).map_err(|e| e.to_string())?;
-    let stop = listener.stop_handle();
+    let mut added = ProvisionedAddresses::none();
+    for guest in &config.guests {
+        let identity = &guest.options.identity;
+        match provision::provision(
+            &netdev,
+            device,
+            host_port,
+            &identity.addresses,
+            config.gid_wait,
+        ) {
+            Ok(more) => added.extend(more),
+            Err(e) => {
+                added.release(&netdev);
+                return Err(format!("guest {}: {e}", identity.name));
+            }
+        }
+    }
+    Ok(Some((netdev, added)))
+}
+
+/// Serves every guest's socket until SIGINT or SIGTERM.
+fn serve(
+    config: &DaemonConfig,
+    factories: &[GuestDeviceFactory],
+    device: &Arc<dyn HostDevice>,
+    signals: signals::Termination,
+) -> Result<(), String> {
+    let mut listeners = Vec::with_capacity(factories.len());
+    for (guest, factory) in config.guests.iter().zip(factories) {
+        let listener = Listener::bind(&guest.socket, || factory.create())
+            .map_err(|e| format!("guest {}: {e}", guest.options.identity.name))?;
+        listeners.push(listener);
+    }
+    let stops: Vec<_> = listeners.iter().map(Listener::stop_handle).collect();
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
             let signal = signals.wait();
             info!("signal {signal}: shutting down");
-            stop.stop();
+            stops.iter().for_each(listener::StopHandle::stop);
         })
         .map_err(|e| format!("cannot start the signal thread: {e}"))?;
-    info!(
-        "serving {} port {} on {} ({} MiB queue region per guest{})",
-        device.info().name,
-        factory.options().host_port,
-        args.socket.display(),
-        factory.options().shm_size >> 20,
-        match (
-            factory.options().allow_ud,
-            factory.options().allow_memory_windows
-        ) {
-            (false, false) => "",
-            (true, false) => ", UD allowed",
-            (false, true) => ", memory windows allowed",
-            (true, true) => ", UD and memory windows allowed",
-        }
-    );
-    let result = listener.run().map_err(|e| e.to_string());
-    if let Err(e) = std::fs::remove_file(&args.socket) {
-        log::warn!("cannot remove {}: {e}", args.socket.display());
+    for (guest, factory) in config.guests.iter().zip(factories) {
+        let options = factory.options();
+        info!(
+            "serving guest {} from {} port {} on {} ({} MiB queue region{})",
+            options.identity.name,
+            device.info().name,
+            options.host_port,
+            guest.socket.display(),
+            options.shm_size >> 20,
+            match (options.allow_ud, options.allow_memory_windows) {
+                (false, false) => "",
+                (true, false) => ", UD allowed",
+                (false, true) => ", memory windows allowed",
+                (true, true) => ", UD and memory windows allowed",
+            }
+        );
     }
-    result
+    listener::run_all(&mut listeners).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {
@@ -289,15 +434,113 @@ mod signals {
 mod tests {
     use super::*;
 
+    fn parse(line: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("vrdma-backend").chain(line.iter().copied()))
+    }
+
     #[test]
-    fn sizes_parse_with_suffixes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64M"), Ok(64 << 20));
-        assert_eq!(parse_size("2g"), Ok(2 << 30));
-        assert_eq!(parse_size("8k"), Ok(8192));
-        assert!(parse_size("x").is_err());
-        assert!(parse_size("").is_err());
-        assert!(parse_size("99999999999G").is_err());
+    fn the_single_socket_command_line_is_unchanged() {
+        let args = parse(&[
+            "--socket",
+            "/tmp/v.sock",
+            "--max-qps",
+            "4",
+            "--max-mr-bytes",
+            "64M",
+            "--allow-ud",
+            "--shm-size",
+            "16M",
+            "--doorbell-poll-us",
+            "20",
+        ])
+        .unwrap();
+        let config = args.daemon_config().unwrap();
+        assert_eq!((config.device, config.port), (None, None));
+        let [guest] = &config.guests[..] else {
+            panic!()
+        };
+        assert_eq!(guest.socket, Path::new("/tmp/v.sock"));
+        let options = &guest.options;
+        assert_eq!(
+            *options,
+            DeviceOptions {
+                identity: options.identity.clone(),
+                ..args.options(1)
+            }
+        );
+        assert_eq!((options.quotas.qps, options.quotas.mr_bytes), (4, 64 << 20));
+        assert!(options.allow_ud);
+        assert_eq!(options.shm_size, 16 << 20);
+        // No addresses: no identity, the host's GID table as before.
+        assert_eq!(options.identity, GuestIdentity::default());
+        assert_eq!(config.gid_wait, DEFAULT_GID_WAIT);
+    }
+
+    #[test]
+    fn one_named_guest_gets_addresses_and_policy_on_the_command_line() {
+        let args = parse(&[
+            "--socket",
+            "/tmp/v.sock",
+            "--name",
+            "vm7",
+            "--address",
+            "fd00::7/64",
+            "--address",
+            "10.0.0.7",
+            "--traffic-classes",
+            "0,96",
+            "--service-levels",
+            "0-3",
+            "--allow-destination",
+            "fd00::/48",
+            "--gid-wait-ms",
+            "900",
+        ])
+        .unwrap();
+        let config = args.daemon_config().unwrap();
+        let identity = &config.guests[0].options.identity;
+        assert_eq!(identity.name, "vm7");
+        assert_eq!(identity.addresses.len(), 2);
+        assert!(identity.policy.traffic_classes.contains(96));
+        assert!(!identity.policy.traffic_classes.contains(1));
+        assert!(identity.policy.service_levels.contains(3));
+        assert!(!identity.policy.service_levels.contains(4));
+        assert_eq!(identity.policy.destinations.as_ref().unwrap().len(), 1);
+        assert_eq!(config.gid_wait, Duration::from_millis(900));
+
+        let bad = |line: &[&str]| parse(line).unwrap().daemon_config().unwrap_err();
+        assert!(bad(&["--socket", "/s", "--address", "nope"]).contains("address: \"nope\""));
+        assert!(bad(&["--socket", "/s", "--service-levels", "16"]).contains("out of range"));
+        assert!(bad(&["--socket", "/s", "--allow-destination", "::/200"]).contains("over 128"));
+        assert!(bad(&["--socket", "/s", "--name", "a b"]).starts_with("command line: guest"));
+    }
+
+    #[test]
+    fn a_config_file_replaces_the_per_guest_options() {
+        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/guests.toml");
+        let args = parse(&["--config", example, "--port", "2"]).unwrap();
+        let config = args.daemon_config().unwrap();
+        assert_eq!(config.guests.len(), 3);
+        assert_eq!(
+            (config.device.as_deref(), config.port),
+            (Some("rxe0"), Some(2))
+        );
+        for conflicting in [
+            &["--config", example, "--socket", "/s"][..],
+            &["--config", example, "--address", "fd00::1"],
+            &["--config", example, "--max-qps", "3"],
+        ] {
+            let e = parse(conflicting).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::ArgumentConflict,
+                "{conflicting:?}"
+            );
+        }
+        assert_eq!(
+            parse(&[]).unwrap_err().kind(),
+            clap::error::ErrorKind::MissingRequiredArgument
+        );
     }
 
     #[test]

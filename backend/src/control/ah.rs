@@ -1,8 +1,9 @@
-//! CREATE_AH and DESTROY_AH (spec §7.4), and the address-vector checks MODIFY_QP shares.
+//! CREATE_AH and DESTROY_AH (spec §7.4), and the address-vector checks and translations
+//! MODIFY_QP and QUERY_QP share: ports, the guest's own source GIDs and its traffic policy.
 
-use log::warn;
+use log::{debug, warn};
 use vrdma_spec::rxe_v1::RxeAv;
-use vrdma_spec::wire::{AhAttr, CreateAhReq, CreateAhResp, HandleReq};
+use vrdma_spec::wire::{AhAttr, CreateAhReq, CreateAhResp, GidEntry, HandleReq};
 use vrdma_spec::{Le32, ResponseBody};
 
 use super::error::CommandError;
@@ -11,6 +12,7 @@ use crate::datapath::ud_staging::StagedAh;
 use crate::guest::objects::AhEntry;
 use crate::guest::shared::GuestShared;
 use crate::host::{AhHandle, AhInit, HostContext};
+use crate::identity::policy::PolicyViolation;
 use crate::resources::table::Handle;
 
 /// `IB_LINK_LAYER_ETHERNET`: RoCE ports, where every address vector needs a GRH.
@@ -19,14 +21,24 @@ const LINK_LAYER_ETHERNET: u8 = 2;
 const NETWORK_TYPE_IPV4: u8 = 1;
 const NETWORK_TYPE_IPV6: u8 = 2;
 
-/// Checks an address vector against the port it names (spec §7.4 AhAttr rules: port,
-/// `sgid_index` below the table length and naming a populated entry, GRH on RoCE) and
-/// returns a copy in the host's terms (host port number).
+/// An address vector in the host's terms, and the source GID entry it names.
+pub(crate) struct HostAv {
+    /// The attributes with the host's port number and GID index.
+    pub(crate) attr: AhAttr,
+    /// The source GID entry (the guest's own when it has an identity).
+    pub(crate) sgid: GidEntry,
+}
+
+/// Checks an address vector against the port it names and the guest's identity (spec §7.4
+/// AhAttr rules: port; `sgid_index` below the guest's `gid_tbl_len` and naming a populated
+/// entry of the guest's GID table; GRH on RoCE; traffic class, SL and destination within the
+/// guest's policy, spec §12) and returns a copy in the host's terms (host port number, host
+/// GID index looked up now by the entry's GID and type).
 pub(crate) fn ah_attr_to_host(
     guest: &GuestShared,
     a: &AhAttr,
     what: &'static str,
-) -> Result<AhAttr, CommandError> {
+) -> Result<HostAv, CommandError> {
     let port = guest
         .host_port(a.port_num.into())
         .ok_or(CommandError::Invalid {
@@ -37,37 +49,91 @@ pub(crate) fn ah_attr_to_host(
         .host()
         .query_port(port)
         .map_err(host_err("QUERY_PORT"))?;
-    let gid_valid = u32::from(a.sgid_index) < port_attr.gid_tbl_len
-        && guest
-            .device()
-            .gid_entry(port, a.sgid_index.into())
+    let gids = guest.gids();
+    let found = if u32::from(a.sgid_index) < gids.table_len(port_attr.gid_tbl_len) {
+        gids.entry(guest.device(), port, a.sgid_index.into())
             .map_err(host_err("GID table"))?
-            .is_some();
-    if !gid_valid {
+    } else {
+        None
+    };
+    // The host index must also lie in the host's table (a virtual slot always maps into it).
+    let Some((host_index, sgid)) = found.filter(|(i, _)| *i < port_attr.gid_tbl_len) else {
         return Err(CommandError::Invalid {
             what: "sgid_index",
             value: a.sgid_index.into(),
         });
-    }
+    };
+    let host_index = u8::try_from(host_index).map_err(|_| CommandError::Invalid {
+        what: "sgid_index (host entry beyond 255)",
+        value: host_index.into(),
+    })?;
     if port_attr.link_layer == LINK_LAYER_ETHERNET && a.is_global == 0 {
         return Err(CommandError::Invalid {
             what: "is_global (RoCE needs a GRH)",
             value: 0,
         });
     }
-    Ok(a.with_port_num(port))
+    guest
+        .options()
+        .identity
+        .policy
+        .check(a.traffic_class, a.sl, &a.dgid)
+        .map_err(|violation| policy_error(guest, violation))?;
+    let mut attr = *a;
+    attr.port_num = port;
+    attr.sgid_index = host_index;
+    Ok(HostAv { attr, sgid })
 }
 
-/// The guest's view of a host address vector (guest port number).
-pub(crate) fn ah_attr_to_guest(guest: &GuestShared, a: &AhAttr) -> AhAttr {
-    a.with_port_num(guest.guest_port(a.port_num))
+/// The command error of a policy violation; the log line names the guest's rule.
+fn policy_error(guest: &GuestShared, violation: PolicyViolation) -> CommandError {
+    let name = &guest.options().identity.name;
+    match violation {
+        PolicyViolation::TrafficClass(tc) => CommandError::Invalid {
+            what: "traffic_class (not allowed for this guest)",
+            value: tc.into(),
+        },
+        PolicyViolation::ServiceLevel(sl) => CommandError::Invalid {
+            what: "sl (not allowed for this guest)",
+            value: sl.into(),
+        },
+        PolicyViolation::Destination(dgid) => {
+            debug!(
+                "guest {name}: destination {} is outside its allowed prefixes",
+                std::net::Ipv6Addr::from(dgid)
+            );
+            CommandError::Invalid {
+                what: "dgid (outside the guest's allowed destinations)",
+                value: u128::from_be_bytes(dgid) as u64,
+            }
+        }
+    }
+}
+
+/// The guest's view of a host address vector: guest port number and the guest's index of
+/// its source GID. An address vector whose source entry is not the guest's (the QP was never
+/// given a path, or the entry left the host table since) reports index 0.
+pub(crate) fn ah_attr_to_guest(guest: &GuestShared, a: &AhAttr) -> Result<AhAttr, CommandError> {
+    let mut attr = *a;
+    attr.port_num = guest.guest_port(a.port_num);
+    if attr.port_num == 0 {
+        // No path (the host reports port 0) or one on a port the guest does not see.
+        attr.sgid_index = 0;
+        return Ok(attr);
+    }
+    let index = guest
+        .gids()
+        .guest_index(guest.device(), a.port_num, a.sgid_index.into())
+        .map_err(host_err("GID table"))?;
+    attr.sgid_index = index.and_then(|i| u8::try_from(i).ok()).unwrap_or(0);
+    Ok(attr)
 }
 
 /// CREATE_AH: PD, address vector, quota, host AH.
 pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
     let pd = Handle::from_raw(r.pd.get());
     let pd_host = s.state.pds.get(pd)?.host;
-    let attr = ah_attr_to_host(s.guest, &r.ah_attr, "ah_attr.port_num")?;
+    let HostAv { attr, sgid } = ah_attr_to_host(s.guest, &r.ah_attr, "ah_attr.port_num")?;
     s.state.ahs.check_room(0)?;
     let ah = s
         .host()
@@ -105,17 +171,13 @@ pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
             ah_num: ah.ah_num,
         },
     );
-    let sgid = s
-        .guest
-        .device()
-        .gid_entry(attr.port_num, attr.sgid_index.into())
-        .ok()
-        .flatten()
-        .map_or([0; 16], |e| e.gid);
+    // The AV the guest sees names its own GID index (as QUERY_GID numbers it).
+    let mut guest_attr = attr;
+    guest_attr.sgid_index = r.ah_attr.sgid_index;
     Ok(ResponseBody::CreateAh(CreateAhResp {
         ah: Le32::new(handle.raw()),
         ah_num: Le32::new(ah.ah_num),
-        av: rxe_av(&attr, &sgid),
+        av: rxe_av(&guest_attr, &sgid.gid),
     }))
 }
 

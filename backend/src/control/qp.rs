@@ -379,7 +379,7 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
         .with_qp_state(next)
         .with_cur_qp_state(claimed.unwrap_or(cur));
     attr.ah_attr = if has(QpAttrMask::AV) {
-        ah_attr_to_host(guest, &a.ah_attr, "ah_attr.port_num")?
+        ah_attr_to_host(guest, &a.ah_attr, "ah_attr.port_num")?.attr
     } else {
         AhAttr::default()
     };
@@ -391,7 +391,7 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
                 value: a.alt_port_num.into(),
             })?;
         (
-            ah_attr_to_host(guest, &a.alt_ah_attr, "alt_ah_attr.port_num")?,
+            ah_attr_to_host(guest, &a.alt_ah_attr, "alt_ah_attr.port_num")?.attr,
             alt_port,
         )
     } else {
@@ -410,7 +410,8 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
 const QUERY_QP_MASK: QpAttrMask =
     QpAttrMask::from_bits_retain(QpAttrMask::ALL.bits() & !QpAttrMask::RATE_LIMIT.bits());
 
-/// QUERY_QP: the host's attributes, with port numbers in the guest's terms.
+/// QUERY_QP: the host's attributes, with port numbers and source GID indices in the guest's
+/// terms.
 pub(crate) fn query_qp(s: &mut Session<'_>, r: &QueryQpReq) -> CommandResult {
     let host = s.state.qps.get(Handle::from_raw(r.qp.get()))?.host;
     let info = s
@@ -422,8 +423,8 @@ pub(crate) fn query_qp(s: &mut Session<'_>, r: &QueryQpReq) -> CommandResult {
     // expected one.
     let mut attr = info.attr;
     attr.cur_qp_state = attr.qp_state;
-    attr.ah_attr = ah_attr_to_guest(guest, &attr.ah_attr);
-    attr.alt_ah_attr = ah_attr_to_guest(guest, &attr.alt_ah_attr);
+    attr.ah_attr = ah_attr_to_guest(guest, &attr.ah_attr)?;
+    attr.alt_ah_attr = ah_attr_to_guest(guest, &attr.alt_ah_attr)?;
     attr.port_num = guest.guest_port(attr.port_num);
     attr.alt_port_num = guest.guest_port(attr.alt_port_num);
     Ok(ResponseBody::QueryQp(QueryQpResp {

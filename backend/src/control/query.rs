@@ -1,5 +1,7 @@
-//! QUERY_DEVICE, QUERY_PORT, QUERY_GID, QUERY_GID_TABLE and QUERY_PKEY (spec §7.4): the host's kernel answers
-//! turned into the guest's wire answers, with the guest's quotas applied.
+//! QUERY_DEVICE, QUERY_PORT, QUERY_GID, QUERY_GID_TABLE and QUERY_PKEY (spec §7.4): the host's
+//! kernel answers turned into the guest's wire answers, with the guest's quotas applied and
+//! only what belongs to the guest shown: its own GID table and GUIDs when it has an identity,
+//! never host-wide counters.
 
 use vrdma_spec::features::{VRDMA_F_MW, VRDMA_F_SRQ, VRDMA_F_UD};
 use vrdma_spec::rxe_v1::SGE_SIZE;
@@ -48,11 +50,21 @@ pub(crate) fn query_device(s: &mut Session<'_>) -> CommandResult {
     let ud = s.features & VRDMA_F_UD != 0;
     let mw = s.features & VRDMA_F_MW != 0;
     let only_if = |on: bool, v: u32| if on { v } else { 0 };
+    let identity = &s.guest.options().identity;
+    // A guest with addresses is a node of its own; without, it is the host's node as before.
+    // The kernel's `__be64` GUIDs: their bytes in memory are the wire's network order.
+    let (node_guid, sys_image_guid) = if identity.has_addresses() {
+        (identity.guid(), identity.guid())
+    } else {
+        (
+            host.node_guid.to_ne_bytes(),
+            host.sys_image_guid.to_ne_bytes(),
+        )
+    };
     let attr = DeviceAttr {
         fw_ver: DeviceAttr::encode_fw_ver(&s.guest.device().info().fw_ver),
-        // The kernel's `__be64` GUIDs: their bytes in memory are the wire's network order.
-        node_guid: host.node_guid.to_ne_bytes(),
-        sys_image_guid: host.sys_image_guid.to_ne_bytes(),
+        node_guid,
+        sys_image_guid,
         max_mr_size: Le64::new(super::mr::max_mr_size(s.guest)),
         page_size_cap: Le64::new(host.page_size_cap),
         max_mr_bytes: Le64::new(q.mr_bytes),
@@ -98,18 +110,19 @@ fn host_port_attr(s: &Session<'_>, port: u8) -> Result<QueryPortResp, CommandErr
     s.host().query_port(port).map_err(host_err("QUERY_PORT"))
 }
 
-/// QUERY_PORT.
+/// QUERY_PORT: the host port's attributes, with the guest's GID table length and without the
+/// port's violation counters (they count every guest's and host process's packets).
 pub(crate) fn query_port(s: &mut Session<'_>, r: &QueryPortReq) -> CommandResult {
     let p = host_port_attr(s, port(s, r.port_num.get())?)?;
     Ok(ResponseBody::QueryPort(PortAttr {
         state: Le32::new(p.state.into()),
         max_mtu: Le32::new(p.max_mtu.into()),
         active_mtu: Le32::new(p.active_mtu.into()),
-        gid_tbl_len: Le32::new(p.gid_tbl_len),
+        gid_tbl_len: Le32::new(s.guest.gids().table_len(p.gid_tbl_len)),
         port_cap_flags: Le32::new(p.port_cap_flags),
         max_msg_sz: Le32::new(p.max_msg_sz),
-        bad_pkey_cntr: Le32::new(p.bad_pkey_cntr),
-        qkey_viol_cntr: Le32::new(p.qkey_viol_cntr),
+        bad_pkey_cntr: Le32::ZERO,
+        qkey_viol_cntr: Le32::ZERO,
         pkey_tbl_len: Le16::new(p.pkey_tbl_len),
         lid: Le16::new(p.lid),
         sm_lid: Le16::new(p.sm_lid),
@@ -129,12 +142,13 @@ pub(crate) fn query_port(s: &mut Session<'_>, r: &QueryPortReq) -> CommandResult
     }))
 }
 
-/// QUERY_GID: an index below `gid_tbl_len`; an empty entry is returned without `VALID`.
+/// QUERY_GID: an index below the guest's `gid_tbl_len`; an empty entry is returned without
+/// `VALID`.
 pub(crate) fn query_gid(s: &mut Session<'_>, r: &QueryTableReq) -> CommandResult {
     let host_port = port(s, r.port_num.get())?;
     let p = host_port_attr(s, host_port)?;
     let index = r.index.get();
-    if index >= p.gid_tbl_len {
+    if index >= s.guest.gids().table_len(p.gid_tbl_len) {
         return Err(CommandError::Invalid {
             what: "index",
             value: index.into(),
@@ -142,18 +156,23 @@ pub(crate) fn query_gid(s: &mut Session<'_>, r: &QueryTableReq) -> CommandResult
     }
     let found = s
         .guest
-        .device()
-        .gid_entry(host_port, index)
+        .gids()
+        .entry(s.guest.device(), host_port, index)
         .map_err(host_err("GID table"))?;
-    Ok(ResponseBody::QueryGid(found.unwrap_or(GidEntry::EMPTY)))
+    Ok(ResponseBody::QueryGid(
+        found.map_or(GidEntry::EMPTY, |(_, entry)| entry),
+    ))
 }
 
-/// QUERY_GID_TABLE: the populated entries at or after `index` (below `gid_tbl_len`, as
-/// QUERY_GID's), up to [`GID_TABLE_BATCH`] of them by increasing index, from the host's table in
-/// one read.
+/// QUERY_GID_TABLE: the populated entries of the guest's table at or after `index` (below
+/// `gid_tbl_len`, as QUERY_GID's), up to [`GID_TABLE_BATCH`] of them by increasing index, from
+/// the host's table in one read.
 pub(crate) fn query_gid_table(s: &mut Session<'_>, r: &QueryTableReq) -> CommandResult {
     let host_port = port(s, r.port_num.get())?;
-    let table_len = host_port_attr(s, host_port)?.gid_tbl_len;
+    let table_len = s
+        .guest
+        .gids()
+        .table_len(host_port_attr(s, host_port)?.gid_tbl_len);
     let first = r.index.get();
     if first >= table_len {
         return Err(CommandError::Invalid {
@@ -163,11 +182,10 @@ pub(crate) fn query_gid_table(s: &mut Session<'_>, r: &QueryTableReq) -> Command
     }
     let mut table = s
         .guest
-        .device()
-        .gid_table(host_port)
+        .gids()
+        .table(s.guest.device(), host_port)
         .map_err(host_err("GID table"))?;
-    table.retain(|(index, entry)| (first..table_len).contains(index) && entry.is_valid());
-    table.sort_unstable_by_key(|(index, _)| *index);
+    table.retain(|(index, _)| (first..table_len).contains(index));
     let mut resp = GidTableResp::new_zeroed();
     for (slot, (index, entry)) in resp.entries.iter_mut().zip(&table) {
         *slot = GidTableEntry::new(*index, entry);

@@ -38,6 +38,7 @@ use crate::control::{self, mr};
 use crate::datapath::{doorbell, events};
 use crate::fault_log::FaultLog;
 use crate::host::HostDevice;
+use crate::identity::gid_view::GidView;
 use crate::memory::budget::{HostBudget, HostBudgetLimits};
 use crate::memory::staging::StagingFile;
 use crate::vhost_device::guest_context::GuestContext;
@@ -50,8 +51,10 @@ pub struct GuestDeviceFactory {
     options: Arc<DeviceOptions>,
     /// Mappings and pinned memory shared by every guest's MRs.
     budget: Arc<HostBudget>,
-    next_id: AtomicU64,
 }
+
+/// Guest device numbers (for logs), unique in the daemon: several factories serve side by side.
+static NEXT_GUEST_ID: AtomicU64 = AtomicU64::new(0);
 
 impl GuestDeviceFactory {
     /// A factory serving guests from `device` with `options` (validated here), within a budget
@@ -70,17 +73,43 @@ impl GuestDeviceFactory {
     ) -> Result<Self, GuestError> {
         options.validate()?;
         let info = device.info();
-        if !info.ports.iter().any(|p| p.port == options.host_port) {
+        let Some(port) = info.ports.iter().find(|p| p.port == options.host_port) else {
             return Err(GuestError::NoSuchPort {
                 device: info.name.clone(),
                 port: options.host_port,
             });
+        };
+        let identity = &options.identity;
+        if identity.has_addresses() && port.link_layer != "Ethernet" {
+            return Err(GuestError::AddressesNeedRoce {
+                name: identity.name.clone(),
+                device: info.name.clone(),
+                port: port.port,
+            });
+        }
+        if identity.has_addresses() {
+            info!(
+                "guest {}: addresses {}; policy {:?}",
+                identity.name,
+                identity
+                    .addresses
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                identity.policy
+            );
+        } else {
+            warn!(
+                "guest {}: no network identity (no addresses): it sees the whole GID table of \
+                 {} port {} and may send from any of its addresses",
+                identity.name, info.name, port.port
+            );
         }
         Ok(GuestDeviceFactory {
             device,
             options: Arc::new(options),
             budget,
-            next_id: AtomicU64::new(0),
         })
     }
 
@@ -96,7 +125,7 @@ impl GuestDeviceFactory {
 
     /// A fresh device with its own host context, for one new guest.
     pub fn create(&self) -> Result<GuestDevice, GuestError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = NEXT_GUEST_ID.fetch_add(1, Ordering::Relaxed);
         GuestDevice::new(
             id,
             Arc::clone(&self.device),
@@ -147,8 +176,10 @@ impl GuestDevice {
         } else {
             None
         };
+        let gids = GidView::for_port(&*device, options.host_port, &options.identity.addresses)?;
         info!(
-            "guest {id}: host context on {} opened (port {} exposed as port {GUEST_PORT})",
+            "guest {id} ({}): host context on {} opened (port {} exposed as port {GUEST_PORT})",
+            options.identity.name,
             device.info().name,
             options.host_port
         );
@@ -157,7 +188,15 @@ impl GuestDevice {
             acked: Mutex::new(None),
             failed: AtomicBool::new(false),
             faults: FaultLog::for_guest(id),
-            shared: GuestShared::new(id, device, options, host, HostLimits { attr }, staging),
+            shared: GuestShared::new(
+                id,
+                device,
+                options,
+                host,
+                HostLimits { attr },
+                staging,
+                gids,
+            ),
         })
     }
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 use vrdma_spec::control::HEADER_SIZE;
 
 use crate::host::DeviceError;
+use crate::identity::{GuestIdentity, IdentityError};
 use crate::memory::queue_region::ShmAllocError;
 use crate::resources::kind::ResourceError;
 use crate::resources::quotas::Quotas;
@@ -49,6 +50,9 @@ pub struct DeviceOptions {
     /// How long the doorbell worker keeps polling a guest's doorbell area after a doorbell
     /// (offering `VRDMA_F_DOORBELL_POLL`); zero for never.
     pub doorbell_poll: Duration,
+    /// The guest's name, addresses and traffic policy (spec §12); without addresses the
+    /// guest sees the host port's GID table and GUIDs.
+    pub identity: GuestIdentity,
 }
 
 impl Default for DeviceOptions {
@@ -63,6 +67,7 @@ impl Default for DeviceOptions {
             max_mr_pages: DEFAULT_MAX_MR_PAGES,
             max_mr_mappings: DEFAULT_MAX_MR_MAPPINGS,
             doorbell_poll: Duration::from_micros(DEFAULT_DOORBELL_POLL_US),
+            identity: GuestIdentity::default(),
         }
     }
 }
@@ -106,6 +111,19 @@ pub enum GuestError {
     /// The doorbell poll window is too long.
     #[error("a doorbell poll window of {0:?} is over the limit of {MAX_DOORBELL_POLL:?}")]
     DoorbellPoll(Duration),
+    /// The guest's identity is not acceptable.
+    #[error("guest identity: {0}")]
+    Identity(#[from] IdentityError),
+    /// A guest with addresses needs a RoCE (Ethernet) port: its GIDs are IP addresses.
+    #[error("guest {name} has addresses but port {port} of {device} is not a RoCE port")]
+    AddressesNeedRoce {
+        /// Guest name.
+        name: String,
+        /// Device name.
+        device: String,
+        /// The port.
+        port: u8,
+    },
     /// The host device could not be opened or queried.
     #[error("host device: {0}")]
     Host(#[from] DeviceError),
@@ -128,6 +146,7 @@ impl DeviceOptions {
             return Err(GuestError::ShmSize(size));
         }
         self.quotas.validate()?;
+        self.identity.validate()?;
         if self.quotas.qps > vrdma_spec::doorbell::MAX_SLOTS {
             return Err(GuestError::TooManyQps {
                 qps: self.quotas.qps,

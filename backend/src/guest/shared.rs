@@ -14,6 +14,7 @@ use super::state::GuestState;
 use crate::datapath::doorbell::Doorbells;
 use crate::host::uverbs::QueryDeviceResp;
 use crate::host::{HostContext, HostDevice};
+use crate::identity::gid_view::GidView;
 use crate::memory::staging::StagingFile;
 use crate::vhost_device::event_queue::EventClass;
 use crate::vhost_device::guest_context::GuestContext;
@@ -35,6 +36,8 @@ pub(crate) struct GuestShared {
     device: Arc<dyn HostDevice>,
     options: Arc<DeviceOptions>,
     limits: HostLimits,
+    /// The guest's GID table (its own entries, or the host's without an identity).
+    gids: GidView,
     /// Taken by the control path only for a moment (lock order: state, then doorbells), so a
     /// slow command never delays a doorbell.
     doorbells: Mutex<Doorbells>,
@@ -54,10 +57,12 @@ impl GuestShared {
         host: Box<dyn HostContext>,
         limits: HostLimits,
         staging: Option<Arc<StagingFile>>,
+        gids: GidView,
     ) -> Self {
         GuestShared {
             id,
             doorbells: Mutex::new(Doorbells::new(options.doorbell_slots())),
+            gids,
             device,
             options,
             limits,
@@ -102,6 +107,11 @@ impl GuestShared {
     /// The staging file of enforced UD sends, when UD is offered.
     pub(crate) fn staging(&self) -> Option<&Arc<StagingFile>> {
         self.staging.as_ref()
+    }
+
+    /// The guest's view of its port's GID table.
+    pub(crate) fn gids(&self) -> &GidView {
+        &self.gids
     }
 
     /// The doorbell table and the staged UD send queues.

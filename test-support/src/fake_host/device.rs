@@ -12,11 +12,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use vrdma_backend::host::uverbs::{QueryDeviceResp, QueryPortResp};
 use vrdma_backend::host::{self, *};
+use vrdma_backend::identity::GuestAddress;
 use vrdma_spec::attr::qp::QpCaps;
 use vrdma_spec::config::ring_format;
 use vrdma_spec::rxe_v1;
 use vrdma_spec::verbs::{check_modify_qp, GidType, MwType, PortState, QpAttrMask, QpState, QpType};
-use vrdma_spec::wire::{GidEntry, QpAttr};
+use vrdma_spec::wire::{AhAttr, GidEntry, QpAttr};
 use zerocopy::FromZeros;
 
 /// Bytes of a page.
@@ -72,6 +73,21 @@ pub struct World {
     pub extra_gids: Vec<(u32, GidEntry)>,
     /// The next call of this command (`"ALLOC_PD"`, `"CREATE_QP"`, ...) fails with EINVAL.
     pub fail_next: Option<&'static str>,
+    /// The addresses of the fake port's netdev (`NetdevAddresses`, in `super::netdev`).
+    pub netdev_addresses: Vec<GuestAddress>,
+    /// Whether an address added to the netdev gets its GID entries, as the kernel gives them
+    /// (turn off to see the daemon's wait time out).
+    pub no_gids_for_new_addresses: bool,
+    /// Whether the port has RoCE v1 entries besides v2 ones (rxe has only v2): an address
+    /// added to the netdev then gets both (a test adds [`GID0`]'s v1 entry itself).
+    pub both_roce_types: bool,
+    /// The netdev refuses to take this address (EPERM).
+    pub refuse_address: Option<std::net::IpAddr>,
+    /// The primary and alternate path each QP was last given (MODIFY_QP AV / ALT_PATH, in
+    /// the host's terms), returned by QUERY_QP.
+    pub qp_paths: HashMap<u32, (AhAttr, AhAttr)>,
+    /// The attributes each live AH was created with (host terms).
+    pub ah_attrs: BTreeMap<u32, AhAttr>,
 }
 
 impl World {
@@ -425,6 +441,13 @@ impl HostContext for FakeContext {
         if mask.contains(QpAttrMask::STATE) {
             w.qp_state.insert(qp.0, state);
         }
+        let paths = w.qp_paths.entry(qp.0).or_default();
+        if mask.contains(QpAttrMask::AV) {
+            paths.0 = attr.ah_attr;
+        }
+        if mask.contains(QpAttrMask::ALT_PATH) {
+            paths.1 = attr.alt_ah_attr;
+        }
         w.modified.push((qp.0, mask, state));
         Ok(())
     }
@@ -438,11 +461,16 @@ impl HostContext for FakeContext {
             max_send_wr: 15,
             ..Default::default()
         };
+        let mut attr = QpAttr::new_zeroed()
+            .with_qp_state(state)
+            .with_port_num(1)
+            .with_caps(caps);
+        if let Some((primary, alternate)) = w.qp_paths.get(&qp.0) {
+            attr.ah_attr = *primary;
+            attr.alt_ah_attr = *alternate;
+        }
         Ok(QpInfo {
-            attr: QpAttr::new_zeroed()
-                .with_qp_state(state)
-                .with_port_num(1)
-                .with_caps(caps),
+            attr,
             sq_sig_all: false,
         })
     }
@@ -452,6 +480,7 @@ impl HostContext for FakeContext {
         w.qp_state.remove(&qp.0);
         w.qp_types.remove(&qp.0);
         w.send_queues.remove(&qp.0);
+        w.qp_paths.remove(&qp.0);
         w.qps.remove(&qp.0).map(|_| ()).ok_or(DeviceError::Command {
             command: "DESTROY_QP",
             errno: libc::EINVAL,
@@ -492,6 +521,7 @@ impl HostContext for FakeContext {
         assert_eq!(init.attr.port_num, 1);
         let h = w.handle();
         w.ahs.insert(h, ());
+        w.ah_attrs.insert(h, init.attr);
         Ok(Ah {
             handle: AhHandle(h),
             ah_num: h,
@@ -499,6 +529,7 @@ impl HostContext for FakeContext {
     }
     fn destroy_ah(&self, ah: AhHandle) -> host::Result<()> {
         let mut w = world(&self.world);
+        w.ah_attrs.remove(&ah.0);
         w.ahs.remove(&ah.0).map(|_| ()).ok_or(DeviceError::Command {
             command: "DESTROY_AH",
             errno: libc::EINVAL,
