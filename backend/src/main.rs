@@ -21,6 +21,7 @@ use vrdma_backend::guest::options::{
 };
 use vrdma_backend::host::sysfs::SYSFS_ROOT;
 use vrdma_backend::host::{HostDevice, RxeDevice};
+use vrdma_backend::identity::endpoints::LocalEndpoints;
 use vrdma_backend::identity::netlink::NetlinkAddresses;
 use vrdma_backend::identity::policy::{parse_value_list, MAX_SERVICE_LEVEL, MAX_TRAFFIC_CLASS};
 use vrdma_backend::identity::provision::{self, ProvisionedAddresses, DEFAULT_GID_WAIT};
@@ -272,13 +273,17 @@ fn run(args: &Args) -> Result<(), String> {
     );
     // One budget for every guest of every socket: the limits are the daemon's.
     let budget = Arc::new(HostBudget::new(limits));
+    // One table of tenant addresses and QP numbers: a guest's QPs are reachable through its
+    // addresses only, whichever socket the sender came through.
+    let endpoints = LocalEndpoints::new();
     let mut factories = Vec::with_capacity(config.guests.len());
     for guest in &mut config.guests {
         guest.options.host_port = host_port;
-        let factory = GuestDeviceFactory::with_budget(
+        let factory = GuestDeviceFactory::with_daemon(
             Arc::clone(&device),
             guest.options.clone(),
             Arc::clone(&budget),
+            Arc::clone(&endpoints),
         )
         .map_err(|e| format!("guest {}: {e}", guest.options.identity.name))?;
         factories.push(factory);

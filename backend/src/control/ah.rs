@@ -12,6 +12,7 @@ use crate::datapath::ud_staging::StagedAh;
 use crate::guest::objects::AhEntry;
 use crate::guest::shared::GuestShared;
 use crate::host::{AhHandle, AhInit, HostContext};
+use crate::identity::endpoints::Destination;
 use crate::identity::policy::PolicyViolation;
 use crate::resources::table::Handle;
 
@@ -85,6 +86,42 @@ pub(crate) fn ah_attr_to_host(
     Ok(HostAv { attr, sgid })
 }
 
+/// Where `dgid` leads (spec §12.1): an address of another tenant, one of the host's own, or
+/// another machine.
+pub(crate) fn destination(
+    guest: &GuestShared,
+    dgid: &[u8; 16],
+) -> Result<Destination, CommandError> {
+    let local = guest
+        .device()
+        .delivers_locally(dgid)
+        .map_err(host_err("local address lookup"))?;
+    Ok(guest.tenant().classify(dgid, local))
+}
+
+/// Refuses a path or send from this guest to QP number `qpn` at `dgid` unless that QP is
+/// reachable there: through a tenant's address only its own QPs, through the host's addresses
+/// only QPs of no tenant (rxe delivers local packets by QP number alone).
+pub(crate) fn check_reach(
+    guest: &GuestShared,
+    dgid: &[u8; 16],
+    qpn: u32,
+) -> Result<(), CommandError> {
+    let destination = destination(guest, dgid)?;
+    if guest.tenant().allows(destination, qpn) {
+        return Ok(());
+    }
+    debug!(
+        "guest {}: QP {qpn:#x} is not reachable at {} ({destination:?})",
+        guest.options().identity.name,
+        std::net::Ipv6Addr::from(*dgid)
+    );
+    Err(CommandError::Invalid {
+        what: "dest_qp_num (not a QP of the destination address's tenant)",
+        value: qpn.into(),
+    })
+}
+
 /// The command error of a policy violation; the log line names the guest's rule.
 fn policy_error(guest: &GuestShared, violation: PolicyViolation) -> CommandError {
     let name = &guest.options().identity.name;
@@ -135,6 +172,7 @@ pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
     let pd_host = s.state.pds.get(pd)?.host;
     let HostAv { attr, sgid } = ah_attr_to_host(s.guest, &r.ah_attr, "ah_attr.port_num")?;
     s.state.ahs.check_room(0)?;
+    let reach = destination(s.guest, &attr.dgid)?;
     let ah = s
         .host()
         .create_ah(&AhInit {
@@ -169,6 +207,7 @@ pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
         StagedAh {
             pd,
             ah_num: ah.ah_num,
+            destination: reach,
         },
     );
     // The AV the guest sees names its own GID index (as QUERY_GID numbers it).

@@ -5,11 +5,11 @@ use vrdma_spec::attr::qp::QpCaps;
 use vrdma_spec::rxe_v1;
 use vrdma_spec::verbs::{self, QpAttrMask, QpState, QpType};
 use vrdma_spec::wire::{AhAttr, CreateQpReq, CreateQpResp, HandleReq, ModifyQpReq, QueryQpReq};
-use vrdma_spec::wire::{QueryQpResp, RingDesc};
+use vrdma_spec::wire::{QpAttr, QueryQpResp, RingDesc};
 use vrdma_spec::{Le32, ResponseBody};
 use zerocopy::FromZeros;
 
-use super::ah::{ah_attr_to_guest, ah_attr_to_host};
+use super::ah::{ah_attr_to_guest, ah_attr_to_host, check_reach};
 use super::error::CommandError;
 use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
@@ -185,6 +185,7 @@ fn create_reserved(
         doorbell_index,
         sq,
         rq,
+        qpn_claim: s.guest.tenant().claim_qpn(qp.qpn),
     };
     let handle = match s.state.qps.insert(entry) {
         Ok(handle) => handle,
@@ -398,11 +399,48 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
         (AhAttr::default(), 0)
     };
     attr.port_num = if has(QpAttrMask::PORT) { port } else { 0 };
+    if matches!(qp_type, QpType::Rc | QpType::Uc)
+        && (has(QpAttrMask::AV) || has(QpAttrMask::DEST_QPN))
+    {
+        check_connection_reach(s, host, &a, mask)?;
+    }
+    let guest = s.guest;
     guest
         .host()
         .modify_qp(host, &attr, mask)
         .map_err(host_err("MODIFY_QP"))?;
     Ok(ResponseBody::Empty)
+}
+
+/// Checks that the QP number a connected QP is aimed at lives behind its destination address
+/// (spec §12.1), taking whichever of the two the command does not set from the host QP.
+fn check_connection_reach(
+    s: &Session<'_>,
+    host: QpHandle,
+    a: &QpAttr,
+    mask: QpAttrMask,
+) -> Result<(), CommandError> {
+    let (dgid, qpn) = if mask.contains(QpAttrMask::AV | QpAttrMask::DEST_QPN) {
+        (a.ah_attr.dgid, a.dest_qp_num.get())
+    } else {
+        let current = s
+            .host()
+            .query_qp(host, QpAttrMask::AV | QpAttrMask::DEST_QPN)
+            .map_err(host_err("QUERY_QP"))?
+            .attr;
+        let dgid = if mask.contains(QpAttrMask::AV) {
+            a.ah_attr.dgid
+        } else {
+            current.ah_attr.dgid
+        };
+        let qpn = if mask.contains(QpAttrMask::DEST_QPN) {
+            a.dest_qp_num.get()
+        } else {
+            current.dest_qp_num.get()
+        };
+        (dgid, qpn)
+    };
+    check_reach(s.guest, &dgid, qpn)
 }
 
 /// Attribute bits QUERY_QP answers with: every legacy attribute (the spec lets the device

@@ -28,6 +28,7 @@ use vrdma_spec::doorbell::{area_bytes, DoorbellArea};
 use super::ud_staging::UdStaging;
 use crate::control::error::CommandError;
 use crate::host::{HostContext, QpHandle};
+use crate::identity::endpoints::LocalEndpoints;
 use crate::memory::error::MemError;
 use crate::memory::guest_ram::MappedGuestRam;
 
@@ -111,6 +112,12 @@ pub struct Doorbells {
 impl Doorbells {
     /// Bookkeeping for `slots` doorbell indices (the configuration's `doorbell_slots`).
     pub fn new(slots: u32) -> Self {
+        Self::with_endpoints(slots, LocalEndpoints::new())
+    }
+
+    /// Bookkeeping for `slots` doorbell indices whose staged UD sends reach local QPs as
+    /// `endpoints` allows.
+    pub fn with_endpoints(slots: u32, endpoints: Arc<LocalEndpoints>) -> Self {
         Doorbells {
             slots,
             area: None,
@@ -119,7 +126,7 @@ impl Doorbells {
             owners: vec![None; slots as usize],
             free: (0..slots).rev().collect(),
             taken: vec![false; slots as usize],
-            ud: UdStaging::new(slots),
+            ud: UdStaging::new(slots, endpoints),
         }
     }
 
@@ -192,7 +199,7 @@ impl Doorbells {
             area.reset_polling();
         }
         let had_something = self.area.is_some() || self.taken.iter().any(|&t| t);
-        *self = Doorbells::new(self.slots);
+        *self = Doorbells::with_endpoints(self.slots, Arc::clone(self.ud.endpoints()));
         had_something
     }
 

@@ -27,6 +27,7 @@ use vrdma_spec::verbs::{QpAttrMask, QpState};
 use vrdma_spec::wire::QpAttr;
 
 use crate::host::{HostContext, QpHandle};
+use crate::identity::endpoints::LocalEndpoints;
 use crate::memory::queue_region::ShmRange;
 use crate::memory::staging::{SharedMapping, StagingFile};
 use crate::resources::table::Handle;
@@ -290,12 +291,17 @@ pub struct UdStaging {
 }
 
 impl UdStaging {
-    /// Room for `slots` doorbell indices.
-    pub fn new(slots: u32) -> Self {
+    /// Room for `slots` doorbell indices; sends reach local QPs as `endpoints` allows.
+    pub fn new(slots: u32, endpoints: Arc<LocalEndpoints>) -> Self {
         UdStaging {
             sqs: (0..slots).map(|_| None).collect(),
-            ahs: StagedAhs::default(),
+            ahs: StagedAhs::new(endpoints),
         }
+    }
+
+    /// The daemon's table of tenant addresses and QP numbers the sends are checked against.
+    pub fn endpoints(&self) -> &Arc<LocalEndpoints> {
+        self.ahs.endpoints()
     }
 
     /// Makes doorbells on `index` pump `sq`.

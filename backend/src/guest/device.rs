@@ -29,7 +29,7 @@ use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, 
 use zerocopy::IntoBytes;
 
 use super::options::{DeviceOptions, GuestError};
-use super::shared::{GuestShared, HostLimits, GUEST_PORT};
+use super::shared::{GuestAddressing, GuestShared, HostLimits, GUEST_PORT};
 use super::state::{GuestState, ObjectCounts};
 use crate::control::discard;
 use crate::control::error::CommandError;
@@ -38,6 +38,8 @@ use crate::control::{self, mr};
 use crate::datapath::{doorbell, events};
 use crate::fault_log::FaultLog;
 use crate::host::HostDevice;
+use crate::identity::address_gid;
+use crate::identity::endpoints::{LocalEndpoints, TenantLink};
 use crate::identity::gid_view::GidView;
 use crate::memory::budget::{HostBudget, HostBudgetLimits};
 use crate::memory::staging::StagingFile;
@@ -51,6 +53,8 @@ pub struct GuestDeviceFactory {
     options: Arc<DeviceOptions>,
     /// Mappings and pinned memory shared by every guest's MRs.
     budget: Arc<HostBudget>,
+    /// The daemon's tenant addresses and QP numbers, and this factory's tenant.
+    tenant: TenantLink,
 }
 
 /// Guest device numbers (for logs), unique in the daemon: several factories serve side by side.
@@ -70,6 +74,17 @@ impl GuestDeviceFactory {
         device: Arc<dyn HostDevice>,
         options: DeviceOptions,
         budget: Arc<HostBudget>,
+    ) -> Result<Self, GuestError> {
+        Self::with_daemon(device, options, budget, LocalEndpoints::new())
+    }
+
+    /// A factory whose guests share `budget` and whose tenant (if its guests have addresses)
+    /// is entered in `endpoints`, with every other factory of the daemon given the same two.
+    pub fn with_daemon(
+        device: Arc<dyn HostDevice>,
+        options: DeviceOptions,
+        budget: Arc<HostBudget>,
+        endpoints: Arc<LocalEndpoints>,
     ) -> Result<Self, GuestError> {
         options.validate()?;
         let info = device.info();
@@ -107,6 +122,12 @@ impl GuestDeviceFactory {
             );
         }
         Ok(GuestDeviceFactory {
+            tenant: TenantLink {
+                tenant: identity.has_addresses().then(|| {
+                    endpoints.add_tenant(identity.addresses.iter().map(|a| address_gid(a.ip)))
+                }),
+                endpoints,
+            },
             device,
             options: Arc::new(options),
             budget,
@@ -131,6 +152,7 @@ impl GuestDeviceFactory {
             Arc::clone(&self.device),
             Arc::clone(&self.options),
             Arc::clone(&self.budget),
+            self.tenant.clone(),
         )
     }
 }
@@ -164,6 +186,7 @@ impl GuestDevice {
         device: Arc<dyn HostDevice>,
         options: Arc<DeviceOptions>,
         budget: Arc<HostBudget>,
+        tenant: TenantLink,
     ) -> Result<Self, GuestError> {
         let host = device.open_context()?;
         let attr = host.query_device()?;
@@ -195,7 +218,7 @@ impl GuestDevice {
                 host,
                 HostLimits { attr },
                 staging,
-                gids,
+                GuestAddressing { gids, tenant },
             ),
         })
     }

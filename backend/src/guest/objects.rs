@@ -4,6 +4,7 @@
 use vrdma_spec::verbs::{AccessFlags, QpType};
 
 use crate::host::{AhHandle, CqHandle, Mr, Mw, PdHandle, QpHandle, SrqHandle};
+use crate::identity::endpoints::QpnClaim;
 use crate::memory::mr_window::MrWindow;
 use crate::memory::queue_region::MappedRing;
 use crate::resources::table::Handle;
@@ -77,6 +78,8 @@ pub struct QpEntry {
     pub sq: MappedRing,
     /// Receive queue buffer; `None` with an SRQ.
     pub rq: Option<MappedRing>,
+    /// Its QP number, claimed for the guest's tenant while it lives (`None` without one).
+    pub qpn_claim: Option<QpnClaim>,
 }
 
 /// The objects a QP uses.

@@ -14,6 +14,7 @@ use super::state::GuestState;
 use crate::datapath::doorbell::Doorbells;
 use crate::host::uverbs::QueryDeviceResp;
 use crate::host::{HostContext, HostDevice};
+use crate::identity::endpoints::TenantLink;
 use crate::identity::gid_view::GidView;
 use crate::memory::staging::StagingFile;
 use crate::vhost_device::event_queue::EventClass;
@@ -29,6 +30,14 @@ pub(crate) struct HostLimits {
     pub(crate) attr: QueryDeviceResp,
 }
 
+/// Where a guest stands on the network: its GID table and its tenant.
+pub(crate) struct GuestAddressing {
+    /// Its own entries, or the host's whole table without an identity.
+    pub(crate) gids: GidView,
+    /// Its tenant and the daemon's table of tenant addresses and QP numbers.
+    pub(crate) tenant: TenantLink,
+}
+
 /// The parts of one guest's device that the control commands, the doorbell and the event pumps
 /// use besides the guest's state.
 pub(crate) struct GuestShared {
@@ -38,6 +47,8 @@ pub(crate) struct GuestShared {
     limits: HostLimits,
     /// The guest's GID table (its own entries, or the host's without an identity).
     gids: GidView,
+    /// Its tenant and the daemon's table of tenant addresses and QP numbers.
+    tenant: TenantLink,
     /// Taken by the control path only for a moment (lock order: state, then doorbells), so a
     /// slow command never delays a doorbell.
     doorbells: Mutex<Doorbells>,
@@ -57,11 +68,15 @@ impl GuestShared {
         host: Box<dyn HostContext>,
         limits: HostLimits,
         staging: Option<Arc<StagingFile>>,
-        gids: GidView,
+        addressing: GuestAddressing,
     ) -> Self {
+        let GuestAddressing { gids, tenant } = addressing;
+        let doorbells =
+            Doorbells::with_endpoints(options.doorbell_slots(), Arc::clone(&tenant.endpoints));
         GuestShared {
             id,
-            doorbells: Mutex::new(Doorbells::new(options.doorbell_slots())),
+            tenant,
+            doorbells: Mutex::new(doorbells),
             gids,
             device,
             options,
@@ -107,6 +122,11 @@ impl GuestShared {
     /// The staging file of enforced UD sends, when UD is offered.
     pub(crate) fn staging(&self) -> Option<&Arc<StagingFile>> {
         self.staging.as_ref()
+    }
+
+    /// Its tenant and the daemon's table of tenant addresses and QP numbers.
+    pub(crate) fn tenant(&self) -> &TenantLink {
+        &self.tenant
     }
 
     /// The guest's view of its port's GID table.

@@ -6,7 +6,7 @@ use std::os::fd::BorrowedFd;
 use vrdma_spec::verbs::{MwType, QpAttrMask};
 use vrdma_spec::wire::{GidEntry, QpAttr};
 
-use super::error::Result;
+use super::error::{DeviceError, Result};
 use super::sysfs::DeviceInfo;
 use super::types::*;
 use super::uverbs::{QueryDeviceResp, QueryPortResp};
@@ -32,6 +32,15 @@ pub trait HostDevice: Send + Sync {
             .gid_table(port)?
             .into_iter()
             .find_map(|(i, entry)| (i == index).then_some(entry)))
+    }
+
+    /// Whether packets to `gid` stay on this host (an address of one of its interfaces, a
+    /// loopback or multicast address): rxe then delivers them itself, by QP number alone.
+    fn delivers_locally(&self, gid: &[u8; 16]) -> Result<bool> {
+        super::local_addresses::is_host_address(gid).map_err(|source| DeviceError::Io {
+            what: "listing the host's addresses",
+            source,
+        })
     }
 
     /// Opens a fresh context: one per guest connection. Dropping it releases every kernel

@@ -14,10 +14,12 @@
 //! - [`rxe`]: the Soft-RoCE implementation, over [`uverbs`] commands written to a
 //!   [`verbs_file`]; [`rxe_convert`] translates between the verbs types and the command ABI.
 //! - [`events`]: the context's async event and completion channel fds.
+//! - [`local_addresses`]: whether a destination is this host's own (delivered locally).
 
 pub mod device;
 pub mod error;
 pub mod events;
+pub mod local_addresses;
 pub mod rxe;
 pub mod rxe_abi;
 pub mod rxe_convert;

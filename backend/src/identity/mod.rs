@@ -3,11 +3,13 @@
 //!
 //! - [`address`]: addresses and names.
 //! - [`policy`]: allowed traffic classes, service levels and destination prefixes.
+//! - [`endpoints`]: which tenant owns which local addresses and QP numbers, daemon-wide.
 //! - [`gid_view`]: the guest's virtual GID table and its translation to the host's.
 //! - [`provision`]: putting the addresses on the host netdev and waiting for their GIDs, over
 //!   the [`provision::NetdevAddresses`] trait; [`netlink`] is its rtnetlink implementation.
 
 pub mod address;
+pub mod endpoints;
 pub mod gid_view;
 pub mod netlink;
 pub mod policy;

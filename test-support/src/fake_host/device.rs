@@ -185,6 +185,14 @@ impl HostDevice for FakeDevice {
         Ok(table)
     }
 
+    /// The fake host's own addresses are the entries of its GID table.
+    fn delivers_locally(&self, gid: &[u8; 16]) -> host::Result<bool> {
+        Ok(self
+            .gid_table(1)?
+            .iter()
+            .any(|(_, entry)| entry.gid == *gid))
+    }
+
     fn open_context(&self) -> host::Result<Box<dyn HostContext>> {
         Ok(Box::new(FakeContext {
             world: Arc::clone(&self.world),

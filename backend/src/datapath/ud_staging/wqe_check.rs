@@ -3,12 +3,14 @@
 
 use std::collections::HashMap;
 use std::mem::{offset_of, size_of};
+use std::sync::Arc;
 
 use vrdma_spec::rxe_v1::{self, RxeSendWqe, RxeSendWr, RxeSge, RxeUdWr};
 use vrdma_spec::verbs::{send_flags, WrOpcode};
 use vrdma_spec::{Le32, Le64};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
+use crate::identity::endpoints::{Destination, LocalEndpoints};
 use crate::resources::table::Handle;
 
 /// `ah_num` of a neutralised WQE: no rxe AH pool reaches it, so the kernel finds no address
@@ -26,6 +28,8 @@ pub struct StagedAh {
     pub pd: Handle,
     /// The host's `ah_num` for it.
     pub ah_num: u32,
+    /// Where its destination address leads (whose QPs a send through it may name).
+    pub destination: Destination,
 }
 
 /// Why a staged WQE was refused.
@@ -109,7 +113,7 @@ pub fn check(
         .get(handle)
         .filter(|ah| ah.pd == pd)
         .ok_or(Refusal::AddressHandle(handle))?;
-    if !destination_allowed(ah, ud.remote_qpn.get()) {
+    if !ahs.endpoints.allows(ah.destination, ud.remote_qpn.get()) {
         return Err(Refusal::Destination(ud.remote_qpn.get()));
     }
     wqe.wr.reserved = Le32::ZERO;
@@ -137,14 +141,6 @@ pub(super) fn payload_len(slot: &[u8]) -> usize {
     } else {
         (wqe.dma.num_sge.get() as usize).saturating_mul(size_of::<RxeSge>())
     }
-}
-
-/// Where D's per-guest network identity plugs in: a UD send through `ah` to `remote_qpn`
-/// must, when the AH's destination is another local guest, name one of that guest's QPs.
-/// Until identities exist, every destination an AH of the guest's own PD reaches is allowed
-/// (the AH's source address was checked at CREATE_AH).
-fn destination_allowed(_ah: &StagedAh, _remote_qpn: u32) -> bool {
-    true
 }
 
 /// The fields the host owns once a WQE is posted, as a fresh WQE has them.
@@ -183,13 +179,28 @@ pub fn neutralise(slot: &mut [u8]) -> usize {
     head
 }
 
-/// The guest's address handles as the pump sees them, by raw AH handle.
+/// The guest's address handles as the pump sees them, by raw AH handle, and the daemon's
+/// table of which local QPs their destinations may reach.
 #[derive(Debug, Default)]
 pub struct StagedAhs {
     by_handle: HashMap<u32, StagedAh>,
+    endpoints: Arc<LocalEndpoints>,
 }
 
 impl StagedAhs {
+    /// No address handles; sends reach local QPs as `endpoints` allows.
+    pub fn new(endpoints: Arc<LocalEndpoints>) -> Self {
+        StagedAhs {
+            by_handle: HashMap::new(),
+            endpoints,
+        }
+    }
+
+    /// The table the sends are checked against.
+    pub fn endpoints(&self) -> &Arc<LocalEndpoints> {
+        &self.endpoints
+    }
+
     /// Makes AH `handle` usable in staged WQEs.
     pub fn insert(&mut self, handle: Handle, ah: StagedAh) {
         self.by_handle.insert(handle.raw(), ah);
@@ -216,7 +227,14 @@ mod tests {
     fn ahs() -> StagedAhs {
         let mut ahs = StagedAhs::default();
         let pd = Handle::from_raw(PD);
-        ahs.insert(Handle::from_raw(AH), StagedAh { pd, ah_num: 42 });
+        ahs.insert(
+            Handle::from_raw(AH),
+            StagedAh {
+                pd,
+                ah_num: 42,
+                destination: Destination::Remote,
+            },
+        );
         ahs
     }
 
@@ -278,5 +296,36 @@ mod tests {
         assert_eq!(wqe.wr.wr_id.get(), 5);
         assert_eq!(wqe.wr.wr.ud().ah_num.get(), NEUTRALISED_AH_NUM);
         assert_eq!((wqe.dma.length.get(), wqe.wr.ex), (0, [0; 4]));
+    }
+
+    #[test]
+    fn a_send_through_a_tenants_address_reaches_only_that_tenants_qps() {
+        let endpoints = LocalEndpoints::new();
+        let own = endpoints.add_tenant([[0xfe; 16]]);
+        let neighbour = endpoints.add_tenant([[0xfd; 16]]);
+        let _own_qp = endpoints.claim_qpn(own, 0x42);
+        let pd = Handle::from_raw(PD);
+        let mut ahs = StagedAhs::new(Arc::clone(&endpoints));
+        // An AH aimed at the sender's own address: its own QP 0x42 only.
+        ahs.insert(
+            Handle::from_raw(AH),
+            StagedAh {
+                pd,
+                ah_num: 42,
+                destination: Destination::Tenant(own),
+            },
+        );
+        let mut slot = inline_slot(8);
+        assert!(check(&mut slot, pd, 1, 64, &ahs).is_ok());
+        // The same QP number claimed by the neighbour (the sender's QP gone, the number
+        // reused): refused, nothing rewritten for the host.
+        drop(_own_qp);
+        let _neighbour_qp = endpoints.claim_qpn(neighbour, 0x42);
+        let mut slot = inline_slot(8);
+        assert_eq!(
+            check(&mut slot, pd, 1, 64, &ahs),
+            Err(Refusal::Destination(0x42))
+        );
+        assert_eq!(slot, inline_slot(8));
     }
 }

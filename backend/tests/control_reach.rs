@@ -1,0 +1,203 @@
+//! Which QPs a connection may be aimed at (spec §12.1): through a tenant's address only that
+//! tenant's QPs, through the host's own addresses only QPs of no tenant, anything on another
+//! machine. rxe delivers a packet to one of the host's own addresses by QP number alone, so
+//! without this a guest could aim a QP at its own address and a neighbour's QP number.
+//!
+//! Three guests of one daemon over the fake host device: tenants A and B with addresses of
+//! their own, and C without addresses (it shares the host's identity).
+
+use std::sync::Arc;
+
+use vrdma_backend::guest::device::GuestDeviceFactory;
+use vrdma_backend::guest::options::DeviceOptions;
+use vrdma_backend::identity::endpoints::LocalEndpoints;
+use vrdma_backend::identity::{GuestAddress, GuestIdentity, TrafficPolicy};
+use vrdma_backend::memory::budget::{HostBudget, HostBudgetLimits};
+use vrdma_backend::resources::quotas::Quotas;
+use vrdma_spec::verbs::{AccessFlags, Mtu, QpAttrMask, QpState};
+use vrdma_spec::wire::{self, ModifyQpReq};
+use vrdma_spec::{ControlRequest, Le16, Le32, Status};
+use vrdma_test_support::fake_host::device::*;
+use vrdma_test_support::fake_host::harness::*;
+use zerocopy::FromZeros;
+
+type M = QpAttrMask;
+
+const A: &str = "fd00::a:1";
+const B: &str = "fd00::b:1";
+/// An address of another machine.
+const REMOTE: &str = "fd00::99:1";
+
+fn gid(text: &str) -> [u8; 16] {
+    text.parse::<GuestAddress>().unwrap().gid()
+}
+
+struct Daemon {
+    fake: Arc<FakeDevice>,
+    a: TestGuest,
+    b: TestGuest,
+    c: TestGuest,
+}
+
+/// One daemon (one budget, one table of tenant endpoints) serving A, B and C.
+fn daemon() -> Daemon {
+    let fake = FakeDevice::new();
+    for address in [A, B] {
+        fake.world()
+            .add_address_gids(&address.parse::<GuestAddress>().unwrap());
+    }
+    let budget = Arc::new(HostBudget::new(HostBudgetLimits::for_this_host()));
+    let endpoints = LocalEndpoints::new();
+    let guest = |name: &str, addresses: &[&str]| {
+        let base = test_options();
+        let options = DeviceOptions {
+            // Room for every QP a test makes (each with its own PD and CQ).
+            quotas: Quotas {
+                pds: 16,
+                cqs: 16,
+                qps: 15,
+                ..base.quotas
+            },
+            identity: GuestIdentity {
+                name: name.into(),
+                addresses: addresses.iter().map(|a| a.parse().unwrap()).collect(),
+                policy: TrafficPolicy::default(),
+            },
+            ..base
+        };
+        let factory = GuestDeviceFactory::with_daemon(
+            fake.clone(),
+            options,
+            Arc::clone(&budget),
+            Arc::clone(&endpoints),
+        )
+        .unwrap();
+        let guest = TestGuest::from_factory(&factory, ALL_FEATURES);
+        assert_eq!(guest.set_doorbell_area(RAM_BASE), Status::Ok);
+        guest
+    };
+    Daemon {
+        a: guest("a", &[A]),
+        b: guest("b", &[B]),
+        c: guest("c", &[]),
+        fake,
+    }
+}
+
+/// A new RC QP of `guest` in INIT: its handle and QP number.
+fn rc_qp(guest: &TestGuest) -> (u32, u32) {
+    let pd = guest.alloc_pd();
+    let cq = guest.create_cq(8).cq.get();
+    let qp = guest.create_qp(qp_req(pd, cq, 0)).unwrap();
+    let mut attr = wire::QpAttr::new_zeroed().with_qp_state(QpState::Init);
+    attr.port_num = 1;
+    attr.qp_access_flags = Le32::new(AccessFlags::LOCAL_WRITE.bits());
+    assert_eq!(
+        guest.status(ControlRequest::ModifyQp(ModifyQpReq {
+            qp: qp.qp,
+            attr_mask: Le32::new((M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS).bits()),
+            attr,
+        })),
+        Status::Ok
+    );
+    (qp.qp.get(), qp.qpn.get())
+}
+
+/// INIT→RTR of `qp` towards QP number `dest_qpn` at `dgid`, from the guest's GID 0.
+fn to_rtr(guest: &TestGuest, qp: u32, dgid: [u8; 16], dest_qpn: u32) -> Status {
+    let mut attr = wire::QpAttr::new_zeroed()
+        .with_qp_state(QpState::Rtr)
+        .with_path_mtu(Mtu::Mtu1024);
+    attr.dest_qp_num = Le32::new(dest_qpn);
+    attr.min_rnr_timer = 12;
+    attr.max_dest_rd_atomic = 1;
+    attr.ah_attr = wire::AhAttr {
+        dgid,
+        flow_label: Le32::ZERO,
+        sgid_index: 0,
+        hop_limit: 64,
+        traffic_class: 0,
+        sl: 0,
+        dlid: Le16::ZERO,
+        src_path_bits: 0,
+        static_rate: 0,
+        is_global: 1,
+        port_num: 1,
+        reserved: Le16::ZERO,
+    };
+    let mask = M::STATE
+        | M::AV
+        | M::PATH_MTU
+        | M::DEST_QPN
+        | M::RQ_PSN
+        | M::MAX_DEST_RD_ATOMIC
+        | M::MIN_RNR_TIMER;
+    guest.status(ControlRequest::ModifyQp(ModifyQpReq {
+        qp: Le32::new(qp),
+        attr_mask: Le32::new(mask.bits()),
+        attr,
+    }))
+}
+
+#[test]
+fn a_tenant_reaches_a_neighbours_qp_only_through_the_neighbours_address() {
+    let d = daemon();
+    let (_, b_qpn) = rc_qp(&d.b);
+    let (_, a_qpn) = rc_qp(&d.a);
+    // A aims at B's QP through its own address: rxe would deliver it by number. Refused.
+    let (qp, _) = rc_qp(&d.a);
+    assert_eq!(to_rtr(&d.a, qp, gid(A), b_qpn), Status::Invalid);
+    // ... and through the host's own address (GID 0, no tenant's).
+    assert_eq!(to_rtr(&d.a, qp, GID0, b_qpn), Status::Invalid);
+    // Through B's address: ordinary traffic between tenants.
+    assert_eq!(to_rtr(&d.a, qp, gid(B), b_qpn), Status::Ok);
+    // A's own QP through its own address (loopback within the tenant).
+    let (qp, _) = rc_qp(&d.a);
+    assert_eq!(to_rtr(&d.a, qp, gid(A), a_qpn), Status::Ok);
+    // B's address does not lead to A's QP.
+    let (qp, _) = rc_qp(&d.b);
+    assert_eq!(to_rtr(&d.b, qp, gid(B), a_qpn), Status::Invalid);
+    // Another machine's QP numbers are not ours to judge.
+    assert_eq!(to_rtr(&d.b, qp, gid(REMOTE), a_qpn), Status::Ok);
+    // Refusals created nothing on the host: the QP was never moved.
+    assert!(d.fake.world().qps.len() >= 5);
+}
+
+#[test]
+fn a_guest_without_addresses_is_the_hosts_and_reaches_no_tenants_qp_through_host_addresses() {
+    let d = daemon();
+    let (_, a_qpn) = rc_qp(&d.a);
+    let (_, c_qpn) = rc_qp(&d.c);
+    let (qp, _) = rc_qp(&d.c);
+    assert_eq!(to_rtr(&d.c, qp, GID0, a_qpn), Status::Invalid);
+    assert_eq!(to_rtr(&d.c, qp, gid(A), a_qpn), Status::Ok);
+    // C's QPs are the host's: reachable through the host's address, also from a tenant.
+    let (qp, _) = rc_qp(&d.c);
+    assert_eq!(to_rtr(&d.c, qp, GID0, c_qpn), Status::Ok);
+    let (qp, _) = rc_qp(&d.a);
+    assert_eq!(to_rtr(&d.a, qp, gid(A), c_qpn), Status::Invalid);
+    assert_eq!(to_rtr(&d.a, qp, GID0, c_qpn), Status::Ok);
+}
+
+#[test]
+fn a_destroyed_qp_number_belongs_to_no_tenant_again() {
+    let d = daemon();
+    let (b_qp, b_qpn) = rc_qp(&d.b);
+    let (qp, _) = rc_qp(&d.c);
+    assert_eq!(to_rtr(&d.c, qp, GID0, b_qpn), Status::Invalid);
+    d.b.ok(ControlRequest::DestroyQp(handle(b_qp)));
+    assert_eq!(to_rtr(&d.c, qp, GID0, b_qpn), Status::Ok);
+    // And at B's address nothing of B's is left.
+    let (qp, _) = rc_qp(&d.a);
+    assert_eq!(to_rtr(&d.a, qp, gid(B), b_qpn), Status::Invalid);
+}
+
+#[test]
+fn a_discarded_guest_gives_its_qp_numbers_back() {
+    let d = daemon();
+    let (_, b_qpn) = rc_qp(&d.b);
+    let (qp, _) = rc_qp(&d.c);
+    assert_eq!(to_rtr(&d.c, qp, GID0, b_qpn), Status::Invalid);
+    d.b.ok(ControlRequest::DiscardState);
+    assert_eq!(to_rtr(&d.c, qp, GID0, b_qpn), Status::Ok);
+}
