@@ -1,7 +1,9 @@
 //! The fake host side of the backend's tests: a host RDMA device without RDMA ([`device`]), a
 //! frontend that serves SHMEM_MAP/UNMAP with QEMU's placement rules ([`frontend`]), and a
-//! harness that runs one guest's real device over both ([`harness`]).
+//! harness that runs one guest's real device over both ([`harness`]); [`ownership`] records
+//! which context owns each host object.
 
 pub mod device;
 pub mod frontend;
 pub mod harness;
+pub mod ownership;
