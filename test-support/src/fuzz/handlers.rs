@@ -233,7 +233,11 @@ impl Sequence {
         let guest = &self.slots[g].guest;
         let response = guest.raw(request, capacity);
         if capacity < HEADER_SIZE {
-            assert!(response.is_empty(), "a response without room for a status");
+            // The device executes nothing and answers nothing; a request too large to be read
+            // is rejected by the plumbing, whose answer the virtqueue truncates.
+            if request.len() <= guest.dev().max_request_size() {
+                assert!(response.is_empty(), "a response without room for a status");
+            }
             return None;
         }
         let status = u32::from_le_bytes(response[..4].try_into().unwrap());

@@ -145,7 +145,7 @@ pub fn reg_mr(r: &mut ByteReader<'_>, pd: u32) -> Vec<u8> {
 /// REREG_MR of `mr`, maybe onto `pd`.
 pub fn rereg_mr(r: &mut ByteReader<'_>, mr: u32, pd: u32) -> Vec<u8> {
     let flags = if r.chance(90) {
-        u32::from(r.below(8))
+        r.below(8)
     } else {
         r.u32()
     };
