@@ -7,6 +7,7 @@
 
 pub mod bytes;
 pub mod filter;
+pub mod guest_slot;
 pub mod handlers;
 pub mod invariants;
 pub mod requests;

@@ -1,7 +1,7 @@
 //! Whole command sequences against two guests of one factory on the fake host device.
 //!
 //! [`run_handler_sequence`] decodes its input into steps: every control opcode with fuzzed
-//! but plausible bodies ([`requests`]; handles come mostly from what the guest was given
+//! but plausible bodies ([`requests`](super::requests); handles come mostly from what the guest was given
 //! before, sometimes from the other guest or from nowhere), doorbells written into the
 //! doorbell area, host completion and asynchronous events, memory-table changes, failures of
 //! the next host command, device resets, DISCARD_STATE and disconnects. After every step the
@@ -10,27 +10,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use vm_memory::{Bytes, FileOffset, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
 use vrdma_backend::guest::device::GuestDeviceFactory;
 use vrdma_backend::guest::options::DeviceOptions;
-use vrdma_backend::host::{AsyncEvent, AsyncEventKind, CompEvent};
 use vrdma_backend::resources::kind::ResourceKind;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::control::{HEADER_SIZE, MAX_RESPONSE_SIZE};
-use vrdma_spec::doorbell::{area_bytes, HEAD_WORD, RING_WORD, TAIL_WORD};
 use vrdma_spec::features::{VIRTIO_F_VERSION_1, VRDMA_F_MW};
 use vrdma_spec::{ControlResponse, Opcode, Status};
 
 use super::bytes::ByteReader;
+use super::guest_slot::{Slot, REMEMBERED};
 use super::invariants::{check_guest, check_isolation, check_released, kind_index, KINDS};
 use super::requests;
-use crate::fake_host::device::{memfd, FakeDevice, PAGE};
-use crate::fake_host::harness::{test_options, TestGuest, ALL_FEATURES, RAM_BASE, RAM_SIZE};
+use crate::fake_host::device::{FakeDevice, PAGE};
+use crate::fake_host::harness::{test_options, ALL_FEATURES, RAM_BASE};
 
 /// Steps one input runs at most (inputs are truncated to this).
 pub const MAX_STEPS: usize = 64;
-/// Handles remembered per guest and kind.
-const REMEMBERED: usize = 16;
 
 /// Host commands a step may make fail once (the creations and changes: a failed destroy leaves
 /// a host object the guest can no longer name, which `fail_destroys` opts into).
@@ -75,40 +71,6 @@ pub fn fuzz_options() -> DeviceOptions {
 /// Every feature a fuzzed driver may accept.
 const FEATURES: u64 = ALL_FEATURES | VRDMA_F_MW;
 
-/// One guest and what its driver learnt.
-struct Slot {
-    guest: TestGuest,
-    /// Its host context on the fake device.
-    context: u64,
-    /// Handles it was given, by kind (live or not).
-    seen: [Vec<u32>; KINDS.len()],
-    /// Doorbell indices of its QPs.
-    doorbell_indices: Vec<u32>,
-    /// Where it last put its doorbell area.
-    area: Option<u64>,
-}
-
-impl Slot {
-    fn new(fake: &FakeDevice, factory: &GuestDeviceFactory) -> Slot {
-        let guest = TestGuest::from_factory(factory, FEATURES);
-        Slot {
-            guest,
-            context: fake.world().ownership.contexts_opened(),
-            seen: Default::default(),
-            doorbell_indices: Vec::new(),
-            area: None,
-        }
-    }
-
-    fn remember(&mut self, kind: ResourceKind, handle: u32) {
-        let seen = &mut self.seen[kind_index(kind)];
-        if seen.len() == REMEMBERED {
-            seen.remove(0);
-        }
-        seen.push(handle);
-    }
-}
-
 /// What a run did: successful commands by opcode, and steps run.
 #[derive(Debug, Default)]
 pub struct SequenceStats {
@@ -136,7 +98,10 @@ pub fn run_handler_sequence(data: &[u8]) {
 pub fn run_handler_sequence_with(data: &[u8], config: SequenceConfig) -> SequenceStats {
     let fake = FakeDevice::new();
     let factory = GuestDeviceFactory::new(fake.clone(), fuzz_options()).expect("options");
-    let slots = [Slot::new(&fake, &factory), Slot::new(&fake, &factory)];
+    let slots = [
+        Slot::new(&fake, &factory, FEATURES),
+        Slot::new(&fake, &factory, FEATURES),
+    ];
     let mut seq = Sequence {
         fake,
         factory,
@@ -401,9 +366,9 @@ impl Sequence {
                 };
                 self.run(g, &request, r);
             }
-            27 => self.doorbells(g, r),
-            28 => self.host_events(g, r),
-            29 => self.change_memory(g, r),
+            27 => self.slots[g].doorbells(r),
+            28 => self.slots[g].host_events(&self.fake, r),
+            29 => self.slots[g].change_memory(r),
             30 => {
                 let mut w = self.fake.world();
                 w.fail_next = Some(if self.config.fail_destroys && r.chance(50) {
@@ -471,165 +436,6 @@ impl Sequence {
         }
     }
 
-    /// Writes doorbells (and now and then garbage) into guest `g`'s doorbell area and
-    /// notifies the doorbell queue.
-    fn doorbells(&mut self, g: usize, r: &mut ByteReader<'_>) {
-        let slot = &self.slots[g];
-        let slots = slot.guest.dev().options().doorbell_slots();
-        if let Some(area) = slot.area {
-            let memory = slot.guest.memory.memory();
-            let word = |i: usize| GuestAddress(area.wrapping_add(4 * i as u64));
-            let mut tail: u32 = memory.read_obj(word(TAIL_WORD)).unwrap_or(0);
-            for _ in 0..r.below(6) {
-                let index = if !slot.doorbell_indices.is_empty() && r.chance(80) {
-                    r.pick(&slot.doorbell_indices)
-                } else {
-                    r.u32() % (slots + 2)
-                };
-                // Errors: the area may no longer be guest RAM after a memory change.
-                let _ = memory.write_obj(1u32, word(RING_WORD + (slots + index % slots) as usize));
-                let _ = memory.write_obj(
-                    index.wrapping_add(1),
-                    word(RING_WORD + (tail % slots) as usize),
-                );
-                tail = tail.wrapping_add(1);
-            }
-            if r.chance(10) {
-                tail = r.u32();
-            }
-            let _ = memory.write_obj(tail, word(TAIL_WORD));
-            if r.chance(10) {
-                let at = r.below((area_bytes(slots) / 4) as u32) as usize;
-                let _ = memory.write_obj(r.u32(), word(at));
-            }
-            if r.chance(5) {
-                let _ = memory.write_obj(r.u32(), word(HEAD_WORD));
-            }
-        }
-        let chain = if r.chance(90) {
-            Vec::new()
-        } else {
-            r.bytes(64)
-        };
-        slot.guest.dev().doorbell(slot.guest.ctx(), &chain);
-    }
-
-    /// Queues host events naming guest `g`'s objects (or others, or nothing) and lets the
-    /// guest's device read them.
-    fn host_events(&mut self, g: usize, r: &mut ByteReader<'_>) {
-        let context = self.slots[g].context;
-        let user_handle = |r: &mut ByteReader<'_>, kind: ResourceKind| -> u64 {
-            let w = self.fake.world();
-            let own: Vec<u64> = match kind {
-                ResourceKind::Cq => w
-                    .cqs
-                    .iter()
-                    .filter(|(h, _)| w.ownership.owner(**h) == Some(context))
-                    .map(|(_, &u)| u)
-                    .collect(),
-                ResourceKind::Qp => w
-                    .qps
-                    .iter()
-                    .filter(|(h, _)| w.ownership.owner(**h) == Some(context))
-                    .map(|(_, &(_, u))| u)
-                    .collect(),
-                _ => w
-                    .srqs
-                    .iter()
-                    .filter(|(h, _)| w.ownership.owner(**h) == Some(context))
-                    .map(|(_, &u)| u)
-                    .collect(),
-            };
-            drop(w);
-            if !own.is_empty() && r.chance(80) {
-                r.pick(&own)
-            } else {
-                u64::from(r.below(16))
-            }
-        };
-        if r.chance(50) {
-            let cq_user_handle = user_handle(r, ResourceKind::Cq);
-            self.fake
-                .world()
-                .comp_events
-                .push_back(CompEvent { cq_user_handle });
-            let guest = &self.slots[g].guest;
-            guest.dev().fd_ready(guest.ctx(), 0);
-        } else {
-            use AsyncEventKind::*;
-            let kind = r.pick(&[
-                CqErr,
-                QpFatal,
-                QpReqErr,
-                QpAccessErr,
-                CommEst,
-                SqDrained,
-                PathMig,
-                PathMigErr,
-                PortActive,
-                PortErr,
-                LidChange,
-                PkeyChange,
-                SmChange,
-                SrqErr,
-                SrqLimitReached,
-                QpLastWqeReached,
-                ClientReregister,
-                GidChange,
-                WqFatal,
-                Other(99),
-                DeviceFatal,
-            ]);
-            if kind == DeviceFatal && r.chance(70) {
-                return;
-            }
-            let element = match kind {
-                CqErr => user_handle(r, ResourceKind::Cq),
-                SrqErr | SrqLimitReached => user_handle(r, ResourceKind::Srq),
-                PortActive | PortErr | LidChange | PkeyChange | SmChange | ClientReregister
-                | GidChange | DeviceFatal => u64::from(r.below(3)),
-                _ => user_handle(r, ResourceKind::Qp),
-            };
-            self.fake
-                .world()
-                .async_events
-                .push_back(AsyncEvent { kind, element });
-            let guest = &self.slots[g].guest;
-            guest.dev().fd_ready(guest.ctx(), 1);
-            if kind == DeviceFatal {
-                check_released(&self.fake, self.slots[g].context);
-            }
-        }
-        if r.chance(5) {
-            let guest = &self.slots[g].guest;
-            guest.dev().fd_ready(guest.ctx(), 2 + r.below(4) as usize);
-        }
-    }
-
-    /// Replaces guest `g`'s memory table: the same RAM again, part of it, other memory, or
-    /// the RAM at another address.
-    fn change_memory(&mut self, g: usize, r: &mut ByteReader<'_>) {
-        let guest = &self.slots[g].guest;
-        let other;
-        let (file, base, size) = match r.below(4) {
-            0 => (&guest.ram, RAM_BASE, RAM_SIZE),
-            1 => (&guest.ram, RAM_BASE, RAM_SIZE / 2),
-            2 => {
-                other = memfd(RAM_SIZE);
-                (&other, RAM_BASE, RAM_SIZE)
-            }
-            _ => (&guest.ram, RAM_BASE + RAM_SIZE, RAM_SIZE),
-        };
-        let memory = GuestMemoryMmap::from_ranges_with_files([(
-            GuestAddress(base),
-            size as usize,
-            Some(FileOffset::new(file.try_clone().expect("dup"), 0)),
-        )])
-        .expect("guest memory");
-        guest.memory.lock().expect("memory lock").replace(memory);
-        guest.dev().memory_changed(guest.ctx());
-    }
-
     /// Resets guest `g`'s device (the driver then accepts features again), or disconnects it
     /// and connects a new guest in its place.
     fn reset_or_reconnect(&mut self, g: usize, r: &mut ByteReader<'_>) {
@@ -652,7 +458,7 @@ impl Sequence {
             guest.dev().features_acked(VIRTIO_F_VERSION_1 | features);
             self.slots[g].area = None;
         } else {
-            let fresh = Slot::new(&self.fake, &self.factory);
+            let fresh = Slot::new(&self.fake, &self.factory, FEATURES);
             let old = std::mem::replace(&mut self.slots[g], fresh);
             drop(old);
             check_released(&self.fake, context);

@@ -144,11 +144,7 @@ pub fn reg_mr(r: &mut ByteReader<'_>, pd: u32) -> Vec<u8> {
 
 /// REREG_MR of `mr`, maybe onto `pd`.
 pub fn rereg_mr(r: &mut ByteReader<'_>, mr: u32, pd: u32) -> Vec<u8> {
-    let flags = if r.chance(90) {
-        r.below(8)
-    } else {
-        r.u32()
-    };
+    let flags = if r.chance(90) { r.below(8) } else { r.u32() };
     let pages = if flags & 1 != 0 || r.chance(10) {
         page_list(r)
     } else {
