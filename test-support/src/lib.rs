@@ -8,4 +8,5 @@
 pub mod fake_host;
 pub mod fake_transport;
 pub mod fork;
+pub mod fuzz;
 pub mod rxe_kernel_sim;

@@ -28,6 +28,7 @@ use vrdma_spec::StatusError;
 use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, Le64, Status};
 use zerocopy::IntoBytes;
 
+use super::inventory::Inventory;
 use super::options::{DeviceOptions, GuestError};
 use super::shared::{GuestAddressing, GuestShared, HostLimits, GUEST_PORT};
 use super::state::{GuestState, ObjectCounts};
@@ -236,6 +237,11 @@ impl GuestDevice {
     /// Live objects of this guest.
     pub fn object_counts(&self) -> ObjectCounts {
         self.state.lock().counts()
+    }
+
+    /// A snapshot of everything this guest holds, for consistency checks (tests, fuzzing).
+    pub fn inventory(&self) -> Inventory {
+        self.state.lock().inventory()
     }
 
     /// The daemon's options.

@@ -20,6 +20,8 @@ use vrdma_spec::verbs::{check_modify_qp, GidType, MwType, PortState, QpAttrMask,
 use vrdma_spec::wire::{AhAttr, GidEntry, QpAttr};
 use zerocopy::FromZeros;
 
+use super::ownership::Ownership;
+
 /// Bytes of a page.
 pub const PAGE: u64 = 4096;
 /// The one GID of the fake port (index 0, RoCE v2).
@@ -88,6 +90,8 @@ pub struct World {
     pub qp_paths: HashMap<u32, (AhAttr, AhAttr)>,
     /// The attributes each live AH was created with (host terms).
     pub ah_attrs: BTreeMap<u32, AhAttr>,
+    /// Which context owns each object, and the commands that named another's.
+    pub ownership: Ownership,
 }
 
 impl World {
@@ -195,6 +199,7 @@ impl HostDevice for FakeDevice {
 
     fn open_context(&self) -> host::Result<Box<dyn HostContext>> {
         Ok(Box::new(FakeContext {
+            id: self.world().ownership.open_context(),
             world: Arc::clone(&self.world),
             queue_file: memfd(64 << 20),
             comp: UnixStream::pair().unwrap().0,
@@ -207,6 +212,8 @@ impl HostDevice for FakeDevice {
 /// uverbs fd, to pass with SHMEM_MAP), and its event fds are sockets that never become readable
 /// (tests push events into the [`World`] and call the event handlers themselves).
 pub struct FakeContext {
+    /// Its number in [`World::ownership`].
+    id: u64,
     world: Shared,
     queue_file: File,
     comp: UnixStream,
@@ -276,12 +283,15 @@ impl HostContext for FakeContext {
         let mut w = world(&self.world);
         w.fail("ALLOC_PD")?;
         let h = w.handle();
+        w.ownership.adopt(self.id, h);
         w.pds.insert(h, ());
         Ok(PdHandle(h))
     }
     fn dealloc_pd(&self, pd: PdHandle) -> host::Result<()> {
         let mut w = world(&self.world);
         w.fail("DEALLOC_PD")?;
+        w.ownership.check(self.id, "DEALLOC_PD", pd.0);
+        w.ownership.forget(pd.0);
         assert!(
             !w.mrs.values().any(|m| m.pd == pd),
             "PD freed while an MR uses it"
@@ -298,9 +308,11 @@ impl HostContext for FakeContext {
     fn reg_mr(&self, init: &MrInit) -> host::Result<Mr> {
         let mut w = world(&self.world);
         w.fail("REG_MR")?;
+        w.ownership.check(self.id, "REG_MR", init.pd.0);
         assert!(w.pds.contains_key(&init.pd.0));
         assert_eq!(init.start % PAGE, init.iova % PAGE, "same in-page offset");
         let h = w.handle();
+        w.ownership.adopt(self.id, h);
         w.mrs.insert(h, *init);
         Ok(Mr {
             handle: MrHandle(h),
@@ -311,6 +323,8 @@ impl HostContext for FakeContext {
     fn dereg_mr(&self, mr: MrHandle) -> host::Result<()> {
         let mut w = world(&self.world);
         w.fail("DEREG_MR")?;
+        w.ownership.check(self.id, "DEREG_MR", mr.0);
+        w.ownership.forget(mr.0);
         w.mrs.remove(&mr.0).map(|_| ()).ok_or(DeviceError::Command {
             command: "DEREG_MR",
             errno: libc::EINVAL,
@@ -319,8 +333,10 @@ impl HostContext for FakeContext {
     fn alloc_mw(&self, pd: PdHandle, mw_type: MwType) -> host::Result<Mw> {
         let mut w = world(&self.world);
         w.fail("ALLOC_MW")?;
+        w.ownership.check(self.id, "ALLOC_MW", pd.0);
         assert!(w.pds.contains_key(&pd.0));
         let h = w.handle();
+        w.ownership.adopt(self.id, h);
         w.mws.insert(h, (pd, mw_type));
         // rxe's layout: pool index in the upper 24 bits, an 8-bit key below.
         Ok(Mw {
@@ -331,6 +347,8 @@ impl HostContext for FakeContext {
     fn dealloc_mw(&self, mw: MwHandle) -> host::Result<()> {
         let mut w = world(&self.world);
         w.fail("DEALLOC_MW")?;
+        w.ownership.check(self.id, "DEALLOC_MW", mw.0);
+        w.ownership.forget(mw.0);
         w.mws.remove(&mw.0).map(|_| ()).ok_or(DeviceError::Command {
             command: "DEALLOC_MW",
             errno: libc::EINVAL,
@@ -343,6 +361,7 @@ impl HostContext for FakeContext {
         let slots = (init.cqe + 1).next_power_of_two();
         let buffer = w.buffer(slots, 72);
         let h = w.handle();
+        w.ownership.adopt(self.id, h);
         w.cqs.insert(h, init.user_handle);
         Ok(Cq {
             handle: CqHandle(h),
@@ -353,6 +372,8 @@ impl HostContext for FakeContext {
     fn destroy_cq(&self, cq: CqHandle) -> host::Result<()> {
         let mut w = world(&self.world);
         w.fail("DESTROY_CQ")?;
+        w.ownership.check(self.id, "DESTROY_CQ", cq.0);
+        w.ownership.forget(cq.0);
         w.cq_pending.remove(&cq.0);
         w.cqs.remove(&cq.0).map(|_| ()).ok_or(DeviceError::Command {
             command: "DESTROY_CQ",
@@ -362,6 +383,7 @@ impl HostContext for FakeContext {
     fn resize_cq(&self, cq: CqHandle, cqe: u32) -> host::Result<CqResize> {
         let mut w = world(&self.world);
         w.fail("RESIZE_CQ")?;
+        w.ownership.check(self.id, "RESIZE_CQ", cq.0);
         let einval = DeviceError::Command {
             command: "RESIZE_CQ",
             errno: libc::EINVAL,
@@ -382,12 +404,20 @@ impl HostContext for FakeContext {
         })
     }
     fn req_notify_cq(&self, cq: CqHandle, solicited_only: bool) -> host::Result<()> {
-        world(&self.world).armed.push((cq.0, solicited_only));
+        let mut w = world(&self.world);
+        w.ownership.check(self.id, "REQ_NOTIFY_CQ", cq.0);
+        w.armed.push((cq.0, solicited_only));
         Ok(())
     }
     fn create_qp(&self, init: &QpInit) -> host::Result<Qp> {
         let mut w = world(&self.world);
         w.fail("CREATE_QP")?;
+        w.ownership.check(self.id, "CREATE_QP", init.pd.0);
+        w.ownership.check(self.id, "CREATE_QP", init.send_cq.0);
+        w.ownership.check(self.id, "CREATE_QP", init.recv_cq.0);
+        if let Some(srq) = init.srq {
+            w.ownership.check(self.id, "CREATE_QP", srq.0);
+        }
         let c = init.caps;
         let send_slots = (c.max_send_wr + 1).next_power_of_two();
         let wqe = (c.max_send_sge * 16).max(c.max_inline_data);
@@ -403,6 +433,7 @@ impl HostContext for FakeContext {
             }
         };
         let h = w.handle();
+        w.ownership.adopt(self.id, h);
         let qpn = 0x100 + h;
         w.qps.insert(h, (qpn, init.user_handle));
         w.qp_state.insert(h, QpState::Reset);
@@ -426,6 +457,7 @@ impl HostContext for FakeContext {
     fn modify_qp(&self, qp: QpHandle, attr: &QpAttr, mask: QpAttrMask) -> host::Result<()> {
         let mut w = world(&self.world);
         w.fail("MODIFY_QP")?;
+        w.ownership.check(self.id, "MODIFY_QP", qp.0);
         let state = attr.qp_state().map_err(|_| DeviceError::Command {
             command: "MODIFY_QP",
             errno: libc::EINVAL,
@@ -460,7 +492,8 @@ impl HostContext for FakeContext {
         Ok(())
     }
     fn query_qp(&self, qp: QpHandle, _mask: QpAttrMask) -> host::Result<QpInfo> {
-        let w = world(&self.world);
+        let mut w = world(&self.world);
+        w.ownership.check(self.id, "QUERY_QP", qp.0);
         let state = *w.qp_state.get(&qp.0).ok_or(DeviceError::Command {
             command: "QUERY_QP",
             errno: libc::EINVAL,
@@ -485,6 +518,8 @@ impl HostContext for FakeContext {
     fn destroy_qp(&self, qp: QpHandle) -> host::Result<()> {
         let mut w = world(&self.world);
         w.fail("DESTROY_QP")?;
+        w.ownership.check(self.id, "DESTROY_QP", qp.0);
+        w.ownership.forget(qp.0);
         w.qp_state.remove(&qp.0);
         w.qp_types.remove(&qp.0);
         w.send_queues.remove(&qp.0);
@@ -497,9 +532,11 @@ impl HostContext for FakeContext {
     fn create_srq(&self, init: &SrqInit) -> host::Result<Srq> {
         let mut w = world(&self.world);
         w.fail("CREATE_SRQ")?;
+        w.ownership.check(self.id, "CREATE_SRQ", init.pd.0);
         let slots = (init.max_wr + 1).next_power_of_two();
         let buffer = w.buffer(slots, rxe_v1::recv_wqe_size(init.max_sge));
         let h = w.handle();
+        w.ownership.adopt(self.id, h);
         w.srqs.insert(h, init.user_handle);
         Ok(Srq {
             handle: SrqHandle(h),
@@ -509,12 +546,17 @@ impl HostContext for FakeContext {
             buffer,
         })
     }
-    fn modify_srq(&self, _srq: SrqHandle, _m: &SrqModify) -> host::Result<Option<QueueBuffer>> {
+    fn modify_srq(&self, srq: SrqHandle, _m: &SrqModify) -> host::Result<Option<QueueBuffer>> {
+        world(&self.world)
+            .ownership
+            .check(self.id, "MODIFY_SRQ", srq.0);
         Ok(None)
     }
     fn destroy_srq(&self, srq: SrqHandle) -> host::Result<()> {
         let mut w = world(&self.world);
         w.fail("DESTROY_SRQ")?;
+        w.ownership.check(self.id, "DESTROY_SRQ", srq.0);
+        w.ownership.forget(srq.0);
         w.srqs
             .remove(&srq.0)
             .map(|_| ())
@@ -526,8 +568,10 @@ impl HostContext for FakeContext {
     fn create_ah(&self, init: &AhInit) -> host::Result<Ah> {
         let mut w = world(&self.world);
         w.fail("CREATE_AH")?;
+        w.ownership.check(self.id, "CREATE_AH", init.pd.0);
         assert_eq!(init.attr.port_num, 1);
         let h = w.handle();
+        w.ownership.adopt(self.id, h);
         w.ahs.insert(h, ());
         w.ah_attrs.insert(h, init.attr);
         Ok(Ah {
@@ -538,13 +582,17 @@ impl HostContext for FakeContext {
     fn destroy_ah(&self, ah: AhHandle) -> host::Result<()> {
         let mut w = world(&self.world);
         w.ah_attrs.remove(&ah.0);
+        w.ownership.check(self.id, "DESTROY_AH", ah.0);
+        w.ownership.forget(ah.0);
         w.ahs.remove(&ah.0).map(|_| ()).ok_or(DeviceError::Command {
             command: "DESTROY_AH",
             errno: libc::EINVAL,
         })
     }
     fn kick_send(&self, qp: QpHandle) -> host::Result<()> {
-        world(&self.world).kicks.push(qp.0);
+        let mut w = world(&self.world);
+        w.ownership.check(self.id, "POST_SEND", qp.0);
+        w.kicks.push(qp.0);
         Ok(())
     }
     fn read_async_event(&self) -> host::Result<Option<AsyncEvent>> {

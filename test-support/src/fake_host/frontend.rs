@@ -4,11 +4,13 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
+use std::net::Shutdown;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 use vhost::vhost_user::message::VhostUserMMap;
 use vhost::vhost_user::{Backend, FrontendReqHandler, VhostUserFrontendReqHandler};
@@ -135,18 +137,41 @@ impl FakeFrontend {
     }
 }
 
+/// The serving side of a backend request channel: dropping it ends the serving thread.
+///
+/// The thread would otherwise wait forever: the frontend handler keeps its own copy of the
+/// backend's end of the socket, so the backend dropping its end is no disconnect, and every
+/// guest of a test run would leave a thread and two descriptors behind (fuzzing runs out of
+/// descriptors).
+pub struct BackendChannel {
+    socket: UnixStream,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for BackendChannel {
+    fn drop(&mut self) {
+        // Shuts the socket itself down, for every descriptor of it: the handler reads EOF.
+        let _ = self.socket.shutdown(Shutdown::Both);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// A backend request channel served by `frontend` on a thread of its own, with REPLY_ACK and
-/// SHMEM negotiated: what the backend gets from SET_BACKEND_REQ_FD.
-pub fn serve_backend_channel(frontend: Arc<FakeFrontend>) -> Backend {
+/// SHMEM negotiated: what the backend gets from SET_BACKEND_REQ_FD; and the serving side, to
+/// keep until the backend is gone.
+pub fn serve_backend_channel(frontend: Arc<FakeFrontend>) -> (Backend, BackendChannel) {
     let mut handler = FrontendReqHandler::new(frontend).unwrap();
     handler.set_reply_ack_flag(true);
     // SAFETY: duplicates an fd the handler owns; the copy is owned by the stream built below.
     let fd = unsafe { libc::fcntl(handler.get_tx_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
-    assert!(fd >= 0);
+    assert!(fd >= 0, "dup: {}", io::Error::last_os_error());
     // SAFETY: `fd` was just duplicated and has no other owner.
     let stream = unsafe { UnixStream::from_raw_fd(fd) };
+    let socket = stream.try_clone().unwrap();
     // A refused request is answered and serving goes on; a broken socket ends it.
-    std::thread::spawn(move || {
+    let thread = std::thread::spawn(move || {
         while let Ok(_) | Err(vhost::vhost_user::Error::ReqHandlerError(_)) =
             handler.handle_request()
         {}
@@ -154,5 +179,27 @@ pub fn serve_backend_channel(frontend: Arc<FakeFrontend>) -> Backend {
     let backend = Backend::from_stream(stream);
     backend.set_reply_ack_flag(true);
     backend.set_shmem_flag(true);
-    backend
+    (
+        backend,
+        BackendChannel {
+            socket,
+            thread: Some(thread),
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropping_the_channel_ends_the_serving_thread() {
+        // Found by fuzzing: every guest left its serving thread, holding the frontend and two
+        // descriptors, until the process ran out of descriptors.
+        let frontend = Arc::new(FakeFrontend::new(1 << 20));
+        let (backend, serving) = serve_backend_channel(Arc::clone(&frontend));
+        drop(backend);
+        drop(serving);
+        assert_eq!(Arc::strong_count(&frontend), 1, "the handler is gone");
+    }
 }

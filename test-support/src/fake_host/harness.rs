@@ -20,7 +20,7 @@ use vrdma_spec::wire::*;
 use vrdma_spec::{ControlRequest, ControlResponse, Le16, Le32, Le64, RegMr, ResponseBody, Status};
 
 use super::device::{memfd, FakeDevice, PAGE};
-use super::frontend::{serve_backend_channel, FakeFrontend};
+use super::frontend::{serve_backend_channel, BackendChannel, FakeFrontend};
 
 /// Guest RAM: one region, not at 0, so that low addresses are outside it.
 pub const RAM_BASE: u64 = 0x10_0000;
@@ -42,6 +42,8 @@ pub struct TestGuest {
     pub memory: GuestMemoryAtomic<GuestMemoryMmap>,
     /// The file behind guest RAM.
     pub ram: File,
+    /// The frontend's side of the backend request channel (last: dropped after the device).
+    _channel: BackendChannel,
 }
 
 /// Small options: a 1 MiB queue region, 64-page MRs, a few objects of each kind.
@@ -83,12 +85,14 @@ impl TestGuest {
         device.features_acked(VIRTIO_F_VERSION_1 | features);
         let backend = VhostUserDevice::new(Arc::new(device), memory.clone()).unwrap();
         let frontend = Arc::new(FakeFrontend::new(SHM_SIZE));
-        backend.set_backend_req_fd(serve_backend_channel(Arc::clone(&frontend)));
+        let (channel, serving) = serve_backend_channel(Arc::clone(&frontend));
+        backend.set_backend_req_fd(channel);
         TestGuest {
             backend,
             frontend,
             memory,
             ram,
+            _channel: serving,
         }
     }
 

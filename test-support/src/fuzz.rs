@@ -1,0 +1,13 @@
+//! Fuzzing the backend beyond decoding: whole command sequences against guest devices on the
+//! fake host device ([`handlers`]), and message streams through the vhost-user frontend filter
+//! ([`filter`]). Each entry point takes arbitrary bytes, never fails to decode them, and panics
+//! only when the backend broke an invariant; the libFuzzer targets in `backend/fuzz/` call them,
+//! and their tests run them on a fixed-seed set of inputs ([`bytes::fixed_seed_inputs`]) on
+//! every `cargo test`.
+
+pub mod bytes;
+pub mod filter;
+pub mod guest_slot;
+pub mod handlers;
+pub mod invariants;
+pub mod requests;

@@ -1,0 +1,208 @@
+//! One fuzzed guest ([`Slot`]): its device on the fake host, what its driver was told (handles,
+//! doorbell indices, the doorbell area), and the steps that reach the device other than
+//! through control commands: doorbells, host events and memory-table changes.
+
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
+use vrdma_backend::guest::device::GuestDeviceFactory;
+use vrdma_backend::host::{AsyncEvent, AsyncEventKind, CompEvent};
+use vrdma_backend::resources::kind::ResourceKind;
+use vrdma_backend::vhost_device::handler::DeviceHandler;
+use vrdma_spec::doorbell::{area_bytes, HEAD_WORD, RING_WORD, TAIL_WORD};
+
+use super::bytes::ByteReader;
+use super::invariants::{check_released, kind_index, KINDS};
+use crate::fake_host::device::{memfd, FakeDevice};
+use crate::fake_host::harness::{TestGuest, RAM_BASE, RAM_SIZE};
+
+/// Handles remembered per guest and kind.
+pub(super) const REMEMBERED: usize = 16;
+
+/// One guest and what its driver learnt.
+pub(super) struct Slot {
+    pub(super) guest: TestGuest,
+    /// Its host context on the fake device.
+    pub(super) context: u64,
+    /// Handles it was given, by kind (live or not).
+    pub(super) seen: [Vec<u32>; KINDS.len()],
+    /// Doorbell indices of its QPs.
+    pub(super) doorbell_indices: Vec<u32>,
+    /// Where it last put its doorbell area.
+    pub(super) area: Option<u64>,
+}
+
+impl Slot {
+    pub(super) fn new(fake: &FakeDevice, factory: &GuestDeviceFactory, features: u64) -> Slot {
+        let guest = TestGuest::from_factory(factory, features);
+        Slot {
+            guest,
+            context: fake.world().ownership.contexts_opened(),
+            seen: Default::default(),
+            doorbell_indices: Vec::new(),
+            area: None,
+        }
+    }
+
+    pub(super) fn remember(&mut self, kind: ResourceKind, handle: u32) {
+        let seen = &mut self.seen[kind_index(kind)];
+        if seen.len() == REMEMBERED {
+            seen.remove(0);
+        }
+        seen.push(handle);
+    }
+    /// Writes doorbells (and now and then garbage) into the guest's doorbell area and
+    /// notifies the doorbell queue.
+    pub(super) fn doorbells(&self, r: &mut ByteReader<'_>) {
+        let slot = self;
+        let slots = slot.guest.dev().options().doorbell_slots();
+        if let Some(area) = slot.area {
+            let memory = slot.guest.memory.memory();
+            let word = |i: usize| GuestAddress(area.wrapping_add(4 * i as u64));
+            let mut tail: u32 = memory.read_obj(word(TAIL_WORD)).unwrap_or(0);
+            for _ in 0..r.below(6) {
+                let index = if !slot.doorbell_indices.is_empty() && r.chance(80) {
+                    r.pick(&slot.doorbell_indices)
+                } else {
+                    r.u32() % (slots + 2)
+                };
+                // Errors: the area may no longer be guest RAM after a memory change.
+                let _ = memory.write_obj(1u32, word(RING_WORD + (slots + index % slots) as usize));
+                let _ = memory.write_obj(
+                    index.wrapping_add(1),
+                    word(RING_WORD + (tail % slots) as usize),
+                );
+                tail = tail.wrapping_add(1);
+            }
+            if r.chance(10) {
+                tail = r.u32();
+            }
+            let _ = memory.write_obj(tail, word(TAIL_WORD));
+            if r.chance(10) {
+                let at = r.below((area_bytes(slots) / 4) as u32) as usize;
+                let _ = memory.write_obj(r.u32(), word(at));
+            }
+            if r.chance(5) {
+                let _ = memory.write_obj(r.u32(), word(HEAD_WORD));
+            }
+        }
+        let chain = if r.chance(90) {
+            Vec::new()
+        } else {
+            r.bytes(64)
+        };
+        slot.guest.dev().doorbell(slot.guest.ctx(), &chain);
+    }
+
+    /// Queues host events naming the guest's objects (or others, or nothing) and lets the
+    /// guest's device read them.
+    pub(super) fn host_events(&self, fake: &FakeDevice, r: &mut ByteReader<'_>) {
+        let context = self.context;
+        let user_handle = |r: &mut ByteReader<'_>, kind: ResourceKind| -> u64 {
+            let w = fake.world();
+            let own: Vec<u64> = match kind {
+                ResourceKind::Cq => w
+                    .cqs
+                    .iter()
+                    .filter(|(h, _)| w.ownership.owner(**h) == Some(context))
+                    .map(|(_, &u)| u)
+                    .collect(),
+                ResourceKind::Qp => w
+                    .qps
+                    .iter()
+                    .filter(|(h, _)| w.ownership.owner(**h) == Some(context))
+                    .map(|(_, &(_, u))| u)
+                    .collect(),
+                _ => w
+                    .srqs
+                    .iter()
+                    .filter(|(h, _)| w.ownership.owner(**h) == Some(context))
+                    .map(|(_, &u)| u)
+                    .collect(),
+            };
+            drop(w);
+            if !own.is_empty() && r.chance(80) {
+                r.pick(&own)
+            } else {
+                u64::from(r.below(16))
+            }
+        };
+        if r.chance(50) {
+            let cq_user_handle = user_handle(r, ResourceKind::Cq);
+            fake.world()
+                .comp_events
+                .push_back(CompEvent { cq_user_handle });
+            let guest = &self.guest;
+            guest.dev().fd_ready(guest.ctx(), 0);
+        } else {
+            use AsyncEventKind::*;
+            let kind = r.pick(&[
+                CqErr,
+                QpFatal,
+                QpReqErr,
+                QpAccessErr,
+                CommEst,
+                SqDrained,
+                PathMig,
+                PathMigErr,
+                PortActive,
+                PortErr,
+                LidChange,
+                PkeyChange,
+                SmChange,
+                SrqErr,
+                SrqLimitReached,
+                QpLastWqeReached,
+                ClientReregister,
+                GidChange,
+                WqFatal,
+                Other(99),
+                DeviceFatal,
+            ]);
+            if kind == DeviceFatal && r.chance(70) {
+                return;
+            }
+            let element = match kind {
+                CqErr => user_handle(r, ResourceKind::Cq),
+                SrqErr | SrqLimitReached => user_handle(r, ResourceKind::Srq),
+                PortActive | PortErr | LidChange | PkeyChange | SmChange | ClientReregister
+                | GidChange | DeviceFatal => u64::from(r.below(3)),
+                _ => user_handle(r, ResourceKind::Qp),
+            };
+            fake.world()
+                .async_events
+                .push_back(AsyncEvent { kind, element });
+            let guest = &self.guest;
+            guest.dev().fd_ready(guest.ctx(), 1);
+            if kind == DeviceFatal {
+                check_released(fake, context);
+            }
+        }
+        if r.chance(5) {
+            let guest = &self.guest;
+            guest.dev().fd_ready(guest.ctx(), 2 + r.below(4) as usize);
+        }
+    }
+
+    /// Replaces the guest's memory table: the same RAM again, part of it, other memory, or
+    /// the RAM at another address.
+    pub(super) fn change_memory(&self, r: &mut ByteReader<'_>) {
+        let guest = &self.guest;
+        let other;
+        let (file, base, size) = match r.below(4) {
+            0 => (&guest.ram, RAM_BASE, RAM_SIZE),
+            1 => (&guest.ram, RAM_BASE, RAM_SIZE / 2),
+            2 => {
+                other = memfd(RAM_SIZE);
+                (&other, RAM_BASE, RAM_SIZE)
+            }
+            _ => (&guest.ram, RAM_BASE + RAM_SIZE, RAM_SIZE),
+        };
+        let memory = GuestMemoryMmap::from_ranges_with_files([(
+            GuestAddress(base),
+            size as usize,
+            Some(FileOffset::new(file.try_clone().expect("dup"), 0)),
+        )])
+        .expect("guest memory");
+        guest.memory.lock().expect("memory lock").replace(memory);
+        guest.dev().memory_changed(guest.ctx());
+    }
+}

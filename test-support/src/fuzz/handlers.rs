@@ -1,0 +1,505 @@
+//! Whole command sequences against two guests of one factory on the fake host device.
+//!
+//! [`run_handler_sequence`] decodes its input into steps: every control opcode with fuzzed
+//! but plausible bodies ([`requests`](super::requests); handles come mostly from what the guest was given
+//! before, sometimes from the other guest or from nowhere), doorbells written into the
+//! doorbell area, host completion and asynchronous events, memory-table changes, failures of
+//! the next host command, device resets, DISCARD_STATE and disconnects. After every step the
+//! [`invariants`](super::invariants) must hold for both guests.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use vrdma_backend::guest::device::GuestDeviceFactory;
+use vrdma_backend::guest::options::DeviceOptions;
+use vrdma_backend::resources::kind::ResourceKind;
+use vrdma_backend::vhost_device::handler::DeviceHandler;
+use vrdma_spec::control::{HEADER_SIZE, MAX_RESPONSE_SIZE};
+use vrdma_spec::features::{VIRTIO_F_VERSION_1, VRDMA_F_MW};
+use vrdma_spec::{ControlResponse, Opcode, Status};
+
+use super::bytes::ByteReader;
+use super::guest_slot::{Slot, REMEMBERED};
+use super::invariants::{check_guest, check_isolation, check_released, kind_index, KINDS};
+use super::requests;
+use crate::fake_host::device::{FakeDevice, PAGE};
+use crate::fake_host::harness::{test_options, ALL_FEATURES, RAM_BASE};
+
+/// Steps one input runs at most (inputs are truncated to this).
+pub const MAX_STEPS: usize = 64;
+
+/// Host commands a step may make fail once (the creations and changes: a failed destroy leaves
+/// a host object the guest can no longer name, which `fail_destroys` opts into).
+const FAILING_COMMANDS: [&str; 9] = [
+    "ALLOC_PD",
+    "REG_MR",
+    "ALLOC_MW",
+    "CREATE_CQ",
+    "RESIZE_CQ",
+    "CREATE_QP",
+    "MODIFY_QP",
+    "CREATE_SRQ",
+    "CREATE_AH",
+];
+const FAILING_DESTROYS: [&str; 6] = [
+    "DEALLOC_PD",
+    "DEREG_MR",
+    "DEALLOC_MW",
+    "DESTROY_CQ",
+    "DESTROY_QP",
+    "DESTROY_SRQ",
+];
+
+/// What a run may do besides the default.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SequenceConfig {
+    /// Also fail host destroy commands (DEREG_MR, DESTROY_QP, ...).
+    pub fail_destroys: bool,
+}
+
+/// The options of the fuzzed guests: the small quotas of the tests, every feature offered,
+/// no doorbell polling (a step must not wait).
+pub fn fuzz_options() -> DeviceOptions {
+    DeviceOptions {
+        allow_ud: true,
+        allow_memory_windows: true,
+        doorbell_poll: Duration::ZERO,
+        ..test_options()
+    }
+}
+
+/// Every feature a fuzzed driver may accept.
+const FEATURES: u64 = ALL_FEATURES | VRDMA_F_MW;
+
+/// What a run did: successful commands by opcode, and steps run.
+#[derive(Debug, Default)]
+pub struct SequenceStats {
+    /// Successful commands by opcode.
+    pub ok: std::collections::BTreeMap<u16, usize>,
+    /// Steps run.
+    pub steps: usize,
+}
+
+/// The state of one run.
+struct Sequence {
+    fake: Arc<FakeDevice>,
+    factory: GuestDeviceFactory,
+    slots: [Slot; 2],
+    config: SequenceConfig,
+    stats: SequenceStats,
+}
+
+/// Runs the steps `data` encodes against two fresh guests; panics when an invariant breaks.
+pub fn run_handler_sequence(data: &[u8]) {
+    run_handler_sequence_with(data, SequenceConfig::default());
+}
+
+/// [`run_handler_sequence`] with `config`.
+pub fn run_handler_sequence_with(data: &[u8], config: SequenceConfig) -> SequenceStats {
+    let fake = FakeDevice::new();
+    let factory = GuestDeviceFactory::new(fake.clone(), fuzz_options()).expect("options");
+    let slots = [
+        Slot::new(&fake, &factory, FEATURES),
+        Slot::new(&fake, &factory, FEATURES),
+    ];
+    let mut seq = Sequence {
+        fake,
+        factory,
+        slots,
+        config,
+        stats: SequenceStats::default(),
+    };
+    let mut r = ByteReader::new(data);
+    let prologue = r.u8();
+    for g in 0..2 {
+        if prologue & (1 << g) != 0 {
+            seq.set_up(g, &mut r);
+        }
+    }
+    seq.check();
+    for _ in 0..MAX_STEPS {
+        if r.is_empty() {
+            break;
+        }
+        let g = usize::from(r.u8() & 1);
+        seq.step(g, &mut r);
+        seq.check();
+        seq.stats.steps += 1;
+    }
+    // Disconnecting both guests leaves nothing on the host.
+    let [a, b] = seq.slots;
+    let contexts = [a.context, b.context];
+    drop((a, b));
+    for context in contexts {
+        check_released(&seq.fake, context);
+    }
+    check_isolation(&seq.fake);
+    assert_eq!(seq.fake.world().live(), 0, "host objects without a guest");
+    seq.stats
+}
+
+impl Sequence {
+    fn check(&self) {
+        check_isolation(&self.fake);
+        for slot in &self.slots {
+            check_guest(&self.fake, &slot.guest, slot.context);
+        }
+        let held: usize = self
+            .slots
+            .iter()
+            .map(|s| {
+                let c = s.guest.dev().object_counts();
+                c.pds + c.cqs + c.qps + c.srqs + c.ahs + c.mws
+            })
+            .sum::<usize>()
+            + self
+                .slots
+                .iter()
+                .map(|s| {
+                    s.guest
+                        .dev()
+                        .inventory()
+                        .of(ResourceKind::Mr)
+                        .filter(|o| o.host.is_some())
+                        .count()
+                })
+                .sum::<usize>();
+        assert_eq!(held, self.fake.world().live(), "host objects nobody holds");
+    }
+
+    /// A handle of `kind` for guest `g` to name.
+    fn handle(&self, g: usize, kind: ResourceKind, r: &mut ByteReader<'_>) -> u32 {
+        let own = &self.slots[g].seen[kind_index(kind)];
+        let other = &self.slots[1 - g].seen[kind_index(kind)];
+        match r.below(16) {
+            0..=10 if !own.is_empty() => r.pick(own),
+            11..=12 if !other.is_empty() => r.pick(other),
+            13 => {
+                let any = &self.slots[g].seen[r.below(KINDS.len() as u32) as usize];
+                if any.is_empty() {
+                    0
+                } else {
+                    r.pick(any)
+                }
+            }
+            14 => r.u32(),
+            _ => r.below(4),
+        }
+    }
+
+    /// Runs `request` on guest `g` (with a response buffer that is usually large enough) and
+    /// returns the response when it succeeded.
+    fn run(&mut self, g: usize, request: &[u8], r: &mut ByteReader<'_>) -> Option<Vec<u8>> {
+        let capacity = if r.chance(95) {
+            MAX_RESPONSE_SIZE
+        } else {
+            r.below(200) as usize
+        };
+        let guest = &self.slots[g].guest;
+        let response = guest.raw(request, capacity);
+        if capacity < HEADER_SIZE {
+            // The device executes nothing and answers nothing; a request too large to be read
+            // is rejected by the plumbing, whose answer the virtqueue truncates.
+            if request.len() <= guest.dev().max_request_size() {
+                assert!(response.is_empty(), "a response without room for a status");
+            }
+            return None;
+        }
+        let status = u32::from_le_bytes(response[..4].try_into().unwrap());
+        assert!(Status::try_from(status).is_ok(), "status {status:#x}");
+        let op = Opcode::ALL.into_iter().find(|&op| {
+            request.len() >= 2 && op as u16 == u16::from_le_bytes([request[0], request[1]])
+        });
+        if let Some(op) = op {
+            if status == 0 {
+                *self.stats.ok.entry(op as u16).or_default() += 1;
+                assert!(
+                    matches!(
+                        ControlResponse::decode(op, &response),
+                        Ok(ControlResponse::Ok(_))
+                    ),
+                    "{op:?}: a success response that does not decode: {response:?}"
+                );
+            }
+        }
+        (status == 0).then_some(response)
+    }
+
+    /// Runs a creation and remembers the handle its response carries in its first word.
+    fn create(
+        &mut self,
+        g: usize,
+        kind: ResourceKind,
+        request: &[u8],
+        r: &mut ByteReader<'_>,
+    ) -> Option<Vec<u8>> {
+        let response = self.run(g, request, r)?;
+        let handle = u32::from_le_bytes(response[HEADER_SIZE..HEADER_SIZE + 4].try_into().unwrap());
+        self.slots[g].remember(kind, handle);
+        Some(response)
+    }
+
+    fn step(&mut self, g: usize, r: &mut ByteReader<'_>) {
+        use requests as q;
+        use ResourceKind::*;
+        let slots = self.slots[g].guest.dev().options().doorbell_slots();
+        match r.below(35) {
+            0..=1 => {
+                self.create(g, Pd, &q::request(Opcode::AllocPd, &[]), r);
+            }
+            2 => {
+                let pd = self.handle(g, Pd, r);
+                self.run(g, &q::handle_request(Opcode::DeallocPd, pd), r);
+            }
+            3..=4 => {
+                let pd = self.handle(g, Pd, r);
+                self.create(g, Mr, &q::reg_mr(r, pd), r);
+            }
+            5 => {
+                let mr = self.handle(g, Mr, r);
+                self.run(g, &q::handle_request(Opcode::DeregMr, mr), r);
+            }
+            6 => {
+                let (mr, pd) = (self.handle(g, Mr, r), self.handle(g, Pd, r));
+                self.run(g, &q::rereg_mr(r, mr, pd), r);
+            }
+            7 => {
+                let pd = self.handle(g, Pd, r);
+                let kind = if r.chance(90) {
+                    r.below(2) + 1
+                } else {
+                    r.u32()
+                };
+                self.create(g, Mw, &q::two_words(Opcode::AllocMw, pd, kind), r);
+            }
+            8 => {
+                let mw = self.handle(g, Mw, r);
+                self.run(g, &q::handle_request(Opcode::DeallocMw, mw), r);
+            }
+            9..=10 => {
+                let cqe = q::count(r);
+                self.create(g, Cq, &q::two_words(Opcode::CreateCq, cqe, 0), r);
+            }
+            11 => {
+                let cq = self.handle(g, Cq, r);
+                self.run(g, &q::handle_request(Opcode::DestroyCq, cq), r);
+            }
+            12 => {
+                let cq = self.handle(g, Cq, r);
+                let flags = if r.chance(90) { r.below(2) } else { r.u32() };
+                self.run(g, &q::two_words(Opcode::ArmCq, cq, flags), r);
+            }
+            13 => {
+                let cq = self.handle(g, Cq, r);
+                let cqe = q::count(r);
+                self.run(g, &q::two_words(Opcode::ResizeCq, cq, cqe), r);
+            }
+            14..=15 => {
+                let pd = self.handle(g, Pd, r);
+                let send_cq = self.handle(g, Cq, r);
+                let recv_cq = if r.chance(50) {
+                    send_cq
+                } else {
+                    self.handle(g, Cq, r)
+                };
+                let srq = if r.chance(70) {
+                    0
+                } else {
+                    self.handle(g, Srq, r)
+                };
+                let request = q::create_qp(r, pd, send_cq, recv_cq, srq);
+                self.create_qp(g, &request, r);
+            }
+            16..=18 => {
+                let qp = self.handle(g, Qp, r);
+                self.run(g, &q::modify_qp(r, qp), r);
+            }
+            19 => {
+                let qp = self.handle(g, Qp, r);
+                let mask = r.u32();
+                self.run(g, &q::two_words(Opcode::QueryQp, qp, mask), r);
+            }
+            20 => {
+                let qp = self.handle(g, Qp, r);
+                self.run(g, &q::handle_request(Opcode::DestroyQp, qp), r);
+            }
+            21 => {
+                let pd = self.handle(g, Pd, r);
+                self.create(g, Srq, &q::create_srq(r, pd), r);
+            }
+            22 => {
+                let srq = self.handle(g, Srq, r);
+                let request = match r.below(3) {
+                    0 => q::modify_srq(r, srq),
+                    1 => q::handle_request(Opcode::QuerySrq, srq),
+                    _ => q::handle_request(Opcode::DestroySrq, srq),
+                };
+                self.run(g, &request, r);
+            }
+            23 => {
+                let pd = self.handle(g, Pd, r);
+                self.create(g, Ah, &q::create_ah(r, pd), r);
+            }
+            24 => {
+                let ah = self.handle(g, Ah, r);
+                self.run(g, &q::handle_request(Opcode::DestroyAh, ah), r);
+            }
+            25 => {
+                let (request, gpa) = q::set_doorbell_area(r, slots);
+                if self.run(g, &request, r).is_some() {
+                    self.slots[g].area = Some(gpa);
+                }
+            }
+            26 => {
+                let op = r.pick(&[
+                    Opcode::QueryDevice,
+                    Opcode::QueryPort,
+                    Opcode::QueryGid,
+                    Opcode::QueryPkey,
+                    Opcode::QueryGidTable,
+                ]);
+                let request = if op == Opcode::QueryDevice {
+                    q::request(op, &[])
+                } else {
+                    let port = if r.chance(90) { 1 } else { r.u32() };
+                    q::two_words(op, port, if r.chance(90) { r.below(20) } else { r.u32() })
+                };
+                self.run(g, &request, r);
+            }
+            27 => self.slots[g].doorbells(r),
+            28 => self.slots[g].host_events(&self.fake, r),
+            29 => self.slots[g].change_memory(r),
+            30 => {
+                let mut w = self.fake.world();
+                w.fail_next = Some(if self.config.fail_destroys && r.chance(50) {
+                    r.pick(&FAILING_DESTROYS)
+                } else {
+                    r.pick(&FAILING_COMMANDS)
+                });
+            }
+            31 => {
+                self.run(g, &q::request(Opcode::DiscardState, &[]), r);
+                // Unless the device had failed, nothing is left.
+                if self.slots[g].guest.dev().object_counts().is_empty() {
+                    check_released(&self.fake, self.slots[g].context);
+                }
+            }
+            32 => self.reset_or_reconnect(g, r),
+            33 => self.set_up(g, r),
+            _ => {
+                let request = q::raw(r);
+                self.run(g, &request, r);
+            }
+        }
+    }
+
+    /// What a driver does first: a PD, a CQ, the doorbell area, and an RC QP on them.
+    fn set_up(&mut self, g: usize, r: &mut ByteReader<'_>) {
+        use requests as q;
+        use ResourceKind::*;
+        let slots = self.slots[g].guest.dev().options().doorbell_slots();
+        let pd = self.create(g, Pd, &q::request(Opcode::AllocPd, &[]), r);
+        let cq = self.create(g, Cq, &q::two_words(Opcode::CreateCq, 16, 0), r);
+        let area = RAM_BASE + 48 * PAGE;
+        let mut body = area.to_le_bytes().to_vec();
+        body.extend_from_slice(&slots.to_le_bytes());
+        body.extend_from_slice(&[0; 4]);
+        if self
+            .run(g, &q::request(Opcode::SetDoorbellArea, &body), r)
+            .is_some()
+        {
+            self.slots[g].area = Some(area);
+        }
+        let handle_of = |resp: Option<Vec<u8>>| {
+            resp.map(|b| u32::from_le_bytes(b[HEADER_SIZE..HEADER_SIZE + 4].try_into().unwrap()))
+        };
+        if let (Some(pd), Some(cq)) = (handle_of(pd), handle_of(cq)) {
+            let mut body = Vec::new();
+            for v in [pd, cq, cq, 0, 16, 16, 2, 2, 64] {
+                body.extend_from_slice(&v.to_le_bytes());
+            }
+            body.extend_from_slice(&[2, 0, 0, 0]);
+            self.create_qp(g, &q::request(Opcode::CreateQp, &body), r);
+        }
+    }
+
+    /// Runs a CREATE_QP and remembers the QP and its doorbell index.
+    fn create_qp(&mut self, g: usize, request: &[u8], r: &mut ByteReader<'_>) {
+        if let Some(resp) = self.create(g, ResourceKind::Qp, request, r) {
+            let at = HEADER_SIZE + 28;
+            let index = u32::from_le_bytes(resp[at..at + 4].try_into().unwrap());
+            let indices = &mut self.slots[g].doorbell_indices;
+            if indices.len() == REMEMBERED {
+                indices.remove(0);
+            }
+            indices.push(index);
+        }
+    }
+
+    /// Resets guest `g`'s device (the driver then accepts features again), or disconnects it
+    /// and connects a new guest in its place.
+    fn reset_or_reconnect(&mut self, g: usize, r: &mut ByteReader<'_>) {
+        let context = self.slots[g].context;
+        if r.chance(70) {
+            let guest = &self.slots[g].guest;
+            guest.dev().reset();
+            // As QEMU does on a device reset.
+            guest.frontend.forget_mappings();
+            check_released(&self.fake, context);
+            assert!(
+                guest.dev().object_counts().is_empty(),
+                "a reset left objects"
+            );
+            let features = if r.chance(80) {
+                FEATURES
+            } else {
+                u64::from(r.u8())
+            };
+            guest.dev().features_acked(VIRTIO_F_VERSION_1 | features);
+            self.slots[g].area = None;
+        } else {
+            let fresh = Slot::new(&self.fake, &self.factory, FEATURES);
+            let old = std::mem::replace(&mut self.slots[g], fresh);
+            drop(old);
+            check_released(&self.fake, context);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::bytes::fixed_seed_inputs;
+    use super::*;
+
+    #[test]
+    fn fixed_seed_sequences_keep_every_invariant() {
+        let mut ok = std::collections::BTreeMap::new();
+        let mut steps = 0;
+        for input in fixed_seed_inputs(0x5eed_0001, 150, 2048) {
+            let stats = run_handler_sequence_with(&input, SequenceConfig::default());
+            steps += stats.steps;
+            for (op, n) in stats.ok {
+                *ok.entry(op).or_insert(0) += n;
+            }
+        }
+        eprintln!("{steps} steps; successes by opcode: {ok:x?}");
+        // The generator reaches every creation, not only failures.
+        for op in [
+            Opcode::AllocPd,
+            Opcode::RegMr,
+            Opcode::AllocMw,
+            Opcode::CreateCq,
+            Opcode::CreateQp,
+            Opcode::ModifyQp,
+            Opcode::CreateSrq,
+            Opcode::CreateAh,
+            Opcode::SetDoorbellArea,
+            Opcode::ReregMr,
+        ] {
+            assert!(
+                ok.get(&(op as u16)).copied().unwrap_or(0) > 0,
+                "no successful {op:?}"
+            );
+        }
+    }
+}
