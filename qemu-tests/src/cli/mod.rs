@@ -17,5 +17,6 @@ pub mod process_pingpong;
 pub mod qtest_pingpong;
 pub mod real_guest;
 pub mod run;
+pub mod tenants;
 pub mod verbs_utils;
 pub mod vm_args;

@@ -9,4 +9,5 @@ pub mod process_pingpong;
 pub mod qtest_pingpong;
 pub mod readme_qemu;
 pub mod real_guest;
+pub mod tenants;
 pub mod verbs_utils;

@@ -80,6 +80,21 @@ pub struct Run {
     /// The result lines each side printed.
     pub server_report: Vec<String>,
     pub client_report: Vec<String>,
+    /// The GID each side printed as its own (`local address: … GID …`).
+    #[serde(default)]
+    pub server_gid: String,
+    #[serde(default)]
+    pub client_gid: String,
+}
+
+/// The GID a run of one of the examples printed as its own.
+pub fn announced_gid(output: &str) -> String {
+    output
+        .lines()
+        .find(|l| l.contains("local address:"))
+        .and_then(|l| l.split("GID ").nth(1))
+        .map(|gid| gid.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// Runs every program in every pairing; the first failure ends the scenario with both sides'
@@ -127,7 +142,9 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Vec<Run>> {
     Ok(runs)
 }
 
-fn run_pair(program: &Program, server: &Side, client: &Side) -> Result<Run> {
+/// Runs `program` between `server` and `client` (the client connects over loopback TCP); both must
+/// exit 0 with their result lines.
+pub fn run_pair(program: &Program, server: &Side, client: &Side) -> Result<Run> {
     let timeout = Duration::from_secs(300);
     let name = |role: &str| format!("{}-{}-{role}", program.command, side_name(server, client));
     let mut server_proc = Proc::spawn(&name("server"), &mut command(program, server, None))?;
@@ -146,6 +163,8 @@ fn run_pair(program: &Program, server: &Side, client: &Side) -> Result<Run> {
         client: client.label.clone(),
         server_report,
         client_report,
+        server_gid: announced_gid(&server_proc.output()),
+        client_gid: announced_gid(&client_proc.output()),
     })
 }
 

@@ -12,13 +12,15 @@ mod setup;
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use vrdma::verbs::{Context, VerbsError};
 
 pub use setup::Kit;
 
 /// The attacks, by name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize, Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Attack {
     /// MODIFY_QP to RTR with a source GID index that is not one of the guest's.
@@ -68,7 +70,7 @@ pub struct Targets {
 }
 
 /// What one attack did.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Outcome {
     /// The attack.
     pub attack: Option<Attack>,
