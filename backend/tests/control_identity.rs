@@ -17,7 +17,7 @@ use vrdma_backend::identity::provision::{provision, ProvisionError};
 use vrdma_backend::identity::{GuestAddress, GuestIdentity, TrafficPolicy};
 use vrdma_spec::verbs::{AccessFlags, GidType, Mtu, QpAttrMask, QpState};
 use vrdma_spec::wire::{self, *};
-use vrdma_spec::{ControlRequest, Le16, Le32, ResponseBody, Status};
+use vrdma_spec::{ControlRequest, Le32, ResponseBody, Status};
 use vrdma_test_support::fake_host::device::*;
 use vrdma_test_support::fake_host::harness::*;
 use zerocopy::FromZeros;
@@ -199,20 +199,7 @@ fn host_wide_counters_are_never_shown() {
 
 /// An address vector from guest GID `sgid_index` to `dgid`.
 fn av(sgid_index: u8, dgid: [u8; 16]) -> wire::AhAttr {
-    wire::AhAttr {
-        dgid,
-        flow_label: Le32::ZERO,
-        sgid_index,
-        hop_limit: 64,
-        traffic_class: 0,
-        sl: 0,
-        dlid: Le16::ZERO,
-        src_path_bits: 0,
-        static_rate: 0,
-        is_global: 1,
-        port_num: 1,
-        reserved: Le16::ZERO,
-    }
+    roce_av(sgid_index, dgid)
 }
 
 fn create_ah(guest: &TestGuest, pd: u32, attr: wire::AhAttr) -> Result<CreateAhResp, Status> {

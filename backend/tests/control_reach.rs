@@ -16,7 +16,7 @@ use vrdma_backend::memory::budget::{HostBudget, HostBudgetLimits};
 use vrdma_backend::resources::quotas::Quotas;
 use vrdma_spec::verbs::{AccessFlags, Mtu, QpAttrMask, QpState};
 use vrdma_spec::wire::{self, ModifyQpReq};
-use vrdma_spec::{ControlRequest, Le16, Le32, Status};
+use vrdma_spec::{ControlRequest, Le32, Status};
 use vrdma_test_support::fake_host::device::*;
 use vrdma_test_support::fake_host::harness::*;
 use zerocopy::FromZeros;
@@ -111,20 +111,7 @@ fn to_rtr(guest: &TestGuest, qp: u32, dgid: [u8; 16], dest_qpn: u32) -> Status {
     attr.dest_qp_num = Le32::new(dest_qpn);
     attr.min_rnr_timer = 12;
     attr.max_dest_rd_atomic = 1;
-    attr.ah_attr = wire::AhAttr {
-        dgid,
-        flow_label: Le32::ZERO,
-        sgid_index: 0,
-        hop_limit: 64,
-        traffic_class: 0,
-        sl: 0,
-        dlid: Le16::ZERO,
-        src_path_bits: 0,
-        static_rate: 0,
-        is_global: 1,
-        port_num: 1,
-        reserved: Le16::ZERO,
-    };
+    attr.ah_attr = roce_av(0, dgid);
     let mask = M::STATE
         | M::AV
         | M::PATH_MTU

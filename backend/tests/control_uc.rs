@@ -9,7 +9,7 @@ use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::features::*;
 use vrdma_spec::verbs::{AccessFlags, Mtu, QpAttrMask, QpState, QpType};
 use vrdma_spec::wire::{self, *};
-use vrdma_spec::{ControlRequest, Le16, Le32, ResponseBody, Status};
+use vrdma_spec::{ControlRequest, Le32, ResponseBody, Status};
 use vrdma_test_support::fake_host::device::*;
 use vrdma_test_support::fake_host::harness::*;
 use zerocopy::FromZeros;
@@ -42,20 +42,7 @@ fn modify(qp: u32, next: QpState, mask: QpAttrMask) -> ControlRequest<'static> {
     attr.min_rnr_timer = 12;
     attr.max_rd_atomic = 1;
     attr.max_dest_rd_atomic = 1;
-    attr.ah_attr = wire::AhAttr {
-        dgid: GID0,
-        flow_label: Le32::ZERO,
-        sgid_index: 0,
-        hop_limit: 64,
-        traffic_class: 0,
-        sl: 0,
-        dlid: Le16::ZERO,
-        src_path_bits: 0,
-        static_rate: 0,
-        is_global: 1,
-        port_num: 1,
-        reserved: Le16::ZERO,
-    };
+    attr.ah_attr = roce_av(0, GID0);
     ControlRequest::ModifyQp(ModifyQpReq {
         qp: Le32::new(qp),
         attr_mask: Le32::new((M::STATE | mask).bits()),

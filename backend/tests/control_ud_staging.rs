@@ -13,8 +13,8 @@ use vrdma_spec::doorbell::{RING_WORD, TAIL_WORD};
 use vrdma_spec::features::*;
 use vrdma_spec::rxe_v1::{self, header, RxeAv, RxeSendWqe, RxeSendWrUnion, RxeSge, RxeUdWr};
 use vrdma_spec::verbs::{send_flags, QpAttrMask, QpState, WrOpcode};
-use vrdma_spec::wire::{self, *};
-use vrdma_spec::{ControlRequest, Le16, Le32, Le64, ResponseBody, Status};
+use vrdma_spec::wire::*;
+use vrdma_spec::{ControlRequest, Le32, Le64, ResponseBody, Status};
 use vrdma_test_support::fake_host::device::*;
 use vrdma_test_support::fake_host::harness::*;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
@@ -42,20 +42,7 @@ fn create_ah(guest: &TestGuest, pd: u32) -> u32 {
     let req = ControlRequest::CreateAh(CreateAhReq {
         pd: Le32::new(pd),
         reserved: Le32::ZERO,
-        ah_attr: wire::AhAttr {
-            dgid: GID0,
-            flow_label: Le32::ZERO,
-            sgid_index: 0,
-            hop_limit: 64,
-            traffic_class: 0,
-            sl: 0,
-            dlid: Le16::ZERO,
-            src_path_bits: 0,
-            static_rate: 0,
-            is_global: 1,
-            port_num: 1,
-            reserved: Le16::ZERO,
-        },
+        ah_attr: roce_av(0, GID0),
     });
     match guest.ok(req) {
         ResponseBody::CreateAh(r) => r.ah.get(),

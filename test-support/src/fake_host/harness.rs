@@ -204,6 +204,25 @@ pub fn handle(h: u32) -> HandleReq {
 }
 
 /// CREATE_QP of an RC QP on `pd` with `cq` for both queues and SRQ `srq` (0 for none).
+/// A RoCE address vector on port 1 from guest GID `sgid_index` to `dgid` (GRH, hop limit 64,
+/// traffic class and SL 0).
+pub fn roce_av(sgid_index: u8, dgid: [u8; 16]) -> AhAttr {
+    AhAttr {
+        dgid,
+        flow_label: Le32::ZERO,
+        sgid_index,
+        hop_limit: 64,
+        traffic_class: 0,
+        sl: 0,
+        dlid: Le16::ZERO,
+        src_path_bits: 0,
+        static_rate: 0,
+        is_global: 1,
+        port_num: 1,
+        reserved: Le16::ZERO,
+    }
+}
+
 pub fn qp_req(pd: u32, cq: u32, srq: u32) -> CreateQpReq {
     CreateQpReq {
         pd: Le32::new(pd),
