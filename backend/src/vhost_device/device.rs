@@ -17,6 +17,7 @@ use vmm_sys_util::epoll::EventSet;
 
 use vrdma_spec::queue::NUM_QUEUES;
 
+use super::chain_layout::check_order;
 use super::event_queue::{Placement, DEFAULT_EVENT_CAPACITY};
 use super::guest_context::GuestContext;
 use super::handler::{CommandRejection, DeviceHandler};
@@ -258,6 +259,11 @@ impl<H: DeviceHandler> VhostUserDevice<H> {
     /// Executes one control chain; returns the number of response bytes written.
     fn execute(&self, mem: &MemoryGuard, chain: Chain) -> u32 {
         let head = chain.head_index();
+        if let Err(e) = check_order(&chain) {
+            self.faults
+                .report(format_args!("controlq chain {head}: {e}"));
+            return 0;
+        }
         let mut reader = match Reader::new(&**mem, chain.clone()) {
             Ok(reader) => reader,
             Err(e) => {
@@ -336,6 +342,11 @@ impl<H: DeviceHandler> VhostUserDevice<H> {
 
     fn ring_doorbell(&self, mem: &MemoryGuard, chain: Chain) {
         let head = chain.head_index();
+        if let Err(e) = check_order(&chain) {
+            self.faults
+                .report(format_args!("doorbellq chain {head}: {e}"));
+            return;
+        }
         let mut reader = match Reader::new(&**mem, chain) {
             Ok(reader) => reader,
             Err(e) => {
@@ -402,8 +413,13 @@ impl<H: DeviceHandler> VhostUserDevice<H> {
             }
         };
         let head = chain.head_index();
-        let written = match Writer::new(&**mem, chain) {
-            Ok(mut writer) if writer.available_bytes() >= event.len() => {
+        let written = match check_order(&chain).map(|()| Writer::new(&**mem, chain)) {
+            Err(e) => {
+                self.faults
+                    .report(format_args!("eventq buffer {head}: {e}"));
+                None
+            }
+            Ok(Ok(mut writer)) if writer.available_bytes() >= event.len() => {
                 match writer.write_all(event) {
                     Ok(()) => Some(event.len() as u32),
                     Err(e) => {
@@ -413,7 +429,7 @@ impl<H: DeviceHandler> VhostUserDevice<H> {
                     }
                 }
             }
-            Ok(writer) => {
+            Ok(Ok(writer)) => {
                 self.faults.report(format_args!(
                     "eventq buffer {head}: {} bytes cannot hold a {}-byte event",
                     writer.available_bytes(),
@@ -421,7 +437,7 @@ impl<H: DeviceHandler> VhostUserDevice<H> {
                 ));
                 None
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 self.faults
                     .report(format_args!("eventq buffer {head}: unwritable: {e}"));
                 None

@@ -15,7 +15,9 @@
 //!   `vhost_user_backend.rs`: its `VhostUserBackend` impl, what the daemon calls.
 //! - [`handler`]: the [`DeviceHandler`](handler::DeviceHandler) trait the device logic implements;
 //!   [`guest_context`], [`event_queue`], [`shmem`]: what the handler can reach of the guest.
+//! - [`chain_layout`]: the descriptor order every chain must have (readable, then writable).
 
+pub mod chain_layout;
 pub mod event_queue;
 pub mod guest_context;
 pub mod handler;
