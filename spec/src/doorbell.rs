@@ -182,10 +182,13 @@ impl<'a> DoorbellArea<'a> {
     }
 
     /// Device side: consumes queued entries starting at `*head` and calls `kick` once per valid
-    /// index, after clearing its `pending` flag. Stops at the first empty slot (a driver between
-    /// its fetch-add and its store notifies again afterwards) or after one lap of the ring, so a
+    /// index whose `pending` flag it clears. Stops at the first empty slot (a driver between its
+    /// fetch-add and its store notifies again afterwards) or after one lap of the ring, so a
     /// driver that scribbles over the area cannot keep the device busy. Indices at or beyond the
-    /// slot count are dropped. Returns the number of entries consumed.
+    /// slot count are dropped, and so are entries whose `pending` flag is already clear: a
+    /// driver queues an index only after setting its flag, so such an entry repeats one already
+    /// kicked (a ring filled with one index costs one kick, not one per entry). Returns the
+    /// number of entries consumed.
     pub fn drain(&self, head: &mut u32, mut kick: impl FnMut(u32)) -> usize {
         let mask = self.ring.len() - 1;
         let mut consumed = 0;
@@ -199,8 +202,8 @@ impl<'a> DoorbellArea<'a> {
             *head = head.wrapping_add(1);
             consumed += 1;
             let index = value - 1;
-            if let Some(pending) = self.pending.get(index as usize) {
-                pending.swap(0, Ordering::AcqRel);
+            let queued = self.pending.get(index as usize);
+            if queued.is_some_and(|pending| pending.swap(0, Ordering::AcqRel) != 0) {
                 kick(index);
             }
         }
@@ -303,6 +306,27 @@ mod tests {
     /// producer: the test fails instead of hanging. Waiting right after the kick puts the next
     /// ring exactly in the window between the device's kick and its clearing of `pending`,
     /// where an implementation that clears after kicking loses doorbells.
+    #[test]
+    fn a_ring_filled_with_one_index_costs_one_kick() {
+        const SLOTS: u32 = 1024;
+        let w = words(SLOTS);
+        let area = DoorbellArea::new(&w, SLOTS).unwrap();
+        // The driver queues QP 7 properly once, then writes its index into every other slot.
+        assert!(area.ring(7));
+        for slot in 1..SLOTS as usize {
+            w[RING_WORD + slot].store(7 + 1, Ordering::Relaxed);
+        }
+        let mut head = 0;
+        let mut kicks = 0;
+        assert_eq!(area.drain(&mut head, |_| kicks += 1), SLOTS as usize);
+        assert_eq!(kicks, 1, "one kick for one queued QP, however many entries repeat it");
+        // Entries whose flag nobody set (never queued) cost nothing either.
+        w[RING_WORD].store(3 + 1, Ordering::Relaxed);
+        let mut head = 0;
+        assert_eq!(area.drain(&mut head, |_| kicks += 1), 1);
+        assert_eq!(kicks, 1);
+    }
+
     #[test]
     fn no_doorbell_is_lost_under_contention() {
         const QPS: u32 = 8;
