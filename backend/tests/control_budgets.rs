@@ -294,3 +294,32 @@ fn discard_revocation_and_disconnect_release_everything() {
     second.dev().reset();
     assert_eq!(daemon(&factory), (0, 0));
 }
+
+#[test]
+fn a_host_mr_whose_deregistration_failed_stays_mapped_until_a_later_discard() {
+    let (fake, factory) = factory(options(64, 1024), 1024, 1024);
+    let guest = TestGuest::from_factory(&factory, VRDMA_F_RING_RXE_V1);
+    let pd = guest.alloc_pd();
+    register(&guest, pd, &scattered(0, 3)).unwrap();
+    // The host refuses the deregistration during the discard: its MR still pins the pages and
+    // accepts its rkey, so its window stays mapped and charged (forgetting it would leave the
+    // host MR reaching memory the device no longer accounts for).
+    fake.world().fail_next = Some("DEREG_MR");
+    assert_eq!(guest.status(ControlRequest::DiscardState), Status::Ok);
+    assert_eq!(fake.world().mrs.len(), 1, "the host MR is still registered");
+    assert_eq!(daemon(&factory), (3, 3), "its window stays charged");
+    // The next discard (a reset, a new driver's DISCARD_STATE) deregisters it.
+    assert_eq!(guest.status(ControlRequest::DiscardState), Status::Ok);
+    assert!(fake.world().mrs.is_empty());
+    assert_eq!(daemon(&factory), (0, 0));
+    assert_eq!(usage(&guest), MemoryUsage::default());
+
+    // Failing again, it waits for the disconnect, which closes the host context.
+    let pd = guest.alloc_pd();
+    register(&guest, pd, &scattered(0, 2)).unwrap();
+    fake.world().fail_next = Some("DEREG_MR");
+    assert_eq!(guest.status(ControlRequest::DiscardState), Status::Ok);
+    assert_eq!(daemon(&factory), (2, 2));
+    drop(guest);
+    assert_eq!(daemon(&factory), (0, 0));
+}

@@ -319,7 +319,10 @@ mod tests {
         let mut head = 0;
         let mut kicks = 0;
         assert_eq!(area.drain(&mut head, |_| kicks += 1), SLOTS as usize);
-        assert_eq!(kicks, 1, "one kick for one queued QP, however many entries repeat it");
+        assert_eq!(
+            kicks, 1,
+            "one kick for one queued QP, however many entries repeat it"
+        );
         // Entries whose flag nobody set (never queued) cost nothing either.
         w[RING_WORD].store(3 + 1, Ordering::Relaxed);
         let mut head = 0;

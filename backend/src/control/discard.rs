@@ -1,7 +1,7 @@
 //! Discarding a guest's state (spec §11.1): the DISCARD_STATE command, and the discard of every
 //! object that a reset, a disconnect or a host device failure also performs.
 
-use log::info;
+use log::{info, warn};
 use vrdma_spec::control::ResponseBody;
 
 use super::session::{CommandResult, Session};
@@ -29,10 +29,19 @@ pub(crate) fn discard_all(
 ) -> bool {
     let counts = state.counts();
     let had_area = guest.doorbells().lock().clear();
-    if counts.is_empty() && !had_area {
+    let host = guest.host();
+    // Host MRs an earlier discard could not deregister go first: nothing of the guest may
+    // outlive a discard that can be helped.
+    let had_lingering = !state.lingering_mrs.is_empty() || !state.lingering_pds.is_empty();
+    let lingering = mr::retry_lingering(host, state);
+    if lingering == 0 {
+        for pd in std::mem::take(&mut state.lingering_pds) {
+            pd::release_host(host, pd);
+        }
+    }
+    if counts.is_empty() && !had_area && !had_lingering {
         return false;
     }
-    let host = guest.host();
     // Windows first: a bound one holds its MR and (type 2) its QP in the kernel.
     for (handle, entry) in state.mws.drain() {
         mw::release(host, handle, entry);
@@ -54,18 +63,39 @@ pub(crate) fn discard_all(
         mr::release(host, state, handle, entry);
     }
     for (handle, entry) in state.pds.drain() {
-        pd::release(host, handle, entry);
+        if state.lingering_mrs.is_empty() {
+            pd::release(host, handle, entry);
+        } else {
+            // A host MR still registered may be in it: the host would refuse (and the PD
+            // would be forgotten); deallocate it after the MR.
+            state.lingering_pds.push(entry.host);
+        }
     }
     state.mr_bytes = 0;
-    // Every window was given back above; this also drops what a lost window left charged.
-    state.memory.clear();
+    // Every window was given back above, but for those of MRs still registered on the host.
+    if state.lingering_mrs.is_empty() {
+        // This also drops what a lost window left charged.
+        state.memory.clear();
+    } else {
+        warn!(
+            "guest {}: {} host MRs could not be deregistered; they stay mapped until the next \
+             discard or the disconnect",
+            guest.id(),
+            state.lingering_mrs.len()
+        );
+    }
     state.owners.clear();
     state.shm.clear();
     state.announce_discard = true;
     let epoch = guest.advance_epoch();
     info!(
-        "guest {}: discarded {counts}; epoch is now {epoch}",
-        guest.id()
+        "guest {}: discarded {counts}; epoch is now {epoch}{}",
+        guest.id(),
+        if lingering > 0 {
+            " (MRs still registered on the host)"
+        } else {
+            ""
+        }
     );
     true
 }

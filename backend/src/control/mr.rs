@@ -218,13 +218,26 @@ pub(super) fn deregister(
     live: LiveMr,
 ) {
     if let Err(e) = host.dereg_mr(live.host.handle) {
-        // Closing the host context releases it all the same.
+        // The host MR still pins the pages and accepts its rkey: keep its window mapped and
+        // charged, and try again at the next discard (closing the host context at disconnect
+        // releases it in any case).
         warn!(
-            "dereg of MR {handle} (host {}) failed: {e}",
+            "dereg of MR {handle} (host {}) failed: {e}; kept until a later discard",
             live.host.handle
         );
+        state.lingering_mrs.push((handle, live));
+        return;
     }
     unmap_window(state, live.window);
+}
+
+/// Tries again to deregister the host MRs whose deregistration failed; those that fail again
+/// stay. Returns how many are left.
+pub(crate) fn retry_lingering(host: &dyn HostContext, state: &mut GuestState) -> usize {
+    for (handle, live) in std::mem::take(&mut state.lingering_mrs) {
+        deregister(host, state, handle, live);
+    }
+    state.lingering_mrs.len()
 }
 
 /// Largest MR length: the host's limit, within the guest's MR byte quota.

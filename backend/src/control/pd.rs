@@ -6,7 +6,7 @@ use vrdma_spec::{Le32, ResponseBody};
 
 use super::session::{host_err, CommandResult, Session};
 use crate::guest::objects::PdEntry;
-use crate::host::HostContext;
+use crate::host::{HostContext, PdHandle};
 use crate::resources::kind::{ResourceError, ResourceKind};
 use crate::resources::table::Handle;
 
@@ -50,5 +50,12 @@ pub(crate) fn dealloc_pd(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
 pub(crate) fn release(host: &dyn HostContext, handle: Handle, entry: PdEntry) {
     if let Err(e) = host.dealloc_pd(entry.host) {
         warn!("dealloc of PD {handle} (host {}) failed: {e}", entry.host);
+    }
+}
+
+/// Deallocates a host PD whose guest handle is gone.
+pub(crate) fn release_host(host: &dyn HostContext, pd: PdHandle) {
+    if let Err(e) = host.dealloc_pd(pd) {
+        warn!("dealloc of host PD {pd} failed: {e}");
     }
 }

@@ -4,12 +4,15 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::objects::{AhEntry, CqEntry, EventOwner, MrEntry, MwEntry, PdEntry, QpEntry, SrqEntry};
+use super::objects::{
+    AhEntry, CqEntry, EventOwner, LiveMr, MrEntry, MwEntry, PdEntry, QpEntry, SrqEntry,
+};
 use super::options::{DeviceOptions, GuestError};
+use crate::host::PdHandle;
 use crate::memory::budget::{HostBudget, MemoryAccount};
 use crate::memory::queue_region::ShmAllocator;
 use crate::resources::kind::ResourceKind;
-use crate::resources::table::HandleTable;
+use crate::resources::table::{Handle, HandleTable};
 use crate::vhost_device::shmem::SHMEM_PAGE_SIZE;
 
 /// Every object and placement of one guest.
@@ -33,6 +36,13 @@ pub(crate) struct GuestState {
     pub(crate) owners: HashMap<u64, EventOwner>,
     /// State was discarded; tell the guest with DEVICE_FATAL at the next opportunity.
     pub(crate) announce_discard: bool,
+    /// Host MRs whose deregistration failed after their handle was gone (spec §11.1): still
+    /// registered, so their windows stay mapped and charged, and every discard tries again.
+    /// Closing the host context at disconnect releases whatever is left.
+    pub(crate) lingering_mrs: Vec<(Handle, LiveMr)>,
+    /// Host PDs kept while MRs linger (one of them may be in any of these PDs): deallocated
+    /// by the first discard that finds no MR lingering.
+    pub(crate) lingering_pds: Vec<PdHandle>,
 }
 
 impl GuestState {
@@ -57,6 +67,8 @@ impl GuestState {
             next_user_handle: 1,
             owners: HashMap::new(),
             announce_discard: false,
+            lingering_mrs: Vec::new(),
+            lingering_pds: Vec::new(),
         })
     }
 
