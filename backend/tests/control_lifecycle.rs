@@ -303,3 +303,35 @@ fn host_events_become_guest_events() {
         .features_acked(VIRTIO_F_VERSION_1 | ALL_FEATURES);
     guest.alloc_pd();
 }
+
+#[test]
+fn events_queued_for_an_object_are_gone_once_its_destroy_is_answered() {
+    let fake = FakeDevice::new();
+    let guest = TestGuest::new(&fake, test_options(), ALL_FEATURES);
+    let keep = guest.create_cq(4).cq.get();
+    let doomed = guest.create_cq(4).cq.get();
+    let user_handle = |i: usize| *fake.world().cqs.values().nth(i).unwrap();
+    let (uh_keep, uh_doomed) = (user_handle(0), user_handle(1));
+    // The guest supplies no eventq buffer: both completion events wait in the queue.
+    fake.world().comp_events.extend([
+        CompEvent {
+            cq_user_handle: uh_doomed,
+        },
+        CompEvent {
+            cq_user_handle: uh_keep,
+        },
+    ]);
+    guest.dev().fd_ready(guest.ctx(), 0);
+    assert_eq!(guest.ctx().events().len(), 2);
+    assert_eq!(
+        guest.status(ControlRequest::DestroyCq(handle(doomed))),
+        Status::Ok
+    );
+    // Only the event of the CQ that still exists is left to deliver; it goes with its CQ.
+    assert_eq!(guest.ctx().events().len(), 1);
+    assert_eq!(
+        guest.status(ControlRequest::DestroyCq(handle(keep))),
+        Status::Ok
+    );
+    assert_eq!(guest.ctx().events().len(), 0);
+}

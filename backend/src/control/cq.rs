@@ -1,6 +1,7 @@
 //! CREATE_CQ, DESTROY_CQ, ARM_CQ and RESIZE_CQ (spec §7.4).
 
 use log::{debug, warn};
+use vrdma_spec::event::Subject;
 use vrdma_spec::rxe_v1;
 use vrdma_spec::verbs::arm_flags;
 use vrdma_spec::wire::{ArmCqReq, CreateCqReq, CreateCqResp, HandleReq, ResizeCqReq, ResizeCqResp};
@@ -9,6 +10,7 @@ use vrdma_spec::{Le32, ResponseBody};
 use super::error::CommandError;
 use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
+use crate::datapath::events;
 use crate::guest::objects::CqEntry;
 use crate::guest::objects::EventOwner;
 use crate::host::{CqHandle, CqInit, HostContext};
@@ -81,6 +83,7 @@ pub(crate) fn destroy_cq(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
     s.host().destroy_cq(host).map_err(host_err("DESTROY_CQ"))?;
     let entry = s.state.cqs.remove(handle)?;
     s.state.owners.remove(&entry.user_handle);
+    events::forget_object(s.ctx, Subject::Cq, handle);
     rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &entry.ring);
     Ok(ResponseBody::Empty)
 }

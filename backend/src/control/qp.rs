@@ -2,6 +2,7 @@
 
 use log::warn;
 use vrdma_spec::attr::qp::QpCaps;
+use vrdma_spec::event::Subject;
 use vrdma_spec::rxe_v1;
 use vrdma_spec::verbs::{self, QpAttrMask, QpState, QpType};
 use vrdma_spec::wire::{AhAttr, CreateQpReq, CreateQpResp, HandleReq, ModifyQpReq, QueryQpReq};
@@ -14,6 +15,7 @@ use super::error::CommandError;
 use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
 use super::staged_sq::{self, SendQueueMode};
+use crate::datapath::events;
 use crate::datapath::ud_staging::StagedSq;
 use crate::guest::objects::EventOwner;
 use crate::guest::objects::{QpDeps, QpEntry};
@@ -486,6 +488,7 @@ pub(crate) fn destroy_qp(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
     let entry = s.state.qps.remove(handle)?;
     s.guest.doorbells().lock().release(index);
     s.state.owners.remove(&entry.user_handle);
+    events::forget_object(s.ctx, Subject::Qp, handle);
     unmap_rings(Some(s.ctx), &mut s.state.shm, &entry.sq, entry.rq.as_ref());
     entry.deps.release(s.state);
     Ok(ResponseBody::Empty)

@@ -1,6 +1,7 @@
 //! CREATE_SRQ, MODIFY_SRQ, QUERY_SRQ and DESTROY_SRQ (spec §7.4).
 
 use log::warn;
+use vrdma_spec::event::Subject;
 use vrdma_spec::rxe_v1;
 use vrdma_spec::verbs::srq_attr;
 use vrdma_spec::wire::{CreateSrqReq, CreateSrqResp, HandleReq, ModifySrqReq, QuerySrqResp};
@@ -9,6 +10,7 @@ use vrdma_spec::{Le32, ResponseBody};
 use super::error::CommandError;
 use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
+use crate::datapath::events;
 use crate::guest::objects::EventOwner;
 use crate::guest::objects::SrqEntry;
 use crate::host::{HostContext, SrqHandle, SrqInit, SrqModify};
@@ -155,6 +157,7 @@ pub(crate) fn destroy_srq(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
         .map_err(host_err("DESTROY_SRQ"))?;
     let entry = s.state.srqs.remove(handle)?;
     s.state.owners.remove(&entry.user_handle);
+    events::forget_object(s.ctx, Subject::Srq, handle);
     rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &entry.ring);
     if let Err(e) = s.state.pds.release(entry.pd) {
         warn!("SRQ bookkeeping: {e}");

@@ -9,6 +9,7 @@
 //! queued events of an object when it is destroyed, and destruction takes the same lock.
 
 use log::{debug, warn};
+use vrdma_spec::event::Subject;
 use vrdma_spec::{Event, EventType};
 
 use parking_lot::Mutex;
@@ -17,6 +18,7 @@ use crate::guest::objects::EventOwner;
 use crate::guest::shared::GuestShared;
 use crate::guest::state::GuestState;
 use crate::host::{AsyncEvent, AsyncEventKind};
+use crate::resources::table::Handle;
 use crate::vhost_device::event_queue::EventClass;
 use crate::vhost_device::guest_context::GuestContext;
 
@@ -82,7 +84,6 @@ fn push(guest: &GuestShared, ctx: &GuestContext, event: Event, class: EventClass
 /// The guest handle of a live object named by a host `user_handle`, if it has the subject the
 /// event type needs.
 fn object_handle(state: &GuestState, user_handle: u64, event_type: EventType) -> Option<u32> {
-    use vrdma_spec::event::Subject;
     let owner = state.owners.get(&user_handle)?;
     match (owner, event_type.subject()) {
         (EventOwner::Cq(h), Subject::Cq) if state.cqs.contains(*h) => Some(h.raw()),
@@ -90,6 +91,17 @@ fn object_handle(state: &GuestState, user_handle: u64, event_type: EventType) ->
         (EventOwner::Srq(h), Subject::Srq) if state.srqs.contains(*h) => Some(h.raw()),
         _ => None,
     }
+}
+
+/// Drops the queued events about the `subject` object `handle`, whose DESTROY is being
+/// answered: nothing about it may reach the guest after the answer (spec §8). The caller holds
+/// the guest's state lock, which the event pumps take to queue an event, and has already
+/// forgotten the object, so no new event about it can be queued either.
+pub(crate) fn forget_object(ctx: &GuestContext, subject: Subject, handle: Handle) -> usize {
+    ctx.events().discard_where(|bytes| {
+        Event::decode(bytes)
+            .is_ok_and(|e| e.event_type.subject() == subject && e.handle == handle.raw())
+    })
 }
 
 /// Drains the completion channel into COMPLETION events.

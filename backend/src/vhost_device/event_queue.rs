@@ -131,6 +131,17 @@ impl EventQueue {
         self.wake.write(1).map_err(EventError::Wake)
     }
 
+    /// Drops every queued event for which `stale` is true (an event about an object whose
+    /// DESTROY is being answered must not reach the guest after the answer). Delivery holds the
+    /// same lock while it places an event, so none of them is being placed meanwhile. Returns
+    /// how many were dropped.
+    pub fn discard_where(&self, mut stale: impl FnMut(&[u8]) -> bool) -> usize {
+        let mut pending = self.pending.lock();
+        let before = pending.queue.len();
+        pending.queue.retain(|event| !stale(event.bytes()));
+        before - pending.queue.len()
+    }
+
     /// Number of events waiting for a buffer.
     pub fn len(&self) -> usize {
         self.pending.lock().queue.len()
