@@ -91,6 +91,7 @@ fn malformed_input_is_answered_and_never_stops_the_device() {
     guest.ok(ControlRequest::QueryDevice);
     let counts = guest.dev().object_counts();
     assert_eq!(counts.shm_extents, guest.frontend.mapped().len());
+    guest.dev().forget_negotiation();
     guest.dev().reset();
     assert_eq!(fake.world().live(), 0);
 }
@@ -110,6 +111,7 @@ fn reset_releases_everything_and_bumps_the_epoch() {
     let epoch = guest.config().epoch.get();
     assert_eq!(fake.world().live(), 4);
 
+    guest.dev().forget_negotiation();
     guest.dev().reset();
     // As QEMU does on a device reset.
     guest.frontend.forget_mappings();
@@ -117,6 +119,7 @@ fn reset_releases_everything_and_bumps_the_epoch() {
     assert!(guest.dev().object_counts().is_empty());
     assert_eq!(guest.config().epoch.get(), epoch + 1);
     // Reset again: nothing to drop, nothing changes.
+    guest.dev().forget_negotiation();
     guest.dev().reset();
     assert_eq!(guest.config().epoch.get(), epoch + 1);
 
@@ -297,6 +300,7 @@ fn host_events_become_guest_events() {
         }
         other => panic!("{other:?}"),
     }
+    guest.dev().forget_negotiation();
     guest.dev().reset();
     guest
         .dev()
@@ -334,4 +338,22 @@ fn events_queued_for_an_object_are_gone_once_its_destroy_is_answered() {
         Status::Ok
     );
     assert_eq!(guest.ctx().events().len(), 0);
+}
+
+#[test]
+fn a_discard_postponed_past_the_next_drivers_negotiation_leaves_it_alone() {
+    let fake = FakeDevice::new();
+    let guest = TestGuest::new(&fake, test_options(), ALL_FEATURES);
+    guest.alloc_pd();
+    // The reset is requested while a command runs: negotiation is forgotten at once, the
+    // discard waits for the command. Meanwhile the next driver negotiates.
+    guest.dev().forget_negotiation();
+    guest
+        .dev()
+        .features_acked(VIRTIO_F_VERSION_1 | ALL_FEATURES);
+    // The postponed discard drops the old driver's objects and nothing of the new driver's.
+    guest.dev().reset();
+    assert_eq!(fake.world().live(), 0);
+    guest.alloc_pd();
+    assert_eq!(fake.world().pds.len(), 1);
 }

@@ -497,11 +497,16 @@ impl DeviceHandler for GuestDevice {
             .memory_changed(ctx.memory().into_inner());
     }
 
-    fn reset(&self) {
-        let mut state = self.state.lock();
-        discard::discard_all(&self.shared, &mut state, None);
+    fn forget_negotiation(&self) {
         self.failed.store(false, Ordering::Release);
         *self.acked.lock() = None;
+    }
+
+    fn reset(&self) {
+        // Negotiation was forgotten when the reset was requested: this discard may run after
+        // a command the reset interrupted, when the next driver has negotiated already.
+        let mut state = self.state.lock();
+        discard::discard_all(&self.shared, &mut state, None);
     }
 
     fn is_device_mapping(&self, file: &std::fs::File) -> bool {

@@ -5,7 +5,7 @@
 
 use std::io::{self, Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use log::warn;
@@ -60,6 +60,8 @@ pub struct VhostUserDevice<H: DeviceHandler> {
     /// The device was stopped or reset while a command may have been running: guest state
     /// is discarded as soon as no command is (spec §11.1).
     discard_pending: AtomicBool,
+    /// Advanced by every reset request; a command that saw it change was interrupted.
+    generation: AtomicU64,
 }
 
 #[derive(Default)]
@@ -82,6 +84,7 @@ impl<H: DeviceHandler> VhostUserDevice<H> {
             faults: FaultLog::default(),
             exit_consumer_fds: Mutex::new(Vec::new()),
             discard_pending: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
         })
     }
 
@@ -141,9 +144,11 @@ impl<H: DeviceHandler> VhostUserDevice<H> {
     /// Pops, executes and completes control requests until the queue is empty.
     pub(super) fn serve_controlq(&self, vring: &Vring) {
         self.drain_queue(vring, "controlq", |mem, chain| {
+            let generation = self.generation.load(Ordering::Acquire);
             let used_len = self.execute(mem, chain);
+            let interrupted = self.generation.load(Ordering::Acquire) != generation;
             self.finish_pending_discard();
-            used_len
+            (!interrupted).then_some(used_len)
         });
     }
 
@@ -151,6 +156,10 @@ impl<H: DeviceHandler> VhostUserDevice<H> {
     /// running one. Never waits for the command: it may itself be waiting for the front-end
     /// (a SHMEM_MAP reply) while the front-end waits for this stop to be acknowledged.
     pub(super) fn request_discard(&self) {
+        self.handler.forget_negotiation();
+        // A command running now belongs to the driver that is gone: its chain is not
+        // completed on the reset ring (spec §11.1, in-flight commands are dropped).
+        self.generation.fetch_add(1, Ordering::AcqRel);
         self.discard_pending.store(true, Ordering::Release);
         if let Some(_no_command_runs) = self.command.try_lock() {
             if self.discard_pending.swap(false, Ordering::AcqRel) {
@@ -181,7 +190,7 @@ impl<H: DeviceHandler> VhostUserDevice<H> {
         self.drain_queue(vring, "doorbellq", |mem, chain| {
             chains += 1;
             self.ring_doorbell(mem, chain);
-            0
+            Some(0)
         });
         if chains == 0 {
             self.handler.doorbell(&self.ctx, &[]);
@@ -197,7 +206,7 @@ impl<H: DeviceHandler> VhostUserDevice<H> {
         &self,
         vring: &Vring,
         name: &str,
-        mut serve: impl FnMut(&MemoryGuard, Chain) -> u32,
+        mut serve: impl FnMut(&MemoryGuard, Chain) -> Option<u32>,
     ) {
         let mem = self.ctx.memory();
         loop {
@@ -217,7 +226,10 @@ impl<H: DeviceHandler> VhostUserDevice<H> {
                     }
                 };
                 let head = chain.head_index();
-                let used_len = serve(&mem, chain);
+                // `None`: the queue was reset under the chain; it and the rest are dropped.
+                let Some(used_len) = serve(&mem, chain) else {
+                    return;
+                };
                 self.complete(vring, name, head, used_len);
             }
             if !self.event_idx() {
