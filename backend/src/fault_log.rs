@@ -28,12 +28,35 @@ impl FaultLog {
     /// Reports one fault.
     pub fn report(&self, what: fmt::Arguments<'_>) {
         let n = self.count.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-        let shown = n <= Self::ALWAYS_SHOWN || n.is_power_of_two();
-        match (self.guest, shown) {
+        match (self.guest, Self::shown(n)) {
             (Some(guest), true) => warn!("guest {guest}: error #{n}: {what}"),
             (Some(guest), false) => debug!("guest {guest}: error #{n}: {what}"),
             (None, true) => warn!("guest error #{n}: {what}"),
             (None, false) => debug!("guest error #{n}: {what}"),
         }
+    }
+}
+
+impl FaultLog {
+    /// Whether report number `n` (from 1) goes to the log at warn level.
+    fn shown(n: u64) -> bool {
+        n <= Self::ALWAYS_SHOWN || n.is_power_of_two()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_of_faults_costs_a_logarithmic_number_of_lines() {
+        let shown = (1..=20_000).filter(|&n| FaultLog::shown(n)).count();
+        // 1..=8, then 16, 32, ..., 16384.
+        assert_eq!(shown, 8 + 11);
+        let log = FaultLog::for_guest(7);
+        for _ in 0..20_000 {
+            log.report(format_args!("malformed"));
+        }
+        assert_eq!(log.count.load(Ordering::Relaxed), 20_000);
     }
 }

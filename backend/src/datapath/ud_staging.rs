@@ -21,11 +21,12 @@ use std::mem::size_of;
 use std::sync::atomic::Ordering::{Acquire, Release};
 use std::sync::Arc;
 
-use log::{debug, warn};
+use log::warn;
 use vrdma_spec::rxe_v1::{self, header, RxeSendWqe};
 use vrdma_spec::verbs::{QpAttrMask, QpState};
 use vrdma_spec::wire::QpAttr;
 
+use crate::fault_log::FaultLog;
 use crate::host::{HostContext, QpHandle};
 use crate::identity::endpoints::LocalEndpoints;
 use crate::memory::queue_region::ShmRange;
@@ -51,8 +52,6 @@ pub struct StagedSq {
     position: u32,
     /// The guest published an impossible index: its doorbells are ignored from then on.
     poisoned: bool,
-    /// A refusal was logged: later ones only at debug level (one line per QP, not per WQE).
-    refusal_logged: bool,
     /// One slot, the private copy checks work on.
     scratch: Box<[u8]>,
 }
@@ -121,7 +120,6 @@ impl StagedSq {
             max_inline: init.max_inline,
             position: 0,
             poisoned: false,
-            refusal_logged: false,
             scratch: vec![0; slot].into_boxed_slice(),
         })
     }
@@ -153,18 +151,18 @@ impl StagedSq {
     /// Copies, checks and forwards every WQE the guest staged since the last pump (as many as
     /// the host ring has room for), then kicks the host QP. `ahs` are the guest's address
     /// handles. Returns the number of WQEs forwarded (neutralised ones included).
-    pub fn pump(&mut self, host: &dyn HostContext, ahs: &StagedAhs) -> usize {
+    pub fn pump(&mut self, host: &dyn HostContext, ahs: &StagedAhs, faults: &FaultLog) -> usize {
         if self.poisoned {
             return 0;
         }
         let producer = self.staging_word(header::PRODUCER_INDEX).load(Acquire);
         if producer > self.index_mask {
             self.poisoned = true;
-            warn!(
+            faults.report(format_args!(
                 "host QP {}: staged producer index {producer:#x} is beyond the ring (mask \
                  {:#x}); moving the QP to ERR and ignoring its doorbells",
                 self.host_qp, self.index_mask
-            );
+            ));
             move_to_error(host, self.host_qp);
             return 0;
         }
@@ -180,18 +178,11 @@ impl StagedSq {
                 break;
             }
             if let Err(why) = self.forward(self.position, ahs) {
-                if !std::mem::replace(&mut self.refusal_logged, true) {
-                    warn!(
-                        "host QP {}: staged WQE {} refused ({why}); moving the QP to ERR \
-                         (further refusals on this QP are logged at debug level)",
-                        self.host_qp, self.position
-                    );
-                } else {
-                    debug!(
-                        "host QP {}: staged WQE {} refused ({why})",
-                        self.host_qp, self.position
-                    );
-                }
+                // Rate-limited per guest: a guest can make refusals on new QPs at will.
+                faults.report(format_args!(
+                    "host QP {}: staged WQE {} refused ({why}); moving the QP to ERR",
+                    self.host_qp, self.position
+                ));
                 refused = true;
             }
             self.position = next;
@@ -288,6 +279,8 @@ fn move_to_error(host: &dyn HostContext, qp: QpHandle) {
 pub struct UdStaging {
     sqs: Vec<Option<StagedSq>>,
     ahs: StagedAhs,
+    /// The guest's refused WQEs and impossible indices, logged rate-limited.
+    faults: FaultLog,
 }
 
 impl UdStaging {
@@ -296,6 +289,7 @@ impl UdStaging {
         UdStaging {
             sqs: (0..slots).map(|_| None).collect(),
             ahs: StagedAhs::new(endpoints),
+            faults: FaultLog::default(),
         }
     }
 
@@ -328,7 +322,7 @@ impl UdStaging {
     pub fn ring(&mut self, index: u32, host: &dyn HostContext) -> bool {
         match self.sqs.get_mut(index as usize) {
             Some(Some(sq)) => {
-                sq.pump(host, &self.ahs);
+                sq.pump(host, &self.ahs, &self.faults);
                 true
             }
             _ => false,
