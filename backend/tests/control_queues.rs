@@ -245,18 +245,8 @@ fn address_handles_need_ud_and_a_valid_vector() {
             pd: Le32::new(pd),
             reserved: Le32::ZERO,
             ah_attr: wire::AhAttr {
-                dgid: GID0,
-                flow_label: Le32::ZERO,
-                sgid_index,
-                hop_limit: 64,
-                traffic_class: 0,
-                sl: 0,
-                dlid: Le16::ZERO,
-                src_path_bits: 0,
-                static_rate: 0,
                 is_global,
-                port_num: 1,
-                reserved: Le16::ZERO,
+                ..roce_av(sgid_index, GID0)
             },
         })
     };

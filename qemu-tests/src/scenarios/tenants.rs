@@ -13,7 +13,7 @@
 //!   running verified ping-pongs with a third one.
 //! - After the daemon stops, rxe holds no object and the addresses it added are gone.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -414,9 +414,4 @@ pub fn render(results: &Results) -> String {
         results.rxe_idle_after_stop
     ));
     out
-}
-
-/// Where the configuration and sockets live (for logs).
-pub fn work_dir() -> PathBuf {
-    std::env::temp_dir().join("vrdma-tenants")
 }
