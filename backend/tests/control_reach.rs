@@ -188,3 +188,40 @@ fn a_discarded_guest_gives_its_qp_numbers_back() {
     d.b.ok(ControlRequest::DiscardState);
     assert_eq!(to_rtr(&d.c, qp, GID0, b_qpn), Status::Ok);
 }
+
+/// RTR→RTS of `qp` with an alternate path towards `alt_dgid` (from the guest's GID 0).
+fn to_rts_with_alternate(guest: &TestGuest, qp: u32, alt_dgid: [u8; 16]) -> Status {
+    let mut attr = wire::QpAttr::new_zeroed().with_qp_state(QpState::Rts);
+    attr.timeout = 14;
+    attr.retry_cnt = 7;
+    attr.rnr_retry = 7;
+    attr.max_rd_atomic = 1;
+    attr.alt_ah_attr = roce_av(0, alt_dgid);
+    attr.alt_port_num = 1;
+    attr.alt_timeout = 14;
+    let mask = M::STATE
+        | M::TIMEOUT
+        | M::RETRY_CNT
+        | M::RNR_RETRY
+        | M::SQ_PSN
+        | M::MAX_QP_RD_ATOMIC
+        | M::ALT_PATH;
+    guest.status(ControlRequest::ModifyQp(ModifyQpReq {
+        qp: Le32::new(qp),
+        attr_mask: Le32::new(mask.bits()),
+        attr,
+    }))
+}
+
+#[test]
+fn the_alternate_path_is_held_to_the_same_rule() {
+    let d = daemon();
+    let (_, b_qpn) = rc_qp(&d.b);
+    let (qp, _) = rc_qp(&d.a);
+    assert_eq!(to_rtr(&d.a, qp, gid(B), b_qpn), Status::Ok);
+    // The destination QP number is the host QP's (the command does not repeat it): through
+    // the host's or A's own address it is not reachable.
+    assert_eq!(to_rts_with_alternate(&d.a, qp, GID0), Status::Invalid);
+    assert_eq!(to_rts_with_alternate(&d.a, qp, gid(A)), Status::Invalid);
+    assert_eq!(to_rts_with_alternate(&d.a, qp, gid(B)), Status::Ok);
+}

@@ -11,3 +11,5 @@ pub mod guest_slot;
 pub mod handlers;
 pub mod invariants;
 pub mod requests;
+pub mod staged_sends;
+pub mod tenancy;

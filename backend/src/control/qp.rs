@@ -402,7 +402,7 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
     };
     attr.port_num = if has(QpAttrMask::PORT) { port } else { 0 };
     if matches!(qp_type, QpType::Rc | QpType::Uc)
-        && (has(QpAttrMask::AV) || has(QpAttrMask::DEST_QPN))
+        && mask.intersects(QpAttrMask::AV | QpAttrMask::DEST_QPN | QpAttrMask::ALT_PATH)
     {
         check_connection_reach(s, host, &a, mask)?;
     }
@@ -414,35 +414,40 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
     Ok(ResponseBody::Empty)
 }
 
-/// Checks that the QP number a connected QP is aimed at lives behind its destination address
-/// (spec §12.1), taking whichever of the two the command does not set from the host QP.
+/// Checks that the QP number a connected QP is aimed at lives behind the destination address
+/// of each of its paths (spec §12.1), taking what the command does not set from the host QP.
+/// The alternate path counts as well: a device that migrates to it would send there.
 fn check_connection_reach(
     s: &Session<'_>,
     host: QpHandle,
     a: &QpAttr,
     mask: QpAttrMask,
 ) -> Result<(), CommandError> {
-    let (dgid, qpn) = if mask.contains(QpAttrMask::AV | QpAttrMask::DEST_QPN) {
-        (a.ah_attr.dgid, a.dest_qp_num.get())
+    let given = QpAttrMask::AV | QpAttrMask::DEST_QPN | QpAttrMask::ALT_PATH;
+    let current = if mask.contains(given) {
+        None
     } else {
-        let current = s
-            .host()
-            .query_qp(host, QpAttrMask::AV | QpAttrMask::DEST_QPN)
-            .map_err(host_err("QUERY_QP"))?
-            .attr;
-        let dgid = if mask.contains(QpAttrMask::AV) {
-            a.ah_attr.dgid
-        } else {
-            current.ah_attr.dgid
-        };
-        let qpn = if mask.contains(QpAttrMask::DEST_QPN) {
-            a.dest_qp_num.get()
-        } else {
-            current.dest_qp_num.get()
-        };
-        (dgid, qpn)
+        Some(
+            s.host()
+                .query_qp(host, given)
+                .map_err(host_err("QUERY_QP"))?
+                .attr,
+        )
     };
-    check_reach(s.guest, &dgid, qpn)
+    let pick = |bit: QpAttrMask| {
+        if mask.contains(bit) {
+            a
+        } else {
+            current.as_ref().unwrap_or(a)
+        }
+    };
+    let qpn = pick(QpAttrMask::DEST_QPN).dest_qp_num.get();
+    check_reach(s.guest, &pick(QpAttrMask::AV).ah_attr.dgid, qpn)?;
+    let alternate = pick(QpAttrMask::ALT_PATH).alt_ah_attr.dgid;
+    if alternate != [0; 16] {
+        check_reach(s.guest, &alternate, qpn)?;
+    }
+    Ok(())
 }
 
 /// Attribute bits QUERY_QP answers with: every legacy attribute (the spec lets the device

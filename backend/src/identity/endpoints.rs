@@ -87,6 +87,12 @@ impl LocalEndpoints {
         self.read().qpns.get(&qpn).copied() == owner
     }
 
+    /// Every claimed QP number and its tenant, in order (for audits: the claims must be
+    /// exactly the tenants' live QPs).
+    pub fn qpn_owners(&self) -> std::collections::BTreeMap<u32, TenantId> {
+        self.read().qpns.iter().map(|(&qpn, &t)| (qpn, t)).collect()
+    }
+
     /// Records that `tenant` owns QP number `qpn` until the returned claim is dropped.
     pub fn claim_qpn(self: &Arc<Self>, tenant: TenantId, qpn: u32) -> QpnClaim {
         self.write().qpns.insert(qpn, tenant);

@@ -18,6 +18,7 @@ use vrdma_spec::config::ring_format;
 use vrdma_spec::rxe_v1;
 use vrdma_spec::verbs::{check_modify_qp, GidType, MwType, PortState, QpAttrMask, QpState, QpType};
 use vrdma_spec::wire::{AhAttr, GidEntry, QpAttr};
+use vrdma_spec::Le32;
 use zerocopy::FromZeros;
 
 use super::ownership::Ownership;
@@ -90,8 +91,30 @@ pub struct World {
     pub qp_paths: HashMap<u32, (AhAttr, AhAttr)>,
     /// The attributes each live AH was created with (host terms).
     pub ah_attrs: BTreeMap<u32, AhAttr>,
+    /// The destination QP number each QP was last given (MODIFY_QP DEST_QPN), returned by
+    /// QUERY_QP.
+    pub qp_dest: HashMap<u32, u32>,
+    /// Every address vector a context gave the device (CREATE_AH, MODIFY_QP AV and ALT_PATH),
+    /// in order, for audits of the source addresses guests use.
+    pub paths_given: Vec<(u64, AhAttr)>,
+    /// Every connection a context set up (a successful MODIFY_QP of an RC or UC QP with AV
+    /// DEST_QPN or ALT_PATH), in order.
+    pub connections: Vec<Connection>,
     /// Which context owns each object, and the commands that named another's.
     pub ownership: Ownership,
+}
+
+/// A connection the fake device was asked to set up: see [`World::connections`].
+#[derive(Debug, Clone, Copy)]
+pub struct Connection {
+    /// The context that owns the QP.
+    pub context: u64,
+    /// The QP (host handle).
+    pub qp: u32,
+    /// Destination GIDs of its primary and alternate path (zero where never set).
+    pub dgids: [[u8; 16]; 2],
+    /// Its destination QP number.
+    pub dest_qpn: u32,
 }
 
 impl World {
@@ -488,6 +511,27 @@ impl HostContext for FakeContext {
         if mask.contains(QpAttrMask::ALT_PATH) {
             paths.1 = attr.alt_ah_attr;
         }
+        let (primary, alternate) = *paths;
+        for (bit, path) in [(QpAttrMask::AV, primary), (QpAttrMask::ALT_PATH, alternate)] {
+            if mask.contains(bit) {
+                w.paths_given.push((self.id, path));
+            }
+        }
+        if mask.contains(QpAttrMask::DEST_QPN) {
+            w.qp_dest.insert(qp.0, attr.dest_qp_num.get());
+        }
+        let connected = matches!(w.qp_types.get(&qp.0), Some(QpType::Rc | QpType::Uc));
+        if connected
+            && mask.intersects(QpAttrMask::AV | QpAttrMask::DEST_QPN | QpAttrMask::ALT_PATH)
+        {
+            let connection = Connection {
+                context: self.id,
+                qp: qp.0,
+                dgids: [primary.dgid, alternate.dgid],
+                dest_qpn: w.qp_dest.get(&qp.0).copied().unwrap_or(0),
+            };
+            w.connections.push(connection);
+        }
         w.modified.push((qp.0, mask, state));
         Ok(())
     }
@@ -510,6 +554,7 @@ impl HostContext for FakeContext {
             attr.ah_attr = *primary;
             attr.alt_ah_attr = *alternate;
         }
+        attr.dest_qp_num = Le32::new(w.qp_dest.get(&qp.0).copied().unwrap_or(0));
         Ok(QpInfo {
             attr,
             sq_sig_all: false,
@@ -524,6 +569,7 @@ impl HostContext for FakeContext {
         w.qp_types.remove(&qp.0);
         w.send_queues.remove(&qp.0);
         w.qp_paths.remove(&qp.0);
+        w.qp_dest.remove(&qp.0);
         w.qps.remove(&qp.0).map(|_| ()).ok_or(DeviceError::Command {
             command: "DESTROY_QP",
             errno: libc::EINVAL,
@@ -574,6 +620,7 @@ impl HostContext for FakeContext {
         w.ownership.adopt(self.id, h);
         w.ahs.insert(h, ());
         w.ah_attrs.insert(h, init.attr);
+        w.paths_given.push((self.id, init.attr));
         Ok(Ah {
             handle: AhHandle(h),
             ah_num: h,

@@ -11,6 +11,7 @@ use vrdma_spec::doorbell::{area_bytes, HEAD_WORD, RING_WORD, TAIL_WORD};
 
 use super::bytes::ByteReader;
 use super::invariants::{check_released, kind_index, KINDS};
+use super::staged_sends::StagedQp;
 use crate::fake_host::device::{memfd, FakeDevice};
 use crate::fake_host::harness::{TestGuest, RAM_BASE, RAM_SIZE};
 
@@ -28,6 +29,10 @@ pub(super) struct Slot {
     pub(super) doorbell_indices: Vec<u32>,
     /// Where it last put its doorbell area.
     pub(super) area: Option<u64>,
+    /// QP numbers of its QPs (live or not).
+    pub(super) qpns: Vec<u32>,
+    /// Its UD QPs with staging rings (live or not).
+    pub(super) staged: Vec<StagedQp>,
 }
 
 impl Slot {
@@ -39,6 +44,8 @@ impl Slot {
             seen: Default::default(),
             doorbell_indices: Vec::new(),
             area: None,
+            qpns: Vec::new(),
+            staged: Vec::new(),
         }
     }
 
@@ -52,30 +59,21 @@ impl Slot {
     /// Writes doorbells (and now and then garbage) into the guest's doorbell area and
     /// notifies the doorbell queue.
     pub(super) fn doorbells(&self, r: &mut ByteReader<'_>) {
-        let slot = self;
-        let slots = slot.guest.dev().options().doorbell_slots();
-        if let Some(area) = slot.area {
-            let memory = slot.guest.memory.memory();
-            let word = |i: usize| GuestAddress(area.wrapping_add(4 * i as u64));
-            let mut tail: u32 = memory.read_obj(word(TAIL_WORD)).unwrap_or(0);
+        let slots = self.guest.dev().options().doorbell_slots();
+        if let Some(area) = self.area {
             for _ in 0..r.below(6) {
-                let index = if !slot.doorbell_indices.is_empty() && r.chance(80) {
-                    r.pick(&slot.doorbell_indices)
+                let index = if !self.doorbell_indices.is_empty() && r.chance(80) {
+                    r.pick(&self.doorbell_indices)
                 } else {
                     r.u32() % (slots + 2)
                 };
-                // Errors: the area may no longer be guest RAM after a memory change.
-                let _ = memory.write_obj(1u32, word(RING_WORD + (slots + index % slots) as usize));
-                let _ = memory.write_obj(
-                    index.wrapping_add(1),
-                    word(RING_WORD + (tail % slots) as usize),
-                );
-                tail = tail.wrapping_add(1);
+                self.ring(index);
             }
+            let memory = self.guest.memory.memory();
+            let word = |i: usize| GuestAddress(area.wrapping_add(4 * i as u64));
             if r.chance(10) {
-                tail = r.u32();
+                let _ = memory.write_obj(r.u32(), word(TAIL_WORD));
             }
-            let _ = memory.write_obj(tail, word(TAIL_WORD));
             if r.chance(10) {
                 let at = r.below((area_bytes(slots) / 4) as u32) as usize;
                 let _ = memory.write_obj(r.u32(), word(at));
@@ -89,7 +87,24 @@ impl Slot {
         } else {
             r.bytes(64)
         };
-        slot.guest.dev().doorbell(slot.guest.ctx(), &chain);
+        self.guest.dev().doorbell(self.guest.ctx(), &chain);
+    }
+
+    /// Rings doorbell slot `index` in the doorbell area as a driver does: the slot's pending
+    /// flag, then the index in the next ring entry, then the tail (no notification).
+    pub(super) fn ring(&self, index: u32) {
+        let Some(area) = self.area else { return };
+        let slots = self.guest.dev().options().doorbell_slots();
+        let memory = self.guest.memory.memory();
+        let word = |i: usize| GuestAddress(area.wrapping_add(4 * i as u64));
+        // Errors: the area may no longer be guest RAM after a memory change.
+        let tail: u32 = memory.read_obj(word(TAIL_WORD)).unwrap_or(0);
+        let _ = memory.write_obj(1u32, word(RING_WORD + (slots + index % slots) as usize));
+        let _ = memory.write_obj(
+            index.wrapping_add(1),
+            word(RING_WORD + (tail % slots) as usize),
+        );
+        let _ = memory.write_obj(tail.wrapping_add(1), word(TAIL_WORD));
     }
 
     /// Queues host events naming the guest's objects (or others, or nothing) and lets the

@@ -7,23 +7,29 @@
 //! the next host command, device resets, DISCARD_STATE and disconnects. After every step the
 //! [`invariants`](super::invariants) must hold for both guests.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use vrdma_backend::guest::device::GuestDeviceFactory;
 use vrdma_backend::guest::options::DeviceOptions;
 use vrdma_backend::resources::kind::ResourceKind;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::control::{HEADER_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::{VIRTIO_F_VERSION_1, VRDMA_F_MW};
+use vrdma_spec::wire::CreateQpResp;
 use vrdma_spec::{ControlResponse, Opcode, Status};
+use zerocopy::FromBytes;
 
 use super::bytes::ByteReader;
 use super::guest_slot::{Slot, REMEMBERED};
 use super::invariants::{check_guest, check_isolation, check_released, kind_index, KINDS};
-use super::requests;
-use crate::fake_host::device::{FakeDevice, PAGE};
-use crate::fake_host::harness::{test_options, ALL_FEATURES, RAM_BASE};
+use super::requests::{self, Aims};
+use super::staged_sends::{check_forwarded, Targets};
+use super::tenancy::{destinations, Daemon};
+use crate::fake_host::device::FakeDevice;
+use crate::fake_host::harness::{test_options, ALL_FEATURES};
+
+mod set_up;
 
 /// Steps one input runs at most (inputs are truncated to this).
 pub const MAX_STEPS: usize = 64;
@@ -78,13 +84,19 @@ pub struct SequenceStats {
     pub ok: std::collections::BTreeMap<u16, usize>,
     /// Steps run.
     pub steps: usize,
+    /// Connections set up (RC/UC paths and destinations given to the host) and checked.
+    pub connections: usize,
+    /// Staged UD WQEs found in host send queues and checked, and how many were neutralised.
+    pub staged_wqes: (usize, usize),
 }
 
 /// The state of one run.
 struct Sequence {
     fake: Arc<FakeDevice>,
-    factory: GuestDeviceFactory,
+    daemon: Daemon,
     slots: [Slot; 2],
+    /// Host QP to the next index of its send queue to check.
+    cursors: HashMap<u32, u32>,
     config: SequenceConfig,
     stats: SequenceStats,
 }
@@ -96,21 +108,20 @@ pub fn run_handler_sequence(data: &[u8]) {
 
 /// [`run_handler_sequence`] with `config`.
 pub fn run_handler_sequence_with(data: &[u8], config: SequenceConfig) -> SequenceStats {
+    let mut r = ByteReader::new(data);
+    // Bits 0 and 1: set-up steps for each guest; the rest: the daemon's shape.
+    let prologue = r.u8();
     let fake = FakeDevice::new();
-    let factory = GuestDeviceFactory::new(fake.clone(), fuzz_options()).expect("options");
-    let slots = [
-        Slot::new(&fake, &factory, FEATURES),
-        Slot::new(&fake, &factory, FEATURES),
-    ];
+    let daemon = Daemon::new(&fake, &fuzz_options(), prologue >> 2);
+    let slots = [0, 1].map(|g| Slot::new(&fake, &daemon.factories[g], FEATURES));
     let mut seq = Sequence {
         fake,
-        factory,
+        daemon,
         slots,
+        cursors: HashMap::new(),
         config,
         stats: SequenceStats::default(),
     };
-    let mut r = ByteReader::new(data);
-    let prologue = r.u8();
     for g in 0..2 {
         if prologue & (1 << g) != 0 {
             seq.set_up(g, &mut r);
@@ -139,11 +150,16 @@ pub fn run_handler_sequence_with(data: &[u8], config: SequenceConfig) -> Sequenc
 }
 
 impl Sequence {
-    fn check(&self) {
+    fn check(&mut self) {
         check_isolation(&self.fake);
         for slot in &self.slots {
             check_guest(&self.fake, &slot.guest, slot.context);
         }
+        self.stats.connections += self.daemon.check(&self.fake, &self.slots);
+        let (wqes, neutralised) =
+            check_forwarded(&self.fake, &self.daemon, &self.slots, &mut self.cursors);
+        self.stats.staged_wqes.0 += wqes;
+        self.stats.staged_wqes.1 += neutralised;
         let held: usize = self
             .slots
             .iter()
@@ -243,7 +259,7 @@ impl Sequence {
         use requests as q;
         use ResourceKind::*;
         let slots = self.slots[g].guest.dev().options().doorbell_slots();
-        match r.below(35) {
+        match r.below(36) {
             0..=1 => {
                 self.create(g, Pd, &q::request(Opcode::AllocPd, &[]), r);
             }
@@ -312,7 +328,8 @@ impl Sequence {
             }
             16..=18 => {
                 let qp = self.handle(g, Qp, r);
-                self.run(g, &q::modify_qp(r, qp), r);
+                let request = q::modify_qp(r, qp, &self.aims());
+                self.run(g, &request, r);
             }
             19 => {
                 let qp = self.handle(g, Qp, r);
@@ -338,7 +355,8 @@ impl Sequence {
             }
             23 => {
                 let pd = self.handle(g, Pd, r);
-                self.create(g, Ah, &q::create_ah(r, pd), r);
+                let request = q::create_ah(r, pd, &self.aims());
+                self.create(g, Ah, &request, r);
             }
             24 => {
                 let ah = self.handle(g, Ah, r);
@@ -386,6 +404,15 @@ impl Sequence {
             }
             32 => self.reset_or_reconnect(g, r),
             33 => self.set_up(g, r),
+            34 => {
+                let qpns = self.aims().qpns;
+                let foreign_ahs = self.slots[1 - g].seen[kind_index(Ah)].clone();
+                let targets = Targets {
+                    qpns: &qpns,
+                    foreign_ahs: &foreign_ahs,
+                };
+                self.slots[g].stage_sends(&self.fake, &targets, r);
+            }
             _ => {
                 let request = q::raw(r);
                 self.run(g, &request, r);
@@ -393,47 +420,38 @@ impl Sequence {
         }
     }
 
-    /// What a driver does first: a PD, a CQ, the doorbell area, and an RC QP on them.
-    fn set_up(&mut self, g: usize, r: &mut ByteReader<'_>) {
-        use requests as q;
-        use ResourceKind::*;
-        let slots = self.slots[g].guest.dev().options().doorbell_slots();
-        let pd = self.create(g, Pd, &q::request(Opcode::AllocPd, &[]), r);
-        let cq = self.create(g, Cq, &q::two_words(Opcode::CreateCq, 16, 0), r);
-        let area = RAM_BASE + 48 * PAGE;
-        let mut body = area.to_le_bytes().to_vec();
-        body.extend_from_slice(&slots.to_le_bytes());
-        body.extend_from_slice(&[0; 4]);
-        if self
-            .run(g, &q::request(Opcode::SetDoorbellArea, &body), r)
-            .is_some()
-        {
-            self.slots[g].area = Some(area);
-        }
-        let handle_of = |resp: Option<Vec<u8>>| {
-            resp.map(|b| u32::from_le_bytes(b[HEADER_SIZE..HEADER_SIZE + 4].try_into().unwrap()))
-        };
-        if let (Some(pd), Some(cq)) = (handle_of(pd), handle_of(cq)) {
-            let mut body = Vec::new();
-            for v in [pd, cq, cq, 0, 16, 16, 2, 2, 64] {
-                body.extend_from_slice(&v.to_le_bytes());
-            }
-            body.extend_from_slice(&[2, 0, 0, 0]);
-            self.create_qp(g, &q::request(Opcode::CreateQp, &body), r);
+    /// Where guest requests may aim: the interesting GIDs and both guests' QP numbers.
+    fn aims(&self) -> Aims {
+        Aims {
+            dgids: destinations(),
+            qpns: self
+                .slots
+                .iter()
+                .flat_map(|s| s.qpns.iter().copied())
+                .collect(),
         }
     }
 
-    /// Runs a CREATE_QP and remembers the QP and its doorbell index.
-    fn create_qp(&mut self, g: usize, request: &[u8], r: &mut ByteReader<'_>) {
-        if let Some(resp) = self.create(g, ResourceKind::Qp, request, r) {
-            let at = HEADER_SIZE + 28;
-            let index = u32::from_le_bytes(resp[at..at + 4].try_into().unwrap());
-            let indices = &mut self.slots[g].doorbell_indices;
-            if indices.len() == REMEMBERED {
-                indices.remove(0);
+    /// Runs a CREATE_QP and remembers the QP, its number, its doorbell index and (UD) its
+    /// staging ring.
+    fn create_qp(&mut self, g: usize, request: &[u8], r: &mut ByteReader<'_>) -> Option<u32> {
+        let resp = self.create(g, ResourceKind::Qp, request, r)?;
+        let (qp, _) = CreateQpResp::read_from_prefix(&resp[HEADER_SIZE..]).expect("a response");
+        let slot = &mut self.slots[g];
+        for (list, value) in [
+            (&mut slot.doorbell_indices, qp.doorbell_index.get()),
+            (&mut slot.qpns, qp.qpn.get()),
+        ] {
+            if list.len() == REMEMBERED {
+                list.remove(0);
             }
-            indices.push(index);
+            list.push(value);
         }
+        const UD: u8 = 4;
+        if request.get(HEADER_SIZE + 36) == Some(&UD) {
+            slot.remember_staged(qp.qp.get(), qp.qpn.get(), qp.sq, qp.doorbell_index.get());
+        }
+        Some(qp.qp.get())
     }
 
     /// Resets guest `g`'s device (the driver then accepts features again), or disconnects it
@@ -459,7 +477,7 @@ impl Sequence {
             guest.dev().features_acked(VIRTIO_F_VERSION_1 | features);
             self.slots[g].area = None;
         } else {
-            let fresh = Slot::new(&self.fake, &self.factory, FEATURES);
+            let fresh = Slot::new(&self.fake, &self.daemon.factories[g], FEATURES);
             let old = std::mem::replace(&mut self.slots[g], fresh);
             drop(old);
             check_released(&self.fake, context);
@@ -475,15 +493,27 @@ mod tests {
     #[test]
     fn fixed_seed_sequences_keep_every_invariant() {
         let mut ok = std::collections::BTreeMap::new();
-        let mut steps = 0;
-        for input in fixed_seed_inputs(0x5eed_0001, 150, 2048) {
+        let (mut steps, mut connections, mut wqes, mut neutralised) = (0, 0, 0, 0);
+        for input in fixed_seed_inputs(0x5eed_0001, 300, 2048) {
             let stats = run_handler_sequence_with(&input, SequenceConfig::default());
             steps += stats.steps;
+            connections += stats.connections;
+            wqes += stats.staged_wqes.0;
+            neutralised += stats.staged_wqes.1;
             for (op, n) in stats.ok {
                 *ok.entry(op).or_insert(0) += n;
             }
         }
-        eprintln!("{steps} steps; successes by opcode: {ok:x?}");
+        eprintln!(
+            "{steps} steps, {connections} connections, {wqes} staged WQEs forwarded \
+             ({neutralised} neutralised); successes by opcode: {ok:x?}"
+        );
+        // The tenancy checks had something to check: accepted and refused sends.
+        assert!(connections > 0, "no connection was set up");
+        assert!(
+            wqes > neutralised && neutralised > 0,
+            "staged sends: {wqes}, {neutralised}"
+        );
         // The generator reaches every creation, not only failures.
         for op in [
             Opcode::AllocPd,

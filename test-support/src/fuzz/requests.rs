@@ -144,22 +144,34 @@ pub fn reg_mr(r: &mut ByteReader<'_>, pd: u32) -> Vec<u8> {
 
 /// REREG_MR of `mr`, maybe onto `pd`.
 pub fn rereg_mr(r: &mut ByteReader<'_>, mr: u32, pd: u32) -> Vec<u8> {
-    let flags = if r.chance(90) { r.below(8) } else { r.u32() };
+    let flags = if r.chance(90) {
+        1 + r.below(7)
+    } else {
+        r.u32()
+    };
     let pages = if flags & 1 != 0 || r.chance(10) {
         page_list(r)
     } else {
         Vec::new()
     };
     let (access, iova, length, shift, npages) = translation(r, &pages);
+    // Usually only the fields the flags select are set, as the spec requires.
+    let consistent = r.chance(90);
+    let set = |bit: u32| !consistent || flags & bit != 0;
     let mut b = Body::new(40);
-    b.u32(0, mr)
-        .u32(4, flags)
-        .u32(8, pd)
-        .u32(12, access)
-        .u64(16, iova)
-        .u64(24, length)
-        .u32(32, shift)
-        .u32(36, npages);
+    b.u32(0, mr).u32(4, flags);
+    if set(2) {
+        b.u32(8, pd);
+    }
+    if set(4) {
+        b.u32(12, access);
+    }
+    if set(1) {
+        b.u64(16, iova)
+            .u64(24, length)
+            .u32(32, shift)
+            .u32(36, npages);
+    }
     request(Opcode::ReregMr, &with_pages(b.0, &pages))
 }
 
@@ -201,10 +213,29 @@ pub fn create_qp(r: &mut ByteReader<'_>, pd: u32, send_cq: u32, recv_cq: u32, sr
     request(Opcode::CreateQp, &b.0)
 }
 
-/// An address vector (32 bytes at `at`): GID index, port, hop limit and the rest mostly valid.
-fn ah_attr(r: &mut ByteReader<'_>, b: &mut Body, at: usize) {
-    for i in 0..16 {
-        b.u8(at + i, if i < 10 { 0 } else { r.u8() });
+/// Where requests may aim: destination GIDs (the host's, the guests' addresses, another
+/// machine's) and the QP numbers the guests were given.
+pub struct Aims {
+    /// Destination GIDs worth aiming at.
+    pub dgids: [[u8; 16]; 4],
+    /// QP numbers of both guests' QPs.
+    pub qpns: Vec<u32>,
+}
+
+/// An address vector (32 bytes at `at`): a destination among `aims` or anything, GID index,
+/// port, hop limit and the rest mostly valid.
+fn ah_attr(r: &mut ByteReader<'_>, b: &mut Body, at: usize, aims: &Aims) {
+    let dgid = if r.chance(60) {
+        r.pick(&aims.dgids)
+    } else {
+        let mut dgid = [0; 16];
+        for byte in &mut dgid[10..] {
+            *byte = r.u8();
+        }
+        dgid
+    };
+    for (i, &byte) in dgid.iter().enumerate() {
+        b.u8(at + i, byte);
     }
     b.u32(at + 16, r.u32() & 0xfffff)
         .u8(at + 20, if r.chance(80) { 0 } else { r.below(20) as u8 })
@@ -249,7 +280,7 @@ fn qp_mask(r: &mut ByteReader<'_>, state: u32) -> u32 {
 }
 
 /// MODIFY_QP of `qp`, usually to the next state of the RC/UD life cycle.
-pub fn modify_qp(r: &mut ByteReader<'_>, qp: u32) -> Vec<u8> {
+pub fn modify_qp(r: &mut ByteReader<'_>, qp: u32, aims: &Aims) -> Vec<u8> {
     let state = match r.below(10) {
         0..=6 => r.below(4) + 1, // INIT, RTR, RTS, SQD
         7 => r.pick(&[0, 5, 6]), // RESET, SQE, ERR
@@ -267,18 +298,18 @@ pub fn modify_qp(r: &mut ByteReader<'_>, qp: u32) -> Vec<u8> {
         .u32(a + 24, r.u32() & 0xff_ffff)
         .u32(
             a + 28,
-            if r.chance(80) {
-                0x100 + r.below(64)
-            } else {
-                r.u32()
+            match r.below(10) {
+                0..=5 if !aims.qpns.is_empty() => r.pick(&aims.qpns),
+                0..=7 => 0x100 + r.below(64),
+                _ => r.u32(),
             },
         )
         .u32(a + 32, u32::from(r.u8()) & 0xf);
     for (i, v) in [16u32, 16, 2, 2, 64].into_iter().enumerate() {
         b.u32(a + 36 + 4 * i, if r.chance(80) { v } else { count(r) });
     }
-    ah_attr(r, &mut b, a + 56);
-    ah_attr(r, &mut b, a + 88);
+    ah_attr(r, &mut b, a + 56, aims);
+    ah_attr(r, &mut b, a + 88, aims);
     b.u16(a + 120, if r.chance(90) { 0 } else { r.u16() })
         .u16(a + 122, if r.chance(90) { 0 } else { r.u16() })
         .u8(a + 124, r.below(2) as u8)
@@ -318,13 +349,13 @@ pub fn modify_srq(r: &mut ByteReader<'_>, srq: u32) -> Vec<u8> {
 }
 
 /// CREATE_AH on `pd`.
-pub fn create_ah(r: &mut ByteReader<'_>, pd: u32) -> Vec<u8> {
+pub fn create_ah(r: &mut ByteReader<'_>, pd: u32, aims: &Aims) -> Vec<u8> {
     let mut b = Body::new(40);
     b.u32(0, pd);
     if r.chance(5) {
         b.u32(4, r.u32());
     }
-    ah_attr(r, &mut b, 8);
+    ah_attr(r, &mut b, 8, aims);
     request(Opcode::CreateAh, &b.0)
 }
 

@@ -1,0 +1,290 @@
+//! Staged UD sends (spec §9.6) in a handler sequence: a guest writes fuzzed send WQEs into a
+//! UD QP's staging ring (plausible ones naming its own AHs, the other guest's, host `ah_num`s
+//! or nothing; junk address vectors; garbage slots), moves the producer index (usually by the
+//! WQEs written) and rings the QP's doorbell; the device's pump copies what it accepts into
+//! the host send queue. After every step each WQE that reached a host send queue is checked:
+//! neutralised, or a UD opcode through an AH of the QP's own context with no embedded address
+//! vector, aimed at a QP reachable behind the AH's destination.
+
+use std::collections::HashMap;
+use std::mem::size_of;
+use std::os::unix::fs::FileExt;
+
+use vrdma_backend::datapath::ud_staging::NEUTRALISED_AH_NUM;
+use vrdma_backend::resources::kind::ResourceKind;
+use vrdma_backend::vhost_device::handler::DeviceHandler;
+use vrdma_spec::rxe_v1::{self, header, RxeAv, RxeSendWqe, RxeSendWrUnion, RxeSge, RxeUdWr};
+use vrdma_spec::verbs::{send_flags, WrOpcode};
+use vrdma_spec::wire::RingDesc;
+use vrdma_spec::{Le32, Le64};
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
+
+use super::bytes::ByteReader;
+use super::guest_slot::{Slot, REMEMBERED};
+use super::tenancy::{host_gids, Daemon};
+use crate::fake_host::device::FakeDevice;
+
+/// A UD QP whose send queue is a staging ring, as its CREATE_QP response described it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StagedQp {
+    /// Guest handle.
+    handle: u32,
+    /// QP number (to tell a later QP that reuses the handle apart).
+    qpn: u32,
+    /// The staging ring.
+    sq: RingDesc,
+    /// The QP's doorbell slot.
+    doorbell_index: u32,
+    /// The producer index the guest last wrote.
+    producer: u32,
+}
+
+/// What a staged WQE may name besides the guest's own AHs: QP numbers and AH handles seen.
+pub(super) struct Targets<'a> {
+    /// QP numbers of both guests' QPs.
+    pub(super) qpns: &'a [u32],
+    /// AH handles of the other guest.
+    pub(super) foreign_ahs: &'a [u32],
+}
+
+impl Slot {
+    /// Remembers a UD QP with a staging ring.
+    pub(super) fn remember_staged(&mut self, handle: u32, qpn: u32, sq: RingDesc, doorbell: u32) {
+        if self.staged.len() == REMEMBERED {
+            self.staged.remove(0);
+        }
+        self.staged.push(StagedQp {
+            handle,
+            qpn,
+            sq,
+            doorbell_index: doorbell,
+            producer: 0,
+        });
+    }
+
+    /// Writes WQEs into one live staging ring, moves its producer index and rings its
+    /// doorbell.
+    pub(super) fn stage_sends(
+        &mut self,
+        fake: &FakeDevice,
+        targets: &Targets<'_>,
+        r: &mut ByteReader<'_>,
+    ) {
+        let live: Vec<usize> = {
+            let w = fake.world();
+            let qps: Vec<_> = self
+                .guest
+                .dev()
+                .inventory()
+                .of(ResourceKind::Qp)
+                .cloned()
+                .collect();
+            (0..self.staged.len())
+                .filter(|&i| {
+                    let s = &self.staged[i];
+                    qps.iter().any(|qp| {
+                        qp.handle == s.handle
+                            && qp.host.and_then(|h| w.qps.get(&h)).map(|q| q.0) == Some(s.qpn)
+                    })
+                })
+                .collect()
+        };
+        if live.is_empty() || self.area.is_none() {
+            return;
+        }
+        let at = r.pick(&live);
+        let own_ahs = self.seen[super::invariants::kind_index(ResourceKind::Ah)].clone();
+        let qp = self.staged[at];
+        let (mask, log2) = (qp.sq.num_slots.get() - 1, qp.sq.log2_slot_size.get());
+        let slot_size = 1usize << log2;
+        let count = r.below(5);
+        for i in 0..count {
+            let index = qp.producer.wrapping_add(i);
+            let bytes = if r.chance(10) {
+                let mut junk = r.bytes(slot_size);
+                junk.resize(slot_size, 0);
+                junk
+            } else {
+                wqe_bytes(r, &own_ahs, targets, slot_size)
+            };
+            let offset = rxe_v1::slot_offset(index, mask, log2) as u64;
+            self.guest
+                .frontend
+                .write(qp.sq.shm_offset.get() + offset, &bytes);
+        }
+        let producer = if r.chance(90) {
+            qp.producer.wrapping_add(count)
+        } else {
+            r.u32()
+        };
+        self.staged[at].producer = producer;
+        self.guest.frontend.write(
+            qp.sq.shm_offset.get() + header::PRODUCER_INDEX as u64,
+            &producer.to_le_bytes(),
+        );
+        self.ring(qp.doorbell_index);
+        self.guest.dev().doorbell(self.guest.ctx(), &[]);
+    }
+}
+
+/// One send WQE, mostly a plausible UD SEND, padded to the slot.
+fn wqe_bytes(
+    r: &mut ByteReader<'_>,
+    own_ahs: &[u32],
+    targets: &Targets<'_>,
+    slot_size: usize,
+) -> Vec<u8> {
+    let mut wqe = RxeSendWqe::new_zeroed();
+    wqe.wr.wr_id = Le64::new(r.u64());
+    let opcode = match r.below(10) {
+        0..=6 => WrOpcode::Send as u32,
+        7..=8 => WrOpcode::SendWithImm as u32,
+        _ => r.below(16),
+    };
+    wqe.wr.opcode = Le32::new(opcode);
+    let inline = r.chance(15);
+    let mut flags = if r.chance(85) {
+        send_flags::SIGNALED
+    } else {
+        r.u32() & 0x1f
+    };
+    if inline {
+        flags |= send_flags::INLINE;
+    }
+    wqe.wr.send_flags = Le32::new(flags);
+    let ah_num = match r.below(10) {
+        0..=6 if !own_ahs.is_empty() => r.pick(own_ahs),
+        7 if !targets.foreign_ahs.is_empty() => r.pick(targets.foreign_ahs),
+        8 => 0,
+        _ => r.below(64),
+    };
+    let remote_qpn = if !targets.qpns.is_empty() && r.chance(70) {
+        r.pick(targets.qpns)
+    } else {
+        r.u32() & 0xff_ffff
+    };
+    let mut av = RxeAv::new_zeroed();
+    if r.chance(30) {
+        av.network_type = r.u8();
+        av.sgid_addr = [r.u8(); 28];
+    }
+    wqe.wr.wr = RxeSendWrUnion::from_ud(RxeUdWr {
+        remote_qpn: Le32::new(remote_qpn),
+        remote_qkey: Le32::new(r.u32()),
+        ah_num: Le32::new(ah_num),
+        av,
+        ..RxeUdWr::new_zeroed()
+    });
+    let mut payload = Vec::new();
+    let length = if inline {
+        let n = r.below(64);
+        payload.resize(n as usize, 0x5a);
+        n
+    } else {
+        let sges = if r.chance(90) { r.below(3) } else { r.u32() };
+        let mut total = 0u32;
+        for _ in 0..sges.min(4) {
+            let length = if r.chance(90) { r.below(4096) } else { r.u32() };
+            total = total.wrapping_add(length);
+            let sge = RxeSge {
+                addr: Le64::new(r.u64()),
+                length: Le32::new(length),
+                lkey: Le32::new(r.u32()),
+            };
+            payload.extend_from_slice(sge.as_bytes());
+        }
+        wqe.dma.num_sge = Le32::new(sges);
+        total
+    };
+    let length = if r.chance(90) { length } else { r.u32() };
+    wqe.dma.length = Le32::new(length);
+    wqe.dma.resid = Le32::new(if r.chance(90) { length } else { r.u32() });
+    let mut bytes = wqe.as_bytes().to_vec();
+    bytes.extend_from_slice(&payload);
+    bytes.resize(slot_size.max(bytes.len()), 0);
+    bytes.truncate(slot_size);
+    bytes
+}
+
+/// Checks every WQE the pump put into a live staged QP's host send queue since the last
+/// check (`cursors`: host QP to the next index to check); returns how many it found, and how
+/// many of them were neutralised.
+pub(super) fn check_forwarded(
+    fake: &FakeDevice,
+    daemon: &Daemon,
+    slots: &[Slot; 2],
+    cursors: &mut HashMap<u32, u32>,
+) -> (usize, usize) {
+    let (mut forwarded, mut neutralised) = (0, 0);
+    let qpn_owners = daemon.live_tenant_qpns(fake, slots);
+    let w = fake.world();
+    let table = host_gids(&w);
+    for slot in slots {
+        let inventory = slot.guest.dev().inventory();
+        for staged in &slot.staged {
+            let Some(host) = inventory
+                .of(ResourceKind::Qp)
+                .find(|qp| qp.handle == staged.handle)
+                .and_then(|qp| qp.host)
+                .filter(|h| w.qps.get(h).map(|q| q.0) == Some(staged.qpn))
+            else {
+                continue;
+            };
+            let Some((file, buffer)) = w.send_queues.get(&host) else {
+                continue;
+            };
+            let read = |at: usize, len: usize| {
+                let mut bytes = vec![0; len];
+                file.read_exact_at(&mut bytes, buffer.offset + at as u64)
+                    .expect("host send queue");
+                bytes
+            };
+            let word = |at: usize| u32::from_le_bytes(read(at, 4).try_into().expect("4 bytes"));
+            let producer = word(header::PRODUCER_INDEX);
+            let (mask, log2) = (
+                staged.sq.num_slots.get() - 1,
+                staged.sq.log2_slot_size.get(),
+            );
+            let cursor = cursors.entry(host).or_insert(0);
+            // Only the last ring's worth can still be read.
+            let from = producer.wrapping_sub(producer.wrapping_sub(*cursor).min(mask + 1));
+            let mut index = from;
+            while index != producer {
+                let at = rxe_v1::slot_offset(index, mask, log2);
+                let bytes = read(at, size_of::<RxeSendWqe>());
+                let wqe = RxeSendWqe::read_from_bytes(&bytes).expect("a WQE");
+                let ud = wqe.wr.wr.ud();
+                let ah_num = ud.ah_num.get();
+                forwarded += 1;
+                if ah_num == NEUTRALISED_AH_NUM {
+                    neutralised += 1;
+                } else {
+                    let opcode = wqe.wr.opcode.get();
+                    assert!(
+                        opcode == WrOpcode::Send as u32 || opcode == WrOpcode::SendWithImm as u32,
+                        "forwarded a UD WQE with opcode {opcode}"
+                    );
+                    assert!(
+                        w.ahs.contains_key(&ah_num)
+                            && w.ownership.owner(ah_num) == w.ownership.owner(host),
+                        "forwarded a UD WQE through ah_num {ah_num}, not an AH of the QP's context"
+                    );
+                    assert!(
+                        ud.av.as_bytes().iter().all(|&b| b == 0),
+                        "forwarded a UD WQE with an embedded address vector"
+                    );
+                    let dgid = w.ah_attrs[&ah_num].dgid;
+                    assert!(
+                        daemon.reachable(&table, &qpn_owners, &dgid, ud.remote_qpn.get()),
+                        "forwarded a UD send to QP number {:#x} behind {}",
+                        ud.remote_qpn.get(),
+                        std::net::Ipv6Addr::from(dgid)
+                    );
+                }
+                index = index.wrapping_add(1);
+            }
+            *cursor = producer;
+        }
+    }
+    (forwarded, neutralised)
+}
