@@ -155,7 +155,7 @@ impl Sequence {
         for slot in &self.slots {
             check_guest(&self.fake, &slot.guest, slot.context);
         }
-        self.stats.connections += self.daemon.check(&self.fake, &self.slots);
+        self.daemon.check(&self.fake, &self.slots);
         let (wqes, neutralised) =
             check_forwarded(&self.fake, &self.daemon, &self.slots, &mut self.cursors);
         self.stats.staged_wqes.0 += wqes;
@@ -211,8 +211,9 @@ impl Sequence {
         } else {
             r.below(200) as usize
         };
+        let response = self.slots[g].guest.raw(request, capacity);
+        self.stats.connections += self.daemon.check_given(&self.fake, &self.slots);
         let guest = &self.slots[g].guest;
-        let response = guest.raw(request, capacity);
         if capacity < HEADER_SIZE {
             // The device executes nothing and answers nothing; a request too large to be read
             // is rejected by the plumbing, whose answer the virtqueue truncates.
@@ -532,5 +533,16 @@ mod tests {
                 "no successful {op:?}"
             );
         }
+    }
+
+    /// A fuzz input (both guests tenants): guest 1 aims an RC QP at the host's address and a
+    /// QP number nobody has, then creates a QP that gets that number. The connection was
+    /// legitimate when it was set up, so connections are judged per command, not per step.
+    #[test]
+    fn a_connection_is_judged_when_it_is_set_up() {
+        run_handler_sequence(&[
+            255, 255, 255, 255, 255, 255, 255, 4, 120, 234, 0, 0, 0, 255, 65, 255, 255, 255, 255,
+            255, 8, 0, 38, 5, 0, 9, 1, 0, 0, 0,
+        ]);
     }
 }
