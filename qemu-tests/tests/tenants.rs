@@ -24,9 +24,10 @@ fn tenants_keep_their_addresses_and_a_hostile_one_hurts_nobody() {
         );
     }
     // Unmodified examples between two tenants (RC and UD) and with a native peer on the host's
-    // own address: each tenant announced its own address as its GID 0, and the RC runs passed
-    // (rxe drops RC packets whose source is not the address the peer connected to).
-    assert_eq!(r.identity_runs.len(), 3, "{r:?}");
+    // own address (RC and UD): each tenant announced its own address as its GID 0, and the RC
+    // runs passed (rxe drops RC packets whose source is not the address the peer connected
+    // to). The victim rounds below check the GRH source of every UD message.
+    assert_eq!(r.identity_runs.len(), 4, "{r:?}");
     for (side, gid) in &r.announced_gids {
         match side.as_str() {
             "victim" => assert_eq!(gid, VICTIM.address, "{r:?}"),

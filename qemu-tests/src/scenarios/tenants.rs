@@ -3,9 +3,11 @@
 //!
 //! - The daemon puts the addresses on the netdev and the guests see only their own GIDs.
 //! - Two tenants exchange traffic with unmodified `ibv_rc_pingpong`/`ibv_ud_pingpong` over the
-//!   drop-in, and a tenant with a native peer on the host's own address. rxe drops RC packets
-//!   whose source is not the address the receiving QP was connected to, so a passing RC run
-//!   between two tenants shows each sending from the address it announced (its GID 0).
+//!   drop-in, and a tenant with a native peer on the host's own address (RC and UD). rxe drops
+//!   RC packets whose source is not the address the receiving QP was connected to, so a passing
+//!   RC run between two tenants shows each sending from the address it announced (its GID 0);
+//!   for UD, the well-behaved tenants' `vrdma-pingpong` rounds check the source address in the
+//!   IP header (GRH) of every message received against the address the peer announced.
 //! - A hostile tenant runs every attack of `vrdma-hostile` (foreign source GIDs, forged UD
 //!   address vectors, foreign AH and QP numbers, forbidden peers and traffic classes, page
 //!   lists of one mapping per page, pinning past its quota, a flood of malformed commands),
@@ -187,6 +189,7 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Results> {
         (rc, side(&VICTIM), side(&PEER)),
         (ud, side(&PEER), side(&VICTIM)),
         (rc, native.clone(), side(&VICTIM)),
+        (ud, native.clone(), side(&VICTIM)),
     ] {
         println!(
             "== {}: server {}, client {}",

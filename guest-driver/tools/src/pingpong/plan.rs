@@ -13,6 +13,23 @@ pub const MAX_SIZE: u32 = 1 << 20;
 pub const MTU: u32 = 1024;
 /// Bytes of Global Route Header that a UD receive finds before the payload.
 pub const GRH_LEN: u32 = 40;
+/// The source address a UD receive's GRH names, as a GID. For RoCE v2 the GRH is the packet's
+/// IP header: an IPv6 header (source at bytes 8..24), or an IPv4 header in its last 20 bytes
+/// (source at 32..36, returned IPv4-mapped), as rxe writes it (`rxe_resp.c`).
+pub fn grh_source_gid(grh: &[u8]) -> Option<[u8; 16]> {
+    let grh = grh.get(..GRH_LEN as usize)?;
+    let mut gid = [0u8; 16];
+    match grh[0] >> 4 {
+        6 => gid.copy_from_slice(&grh[8..24]),
+        _ if grh[20] >> 4 == 4 => {
+            gid[10..12].copy_from_slice(&[0xff, 0xff]);
+            gid[12..].copy_from_slice(&grh[32..36]);
+        }
+        _ => return None,
+    }
+    Some(gid)
+}
+
 /// Largest number of outstanding messages in bandwidth mode.
 pub const MAX_WINDOW: u32 = 128;
 /// Largest iteration count of one step.
@@ -451,5 +468,21 @@ mod tests {
         }
         let ids: Vec<u8> = Op::ALL.iter().map(|op| op.pattern_id()).collect();
         assert_eq!(ids, [1, 2, 3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn the_grh_source_is_read_from_the_ip_header_it_holds() {
+        let mut v6 = [0u8; 40];
+        v6[0] = 0x60;
+        v6[8..24].copy_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xb, 0, 1]);
+        assert_eq!(grh_source_gid(&v6).unwrap(), v6[8..24]);
+        let mut v4 = [0u8; 40];
+        v4[20] = 0x45;
+        v4[32..36].copy_from_slice(&[127, 0, 0, 2]);
+        let mut mapped = [0u8; 16];
+        mapped[10..].copy_from_slice(&[0xff, 0xff, 127, 0, 0, 2]);
+        assert_eq!(grh_source_gid(&v4).unwrap(), mapped);
+        assert_eq!(grh_source_gid(&[0u8; 40]), None);
+        assert_eq!(grh_source_gid(&v6[..39]), None);
     }
 }

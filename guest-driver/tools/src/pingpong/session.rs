@@ -2,6 +2,7 @@
 //! server or client (posting, waiting for and checking completions, verifying the data,
 //! measuring latency and bandwidth).
 
+use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
 use vrdma::provider::{SendFlags, SendWr, WcFlags, WorkCompletion};
@@ -13,7 +14,7 @@ use super::exchange::{Hello, Message};
 use super::oob::Channel;
 use super::options::Options;
 use super::pattern::{self, Direction, PatternKey};
-use super::plan::{Mode, Op, GRH_LEN};
+use super::plan::{grh_source_gid, Mode, Op, GRH_LEN};
 use super::report::Row;
 use super::stats::{summarize, throughput, LatencySummary};
 use super::wait::{EventCounts, WaitError, Waiter};
@@ -362,6 +363,16 @@ impl<'c> Session<'c> {
 
     fn verify_area(&self, op: Op, size: u32, iter: u32, direction: Direction) -> Result<()> {
         let offset = if op == Op::UdSend {
+            // The packet came from the address the peer announced (a guest can send only
+            // from its own addresses).
+            let source = grh_source_gid(self.ep.area(0, GRH_LEN as usize));
+            if source != Some(self.peer.gid) {
+                return Err(RunError::BadCompletion(format!(
+                    "UD message from source {}, expected the peer's {}",
+                    source.map_or("(no IP header)".into(), |s| Ipv6Addr::from(s).to_string()),
+                    Ipv6Addr::from(self.peer.gid)
+                )));
+            }
             GRH_LEN as usize
         } else {
             0
