@@ -8,8 +8,10 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use crate::error::{tail, Error, IoContext, Result};
 use crate::initramfs::{INIT_FAILED_MARKER, PROBE_MARKER, ROOT_TAG, RUN_DIR_IN_VM, RUN_TAG};
@@ -444,7 +446,7 @@ fn run_in(
                 let _ = writeln!(out, "{line}");
                 let _ = out.flush();
             }
-            let mut all = collected.lock().unwrap_or_else(|e| e.into_inner());
+            let mut all = collected.lock();
             all.push_str(line);
             all.push('\n');
         }
@@ -511,7 +513,7 @@ fn run_in(
         let data = std::fs::read(entry.path()).context(|| "reading a result".into())?;
         results.push((entry.file_name().to_string_lossy().into_owned(), data));
     }
-    let output = std::mem::take(&mut *output.lock().unwrap_or_else(|e| e.into_inner()));
+    let output = std::mem::take(&mut *output.lock());
     Ok(RunOutcome {
         status,
         output,

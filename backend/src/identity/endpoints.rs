@@ -10,7 +10,9 @@
 //! and are not tenants: their QPs count as the host's.
 
 use std::collections::HashMap;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
+
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// A tenant: one configured identity with addresses (every connection to its socket).
 pub type TenantId = u32;
@@ -45,12 +47,12 @@ impl LocalEndpoints {
         Arc::default()
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Table> {
-        self.table.read().unwrap_or_else(PoisonError::into_inner)
+    fn read(&self) -> RwLockReadGuard<'_, Table> {
+        self.table.read()
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Table> {
-        self.table.write().unwrap_or_else(PoisonError::into_inner)
+    fn write(&self) -> RwLockWriteGuard<'_, Table> {
+        self.table.write()
     }
 
     /// Registers a tenant owning `gids` (its addresses as GIDs).
