@@ -8,10 +8,10 @@ use vrdma_backend::host::{AsyncEvent, AsyncEventKind, CompEvent};
 use vrdma_backend::resources::kind::ResourceKind;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::doorbell::{area_bytes, HEAD_WORD, RING_WORD, TAIL_WORD};
+use vrdma_spec::wire::RingDesc;
 
 use super::bytes::ByteReader;
 use super::invariants::{check_released, kind_index, KINDS};
-use super::staged_sends::StagedQp;
 use crate::fake_host::device::{memfd, FakeDevice};
 use crate::fake_host::harness::{TestGuest, RAM_BASE, RAM_SIZE};
 
@@ -33,6 +33,21 @@ pub(super) struct Slot {
     pub(super) qpns: Vec<u32>,
     /// Its UD QPs with staging rings (live or not).
     pub(super) staged: Vec<StagedQp>,
+}
+
+/// A UD QP whose send queue is a staging ring, as its CREATE_QP response described it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StagedQp {
+    /// Guest handle.
+    pub(super) handle: u32,
+    /// QP number (to tell a later QP that reuses the handle apart).
+    pub(super) qpn: u32,
+    /// The staging ring.
+    pub(super) sq: RingDesc,
+    /// The QP's doorbell slot.
+    pub(super) doorbell_index: u32,
+    /// The producer index the guest last wrote.
+    pub(super) producer: u32,
 }
 
 impl Slot {

@@ -20,24 +20,9 @@ use vrdma_spec::{Le32, Le64};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use super::bytes::ByteReader;
-use super::guest_slot::{Slot, REMEMBERED};
+use super::guest_slot::{Slot, StagedQp, REMEMBERED};
 use super::tenancy::{host_gids, Daemon};
 use crate::fake_host::device::FakeDevice;
-
-/// A UD QP whose send queue is a staging ring, as its CREATE_QP response described it.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct StagedQp {
-    /// Guest handle.
-    handle: u32,
-    /// QP number (to tell a later QP that reuses the handle apart).
-    qpn: u32,
-    /// The staging ring.
-    sq: RingDesc,
-    /// The QP's doorbell slot.
-    doorbell_index: u32,
-    /// The producer index the guest last wrote.
-    producer: u32,
-}
 
 /// What a staged WQE may name besides the guest's own AHs: QP numbers and AH handles seen.
 pub(super) struct Targets<'a> {
