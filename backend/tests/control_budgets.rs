@@ -291,7 +291,7 @@ fn discard_revocation_and_disconnect_release_everything() {
     assert_eq!(daemon(&factory), (6, 9));
     drop(guest);
     assert_eq!(daemon(&factory), (1, 4));
-    second.dev().forget_negotiation();
+    second.dev().reset_requested();
     second.dev().reset();
     assert_eq!(daemon(&factory), (0, 0));
 }

@@ -91,7 +91,7 @@ fn malformed_input_is_answered_and_never_stops_the_device() {
     guest.ok(ControlRequest::QueryDevice);
     let counts = guest.dev().object_counts();
     assert_eq!(counts.shm_extents, guest.frontend.mapped().len());
-    guest.dev().forget_negotiation();
+    guest.dev().reset_requested();
     guest.dev().reset();
     assert_eq!(fake.world().live(), 0);
 }
@@ -111,17 +111,21 @@ fn reset_releases_everything_and_bumps_the_epoch() {
     let epoch = guest.config().epoch.get();
     assert_eq!(fake.world().live(), 4);
 
-    guest.dev().forget_negotiation();
+    // The epoch moves when the reset is requested: its discard may come only after the
+    // command it interrupted, when the next driver has read the configuration already.
+    guest.dev().reset_requested();
+    assert_eq!(guest.config().epoch.get(), epoch + 1);
+    assert_eq!(fake.world().live(), 4, "the discard has not run yet");
     guest.dev().reset();
     // As QEMU does on a device reset.
     guest.frontend.forget_mappings();
     assert_eq!(fake.world().live(), 0);
     assert!(guest.dev().object_counts().is_empty());
     assert_eq!(guest.config().epoch.get(), epoch + 1);
-    // Reset again: nothing to drop, nothing changes.
-    guest.dev().forget_negotiation();
+    // Reset again: nothing to drop; a new epoch all the same (every reset starts one).
+    guest.dev().reset_requested();
     guest.dev().reset();
-    assert_eq!(guest.config().epoch.get(), epoch + 1);
+    assert_eq!(guest.config().epoch.get(), epoch + 2);
 
     // The driver renegotiates; old handles are unknown; DEVICE_FATAL is owed.
     guest
@@ -133,6 +137,16 @@ fn reset_releases_everything_and_bumps_the_epoch() {
         Status::BadHandle
     );
     assert_eq!(guest.ctx().events().len(), 1);
+    // It names the epoch the new driver read: a driver that started after the discard knows
+    // it is not about its own objects (spec §11.1).
+    let mut queued = Vec::new();
+    guest.ctx().events().discard_where(|bytes| {
+        queued.push(vrdma_spec::Event::decode(bytes).unwrap());
+        false
+    });
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0].event_type, vrdma_spec::EventType::DeviceFatal);
+    assert_eq!(queued[0].detail, guest.config().epoch.get());
     assert_eq!(guest.create_qp(qp_req(pd, cq, 0)), Err(Status::BadHandle));
     let qph = qp.qp.get();
     assert_eq!(
@@ -300,7 +314,7 @@ fn host_events_become_guest_events() {
         }
         other => panic!("{other:?}"),
     }
-    guest.dev().forget_negotiation();
+    guest.dev().reset_requested();
     guest.dev().reset();
     guest
         .dev()
@@ -347,7 +361,7 @@ fn a_discard_postponed_past_the_next_drivers_negotiation_leaves_it_alone() {
     guest.alloc_pd();
     // The reset is requested while a command runs: negotiation is forgotten at once, the
     // discard waits for the command. Meanwhile the next driver negotiates.
-    guest.dev().forget_negotiation();
+    guest.dev().reset_requested();
     guest
         .dev()
         .features_acked(VIRTIO_F_VERSION_1 | ALL_FEATURES);

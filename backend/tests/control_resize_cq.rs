@@ -177,7 +177,7 @@ fn limits_region_space_and_host_failures() {
     guest.frontend.set_refusing(false);
     let counts = guest.dev().object_counts();
     assert_eq!(counts.shm_extents, guest.frontend.mapped().len());
-    guest.dev().forget_negotiation();
+    guest.dev().reset_requested();
     guest.dev().reset();
     assert_eq!(fake.world().live(), 0);
 }

@@ -14,9 +14,18 @@ use crate::vhost_device::guest_context::GuestContext;
 /// Discards every object of the guest the way their destroy commands would, removing the
 /// device's shared-memory mappings itself. The driver asked, so no DEVICE_FATAL is owed for it.
 pub(crate) fn discard_state(s: &mut Session<'_>) -> CommandResult {
-    discard_all(s.guest, s.state, Some(s.ctx));
+    discard_all(s.guest, s.state, Some(s.ctx), Epoch::Advanced);
     s.state.announce_discard = false;
     Ok(ResponseBody::Empty)
+}
+
+/// What a discard does to the configuration epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Epoch {
+    /// Advanced when there is anything to discard (DISCARD_STATE, host failure).
+    Advanced,
+    /// Left alone: a reset advanced it when it was requested; a disconnect has no driver.
+    Kept,
 }
 
 /// Discards every object of the guest (spec §11.1), in dependency order. `ctx` is `None`
@@ -26,6 +35,7 @@ pub(crate) fn discard_all(
     guest: &GuestShared,
     state: &mut GuestState,
     ctx: Option<&GuestContext>,
+    epoch: Epoch,
 ) -> bool {
     let counts = state.counts();
     let had_area = guest.doorbells().lock().clear();
@@ -87,7 +97,10 @@ pub(crate) fn discard_all(
     state.owners.clear();
     state.shm.clear();
     state.announce_discard = true;
-    let epoch = guest.advance_epoch();
+    let epoch = match epoch {
+        Epoch::Advanced => guest.advance_epoch(),
+        Epoch::Kept => guest.epoch(),
+    };
     info!(
         "guest {}: discarded {counts}; epoch is now {epoch}{}",
         guest.id(),

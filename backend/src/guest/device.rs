@@ -32,7 +32,7 @@ use super::inventory::Inventory;
 use super::options::{DeviceOptions, GuestError};
 use super::shared::{GuestAddressing, GuestShared, HostLimits, GUEST_PORT};
 use super::state::{GuestState, ObjectCounts};
-use crate::control::discard;
+use crate::control::discard::{self, Epoch};
 use crate::control::error::CommandError;
 use crate::control::session::{CommandResult, Session};
 use crate::control::{self, mr};
@@ -340,7 +340,7 @@ impl GuestDevice {
         );
         self.failed.store(true, Ordering::Release);
         let mut state = self.state.lock();
-        discard::discard_all(&self.shared, &mut state, Some(ctx));
+        discard::discard_all(&self.shared, &mut state, Some(ctx), Epoch::Advanced);
         // Also announce when nothing existed: the device is unusable either way.
         state.announce_discard = true;
         self.shared.announce_discard(ctx, &mut state);
@@ -497,16 +497,19 @@ impl DeviceHandler for GuestDevice {
             .memory_changed(ctx.memory().into_inner());
     }
 
-    fn forget_negotiation(&self) {
+    fn reset_requested(&self) {
         self.failed.store(false, Ordering::Release);
         *self.acked.lock() = None;
+        // The discard this reset owes may come late: the next driver already reads the epoch
+        // it belongs to, so the DEVICE_FATAL announcing it names an epoch that driver knows.
+        self.shared.advance_epoch();
     }
 
     fn reset(&self) {
-        // Negotiation was forgotten when the reset was requested: this discard may run after
-        // a command the reset interrupted, when the next driver has negotiated already.
+        // Negotiation and epoch moved on when the reset was requested: this discard may run
+        // after a command the reset interrupted, when the next driver has negotiated already.
         let mut state = self.state.lock();
-        discard::discard_all(&self.shared, &mut state, None);
+        discard::discard_all(&self.shared, &mut state, None, Epoch::Kept);
     }
 
     fn is_device_mapping(&self, file: &std::fs::File) -> bool {
@@ -543,7 +546,7 @@ impl Drop for GuestDevice {
         if !counts.is_empty() {
             info!("guest {}: closing with {counts}", self.id());
         }
-        discard::discard_all(&self.shared, &mut state, None);
+        discard::discard_all(&self.shared, &mut state, None, Epoch::Kept);
     }
 }
 

@@ -156,7 +156,7 @@ impl<H: DeviceHandler> VhostUserDevice<H> {
     /// running one. Never waits for the command: it may itself be waiting for the front-end
     /// (a SHMEM_MAP reply) while the front-end waits for this stop to be acknowledged.
     pub(super) fn request_discard(&self) {
-        self.handler.forget_negotiation();
+        self.handler.reset_requested();
         // A command running now belongs to the driver that is gone: its chain is not
         // completed on the reset ring (spec §11.1, in-flight commands are dropped).
         self.generation.fetch_add(1, Ordering::AcqRel);

@@ -126,14 +126,15 @@ pub trait DeviceHandler: Send + Sync + 'static {
     /// (registered memory windows) must be checked against [`GuestContext::memory`].
     fn memory_changed(&self, _ctx: &GuestContext) {}
 
-    /// The driver reset the device: forget what it negotiated (called at once, while the
-    /// discard of [`DeviceHandler::reset`] may wait for a running command; by then the next
-    /// driver may have negotiated, which that discard must leave alone).
-    fn forget_negotiation(&self) {}
+    /// The driver reset the device: forget what it negotiated and move to the next
+    /// configuration epoch now. Called at once, while the discard of [`DeviceHandler::reset`]
+    /// may wait for a running command; by then the next driver may have negotiated and read
+    /// the epoch, which that discard must leave alone.
+    fn reset_requested(&self) {}
 
     /// The device was reset or the guest disconnected: drop every host object of this guest.
     /// May be called more than once; a later call with nothing to drop does nothing. It must
-    /// not touch the negotiation ([`DeviceHandler::forget_negotiation`]).
+    /// not touch the negotiation or the epoch ([`DeviceHandler::reset_requested`]).
     fn reset(&self);
 
     /// Whether `file`, offered by the front-end as guest memory, is really one of this

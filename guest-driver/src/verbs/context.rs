@@ -118,7 +118,7 @@ impl Context {
             features,
             device_attr: attr,
             doorbell,
-            events: EventDispatch::default(),
+            events: EventDispatch::new(config.epoch.get()),
             gid_cache: GidCache::default(),
         };
         debug!(

@@ -215,9 +215,20 @@ impl Stash {
 pub(crate) struct EventDispatch {
     stash: Mutex<Stash>,
     changed: Condvar,
+    /// The configuration epoch when the context opened: a DEVICE_FATAL naming it announces
+    /// a discard that came before this context (spec §11.1), not the loss of its objects.
+    opened_at_epoch: u32,
 }
 
 impl EventDispatch {
+    /// Dispatch for a context that opened at configuration epoch `epoch`.
+    pub(crate) fn new(epoch: u32) -> Self {
+        EventDispatch {
+            opened_at_epoch: epoch,
+            ..Self::default()
+        }
+    }
+
     /// Starts keeping completion events of CQ `handle`.
     pub(crate) fn register_cq(&self, handle: u32) {
         self.stash.lock().completions.insert(handle, 0);
@@ -267,7 +278,19 @@ impl EventDispatch {
             stash = self.stash.lock();
             stash.reader = false;
             self.changed.notify_all();
-            let read = read?;
+            let read = read?.filter(|event| {
+                let before_us = *event
+                    == DeviceEvent::DeviceFatal {
+                        epoch: self.opened_at_epoch,
+                    };
+                if before_us {
+                    debug!(
+                        "DEVICE_FATAL for a discard before this context opened (epoch {}) ignored",
+                        self.opened_at_epoch
+                    );
+                }
+                !before_us
+            });
             if let Some(event) = &read {
                 on_read(event);
             }

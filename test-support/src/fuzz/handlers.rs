@@ -461,7 +461,7 @@ impl Sequence {
         let context = self.slots[g].context;
         if r.chance(70) {
             let guest = &self.slots[g].guest;
-            guest.dev().forget_negotiation();
+            guest.dev().reset_requested();
             guest.dev().reset();
             // As QEMU does on a device reset.
             guest.frontend.forget_mappings();

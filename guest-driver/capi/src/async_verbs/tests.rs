@@ -327,6 +327,29 @@ fn a_disconnected_transport_gives_one_device_fatal_then_eio() {
 }
 
 #[test]
+fn a_device_fatal_about_a_discard_before_the_context_opened_is_not_delivered() {
+    let f = Fixture::new();
+    // The device's configuration said epoch 0 when the context opened: a DEVICE_FATAL naming
+    // it announces the discard that came before (a reboot with live objects), not ours.
+    f.fake.post_event(Event {
+        event_type: EventType::DeviceFatal,
+        handle: 0,
+        detail: 0,
+    });
+    f.fake.post_event(port_event(EventType::PortActive, 1));
+    assert_eq!(f.next_event().event_type, PORT_ACTIVE);
+    // A later discard took this context's objects.
+    f.fake.post_event(Event {
+        event_type: EventType::DeviceFatal,
+        handle: 0,
+        detail: 1,
+    });
+    let event = f.next_event();
+    assert_eq!(event.event_type, DEVICE_FATAL);
+    ack(event);
+}
+
+#[test]
 fn unmapped_device_events_are_not_delivered() {
     let f = Fixture::new();
     f.fake.post_event(Event {
