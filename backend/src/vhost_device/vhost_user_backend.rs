@@ -287,4 +287,103 @@ mod tests {
         assert_eq!(backend.num_queues(), 3);
         assert_eq!(backend.queues_per_thread(), vec![0b001, 0b110]);
     }
+
+    /// A handler whose commands wait until the test lets them finish.
+    struct SlowCommands {
+        entered: std::sync::mpsc::SyncSender<()>,
+        release: parking_lot::Mutex<std::sync::mpsc::Receiver<()>>,
+        resets: AtomicU64,
+    }
+
+    impl DeviceHandler for SlowCommands {
+        fn device_features(&self) -> u64 {
+            0
+        }
+        fn config_space(&self) -> Vec<u8> {
+            Vec::new()
+        }
+        fn shmem_size(&self) -> u64 {
+            0x10_0000
+        }
+        fn max_request_size(&self) -> usize {
+            64
+        }
+        fn handle_command(&self, _: &GuestContext, _: &[u8], _: usize, out: &mut Vec<u8>) {
+            self.entered.send(()).unwrap();
+            self.release.lock().recv().unwrap();
+            out.extend_from_slice(&[0; 4]);
+        }
+        fn reject_command(&self, _: &GuestContext, _: CommandRejection, _: &mut Vec<u8>) {}
+        fn doorbell(&self, _: &GuestContext, _: &[u8]) {}
+        fn reset(&self) {
+            self.resets.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Runs one command through a real split virtqueue while, if `stop_meanwhile`, the
+    /// control queue is stopped; returns the used ring's index afterwards and the resets.
+    fn one_slow_command(stop_meanwhile: bool) -> (u16, u64) {
+        use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+        use virtio_queue::mock::MockSplitQueue;
+        use vm_memory::GuestAddress;
+
+        const NEXT: u16 = virtio_bindings::bindings::virtio_ring::VRING_DESC_F_NEXT as u16;
+        const WRITE: u16 = virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE as u16;
+        let ram = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x20_0000)]).unwrap();
+        let queue = MockSplitQueue::new(&ram, 16);
+        queue
+            .add_desc_chains(
+                &[
+                    RawDescriptor::from(SplitDescriptor::new(0x10_0000, 16, NEXT, 1)),
+                    RawDescriptor::from(SplitDescriptor::new(0x10_1000, 64, WRITE, 0)),
+                ],
+                0,
+            )
+            .unwrap();
+        let memory = GuestMemoryAtomic::new(ram.clone());
+        use vhost_user_backend::VringT;
+        let vring = crate::vhost_device::device::Vring::new(memory.clone(), 16).unwrap();
+        vring
+            .set_queue_info(
+                queue.desc_table_addr().0,
+                queue.avail_addr().0,
+                queue.used_addr().0,
+            )
+            .unwrap();
+        vring.set_queue_size(16);
+        vring.set_queue_ready(true);
+
+        let (entered, entered_rx) = std::sync::mpsc::sync_channel(1);
+        let (release_tx, release) = std::sync::mpsc::sync_channel(1);
+        let handler = Arc::new(SlowCommands {
+            entered,
+            release: parking_lot::Mutex::new(release),
+            resets: AtomicU64::new(0),
+        });
+        let backend = Arc::new(VhostUserDevice::new(handler.clone(), memory).unwrap());
+        let serving = {
+            let (backend, vring) = (Arc::clone(&backend), vring.clone());
+            std::thread::spawn(move || backend.serve_controlq(&vring))
+        };
+        entered_rx.recv().unwrap();
+        if stop_meanwhile {
+            // Returns at once: the discard waits for the command.
+            backend.stop_vring(u32::from(CONTROLQ)).unwrap();
+            assert_eq!(handler.resets.load(Ordering::Relaxed), 0);
+        }
+        release_tx.send(()).unwrap();
+        serving.join().unwrap();
+        (
+            queue.used().idx().load(),
+            handler.resets.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Spec §11.1: a command the reset interrupted is finished, its chain is not completed on
+    /// the reset queue, and the discard runs right after it.
+    #[test]
+    fn a_command_interrupted_by_a_stop_is_not_completed() {
+        assert_eq!(one_slow_command(false), (1, 0));
+        assert_eq!(one_slow_command(true), (0, 1));
+    }
 }
