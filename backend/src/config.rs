@@ -153,6 +153,9 @@ struct RawDefaults {
     policy: RawPolicy,
 }
 
+/// One `[[guest]]` table. Its settings repeat [`RawDefaults`]' on purpose: serde cannot deny
+/// unknown keys through `#[serde(flatten)]`, and a misspelt key must be an error, not a
+/// silently ignored limit.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawGuest {
