@@ -8,13 +8,16 @@
 //! `vrdma_test_support::fake_host`, whose GID table fills as the kernel's does when its netdev
 //! gets an address.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use vrdma_backend::guest::device::GuestDeviceFactory;
 use vrdma_backend::guest::options::{DeviceOptions, GuestError};
+use vrdma_backend::identity::endpoints::LocalEndpoints;
 use vrdma_backend::identity::policy::{ValueSet, MAX_SERVICE_LEVEL, MAX_TRAFFIC_CLASS};
 use vrdma_backend::identity::provision::{provision, ProvisionError};
 use vrdma_backend::identity::{GuestAddress, GuestIdentity, TrafficPolicy};
+use vrdma_backend::memory::budget::{HostBudget, HostBudgetLimits};
 use vrdma_spec::verbs::{AccessFlags, GidType, Mtu, QpAttrMask, QpState};
 use vrdma_spec::wire::{self, *};
 use vrdma_spec::{ControlRequest, Le32, ResponseBody, Status};
@@ -159,7 +162,7 @@ fn two_guests_see_only_their_own_tables_from_index_0() {
         Ok(GidEntry::valid(gid_of("fd00::a:1"), GidType::RoceV2))
     );
 
-    // A guest without addresses sees the whole host table, as before identities.
+    // A guest without addresses of a daemon without tenants sees the whole host table.
     let open = TestGuest::new(&fake, test_options(), ALL_FEATURES);
     assert_eq!(port_attr(&open).gid_tbl_len.get(), 16);
     assert_eq!(gid_table(&open).0.len(), 3);
@@ -226,6 +229,56 @@ fn host_index(fake: &FakeDevice, gid: [u8; 16], gid_type: GidType) -> u8 {
 }
 
 const PEER: &str = "fd00::b:9";
+
+/// A guest without addresses beside a tenant of the same daemon: the tenant's entries read as
+/// empty at their host indices and cannot be sent from (a host guest must not spoof a tenant;
+/// found by the handler fuzzer).
+#[test]
+fn a_guest_sharing_the_hosts_identity_cannot_use_a_tenants_address() {
+    let fake = device_with(&["fd00::a:1", "fd00::99:1"]);
+    let budget = Arc::new(HostBudget::new(HostBudgetLimits::for_this_host()));
+    let endpoints = LocalEndpoints::new();
+    let guest = |options: DeviceOptions| {
+        let factory = GuestDeviceFactory::with_daemon(
+            fake.clone(),
+            options,
+            Arc::clone(&budget),
+            Arc::clone(&endpoints),
+        )
+        .unwrap();
+        TestGuest::from_factory(&factory, ALL_FEATURES)
+    };
+    let tenant = guest(identified("a", &["fd00::a:1"], TrafficPolicy::default()));
+    let open = guest(test_options());
+    let tenant_index = host_index(&fake, gid_of("fd00::a:1"), GidType::RoceV2);
+    let other_index = host_index(&fake, gid_of("fd00::99:1"), GidType::RoceV2);
+    assert_eq!(query_gid(&open, tenant_index.into()), Ok(GidEntry::EMPTY));
+    assert_eq!(
+        query_gid(&open, other_index.into()),
+        Ok(GidEntry::valid(gid_of("fd00::99:1"), GidType::RoceV2))
+    );
+    let table: Vec<[u8; 16]> = gid_table(&open).0.iter().map(|e| e.1).collect();
+    assert_eq!(table, [GID0, gid_of("fd00::99:1")]);
+    assert_eq!(
+        port_attr(&open).gid_tbl_len.get(),
+        16,
+        "indices stay the host's"
+    );
+    let pd = open.alloc_pd();
+    let peer = gid_of(PEER);
+    assert_eq!(
+        create_ah(&open, pd, av(tenant_index, peer)),
+        Err(Status::Invalid)
+    );
+    let resp = create_ah(&open, pd, av(other_index, peer)).unwrap();
+    assert_eq!(
+        fake.world().ah_attrs[&resp.ah_num.get()].sgid_index,
+        other_index
+    );
+    // The tenant itself still sends from its address.
+    let pd = tenant.alloc_pd();
+    create_ah(&tenant, pd, av(0, peer)).unwrap();
+}
 
 #[test]
 fn address_handles_use_only_the_guests_own_sources() {

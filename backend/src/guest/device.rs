@@ -200,7 +200,12 @@ impl GuestDevice {
         } else {
             None
         };
-        let gids = GidView::for_port(&*device, options.host_port, &options.identity.addresses)?;
+        let gids = GidView::for_port(
+            &*device,
+            options.host_port,
+            &options.identity.addresses,
+            &tenant.endpoints,
+        )?;
         info!(
             "guest {id} ({}): host context on {} opened (port {} exposed as port {GUEST_PORT})",
             options.identity.name,

@@ -66,6 +66,12 @@ impl LocalEndpoints {
         tenant
     }
 
+    /// Whether `gid` is an address of a tenant (a guest without addresses must not send from
+    /// it, nor see it in its GID table).
+    pub fn is_tenant_address(&self, gid: &[u8; 16]) -> bool {
+        self.read().addresses.contains_key(gid)
+    }
+
     /// Where `dgid` leads, given whether it is an address of the host device (`local`).
     pub fn classify(&self, dgid: &[u8; 16], local: bool) -> Destination {
         if !local {

@@ -1,6 +1,8 @@
 //! The GID table a guest sees, and its translation to the host port's.
 //!
-//! A guest without addresses sees the host port's table unchanged ([`GidView::Host`]). A guest
+//! A guest without addresses sees the host port's table at the host's indices, without the
+//! entries of the daemon's tenants: those read as empty, so that a guest sharing the host's
+//! identity can neither see nor send from a tenant's address ([`GidView::Host`]). A guest
 //! with addresses sees a virtual table of its own ([`VirtualGids`]): one slot per address and
 //! RoCE GID type of the port, in the order the operator gave the addresses, the types in the
 //! kernel's order (RoCE v1 before v2). rxe ports have RoCE v2 entries only, so there slot `k`
@@ -13,11 +15,14 @@
 //! time is checked with one entry read, and the whole table is searched again only when that
 //! entry holds something else.
 
+use std::sync::Arc;
+
 use parking_lot::Mutex;
 use vrdma_spec::verbs::GidType;
 use vrdma_spec::wire::GidEntry;
 
 use super::address::GuestAddress;
+use super::endpoints::LocalEndpoints;
 use crate::host::{HostDevice, Result};
 
 /// RoCE GID types in the order the kernel adds an address's entries.
@@ -34,8 +39,8 @@ pub fn port_gid_types(table: &[(u32, GidEntry)]) -> Vec<GidType> {
 
 /// One guest's view of the GID table of its port.
 pub enum GidView {
-    /// The host port's table as it is (a guest without addresses).
-    Host,
+    /// The host port's table without the tenants' entries (a guest without addresses).
+    Host(Arc<LocalEndpoints>),
     /// A table of the guest's own entries.
     Virtual(VirtualGids),
 }
@@ -115,16 +120,17 @@ impl VirtualGids {
 }
 
 impl GidView {
-    /// The view of a guest with `addresses` on `port` (the host's table when there are none),
-    /// with a slot per address for each RoCE type the port's table holds now (RoCE v2 if it
-    /// holds none: rxe's only type).
+    /// The view of a guest with `addresses` on `port` (the host's table without the tenants'
+    /// entries of `endpoints` when there are none), with a slot per address for each RoCE type
+    /// the port's table holds now (RoCE v2 if it holds none: rxe's only type).
     pub fn for_port(
         device: &dyn HostDevice,
         port: u8,
         addresses: &[GuestAddress],
+        endpoints: &Arc<LocalEndpoints>,
     ) -> Result<GidView> {
         if addresses.is_empty() {
-            return Ok(GidView::Host);
+            return Ok(GidView::Host(Arc::clone(endpoints)));
         }
         let mut types = port_gid_types(&device.gid_table(port)?);
         if types.is_empty() {
@@ -136,7 +142,7 @@ impl GidView {
     /// The guest's `gid_tbl_len`, given the host port's.
     pub fn table_len(&self, host_len: u32) -> u32 {
         match self {
-            GidView::Host => host_len,
+            GidView::Host(_) => host_len,
             GidView::Virtual(v) => v.len().min(host_len),
         }
     }
@@ -150,7 +156,10 @@ impl GidView {
         index: u32,
     ) -> Result<Option<(u32, GidEntry)>> {
         match self {
-            GidView::Host => Ok(device.gid_entry(port, index)?.map(|e| (index, e))),
+            GidView::Host(endpoints) => Ok(device
+                .gid_entry(port, index)?
+                .filter(|e| !endpoints.is_tenant_address(&e.gid))
+                .map(|e| (index, e))),
             GidView::Virtual(v) => {
                 let Ok(slot) = usize::try_from(index) else {
                     return Ok(None);
@@ -169,7 +178,10 @@ impl GidView {
         host_index: u32,
     ) -> Result<Option<u32>> {
         match self {
-            GidView::Host => Ok(Some(host_index)),
+            GidView::Host(endpoints) => Ok(device
+                .gid_entry(port, host_index)?
+                .is_none_or(|e| !endpoints.is_tenant_address(&e.gid))
+                .then_some(host_index)),
             GidView::Virtual(v) => v.slot_of(device, port, host_index),
         }
     }
@@ -177,9 +189,11 @@ impl GidView {
     /// The populated entries of the guest's table with the guest's indices, by index.
     pub fn table(&self, device: &dyn HostDevice, port: u8) -> Result<Vec<(u32, GidEntry)>> {
         match self {
-            GidView::Host => {
+            GidView::Host(endpoints) => {
                 let mut table = device.gid_table(port)?;
-                table.retain(|(_, entry)| entry.is_valid());
+                table.retain(|(_, entry)| {
+                    entry.is_valid() && !endpoints.is_tenant_address(&entry.gid)
+                });
                 table.sort_unstable_by_key(|(index, _)| *index);
                 Ok(table)
             }

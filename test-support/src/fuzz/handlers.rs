@@ -545,4 +545,21 @@ mod tests {
             255, 8, 0, 38, 5, 0, 9, 1, 0, 0, 0,
         ]);
     }
+
+    /// Every input the fuzzer found a bug with (`test-support/fuzz-regressions/`), run again.
+    #[test]
+    fn past_findings_keep_every_invariant() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fuzz-regressions/handler_sequences"
+        );
+        let mut found = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            eprintln!("{}", path.display());
+            run_handler_sequence(&std::fs::read(&path).unwrap());
+            found += 1;
+        }
+        assert!(found > 0, "no inputs in {dir}");
+    }
 }
