@@ -8,16 +8,13 @@
 //! `vrdma_test_support::fake_host`, whose GID table fills as the kernel's does when its netdev
 //! gets an address.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use vrdma_backend::guest::device::GuestDeviceFactory;
 use vrdma_backend::guest::options::{DeviceOptions, GuestError};
-use vrdma_backend::identity::endpoints::LocalEndpoints;
 use vrdma_backend::identity::policy::{ValueSet, MAX_SERVICE_LEVEL, MAX_TRAFFIC_CLASS};
 use vrdma_backend::identity::provision::{provision, ProvisionError};
 use vrdma_backend::identity::{GuestAddress, GuestIdentity, TrafficPolicy};
-use vrdma_backend::memory::budget::{HostBudget, HostBudgetLimits};
 use vrdma_spec::verbs::{AccessFlags, GidType, Mtu, QpAttrMask, QpState};
 use vrdma_spec::wire::{self, *};
 use vrdma_spec::{ControlRequest, Le32, ResponseBody, Status};
@@ -236,20 +233,12 @@ const PEER: &str = "fd00::b:9";
 #[test]
 fn a_guest_sharing_the_hosts_identity_cannot_use_a_tenants_address() {
     let fake = device_with(&["fd00::a:1", "fd00::99:1"]);
-    let budget = Arc::new(HostBudget::new(HostBudgetLimits::for_this_host()));
-    let endpoints = LocalEndpoints::new();
-    let guest = |options: DeviceOptions| {
-        let factory = GuestDeviceFactory::with_daemon(
-            fake.clone(),
-            options,
-            Arc::clone(&budget),
-            Arc::clone(&endpoints),
-        )
-        .unwrap();
-        TestGuest::from_factory(&factory, ALL_FEATURES)
-    };
-    let tenant = guest(identified("a", &["fd00::a:1"], TrafficPolicy::default()));
-    let open = guest(test_options());
+    let daemon = TestDaemon::new(&fake);
+    let tenant = daemon.guest(
+        identified("a", &["fd00::a:1"], TrafficPolicy::default()),
+        ALL_FEATURES,
+    );
+    let open = daemon.guest(test_options(), ALL_FEATURES);
     let tenant_index = host_index(&fake, gid_of("fd00::a:1"), GidType::RoceV2);
     let other_index = host_index(&fake, gid_of("fd00::99:1"), GidType::RoceV2);
     assert_eq!(query_gid(&open, tenant_index.into()), Ok(GidEntry::EMPTY));

@@ -8,13 +8,10 @@
 
 use std::sync::Arc;
 
-use vrdma_backend::guest::device::GuestDeviceFactory;
 use vrdma_backend::guest::options::DeviceOptions;
-use vrdma_backend::identity::endpoints::LocalEndpoints;
 use vrdma_backend::identity::{GuestAddress, GuestIdentity, TrafficPolicy};
-use vrdma_backend::memory::budget::{HostBudget, HostBudgetLimits};
 use vrdma_backend::resources::quotas::Quotas;
-use vrdma_spec::verbs::{AccessFlags, Mtu, QpAttrMask, QpState};
+use vrdma_spec::verbs::{AccessFlags, QpAttrMask, QpState};
 use vrdma_spec::wire::{self, ModifyQpReq};
 use vrdma_spec::{ControlRequest, Le32, Status};
 use vrdma_test_support::fake_host::device::*;
@@ -46,8 +43,7 @@ fn daemon() -> Daemon {
         fake.world()
             .add_address_gids(&address.parse::<GuestAddress>().unwrap());
     }
-    let budget = Arc::new(HostBudget::new(HostBudgetLimits::for_this_host()));
-    let endpoints = LocalEndpoints::new();
+    let daemon = TestDaemon::new(&fake);
     let guest = |name: &str, addresses: &[&str]| {
         let base = test_options();
         let options = DeviceOptions {
@@ -65,14 +61,7 @@ fn daemon() -> Daemon {
             },
             ..base
         };
-        let factory = GuestDeviceFactory::with_daemon(
-            fake.clone(),
-            options,
-            Arc::clone(&budget),
-            Arc::clone(&endpoints),
-        )
-        .unwrap();
-        let guest = TestGuest::from_factory(&factory, ALL_FEATURES);
+        let guest = daemon.guest(options, ALL_FEATURES);
         assert_eq!(guest.set_doorbell_area(RAM_BASE), Status::Ok);
         guest
     };
@@ -105,25 +94,7 @@ fn rc_qp(guest: &TestGuest) -> (u32, u32) {
 
 /// INIT→RTR of `qp` towards QP number `dest_qpn` at `dgid`, from the guest's GID 0.
 fn to_rtr(guest: &TestGuest, qp: u32, dgid: [u8; 16], dest_qpn: u32) -> Status {
-    let mut attr = wire::QpAttr::new_zeroed()
-        .with_qp_state(QpState::Rtr)
-        .with_path_mtu(Mtu::Mtu1024);
-    attr.dest_qp_num = Le32::new(dest_qpn);
-    attr.min_rnr_timer = 12;
-    attr.max_dest_rd_atomic = 1;
-    attr.ah_attr = roce_av(0, dgid);
-    let mask = M::STATE
-        | M::AV
-        | M::PATH_MTU
-        | M::DEST_QPN
-        | M::RQ_PSN
-        | M::MAX_DEST_RD_ATOMIC
-        | M::MIN_RNR_TIMER;
-    guest.status(ControlRequest::ModifyQp(ModifyQpReq {
-        qp: Le32::new(qp),
-        attr_mask: Le32::new(mask.bits()),
-        attr,
-    }))
+    guest.status(ControlRequest::ModifyQp(rc_to_rtr(qp, 0, dgid, dest_qpn)))
 }
 
 #[test]

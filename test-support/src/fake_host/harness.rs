@@ -8,6 +8,8 @@ use vhost_user_backend::VhostUserBackend;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 use vrdma_backend::guest::device::{GuestDevice, GuestDeviceFactory};
 use vrdma_backend::guest::options::DeviceOptions;
+use vrdma_backend::identity::endpoints::LocalEndpoints;
+use vrdma_backend::memory::budget::{HostBudget, HostBudgetLimits};
 use vrdma_backend::resources::quotas::Quotas;
 use vrdma_backend::vhost_device::guest_context::GuestContext;
 use vrdma_backend::vhost_device::handler::{CommandRejection, DeviceHandler};
@@ -15,9 +17,10 @@ use vrdma_backend::vhost_device::VhostUserDevice;
 use vrdma_spec::config::DeviceConfig;
 use vrdma_spec::control::{encode_page_list, HEADER_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::*;
-use vrdma_spec::verbs::AccessFlags;
+use vrdma_spec::verbs::{AccessFlags, Mtu, QpAttrMask, QpState};
 use vrdma_spec::wire::*;
 use vrdma_spec::{ControlRequest, ControlResponse, Le16, Le32, Le64, RegMr, ResponseBody, Status};
+use zerocopy::FromZeros;
 
 use super::device::{memfd, FakeDevice, PAGE};
 use super::frontend::{serve_backend_channel, BackendChannel, FakeFrontend};
@@ -275,3 +278,61 @@ pub fn reg_mr(
 /// Every feature the fake device offers or a test may accept.
 pub const ALL_FEATURES: u64 =
     VRDMA_F_RING_RXE_V1 | VRDMA_F_SRQ | VRDMA_F_UD | VRDMA_F_UC | VRDMA_F_UD_STAGED_SQ;
+
+/// Guests of one daemon on one fake device: one host budget and one table of tenant endpoints
+/// for all of them, as `vrdma-backend` serves every socket.
+pub struct TestDaemon {
+    /// The device every guest's host context is on.
+    pub fake: Arc<FakeDevice>,
+    budget: Arc<HostBudget>,
+    endpoints: Arc<LocalEndpoints>,
+}
+
+impl TestDaemon {
+    /// A daemon on `fake` with this host's budget limits.
+    pub fn new(fake: &Arc<FakeDevice>) -> TestDaemon {
+        TestDaemon {
+            fake: Arc::clone(fake),
+            budget: Arc::new(HostBudget::new(HostBudgetLimits::for_this_host())),
+            endpoints: LocalEndpoints::new(),
+        }
+    }
+
+    /// A new guest of the daemon with `options`, its driver having accepted `features`.
+    pub fn guest(&self, options: DeviceOptions, features: u64) -> TestGuest {
+        let factory = GuestDeviceFactory::with_daemon(
+            self.fake.clone(),
+            options,
+            Arc::clone(&self.budget),
+            Arc::clone(&self.endpoints),
+        )
+        .expect("valid options");
+        TestGuest::from_factory(&factory, features)
+    }
+}
+
+/// INIT→RTR of RC QP `qp` towards QP number `dest_qpn` at `dgid`, from the guest's GID
+/// `sgid_index` (path MTU 1024, one responder resource).
+pub fn rc_to_rtr(qp: u32, sgid_index: u8, dgid: [u8; 16], dest_qpn: u32) -> ModifyQpReq {
+    let mut attr = QpAttr::new_zeroed()
+        .with_qp_state(QpState::Rtr)
+        .with_path_mtu(Mtu::Mtu1024);
+    attr.dest_qp_num = Le32::new(dest_qpn);
+    attr.rq_psn = Le32::new(7);
+    attr.min_rnr_timer = 12;
+    attr.max_dest_rd_atomic = 1;
+    attr.ah_attr = roce_av(sgid_index, dgid);
+    type M = QpAttrMask;
+    let mask = M::STATE
+        | M::AV
+        | M::PATH_MTU
+        | M::DEST_QPN
+        | M::RQ_PSN
+        | M::MAX_DEST_RD_ATOMIC
+        | M::MIN_RNR_TIMER;
+    ModifyQpReq {
+        qp: Le32::new(qp),
+        attr_mask: Le32::new(mask.bits()),
+        attr,
+    }
+}

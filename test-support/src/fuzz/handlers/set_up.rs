@@ -5,7 +5,7 @@
 
 use vrdma_backend::resources::kind::ResourceKind::{self, *};
 use vrdma_spec::control::HEADER_SIZE;
-use vrdma_spec::verbs::{AccessFlags, Mtu, QpAttrMask as M, QpState};
+use vrdma_spec::verbs::{AccessFlags, QpAttrMask as M, QpState};
 use vrdma_spec::wire::{CreateAhReq, CreateQpReq, ModifyQpReq, QpAttr};
 use vrdma_spec::{Le32, Opcode};
 use zerocopy::{FromZeros, IntoBytes};
@@ -15,7 +15,7 @@ use super::super::requests::{self as q};
 use super::super::staged_sends::Targets;
 use super::Sequence;
 use crate::fake_host::device::PAGE;
-use crate::fake_host::harness::{qp_req, roce_av, RAM_BASE};
+use crate::fake_host::harness::{qp_req, rc_to_rtr, roce_av, RAM_BASE};
 
 /// The UD QP type on the wire.
 const UD: u8 = 4;
@@ -49,25 +49,13 @@ impl Sequence {
             r,
         );
         let aims = self.aims();
-        let mut attr = QpAttr::new_zeroed()
-            .with_qp_state(QpState::Rtr)
-            .with_path_mtu(Mtu::Mtu1024);
-        attr.dest_qp_num = Le32::new(if aims.qpns.is_empty() || r.chance(10) {
+        let dest_qpn = if aims.qpns.is_empty() || r.chance(10) {
             r.u32() & 0xff_ffff
         } else {
             r.pick(&aims.qpns)
-        });
-        attr.min_rnr_timer = 12;
-        attr.max_dest_rd_atomic = 1;
-        attr.ah_attr = roce_av(0, r.pick(&aims.dgids));
-        let mask = M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER;
-        self.modify(g, rc, mask, attr, r);
+        };
+        let rtr = rc_to_rtr(rc, 0, r.pick(&aims.dgids), dest_qpn);
+        self.run(g, &q::request(Opcode::ModifyQp, rtr.as_bytes()), r);
         // A UD QP, ready to send, with an AH towards one of the destinations.
         let ud = self.new_qp(
             g,
