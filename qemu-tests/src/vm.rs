@@ -288,6 +288,7 @@ finish() {{ echo "$1" > {RUN_DIR_IN_VM}/status; sync; busybox poweroff -f; }}
 setup() {{
     ip link set lo up &&
     modprobe rdma_rxe &&
+    modprobe rdma_ucm &&
     modprobe dummy &&
     ip link add d0 type dummy &&
     ip link set d0 up &&

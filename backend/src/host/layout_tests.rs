@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::process::Command;
 
 use super::rxe_abi::*;
+use super::ucma::abi as ucma;
 use super::uverbs::*;
 
 struct Layout {
@@ -133,13 +134,59 @@ fn all_layouts() -> Vec<Layout> {
         "struct rxe_create_srq_resp" => RxeCreateSrqResp { mi, srq_num, reserved },
         "struct rxe_modify_srq_cmd" => RxeModifySrqCmd { mmap_info_addr },
         "struct rxe_create_ah_resp" => RxeCreateAhResp { ah_num, reserved },
+        // The connection manager's (`<rdma/rdma_user_cm.h>`); the header's `in`/`out` fields
+        // are Rust keywords, its size is asserted where it is declared.
+        "struct rdma_ucm_create_id" => ucma::CreateId { uid, response, ps, qp_type, reserved },
+        "struct rdma_ucm_create_id_resp" => ucma::CreateIdResp { id },
+        "struct rdma_ucm_destroy_id" => ucma::DestroyId { response, id, reserved },
+        "struct rdma_ucm_destroy_id_resp" => ucma::DestroyIdResp { events_reported },
+        "struct rdma_ucm_bind" => ucma::Bind { id, addr_size, reserved, addr },
+        "struct rdma_ucm_resolve_addr" => ucma::ResolveAddr {
+            id, timeout_ms, src_size, dst_size, reserved, src_addr, dst_addr,
+        },
+        "struct rdma_ucm_resolve_route" => ucma::ResolveRoute { id, timeout_ms },
+        "struct rdma_ucm_query" => ucma::Query { response, id, option },
+        "struct rdma_ucm_query_addr_resp" => ucma::QueryAddrResp {
+            node_guid, port_num, reserved, pkey, src_size, dst_size, src_addr, dst_addr,
+            ibdev_index, reserved1,
+        },
+        "struct rdma_ucm_conn_param" => ucma::ConnParam {
+            qp_num, qkey, private_data, private_data_len, srq, responder_resources,
+            initiator_depth, flow_control, retry_count, rnr_retry_count, valid,
+        },
+        "struct rdma_ucm_ud_param" => ucma::UdParam {
+            qp_num, qkey, ah_attr, private_data, private_data_len, reserved,
+        },
+        "struct rdma_ucm_ece" => ucma::Ece { vendor_id, attr_mod },
+        "struct rdma_ucm_connect" => ucma::Connect { conn_param, id, reserved, ece },
+        "struct rdma_ucm_listen" => ucma::Listen { id, backlog },
+        "struct rdma_ucm_accept" => ucma::Accept { uid, conn_param, id, reserved, ece },
+        "struct rdma_ucm_reject" => ucma::Reject {
+            id, private_data_len, reason, reserved, private_data,
+        },
+        "struct rdma_ucm_disconnect" => ucma::Disconnect { id },
+        "struct rdma_ucm_init_qp_attr" => ucma::InitQpAttr { response, id, qp_state },
+        "struct ib_uverbs_qp_attr" => ucma::QpAttrResp {
+            qp_attr_mask, qp_state, cur_qp_state, path_mtu, path_mig_state, qkey, rq_psn,
+            sq_psn, dest_qp_num, qp_access_flags, ah_attr, alt_ah_attr, max_send_wr,
+            max_recv_wr, max_send_sge, max_recv_sge, max_inline_data, pkey_index,
+            alt_pkey_index, en_sqd_async_notify, sq_draining, max_rd_atomic,
+            max_dest_rd_atomic, min_rnr_timer, port_num, timeout, retry_cnt, rnr_retry,
+            alt_port_num, alt_timeout, reserved,
+        },
+        "struct rdma_ucm_get_event" => ucma::GetEvent { response },
+        "struct rdma_ucm_event_resp" => ucma::EventResp {
+            uid, id, event, status, param, reserved, ece,
+        },
+        "struct rdma_ucm_set_option" => ucma::SetOption { optval, id, level, optname, optlen },
+        "struct rdma_ucm_notify" => ucma::Notify { id, event },
     }
 }
 
 fn c_program(layouts: &[Layout]) -> String {
     let mut src = String::from(
         "#include <stddef.h>\n#include <stdio.h>\n#include <rdma/ib_user_verbs.h>\n\
-         #include <rdma/rdma_user_rxe.h>\nint main(void) {\n",
+         #include <rdma/rdma_user_rxe.h>\n#include <rdma/rdma_user_cm.h>\nint main(void) {\n",
     );
     for l in layouts {
         writeln!(

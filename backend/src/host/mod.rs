@@ -15,6 +15,7 @@
 //!   [`verbs_file`]; [`rxe_convert`] translates between the verbs types and the command ABI.
 //! - [`events`]: the context's async event and completion channel fds.
 //! - [`local_addresses`]: whether a destination is this host's own (delivered locally).
+//! - [`ucma`]: the kernel's connection manager ABI (`/dev/infiniband/rdma_cm`).
 
 pub mod device;
 pub mod error;
@@ -25,6 +26,7 @@ pub mod rxe_abi;
 pub mod rxe_convert;
 pub mod sysfs;
 pub mod types;
+pub mod ucma;
 pub mod uverbs;
 pub mod verbs_file;
 

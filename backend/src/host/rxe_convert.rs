@@ -81,6 +81,61 @@ pub(super) fn kernel_ah_attr(a: &AhAttr) -> uverbs::AhAttr {
     }
 }
 
+/// An address vector of the kernel's (`struct ib_uverbs_ah_attr`) in the spec's wire form.
+pub(crate) fn wire_ah_attr(a: &uverbs::AhAttr) -> AhAttr {
+    AhAttr {
+        dgid: a.grh.dgid,
+        flow_label: Le32::new(a.grh.flow_label),
+        sgid_index: a.grh.sgid_index,
+        hop_limit: a.grh.hop_limit,
+        traffic_class: a.grh.traffic_class,
+        sl: a.sl,
+        dlid: Le16::new(a.dlid),
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        is_global: u8::from(a.is_global != 0),
+        port_num: a.port_num,
+        reserved: Le16::ZERO,
+    }
+}
+
+/// The attributes and mask the connection manager computed for a QP (INIT_QP_ATTR's
+/// `struct ib_uverbs_qp_attr`), in the form MODIFY_QP takes. Host terms: GID indices and ports
+/// are the host's. Mask bits the spec does not know stay set, for the caller to judge.
+pub fn qp_attr_from_cm(a: &super::ucma::abi::QpAttrResp) -> (QpAttr, QpAttrMask) {
+    let mut attr = QpAttr::new_zeroed();
+    attr.qp_state = Le32::new(a.qp_state);
+    attr.cur_qp_state = Le32::new(a.cur_qp_state);
+    attr.path_mtu = Le32::new(a.path_mtu);
+    attr.path_mig_state = Le32::new(a.path_mig_state);
+    attr.qkey = Le32::new(a.qkey);
+    attr.rq_psn = Le32::new(a.rq_psn);
+    attr.sq_psn = Le32::new(a.sq_psn);
+    attr.dest_qp_num = Le32::new(a.dest_qp_num);
+    attr.qp_access_flags = Le32::new(a.qp_access_flags);
+    attr.max_send_wr = Le32::new(a.max_send_wr);
+    attr.max_recv_wr = Le32::new(a.max_recv_wr);
+    attr.max_send_sge = Le32::new(a.max_send_sge);
+    attr.max_recv_sge = Le32::new(a.max_recv_sge);
+    attr.max_inline_data = Le32::new(a.max_inline_data);
+    attr.ah_attr = wire_ah_attr(&a.ah_attr);
+    attr.alt_ah_attr = wire_ah_attr(&a.alt_ah_attr);
+    attr.pkey_index = Le16::new(a.pkey_index);
+    attr.alt_pkey_index = Le16::new(a.alt_pkey_index);
+    attr.en_sqd_async_notify = a.en_sqd_async_notify;
+    attr.sq_draining = a.sq_draining;
+    attr.max_rd_atomic = a.max_rd_atomic;
+    attr.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    attr.min_rnr_timer = a.min_rnr_timer;
+    attr.port_num = a.port_num;
+    attr.timeout = a.timeout;
+    attr.retry_cnt = a.retry_cnt;
+    attr.rnr_retry = a.rnr_retry;
+    attr.alt_port_num = a.alt_port_num;
+    attr.alt_timeout = a.alt_timeout;
+    (attr, QpAttrMask::from_bits_retain(a.qp_attr_mask))
+}
+
 /// Builds `struct ib_uverbs_modify_qp` the way rdma-core's `copy_modify_qp_fields` does: only
 /// the fields selected by `mask` are copied, everything else stays zero. The enumerated
 /// values were checked by the caller (states, MTU 1..=5, migration state 0..=2), so they fit

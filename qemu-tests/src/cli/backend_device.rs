@@ -1,5 +1,6 @@
-//! `backend-device`: the backend's host-device layer on rxe0: its `device_rxe` and
-//! `device_rxe_windows` integration tests (ignored outside the VM), run in one VM boot.
+//! `backend-device`: the backend's host-device layer on rxe0: its `device_rxe`,
+//! `device_rxe_windows` and `device_rxe_cm` integration tests (ignored outside the VM), run in
+//! one VM boot.
 
 use super::host::prepared_root;
 use super::vm_args::VmArgs;
@@ -8,7 +9,7 @@ use crate::vm;
 use crate::workspace;
 
 /// The backend's test binaries that need rdma_rxe.
-const DEVICE_TESTS: &[&str] = &["device_rxe", "device_rxe_windows"];
+const DEVICE_TESTS: &[&str] = &["device_rxe", "device_rxe_windows", "device_rxe_cm"];
 
 /// `vrdma-vm test backend-device`.
 pub fn test(vm_args: &VmArgs) -> Result<()> {
