@@ -77,30 +77,46 @@ impl VerbsFile {
     }
 
     fn write_command(&self, name: &'static str, buf: &[u8]) -> Result<()> {
-        // SAFETY: `buf` is a valid readable buffer of `buf.len()` bytes. Any user address the
-        // command carries points at a live buffer of the caller's: the response of `execute`,
-        // sized for exactly the header's `out_words`, or a driver output such as the mminfo of
-        // rxe's MODIFY_SRQ. The kernel writes those only during this call.
-        let written = unsafe { libc::write(self.fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
-        if written < 0 {
-            let errno = io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO);
-            return Err(DeviceError::Command {
-                command: name,
-                errno,
-            });
-        }
-        let written = written.unsigned_abs();
-        if written != buf.len() {
-            return Err(DeviceError::ShortWrite {
-                command: name,
-                written,
-                len: buf.len(),
-            });
-        }
-        Ok(())
+        // SAFETY: any user address the command carries points at a live buffer of the
+        // caller's: the response of `execute`, sized for exactly the header's `out_words`, or a
+        // driver output such as the mminfo of rxe's MODIFY_SRQ. The kernel writes those only
+        // during this call.
+        unsafe { write_command(self.fd.as_fd(), name, buf) }
     }
+}
+
+/// Writes one command (`buf`, header included) to a uverbs or rdma_cm character device, which
+/// accepts it whole or fails it with an errno.
+///
+/// # Safety
+/// Every user address inside `buf` (response buffers, option values) must point at memory of
+/// this process that is valid for the access the command makes, for the duration of the call.
+pub(crate) unsafe fn write_command(
+    fd: BorrowedFd<'_>,
+    name: &'static str,
+    buf: &[u8],
+) -> Result<()> {
+    // SAFETY: `buf` is readable for its length; the addresses inside it are the caller's
+    // promise.
+    let written = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
+    if written < 0 {
+        let errno = io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
+        return Err(DeviceError::Command {
+            command: name,
+            errno,
+        });
+    }
+    let written = written.unsigned_abs();
+    if written != buf.len() {
+        return Err(DeviceError::ShortWrite {
+            command: name,
+            written,
+            len: buf.len(),
+        });
+    }
+    Ok(())
 }
 
 impl AsFd for VerbsFile {

@@ -6,31 +6,7 @@
 //! write buffer. The kernel copies `sizeof` of most request structs whatever the header's `in`
 //! says, so every request is written whole.
 
-use crate::host::uverbs::{abi_layout, AhAttr};
-
-/// Declares a ucma ABI struct: `#[repr(C)]` plain data with explicit padding, like the uverbs
-/// ones, without `Default` (the address and private-data arrays have none); zero values come
-/// from `FromZeros`.
-macro_rules! abi_struct {
-    ($(#[$meta:meta])* pub struct $name:ident { $($(#[$fmeta:meta])* pub $field:ident: $ty:ty),* $(,)? }) => {
-        $(#[$meta])*
-        #[repr(C)]
-        #[derive(
-            Debug,
-            Clone,
-            Copy,
-            PartialEq,
-            Eq,
-            ::zerocopy::FromBytes,
-            ::zerocopy::IntoBytes,
-            ::zerocopy::Immutable,
-            ::zerocopy::KnownLayout,
-        )]
-        pub struct $name {
-            $($(#[$fmeta])* pub $field: $ty),*
-        }
-    };
-}
+use crate::host::uverbs::{abi_layout, abi_struct, AhAttr};
 
 /// `RDMA_USER_CM_ABI_VERSION`.
 pub const ABI_VERSION: u32 = 4;
@@ -102,6 +78,7 @@ pub const MAX_PRIVATE_DATA: usize = 256;
 pub const SOCKADDR_STORAGE: usize = 128;
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_cmd_hdr` (`in` and `out` are byte counts of the request and response).
     pub struct CmHdr {
         pub cmd: u32,
@@ -112,6 +89,7 @@ abi_struct! {
 abi_layout!(CmHdr, 8, cmd @ 0, in_len @ 4, out_len @ 6);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_create_id`.
     pub struct CreateId {
         pub uid: u64,
@@ -124,6 +102,7 @@ abi_struct! {
 abi_layout!(CreateId, 24, uid @ 0, response @ 8, ps @ 16, qp_type @ 18, reserved @ 19);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_create_id_resp`.
     pub struct CreateIdResp {
         pub id: u32,
@@ -132,6 +111,7 @@ abi_struct! {
 abi_layout!(CreateIdResp, 4, id @ 0);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_destroy_id`.
     pub struct DestroyId {
         pub response: u64,
@@ -142,6 +122,7 @@ abi_struct! {
 abi_layout!(DestroyId, 16, response @ 0, id @ 8, reserved @ 12);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_destroy_id_resp`.
     pub struct DestroyIdResp {
         pub events_reported: u32,
@@ -150,6 +131,7 @@ abi_struct! {
 abi_layout!(DestroyIdResp, 4, events_reported @ 0);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_bind`.
     pub struct Bind {
         pub id: u32,
@@ -161,6 +143,7 @@ abi_struct! {
 abi_layout!(Bind, 136, id @ 0, addr_size @ 4, reserved @ 6, addr @ 8);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_resolve_addr`.
     pub struct ResolveAddr {
         pub id: u32,
@@ -176,6 +159,7 @@ abi_layout!(ResolveAddr, 272, id @ 0, timeout_ms @ 4, src_size @ 8, dst_size @ 1
     reserved @ 12, src_addr @ 16, dst_addr @ 144);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_resolve_route`.
     pub struct ResolveRoute {
         pub id: u32,
@@ -185,6 +169,7 @@ abi_struct! {
 abi_layout!(ResolveRoute, 8, id @ 0, timeout_ms @ 4);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_query`.
     pub struct Query {
         pub response: u64,
@@ -195,6 +180,7 @@ abi_struct! {
 abi_layout!(Query, 16, response @ 0, id @ 8, option @ 12);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_query_addr_resp`.
     pub struct QueryAddrResp {
         pub node_guid: u64,
@@ -214,6 +200,7 @@ abi_layout!(QueryAddrResp, 280, node_guid @ 0, port_num @ 8, reserved @ 9, pkey 
     reserved1 @ 276);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_conn_param`.
     pub struct ConnParam {
         pub qp_num: u32,
@@ -234,6 +221,7 @@ abi_layout!(ConnParam, 272, qp_num @ 0, qkey @ 4, private_data @ 8, private_data
     retry_count @ 269, rnr_retry_count @ 270, valid @ 271);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_ud_param`.
     pub struct UdParam {
         pub qp_num: u32,
@@ -248,6 +236,7 @@ abi_layout!(UdParam, 304, qp_num @ 0, qkey @ 4, ah_attr @ 8, private_data @ 40,
     private_data_len @ 296, reserved @ 297);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_ece`.
     pub struct Ece {
         pub vendor_id: u32,
@@ -257,6 +246,7 @@ abi_struct! {
 abi_layout!(Ece, 8, vendor_id @ 0, attr_mod @ 4);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_connect`.
     pub struct Connect {
         pub conn_param: ConnParam,
@@ -268,6 +258,7 @@ abi_struct! {
 abi_layout!(Connect, 288, conn_param @ 0, id @ 272, reserved @ 276, ece @ 280);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_listen`.
     pub struct Listen {
         pub id: u32,
@@ -277,6 +268,7 @@ abi_struct! {
 abi_layout!(Listen, 8, id @ 0, backlog @ 4);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_accept` (`conn_param.valid == 0`: accept the peer's REP, i.e. send
     /// the RTU, as `rdma_establish` does).
     pub struct Accept {
@@ -290,6 +282,7 @@ abi_struct! {
 abi_layout!(Accept, 296, uid @ 0, conn_param @ 8, id @ 280, reserved @ 284, ece @ 288);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_reject` (`reason` 0 is the consumer-defined reject).
     pub struct Reject {
         pub id: u32,
@@ -303,6 +296,7 @@ abi_layout!(Reject, 264, id @ 0, private_data_len @ 4, reason @ 5, reserved @ 6,
     private_data @ 8);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_disconnect`.
     pub struct Disconnect {
         pub id: u32,
@@ -311,6 +305,7 @@ abi_struct! {
 abi_layout!(Disconnect, 4, id @ 0);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_init_qp_attr`.
     pub struct InitQpAttr {
         pub response: u64,
@@ -321,6 +316,7 @@ abi_struct! {
 abi_layout!(InitQpAttr, 16, response @ 0, id @ 8, qp_state @ 12);
 
 abi_struct! {
+    no_default:
     /// `struct ib_uverbs_qp_attr`: INIT_QP_ATTR's answer, the attributes and mask the CM
     /// computed for the next state of the id's QP.
     pub struct QpAttrResp {
@@ -366,6 +362,7 @@ abi_layout!(QpAttrResp, 144, qp_attr_mask @ 0, qp_state @ 4, cur_qp_state @ 8, p
     retry_cnt @ 135, rnr_retry @ 136, alt_port_num @ 137, alt_timeout @ 138, reserved @ 139);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_get_event`.
     pub struct GetEvent {
         pub response: u64,
@@ -374,6 +371,7 @@ abi_struct! {
 abi_layout!(GetEvent, 8, response @ 0);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_event_resp`. `param` is the union of [`ConnParam`] (ids of a connected
     /// port space) and [`UdParam`] (UD ids), unaligned at offset 20 as in the kernel.
     pub struct EventResp {
@@ -390,6 +388,7 @@ abi_layout!(EventResp, 336, uid @ 0, id @ 8, event @ 12, status @ 16, param @ 20
     reserved @ 324, ece @ 328);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_set_option` (`optval` points at `optlen` bytes the kernel reads).
     pub struct SetOption {
         pub optval: u64,
@@ -402,6 +401,7 @@ abi_struct! {
 abi_layout!(SetOption, 24, optval @ 0, id @ 8, level @ 12, optname @ 16, optlen @ 20);
 
 abi_struct! {
+    no_default:
     /// `struct rdma_ucm_notify`.
     pub struct Notify {
         pub id: u32,

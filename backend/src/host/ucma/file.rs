@@ -6,9 +6,8 @@
 //! answers `None` when no event is queued, and the fd polls readable while one is.
 
 use std::fs::OpenOptions;
-use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
@@ -17,6 +16,7 @@ use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use super::abi::*;
 use crate::host::error::{DeviceError, Result};
+use crate::host::verbs_file::write_command;
 
 /// Where the kernel's rdma_cm character device lives.
 pub const CM_DEVICE_PATH: &str = "/dev/infiniband/rdma_cm";
@@ -249,28 +249,10 @@ impl CmFile {
         let mut buf = Vec::with_capacity(size_of::<CmHdr>() + size_of::<T>());
         buf.extend_from_slice(hdr.as_bytes());
         buf.extend_from_slice(req.as_bytes());
-        // SAFETY: `buf` is readable for its length. The user addresses the request carries
-        // point at live buffers of the caller for the duration of this call: a response of
-        // exactly `out_len` bytes, or SET_OPTION's value of `optlen` bytes (read only).
-        let written = unsafe { libc::write(self.fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
-        if written < 0 {
-            let errno = io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO);
-            return Err(DeviceError::Command {
-                command: name,
-                errno,
-            });
-        }
-        let written = written.unsigned_abs();
-        if written != buf.len() {
-            return Err(DeviceError::ShortWrite {
-                command: name,
-                written,
-                len: buf.len(),
-            });
-        }
-        Ok(())
+        // SAFETY: the user addresses the request carries point at live buffers of the caller
+        // for the duration of this call: a response of exactly `out_len` bytes, or
+        // SET_OPTION's value of `optlen` bytes (read only).
+        unsafe { write_command(self.fd.as_fd(), name, &buf) }
     }
 }
 

@@ -15,16 +15,16 @@ macro_rules! abi_layout {
 }
 pub(crate) use abi_layout;
 
-/// Declares a uverbs/rxe ABI struct: `#[repr(C)]` plain data that zerocopy can read from and
-/// write to the kernel's buffers (padding must be explicit: `IntoBytes` refuses implicit
-/// padding at compile time).
+/// Declares a uverbs/rxe/ucma ABI struct: `#[repr(C)]` plain data that zerocopy can read from
+/// and write to the kernel's buffers (padding must be explicit: `IntoBytes` refuses implicit
+/// padding at compile time). With a leading `no_default:` it derives no `Default` (arrays of
+/// more than 32 bytes have none; zero values come from `FromZeros`).
 macro_rules! abi_struct {
-    ($(#[$meta:meta])* pub struct $name:ident { $($(#[$fmeta:meta])* pub $field:ident: $ty:ty),* $(,)? }) => {
+    (no_default: $(#[$meta:meta])* pub struct $name:ident { $($(#[$fmeta:meta])* pub $field:ident: $ty:ty),* $(,)? }) => {
         $(#[$meta])*
         #[repr(C)]
         #[derive(
             Debug,
-            Default,
             Clone,
             Copy,
             PartialEq,
@@ -37,6 +37,9 @@ macro_rules! abi_struct {
         pub struct $name {
             $($(#[$fmeta])* pub $field: $ty),*
         }
+    };
+    ($(#[$meta:meta])* pub struct $name:ident { $($(#[$fmeta:meta])* pub $field:ident: $ty:ty),* $(,)? }) => {
+        $crate::host::uverbs::abi_struct!(no_default: $(#[$meta])* #[derive(Default)] pub struct $name { $($(#[$fmeta])* pub $field: $ty),* });
     };
 }
 pub(crate) use abi_struct;
