@@ -283,19 +283,26 @@ fn unmap_rings(
     }
 }
 
-/// The QP's state as the host sees it now (it moves to SQE/ERR on its own).
-fn current_state(s: &Session<'_>, host: QpHandle) -> Result<QpState, CommandError> {
+/// What MODIFY_QP needs of the host QP as it is now, in one QUERY_QP: its state (it moves to
+/// SQE/ERR on its own) and, for the reach check of a connected QP, its paths and destination.
+fn current_attr(s: &Session<'_>, host: QpHandle) -> Result<(QpState, QpAttr), CommandError> {
     let info = s
         .host()
-        .query_qp(host, QpAttrMask::STATE)
+        .query_qp(host, QpAttrMask::STATE | REACH_ATTRS)
         .map_err(host_err("QUERY_QP"))?;
-    info.attr.qp_state().map_err(|e| {
+    let state = info.attr.qp_state().map_err(|e| {
         host_err("QUERY_QP")(DeviceError::InvalidReply {
             command: "QUERY_QP",
             reason: e.to_string(),
         })
-    })
+    })?;
+    Ok((state, info.attr))
 }
+
+/// The attributes that decide where a connected QP sends.
+const REACH_ATTRS: QpAttrMask = QpAttrMask::from_bits_retain(
+    QpAttrMask::AV.bits() | QpAttrMask::DEST_QPN.bits() | QpAttrMask::ALT_PATH.bits(),
+);
 
 fn state_field(value: u32, what: &'static str) -> Result<QpState, CommandError> {
     QpState::try_from(value).map_err(|v| CommandError::Invalid {
@@ -316,7 +323,7 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
     }
     let a = r.attr;
     let has = |bits: QpAttrMask| mask.contains(bits);
-    let cur = current_state(s, host)?;
+    let (cur, current) = current_attr(s, host)?;
     let next = if has(QpAttrMask::STATE) {
         state_field(a.qp_state.get(), "qp_state")?
     } else {
@@ -401,10 +408,8 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
         (AhAttr::default(), 0)
     };
     attr.port_num = if has(QpAttrMask::PORT) { port } else { 0 };
-    if matches!(qp_type, QpType::Rc | QpType::Uc)
-        && mask.intersects(QpAttrMask::AV | QpAttrMask::DEST_QPN | QpAttrMask::ALT_PATH)
-    {
-        check_connection_reach(s, host, &a, mask)?;
+    if matches!(qp_type, QpType::Rc | QpType::Uc) && mask.intersects(REACH_ATTRS) {
+        check_connection_reach(s, &current, &a, mask)?;
     }
     let guest = s.guest;
     guest
@@ -415,32 +420,16 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
 }
 
 /// Checks that the QP number a connected QP is aimed at lives behind the destination address
-/// of each of its paths (spec §12.1), taking what the command does not set from the host QP.
-/// The alternate path counts as well: a device that migrates to it would send there.
+/// of each of its paths (spec §12.1), taking what the command does not set from the host QP's
+/// `current` attributes. The alternate path counts as well: a device that migrates to it
+/// would send there.
 fn check_connection_reach(
     s: &Session<'_>,
-    host: QpHandle,
+    current: &QpAttr,
     a: &QpAttr,
     mask: QpAttrMask,
 ) -> Result<(), CommandError> {
-    let given = QpAttrMask::AV | QpAttrMask::DEST_QPN | QpAttrMask::ALT_PATH;
-    let current = if mask.contains(given) {
-        None
-    } else {
-        Some(
-            s.host()
-                .query_qp(host, given)
-                .map_err(host_err("QUERY_QP"))?
-                .attr,
-        )
-    };
-    let pick = |bit: QpAttrMask| {
-        if mask.contains(bit) {
-            a
-        } else {
-            current.as_ref().unwrap_or(a)
-        }
-    };
+    let pick = |bit: QpAttrMask| if mask.contains(bit) { a } else { current };
     let qpn = pick(QpAttrMask::DEST_QPN).dest_qp_num.get();
     check_reach(s.guest, &pick(QpAttrMask::AV).ah_attr.dgid, qpn)?;
     let alternate = pick(QpAttrMask::ALT_PATH).alt_ah_attr.dgid;
