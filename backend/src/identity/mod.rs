@@ -5,10 +5,12 @@
 //! - [`policy`]: allowed traffic classes, service levels and destination prefixes.
 //! - [`endpoints`]: which tenant owns which local addresses and QP numbers, daemon-wide.
 //! - [`gid_view`]: the guest's virtual GID table and its translation to the host's.
+//! - [`cm_addresses`]: which addresses its connection-manager ids may bind and send from.
 //! - [`provision`]: putting the addresses on the host netdev and waiting for their GIDs, over
 //!   the [`provision::NetdevAddresses`] trait; [`netlink`] is its rtnetlink implementation.
 
 pub mod address;
+pub mod cm_addresses;
 pub mod endpoints;
 pub mod gid_view;
 pub mod netlink;
@@ -20,8 +22,8 @@ pub use policy::{IpPrefix, TrafficPolicy};
 
 /// Who a guest is on the network: its name, its addresses and its traffic policy.
 ///
-/// A guest without addresses has no identity of its own: it sees the host port's whole GID
-/// table and the host's GUIDs, as before identities existed (its policy still applies).
+/// A guest without addresses has no identity of its own: it sees the host port's GID table
+/// without the tenants' entries and the host's GUIDs (its policy still applies).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GuestIdentity {
     /// The operator's name for the guest (logs, GUID derivation).
