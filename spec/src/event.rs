@@ -39,6 +39,8 @@ pub enum Subject {
     Port,
     /// Nothing (`handle` is 0).
     Device,
+    /// A connection-manager id handle.
+    CmId,
 }
 
 /// Event types. Values 2..=13 mirror `ibv_event_type` as noted.
@@ -78,11 +80,14 @@ pub enum EventType {
     EventsLost = 15,
     /// An MR was revoked because guest RAM under it was removed; handle = MR.
     MrRevoked = 16,
+    /// A connection-manager event of a CM id is waiting for CM_GET_EVENT (`VRDMA_F_CM`);
+    /// `detail` is the rdma_cm event number.
+    CmEvent = 17,
 }
 
 impl EventType {
     /// Every event type.
-    pub const ALL: [EventType; 16] = [
+    pub const ALL: [EventType; 17] = [
         EventType::Completion,
         EventType::CqErr,
         EventType::QpFatal,
@@ -99,6 +104,7 @@ impl EventType {
         EventType::DeviceFatal,
         EventType::EventsLost,
         EventType::MrRevoked,
+        EventType::CmEvent,
     ];
 
     /// What `handle` names for this type.
@@ -115,12 +121,16 @@ impl EventType {
             EventType::PortActive | EventType::PortErr | EventType::GidChange => Subject::Port,
             EventType::DeviceFatal | EventType::EventsLost => Subject::Device,
             EventType::MrRevoked => Subject::Mr,
+            EventType::CmEvent => Subject::CmId,
         }
     }
 
     /// True if `detail` carries information for this type.
     pub const fn has_detail(self) -> bool {
-        matches!(self, EventType::DeviceFatal | EventType::EventsLost)
+        matches!(
+            self,
+            EventType::DeviceFatal | EventType::EventsLost | EventType::CmEvent
+        )
     }
 }
 

@@ -36,6 +36,7 @@ macro_rules! wire_struct {
 }
 
 pub mod attr;
+pub mod cm;
 pub mod config;
 pub mod control;
 pub mod doorbell;
@@ -95,6 +96,9 @@ pub mod features {
     /// UD QPs post through a staging ring that the device copies, checks and forwards to the
     /// host send queue; their WQEs name address handles by handle (spec §9.6).
     pub const VRDMA_F_UD_STAGED_SQ: u64 = 1 << 6;
+    /// The connection manager: CM ids run on the host's rdma_cm, bound to the guest's own
+    /// addresses (spec §7.5).
+    pub const VRDMA_F_CM: u64 = 1 << 7;
     /// Mask of all device-specific bits defined by this version.
     pub const VRDMA_F_ALL: u64 = VRDMA_F_RING_RXE_V1
         | VRDMA_F_SRQ
@@ -102,7 +106,8 @@ pub mod features {
         | VRDMA_F_DOORBELL_POLL
         | VRDMA_F_UC
         | VRDMA_F_MW
-        | VRDMA_F_UD_STAGED_SQ;
+        | VRDMA_F_UD_STAGED_SQ
+        | VRDMA_F_CM;
     /// Mask of the device-specific feature range (bits 0..=23) in which every `VRDMA_F_*` bit
     /// lives; the generic virtio bits lie above it.
     pub const DEVICE_SPECIFIC_MASK: u64 = (1 << 24) - 1;

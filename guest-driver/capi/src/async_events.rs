@@ -111,6 +111,8 @@ fn translate(event: DeviceEvent) -> Option<(ibv_event_type, Subject)> {
             warn!("vrdma: {count} device events were lost");
             None
         }
+        // Not an `ibv_async_event`: the connection-manager library reads these (spec §7.5).
+        DeviceEvent::CmEvent { .. } => None,
         DeviceEvent::MrRevoked { mr } => {
             warn!(
                 "vrdma: MR {mr:#x} was revoked (guest memory under it was removed); work \
@@ -371,7 +373,10 @@ mod tests {
                 detail: 0,
             });
             let expected = match t {
-                EventType::Completion | EventType::EventsLost | EventType::MrRevoked => None,
+                EventType::Completion
+                | EventType::EventsLost
+                | EventType::MrRevoked
+                | EventType::CmEvent => None,
                 EventType::DeviceFatal => Some(DEVICE_FATAL),
                 EventType::PortActive => Some(PORT_ACTIVE),
                 EventType::PortErr => Some(PORT_ERR),

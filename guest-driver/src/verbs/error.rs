@@ -166,36 +166,7 @@ impl PostSendError {
 
 /// The specification's name of an opcode, for messages.
 pub fn opcode_name(opcode: Opcode) -> &'static str {
-    match opcode {
-        Opcode::QueryDevice => "QUERY_DEVICE",
-        Opcode::QueryPort => "QUERY_PORT",
-        Opcode::QueryGid => "QUERY_GID",
-        Opcode::QueryPkey => "QUERY_PKEY",
-        Opcode::SetDoorbellArea => "SET_DOORBELL_AREA",
-        Opcode::DiscardState => "DISCARD_STATE",
-        Opcode::QueryGidTable => "QUERY_GID_TABLE",
-        Opcode::AllocPd => "ALLOC_PD",
-        Opcode::DeallocPd => "DEALLOC_PD",
-        Opcode::RegMr => "REG_MR",
-        Opcode::DeregMr => "DEREG_MR",
-        Opcode::ReregMr => "REREG_MR",
-        Opcode::AllocMw => "ALLOC_MW",
-        Opcode::DeallocMw => "DEALLOC_MW",
-        Opcode::CreateCq => "CREATE_CQ",
-        Opcode::DestroyCq => "DESTROY_CQ",
-        Opcode::ArmCq => "ARM_CQ",
-        Opcode::ResizeCq => "RESIZE_CQ",
-        Opcode::CreateQp => "CREATE_QP",
-        Opcode::ModifyQp => "MODIFY_QP",
-        Opcode::QueryQp => "QUERY_QP",
-        Opcode::DestroyQp => "DESTROY_QP",
-        Opcode::CreateSrq => "CREATE_SRQ",
-        Opcode::ModifySrq => "MODIFY_SRQ",
-        Opcode::QuerySrq => "QUERY_SRQ",
-        Opcode::DestroySrq => "DESTROY_SRQ",
-        Opcode::CreateAh => "CREATE_AH",
-        Opcode::DestroyAh => "DESTROY_AH",
-    }
+    opcode.name()
 }
 
 #[cfg(test)]

@@ -115,6 +115,13 @@ pub enum DeviceEvent {
         /// MR handle.
         mr: u32,
     },
+    /// A connection-manager event of a CM id waits for CM_GET_EVENT (spec §7.5).
+    CmEvent {
+        /// CM id handle.
+        id: u32,
+        /// The rdma_cm event number.
+        event: u32,
+    },
 }
 
 impl From<Event> for DeviceEvent {
@@ -137,6 +144,10 @@ impl From<Event> for DeviceEvent {
             EventType::DeviceFatal => DeviceEvent::DeviceFatal { epoch: e.detail },
             EventType::EventsLost => DeviceEvent::EventsLost { count: e.detail },
             EventType::MrRevoked => DeviceEvent::MrRevoked { mr: h },
+            EventType::CmEvent => DeviceEvent::CmEvent {
+                id: h,
+                event: e.detail,
+            },
         }
     }
 }

@@ -4,6 +4,7 @@
 
 mod attr;
 mod body;
+mod cm;
 mod opcode;
 mod reg_mr;
 mod request;
@@ -11,7 +12,8 @@ mod rereg_mr;
 mod response;
 
 pub use attr::{check_ah_attr, check_qp_attr};
-pub use opcode::{Opcode, HEADER_SIZE, MAX_RESPONSE_SIZE};
+pub use cm::{check_cm_addr, CmRequest, CmResponseBody, CM_REJECT_REASONS};
+pub use opcode::{Opcode, HEADER_SIZE, MAX_CM_RESPONSE_SIZE, MAX_RESPONSE_SIZE};
 pub use reg_mr::{
     check_mr_access, check_page_address, check_reg_mr, encode_page_list, PageList, RegMr,
     MAX_PAGE_SHIFT, MIN_PAGE_SHIFT,

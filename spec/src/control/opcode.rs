@@ -1,6 +1,7 @@
 //! The control header's vocabulary: opcodes, with the body sizes and feature bit each one
 //! implies, and the header and largest-response sizes.
 
+use crate::cm::*;
 use crate::error::DecodeError;
 use crate::features;
 use crate::wire::*;
@@ -65,11 +66,41 @@ pub enum Opcode {
     CreateAh = 0x0060,
     /// Destroy an address handle.
     DestroyAh = 0x0061,
+    /// Create a connection-manager id (needs `VRDMA_F_CM`, like every CM_* command).
+    CmCreateId = 0x0070,
+    /// Destroy a CM id (and its connection).
+    CmDestroyId = 0x0071,
+    /// Bind a CM id to one of the guest's addresses.
+    CmBind = 0x0072,
+    /// Resolve a destination address.
+    CmResolveAddr = 0x0073,
+    /// Resolve the route to the destination.
+    CmResolveRoute = 0x0074,
+    /// Listen for connect requests.
+    CmListen = 0x0075,
+    /// Send a connect request for one of the guest's QPs.
+    CmConnect = 0x0076,
+    /// Accept a connect request, or establish after a reply.
+    CmAccept = 0x0077,
+    /// Reject a connect request.
+    CmReject = 0x0078,
+    /// Disconnect.
+    CmDisconnect = 0x0079,
+    /// The attributes that move the id's QP to a state.
+    CmInitQpAttr = 0x007a,
+    /// The next CM event of the guest's ids.
+    CmGetEvent = 0x007b,
+    /// Set an option of a CM id.
+    CmSetOption = 0x007c,
+    /// Tell the CM of a QP event.
+    CmNotify = 0x007d,
+    /// A CM id's addresses, GUID and port.
+    CmQueryAddr = 0x007e,
 }
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 28] = [
+    pub const ALL: [Opcode; 43] = [
         Opcode::QueryDevice,
         Opcode::QueryPort,
         Opcode::QueryGid,
@@ -98,6 +129,21 @@ impl Opcode {
         Opcode::DestroySrq,
         Opcode::CreateAh,
         Opcode::DestroyAh,
+        Opcode::CmCreateId,
+        Opcode::CmDestroyId,
+        Opcode::CmBind,
+        Opcode::CmResolveAddr,
+        Opcode::CmResolveRoute,
+        Opcode::CmListen,
+        Opcode::CmConnect,
+        Opcode::CmAccept,
+        Opcode::CmReject,
+        Opcode::CmDisconnect,
+        Opcode::CmInitQpAttr,
+        Opcode::CmGetEvent,
+        Opcode::CmSetOption,
+        Opcode::CmNotify,
+        Opcode::CmQueryAddr,
     ];
 
     /// Size of the fixed request body (REG_MR, REREG_MR: without the page list).
@@ -122,6 +168,20 @@ impl Opcode {
             Opcode::CreateSrq => size_of::<CreateSrqReq>(),
             Opcode::ModifySrq => size_of::<ModifySrqReq>(),
             Opcode::CreateAh => size_of::<CreateAhReq>(),
+            Opcode::CmCreateId => size_of::<CmCreateIdReq>(),
+            Opcode::CmBind => size_of::<CmBindReq>(),
+            Opcode::CmResolveAddr => size_of::<CmResolveAddrReq>(),
+            Opcode::CmResolveRoute => size_of::<CmResolveRouteReq>(),
+            Opcode::CmListen => size_of::<CmListenReq>(),
+            Opcode::CmConnect | Opcode::CmAccept => size_of::<CmConnReq>(),
+            Opcode::CmReject => size_of::<CmRejectReq>(),
+            Opcode::CmInitQpAttr => size_of::<CmInitQpAttrReq>(),
+            Opcode::CmGetEvent => 0,
+            Opcode::CmSetOption => size_of::<CmSetOptionReq>(),
+            Opcode::CmNotify => size_of::<CmNotifyReq>(),
+            Opcode::CmDestroyId | Opcode::CmDisconnect | Opcode::CmQueryAddr => {
+                size_of::<HandleReq>()
+            }
             Opcode::DeallocPd
             | Opcode::DeregMr
             | Opcode::DeallocMw
@@ -153,6 +213,21 @@ impl Opcode {
             Opcode::CreateSrq => size_of::<CreateSrqResp>(),
             Opcode::QuerySrq => size_of::<QuerySrqResp>(),
             Opcode::CreateAh => size_of::<CreateAhResp>(),
+            Opcode::CmCreateId => size_of::<HandleResp>(),
+            Opcode::CmDestroyId => size_of::<CmDestroyIdResp>(),
+            Opcode::CmInitQpAttr => size_of::<CmInitQpAttrResp>(),
+            Opcode::CmGetEvent => size_of::<CmEventResp>(),
+            Opcode::CmQueryAddr => size_of::<CmQueryAddrResp>(),
+            Opcode::CmBind
+            | Opcode::CmResolveAddr
+            | Opcode::CmResolveRoute
+            | Opcode::CmListen
+            | Opcode::CmConnect
+            | Opcode::CmAccept
+            | Opcode::CmReject
+            | Opcode::CmDisconnect
+            | Opcode::CmSetOption
+            | Opcode::CmNotify => 0,
             Opcode::SetDoorbellArea
             | Opcode::DiscardState
             | Opcode::DeallocPd
@@ -176,8 +251,65 @@ impl Opcode {
             }
             Opcode::CreateAh | Opcode::DestroyAh => Some(features::VRDMA_F_UD),
             Opcode::AllocMw | Opcode::DeallocMw => Some(features::VRDMA_F_MW),
+            op if op.is_cm() => Some(features::VRDMA_F_CM),
             _ => None,
         }
+    }
+}
+
+impl Opcode {
+    /// The specification's name of the opcode (README §7.4, §7.5).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Opcode::QueryDevice => "QUERY_DEVICE",
+            Opcode::QueryPort => "QUERY_PORT",
+            Opcode::QueryGid => "QUERY_GID",
+            Opcode::QueryPkey => "QUERY_PKEY",
+            Opcode::SetDoorbellArea => "SET_DOORBELL_AREA",
+            Opcode::DiscardState => "DISCARD_STATE",
+            Opcode::QueryGidTable => "QUERY_GID_TABLE",
+            Opcode::AllocPd => "ALLOC_PD",
+            Opcode::DeallocPd => "DEALLOC_PD",
+            Opcode::RegMr => "REG_MR",
+            Opcode::DeregMr => "DEREG_MR",
+            Opcode::ReregMr => "REREG_MR",
+            Opcode::AllocMw => "ALLOC_MW",
+            Opcode::DeallocMw => "DEALLOC_MW",
+            Opcode::CreateCq => "CREATE_CQ",
+            Opcode::DestroyCq => "DESTROY_CQ",
+            Opcode::ArmCq => "ARM_CQ",
+            Opcode::ResizeCq => "RESIZE_CQ",
+            Opcode::CreateQp => "CREATE_QP",
+            Opcode::ModifyQp => "MODIFY_QP",
+            Opcode::QueryQp => "QUERY_QP",
+            Opcode::DestroyQp => "DESTROY_QP",
+            Opcode::CreateSrq => "CREATE_SRQ",
+            Opcode::ModifySrq => "MODIFY_SRQ",
+            Opcode::QuerySrq => "QUERY_SRQ",
+            Opcode::DestroySrq => "DESTROY_SRQ",
+            Opcode::CreateAh => "CREATE_AH",
+            Opcode::DestroyAh => "DESTROY_AH",
+            Opcode::CmCreateId => "CM_CREATE_ID",
+            Opcode::CmDestroyId => "CM_DESTROY_ID",
+            Opcode::CmBind => "CM_BIND",
+            Opcode::CmResolveAddr => "CM_RESOLVE_ADDR",
+            Opcode::CmResolveRoute => "CM_RESOLVE_ROUTE",
+            Opcode::CmListen => "CM_LISTEN",
+            Opcode::CmConnect => "CM_CONNECT",
+            Opcode::CmAccept => "CM_ACCEPT",
+            Opcode::CmReject => "CM_REJECT",
+            Opcode::CmDisconnect => "CM_DISCONNECT",
+            Opcode::CmInitQpAttr => "CM_INIT_QP_ATTR",
+            Opcode::CmGetEvent => "CM_GET_EVENT",
+            Opcode::CmSetOption => "CM_SET_OPTION",
+            Opcode::CmNotify => "CM_NOTIFY",
+            Opcode::CmQueryAddr => "CM_QUERY_ADDR",
+        }
+    }
+
+    /// Whether this is a connection-manager command (0x0070..=0x007f).
+    pub const fn is_cm(self) -> bool {
+        self as u16 & 0xfff0 == 0x0070
     }
 }
 
@@ -194,14 +326,23 @@ impl TryFrom<u16> for Opcode {
 
 /// Size of a request/response header.
 pub const HEADER_SIZE: usize = 8;
-/// Largest response of this version: header + QUERY_DEVICE body.
+/// Largest response of a device without `VRDMA_F_CM`: header + QUERY_DEVICE body (the
+/// configuration space's `max_response_size`).
 pub const MAX_RESPONSE_SIZE: usize = HEADER_SIZE + core::mem::size_of::<DeviceAttr>();
+/// Largest response of a device with `VRDMA_F_CM`: header + CM_GET_EVENT body.
+pub const MAX_CM_RESPONSE_SIZE: usize = HEADER_SIZE + core::mem::size_of::<CmEventResp>();
 
-// Every success body fits the largest response.
+// Every success body fits the largest response of the device that offers it.
 const _: () = {
     let mut i = 0;
     while i < Opcode::ALL.len() {
-        assert!(HEADER_SIZE + Opcode::ALL[i].response_body_len() <= MAX_RESPONSE_SIZE);
+        let op = Opcode::ALL[i];
+        let max = if op.is_cm() {
+            MAX_CM_RESPONSE_SIZE
+        } else {
+            MAX_RESPONSE_SIZE
+        };
+        assert!(HEADER_SIZE + op.response_body_len() <= max);
         i += 1;
     }
 };

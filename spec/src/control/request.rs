@@ -5,6 +5,7 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use super::attr::{check_ah_attr, check_qp_attr};
 use super::body::{handle_req, range, table_req, take_body, zero};
+use super::cm::CmRequest;
 use super::opcode::{Opcode, HEADER_SIZE};
 use super::reg_mr::{check_reg_mr, take_page_list, RegMr};
 use super::rereg_mr::{decode_rereg_mr, encode_rereg_mr, ReregMr};
@@ -77,6 +78,8 @@ pub enum ControlRequest<'a> {
     CreateAh(CreateAhReq),
     /// DESTROY_AH.
     DestroyAh(HandleReq),
+    /// A connection-manager command (`VRDMA_F_CM`).
+    Cm(CmRequest),
 }
 
 impl<'a> ControlRequest<'a> {
@@ -241,6 +244,7 @@ impl<'a> ControlRequest<'a> {
                 check_ah_attr(&r.ah_attr)?;
                 ControlRequest::CreateAh(r)
             }
+            op => ControlRequest::Cm(CmRequest::decode(op, body)?),
         })
     }
 
@@ -275,6 +279,7 @@ impl<'a> ControlRequest<'a> {
             ControlRequest::DestroySrq(_) => Opcode::DestroySrq,
             ControlRequest::CreateAh(_) => Opcode::CreateAh,
             ControlRequest::DestroyAh(_) => Opcode::DestroyAh,
+            ControlRequest::Cm(r) => r.opcode(),
         }
     }
 
@@ -356,6 +361,7 @@ impl<'a> ControlRequest<'a> {
             ControlRequest::CreateSrq(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::ModifySrq(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::CreateAh(r) => out.extend_from_slice(r.as_bytes()),
+            ControlRequest::Cm(r) => out.extend_from_slice(r.body()),
         }
     }
 

@@ -4,6 +4,7 @@
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::body::take_body;
+use super::cm::CmResponseBody;
 use super::opcode::{Opcode, HEADER_SIZE};
 use crate::error::DecodeError;
 use crate::status::{Status, StatusError};
@@ -47,6 +48,8 @@ pub enum ResponseBody {
     QuerySrq(QuerySrqResp),
     /// CREATE_AH.
     CreateAh(CreateAhResp),
+    /// A connection-manager command's body.
+    Cm(CmResponseBody),
 }
 
 impl ResponseBody {
@@ -70,6 +73,7 @@ impl ResponseBody {
             ResponseBody::CreateSrq(b) => b.as_bytes(),
             ResponseBody::QuerySrq(b) => b.as_bytes(),
             ResponseBody::CreateAh(b) => b.as_bytes(),
+            ResponseBody::Cm(b) => b.as_bytes(),
         }
     }
 
@@ -93,7 +97,8 @@ impl ResponseBody {
                 | (ResponseBody::CreateSrq(_), Opcode::CreateSrq)
                 | (ResponseBody::QuerySrq(_), Opcode::QuerySrq)
                 | (ResponseBody::CreateAh(_), Opcode::CreateAh)
-        ) || (matches!(self, ResponseBody::Empty) && op.response_body_len() == 0)
+        ) || matches!(self, ResponseBody::Cm(b) if b.opcode() == op)
+            || (matches!(self, ResponseBody::Empty) && op.response_body_len() == 0)
     }
 
     fn decode(op: Opcode, b: &[u8]) -> Result<Self, DecodeError> {
@@ -114,6 +119,9 @@ impl ResponseBody {
             Opcode::CreateSrq => ResponseBody::CreateSrq(take_body(b)?),
             Opcode::QuerySrq => ResponseBody::QuerySrq(take_body(b)?),
             Opcode::CreateAh => ResponseBody::CreateAh(take_body(b)?),
+            op if op.is_cm() && op.response_body_len() != 0 => ResponseBody::Cm(
+                CmResponseBody::decode(op, b)?.ok_or(DecodeError::UnknownOpcode(op as u16))?,
+            ),
             _ => {
                 if !b.is_empty() {
                     return Err(DecodeError::Trailing {
@@ -128,6 +136,8 @@ impl ResponseBody {
 }
 
 /// A control response: success with its body, or a failure status.
+// Bodies are plain data up to CM_GET_EVENT's 384 bytes, decoded once per round trip.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ControlResponse {
     /// Status OK.

@@ -2,6 +2,9 @@
 //! deterministic PRNG.
 #![allow(dead_code)]
 
+mod cm;
+pub use cm::*;
+
 use vrdma_spec::control::{rereg_flags, ReregMr};
 use vrdma_spec::rxe_v1::RxeAv;
 use vrdma_spec::verbs::{AccessFlags, QpAttrMask, QpType};
@@ -213,6 +216,9 @@ pub fn all_requests(pages: &[u8]) -> Vec<ControlRequest<'_>> {
         }),
         ControlRequest::DestroyAh(h(9)),
     ]
+    .into_iter()
+    .chain(cm_requests())
+    .collect()
 }
 
 fn ring(off: u64) -> RingDesc {
@@ -334,6 +340,6 @@ pub fn body_for(op: Opcode) -> ResponseBody {
                 av,
             })
         }
-        _ => ResponseBody::Empty,
+        op => cm_body_for(op).unwrap_or(ResponseBody::Empty),
     }
 }

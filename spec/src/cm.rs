@@ -1,0 +1,324 @@
+//! Wire structs of the connection manager's commands (spec §7.5, `VRDMA_F_CM`), beside the
+//! other commands' in [`crate::wire`].
+
+use crate::wire::{AhAttr, QpAttr};
+use crate::{Le16, Le32};
+
+/// Bytes of private data a CM message may carry at most (the kernel's `RDMA_MAX_PRIVATE_DATA`;
+/// the CM's per-message limits are smaller).
+pub const CM_MAX_PRIVATE_DATA: usize = 256;
+
+/// `cm_addr.family` values.
+pub mod cm_family {
+    /// No address (a resolution whose source the device picks).
+    pub const NONE: u16 = 0;
+    /// IPv4 (`addr` holds `::ffff:a.b.c.d`).
+    pub const INET: u16 = 2;
+    /// IPv6.
+    pub const INET6: u16 = 10;
+}
+
+/// Port spaces of CM_CREATE_ID.
+pub mod cm_port_space {
+    /// Connected (RC) ids, the kernel's `RDMA_PS_TCP`.
+    pub const TCP: u16 = 0x0106;
+    /// Datagram (UD) ids, the kernel's `RDMA_PS_UDP`.
+    pub const UDP: u16 = 0x0111;
+}
+
+/// CM_SET_OPTION names (the kernel's `RDMA_OPTION_ID_*`).
+pub mod cm_option {
+    /// Type of service (a traffic class, 0..=255).
+    pub const TOS: u32 = 0;
+    /// Reuse of a bound address (0 or 1).
+    pub const REUSEADDR: u32 = 1;
+    /// IPv6 ids bind IPv6 only (0 or 1).
+    pub const AFONLY: u32 = 2;
+    /// The QP's local ACK timeout (0..=31).
+    pub const ACK_TIMEOUT: u32 = 3;
+    /// The last name defined.
+    pub const LAST: u32 = ACK_TIMEOUT;
+}
+
+/// `CmEventResp::event` when no event is pending.
+pub const CM_EVENT_NONE: u32 = u32::MAX;
+/// The last rdma_cm event number (`TIMEWAIT_EXIT`).
+pub const CM_EVENT_LAST: u32 = 15;
+
+wire_struct! {
+    /// A socket address (`cm_addr`, 32 bytes).
+    pub struct CmAddr {
+        /// [`cm_family`].
+        pub family: Le16,
+        /// Port (host order on the wire, like every field).
+        pub port: Le16,
+        /// IPv6 flow label.
+        pub flowinfo: Le32,
+        /// The address, IPv4 mapped.
+        pub addr: [u8; 16],
+        /// The guest's interface number of a link-local address (opaque to the device).
+        pub scope_id: Le32,
+        /// Zero.
+        pub reserved: Le32,
+    }
+}
+assert_layout!(CmAddr, 32, family @ 0, port @ 2, flowinfo @ 4, addr @ 8, scope_id @ 24,
+    reserved @ 28);
+
+impl CmAddr {
+    /// No address.
+    pub const NONE: CmAddr = CmAddr {
+        family: Le16::ZERO,
+        port: Le16::ZERO,
+        flowinfo: Le32::ZERO,
+        addr: [0; 16],
+        scope_id: Le32::ZERO,
+        reserved: Le32::ZERO,
+    };
+}
+
+wire_struct! {
+    /// CM_CREATE_ID body.
+    pub struct CmCreateIdReq {
+        /// [`cm_port_space`].
+        pub port_space: Le16,
+        /// Zero.
+        pub reserved: [u8; 6],
+    }
+}
+assert_layout!(CmCreateIdReq, 8, port_space @ 0, reserved @ 2);
+
+wire_struct! {
+    /// CM_DESTROY_ID response body.
+    pub struct CmDestroyIdResp {
+        /// Events of the id delivered to the driver by CM_GET_EVENT.
+        pub events_delivered: Le32,
+        /// Zero.
+        pub reserved: Le32,
+    }
+}
+assert_layout!(CmDestroyIdResp, 8, events_delivered @ 0, reserved @ 4);
+
+wire_struct! {
+    /// CM_BIND body.
+    pub struct CmBindReq {
+        /// Id handle.
+        pub id: Le32,
+        /// Zero.
+        pub reserved: Le32,
+        /// The address (the guest's; see spec §7.5 for the wildcard).
+        pub addr: CmAddr,
+    }
+}
+assert_layout!(CmBindReq, 40, id @ 0, reserved @ 4, addr @ 8);
+
+wire_struct! {
+    /// CM_RESOLVE_ADDR body.
+    pub struct CmResolveAddrReq {
+        /// Id handle.
+        pub id: Le32,
+        /// How long the resolution may take.
+        pub timeout_ms: Le32,
+        /// Source (family `NONE`: the device picks the guest's).
+        pub src: CmAddr,
+        /// Destination.
+        pub dst: CmAddr,
+    }
+}
+assert_layout!(CmResolveAddrReq, 72, id @ 0, timeout_ms @ 4, src @ 8, dst @ 40);
+
+wire_struct! {
+    /// CM_RESOLVE_ROUTE body.
+    pub struct CmResolveRouteReq {
+        /// Id handle.
+        pub id: Le32,
+        /// How long the resolution may take.
+        pub timeout_ms: Le32,
+    }
+}
+assert_layout!(CmResolveRouteReq, 8, id @ 0, timeout_ms @ 4);
+
+wire_struct! {
+    /// CM_LISTEN body.
+    pub struct CmListenReq {
+        /// Id handle (bound by CM_BIND).
+        pub id: Le32,
+        /// Connect requests that may wait for CM_GET_EVENT (the device caps it).
+        pub backlog: Le32,
+    }
+}
+assert_layout!(CmListenReq, 8, id @ 0, backlog @ 4);
+
+wire_struct! {
+    /// Connection parameters of CM_CONNECT and CM_ACCEPT (`cm_conn_param`).
+    pub struct CmConnParam {
+        /// Bytes of `private_data` used.
+        pub private_data_len: u8,
+        /// RDMA reads/atomics the peer may have outstanding towards this side.
+        pub responder_resources: u8,
+        /// RDMA reads/atomics this side may have outstanding.
+        pub initiator_depth: u8,
+        /// Flow control (0 or 1).
+        pub flow_control: u8,
+        /// Transport retries (0..=7).
+        pub retry_count: u8,
+        /// RNR retries (0..=7, 7: infinite).
+        pub rnr_retry_count: u8,
+        /// Zero.
+        pub reserved: [u8; 2],
+        /// Private data for the peer.
+        pub private_data: [u8; CM_MAX_PRIVATE_DATA],
+    }
+}
+assert_layout!(CmConnParam, 264, private_data_len @ 0, responder_resources @ 1,
+    initiator_depth @ 2, flow_control @ 3, retry_count @ 4, rnr_retry_count @ 5,
+    reserved @ 6, private_data @ 8);
+
+wire_struct! {
+    /// CM_CONNECT and CM_ACCEPT body.
+    pub struct CmConnReq {
+        /// Id handle.
+        pub id: Le32,
+        /// The guest's QP the connection is for (CM_ACCEPT: 0 establishes after a reply).
+        pub qp: Le32,
+        /// The parameters.
+        pub param: CmConnParam,
+    }
+}
+assert_layout!(CmConnReq, 272, id @ 0, qp @ 4, param @ 8);
+
+wire_struct! {
+    /// CM_REJECT body.
+    pub struct CmRejectReq {
+        /// Id handle.
+        pub id: Le32,
+        /// 0 (consumer-defined) or 35 (vendor option not supported).
+        pub reason: u8,
+        /// Bytes of `private_data` used.
+        pub private_data_len: u8,
+        /// Zero.
+        pub reserved: [u8; 2],
+        /// Private data for the peer.
+        pub private_data: [u8; CM_MAX_PRIVATE_DATA],
+    }
+}
+assert_layout!(CmRejectReq, 264, id @ 0, reason @ 4, private_data_len @ 5, reserved @ 6,
+    private_data @ 8);
+
+wire_struct! {
+    /// CM_INIT_QP_ATTR body.
+    pub struct CmInitQpAttrReq {
+        /// Id handle.
+        pub id: Le32,
+        /// The state to move the id's QP to ([`crate::verbs::QpState`]).
+        pub qp_state: Le32,
+    }
+}
+assert_layout!(CmInitQpAttrReq, 8, id @ 0, qp_state @ 4);
+
+wire_struct! {
+    /// CM_INIT_QP_ATTR response body: what MODIFY_QP takes, in the guest's terms.
+    pub struct CmInitQpAttrResp {
+        /// [`crate::verbs::QpAttrMask`] bits.
+        pub attr_mask: Le32,
+        /// Zero.
+        pub reserved: Le32,
+        /// The attributes.
+        pub attr: QpAttr,
+    }
+}
+assert_layout!(CmInitQpAttrResp, 152, attr_mask @ 0, reserved @ 4, attr @ 8);
+
+wire_struct! {
+    /// CM_GET_EVENT response body (`cm_event`).
+    pub struct CmEventResp {
+        /// The id the event is about (a connect request: the new id).
+        pub id: Le32,
+        /// A connect request's listener; else zero.
+        pub listen_id: Le32,
+        /// The rdma_cm event number (0..=[`CM_EVENT_LAST`]), or [`CM_EVENT_NONE`].
+        pub event: Le32,
+        /// 0, a negative errno (two's complement), or a reject's reason.
+        pub status: Le32,
+        /// The peer's QP number (connection and UD events).
+        pub qp_num: Le32,
+        /// The peer's Q_Key (UD events).
+        pub qkey: Le32,
+        /// Bytes of `private_data` used.
+        pub private_data_len: u8,
+        /// The peer's `responder_resources` (connection events).
+        pub responder_resources: u8,
+        /// The peer's `initiator_depth`.
+        pub initiator_depth: u8,
+        /// The peer's flow control.
+        pub flow_control: u8,
+        /// The peer's retry count.
+        pub retry_count: u8,
+        /// The peer's RNR retry count.
+        pub rnr_retry_count: u8,
+        /// Whether the peer's QP uses an SRQ.
+        pub srq: u8,
+        /// Zero.
+        pub reserved: u8,
+        /// The peer's address vector (UD events), in the guest's terms.
+        pub ah_attr: AhAttr,
+        /// The id's source address.
+        pub src: CmAddr,
+        /// The id's destination address.
+        pub dst: CmAddr,
+        /// The peer's private data.
+        pub private_data: [u8; CM_MAX_PRIVATE_DATA],
+    }
+}
+assert_layout!(CmEventResp, 384, id @ 0, listen_id @ 4, event @ 8, status @ 12, qp_num @ 16,
+    qkey @ 20, private_data_len @ 24, responder_resources @ 25, initiator_depth @ 26,
+    flow_control @ 27, retry_count @ 28, rnr_retry_count @ 29, srq @ 30, reserved @ 31,
+    ah_attr @ 32, src @ 64, dst @ 96, private_data @ 128);
+
+wire_struct! {
+    /// CM_SET_OPTION body.
+    pub struct CmSetOptionReq {
+        /// Id handle.
+        pub id: Le32,
+        /// [`cm_option`].
+        pub name: Le32,
+        /// The value.
+        pub value: Le32,
+        /// Zero.
+        pub reserved: Le32,
+    }
+}
+assert_layout!(CmSetOptionReq, 16, id @ 0, name @ 4, value @ 8, reserved @ 12);
+
+wire_struct! {
+    /// CM_NOTIFY body.
+    pub struct CmNotifyReq {
+        /// Id handle.
+        pub id: Le32,
+        /// The QP event to tell the CM of (`IBV_EVENT_COMM_EST` is the one it acts on).
+        pub event: Le32,
+    }
+}
+assert_layout!(CmNotifyReq, 8, id @ 0, event @ 4);
+
+wire_struct! {
+    /// CM_QUERY_ADDR response body.
+    pub struct CmQueryAddrResp {
+        /// The id's source address.
+        pub src: CmAddr,
+        /// The id's destination address.
+        pub dst: CmAddr,
+        /// The guest's node GUID (the one QUERY_DEVICE reports).
+        pub node_guid: [u8; 8],
+        /// The guest's port (1).
+        pub port_num: u8,
+        /// Zero.
+        pub reserved: u8,
+        /// P_Key.
+        pub pkey: Le16,
+        /// Zero.
+        pub reserved2: Le32,
+    }
+}
+assert_layout!(CmQueryAddrResp, 80, src @ 0, dst @ 32, node_guid @ 64, port_num @ 72,
+    reserved @ 73, pkey @ 74, reserved2 @ 76);
