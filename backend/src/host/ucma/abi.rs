@@ -31,10 +31,8 @@ pub mod cmd {
 }
 
 /// `enum rdma_ucm_port_space`: the port spaces a guest may use (RC over TCP's, UD over UDP's).
-pub mod port_space {
-    pub const TCP: u16 = 0x0106;
-    pub const UDP: u16 = 0x0111;
-}
+/// The wire carries the kernel's numbers (spec §7.5).
+pub use vrdma_spec::cm::cm_port_space as port_space;
 
 /// `RDMA_USER_CM_QUERY_*`.
 pub mod query {
@@ -63,17 +61,16 @@ pub mod event {
     pub const TIMEWAIT_EXIT: u32 = 15;
 }
 
-/// `RDMA_OPTION_ID` options (level 0) and the exact `optlen` the kernel takes for each.
+/// `RDMA_OPTION_ID` options (level 0); the wire carries the kernel's names (spec §7.5).
 pub mod option {
+    /// `RDMA_OPTION_ID`: the level of every option a guest may set.
     pub const LEVEL_ID: u32 = 0;
-    pub const ID_TOS: u32 = 0;
-    pub const ID_REUSEADDR: u32 = 1;
-    pub const ID_AFONLY: u32 = 2;
-    pub const ID_ACK_TIMEOUT: u32 = 3;
+    pub use vrdma_spec::cm::cm_option::{ACK_TIMEOUT as ID_ACK_TIMEOUT, AFONLY as ID_AFONLY};
+    pub use vrdma_spec::cm::cm_option::{REUSEADDR as ID_REUSEADDR, TOS as ID_TOS};
 }
 
 /// `RDMA_MAX_PRIVATE_DATA`.
-pub const MAX_PRIVATE_DATA: usize = 256;
+pub use vrdma_spec::cm::CM_MAX_PRIVATE_DATA as MAX_PRIVATE_DATA;
 /// `sizeof(struct __kernel_sockaddr_storage)`.
 pub const SOCKADDR_STORAGE: usize = 128;
 
