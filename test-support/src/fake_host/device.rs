@@ -2,7 +2,6 @@
 //! `HostDevice` / `HostContext` on a host without RDMA, keeping every object in a [`World`] the
 //! tests inspect and steer (failing the next command, queuing host events).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -12,151 +11,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use vrdma_backend::host::uverbs::{QueryDeviceResp, QueryPortResp};
 use vrdma_backend::host::{self, *};
-use vrdma_backend::identity::GuestAddress;
 use vrdma_spec::attr::qp::QpCaps;
 use vrdma_spec::config::ring_format;
 use vrdma_spec::rxe_v1;
 use vrdma_spec::verbs::{check_modify_qp, GidType, MwType, PortState, QpAttrMask, QpState, QpType};
-use vrdma_spec::wire::{AhAttr, GidEntry, QpAttr};
+use vrdma_spec::wire::{GidEntry, QpAttr};
 use vrdma_spec::Le32;
 use zerocopy::FromZeros;
 
-use super::ownership::Ownership;
+pub use super::world::{Connection, World, PAGE};
 
-/// Bytes of a page.
-pub const PAGE: u64 = 4096;
 /// The one GID of the fake port (index 0, RoCE v2).
 pub const GID0: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
-
-/// What the fake device holds, shared by the device and every context it opened: the live
-/// objects by handle, what the guest's device asked of it, the events to hand out, and the next
-/// operation to fail.
-#[derive(Default)]
-pub struct World {
-    next_handle: u32,
-    /// Offset of the next queue buffer on the contexts' queue fd.
-    next_offset: u64,
-    /// Live PDs.
-    pub pds: BTreeMap<u32, ()>,
-    /// Live MRs and how they were registered.
-    pub mrs: BTreeMap<u32, MrInit>,
-    /// Live CQs and their `user_handle`s.
-    pub cqs: BTreeMap<u32, u64>,
-    /// Completions each CQ holds, as a test sets them: a resize below this count fails with
-    /// EINVAL, as rxe's does (the fake writes no CQEs itself).
-    pub cq_pending: BTreeMap<u32, u32>,
-    /// RESIZE_CQs: CQ and the capacity it got, in order.
-    pub resized: Vec<(u32, u32)>,
-    /// Live QPs: QP number and `user_handle`.
-    pub qps: BTreeMap<u32, (u32, u64)>,
-    /// Send queue buffer of every live QP: its context's queue file and the buffer there.
-    pub send_queues: HashMap<u32, (File, QueueBuffer)>,
-    /// Live SRQs and their `user_handle`s.
-    pub srqs: BTreeMap<u32, u64>,
-    /// Live AHs.
-    pub ahs: BTreeMap<u32, ()>,
-    /// Live MWs: their PD and type.
-    pub mws: BTreeMap<u32, (PdHandle, MwType)>,
-    /// QPs kicked (`kick_send`), in order.
-    pub kicks: Vec<u32>,
-    /// CQs armed, with `solicited_only`, in order.
-    pub armed: Vec<(u32, bool)>,
-    /// MODIFY_QPs: QP, mask and the state asked for, in order.
-    pub modified: Vec<(u32, QpAttrMask, QpState)>,
-    /// Current state of each live QP.
-    pub qp_state: HashMap<u32, QpState>,
-    /// Transport type of each live QP, as CREATE_QP asked for it.
-    pub qp_types: HashMap<u32, QpType>,
-    /// Completion events `read_comp_event` hands out.
-    pub comp_events: VecDeque<CompEvent>,
-    /// Async events `read_async_event` hands out.
-    pub async_events: VecDeque<AsyncEvent>,
-    /// GID entries of port 1 besides [`GID0`] at index 0 (indices below 16, the port's
-    /// `gid_tbl_len`, or beyond it to test filtering).
-    pub extra_gids: Vec<(u32, GidEntry)>,
-    /// The next call of this command (`"ALLOC_PD"`, `"CREATE_QP"`, ...) fails with EINVAL.
-    pub fail_next: Option<&'static str>,
-    /// The addresses of the fake port's netdev (`NetdevAddresses`, in `super::netdev`).
-    pub netdev_addresses: Vec<GuestAddress>,
-    /// Whether an address added to the netdev gets its GID entries, as the kernel gives them
-    /// (turn off to see the daemon's wait time out).
-    pub no_gids_for_new_addresses: bool,
-    /// Whether the port has RoCE v1 entries besides v2 ones (rxe has only v2): an address
-    /// added to the netdev then gets both (a test adds [`GID0`]'s v1 entry itself).
-    pub both_roce_types: bool,
-    /// The netdev refuses to take this address (EPERM).
-    pub refuse_address: Option<std::net::IpAddr>,
-    /// The primary and alternate path each QP was last given (MODIFY_QP AV / ALT_PATH, in
-    /// the host's terms), returned by QUERY_QP.
-    pub qp_paths: HashMap<u32, (AhAttr, AhAttr)>,
-    /// The attributes each live AH was created with (host terms).
-    pub ah_attrs: BTreeMap<u32, AhAttr>,
-    /// The destination QP number each QP was last given (MODIFY_QP DEST_QPN), returned by
-    /// QUERY_QP.
-    pub qp_dest: HashMap<u32, u32>,
-    /// Every address vector a context gave the device (CREATE_AH, MODIFY_QP AV and ALT_PATH),
-    /// in order, for audits of the source addresses guests use.
-    pub paths_given: Vec<(u64, AhAttr)>,
-    /// Every connection a context set up (a successful MODIFY_QP of an RC or UC QP with AV
-    /// DEST_QPN or ALT_PATH), in order.
-    pub connections: Vec<Connection>,
-    /// Which context owns each object, and the commands that named another's.
-    pub ownership: Ownership,
-}
-
-/// A connection the fake device was asked to set up: see [`World::connections`].
-#[derive(Debug, Clone, Copy)]
-pub struct Connection {
-    /// The context that owns the QP.
-    pub context: u64,
-    /// The QP (host handle).
-    pub qp: u32,
-    /// Destination GIDs of its primary and alternate path (zero where never set).
-    pub dgids: [[u8; 16]; 2],
-    /// Its destination QP number.
-    pub dest_qpn: u32,
-}
-
-impl World {
-    fn handle(&mut self) -> u32 {
-        self.next_handle += 1;
-        self.next_handle
-    }
-
-    fn fail(&mut self, op: &'static str) -> host::Result<()> {
-        if self.fail_next == Some(op) {
-            self.fail_next = None;
-            return Err(DeviceError::Command {
-                command: op,
-                errno: libc::EINVAL,
-            });
-        }
-        Ok(())
-    }
-
-    /// A queue buffer the way rxe sizes it.
-    fn buffer(&mut self, slots: u32, entry_bytes: usize) -> QueueBuffer {
-        let elem = entry_bytes.next_power_of_two().max(64) as u64;
-        let len = (384 + u64::from(slots) * elem).next_multiple_of(PAGE);
-        let offset = self.next_offset;
-        self.next_offset += len;
-        QueueBuffer {
-            offset,
-            len: len as usize,
-        }
-    }
-
-    /// Number of live host objects of every kind.
-    pub fn live(&self) -> usize {
-        self.pds.len()
-            + self.mrs.len()
-            + self.cqs.len()
-            + self.qps.len()
-            + self.srqs.len()
-            + self.ahs.len()
-            + self.mws.len()
-    }
-}
 
 type Shared = Arc<Mutex<World>>;
 
