@@ -59,7 +59,8 @@ pub(crate) fn execute(s: &mut Session<'_>, request: &ControlRequest<'_>) -> Comm
         ControlRequest::DestroySrq(r) => srq::destroy_srq(s, r),
         ControlRequest::CreateAh(r) => ah::create_ah(s, r),
         ControlRequest::DestroyAh(r) => ah::destroy_ah(s, r),
-        // No device offers VRDMA_F_CM yet (spec §7.5): the feature check refuses these first.
+        // No device offers VRDMA_F_CM yet (spec §7.5): `run_decoded` refuses these as not
+        // negotiated before they get here.
         ControlRequest::Cm(_) => Err(error::CommandError::Unsupported("the connection manager")),
     }
 }

@@ -21,8 +21,8 @@ use parking_lot::Mutex;
 use vrdma_spec::config::{self, DeviceConfig};
 use vrdma_spec::control::{HEADER_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::{
-    VIRTIO_F_VERSION_1, VRDMA_F_DOORBELL_POLL, VRDMA_F_MW, VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ,
-    VRDMA_F_UC, VRDMA_F_UD, VRDMA_F_UD_STAGED_SQ,
+    VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_DOORBELL_POLL, VRDMA_F_MW, VRDMA_F_RING_RXE_V1,
+    VRDMA_F_SRQ, VRDMA_F_UC, VRDMA_F_UD, VRDMA_F_UD_STAGED_SQ,
 };
 use vrdma_spec::StatusError;
 use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, Le64, Status};
@@ -117,8 +117,8 @@ impl GuestDeviceFactory {
             );
         } else {
             warn!(
-                "guest {}: no network identity (no addresses): it sees the whole GID table of \
-                 {} port {} and may send from any of its addresses",
+                "guest {}: no network identity (no addresses): it sees the GID table of {} port \
+                 {} without the tenants' entries and may send from any of the host's addresses",
                 identity.name, info.name, port.port
             );
         }
@@ -299,6 +299,16 @@ impl GuestDevice {
         capacity: usize,
     ) -> CommandResult {
         let op = request.opcode();
+        let features = self.features().unwrap_or(0);
+        if features & VIRTIO_F_VERSION_1 == 0 {
+            return Err(CommandError::NotNegotiated("VIRTIO_F_VERSION_1"));
+        }
+        let missing = request.required_features() & !features;
+        // Before the response-size check: CM_GET_EVENT's answer is larger than what a device
+        // without the connection manager advertises.
+        if missing & VRDMA_F_CM != 0 {
+            return Err(CommandError::NotNegotiated("VRDMA_F_CM"));
+        }
         let needed = HEADER_SIZE + op.response_body_len();
         if capacity < needed {
             return Err(CommandError::Invalid {
@@ -306,11 +316,6 @@ impl GuestDevice {
                 value: capacity as u64,
             });
         }
-        let features = self.features().unwrap_or(0);
-        if features & VIRTIO_F_VERSION_1 == 0 {
-            return Err(CommandError::NotNegotiated("VIRTIO_F_VERSION_1"));
-        }
-        let missing = request.required_features() & !features;
         if missing & VRDMA_F_SRQ != 0 {
             return Err(CommandError::NotNegotiated("VRDMA_F_SRQ"));
         }
@@ -345,7 +350,11 @@ impl GuestDevice {
         );
         self.failed.store(true, Ordering::Release);
         let mut state = self.state.lock();
-        discard::discard_all(&self.shared, &mut state, Some(ctx), Epoch::Advanced);
+        if !discard::discard_all(&self.shared, &mut state, Some(ctx), Epoch::Advanced) {
+            // Nothing was discarded, so the epoch did not move; the DEVICE_FATAL below must
+            // still name a new one (a driver ignores one naming the epoch it opened at).
+            self.shared.advance_epoch();
+        }
         // Also announce when nothing existed: the device is unusable either way.
         state.announce_discard = true;
         self.shared.announce_discard(ctx, &mut state);

@@ -174,10 +174,16 @@ impl DeviceOptions {
     }
 
     /// Largest control request: header, the larger of the REG_MR and REREG_MR bodies and a
-    /// full page list (spec §4), so that both accept `max_mr_pages` pages.
+    /// full page list (spec §4), so that both accept `max_mr_pages` pages; and never less than
+    /// the largest fixed body of any command (MODIFY_QP, CM_CONNECT), whatever `max_mr_pages`.
     pub fn max_request_size(&self) -> usize {
         let body =
             size_of::<vrdma_spec::wire::RegMrReq>().max(size_of::<vrdma_spec::wire::ReregMrReq>());
-        HEADER_SIZE + body + 8 * self.max_mr_pages as usize
+        let largest_fixed = vrdma_spec::Opcode::ALL
+            .iter()
+            .map(|op| op.request_body_len())
+            .max()
+            .unwrap_or(0);
+        HEADER_SIZE + (body + 8 * self.max_mr_pages as usize).max(largest_fixed)
     }
 }

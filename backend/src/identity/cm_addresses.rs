@@ -27,7 +27,7 @@ pub enum CmAddressError {
     #[error("a wildcard address while the daemon serves tenants")]
     WildcardBesideTenants,
     /// A destination no connection may aim at from a guest.
-    #[error("destination {0} is a wildcard or loopback address")]
+    #[error("destination {0} is a wildcard, loopback or multicast address")]
     BadDestination(IpAddr),
     /// No address the guest may send from has the destination's family (and scope).
     #[error("no source address of this guest for {0}")]
@@ -41,7 +41,8 @@ pub struct CmAddressRules<'a> {
     /// For a guest sharing the host's identity: the host's addresses on the RDMA netdev that
     /// are no tenant's (sources the device may pick for it while tenants exist).
     pub host_sources: &'a [IpAddr],
-    /// Whether an address is one of the daemon's tenants'.
+    /// Whether an address is one of the daemon's tenants' (given in canonical form: IPv4
+    /// as IPv4; compare GIDs, `address_gid`, to be safe).
     pub is_tenant_address: &'a dyn Fn(&IpAddr) -> bool,
     /// Whether the daemon serves any tenant.
     pub tenants_present: bool,
@@ -50,12 +51,18 @@ pub struct CmAddressRules<'a> {
 }
 
 impl CmAddressRules<'_> {
-    /// The host address a bind to `requested` binds (its port kept).
+    /// The host address a bind to `requested` binds (its port kept). IPv4-mapped IPv6
+    /// addresses are judged as the IPv4 address they are.
     pub fn bind(&self, requested: SocketAddr) -> Result<SocketAddr, CmAddressError> {
-        let ip = requested.ip();
+        let ip = requested.ip().to_canonical();
         let chosen = if self.addresses.is_empty() {
-            if ip.is_unspecified() && self.tenants_present {
-                return Err(CmAddressError::WildcardBesideTenants);
+            if ip.is_unspecified() {
+                if self.tenants_present {
+                    return Err(CmAddressError::WildcardBesideTenants);
+                }
+            } else if ip.is_loopback() || ip.is_multicast() {
+                // Not an address of the RDMA netdev: the host would pick a device itself.
+                return Err(CmAddressError::NotOwn(ip));
             }
             if (self.is_tenant_address)(&ip) {
                 return Err(CmAddressError::TenantAddress(ip));
@@ -88,8 +95,8 @@ impl CmAddressRules<'_> {
         src: Option<SocketAddr>,
         dst: SocketAddr,
     ) -> Result<(Option<SocketAddr>, SocketAddr), CmAddressError> {
-        let to = dst.ip();
-        if to.is_unspecified() || to.is_loopback() {
+        let to = dst.ip().to_canonical();
+        if to.is_unspecified() || to.is_loopback() || to.is_multicast() {
             return Err(CmAddressError::BadDestination(to));
         }
         let destination = self.scoped(to, dst.port());
@@ -222,6 +229,22 @@ mod tests {
             rules(&[], &[], false).bind(sock("[::]:9")),
             Ok(sock("[::]:9"))
         );
+        // Loopback and multicast are no addresses of the RDMA netdev, in either form.
+        for other in [
+            "127.0.0.1:1",
+            "[::1]:1",
+            "[ff02::1]:1",
+            "[::ffff:127.0.0.1]:1",
+        ] {
+            assert!(r.bind(sock(other)).is_err(), "{other}");
+        }
+        // An IPv4-mapped form of a tenant's address is that address.
+        let v4_tenant = |ip: &IpAddr| *ip == "192.0.2.10".parse::<IpAddr>().unwrap();
+        let r = CmAddressRules {
+            is_tenant_address: &v4_tenant,
+            ..rules(&[], &[], true)
+        };
+        assert!(r.bind(sock("[::ffff:192.0.2.10]:1")).is_err());
     }
 
     #[test]
@@ -244,10 +267,19 @@ mod tests {
             .resolve(Some(sock("[fe80::b:1]:0")), sock("[fe80::c:1]:1"))
             .is_err());
         // Wildcard and loopback destinations are nobody's to aim at.
-        for bad in ["[::]:1", "[::1]:1", "127.0.0.1:1", "0.0.0.0:1"] {
+        for bad in [
+            "[::]:1",
+            "[::1]:1",
+            "127.0.0.1:1",
+            "0.0.0.0:1",
+            "[::ffff:127.0.0.1]:1",
+            "[ff02::1]:1",
+        ] {
             assert_eq!(
                 r.resolve(None, sock(bad)),
-                Err(CmAddressError::BadDestination(sock(bad).ip()))
+                Err(CmAddressError::BadDestination(
+                    sock(bad).ip().to_canonical()
+                ))
             );
         }
         // A tenant with no address of the destination's family cannot reach it.

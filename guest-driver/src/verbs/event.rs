@@ -222,7 +222,6 @@ impl Stash {
 }
 
 /// Per-context event dispatch.
-#[derive(Default)]
 pub(crate) struct EventDispatch {
     stash: Mutex<Stash>,
     changed: Condvar,
@@ -235,8 +234,9 @@ impl EventDispatch {
     /// Dispatch for a context that opened at configuration epoch `epoch`.
     pub(crate) fn new(epoch: u32) -> Self {
         EventDispatch {
+            stash: Mutex::default(),
+            changed: Condvar::default(),
             opened_at_epoch: epoch,
-            ..Self::default()
         }
     }
 

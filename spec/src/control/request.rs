@@ -244,7 +244,21 @@ impl<'a> ControlRequest<'a> {
                 check_ah_attr(&r.ah_attr)?;
                 ControlRequest::CreateAh(r)
             }
-            op => ControlRequest::Cm(CmRequest::decode(op, body)?),
+            Opcode::CmCreateId
+            | Opcode::CmDestroyId
+            | Opcode::CmBind
+            | Opcode::CmResolveAddr
+            | Opcode::CmResolveRoute
+            | Opcode::CmListen
+            | Opcode::CmConnect
+            | Opcode::CmAccept
+            | Opcode::CmReject
+            | Opcode::CmDisconnect
+            | Opcode::CmInitQpAttr
+            | Opcode::CmGetEvent
+            | Opcode::CmSetOption
+            | Opcode::CmNotify
+            | Opcode::CmQueryAddr => ControlRequest::Cm(CmRequest::decode(op, body)?),
         })
     }
 

@@ -248,21 +248,24 @@ const GET_FEATURES: u32 = 1;
 
 extern "C" fn ignore_signal(_: libc::c_int) {}
 
-/// The relay threads (of any test) blocked in `recvmsg` right now.
-fn relay_threads_in_recvmsg() -> Vec<libc::pid_t> {
-    let mut tids = Vec::new();
+/// The relay threads of this process (of any test), and whether each is blocked in
+/// `recvmsg` right now.
+fn relay_threads() -> Vec<(libc::pid_t, bool)> {
+    let mut threads = Vec::new();
     for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
         let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("vrdma-vu-") {
+            continue;
+        }
         let syscall = std::fs::read_to_string(task.path().join("syscall")).unwrap_or_default();
         let number = syscall
             .split(' ')
             .next()
             .and_then(|n| n.parse::<i64>().ok());
-        if comm.starts_with("vrdma-vu-") && number == Some(libc::SYS_recvmsg) {
-            tids.push(task.file_name().to_string_lossy().parse().unwrap());
-        }
+        let tid = task.file_name().to_string_lossy().parse().unwrap();
+        threads.push((tid, number == Some(libc::SYS_recvmsg)));
     }
-    tids
+    threads
 }
 
 /// A signal whose handler does not ask for restarted calls interrupts the relay while it waits
@@ -280,14 +283,22 @@ fn a_signal_does_not_end_the_relay() {
             0
         );
     }
+    // This harness's relay threads are the ones that were not there before it (threads of
+    // tests running beside it that start meanwhile are signalled too: harmless).
+    let before: Vec<libc::pid_t> = relay_threads().iter().map(|&(tid, _)| tid).collect();
     let h = harness();
-    // Both relay threads wait in recvmsg (they block there until a message comes).
-    let mut waiting = relay_threads_in_recvmsg();
-    while waiting.len() < 2 {
+    // Both wait in recvmsg (they block there until a message comes).
+    let ours = loop {
+        let ours: Vec<(libc::pid_t, bool)> = relay_threads()
+            .into_iter()
+            .filter(|(tid, _)| !before.contains(tid))
+            .collect();
+        if ours.len() >= 2 && ours.iter().all(|&(_, waiting)| waiting) {
+            break ours;
+        }
         std::thread::yield_now();
-        waiting = relay_threads_in_recvmsg();
-    }
-    for tid in waiting {
+    };
+    for (tid, _) in ours {
         // SAFETY: signals a thread of this process; the handler above does nothing.
         unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGUSR2) };
     }
