@@ -329,6 +329,12 @@ impl HostContext for FakeContext {
         w.qp_types.insert(h, init.qp_type);
         w.send_queues
             .insert(h, (self.queue_file.try_clone().unwrap(), sq));
+        let elem = rxe_v1::send_wqe_size(wqe / 16, wqe)
+            .next_power_of_two()
+            .max(64);
+        w.send_geometry
+            .insert(h, (send_slots, elem.trailing_zeros()));
+        w.pd_of.insert(h, init.pd.0);
         Ok(Qp {
             handle: QpHandle(h),
             qpn,
@@ -434,6 +440,8 @@ impl HostContext for FakeContext {
         w.qp_state.remove(&qp.0);
         w.qp_types.remove(&qp.0);
         w.send_queues.remove(&qp.0);
+        w.send_geometry.remove(&qp.0);
+        w.pd_of.remove(&qp.0);
         w.qp_paths.remove(&qp.0);
         w.qp_dest.remove(&qp.0);
         w.qps.remove(&qp.0).map(|_| ()).ok_or(DeviceError::Command {
@@ -486,6 +494,7 @@ impl HostContext for FakeContext {
         w.ownership.adopt(self.id, h);
         w.ahs.insert(h, ());
         w.ah_attrs.insert(h, init.attr);
+        w.pd_of.insert(h, init.pd.0);
         w.paths_given.push((self.id, init.attr));
         Ok(Ah {
             handle: AhHandle(h),
@@ -495,6 +504,7 @@ impl HostContext for FakeContext {
     fn destroy_ah(&self, ah: AhHandle) -> host::Result<()> {
         let mut w = world(&self.world);
         w.ah_attrs.remove(&ah.0);
+        w.pd_of.remove(&ah.0);
         w.ownership.check(self.id, "DESTROY_AH", ah.0);
         w.ownership.forget(ah.0);
         w.ahs.remove(&ah.0).map(|_| ()).ok_or(DeviceError::Command {

@@ -37,6 +37,10 @@ pub struct World {
     pub qps: BTreeMap<u32, (u32, u64)>,
     /// Send queue buffer of every live QP: its context's queue file and the buffer there.
     pub send_queues: HashMap<u32, (File, QueueBuffer)>,
+    /// Slots and log2 of the slot size of every live QP's send queue.
+    pub send_geometry: HashMap<u32, (u32, u32)>,
+    /// The PD of every live QP and AH.
+    pub pd_of: HashMap<u32, u32>,
     /// Live SRQs and their `user_handle`s.
     pub srqs: BTreeMap<u32, u64>,
     /// Live AHs.

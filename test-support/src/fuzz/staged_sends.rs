@@ -14,7 +14,7 @@ use vrdma_backend::datapath::ud_staging::NEUTRALISED_AH_NUM;
 use vrdma_backend::resources::kind::ResourceKind;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::rxe_v1::{self, header, RxeAv, RxeSendWqe, RxeSendWrUnion, RxeSge, RxeUdWr};
-use vrdma_spec::verbs::{send_flags, WrOpcode};
+use vrdma_spec::verbs::{send_flags, QpType, WrOpcode};
 use vrdma_spec::wire::RingDesc;
 use vrdma_spec::{Le32, Le64};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
@@ -191,9 +191,9 @@ fn wqe_bytes(
     bytes
 }
 
-/// Checks every WQE the pump put into a live staged QP's host send queue since the last
-/// check (`cursors`: host QP to the next index to check); returns how many it found, and how
-/// many of them were neutralised.
+/// Checks every WQE the pump put into the host send queue of any live UD QP of the guests
+/// since the last check (`cursors`: host QP to the next index to check); returns how many it
+/// found, and how many of them were neutralised.
 pub(super) fn check_forwarded(
     fake: &FakeDevice,
     daemon: &Daemon,
@@ -204,72 +204,63 @@ pub(super) fn check_forwarded(
     let qpn_owners = daemon.live_tenant_qpns(fake, slots);
     let w = fake.world();
     let table = host_gids(&w);
-    for slot in slots {
-        let inventory = slot.guest.dev().inventory();
-        for staged in &slot.staged {
-            let Some(host) = inventory
-                .of(ResourceKind::Qp)
-                .find(|qp| qp.handle == staged.handle)
-                .and_then(|qp| qp.host)
-                .filter(|h| w.qps.get(h).map(|q| q.0) == Some(staged.qpn))
-            else {
-                continue;
-            };
-            let Some((file, buffer)) = w.send_queues.get(&host) else {
-                continue;
-            };
-            let read = |at: usize, len: usize| {
-                let mut bytes = vec![0; len];
-                file.read_exact_at(&mut bytes, buffer.offset + at as u64)
-                    .expect("host send queue");
-                bytes
-            };
-            let word = |at: usize| u32::from_le_bytes(read(at, 4).try_into().expect("4 bytes"));
-            let producer = word(header::PRODUCER_INDEX);
-            let (mask, log2) = (
-                staged.sq.num_slots.get() - 1,
-                staged.sq.log2_slot_size.get(),
-            );
-            let cursor = cursors.entry(host).or_insert(0);
-            // Only the last ring's worth can still be read.
-            let from = producer.wrapping_sub(producer.wrapping_sub(*cursor).min(mask + 1));
-            let mut index = from;
-            while index != producer {
-                let at = rxe_v1::slot_offset(index, mask, log2);
-                let bytes = read(at, size_of::<RxeSendWqe>());
-                let wqe = RxeSendWqe::read_from_bytes(&bytes).expect("a WQE");
-                let ud = wqe.wr.wr.ud();
-                let ah_num = ud.ah_num.get();
-                forwarded += 1;
-                if ah_num == NEUTRALISED_AH_NUM {
-                    neutralised += 1;
-                } else {
-                    let opcode = wqe.wr.opcode.get();
-                    assert!(
-                        opcode == WrOpcode::Send as u32 || opcode == WrOpcode::SendWithImm as u32,
-                        "forwarded a UD WQE with opcode {opcode}"
-                    );
-                    assert!(
-                        w.ahs.contains_key(&ah_num)
-                            && w.ownership.owner(ah_num) == w.ownership.owner(host),
-                        "forwarded a UD WQE through ah_num {ah_num}, not an AH of the QP's context"
-                    );
-                    assert!(
-                        ud.av.as_bytes().iter().all(|&b| b == 0),
-                        "forwarded a UD WQE with an embedded address vector"
-                    );
-                    let dgid = w.ah_attrs[&ah_num].dgid;
-                    assert!(
-                        daemon.reachable(&table, &qpn_owners, &dgid, ud.remote_qpn.get()),
-                        "forwarded a UD send to QP number {:#x} behind {}",
-                        ud.remote_qpn.get(),
-                        std::net::Ipv6Addr::from(dgid)
-                    );
-                }
-                index = index.wrapping_add(1);
-            }
-            *cursor = producer;
+    let contexts: Vec<u64> = slots.iter().map(|s| s.context).collect();
+    for (&host, (file, buffer)) in &w.send_queues {
+        let owned = w
+            .ownership
+            .owner(host)
+            .is_some_and(|c| contexts.contains(&c));
+        if !owned || w.qp_types.get(&host) != Some(&QpType::Ud) {
+            continue;
         }
+        let (num_slots, log2) = w.send_geometry[&host];
+        let mask = num_slots - 1;
+        let read = |at: usize, len: usize| {
+            let mut bytes = vec![0; len];
+            file.read_exact_at(&mut bytes, buffer.offset + at as u64)
+                .expect("host send queue");
+            bytes
+        };
+        let word = |at: usize| u32::from_le_bytes(read(at, 4).try_into().expect("4 bytes"));
+        let producer = word(header::PRODUCER_INDEX);
+        let cursor = cursors.entry(host).or_insert(0);
+        // Only the last ring's worth can still be read.
+        let from = producer.wrapping_sub(producer.wrapping_sub(*cursor).min(mask + 1));
+        let mut index = from;
+        while index != producer {
+            let at = rxe_v1::slot_offset(index, mask, log2);
+            let bytes = read(at, size_of::<RxeSendWqe>());
+            let wqe = RxeSendWqe::read_from_bytes(&bytes).expect("a WQE");
+            let ud = wqe.wr.wr.ud();
+            let ah_num = ud.ah_num.get();
+            forwarded += 1;
+            if ah_num == NEUTRALISED_AH_NUM {
+                neutralised += 1;
+            } else {
+                let opcode = wqe.wr.opcode.get();
+                assert!(
+                    opcode == WrOpcode::Send as u32 || opcode == WrOpcode::SendWithImm as u32,
+                    "forwarded a UD WQE with opcode {opcode}"
+                );
+                assert!(
+                    w.ahs.contains_key(&ah_num) && w.pd_of.get(&ah_num) == w.pd_of.get(&host),
+                    "forwarded a UD WQE through ah_num {ah_num}, not an AH of the QP's PD"
+                );
+                assert!(
+                    ud.av.as_bytes().iter().all(|&b| b == 0),
+                    "forwarded a UD WQE with an embedded address vector"
+                );
+                let dgid = w.ah_attrs[&ah_num].dgid;
+                assert!(
+                    daemon.reachable(&table, &qpn_owners, &dgid, ud.remote_qpn.get()),
+                    "forwarded a UD send to QP number {:#x} behind {}",
+                    ud.remote_qpn.get(),
+                    std::net::Ipv6Addr::from(dgid)
+                );
+            }
+            index = index.wrapping_add(1);
+        }
+        *cursor = producer;
     }
     (forwarded, neutralised)
 }
