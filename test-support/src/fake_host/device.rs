@@ -19,7 +19,7 @@ use vrdma_spec::wire::{GidEntry, QpAttr};
 use vrdma_spec::Le32;
 use zerocopy::FromZeros;
 
-pub use super::world::{Connection, World, PAGE};
+pub use super::world::{Connection, World, PAGE, QUEUE_FILE_SIZE};
 
 /// The one GID of the fake port (index 0, RoCE v2).
 pub const GID0: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
@@ -90,7 +90,7 @@ impl HostDevice for FakeDevice {
         Ok(Box::new(FakeContext {
             id: self.world().ownership.open_context(),
             world: Arc::clone(&self.world),
-            queue_file: memfd(64 << 20),
+            queue_file: memfd(QUEUE_FILE_SIZE),
             comp: UnixStream::pair().unwrap().0,
             async_fd: UnixStream::pair().unwrap().0,
         }))
@@ -248,7 +248,7 @@ impl HostContext for FakeContext {
         w.fail("CREATE_CQ")?;
         assert!(init.use_comp_channel);
         let slots = (init.cqe + 1).next_power_of_two();
-        let buffer = w.buffer(slots, 72);
+        let buffer = w.buffer(slots, 72)?;
         let h = w.handle();
         w.ownership.adopt(self.id, h);
         w.cqs.insert(h, init.user_handle);
@@ -285,7 +285,7 @@ impl HostContext for FakeContext {
             return Err(einval);
         }
         let slots = (cqe + 1).next_power_of_two();
-        let buffer = w.buffer(slots, 72);
+        let buffer = w.buffer(slots, 72)?;
         w.resized.push((cq.0, slots - 1));
         Ok(CqResize {
             cqe: slots - 1,
@@ -310,13 +310,13 @@ impl HostContext for FakeContext {
         let c = init.caps;
         let send_slots = (c.max_send_wr + 1).next_power_of_two();
         let wqe = (c.max_send_sge * 16).max(c.max_inline_data);
-        let sq = w.buffer(send_slots, rxe_v1::send_wqe_size(wqe / 16, wqe));
+        let sq = w.buffer(send_slots, rxe_v1::send_wqe_size(wqe / 16, wqe))?;
         let (rq, max_recv_wr) = match init.srq {
             Some(_) => (None, 0),
             None => {
                 let slots = (c.max_recv_wr + 1).next_power_of_two();
                 (
-                    Some(w.buffer(slots, rxe_v1::recv_wqe_size(c.max_recv_sge))),
+                    Some(w.buffer(slots, rxe_v1::recv_wqe_size(c.max_recv_sge))?),
                     slots - 1,
                 )
             }
@@ -454,7 +454,7 @@ impl HostContext for FakeContext {
         w.fail("CREATE_SRQ")?;
         w.ownership.check(self.id, "CREATE_SRQ", init.pd.0);
         let slots = (init.max_wr + 1).next_power_of_two();
-        let buffer = w.buffer(slots, rxe_v1::recv_wqe_size(init.max_sge));
+        let buffer = w.buffer(slots, rxe_v1::recv_wqe_size(init.max_sge))?;
         let h = w.handle();
         w.ownership.adopt(self.id, h);
         w.srqs.insert(h, init.user_handle);

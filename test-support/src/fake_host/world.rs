@@ -13,6 +13,9 @@ use super::ownership::Ownership;
 
 /// Bytes of a page.
 pub const PAGE: u64 = 4096;
+/// Size of each context's queue file (sparse: only the buffers used take memory). Buffer
+/// offsets are handed out once per world and never reused.
+pub const QUEUE_FILE_SIZE: u64 = 1 << 30;
 
 /// What the fake device holds, shared by the device and every context it opened: the live
 /// objects by handle, what the guest's device asked of it, the events to hand out, and the next
@@ -124,16 +127,24 @@ impl World {
         Ok(())
     }
 
-    /// A queue buffer the way rxe sizes it.
-    pub(super) fn buffer(&mut self, slots: u32, entry_bytes: usize) -> QueueBuffer {
+    /// A queue buffer the way rxe sizes it, at the next free offset of the contexts' queue
+    /// files; ENOMEM when it would not fit in [`QUEUE_FILE_SIZE`] (a mapping past the end of
+    /// the file would fault on first access, which no real queue buffer does).
+    pub(super) fn buffer(&mut self, slots: u32, entry_bytes: usize) -> host::Result<QueueBuffer> {
         let elem = entry_bytes.next_power_of_two().max(64) as u64;
         let len = (384 + u64::from(slots) * elem).next_multiple_of(PAGE);
         let offset = self.next_offset;
+        if offset + len > QUEUE_FILE_SIZE {
+            return Err(DeviceError::Command {
+                command: "queue buffer",
+                errno: libc::ENOMEM,
+            });
+        }
         self.next_offset += len;
-        QueueBuffer {
+        Ok(QueueBuffer {
             offset,
             len: len as usize,
-        }
+        })
     }
 
     /// Number of live host objects of every kind.
