@@ -188,6 +188,7 @@ struct RawQuotas {
     srqs: Option<u32>,
     ahs: Option<u32>,
     mws: Option<u32>,
+    cm_ids: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -241,6 +242,7 @@ impl RawGuest {
             srqs: raw.srqs.or(rd.srqs).unwrap_or(q.srqs),
             ahs: raw.ahs.or(rd.ahs).unwrap_or(q.ahs),
             mws: raw.mws.or(rd.mws).unwrap_or(q.mws),
+            cm_ids: raw.cm_ids.or(rd.cm_ids).unwrap_or(q.cm_ids),
         };
         let (p, pd) = (&self.policy, &d.policy);
         let open = TrafficPolicy::default();

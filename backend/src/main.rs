@@ -105,6 +105,10 @@ struct Args {
     /// Most memory windows per guest (with --allow-memory-windows).
     #[arg(long)]
     max_mws: Option<u32>,
+    /// Most connection-manager ids per guest (connect requests waiting for an answer
+    /// included).
+    #[arg(long)]
+    max_cm_ids: Option<u32>,
     /// Offer unreliable-datagram QPs and address handles. UD sends go through a staging ring
     /// that the daemon checks (VRDMA_F_UD_STAGED_SQ, spec §9.6): a guest sends only through
     /// its own address handles.
@@ -163,6 +167,7 @@ impl Args {
             srqs: self.max_srqs.unwrap_or(defaults.srqs),
             ahs: self.max_ahs.unwrap_or(defaults.ahs),
             mws: self.max_mws.unwrap_or(defaults.mws),
+            cm_ids: self.max_cm_ids.unwrap_or(defaults.cm_ids),
         };
         DeviceOptions {
             quotas,

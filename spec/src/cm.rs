@@ -1,6 +1,8 @@
 //! Wire structs of the connection manager's commands (spec §7.5, `VRDMA_F_CM`), beside the
 //! other commands' in [`crate::wire`].
 
+use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
+
 use crate::wire::{AhAttr, QpAttr};
 use crate::{Le16, Le32};
 
@@ -40,10 +42,47 @@ pub mod cm_option {
     pub const LAST: u32 = ACK_TIMEOUT;
 }
 
+/// rdma_cm event numbers (`CmEventResp::event`, the `detail` of a CM_EVENT): the kernel's and
+/// librdmacm's `enum rdma_cm_event_type`.
+pub mod cm_event {
+    /// An address resolution finished.
+    pub const ADDR_RESOLVED: u32 = 0;
+    /// An address resolution failed.
+    pub const ADDR_ERROR: u32 = 1;
+    /// A route resolution finished.
+    pub const ROUTE_RESOLVED: u32 = 2;
+    /// A route resolution failed.
+    pub const ROUTE_ERROR: u32 = 3;
+    /// A peer asks to connect (on a listener; the event names a new id).
+    pub const CONNECT_REQUEST: u32 = 4;
+    /// The peer accepted; move the QP to RTS and establish (CM_ACCEPT without a QP).
+    pub const CONNECT_RESPONSE: u32 = 5;
+    /// The connection could not be set up.
+    pub const CONNECT_ERROR: u32 = 6;
+    /// The peer is unreachable.
+    pub const UNREACHABLE: u32 = 7;
+    /// The peer rejected (status: the reject reason).
+    pub const REJECTED: u32 = 8;
+    /// The connection is up.
+    pub const ESTABLISHED: u32 = 9;
+    /// The connection is down.
+    pub const DISCONNECTED: u32 = 10;
+    /// The device went away.
+    pub const DEVICE_REMOVAL: u32 = 11;
+    /// A multicast join finished (not produced: no joins on the wire).
+    pub const MULTICAST_JOIN: u32 = 12;
+    /// A multicast join failed (not produced).
+    pub const MULTICAST_ERROR: u32 = 13;
+    /// The id's address changed.
+    pub const ADDR_CHANGE: u32 = 14;
+    /// The connection left time-wait: its QP may be reused.
+    pub const TIMEWAIT_EXIT: u32 = 15;
+}
+
 /// `CmEventResp::event` when no event is pending.
 pub const CM_EVENT_NONE: u32 = u32::MAX;
 /// The last rdma_cm event number (`TIMEWAIT_EXIT`).
-pub const CM_EVENT_LAST: u32 = 15;
+pub const CM_EVENT_LAST: u32 = cm_event::TIMEWAIT_EXIT;
 
 wire_struct! {
     /// A socket address (`cm_addr`, 32 bytes).
@@ -75,6 +114,37 @@ impl CmAddr {
         scope_id: Le32::ZERO,
         reserved: Le32::ZERO,
     };
+
+    /// `addr` on the wire: IPv4 mapped, an IPv6 flow label and scope id kept.
+    pub fn from_socket_addr(addr: &SocketAddr) -> CmAddr {
+        let (family, ip, flowinfo, scope_id) = match addr {
+            SocketAddr::V4(v4) => (cm_family::INET, v4.ip().to_ipv6_mapped(), 0, 0),
+            SocketAddr::V6(v6) => (cm_family::INET6, *v6.ip(), v6.flowinfo(), v6.scope_id()),
+        };
+        CmAddr {
+            family: Le16::new(family),
+            port: Le16::new(addr.port()),
+            flowinfo: Le32::new(flowinfo),
+            addr: ip.octets(),
+            scope_id: Le32::new(scope_id),
+            reserved: Le32::ZERO,
+        }
+    }
+
+    /// The socket address, `None` for the `NONE` family (or another the wire does not know).
+    /// An IPv4 family gives the IPv4 address of `::ffff:a.b.c.d`; a decoded request was
+    /// checked to carry one (`check_cm_addr`).
+    pub fn socket_addr(&self) -> Option<SocketAddr> {
+        let ip = Ipv6Addr::from(self.addr);
+        let port = self.port.get();
+        match self.family.get() {
+            cm_family::INET => Some(SocketAddr::new(ip.to_canonical(), port)),
+            cm_family::INET6 => {
+                Some(SocketAddrV6::new(ip, port, self.flowinfo.get(), self.scope_id.get()).into())
+            }
+            _ => None,
+        }
+    }
 }
 
 wire_struct! {

@@ -195,3 +195,18 @@ fn cm_commands_need_the_feature() {
         );
     }
 }
+
+#[test]
+fn socket_addresses_round_trip_through_cm_addr() {
+    use std::net::SocketAddr;
+    for text in ["192.0.2.7:4791", "[fe80::a:1%3]:18515", "[2001:db8::1]:1"] {
+        let addr: SocketAddr = text.parse().unwrap();
+        let wire = CmAddr::from_socket_addr(&addr);
+        vrdma_spec::control::check_cm_addr(&wire, false).unwrap();
+        assert_eq!(wire.socket_addr(), Some(addr), "{text}");
+    }
+    let v4 = CmAddr::from_socket_addr(&"192.0.2.7:9".parse().unwrap());
+    assert_eq!(v4.family.get(), cm_family::INET);
+    assert_eq!(&v4.addr[10..], &[0xff, 0xff, 192, 0, 2, 7]);
+    assert_eq!(CmAddr::NONE.socket_addr(), None);
+}

@@ -5,7 +5,7 @@ use log::{info, warn};
 use vrdma_spec::control::ResponseBody;
 
 use super::session::{CommandResult, Session};
-use super::{ah, cq, mr, mw, pd, qp, srq};
+use super::{ah, cm, cq, mr, mw, pd, qp, srq};
 use crate::guest::shared::GuestShared;
 use crate::guest::state::GuestState;
 use crate::vhost_device::guest_context::GuestContext;
@@ -52,7 +52,9 @@ pub(crate) fn discard_all(
     if counts.is_empty() && !had_area && !had_lingering {
         return false;
     }
-    // Windows first: a bound one holds its MR and (type 2) its QP in the kernel.
+    // Connection-manager ids first: their connections name the QPs.
+    cm::discard(guest, &mut state.cm);
+    // Windows next: a bound one holds its MR and (type 2) its QP in the kernel.
     for (handle, entry) in state.mws.drain() {
         mw::release(host, handle, entry);
     }

@@ -9,6 +9,7 @@
 //! command changes nothing. What the families share is in [`session`] and [`error`].
 
 pub mod ah;
+pub mod cm;
 pub mod cq;
 pub mod discard;
 pub mod doorbell;
@@ -59,8 +60,6 @@ pub(crate) fn execute(s: &mut Session<'_>, request: &ControlRequest<'_>) -> Comm
         ControlRequest::DestroySrq(r) => srq::destroy_srq(s, r),
         ControlRequest::CreateAh(r) => ah::create_ah(s, r),
         ControlRequest::DestroyAh(r) => ah::destroy_ah(s, r),
-        // No device offers VRDMA_F_CM yet (spec §7.5): `run_decoded` refuses these as not
-        // negotiated before they get here.
-        ControlRequest::Cm(_) => Err(error::CommandError::Unsupported("the connection manager")),
+        ControlRequest::Cm(r) => cm::execute(s, r),
     }
 }

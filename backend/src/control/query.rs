@@ -14,7 +14,7 @@ use zerocopy::FromZeros;
 
 use super::error::CommandError;
 use super::session::{host_err, CommandResult, Session};
-use crate::guest::shared::GUEST_PORT;
+use crate::guest::shared::{GuestShared, GUEST_PORT};
 use crate::host::uverbs::{QueryDeviceResp, QueryPortResp};
 
 /// `IB_LINK_LAYER_ETHERNET`.
@@ -42,6 +42,21 @@ pub(crate) fn max_inline_data(attr: &QueryDeviceResp) -> u32 {
     attr.max_sge.saturating_mul(SGE_SIZE as u32)
 }
 
+/// The guest's node and system-image GUIDs, given the host device's attributes: a guest with
+/// addresses is a node of its own; without, it is the host's node. The kernel's `__be64`
+/// GUIDs: their bytes in memory are the wire's network order.
+pub(crate) fn node_guids(guest: &GuestShared, host: &QueryDeviceResp) -> ([u8; 8], [u8; 8]) {
+    let identity = &guest.options().identity;
+    if identity.has_addresses() {
+        (identity.guid(), identity.guid())
+    } else {
+        (
+            host.node_guid.to_ne_bytes(),
+            host.sys_image_guid.to_ne_bytes(),
+        )
+    }
+}
+
 /// QUERY_DEVICE: host attributes, every count capped by this guest's quota.
 pub(crate) fn query_device(s: &mut Session<'_>) -> CommandResult {
     let host = s.host().query_device().map_err(host_err("QUERY_DEVICE"))?;
@@ -50,17 +65,7 @@ pub(crate) fn query_device(s: &mut Session<'_>) -> CommandResult {
     let ud = s.features & VRDMA_F_UD != 0;
     let mw = s.features & VRDMA_F_MW != 0;
     let only_if = |on: bool, v: u32| if on { v } else { 0 };
-    let identity = &s.guest.options().identity;
-    // A guest with addresses is a node of its own; without, it is the host's node as before.
-    // The kernel's `__be64` GUIDs: their bytes in memory are the wire's network order.
-    let (node_guid, sys_image_guid) = if identity.has_addresses() {
-        (identity.guid(), identity.guid())
-    } else {
-        (
-            host.node_guid.to_ne_bytes(),
-            host.sys_image_guid.to_ne_bytes(),
-        )
-    };
+    let (node_guid, sys_image_guid) = node_guids(s.guest, &host);
     let attr = DeviceAttr {
         fw_ver: DeviceAttr::encode_fw_ver(&s.guest.device().info().fw_ver),
         node_guid,

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use log::{debug, info, warn};
 use parking_lot::Mutex;
 use vrdma_spec::config::{self, DeviceConfig};
-use vrdma_spec::control::{HEADER_SIZE, MAX_RESPONSE_SIZE};
+use vrdma_spec::control::{HEADER_SIZE, MAX_CM_RESPONSE_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::{
     VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_DOORBELL_POLL, VRDMA_F_MW, VRDMA_F_RING_RXE_V1,
     VRDMA_F_SRQ, VRDMA_F_UC, VRDMA_F_UD, VRDMA_F_UD_STAGED_SQ,
@@ -36,7 +36,7 @@ use crate::control::discard::{self, Epoch};
 use crate::control::error::CommandError;
 use crate::control::session::{CommandResult, Session};
 use crate::control::{self, mr};
-use crate::datapath::{doorbell, events};
+use crate::datapath::{cm_events, doorbell, events};
 use crate::fault_log::FaultLog;
 use crate::host::HostDevice;
 use crate::identity::address_gid;
@@ -206,6 +206,17 @@ impl GuestDevice {
             &options.identity.addresses,
             &tenant.endpoints,
         )?;
+        let cm = match device.open_cm() {
+            Ok(cm) => cm,
+            Err(e) => {
+                warn!(
+                    "guest {id} ({}): no connection manager ({e}): VRDMA_F_CM is not offered",
+                    options.identity.name
+                );
+                None
+            }
+        };
+        let netdev_ifindex = device.netdev_ifindex(options.host_port).unwrap_or(0);
         info!(
             "guest {id} ({}): host context on {} opened (port {} exposed as port {GUEST_PORT})",
             options.identity.name,
@@ -224,7 +235,12 @@ impl GuestDevice {
                 host,
                 HostLimits { attr },
                 staging,
-                GuestAddressing { gids, tenant },
+                GuestAddressing {
+                    gids,
+                    tenant,
+                    cm,
+                    netdev_ifindex,
+                },
             ),
         })
     }
@@ -377,6 +393,9 @@ impl DeviceHandler for GuestDevice {
         if !self.shared.options().doorbell_poll.is_zero() {
             features |= VRDMA_F_DOORBELL_POLL;
         }
+        if self.shared.cm().is_some() {
+            features |= VRDMA_F_CM;
+        }
         features
     }
 
@@ -402,7 +421,12 @@ impl DeviceHandler for GuestDevice {
             max_request_size: Le32::new(
                 u32::try_from(options.max_request_size()).unwrap_or(u32::MAX),
             ),
-            max_response_size: Le32::new(MAX_RESPONSE_SIZE as u32),
+            // CM_GET_EVENT's answer is the largest (spec §7.5).
+            max_response_size: Le32::new(if self.shared.cm().is_some() {
+                MAX_CM_RESPONSE_SIZE as u32
+            } else {
+                MAX_RESPONSE_SIZE as u32
+            }),
             max_mr_pages: Le32::new(options.max_mr_pages),
             doorbell_slots: Le32::new(options.doorbell_slots()),
             epoch: Le32::new(self.epoch()),
@@ -475,10 +499,14 @@ impl DeviceHandler for GuestDevice {
     }
 
     fn watched_fds(&self) -> Vec<RawFd> {
-        vec![
+        let mut fds = vec![
             self.shared.host().comp_channel_fd().as_raw_fd(),
             self.shared.host().async_fd().as_raw_fd(),
-        ]
+        ];
+        if let Some(cm) = self.shared.cm() {
+            fds.push(cm.event_fd().as_raw_fd());
+        }
+        fds
     }
 
     fn fd_ready(&self, ctx: &GuestContext, index: usize) {
@@ -489,6 +517,7 @@ impl DeviceHandler for GuestDevice {
                     self.host_failed(ctx);
                 }
             }
+            cm_events::CM_FD => cm_events::cm_events(&self.shared, &self.state, ctx),
             other => debug!("guest {}: no watched fd {other}", self.id()),
         }
     }

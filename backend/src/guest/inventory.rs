@@ -23,7 +23,7 @@ pub struct HeldObject {
     pub holds: Vec<(ResourceKind, u32)>,
     /// Bytes it is charged against a byte quota (live MRs only).
     pub bytes: u64,
-    /// Its host `user_handle` (CQs, QPs, SRQs).
+    /// Its host `user_handle` (CQs, QPs, SRQs; a CM id's `uid`).
     pub user_handle: Option<u64>,
 }
 
@@ -105,6 +105,11 @@ impl GuestState {
             o.holds.push((Pd, e.pd.raw()));
             objects.push(o);
         }
+        for (h, e) in self.cm.ids.iter() {
+            let mut o = object(CmId, h, Some(e.host.0), 0);
+            o.user_handle = Some(e.uid);
+            objects.push(o);
+        }
         let event_owners = self
             .owners
             .iter()
@@ -112,6 +117,7 @@ impl GuestState {
                 EventOwner::Cq(h) => (user_handle, Cq, h.raw()),
                 EventOwner::Qp(h) => (user_handle, Qp, h.raw()),
                 EventOwner::Srq(h) => (user_handle, Srq, h.raw()),
+                EventOwner::CmId(h) => (user_handle, CmId, h.raw()),
             })
             .collect();
         Inventory {

@@ -3,9 +3,10 @@
 //!
 //! Layers, top-down: [`device`] (the `DeviceHandler`) runs the `control` commands and the
 //! `datapath` pumps, which work on `shared` and [`state`]; [`objects`] are what
-//! the state's handle tables hold; [`options`] is what the command line decides;
+//! the state's handle tables hold, [`cm_ids`] its connection-manager ids; [`options`] is what the command line decides;
 //! [`inventory`] is a snapshot of the state for consistency checks.
 
+pub mod cm_ids;
 pub mod device;
 pub mod inventory;
 pub mod objects;

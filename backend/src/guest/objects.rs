@@ -132,4 +132,6 @@ pub enum EventOwner {
     Qp(Handle),
     /// A shared receive queue.
     Srq(Handle),
+    /// A connection-manager id.
+    CmId(Handle),
 }

@@ -12,6 +12,7 @@ use vrdma_spec::{Event, EventType};
 use super::options::DeviceOptions;
 use super::state::GuestState;
 use crate::datapath::doorbell::Doorbells;
+use crate::host::cm::HostCm;
 use crate::host::uverbs::QueryDeviceResp;
 use crate::host::{HostContext, HostDevice};
 use crate::identity::endpoints::TenantLink;
@@ -30,12 +31,16 @@ pub(crate) struct HostLimits {
     pub(crate) attr: QueryDeviceResp,
 }
 
-/// Where a guest stands on the network: its GID table and its tenant.
+/// Where a guest stands on the network: its GID table, its tenant and its connection manager.
 pub(crate) struct GuestAddressing {
     /// Its own entries, or the host's whole table without an identity.
     pub(crate) gids: GidView,
     /// Its tenant and the daemon's table of tenant addresses and QP numbers.
     pub(crate) tenant: TenantLink,
+    /// Its ids on the host's connection manager; `None` when the host has none.
+    pub(crate) cm: Option<Box<dyn HostCm>>,
+    /// The host port's netdev (the scope of its link-local addresses; 0 if unknown).
+    pub(crate) netdev_ifindex: u32,
 }
 
 /// The parts of one guest's device that the control commands, the doorbell and the event pumps
@@ -49,12 +54,17 @@ pub(crate) struct GuestShared {
     gids: GidView,
     /// Its tenant and the daemon's table of tenant addresses and QP numbers.
     tenant: TenantLink,
+    /// The host port's netdev (the scope of its link-local addresses; 0 if unknown).
+    netdev_ifindex: u32,
     /// Taken by the control path only for a moment (lock order: state, then doorbells), so a
     /// slow command never delays a doorbell.
     doorbells: Mutex<Doorbells>,
     epoch: AtomicU32,
     /// Where staged UD send queues live (spec §9.6); `None` when UD is not offered.
     staging: Option<Arc<StagingFile>>,
+    /// Its ids on the host's connection manager (dropped before the context: closing it ends
+    /// every connection of the guest's QPs first).
+    cm: Option<Box<dyn HostCm>>,
     // Declared last so it is dropped last: every host object of the guest goes with it, even
     // one whose explicit destruction failed.
     host: Box<dyn HostContext>,
@@ -70,12 +80,19 @@ impl GuestShared {
         staging: Option<Arc<StagingFile>>,
         addressing: GuestAddressing,
     ) -> Self {
-        let GuestAddressing { gids, tenant } = addressing;
+        let GuestAddressing {
+            gids,
+            tenant,
+            cm,
+            netdev_ifindex,
+        } = addressing;
         let doorbells =
             Doorbells::with_endpoints(options.doorbell_slots(), Arc::clone(&tenant.endpoints));
         GuestShared {
             id,
             tenant,
+            netdev_ifindex,
+            cm,
             doorbells: Mutex::new(doorbells),
             gids,
             device,
@@ -127,6 +144,16 @@ impl GuestShared {
     /// Its tenant and the daemon's table of tenant addresses and QP numbers.
     pub(crate) fn tenant(&self) -> &TenantLink {
         &self.tenant
+    }
+
+    /// The guest's ids on the host's connection manager, if the host has one.
+    pub(crate) fn cm(&self) -> Option<&dyn HostCm> {
+        self.cm.as_deref()
+    }
+
+    /// The host port's netdev: the scope of its link-local addresses (0 if unknown).
+    pub(crate) fn netdev_ifindex(&self) -> u32 {
+        self.netdev_ifindex
     }
 
     /// The guest's view of its port's GID table.

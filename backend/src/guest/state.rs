@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::cm_ids::CmIds;
 use super::objects::{
     AhEntry, CqEntry, EventOwner, LiveMr, MrEntry, MwEntry, PdEntry, QpEntry, SrqEntry,
 };
@@ -28,6 +29,8 @@ pub(crate) struct GuestState {
     pub(crate) srqs: HandleTable<SrqEntry>,
     pub(crate) ahs: HandleTable<AhEntry>,
     pub(crate) mws: HandleTable<MwEntry>,
+    /// Connection-manager ids and their undelivered events.
+    pub(crate) cm: CmIds,
     /// Extents of the queue region in use.
     pub(crate) shm: ShmAllocator,
     /// Source of the `user_handle`s given to the host: events name objects by them.
@@ -63,6 +66,7 @@ impl GuestState {
             srqs: HandleTable::new(ResourceKind::Srq, q.srqs)?,
             ahs: HandleTable::new(ResourceKind::Ah, q.ahs)?,
             mws: HandleTable::new(ResourceKind::Mw, q.mws)?,
+            cm: CmIds::new(q.cm_ids)?,
             shm: ShmAllocator::new(options.shm_size, SHMEM_PAGE_SIZE)?,
             next_user_handle: 1,
             owners: HashMap::new(),
@@ -89,6 +93,7 @@ impl GuestState {
             srqs: self.srqs.len(),
             ahs: self.ahs.len(),
             mws: self.mws.len(),
+            cm_ids: self.cm.len(),
             shm_extents: self.shm.used_extents(),
         }
     }
@@ -111,6 +116,8 @@ pub struct ObjectCounts {
     pub ahs: usize,
     /// Memory windows.
     pub mws: usize,
+    /// Connection-manager ids.
+    pub cm_ids: usize,
     /// Extents of the queue region in use.
     pub shm_extents: usize,
 }
@@ -126,8 +133,17 @@ impl std::fmt::Display for ObjectCounts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} PDs, {} MRs, {} MWs, {} CQs, {} QPs, {} SRQs, {} AHs, {} queue-region extents",
-            self.pds, self.mrs, self.mws, self.cqs, self.qps, self.srqs, self.ahs, self.shm_extents
+            "{} PDs, {} MRs, {} MWs, {} CQs, {} QPs, {} SRQs, {} AHs, {} CM ids, {} queue-region \
+             extents",
+            self.pds,
+            self.mrs,
+            self.mws,
+            self.cqs,
+            self.qps,
+            self.srqs,
+            self.ahs,
+            self.cm_ids,
+            self.shm_extents
         )
     }
 }

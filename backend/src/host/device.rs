@@ -6,6 +6,7 @@ use std::os::fd::BorrowedFd;
 use vrdma_spec::verbs::{MwType, QpAttrMask};
 use vrdma_spec::wire::{GidEntry, QpAttr};
 
+use super::cm::HostCm;
 use super::error::{DeviceError, Result};
 use super::sysfs::DeviceInfo;
 use super::types::*;
@@ -46,6 +47,19 @@ pub trait HostDevice: Send + Sync {
     /// Opens a fresh context: one per guest connection. Dropping it releases every kernel
     /// object created through it.
     fn open_context(&self) -> Result<Box<dyn HostContext>>;
+
+    /// The interface index of the netdev behind `port` (RoCE), `None` if it has none: the
+    /// scope of the port's link-local addresses.
+    fn netdev_ifindex(&self, _port: u8) -> Option<u32> {
+        None
+    }
+
+    /// Opens the host's connection manager for one guest (one per guest connection, like
+    /// its context); `None` when the host has none, and the device does not offer
+    /// `VRDMA_F_CM`.
+    fn open_cm(&self) -> Result<Option<Box<dyn HostCm>>> {
+        Ok(None)
+    }
 }
 
 /// One guest's context on the host device: its kernel objects and its event sources.

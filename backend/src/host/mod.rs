@@ -15,8 +15,10 @@
 //!   [`verbs_file`]; [`rxe_convert`] translates between the verbs types and the command ABI.
 //! - [`events`]: the context's async event and completion channel fds.
 //! - [`local_addresses`]: whether a destination is this host's own (delivered locally).
-//! - [`ucma`]: the kernel's connection manager ABI (`/dev/infiniband/rdma_cm`).
+//! - [`cm`]: the host's connection manager for one guest ([`cm::HostCm`]), and [`ucma`], the
+//!   kernel's ABI it runs on (`/dev/infiniband/rdma_cm`).
 
+pub mod cm;
 pub mod device;
 pub mod error;
 pub mod events;

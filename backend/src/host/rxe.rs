@@ -13,6 +13,7 @@ use vrdma_spec::verbs::{MwType, QpAttrMask};
 use vrdma_spec::wire::{GidEntry, QpAttr};
 use zerocopy::IntoBytes;
 
+use super::cm::HostCm;
 use super::device::{HostContext, HostDevice};
 use super::error::{DeviceError, Result};
 use super::events::EventFd;
@@ -23,6 +24,7 @@ use super::rxe_abi::{
 use super::rxe_convert::{decode_query_qp, encode_modify_qp, kernel_ah_attr, queue_buffer};
 use super::sysfs::{self, DeviceInfo};
 use super::types::*;
+use super::ucma::KernelCm;
 use super::uverbs::{self, FramedKick, PostSendResp};
 use super::verbs_file::VerbsFile;
 
@@ -39,6 +41,8 @@ const SRQ_LIMIT: u32 = 2;
 pub struct RxeDevice {
     info: DeviceInfo,
     sysfs_root: std::path::PathBuf,
+    /// The kernel's connection manager (`<dev root>/infiniband/rdma_cm`).
+    cm_path: std::path::PathBuf,
 }
 
 impl RxeDevice {
@@ -55,6 +59,7 @@ impl RxeDevice {
         Ok(RxeDevice {
             info,
             sysfs_root: sysfs_root.to_owned(),
+            cm_path: dev_root.join("infiniband/rdma_cm"),
         })
     }
 
@@ -92,6 +97,22 @@ impl HostDevice for RxeDevice {
 
     fn open_context(&self) -> Result<Box<dyn HostContext>> {
         Ok(Box::new(self.open()?))
+    }
+
+    fn netdev_ifindex(&self, port: u8) -> Option<u32> {
+        let name = sysfs::port_netdev(&self.sysfs_root, &self.info.name, port)?;
+        sysfs::netdev_ifindex(&self.sysfs_root, &name).ok()
+    }
+
+    fn open_cm(&self) -> Result<Option<Box<dyn HostCm>>> {
+        match KernelCm::open(&self.cm_path) {
+            Ok(cm) => Ok(Some(Box::new(cm))),
+            // rdma_ucm not loaded: no connection manager to offer.
+            Err(DeviceError::Open { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 

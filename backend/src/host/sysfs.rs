@@ -236,6 +236,50 @@ fn ports(dir: &Path) -> Result<Vec<PortInfo>> {
     Ok(ports)
 }
 
+/// The netdev behind `port` of RDMA device `device`: the one the port's GID entries name
+/// (`ports/<port>/gid_attrs/ndevs/*`), else the device's `parent` (rxe's netdev).
+pub fn port_netdev(sysfs_root: &Path, device: &str, port: u8) -> Option<String> {
+    let dir = sysfs_root.join("class/infiniband").join(device);
+    netdev_of_gids(&dir.join(format!("ports/{port}/gid_attrs/ndevs"))).or_else(|| {
+        fs::read_to_string(dir.join("parent"))
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+    })
+}
+
+/// The first netdev name among `ndevs/*` (a file per GID slot; empty slots cannot be read).
+fn netdev_of_gids(ndevs: &Path) -> Option<String> {
+    let mut slots: Vec<u32> = fs::read_dir(ndevs)
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    slots.sort_unstable();
+    slots.into_iter().find_map(|slot| {
+        let name = fs::read_to_string(ndevs.join(slot.to_string())).ok()?;
+        let name = name.trim();
+        (!name.is_empty()).then(|| name.to_owned())
+    })
+}
+
+/// The interface index of netdev `name` (`<sysfs>/class/net/<name>/ifindex`).
+pub fn netdev_ifindex(sysfs_root: &Path, name: &str) -> io::Result<u32> {
+    if name.is_empty() || name.contains('/') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name:?} is not a netdev name"),
+        ));
+    }
+    let path = sysfs_root.join("class/net").join(name).join("ifindex");
+    let text = fs::read_to_string(&path)?;
+    text.trim().parse().map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {text:?} is not an interface index", path.display()),
+        )
+    })
+}
+
 /// Parses a sysfs GID ("fe80:0000:…:0702", eight groups of four hex digits).
 pub fn parse_gid(text: &str) -> Option<[u8; 16]> {
     let mut gid = [0u8; 16];

@@ -72,6 +72,11 @@ impl LocalEndpoints {
         self.read().addresses.contains_key(gid)
     }
 
+    /// Whether any tenant has addresses.
+    pub fn has_tenants(&self) -> bool {
+        !self.read().addresses.is_empty()
+    }
+
     /// Where `dgid` leads, given whether it is an address of the host device (`local`).
     pub fn classify(&self, dgid: &[u8; 16], local: bool) -> Destination {
         if !local {

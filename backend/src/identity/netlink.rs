@@ -5,7 +5,6 @@
 //! address tentative (and out of the GID table) for a second or more, and the operator, not
 //! the network, decides which guest owns which address.
 
-use std::fs;
 use std::io;
 use std::mem::size_of;
 use std::net::IpAddr;
@@ -15,6 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::address::GuestAddress;
 use super::provision::{NetdevAddresses, ProvisionError};
+use crate::host::sysfs;
 
 /// `struct nlmsghdr`.
 const NLMSG_HDR_LEN: usize = 16;
@@ -41,15 +41,8 @@ pub struct NetlinkAddresses {
 impl NetlinkAddresses {
     /// The netdev named `name` (its index from `<sysfs>/class/net/<name>/ifindex`).
     pub fn for_netdev(sysfs_root: &Path, name: &str) -> Result<Self, String> {
-        if name.is_empty() || name.contains('/') {
-            return Err(format!("{name:?} is not a netdev name"));
-        }
-        let path = sysfs_root.join("class/net").join(name).join("ifindex");
-        let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let ifindex = text
-            .trim()
-            .parse()
-            .map_err(|_| format!("{}: {text:?} is not an interface index", path.display()))?;
+        let ifindex =
+            sysfs::netdev_ifindex(sysfs_root, name).map_err(|e| format!("{name}: {e}"))?;
         Ok(NetlinkAddresses {
             name: name.to_owned(),
             ifindex,
@@ -64,20 +57,12 @@ impl NetlinkAddresses {
             port,
             reason,
         };
-        let dir = sysfs_root.join("class/infiniband").join(device);
-        let name = netdev_of_gids(&dir.join(format!("ports/{port}/gid_attrs/ndevs")))
-            .or_else(|| {
-                fs::read_to_string(dir.join("parent"))
-                    .ok()
-                    .map(|s| s.trim().to_owned())
-                    .filter(|s| !s.is_empty())
-            })
-            .ok_or_else(|| {
-                no_netdev(format!(
-                    "no GID entry names a netdev and {} has no parent",
-                    dir.display()
-                ))
-            })?;
+        let name = sysfs::port_netdev(sysfs_root, device, port).ok_or_else(|| {
+            no_netdev(format!(
+                "no GID entry names a netdev and {device} has no parent under {}",
+                sysfs_root.display()
+            ))
+        })?;
         Self::for_netdev(sysfs_root, &name).map_err(no_netdev)
     }
 
@@ -118,20 +103,6 @@ impl NetlinkAddresses {
         }
         RouteSocket::open()?.transact(&message, |_, _| {})
     }
-}
-
-/// The first netdev name among `ndevs/*` (a file per GID slot; empty slots cannot be read).
-fn netdev_of_gids(ndevs: &Path) -> Option<String> {
-    let mut slots: Vec<u32> = fs::read_dir(ndevs)
-        .ok()?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    slots.sort_unstable();
-    slots.into_iter().find_map(|slot| {
-        let name = fs::read_to_string(ndevs.join(slot.to_string())).ok()?;
-        let name = name.trim();
-        (!name.is_empty()).then(|| name.to_owned())
-    })
 }
 
 impl NetdevAddresses for NetlinkAddresses {
@@ -359,6 +330,7 @@ impl RouteSocket {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     /// Runs `test` on a thread of its own in a fresh network namespace (the thread's only:
     /// the test process's other threads keep theirs), with its loopback up. `None` when this

@@ -25,6 +25,8 @@ pub enum ResourceKind {
     Ah,
     /// Memory window.
     Mw,
+    /// Connection-manager id.
+    CmId,
 }
 
 impl fmt::Display for ResourceKind {
@@ -37,6 +39,7 @@ impl fmt::Display for ResourceKind {
             ResourceKind::Srq => "SRQ",
             ResourceKind::Ah => "AH",
             ResourceKind::Mw => "MW",
+            ResourceKind::CmId => "CM id",
         })
     }
 }

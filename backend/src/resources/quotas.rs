@@ -33,6 +33,9 @@ pub struct Quotas {
     pub ahs: u32,
     /// Memory windows (only with `VRDMA_F_MW`).
     pub mws: u32,
+    /// Connection-manager ids (only with `VRDMA_F_CM`), connect requests not yet accepted
+    /// included.
+    pub cm_ids: u32,
 }
 
 impl Default for Quotas {
@@ -47,6 +50,7 @@ impl Default for Quotas {
             srqs: 256,
             ahs: 4096,
             mws: 4096,
+            cm_ids: 1024,
         }
     }
 }
@@ -62,6 +66,7 @@ impl Quotas {
             ResourceKind::Srq => self.srqs,
             ResourceKind::Ah => self.ahs,
             ResourceKind::Mw => self.mws,
+            ResourceKind::CmId => self.cm_ids,
         }
     }
 
@@ -76,7 +81,7 @@ impl Quotas {
     /// Checks that every limit fits in a table (for limits read from the command line).
     pub fn validate(&self) -> Result<(), ResourceError> {
         use ResourceKind::*;
-        for kind in [Pd, Mr, Cq, Qp, Srq, Ah, Mw] {
+        for kind in [Pd, Mr, Cq, Qp, Srq, Ah, Mw, CmId] {
             let limit = self.count_limit(kind);
             if limit > MAX_OBJECTS_PER_TABLE {
                 return Err(ResourceError::LimitTooLarge { kind, limit });

@@ -19,10 +19,7 @@ use vrdma_spec::wire::{GidEntry, QpAttr};
 use vrdma_spec::Le32;
 use zerocopy::FromZeros;
 
-pub use super::world::{Connection, World, PAGE, QUEUE_FILE_SIZE};
-
-/// The one GID of the fake port (index 0, RoCE v2).
-pub const GID0: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+pub use super::world::{Connection, World, GID0, PAGE, QUEUE_FILE_SIZE};
 
 type Shared = Arc<Mutex<World>>;
 
@@ -84,6 +81,17 @@ impl HostDevice for FakeDevice {
             .gid_table(1)?
             .iter()
             .any(|(_, entry)| entry.gid == *gid))
+    }
+
+    fn netdev_ifindex(&self, _port: u8) -> Option<u32> {
+        Some(super::cm::FAKE_NETDEV_IFINDEX)
+    }
+
+    fn open_cm(&self) -> host::Result<Option<Box<dyn host::cm::HostCm>>> {
+        if !self.world().cm.enabled {
+            return Ok(None);
+        }
+        Ok(Some(Box::new(super::cm::FakeCm::open(&self.world))))
     }
 
     fn open_context(&self) -> host::Result<Box<dyn HostContext>> {

@@ -15,7 +15,7 @@ use vrdma_backend::vhost_device::guest_context::GuestContext;
 use vrdma_backend::vhost_device::handler::{CommandRejection, DeviceHandler};
 use vrdma_backend::vhost_device::VhostUserDevice;
 use vrdma_spec::config::DeviceConfig;
-use vrdma_spec::control::{encode_page_list, HEADER_SIZE, MAX_RESPONSE_SIZE};
+use vrdma_spec::control::{encode_page_list, HEADER_SIZE, MAX_CM_RESPONSE_SIZE};
 use vrdma_spec::features::*;
 use vrdma_spec::verbs::{AccessFlags, Mtu, QpAttrMask, QpState};
 use vrdma_spec::wire::*;
@@ -64,6 +64,7 @@ pub fn test_options() -> DeviceOptions {
             srqs: 2,
             ahs: 2,
             mws: 2,
+            cm_ids: 4,
         },
         ..DeviceOptions::default()
     }
@@ -133,9 +134,9 @@ impl TestGuest {
         response
     }
 
-    /// Runs a request and decodes its response.
+    /// Runs a request and decodes its response (with room for the largest answer, CM_GET_EVENT's).
     pub fn run(&self, request: ControlRequest<'_>) -> ControlResponse {
-        let bytes = self.raw(&request.to_vec(), MAX_RESPONSE_SIZE);
+        let bytes = self.raw(&request.to_vec(), MAX_CM_RESPONSE_SIZE);
         ControlResponse::decode(request.opcode(), &bytes).unwrap()
     }
 

@@ -9,7 +9,11 @@ use vrdma_backend::identity::GuestAddress;
 use vrdma_spec::verbs::{MwType, QpAttrMask, QpState, QpType};
 use vrdma_spec::wire::{AhAttr, GidEntry};
 
+use super::cm_net::CmNet;
 use super::ownership::Ownership;
+
+/// The one GID of the fake port (index 0, RoCE v2).
+pub const GID0: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
 
 /// Bytes of a page.
 pub const PAGE: u64 = 4096;
@@ -95,6 +99,8 @@ pub struct World {
     pub connections: Vec<Connection>,
     /// Which context owns each object, and the commands that named another's.
     pub ownership: Ownership,
+    /// The connection manager's ids of every context (off unless a test turns it on).
+    pub cm: CmNet,
 }
 
 /// A connection the fake device was asked to set up: see [`World::connections`].

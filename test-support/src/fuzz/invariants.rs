@@ -38,6 +38,7 @@ fn host_handles(w: &World, kind: ResourceKind) -> Vec<u32> {
         ResourceKind::Qp => w.qps.keys().copied().collect(),
         ResourceKind::Srq => w.srqs.keys().copied().collect(),
         ResourceKind::Ah => w.ahs.keys().copied().collect(),
+        ResourceKind::CmId => w.cm.ids.keys().copied().collect(),
     }
 }
 

@@ -41,25 +41,8 @@ pub mod query {
     pub const GID: u32 = 2;
 }
 
-/// `enum rdma_cm_event_type`.
-pub mod event {
-    pub const ADDR_RESOLVED: u32 = 0;
-    pub const ADDR_ERROR: u32 = 1;
-    pub const ROUTE_RESOLVED: u32 = 2;
-    pub const ROUTE_ERROR: u32 = 3;
-    pub const CONNECT_REQUEST: u32 = 4;
-    pub const CONNECT_RESPONSE: u32 = 5;
-    pub const CONNECT_ERROR: u32 = 6;
-    pub const UNREACHABLE: u32 = 7;
-    pub const REJECTED: u32 = 8;
-    pub const ESTABLISHED: u32 = 9;
-    pub const DISCONNECTED: u32 = 10;
-    pub const DEVICE_REMOVAL: u32 = 11;
-    pub const MULTICAST_JOIN: u32 = 12;
-    pub const MULTICAST_ERROR: u32 = 13;
-    pub const ADDR_CHANGE: u32 = 14;
-    pub const TIMEWAIT_EXIT: u32 = 15;
-}
+/// `enum rdma_cm_event_type`: the wire carries the kernel's numbers (spec §7.5).
+pub use vrdma_spec::cm::cm_event as event;
 
 /// `RDMA_OPTION_ID` options (level 0); the wire carries the kernel's names (spec §7.5).
 pub mod option {

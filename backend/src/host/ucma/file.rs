@@ -15,15 +15,12 @@ use vrdma_spec::verbs::QpState;
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use super::abi::*;
+use crate::host::cm::CmId;
 use crate::host::error::{DeviceError, Result};
 use crate::host::verbs_file::write_command;
 
 /// Where the kernel's rdma_cm character device lives.
 pub const CM_DEVICE_PATH: &str = "/dev/infiniband/rdma_cm";
-
-/// An rdma_cm id of one [`CmFile`] (the kernel's number).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CmId(pub u32);
 
 /// An open rdma_cm character device.
 #[derive(Debug)]
