@@ -6,11 +6,14 @@
 //! RESOLVE_ADDR/RESOLVE_ROUTE + CONNECT on the other, the QPs moved through the states
 //! INIT_QP_ATTR computes (converted by `rxe_convert::qp_attr_from_cm`, applied with the
 //! backend's own MODIFY_QP), private data both ways, ACCEPT, the establishing ACCEPT, DISCONNECT
-//! on both sides; and a connect to a port where nobody listens.
+//! on both sides; and a connect to a port where nobody listens. Then the same through the
+//! device: two guests' `GuestDevice`s over rxe0 run the CM commands of spec §7.5 and move their
+//! QPs with the attributes CM_INIT_QP_ATTR answers in their terms.
 
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use vrdma_backend::host::rxe_convert::qp_attr_from_cm;
@@ -20,6 +23,10 @@ use vrdma_backend::host::ucma::{CmFile, CmId, CM_DEVICE_PATH};
 use vrdma_backend::host::*;
 use vrdma_spec::attr::qp::QpCaps;
 use vrdma_spec::verbs::{AccessFlags, QpAttrMask, QpState, QpType};
+use vrdma_backend::guest::device::GuestDeviceFactory;
+use vrdma_backend::vhost_device::handler::DeviceHandler;
+use vrdma_test_support::fake_host::cm_steps as steps;
+use vrdma_test_support::fake_host::harness::{qp_req, test_options, TestGuest, RAM_BASE};
 use zerocopy::FromZeros;
 
 const EVENT_LIMIT: Duration = Duration::from_secs(20);
@@ -255,4 +262,110 @@ fn an_rc_connection_through_the_kernels_connection_manager() {
     }
     ctx.destroy_cq(cq.handle).unwrap();
     ctx.dealloc_pd(pd).unwrap();
+}
+
+/// rxe0's link-local address as a guest names it: its own scope id, which means nothing on
+/// the host (the device scopes link-local addresses to the RDMA netdev).
+fn guest_link_local(device: &RxeDevice, guest_scope: u32, port: u16) -> String {
+    let SocketAddr::V6(host) = link_local(device, port) else {
+        unreachable!("link-local addresses are IPv6")
+    };
+    format!("[{}%{guest_scope}]:{port}", host.ip())
+}
+
+/// One RC QP of a guest (doorbell area, PD, CQ, QP): its handle and host QP number.
+fn guest_rc_qp(guest: &TestGuest) -> (u32, u32) {
+    if guest.dev().object_counts().pds == 0 {
+        assert_eq!(guest.set_doorbell_area(RAM_BASE), vrdma_spec::Status::Ok);
+    }
+    let pd = guest.alloc_pd();
+    let cq = guest.create_cq(16).cq.get();
+    let qp = guest.create_qp(qp_req(pd, cq, 0)).unwrap();
+    (qp.qp.get(), qp.qpn.get())
+}
+
+#[test]
+#[ignore = "needs rdma_rxe and rdma_cm: run in the VM"]
+fn two_guests_connect_through_the_device_on_rxe() {
+    use vrdma_spec::cm::{cm_event, cm_port_space};
+    use vrdma_spec::features::{VRDMA_F_CM, VRDMA_F_RING_RXE_V1};
+    use vrdma_spec::Status;
+
+    let device = RxeDevice::find_system(Some("rxe0")).unwrap();
+    let guest = || {
+        let factory = GuestDeviceFactory::new(Arc::new(device.clone()), test_options()).unwrap();
+        TestGuest::from_factory(&factory, VRDMA_F_CM | VRDMA_F_RING_RXE_V1)
+    };
+    let (server, client) = (guest(), guest());
+    assert_ne!(server.dev().device_features() & VRDMA_F_CM, 0, "rdma_ucm is loaded");
+    let port = PORT + 1;
+
+    let listener = steps::create_id(&server, cm_port_space::TCP);
+    assert_eq!(steps::bind(&server, listener, &guest_link_local(&device, 3, port)), Status::Ok);
+    assert_eq!(steps::listen(&server, listener, 4), Status::Ok);
+
+    let id = steps::create_id(&client, cm_port_space::TCP);
+    let target = guest_link_local(&device, 5, port);
+    assert_eq!(steps::resolve_addr(&client, id, None, &target), Status::Ok);
+    let resolved = steps::expect_cm_event(&client, cm_event::ADDR_RESOLVED);
+    assert_eq!(resolved.dst.socket_addr().unwrap().to_string(), target, "the guest's scope");
+    assert_eq!(steps::resolve_route(&client, id), Status::Ok);
+    steps::expect_cm_event(&client, cm_event::ROUTE_RESOLVED);
+    let (client_qp, client_qpn) = guest_rc_qp(&client);
+    steps::cm_modify(&client, id, client_qp, QpState::Init);
+    assert_eq!(steps::connect(&client, id, client_qp, b"vrdma client"), Status::Ok);
+
+    let request = steps::expect_cm_event(&server, cm_event::CONNECT_REQUEST);
+    let conn = request.id.get();
+    assert_eq!(request.listen_id.get(), listener);
+    assert_eq!(request.qp_num.get(), client_qpn);
+    let data = &request.private_data[..usize::from(request.private_data_len)];
+    assert!(data.starts_with(b"vrdma client"), "{data:?}");
+    let (server_qp, server_qpn) = guest_rc_qp(&server);
+    // rxe adds FLUSH access bits here (0x30e); the device answers the guest's 0xe.
+    let init = steps::init_qp_attr(&server, conn, QpState::Init);
+    println!(
+        "INIT after a request: mask {:#x}, access {:#x}",
+        init.attr_mask.get(),
+        init.attr.qp_access_flags.get()
+    );
+    assert_eq!(init.attr.qp_access_flags.get() & !0xf, 0);
+    for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
+        steps::cm_modify(&server, conn, server_qp, state);
+    }
+    assert_eq!(steps::accept(&server, conn, server_qp, b"vrdma server"), Status::Ok);
+
+    let reply = steps::expect_cm_event(&client, cm_event::CONNECT_RESPONSE);
+    assert_eq!(reply.qp_num.get(), server_qpn);
+    let data = &reply.private_data[..usize::from(reply.private_data_len)];
+    assert!(data.starts_with(b"vrdma server"), "{data:?}");
+    for state in [QpState::Rtr, QpState::Rts] {
+        steps::cm_modify(&client, id, client_qp, state);
+    }
+    assert_eq!(steps::accept(&client, id, 0, b""), Status::Ok);
+    steps::expect_cm_event(&server, cm_event::ESTABLISHED);
+
+    assert_eq!(steps::disconnect(&client, id), Status::Ok);
+    steps::expect_cm_event(&server, cm_event::DISCONNECTED);
+    assert_eq!(steps::disconnect(&server, conn), Status::Ok);
+    steps::expect_cm_event(&client, cm_event::DISCONNECTED);
+    assert_eq!(steps::destroy_id(&server, conn), 2);
+    assert_eq!(steps::destroy_id(&server, listener), 1);
+    assert_eq!(steps::destroy_id(&client, id), 4);
+
+    // Nobody listens on the next port: rejected with reason 8.
+    let lonely = steps::create_id(&client, cm_port_space::TCP);
+    let nowhere = guest_link_local(&device, 5, port + 1);
+    assert_eq!(steps::resolve_addr(&client, lonely, None, &nowhere), Status::Ok);
+    steps::expect_cm_event(&client, cm_event::ADDR_RESOLVED);
+    assert_eq!(steps::resolve_route(&client, lonely), Status::Ok);
+    steps::expect_cm_event(&client, cm_event::ROUTE_RESOLVED);
+    let (qp2, _) = guest_rc_qp(&client);
+    steps::cm_modify(&client, lonely, qp2, QpState::Init);
+    assert_eq!(steps::connect(&client, lonely, qp2, b""), Status::Ok);
+    let e = steps::next_cm_event(&client);
+    assert_eq!((e.event.get(), e.status.get()), (cm_event::REJECTED, 8));
+    // A guest's ids go with its device: the kernel holds none of them afterwards.
+    drop(client);
+    drop(server);
 }
