@@ -1,7 +1,7 @@
 //! Wire structs of the connection manager's commands (spec §7.5, `VRDMA_F_CM`), beside the
 //! other commands' in [`crate::wire`].
 
-use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
 use crate::wire::{AhAttr, QpAttr};
 use crate::{Le16, Le32};
@@ -18,6 +18,70 @@ pub mod cm_family {
     pub const INET: u16 = 2;
     /// IPv6.
     pub const INET6: u16 = 10;
+}
+
+/// Linux's `sockaddr_in`/`sockaddr_in6` in a `sockaddr_storage`, the one conversion from and to
+/// socket addresses for both sides: the back-end's kernel ABI (`__kernel_sockaddr_storage`)
+/// and the guest library's C API (`struct sockaddr`) carry the same bytes. Families are
+/// [`cm_family`]'s numbers, which are Linux's `AF_INET` and `AF_INET6`.
+pub mod sockaddr {
+    use super::*;
+
+    /// `sizeof(struct sockaddr_storage)`.
+    pub const STORAGE_SIZE: usize = 128;
+    /// `sizeof(struct sockaddr_in)`.
+    pub const IN_SIZE: usize = 16;
+    /// `sizeof(struct sockaddr_in6)`.
+    pub const IN6_SIZE: usize = 28;
+
+    /// `addr` as a `sockaddr_in`/`sockaddr_in6` at the start of a storage, with its size.
+    pub fn encode(addr: &SocketAddr) -> ([u8; STORAGE_SIZE], usize) {
+        let mut storage = [0u8; STORAGE_SIZE];
+        let size = match addr {
+            SocketAddr::V4(v4) => {
+                storage[0..2].copy_from_slice(&cm_family::INET.to_ne_bytes());
+                storage[2..4].copy_from_slice(&v4.port().to_be_bytes());
+                storage[4..8].copy_from_slice(&v4.ip().octets());
+                IN_SIZE
+            }
+            SocketAddr::V6(v6) => {
+                storage[0..2].copy_from_slice(&cm_family::INET6.to_ne_bytes());
+                storage[2..4].copy_from_slice(&v6.port().to_be_bytes());
+                storage[4..8].copy_from_slice(&v6.flowinfo().to_be_bytes());
+                storage[8..24].copy_from_slice(&v6.ip().octets());
+                storage[24..28].copy_from_slice(&v6.scope_id().to_ne_bytes());
+                IN6_SIZE
+            }
+        };
+        (storage, size)
+    }
+
+    /// The address in `bytes` (`len` of them valid; at least the family's size); `None` for
+    /// another family (AF_IB) or too few bytes.
+    pub fn decode(bytes: &[u8], len: usize) -> Option<SocketAddr> {
+        let bytes = bytes.get(..len)?;
+        let family = u16::from_ne_bytes([*bytes.first()?, *bytes.get(1)?]);
+        let word = |at: usize| -> Option<[u8; 4]> { bytes.get(at..at + 4)?.try_into().ok() };
+        let port = u16::from_be_bytes([*bytes.get(2)?, *bytes.get(3)?]);
+        match family {
+            cm_family::INET if len >= IN_SIZE => {
+                Some(SocketAddrV4::new(Ipv4Addr::from(word(4)?), port).into())
+            }
+            cm_family::INET6 if len >= IN6_SIZE => {
+                let ip: [u8; 16] = bytes[8..24].try_into().ok()?;
+                Some(
+                    SocketAddrV6::new(
+                        Ipv6Addr::from(ip),
+                        port,
+                        u32::from_be_bytes(word(4)?),
+                        u32::from_ne_bytes(word(24)?),
+                    )
+                    .into(),
+                )
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Port spaces of CM_CREATE_ID.

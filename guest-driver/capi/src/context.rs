@@ -10,7 +10,8 @@ use std::sync::Arc;
 use vrdma::Context;
 
 use crate::async_events::AsyncEvents;
-use crate::events::{CompletionRoutes, EventPump};
+use crate::events::{CompletionRoutes, EventPump, EventSinks};
+use crate::rdmacm::router::CmRouter;
 use crate::sys::{ibv_context, verbs_context};
 use crate::transport::AppTransport;
 
@@ -28,6 +29,8 @@ pub(crate) struct VrdmaContext {
     pub(crate) routes: Arc<CompletionRoutes>,
     /// Behind `ibv.async_fd`.
     pub(crate) async_events: Arc<AsyncEvents>,
+    /// Where its connection-manager events go.
+    pub(crate) cm: Arc<CmRouter>,
     // Taken and dropped first by `ibv_close_device`: stops the thread that holds a clone of
     // `ctx`.
     pub(crate) pump: Option<EventPump>,
@@ -46,10 +49,14 @@ impl VrdmaContext {
         mut verbs: verbs_context,
         ctx: Context,
         transport: Arc<AppTransport>,
-        routes: Arc<CompletionRoutes>,
-        async_events: Arc<AsyncEvents>,
+        sinks: EventSinks,
         pump: Option<EventPump>,
     ) -> *mut ibv_context {
+        let EventSinks {
+            routes,
+            async_events,
+            cm,
+        } = sinks;
         ibv.abi_compat = ABI_IS_EXTENDED as *mut _;
         verbs.sz = std::mem::size_of::<verbs_context>() as crate::sys::size_t;
         verbs.context = ibv;
@@ -59,6 +66,7 @@ impl VrdmaContext {
             transport,
             routes,
             async_events,
+            cm,
             pump,
             // SAFETY: getpid has no preconditions.
             owner: unsafe { libc::getpid() },

@@ -19,6 +19,7 @@ use crate::config::{self, TransportChoice};
 use crate::context::VrdmaContext;
 use crate::events::{CompletionRoutes, EventPump, EventSinks};
 use crate::ffi::{guard, null_with, set_errno};
+use crate::rdmacm::router::CmRouter;
 use crate::sys::{
     ibv_context, ibv_context_ops, ibv_device, ibv_node_type_IBV_NODE_CA,
     ibv_transport_type_IBV_TRANSPORT_IB, verbs_context,
@@ -64,7 +65,7 @@ pub(crate) fn device() -> *mut ibv_device {
     std::ptr::from_ref(&device.0).cast_mut()
 }
 
-fn init_logging() {
+pub(crate) fn init_logging() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let env = env_logger::Env::new().filter_or("VRDMA_LOG", "warn");
@@ -288,14 +289,19 @@ pub(crate) fn context_over(
         errno(e)
     })?);
     let sinks = EventSinks {
-        routes: routes.clone(),
+        routes,
         async_events: async_events.clone(),
+        cm: Arc::new(CmRouter::new(ctx.clone())),
     };
-    let pump = EventPump::start(ctx.clone(), transport.clone() as Arc<dyn Transport>, sinks)
-        .map_err(|e| {
-            error!("vrdma: cannot start the event thread: {e}");
-            errno(e)
-        })?;
+    let pump = EventPump::start(
+        ctx.clone(),
+        transport.clone() as Arc<dyn Transport>,
+        sinks.clone(),
+    )
+    .map_err(|e| {
+        error!("vrdma: cannot start the event thread: {e}");
+        errno(e)
+    })?;
     // SAFETY: all-zero is a valid ibv_context (its pthread mutex is then
     // PTHREAD_MUTEX_INITIALIZER on glibc); the fields that matter are set below.
     let mut ibv: ibv_context = unsafe { std::mem::zeroed() };
@@ -312,8 +318,7 @@ pub(crate) fn context_over(
         extended_ops(),
         ctx,
         transport,
-        routes,
-        async_events,
+        sinks,
         Some(pump),
     ))
 }

@@ -25,6 +25,7 @@ use vrdma::Context;
 
 use crate::async_events::AsyncEvents;
 use crate::fd::{eventfd, read_one, wait_readable, write_one};
+use crate::rdmacm::router::CmRouter;
 
 /// The state of one completion channel.
 pub(crate) struct ChannelState {
@@ -99,11 +100,14 @@ impl CompletionRoutes {
 }
 
 /// Where the event thread sends what it reads.
+#[derive(Clone)]
 pub(crate) struct EventSinks {
     /// Completion events, to the channels of their CQs.
     pub(crate) routes: Arc<CompletionRoutes>,
     /// Asynchronous events, to the context's `async_fd` queue.
     pub(crate) async_events: Arc<AsyncEvents>,
+    /// Connection-manager events, to the channels of their ids.
+    pub(crate) cm: Arc<CmRouter>,
 }
 
 /// Why the event loop ended.
@@ -205,6 +209,12 @@ fn pump_polling(ctx: &Context, sinks: &EventSinks, stop: i32) -> Ended {
 fn route_next(ctx: &Context, sinks: &EventSinks, timeout: Duration) -> Option<bool> {
     match ctx.next_event(Some(timeout)) {
         Ok(Some(DeviceEvent::Completion { cq })) => sinks.routes.deliver(cq),
+        Ok(Some(DeviceEvent::CmEvent { .. })) => sinks.cm.wake(),
+        Ok(Some(event @ DeviceEvent::EventsLost { .. })) => {
+            // CM notifications may be among the lost: fetch whatever waits.
+            sinks.cm.wake();
+            sinks.async_events.deliver(event);
+        }
         Ok(Some(event)) => sinks.async_events.deliver(event),
         Ok(None) => return Some(false),
         Err(VerbsError::Transport(TransportError::Disconnected)) => {

@@ -42,6 +42,7 @@ mod qp;
 mod qp_ex;
 mod query;
 mod query_ex;
+mod rdmacm;
 mod srq;
 mod strings;
 mod transport;

@@ -159,6 +159,8 @@ pub(crate) enum Wanted {
     Any,
     /// A completion event of this CQ.
     Completion(u32),
+    /// A connection-manager event of any id (its notification).
+    CmEvent,
 }
 
 impl Wanted {
@@ -166,6 +168,7 @@ impl Wanted {
         match self {
             Wanted::Any => true,
             Wanted::Completion(cq) => *event == DeviceEvent::Completion { cq },
+            Wanted::CmEvent => matches!(event, DeviceEvent::CmEvent { .. }),
         }
     }
 }
@@ -190,6 +193,13 @@ impl Stash {
                 let pending = self.completions.get_mut(&cq).filter(|n| **n > 0)?;
                 *pending -= 1;
                 Some(DeviceEvent::Completion { cq })
+            }
+            Wanted::CmEvent => {
+                let at = self
+                    .others
+                    .iter()
+                    .position(|e| matches!(e, DeviceEvent::CmEvent { .. }))?;
+                self.others.remove(at)
             }
             Wanted::Any => {
                 if self.lost != 0 {

@@ -20,6 +20,7 @@
 //! [`Context::next_event`] and [`Cq::wait_event`].
 
 mod ah;
+pub mod cm;
 mod command;
 mod context;
 mod cq;

@@ -6,10 +6,12 @@
 //! answers `None` when no event is queued, and the fd polls readable while one is.
 
 use std::fs::OpenOptions;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::{IpAddr, SocketAddr};
+
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use vrdma_spec::cm::sockaddr;
 
 use vrdma_spec::verbs::QpState;
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
@@ -273,57 +275,14 @@ pub fn copy_private_data(to: &mut [u8; MAX_PRIVATE_DATA], data: &[u8]) -> u8 {
 
 /// `addr` as a `sockaddr_in`/`sockaddr_in6` in a `__kernel_sockaddr_storage`, with its size.
 pub fn encode_sockaddr(addr: &SocketAddr) -> ([u8; SOCKADDR_STORAGE], u16) {
-    let mut storage = [0u8; SOCKADDR_STORAGE];
-    let size = match addr {
-        SocketAddr::V4(v4) => {
-            storage[0..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
-            storage[2..4].copy_from_slice(&v4.port().to_be_bytes());
-            storage[4..8].copy_from_slice(&v4.ip().octets());
-            size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(v6) => {
-            storage[0..2].copy_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
-            storage[2..4].copy_from_slice(&v6.port().to_be_bytes());
-            storage[4..8].copy_from_slice(&v6.flowinfo().to_be_bytes());
-            storage[8..24].copy_from_slice(&v6.ip().octets());
-            storage[24..28].copy_from_slice(&v6.scope_id().to_ne_bytes());
-            size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (storage, size as u16)
+    let (storage, len) = sockaddr::encode(addr);
+    (storage, len as u16)
 }
 
 /// The address of a `__kernel_sockaddr_storage` the kernel filled in; `None` for a family
 /// other than IPv4/IPv6 (AF_IB) or a size that does not match it.
 pub fn decode_sockaddr(storage: &[u8; SOCKADDR_STORAGE], size: u16) -> Option<SocketAddr> {
-    let family = i32::from(u16::from_ne_bytes([storage[0], storage[1]]));
-    let port = u16::from_be_bytes([storage[2], storage[3]]);
-    let word = |at: usize| {
-        [
-            storage[at],
-            storage[at + 1],
-            storage[at + 2],
-            storage[at + 3],
-        ]
-    };
-    match family {
-        libc::AF_INET if usize::from(size) == size_of::<libc::sockaddr_in>() => {
-            Some(SocketAddrV4::new(Ipv4Addr::from(word(4)), port).into())
-        }
-        libc::AF_INET6 if usize::from(size) == size_of::<libc::sockaddr_in6>() => {
-            let ip: [u8; 16] = storage[8..24].try_into().expect("16 bytes");
-            Some(
-                SocketAddrV6::new(
-                    Ipv6Addr::from(ip),
-                    port,
-                    u32::from_be_bytes(word(4)),
-                    u32::from_ne_bytes(word(24)),
-                )
-                .into(),
-            )
-        }
-        _ => None,
-    }
+    sockaddr::decode(storage, size.into())
 }
 
 /// The connection parameters of an event about a connected (RC/UC) id.
