@@ -16,15 +16,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use vrdma_backend::guest::device::GuestDeviceFactory;
 use vrdma_backend::host::rxe_convert::qp_attr_from_cm;
 use vrdma_backend::host::ucma::abi::{event, port_space, ConnParam, EventResp};
 use vrdma_backend::host::ucma::file::{copy_private_data, decode_sockaddr, event_conn_param};
 use vrdma_backend::host::ucma::{CmFile, CmId, CM_DEVICE_PATH};
 use vrdma_backend::host::*;
+use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::attr::qp::QpCaps;
 use vrdma_spec::verbs::{AccessFlags, QpAttrMask, QpState, QpType};
-use vrdma_backend::guest::device::GuestDeviceFactory;
-use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_test_support::fake_host::cm_steps as steps;
 use vrdma_test_support::fake_host::harness::{qp_req, test_options, TestGuest, RAM_BASE};
 use zerocopy::FromZeros;
@@ -297,23 +297,37 @@ fn two_guests_connect_through_the_device_on_rxe() {
         TestGuest::from_factory(&factory, VRDMA_F_CM | VRDMA_F_RING_RXE_V1)
     };
     let (server, client) = (guest(), guest());
-    assert_ne!(server.dev().device_features() & VRDMA_F_CM, 0, "rdma_ucm is loaded");
+    assert_ne!(
+        server.dev().device_features() & VRDMA_F_CM,
+        0,
+        "rdma_ucm is loaded"
+    );
     let port = PORT + 1;
 
     let listener = steps::create_id(&server, cm_port_space::TCP);
-    assert_eq!(steps::bind(&server, listener, &guest_link_local(&device, 3, port)), Status::Ok);
+    assert_eq!(
+        steps::bind(&server, listener, &guest_link_local(&device, 3, port)),
+        Status::Ok
+    );
     assert_eq!(steps::listen(&server, listener, 4), Status::Ok);
 
     let id = steps::create_id(&client, cm_port_space::TCP);
     let target = guest_link_local(&device, 5, port);
     assert_eq!(steps::resolve_addr(&client, id, None, &target), Status::Ok);
     let resolved = steps::expect_cm_event(&client, cm_event::ADDR_RESOLVED);
-    assert_eq!(resolved.dst.socket_addr().unwrap().to_string(), target, "the guest's scope");
+    assert_eq!(
+        resolved.dst.socket_addr().unwrap().to_string(),
+        target,
+        "the guest's scope"
+    );
     assert_eq!(steps::resolve_route(&client, id), Status::Ok);
     steps::expect_cm_event(&client, cm_event::ROUTE_RESOLVED);
     let (client_qp, client_qpn) = guest_rc_qp(&client);
     steps::cm_modify(&client, id, client_qp, QpState::Init);
-    assert_eq!(steps::connect(&client, id, client_qp, b"vrdma client"), Status::Ok);
+    assert_eq!(
+        steps::connect(&client, id, client_qp, b"vrdma client"),
+        Status::Ok
+    );
 
     let request = steps::expect_cm_event(&server, cm_event::CONNECT_REQUEST);
     let conn = request.id.get();
@@ -333,7 +347,10 @@ fn two_guests_connect_through_the_device_on_rxe() {
     for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
         steps::cm_modify(&server, conn, server_qp, state);
     }
-    assert_eq!(steps::accept(&server, conn, server_qp, b"vrdma server"), Status::Ok);
+    assert_eq!(
+        steps::accept(&server, conn, server_qp, b"vrdma server"),
+        Status::Ok
+    );
 
     let reply = steps::expect_cm_event(&client, cm_event::CONNECT_RESPONSE);
     assert_eq!(reply.qp_num.get(), server_qpn);
@@ -356,7 +373,10 @@ fn two_guests_connect_through_the_device_on_rxe() {
     // Nobody listens on the next port: rejected with reason 8.
     let lonely = steps::create_id(&client, cm_port_space::TCP);
     let nowhere = guest_link_local(&device, 5, port + 1);
-    assert_eq!(steps::resolve_addr(&client, lonely, None, &nowhere), Status::Ok);
+    assert_eq!(
+        steps::resolve_addr(&client, lonely, None, &nowhere),
+        Status::Ok
+    );
     steps::expect_cm_event(&client, cm_event::ADDR_RESOLVED);
     assert_eq!(steps::resolve_route(&client, lonely), Status::Ok);
     steps::expect_cm_event(&client, cm_event::ROUTE_RESOLVED);

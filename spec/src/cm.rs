@@ -1,7 +1,7 @@
 //! Wire structs of the connection manager's commands (spec §7.5, `VRDMA_F_CM`), beside the
 //! other commands' in [`crate::wire`].
 
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
 
 use crate::wire::{AhAttr, QpAttr};
 use crate::{Le16, Le32};
@@ -25,7 +25,9 @@ pub mod cm_family {
 /// and the guest library's C API (`struct sockaddr`) carry the same bytes. Families are
 /// [`cm_family`]'s numbers, which are Linux's `AF_INET` and `AF_INET6`.
 pub mod sockaddr {
-    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+
+    use crate::cm::cm_family;
 
     /// `sizeof(struct sockaddr_storage)`.
     pub const STORAGE_SIZE: usize = 128;

@@ -6,6 +6,8 @@
 //! every `cargo test`.
 
 pub mod bytes;
+pub mod cm_invariants;
+pub mod cm_requests;
 pub mod filter;
 pub mod guest_slot;
 pub mod handlers;

@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use vrdma_qemu_tests::bench;
 use vrdma_qemu_tests::cli::{
     self, backend_device, dropin, native_perftest, perftest_over_vrdma, process_pingpong,
-    qtest_pingpong, real_guest, tenants, verbs_utils, vm_args::VmArgs,
+    qtest_pingpong, rdmacm_utils, real_guest, tenants, verbs_utils, vm_args::VmArgs,
 };
 use vrdma_qemu_tests::workspace;
 use vrdma_qemu_tests::{Error, Result};
@@ -114,6 +114,10 @@ enum Suite {
     /// through the extended QP API (-N), ibv_uc_pingpong, ibv_ud_pingpong, ibv_srq_pingpong) over the drop-in against native peers
     /// both ways and vrdma to vrdma, received data checked by the programs (-c).
     VerbsUtils,
+    /// Debian's unmodified librdmacm examples (rping -V, ucmatose, udaddy, rdma_server and
+    /// rdma_client) over the drop-in librdmacm.so.1 against native peers both ways and vrdma
+    /// to vrdma, on rxe0's link-local address.
+    RdmacmUtils,
     /// One vrdma-backend serving three tenants with their own link-local addresses: unmodified
     /// examples between them, every attack of vrdma-hostile from one of them while another
     /// keeps passing verified ping-pongs, the addresses removed and rxe idle afterwards.
@@ -189,6 +193,12 @@ enum GuestCmd {
         #[arg(long)]
         library_dir: PathBuf,
     },
+    /// The rdmacm-utils scenario; results go to $VRDMA_RESULT_DIR/rdmacm-utils.json.
+    RdmacmUtils {
+        /// Directory with the drop-in as libibverbs.so.1 and librdmacm.so.1.
+        #[arg(long)]
+        library_dir: PathBuf,
+    },
     /// The tenants scenario; results go to $VRDMA_RESULT_DIR/tenants.json.
     Tenants {
         /// Directory with the drop-in as libibverbs.so.1.
@@ -235,6 +245,7 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
                 Suite::QtestPingpong => qtest_pingpong::test(&vm, json)?,
                 Suite::RealGuest => real_guest::test(&vm, json, true)?,
                 Suite::VerbsUtils => verbs_utils::test(&vm, json)?,
+                Suite::RdmacmUtils => rdmacm_utils::test(&vm, json)?,
                 Suite::Tenants => tenants::test(&vm, json)?,
             }
         }
@@ -262,6 +273,7 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
                 perftest_over_vrdma::guest(&library_dir)?
             }
             GuestCmd::VerbsUtils { library_dir } => verbs_utils::guest(&library_dir)?,
+            GuestCmd::RdmacmUtils { library_dir } => rdmacm_utils::guest(&library_dir)?,
             GuestCmd::Tenants { library_dir } => tenants::guest(&library_dir)?,
             GuestCmd::QtestPingpong { native, iters } => qtest_pingpong::guest(native, iters)?,
             GuestCmd::RealGuest {

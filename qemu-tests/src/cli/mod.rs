@@ -15,6 +15,7 @@ pub mod perftest_over_vrdma;
 pub mod prepare;
 pub mod process_pingpong;
 pub mod qtest_pingpong;
+pub mod rdmacm_utils;
 pub mod real_guest;
 pub mod run;
 pub mod tenants;

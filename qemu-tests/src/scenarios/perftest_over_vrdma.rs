@@ -41,11 +41,14 @@ pub fn prepare_library_dir(target_dir: &Path, dropin: &Path) -> Result<PathBuf> 
             soname,
         )?;
     }
-    let link = dir.join("libibverbs.so.1");
-    if std::fs::read_link(&link).ok().as_deref() != Some(dropin) {
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(dropin, &link)
-            .context(|| format!("linking {} to {}", link.display(), dropin.display()))?;
+    // One file under both names: the loader loads it once (see guest-driver/capi/src/rdmacm).
+    for name in ["libibverbs.so.1", "librdmacm.so.1"] {
+        let link = dir.join(name);
+        if std::fs::read_link(&link).ok().as_deref() != Some(dropin) {
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(dropin, &link)
+                .context(|| format!("linking {} to {}", link.display(), dropin.display()))?;
+        }
     }
     Ok(dir)
 }

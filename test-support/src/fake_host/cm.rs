@@ -474,5 +474,6 @@ fn bind_locked(
         return Err(errno("CM_BIND", libc::EADDRINUSE));
     }
     w.cm.own(file, id, "CM_BIND")?.src = Some(addr);
+    w.cm.binds.push((file, addr));
     Ok(())
 }

@@ -64,6 +64,11 @@ pub struct CmNet {
     files: HashMap<u64, FileQueue>,
     /// Ids named by a file they do not belong to (must stay empty).
     pub foreign_ids: Vec<(u64, u32)>,
+    /// Every address an id was bound to, with the id's file, in order: by CM_BIND, or by the
+    /// host itself for an address resolution or a listen without one. An id may be bound
+    /// and destroyed between two looks at [`ids`](Self::ids); audits of the addresses guests
+    /// use (the handler fuzzer's) take this log instead.
+    pub binds: Vec<(u64, SocketAddr)>,
 }
 
 struct FileQueue {
@@ -103,6 +108,30 @@ impl CmNet {
             },
         );
         (self.next_file, ready)
+    }
+
+    /// The number of the last file opened (0: none yet). Files are numbered from 1 in the
+    /// order guests' devices open them, so a test that creates one guest at a time learns
+    /// each guest's file here.
+    pub fn last_file(&self) -> u64 {
+        self.next_file
+    }
+
+    /// Whether `file` is open (its guest context has not closed it).
+    pub fn is_open(&self, file: u64) -> bool {
+        self.files.contains_key(&file)
+    }
+
+    /// The ids whose CONNECT_REQUEST still waits in `file`'s queue: the fake made them for the
+    /// file's listener, and the guest's device learns of them only when it reads the event.
+    pub fn queued_requests(&self, file: u64) -> Vec<u32> {
+        self.files.get(&file).map_or_else(Vec::new, |q| {
+            q.events
+                .iter()
+                .filter(|e| e.event == cm_event::CONNECT_REQUEST)
+                .map(|e| e.id.0)
+                .collect()
+        })
     }
 
     pub(super) fn close_file(&mut self, file: u64) {

@@ -2,6 +2,8 @@
 //! doorbell indices, the doorbell area), and the steps that reach the device other than
 //! through control commands: doorbells, host events and memory-table changes.
 
+use std::collections::HashMap;
+
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
 use vrdma_backend::guest::device::GuestDeviceFactory;
 use vrdma_backend::host::{AsyncEvent, AsyncEventKind, CompEvent};
@@ -11,7 +13,7 @@ use vrdma_spec::doorbell::{area_bytes, HEAD_WORD, RING_WORD, TAIL_WORD};
 use vrdma_spec::wire::RingDesc;
 
 use super::bytes::ByteReader;
-use super::invariants::{check_released, kind_index, KINDS};
+use super::invariants::{check_cm_released, check_released, kind_index, KINDS};
 use crate::fake_host::device::{memfd, FakeDevice};
 use crate::fake_host::harness::{TestGuest, RAM_BASE, RAM_SIZE};
 
@@ -33,6 +35,15 @@ pub(super) struct Slot {
     pub(super) qpns: Vec<u32>,
     /// Its UD QPs with staging rings (live or not).
     pub(super) staged: Vec<StagedQp>,
+    /// Its QPs with their wire type (live or not), for CM commands that need one of a type.
+    pub(super) typed_qps: Vec<(u32, u8)>,
+    /// The fake CM's file its device opened (0: the device has no CM).
+    pub(super) cm_file: u64,
+    /// CM id handles it was given: CM_CREATE_ID answers and CONNECT_REQUEST events.
+    pub(super) cm_ids: Vec<u32>,
+    /// Events CM_GET_EVENT delivered per id it knows, as CM_DESTROY_ID must count them
+    /// (handles are not reused within one device, so entries of gone ids can stay).
+    pub(super) cm_delivered: HashMap<u32, u32>,
 }
 
 /// A UD QP whose send queue is a staging ring, as its CREATE_QP response described it.
@@ -53,15 +64,28 @@ pub(super) struct StagedQp {
 impl Slot {
     pub(super) fn new(fake: &FakeDevice, factory: &GuestDeviceFactory, features: u64) -> Slot {
         let guest = TestGuest::from_factory(factory, features);
+        let w = fake.world();
         Slot {
             guest,
-            context: fake.world().ownership.contexts_opened(),
+            context: w.ownership.contexts_opened(),
             seen: Default::default(),
             doorbell_indices: Vec::new(),
             area: None,
             qpns: Vec::new(),
             staged: Vec::new(),
+            typed_qps: Vec::new(),
+            cm_file: if w.cm.enabled { w.cm.last_file() } else { 0 },
+            cm_ids: Vec::new(),
+            cm_delivered: HashMap::new(),
         }
+    }
+
+    /// Remembers `value` in `list`, forgetting the oldest beyond [`REMEMBERED`].
+    pub(super) fn keep<T>(list: &mut Vec<T>, value: T) {
+        if list.len() == REMEMBERED {
+            list.remove(0);
+        }
+        list.push(value);
     }
 
     pub(super) fn remember(&mut self, kind: ResourceKind, handle: u32) {
@@ -204,6 +228,7 @@ impl Slot {
             guest.dev().fd_ready(guest.ctx(), 1);
             if kind == DeviceFatal {
                 check_released(fake, context);
+                check_cm_released(fake, self.cm_file);
             }
         }
         if r.chance(5) {

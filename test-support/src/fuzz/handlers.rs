@@ -4,32 +4,41 @@
 //! but plausible bodies ([`requests`](super::requests); handles come mostly from what the guest was given
 //! before, sometimes from the other guest or from nowhere), doorbells written into the
 //! doorbell area, host completion and asynchronous events, memory-table changes, failures of
-//! the next host command, device resets, DISCARD_STATE and disconnects. After every step the
-//! [`invariants`](super::invariants) must hold for both guests.
+//! the next host command, device resets, DISCARD_STATE and disconnects; the connection
+//! manager's commands and event pump, and whole connections between the two guests
+//! ([`cm`]). After every step the [`invariants`](super::invariants) and the
+//! [`CM invariants`](super::cm_invariants) must hold for both guests.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use vrdma_backend::guest::options::DeviceOptions;
 use vrdma_backend::resources::kind::ResourceKind;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
-use vrdma_spec::control::{HEADER_SIZE, MAX_RESPONSE_SIZE};
-use vrdma_spec::features::{VIRTIO_F_VERSION_1, VRDMA_F_MW};
+use vrdma_spec::control::{HEADER_SIZE, MAX_CM_RESPONSE_SIZE, MAX_RESPONSE_SIZE};
+use vrdma_spec::features::{VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_MW};
 use vrdma_spec::wire::CreateQpResp;
 use vrdma_spec::{ControlResponse, Opcode, Status};
 use zerocopy::FromBytes;
 
 use super::bytes::ByteReader;
-use super::guest_slot::{Slot, REMEMBERED};
-use super::invariants::{check_guest, check_isolation, check_released, kind_index, KINDS};
+use super::cm_invariants::check_cm;
+use super::guest_slot::Slot;
+use super::invariants::{
+    check_cm_closed, check_cm_released, check_guest, check_isolation, check_released, kind_index,
+    KINDS,
+};
 use super::requests::{self, Aims};
 use super::staged_sends::{check_forwarded, Targets};
 use super::tenancy::{destinations, Daemon};
 use crate::fake_host::device::FakeDevice;
 use crate::fake_host::harness::{test_options, ALL_FEATURES};
 
+mod cm;
 mod set_up;
+#[cfg(test)]
+mod tests;
 
 /// Steps one input runs at most (inputs are truncated to this).
 pub const MAX_STEPS: usize = 64;
@@ -47,6 +56,23 @@ const FAILING_COMMANDS: [&str; 9] = [
     "CREATE_SRQ",
     "CREATE_AH",
 ];
+/// [`FAILING_COMMANDS`] and the host CM's commands that can fail.
+const FAILING_WITH_CM: [&str; 14] = [
+    "ALLOC_PD",
+    "REG_MR",
+    "ALLOC_MW",
+    "CREATE_CQ",
+    "RESIZE_CQ",
+    "CREATE_QP",
+    "MODIFY_QP",
+    "CREATE_SRQ",
+    "CREATE_AH",
+    "CM_CREATE_ID",
+    "CM_BIND",
+    "CM_CONNECT",
+    "CM_ACCEPT",
+    "CM_INIT_QP_ATTR",
+];
 const FAILING_DESTROYS: [&str; 6] = [
     "DEALLOC_PD",
     "DEREG_MR",
@@ -61,6 +87,9 @@ const FAILING_DESTROYS: [&str; 6] = [
 pub struct SequenceConfig {
     /// Also fail host destroy commands (DEREG_MR, DESTROY_QP, ...).
     pub fail_destroys: bool,
+    /// Read inputs as before the connection manager's steps existed: no host CM, no
+    /// `VRDMA_F_CM`, the old step choices. Inputs found then replay exactly.
+    pub without_cm: bool,
 }
 
 /// The options of the fuzzed guests: the small quotas of the tests, every feature offered,
@@ -74,8 +103,10 @@ pub fn fuzz_options() -> DeviceOptions {
     }
 }
 
-/// Every feature a fuzzed driver may accept.
+/// Every feature a fuzzed driver may accept (but the connection manager).
 const FEATURES: u64 = ALL_FEATURES | VRDMA_F_MW;
+/// The step kinds besides the CM's.
+const STEPS: u32 = 36;
 
 /// What a run did: successful commands by opcode, and steps run.
 #[derive(Debug, Default)]
@@ -88,6 +119,24 @@ pub struct SequenceStats {
     pub connections: usize,
     /// Staged UD WQEs found in host send queues and checked, and how many were neutralised.
     pub staged_wqes: (usize, usize),
+    /// CM events CM_GET_EVENT delivered, by rdma_cm event number.
+    pub cm_events: BTreeMap<u32, usize>,
+}
+
+impl SequenceStats {
+    /// Adds what another run did.
+    pub fn add(&mut self, other: SequenceStats) {
+        for (op, n) in other.ok {
+            *self.ok.entry(op).or_default() += n;
+        }
+        for (event, n) in other.cm_events {
+            *self.cm_events.entry(event).or_default() += n;
+        }
+        self.steps += other.steps;
+        self.connections += other.connections;
+        self.staged_wqes.0 += other.staged_wqes.0;
+        self.staged_wqes.1 += other.staged_wqes.1;
+    }
 }
 
 /// The state of one run.
@@ -98,6 +147,10 @@ struct Sequence {
     /// Host QP to the next index of its send queue to check.
     cursors: HashMap<u32, u32>,
     config: SequenceConfig,
+    /// What the guests' drivers accept.
+    features: u64,
+    /// Every fake CM file the guests' devices opened, with their slot.
+    cm_files: BTreeMap<u64, usize>,
     stats: SequenceStats,
 }
 
@@ -112,14 +165,27 @@ pub fn run_handler_sequence_with(data: &[u8], config: SequenceConfig) -> Sequenc
     // Bits 0 and 1: set-up steps for each guest; the rest: the daemon's shape.
     let prologue = r.u8();
     let fake = FakeDevice::new();
+    fake.world().cm.enabled = !config.without_cm;
+    let features = if config.without_cm {
+        FEATURES
+    } else {
+        FEATURES | VRDMA_F_CM
+    };
     let daemon = Daemon::new(&fake, &fuzz_options(), prologue >> 2);
-    let slots = [0, 1].map(|g| Slot::new(&fake, &daemon.factories[g], FEATURES));
+    let slots = [0, 1].map(|g| Slot::new(&fake, &daemon.factories[g], features));
+    let cm_files = slots
+        .iter()
+        .enumerate()
+        .map(|(g, s)| (s.cm_file, g))
+        .collect();
     let mut seq = Sequence {
         fake,
         daemon,
         slots,
         cursors: HashMap::new(),
         config,
+        features,
+        cm_files,
         stats: SequenceStats::default(),
     };
     for g in 0..2 {
@@ -139,13 +205,19 @@ pub fn run_handler_sequence_with(data: &[u8], config: SequenceConfig) -> Sequenc
     }
     // Disconnecting both guests leaves nothing on the host.
     let [a, b] = seq.slots;
-    let contexts = [a.context, b.context];
+    let released = [(a.context, a.cm_file), (b.context, b.cm_file)];
     drop((a, b));
-    for context in contexts {
+    for (context, file) in released {
         check_released(&seq.fake, context);
+        check_cm_closed(&seq.fake, file);
     }
     check_isolation(&seq.fake);
     assert_eq!(seq.fake.world().live(), 0, "host objects without a guest");
+    let w = seq.fake.world();
+    let (cm_left, foreign) = (w.cm.ids.len(), w.cm.foreign_ids.clone());
+    drop(w);
+    assert_eq!(cm_left, 0, "host CM ids without a guest");
+    assert!(foreign.is_empty(), "foreign CM ids named: {foreign:?}");
     seq.stats
 }
 
@@ -156,6 +228,7 @@ impl Sequence {
             check_guest(&self.fake, &slot.guest, slot.context);
         }
         self.daemon.check(&self.fake, &self.slots);
+        check_cm(&self.fake, &self.daemon, &self.slots, &self.cm_files);
         let (wqes, neutralised) =
             check_forwarded(&self.fake, &self.daemon, &self.slots, &mut self.cursors);
         self.stats.staged_wqes.0 += wqes;
@@ -206,10 +279,16 @@ impl Sequence {
     /// Runs `request` on guest `g` (with a response buffer that is usually large enough) and
     /// returns the response when it succeeded.
     fn run(&mut self, g: usize, request: &[u8], r: &mut ByteReader<'_>) -> Option<Vec<u8>> {
-        let capacity = if r.chance(95) {
-            MAX_RESPONSE_SIZE
+        let capacity = if self.config.without_cm {
+            if r.chance(95) {
+                MAX_RESPONSE_SIZE
+            } else {
+                r.below(200) as usize
+            }
+        } else if r.chance(95) {
+            MAX_CM_RESPONSE_SIZE
         } else {
-            r.below(200) as usize
+            r.below(MAX_CM_RESPONSE_SIZE as u32 + 8) as usize
         };
         let response = self.slots[g].guest.raw(request, capacity);
         self.stats.connections += self.daemon.check_given(&self.fake, &self.slots);
@@ -237,6 +316,7 @@ impl Sequence {
                     ),
                     "{op:?}: a success response that does not decode: {response:?}"
                 );
+                self.observe_cm(g, op, request, &response);
             }
         }
         (status == 0).then_some(response)
@@ -260,7 +340,12 @@ impl Sequence {
         use requests as q;
         use ResourceKind::*;
         let slots = self.slots[g].guest.dev().options().doorbell_slots();
-        match r.below(36) {
+        let kinds = if self.config.without_cm {
+            STEPS
+        } else {
+            STEPS + cm::CM_STEPS
+        };
+        match r.below(kinds) {
             0..=1 => {
                 self.create(g, Pd, &q::request(Opcode::AllocPd, &[]), r);
             }
@@ -392,8 +477,10 @@ impl Sequence {
                 let mut w = self.fake.world();
                 w.fail_next = Some(if self.config.fail_destroys && r.chance(50) {
                     r.pick(&FAILING_DESTROYS)
-                } else {
+                } else if self.config.without_cm {
                     r.pick(&FAILING_COMMANDS)
+                } else {
+                    r.pick(&FAILING_WITH_CM)
                 });
             }
             31 => {
@@ -401,6 +488,7 @@ impl Sequence {
                 // Unless the device had failed, nothing is left.
                 if self.slots[g].guest.dev().object_counts().is_empty() {
                     check_released(&self.fake, self.slots[g].context);
+                    check_cm_released(&self.fake, self.slots[g].cm_file);
                 }
             }
             32 => self.reset_or_reconnect(g, r),
@@ -414,10 +502,11 @@ impl Sequence {
                 };
                 self.slots[g].stage_sends(&self.fake, &targets, r);
             }
-            _ => {
+            35 => {
                 let request = q::raw(r);
                 self.run(g, &request, r);
             }
+            _ => self.cm_step(g, r),
         }
     }
 
@@ -443,13 +532,12 @@ impl Sequence {
             (&mut slot.doorbell_indices, qp.doorbell_index.get()),
             (&mut slot.qpns, qp.qpn.get()),
         ] {
-            if list.len() == REMEMBERED {
-                list.remove(0);
-            }
-            list.push(value);
+            Slot::keep(list, value);
         }
+        let qp_type = request.get(HEADER_SIZE + 36).copied().unwrap_or(0);
+        Slot::keep(&mut slot.typed_qps, (qp.qp.get(), qp_type));
         const UD: u8 = 4;
-        if request.get(HEADER_SIZE + 36) == Some(&UD) {
+        if qp_type == UD {
             slot.remember_staged(qp.qp.get(), qp.qpn.get(), qp.sq, qp.doorbell_index.get());
         }
         Some(qp.qp.get())
@@ -458,7 +546,7 @@ impl Sequence {
     /// Resets guest `g`'s device (the driver then accepts features again), or disconnects it
     /// and connects a new guest in its place.
     fn reset_or_reconnect(&mut self, g: usize, r: &mut ByteReader<'_>) {
-        let context = self.slots[g].context;
+        let (context, cm_file) = (self.slots[g].context, self.slots[g].cm_file);
         if r.chance(70) {
             let guest = &self.slots[g].guest;
             guest.dev().reset_requested();
@@ -466,100 +554,25 @@ impl Sequence {
             // As QEMU does on a device reset.
             guest.frontend.forget_mappings();
             check_released(&self.fake, context);
+            check_cm_released(&self.fake, cm_file);
             assert!(
                 guest.dev().object_counts().is_empty(),
                 "a reset left objects"
             );
             let features = if r.chance(80) {
-                FEATURES
+                self.features
             } else {
                 u64::from(r.u8())
             };
             guest.dev().features_acked(VIRTIO_F_VERSION_1 | features);
             self.slots[g].area = None;
         } else {
-            let fresh = Slot::new(&self.fake, &self.daemon.factories[g], FEATURES);
+            let fresh = Slot::new(&self.fake, &self.daemon.factories[g], self.features);
+            self.cm_files.insert(fresh.cm_file, g);
             let old = std::mem::replace(&mut self.slots[g], fresh);
             drop(old);
             check_released(&self.fake, context);
+            check_cm_closed(&self.fake, cm_file);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::bytes::fixed_seed_inputs;
-    use super::*;
-
-    #[test]
-    fn fixed_seed_sequences_keep_every_invariant() {
-        let mut ok = std::collections::BTreeMap::new();
-        let (mut steps, mut connections, mut wqes, mut neutralised) = (0, 0, 0, 0);
-        for input in fixed_seed_inputs(0x5eed_0001, 300, 2048) {
-            let stats = run_handler_sequence_with(&input, SequenceConfig::default());
-            steps += stats.steps;
-            connections += stats.connections;
-            wqes += stats.staged_wqes.0;
-            neutralised += stats.staged_wqes.1;
-            for (op, n) in stats.ok {
-                *ok.entry(op).or_insert(0) += n;
-            }
-        }
-        eprintln!(
-            "{steps} steps, {connections} connections, {wqes} staged WQEs forwarded \
-             ({neutralised} neutralised); successes by opcode: {ok:x?}"
-        );
-        // The tenancy checks had something to check: accepted and refused sends.
-        assert!(connections > 0, "no connection was set up");
-        assert!(
-            wqes > neutralised && neutralised > 0,
-            "staged sends: {wqes}, {neutralised}"
-        );
-        // The generator reaches every creation, not only failures.
-        for op in [
-            Opcode::AllocPd,
-            Opcode::RegMr,
-            Opcode::AllocMw,
-            Opcode::CreateCq,
-            Opcode::CreateQp,
-            Opcode::ModifyQp,
-            Opcode::CreateSrq,
-            Opcode::CreateAh,
-            Opcode::SetDoorbellArea,
-            Opcode::ReregMr,
-        ] {
-            assert!(
-                ok.get(&(op as u16)).copied().unwrap_or(0) > 0,
-                "no successful {op:?}"
-            );
-        }
-    }
-
-    /// A fuzz input (both guests tenants): guest 1 aims an RC QP at the host's address and a
-    /// QP number nobody has, then creates a QP that gets that number. The connection was
-    /// legitimate when it was set up, so connections are judged per command, not per step.
-    #[test]
-    fn a_connection_is_judged_when_it_is_set_up() {
-        run_handler_sequence(&[
-            255, 255, 255, 255, 255, 255, 255, 4, 120, 234, 0, 0, 0, 255, 65, 255, 255, 255, 255,
-            255, 8, 0, 38, 5, 0, 9, 1, 0, 0, 0,
-        ]);
-    }
-
-    /// Every input the fuzzer found a bug with (`test-support/fuzz-regressions/`), run again.
-    #[test]
-    fn past_findings_keep_every_invariant() {
-        let dir = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/fuzz-regressions/handler_sequences"
-        );
-        let mut found = 0;
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            eprintln!("{}", path.display());
-            run_handler_sequence(&std::fs::read(&path).unwrap());
-            found += 1;
-        }
-        assert!(found > 0, "no inputs in {dir}");
     }
 }

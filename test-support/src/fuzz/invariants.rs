@@ -1,8 +1,8 @@
 //! The invariants checked after every step of a handler sequence: a guest's handle tables, its
 //! quota counters, its reference counts and event bookkeeping agree with each other and with the
 //! objects the fake host device holds for the guest's context; a released guest holds nothing
-//! on the host; no context ever named an object that is not its own. Each check panics with
-//! what disagreed.
+//! on the host (CM ids included: no id of its CM file is left); no context ever named an
+//! object that is not its own. Each check panics with what disagreed.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -74,6 +74,31 @@ pub fn check_released(fake: &FakeDevice, context: u64) {
         .map(|(kind, handles)| (KINDS[kind], handles))
         .collect();
     assert!(left.is_empty(), "context {context} still holds {left:?}");
+}
+
+/// The fake holds no CM id of `file` (0: no CM) and nothing waits in its queue (after a
+/// discard, a reset or a device failure).
+pub fn check_cm_released(fake: &FakeDevice, file: u64) {
+    if file == 0 {
+        return;
+    }
+    let w = fake.world();
+    let left: Vec<u32> =
+        w.cm.ids
+            .iter()
+            .filter(|(_, e)| e.file == file)
+            .map(|(&id, _)| id)
+            .collect();
+    drop(w);
+    assert!(left.is_empty(), "CM file {file} still holds ids {left:?}");
+}
+
+/// The fake holds nothing of `file` after its guest disconnected: no id, and the file is
+/// closed.
+pub fn check_cm_closed(fake: &FakeDevice, file: u64) {
+    check_cm_released(fake, file);
+    let open = file != 0 && fake.world().cm.is_open(file);
+    assert!(!open, "CM file {file} is still open after its guest left");
 }
 
 /// The guest's bookkeeping agrees with itself and with the fake host objects of `context`.

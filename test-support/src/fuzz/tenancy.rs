@@ -109,6 +109,27 @@ impl Daemon {
         }
     }
 
+    /// Guest `g`'s address GID when it is a tenant.
+    pub(super) fn tenant_gid(&self, g: usize) -> Option<[u8; 16]> {
+        self.tenants[g].map(|(_, gid)| gid)
+    }
+
+    /// Whether `gid` is the address of one of the run's tenants.
+    pub(super) fn is_tenant_gid(&self, gid: &[u8; 16]) -> bool {
+        self.tenants.iter().flatten().any(|(_, a)| a == gid)
+    }
+
+    /// Whether the daemon serves any tenant.
+    pub(super) fn has_tenants(&self) -> bool {
+        self.tenants.iter().any(Option::is_some)
+    }
+
+    /// The address guest `g` may bind its CM ids to: its own when it is a tenant, else the
+    /// host's (the fake port's first GID, `fe80::1`).
+    pub(super) fn cm_address(&self, g: usize) -> std::net::IpAddr {
+        std::net::Ipv6Addr::from(self.tenant_gid(g).unwrap_or(GID0)).to_canonical()
+    }
+
     /// Checks the daemon's QP-number claims and budget against its guests.
     pub(super) fn check(&self, fake: &FakeDevice, slots: &[Slot; 2]) {
         self.check_budget(slots);

@@ -15,8 +15,8 @@ use vrdma::verbs::cm::{CmId, PortSpace};
 use vrdma::verbs::QpState;
 
 use super::channel::CmChannel;
+use super::cm_id::{modify_qp, new_id, qp_to_error, set_addresses, CmIdPriv};
 use super::device::fail;
-use super::id::{modify_qp, new_id, qp_to_error, set_addresses, CmIdPriv};
 use crate::ffi::guard;
 use crate::objects::ah_attr_to;
 use crate::sys::*;
@@ -233,4 +233,45 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
         }
         0
     })
+}
+
+/// `id` is a live id of this library.
+pub(crate) unsafe fn ack_pending(id: *mut rdma_cm_id) {
+    // SAFETY: caller contract.
+    let event = unsafe { std::mem::replace(&mut (*id).event, std::ptr::null_mut()) };
+    if !event.is_null() {
+        // SAFETY: an event this library handed out and nobody acknowledged.
+        unsafe { rdma_ack_cm_event(event) };
+    }
+}
+
+/// `id` is a live id of this library.
+pub(crate) unsafe fn complete(id: *mut rdma_cm_id) -> c_int {
+    // SAFETY: caller contract.
+    let Some(p) = (unsafe { CmIdPriv::of(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    if !p.sync {
+        return 0;
+    }
+    // SAFETY: caller contract.
+    unsafe { ack_pending(id) };
+    let channel = std::ptr::from_ref(&p.channel.lock().c).cast_mut();
+    let mut event = std::ptr::null_mut();
+    // SAFETY: the id's own live channel; `event` is a local to write.
+    if unsafe { rdma_get_cm_event(channel, &mut event) } != 0 {
+        return -1;
+    }
+    // SAFETY: caller contract; the event was just handed out.
+    unsafe { (*id).event = event };
+    // SAFETY: as above.
+    let (kind, status) = unsafe { ((*event).event, (*event).status) };
+    if status == 0 {
+        return 0;
+    }
+    if kind == rdma_cm_event_type_RDMA_CM_EVENT_REJECTED {
+        fail(libc::ECONNREFUSED)
+    } else {
+        fail(status.unsigned_abs() as c_int)
+    }
 }

@@ -17,6 +17,7 @@
 
 pub(crate) mod addrinfo;
 pub(crate) mod channel;
+pub(crate) mod cm_id;
 pub(crate) mod device;
 pub(crate) mod event;
 pub(crate) mod id;

@@ -8,10 +8,11 @@ use std::ffi::c_int;
 
 use vrdma::verbs::{QpAttrMask, QpState};
 
+use super::cm_id::{modify_qp, CmIdPriv};
 use super::device::fail;
+use super::event::complete;
 use super::id::{
-    complete, modify_qp, rdma_bind_addr, rdma_create_id, rdma_destroy_id, rdma_resolve_addr,
-    rdma_resolve_route, CmIdPriv,
+    rdma_bind_addr, rdma_create_id, rdma_destroy_id, rdma_resolve_addr, rdma_resolve_route,
 };
 use crate::cq::{ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel, ibv_destroy_cq};
 use crate::ffi::guard;

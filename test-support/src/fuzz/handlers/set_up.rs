@@ -23,19 +23,9 @@ const UD: u8 = 4;
 impl Sequence {
     /// Runs the set-up of guest `g` (each command may fail: later ones then use handle 0).
     pub(super) fn set_up(&mut self, g: usize, r: &mut ByteReader<'_>) {
-        let slots = self.slots[g].guest.dev().options().doorbell_slots();
         let pd = self.created(g, Pd, &q::request(Opcode::AllocPd, &[]), r);
         let cq = self.created(g, Cq, &q::two_words(Opcode::CreateCq, 16, 0), r);
-        let area = RAM_BASE + 48 * PAGE;
-        let mut body = area.to_le_bytes().to_vec();
-        body.extend_from_slice(&slots.to_le_bytes());
-        body.extend_from_slice(&[0; 4]);
-        if self
-            .run(g, &q::request(Opcode::SetDoorbellArea, &body), r)
-            .is_some()
-        {
-            self.slots[g].area = Some(area);
-        }
+        self.doorbell_area(g, r);
         // An RC QP aimed at one of the run's destinations.
         let rc = self.new_qp(g, qp_req(pd, cq, 0), r);
         let mut attr = QpAttr::new_zeroed().with_qp_state(QpState::Init);
@@ -87,8 +77,23 @@ impl Sequence {
         self.slots[g].stage_sends(&self.fake, &targets, r);
     }
 
+    /// Puts guest `g`'s doorbell area at its usual place in guest RAM.
+    pub(super) fn doorbell_area(&mut self, g: usize, r: &mut ByteReader<'_>) {
+        let slots = self.slots[g].guest.dev().options().doorbell_slots();
+        let area = RAM_BASE + 48 * PAGE;
+        let mut body = area.to_le_bytes().to_vec();
+        body.extend_from_slice(&slots.to_le_bytes());
+        body.extend_from_slice(&[0; 4]);
+        if self
+            .run(g, &q::request(Opcode::SetDoorbellArea, &body), r)
+            .is_some()
+        {
+            self.slots[g].area = Some(area);
+        }
+    }
+
     /// Runs a creation and returns the new handle (0 when it failed).
-    fn created(
+    pub(super) fn created(
         &mut self,
         g: usize,
         kind: ResourceKind,
@@ -101,7 +106,7 @@ impl Sequence {
     }
 
     /// Runs a CREATE_QP and returns the new handle (0 when it failed).
-    fn new_qp(&mut self, g: usize, req: CreateQpReq, r: &mut ByteReader<'_>) -> u32 {
+    pub(super) fn new_qp(&mut self, g: usize, req: CreateQpReq, r: &mut ByteReader<'_>) -> u32 {
         self.create_qp(g, &q::request(Opcode::CreateQp, req.as_bytes()), r)
             .unwrap_or(0)
     }

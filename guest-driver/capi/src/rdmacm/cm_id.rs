@@ -1,0 +1,242 @@
+//! The id object (`struct rdma_cm_id` and what librdmacm keeps beside it, [`CmIdPriv`]) and
+//! the work on it that the commands and the events share: making an id, its addresses, and
+//! moving its QP with the attributes the device computes.
+//!
+//! As in librdmacm, an id made without a channel is *synchronous*: it gets a channel of its
+//! own and each operation that produces an event waits for it (`event::complete`), leaving it
+//! in `id->event`. Applications read `rdma_cm_id` fields directly and, by rdma_cm's rules, do
+//! not call into one id from several threads at once; the fields are written through the id's
+//! pointer like librdmacm writes them.
+
+use std::ffi::{c_int, c_void};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
+use vrdma::verbs::cm::{CmId, PortSpace};
+use vrdma::verbs::{QpAttrMask, QpState};
+use vrdma::VerbsError;
+
+use super::channel::CmChannel;
+use super::device::cm_device;
+use super::router::CmRouter;
+use super::sockaddr as c_addr;
+use crate::context::VrdmaContext;
+use crate::ffi::errno_of;
+use crate::qp::VrdmaQp;
+use crate::sys::rdma_port_space_RDMA_PS_TCP as PS_TCP;
+use crate::sys::rdma_port_space_RDMA_PS_UDP as PS_UDP;
+use crate::sys::*;
+
+/// What librdmacm keeps of an id besides the `rdma_cm_id`.
+#[repr(C)]
+pub(crate) struct CmIdPriv {
+    pub(crate) id: rdma_cm_id,
+    /// The device's id; `None` once destroyed.
+    pub(crate) cm: Mutex<Option<CmId>>,
+    pub(crate) handle: u32,
+    pub(crate) router: Arc<CmRouter>,
+    /// The channel its events go to (its own for a synchronous id).
+    pub(crate) channel: Mutex<Arc<CmChannel>>,
+    /// Made without a channel: operations wait for their event.
+    pub(crate) sync: bool,
+    pub(crate) state: Mutex<IdState>,
+    /// Signalled when an event of the id is acknowledged.
+    pub(crate) acked: Condvar,
+}
+
+#[derive(Default)]
+pub(crate) struct IdState {
+    /// Events of the id handed to the application, and how many it acknowledged.
+    pub(crate) given: u64,
+    pub(crate) acknowledged: u64,
+    /// RDMA reads/atomics the peer may have outstanding here (`max_dest_rd_atomic` at RTR).
+    pub(crate) responder_resources: u8,
+    /// RDMA reads/atomics this side may have outstanding (`max_rd_atomic` at RTS).
+    pub(crate) initiator_depth: u8,
+    /// The QP attributes of a passive endpoint (`rdma_create_ep`), for `rdma_get_request`.
+    pub(crate) qp_init_attr: Option<ibv_qp_init_attr>,
+    /// The CQs and channels `rdma_create_qp` made for the id (destroyed with its QP).
+    pub(crate) own_cqs: bool,
+}
+
+// SAFETY: the raw pointers in `id` name objects of this library that are thread-safe, and the
+// application serializes its use of one id (rdma_cm rules); the rest is behind locks.
+unsafe impl Send for CmIdPriv {}
+// SAFETY: as above.
+unsafe impl Sync for CmIdPriv {}
+
+impl CmIdPriv {
+    /// The id behind `id`.
+    ///
+    /// # Safety
+    /// `id` is NULL or a live id of this library.
+    pub(crate) unsafe fn of<'a>(id: *mut rdma_cm_id) -> Option<&'a CmIdPriv> {
+        // SAFETY: caller contract; `id` is the first field of a repr(C) CmIdPriv.
+        unsafe { id.cast::<CmIdPriv>().as_ref() }
+    }
+
+    /// Runs `f` on the device's id; `EINVAL` once it is destroyed.
+    pub(crate) fn with_cm<T>(
+        &self,
+        f: impl FnOnce(&CmId) -> Result<T, VerbsError>,
+    ) -> Result<T, c_int> {
+        let cm = self.cm.lock();
+        let cm = cm.as_ref().ok_or(libc::EINVAL)?;
+        f(cm).map_err(|e| errno_of(&e))
+    }
+}
+
+/// The device's port space and QP type of an rdma_cm port space.
+pub(crate) fn port_space(ps: rdma_port_space) -> Option<(PortSpace, ibv_qp_type)> {
+    match ps {
+        PS_TCP => Some((PortSpace::Tcp, ibv_qp_type_IBV_QPT_RC)),
+        PS_UDP => Some((PortSpace::Udp, ibv_qp_type_IBV_QPT_UD)),
+        _ => None,
+    }
+}
+
+/// connect request) or the device, routed to `channel` (`None`: a channel of its own).
+pub(crate) fn new_id(
+    cm: CmId,
+    channel: Option<Arc<CmChannel>>,
+    context: *mut c_void,
+    ps: rdma_port_space,
+) -> Result<*mut rdma_cm_id, c_int> {
+    let device = cm_device()?;
+    let (_, qp_type) = port_space(ps).ok_or(libc::EINVAL)?;
+    let sync = channel.is_none();
+    let channel = match channel {
+        Some(channel) => channel,
+        None => CmChannel::new().map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))?,
+    };
+    // SAFETY: a live context of this library.
+    let router = Arc::clone(&unsafe { VrdmaContext::of(device.ibv) }.cm);
+    // SAFETY: all-zero is a valid rdma_cm_id (NULL pointers, empty addresses).
+    let mut id: rdma_cm_id = unsafe { std::mem::zeroed() };
+    id.verbs = device.ibv;
+    id.channel = std::ptr::from_ref(&channel.c).cast_mut();
+    id.context = context;
+    id.ps = ps;
+    id.qp_type = qp_type;
+    id.port_num = 1;
+    id.pd = device.pd;
+    let handle = cm.handle();
+    let (responder_resources, initiator_depth) = device_rd_atomic(device.ibv);
+    let boxed = Box::new(CmIdPriv {
+        id,
+        cm: Mutex::new(Some(cm)),
+        handle,
+        router: Arc::clone(&router),
+        channel: Mutex::new(Arc::clone(&channel)),
+        sync,
+        state: Mutex::new(IdState {
+            responder_resources,
+            initiator_depth,
+            ..IdState::default()
+        }),
+        acked: Condvar::new(),
+    });
+    let raw: *mut rdma_cm_id = Box::into_raw(boxed).cast();
+    router.add(handle, channel, raw);
+    Ok(raw)
+}
+
+/// The device's most RDMA reads/atomics as responder and as initiator (librdmacm's defaults).
+pub(crate) fn device_rd_atomic(ibv: *mut ibv_context) -> (u8, u8) {
+    // SAFETY: a live context of this library.
+    let attr = unsafe { VrdmaContext::of(ibv) }.ctx.query_device();
+    let cap = |v: u32| u8::try_from(v).unwrap_or(u8::MAX);
+    (
+        cap(attr.max_qp_rd_atom.get()),
+        cap(attr.max_qp_init_rd_atom.get()),
+    )
+}
+
+/// `id` is a live id of this library.
+pub(crate) unsafe fn refresh_addresses(id: *mut rdma_cm_id) {
+    // SAFETY: caller contract.
+    let Some(p) = (unsafe { CmIdPriv::of(id) }) else {
+        return;
+    };
+    if let Ok(addresses) = p.with_cm(CmId::query_addr) {
+        // SAFETY: caller contract.
+        unsafe { set_addresses(id, addresses.src, addresses.dst) };
+    }
+}
+
+/// `id` is a live id of this library.
+pub(crate) unsafe fn set_addresses(
+    id: *mut rdma_cm_id,
+    src: Option<SocketAddr>,
+    dst: Option<SocketAddr>,
+) {
+    // SAFETY: caller contract: the id's route is this library's to write.
+    let addr = unsafe { &mut (*id).route.addr };
+    if src.is_some() {
+        // SAFETY: writing the storage member of the union.
+        c_addr::write(src, unsafe { &mut addr.__bindgen_anon_1.src_storage });
+    }
+    if dst.is_some() {
+        // SAFETY: as above.
+        c_addr::write(dst, unsafe { &mut addr.__bindgen_anon_2.dst_storage });
+    }
+    let gid = |a: Option<SocketAddr>| {
+        a.map(|a| match a.ip() {
+            std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+            std::net::IpAddr::V6(v6) => v6.octets(),
+        })
+    };
+    // SAFETY: the only member of the union.
+    let ib = unsafe { &mut addr.addr.ibaddr };
+    if let Some(g) = gid(src) {
+        ib.sgid.raw = g;
+    }
+    if let Some(g) = gid(dst) {
+        ib.dgid.raw = g;
+    }
+    ib.pkey = 0xffff_u16.to_be();
+}
+
+/// `id` is a live id of this library.
+pub(crate) unsafe fn id_qp<'a>(id: *mut rdma_cm_id) -> Option<&'a VrdmaQp> {
+    // SAFETY: caller contract; the QP is this library's and lives while the id has it.
+    unsafe { VrdmaQp::from_ptr((*id).qp) }
+}
+
+/// `id` is a live id of this library.
+pub(crate) unsafe fn modify_qp(id: *mut rdma_cm_id, state: QpState) -> Result<(), c_int> {
+    // SAFETY: caller contract.
+    let (Some(p), Some(qp)) = (unsafe { (CmIdPriv::of(id), id_qp(id)) }) else {
+        return Err(libc::EINVAL);
+    };
+    let (mut attr, mask) = p.with_cm(|cm| cm.init_qp_attr(state))?;
+    let ids = p.state.lock();
+    if state == QpState::Rtr && ids.responder_resources != 0xff {
+        attr.max_dest_rd_atomic = ids.responder_resources;
+    }
+    if state == QpState::Rts && ids.initiator_depth != 0xff {
+        attr.max_rd_atomic = ids.initiator_depth;
+    }
+    drop(ids);
+    qp.qp.modify(&attr, mask).map_err(|e| errno_of(&e))?;
+    // SAFETY: caller contract (the QP is live); applications read this field.
+    unsafe { (*(*id).qp).state = state as u32 };
+    Ok(())
+}
+
+/// `id` is a live id of this library.
+pub(crate) unsafe fn qp_to_error(id: *mut rdma_cm_id) {
+    // SAFETY: caller contract.
+    let Some(qp) = (unsafe { id_qp(id) }) else {
+        return;
+    };
+    let mut attr: vrdma::verbs::QpAttr = zerocopy::FromZeros::new_zeroed();
+    attr.qp_state = vrdma::spec::Le32::new(QpState::Err as u32);
+    if let Err(e) = qp.qp.modify(&attr, QpAttrMask::STATE) {
+        log::debug!("vrdma: moving a QP to ERR: {e}");
+        return;
+    }
+    // SAFETY: as above.
+    unsafe { (*(*id).qp).state = QpState::Err as u32 };
+}

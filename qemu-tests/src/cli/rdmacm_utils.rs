@@ -1,0 +1,29 @@
+//! `rdmacm-utils`: Debian's unmodified librdmacm example programs over vrdma's drop-in
+//! librdmacm.so.1 against native peers and each other, in one boot.
+
+use std::path::{Path, PathBuf};
+
+use super::guest_suite::{deliver_results, run_dropin_suite};
+use super::host::backend_binary;
+use super::vm_args::VmArgs;
+use crate::error::Result;
+use crate::scenarios::rdmacm_utils;
+
+/// `vrdma-vm test rdmacm-utils`.
+pub fn test(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<()> {
+    let (config, outcome, runs): (_, _, Vec<rdmacm_utils::Run>) =
+        run_dropin_suite(vm_args, "rdmacm-utils", json.as_deref())?;
+    println!(
+        "\nunmodified rdmacm-utils examples on rxe0 over vrdma ({:?}, {} vCPUs; VM run {:.0?}):",
+        config.accel, config.cpus, outcome.elapsed
+    );
+    print!("{}", rdmacm_utils::render_table(&runs));
+    Ok(())
+}
+
+/// `vrdma-vm guest rdmacm-utils`.
+pub fn guest(library_dir: &Path) -> Result<()> {
+    let backend = backend_binary()?;
+    let runs = rdmacm_utils::run(&backend, library_dir)?;
+    deliver_results("rdmacm-utils", &runs, || rdmacm_utils::render_table(&runs))
+}
