@@ -389,3 +389,95 @@ fn the_id_quota_holds() {
         "closing the guest's CM destroys its ids"
     );
 }
+
+#[test]
+fn only_an_active_id_establishes_without_a_qp_and_the_host_guest_binds_only_the_ports_addresses() {
+    let fake = fake_with_cm();
+    let daemon = TestDaemon::new(&fake);
+    let server = daemon.guest(test_options(), FEATURES);
+    let client = daemon.guest(test_options(), FEATURES);
+    let listener = create_id(&server, RC);
+    // 192.0.2.1 is no address of the port (its GID table holds fe80::1 only).
+    assert_eq!(bind(&server, listener, "192.0.2.1:7000"), Status::Invalid);
+    assert_eq!(bind(&server, listener, "[fe80::1%1]:7000"), Status::Ok);
+    assert_eq!(listen(&server, listener, 2), Status::Ok);
+    let id = create_id(&client, RC);
+    assert_eq!(
+        accept(&client, id, 0, b""),
+        Status::BadState,
+        "no request sent"
+    );
+    assert_eq!(
+        resolve_addr(&client, id, None, "[fe80::1%1]:7000"),
+        Status::Ok
+    );
+    expect_cm_event(&client, cm_event::ADDR_RESOLVED);
+    assert_eq!(resolve_route(&client, id), Status::Ok);
+    expect_cm_event(&client, cm_event::ROUTE_RESOLVED);
+    let (qp, _) = rc_qp(&client);
+    assert_eq!(connect(&client, id, qp, b""), Status::Ok);
+    let conn = expect_cm_event(&server, cm_event::CONNECT_REQUEST).id.get();
+    // The passive side must name its QP: accepting without one would send QP number 0.
+    assert_eq!(accept(&server, conn, 0, b""), Status::BadState);
+}
+
+#[test]
+fn a_request_destroyed_before_delivery_gives_its_backlog_slot_back() {
+    let fake = fake_with_cm();
+    let daemon = TestDaemon::new(&fake);
+    let server = daemon.guest(test_options(), FEATURES);
+    let client = daemon.guest(test_options(), FEATURES);
+    let listener = create_id(&server, RC);
+    assert_eq!(bind(&server, listener, "[fe80::1%1]:7001"), Status::Ok);
+    assert_eq!(listen(&server, listener, 1), Status::Ok);
+    let (qp, _) = rc_qp(&client);
+    let connect_once = || {
+        let id = create_id(&client, RC);
+        assert_eq!(
+            resolve_addr(&client, id, None, "[fe80::1%1]:7001"),
+            Status::Ok
+        );
+        expect_cm_event(&client, cm_event::ADDR_RESOLVED);
+        assert_eq!(resolve_route(&client, id), Status::Ok);
+        expect_cm_event(&client, cm_event::ROUTE_RESOLVED);
+        assert_eq!(connect(&client, id, qp, b""), Status::Ok);
+        server
+            .dev()
+            .fd_ready(server.ctx(), vrdma_backend::datapath::cm_events::CM_FD);
+        id
+    };
+    let first = connect_once();
+    // The request's id is the listener's next handle; destroyed before CM_GET_EVENT.
+    let request = listener + 1;
+    assert_eq!(destroy_id(&server, request), 0);
+    assert_eq!(next_cm_event(&client).event.get(), cm_event::REJECTED);
+    assert_eq!(destroy_id(&client, first), 3);
+    // The backlog of 1 has room again: the next request reaches the server.
+    connect_once();
+    expect_cm_event(&server, cm_event::CONNECT_REQUEST);
+}
+
+#[test]
+fn commands_that_make_events_wait_for_undelivered_ones() {
+    let fake = fake_with_cm();
+    let guest = TestGuest::new(&fake, test_options(), FEATURES);
+    let id = create_id(&guest, RC);
+    let limit = 64;
+    for _ in 0..limit {
+        assert_eq!(resolve_addr(&guest, id, None, "[fe80::1%1]:9"), Status::Ok);
+        guest
+            .dev()
+            .fd_ready(guest.ctx(), vrdma_backend::datapath::cm_events::CM_FD);
+    }
+    assert_eq!(
+        resolve_addr(&guest, id, None, "[fe80::1%1]:9"),
+        Status::Busy
+    );
+    // Fetching one makes room; commands that make no events never wait.
+    assert_eq!(get_event(&guest).event.get(), cm_event::ADDR_RESOLVED);
+    assert_eq!(resolve_addr(&guest, id, None, "[fe80::1%1]:9"), Status::Ok);
+    assert_eq!(
+        query_addr(&guest, id).dst.socket_addr().map(|a| a.port()),
+        Some(9)
+    );
+}

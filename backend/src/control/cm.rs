@@ -36,6 +36,13 @@ pub(crate) fn execute(s: &mut Session<'_>, request: &CmRequest) -> CommandResult
         // The feature is offered only with a host CM; a driver cannot have accepted it.
         return Err(CommandError::NotNegotiated("VRDMA_F_CM"));
     };
+    if makes_events(request) && s.state.cm.backlogged(pending_limit(s)) {
+        // The host could queue events without bound while the driver does not fetch them.
+        return Err(CommandError::Rule {
+            what: "undelivered connection-manager events (fetch them with CM_GET_EVENT)",
+            status: Status::Busy,
+        });
+    }
     let body = match request {
         CmRequest::CreateId(r) => create_id(s, cm, r.port_space.get())?,
         CmRequest::DestroyId(r) => destroy_id(s, cm, r)?,
@@ -94,6 +101,30 @@ pub(crate) fn execute(s: &mut Session<'_>, request: &CmRequest) -> CommandResult
     Ok(body.map_or(ResponseBody::Empty, ResponseBody::Cm))
 }
 
+/// Whether a command makes the host queue an event of the guest's later.
+fn makes_events(request: &CmRequest) -> bool {
+    matches!(
+        request,
+        CmRequest::ResolveAddr(_)
+            | CmRequest::ResolveRoute(_)
+            | CmRequest::Listen(_)
+            | CmRequest::Connect(_)
+            | CmRequest::Accept(_)
+            | CmRequest::Disconnect(_)
+            | CmRequest::Notify(_)
+    )
+}
+
+/// Undelivered events past which commands that make more are refused (`BUSY`): room for a
+/// few events of every id the guest may hold, which the commands already under way (at most
+/// one per id and operation) and peers' requests (bounded by backlogs and the id quota) stay
+/// within.
+fn pending_limit(s: &Session<'_>) -> usize {
+    (s.guest.options().quotas.cm_ids as usize)
+        .saturating_mul(4)
+        .max(64)
+}
+
 /// The guest's id `raw`.
 fn entry<'a>(s: &'a Session<'_>, raw: u32) -> Result<&'a CmIdEntry, CommandError> {
     Ok(s.state.cm.ids.get(Handle::from_raw(raw))?)
@@ -132,7 +163,8 @@ fn destroy_id(
     let (entry, orphans) = s.state.cm.remove(handle)?;
     // Nothing about the id may reach the guest after this answer (spec §8).
     forget_object(s.ctx, Subject::CmId, handle);
-    for (_, orphan) in &orphans {
+    for (orphan_handle, orphan) in &orphans {
+        forget_object(s.ctx, Subject::CmId, *orphan_handle);
         release(s.guest, cm, &mut s.state.owners, orphan);
     }
     release(s.guest, cm, &mut s.state.owners, &entry);
@@ -174,9 +206,9 @@ fn with_rules<T>(s: &Session<'_>, f: impl FnOnce(&CmAddressRules<'_>) -> T) -> T
     let identity = &s.guest.options().identity;
     let endpoints = &s.guest.tenant().endpoints;
     let tenants_present = endpoints.has_tenants();
-    // Sources the device may pick for a guest sharing the host's identity while tenants
-    // exist: the port's addresses that are no tenant's (its GID view shows exactly those).
-    let host_sources = if identity.addresses.is_empty() && tenants_present {
+    // What a guest sharing the host's identity may bind and send from: the port's addresses
+    // that are no tenant's (its GID view shows exactly those).
+    let host_sources = if identity.addresses.is_empty() {
         s.guest
             .gids()
             .table(s.guest.device(), s.guest.options().host_port)
@@ -272,7 +304,7 @@ fn resolve_addr(
     }
     let (host_src, host_dst) =
         with_rules(s, |rules| rules.resolve(src, dst)).map_err(address_refused)?;
-    cm.resolve_addr(id, host_src.as_ref(), &host_dst, r.timeout_ms.get())
+    cm.resolve_addr(id, Some(&host_src), &host_dst, r.timeout_ms.get())
         .map_err(host_err("CM_RESOLVE_ADDR"))?;
     let e = s.state.cm.ids.get_mut(Handle::from_raw(raw))?;
     if let Some(scope) = link_local_scope(&dst).or_else(|| src.as_ref().and_then(link_local_scope))
@@ -318,6 +350,14 @@ fn connect(
     let (id, uid, port_space) = (e.host, e.uid, e.port_space);
     let qp_raw = r.qp.get();
     if accept && qp_raw == 0 {
+        // Only the active side establishes after a reply; on a connect request's id the host
+        // would accept with QP number 0 (and, never having the id's uid, drop its events).
+        let e = s.state.cm.ids.get(handle)?;
+        if !e.active || e.qp.is_none() {
+            return Err(CommandError::BadState(
+                "CM_ACCEPT without a QP on an id that sent no connect request",
+            ));
+        }
         return cm.accept(id, uid, None).map_err(host_err("CM_ACCEPT"));
     }
     let qp_handle = Handle::from_raw(qp_raw);
@@ -360,7 +400,9 @@ fn connect(
     } else {
         cm.connect(id, &params).map_err(host_err("CM_CONNECT"))?;
     }
-    s.state.cm.ids.get_mut(handle)?.qp = Some(qp_handle);
+    let e = s.state.cm.ids.get_mut(handle)?;
+    e.qp = Some(qp_handle);
+    e.active |= !accept;
     Ok(())
 }
 
@@ -415,6 +457,15 @@ fn guest_terms(
 /// guest's (its ids bind only the guest's addresses, so this would be a host surprise).
 pub(crate) fn guest_av(guest: &GuestShared, av: &mut AhAttr) -> Result<(), CommandError> {
     let port = guest.options().host_port;
+    if av.port_num != port {
+        return Err(CommandError::Host {
+            op: "CM address vector",
+            source: DeviceError::InvalidReply {
+                command: "CM",
+                reason: format!("port {} is not the guest's port", av.port_num),
+            },
+        });
+    }
     let index = guest
         .gids()
         .guest_index(guest.device(), port, av.sgid_index.into())

@@ -481,6 +481,9 @@ pub(crate) fn destroy_qp(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
     }
     let entry = s.state.qps.remove(handle)?;
     s.guest.doorbells().lock().release(index);
+    // A CM id that named the QP no longer does: another CM_CONNECT/CM_ACCEPT through it
+    // could otherwise send a host QP number the host may give to another QP.
+    s.state.cm.forget_qp(handle);
     s.state.owners.remove(&entry.user_handle);
     events::forget_object(s.ctx, Subject::Qp, handle);
     unmap_rings(Some(s.ctx), &mut s.state.shm, &entry.sq, entry.rq.as_ref());

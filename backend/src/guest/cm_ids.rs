@@ -29,6 +29,9 @@ pub struct CmIdEntry {
     pub waiting_requests: u32,
     /// The QP of CM_CONNECT or CM_ACCEPT: no other id may connect it.
     pub qp: Option<Handle>,
+    /// It sent a connect request (CM_CONNECT): only such an id establishes with a CM_ACCEPT
+    /// naming no QP, after the peer's reply.
+    pub active: bool,
     /// Events of the id CM_GET_EVENT delivered (a listener's connect requests count on it).
     pub events_delivered: u32,
 }
@@ -45,6 +48,7 @@ impl CmIdEntry {
             backlog: None,
             waiting_requests: 0,
             qp: None,
+            active: false,
             events_delivered: 0,
         }
     }
@@ -88,23 +92,35 @@ impl CmIds {
     }
 
     /// Forgets an id and its undelivered events; returns it. The waiting connect requests
-    /// of a listener are returned too, for the caller to destroy (the guest never saw them).
+    /// of a listener are returned too, for the caller to destroy (the guest never saw them),
+    /// with every event of theirs dropped. An id removed before its own connect request was
+    /// delivered gives its listener's backlog slot back.
     pub(crate) fn remove(
         &mut self,
         handle: Handle,
     ) -> Result<(CmIdEntry, Vec<(Handle, CmIdEntry)>), ResourceError> {
         let entry = self.ids.remove(handle)?;
         self.by_host.remove(&entry.host);
-        let mut orphans = Vec::new();
-        let mut kept = VecDeque::with_capacity(self.pending.len());
-        for event in self.pending.drain(..) {
-            if event.listener == Some(handle) {
-                orphans.push(event.id);
-            } else if event.id != handle {
-                kept.push_back(event);
+        let orphans: Vec<Handle> = self
+            .pending
+            .iter()
+            .filter(|e| e.listener == Some(handle))
+            .map(|e| e.id)
+            .collect();
+        let mut freed_slots = Vec::new();
+        self.pending.retain(|e| {
+            if e.id == handle {
+                // Its own connect request, never delivered: its listener's slot comes back.
+                freed_slots.extend(e.listener);
+                return false;
+            }
+            e.listener != Some(handle) && !orphans.contains(&e.id)
+        });
+        for listener in freed_slots {
+            if let Ok(l) = self.ids.get_mut(listener) {
+                l.waiting_requests = l.waiting_requests.saturating_sub(1);
             }
         }
-        self.pending = kept;
         let orphans = orphans
             .into_iter()
             .filter_map(|h| {
@@ -114,6 +130,26 @@ impl CmIds {
             })
             .collect();
         Ok((entry, orphans))
+    }
+
+    /// Whether the undelivered events reached `limit` (commands that would make more wait).
+    pub(crate) fn backlogged(&self, limit: usize) -> bool {
+        self.pending.len() >= limit
+    }
+
+    /// Ids that named QP `qp` no longer do (it was destroyed).
+    pub(crate) fn forget_qp(&mut self, qp: Handle) {
+        let named: Vec<Handle> = self
+            .ids
+            .iter()
+            .filter(|(_, e)| e.qp == Some(qp))
+            .map(|(h, _)| h)
+            .collect();
+        for h in named {
+            if let Ok(e) = self.ids.get_mut(h) {
+                e.qp = None;
+            }
+        }
     }
 
     /// The id connected with `qp`, if any.

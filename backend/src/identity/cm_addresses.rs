@@ -38,8 +38,10 @@ pub enum CmAddressError {
 pub struct CmAddressRules<'a> {
     /// The guest's addresses; empty when it shares the host's identity.
     pub addresses: &'a [GuestAddress],
-    /// For a guest sharing the host's identity: the host's addresses on the RDMA netdev that
-    /// are no tenant's (sources the device may pick for it while tenants exist).
+    /// For a guest sharing the host's identity: the addresses of the host port (its GID
+    /// table) that are no tenant's: the only ones it may bind, and the sources the device
+    /// picks for it. (The host's other addresses, on other netdevs or RDMA devices, are not
+    /// the port's.)
     pub host_sources: &'a [IpAddr],
     /// Whether an address is one of the daemon's tenants' (given in canonical form: IPv4
     /// as IPv4; compare GIDs, `address_gid`, to be safe).
@@ -67,6 +69,9 @@ impl CmAddressRules<'_> {
             if (self.is_tenant_address)(&ip) {
                 return Err(CmAddressError::TenantAddress(ip));
             }
+            if !ip.is_unspecified() && !self.host_sources.contains(&ip) {
+                return Err(CmAddressError::NotOwn(ip));
+            }
             ip
         } else if ip.is_unspecified() {
             let same: Vec<IpAddr> = self
@@ -87,22 +92,21 @@ impl CmAddressRules<'_> {
         Ok(self.scoped(chosen, requested.port()))
     }
 
-    /// The source (`None`: the host's route picks, which is safe only when no tenant's
-    /// address could be picked) and the destination of an address resolution from `src`
-    /// (`None`: the device picks) to `dst`.
+    /// The source and the destination of an address resolution from `src` (`None`: the
+    /// device picks one of the guest's, never the host's route: it could pick an address of
+    /// another netdev or a tenant's) to `dst`.
     pub fn resolve(
         &self,
         src: Option<SocketAddr>,
         dst: SocketAddr,
-    ) -> Result<(Option<SocketAddr>, SocketAddr), CmAddressError> {
+    ) -> Result<(SocketAddr, SocketAddr), CmAddressError> {
         let to = dst.ip().to_canonical();
         if to.is_unspecified() || to.is_loopback() || to.is_multicast() {
             return Err(CmAddressError::BadDestination(to));
         }
         let destination = self.scoped(to, dst.port());
         let source = match src {
-            Some(src) => Some(self.bind(src)?),
-            None if self.addresses.is_empty() && !self.tenants_present => None,
+            Some(src) => self.bind(src)?,
             None => {
                 let candidates: Vec<IpAddr> = if self.addresses.is_empty() {
                     self.host_sources.to_vec()
@@ -110,7 +114,7 @@ impl CmAddressRules<'_> {
                     self.addresses.iter().map(|a| a.ip).collect()
                 };
                 let ip = pick_source(&candidates, to).ok_or(CmAddressError::NoSource(to))?;
-                Some(self.scoped(ip, 0))
+                self.scoped(ip, 0)
             }
         };
         Ok((source, destination))
@@ -214,7 +218,8 @@ mod tests {
 
     #[test]
     fn a_host_guest_binds_the_hosts_addresses_but_no_tenants() {
-        let r = rules(&[], &[], true);
+        let port: Vec<IpAddr> = vec!["fe80::1".parse().unwrap(), "192.0.2.1".parse().unwrap()];
+        let r = rules(&[], &port, true);
         assert_eq!(r.bind(sock("[fe80::1%2]:9")), Ok(sock("[fe80::1%7]:9")));
         assert_eq!(
             r.bind(sock("[fe80::b:1]:9")),
@@ -226,9 +231,15 @@ mod tests {
         );
         // Without tenants the host's wildcard is the guest's.
         assert_eq!(
-            rules(&[], &[], false).bind(sock("[::]:9")),
+            rules(&[], &port, false).bind(sock("[::]:9")),
             Ok(sock("[::]:9"))
         );
+        // An address of the host that is not the port's (another netdev, another device).
+        assert_eq!(
+            r.bind(sock("198.51.100.7:9")),
+            Err(CmAddressError::NotOwn(sock("198.51.100.7:9").ip()))
+        );
+        assert_eq!(r.bind(sock("192.0.2.1:9")), Ok(sock("192.0.2.1:9")));
         // Loopback and multicast are no addresses of the RDMA netdev, in either form.
         for other in [
             "127.0.0.1:1",
@@ -242,7 +253,7 @@ mod tests {
         let v4_tenant = |ip: &IpAddr| *ip == "192.0.2.10".parse::<IpAddr>().unwrap();
         let r = CmAddressRules {
             is_tenant_address: &v4_tenant,
-            ..rules(&[], &[], true)
+            ..rules(&[], &port, true)
         };
         assert!(r.bind(sock("[::ffff:192.0.2.10]:1")).is_err());
     }
@@ -252,16 +263,12 @@ mod tests {
         let own = addresses(&["2001:db8::a", "fe80::a:1", "192.0.2.10"]);
         let r = rules(&own, &[], true);
         let (src, dst) = r.resolve(None, sock("[fe80::c:1%4]:18515")).unwrap();
-        assert_eq!(
-            src,
-            Some(sock("[fe80::a:1%7]:0")),
-            "link-local for link-local"
-        );
+        assert_eq!(src, sock("[fe80::a:1%7]:0"), "link-local for link-local");
         assert_eq!(dst, sock("[fe80::c:1%7]:18515"), "the netdev's scope");
         let (src, _) = r.resolve(None, sock("[2001:db8::99]:1")).unwrap();
-        assert_eq!(src, Some(sock("[2001:db8::a]:0")));
+        assert_eq!(src, sock("[2001:db8::a]:0"));
         let (src, _) = r.resolve(None, sock("198.51.100.1:1")).unwrap();
-        assert_eq!(src, Some(sock("192.0.2.10:0")));
+        assert_eq!(src, sock("192.0.2.10:0"));
         // A given source follows the bind rules.
         assert!(r
             .resolve(Some(sock("[fe80::b:1]:0")), sock("[fe80::c:1]:1"))
@@ -291,16 +298,17 @@ mod tests {
     }
 
     #[test]
-    fn a_host_guest_beside_tenants_gets_a_host_source_chosen_for_it() {
+    fn a_host_guest_gets_a_source_of_the_port_chosen_for_it() {
         let host: Vec<IpAddr> = vec!["fe80::1".parse().unwrap()];
-        let (src, _) = rules(&[], &host, true)
-            .resolve(None, sock("[fe80::c:1]:1"))
-            .unwrap();
-        assert_eq!(src, Some(sock("[fe80::1%7]:0")));
-        // Without tenants the host's route may pick.
-        let (src, _) = rules(&[], &[], false)
-            .resolve(None, sock("[fe80::c:1]:1"))
-            .unwrap();
-        assert_eq!(src, None);
+        for tenants in [true, false] {
+            let (src, _) = rules(&[], &host, tenants)
+                .resolve(None, sock("[fe80::c:1]:1"))
+                .unwrap();
+            assert_eq!(src, sock("[fe80::1%7]:0"), "never the host's route");
+        }
+        assert_eq!(
+            rules(&[], &host, false).resolve(None, sock("198.51.100.1:1")),
+            Err(CmAddressError::NoSource(sock("198.51.100.1:1").ip()))
+        );
     }
 }

@@ -33,17 +33,29 @@ pub struct Program {
     pub client_marks: &'static [(&'static str, usize)],
 }
 
-/// How the address and port are given to a program.
-fn address_args(program: &str, address: &str, port: u16, server: bool) -> Vec<String> {
-    let port = port.to_string();
+/// The port udaddy always uses (its `-p` names a port space, not a port).
+const UDADDY_PORT: u16 = 7174;
+
+/// How the address and port are given to a program; the port it will listen on.
+fn address_args(program: &str, address: &str, port: u16, server: bool) -> (Vec<String>, u16) {
+    let with_port = |flag: &str| {
+        vec![
+            flag.to_string(),
+            address.to_string(),
+            "-p".into(),
+            port.to_string(),
+        ]
+    };
     match program {
-        // rping: -a for both sides; -p port.
-        "rping" => vec!["-a".into(), address.into(), "-p".into(), port],
-        // ucmatose/udaddy: -b binds the server, -s names the server; -p port.
-        "ucmatose" | "udaddy" if server => vec!["-b".into(), address.into(), "-p".into(), port],
-        "ucmatose" | "udaddy" => vec!["-s".into(), address.into(), "-p".into(), port],
-        // rdma_server/rdma_client: -s address, -p port.
-        _ => vec!["-s".into(), address.into(), "-p".into(), port],
+        // rping: -a for both sides.
+        "rping" => (with_port("-a"), port),
+        // ucmatose: -b binds the server, -s names the server.
+        "ucmatose" if server => (with_port("-b"), port),
+        "ucmatose" => (with_port("-s"), port),
+        "udaddy" if server => (vec!["-b".into(), address.into()], UDADDY_PORT),
+        "udaddy" => (vec!["-s".into(), address.into()], UDADDY_PORT),
+        // rdma_server/rdma_client: -s address.
+        _ => (with_port("-s"), port),
     }
 }
 
@@ -212,17 +224,19 @@ fn run_pair(
     let name = |role: &str| format!("{tool}-{}-{}-{role}", server.label, client.label);
     let with = |is_server: bool| {
         let mut args: Vec<String> = program.args.iter().map(|a| a.to_string()).collect();
-        args.extend(address_args(tool, address, port, is_server));
-        args
+        let (address_args, listening) = address_args(tool, address, port, is_server);
+        args.extend(address_args);
+        (args, listening)
     };
+    let (server_args, listening) = with(true);
     let mut server_proc = Proc::spawn(
         &name("server"),
-        &mut command(program.server, server, &with(true)),
+        &mut command(program.server, server, &server_args),
     )?;
-    wait_cm_listening(&mut server_proc, port, Duration::from_secs(60))?;
+    wait_cm_listening(&mut server_proc, listening, Duration::from_secs(60))?;
     let mut client_proc = Proc::spawn(
         &name("client"),
-        &mut command(program.client, client, &with(false)),
+        &mut command(program.client, client, &with(false).0),
     )?;
     client_proc.wait_success(timeout)?;
     server_proc.wait_success(timeout)?;

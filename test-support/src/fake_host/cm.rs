@@ -226,7 +226,9 @@ impl HostCm for FakeCm {
             request,
             FakeCmId {
                 file,
-                uid: listener_uid,
+                // The kernel gives a request's id no uid until it is accepted (and drops its
+                // events meanwhile).
+                uid: 0,
                 port_space,
                 src: Some(local),
                 dst: src,

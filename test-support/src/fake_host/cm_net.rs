@@ -25,7 +25,7 @@ pub const REJECT_NO_LISTENER: i32 = 8;
 pub struct FakeCmId {
     /// The file (guest context) it belongs to.
     pub file: u64,
-    /// Its `uid` (a connect request's id has its listener's until accepted).
+    /// Its `uid` (0 for a connect request's id until it is accepted).
     pub uid: u64,
     /// Its port space.
     pub port_space: u16,
@@ -167,6 +167,10 @@ impl CmNet {
     pub(super) fn push(&mut self, id: u32, event: u32, status: i32, params: EventParams) {
         let Some(e) = self.ids.get(&id) else { return };
         let (file, uid) = (e.file, e.uid);
+        if uid == 0 {
+            // As ucma: the events of a connect request's id not accepted yet are dropped.
+            return;
+        }
         self.push_to(file, uid, id, event, status, params);
     }
 
