@@ -22,6 +22,8 @@ const COMPILER: Tool = Tool {
 };
 /// Package with the verbs headers and the `libibverbs.so` link.
 const VERBS_DEV_PACKAGE: &str = "libibverbs-dev";
+/// The rdma_cm headers (the drop-in librdmacm's layout check compiles against them).
+const RDMACM_DEV_PACKAGE: &str = "librdmacm-dev";
 
 /// The peer's source in this repository.
 pub fn source_path() -> PathBuf {
@@ -55,13 +57,17 @@ pub fn missing_packages() -> Vec<&'static str> {
         if !Path::new("/usr/include/infiniband/verbs.h").is_file() {
             missing.push(VERBS_DEV_PACKAGE);
         }
+        if !Path::new("/usr/include/rdma/rdma_cma.h").is_file() {
+            missing.push(RDMACM_DEV_PACKAGE);
+        }
     } else if !verbs_dev_present() {
-        missing.push(VERBS_DEV_PACKAGE);
+        missing.extend([VERBS_DEV_PACKAGE, RDMACM_DEV_PACKAGE]);
     }
     missing
 }
 
-/// Whether the compiler finds `<infiniband/verbs.h>` and the `libibverbs.so` link.
+/// Whether the compiler finds `<infiniband/verbs.h>`, `<rdma/rdma_cma.h>` and the
+/// `libibverbs.so` link.
 fn verbs_dev_present() -> bool {
     let header = Command::new(COMPILER.command)
         .args(["-E", "-x", "c", "-o", "/dev/null", "-"])
@@ -72,7 +78,7 @@ fn verbs_dev_present() -> bool {
         .and_then(|mut child| {
             use std::io::Write;
             if let Some(mut stdin) = child.stdin.take() {
-                stdin.write_all(b"#include <infiniband/verbs.h>\n")?;
+                stdin.write_all(b"#include <infiniband/verbs.h>\n#include <rdma/rdma_cma.h>\n")?;
             }
             child.wait()
         })
@@ -93,14 +99,15 @@ pub fn ensure_prerequisites() -> Result<()> {
     }
     if !is_root() {
         return Err(Error::Prerequisite(format!(
-            "the libibverbs headers or libibverbs.so are missing; install as root: \
-             apt-get install --no-install-recommends {VERBS_DEV_PACKAGE}"
+            "the libibverbs or librdmacm headers or libibverbs.so are missing; install as root: \
+             apt-get install --no-install-recommends {VERBS_DEV_PACKAGE} {RDMACM_DEV_PACKAGE}"
         )));
     }
-    crate::host::apt_install(&[VERBS_DEV_PACKAGE])?;
+    crate::host::apt_install(&[VERBS_DEV_PACKAGE, RDMACM_DEV_PACKAGE])?;
     if !verbs_dev_present() {
         return Err(Error::Prerequisite(format!(
-            "libibverbs headers still missing after installing {VERBS_DEV_PACKAGE}"
+            "verbs headers still missing after installing {VERBS_DEV_PACKAGE} and \
+             {RDMACM_DEV_PACKAGE}"
         )));
     }
     Ok(())

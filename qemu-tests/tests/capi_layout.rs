@@ -52,6 +52,7 @@ macro_rules! layouts {
             )*
             format!(
                 "#include <stddef.h>\n#include <stdio.h>\n#include <infiniband/verbs.h>\n\
+                 #include <rdma/rdma_cma.h>\n\
                  int main(void)\n{{\n{body}\treturn 0;\n}}\n"
             )
         }
@@ -157,6 +158,25 @@ layouts! {
     }
     union ibv_gid { raw, global }
     struct ibv_gid_entry { gid, gid_index, port_num, gid_type, ndev_ifindex }
+    struct rdma_event_channel { fd }
+    struct rdma_ib_addr { sgid, dgid, pkey }
+    struct rdma_addr { addr }
+    struct rdma_route { addr, path_rec, num_paths }
+    struct rdma_cm_id {
+        verbs, channel, context, qp, route, ps, port_num, event, send_cq_channel, send_cq,
+        recv_cq_channel, recv_cq, srq, pd, qp_type
+    }
+    struct rdma_conn_param {
+        private_data, private_data_len, responder_resources, initiator_depth, flow_control,
+        retry_count, rnr_retry_count, srq, qp_num
+    }
+    struct rdma_ud_param { private_data, private_data_len, ah_attr, qp_num, qkey }
+    struct rdma_cm_event { id, listen_id, event, status, param }
+    struct rdma_addrinfo {
+        ai_flags, ai_family, ai_qp_type, ai_port_space, ai_src_len, ai_dst_len, ai_src_addr,
+        ai_dst_addr, ai_src_canonname, ai_dst_canonname, ai_route_len, ai_route,
+        ai_connect_len, ai_connect, ai_next
+    }
 }
 
 /// Builds and runs the C program; `None` (skip) when the headers or compiler are missing.
@@ -231,4 +251,7 @@ fn bindings_match_the_system_headers() {
     assert_eq!(get("ibv_context.abi_compat"), Some(320));
     assert_eq!(get("ibv_context_ops.post_send"), Some(200));
     assert_eq!(get("sizeof ibv_wc"), Some(48));
+    assert_eq!(get("sizeof rdma_cm_id"), Some(416));
+    assert_eq!(get("rdma_cm_id.qp_type"), Some(408));
+    assert_eq!(get("sizeof rdma_cm_event"), Some(80));
 }
