@@ -15,9 +15,7 @@ use std::time::{Duration, Instant};
 use log::{debug, warn};
 use vrdma_spec::config::CONFIG_SIZE;
 use vrdma_spec::control::{ControlRequest, ControlResponse, Opcode, HEADER_SIZE};
-use vrdma_spec::features::{
-    DEVICE_SPECIFIC_MASK, VIRTIO_F_RING_EVENT_IDX, VRDMA_F_ALL, VRDMA_F_CM,
-};
+use vrdma_spec::features::{DEVICE_SPECIFIC_MASK, VIRTIO_F_RING_EVENT_IDX, VRDMA_F_ALL};
 use vrdma_spec::queue::{CONTROLQ, DOORBELLQ, EVENTQ, NUM_QUEUES};
 use vrdma_spec::DeviceConfig;
 
@@ -50,8 +48,8 @@ impl Default for PciOptions {
         PciOptions {
             queue_size: 256,
             command_timeout: Duration::from_secs(30),
-            // Every defined bit this library implements: not yet the connection manager.
-            device_features: VRDMA_F_ALL & !VRDMA_F_CM,
+            // Every defined bit: this library implements them all.
+            device_features: VRDMA_F_ALL,
             event_buffers: 64,
             event_buffer_size: 64,
         }
