@@ -205,10 +205,7 @@ fn a_connect_nobody_listens_for_is_rejected_with_the_reason() {
     let fake = fake_with_cm();
     let client = TestGuest::new(&fake, test_options(), FEATURES);
     let id = create_id(&client, RC);
-    assert_eq!(resolve_addr(&client, id, None, "[fe80::1%2]:9"), Status::Ok);
-    expect_cm_event(&client, cm_event::ADDR_RESOLVED);
-    assert_eq!(resolve_route(&client, id), Status::Ok);
-    expect_cm_event(&client, cm_event::ROUTE_RESOLVED);
+    resolve(&client, id, "[fe80::1%2]:9");
     let (qp, _) = rc_qp(&client);
     assert_eq!(connect(&client, id, qp, b""), Status::Ok);
     let e = next_cm_event(&client);
@@ -321,13 +318,7 @@ fn requests_over_the_backlog_are_rejected_and_destroy_and_discard_release_ids() 
     let mut outcomes = Vec::new();
     for _ in 0..2 {
         let id = create_id(&client, RC);
-        assert_eq!(
-            resolve_addr(&client, id, None, &format!("[fe80::1%1]:{PORT}")),
-            Status::Ok
-        );
-        expect_cm_event(&client, cm_event::ADDR_RESOLVED);
-        assert_eq!(resolve_route(&client, id), Status::Ok);
-        expect_cm_event(&client, cm_event::ROUTE_RESOLVED);
+        resolve(&client, id, &format!("[fe80::1%1]:{PORT}"));
         let (qp, _) = rc_qp(&client);
         assert_eq!(connect(&client, id, qp, b""), Status::Ok);
         // The server's device pumps; the first request waits in the backlog of 1.
@@ -407,13 +398,7 @@ fn only_an_active_id_establishes_without_a_qp_and_the_host_guest_binds_only_the_
         Status::BadState,
         "no request sent"
     );
-    assert_eq!(
-        resolve_addr(&client, id, None, "[fe80::1%1]:7000"),
-        Status::Ok
-    );
-    expect_cm_event(&client, cm_event::ADDR_RESOLVED);
-    assert_eq!(resolve_route(&client, id), Status::Ok);
-    expect_cm_event(&client, cm_event::ROUTE_RESOLVED);
+    resolve(&client, id, "[fe80::1%1]:7000");
     let (qp, _) = rc_qp(&client);
     assert_eq!(connect(&client, id, qp, b""), Status::Ok);
     let conn = expect_cm_event(&server, cm_event::CONNECT_REQUEST).id.get();
@@ -433,13 +418,7 @@ fn a_request_destroyed_before_delivery_gives_its_backlog_slot_back() {
     let (qp, _) = rc_qp(&client);
     let connect_once = || {
         let id = create_id(&client, RC);
-        assert_eq!(
-            resolve_addr(&client, id, None, "[fe80::1%1]:7001"),
-            Status::Ok
-        );
-        expect_cm_event(&client, cm_event::ADDR_RESOLVED);
-        assert_eq!(resolve_route(&client, id), Status::Ok);
-        expect_cm_event(&client, cm_event::ROUTE_RESOLVED);
+        resolve(&client, id, "[fe80::1%1]:7001");
         assert_eq!(connect(&client, id, qp, b""), Status::Ok);
         server
             .dev()

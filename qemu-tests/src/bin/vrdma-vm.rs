@@ -177,6 +177,9 @@ enum GuestCmd {
         /// End the first boot with a reboot with a live application.
         #[arg(long)]
         reboot: bool,
+        /// The rxe VM's link-local address (the native rping server).
+        #[arg(long)]
+        rping_server: String,
     },
     /// The benchmarks; results go to $VRDMA_RESULT_DIR/bench.json.
     Bench(bench::GuestArgs),
@@ -286,7 +289,8 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
                 library_dir,
                 iters,
                 reboot,
-            } => real_guest::guest_inside(library_dir, iters, reboot)?,
+                rping_server,
+            } => real_guest::guest_inside(library_dir, iters, reboot, rping_server)?,
             GuestCmd::Bench(args) => cli::bench::guest(&args)?,
         },
     }

@@ -63,6 +63,11 @@ pub fn test(vm_args: &VmArgs, json: Option<PathBuf>, reboot: bool) -> Result<()>
         report.first_boot.pingpong.trim_end()
     );
     println!(
+        "\nunmodified rping -V over the drop-in librdmacm against a native rping: {} pings \
+         verified",
+        report.first_boot.rping_pings
+    );
+    println!(
         "\nbypass: backend stopped (SIGSTOP); {} messages per op and size written and sent into \
          the guest and verified there",
         report.first_boot.bypass_messages
@@ -106,7 +111,12 @@ pub fn guest(native: PathBuf, root_dir: PathBuf, library_dir: PathBuf, reboot: b
 }
 
 /// `vrdma-vm guest real-guest-inside`: inside the nested guest, this boot's part of the suite.
-pub fn guest_inside(library_dir: PathBuf, iters: u32, reboot: bool) -> Result<()> {
+pub fn guest_inside(
+    library_dir: PathBuf,
+    iters: u32,
+    reboot: bool,
+    rping_server: String,
+) -> Result<()> {
     let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
     let result_dir = std::env::var_os("VRDMA_RESULT_DIR")
         .ok_or_else(|| Error::Usage("VRDMA_RESULT_DIR is not set".into()))?;
@@ -116,6 +126,7 @@ pub fn guest_inside(library_dir: PathBuf, iters: u32, reboot: bool) -> Result<()
             .unwrap_or(Path::new("."))
             .join("vrdma-pingpong"),
         library_dir,
+        rping_server,
         result_dir: result_dir.into(),
     };
     real_guest::guest::run(&paths, iters, reboot)

@@ -12,3 +12,21 @@ pub mod readme_qemu;
 pub mod real_guest;
 pub mod tenants;
 pub mod verbs_utils;
+
+/// A fixed-width table of program runs between a server and a client: the program (in a
+/// column of `width`), each side's label and the client's report.
+pub fn pairing_table<'a>(
+    width: usize,
+    runs: impl IntoIterator<Item = (&'a str, &'a str, &'a str, String)>,
+) -> String {
+    let mut out = format!(
+        "{:<width$} {:<7} {:<7} {}\n",
+        "program", "server", "client", "client's report"
+    );
+    for (program, server, client, report) in runs {
+        out.push_str(&format!(
+            "{program:<width$} {server:<7} {client:<7} {report}\n"
+        ));
+    }
+    out
+}

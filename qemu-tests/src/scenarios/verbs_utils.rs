@@ -218,20 +218,17 @@ pub fn report(program: &Program, output: &str) -> std::result::Result<Vec<String
 
 /// A fixed-width table of the runs.
 pub fn render_table(runs: &[Run]) -> String {
-    let mut out = format!(
-        "{:<44} {:<7} {:<7} {}\n",
-        "program", "server", "client", "client's report"
-    );
-    for run in runs {
-        out.push_str(&format!(
-            "{:<44} {:<7} {:<7} {}\n",
-            run.program,
-            run.server,
-            run.client,
-            run.client_report.join("; ")
-        ));
-    }
-    out
+    super::pairing_table(
+        44,
+        runs.iter().map(|r| {
+            (
+                r.program.as_str(),
+                r.server.as_str(),
+                r.client.as_str(),
+                r.client_report.join("; "),
+            )
+        }),
+    )
 }
 
 #[cfg(test)]

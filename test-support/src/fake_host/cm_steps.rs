@@ -207,3 +207,16 @@ pub fn expect_cm_event(guest: &TestGuest, event: u32) -> CmEventResp {
     );
     e
 }
+
+/// Resolves `id`'s address (the device picks the source) and route to `dst`, waiting for
+/// both events, as an active side does before it connects.
+pub fn resolve(guest: &TestGuest, id: u32, dst: &str) {
+    assert_eq!(
+        resolve_addr(guest, id, None, dst),
+        Status::Ok,
+        "CM_RESOLVE_ADDR"
+    );
+    expect_cm_event(guest, cm_event::ADDR_RESOLVED);
+    assert_eq!(resolve_route(guest, id), Status::Ok, "CM_RESOLVE_ROUTE");
+    expect_cm_event(guest, cm_event::ROUTE_RESOLVED);
+}

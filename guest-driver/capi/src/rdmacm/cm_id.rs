@@ -45,6 +45,7 @@ pub(crate) struct CmIdPriv {
     pub(crate) acked: Condvar,
 }
 
+/// The mutable part of an id's bookkeeping.
 #[derive(Default)]
 pub(crate) struct IdState {
     /// Events of the id handed to the application, and how many it acknowledged.
@@ -96,6 +97,7 @@ pub(crate) fn port_space(ps: rdma_port_space) -> Option<(PortSpace, ibv_qp_type)
     }
 }
 
+/// A new id of the device's id `cm`: its `rdma_cm_id` filled from `like` (the listener of a
 /// connect request) or the device, routed to `channel` (`None`: a channel of its own).
 pub(crate) fn new_id(
     cm: CmId,
@@ -153,6 +155,9 @@ pub(crate) fn device_rd_atomic(ibv: *mut ibv_context) -> (u8, u8) {
     )
 }
 
+/// Refreshes `id->route.addr` from the device (CM_QUERY_ADDR).
+///
+/// # Safety
 /// `id` is a live id of this library.
 pub(crate) unsafe fn refresh_addresses(id: *mut rdma_cm_id) {
     // SAFETY: caller contract.
@@ -165,6 +170,9 @@ pub(crate) unsafe fn refresh_addresses(id: *mut rdma_cm_id) {
     }
 }
 
+/// Writes the id's addresses (and the GIDs of `route.addr.addr.ibaddr`).
+///
+/// # Safety
 /// `id` is a live id of this library.
 pub(crate) unsafe fn set_addresses(
     id: *mut rdma_cm_id,
@@ -198,12 +206,19 @@ pub(crate) unsafe fn set_addresses(
     ib.pkey = 0xffff_u16.to_be();
 }
 
+/// The QP of the id, as this library's QP; `EINVAL` if the id has none.
+///
+/// # Safety
 /// `id` is a live id of this library.
 pub(crate) unsafe fn id_qp<'a>(id: *mut rdma_cm_id) -> Option<&'a VrdmaQp> {
     // SAFETY: caller contract; the QP is this library's and lives while the id has it.
     unsafe { VrdmaQp::from_ptr((*id).qp) }
 }
 
+/// Moves the id's QP to `state` with the attributes the device computes; RTR and RTS take
+/// the id's responder resources and initiator depth (librdmacm's `ucma_modify_qp_rtr/rts`).
+///
+/// # Safety
 /// `id` is a live id of this library.
 pub(crate) unsafe fn modify_qp(id: *mut rdma_cm_id, state: QpState) -> Result<(), c_int> {
     // SAFETY: caller contract.
@@ -225,6 +240,9 @@ pub(crate) unsafe fn modify_qp(id: *mut rdma_cm_id, state: QpState) -> Result<()
     Ok(())
 }
 
+/// Moves the id's QP to the error state (after a reject, before a disconnect).
+///
+/// # Safety
 /// `id` is a live id of this library.
 pub(crate) unsafe fn qp_to_error(id: *mut rdma_cm_id) {
     // SAFETY: caller contract.

@@ -235,6 +235,9 @@ pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
     })
 }
 
+/// Acknowledges the event a synchronous operation left in `id->event`.
+///
+/// # Safety
 /// `id` is a live id of this library.
 pub(crate) unsafe fn ack_pending(id: *mut rdma_cm_id) {
     // SAFETY: caller contract.
@@ -245,6 +248,10 @@ pub(crate) unsafe fn ack_pending(id: *mut rdma_cm_id) {
     }
 }
 
+/// For a synchronous id: waits for the operation's event and leaves it in `id->event`; an
+/// error status becomes the errno (`ucma_complete`). Asynchronous ids: nothing to do.
+///
+/// # Safety
 /// `id` is a live id of this library.
 pub(crate) unsafe fn complete(id: *mut rdma_cm_id) -> c_int {
     // SAFETY: caller contract.

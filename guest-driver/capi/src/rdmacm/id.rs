@@ -95,13 +95,6 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     })
 }
 
-/// Acknowledges the event a synchronous operation left in `id->event`.
-///
-/// # Safety
-/// For a synchronous id: waits for the operation's event and leaves it in `id->event`; an
-/// error status becomes the errno (`ucma_complete`). Asynchronous ids: nothing to do.
-///
-/// # Safety
 /// Runs a command on the id behind `id`: 0, or -1 with errno.
 ///
 /// # Safety
@@ -117,12 +110,6 @@ unsafe fn run(id: *mut rdma_cm_id, f: impl FnOnce(&CmId) -> Result<(), VerbsErro
     }
 }
 
-/// Refreshes `id->route.addr` from the device (CM_QUERY_ADDR).
-///
-/// # Safety
-/// Writes the id's addresses (and the GIDs of `route.addr.addr.ibaddr`).
-///
-/// # Safety
 /// `rdma_bind_addr`.
 ///
 /// # Safety
@@ -206,9 +193,6 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_i
     })
 }
 
-/// The QP of the id, as this library's QP; `EINVAL` if the id has none.
-///
-/// # Safety
 /// Applies the application's connection parameters to the id's (librdmacm's
 /// `ucma_valid_param` and defaults): `RDMA_MAX_RESP_RES`/`RDMA_MAX_INIT_DEPTH` mean the
 /// device's most, larger values are `EINVAL`.
@@ -251,6 +235,28 @@ unsafe fn private_data(param: Option<&rdma_conn_param>) -> &[u8] {
     }
 }
 
+/// The application's connection parameters in the device's terms (librdmacm's defaults
+/// without them).
+///
+/// # Safety
+/// `param` is NULL or its `private_data` is readable for `private_data_len` bytes.
+unsafe fn wire_param<'a>(
+    p: &CmIdPriv,
+    param: Option<&'a rdma_conn_param>,
+) -> Result<ConnParam<'a>, c_int> {
+    let (responder_resources, initiator_depth, retry_count, rnr_retry_count) =
+        take_param(p, param)?;
+    Ok(ConnParam {
+        // SAFETY: caller contract.
+        private_data: unsafe { private_data(param) },
+        responder_resources,
+        initiator_depth,
+        flow_control: param.map_or(1, |c| c.flow_control),
+        retry_count,
+        rnr_retry_count,
+    })
+}
+
 /// `rdma_connect`: the id's QP goes to the peer (an id needs one: this library cannot name
 /// a QP by number alone).
 ///
@@ -270,19 +276,10 @@ pub unsafe extern "C" fn rdma_connect(
             log::warn!("vrdma: rdma_connect needs the id's QP (rdma_create_qp)");
             return fail(libc::EINVAL);
         };
-        let (responder_resources, initiator_depth, retry_count, rnr_retry_count) =
-            match take_param(p, param) {
-                Ok(v) => v,
-                Err(errno) => return fail(errno),
-            };
-        let wire = ConnParam {
-            // SAFETY: caller contract.
-            private_data: unsafe { private_data(param) },
-            responder_resources,
-            initiator_depth,
-            flow_control: param.map_or(1, |c| c.flow_control),
-            retry_count,
-            rnr_retry_count,
+        // SAFETY: caller contract.
+        let wire = match unsafe { wire_param(p, param) } {
+            Ok(wire) => wire,
+            Err(errno) => return fail(errno),
         };
         if let Err(errno) = p.with_cm(|cm| cm.connect(&qp.qp, &wire)) {
             return fail(errno);
@@ -292,13 +289,6 @@ pub unsafe extern "C" fn rdma_connect(
     })
 }
 
-/// Moves the id's QP to `state` with the attributes the device computes; RTR and RTS take
-/// the id's responder resources and initiator depth (librdmacm's `ucma_modify_qp_rtr/rts`).
-///
-/// # Safety
-/// Moves the id's QP to the error state (after a reject, before a disconnect).
-///
-/// # Safety
 /// `rdma_accept`: moves an RC QP to RTS first, then accepts.
 ///
 /// # Safety
@@ -312,11 +302,11 @@ pub unsafe extern "C" fn rdma_accept(
         let (Some(p), param) = (unsafe { (CmIdPriv::of(id), conn_param.as_ref()) }) else {
             return fail(libc::EINVAL);
         };
-        let (responder_resources, initiator_depth, retry_count, rnr_retry_count) =
-            match take_param(p, param) {
-                Ok(v) => v,
-                Err(errno) => return fail(errno),
-            };
+        // SAFETY: caller contract.
+        let wire = match unsafe { wire_param(p, param) } {
+            Ok(wire) => wire,
+            Err(errno) => return fail(errno),
+        };
         // SAFETY: caller contract.
         let qp = unsafe { id_qp(id) };
         if qp.is_some() && p.id.qp_type == ibv_qp_type_IBV_QPT_RC {
@@ -329,15 +319,6 @@ pub unsafe extern "C" fn rdma_accept(
                 }
             }
         }
-        let wire = ConnParam {
-            // SAFETY: caller contract.
-            private_data: unsafe { private_data(param) },
-            responder_resources,
-            initiator_depth,
-            flow_control: param.map_or(1, |c| c.flow_control),
-            retry_count,
-            rnr_retry_count,
-        };
         if let Err(errno) = p.with_cm(|cm| cm.accept(qp.map(|q| &q.qp), &wire)) {
             // SAFETY: caller contract.
             unsafe { qp_to_error(id) };

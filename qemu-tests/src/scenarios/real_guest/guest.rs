@@ -29,6 +29,8 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(900);
 pub struct GuestPaths {
     pub pingpong: PathBuf,
     pub library_dir: PathBuf,
+    /// The rxe VM's link-local address, where the native rping server listens.
+    pub rping_server: String,
     /// Where results go (`$VRDMA_RESULT_DIR`, kept across the reboot).
     pub result_dir: PathBuf,
 }
@@ -80,6 +82,7 @@ fn first_boot(
         ..Default::default()
     };
     println!("{}", record.pingpong);
+    record.rping_pings = phases.time("rping", || rping_client(paths))?;
     for (case, link) in PERFTEST {
         let name = format!("{} {}", case.tool.command(), case.size);
         phases.time(&name, || perftest_server(&paths.library_dir, case, *link))?;
@@ -130,6 +133,28 @@ fn second_boot(paths: &GuestPaths, control: &mut ControlClient, iters: u32) -> R
         pingpong,
     };
     write_json(&paths.result_dir.join(SECOND_BOOT_FILE), &record)
+}
+
+/// Unmodified rping over the drop-in librdmacm against the native server: the pings it
+/// printed (rping checks each one with `-V` and fails on a mismatch).
+fn rping_client(paths: &GuestPaths) -> Result<u32> {
+    // The guest has no interface of the rxe VM's: any scope does for a link-local address,
+    // the device scopes it to its host netdev (spec §7.5).
+    let server = format!("{}%1", paths.rping_server);
+    let mut client = Proc::spawn(
+        "rping-client",
+        Command::new("rping")
+            .args(["-c", "-a", &server, "-p", &RPING_PORT.to_string()])
+            .args(["-C", &RPING_COUNT.to_string(), "-S", "200", "-V", "-v"])
+            .env("LD_LIBRARY_PATH", &paths.library_dir),
+    )?;
+    client.wait_success(STEP_TIMEOUT)?;
+    let output = client.output();
+    let pings = output.matches("ping data: rdma-ping-").count() as u32;
+    if pings != RPING_COUNT {
+        return Err(client.failure(&format!("{pings} pings, not {RPING_COUNT}")));
+    }
+    Ok(pings)
 }
 
 /// `ibv_devinfo` over the drop-in: it must list vrdma0 with an active port.

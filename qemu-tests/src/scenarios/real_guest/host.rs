@@ -71,6 +71,13 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
     } else {
         None
     };
+    let rping_address = crate::scenarios::rdmacm_utils::link_local_address()?;
+    let mut rping_server = Proc::spawn(
+        "native-rping-server",
+        Command::new("rping")
+            .args(["-s", "-a", &rping_address, "-p", &RPING_PORT.to_string()])
+            .args(["-C", &RPING_COUNT.to_string(), "-S", "200", "-V", "-v"]),
+    )?;
     let bypass_listener = relay::listen_loopback(BYPASS.tcp)?;
     let bypass_client = Proc::spawn(
         "native-bypass-client",
@@ -100,6 +107,12 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
         settings.library_dir.to_string_lossy().into_owned(),
         "--iters".into(),
         settings.iters.to_string(),
+        "--rping-server".into(),
+        rping_address
+            .split('%')
+            .next()
+            .unwrap_or_default()
+            .to_string(),
     ];
     if settings.reboot {
         command.push("--reboot".into());
@@ -198,6 +211,7 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
     // The guest's peers must have finished cleanly, their data verified; the perftest
     // clients' results are the guest's rows.
     pingpong_server.wait_success(Duration::from_secs(60))?;
+    rping_server.wait_success(Duration::from_secs(60))?;
     let mut guest_rows = Vec::new();
     for ((case, _), client) in PERFTEST.iter().zip(&mut perftest_clients) {
         client.wait_success(Duration::from_secs(60))?;

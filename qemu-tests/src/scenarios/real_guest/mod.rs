@@ -8,6 +8,8 @@
 //!   clock is steady. The guest still sends half of every `ib_send_lat` exchange, and
 //!   `ib_write_bw`'s payload lands in its registered pages;
 //! - `vrdma-pingpong --pci`, every byte verified;
+//! - unmodified `rping -V` over the drop-in librdmacm (the connection set up by the device's
+//!   connection manager, no TCP at all) against a native rping server;
 //! - the bypass proof: the backend stopped (SIGSTOP) while a native peer writes and sends into
 //!   the guest, which verifies every message;
 //! - a reboot (`reboot -f`) with a live RDMA application (QPs, MRs, mappings): QEMU must stay
@@ -110,6 +112,10 @@ pub fn links() -> Vec<Link> {
     links
 }
 
+/// rping's server port on the rxe VM, and the pings (each checked with `-V`).
+pub const RPING_PORT: u16 = 7600;
+pub const RPING_COUNT: u32 = 10;
+
 /// Operations and sizes of the verified ping-pong.
 pub const PINGPONG_OPS: &str = "send,send_imm,write,write_imm,read";
 pub const PINGPONG_SIZES: &str = "1,64,4096,65536";
@@ -169,6 +175,9 @@ pub struct FirstBoot {
     pub pingpong: String,
     /// Messages per op and size verified with the backend stopped.
     pub bypass_messages: u32,
+    /// The pings unmodified `rping -V` in the guest printed, each one checked by rping.
+    #[serde(default)]
+    pub rping_pings: u32,
 }
 
 /// What the boot after the reboot left.
