@@ -36,6 +36,11 @@ fn tenants_keep_their_addresses_and_a_hostile_one_hurts_nobody() {
             other => panic!("unexpected side {other}: {r:?}"),
         }
     }
+    // The connection manager between tenants: rping -V from the peer to the victim's address
+    // (the device bound the victim's listener there); the attacker's bind of it refused.
+    assert_eq!(r.cm_runs.len(), 1, "{r:?}");
+    assert!(!r.cm_runs[0].client_report.is_empty(), "{r:?}");
+    assert!(r.cm_foreign_bind.contains("rdma_bind_addr"), "{r:?}");
     // Every attack was tried, every attempt refused, and every legitimate control passed.
     let tried: Vec<Attack> = r.attacks.iter().filter_map(|a| a.attack).collect();
     assert_eq!(tried.len(), 13, "{r:?}");

@@ -211,8 +211,9 @@ fn command(line: &str, side: &Side, args: &[String]) -> Command {
     cmd
 }
 
-/// Runs `program` between `server` and `client` on `port`.
-fn run_pair(
+/// Runs `program` between `server` and `client` on `port`, the server listening on `address`
+/// (an address with its scope, as the programs take it).
+pub fn run_pair(
     program: &Program,
     server: &Side,
     client: &Side,

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::rdmacm_utils;
 use super::verbs_utils::{self, Run, PROGRAMS};
 use crate::error::{Error, Result};
 use crate::inside::{resource_counts, wait_for_counts, wait_for_path, Proc, DEVICE};
@@ -66,6 +67,14 @@ pub struct Results {
     pub announced_gids: Vec<(String, String)>,
     /// Unmodified example programs between tenants and with a native peer.
     pub identity_runs: Vec<Run>,
+    /// Unmodified rping -V between two tenants through the device's connection manager, the
+    /// server on the victim's address.
+    #[serde(default)]
+    pub cm_runs: Vec<rdmacm_utils::Run>,
+    /// The attacker's rping server binding the victim's address was refused, and what it
+    /// printed.
+    #[serde(default)]
+    pub cm_foreign_bind: String,
     /// Every attack, as `vrdma-hostile` reported it.
     pub attacks: Vec<Outcome>,
     /// Verified ping-pongs of the well-behaved tenants, all passed; and how many of them
@@ -170,8 +179,8 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Results> {
             return Err(backend.failure(&e.to_string()));
         }
     }
-    let netdev = netdev_addresses()?;
-    println!("== rxe0's netdev: {netdev:?}");
+    let netdev_list = netdev_addresses()?;
+    println!("== rxe0's netdev: {netdev_list:?}");
 
     // Traffic between identities, with unmodified programs.
     let side = |t: &Tenant| Side {
@@ -197,6 +206,24 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Results> {
         );
         identity_runs.push(verbs_utils::run_pair(program, &server, &client)?);
     }
+    // The connection manager between tenants: the victim listens on its own address, the
+    // peer connects; the attacker may not bind the victim's address.
+    let netdev = rdmacm_utils::link_local_address()?
+        .split('%')
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    let victim_address = format!("{}%{netdev}", VICTIM.address);
+    let rping = &rdmacm_utils::PROGRAMS[0];
+    println!("== rping between tenants: server victim, client peer");
+    let cm_runs = vec![rdmacm_utils::run_pair(
+        rping,
+        &side(&VICTIM),
+        &side(&PEER),
+        &victim_address,
+        7700,
+    )?];
+    let cm_foreign_bind = foreign_bind(&side(&ATTACKER), &victim_address)?;
     let announced_gids = identity_runs
         .iter()
         .flat_map(|run| {
@@ -251,9 +278,11 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Results> {
     let addresses_after_stop = netdev_addresses()?;
     let rxe_idle_after_stop = wait_for_counts(DEVICE, idle, Duration::from_secs(60)).is_ok();
     Ok(Results {
-        netdev_addresses: netdev,
+        netdev_addresses: netdev_list,
         announced_gids,
         identity_runs,
+        cm_runs,
+        cm_foreign_bind,
         attacks,
         victim_rounds,
         victim_rounds_during_attacks,
@@ -262,6 +291,33 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Results> {
         addresses_after_stop,
         rxe_idle_after_stop,
     })
+}
+
+/// An rping server of `side` on `address` (another tenant's): it must fail to bind, without
+/// listening; returns what it printed.
+fn foreign_bind(side: &Side, address: &str) -> Result<String> {
+    let mut server = Proc::spawn(
+        "rping-foreign-bind",
+        Command::new("rping")
+            .args(["-s", "-a", address, "-p", "7701", "-C", "1"])
+            .env_remove("VRDMA_SOCKET")
+            .envs(side.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = server.try_wait()? {
+            break status;
+        }
+        if Instant::now() > deadline {
+            return Err(server.failure("still running: it may be listening on another's address"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let output = server.output();
+    if status.success() || !output.contains("rdma_bind_addr") {
+        return Err(server.failure(&format!("was not refused its bind ({status})")));
+    }
+    Ok(output.trim().to_string())
 }
 
 /// Verified ping-pongs between the victim (client) and the peer (server) until `stop`, then
