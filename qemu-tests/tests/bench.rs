@@ -4,7 +4,7 @@
 
 mod common;
 
-use vrdma_qemu_tests::bench::{self, matrix, scale, Results, Settings};
+use vrdma_qemu_tests::bench::{self, cm_setup, matrix, scale, Results, Settings};
 
 /// `vrdma / native` as the bench computes it, to a rounding error.
 fn assert_ratio(ratio: f64, vrdma: f64, native: f64, what: &str) {
@@ -76,6 +76,22 @@ fn quick_bench_measures_every_row_on_both_sides() {
         };
         assert_eq!(row.native.n, reps as usize, "{}", row.op);
         assert_eq!(row.vrdma.n, reps as usize, "{}", row.op);
+    }
+
+    // Connection setup through rdma_cm: every step of cmtime and the rate, on both sides.
+    let steps: Vec<&str> = results.cm_setup.iter().map(|r| r.step.as_str()).collect();
+    let mut expected: Vec<&str> = cm_setup::STEPS.to_vec();
+    expected.push(cm_setup::RATE);
+    assert_eq!(steps, expected);
+    for row in &results.cm_setup {
+        assert_ratio(row.ratio, row.vrdma.median, row.native.median, &row.step);
+        let rounds = results.plan.cm_setup.rounds as usize;
+        assert_eq!(
+            (row.native.n, row.vrdma.n),
+            (rounds, rounds),
+            "{}",
+            row.step
+        );
     }
 
     let points: Vec<_> = results.scale.iter().map(|r| (r.guests, r.qps)).collect();

@@ -7,6 +7,8 @@
 //! * [`control`]: CQ and QP creation and destruction, QP transitions to RTS and MR
 //!   registration per GiB, through vrdma's verbs API (`vrdma-ctlbench`) and natively
 //!   (`native/ctlbench.c`);
+//! * [`cm_setup`]: connection setup through rdma_cm (Debian's `cmtime`), both sides native
+//!   and both over vrdma's drop-in `librdmacm.so.1`;
 //! * [`scale`]: the cost of one send (WQE and doorbell) with 1 to 1024 QPs in a guest and with
 //!   8 guests on one backend.
 //!
@@ -15,6 +17,7 @@
 //! ([`run_in_guest`]) inside. Under TCG absolute times mean little; the ratios from one run
 //! are what count.
 
+pub mod cm_setup;
 pub mod control;
 pub mod ctlbench;
 pub mod machine;
@@ -69,6 +72,7 @@ pub struct Plan {
     pub quick: bool,
     pub perftest: Vec<Case>,
     pub control: ControlPlan,
+    pub cm_setup: cm_setup::CmSetupPlan,
     pub scale: Vec<scale::ScaleConfig>,
     /// Timed messages of each scale guest.
     pub scale_messages: u32,
@@ -94,6 +98,10 @@ impl Plan {
                     mr_reps: 3,
                 }
             },
+            cm_setup: cm_setup::CmSetupPlan {
+                connections: if quick { 20 } else { 100 },
+                rounds: if quick { 1 } else { settings.rounds },
+            },
             scale: scale::configs(quick),
             scale_messages: if quick { 400 } else { 4000 },
         }
@@ -109,6 +117,9 @@ pub struct GuestArgs {
     /// The native control-path bench (built on the host).
     #[arg(long)]
     pub native_ctlbench: PathBuf,
+    /// Debian 12's `cmtime` (copied from the host).
+    #[arg(long)]
+    pub cmtime: PathBuf,
     #[command(flatten)]
     pub settings: Settings,
 }
@@ -120,6 +131,7 @@ pub struct GuestResults {
     pub plan: Plan,
     pub perftest: Vec<matrix::MatrixRow>,
     pub control: Vec<control::ControlRow>,
+    pub cm_setup: Vec<cm_setup::CmSetupRow>,
     pub scale: Vec<scale::ScaleRow>,
     /// Seconds the measurements took inside the VM.
     pub elapsed_s: f64,
@@ -132,6 +144,7 @@ pub struct Results {
     pub plan: Plan,
     pub perftest: Vec<matrix::MatrixRow>,
     pub control: Vec<control::ControlRow>,
+    pub cm_setup: Vec<cm_setup::CmSetupRow>,
     pub scale: Vec<scale::ScaleRow>,
     /// Seconds the measurements took inside the VM.
     pub bench_s: f64,
@@ -158,7 +171,10 @@ pub fn run_on_host(
         .canonicalize()
         .context(|| format!("locating {}", dropin.display()))?;
     let library_dir = prepare_library_dir(&target, &dropin)?;
+    let cmtime = cm_setup::host_cmtime(&target)?;
     let mut args = vec![
+        "--cmtime".into(),
+        cmtime.to_string_lossy().into_owned(),
         "--library-dir".into(),
         library_dir.to_string_lossy().into_owned(),
         "--native-ctlbench".into(),
@@ -171,6 +187,7 @@ pub fn run_on_host(
         plan: guest.plan,
         perftest: guest.perftest,
         control: guest.control,
+        cm_setup: guest.cm_setup,
         scale: guest.scale,
         bench_s: guest.elapsed_s,
         vm_s: outcome.elapsed.as_secs_f64(),
@@ -196,7 +213,12 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
         vrdma: bin_dir.join("vrdma-ctlbench"),
         device: DEVICE.into(),
     };
-    for program in [&backend_binary, &programs.vrdma, &programs.native] {
+    for program in [
+        &backend_binary,
+        &programs.vrdma,
+        &programs.native,
+        &args.cmtime,
+    ] {
         if !program.is_file() {
             return Err(Error::Usage(format!(
                 "{} is missing: build the workspace first",
@@ -210,6 +232,7 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
     let vrdma = Side::over_dropin(&backend.socket, &args.library_dir);
     let perftest = matrix::run(&plan.perftest, plan.rounds, &native, &vrdma)?;
     let control = control::run(&programs, &backend.socket, &plan.control)?;
+    let cm_setup = cm_setup::run(&args.cmtime, &plan.cm_setup, &native, &vrdma)?;
     check_alive(&mut backend)?;
     drop(backend);
 
@@ -227,6 +250,7 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
         plan,
         perftest,
         control,
+        cm_setup,
         scale,
         elapsed_s: started.elapsed().as_secs_f64(),
     })

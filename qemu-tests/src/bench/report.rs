@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use super::cm_setup::CmSetupRow;
 use super::control::ControlRow;
 use super::matrix::MatrixRow;
 use super::scale::ScaleRow;
@@ -21,6 +22,7 @@ pub fn render(results: &Results) -> String {
         &results.plan,
         &results.perftest,
         &results.control,
+        &results.cm_setup,
         &results.scale,
     );
     out
@@ -34,6 +36,7 @@ pub fn render_guest(results: &GuestResults) -> String {
         &results.plan,
         &results.perftest,
         &results.control,
+        &results.cm_setup,
         &results.scale,
     );
     out
@@ -44,6 +47,7 @@ fn tables(
     plan: &Plan,
     perftest: &[MatrixRow],
     control: &[ControlRow],
+    cm_setup: &[CmSetupRow],
     scale: &[ScaleRow],
 ) {
     let _ = writeln!(
@@ -63,6 +67,14 @@ fn tables(
         plan.control.mr_reps
     );
     out.push_str(&control_table(control));
+    let _ = writeln!(
+        out,
+        "\nconnection setup through rdma_cm: Debian's cmtime, {} RC connections per run, both \
+         sides native vs both over vrdma's drop-in librdmacm (process transport); median of {} \
+         run(s). Steps in µs per connection; setup rate = connections / (create id … connect).",
+        plan.cm_setup.connections, plan.cm_setup.rounds
+    );
+    out.push_str(&cm_setup_table(cm_setup));
     let _ = writeln!(
         out,
         "\nscale: post_send of one 64 B RDMA WRITE (WQE + doorbell), round robin over the QPs, \
@@ -99,17 +111,51 @@ pub fn perftest_table(rows: &[MatrixRow]) -> String {
 
 /// The control path, one row per operation.
 pub fn control_table(rows: &[ControlRow]) -> String {
+    ratio_table(
+        "op",
+        rows.iter().map(|r| {
+            (
+                r.op.as_str(),
+                r.unit.as_str(),
+                r.native.median,
+                r.vrdma.median,
+                r.ratio,
+            )
+        }),
+    )
+}
+
+/// Connection setup, one row per step and the rate.
+pub fn cm_setup_table(rows: &[CmSetupRow]) -> String {
+    ratio_table(
+        "step",
+        rows.iter().map(|r| {
+            (
+                r.step.as_str(),
+                r.unit.as_str(),
+                r.native.median,
+                r.vrdma.median,
+                r.ratio,
+            )
+        }),
+    )
+}
+
+/// A table of (name, unit, native median, vrdma median, ratio) rows.
+fn ratio_table<'a>(
+    first: &str,
+    rows: impl Iterator<Item = (&'a str, &'a str, f64, f64, f64)>,
+) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
         "{:<20} {:>11} {:>10} {:>10} {:>8}",
-        "op", "unit", "native", "vrdma", "ratio"
+        first, "unit", "native", "vrdma", "ratio"
     );
-    for r in rows {
+    for (name, unit, native, vrdma, ratio) in rows {
         let _ = writeln!(
             out,
-            "{:<20} {:>11} {:>10.1} {:>10.1} {:>8.2}",
-            r.op, r.unit, r.native.median, r.vrdma.median, r.ratio
+            "{name:<20} {unit:>11} {native:>10.1} {vrdma:>10.1} {ratio:>8.2}"
         );
     }
     out

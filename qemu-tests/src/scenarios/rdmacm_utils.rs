@@ -201,7 +201,8 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Vec<Run>> {
     Ok(runs)
 }
 
-fn command(line: &str, side: &Side, args: &[String]) -> Command {
+/// `line` (a program and its first options) with `args`, in `side`'s environment.
+pub fn command(line: &str, side: &Side, args: &[String]) -> Command {
     let mut words = line.split_whitespace();
     let mut cmd = Command::new(words.next().expect("a program"));
     cmd.args(words)
@@ -257,7 +258,7 @@ pub fn run_pair(
 
 /// Waits until an rdma_cm id listens on `port` (the server may be vrdma's: its id is the
 /// backend's), failing if the server exits first or `timeout` passes.
-fn wait_cm_listening(server: &mut Proc, port: u16, timeout: Duration) -> Result<()> {
+pub fn wait_cm_listening(server: &mut Proc, port: u16, timeout: Duration) -> Result<()> {
     let deadline = std::time::Instant::now() + timeout;
     loop {
         let out = Command::new("rdma")
