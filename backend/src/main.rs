@@ -385,7 +385,9 @@ fn serve(
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .format_timestamp_micros()
+        .init();
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,

@@ -240,6 +240,9 @@ pub struct ResourceCounts {
     pub srq: u64,
     #[serde(default)]
     pub ctx: u64,
+    /// Connection-manager ids (the kernel's rdma_cm, on this device).
+    #[serde(default)]
+    pub cm_id: u64,
 }
 
 #[derive(Deserialize)]
@@ -340,7 +343,7 @@ mod tests {
 
     #[test]
     fn parses_rdma_json() {
-        let json = r#"[{"ifindex":0,"ifname":"rxe0","pd":1,"cq":1,"qp":1,"cm_id":0,"mr":0,"ctx":0,"srq":0}
+        let json = r#"[{"ifindex":0,"ifname":"rxe0","pd":1,"cq":1,"qp":1,"cm_id":2,"mr":0,"ctx":0,"srq":0}
 ]"#;
         let counts = parse_resource_counts(json, "rxe0").unwrap();
         assert_eq!(
@@ -351,7 +354,8 @@ mod tests {
                 qp: 1,
                 mr: 0,
                 srq: 0,
-                ctx: 0
+                ctx: 0,
+                cm_id: 2
             }
         );
         assert!(parse_resource_counts(json, "rxe1").is_err());

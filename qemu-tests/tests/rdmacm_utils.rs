@@ -2,13 +2,15 @@
 
 mod common;
 
-use vrdma_qemu_tests::scenarios::rdmacm_utils::{Run, PROGRAMS};
+use vrdma_qemu_tests::scenarios::rdmacm_backend_kill::DEVICE_REMOVAL;
+use vrdma_qemu_tests::scenarios::rdmacm_utils::{SuiteResults, PROGRAMS};
 
 #[test]
 fn rdmacm_examples_run_unmodified_over_vrdma() {
-    let Some(runs) = common::vrdma_vm_json::<Vec<Run>>(&["test", "rdmacm-utils"]) else {
+    let Some(results) = common::vrdma_vm_json::<SuiteResults>(&["test", "rdmacm-utils"]) else {
         return;
     };
+    let runs = &results.runs;
     let pairings = [("vrdma", "native"), ("native", "vrdma"), ("vrdma", "vrdma")];
     let expected: Vec<(String, &str, &str)> = PROGRAMS
         .iter()
@@ -22,7 +24,7 @@ fn rdmacm_examples_run_unmodified_over_vrdma() {
         .map(|r| (r.program.clone(), r.server.as_str(), r.client.as_str()))
         .collect();
     assert_eq!(got, expected);
-    for run in &runs {
+    for run in runs {
         let vrdma_sides = [&run.server, &run.client]
             .iter()
             .filter(|s| **s == "vrdma")
@@ -33,4 +35,36 @@ fn rdmacm_examples_run_unmodified_over_vrdma() {
             "{run:?}"
         );
     }
+
+    // The backend SIGKILLed with connections up: every rping ended (the scenario bounds the
+    // waits), the idle vrdma listener through the device-removal event, the vrdma sides of
+    // the connections with an error; the kernel released everything the backend held; a new
+    // backend on the same socket served a new connection.
+    let kill = &results.backend_kill;
+    let who: Vec<&str> = kill.endings.iter().map(|e| e.who.as_str()).collect();
+    assert_eq!(
+        who,
+        [
+            "native server",
+            "vrdma client",
+            "vrdma server",
+            "native client",
+            "vrdma listener"
+        ]
+    );
+    for ending in &kill.endings {
+        if ending.who.starts_with("vrdma") {
+            assert_ne!(ending.exit_code, Some(0), "{ending:?}");
+        }
+    }
+    let listener = kill.endings.last().unwrap();
+    assert!(
+        listener.saw_device_removal,
+        "{listener:?}: no {DEVICE_REMOVAL:?}"
+    );
+    assert!(
+        kill.connected.qp >= kill.before.qp + 4 && kill.connected.cm_id >= kill.before.cm_id + 5,
+        "{kill:?}: the connections were not up"
+    );
+    assert_eq!(kill.pings_after_restart, 3, "{kill:?}");
 }

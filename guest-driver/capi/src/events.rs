@@ -159,8 +159,10 @@ fn pump(ctx: &Context, transport: &dyn Transport, sinks: &EventSinks, stop: i32)
         None => pump_polling(ctx, sinks, stop),
     };
     if let Ended::Failed = ended {
-        // The application learns it the way rdma-core reports a device that went away.
+        // The application learns it the way rdma-core and the kernel's rdma_cm report a
+        // device that went away.
         sinks.async_events.device_gone();
+        sinks.cm.device_gone();
     }
 }
 

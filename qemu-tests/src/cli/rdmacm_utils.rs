@@ -7,17 +7,17 @@ use super::guest_suite::{deliver_results, run_dropin_suite};
 use super::host::backend_binary;
 use super::vm_args::VmArgs;
 use crate::error::Result;
-use crate::scenarios::rdmacm_utils;
+use crate::scenarios::{rdmacm_backend_kill, rdmacm_utils};
 
 /// `vrdma-vm test rdmacm-utils`.
 pub fn test(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<()> {
-    let (config, outcome, runs): (_, _, Vec<rdmacm_utils::Run>) =
+    let (config, outcome, results): (_, _, rdmacm_utils::SuiteResults) =
         run_dropin_suite(vm_args, "rdmacm-utils", json.as_deref())?;
     println!(
         "\nunmodified rdmacm-utils examples on rxe0 over vrdma ({:?}, {} vCPUs; VM run {:.0?}):",
         config.accel, config.cpus, outcome.elapsed
     );
-    print!("{}", rdmacm_utils::render_table(&runs));
+    print!("{}", render(&results));
     Ok(())
 }
 
@@ -25,5 +25,15 @@ pub fn test(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<()> {
 pub fn guest(library_dir: &Path) -> Result<()> {
     let backend = backend_binary()?;
     let runs = rdmacm_utils::run(&backend, library_dir)?;
-    deliver_results("rdmacm-utils", &runs, || rdmacm_utils::render_table(&runs))
+    let backend_kill = rdmacm_backend_kill::run(&backend, library_dir)?;
+    let results = rdmacm_utils::SuiteResults { runs, backend_kill };
+    deliver_results("rdmacm-utils", &results, || render(&results))
+}
+
+fn render(results: &rdmacm_utils::SuiteResults) -> String {
+    format!(
+        "{}{}",
+        rdmacm_utils::render_table(&results.runs),
+        rdmacm_backend_kill::render(&results.backend_kill)
+    )
 }

@@ -7,6 +7,7 @@ pub mod perftest_over_vrdma;
 pub mod pingpong_peer;
 pub mod process_pingpong;
 pub mod qtest_pingpong;
+pub mod rdmacm_backend_kill;
 pub mod rdmacm_utils;
 pub mod readme_qemu;
 pub mod real_guest;

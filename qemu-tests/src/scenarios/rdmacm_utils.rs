@@ -113,6 +113,14 @@ pub struct Run {
     pub backend_sessions: usize,
 }
 
+/// What the suite reports: every program run, then the backend kill
+/// ([`super::rdmacm_backend_kill`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SuiteResults {
+    pub runs: Vec<Run>,
+    pub backend_kill: super::rdmacm_backend_kill::KillReport,
+}
+
 /// rxe0's IPv6 link-local address with its netdev as scope, as the programs take it.
 pub fn link_local_address() -> Result<String> {
     let ndevs = format!("/sys/class/infiniband/{DEVICE}/ports/1/gid_attrs/ndevs/0");

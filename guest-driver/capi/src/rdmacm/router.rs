@@ -3,6 +3,8 @@
 //! every pending event with CM_GET_EVENT and queues each on the channel of its id (a connect
 //! request on its listener's). An event of an id the application destroyed meanwhile is
 //! dropped; a connect request whose listener is gone is refused by destroying its new id.
+//! When the device goes away (the transport failed: the backend died), every id gets
+//! `RDMA_CM_EVENT_DEVICE_REMOVAL`, as the kernel's rdma_cm reports a removed device.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,9 +12,11 @@ use std::time::Duration;
 
 use log::{debug, warn};
 use parking_lot::Mutex;
-use vrdma::spec::cm::cm_event;
+use vrdma::spec::cm::{cm_event, CmEventResp};
+use vrdma::spec::Le32;
 use vrdma::verbs::cm::{CmId, PortSpace};
 use vrdma::Context;
+use zerocopy::FromZeros;
 
 use super::channel::CmChannel;
 use crate::sys::rdma_cm_id;
@@ -101,6 +105,24 @@ impl CmRouter {
                     event.event.get()
                 ),
             }
+        }
+    }
+
+    /// The device is gone: queues `RDMA_CM_EVENT_DEVICE_REMOVAL` for every id (the event thread
+    /// calls this once, when it ends on a failed transport), so that an application blocked in
+    /// `rdma_get_cm_event` learns it instead of waiting forever.
+    pub(crate) fn device_gone(&self) {
+        let routes: Vec<(u32, Arc<CmChannel>)> = self
+            .ids
+            .lock()
+            .iter()
+            .map(|(&handle, route)| (handle, Arc::clone(&route.channel)))
+            .collect();
+        for (handle, channel) in routes {
+            let mut event = CmEventResp::new_zeroed();
+            event.id = Le32::new(handle);
+            event.event = Le32::new(cm_event::DEVICE_REMOVAL);
+            channel.push(Box::new(event));
         }
     }
 
