@@ -672,3 +672,26 @@ fn dropping_a_context_releases_everything() {
     drop(ctx);
     assert_eq!(rdma_resources(), before);
 }
+
+#[test]
+#[ignore = "needs rdma_rxe: run in the VM"]
+fn the_whole_table_in_one_call_equals_sysfs() {
+    let device = RxeDevice::find_system(Some("rxe0")).unwrap();
+    let ctx = device.open_context().unwrap();
+    let sysfs = device.gid_table(1).unwrap();
+    let one_call = ctx
+        .gid_table(1)
+        .unwrap()
+        .expect("Linux 6.12 has UVERBS_METHOD_QUERY_GID_TABLE");
+    println!("gid table: sysfs {sysfs:?}, one call {one_call:?}");
+    assert!(!sysfs.is_empty());
+    assert_eq!(one_call, sysfs);
+    // Port 2 does not exist: no entries, not port 1's.
+    assert_eq!(ctx.gid_table(2).unwrap(), Some(Vec::new()));
+    // Through the guest's source: the same.
+    let source = ContextGids {
+        device: &device,
+        context: ctx.as_ref(),
+    };
+    assert_eq!(source.gid_table(1).unwrap(), sysfs);
+}

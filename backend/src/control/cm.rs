@@ -211,7 +211,7 @@ fn with_rules<T>(s: &Session<'_>, f: impl FnOnce(&CmAddressRules<'_>) -> T) -> T
     let host_sources = if identity.addresses.is_empty() {
         s.guest
             .gids()
-            .table(s.guest.device(), s.guest.options().host_port)
+            .table(&s.guest.gid_source(), s.guest.options().host_port)
             .unwrap_or_default()
             .into_iter()
             .map(|(_, entry)| gid_ip(&entry.gid))

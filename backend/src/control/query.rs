@@ -188,7 +188,7 @@ pub(crate) fn query_gid_table(s: &mut Session<'_>, r: &QueryTableReq) -> Command
     let mut table = s
         .guest
         .gids()
-        .table(s.guest.device(), host_port)
+        .table(&s.guest.gid_source(), host_port)
         .map_err(host_err("GID table"))?;
     table.retain(|(index, _)| (first..table_len).contains(index));
     let mut resp = GidTableResp::new_zeroed();

@@ -14,7 +14,7 @@ use super::state::GuestState;
 use crate::datapath::doorbell::Doorbells;
 use crate::host::cm::HostCm;
 use crate::host::uverbs::QueryDeviceResp;
-use crate::host::{HostContext, HostDevice};
+use crate::host::{ContextGids, HostContext, HostDevice};
 use crate::identity::endpoints::TenantLink;
 use crate::identity::gid_view::GidView;
 use crate::memory::staging::StagingFile;
@@ -154,6 +154,15 @@ impl GuestShared {
     /// The host port's netdev: the scope of its link-local addresses (0 if unknown).
     pub(crate) fn netdev_ifindex(&self) -> u32 {
         self.netdev_ifindex
+    }
+
+    /// Where this guest's GID tables are read: its host context reads the whole table in one
+    /// call (commands that list it), single entries come from the device.
+    pub(crate) fn gid_source(&self) -> ContextGids<'_> {
+        ContextGids {
+            device: self.device(),
+            context: self.host(),
+        }
     }
 
     /// The guest's view of its port's GID table.

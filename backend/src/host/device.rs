@@ -12,16 +12,9 @@ use super::sysfs::DeviceInfo;
 use super::types::*;
 use super::uverbs::{QueryDeviceResp, QueryPortResp};
 
-/// A host RDMA device the backend can serve guests from.
-pub trait HostDevice: Send + Sync {
-    /// What sysfs says about the device.
-    fn info(&self) -> &DeviceInfo;
-
-    /// The ring format of queue buffers from this device
-    /// (`vrdma_spec::config::ring_format`): it tells the guest which native WQE/CQE layout to
-    /// write and read.
-    fn ring_format(&self) -> u32;
-
+/// Where a port's GID entries are read from: the device itself (sysfs, a file per slot) or one
+/// of its open contexts (one uverbs call for the whole table, [`ContextGids`]).
+pub trait GidSource {
     /// The populated GID entries of a port with their indices, by index.
     fn gid_table(&self, port: u8) -> Result<Vec<(u32, GidEntry)>>;
 
@@ -34,6 +27,17 @@ pub trait HostDevice: Send + Sync {
             .into_iter()
             .find_map(|(i, entry)| (i == index).then_some(entry)))
     }
+}
+
+/// A host RDMA device the backend can serve guests from.
+pub trait HostDevice: GidSource + Send + Sync {
+    /// What sysfs says about the device.
+    fn info(&self) -> &DeviceInfo;
+
+    /// The ring format of queue buffers from this device
+    /// (`vrdma_spec::config::ring_format`): it tells the guest which native WQE/CQE layout to
+    /// write and read.
+    fn ring_format(&self) -> u32;
 
     /// Whether packets to `gid` stay on this host (an address of one of its interfaces, a
     /// loopback or multicast address): rxe then delivers them itself, by QP number alone.
@@ -62,6 +66,27 @@ pub trait HostDevice: Send + Sync {
     }
 }
 
+/// The GID table through an open context of `device` where the context can read it whole
+/// (`UVERBS_METHOD_QUERY_GID_TABLE`), else through the device; single entries always through
+/// the device (one sysfs file).
+pub struct ContextGids<'a> {
+    pub device: &'a dyn HostDevice,
+    pub context: &'a dyn HostContext,
+}
+
+impl GidSource for ContextGids<'_> {
+    fn gid_table(&self, port: u8) -> Result<Vec<(u32, GidEntry)>> {
+        match self.context.gid_table(port)? {
+            Some(table) => Ok(table),
+            None => self.device.gid_table(port),
+        }
+    }
+
+    fn gid_entry(&self, port: u8, index: u32) -> Result<Option<GidEntry>> {
+        self.device.gid_entry(port, index)
+    }
+}
+
 /// One guest's context on the host device: its kernel objects and its event sources.
 ///
 /// Queue placement. rxe allocates queue buffers in the kernel; creation returns a
@@ -83,6 +108,12 @@ pub trait HostContext: Send + Sync {
 
     /// The async event fd (readable when [`HostContext::read_async_event`] has something).
     fn async_fd(&self) -> BorrowedFd<'_>;
+
+    /// The populated GID entries of `port` with their indices, by index, read in one call;
+    /// `None` when this context cannot (the caller reads them through the device).
+    fn gid_table(&self, _port: u8) -> Result<Option<Vec<(u32, GidEntry)>>> {
+        Ok(None)
+    }
 
     /// The context's completion channel fd (readable when
     /// [`HostContext::read_comp_event`] has something).

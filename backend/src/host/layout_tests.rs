@@ -1,5 +1,5 @@
 //! Checks every ABI struct of this layer against the C compiler's view of the system's uapi
-//! headers (`<rdma/ib_user_verbs.h>`, `<rdma/rdma_user_rxe.h>`). The queue-buffer structs
+//! headers (`<rdma/ib_user_verbs.h>`, `<rdma/rdma_user_rxe.h>`, the ioctl ABI's). The queue-buffer structs
 //! (header, WQEs, SGEs, CQEs) are defined in `vrdma_spec::rxe_v1`, whose own test checks them.
 
 use std::fmt::Write as _;
@@ -28,6 +28,13 @@ macro_rules! layouts {
 fn all_layouts() -> Vec<Layout> {
     layouts! {
         "struct ib_uverbs_cmd_hdr" => CmdHdr { command, in_words, out_words },
+        "struct ib_uverbs_ioctl_hdr" => IoctlHdr {
+            length, object_id, method_id, num_attrs, reserved1, driver_id, reserved2,
+        },
+        "struct ib_uverbs_attr" => IoctlAttr { attr_id, len, flags, attr_data, data },
+        "struct ib_uverbs_gid_entry" => GidTableEntry {
+            gid, gid_index, port_num, gid_type, netdev_ifindex,
+        },
         "struct ib_uverbs_async_event_desc" => AsyncEventDesc { element, event_type, reserved },
         "struct ib_uverbs_comp_event_desc" => CompEventDesc { cq_handle },
         "struct ib_uverbs_get_context" => GetContext { response },
@@ -186,7 +193,9 @@ fn all_layouts() -> Vec<Layout> {
 fn c_program(layouts: &[Layout]) -> String {
     let mut src = String::from(
         "#include <stddef.h>\n#include <stdio.h>\n#include <rdma/ib_user_verbs.h>\n\
-         #include <rdma/rdma_user_rxe.h>\n#include <rdma/rdma_user_cm.h>\nint main(void) {\n",
+         #include <rdma/rdma_user_rxe.h>\n#include <rdma/rdma_user_cm.h>\n\
+         #include <rdma/rdma_user_ioctl_cmds.h>\n#include <rdma/ib_user_ioctl_verbs.h>\n\
+         int main(void) {\n",
     );
     for l in layouts {
         writeln!(

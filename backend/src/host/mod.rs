@@ -35,7 +35,7 @@ pub mod verbs_file;
 #[cfg(test)]
 mod layout_tests;
 
-pub use device::{HostContext, HostDevice};
+pub use device::{ContextGids, GidSource, HostContext, HostDevice};
 pub use error::{DeviceError, Result};
 pub use rxe::{RxeContext, RxeDevice};
 pub use sysfs::{DeviceInfo, PortInfo};

@@ -14,7 +14,7 @@ use vrdma_spec::wire::{GidEntry, QpAttr};
 use zerocopy::IntoBytes;
 
 use super::cm::HostCm;
-use super::device::{HostContext, HostDevice};
+use super::device::{GidSource, HostContext, HostDevice};
 use super::error::{DeviceError, Result};
 use super::events::EventFd;
 use super::rxe_abi::{
@@ -27,6 +27,11 @@ use super::types::*;
 use super::ucma::KernelCm;
 use super::uverbs::{self, FramedKick, PostSendResp};
 use super::verbs_file::VerbsFile;
+
+/// GID entries one QUERY_GID_TABLE call has room for (all ports): rxe's table has 1024 slots
+/// per port, of which a host uses a handful; more populated entries make the call fail and
+/// the table is read from sysfs.
+const GID_QUERY_CAPACITY: usize = 1024;
 
 /// `RXE_VENDOR_ID` (drivers/infiniband/sw/rxe/rxe_param.h): what QUERY_DEVICE reports for rxe.
 pub const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
@@ -78,6 +83,16 @@ impl RxeDevice {
     }
 }
 
+impl GidSource for RxeDevice {
+    fn gid_table(&self, port: u8) -> Result<Vec<(u32, GidEntry)>> {
+        sysfs::gid_table(&self.sysfs_root, &self.info.name, port)
+    }
+
+    fn gid_entry(&self, port: u8, index: u32) -> Result<Option<GidEntry>> {
+        sysfs::gid_entry(&self.sysfs_root, &self.info.name, port, index)
+    }
+}
+
 impl HostDevice for RxeDevice {
     fn info(&self) -> &DeviceInfo {
         &self.info
@@ -85,14 +100,6 @@ impl HostDevice for RxeDevice {
 
     fn ring_format(&self) -> u32 {
         vrdma_spec::config::ring_format::RXE_V1
-    }
-
-    fn gid_table(&self, port: u8) -> Result<Vec<(u32, GidEntry)>> {
-        sysfs::gid_table(&self.sysfs_root, &self.info.name, port)
-    }
-
-    fn gid_entry(&self, port: u8, index: u32) -> Result<Option<GidEntry>> {
-        sysfs::gid_entry(&self.sysfs_root, &self.info.name, port, index)
     }
 
     fn open_context(&self) -> Result<Box<dyn HostContext>> {
@@ -275,6 +282,36 @@ impl HostContext for RxeContext {
 
     fn async_fd(&self) -> BorrowedFd<'_> {
         self.async_events.as_fd()
+    }
+
+    fn gid_table(&self, port: u8) -> Result<Option<Vec<(u32, GidEntry)>>> {
+        match self
+            .file
+            .query_gid_table(uverbs::DRIVER_RXE, GID_QUERY_CAPACITY)
+        {
+            Ok(entries) => Ok(Some(
+                entries
+                    .iter()
+                    .filter(|e| e.port_num == u32::from(port))
+                    .filter_map(|e| Some((e.gid_index, e.to_entry()?)))
+                    .collect(),
+            )),
+            // A kernel without the method (before 5.10), or a table larger than the buffer:
+            // the caller reads sysfs.
+            Err(DeviceError::Command { errno, .. })
+                if [
+                    libc::ENOTTY,
+                    libc::EOPNOTSUPP,
+                    libc::EPROTONOSUPPORT,
+                    libc::EINVAL,
+                ]
+                .contains(&errno) =>
+            {
+                log::debug!("GID table unreadable in one call (errno {errno}): sysfs instead");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn comp_channel_fd(&self) -> BorrowedFd<'_> {

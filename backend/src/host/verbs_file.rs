@@ -6,10 +6,12 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use super::error::{DeviceError, Result};
-use super::uverbs::{frame, Command, CommandWithResponse};
+use super::uverbs::{
+    frame, Command, CommandWithResponse, GidTableEntry, QueryGidTable, RDMA_VERBS_IOCTL,
+};
 
 /// An open `/dev/infiniband/uverbsN`.
 #[derive(Debug)]
@@ -74,6 +76,52 @@ impl VerbsFile {
                 source,
             })?;
         self.write_command(C::NAME, &buf)
+    }
+
+    /// Every populated GID entry of the device (of driver `driver_id`), all ports
+    /// (`UVERBS_METHOD_QUERY_GID_TABLE`), if there are at most `capacity`.
+    pub fn query_gid_table(&self, driver_id: u32, capacity: usize) -> Result<Vec<GidTableEntry>> {
+        const NAME: &str = "QUERY_GID_TABLE";
+        let mut entries = vec![GidTableEntry::new_zeroed(); capacity];
+        let mut count: u64 = 0;
+        let call = QueryGidTable::new(
+            driver_id,
+            entries.as_mut_ptr() as u64,
+            capacity,
+            &raw mut count as u64,
+        )
+        .ok_or(DeviceError::InvalidReply {
+            command: NAME,
+            reason: format!("{capacity} entries do not fit one call"),
+        })?;
+        // SAFETY: `call` names two buffers of this frame, `entries` (room for `capacity`
+        // entries, the length the call states) and `count` (8 bytes); the kernel writes them
+        // only during the call.
+        let ret = unsafe {
+            libc::ioctl(
+                self.fd.as_raw_fd(),
+                RDMA_VERBS_IOCTL as _,
+                call.as_bytes().as_ptr(),
+            )
+        };
+        if ret < 0 {
+            let errno = io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO);
+            return Err(DeviceError::Command {
+                command: NAME,
+                errno,
+            });
+        }
+        let count = usize::try_from(count)
+            .ok()
+            .filter(|&n| n <= capacity)
+            .ok_or(DeviceError::InvalidReply {
+                command: NAME,
+                reason: format!("{count} entries for a buffer of {capacity}"),
+            })?;
+        entries.truncate(count);
+        Ok(entries)
     }
 
     fn write_command(&self, name: &'static str, buf: &[u8]) -> Result<()> {

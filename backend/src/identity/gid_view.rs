@@ -23,7 +23,7 @@ use vrdma_spec::wire::GidEntry;
 
 use super::address::GuestAddress;
 use super::endpoints::LocalEndpoints;
-use crate::host::{HostDevice, Result};
+use crate::host::{GidSource, Result};
 
 /// RoCE GID types in the order the kernel adds an address's entries.
 const ROCE_TYPES: [GidType; 2] = [GidType::RoceV1, GidType::RoceV2];
@@ -77,7 +77,7 @@ impl VirtualGids {
     }
 
     /// The host index of slot `slot`, if the host table holds its entry now.
-    fn host_index(&self, device: &dyn HostDevice, port: u8, slot: usize) -> Result<Option<u32>> {
+    fn host_index(&self, device: &dyn GidSource, port: u8, slot: usize) -> Result<Option<u32>> {
         let Some(wanted) = self.slots.get(slot) else {
             return Ok(None);
         };
@@ -91,7 +91,7 @@ impl VirtualGids {
     }
 
     /// Searches the host table for every slot's entry.
-    fn refresh(&self, device: &dyn HostDevice, port: u8) -> Result<Vec<Option<u32>>> {
+    fn refresh(&self, device: &dyn GidSource, port: u8) -> Result<Vec<Option<u32>>> {
         let table = device.gid_table(port)?;
         let found: Vec<Option<u32>> = self
             .slots
@@ -107,7 +107,7 @@ impl VirtualGids {
     }
 
     /// The slot holding host entry `host_index`, if that entry is one of the guest's.
-    fn slot_of(&self, device: &dyn HostDevice, port: u8, host_index: u32) -> Result<Option<u32>> {
+    fn slot_of(&self, device: &dyn GidSource, port: u8, host_index: u32) -> Result<Option<u32>> {
         let Some(entry) = device.gid_entry(port, host_index)? else {
             return Ok(None);
         };
@@ -124,7 +124,7 @@ impl GidView {
     /// entries of `endpoints` when there are none), with a slot per address for each RoCE type
     /// the port's table holds now (RoCE v2 if it holds none: rxe's only type).
     pub fn for_port(
-        device: &dyn HostDevice,
+        device: &dyn GidSource,
         port: u8,
         addresses: &[GuestAddress],
         endpoints: &Arc<LocalEndpoints>,
@@ -151,7 +151,7 @@ impl GidView {
     /// (or beyond the table).
     pub fn entry(
         &self,
-        device: &dyn HostDevice,
+        device: &dyn GidSource,
         port: u8,
         index: u32,
     ) -> Result<Option<(u32, GidEntry)>> {
@@ -173,7 +173,7 @@ impl GidView {
     /// The guest's index of host entry `host_index`, `None` if that entry is not the guest's.
     pub fn guest_index(
         &self,
-        device: &dyn HostDevice,
+        device: &dyn GidSource,
         port: u8,
         host_index: u32,
     ) -> Result<Option<u32>> {
@@ -187,7 +187,7 @@ impl GidView {
     }
 
     /// The populated entries of the guest's table with the guest's indices, by index.
-    pub fn table(&self, device: &dyn HostDevice, port: u8) -> Result<Vec<(u32, GidEntry)>> {
+    pub fn table(&self, device: &dyn GidSource, port: u8) -> Result<Vec<(u32, GidEntry)>> {
         match self {
             GidView::Host(endpoints) => {
                 let mut table = device.gid_table(port)?;

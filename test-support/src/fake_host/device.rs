@@ -59,6 +59,15 @@ impl FakeDevice {
     }
 }
 
+impl GidSource for FakeDevice {
+    fn gid_table(&self, port: u8) -> host::Result<Vec<(u32, GidEntry)>> {
+        assert_eq!(port, 1, "the guest's port 1 is host port 1");
+        let mut table = vec![(0, GidEntry::valid(GID0, GidType::RoceV2))];
+        table.extend(self.world().extra_gids.iter().copied());
+        Ok(table)
+    }
+}
+
 impl HostDevice for FakeDevice {
     fn info(&self) -> &DeviceInfo {
         &self.info
@@ -66,13 +75,6 @@ impl HostDevice for FakeDevice {
 
     fn ring_format(&self) -> u32 {
         ring_format::RXE_V1
-    }
-
-    fn gid_table(&self, port: u8) -> host::Result<Vec<(u32, GidEntry)>> {
-        assert_eq!(port, 1, "the guest's port 1 is host port 1");
-        let mut table = vec![(0, GidEntry::valid(GID0, GidType::RoceV2))];
-        table.extend(self.world().extra_gids.iter().copied());
-        Ok(table)
     }
 
     /// The fake host's own addresses are the entries of its GID table.

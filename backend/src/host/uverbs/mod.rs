@@ -16,13 +16,15 @@
 //!
 //! - `framing.rs`: the command header, the [`Command`] traits, [`frame`] and the layout macros;
 //! - one file per object family for the command structs: `context.rs` (context, queries,
-//!   completion channels, event descriptors), `pd_mr.rs`, `cq.rs`, `qp.rs` (including the send
+//!   completion channels, event descriptors), `ioctl.rs` (the one ioctl method used:
+//!   QUERY_GID_TABLE), `pd_mr.rs`, `cq.rs`, `qp.rs` (including the send
 //!   kick), `srq.rs`, `ah.rs`.
 
 mod ah;
 mod context;
 mod cq;
 mod framing;
+mod ioctl;
 mod pd_mr;
 mod qp;
 mod srq;
@@ -32,6 +34,7 @@ pub use context::*;
 pub use cq::*;
 pub(crate) use framing::{abi_layout, abi_struct};
 pub use framing::{cmd, frame, CmdHdr, Command, CommandWithResponse, FrameError, ABI_VERSION};
+pub use ioctl::{GidTableEntry, IoctlAttr, IoctlHdr, QueryGidTable, DRIVER_RXE, RDMA_VERBS_IOCTL};
 pub use pd_mr::*;
 pub use qp::*;
 pub use srq::*;
