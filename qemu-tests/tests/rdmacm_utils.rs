@@ -2,6 +2,7 @@
 
 mod common;
 
+use vrdma_qemu_tests::scenarios::perftest_rdma_cm::{self, RACE_ATTEMPTS};
 use vrdma_qemu_tests::scenarios::rdmacm_backend_kill::DEVICE_REMOVAL;
 use vrdma_qemu_tests::scenarios::rdmacm_utils::{SuiteResults, PROGRAMS};
 
@@ -32,6 +33,32 @@ fn rdmacm_examples_run_unmodified_over_vrdma() {
         assert_eq!(run.backend_sessions, vrdma_sides, "{run:?}");
         assert!(
             !run.server_report.is_empty() && !run.client_report.is_empty(),
+            "{run:?}"
+        );
+    }
+
+    // perftest -R: every case in every pairing, measured (perftest moved every message).
+    let got: Vec<(&str, &str, &str)> = results
+        .perftest
+        .iter()
+        .map(|r| (r.tool.command(), r.server.as_str(), r.client.as_str()))
+        .collect();
+    let expected: Vec<(&str, &str, &str)> = perftest_rdma_cm::CASES
+        .iter()
+        .flat_map(|c| pairings.map(|(s, cl)| (c.tool.command(), s, cl)))
+        .collect();
+    assert_eq!(got, expected);
+    for run in &results.perftest {
+        assert!(run.measurement.completed(), "{run:?}");
+        assert!((1..=RACE_ATTEMPTS).contains(&run.attempts), "{run:?}");
+        assert_eq!(run.iterations, 200, "{run:?}");
+        let vrdma_sides = [&run.server, &run.client]
+            .iter()
+            .filter(|s| **s == "vrdma")
+            .count();
+        // perftest opens the device itself beside librdmacm: one or two sessions per side.
+        assert!(
+            (vrdma_sides..=2 * vrdma_sides).contains(&run.backend_sessions),
             "{run:?}"
         );
     }

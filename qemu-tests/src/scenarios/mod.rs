@@ -4,6 +4,7 @@ pub mod backend;
 pub mod binaries;
 pub mod isolation;
 pub mod perftest_over_vrdma;
+pub mod perftest_rdma_cm;
 pub mod pingpong_peer;
 pub mod process_pingpong;
 pub mod qtest_pingpong;

@@ -113,11 +113,12 @@ pub struct Run {
     pub backend_sessions: usize,
 }
 
-/// What the suite reports: every program run, then the backend kill
-/// ([`super::rdmacm_backend_kill`]).
+/// What the suite reports: every program run, perftest with `-R`
+/// ([`super::perftest_rdma_cm`]), then the backend kill ([`super::rdmacm_backend_kill`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SuiteResults {
     pub runs: Vec<Run>,
+    pub perftest: Vec<super::perftest_rdma_cm::CmRun>,
     pub backend_kill: super::rdmacm_backend_kill::KillReport,
 }
 
@@ -144,7 +145,7 @@ pub fn link_local_address() -> Result<String> {
 }
 
 /// Sessions the backend logged opening so far.
-fn sessions_opened(log: &str) -> usize {
+pub(crate) fn sessions_opened(log: &str) -> usize {
     log.lines()
         .filter(|l| l.contains("host context on"))
         .count()

@@ -123,8 +123,16 @@ pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr
         // SAFETY: caller contract.
         let ret = unsafe { run(id, |cm| cm.bind(addr)) };
         if ret == 0 {
-            // SAFETY: caller contract.
-            unsafe { refresh_addresses(id) };
+            if addr.port() == 0 {
+                // The device chose the port: ask it.
+                // SAFETY: caller contract.
+                unsafe { refresh_addresses(id) };
+            } else {
+                // Bound as asked (a wildcard stays a wildcard): no round trip, which also
+                // matters to programs that race their peer to a listen (perftest -R).
+                // SAFETY: caller contract.
+                unsafe { set_addresses(id, Some(addr), None) };
+            }
         }
         ret
     })
@@ -183,13 +191,9 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_i
 /// `id` is a live id of this library.
 pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
     guard("rdma_listen", -1, || {
+        // The id's address is the one its bind set (the device listens only on bound ids).
         // SAFETY: caller contract.
-        let ret = unsafe { run(id, |cm| cm.listen(backlog.max(0) as u32)) };
-        if ret == 0 {
-            // SAFETY: caller contract.
-            unsafe { refresh_addresses(id) };
-        }
-        ret
+        unsafe { run(id, |cm| cm.listen(backlog.max(0) as u32)) }
     })
 }
 
