@@ -84,6 +84,12 @@ fn rdmacm_examples_run_unmodified_over_vrdma() {
             assert_ne!(ending.exit_code, Some(0), "{ending:?}");
         }
     }
+    // A second guest sharing the host's address could not take the listener's port.
+    assert_ne!(kill.port_taken.exit_code, Some(0), "{kill:?}");
+    assert_eq!(
+        kill.port_taken.last_line, "rdma_bind_addr: Address already in use",
+        "{kill:?}"
+    );
     let listener = kill.endings.last().unwrap();
     assert!(
         listener.saw_device_removal,

@@ -11,6 +11,10 @@
 //! (the kernel closes the dead backend's rdma_cm file, which destroys its ids and disconnects
 //! them). `rdma resource show` returns to its counts from before, connection-manager ids
 //! included. Then a new backend on the same socket serves a new vrdma rping as before.
+//!
+//! Before the kill, a second vrdma guest (another session of the backend, sharing the host's
+//! address) tries to listen on the idle listener's port: its bind is refused as the kernel
+//! refuses it (`EADDRINUSE`) and the first listener keeps its port.
 
 use std::path::Path;
 use std::process::ExitStatus;
@@ -56,6 +60,8 @@ pub struct KillReport {
     /// Its objects with both connections up.
     pub connected: ResourceCounts,
     pub endings: Vec<Ending>,
+    /// The second guest's rping on the listener's port: how it ended, and what it printed.
+    pub port_taken: Ending,
     /// Milliseconds from the kill until the device's objects were back to `before`.
     pub release_ms: u64,
     /// The pings of the rping run through the new backend on the same socket.
@@ -93,6 +99,25 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<KillReport> {
     let mut listener = rping("vrdma-listener", &vrdma, true, PORTS[2], None)?;
     wait_cm_listening(&mut listener, PORTS[2], BOUND)?;
     procs.push(("vrdma listener", listener));
+    let mut second = rping("second-listener", &vrdma, true, PORTS[2], None)?;
+    let status = wait_exit(&mut second, BOUND)?;
+    let output = second.output();
+    let port_taken = Ending {
+        who: "second vrdma listener".into(),
+        exit_code: status.code(),
+        last_line: output
+            .lines()
+            .find(|l| l.contains("rdma_bind_addr"))
+            .unwrap_or_else(|| output.lines().last().unwrap_or_default())
+            .trim()
+            .to_string(),
+        saw_device_removal: output.contains(DEVICE_REMOVAL),
+    };
+    wait_cm_listening(
+        &mut procs.last_mut().expect("the listener").1,
+        PORTS[2],
+        BOUND,
+    )?;
     for (who, proc) in procs.iter_mut().filter(|(who, _)| who.ends_with("client")) {
         proc.wait_for_output(&format!("rdma-ping-{PINGS_BEFORE}:"), BOUND)
             .map_err(|e| Error::Scenario(format!("{who}: {e}")))?;
@@ -134,6 +159,7 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<KillReport> {
         before,
         connected,
         endings,
+        port_taken,
         release_ms,
         pings_after_restart: pings.len() * 3,
     })
@@ -160,9 +186,9 @@ pub fn render(report: &KillReport) -> String {
          {} ms\n",
         report.before, report.connected, report.release_ms
     );
-    for e in &report.endings {
+    for e in report.endings.iter().chain([&report.port_taken]) {
         out.push_str(&format!(
-            "  {:<15} exit {:<5} {}\n",
+            "  {:<21} exit {:<5} {}\n",
             e.who,
             e.exit_code.map_or("sig".into(), |c| c.to_string()),
             e.last_line

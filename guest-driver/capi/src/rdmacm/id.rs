@@ -110,6 +110,11 @@ unsafe fn run(id: *mut rdma_cm_id, f: impl FnOnce(&CmId) -> Result<(), VerbsErro
     }
 }
 
+/// The calling thread's errno.
+fn errno_now() -> c_int {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
 /// `rdma_bind_addr`.
 ///
 /// # Safety
@@ -122,6 +127,11 @@ pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr
         };
         // SAFETY: caller contract.
         let ret = unsafe { run(id, |cm| cm.bind(addr)) };
+        if ret != 0 && errno_now() == libc::EBUSY {
+            // The device's BUSY for a bind: the address and port are taken, as the kernel
+            // says it.
+            crate::ffi::set_errno(libc::EADDRINUSE);
+        }
         if ret == 0 {
             if addr.port() == 0 {
                 // The device chose the port: ask it.
