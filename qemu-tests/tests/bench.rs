@@ -79,19 +79,14 @@ fn quick_bench_measures_every_row_on_both_sides() {
     }
 
     // Connection setup through rdma_cm: every step of cmtime and the rate, on both sides.
-    let steps: Vec<&str> = results.cm_setup.iter().map(|r| r.step.as_str()).collect();
+    let steps: Vec<&str> = results.cm_setup.iter().map(|r| r.op.as_str()).collect();
     let mut expected: Vec<&str> = cm_setup::STEPS.to_vec();
     expected.push(cm_setup::RATE);
     assert_eq!(steps, expected);
     for row in &results.cm_setup {
-        assert_ratio(row.ratio, row.vrdma.median, row.native.median, &row.step);
+        assert_ratio(row.ratio, row.vrdma.median, row.native.median, &row.op);
         let rounds = results.plan.cm_setup.rounds as usize;
-        assert_eq!(
-            (row.native.n, row.vrdma.n),
-            (rounds, rounds),
-            "{}",
-            row.step
-        );
+        assert_eq!((row.native.n, row.vrdma.n), (rounds, rounds), "{}", row.op);
     }
 
     let points: Vec<_> = results.scale.iter().map(|r| (r.guests, r.qps)).collect();

@@ -105,13 +105,7 @@ impl VerbsFile {
             )
         };
         if ret < 0 {
-            let errno = io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO);
-            return Err(DeviceError::Command {
-                command: NAME,
-                errno,
-            });
+            return Err(last_command_error(NAME));
         }
         let count = usize::try_from(count)
             .ok()
@@ -133,6 +127,17 @@ impl VerbsFile {
     }
 }
 
+/// The failure of command `name` with the thread's errno.
+fn last_command_error(name: &'static str) -> DeviceError {
+    let errno = io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO);
+    DeviceError::Command {
+        command: name,
+        errno,
+    }
+}
+
 /// Writes one command (`buf`, header included) to a uverbs or rdma_cm character device, which
 /// accepts it whole or fails it with an errno.
 ///
@@ -148,13 +153,7 @@ pub(crate) unsafe fn write_command(
     // promise.
     let written = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
     if written < 0 {
-        let errno = io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO);
-        return Err(DeviceError::Command {
-            command: name,
-            errno,
-        });
+        return Err(last_command_error(name));
     }
     let written = written.unsigned_abs();
     if written != buf.len() {

@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::stats::{ratio, Summary};
+use super::control::ControlRow;
+use super::stats::Summary;
 use crate::error::{Error, IoContext, Result};
 use crate::host::{ensure_tools, which, Tool};
 use crate::inside::Proc;
@@ -56,17 +57,9 @@ pub struct CmSetupPlan {
     pub rounds: u32,
 }
 
-/// One row: a step's cost per connection, or the setup rate, natively and through vrdma.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CmSetupRow {
-    pub step: String,
-    /// `us_per_conn`, or `conn_per_s` for the rate.
-    pub unit: String,
-    pub native: Summary,
-    pub vrdma: Summary,
-    /// Median vrdma / median native.
-    pub ratio: f64,
-}
+/// One row: a step's cost per connection (`us_per_conn`), or the setup rate (`conn_per_s`),
+/// natively and through vrdma.
+pub type CmSetupRow = ControlRow;
 
 /// What one `cmtime` client printed: each step's total milliseconds.
 #[derive(Debug, Clone, PartialEq)]
@@ -212,19 +205,7 @@ pub fn rows(
 ) -> Result<Vec<CmSetupRow>> {
     let per_conn = 1000.0 / f64::from(connections.max(1));
     let row = |step: &str, unit: &str, n: Vec<f64>, v: Vec<f64>| {
-        let (native, vrdma) = Summary::of(&n)
-            .zip(Summary::of(&v))
-            .ok_or_else(|| Error::Scenario(format!("connection setup: no {step} samples")))?;
-        let ratio = ratio(vrdma.median, native.median).ok_or_else(|| {
-            Error::Scenario(format!("connection setup: native {step} took no time"))
-        })?;
-        Ok::<_, Error>(CmSetupRow {
-            step: step.into(),
-            unit: unit.into(),
-            native,
-            vrdma,
-            ratio,
-        })
+        ControlRow::compare(step, unit, Summary::of(&n), Summary::of(&v))
     };
     let mut out = Vec::new();
     for step in STEPS {
@@ -303,10 +284,7 @@ mod tests {
         assert_eq!(rows[0].native.median, 100.0);
         assert!((rows[0].ratio - 4.0).abs() < 1e-9);
         let rate = rows.last().unwrap();
-        assert_eq!(
-            (rate.step.as_str(), rate.unit.as_str()),
-            (RATE, "conn_per_s")
-        );
+        assert_eq!((rate.op.as_str(), rate.unit.as_str()), (RATE, "conn_per_s"));
         assert!((rate.ratio - 0.25).abs() < 1e-9, "{rate:?}");
     }
 }

@@ -44,6 +44,29 @@ pub struct ControlRow {
     pub ratio: f64,
 }
 
+impl ControlRow {
+    /// The row of `op` from its two summaries; an error names what is missing.
+    pub fn compare(
+        op: &str,
+        unit: &str,
+        native: Option<Summary>,
+        vrdma: Option<Summary>,
+    ) -> Result<ControlRow> {
+        let (native, vrdma) = native
+            .zip(vrdma)
+            .ok_or_else(|| Error::Scenario(format!("{op}: no samples")))?;
+        let ratio = ratio(vrdma.median, native.median)
+            .ok_or_else(|| Error::Scenario(format!("{op}: native took no time")))?;
+        Ok(ControlRow {
+            op: op.into(),
+            unit: unit.into(),
+            native,
+            vrdma,
+            ratio,
+        })
+    }
+}
+
 /// Runs the control measurement natively, then through vrdma (backend at `socket`).
 pub fn run(programs: &Programs, socket: &Path, plan: &ControlPlan) -> Result<Vec<ControlRow>> {
     // Registering a GiB under TCG takes seconds; everything else milliseconds.
@@ -70,20 +93,7 @@ pub fn run(programs: &Programs, socket: &Path, plan: &ControlPlan) -> Result<Vec
 /// The rows from the two programs' outputs.
 pub fn rows(native: &Output, vrdma: &Output) -> Result<Vec<ControlRow>> {
     let mut rows = Vec::new();
-    let row = |op: &str, unit: &str, n: Option<Summary>, v: Option<Summary>| {
-        let (native, vrdma) = n
-            .zip(v)
-            .ok_or_else(|| Error::Scenario(format!("control bench: no {op} samples")))?;
-        let ratio = ratio(vrdma.median, native.median)
-            .ok_or_else(|| Error::Scenario(format!("control bench: native {op} took no time")))?;
-        Ok::<_, Error>(ControlRow {
-            op: op.into(),
-            unit: unit.into(),
-            native,
-            vrdma,
-            ratio,
-        })
-    };
+    let row = ControlRow::compare;
     let micros = |out: &Output, op: &str| -> Result<Option<Summary>> {
         Ok(Summary::of_scaled(out.series(op)?, 1e-3))
     };

@@ -111,51 +111,27 @@ pub fn perftest_table(rows: &[MatrixRow]) -> String {
 
 /// The control path, one row per operation.
 pub fn control_table(rows: &[ControlRow]) -> String {
-    ratio_table(
-        "op",
-        rows.iter().map(|r| {
-            (
-                r.op.as_str(),
-                r.unit.as_str(),
-                r.native.median,
-                r.vrdma.median,
-                r.ratio,
-            )
-        }),
-    )
+    ratio_table("op", rows)
 }
 
 /// Connection setup, one row per step and the rate.
 pub fn cm_setup_table(rows: &[CmSetupRow]) -> String {
-    ratio_table(
-        "step",
-        rows.iter().map(|r| {
-            (
-                r.step.as_str(),
-                r.unit.as_str(),
-                r.native.median,
-                r.vrdma.median,
-                r.ratio,
-            )
-        }),
-    )
+    ratio_table("step", rows)
 }
 
-/// A table of (name, unit, native median, vrdma median, ratio) rows.
-fn ratio_table<'a>(
-    first: &str,
-    rows: impl Iterator<Item = (&'a str, &'a str, f64, f64, f64)>,
-) -> String {
+/// A table of rows each comparing one figure natively and through vrdma.
+fn ratio_table(first: &str, rows: &[ControlRow]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
         "{:<20} {:>11} {:>10} {:>10} {:>8}",
         first, "unit", "native", "vrdma", "ratio"
     );
-    for (name, unit, native, vrdma, ratio) in rows {
+    for r in rows {
         let _ = writeln!(
             out,
-            "{name:<20} {unit:>11} {native:>10.1} {vrdma:>10.1} {ratio:>8.2}"
+            "{:<20} {:>11} {:>10.1} {:>10.1} {:>8.2}",
+            r.op, r.unit, r.native.median, r.vrdma.median, r.ratio
         );
     }
     out
