@@ -328,7 +328,7 @@ wire_struct! {
     pub struct CmRejectReq {
         /// Id handle.
         pub id: Le32,
-        /// 0 (consumer-defined) or 35 (vendor option not supported).
+        /// 0 or 28 (consumer-defined) or 35 (vendor option not supported).
         pub reason: u8,
         /// Bytes of `private_data` used.
         pub private_data_len: u8,

@@ -136,8 +136,13 @@ fn connection_parameters_are_within_the_cms_ranges() {
 
 #[test]
 fn rejects_options_and_states_are_checked() {
+    // The reasons the kernel's rdma_cm takes (0 meaning consumer-defined, 28, 35); no other.
     let mut reject = CmRejectReq::new_zeroed();
-    reject.reason = 28;
+    for reason in [0, 28, 35] {
+        reject.reason = reason;
+        decode(CmRequest::Reject(reject)).unwrap();
+    }
+    reject.reason = 8;
     assert!(matches!(
         refused(CmRequest::Reject(reject)),
         DecodeError::InvalidValue {

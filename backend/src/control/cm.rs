@@ -244,7 +244,9 @@ fn address_refused(e: CmAddressError) -> CommandError {
             CmAddressError::AmbiguousWildcard { .. } | CmAddressError::WildcardBesideTenants => {
                 "a wildcard the device cannot bind"
             }
-            CmAddressError::BadDestination(_) => "a wildcard, loopback or multicast destination",
+            CmAddressError::BadDestination(_) => {
+                "a wildcard, loopback, multicast or broadcast destination"
+            }
             CmAddressError::NoSource(_) => "no source address of the guest for the destination",
         },
         status: Status::Invalid,
@@ -266,8 +268,10 @@ fn bind(s: &mut Session<'_>, cm: &dyn HostCm, raw: u32, addr: &CmAddr) -> Result
         value: addr.family.get().into(),
     })?;
     let host_addr = with_rules(s, |rules| rules.bind(requested)).map_err(address_refused)?;
+    // A taken address and port is BUSY; anything else the host says (EADDRNOTAVAIL: the host
+    // no longer has the address) travels as its errno.
     cm.bind(id, &host_addr).map_err(|e| match e.errno() {
-        libc::EADDRINUSE | libc::EADDRNOTAVAIL => CommandError::Rule {
+        libc::EADDRINUSE => CommandError::Rule {
             what: "the address and port are bound already",
             status: Status::Busy,
         },

@@ -27,7 +27,7 @@ pub enum CmAddressError {
     #[error("a wildcard address while the daemon serves tenants")]
     WildcardBesideTenants,
     /// A destination no connection may aim at from a guest.
-    #[error("destination {0} is a wildcard, loopback or multicast address")]
+    #[error("destination {0} is a wildcard, loopback, multicast or broadcast address")]
     BadDestination(IpAddr),
     /// No address the guest may send from has the destination's family (and scope).
     #[error("no source address of this guest for {0}")]
@@ -101,7 +101,8 @@ impl CmAddressRules<'_> {
         dst: SocketAddr,
     ) -> Result<(SocketAddr, SocketAddr), CmAddressError> {
         let to = dst.ip().to_canonical();
-        if to.is_unspecified() || to.is_loopback() || to.is_multicast() {
+        let broadcast = matches!(to, std::net::IpAddr::V4(v4) if v4.is_broadcast());
+        if to.is_unspecified() || to.is_loopback() || to.is_multicast() || broadcast {
             return Err(CmAddressError::BadDestination(to));
         }
         let destination = self.scoped(to, dst.port());
@@ -273,7 +274,7 @@ mod tests {
         assert!(r
             .resolve(Some(sock("[fe80::b:1]:0")), sock("[fe80::c:1]:1"))
             .is_err());
-        // Wildcard and loopback destinations are nobody's to aim at.
+        // Wildcard, loopback, multicast and broadcast destinations are nobody's to aim at.
         for bad in [
             "[::]:1",
             "[::1]:1",
@@ -281,6 +282,8 @@ mod tests {
             "0.0.0.0:1",
             "[::ffff:127.0.0.1]:1",
             "[ff02::1]:1",
+            "255.255.255.255:1",
+            "[::ffff:255.255.255.255]:1",
         ] {
             assert_eq!(
                 r.resolve(None, sock(bad)),

@@ -46,8 +46,9 @@ pub enum CmRequest {
     QueryAddr(HandleReq),
 }
 
-/// Reject reasons a guest may give: consumer-defined, vendor option not supported.
-pub const CM_REJECT_REASONS: [u8; 2] = [0, 35];
+/// Reject reasons a guest may give, those the kernel's rdma_cm accepts: 0 (it means
+/// consumer-defined), 28 (consumer-defined, named) and 35 (vendor option not supported).
+pub const CM_REJECT_REASONS: [u8; 3] = [0, 28, 35];
 
 impl CmRequest {
     /// Decodes the body of CM opcode `op`.
