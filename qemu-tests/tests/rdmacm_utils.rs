@@ -4,7 +4,8 @@ mod common;
 
 use vrdma_qemu_tests::scenarios::perftest_rdma_cm::{self, RACE_ATTEMPTS};
 use vrdma_qemu_tests::scenarios::rdmacm_backend_kill::DEVICE_REMOVAL;
-use vrdma_qemu_tests::scenarios::rdmacm_utils::{SuiteResults, PROGRAMS};
+use vrdma_qemu_tests::scenarios::rdmacm_suite::SuiteResults;
+use vrdma_qemu_tests::scenarios::rdmacm_utils::PROGRAMS;
 
 #[test]
 fn rdmacm_examples_run_unmodified_over_vrdma() {

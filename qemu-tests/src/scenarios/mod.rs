@@ -9,6 +9,7 @@ pub mod pingpong_peer;
 pub mod process_pingpong;
 pub mod qtest_pingpong;
 pub mod rdmacm_backend_kill;
+pub mod rdmacm_suite;
 pub mod rdmacm_utils;
 pub mod readme_qemu;
 pub mod real_guest;

@@ -113,15 +113,6 @@ pub struct Run {
     pub backend_sessions: usize,
 }
 
-/// What the suite reports: every program run, perftest with `-R`
-/// ([`super::perftest_rdma_cm`]), then the backend kill ([`super::rdmacm_backend_kill`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SuiteResults {
-    pub runs: Vec<Run>,
-    pub perftest: Vec<super::perftest_rdma_cm::CmRun>,
-    pub backend_kill: super::rdmacm_backend_kill::KillReport,
-}
-
 /// rxe0's IPv6 link-local address with its netdev as scope, as the programs take it.
 pub fn link_local_address() -> Result<String> {
     let ndevs = format!("/sys/class/infiniband/{DEVICE}/ports/1/gid_attrs/ndevs/0");
