@@ -277,10 +277,12 @@ fn start_connection<H: DeviceHandler>(
         .map_err(|e| format!("cannot create the daemon: {e}"))?;
     backend.attach(&daemon.get_epoll_handlers())?;
     let daemon_end = connect_daemon(&mut daemon)?;
+    let features_handler = handler.clone();
     let filter = frontend_filter::start(
         frontend,
         daemon_end,
         Arc::new(move |file: &std::fs::File| handler.is_device_mapping(file)),
+        Arc::new(move |acked| features_handler.frontend_protocol_features(acked)),
     )?;
     info!("guest {id}: connected");
     let shutdown = daemon.shutdown_handle();

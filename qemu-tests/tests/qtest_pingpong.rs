@@ -3,6 +3,7 @@
 
 mod common;
 
+use vrdma_qemu_tests::cli::qtest_pingpong::QPS;
 use vrdma_qemu_tests::scenarios::qtest_pingpong::{Results, VERIFY_OPS, VERIFY_SIZES};
 
 #[test]
@@ -29,6 +30,17 @@ fn qtest_pingpong_verifies_resets_and_survives_a_qemu_kill() {
         }
     }
     assert!(results.qtest_requests > 0);
+    // QPs through QEMU: each queue is a memory slot of QEMU's (it aborted at the 513th); the
+    // device refuses the queue past its budget with QUOTA and QEMU keeps answering.
+    let scale = results.qp_scale.as_ref().expect("the QP step ran");
+    assert_eq!(scale.requested, QPS);
+    assert!(
+        (100..QPS).contains(&scale.created),
+        "{scale:?}: the budget allows about 160 CQ+QP pairs"
+    );
+    let refused = scale.refused.as_deref().unwrap_or_default();
+    assert!(refused.contains("QUOTA"), "{scale:?}");
+    assert!(scale.qemu_alive_after, "{scale:?}");
     // The reset and the kill interrupted a run meant to last a million iterations.
     assert_ne!(results.reset.interrupted_run, "completed");
     assert_ne!(results.kill.interrupted_run, "completed");

@@ -98,6 +98,9 @@ impl CommandError {
             CommandError::Placement(
                 ShmAllocError::NoSpace { .. } | ShmAllocError::BadLength(_),
             ) => StatusError::new(Status::NoMemory),
+            CommandError::Placement(ShmAllocError::TooManyExtents { .. }) => {
+                StatusError::new(Status::Quota)
+            }
             CommandError::Placement(_) => eio,
             CommandError::Shmem(ShmemError::Frontend(e)) => errno_status(e),
             CommandError::Shmem(_) => eio,

@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use log::{debug, info, warn};
 use parking_lot::Mutex;
+use vhost::vhost_user::VhostUserProtocolFeatures;
 use vrdma_spec::config::{self, DeviceConfig};
 use vrdma_spec::control::{HEADER_SIZE, MAX_CM_RESPONSE_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::{
@@ -46,7 +47,7 @@ use crate::memory::budget::{HostBudget, HostBudgetLimits};
 use crate::memory::staging::StagingFile;
 use crate::vhost_device::guest_context::GuestContext;
 use crate::vhost_device::handler::{CommandRejection, DeviceHandler};
-use crate::vhost_device::shmem::SHMEM_PAGE_SIZE;
+use crate::vhost_device::shmem::{SHMEM_PAGE_SIZE, SLOT_COUNTING_FRONTEND_MAPPINGS};
 
 /// Makes one [`GuestDevice`] per guest connection.
 pub struct GuestDeviceFactory {
@@ -553,6 +554,17 @@ impl DeviceHandler for GuestDevice {
         // after a command the reset interrupted, when the next driver has negotiated already.
         let mut state = self.state.lock();
         discard::discard_all(&self.shared, &mut state, None, Epoch::Kept);
+    }
+
+    fn frontend_protocol_features(&self, acked: u64) {
+        if acked & VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS.bits() != 0 {
+            // Every queue buffer is a memory slot of this front-end: stay below its limit, so
+            // that a guest creating queues gets QUOTA rather than aborting QEMU.
+            self.state
+                .lock()
+                .shm
+                .set_max_extents(SLOT_COUNTING_FRONTEND_MAPPINGS);
+        }
     }
 
     fn is_device_mapping(&self, file: &std::fs::File) -> bool {

@@ -44,6 +44,7 @@ const MAX_PAYLOAD: usize = 64 * 1024;
 /// Most descriptors one message may carry (SET_MEM_TABLE carries up to 8).
 const MAX_FDS: usize = 32;
 
+const SET_PROTOCOL_FEATURES: u32 = 16;
 const SET_MEM_TABLE: u32 = 5;
 const ADD_MEM_REG: u32 = 37;
 const REM_MEM_REG: u32 = 38;
@@ -61,6 +62,11 @@ const TABLE_REGION_SIZE: usize = 32;
 
 /// Tells whether a memory-region descriptor maps the device itself.
 pub type DeviceMappingTest = Arc<dyn Fn(&File) -> bool + Send + Sync>;
+
+/// Told the protocol features the front-end acknowledged (`SET_PROTOCOL_FEATURES`), which
+/// pass on unchanged: whether it negotiated `CONFIGURE_MEM_SLOTS` says whether it counts the
+/// device's mappings against a memory-slot limit (QEMU does).
+pub type ProtocolFeaturesHook = Arc<dyn Fn(u64) + Send + Sync>;
 
 /// One vhost-user message with the descriptors that came with it.
 #[derive(Debug)]
@@ -172,6 +178,7 @@ enum Verdict {
 /// The filter's memory of the regions it kept from the daemon.
 struct RegionFilter {
     is_device_mapping: DeviceMappingTest,
+    on_protocol_features: ProtocolFeaturesHook,
     /// (guest address, size) of every region absorbed and not yet removed.
     absorbed: HashSet<(u64, u64)>,
 }
@@ -210,6 +217,12 @@ impl RegionFilter {
             },
             SET_MEM_TABLE => {
                 self.filter_table(&mut message);
+                Verdict::Forward(message)
+            }
+            SET_PROTOCOL_FEATURES => {
+                if let Some(features) = payload_u64(&message.payload, 0) {
+                    (self.on_protocol_features)(features);
+                }
                 Verdict::Forward(message)
             }
             _ => Verdict::Forward(message),
@@ -311,16 +324,19 @@ fn restarting<T>(mut call: impl FnMut() -> Result<T, vmm_sys_util::errno::Error>
 }
 
 /// Relays messages between `frontend` and `daemon` until either closes, keeping device
-/// mappings recognised by `is_device_mapping` away from the daemon.
+/// mappings recognised by `is_device_mapping` away from the daemon, and telling
+/// `on_protocol_features` what the front-end acknowledged.
 pub fn start(
     frontend: UnixStream,
     daemon: UnixStream,
     is_device_mapping: DeviceMappingTest,
+    on_protocol_features: ProtocolFeaturesHook,
 ) -> io::Result<FilterThreads> {
     let frontend_writer = Arc::new(Mutex::new(frontend.try_clone()?));
     let daemon_reader = daemon.try_clone()?;
     let mut filter = RegionFilter {
         is_device_mapping,
+        on_protocol_features,
         absorbed: HashSet::new(),
     };
     let replies_to = frontend_writer.clone();

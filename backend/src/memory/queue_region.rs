@@ -42,6 +42,13 @@ pub enum ShmAllocError {
         /// Bytes free, possibly fragmented.
         free: u64,
     },
+    /// The region holds as many extents as its front-end can take mappings (see
+    /// [`ShmAllocator::set_max_extents`]).
+    #[error("{max} queue-region mappings, the most the front-end can hold")]
+    TooManyExtents {
+        /// The limit.
+        max: usize,
+    },
     /// The extent given back was not handed out (or was already given back).
     #[error("extent {offset:#x}+{len:#x} is not allocated")]
     NotAllocated {
@@ -78,6 +85,9 @@ pub struct ShmAllocator {
     free: BTreeMap<u64, u64>,
     /// Allocated extents: offset → length.
     used: BTreeMap<u64, u64>,
+    /// Most extents at once (each is one SHMEM_MAP, which some front-ends count as a memory
+    /// slot).
+    max_extents: usize,
 }
 
 impl ShmAllocator {
@@ -93,6 +103,7 @@ impl ShmAllocator {
             page_size,
             free: BTreeMap::new(),
             used: BTreeMap::new(),
+            max_extents: usize::MAX,
         };
         allocator.free.insert(0, size);
         Ok(allocator)
@@ -106,6 +117,11 @@ impl ShmAllocator {
     /// Placement granularity.
     pub fn page_size(&self) -> u64 {
         self.page_size
+    }
+
+    /// Limits the extents held at once to `max` (those held already stay).
+    pub fn set_max_extents(&mut self, max: usize) {
+        self.max_extents = max;
     }
 
     /// Bytes allocated.
@@ -133,6 +149,11 @@ impl ShmAllocator {
     pub fn alloc(&mut self, len: u64) -> Result<ShmRange, ShmAllocError> {
         if len == 0 || len > self.size {
             return Err(ShmAllocError::BadLength(len));
+        }
+        if self.used.len() >= self.max_extents {
+            return Err(ShmAllocError::TooManyExtents {
+                max: self.max_extents,
+            });
         }
         // Cannot overflow: len <= size, and size is a multiple of the page size.
         let len = len.next_multiple_of(self.page_size);
@@ -263,6 +284,23 @@ mod tests {
         );
         a.free(r).unwrap();
         assert_eq!(a.alloc(4 * PAGE).unwrap().offset, 0);
+    }
+
+    #[test]
+    fn the_extent_count_can_be_capped() {
+        let mut a = ShmAllocator::new(8 * PAGE, PAGE).unwrap();
+        a.set_max_extents(2);
+        let first = a.alloc(PAGE).unwrap();
+        a.alloc(PAGE).unwrap();
+        assert_eq!(
+            a.alloc(PAGE),
+            Err(ShmAllocError::TooManyExtents { max: 2 }),
+            "room for bytes, not for another mapping"
+        );
+        a.free(first).unwrap();
+        a.alloc(PAGE).unwrap();
+        a.clear();
+        assert_eq!(a.max_extents, 2, "a reset keeps the front-end's limit");
     }
 
     #[test]

@@ -143,4 +143,8 @@ pub trait DeviceHandler: Send + Sync + 'static {
     fn is_device_mapping(&self, _file: &std::fs::File) -> bool {
         false
     }
+
+    /// The vhost-user protocol features the front-end acknowledged (each
+    /// `SET_PROTOCOL_FEATURES`).
+    fn frontend_protocol_features(&self, _acked: u64) {}
 }

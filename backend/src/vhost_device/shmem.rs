@@ -11,6 +11,15 @@ use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
 /// Page size the shared-memory region is mapped with.
 pub const SHMEM_PAGE_SIZE: u64 = 4096;
 
+/// Most queue-region mappings a guest may hold at once behind a front-end that counts them
+/// as memory slots (it acknowledged `CONFIGURE_MEM_SLOTS`, as QEMU does). QEMU 11.1 makes every
+/// SHMEM_MAP a memory region that its vhost-user memory listener offers the back-end, and
+/// aborts once those and guest RAM's sections exceed `VHOST_USER_MAX_RAM_SLOTS` (512):
+/// measured under qtest, the mapping after 170 CQ+QP pairs (3 mappings each) ended QEMU with
+/// "vhost_user_add_remove_regions: Assertion `dev->mem->nregions <= VHOST_USER_MAX_RAM_SLOTS'
+/// failed". 32 slots stay for guest RAM; past the budget, creating a queue is `QUOTA`.
+pub const SLOT_COUNTING_FRONTEND_MAPPINGS: usize = 480;
+
 /// Errors of [`ShmemMapper`].
 #[derive(Debug, thiserror::Error)]
 pub enum ShmemError {

@@ -151,6 +151,9 @@ enum GuestCmd {
         /// Iterations per operation and size of the verified run.
         #[arg(long, default_value_t = 20)]
         iters: u32,
+        /// CQ+QP pairs to create through QEMU (0: none).
+        #[arg(long, default_value_t = 0)]
+        qps: u32,
     },
     /// The real-guest suite's host side; results go to $VRDMA_RESULT_DIR/real-guest.json.
     RealGuest {
@@ -278,7 +281,9 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
             GuestCmd::VerbsUtils { library_dir } => verbs_utils::guest(&library_dir)?,
             GuestCmd::RdmacmUtils { library_dir } => rdmacm_utils::guest(&library_dir)?,
             GuestCmd::Tenants { library_dir } => tenants::guest(&library_dir)?,
-            GuestCmd::QtestPingpong { native, iters } => qtest_pingpong::guest(native, iters)?,
+            GuestCmd::QtestPingpong { native, iters, qps } => {
+                qtest_pingpong::guest(native, iters, qps)?
+            }
             GuestCmd::RealGuest {
                 native,
                 root_dir,

@@ -13,6 +13,10 @@ use crate::scenarios::backend::Backend;
 use crate::scenarios::{qtest_pingpong, readme_qemu};
 use crate::vm;
 
+/// CQ+QP pairs the suite asks for through QEMU: past the backend's default quota of 1024
+/// QPs (and CQs), so that the last ones must be refused cleanly.
+pub const QPS: u32 = 1100;
+
 /// `vrdma-vm test qtest-pingpong`.
 pub fn test(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<()> {
     let root = prepared_root()?;
@@ -22,6 +26,8 @@ pub fn test(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<()> {
     let args = vec![
         "--native".into(),
         native_peer.to_string_lossy().into_owned(),
+        "--qps".into(),
+        QPS.to_string(),
     ];
     let (outcome, results): (_, qtest_pingpong::Results) =
         run_guest_suite(&root, &config, "qtest-pingpong", args, json.as_deref())?;
@@ -63,9 +69,9 @@ pub fn test(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<()> {
 }
 
 /// `vrdma-vm guest qtest-pingpong`.
-pub fn guest(native: PathBuf, iters: u32) -> Result<()> {
+pub fn guest(native: PathBuf, iters: u32, qps: u32) -> Result<()> {
     let binaries = qtest_pingpong::Binaries::beside_current_exe(native)?;
-    let settings = qtest_pingpong::Settings { iters };
+    let settings = qtest_pingpong::Settings { iters, qps };
     let mut results = qtest_pingpong::run(&binaries, &settings)?;
     results.readme = Some(readme_qemu_check(&binaries.backend)?);
     deliver_results("qtest-pingpong", &results, || {

@@ -75,11 +75,13 @@ impl Binaries {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub iters: u32,
+    /// CQ+QP pairs the library creates through QEMU ([`super::qtest_qp_scale`]); 0 skips it.
+    pub qps: u32,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { iters: 20 }
+        Settings { iters: 20, qps: 0 }
     }
 }
 
@@ -126,6 +128,8 @@ pub struct Results {
     pub qtest: Vec<PingpongRow>,
     /// qtest requests the verified run needed.
     pub qtest_requests: u64,
+    /// QPs through QEMU, if asked for.
+    pub qp_scale: Option<super::qtest_qp_scale::QpScale>,
     pub reset: ResetOutcome,
     pub kill: KillOutcome,
     /// The README's QEMU command line, run as documented (filled in by the caller).
@@ -451,6 +455,15 @@ fn run_steps(
         results.qtest.len(),
         results.qtest_requests
     );
+
+    if settings.qps > 0 {
+        println!("== {} CQ+QP pairs through QEMU", settings.qps);
+        let scale = super::qtest_qp_scale::run(&guest.ctx, settings.qps, || {
+            read_magic(&function).is_ok_and(|m| m == "vRDM")
+        })?;
+        println!("  {scale:?}");
+        results.qp_scale = Some(scale);
+    }
 
     // The reset a reboot does: no DISCARD_STATE first, so QEMU removes the live mappings
     // itself while the device is stopped. QEMU 11.1.3 crashed at the next DRIVER_OK while the

@@ -324,7 +324,8 @@ pub fn run_filter_sequence(data: &[u8]) {
         file.metadata()
             .is_ok_and(|m| m.file_type().is_char_device())
     });
-    let threads = frontend_filter::start(frontend_far, daemon_far, is_device).expect("filter");
+    let threads = frontend_filter::start(frontend_far, daemon_far, is_device, Arc::new(|_| {}))
+        .expect("filter");
     let files = Files {
         ram: memfd(4096),
         device: File::open("/dev/null").expect("/dev/null"),

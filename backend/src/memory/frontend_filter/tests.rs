@@ -64,14 +64,44 @@ struct Harness {
 }
 
 fn harness() -> Harness {
+    harness_telling(Arc::new(|_| {}))
+}
+
+fn harness_telling(on_protocol_features: ProtocolFeaturesHook) -> Harness {
     let (frontend, frontend_far) = UnixStream::pair().unwrap();
     let (daemon, daemon_far) = UnixStream::pair().unwrap();
-    let threads = start(frontend_far, daemon_far, char_device_test()).unwrap();
+    let threads = start(
+        frontend_far,
+        daemon_far,
+        char_device_test(),
+        on_protocol_features,
+    )
+    .unwrap();
     Harness {
         frontend,
         daemon,
         threads,
     }
+}
+
+#[test]
+fn acknowledged_protocol_features_are_told_and_passed_on() {
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let seen = told.clone();
+    let h = harness_telling(Arc::new(move |features| seen.lock().push(features)));
+    let acked: u64 = 1 << 15 | 1 << 3;
+    message(
+        SET_PROTOCOL_FEATURES,
+        0,
+        acked.to_le_bytes().to_vec(),
+        vec![],
+    )
+    .send(&h.frontend)
+    .unwrap();
+    let got = Message::receive(&h.daemon).unwrap().unwrap();
+    assert_eq!(got.request(), SET_PROTOCOL_FEATURES);
+    assert_eq!(got.payload, acked.to_le_bytes());
+    assert_eq!(*told.lock(), [acked]);
 }
 
 #[test]
