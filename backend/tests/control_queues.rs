@@ -428,3 +428,51 @@ fn queue_region_exhaustion_and_map_failures_leave_nothing() {
         "the failed extent was freed"
     );
 }
+
+/// A front-end that counts every queue mapping as a memory slot (QEMU: it acknowledged
+/// CONFIGURE_MEM_SLOTS, and aborts past 512 slots) gets at most
+/// `SLOT_COUNTING_FRONTEND_MAPPINGS` queue buffers; the next create is QUOTA, nothing is left
+/// behind, and one freed makes room again. Other front-ends (the process transport) are not
+/// limited by it.
+#[test]
+fn queue_mappings_stay_below_a_slot_counting_frontends_limit() {
+    use vhost::vhost_user::VhostUserProtocolFeatures as Protocol;
+    use vrdma_backend::resources::quotas::Quotas;
+    use vrdma_backend::vhost_device::shmem::SLOT_COUNTING_FRONTEND_MAPPINGS as LIMIT;
+
+    let fake = FakeDevice::new();
+    let options = DeviceOptions {
+        shm_size: (2 * LIMIT as u64 * PAGE).next_power_of_two(),
+        quotas: Quotas {
+            cqs: 2 * LIMIT as u32,
+            ..test_options().quotas
+        },
+        ..test_options()
+    };
+    let guest = TestGuest::new(&fake, options, ALL_FEATURES);
+    guest
+        .dev()
+        .frontend_protocol_features((Protocol::CONFIGURE_MEM_SLOTS | Protocol::SHMEM).bits());
+    let cqs: Vec<u32> = (0..LIMIT).map(|_| guest.create_cq(2).cq.get()).collect();
+    let cq = CreateCqReq {
+        cqe: Le32::new(2),
+        reserved: Le32::ZERO,
+    };
+    assert_eq!(guest.status(ControlRequest::CreateCq(cq)), Status::Quota);
+    assert_eq!(
+        fake.world().live(),
+        LIMIT,
+        "the refused CQ was destroyed again"
+    );
+    assert_eq!(
+        guest.status(ControlRequest::DestroyCq(handle(cqs[0]))),
+        Status::Ok
+    );
+    guest.create_cq(2);
+    // A front-end that does not count slots: no such limit.
+    guest
+        .dev()
+        .frontend_protocol_features(Protocol::SHMEM.bits());
+    guest.create_cq(2);
+    assert_eq!(fake.world().live(), LIMIT + 1);
+}

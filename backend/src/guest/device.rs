@@ -177,6 +177,11 @@ pub struct GuestDevice {
     acked: Mutex<Option<u64>>,
     /// The host device reported a fatal error (spec §11.2).
     failed: AtomicBool,
+    /// The front-end counts every queue mapping as a memory slot (it acknowledged
+    /// CONFIGURE_MEM_SLOTS): commands cap the guest's queue mappings. Set by the front-end
+    /// filter's relay thread, which must never wait for the state lock (a command holding it
+    /// may be waiting for the front-end).
+    slot_counting_frontend: AtomicBool,
     faults: FaultLog,
     // Declared last so it is dropped last: it holds the host context.
     shared: GuestShared,
@@ -228,6 +233,7 @@ impl GuestDevice {
             state: Mutex::new(state),
             acked: Mutex::new(None),
             failed: AtomicBool::new(false),
+            slot_counting_frontend: AtomicBool::new(false),
             faults: FaultLog::for_guest(id),
             shared: GuestShared::new(
                 id,
@@ -349,6 +355,13 @@ impl GuestDevice {
             return Err(CommandError::DeviceFailed);
         }
         let mut state = self.state.lock();
+        state
+            .shm
+            .set_max_extents(if self.slot_counting_frontend.load(Ordering::Acquire) {
+                SLOT_COUNTING_FRONTEND_MAPPINGS
+            } else {
+                usize::MAX
+            });
         self.shared.announce_discard(ctx, &mut state);
         let mut session = Session {
             guest: &self.shared,
@@ -557,14 +570,11 @@ impl DeviceHandler for GuestDevice {
     }
 
     fn frontend_protocol_features(&self, acked: u64) {
-        if acked & VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS.bits() != 0 {
-            // Every queue buffer is a memory slot of this front-end: stay below its limit, so
-            // that a guest creating queues gets QUOTA rather than aborting QEMU.
-            self.state
-                .lock()
-                .shm
-                .set_max_extents(SLOT_COUNTING_FRONTEND_MAPPINGS);
-        }
+        // Every queue buffer is a memory slot of such a front-end: commands stay below its
+        // limit, so that a guest creating queues gets QUOTA rather than aborting QEMU.
+        let counts_slots = acked & VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS.bits() != 0;
+        self.slot_counting_frontend
+            .store(counts_slots, Ordering::Release);
     }
 
     fn is_device_mapping(&self, file: &std::fs::File) -> bool {

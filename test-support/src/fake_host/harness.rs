@@ -87,8 +87,9 @@ impl TestGuest {
         let memory = GuestMemoryAtomic::new(guest_memory(&ram));
         let device = factory.create().unwrap();
         device.features_acked(VIRTIO_F_VERSION_1 | features);
+        // QEMU's region is as large as the device's configuration says.
+        let frontend = Arc::new(FakeFrontend::new(device.options().shm_size));
         let backend = VhostUserDevice::new(Arc::new(device), memory.clone()).unwrap();
-        let frontend = Arc::new(FakeFrontend::new(SHM_SIZE));
         let (channel, serving) = serve_backend_channel(Arc::clone(&frontend));
         backend.set_backend_req_fd(channel);
         TestGuest {
