@@ -84,7 +84,7 @@ impl VerbsFile {
         const NAME: &str = "QUERY_GID_TABLE";
         let mut entries = vec![GidTableEntry::new_zeroed(); capacity];
         let mut count: u64 = 0;
-        let call = QueryGidTable::new(
+        let mut call = QueryGidTable::new(
             driver_id,
             entries.as_mut_ptr() as u64,
             capacity,
@@ -95,13 +95,14 @@ impl VerbsFile {
             reason: format!("{capacity} entries do not fit one call"),
         })?;
         // SAFETY: `call` names two buffers of this frame, `entries` (room for `capacity`
-        // entries, the length the call states) and `count` (8 bytes); the kernel writes them
-        // only during the call.
+        // entries, the length the call states) and `count` (8 bytes); the kernel writes them,
+        // and the `flags` of the attributes in `call` itself (VALID_OUTPUT), only during the
+        // call, through a pointer derived from a mutable borrow.
         let ret = unsafe {
             libc::ioctl(
                 self.fd.as_raw_fd(),
                 RDMA_VERBS_IOCTL as _,
-                call.as_bytes().as_ptr(),
+                (&raw mut call).cast::<libc::c_void>(),
             )
         };
         if ret < 0 {

@@ -17,7 +17,8 @@ pub const SHMEM_PAGE_SIZE: u64 = 4096;
 /// aborts once those and guest RAM's sections exceed `VHOST_USER_MAX_RAM_SLOTS` (512):
 /// measured under qtest, the mapping after 170 CQ+QP pairs (3 mappings each) ended QEMU with
 /// "vhost_user_add_remove_regions: Assertion `dev->mem->nregions <= VHOST_USER_MAX_RAM_SLOTS'
-/// failed". 32 slots stay for guest RAM; past the budget, creating a queue is `QUOTA`.
+/// failed". 32 slots stay for guest RAM; past the budget, creating a queue is `QUOTA`. The
+/// budget is per connection, QEMU's limit per VM: one vrdma device per VM (spec §10).
 pub const SLOT_COUNTING_FRONTEND_MAPPINGS: usize = 480;
 
 /// Errors of [`ShmemMapper`].

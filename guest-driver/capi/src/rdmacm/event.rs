@@ -17,6 +17,7 @@ use vrdma::verbs::QpState;
 use super::channel::CmChannel;
 use super::cm_id::{modify_qp, new_id, qp_to_error, set_addresses, CmIdPriv};
 use super::device::fail;
+use super::router::CmRouter;
 use crate::ffi::guard;
 use crate::objects::ah_attr_to;
 use crate::sys::*;
@@ -73,19 +74,23 @@ fn deliver(
 ) -> Result<Option<*mut rdma_cm_event>, c_int> {
     let kind = raw.event.get();
     let (id, listener) = if kind == cm_event::CONNECT_REQUEST {
-        let Some(listener) = find(raw.listen_id.get()) else {
+        // Claimed while the request's id is made from it (a request is counted on nobody).
+        let Some(listener) = claim(raw.listen_id.get()) else {
             return Ok(None);
         };
-        (connect_request(channel, listener, raw)?, listener)
+        let id = connect_request(channel, listener, raw);
+        // SAFETY: claimed above, not handed out.
+        unsafe { CmRouter::unclaim(listener) };
+        (id?, listener)
     } else {
-        let Some(id) = find(raw.id.get()) else {
+        // Claimed: counted as handed out from here on (every path below hands it out).
+        let Some(id) = claim(raw.id.get()) else {
             return Ok(None);
         };
         (id, std::ptr::null_mut())
     };
-    // SAFETY: a live id of this library (found through its routes, not destroyed: the
-    // application destroys ids only after acknowledging their events, and destroy removes
-    // the route first).
+    // SAFETY: a live id of this library: claimed above, or a request's new id nobody else
+    // knows yet.
     let p = unsafe { &*id.cast::<CmIdPriv>() };
     let mut kind = kind;
     let mut status = raw.status.get() as i32;
@@ -147,21 +152,17 @@ fn deliver(
             qp_num: raw.qp_num.get(),
         };
     }
-    if let Some(counted) = ready.counted {
-        // SAFETY: a live id, as above.
-        unsafe { (*counted).state.lock().given += 1 };
-    }
     // `data` points into the box's heap allocation, which stays where it is.
     Ok(Some(Box::into_raw(ready).cast()))
 }
 
-/// The id of `handle`, if it was not destroyed.
-fn find(handle: u32) -> Option<*mut rdma_cm_id> {
+/// The id of `handle`, if it was not destroyed, claimed ([`CmRouter::claim`]).
+fn claim(handle: u32) -> Option<*mut rdma_cm_id> {
     let device = super::device::cm_device().ok()?;
     // SAFETY: the CM's live context.
     unsafe { crate::context::VrdmaContext::of(device.ibv) }
         .cm
-        .lookup(handle)
+        .claim(handle)
 }
 
 /// The new id of a connect request on `listener`.

@@ -77,13 +77,15 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         };
         // SAFETY: caller contract: a live id; its pending event is this library's.
         unsafe { ack_pending(id) };
+        // No event can claim the id once its route is gone; then those handed out (or being
+        // handed out) are waited for.
+        p.router.remove(p.handle);
         {
             let mut state = p.state.lock();
             while state.acknowledged < state.given {
                 p.acked.wait(&mut state);
             }
         }
-        p.router.remove(p.handle);
         let cm = p.cm.lock().take();
         let result = cm.map(CmId::destroy);
         // SAFETY: caller contract: the allocation made by new_id, not used afterwards.
