@@ -2,7 +2,7 @@
 
 mod common;
 
-use vrdma_qemu_tests::scenarios::perftest_rdma_cm::{self, RACE_ATTEMPTS};
+use vrdma_qemu_tests::scenarios::perftest_rdma_cm;
 use vrdma_qemu_tests::scenarios::rdmacm_backend_kill::DEVICE_REMOVAL;
 use vrdma_qemu_tests::scenarios::rdmacm_suite::SuiteResults;
 use vrdma_qemu_tests::scenarios::rdmacm_utils::PROGRAMS;
@@ -51,7 +51,6 @@ fn rdmacm_examples_run_unmodified_over_vrdma() {
     assert_eq!(got, expected);
     for run in &results.perftest {
         assert!(run.measurement.completed(), "{run:?}");
-        assert!((1..=RACE_ATTEMPTS).contains(&run.attempts), "{run:?}");
         assert_eq!(run.iterations, 200, "{run:?}");
         let vrdma_sides = [&run.server, &run.client]
             .iter()

@@ -26,9 +26,14 @@ pub const VRDMA_BOTH: &str = "vrdma-both";
 /// calls them only for vendor IDs it recognizes, and vrdma0 reports its own.
 const STANDINS: &[&str] = &["libmlx5.so.1", "libefa.so.1", "libhns.so.1"];
 
-/// Prepares (on the host) `<target_dir>/native/vrdma-dropin/`: `libibverbs.so.1` linking to
-/// `dropin` (the `libvrdma_ibverbs.so` cargo built) and the vendor library stand-ins, built
-/// with the system C compiler. Returns the directory, for `LD_LIBRARY_PATH`.
+/// The LD_PRELOAD helper in the drop-in's directory that makes a client's `rdma_connect` wait
+/// for a listener on its destination port (`native/preload/connect_after_listen.c`).
+pub const CONNECT_AFTER_LISTEN: &str = "libvrdma-connect-after-listen.so";
+
+/// Prepares (on the host) `<target_dir>/native/vrdma-dropin/`: `libibverbs.so.1` and
+/// `librdmacm.so.1` linking to `dropin` (the `libvrdma_ibverbs.so` cargo built), the vendor
+/// library stand-ins and the perftest -R clients' helper, built with the system C compiler.
+/// Returns the directory, for `LD_LIBRARY_PATH`.
 pub fn prepare_library_dir(target_dir: &Path, dropin: &Path) -> Result<PathBuf> {
     let dir = target_dir.join("native").join("vrdma-dropin");
     let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("native/standins");
@@ -41,6 +46,13 @@ pub fn prepare_library_dir(target_dir: &Path, dropin: &Path) -> Result<PathBuf> 
             soname,
         )?;
     }
+    // The perftest -R clients' helper (scenarios::perftest_rdma_cm).
+    native::build_shared_object(
+        &dir,
+        &sources.join("../preload/connect_after_listen.c"),
+        &sources.join("../preload/connect_after_listen.map"),
+        CONNECT_AFTER_LISTEN,
+    )?;
     // One file under both names: the loader loads it once (see guest-driver/capi/src/rdmacm).
     for name in ["libibverbs.so.1", "librdmacm.so.1"] {
         let link = dir.join(name);

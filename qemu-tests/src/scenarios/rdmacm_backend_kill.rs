@@ -81,7 +81,11 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<KillReport> {
             args.extend(["-C".into(), count.to_string()]);
         }
         args.extend(["-a".into(), address.clone(), "-p".into(), port.to_string()]);
-        Proc::spawn(&format!("kill-{who}"), &mut command("rping", side, &args))
+        // Line-buffered: what the scenario waits for must not wait for a 4 KiB pipe buffer.
+        Proc::spawn(
+            &format!("kill-{who}"),
+            &mut command("stdbuf -oL rping", side, &args),
+        )
     };
 
     println!("== rping pairs through a backend that will be SIGKILLed");
