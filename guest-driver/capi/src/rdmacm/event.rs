@@ -17,7 +17,6 @@ use vrdma::verbs::QpState;
 use super::channel::CmChannel;
 use super::cm_id::{modify_qp, new_id, qp_to_error, set_addresses, CmIdPriv};
 use super::device::fail;
-use super::router::CmRouter;
 use crate::ffi::guard;
 use crate::objects::ah_attr_to;
 use crate::sys::*;
@@ -80,7 +79,7 @@ fn deliver(
         };
         let id = connect_request(channel, listener, raw);
         // SAFETY: claimed above, not handed out.
-        unsafe { CmRouter::unclaim(listener) };
+        unsafe { unclaim(listener) };
         (id?, listener)
     } else {
         // Claimed: counted as handed out from here on (every path below hands it out).
@@ -156,13 +155,30 @@ fn deliver(
     Ok(Some(Box::into_raw(ready).cast()))
 }
 
-/// The id of `handle`, if it was not destroyed, claimed ([`CmRouter::claim`]).
+/// The id of `handle`, if it was not destroyed, with one more event counted as handed out on
+/// it (`given`), so that `rdma_destroy_id` cannot free it while the event is delivered. The
+/// caller hands the event out, or [`unclaim`]s it.
 fn claim(handle: u32) -> Option<*mut rdma_cm_id> {
     let device = super::device::cm_device().ok()?;
     // SAFETY: the CM's live context.
     unsafe { crate::context::VrdmaContext::of(device.ibv) }
         .cm
-        .claim(handle)
+        .claim(handle, |id| {
+            // SAFETY: a routed id is live: its route goes, under the lock held while this
+            // runs, before it is freed.
+            unsafe { (*id.cast::<CmIdPriv>()).state.lock().given += 1 };
+        })
+}
+
+/// Gives back a [`claim`] whose event was not handed out.
+///
+/// # Safety
+/// `id` was claimed and not unclaimed or acknowledged since.
+unsafe fn unclaim(id: *mut rdma_cm_id) {
+    // SAFETY: caller contract: the claim keeps the id alive.
+    let p = unsafe { &*id.cast::<CmIdPriv>() };
+    p.state.lock().acknowledged += 1;
+    p.acked.notify_all();
 }
 
 /// The new id of a connect request on `listener`.

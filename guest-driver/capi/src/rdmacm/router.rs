@@ -19,7 +19,6 @@ use vrdma::Context;
 use zerocopy::FromZeros;
 
 use super::channel::CmChannel;
-use super::cm_id::CmIdPriv;
 use crate::sys::rdma_cm_id;
 
 /// Where the events of one id go.
@@ -55,29 +54,19 @@ impl CmRouter {
         );
     }
 
-    /// The application's id of `handle`, if it is not destroyed, with one more event counted
-    /// as handed out on it (`given`), so that `rdma_destroy_id`, which removes the route
-    /// under this lock before it waits for `acknowledged` to reach `given`, cannot free it
-    /// while the event is being delivered. The caller hands the event out, or
-    /// [`CmRouter::unclaim`]s it.
-    pub(crate) fn claim(&self, handle: u32) -> Option<*mut rdma_cm_id> {
+    /// The application's id of `handle`, if it is not destroyed, after `count` ran on it
+    /// under the routes' lock: `rdma_destroy_id` removes the route under that lock before it
+    /// waits for the id's events, so what `count` records (an event being handed out) keeps
+    /// the id alive.
+    pub(crate) fn claim(
+        &self,
+        handle: u32,
+        count: impl FnOnce(*mut rdma_cm_id),
+    ) -> Option<*mut rdma_cm_id> {
         let ids = self.ids.lock();
         let id = ids.get(&handle)?.id as *mut rdma_cm_id;
-        // SAFETY: a routed id is live: its route goes (under the lock held here) before it is
-        // freed.
-        unsafe { (*id.cast::<CmIdPriv>()).state.lock().given += 1 };
+        count(id);
         Some(id)
-    }
-
-    /// Gives back a [`CmRouter::claim`] whose event was not handed out.
-    ///
-    /// # Safety
-    /// `id` was claimed and not unclaimed or acknowledged since.
-    pub(crate) unsafe fn unclaim(id: *mut rdma_cm_id) {
-        // SAFETY: caller contract: the claim keeps the id alive.
-        let p = unsafe { &*id.cast::<CmIdPriv>() };
-        p.state.lock().acknowledged += 1;
-        p.acked.notify_all();
     }
 
     /// Stops routing the events of id `handle`, and drops those queued already.
