@@ -108,14 +108,15 @@ fn scattered_pages_over_the_per_mr_limit_are_invalid() {
     assert_eq!(register(&guest, pd, &scattered(0, 9)), Err(Status::Invalid));
     assert_eq!(usage(&guest), MemoryUsage::default());
     assert_eq!(fake.world().mrs.len(), 0);
-    // Eight fit; so do 64 contiguous pages, which are one mapping.
+    // Eight fit; so do 64 contiguous pages, which are registered over the daemon's mapping
+    // of guest RAM and map nothing of their own.
     let mr = register(&guest, pd, &scattered(0, 8)).unwrap();
     assert_eq!(usage(&guest).mappings, 8);
     register(&guest, pd, &contiguous(100, 64)).unwrap();
-    assert_eq!(usage(&guest).mappings, 9);
+    assert_eq!(usage(&guest).mappings, 8);
     // REREG_MR to a page list over the limit: refused, the MR stays as it was.
     assert_eq!(rereg(&guest, mr, &scattered(0, 9)), Status::Invalid);
-    assert_eq!(usage(&guest).mappings, 9);
+    assert_eq!(usage(&guest).mappings, 8);
     assert_eq!(fake.world().mrs.len(), 2);
 }
 
@@ -129,7 +130,9 @@ fn a_guest_at_its_mapping_quota_leaves_others_registering() {
     assert_eq!(register(&greedy, pd, &scattered(0, 8)), Err(Status::Quota));
     // Four more still fit the guest's 20.
     register(&greedy, pd, &scattered(0, 4)).unwrap();
-    assert_eq!(register(&greedy, pd, &[RAM_BASE]), Err(Status::Quota));
+    assert_eq!(register(&greedy, pd, &scattered(0, 2)), Err(Status::Quota));
+    // A contiguous MR needs no mapping of its own: still registered.
+    register(&greedy, pd, &contiguous(50, 8)).unwrap();
     assert_eq!(usage(&greedy).mappings, 20);
     // The other guest is not affected.
     register(&other, other_pd, &scattered(0, 16)).unwrap();
@@ -182,7 +185,7 @@ fn overlapping_mrs_pin_their_pages_once() {
     register(&second, pd2, &contiguous(0, 4)).unwrap();
     dereg(&first, c);
     assert_eq!(usage(&first), MemoryUsage::default());
-    assert_eq!(daemon(&factory), (1, 4));
+    assert_eq!(daemon(&factory), (0, 4));
 }
 
 #[test]
@@ -204,11 +207,11 @@ fn repeated_pages_need_a_place_each_but_pin_once() {
         (usage(&guest).mappings, usage(&guest).pinned_bytes),
         (6, 33 * PAGE)
     );
-    // Pages repeated across MRs cost each MR its own runs, no pinned bytes.
+    // Pages repeated across MRs pin no new bytes (and one contiguous run maps nothing).
     register(&guest, pd, &contiguous(10, 32)).unwrap();
     assert_eq!(
         (usage(&guest).mappings, usage(&guest).pinned_bytes),
-        (7, 33 * PAGE)
+        (6, 33 * PAGE)
     );
     dereg(&guest, mr);
     assert_eq!(usage(&guest).pinned_bytes, 32 * PAGE);
@@ -236,11 +239,11 @@ fn rereg_moves_the_charge_and_a_failed_one_changes_nothing() {
     // Success: the old window's charge goes, the new one's stays.
     assert_eq!(rereg(&guest, mr, &contiguous(40, 8)), Status::Ok);
     let used = usage(&guest);
-    assert_eq!((used.mappings, used.pinned_bytes), (1, 8 * PAGE));
-    assert_eq!(daemon(&factory), (1, 8));
+    assert_eq!((used.mappings, used.pinned_bytes), (0, 8 * PAGE));
+    assert_eq!(daemon(&factory), (0, 8));
     // Over the daemon's pinned budget (64 pages): refused, unchanged.
     assert_eq!(rereg(&guest, mr, &contiguous(100, 60)), Status::Quota);
-    assert_eq!(daemon(&factory), (1, 8));
+    assert_eq!(daemon(&factory), (0, 8));
 }
 
 #[test]
@@ -264,14 +267,17 @@ fn discard_revocation_and_disconnect_release_everything() {
     let pd = guest.alloc_pd();
     register(&guest, pd, &scattered(0, 5)).unwrap();
     register(&guest, pd, &contiguous(0, 3)).unwrap();
-    assert_eq!(daemon(&factory), (6, 6));
+    assert_eq!(daemon(&factory), (5, 6));
     assert_eq!(guest.status(ControlRequest::DiscardState), Status::Ok);
     assert_eq!(usage(&guest), MemoryUsage::default());
     assert_eq!(daemon(&factory), (0, 0));
 
-    // A memory change that revokes the MR releases it at once.
+    // A memory change that revokes the MRs releases them at once, windowed or over guest
+    // RAM's mapping.
     let pd = guest.alloc_pd();
     register(&guest, pd, &scattered(0, 5)).unwrap();
+    register(&guest, pd, &contiguous(64, 4)).unwrap();
+    assert_eq!(daemon(&factory), (5, 9));
     let other = memfd(RAM_SIZE);
     guest.memory.lock().unwrap().replace(guest_memory(&other));
     guest.dev().memory_changed(guest.ctx());
@@ -288,9 +294,9 @@ fn discard_revocation_and_disconnect_release_everything() {
     let second = TestGuest::from_factory(&factory, VRDMA_F_RING_RXE_V1);
     let pd2 = second.alloc_pd();
     register(&second, pd2, &contiguous(0, 4)).unwrap();
-    assert_eq!(daemon(&factory), (6, 9));
+    assert_eq!(daemon(&factory), (5, 9));
     drop(guest);
-    assert_eq!(daemon(&factory), (1, 4));
+    assert_eq!(daemon(&factory), (0, 4));
     second.dev().reset_requested();
     second.dev().reset();
     assert_eq!(daemon(&factory), (0, 0));

@@ -1,7 +1,8 @@
 //! REG_MR, DEREG_MR and MR revocation on memory-table changes (spec §7.4, §11.3).
 //!
-//! A registration maps the guest's pages contiguously into an [`MrWindow`] of this process and
-//! registers the window with the guest's iova. The window lives exactly as long as the host
+//! A registration maps the guest's pages contiguously into an [`MrWindow`] of this process (or,
+//! for one contiguous run of guest RAM, uses the daemon's mapping of it) and registers the
+//! window with the guest's iova. The window lives exactly as long as the host
 //! MR: it is unmapped only after the MR is deregistered, so the NIC never holds a registration
 //! over address space this process reuses.
 
@@ -140,7 +141,7 @@ pub(super) fn map_window(
     s: &mut Session<'_>,
     pages: &MrPages<'_>,
 ) -> Result<MrWindow, CommandError> {
-    let ram = GuestRamFiles::new(&*s.ctx.memory())?;
+    let ram = GuestRamFiles::mapped(s.ctx.memory().into_inner())?;
     let mut plan = MrWindow::plan(&ram, pages, max_mr_size(s.guest))?;
     let max_mappings = s.guest.options().max_mr_mappings;
     if plan.mappings() > u64::from(max_mappings) {
@@ -150,7 +151,7 @@ pub(super) fn map_window(
         });
     }
     s.state.memory.charge(&plan)?;
-    plan.map().map_err(|e| {
+    plan.map(&mut s.state.populated).map_err(|e| {
         s.state.memory.release_plan(&plan);
         e.into()
     })

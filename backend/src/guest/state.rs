@@ -11,6 +11,7 @@ use super::objects::{
 use super::options::{DeviceOptions, GuestError};
 use crate::host::PdHandle;
 use crate::memory::budget::{HostBudget, MemoryAccount};
+use crate::memory::populated::PopulatedRam;
 use crate::memory::queue_region::ShmAllocator;
 use crate::resources::kind::ResourceKind;
 use crate::resources::table::{Handle, HandleTable};
@@ -24,6 +25,8 @@ pub(crate) struct GuestState {
     pub(crate) mr_bytes: u64,
     /// Mappings and pinned guest memory of live (not revoked) MRs, in the daemon's budget.
     pub(crate) memory: MemoryAccount,
+    /// What of guest RAM's mapping MR registrations have populated already.
+    pub(crate) populated: PopulatedRam,
     pub(crate) cqs: HandleTable<CqEntry>,
     pub(crate) qps: HandleTable<QpEntry>,
     pub(crate) srqs: HandleTable<SrqEntry>,
@@ -61,6 +64,7 @@ impl GuestState {
             mrs: HandleTable::new(ResourceKind::Mr, q.mrs)?,
             mr_bytes: 0,
             memory: MemoryAccount::new(budget, q.mappings.into()),
+            populated: PopulatedRam::default(),
             cqs: HandleTable::new(ResourceKind::Cq, q.cqs)?,
             qps: HandleTable::new(ResourceKind::Qp, q.qps)?,
             srqs: HandleTable::new(ResourceKind::Srq, q.srqs)?,

@@ -324,6 +324,7 @@ mod tests {
     use crate::memory::guest_ram::GuestRamFiles;
     use crate::memory::mr_window::MrPages;
     use crate::memory::pinned_extents::Extent;
+    use crate::memory::populated::PopulatedRam;
     use crate::memory::test_files::*;
 
     fn pages_request(pages: &[u64]) -> MrPages<'_> {
@@ -394,11 +395,11 @@ mod tests {
 
         let mut plan = MrWindow::plan(&ram, &pages_request(&four), GIB).unwrap();
         account.charge(&plan).unwrap();
-        let window = plan.map().unwrap();
+        let window = plan.map(&mut PopulatedRam::default()).unwrap();
         // The same pages again pin nothing more.
         let mut again = MrWindow::plan(&ram, &pages_request(&four), GIB).unwrap();
         account.charge(&again).unwrap();
-        let window_again = again.map().unwrap();
+        let window_again = again.map(&mut PopulatedRam::default()).unwrap();
         assert_eq!(
             (account.pinned_bytes(), daemon.pinned_bytes()),
             (4 * PAGE, 4 * PAGE)
@@ -442,7 +443,7 @@ mod tests {
                 end: LOW + PAGE
             }]
         );
-        let window = plan.map().unwrap();
+        let window = plan.map(&mut PopulatedRam::default()).unwrap();
         assert_eq!(window.mappings(), 4);
         // A buffer mapped twice in a row (a "mirrored" ring): two runs, its pages pinned once.
         let ring: Vec<u64> = (0..2)

@@ -72,6 +72,9 @@ pub(super) struct RamRegion {
     pub(super) gpa_start: u64,
     len: u64,
     pub(super) backing: Option<Backing>,
+    /// Where the daemon's own mapping of guest RAM holds `gpa_start`, when the snapshot keeps
+    /// that mapping alive ([`GuestRamFiles::mapped`]).
+    host_base: Option<usize>,
 }
 
 impl RamRegion {
@@ -87,6 +90,8 @@ impl RamRegion {
 pub struct GuestRamFiles {
     /// Sorted by `gpa_start`, non-overlapping.
     pub(super) regions: Vec<RamRegion>,
+    /// The daemon's mapping of the same memory, kept mapped for as long as anything holds it.
+    mapping: Option<Arc<MappedGuestRam>>,
 }
 
 impl GuestRamFiles {
@@ -127,10 +132,63 @@ impl GuestRamFiles {
                 gpa_start,
                 len,
                 backing,
+                host_base: None,
             });
         }
         regions.sort_by_key(|region| region.gpa_start);
-        Ok(GuestRamFiles { regions })
+        Ok(GuestRamFiles {
+            regions,
+            mapping: None,
+        })
+    }
+
+    /// Snapshots `mem` like [`new`](Self::new) and keeps `mem` itself, so that an MR can be
+    /// registered over the daemon's existing mapping of guest RAM (no window of its own) and
+    /// keep that mapping alive for as long as the MR lives.
+    pub fn mapped(mem: Arc<MappedGuestRam>) -> Result<Self, MemError> {
+        let mut files = Self::new(&*mem)?;
+        for region in mem.iter() {
+            let start = region.start_addr().0;
+            if let Some(ram) = files.regions.iter_mut().find(|r| r.gpa_start == start) {
+                ram.host_base = Some(region.as_ptr() as usize);
+            }
+        }
+        files.mapping = Some(mem);
+        Ok(files)
+    }
+
+    /// The daemon's address of `gpa` in region `region` and the mapping that holds it, if this
+    /// snapshot keeps the mapping ([`mapped`](Self::mapped)). `gpa` must be in the region.
+    pub(super) fn mapped_address(
+        &self,
+        region: usize,
+        gpa: u64,
+    ) -> Option<(usize, &Arc<MappedGuestRam>)> {
+        let ram = self.regions.get(region)?;
+        let base = ram.host_base?;
+        let offset = usize::try_from(gpa.checked_sub(ram.gpa_start)?).ok()?;
+        Some((base.checked_add(offset)?, self.mapping.as_ref()?))
+    }
+
+    /// Bytes from `gpa` to the end of the region holding it (or of its backing file, if that
+    /// ends first); 0 if no region holds `gpa`.
+    pub(super) fn room_in_region(&self, gpa: u64) -> u64 {
+        let Some(index) = self
+            .regions
+            .partition_point(|region| region.gpa_start <= gpa)
+            .checked_sub(1)
+        else {
+            return 0;
+        };
+        let region = &self.regions[index];
+        let in_region = region.gpa_end().saturating_sub(gpa);
+        match &region.backing {
+            Some(backing) => {
+                let file_offset = backing.start.saturating_add(gpa - region.gpa_start);
+                in_region.min(backing.file_len.saturating_sub(file_offset))
+            }
+            None => in_region,
+        }
     }
 
     /// Translates the guest-physical range `[gpa, gpa + len)` to its place in guest RAM's backing

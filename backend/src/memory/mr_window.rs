@@ -10,19 +10,32 @@
 //! (memfd, hugetlbfs, ...) that back guest RAM. Registering `window.addr()..+window.len()` with
 //! `hca_va = iova` then makes the NIC see exactly the guest's view of the MR.
 //!
+//! An MR whose pages are one run of one region needs no window of its own: it is registered
+//! over the daemon's existing mapping of guest RAM, which it then keeps alive
+//! ([`GuestRamFiles::mapped`]). Nothing is mapped or unmapped for it, and the page-table entries
+//! the kernel fills when pinning it stay for the next registration of the same memory.
+//!
 //! When the frontend changes the memory map, each window is asked whether it is
 //! [still backed](MrWindow::still_backed_by) by the new [`GuestRamFiles`] snapshot.
 //!
 //! Writes made through a window (by the NIC or by us) bypass vm-memory's dirty bitmap: like any
 //! DMA from a passthrough device, they are invisible to dirty logging.
 
+use std::sync::Arc;
+
 use vm_memory::VolatileSlice;
 use vrdma_spec::control::{MAX_PAGE_SHIFT, MIN_PAGE_SHIFT};
 
 use super::error::MemError;
-use super::guest_ram::{FileIdentity, GuestRamFiles};
-use super::pinned_extents::{normalize, Extent};
-use super::reservation::{host_page_size, Reservation};
+use super::guest_ram::{GuestRamFiles, MappedGuestRam};
+use super::mr_layout::{
+    collect_runs, page_extents, pinned_extents, plan_layout, Dependency, Layout,
+};
+#[cfg(test)]
+use super::mr_layout::{PlannedMap, Run};
+use super::pinned_extents::Extent;
+use super::populated::PopulatedRam;
+use super::reservation::{host_page_size, populate, Reservation};
 
 /// An MR registration request, as sent by the guest.
 #[derive(Debug, Clone, Copy)]
@@ -38,132 +51,12 @@ pub struct MrPages<'a> {
     pub pages: &'a [u64],
 }
 
-/// A part of guest RAM a window maps: used to tell whether a new memory map still backs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Dependency {
-    /// Guest-physical hull of the pages mapped from one region.
-    gpa_start: u64,
-    gpa_end: u64,
-    identity: FileIdentity,
-    /// File offset of `gpa_start`.
-    file_offset: u64,
-}
-
-/// Pages that are consecutive both in the page list and in one backing file: one mmap.
-#[derive(Debug, Clone, Copy)]
-struct Run {
-    /// Region providing the descriptor to map.
-    region: usize,
-    /// Guest-physical address of the first page (for error messages).
-    gpa: u64,
-    file_offset: u64,
-    len: u64,
-}
-
-/// A planned mmap of one run, relative to the window base.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct PlannedMap {
-    region: usize,
-    window_offset: u64,
-    file_offset: u64,
-    len: u64,
-}
-
-/// Where everything goes in the window.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Layout {
-    /// Alignment of the window base.
-    alignment: u64,
-    /// Length of the whole reservation.
-    reserve_len: u64,
-    /// Offset of the first page of the MR from the window base.
-    first_page: u64,
-    maps: Vec<PlannedMap>,
-}
-
-/// Lays `runs` out back to back, honouring each backing's mapping granularity.
-///
-/// Runs whose backing can be mapped in host pages are mapped exactly. Runs backed by huge pages
-/// are widened to whole huge pages; this is only possible when the widened mappings do not
-/// overlap their neighbours, i.e. when run boundaries inside the window fall on huge page
-/// boundaries. The first page is placed at its offset within its huge page, so the window base
-/// can be huge-page aligned.
-fn plan_layout(
-    runs: &[Run],
-    granularity_of: impl Fn(usize) -> u64,
-    page_size: u64,
-    host_page_size: u64,
-) -> Result<Layout, MemError> {
-    let largest_granularity = runs
-        .iter()
-        .map(|run| granularity_of(run.region))
-        .fold(host_page_size, u64::max);
-    // Place the pages so that the first run with the largest granularity starts at its offset
-    // within a unit of that granularity; the other runs are checked below.
-    let mut prefix = 0u64;
-    let mut first_page = 0;
-    for run in runs {
-        if granularity_of(run.region) == largest_granularity {
-            first_page = run.file_offset.wrapping_sub(prefix) & (largest_granularity - 1);
-            break;
-        }
-        // Only needed modulo the granularity.
-        prefix = prefix.wrapping_add(run.len);
-    }
-    let too_large = || MemError::WindowTooLarge {
-        pages: runs.iter().map(|run| run.len / page_size).sum(),
-        page_size,
-    };
-
-    let mut maps = Vec::with_capacity(runs.len());
-    let mut next_page = first_page;
-    let mut mapped_end = 0u64;
-    for run in runs {
-        let granularity = granularity_of(run.region);
-        let misaligned = MemError::BackingGranularity {
-            gpa: run.gpa,
-            granularity,
-        };
-        let head = run.file_offset % granularity;
-        let window_offset = next_page
-            .checked_sub(head)
-            .filter(|offset| offset % granularity == 0 && *offset >= mapped_end)
-            .ok_or(misaligned)?;
-        let len = head
-            .checked_add(run.len)
-            .and_then(|len| align_up(len, granularity))
-            .ok_or_else(too_large)?;
-        maps.push(PlannedMap {
-            region: run.region,
-            window_offset,
-            file_offset: run.file_offset - head,
-            len,
-        });
-        mapped_end = window_offset.checked_add(len).ok_or_else(too_large)?;
-        next_page = next_page.checked_add(run.len).ok_or_else(too_large)?;
-    }
-    let reserve_len = align_up(mapped_end.max(next_page), host_page_size).ok_or_else(too_large)?;
-    Ok(Layout {
-        alignment: largest_granularity.max(page_size),
-        reserve_len,
-        first_page,
-        maps,
-    })
-}
-
-fn align_up(value: u64, alignment: u64) -> Option<u64> {
-    debug_assert!(alignment.is_power_of_two());
-    value
-        .checked_add(alignment - 1)
-        .map(|value| value & !(alignment - 1))
-}
-
 /// Guest pages mapped contiguously into our address space, ready to be registered with the host
 /// RDMA device. Dropping the window unmaps it; deregister the host MR first.
 #[derive(Debug)]
 pub struct MrWindow {
-    reservation: Reservation,
-    /// Offset of the MR's first byte from the reservation start.
+    memory: WindowMemory,
+    /// Offset of the MR's first byte from the start of `memory`.
     mr_offset: usize,
     length: u64,
     iova: u64,
@@ -174,25 +67,47 @@ pub struct MrWindow {
     dependencies: Vec<Dependency>,
 }
 
-impl Layout {
-    /// Number of memory mappings (VMAs) the window adds to this process: one per planned map,
-    /// plus one per piece of the reservation left inaccessible before, between or after them.
-    /// An upper bound: the kernel may merge neighbours that continue each other.
-    fn mappings(&self) -> u64 {
-        let mut count = 0;
-        let mut end = 0;
-        for map in &self.maps {
-            if map.window_offset > end {
-                count += 1;
-            }
-            count += 1;
-            end = map.window_offset + map.len;
+/// The address space an MR window occupies.
+#[derive(Debug)]
+enum WindowMemory {
+    /// A reservation of its own, into which the runs are mapped; unmapped on drop.
+    Reserved(Reservation),
+    /// The part of the daemon's guest-RAM mapping that holds the MR's single run, starting at
+    /// `addr`; the `Arc` keeps that mapping alive while the MR lives.
+    GuestMapping {
+        addr: usize,
+        _ram: Arc<MappedGuestRam>,
+    },
+}
+
+impl MrWindow {
+    /// The window's own reservation (tests of windows that have one).
+    #[cfg(test)]
+    fn reservation(&self) -> &Reservation {
+        match &self.memory {
+            WindowMemory::Reserved(reservation) => reservation,
+            WindowMemory::GuestMapping { .. } => panic!("the MR is over guest RAM's mapping"),
         }
-        if self.reserve_len > end {
-            count += 1;
-        }
-        count
     }
+}
+
+impl WindowMemory {
+    fn addr(&self) -> usize {
+        match self {
+            WindowMemory::Reserved(reservation) => reservation.addr,
+            WindowMemory::GuestMapping { addr, .. } => *addr,
+        }
+    }
+}
+
+/// The pages of an MR that is one run inside one region of guest RAM.
+#[derive(Debug)]
+struct DirectRun {
+    /// Guest-physical address of the first page.
+    gpa: u64,
+    /// The daemon's address of the first page in `ram`.
+    addr: usize,
+    ram: Arc<MappedGuestRam>,
 }
 
 /// A validated MR registration whose window is planned but not yet mapped: its cost (mappings
@@ -201,6 +116,8 @@ impl Layout {
 pub struct MrPlan<'r> {
     ram: &'r GuestRamFiles,
     layout: Layout,
+    /// For an MR registered over the daemon's guest-RAM mapping: where its pages are.
+    direct: Option<DirectRun>,
     dependencies: Vec<Dependency>,
     iova: u64,
     length: u64,
@@ -214,12 +131,22 @@ impl<'r> MrPlan<'r> {
     /// Number of memory mappings the window will add to this process (see
     /// [`MrWindow::mappings`]).
     pub fn mappings(&self) -> u64 {
-        self.layout.mappings()
+        if self.direct.is_some() {
+            0
+        } else {
+            self.layout.mappings()
+        }
     }
 
-    /// Number of mmaps of guest RAM the window will be made of.
+    /// Number of runs of guest pages contiguous in one backing file the window is made of.
     pub fn runs(&self) -> usize {
         self.layout.maps.len()
+    }
+
+    /// Whether the MR will be registered over the daemon's existing mapping of guest RAM
+    /// (nothing to map) rather than over a window of its own.
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
     }
 
     /// The guest-physical bytes the registration pins (see [`MrWindow::pinned_extents`]).
@@ -231,7 +158,69 @@ impl<'r> MrPlan<'r> {
     /// [`mappings`](Self::mappings) and, if this fails, its
     /// [`pinned_extents`](Self::pinned_extents), so that what was charged for it can be given
     /// back.
-    pub fn map(&mut self) -> Result<MrWindow, MemError> {
+    ///
+    /// An MR over guest RAM's mapping has the parts of it `populated` does not know yet
+    /// populated (and recorded there).
+    pub fn map(&mut self, populated: &mut PopulatedRam) -> Result<MrWindow, MemError> {
+        let mappings = self.mappings();
+        let (memory, first_page) = match self.direct.take() {
+            Some(run) => {
+                self.populate(&run, populated);
+                (
+                    WindowMemory::GuestMapping {
+                        addr: run.addr,
+                        _ram: run.ram,
+                    },
+                    0,
+                )
+            }
+            None => (
+                WindowMemory::Reserved(self.map_runs()?),
+                self.layout.first_page,
+            ),
+        };
+        log::debug!(
+            "MR iova {:#x} len {:#x}: {} pages in {} runs ({} mappings{})",
+            self.iova,
+            self.length,
+            self.npages,
+            self.layout.maps.len(),
+            mappings,
+            match memory {
+                WindowMemory::GuestMapping { .. } => ", over guest RAM's mapping",
+                WindowMemory::Reserved(_) => "",
+            }
+        );
+        Ok(MrWindow {
+            memory,
+            // Cannot overflow: both are inside the window's memory.
+            mr_offset: (first_page + self.in_page_offset) as usize,
+            length: self.length,
+            iova: self.iova,
+            runs: self.layout.maps.len(),
+            mappings,
+            pinned: std::mem::take(&mut self.pinned),
+            dependencies: std::mem::take(&mut self.dependencies),
+        })
+    }
+
+    /// Fills the page tables of the MR's pages in guest RAM's mapping (first page at `addr`)
+    /// ahead of the pinning, in the kernel's fault-around batches instead of one write fault
+    /// per page; skips what `populated` says is done.
+    fn populate(&self, run: &DirectRun, populated: &mut PopulatedRam) {
+        // Cannot overflow: the run was located inside guest RAM.
+        let range = Extent {
+            start: run.gpa,
+            end: run.gpa + self.npages * self.page_size,
+        };
+        for missing in populated.take_missing(&run.ram, range) {
+            // Cannot overflow: inside the run, which `addr` maps.
+            populate(run.addr + (missing.start - run.gpa) as usize, missing.len());
+        }
+    }
+
+    /// Reserves a window and maps the planned runs into it.
+    fn map_runs(&self) -> Result<Reservation, MemError> {
         let too_large = || MemError::WindowTooLarge {
             pages: self.npages,
             page_size: self.page_size,
@@ -246,25 +235,7 @@ impl<'r> MrPlan<'r> {
             })?;
             reservation.map_file(&backing.file, map.window_offset, map.file_offset, map.len)?;
         }
-        log::debug!(
-            "mapped MR window iova {:#x} len {:#x}: {} pages in {} runs ({} mappings)",
-            self.iova,
-            self.length,
-            self.npages,
-            self.layout.maps.len(),
-            self.layout.mappings()
-        );
-        Ok(MrWindow {
-            reservation,
-            // Cannot overflow: both are inside the reservation.
-            mr_offset: (self.layout.first_page + self.in_page_offset) as usize,
-            length: self.length,
-            iova: self.iova,
-            runs: self.layout.maps.len(),
-            mappings: self.layout.mappings(),
-            pinned: std::mem::take(&mut self.pinned),
-            dependencies: std::mem::take(&mut self.dependencies),
-        })
+        Ok(reservation)
     }
 }
 
@@ -277,7 +248,7 @@ impl MrWindow {
         max_length: u64,
     ) -> Result<Self, MemError> {
         let mut plan = Self::plan(ram, request, max_length)?;
-        plan.map()
+        plan.map(&mut PopulatedRam::default())
     }
 
     /// Validates `request` against `ram` and plans its window without mapping anything.
@@ -322,7 +293,19 @@ impl MrWindow {
             });
         }
 
-        let (runs, dependencies) = collect_runs(ram, pages, page_size)?;
+        let extents = page_extents(pages, page_size)?;
+        let (runs, dependencies) = collect_runs(ram, &extents, page_size)?;
+        // One run inside one region is already contiguous in the daemon's mapping of guest RAM.
+        let direct = match runs.as_slice() {
+            [run] if ram.room_in_region(run.gpa) >= run.len => ram
+                .mapped_address(run.region, run.gpa)
+                .map(|(addr, mapping)| DirectRun {
+                    gpa: run.gpa,
+                    addr,
+                    ram: Arc::clone(mapping),
+                }),
+            _ => None,
+        };
         let layout = plan_layout(
             &runs,
             |region| {
@@ -334,10 +317,11 @@ impl MrWindow {
             page_size,
             host_page_size,
         )?;
-        let pinned = pinned_extents(pages, page_size, in_page_offset, length, host_page_size);
+        let pinned = pinned_extents(&extents, in_page_offset, length, host_page_size);
         Ok(MrPlan {
             ram,
             layout,
+            direct,
             dependencies,
             iova,
             length,
@@ -350,7 +334,7 @@ impl MrWindow {
 
     /// Address of the MR's first byte in our address space: the `start` to register.
     pub fn addr(&self) -> *mut u8 {
-        (self.reservation.addr + self.mr_offset) as *mut u8
+        (self.memory.addr() + self.mr_offset) as *mut u8
     }
 
     /// Length of the MR in bytes.
@@ -389,8 +373,9 @@ impl MrWindow {
 
     /// The MR's bytes, for the backend's own accesses (e.g. tests and diagnostics).
     pub fn as_volatile_slice(&self) -> VolatileSlice<'_> {
-        // SAFETY: `addr()..addr() + len()` lies inside the reservation, which is mapped
-        // read/write for as long as `self` lives (the slice borrows `self`). It is shared guest
+        // SAFETY: `addr()..addr() + len()` lies inside the window's memory (its reservation, or
+        // the guest-RAM mapping its `Arc` keeps), which is mapped read/write for as long as
+        // `self` lives (the slice borrows `self`). It is shared guest
         // memory, hence volatile access only.
         unsafe { VolatileSlice::new(self.addr(), self.length as usize) }
     }
@@ -411,90 +396,9 @@ impl MrWindow {
     }
 }
 
-/// The guest-physical extents of the host pages that hold the MR's bytes `[o, o + length)` of
-/// the concatenated `pages`, normalized. Only the first and last MR pages can be partly used.
-fn pinned_extents(
-    pages: &[u64],
-    page_size: u64,
-    in_page_offset: u64,
-    length: u64,
-    host_page_size: u64,
-) -> Vec<Extent> {
-    let last = pages.len().saturating_sub(1);
-    // `o + length` fits: checked by the caller; it ends inside the last page.
-    let end_in_last = in_page_offset + length - last as u64 * page_size;
-    let mut extents: Vec<Extent> = pages
-        .iter()
-        .enumerate()
-        .map(|(i, &gpa)| {
-            let from = if i == 0 { in_page_offset } else { 0 };
-            let to = if i == last { end_in_last } else { page_size };
-            // Cannot overflow: every page was checked to lie inside guest RAM.
-            Extent {
-                start: gpa + (from & !(host_page_size - 1)),
-                end: gpa + to.next_multiple_of(host_page_size),
-            }
-        })
-        .collect();
-    normalize(&mut extents);
-    extents
-}
-
-/// Checks and translates every page, coalescing pages consecutive in one file into runs, and
-/// records which part of which region the pages come from.
-fn collect_runs(
-    ram: &GuestRamFiles,
-    pages: &[u64],
-    page_size: u64,
-) -> Result<(Vec<Run>, Vec<Dependency>), MemError> {
-    let mut runs: Vec<Run> = Vec::new();
-    // Per region: guest-physical hull of the pages taken from it.
-    let mut hulls: Vec<Option<(u64, u64)>> = vec![None; ram.regions.len()];
-    for &gpa in pages {
-        if gpa & (page_size - 1) != 0 {
-            return Err(MemError::UnalignedPage { gpa, page_size });
-        }
-        let (region, backing, file_offset) = ram.locate(gpa, page_size)?;
-        // Cannot overflow: `locate` checked that the page is inside the region.
-        let gpa_end = gpa + page_size;
-        let hull = &mut hulls[region];
-        *hull = Some(hull.map_or((gpa, gpa_end), |(start, end)| {
-            (start.min(gpa), end.max(gpa_end))
-        }));
-
-        let extends_last = runs.last().is_some_and(|run| {
-            let last = ram.regions[run.region].backing.as_ref();
-            last.is_some_and(|last| last.identity == backing.identity)
-                && run.file_offset + run.len == file_offset
-        });
-        match runs.last_mut() {
-            Some(run) if extends_last => run.len += page_size,
-            _ => runs.push(Run {
-                region,
-                gpa,
-                file_offset,
-                len: page_size,
-            }),
-        }
-    }
-    let dependencies = hulls
-        .iter()
-        .zip(&ram.regions)
-        .filter_map(|(hull, region)| {
-            let (gpa_start, gpa_end) = (*hull)?;
-            let backing = region.backing.as_ref()?;
-            Some(Dependency {
-                gpa_start,
-                gpa_end,
-                identity: backing.identity,
-                file_offset: backing.start + (gpa_start - region.gpa_start),
-            })
-        })
-        .collect();
-    Ok((runs, dependencies))
-}
-
 #[cfg(test)]
 mod accounting_tests;
+#[cfg(test)]
+mod direct_tests;
 #[cfg(test)]
 mod tests;

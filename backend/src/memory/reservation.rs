@@ -77,6 +77,9 @@ impl Reservation {
             return Err(map_error(io::Error::from_raw_os_error(libc::EINVAL)));
         }
         let target = (self.addr + offset as usize) as *mut libc::c_void;
+        // MAP_POPULATE: a shared mapping is populated with read faults, which the kernel batches
+        // (fault-around), so the pinning that follows finds the pages mapped instead of taking
+        // one write fault per page.
         // SAFETY: `target..target + len` is inside our reservation (checked above), which no
         // Rust object refers to, so replacing it with a shared mapping of guest RAM invalidates
         // nothing.
@@ -85,7 +88,7 @@ impl Reservation {
                 target,
                 len as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_FIXED,
+                libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE,
                 file.as_raw_fd(),
                 file_offset_arg,
             )
@@ -126,4 +129,27 @@ pub(super) fn host_page_size() -> u64 {
         .ok()
         .filter(|size| size.is_power_of_two())
         .unwrap_or(4096)
+}
+
+/// Fills this process's page tables for `addr..addr + len` (rounded out to host pages) with
+/// read faults, which the kernel batches (fault-around), so that pinning the range afterwards
+/// finds its pages mapped. Best effort: on failure the pinning faults the pages itself.
+pub(super) fn populate(addr: usize, len: u64) {
+    let page = host_page_size() as usize;
+    let start = addr & !(page - 1);
+    let Some(len) = usize::try_from(len)
+        .ok()
+        .and_then(|len| (addr - start).checked_add(len))
+    else {
+        return;
+    };
+    // SAFETY: MADV_POPULATE_READ only faults pages of existing mappings in (as reading them
+    // would); it changes no memory contents and fails on holes instead of mapping anything.
+    let rc = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_POPULATE_READ) };
+    if rc != 0 {
+        log::debug!(
+            "populating {len:#x} bytes at {start:#x}: {}",
+            io::Error::last_os_error()
+        );
+    }
 }

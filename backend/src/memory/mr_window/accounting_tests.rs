@@ -39,9 +39,9 @@ fn scattered_pages_cost_one_mapping_each_as_the_kernel_counts() {
     let scattered: Vec<u64> = (0..5).rev().map(|i| LOW + i * PAGE).collect();
     let mut plan = MrWindow::plan(&ram, &request(&scattered), GIB).unwrap();
     assert_eq!((plan.runs(), plan.mappings()), (5, 5));
-    let window = plan.map().unwrap();
+    let window = plan.map(&mut PopulatedRam::default()).unwrap();
     assert_eq!(window.mappings(), 5);
-    let (addr, len) = (window.reservation.addr, window.reservation.len);
+    let (addr, len) = (window.reservation().addr, window.reservation().len);
     assert_eq!(vmas_in(addr, len), 5);
 }
 
@@ -53,8 +53,8 @@ fn file_adjacent_pages_coalesce_into_one_mapping() {
     let contiguous: Vec<u64> = (0..64).map(|i| HIGH + i * PAGE).collect();
     let mut plan = MrWindow::plan(&ram, &request(&contiguous), GIB).unwrap();
     assert_eq!(plan.mappings(), 1);
-    let window = plan.map().unwrap();
-    let (addr, len) = (window.reservation.addr, window.reservation.len);
+    let window = plan.map(&mut PopulatedRam::default()).unwrap();
+    let (addr, len) = (window.reservation().addr, window.reservation().len);
     assert_eq!(vmas_in(addr, len), 1);
 
     // Two runs of the same file in the wrong order stay two; in order they are one.

@@ -221,7 +221,7 @@ fn small_pages_inside_one_huge_page() {
     assert_eq!(window_bytes(&window), expected_bytes(&mem, &request));
     // The huge page is mapped whole, at a huge page boundary.
     assert_eq!(window.addr() as u64 % (2 * MIB), 5 * PAGE + 0x10);
-    assert_eq!(window.reservation.addr as u64 % (2 * MIB), 0);
+    assert_eq!(window.reservation().addr as u64 % (2 * MIB), 0);
 }
 
 #[test]
@@ -550,7 +550,7 @@ fn drop_unmaps_the_window() {
         pages: &pages,
     };
     let window = MrWindow::map(&ram, &request, GIB).unwrap();
-    let (addr, len) = (window.reservation.addr, window.reservation.len);
+    let (addr, len) = (window.reservation().addr, window.reservation().len);
     assert!(is_mapped(addr, len));
     assert!(maps_file_in(&file, addr, len));
     drop(window);
