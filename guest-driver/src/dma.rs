@@ -86,6 +86,26 @@ pub trait DmaMemory: Send + Sync {
     /// Guest-physical address of each 4 KiB page covering `[addr, addr + len)`, in order.
     /// Fails unless the whole range is memory of this allocator's kind.
     fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, DmaError>;
+
+    /// The same pages as [`translate`](Self::translate), as extents (guest-physical address,
+    /// length): runs of consecutive pages merged. Allocators whose memory is contiguous
+    /// answer without listing pages.
+    fn translate_extents(&self, addr: *const u8, len: usize) -> Result<Vec<(u64, u64)>, DmaError> {
+        Ok(page_extents(&self.translate(addr, len)?))
+    }
+}
+
+/// Merges runs of consecutive 4 KiB pages into (guest-physical address, length) extents, in
+/// order.
+pub fn page_extents(pages: &[u64]) -> Vec<(u64, u64)> {
+    let mut extents: Vec<(u64, u64)> = Vec::new();
+    for &page in pages {
+        match extents.last_mut() {
+            Some((start, len)) if *start + *len == page => *len += PAGE_SIZE as u64,
+            _ => extents.push((page, PAGE_SIZE as u64)),
+        }
+    }
+    extents
 }
 
 /// A zeroed allocation the device can reach; freed when dropped.
@@ -186,13 +206,39 @@ unsafe impl Send for MemfdRam {}
 // SAFETY: see `Send`; no method hands out references that alias mutable ones.
 unsafe impl Sync for MemfdRam {}
 
+/// The pages guest RAM is made of.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RamPages {
+    /// Ordinary (shmem) pages of the host page size.
+    #[default]
+    Small,
+    /// 2 MiB hugetlb pages, taken from the host's reserved pool (`vm.nr_hugepages`); like a VM
+    /// whose RAM is on hugetlbfs.
+    Huge2M,
+}
+
+impl RamPages {
+    /// The size guest RAM must be a multiple of.
+    pub fn size(self) -> usize {
+        match self {
+            RamPages::Small => PAGE_SIZE,
+            RamPages::Huge2M => 2 << 20,
+        }
+    }
+}
+
 impl MemfdRam {
     /// Creates `len` bytes (a multiple of [`PAGE_SIZE`]) of guest RAM.
     pub fn new(len: usize) -> Result<Arc<Self>, DmaError> {
-        if len == 0 || !len.is_multiple_of(PAGE_SIZE) || len as u64 > u64::MAX - GUEST_RAM_BASE {
+        Self::with_pages(len, RamPages::Small)
+    }
+
+    /// Creates `len` bytes (a multiple of `pages.size()`) of guest RAM made of `pages`.
+    pub fn with_pages(len: usize, pages: RamPages) -> Result<Arc<Self>, DmaError> {
+        if len == 0 || !len.is_multiple_of(pages.size()) || len as u64 > u64::MAX - GUEST_RAM_BASE {
             return Err(DmaError::BadSize(len));
         }
-        let memfd = create_memfd(c"vrdma-guest-ram").map_err(DmaError::Create)?;
+        let memfd = create_memfd(c"vrdma-guest-ram", pages).map_err(DmaError::Create)?;
         memfd.set_len(len as u64).map_err(DmaError::Create)?;
         seal_size(&memfd).map_err(DmaError::Create)?;
         let base = map_shared(memfd.as_fd(), len).map_err(DmaError::Create)?;
@@ -255,6 +301,22 @@ impl MemfdRam {
         let start_page = first & !(PAGE_SIZE as u64 - 1);
         let end = first + len as u64;
         Ok((start_page..end).step_by(PAGE_SIZE).collect())
+    }
+
+    /// The pages of `[addr, addr + len)` as one extent: guest RAM is contiguous.
+    pub fn translate_extents(
+        &self,
+        addr: *const u8,
+        len: usize,
+    ) -> Result<Vec<(u64, u64)>, DmaError> {
+        let first = self.guest_address(addr, len)?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let start_page = first & !(PAGE_SIZE as u64 - 1);
+        // Inside guest RAM (checked), so rounding up to a page cannot overflow.
+        let end = (first + len as u64).next_multiple_of(PAGE_SIZE as u64);
+        Ok(vec![(start_page, end - start_page)])
     }
 
     /// A zeroed buffer of at least `len` bytes (rounded up to pages), aligned to `align`
@@ -369,10 +431,15 @@ impl FreeRanges {
     }
 }
 
-fn create_memfd(name: &CStr) -> io::Result<File> {
+fn create_memfd(name: &CStr, pages: RamPages) -> io::Result<File> {
+    let flags = libc::MFD_CLOEXEC
+        | libc::MFD_ALLOW_SEALING
+        | match pages {
+            RamPages::Small => 0,
+            RamPages::Huge2M => libc::MFD_HUGETLB | libc::MFD_HUGE_2MB,
+        };
     // SAFETY: `name` is a valid NUL-terminated string; the flags are valid.
-    let fd =
-        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -470,6 +537,27 @@ mod tests {
         }
         let all = ram.alloc(8 * PAGE_SIZE, 1).unwrap();
         assert_eq!(all.as_ptr(), ram.host_base().cast_const());
+    }
+
+    #[test]
+    fn extents_merge_consecutive_pages() {
+        let p = PAGE_SIZE as u64;
+        assert_eq!(
+            page_extents(&[p, 2 * p, 3 * p, 7 * p, 5 * p, 6 * p]),
+            [(p, 3 * p), (7 * p, p), (5 * p, 2 * p)]
+        );
+        assert!(page_extents(&[]).is_empty());
+        let ram = MemfdRam::new(16 * PAGE_SIZE).unwrap();
+        let buffer = ram.alloc(3 * PAGE_SIZE, 1).unwrap();
+        // Starting 8 bytes in: the same pages `translate` lists, as one extent.
+        // SAFETY: inside the buffer.
+        let addr = unsafe { buffer.as_ptr().add(8) };
+        let extents = ram.translate_extents(addr, 3 * PAGE_SIZE - 8).unwrap();
+        assert_eq!(
+            extents,
+            page_extents(&ram.translate(addr, 3 * PAGE_SIZE - 8).unwrap())
+        );
+        assert_eq!(extents.len(), 1);
     }
 
     #[test]

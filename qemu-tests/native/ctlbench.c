@@ -54,7 +54,7 @@ static void __attribute__((noreturn, format(printf, 1, 2))) fail(const char *fmt
 static void __attribute__((noreturn)) usage(void)
 {
 	fprintf(stderr,
-		"usage: vrdma-native-ctlbench control [-d DEV] [-r REPS] [-m MR_BYTES] [-R MR_REPS]\n"
+		"usage: vrdma-native-ctlbench control [-d DEV] [-r REPS] [-m MR_BYTES] [-R MR_REPS] [-H]\n"
 		"       vrdma-native-ctlbench scale [-d DEV] [-q QPS] [-n MESSAGES] [-w WINDOW] "
 		"[-s SIZE] [-y READY_FILE -g START_FILE]\n");
 	exit(2);
@@ -247,7 +247,7 @@ static const char *const series_names[S_COUNT] = {
 };
 
 static void control(struct device *d, unsigned long reps, unsigned long mr_bytes,
-		    unsigned long mr_reps)
+		    unsigned long mr_reps, bool huge)
 {
 	struct series s[S_COUNT];
 	struct ibv_cq *cq;
@@ -294,10 +294,15 @@ static void control(struct device *d, unsigned long reps, unsigned long mr_bytes
 	if (ibv_destroy_cq(cq))
 		fail("destroying a CQ");
 
-	uint8_t *buf = mmap(NULL, mr_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-			    -1, 0);
+	/* Ordinary pages (no transparent huge pages either), or 2 MiB hugetlb pages: the two
+	 * kinds of guest RAM the vrdma side is measured with. */
+	uint8_t *buf = mmap(NULL, mr_bytes, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS | (huge ? MAP_HUGETLB : 0), -1, 0);
 	if (buf == MAP_FAILED)
-		fail("allocating %lu bytes: %s", mr_bytes, strerror(errno));
+		fail("allocating %lu bytes%s: %s", mr_bytes, huge ? " of huge pages" : "",
+		     strerror(errno));
+	if (!huge && madvise(buf, mr_bytes, MADV_NOHUGEPAGE))
+		fail("madvise(MADV_NOHUGEPAGE): %s", strerror(errno));
 	/* Fault the pages in first: the bench times registration, not page allocation. */
 	memset(buf, 0x5a, mr_bytes);
 	for (unsigned long r = 0; r < mr_reps; r++) {
@@ -468,6 +473,7 @@ int main(int argc, char **argv)
 	unsigned long qps = 1, messages = 4000, window = 16, size = 64;
 	bool is_control;
 	int opt;
+	bool huge = false;
 
 	if (argc < 2)
 		usage();
@@ -478,8 +484,9 @@ int main(int argc, char **argv)
 	else
 		usage();
 	optind = 2;
-	while ((opt = getopt(argc, argv, "d:r:m:R:q:n:w:s:y:g:")) != -1) {
+	while ((opt = getopt(argc, argv, "d:r:m:R:Hq:n:w:s:y:g:")) != -1) {
 		switch (opt) {
+		case 'H': huge = true; break;
 		case 'd': dev = optarg; break;
 		case 'r': reps = parse_number(optarg, 1, 1000000); break;
 		case 'm': mr_bytes = parse_number(optarg, 4096, 1ul << 40); break;
@@ -500,7 +507,7 @@ int main(int argc, char **argv)
 
 	open_device(&d, dev);
 	if (is_control)
-		control(&d, reps, mr_bytes, mr_reps);
+		control(&d, reps, mr_bytes, mr_reps, huge);
 	else
 		scale(&d, (uint32_t)qps, messages, (uint32_t)window, (uint32_t)size, ready_file,
 		      start_file);

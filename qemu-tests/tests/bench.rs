@@ -4,7 +4,7 @@
 
 mod common;
 
-use vrdma_qemu_tests::bench::{self, cm_setup, matrix, scale, Results, Settings};
+use vrdma_qemu_tests::bench::{self, cm_setup, control, matrix, scale, Results, Settings};
 
 /// `vrdma / native` as the bench computes it, to a rounding error.
 fn assert_ratio(ratio: f64, vrdma: f64, native: f64, what: &str) {
@@ -64,12 +64,18 @@ fn quick_bench_measures_every_row_on_both_sides() {
         "destroy_qp",
         "modify_reset_to_rts",
         "reg_mr_per_gib",
+        "dereg_mr_per_gib",
+        control::FIRST_REG_MR,
+        "reg_mr_huge_per_gib",
+        "dereg_mr_huge_per_gib",
     ] {
         assert!(ops.contains(&op), "no {op} row in {ops:?}");
     }
     for row in &results.control {
         assert_ratio(row.ratio, row.vrdma.median, row.native.median, &row.op);
-        let reps = if row.unit == "ms_per_gib" {
+        let reps = if row.op == control::FIRST_REG_MR {
+            1
+        } else if row.unit == "ms_per_gib" {
             results.plan.control.mr_reps
         } else {
             results.plan.control.reps

@@ -99,6 +99,9 @@ pub mod features {
     /// The connection manager: CM ids run on the host's rdma_cm, bound to the guest's own
     /// addresses (spec §7.5).
     pub const VRDMA_F_CM: u64 = 1 << 7;
+    /// REG_MR_EXTENTS: MRs registered from guest-physical extents (runs of pages) rather than
+    /// a list of every page (spec §7.4).
+    pub const VRDMA_F_MR_EXTENTS: u64 = 1 << 16;
     /// Mask of all device-specific bits defined by this version.
     pub const VRDMA_F_ALL: u64 = VRDMA_F_RING_RXE_V1
         | VRDMA_F_SRQ
@@ -107,7 +110,8 @@ pub mod features {
         | VRDMA_F_UC
         | VRDMA_F_MW
         | VRDMA_F_UD_STAGED_SQ
-        | VRDMA_F_CM;
+        | VRDMA_F_CM
+        | VRDMA_F_MR_EXTENTS;
     /// Mask of the device-specific feature range (bits 0..=23) in which every `VRDMA_F_*` bit
     /// lives; the generic virtio bits lie above it.
     pub const DEVICE_SPECIFIC_MASK: u64 = (1 << 24) - 1;

@@ -66,7 +66,7 @@ fn trailing_bytes_rejected() {
 
 #[test]
 fn unknown_opcode_is_unsupported() {
-    for op in [0u16, 0x0f, 0x12, 0x23, 0x26, 0x3f, 0x44, 0x62, 0xffff] {
+    for op in [0u16, 0x0f, 0x12, 0x27, 0x26, 0x3f, 0x44, 0x62, 0xffff] {
         let mut b = vec![0u8; 8];
         b[..2].copy_from_slice(&op.to_le_bytes());
         let e = ControlRequest::decode(&b).unwrap_err();

@@ -77,7 +77,8 @@ impl FakeTransport {
                 | features::VRDMA_F_UD
                 | features::VRDMA_F_UD_STAGED_SQ
                 | features::VRDMA_F_UC
-                | features::VRDMA_F_MW,
+                | features::VRDMA_F_MW
+                | features::VRDMA_F_MR_EXTENTS,
         )
     }
 

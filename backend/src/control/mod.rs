@@ -42,6 +42,7 @@ pub(crate) fn execute(s: &mut Session<'_>, request: &ControlRequest<'_>) -> Comm
         ControlRequest::AllocPd => pd::alloc_pd(s),
         ControlRequest::DeallocPd(r) => pd::dealloc_pd(s, r),
         ControlRequest::RegMr(r) => mr::reg_mr(s, r),
+        ControlRequest::RegMrExtents(r) => mr::reg_mr_extents(s, r),
         ControlRequest::DeregMr(r) => mr::dereg_mr(s, r),
         ControlRequest::ReregMr(r) => mr_rereg::rereg_mr(s, r),
         ControlRequest::AllocMw(r) => mw::alloc_mw(s, r),

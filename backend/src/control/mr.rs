@@ -7,8 +7,9 @@
 //! over address space this process reuses.
 
 use log::{debug, warn};
+use vrdma_spec::control::{PageList, RegMrExtents};
 use vrdma_spec::verbs::AccessFlags;
-use vrdma_spec::wire::{HandleReq, RegMrResp};
+use vrdma_spec::wire::{HandleReq, RegMrReq, RegMrResp};
 use vrdma_spec::{Event, EventType, Le32, RegMr, ResponseBody};
 
 use super::error::CommandError;
@@ -18,7 +19,8 @@ use crate::guest::shared::GuestShared;
 use crate::guest::state::GuestState;
 use crate::host::{HostContext, MrInit};
 use crate::memory::guest_ram::GuestRamFiles;
-use crate::memory::mr_window::{MrPages, MrWindow};
+use crate::memory::mr_window::{MrExtents, MrPages, MrWindow};
+use crate::memory::pinned_extents::Extent;
 use crate::resources::kind::{ResourceError, ResourceKind};
 use crate::resources::table::Handle;
 use crate::vhost_device::event_queue::EventClass;
@@ -27,9 +29,64 @@ use crate::vhost_device::guest_context::GuestContext;
 /// REG_MR, validated in the spec's order: structure (decoder), limits, PD, quotas, addresses,
 /// window mappings, budgets (spec §7.4).
 pub(crate) fn reg_mr(s: &mut Session<'_>, m: &RegMr<'_>) -> CommandResult {
+    at_most(m.req.npages.get(), s.guest.options().max_mr_pages, "npages")?;
     let r = &m.req;
-    let options = s.guest.options();
-    at_most(r.npages.get(), options.max_mr_pages, "npages")?;
+    let (iova, length, page_shift) = (r.iova.get(), r.length.get(), r.page_shift.get());
+    let extents = page_list_extents(iova, length, page_shift, m.pages)?;
+    let request = MrExtents {
+        iova,
+        length,
+        page_shift,
+        extents: &extents,
+    };
+    register(s, r, &request)
+}
+
+/// The pages of a page list (REG_MR, REREG_MR) as extents, consecutive pages merged.
+pub(super) fn page_list_extents(
+    iova: u64,
+    length: u64,
+    page_shift: u32,
+    pages: PageList<'_>,
+) -> Result<Vec<Extent>, CommandError> {
+    let pages = pages.iter().collect::<Vec<u64>>();
+    Ok(MrPages {
+        iova,
+        length,
+        page_shift,
+        pages: &pages,
+    }
+    .to_extents()?)
+}
+
+/// REG_MR_EXTENTS: REG_MR with the pages given as extents; `max_mr_pages` bounds the number
+/// of extents (spec §7.4).
+pub(crate) fn reg_mr_extents(s: &mut Session<'_>, m: &RegMrExtents<'_>) -> CommandResult {
+    at_most(
+        m.req.npages.get(),
+        s.guest.options().max_mr_pages,
+        "nextents",
+    )?;
+    // The decoder checked that no extent wraps.
+    let extents: Vec<Extent> = m
+        .extents
+        .iter()
+        .map(|(gpa, len)| Extent {
+            start: gpa,
+            end: gpa + len,
+        })
+        .collect();
+    let request = MrExtents {
+        iova: m.req.iova.get(),
+        length: m.req.length.get(),
+        page_shift: m.req.page_shift.get(),
+        extents: &extents,
+    };
+    register(s, &m.req, &request)
+}
+
+/// Registers the MR of a validated REG_MR or REG_MR_EXTENTS request, from its limits on.
+fn register(s: &mut Session<'_>, r: &RegMrReq, request: &MrExtents<'_>) -> CommandResult {
     let length = r.length.get();
     let max_mr_size = max_mr_size(s.guest);
     if length > max_mr_size {
@@ -43,17 +100,10 @@ pub(crate) fn reg_mr(s: &mut Session<'_>, m: &RegMr<'_>) -> CommandResult {
     let pd_host = s.state.pds.get(pd)?.host;
 
     s.state.mrs.check_room(0)?;
-    let bytes = mr_bytes(r.npages.get(), m.page_size())?;
+    let page_size = 1u64 << r.page_shift.get();
+    let bytes = mr_bytes(request.pages(), page_size)?;
     check_mr_bytes(s, bytes, 0)?;
-    let window = map_window(
-        s,
-        &MrPages {
-            iova: r.iova.get(),
-            length,
-            page_shift: r.page_shift.get(),
-            pages: &m.pages.iter().collect::<Vec<u64>>(),
-        },
-    )?;
+    let window = map_window(s, request)?;
     let access = host_access(r.access.get());
     let host = match s.host().reg_mr(&MrInit {
         pd: pd_host,
@@ -102,13 +152,11 @@ pub(crate) fn reg_mr(s: &mut Session<'_>, m: &RegMr<'_>) -> CommandResult {
 }
 
 /// Bytes an MR of `npages` pages of `page_size` bytes counts against the MR byte quota.
-pub(super) fn mr_bytes(npages: u32, page_size: u64) -> Result<u64, CommandError> {
-    u64::from(npages)
-        .checked_mul(page_size)
-        .ok_or(CommandError::Invalid {
-            what: "npages",
-            value: npages.into(),
-        })
+pub(super) fn mr_bytes(npages: u64, page_size: u64) -> Result<u64, CommandError> {
+    npages.checked_mul(page_size).ok_or(CommandError::Invalid {
+        what: "npages",
+        value: npages,
+    })
 }
 
 /// Fails with `QUOTA` unless the guest's MR bytes, with `replaced` bytes of an MR that is
@@ -139,10 +187,10 @@ pub(super) fn check_mr_bytes(
 /// budgets goes back with [`unmap_window`] (or [`forget_live`]).
 pub(super) fn map_window(
     s: &mut Session<'_>,
-    pages: &MrPages<'_>,
+    request: &MrExtents<'_>,
 ) -> Result<MrWindow, CommandError> {
     let ram = GuestRamFiles::mapped(s.ctx.memory().into_inner())?;
-    let mut plan = MrWindow::plan(&ram, pages, max_mr_size(s.guest))?;
+    let mut plan = MrWindow::plan_extents(&ram, request, max_mr_size(s.guest))?;
     let max_mappings = s.guest.options().max_mr_mappings;
     if plan.mappings() > u64::from(max_mappings) {
         return Err(CommandError::Invalid {

@@ -9,12 +9,13 @@ use vrdma_spec::{Le32, ResponseBody};
 
 use super::error::CommandError;
 use super::mr::{
-    check_mr_bytes, deregister, host_access, map_window, max_mr_size, mr_bytes, unmap_window,
+    check_mr_bytes, deregister, host_access, map_window, max_mr_size, mr_bytes, page_list_extents,
+    unmap_window,
 };
 use super::session::{at_most, host_err, CommandResult, Session};
 use crate::guest::objects::LiveMr;
 use crate::host::MrInit;
-use crate::memory::mr_window::MrPages;
+use crate::memory::mr_window::MrExtents;
 use crate::resources::table::Handle;
 
 /// REREG_MR, validated in the spec's order: structure (decoder), limits, MR, PD, quota,
@@ -49,15 +50,17 @@ pub(crate) fn rereg_mr(s: &mut Session<'_>, m: &ReregMr<'_>) -> CommandResult {
     let new_access = m.new_access().map(host_access).unwrap_or(old_access);
 
     let (host, new_live, new_bytes) = if m.changes_translation() {
-        let bytes = mr_bytes(r.npages.get(), m.page_size())?;
+        let bytes = mr_bytes(r.npages.get().into(), m.page_size())?;
         check_mr_bytes(s, bytes, old_bytes)?;
+        let (iova, length, page_shift) = (r.iova.get(), r.length.get(), r.page_shift.get());
+        let extents = page_list_extents(iova, length, page_shift, m.pages)?;
         let window = map_window(
             s,
-            &MrPages {
-                iova: r.iova.get(),
-                length: r.length.get(),
-                page_shift: r.page_shift.get(),
-                pages: &m.pages.iter().collect::<Vec<u64>>(),
+            &MrExtents {
+                iova,
+                length,
+                page_shift,
+                extents: &extents,
             },
         )?;
         let init = MrInit {

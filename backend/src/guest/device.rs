@@ -22,8 +22,8 @@ use vhost::vhost_user::VhostUserProtocolFeatures;
 use vrdma_spec::config::{self, DeviceConfig};
 use vrdma_spec::control::{HEADER_SIZE, MAX_CM_RESPONSE_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::{
-    VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_DOORBELL_POLL, VRDMA_F_MW, VRDMA_F_RING_RXE_V1,
-    VRDMA_F_SRQ, VRDMA_F_UC, VRDMA_F_UD, VRDMA_F_UD_STAGED_SQ,
+    VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_DOORBELL_POLL, VRDMA_F_MR_EXTENTS, VRDMA_F_MW,
+    VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ, VRDMA_F_UC, VRDMA_F_UD, VRDMA_F_UD_STAGED_SQ,
 };
 use vrdma_spec::StatusError;
 use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, Le64, Status};
@@ -351,6 +351,9 @@ impl GuestDevice {
         if missing & VRDMA_F_MW != 0 {
             return Err(CommandError::NotNegotiated("VRDMA_F_MW"));
         }
+        if missing & VRDMA_F_MR_EXTENTS != 0 {
+            return Err(CommandError::NotNegotiated("VRDMA_F_MR_EXTENTS"));
+        }
         if self.failed.load(Ordering::Acquire) {
             return Err(CommandError::DeviceFailed);
         }
@@ -393,8 +396,8 @@ impl GuestDevice {
 
 impl DeviceHandler for GuestDevice {
     fn device_features(&self) -> u64 {
-        // Every rxe device has SRQs and UC QPs.
-        let mut features = VRDMA_F_SRQ | VRDMA_F_UC;
+        // Every rxe device has SRQs and UC QPs; extent lists are the daemon's own.
+        let mut features = VRDMA_F_SRQ | VRDMA_F_UC | VRDMA_F_MR_EXTENTS;
         if self.shared.device().ring_format() == vrdma_spec::rxe_v1::FORMAT_ID {
             features |= VRDMA_F_RING_RXE_V1;
         }

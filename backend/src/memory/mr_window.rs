@@ -51,6 +51,90 @@ pub struct MrPages<'a> {
     pub pages: &'a [u64],
 }
 
+/// An MR registration request whose pages are given as guest-physical extents (runs of
+/// consecutive pages), as REG_MR_EXTENTS sends them.
+#[derive(Debug, Clone, Copy)]
+pub struct MrExtents<'a> {
+    /// Address the guest uses for the first byte of the MR.
+    pub iova: u64,
+    /// Length of the MR in bytes.
+    pub length: u64,
+    /// log2 of the MR page size.
+    pub page_shift: u32,
+    /// The pages covering `[iova, iova + length)`, in order, as extents; each starts and ends
+    /// on a page boundary.
+    pub extents: &'a [Extent],
+}
+
+impl MrPages<'_> {
+    /// The same request with its pages as extents, once the page count and every page's
+    /// alignment are checked (the errors [`MrWindow::plan`] reports).
+    pub fn to_extents(&self) -> Result<Vec<Extent>, MemError> {
+        let shape = MrShape::check(self.iova, self.length, self.page_shift, u64::MAX)?;
+        if self.pages.len() as u64 != shape.npages {
+            return Err(MemError::PageCountMismatch {
+                given: self.pages.len(),
+                expected: shape.npages,
+            });
+        }
+        page_extents(self.pages, shape.page_size)
+    }
+}
+
+impl MrExtents<'_> {
+    /// Pages the extents hold together.
+    pub fn pages(&self) -> u64 {
+        let page_size = 1u64 << self.page_shift.min(63);
+        self.extents.iter().map(|e| e.len() / page_size).sum()
+    }
+}
+
+/// The checked fixed part of a registration request.
+#[derive(Debug, Clone, Copy)]
+struct MrShape {
+    iova: u64,
+    length: u64,
+    page_size: u64,
+    /// Offset of the MR's first byte in its first page.
+    in_page_offset: u64,
+    /// Pages `[iova, iova + length)` spans.
+    npages: u64,
+}
+
+impl MrShape {
+    fn check(iova: u64, length: u64, page_shift: u32, max_length: u64) -> Result<Self, MemError> {
+        if !(MIN_PAGE_SHIFT..=MAX_PAGE_SHIFT).contains(&page_shift)
+            || (1u64 << page_shift) < host_page_size()
+        {
+            return Err(MemError::BadPageShift(page_shift));
+        }
+        let page_size = 1u64 << page_shift;
+        if length == 0 {
+            return Err(MemError::ZeroLength);
+        }
+        if length > max_length {
+            return Err(MemError::TooLarge {
+                length,
+                limit: max_length,
+            });
+        }
+        iova.checked_add(length)
+            .ok_or(MemError::IovaOverflow { iova, length })?;
+        let in_page_offset = iova & (page_size - 1);
+        let npages = in_page_offset
+            .checked_add(length)
+            .ok_or(MemError::IovaOverflow { iova, length })?
+            .div_ceil(page_size);
+        Ok(MrShape {
+            iova,
+            length,
+            page_size,
+            in_page_offset,
+            npages,
+        })
+    }
+}
+
 /// Guest pages mapped contiguously into our address space, ready to be registered with the host
 /// RDMA device. Dropping the window unmaps it; deregister the host MR first.
 #[derive(Debug)]
@@ -257,43 +341,69 @@ impl MrWindow {
         request: &MrPages<'_>,
         max_length: u64,
     ) -> Result<MrPlan<'r>, MemError> {
-        let MrPages {
+        let shape = MrShape::check(request.iova, request.length, request.page_shift, max_length)?;
+        if request.pages.len() as u64 != shape.npages {
+            return Err(MemError::PageCountMismatch {
+                given: request.pages.len(),
+                expected: shape.npages,
+            });
+        }
+        let extents = page_extents(request.pages, shape.page_size)?;
+        Self::plan_checked(ram, &shape, extents)
+    }
+
+    /// Like [`plan`](Self::plan), for a request that gives its pages as extents.
+    pub fn plan_extents<'r>(
+        ram: &'r GuestRamFiles,
+        request: &MrExtents<'_>,
+        max_length: u64,
+    ) -> Result<MrPlan<'r>, MemError> {
+        let shape = MrShape::check(request.iova, request.length, request.page_shift, max_length)?;
+        let page_size = shape.page_size;
+        let mut covered = 0u64;
+        for extent in request.extents {
+            if extent.start & (page_size - 1) != 0 || extent.end & (page_size - 1) != 0 {
+                return Err(MemError::UnalignedPage {
+                    gpa: if extent.start & (page_size - 1) != 0 {
+                        extent.start
+                    } else {
+                        extent.end
+                    },
+                    page_size,
+                });
+            }
+            if extent.end <= extent.start {
+                return Err(MemError::NotInGuestRam {
+                    gpa: extent.start,
+                    len: 0,
+                });
+            }
+            covered = covered.saturating_add(extent.len() / page_size);
+        }
+        if covered != shape.npages {
+            return Err(MemError::PageCountMismatch {
+                given: usize::try_from(covered).unwrap_or(usize::MAX),
+                expected: shape.npages,
+            });
+        }
+        Self::plan_checked(ram, &shape, request.extents.to_vec())
+    }
+
+    /// Plans the window of a request whose shape and pages (`extents`, in MR order) are
+    /// checked.
+    fn plan_checked<'r>(
+        ram: &'r GuestRamFiles,
+        shape: &MrShape,
+        extents: Vec<Extent>,
+    ) -> Result<MrPlan<'r>, MemError> {
+        let host_page_size = host_page_size();
+        let MrShape {
             iova,
             length,
-            page_shift,
-            pages,
-        } = *request;
-        let host_page_size = host_page_size();
-        if !(MIN_PAGE_SHIFT..=MAX_PAGE_SHIFT).contains(&page_shift)
-            || (1u64 << page_shift) < host_page_size
-        {
-            return Err(MemError::BadPageShift(page_shift));
-        }
-        let page_size = 1u64 << page_shift;
-        if length == 0 {
-            return Err(MemError::ZeroLength);
-        }
-        if length > max_length {
-            return Err(MemError::TooLarge {
-                length,
-                limit: max_length,
-            });
-        }
-        iova.checked_add(length)
-            .ok_or(MemError::IovaOverflow { iova, length })?;
-        let in_page_offset = iova & (page_size - 1);
-        let expected_pages = in_page_offset
-            .checked_add(length)
-            .ok_or(MemError::IovaOverflow { iova, length })?
-            .div_ceil(page_size);
-        if pages.len() as u64 != expected_pages {
-            return Err(MemError::PageCountMismatch {
-                given: pages.len(),
-                expected: expected_pages,
-            });
-        }
-
-        let extents = page_extents(pages, page_size)?;
+            page_size,
+            in_page_offset,
+            npages: expected_pages,
+        } = *shape;
         let (runs, dependencies) = collect_runs(ram, &extents, page_size)?;
         // One run inside one region is already contiguous in the daemon's mapping of guest RAM.
         let direct = match runs.as_slice() {

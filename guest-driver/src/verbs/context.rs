@@ -310,11 +310,13 @@ impl Context {
     /// A zeroed buffer of at least `len` bytes in memory the device can reach, page aligned:
     /// what [`Pd::register`](super::Pd::register) registers.
     pub fn alloc_buffer(&self, len: usize) -> Result<DmaBuffer> {
-        Ok(self
-            .inner
-            .transport()
-            .dma()
-            .alloc(len, crate::dma::PAGE_SIZE)?)
+        self.alloc_buffer_aligned(len, crate::dma::PAGE_SIZE)
+    }
+
+    /// Like [`alloc_buffer`](Self::alloc_buffer), aligned to `align` (a power of two), e.g.
+    /// to the huge pages guest RAM is made of, so that the buffer starts on one.
+    pub fn alloc_buffer_aligned(&self, len: usize, align: usize) -> Result<DmaBuffer> {
+        Ok(self.inner.transport().dma().alloc(len, align)?)
     }
 
     /// Waits up to `timeout` (`None`: forever) for the next device event; `Ok(None)` if none
@@ -405,6 +407,11 @@ impl ContextInner {
 
     pub(crate) fn config(&self) -> &DeviceConfig {
         &self.config
+    }
+
+    /// Device-specific feature bits negotiated with the device.
+    pub(crate) fn features(&self) -> u64 {
+        self.features
     }
 
     pub(crate) fn device_attr(&self) -> &DeviceAttr {

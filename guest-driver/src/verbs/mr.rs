@@ -7,9 +7,11 @@ use log::warn;
 use std::mem::size_of;
 
 use vrdma_spec::control::{
-    encode_page_list, rereg_flags, ControlRequest, Opcode, RegMr, ReregMr, ResponseBody,
-    HEADER_SIZE, MAX_PAGE_SHIFT, MIN_PAGE_SHIFT,
+    encode_extent_list, encode_page_list, max_mr_extents, rereg_flags, ControlRequest, Opcode,
+    RegMr, RegMrExtents, ReregMr, ResponseBody, EXTENT_ENTRY_SIZE, HEADER_SIZE, MAX_PAGE_SHIFT,
+    MIN_PAGE_SHIFT,
 };
+use vrdma_spec::features::VRDMA_F_MR_EXTENTS;
 use vrdma_spec::wire::{RegMrReq, ReregMrReq};
 use vrdma_spec::{Le32, Le64};
 use zerocopy::FromZeros;
@@ -74,6 +76,32 @@ fn page_list(
     encode_page_list(pages.iter().copied(), &mut bytes);
     // npages <= max_mr_pages, a u32.
     Ok((bytes, npages as u32))
+}
+
+/// How a REG_MR names the pages of a buffer.
+enum Translation {
+    /// REG_MR: encoded page list and its number of pages.
+    Pages(Vec<u8>, u32),
+    /// REG_MR_EXTENTS: encoded extent list and its number of extents.
+    Extents(Vec<u8>, u32),
+}
+
+/// The translation of `[addr, addr + len)` for REG_MR: extents when the device takes them
+/// (`VRDMA_F_MR_EXTENTS`) and they fit its limit, else the page list.
+fn translation(ctx: &ContextInner, addr: *const u8, len: usize) -> Result<Translation> {
+    if ctx.features() & VRDMA_F_MR_EXTENTS != 0 && len != 0 {
+        let extents = ctx.transport().dma().translate_extents(addr, len)?;
+        let max = max_mr_extents(ctx.config().max_mr_pages.get());
+        if let Ok(count) = u32::try_from(extents.len()) {
+            if count <= max {
+                let mut bytes = Vec::with_capacity(extents.len() * EXTENT_ENTRY_SIZE);
+                encode_extent_list(extents, &mut bytes);
+                return Ok(Translation::Extents(bytes, count));
+            }
+        }
+    }
+    let (bytes, npages) = page_list(ctx, addr, len, size_of::<RegMrReq>())?;
+    Ok(Translation::Pages(bytes, npages))
 }
 
 /// What [`Mr::rereg`] changes (`ibv_rereg_mr`'s `IBV_REREG_MR_CHANGE_PD` and
@@ -178,20 +206,29 @@ impl<'a> Mr<'a> {
         if iova.checked_add(len as u64).is_none() {
             return Err(VerbsError::InvalidArgument("iova + length overflows"));
         }
-        let (page_list, npages) = page_list(&pd.inner.ctx, addr, len, size_of::<RegMrReq>())?;
+        let translation = translation(&pd.inner.ctx, addr, len)?;
+        let entries = match &translation {
+            Translation::Pages(_, n) | Translation::Extents(_, n) => *n,
+        };
         let req = RegMrReq {
             pd: Le32::new(pd.inner.handle),
             access: Le32::new(access.bits()),
             iova: Le64::new(iova),
             length: Le64::new(len as u64),
             page_shift: Le32::new(PAGE_SHIFT),
-            npages: Le32::new(npages),
+            npages: Le32::new(entries),
         };
-        let request = ControlRequest::RegMr(RegMr::new(req, &page_list));
+        let request = match &translation {
+            Translation::Pages(list, _) => ControlRequest::RegMr(RegMr::new(req, list)),
+            Translation::Extents(list, _) => {
+                ControlRequest::RegMrExtents(RegMrExtents::new(req, list))
+            }
+        };
+        let opcode = request.opcode();
         let ResponseBody::RegMr(resp) = pd.inner.ctx.execute(&request)? else {
-            return Err(unexpected_body(Opcode::RegMr));
+            return Err(unexpected_body(opcode));
         };
-        let handle = nonzero_handle(Opcode::RegMr, resp.mr.get())?;
+        let handle = nonzero_handle(opcode, resp.mr.get())?;
         Ok(Mr {
             object: MrObject {
                 pd: pd.inner.clone(),

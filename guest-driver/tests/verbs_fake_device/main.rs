@@ -19,6 +19,7 @@ mod fork;
 mod gid_cache;
 mod helpers;
 mod memory_windows;
+mod mr_extents;
 mod mr_rereg;
 mod resize_cq;
 mod uc;

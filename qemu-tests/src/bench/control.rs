@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use vrdma::dma::DEFAULT_GUEST_RAM_SIZE;
 
 use super::ctlbench::{run_to_output, ControlPlan, Output, Programs, Via};
 use super::stats::{ratio, Summary};
@@ -26,11 +27,22 @@ const OBJECT_OPS: &[&str] = &[
 const TO_RTS: &[&str] = &["modify_init", "modify_rtr", "modify_rts"];
 /// Row name of their sum.
 pub const RESET_TO_RTS: &str = "modify_reset_to_rts";
-/// MR measurements, scaled to one GiB.
+/// MR measurements over ordinary pages, scaled to one GiB.
 const MR_OPS: &[(&str, &str)] = &[
     ("reg_mr", "reg_mr_per_gib"),
     ("dereg_mr", "dereg_mr_per_gib"),
 ];
+/// Row of the first registration alone: vrdma's first registration of memory also fills the
+/// backend's page tables for it, which later ones find done.
+pub const FIRST_REG_MR: &str = "reg_mr_first_per_gib";
+/// MR measurements over 2 MiB huge pages, scaled to one GiB.
+const HUGE_MR_OPS: &[(&str, &str)] = &[
+    ("reg_mr", "reg_mr_huge_per_gib"),
+    ("dereg_mr", "dereg_mr_huge_per_gib"),
+];
+/// Guest RAM `vrdma-ctlbench control` makes beside the buffer (its vrings and command buffers);
+/// the huge-page pool must hold all of it.
+const CTLBENCH_RAM_HEADROOM: u64 = 64 << 20;
 
 /// One row: an operation's cost natively and through vrdma.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -87,7 +99,80 @@ pub fn run(programs: &Programs, socket: &Path, plan: &ControlPlan) -> Result<Vec
         &mut programs.control(Via::Vrdma, Some(socket), plan)?,
         timeout,
     )?;
-    rows(&native, &vrdma)
+    let mut rows = rows(&native, &vrdma)?;
+    let huge = plan.over_huge_pages();
+    let vrdma_ram = (plan.mr_bytes + CTLBENCH_RAM_HEADROOM).max(DEFAULT_GUEST_RAM_SIZE as u64);
+    match HugePagePool::reserve(vrdma_ram) {
+        Ok(_pool) => {
+            let native = run_to_output(
+                "bench-native-control-huge",
+                &mut programs.control(Via::Native, None, &huge)?,
+                timeout,
+            )?;
+            let vrdma = run_to_output(
+                "bench-vrdma-control-huge",
+                &mut programs.control(Via::Vrdma, Some(socket), &huge)?,
+                timeout,
+            )?;
+            rows.extend(huge_rows(&native, &vrdma)?);
+        }
+        Err(e) => println!("control path: no huge-page rows: {e}"),
+    }
+    Ok(rows)
+}
+
+/// 2 MiB huge pages reserved in the kernel's pool (`vm.nr_hugepages`) for as long as this
+/// lives; the pool goes back to its old size on drop.
+struct HugePagePool {
+    previous: u64,
+}
+
+const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
+
+impl HugePagePool {
+    fn reserve(bytes: u64) -> Result<HugePagePool> {
+        let io = |e: std::io::Error| Error::Scenario(format!("{NR_HUGEPAGES}: {e}"));
+        let read = || -> Result<u64> {
+            let text = std::fs::read_to_string(NR_HUGEPAGES).map_err(io)?;
+            text.trim()
+                .parse()
+                .map_err(|e| Error::Scenario(format!("{NR_HUGEPAGES}: {e}")))
+        };
+        let previous = read()?;
+        let wanted = previous + bytes.div_ceil(2 << 20);
+        std::fs::write(NR_HUGEPAGES, wanted.to_string()).map_err(io)?;
+        let pool = HugePagePool { previous };
+        let got = read()?;
+        if got < wanted {
+            return Err(Error::Scenario(format!(
+                "the kernel gave {got} of {wanted} huge pages"
+            )));
+        }
+        Ok(pool)
+    }
+}
+
+impl Drop for HugePagePool {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::write(NR_HUGEPAGES, self.previous.to_string()) {
+            println!("control path: cannot give the huge pages back: {e}");
+        }
+    }
+}
+
+/// The registration rows over huge pages, from the two programs' outputs.
+pub fn huge_rows(native: &Output, vrdma: &Output) -> Result<Vec<ControlRow>> {
+    HUGE_MR_OPS
+        .iter()
+        .map(|(op, name)| {
+            ControlRow::compare(
+                name,
+                "ms_per_gib",
+                per_gib(native, op, Samples::All)?,
+                per_gib(vrdma, op, Samples::All)?,
+            )
+        })
+        .collect()
 }
 
 /// The rows from the two programs' outputs.
@@ -110,10 +195,16 @@ pub fn rows(native: &Output, vrdma: &Output) -> Result<Vec<ControlRow>> {
         rows.push(row(
             name,
             "ms_per_gib",
-            per_gib(native, op)?,
-            per_gib(vrdma, op)?,
+            per_gib(native, op, Samples::All)?,
+            per_gib(vrdma, op, Samples::All)?,
         )?);
     }
+    rows.push(row(
+        FIRST_REG_MR,
+        "ms_per_gib",
+        per_gib(native, "reg_mr", Samples::First)?,
+        per_gib(vrdma, "reg_mr", Samples::First)?,
+    )?);
     Ok(rows)
 }
 
@@ -130,14 +221,27 @@ fn sum_per_rep(out: &Output) -> Result<Option<Summary>> {
     Ok(Summary::of(&sums))
 }
 
+/// Which of a series' samples a row summarizes.
+#[derive(Clone, Copy)]
+enum Samples {
+    All,
+    First,
+}
+
 /// Milliseconds per GiB of `op`'s samples, from the registered size.
-fn per_gib(out: &Output, op: &str) -> Result<Option<Summary>> {
+fn per_gib(out: &Output, op: &str, which: Samples) -> Result<Option<Summary>> {
     let bytes = out
         .mr_bytes
         .filter(|&b| b > 0)
         .ok_or_else(|| Error::Scenario("control bench: no mr_bytes".into()))?;
     let factor = 1e-6 * (1u64 << 30) as f64 / bytes as f64;
-    Ok(Summary::of_scaled(out.series(op)?, factor))
+    let series = out.series(op)?;
+    let samples = match which {
+        Samples::All => series,
+        // `series` is never empty.
+        Samples::First => &series[..1],
+    };
+    Ok(Summary::of_scaled(samples, factor))
 }
 
 #[cfg(test)]
@@ -184,7 +288,8 @@ mod tests {
                 "modify_rts",
                 RESET_TO_RTS,
                 "reg_mr_per_gib",
-                "dereg_mr_per_gib"
+                "dereg_mr_per_gib",
+                FIRST_REG_MR
             ]
         );
         let cq = &rows[0];
@@ -196,6 +301,15 @@ mod tests {
         let reg = &rows[8];
         assert_eq!(reg.unit, "ms_per_gib");
         assert!((reg.native.median - 8.0).abs() < 1e-9, "{reg:?}");
+        // The first of 1, 2, 3 ms.
+        assert!(
+            (rows[10].native.median - 4.0).abs() < 1e-9,
+            "{:?}",
+            rows[10]
+        );
+        let huge = huge_rows(&output(1), &output(2)).unwrap();
+        assert_eq!(huge[0].op, "reg_mr_huge_per_gib");
+        assert!((huge[0].ratio - 2.0).abs() < 1e-12);
     }
 
     #[test]

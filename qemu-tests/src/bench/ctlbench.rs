@@ -58,6 +58,22 @@ pub struct ControlPlan {
     pub mr_bytes: u64,
     /// Repetitions of the registration.
     pub mr_reps: u32,
+    /// Register memory of 2 MiB hugetlb pages (vrdma: guest RAM of them) instead of ordinary
+    /// pages.
+    #[serde(default)]
+    pub huge_pages: bool,
+}
+
+impl ControlPlan {
+    /// The registrations of this plan over huge pages (and the object measurements once, as
+    /// the programs always make them).
+    pub fn over_huge_pages(&self) -> ControlPlan {
+        ControlPlan {
+            reps: 1,
+            huge_pages: true,
+            ..*self
+        }
+    }
 }
 
 /// What one scale process does.
@@ -140,6 +156,12 @@ impl Programs {
             Via::Native => cmd.args(["-r", &reps, "-m", &bytes, "-R", &mr_reps]),
             Via::Vrdma => cmd.args(["--reps", &reps, "--mr-bytes", &bytes, "--mr-reps", &mr_reps]),
         };
+        if plan.huge_pages {
+            cmd.arg(match via {
+                Via::Native => "-H",
+                Via::Vrdma => "--huge-pages",
+            });
+        }
         Ok(cmd)
     }
 
@@ -209,6 +231,7 @@ mod tests {
             reps: 7,
             mr_bytes: 1 << 20,
             mr_reps: 2,
+            huge_pages: false,
         };
         let p = programs();
         let native = p.control(Via::Native, None, &plan).unwrap();
@@ -220,6 +243,14 @@ mod tests {
             "--socket /tmp/s control --reps 7 --mr-bytes 1048576 --mr-reps 2"
         );
         assert!(p.control(Via::Vrdma, None, &plan).is_err());
+        let huge = plan.over_huge_pages();
+        let native = p.control(Via::Native, None, &huge).unwrap();
+        assert_eq!(args(&native), "control -d rxe0 -r 1 -m 1048576 -R 2 -H");
+        let vrdma = p.control(Via::Vrdma, Some(sock), &huge).unwrap();
+        assert_eq!(
+            args(&vrdma),
+            "--socket /tmp/s control --reps 1 --mr-bytes 1048576 --mr-reps 2 --huge-pages"
+        );
         let job = ScaleJob {
             qps: 64,
             messages: 100,

@@ -90,12 +90,14 @@ impl Plan {
                     reps: 10,
                     mr_bytes: 32 << 20,
                     mr_reps: 1,
+                    huge_pages: false,
                 }
             } else {
                 ControlPlan {
                     reps: 50,
                     mr_bytes: 256 << 20,
                     mr_reps: 3,
+                    huge_pages: false,
                 }
             },
             cm_setup: cm_setup::CmSetupPlan {

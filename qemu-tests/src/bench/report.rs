@@ -61,7 +61,9 @@ fn tables(
     let _ = writeln!(
         out,
         "\ncontrol path: vrdma verbs API (process transport) vs rdma-core on rxe0; median of {} \
-         (MR: {} MiB registered, median of {}, scaled to one GiB).",
+         (MR: {} MiB registered, median of {}, scaled to one GiB; 4 KiB pages: vrdma's guest RAM \
+         a memfd, native memory without transparent huge pages; `first`: the first registration \
+         alone; `huge`: both over 2 MiB hugetlb pages).",
         plan.control.reps,
         plan.control.mr_bytes >> 20,
         plan.control.mr_reps

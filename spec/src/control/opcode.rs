@@ -34,6 +34,9 @@ pub enum Opcode {
     DeregMr = 0x0021,
     /// Change a memory region's PD, access or translation in place.
     ReregMr = 0x0022,
+    /// Register guest memory given as extents (runs of pages) as a memory region (needs
+    /// `VRDMA_F_MR_EXTENTS`).
+    RegMrExtents = 0x0023,
     /// Allocate a memory window (needs `VRDMA_F_MW`).
     AllocMw = 0x0024,
     /// Free a memory window (needs `VRDMA_F_MW`).
@@ -100,7 +103,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 43] = [
+    pub const ALL: [Opcode; 44] = [
         Opcode::QueryDevice,
         Opcode::QueryPort,
         Opcode::QueryGid,
@@ -113,6 +116,7 @@ impl Opcode {
         Opcode::RegMr,
         Opcode::DeregMr,
         Opcode::ReregMr,
+        Opcode::RegMrExtents,
         Opcode::AllocMw,
         Opcode::DeallocMw,
         Opcode::CreateCq,
@@ -146,7 +150,8 @@ impl Opcode {
         Opcode::CmQueryAddr,
     ];
 
-    /// Size of the fixed request body (REG_MR, REREG_MR: without the page list).
+    /// Size of the fixed request body (REG_MR, REREG_MR: without the page list; REG_MR_EXTENTS:
+    /// without the extent list).
     pub const fn request_body_len(self) -> usize {
         use core::mem::size_of;
         match self {
@@ -156,7 +161,7 @@ impl Opcode {
                 size_of::<QueryTableReq>()
             }
             Opcode::SetDoorbellArea => size_of::<SetDoorbellAreaReq>(),
-            Opcode::RegMr => size_of::<RegMrReq>(),
+            Opcode::RegMr | Opcode::RegMrExtents => size_of::<RegMrReq>(),
             Opcode::ReregMr => size_of::<ReregMrReq>(),
             Opcode::AllocMw => size_of::<AllocMwReq>(),
             Opcode::CreateCq => size_of::<CreateCqReq>(),
@@ -203,7 +208,7 @@ impl Opcode {
             Opcode::QueryGidTable => size_of::<GidTableResp>(),
             Opcode::QueryPkey => size_of::<PkeyEntry>(),
             Opcode::AllocPd => size_of::<HandleResp>(),
-            Opcode::RegMr => size_of::<RegMrResp>(),
+            Opcode::RegMr | Opcode::RegMrExtents => size_of::<RegMrResp>(),
             Opcode::ReregMr => size_of::<ReregMrResp>(),
             Opcode::AllocMw => size_of::<AllocMwResp>(),
             Opcode::CreateCq => size_of::<CreateCqResp>(),
@@ -251,6 +256,7 @@ impl Opcode {
             }
             Opcode::CreateAh | Opcode::DestroyAh => Some(features::VRDMA_F_UD),
             Opcode::AllocMw | Opcode::DeallocMw => Some(features::VRDMA_F_MW),
+            Opcode::RegMrExtents => Some(features::VRDMA_F_MR_EXTENTS),
             op if op.is_cm() => Some(features::VRDMA_F_CM),
             _ => None,
         }
@@ -273,6 +279,7 @@ impl Opcode {
             Opcode::RegMr => "REG_MR",
             Opcode::DeregMr => "DEREG_MR",
             Opcode::ReregMr => "REREG_MR",
+            Opcode::RegMrExtents => "REG_MR_EXTENTS",
             Opcode::AllocMw => "ALLOC_MW",
             Opcode::DeallocMw => "DEALLOC_MW",
             Opcode::CreateCq => "CREATE_CQ",

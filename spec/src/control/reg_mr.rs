@@ -97,6 +97,19 @@ impl<'a> RegMr<'a> {
 /// Useful on its own to a device that streams a large page list from the descriptor
 /// chain instead of collecting it.
 pub fn check_reg_mr(r: &RegMrReq) -> Result<u64, DecodeError> {
+    let expected = check_mr_span(r)?;
+    if expected != u64::from(r.npages.get()) {
+        return Err(DecodeError::PageCount {
+            expected,
+            got: r.npages.get(),
+        });
+    }
+    Ok(expected)
+}
+
+/// Validates the fixed part of REG_MR or REG_MR_EXTENTS but its entry count: access, page
+/// shift, length and iova. Returns the number of pages `(iova mod P) + length` spans.
+pub fn check_mr_span(r: &RegMrReq) -> Result<u64, DecodeError> {
     check_mr_access(r.access.get())?;
     let shift = r.page_shift.get();
     if !(MIN_PAGE_SHIFT..=MAX_PAGE_SHIFT).contains(&shift) {
@@ -116,14 +129,7 @@ pub fn check_reg_mr(r: &RegMrReq) -> Result<u64, DecodeError> {
     let span = (iova & (page_size - 1))
         .checked_add(length)
         .ok_or(DecodeError::Overflow("iova offset + length"))?;
-    let expected = span.div_ceil(page_size);
-    if expected != u64::from(r.npages.get()) {
-        return Err(DecodeError::PageCount {
-            expected,
-            got: r.npages.get(),
-        });
-    }
-    Ok(expected)
+    Ok(span.div_ceil(page_size))
 }
 
 /// Validates MR access flags (REG_MR, REREG_MR): only [`AccessFlags::MR_ALLOWED`] bits, and

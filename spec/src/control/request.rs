@@ -6,8 +6,9 @@ use zerocopy::{FromBytes, IntoBytes};
 use super::attr::{check_ah_attr, check_qp_attr};
 use super::body::{handle_req, range, table_req, take_body, zero};
 use super::cm::CmRequest;
+use super::mr_extents::{take_extent_list, RegMrExtents};
 use super::opcode::{Opcode, HEADER_SIZE};
-use super::reg_mr::{check_reg_mr, take_page_list, RegMr};
+use super::reg_mr::{check_mr_span, check_reg_mr, take_page_list, RegMr};
 use super::rereg_mr::{decode_rereg_mr, encode_rereg_mr, ReregMr};
 use crate::error::DecodeError;
 use crate::features;
@@ -44,6 +45,8 @@ pub enum ControlRequest<'a> {
     RegMr(RegMr<'a>),
     /// DEREG_MR.
     DeregMr(HandleReq),
+    /// REG_MR_EXTENTS with its extent list.
+    RegMrExtents(RegMrExtents<'a>),
     /// REREG_MR with the page list of a translation change.
     ReregMr(ReregMr<'a>),
     /// ALLOC_MW.
@@ -172,6 +175,24 @@ impl<'a> ControlRequest<'a> {
                 let pages = take_page_list(list, npages, req.page_shift.get(), fixed, bytes.len())?;
                 ControlRequest::RegMr(RegMr { req, pages })
             }
+            Opcode::RegMrExtents => {
+                let fixed = core::mem::size_of::<RegMrReq>();
+                let (req, list) =
+                    RegMrReq::read_from_prefix(body).map_err(|_| DecodeError::Short {
+                        needed: HEADER_SIZE + fixed,
+                        got: bytes.len(),
+                    })?;
+                let pages = check_mr_span(&req)?;
+                let extents = take_extent_list(
+                    list,
+                    req.npages.get(),
+                    req.page_shift.get(),
+                    pages,
+                    fixed,
+                    bytes.len(),
+                )?;
+                ControlRequest::RegMrExtents(RegMrExtents { req, extents })
+            }
             Opcode::ReregMr => ControlRequest::ReregMr(decode_rereg_mr(body, bytes.len())?),
             Opcode::CreateCq => {
                 let r: CreateCqReq = take_body(body)?;
@@ -277,6 +298,7 @@ impl<'a> ControlRequest<'a> {
             ControlRequest::RegMr(_) => Opcode::RegMr,
             ControlRequest::DeregMr(_) => Opcode::DeregMr,
             ControlRequest::ReregMr(_) => Opcode::ReregMr,
+            ControlRequest::RegMrExtents(_) => Opcode::RegMrExtents,
             ControlRequest::AllocMw(_) => Opcode::AllocMw,
             ControlRequest::DeallocMw(_) => Opcode::DeallocMw,
             ControlRequest::CreateCq(_) => Opcode::CreateCq,
@@ -303,6 +325,7 @@ impl<'a> ControlRequest<'a> {
         let mut f = self.opcode().required_feature().unwrap_or(0);
         let mr_access = match self {
             ControlRequest::RegMr(m) => Some(m.req.access.get()),
+            ControlRequest::RegMrExtents(m) => Some(m.req.access.get()),
             ControlRequest::ReregMr(m) => m.new_access(),
             _ => None,
         };
@@ -330,6 +353,7 @@ impl<'a> ControlRequest<'a> {
             + match self {
                 ControlRequest::RegMr(m) => m.pages.as_bytes().len(),
                 ControlRequest::ReregMr(m) => m.pages.as_bytes().len(),
+                ControlRequest::RegMrExtents(m) => m.extents.as_bytes().len(),
                 _ => 0,
             }
     }
@@ -365,6 +389,10 @@ impl<'a> ControlRequest<'a> {
                 out.extend_from_slice(m.pages.as_bytes());
             }
             ControlRequest::ReregMr(m) => encode_rereg_mr(m, out),
+            ControlRequest::RegMrExtents(m) => {
+                out.extend_from_slice(m.req.as_bytes());
+                out.extend_from_slice(m.extents.as_bytes());
+            }
             ControlRequest::AllocMw(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::CreateCq(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::ArmCq(r) => out.extend_from_slice(r.as_bytes()),

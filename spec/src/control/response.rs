@@ -87,7 +87,7 @@ impl ResponseBody {
                 | (ResponseBody::QueryPkey(_), Opcode::QueryPkey)
                 | (ResponseBody::QueryGidTable(_), Opcode::QueryGidTable)
                 | (ResponseBody::AllocPd(_), Opcode::AllocPd)
-                | (ResponseBody::RegMr(_), Opcode::RegMr)
+                | (ResponseBody::RegMr(_), Opcode::RegMr | Opcode::RegMrExtents)
                 | (ResponseBody::ReregMr(_), Opcode::ReregMr)
                 | (ResponseBody::AllocMw(_), Opcode::AllocMw)
                 | (ResponseBody::CreateCq(_), Opcode::CreateCq)
@@ -109,7 +109,7 @@ impl ResponseBody {
             Opcode::QueryPkey => ResponseBody::QueryPkey(take_body(b)?),
             Opcode::QueryGidTable => ResponseBody::QueryGidTable(take_body(b)?),
             Opcode::AllocPd => ResponseBody::AllocPd(take_body(b)?),
-            Opcode::RegMr => ResponseBody::RegMr(take_body(b)?),
+            Opcode::RegMr | Opcode::RegMrExtents => ResponseBody::RegMr(take_body(b)?),
             Opcode::ReregMr => ResponseBody::ReregMr(take_body(b)?),
             Opcode::AllocMw => ResponseBody::AllocMw(take_body(b)?),
             Opcode::CreateCq => ResponseBody::CreateCq(take_body(b)?),

@@ -5,6 +5,7 @@
 mod cm;
 pub use cm::*;
 
+use vrdma_spec::control::RegMrExtents;
 use vrdma_spec::control::{rereg_flags, ReregMr};
 use vrdma_spec::rxe_v1::RxeAv;
 use vrdma_spec::verbs::{AccessFlags, QpAttrMask, QpType};
@@ -64,6 +65,13 @@ pub fn page_list() -> Vec<u8> {
     let mut v = Vec::new();
     vrdma_spec::control::encode_page_list([0x1000_0000u64, 0x2000_3000, 0x7fff_f000], &mut v);
     v
+}
+
+/// Extent-list bytes for the same 3 pages as REG_MR_EXTENTS: one page, then two.
+pub fn extent_list() -> &'static [u8] {
+    let mut v = Vec::new();
+    vrdma_spec::control::encode_extent_list([(0x1000_0000u64, 4096), (0x2000_3000, 8192)], &mut v);
+    Vec::leak(v)
 }
 
 pub fn reg_mr_req() -> RegMrReq {
@@ -170,6 +178,13 @@ pub fn all_requests(pages: &[u8]) -> Vec<ControlRequest<'_>> {
         ControlRequest::RegMr(RegMr::new(reg_mr_req(), pages)),
         ControlRequest::DeregMr(h(0x0100_0002)),
         ControlRequest::ReregMr(ReregMr::new(rereg_mr_req(), pages)),
+        ControlRequest::RegMrExtents(RegMrExtents::new(
+            RegMrReq {
+                npages: Le32::new(2),
+                ..reg_mr_req()
+            },
+            extent_list(),
+        )),
         ControlRequest::AllocMw(AllocMwReq {
             pd: Le32::new(1),
             mw_type: Le32::new(2),
@@ -280,7 +295,7 @@ pub fn body_for(op: Opcode) -> ResponseBody {
             handle: Le32::new(0x0100_0001),
             reserved: Le32::ZERO,
         }),
-        Opcode::RegMr => ResponseBody::RegMr(RegMrResp {
+        Opcode::RegMr | Opcode::RegMrExtents => ResponseBody::RegMr(RegMrResp {
             mr: Le32::new(3),
             lkey: Le32::new(0x1234),
             rkey: Le32::new(0x5678),

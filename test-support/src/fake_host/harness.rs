@@ -15,7 +15,9 @@ use vrdma_backend::vhost_device::guest_context::GuestContext;
 use vrdma_backend::vhost_device::handler::{CommandRejection, DeviceHandler};
 use vrdma_backend::vhost_device::VhostUserDevice;
 use vrdma_spec::config::DeviceConfig;
-use vrdma_spec::control::{encode_page_list, HEADER_SIZE, MAX_CM_RESPONSE_SIZE};
+use vrdma_spec::control::{
+    encode_extent_list, encode_page_list, RegMrExtents, HEADER_SIZE, MAX_CM_RESPONSE_SIZE,
+};
 use vrdma_spec::features::*;
 use vrdma_spec::verbs::{AccessFlags, Mtu, QpAttrMask, QpState};
 use vrdma_spec::wire::*;
@@ -277,9 +279,33 @@ pub fn reg_mr(
     guest.run(ControlRequest::RegMr(RegMr::new(req, &list)))
 }
 
+/// REG_MR_EXTENTS of `extents` (GPA, length) covering `length` bytes from iova `iova`.
+pub fn reg_mr_extents(
+    guest: &TestGuest,
+    pd: u32,
+    iova: u64,
+    length: u64,
+    extents: &[(u64, u64)],
+) -> ControlResponse {
+    let mut list = Vec::new();
+    encode_extent_list(extents.iter().copied(), &mut list);
+    let req = reg_mr_req(
+        pd,
+        iova,
+        length,
+        AccessFlags::LOCAL_WRITE.bits(),
+        extents.len() as u32,
+    );
+    guest.run(ControlRequest::RegMrExtents(RegMrExtents::new(req, &list)))
+}
+
 /// Every feature the fake device offers or a test may accept.
-pub const ALL_FEATURES: u64 =
-    VRDMA_F_RING_RXE_V1 | VRDMA_F_SRQ | VRDMA_F_UD | VRDMA_F_UC | VRDMA_F_UD_STAGED_SQ;
+pub const ALL_FEATURES: u64 = VRDMA_F_RING_RXE_V1
+    | VRDMA_F_SRQ
+    | VRDMA_F_UD
+    | VRDMA_F_UC
+    | VRDMA_F_UD_STAGED_SQ
+    | VRDMA_F_MR_EXTENTS;
 
 /// Guests of one daemon on one fake device: one host budget and one table of tenant endpoints
 /// for all of them, as `vrdma-backend` serves every socket.

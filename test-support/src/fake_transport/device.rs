@@ -241,6 +241,38 @@ impl FakeDevice {
         bytes
     }
 
+    /// REG_MR and REG_MR_EXTENTS, once the pages are listed.
+    fn reg_mr(&mut self, req: &RegMrReq, pages: Vec<u64>) -> Answer {
+        let pd = req.pd.get();
+        if !self.pds.contains(&pd) {
+            return Err(Status::BadHandle);
+        }
+        for &page in &pages {
+            self.ram_range(page, PAGE_SIZE)?;
+        }
+        let handle = self.handle();
+        self.next_key += 0x100;
+        let (lkey, rkey) = (self.next_key, self.next_key + 1);
+        self.mrs.insert(
+            handle,
+            FakeMr {
+                pd,
+                lkey,
+                rkey,
+                iova: req.iova.get(),
+                len: req.length.get(),
+                access: req.access.get(),
+                pages,
+            },
+        );
+        Ok(ResponseBody::RegMr(RegMrResp {
+            mr: Le32::new(handle),
+            lkey: Le32::new(lkey),
+            rkey: Le32::new(rkey),
+            reserved: Le32::ZERO,
+        }))
+    }
+
     fn answer(&mut self, req: &ControlRequest<'_>, region: &Region) -> Answer {
         use ControlRequest as R;
         match req {
@@ -322,36 +354,15 @@ impl FakeDevice {
                 self.pds.remove(pos);
                 Ok(ResponseBody::Empty)
             }
-            R::RegMr(m) => {
-                let pd = m.req.pd.get();
-                if !self.pds.contains(&pd) {
-                    return Err(Status::BadHandle);
-                }
-                let pages: Vec<u64> = m.pages.iter().collect();
-                for &page in &pages {
-                    self.ram_range(page, PAGE_SIZE)?;
-                }
-                let handle = self.handle();
-                self.next_key += 0x100;
-                let (lkey, rkey) = (self.next_key, self.next_key + 1);
-                self.mrs.insert(
-                    handle,
-                    FakeMr {
-                        pd,
-                        lkey,
-                        rkey,
-                        iova: m.req.iova.get(),
-                        len: m.req.length.get(),
-                        access: m.req.access.get(),
-                        pages,
-                    },
-                );
-                Ok(ResponseBody::RegMr(RegMrResp {
-                    mr: Le32::new(handle),
-                    lkey: Le32::new(lkey),
-                    rkey: Le32::new(rkey),
-                    reserved: Le32::ZERO,
-                }))
+            R::RegMr(m) => self.reg_mr(&m.req, m.pages.iter().collect()),
+            R::RegMrExtents(m) => {
+                let page_size = m.page_size();
+                let pages = m
+                    .extents
+                    .iter()
+                    .flat_map(|(gpa, len)| (0..len / page_size).map(move |i| gpa + i * page_size))
+                    .collect();
+                self.reg_mr(&m.req, pages)
             }
             R::DeregMr(r) => {
                 let mr = r.handle.get();

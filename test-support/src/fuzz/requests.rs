@@ -128,18 +128,51 @@ fn with_pages(mut body: Vec<u8>, pages: &[u64]) -> Vec<u8> {
     body
 }
 
-/// REG_MR on `pd`.
+/// REG_MR on `pd`, or half of the time REG_MR_EXTENTS of the same pages (runs merged), now
+/// and then with one extent broken.
 pub fn reg_mr(r: &mut ByteReader<'_>, pd: u32) -> Vec<u8> {
     let pages = page_list(r);
     let (access, iova, length, shift, npages) = translation(r, &pages);
+    let as_extents = r.chance(50);
+    let (op, entries, list) = if as_extents {
+        let mut extents: Vec<(u64, u64)> = Vec::new();
+        for &page in &pages {
+            match extents.last_mut() {
+                Some((start, len)) if start.wrapping_add(*len) == page => *len += PAGE,
+                _ => extents.push((page, PAGE)),
+            }
+        }
+        if !extents.is_empty() && r.chance(10) {
+            let i = r.below(extents.len() as u32) as usize;
+            match r.below(4) {
+                0 => extents[i].1 = 0,
+                1 => extents[i].1 += 8,
+                2 => extents[i].0 |= 8,
+                _ => extents[i].1 = u64::MAX - PAGE + 1,
+            }
+        }
+        // A count that matches the pages matches the extents instead.
+        let count = if npages as usize == pages.len() {
+            extents.len() as u32
+        } else {
+            npages
+        };
+        let mut list = Vec::new();
+        vrdma_spec::control::encode_extent_list(extents, &mut list);
+        (Opcode::RegMrExtents, count, list)
+    } else {
+        (Opcode::RegMr, npages, with_pages(Vec::new(), &pages))
+    };
     let mut b = Body::new(32);
     b.u32(0, pd)
         .u32(4, access)
         .u64(8, iova)
         .u64(16, length)
         .u32(24, shift)
-        .u32(28, npages);
-    request(Opcode::RegMr, &with_pages(b.0, &pages))
+        .u32(28, entries);
+    let mut body = b.0;
+    body.extend_from_slice(&list);
+    request(op, &body)
 }
 
 /// REREG_MR of `mr`, maybe onto `pd`.

@@ -34,7 +34,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::queues::{ControlChannel, EventChannel, QueueSignal, SignalledQueue};
 use super::{OwnerProcess, SharedMemory, Transport, TransportError};
-use crate::dma::{DmaBuffer, DmaError, DmaMemory, MemfdRam, DEFAULT_GUEST_RAM_SIZE};
+use crate::dma::{DmaBuffer, DmaError, DmaMemory, MemfdRam, RamPages, DEFAULT_GUEST_RAM_SIZE};
 use crate::virtq::SplitQueue;
 use vrdma_spec::features::{
     DEVICE_SPECIFIC_MASK, VIRTIO_F_RING_EVENT_IDX, VIRTIO_F_RING_INDIRECT_DESC, VIRTIO_F_VERSION_1,
@@ -48,8 +48,11 @@ use shmem_window::ShmemWindow;
 /// Settings of a [`ProcessTransport`].
 #[derive(Clone, Debug)]
 pub struct ProcessOptions {
-    /// Size of the memfd "guest RAM" (vrings, command buffers, application buffers).
+    /// Size of the memfd "guest RAM" (vrings, command buffers, application buffers); a
+    /// multiple of `guest_ram_pages.size()`.
     pub guest_ram_size: usize,
+    /// What guest RAM is made of.
+    pub guest_ram_pages: RamPages,
     /// Entries of each virtqueue (a power of two, at most 256).
     pub queue_size: u16,
     /// How long a control command may take before the transport gives up.
@@ -68,6 +71,7 @@ impl Default for ProcessOptions {
     fn default() -> Self {
         ProcessOptions {
             guest_ram_size: DEFAULT_GUEST_RAM_SIZE,
+            guest_ram_pages: RamPages::Small,
             queue_size: 256,
             command_timeout: Duration::from_secs(30),
             config_size: 256,
@@ -86,8 +90,13 @@ pub struct ProcessDma {
 impl ProcessDma {
     /// Guest RAM of `len` bytes.
     pub fn new(len: usize) -> Result<Self, TransportError> {
+        Self::with_pages(len, RamPages::Small)
+    }
+
+    /// `len` bytes (a multiple of `pages.size()`) of guest RAM made of `pages`.
+    pub fn with_pages(len: usize, pages: RamPages) -> Result<Self, TransportError> {
         Ok(ProcessDma {
-            ram: MemfdRam::new(len)?,
+            ram: MemfdRam::with_pages(len, pages)?,
         })
     }
 
@@ -109,6 +118,10 @@ impl DmaMemory for ProcessDma {
 
     fn translate(&self, addr: *const u8, len: usize) -> Result<Vec<u64>, DmaError> {
         self.ram.translate(addr, len)
+    }
+
+    fn translate_extents(&self, addr: *const u8, len: usize) -> Result<Vec<(u64, u64)>, DmaError> {
+        self.ram.translate_extents(addr, len)
     }
 }
 
@@ -150,7 +163,7 @@ impl ProcessTransport {
         {
             return Err(TransportError::InvalidRequest("queue size"));
         }
-        let dma = ProcessDma::new(options.guest_ram_size)?;
+        let dma = ProcessDma::with_pages(options.guest_ram_size, options.guest_ram_pages)?;
         let mut frontend = Frontend::connect(socket_path, u64::from(NUM_QUEUES))
             .map_err(TransportError::VhostUser)?;
         frontend.set_owner().map_err(TransportError::VhostUser)?;

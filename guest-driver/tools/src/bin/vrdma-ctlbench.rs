@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 
+use vrdma::dma::RamPages;
 use vrdma::transport::process::{ProcessOptions, ProcessTransport};
 use vrdma::verbs::{
     AccessFlags, ConnectOptions, Context, Cq, Gid, Pd, Qp, QpCaps, QpInitAttr, QpType, RemoteQp,
@@ -65,6 +66,10 @@ enum Bench {
         /// Repetitions of the registration.
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
         mr_reps: u32,
+        /// Make guest RAM of 2 MiB hugetlb pages (needs `vm.nr_hugepages` reserved) instead of
+        /// ordinary pages.
+        #[arg(long)]
+        huge_pages: bool,
     },
     /// Time post_send with QPS QPs open.
     Scale {
@@ -111,9 +116,15 @@ fn run(cli: &Cli) -> Result<serde_json::Value, String> {
             reps,
             mr_bytes,
             mr_reps,
+            huge_pages,
         } => {
-            let ctx = open(&cli.socket, mr_bytes.saturating_add(RAM_HEADROOM))?;
-            control(&ctx, *reps, *mr_bytes, *mr_reps)
+            let pages = if *huge_pages {
+                RamPages::Huge2M
+            } else {
+                RamPages::Small
+            };
+            let ctx = open(&cli.socket, mr_bytes.saturating_add(RAM_HEADROOM), pages)?;
+            control(&ctx, *reps, *mr_bytes, *mr_reps, pages.size())
         }
         Bench::Scale {
             qps,
@@ -123,7 +134,7 @@ fn run(cli: &Cli) -> Result<serde_json::Value, String> {
             ready_file,
             start_file,
         } => {
-            let ctx = open(&cli.socket, RAM_HEADROOM)?;
+            let ctx = open(&cli.socket, RAM_HEADROOM, RamPages::Small)?;
             let plan = ScalePlan {
                 qps: *qps,
                 messages: *messages,
@@ -136,11 +147,14 @@ fn run(cli: &Cli) -> Result<serde_json::Value, String> {
     }
 }
 
-/// Connects to the backend with `ram` bytes of guest RAM.
-fn open(socket: &Path, ram: usize) -> Result<Context, String> {
-    let ram = ram.next_multiple_of(vrdma::dma::PAGE_SIZE);
+/// Connects to the backend with `ram` bytes of guest RAM made of `pages`.
+fn open(socket: &Path, ram: usize, pages: RamPages) -> Result<Context, String> {
+    let ram = ram
+        .max(ProcessOptions::default().guest_ram_size)
+        .next_multiple_of(pages.size());
     let options = ProcessOptions {
-        guest_ram_size: ram.max(ProcessOptions::default().guest_ram_size),
+        guest_ram_size: ram,
+        guest_ram_pages: pages,
         ..ProcessOptions::default()
     };
     let transport = ProcessTransport::connect(socket, options)
@@ -199,6 +213,7 @@ fn control(
     reps: u32,
     mr_bytes: usize,
     mr_reps: u32,
+    mr_align: usize,
 ) -> Result<serde_json::Value, String> {
     let mut samples = Samples::default();
     let pd = ctx
@@ -240,8 +255,9 @@ fn control(
     }
     drop(cq);
 
+    // Aligned to guest RAM's pages, as native memory of huge pages is.
     let buffer = ctx
-        .alloc_buffer(mr_bytes)
+        .alloc_buffer_aligned(mr_bytes, mr_align)
         .map_err(|e| format!("allocating {mr_bytes} bytes: {e}"))?;
     // Fault the pages in first: the bench times registration, not page allocation.
     // SAFETY: the buffer is ours, `buffer.len()` bytes long and registered with nothing yet.
