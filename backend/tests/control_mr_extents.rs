@@ -27,15 +27,17 @@ fn read_word(addr: u64) -> u32 {
     u32::from_ne_bytes(word)
 }
 
+/// A guest that negotiated extents, on a fake device of its own, with a PD.
+fn guest_with_extents(options: DeviceOptions) -> (std::sync::Arc<FakeDevice>, TestGuest, u32) {
+    let fake = FakeDevice::new();
+    let guest = TestGuest::new(&fake, options, VRDMA_F_RING_RXE_V1 | VRDMA_F_MR_EXTENTS);
+    let pd = guest.alloc_pd();
+    (fake, guest, pd)
+}
+
 #[test]
 fn extents_map_the_pages_they_name_in_order() {
-    let fake = FakeDevice::new();
-    let guest = TestGuest::new(
-        &fake,
-        test_options(),
-        VRDMA_F_RING_RXE_V1 | VRDMA_F_MR_EXTENTS,
-    );
-    let pd = guest.alloc_pd();
+    let (fake, guest, pd) = guest_with_extents(test_options());
     // Three pages from two extents, the second before the first in guest-physical order; the
     // MR starts 0x10 bytes into the first page.
     let extents = [(RAM_BASE + 8 * PAGE, 2 * PAGE), (RAM_BASE + PAGE, PAGE)];
@@ -78,13 +80,7 @@ type Case<'a> = (&'a str, u64, &'a [(u64, u64)], Status);
 
 #[test]
 fn extents_are_validated_like_pages_and_limited_in_extents() {
-    let fake = FakeDevice::new();
-    let guest = TestGuest::new(
-        &fake,
-        test_options(),
-        VRDMA_F_RING_RXE_V1 | VRDMA_F_MR_EXTENTS,
-    );
-    let pd = guest.alloc_pd();
+    let (fake, guest, pd) = guest_with_extents(test_options());
     let last = RAM_BASE + RAM_SIZE - PAGE;
     let cases: &[Case] = &[
         ("outside RAM", PAGE, &[(0, PAGE)], Status::BadAddress),
@@ -142,16 +138,17 @@ fn extents_are_validated_like_pages_and_limited_in_extents() {
     assert_eq!(guest.dev().object_counts().mrs, 0);
     assert_eq!(fake.world().live(), 1);
 
-    // max_mr_pages is 64: 32 extents at most, but a contiguous MR of more pages is one
+    // max_mr_pages is 64: 32 extents at most (here one page each, adjacent, so that nothing
+    // else — mappings, quotas — is near its limit), but a contiguous MR of more pages is one
     // extent (here bounded by the byte quota of 64 pages instead).
-    let scattered =
-        |n: u64| -> Vec<(u64, u64)> { (0..n).map(|i| (RAM_BASE + 2 * i * PAGE, PAGE)).collect() };
+    let one_page_each =
+        |n: u64| -> Vec<(u64, u64)> { (0..n).map(|i| (RAM_BASE + i * PAGE, PAGE)).collect() };
     assert_eq!(
-        status(reg_mr_extents(&guest, pd, 0, 33 * PAGE, &scattered(33))),
+        status(reg_mr_extents(&guest, pd, 0, 33 * PAGE, &one_page_each(33))),
         Status::Invalid
     );
     let ControlResponse::Ok(ResponseBody::RegMr(mr)) =
-        reg_mr_extents(&guest, pd, 0, 32 * PAGE, &scattered(32))
+        reg_mr_extents(&guest, pd, 0, 32 * PAGE, &one_page_each(32))
     else {
         panic!("32 extents")
     };
@@ -174,13 +171,10 @@ fn extents_are_validated_like_pages_and_limited_in_extents() {
 
 #[test]
 fn max_mr_pages_bounds_page_lists_not_extents() {
-    let fake = FakeDevice::new();
-    let options = DeviceOptions {
+    let (_fake, guest, pd) = guest_with_extents(DeviceOptions {
         max_mr_pages: 8,
         ..test_options()
-    };
-    let guest = TestGuest::new(&fake, options, VRDMA_F_RING_RXE_V1 | VRDMA_F_MR_EXTENTS);
-    let pd = guest.alloc_pd();
+    });
     let pages: Vec<u64> = (0..64).map(|i| RAM_BASE + i * PAGE).collect();
     assert_eq!(
         status(reg_mr(&guest, pd, 0, 64 * PAGE, &pages)),

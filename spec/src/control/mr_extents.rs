@@ -3,7 +3,7 @@
 //! consecutive guest-physical pages as one entry, so its size grows with the fragmentation of
 //! the buffer rather than with its length.
 
-use super::opcode::HEADER_SIZE;
+use super::reg_mr::exact_list;
 use crate::error::DecodeError;
 use crate::wire::RegMrReq;
 
@@ -135,26 +135,7 @@ pub(super) fn take_extent_list(
             value: 0,
         });
     }
-    let list_len = usize::try_from(nextents)
-        .ok()
-        .and_then(|n| n.checked_mul(EXTENT_ENTRY_SIZE))
-        .ok_or(DecodeError::Overflow("nextents * 16"))?;
-    let expected = HEADER_SIZE + fixed + list_len;
-    match list.len().cmp(&list_len) {
-        core::cmp::Ordering::Less => {
-            return Err(DecodeError::Short {
-                needed: expected,
-                got: total,
-            })
-        }
-        core::cmp::Ordering::Greater => {
-            return Err(DecodeError::Trailing {
-                expected,
-                got: total,
-            })
-        }
-        core::cmp::Ordering::Equal => {}
-    }
+    let list = exact_list(list, nextents.into(), EXTENT_ENTRY_SIZE, fixed, total)?;
     let extents = ExtentList::new(list);
     let mut covered = 0u64;
     for (gpa, len) in extents.iter() {

@@ -172,32 +172,50 @@ pub(super) fn take_page_list(
     fixed: usize,
     total: usize,
 ) -> Result<PageList<'_>, DecodeError> {
-    // npages <= u32::MAX, so this cannot overflow on 64-bit; checked anyway.
-    let list_len = usize::try_from(npages)
-        .ok()
-        .and_then(|n| n.checked_mul(8))
-        .ok_or(DecodeError::Overflow("npages * 8"))?;
-    let expected = HEADER_SIZE + fixed + list_len;
-    match list.len().cmp(&list_len) {
-        core::cmp::Ordering::Less => {
-            return Err(DecodeError::Short {
-                needed: expected,
-                got: total,
-            })
-        }
-        core::cmp::Ordering::Greater => {
-            return Err(DecodeError::Trailing {
-                expected,
-                got: total,
-            })
-        }
-        core::cmp::Ordering::Equal => {}
-    }
+    let list = exact_list(list, npages, 8, fixed, total)?;
     let pages = PageList::new(list);
     for addr in pages.iter() {
         check_page_address(addr, page_shift)?;
     }
     Ok(pages)
+}
+
+/// Checks that `list`, what follows a fixed body of `fixed` bytes in a request of `total`
+/// bytes, is exactly `entries` entries of `entry_size` bytes (`Short` or `Trailing` if not).
+pub(super) fn exact_list(
+    list: &[u8],
+    entries: u64,
+    entry_size: usize,
+    fixed: usize,
+    total: usize,
+) -> Result<&[u8], DecodeError> {
+    // entries <= u32::MAX, so this cannot overflow on 64-bit; checked anyway.
+    let list_len = usize::try_from(entries)
+        .ok()
+        .and_then(|n| n.checked_mul(entry_size))
+        .ok_or(DecodeError::Overflow("list entries * entry size"))?;
+    let expected = HEADER_SIZE + fixed + list_len;
+    match list.len().cmp(&list_len) {
+        core::cmp::Ordering::Less => Err(DecodeError::Short {
+            needed: expected,
+            got: total,
+        }),
+        core::cmp::Ordering::Greater => Err(DecodeError::Trailing {
+            expected,
+            got: total,
+        }),
+        core::cmp::Ordering::Equal => Ok(list),
+    }
+}
+
+/// Reads REG_MR's fixed body (also REG_MR_EXTENTS') from the front of `body`; returns it and
+/// what follows. `total` is the whole request's length, for the error report.
+pub(super) fn reg_mr_prefix(body: &[u8], total: usize) -> Result<(RegMrReq, &[u8]), DecodeError> {
+    use zerocopy::FromBytes;
+    RegMrReq::read_from_prefix(body).map_err(|_| DecodeError::Short {
+        needed: HEADER_SIZE + core::mem::size_of::<RegMrReq>(),
+        got: total,
+    })
 }
 
 /// Builds the page-list bytes of a REG_MR request from page addresses (driver side).

@@ -8,7 +8,7 @@ use super::body::{handle_req, range, table_req, take_body, zero};
 use super::cm::CmRequest;
 use super::mr_extents::{take_extent_list, RegMrExtents};
 use super::opcode::{Opcode, HEADER_SIZE};
-use super::reg_mr::{check_mr_span, check_reg_mr, take_page_list, RegMr};
+use super::reg_mr::{check_mr_span, check_reg_mr, reg_mr_prefix, take_page_list, RegMr};
 use super::rereg_mr::{decode_rereg_mr, encode_rereg_mr, ReregMr};
 use crate::error::DecodeError;
 use crate::features;
@@ -166,22 +166,14 @@ impl<'a> ControlRequest<'a> {
             Opcode::DestroyAh => ControlRequest::DestroyAh(handle_req(body)?),
             Opcode::RegMr => {
                 let fixed = core::mem::size_of::<RegMrReq>();
-                let (req, list) =
-                    RegMrReq::read_from_prefix(body).map_err(|_| DecodeError::Short {
-                        needed: HEADER_SIZE + fixed,
-                        got: bytes.len(),
-                    })?;
+                let (req, list) = reg_mr_prefix(body, bytes.len())?;
                 let npages = check_reg_mr(&req)?;
                 let pages = take_page_list(list, npages, req.page_shift.get(), fixed, bytes.len())?;
                 ControlRequest::RegMr(RegMr { req, pages })
             }
             Opcode::RegMrExtents => {
                 let fixed = core::mem::size_of::<RegMrReq>();
-                let (req, list) =
-                    RegMrReq::read_from_prefix(body).map_err(|_| DecodeError::Short {
-                        needed: HEADER_SIZE + fixed,
-                        got: bytes.len(),
-                    })?;
+                let (req, list) = reg_mr_prefix(body, bytes.len())?;
                 let pages = check_mr_span(&req)?;
                 let extents = take_extent_list(
                     list,
