@@ -240,11 +240,15 @@ static void to_rts(struct device *d, struct ibv_qp *qp)
 /* ---- control: per-object costs ---- */
 
 enum { S_CREATE_CQ, S_DESTROY_CQ, S_CREATE_QP, S_DESTROY_QP, S_TO_INIT, S_TO_RTR, S_TO_RTS,
-       S_REG_MR, S_DEREG_MR, S_COUNT };
+       S_SETUP_QP, S_REG_MR, S_DEREG_MR, S_COUNT };
 static const char *const series_names[S_COUNT] = {
 	"create_cq", "destroy_cq", "create_qp", "destroy_qp", "modify_init",
-	"modify_rtr", "modify_rts", "reg_mr", "dereg_mr",
+	"modify_rtr", "modify_rts", "setup_qp", "reg_mr", "dereg_mr",
 };
+
+/* QPs one setup repetition brings from nothing to RTS, and repetitions (as vrdma-ctlbench). */
+#define SETUP_QPS 32
+#define SETUP_REPS 3
 
 static void control(struct device *d, unsigned long reps, unsigned long mr_bytes,
 		    unsigned long mr_reps, bool huge)
@@ -254,7 +258,8 @@ static void control(struct device *d, unsigned long reps, unsigned long mr_bytes
 	uint64_t t0, t1, t2;
 
 	for (int i = 0; i < S_COUNT; i++)
-		series_init(&s[i], series_names[i], i >= S_REG_MR ? mr_reps : reps);
+		series_init(&s[i], series_names[i],
+			    i >= S_REG_MR ? mr_reps : i == S_SETUP_QP ? SETUP_REPS : reps);
 
 	for (unsigned long r = 0; r < reps; r++) {
 		t0 = now_ns();
@@ -290,6 +295,24 @@ static void control(struct device *d, unsigned long reps, unsigned long mr_bytes
 		series_push(&s[S_TO_RTR], t3 - t2);
 		series_push(&s[S_TO_RTS], t4 - t3);
 		series_push(&s[S_DESTROY_QP], t5 - t4);
+	}
+	/* Setup rate: SETUP_QPS QPs created, then each brought to RTS (towards itself). */
+	for (int r = 0; r < SETUP_REPS; r++) {
+		struct ibv_qp *qps[SETUP_QPS];
+
+		t0 = now_ns();
+		for (int i = 0; i < SETUP_QPS; i++)
+			qps[i] = create_qp(d, cq, CTL_WR, CTL_WR);
+		for (int i = 0; i < SETUP_QPS; i++) {
+			to_init(qps[i]);
+			to_rtr(d, qps[i], qps[i]->qp_num);
+			to_rts(d, qps[i]);
+		}
+		t1 = now_ns();
+		for (int i = 0; i < SETUP_QPS; i++)
+			if (ibv_destroy_qp(qps[i]))
+				fail("destroying a QP");
+		series_push(&s[S_SETUP_QP], (t1 - t0) / SETUP_QPS);
 	}
 	if (ibv_destroy_cq(cq))
 		fail("destroying a CQ");

@@ -68,6 +68,8 @@ fn quick_bench_measures_every_row_on_both_sides() {
         control::FIRST_REG_MR,
         "reg_mr_huge_per_gib",
         "dereg_mr_huge_per_gib",
+        control::SETUP_RATE,
+        control::SETUP_RATE_BATCHED,
     ] {
         assert!(ops.contains(&op), "no {op} row in {ops:?}");
     }
@@ -75,6 +77,8 @@ fn quick_bench_measures_every_row_on_both_sides() {
         assert_ratio(row.ratio, row.vrdma.median, row.native.median, &row.op);
         let reps = if row.op == control::FIRST_REG_MR {
             1
+        } else if row.unit == "qp_per_s" {
+            control::SETUP_SAMPLES as u32
         } else if row.unit == "ms_per_gib" {
             results.plan.control.mr_reps
         } else {

@@ -223,6 +223,20 @@ pub trait Transport: Send + Sync {
     /// device answers; callers on several threads are served one at a time.
     fn execute(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError>;
 
+    /// Executes several control commands, in order, each as [`Transport::execute`] would, and
+    /// returns their used lengths. A transport that can publishes them together and notifies
+    /// the device once, so that a batch costs about one round trip; the default executes them
+    /// one by one. The commands must not depend on each other's answers.
+    fn execute_batch(
+        &self,
+        commands: &mut [(&[u8], &mut [u8])],
+    ) -> Result<Vec<usize>, TransportError> {
+        commands
+            .iter_mut()
+            .map(|(request, response)| self.execute(request, response))
+            .collect()
+    }
+
     /// Notifies the doorbell queue (no buffer): the device then looks at the doorbells.
     fn notify_doorbell(&self) -> Result<(), TransportError>;
 

@@ -104,16 +104,28 @@ impl MappedBuffer {
 
     /// Appends the ranges holding the first `len` bytes of the buffer to `out`.
     fn prefix_into(&self, len: usize, out: &mut Vec<Buffer>) {
+        self.range_into(0, len, out);
+    }
+
+    /// Appends the ranges holding bytes `offset..offset + len` of the buffer to `out`.
+    fn range_into(&self, offset: usize, len: usize, out: &mut Vec<Buffer>) {
+        let mut skip = offset;
         let mut left = len;
         for segment in &self.segments {
             if left == 0 {
                 break;
             }
-            let take = left.min(segment.len as usize);
+            let segment_len = segment.len as usize;
+            if skip >= segment_len {
+                skip -= segment_len;
+                continue;
+            }
+            let take = left.min(segment_len - skip);
             out.push(Buffer {
-                addr: segment.addr,
+                addr: segment.addr + skip as u64,
                 len: take as u32,
             });
+            skip = 0;
             left -= take;
         }
     }
@@ -212,6 +224,129 @@ impl<S: QueueSignal> ControlChannel<S> {
         let len = used.len as usize;
         response[..len].copy_from_slice(&control.response.buffer.as_slice()[..len]);
         Ok(len)
+    }
+}
+
+impl<S: QueueSignal> ControlChannel<S> {
+    /// See [`super::Transport::execute_batch`]: the commands go out as chains in order, as
+    /// many as the queue holds before one notification, and the call returns once the device
+    /// answered all of them.
+    pub(crate) fn execute_batch(
+        &self,
+        dma: &dyn DmaMemory,
+        commands: &mut [(&[u8], &mut [u8])],
+    ) -> Result<Vec<usize>, TransportError> {
+        let mut used_lens = vec![0usize; commands.len()];
+        let mut guard = self.state.lock();
+        let control = &mut *guard;
+        if control.broken {
+            return Err(TransportError::DeviceFailure(
+                "an earlier command never completed".into(),
+            ));
+        }
+        for (request, response) in commands.iter() {
+            if request.is_empty() || response.is_empty() {
+                return Err(TransportError::InvalidRequest(
+                    "a command needs request and response bytes",
+                ));
+            }
+            u32::try_from(request.len().max(response.len()))
+                .map_err(|_| TransportError::InvalidRequest("size"))?;
+        }
+        let total_request: usize = commands.iter().map(|(q, _)| q.len()).sum();
+        let total_response: usize = commands.iter().map(|(_, r)| r.len()).sum();
+        control.reserve(dma, total_request, total_response)?;
+        let mut next = 0;
+        while next < commands.len() {
+            next = control.run_batch(commands, next, &mut used_lens, self.timeout)?;
+        }
+        Ok(used_lens)
+    }
+}
+
+impl<S: QueueSignal> ControlState<S> {
+    /// Publishes the commands from `first` on, as many as the free descriptors take (at least
+    /// one), notifies once and collects their answers. Returns the index of the first command
+    /// not sent. Request and response bytes sit at the same offsets in the command buffers as
+    /// in the whole batch.
+    fn run_batch(
+        &mut self,
+        commands: &mut [(&[u8], &mut [u8])],
+        first: usize,
+        used_lens: &mut [usize],
+        timeout: Duration,
+    ) -> Result<usize, TransportError> {
+        let request_offset: usize = commands[..first].iter().map(|(q, _)| q.len()).sum();
+        let response_offset: usize = commands[..first].iter().map(|(_, r)| r.len()).sum();
+        let (mut request_at, mut response_at) = (request_offset, response_offset);
+        let mut heads: Vec<(u16, usize)> = Vec::new();
+        let mut end = first;
+        while end < commands.len() {
+            let (request, response) = &commands[end];
+            self.readable.clear();
+            self.writable.clear();
+            self.request
+                .range_into(request_at, request.len(), &mut self.readable);
+            self.response
+                .range_into(response_at, response.len(), &mut self.writable);
+            let needed = self.readable.len() + self.writable.len();
+            if needed > usize::from(self.vq.queue.num_free()) {
+                if heads.is_empty() {
+                    return Err(TransportError::InvalidRequest(
+                        "a command needs more descriptors than the control queue has",
+                    ));
+                }
+                break;
+            }
+            self.request.buffer.as_mut_slice()[request_at..request_at + request.len()]
+                .copy_from_slice(request);
+            let head = self.vq.queue.add(&self.readable, &self.writable)?;
+            heads.push((head, end));
+            request_at += request.len();
+            response_at += response.len();
+            end += 1;
+        }
+        self.vq.notify_if_wanted()?;
+        let deadline = Instant::now() + timeout;
+        let mut done = 0;
+        while done < heads.len() {
+            let used = match self.vq.next_used(Some(deadline)) {
+                Ok(Some(used)) => used,
+                Ok(None) => {
+                    self.broken = true;
+                    return Err(TransportError::Timeout(timeout));
+                }
+                Err(e) => {
+                    self.broken = true;
+                    return Err(e);
+                }
+            };
+            let Some(&(_, index)) = heads.iter().find(|(head, _)| *head == used.head) else {
+                self.broken = true;
+                return Err(TransportError::DeviceFailure(format!(
+                    "control queue returned chain {}, which is not in flight",
+                    used.head
+                )));
+            };
+            let capacity = commands[index].1.len();
+            if used.len as usize > capacity {
+                self.broken = true;
+                return Err(TransportError::DeviceFailure(format!(
+                    "control queue returned {} bytes for a {capacity}-byte response",
+                    used.len
+                )));
+            }
+            used_lens[index] = used.len as usize;
+            done += 1;
+        }
+        let mut at = response_offset;
+        for index in first..end {
+            let response = &mut commands[index].1;
+            let len = used_lens[index];
+            response[..len].copy_from_slice(&self.response.buffer.as_slice()[at..at + len]);
+            at += response.len();
+        }
+        Ok(end)
     }
 }
 

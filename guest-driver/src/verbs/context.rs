@@ -349,12 +349,48 @@ impl CommandChannel {
                 field: "used length",
                 value: used as u64,
             })?;
-        match ControlResponse::decode(opcode, bytes)
-            .map_err(|source| ProtocolError::Response { opcode, source })?
-        {
-            ControlResponse::Ok(body) => Ok(body),
-            ControlResponse::Err(source) => Err(VerbsError::Status { opcode, source }),
-        }
+        decode_response(opcode, bytes)
+    }
+
+    /// Executes independent commands as one batch ([`Transport::execute_batch`]): one
+    /// round trip where the transport can. The outer error is the transport's (nothing is
+    /// known of the commands' outcome); each command's own result is in the vector.
+    fn execute_batch(&self, requests: &[ControlRequest<'_>]) -> Result<Vec<Result<ResponseBody>>> {
+        let encoded: Vec<Vec<u8>> = requests.iter().map(ControlRequest::to_vec).collect();
+        let mut responses: Vec<Vec<u8>> = requests
+            .iter()
+            .map(|r| vec![0u8; HEADER_SIZE + r.opcode().response_body_len()])
+            .collect();
+        let mut commands: Vec<(&[u8], &mut [u8])> = encoded
+            .iter()
+            .map(Vec::as_slice)
+            .zip(responses.iter_mut().map(Vec::as_mut_slice))
+            .collect();
+        let used = self.transport.execute_batch(&mut commands)?;
+        Ok(requests
+            .iter()
+            .zip(&responses)
+            .zip(used)
+            .map(|((request, response), used)| {
+                let opcode = request.opcode();
+                let bytes = response.get(..used).ok_or(ProtocolError::ResponseValue {
+                    opcode,
+                    field: "used length",
+                    value: used as u64,
+                })?;
+                decode_response(opcode, bytes)
+            })
+            .collect())
+    }
+}
+
+/// A command's answer: its success body, or its status as an error.
+fn decode_response(opcode: Opcode, bytes: &[u8]) -> Result<ResponseBody> {
+    match ControlResponse::decode(opcode, bytes)
+        .map_err(|source| ProtocolError::Response { opcode, source })?
+    {
+        ControlResponse::Ok(body) => Ok(body),
+        ControlResponse::Err(source) => Err(VerbsError::Status { opcode, source }),
     }
 }
 
@@ -376,6 +412,14 @@ impl ContextInner {
     /// Executes a command whose success carries no body.
     pub(crate) fn execute_empty(&self, request: &ControlRequest<'_>) -> Result<()> {
         self.execute(request).map(drop)
+    }
+
+    /// Executes independent commands in one batch (see [`CommandChannel::execute_batch`]).
+    pub(crate) fn execute_batch(
+        &self,
+        requests: &[ControlRequest<'_>],
+    ) -> Result<Vec<Result<ResponseBody>>> {
+        self.channel.execute_batch(requests)
     }
 
     pub(crate) fn transport(&self) -> &dyn Transport {

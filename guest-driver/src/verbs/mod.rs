@@ -45,7 +45,7 @@ pub use gid_cache::{GidTable, DEFAULT_GID_CACHE_LIFETIME};
 pub use mr::{Mr, MrChange};
 pub use mw::Mw;
 pub use pd::Pd;
-pub use qp::{ConnectOptions, Qp, QpInitAttr, RemoteQp};
+pub use qp::{ConnectOptions, Qp, QpChange, QpInitAttr, RemoteQp};
 pub use send_batch::SendBatch;
 pub use srq::{Srq, SrqAttr};
 

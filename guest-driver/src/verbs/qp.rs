@@ -4,10 +4,10 @@ use std::sync::Arc;
 
 use log::warn;
 use parking_lot::{Mutex, MutexGuard};
-use vrdma_spec::attr::qp::{GlobalRoute, QpCaps, UndefinedValue};
+use vrdma_spec::attr::qp::{QpCaps, UndefinedValue};
 use vrdma_spec::control::{ControlRequest, Opcode, ResponseBody};
 use vrdma_spec::verbs::{AccessFlags, Gid, Mtu, QpAttrMask, QpState, QpType};
-use vrdma_spec::wire::{AhAttr, CreateQpReq, ModifyQpReq, QpAttr, QueryQpReq, QueryQpResp};
+use vrdma_spec::wire::{CreateQpReq, ModifyQpReq, QpAttr, QueryQpReq, QueryQpResp};
 use vrdma_spec::{Le16, Le32};
 
 use super::command::{handle_req, nonzero_handle, unexpected_body};
@@ -20,6 +20,8 @@ use super::srq::{Srq, SrqShared};
 use crate::provider::rxe_v1::{RecvQueue, SendQueue, SendQueueCaps};
 use crate::provider::{PostError, RecvWr, SendWr};
 use crate::transport::TransportError;
+
+mod connect;
 
 /// What a QP is created with (`ibv_qp_init_attr`).
 #[derive(Clone, Copy, Debug)]
@@ -47,6 +49,17 @@ pub struct RemoteQp {
     pub gid: Gid,
     /// Its LID (InfiniBand only; 0 on RoCE).
     pub lid: u16,
+}
+
+/// One modification of a batch ([`Qp::modify_many`]).
+#[derive(Clone, Copy, Debug)]
+pub struct QpChange<'a> {
+    /// The QP to modify.
+    pub qp: &'a Qp,
+    /// Attributes, of which `mask` selects those to apply.
+    pub attr: &'a QpAttr,
+    /// Which attributes to apply.
+    pub mask: QpAttrMask,
 }
 
 /// Local settings of a connection; the defaults are those of perftest. A UC connection uses
@@ -165,6 +178,45 @@ impl Qp {
     }
 
     fn create(pd: &Pd, init: &QpInitAttr<'_>, srq: Option<&Srq>) -> Result<Qp> {
+        let req = Self::create_request(pd, init, srq)?;
+        let resp = pd.inner.ctx.execute(&req)?;
+        Self::created(pd, init, srq, resp)
+    }
+
+    /// Creates a QP in `pd` for each of `inits` with one batch of CREATE_QP commands (one
+    /// round trip where the transport batches); each result is that QP's.
+    pub fn create_many(pd: &Pd, inits: &[QpInitAttr<'_>]) -> Result<Vec<Result<Qp>>> {
+        let mut requests = Vec::with_capacity(inits.len());
+        let mut checked = Vec::with_capacity(inits.len());
+        for init in inits {
+            match Self::create_request(pd, init, None) {
+                Ok(req) => {
+                    checked.push(Ok(()));
+                    requests.push(req);
+                }
+                Err(e) => checked.push(Err(e)),
+            }
+        }
+        let mut answers = pd.inner.ctx.execute_batch(&requests)?.into_iter();
+        Ok(inits
+            .iter()
+            .zip(checked)
+            .map(|(init, checked)| {
+                checked?;
+                let resp = answers
+                    .next()
+                    .ok_or_else(|| unexpected_body(Opcode::CreateQp))??;
+                Self::created(pd, init, None, resp)
+            })
+            .collect())
+    }
+
+    /// Checks a creation and builds its CREATE_QP.
+    fn create_request(
+        pd: &Pd,
+        init: &QpInitAttr<'_>,
+        srq: Option<&Srq>,
+    ) -> Result<ControlRequest<'static>> {
         let ctx = &pd.inner.ctx;
         if !ctx.has_rxe_v1() {
             return Err(VerbsError::Unsupported(
@@ -205,7 +257,19 @@ impl Qp {
             sq_sig_all: u8::from(init.sq_sig_all),
             reserved: Le16::ZERO,
         });
-        let ResponseBody::CreateQp(resp) = ctx.execute(&req)? else {
+        Ok(req)
+    }
+
+    /// The QP a successful CREATE_QP made: checks the answer and maps its queues.
+    fn created(
+        pd: &Pd,
+        init: &QpInitAttr<'_>,
+        srq: Option<&Srq>,
+        resp: ResponseBody,
+    ) -> Result<Qp> {
+        let ctx = &pd.inner.ctx;
+        let caps = init.caps;
+        let ResponseBody::CreateQp(resp) = resp else {
             return Err(unexpected_body(Opcode::CreateQp));
         };
         let handle = nonzero_handle(Opcode::CreateQp, resp.qp.get())?;
@@ -333,6 +397,40 @@ impl Qp {
         self.object.ctx().execute_empty(&req)
     }
 
+    /// Applies several modifications, to QPs of one context, with one batch of MODIFY_QP
+    /// commands (one round trip where the transport batches). The commands run in order, so
+    /// a QP may appear more than once (INIT, then RTR, then RTS); each result is that
+    /// command's.
+    pub fn modify_many(changes: &[QpChange<'_>]) -> Result<Vec<Result<()>>> {
+        let Some(first) = changes.first() else {
+            return Ok(Vec::new());
+        };
+        let ctx = first.qp.object.ctx();
+        if changes
+            .iter()
+            .any(|c| !Arc::ptr_eq(&c.qp.object.pd.ctx, &first.qp.object.pd.ctx))
+        {
+            return Err(VerbsError::InvalidArgument(
+                "a batch of modifications must stay within one context",
+            ));
+        }
+        let requests: Vec<ControlRequest<'static>> = changes
+            .iter()
+            .map(|c| {
+                ControlRequest::ModifyQp(ModifyQpReq {
+                    qp: Le32::new(c.qp.object.handle),
+                    attr_mask: Le32::new(c.mask.bits()),
+                    attr: *c.attr,
+                })
+            })
+            .collect();
+        Ok(ctx
+            .execute_batch(&requests)?
+            .into_iter()
+            .map(|answer| answer.map(drop))
+            .collect())
+    }
+
     /// Current attributes (QUERY_QP); the returned mask says which are valid, and the
     /// enumerated ones among them hold defined values (else [`ProtocolError::ResponseValue`]).
     pub fn query(&self, mask: QpAttrMask) -> Result<(QpAttr, QpAttrMask)> {
@@ -358,116 +456,6 @@ impl Qp {
             .into());
         }
         Ok(attr.qp_state().map_err(undefined_in_query)?)
-    }
-
-    /// RESET → INIT of a connected (RC or UC) QP on `port` with remote `access`, P_Key
-    /// index 0.
-    pub fn to_init(&self, port: u8, access: AccessFlags) -> Result<()> {
-        self.require_connected()?;
-        let attr = QpAttr::default()
-            .with_qp_state(QpState::Init)
-            .with_port_num(port)
-            .with_pkey_index(0)
-            .with_qp_access_flags(access);
-        let mask = QpAttrMask::STATE
-            | QpAttrMask::PKEY_INDEX
-            | QpAttrMask::PORT
-            | QpAttrMask::ACCESS_FLAGS;
-        self.modify(&attr, mask)
-    }
-
-    /// INIT → RTR of a connected QP towards `remote`; an RC QP also sets its responder
-    /// resources and RNR timer.
-    pub fn to_rtr(&self, remote: &RemoteQp, opts: &ConnectOptions) -> Result<()> {
-        self.require_connected()?;
-        let path = AhAttr::default()
-            .with_grh(GlobalRoute {
-                dgid: remote.gid,
-                flow_label: 0,
-                sgid_index: opts.sgid_index,
-                hop_limit: opts.hop_limit,
-                traffic_class: opts.traffic_class,
-            })
-            .with_dlid(remote.lid)
-            .with_sl(opts.sl)
-            .with_port_num(opts.port);
-        let attr = QpAttr::default()
-            .with_qp_state(QpState::Rtr)
-            .with_path_mtu(opts.path_mtu)
-            .with_dest_qp_num(remote.qpn)
-            .with_rq_psn(remote.psn)
-            .with_ah_attr(path);
-        let mask = QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN;
-        if self.qp_type != QpType::Rc {
-            return self.modify(&attr, mask);
-        }
-        let limit = self.object.ctx().device_attr().max_qp_rd_atom.get();
-        let attr = attr
-            .with_max_dest_rd_atomic(rd_atomic(opts.max_dest_rd_atomic, limit))
-            .with_min_rnr_timer(opts.min_rnr_timer);
-        self.modify(
-            &attr,
-            mask | QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER,
-        )
-    }
-
-    /// RTR → RTS of a connected QP; an RC QP also sets its timeout, retries and read depth.
-    pub fn to_rts(&self, opts: &ConnectOptions) -> Result<()> {
-        self.require_connected()?;
-        let attr = QpAttr::default()
-            .with_qp_state(QpState::Rts)
-            .with_sq_psn(opts.sq_psn);
-        if self.qp_type != QpType::Rc {
-            return self.modify(&attr, QpAttrMask::STATE | QpAttrMask::SQ_PSN);
-        }
-        let limit = self.object.ctx().device_attr().max_qp_init_rd_atom.get();
-        let attr = attr
-            .with_timeout(opts.timeout)
-            .with_retry_cnt(opts.retry_cnt)
-            .with_rnr_retry(opts.rnr_retry)
-            .with_max_rd_atomic(rd_atomic(opts.max_rd_atomic, limit));
-        let mask = QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC;
-        self.modify(&attr, mask)
-    }
-
-    /// Connects an RC or UC QP in RESET to `remote`: INIT, RTR, RTS.
-    pub fn connect(&self, remote: &RemoteQp, opts: &ConnectOptions) -> Result<()> {
-        self.to_init(opts.port, opts.access)?;
-        self.to_rtr(remote, opts)?;
-        self.to_rts(opts)
-    }
-
-    /// Brings a UD QP from RESET to RTS on `port` with Q_Key `qkey`, P_Key index 0.
-    pub fn ud_to_rts(&self, port: u8, qkey: u32, sq_psn: u32) -> Result<()> {
-        if self.qp_type != QpType::Ud {
-            return Err(VerbsError::InvalidArgument(
-                "this transition helper is for UD QPs",
-            ));
-        }
-        let init = QpAttr::default()
-            .with_qp_state(QpState::Init)
-            .with_port_num(port)
-            .with_pkey_index(0)
-            .with_qkey(qkey);
-        self.modify(
-            &init,
-            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
-        )?;
-        let rtr = QpAttr::default().with_qp_state(QpState::Rtr);
-        self.modify(&rtr, QpAttrMask::STATE)?;
-        let rts = QpAttr::default()
-            .with_qp_state(QpState::Rts)
-            .with_sq_psn(sq_psn);
-        self.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
     }
 
     /// Moves the QP to RESET (from any state).

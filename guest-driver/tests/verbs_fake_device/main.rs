@@ -13,6 +13,7 @@
 //! [`memory_windows`]: windows allocated, bound, used and invalidated through the kernel.
 //! [`ud_staged`]: UD sends through staged send queues, checked as the device checks them.
 
+mod batches;
 mod control;
 mod data_path;
 mod fork;

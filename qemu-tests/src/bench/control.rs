@@ -32,6 +32,14 @@ const MR_OPS: &[(&str, &str)] = &[
     ("reg_mr", "reg_mr_per_gib"),
     ("dereg_mr", "dereg_mr_per_gib"),
 ];
+/// Setup rate: QPs brought from nothing to RTS per second, one command at a time on both
+/// sides, then with vrdma's batches (native has no batching: the same native samples).
+pub const SETUP_RATE: &str = "setup_qp_to_rts";
+/// See [`SETUP_RATE`].
+pub const SETUP_RATE_BATCHED: &str = "setup_qp_to_rts_batched";
+/// Samples of each setup-rate row (SETUP_REPS of both programs).
+pub const SETUP_SAMPLES: usize = 3;
+
 /// Row of the first registration alone: vrdma's first registration of memory also fills the
 /// backend's page tables for it, which later ones find done.
 pub const FIRST_REG_MR: &str = "reg_mr_first_per_gib";
@@ -205,6 +213,17 @@ pub fn rows(native: &Output, vrdma: &Output) -> Result<Vec<ControlRow>> {
         per_gib(native, "reg_mr", Samples::First)?,
         per_gib(vrdma, "reg_mr", Samples::First)?,
     )?);
+    for (name, vrdma_series) in [
+        (SETUP_RATE, "setup_qp"),
+        (SETUP_RATE_BATCHED, "setup_qp_batched"),
+    ] {
+        rows.push(row(
+            name,
+            "qp_per_s",
+            per_second(native, "setup_qp")?,
+            per_second(vrdma, vrdma_series)?,
+        )?);
+    }
     Ok(rows)
 }
 
@@ -219,6 +238,16 @@ fn sum_per_rep(out: &Output) -> Result<Option<Summary>> {
         .map(|i| series.iter().map(|s| s[i] as f64 * 1e-3).sum())
         .collect();
     Ok(Summary::of(&sums))
+}
+
+/// Rates (per second) of a series of nanoseconds per item.
+fn per_second(out: &Output, op: &str) -> Result<Option<Summary>> {
+    let rates: Vec<f64> = out
+        .series(op)?
+        .iter()
+        .map(|&ns| 1e9 / ns.max(1) as f64)
+        .collect();
+    Ok(Summary::of(&rates))
 }
 
 /// Which of a series' samples a row summarizes.
@@ -263,6 +292,8 @@ mod tests {
             .map(|op| format!("\"{op}\":{}", series(1000)))
             .collect();
         fields.push(format!("\"reg_mr\":{}", series(1_000_000)));
+        fields.push(format!("\"setup_qp\":{}", series(1_000)));
+        fields.push(format!("\"setup_qp_batched\":{}", series(500)));
         fields.push(format!("\"dereg_mr\":{}", series(500_000)));
         parse_output(&format!(
             "{{\"mr_bytes\":{},\"samples_ns\":{{{}}}}}",
@@ -289,7 +320,9 @@ mod tests {
                 RESET_TO_RTS,
                 "reg_mr_per_gib",
                 "dereg_mr_per_gib",
-                FIRST_REG_MR
+                FIRST_REG_MR,
+                SETUP_RATE,
+                SETUP_RATE_BATCHED
             ]
         );
         let cq = &rows[0];
@@ -301,6 +334,14 @@ mod tests {
         let reg = &rows[8];
         assert_eq!(reg.unit, "ms_per_gib");
         assert!((reg.native.median - 8.0).abs() < 1e-9, "{reg:?}");
+        // 1, 2, 3 µs per QP natively: a median of 500 000 QPs per second; batched vrdma takes
+        // 1.5× that time per QP (500 ns steps, scaled by 3): a ratio of 2/3.
+        assert!(
+            (rows[11].native.median - 500_000.0).abs() < 1e-6,
+            "{:?}",
+            rows[11]
+        );
+        assert!((rows[12].ratio - 2.0 / 3.0).abs() < 1e-9, "{:?}", rows[12]);
         // The first of 1, 2, 3 ms.
         assert!(
             (rows[10].native.median - 4.0).abs() < 1e-9,

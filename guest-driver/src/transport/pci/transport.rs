@@ -248,6 +248,14 @@ impl Transport for PciTransport {
         self.control.execute(self.dma.as_ref(), request, response)
     }
 
+    fn execute_batch(
+        &self,
+        commands: &mut [(&[u8], &mut [u8])],
+    ) -> Result<Vec<usize>, TransportError> {
+        self.owner.check()?;
+        self.control.execute_batch(self.dma.as_ref(), commands)
+    }
+
     fn notify_doorbell(&self) -> Result<(), TransportError> {
         self.device.notify(&self.doorbell)
     }

@@ -259,6 +259,14 @@ impl Transport for ProcessTransport {
         self.control.execute(&self.dma, request, response)
     }
 
+    fn execute_batch(
+        &self,
+        commands: &mut [(&[u8], &mut [u8])],
+    ) -> Result<Vec<usize>, TransportError> {
+        self.owner.check()?;
+        self.control.execute_batch(&self.dma, commands)
+    }
+
     fn notify_doorbell(&self) -> Result<(), TransportError> {
         self.doorbell.notify()
     }

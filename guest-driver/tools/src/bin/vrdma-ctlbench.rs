@@ -25,6 +25,7 @@ use clap::{Parser, Subcommand};
 use serde_json::json;
 
 use vrdma::dma::RamPages;
+use vrdma::spec::verbs::{QpAttrMask, QpState};
 use vrdma::transport::process::{ProcessOptions, ProcessTransport};
 use vrdma::verbs::{
     AccessFlags, ConnectOptions, Context, Cq, Gid, Pd, Qp, QpCaps, QpInitAttr, QpType, RemoteQp,
@@ -191,8 +192,78 @@ fn local_gid(ctx: &Context) -> Result<Gid, String> {
         .ok_or_else(|| "port 1 has no GID 0".to_string())
 }
 
-fn rc_qp(pd: &Pd, cq: &Cq, send_wr: u32, recv_wr: u32) -> Result<Qp, String> {
-    let init = QpInitAttr {
+/// QPs each repetition of the setup measurement brings from nothing to RTS.
+const SETUP_QPS: usize = 32;
+/// Repetitions of the setup measurement.
+const SETUP_REPS: usize = 3;
+
+/// Brings SETUP_QPS QPs from nothing to RTS (each towards itself), one command at a time and
+/// then in two batches (every CREATE_QP, then every INIT, RTR and RTS); records the time per
+/// QP of each way as `setup_qp` and `setup_qp_batched`.
+fn setup(
+    pd: &Pd,
+    cq: &Cq,
+    gid: Gid,
+    opts: &ConnectOptions,
+    samples: &mut Samples,
+) -> Result<(), String> {
+    let to_self = |qp: &Qp| RemoteQp {
+        qpn: qp.qpn(),
+        psn: 0,
+        gid,
+        lid: 0,
+    };
+    let per_qp = |t: u64| t / SETUP_QPS as u64;
+    for _ in 0..SETUP_REPS {
+        let (t, qps) = timed(|| -> Result<Vec<Qp>, String> {
+            let qps = (0..SETUP_QPS)
+                .map(|_| rc_qp(pd, cq, CTL_WR, CTL_WR))
+                .collect::<Result<Vec<Qp>, String>>()?;
+            for qp in &qps {
+                qp.connect(&to_self(qp), opts)
+                    .map_err(|e| format!("connecting a QP: {e}"))?;
+            }
+            Ok(qps)
+        });
+        drop(qps?);
+        samples.push("setup_qp", per_qp(t));
+
+        let init = rc_init(cq, CTL_WR, CTL_WR);
+        let (t, qps) = timed(|| -> Result<Vec<Qp>, String> {
+            let qps = Qp::create_many(pd, &[init; SETUP_QPS])
+                .map_err(|e| format!("creating QPs: {e}"))?
+                .into_iter()
+                .collect::<vrdma::verbs::Result<Vec<Qp>>>()
+                .map_err(|e| format!("creating a QP of a batch: {e}"))?;
+            let targets: Vec<(&Qp, RemoteQp)> = qps.iter().map(|qp| (qp, to_self(qp))).collect();
+            for result in
+                Qp::connect_many(&targets, opts).map_err(|e| format!("connecting: {e}"))?
+            {
+                result.map_err(|e| format!("connecting a QP of a batch: {e}"))?;
+            }
+            Ok(qps)
+        });
+        let qps = qps?;
+        // The batch must have done what the single commands do.
+        for qp in &qps {
+            let (attr, _) = qp
+                .query(QpAttrMask::STATE)
+                .map_err(|e| format!("querying a QP: {e}"))?;
+            if attr.qp_state.get() != QpState::Rts as u32 {
+                return Err(format!(
+                    "a batched QP ended in state {}",
+                    attr.qp_state.get()
+                ));
+            }
+        }
+        drop(qps);
+        samples.push("setup_qp_batched", per_qp(t));
+    }
+    Ok(())
+}
+
+fn rc_init(cq: &Cq, send_wr: u32, recv_wr: u32) -> QpInitAttr<'_> {
+    QpInitAttr {
         qp_type: QpType::Rc,
         send_cq: cq,
         recv_cq: cq,
@@ -204,8 +275,11 @@ fn rc_qp(pd: &Pd, cq: &Cq, send_wr: u32, recv_wr: u32) -> Result<Qp, String> {
             max_inline_data: 0,
         },
         sq_sig_all: false,
-    };
-    Qp::new(pd, &init).map_err(|e| format!("creating a QP: {e}"))
+    }
+}
+
+fn rc_qp(pd: &Pd, cq: &Cq, send_wr: u32, recv_wr: u32) -> Result<Qp, String> {
+    Qp::new(pd, &rc_init(cq, send_wr, recv_wr)).map_err(|e| format!("creating a QP: {e}"))
 }
 
 fn control(
@@ -253,6 +327,7 @@ fn control(
         }
         samples.push("destroy_qp", timed(|| drop(qp)).0);
     }
+    setup(&pd, &cq, gid, &opts, &mut samples)?;
     drop(cq);
 
     // Aligned to guest RAM's pages, as native memory of huge pages is.
