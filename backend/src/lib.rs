@@ -15,4 +15,6 @@ pub mod identity;
 pub mod listener;
 pub mod memory;
 pub mod resources;
+#[cfg(test)]
+mod test_netns;
 pub mod vhost_device;

@@ -282,12 +282,19 @@ impl SplitQueue {
     /// Asks the device to notify when it uses the next chain. Returns true if used chains are
     /// already waiting (the caller should pop them instead of sleeping).
     pub fn enable_interrupts(&mut self) -> bool {
+        self.enable_interrupts_after(1)
+    }
+
+    /// Like [`enable_interrupts`](Self::enable_interrupts), but with EVENT_IDX asks to be
+    /// notified only when the `count`-th next chain is used (at least the next one), e.g. the
+    /// last of a batch whose answers are all awaited anyway.
+    pub fn enable_interrupts_after(&mut self, count: u16) -> bool {
         if self.event_idx {
+            let event = self.last_used_idx.wrapping_add(count.max(1) - 1);
             // SAFETY: used_event is the last field of the avail ring, written only by the
             // driver.
             unsafe {
-                self.used_event_ptr()
-                    .write_volatile(self.last_used_idx.to_le());
+                self.used_event_ptr().write_volatile(event.to_le());
             }
         }
         // The used_event store must be visible before used.idx is read again, or a completion

@@ -3,12 +3,24 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv6Addr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use parking_lot::Mutex;
 
 /// Whether packets to `gid` (an IPv6 address, IPv4 ones mapped) stay on this host: a loopback,
 /// unspecified or multicast address, or an address of any of its interfaces. The kernel
 /// resolves a local destination to the sending netdev's own MAC, which is rxe's test for
 /// delivering a packet locally.
 pub fn is_host_address(gid: &[u8; 16]) -> io::Result<bool> {
+    match always_local(gid) {
+        Ok(local) => Ok(local),
+        Err(ip) => Ok(interface_addresses()?.contains(&ip)),
+    }
+}
+
+/// `Ok(true)` for addresses that are local whatever the interfaces have (loopback,
+/// unspecified, multicast), else the address to look up.
+fn always_local(gid: &[u8; 16]) -> Result<bool, IpAddr> {
     let ip = Ipv6Addr::from(*gid);
     let ip = match ip.to_ipv4_mapped() {
         Some(v4) => IpAddr::V4(v4),
@@ -17,7 +29,123 @@ pub fn is_host_address(gid: &[u8; 16]) -> io::Result<bool> {
     if ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() {
         return Ok(true);
     }
-    Ok(interface_addresses()?.contains(&ip))
+    Err(ip)
+}
+
+/// [`is_host_address`] with the host's addresses kept between calls and read again only after
+/// the kernel announced a change of them: a `NETLINK_ROUTE` socket subscribed to address
+/// changes is drained before each use, and anything on it (or a lost announcement) drops the
+/// list. Without the socket every call reads the addresses, as [`is_host_address`] does.
+/// Checked at every path a guest sets up (MODIFY_QP to RTR, CREATE_AH), where reading the
+/// list cost a netlink dump of every link and address each time.
+#[derive(Debug)]
+pub struct HostAddresses {
+    changes: Option<OwnedFd>,
+    cached: Mutex<Option<Vec<IpAddr>>>,
+}
+
+impl Default for HostAddresses {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HostAddresses {
+    /// Subscribes to the kernel's address announcements (on failure, works uncached).
+    pub fn new() -> HostAddresses {
+        let changes = subscribe_to_address_changes()
+            .inspect_err(|e| log::warn!("host addresses will be read at every check: {e}"))
+            .ok();
+        HostAddresses {
+            changes,
+            cached: Mutex::new(None),
+        }
+    }
+
+    /// Whether packets to `gid` stay on this host (see [`is_host_address`]).
+    pub fn contains(&self, gid: &[u8; 16]) -> io::Result<bool> {
+        let ip = match always_local(gid) {
+            Ok(local) => return Ok(local),
+            Err(ip) => ip,
+        };
+        let Some(changes) = &self.changes else {
+            return Ok(interface_addresses()?.contains(&ip));
+        };
+        let mut cached = self.cached.lock();
+        // Drained before the list is read: a change after the drain stays queued for the
+        // next call, so the list is never older than the last announcement seen.
+        if drain(changes) {
+            *cached = None;
+        }
+        let addresses = match &mut *cached {
+            Some(addresses) => addresses,
+            empty => empty.insert(interface_addresses()?),
+        };
+        Ok(addresses.contains(&ip))
+    }
+}
+
+/// A non-blocking `NETLINK_ROUTE` socket in the IPv4 and IPv6 address groups.
+fn subscribe_to_address_changes() -> io::Result<OwnedFd> {
+    // SAFETY: socket() takes no pointers; the result is checked before use.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            libc::NETLINK_ROUTE,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: socket() just returned this fd and nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_nl is plain data; all-zero is a valid value.
+    let mut local: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    local.nl_family = libc::AF_NETLINK as u16;
+    local.nl_groups = (libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32;
+    // SAFETY: `local` is a valid sockaddr_nl of the length given.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&local as *const libc::sockaddr_nl).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Reads every announcement waiting on `socket`; true if there was any, or if some may have
+/// been lost (the socket overflowed or failed).
+fn drain(socket: &OwnedFd) -> bool {
+    let mut changed = false;
+    let mut buffer = [0u8; 8192];
+    loop {
+        // SAFETY: `buffer` is writable for its whole length for the duration of the call.
+        let n = unsafe {
+            libc::recv(
+                socket.as_raw_fd(),
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n > 0 {
+            changed = true;
+            continue;
+        }
+        let error = io::Error::last_os_error();
+        return match error.raw_os_error() {
+            _ if n == 0 => changed,
+            Some(libc::EAGAIN) => changed,
+            Some(libc::EINTR) => continue,
+            // ENOBUFS: announcements were dropped; anything else: assume the worst.
+            _ => true,
+        };
+    }
 }
 
 /// Every address of every interface of this host (`getifaddrs`).
@@ -66,6 +194,49 @@ mod tests {
             IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
             IpAddr::V6(v6) => v6.octets(),
         }
+    }
+
+    #[test]
+    fn the_kept_list_follows_address_changes() {
+        let outcome = crate::test_netns::in_private_netns(|| {
+            use crate::identity::provision::NetdevAddresses;
+            // sysfs shows the namespace it was mounted in; lo is ifindex 1 in every one.
+            let lo = crate::identity::netlink::NetlinkAddresses::for_netdev(
+                std::path::Path::new("/sys"),
+                "lo",
+            )
+            .expect("lo");
+            let kept = HostAddresses::new();
+            // IPv4 (TEST-NET-1): announced as it is added. An IPv6 address is announced when
+            // its duplicate address detection completes, which is also when the kernel
+            // installs its local route, i.e. when packets to it start staying on the host.
+            let address: crate::identity::GuestAddress = "192.0.2.5/24".parse().unwrap();
+            let ip = gid("192.0.2.5".parse().unwrap());
+            assert!(!kept.contains(&ip).unwrap());
+            assert!(lo.add(&address).unwrap());
+            assert!(kept.contains(&ip).unwrap(), "an added address is seen");
+            lo.remove(&address).unwrap();
+            assert!(!kept.contains(&ip).unwrap(), "a removed one is gone");
+        });
+        if outcome.is_none() {
+            eprintln!("address change test skipped on this machine");
+        }
+    }
+
+    #[test]
+    fn the_kept_list_answers_like_a_fresh_one() {
+        let kept = HostAddresses::new();
+        for ip in interface_addresses().unwrap() {
+            assert!(kept.contains(&gid(ip)).unwrap(), "{ip}");
+        }
+        assert!(kept.contains(&gid("::1".parse().unwrap())).unwrap());
+        assert!(!kept
+            .contains(&gid("2001:db8::77".parse().unwrap()))
+            .unwrap());
+        // Twice: the second answer comes from the kept list.
+        assert!(!kept
+            .contains(&gid("2001:db8::77".parse().unwrap()))
+            .unwrap());
     }
 
     #[test]

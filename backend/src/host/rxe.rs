@@ -17,6 +17,7 @@ use super::cm::HostCm;
 use super::device::{GidSource, HostContext, HostDevice};
 use super::error::{DeviceError, Result};
 use super::events::EventFd;
+use super::local_addresses::HostAddresses;
 use super::rxe_abi::{
     MmInfo, RxeCreateAhResp, RxeCreateCqResp, RxeCreateQpResp, RxeCreateSrqResp, RxeModifySrqCmd,
     RxeResizeCqResp,
@@ -48,6 +49,8 @@ pub struct RxeDevice {
     sysfs_root: std::path::PathBuf,
     /// The kernel's connection manager (`<dev root>/infiniband/rdma_cm`).
     cm_path: std::path::PathBuf,
+    /// The host's addresses, kept while the kernel announces no change.
+    addresses: std::sync::Arc<HostAddresses>,
 }
 
 impl RxeDevice {
@@ -65,6 +68,7 @@ impl RxeDevice {
             info,
             sysfs_root: sysfs_root.to_owned(),
             cm_path: dev_root.join("infiniband/rdma_cm"),
+            addresses: std::sync::Arc::new(HostAddresses::new()),
         })
     }
 
@@ -104,6 +108,15 @@ impl HostDevice for RxeDevice {
 
     fn open_context(&self) -> Result<Box<dyn HostContext>> {
         Ok(Box::new(self.open()?))
+    }
+
+    fn delivers_locally(&self, gid: &[u8; 16]) -> Result<bool> {
+        self.addresses
+            .contains(gid)
+            .map_err(|source| DeviceError::Io {
+                what: "listing the host's addresses",
+                source,
+            })
     }
 
     fn netdev_ifindex(&self, port: u8) -> Option<u32> {

@@ -54,12 +54,22 @@ impl<S: QueueSignal> SignalledQueue<S> {
         &mut self,
         deadline: Option<Instant>,
     ) -> Result<Option<UsedElement>, TransportError> {
+        self.next_used_of(1, deadline)
+    }
+
+    /// Like [`next_used`](Self::next_used) while `outstanding` chains are awaited: asks to be
+    /// woken only by the last of them (with EVENT_IDX), so that a batch costs one wake-up.
+    fn next_used_of(
+        &mut self,
+        outstanding: u16,
+        deadline: Option<Instant>,
+    ) -> Result<Option<UsedElement>, TransportError> {
         loop {
             if let Some(used) = self.queue.pop_used()? {
                 return Ok(Some(used));
             }
             let ticket = self.signal.arm();
-            if self.queue.enable_interrupts() {
+            if self.queue.enable_interrupts_after(outstanding) {
                 continue;
             }
             if !self.signal.wait(ticket, deadline)? {
@@ -310,7 +320,9 @@ impl<S: QueueSignal> ControlState<S> {
         let deadline = Instant::now() + timeout;
         let mut done = 0;
         while done < heads.len() {
-            let used = match self.vq.next_used(Some(deadline)) {
+            // Fits: at most one chain per descriptor is in flight.
+            let outstanding = (heads.len() - done) as u16;
+            let used = match self.vq.next_used_of(outstanding, Some(deadline)) {
                 Ok(Some(used)) => used,
                 Ok(None) => {
                     self.broken = true;
