@@ -70,14 +70,19 @@ impl MrPages<'_> {
     /// The same request with its pages as extents, once the page count and every page's
     /// alignment are checked (the errors [`MrWindow::plan`] reports).
     pub fn to_extents(&self) -> Result<Vec<Extent>, MemError> {
-        let shape = MrShape::check(self.iova, self.length, self.page_shift, u64::MAX)?;
+        Ok(self.checked_extents(u64::MAX)?.1)
+    }
+
+    /// The checked shape (length at most `max_length`) and the pages as extents.
+    fn checked_extents(&self, max_length: u64) -> Result<(MrShape, Vec<Extent>), MemError> {
+        let shape = MrShape::check(self.iova, self.length, self.page_shift, max_length)?;
         if self.pages.len() as u64 != shape.npages {
             return Err(MemError::PageCountMismatch {
                 given: self.pages.len(),
                 expected: shape.npages,
             });
         }
-        page_extents(self.pages, shape.page_size)
+        Ok((shape, page_extents(self.pages, shape.page_size)?))
     }
 }
 
@@ -341,14 +346,7 @@ impl MrWindow {
         request: &MrPages<'_>,
         max_length: u64,
     ) -> Result<MrPlan<'r>, MemError> {
-        let shape = MrShape::check(request.iova, request.length, request.page_shift, max_length)?;
-        if request.pages.len() as u64 != shape.npages {
-            return Err(MemError::PageCountMismatch {
-                given: request.pages.len(),
-                expected: shape.npages,
-            });
-        }
-        let extents = page_extents(request.pages, shape.page_size)?;
+        let (shape, extents) = request.checked_extents(max_length)?;
         Self::plan_checked(ram, &shape, extents)
     }
 
