@@ -695,3 +695,32 @@ fn the_whole_table_in_one_call_equals_sysfs() {
     };
     assert_eq!(source.gid_table(1).unwrap(), sysfs);
 }
+
+#[test]
+#[ignore = "needs rdma_rxe: run in the VM"]
+fn single_entries_in_one_call_equal_sysfs() {
+    let device = RxeDevice::find_system(Some("rxe0")).unwrap();
+    let ctx = device.open_context().unwrap();
+    let populated = device.gid_table(1).unwrap();
+    assert!(!populated.is_empty());
+    let last = populated.iter().map(|(i, _)| *i).max().unwrap();
+    // Every populated entry and the empty slots between and after them.
+    for index in 0..=last + 2 {
+        let sysfs = device.gid_entry(1, index).unwrap();
+        let one_call = ctx
+            .gid_entry(1, index)
+            .unwrap()
+            .expect("Linux 6.12 has UVERBS_METHOD_QUERY_GID_ENTRY");
+        assert_eq!(one_call, sysfs, "entry {index}");
+    }
+    // Beyond the table the kernel answers EINVAL: left to sysfs, which has no such entry.
+    assert_eq!(ctx.gid_entry(1, 100_000).unwrap(), None);
+    let source = ContextGids {
+        device: &device,
+        context: ctx.as_ref(),
+    };
+    assert_eq!(source.gid_entry(1, 100_000).unwrap(), None);
+    for (index, entry) in &populated {
+        assert_eq!(source.gid_entry(1, *index).unwrap(), Some(*entry));
+    }
+}

@@ -52,7 +52,7 @@ pub(crate) fn ah_attr_to_host(
         .map_err(host_err("QUERY_PORT"))?;
     let gids = guest.gids();
     let found = if u32::from(a.sgid_index) < gids.table_len(port_attr.gid_tbl_len) {
-        gids.entry(guest.device(), port, a.sgid_index.into())
+        gids.entry(&guest.gid_source(), port, a.sgid_index.into())
             .map_err(host_err("GID table"))?
     } else {
         None
@@ -160,7 +160,7 @@ pub(crate) fn ah_attr_to_guest(guest: &GuestShared, a: &AhAttr) -> Result<AhAttr
     }
     let index = guest
         .gids()
-        .guest_index(guest.device(), a.port_num, a.sgid_index.into())
+        .guest_index(&guest.gid_source(), a.port_num, a.sgid_index.into())
         .map_err(host_err("GID table"))?;
     attr.sgid_index = index.and_then(|i| u8::try_from(i).ok()).unwrap_or(0);
     Ok(attr)

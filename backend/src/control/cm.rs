@@ -472,7 +472,7 @@ pub(crate) fn guest_av(guest: &GuestShared, av: &mut AhAttr) -> Result<(), Comma
     }
     let index = guest
         .gids()
-        .guest_index(guest.device(), port, av.sgid_index.into())
+        .guest_index(&guest.gid_source(), port, av.sgid_index.into())
         .map_err(host_err("reading the GID table"))?
         .and_then(|i| u8::try_from(i).ok())
         .ok_or(CommandError::Host {

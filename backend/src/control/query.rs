@@ -162,7 +162,7 @@ pub(crate) fn query_gid(s: &mut Session<'_>, r: &QueryTableReq) -> CommandResult
     let found = s
         .guest
         .gids()
-        .entry(s.guest.device(), host_port, index)
+        .entry(&s.guest.gid_source(), host_port, index)
         .map_err(host_err("GID table"))?;
     Ok(ResponseBody::QueryGid(
         found.map_or(GidEntry::EMPTY, |(_, entry)| entry),

@@ -156,8 +156,8 @@ impl GuestShared {
         self.netdev_ifindex
     }
 
-    /// Where this guest's GID tables are read: its host context reads the whole table in one
-    /// call (commands that list it), single entries come from the device.
+    /// Where this guest's GID tables are read: its host context reads the whole table, or
+    /// one entry, in one call each; the device's sysfs files where the kernel cannot.
     pub(crate) fn gid_source(&self) -> ContextGids<'_> {
         ContextGids {
             device: self.device(),

@@ -67,8 +67,8 @@ pub trait HostDevice: GidSource + Send + Sync {
 }
 
 /// The GID table through an open context of `device` where the context can read it whole
-/// (`UVERBS_METHOD_QUERY_GID_TABLE`), else through the device; single entries always through
-/// the device (one sysfs file).
+/// (`UVERBS_METHOD_QUERY_GID_TABLE`), single entries where it can read them one by one
+/// (`UVERBS_METHOD_QUERY_GID_ENTRY`), else through the device (sysfs).
 pub struct ContextGids<'a> {
     pub device: &'a dyn HostDevice,
     pub context: &'a dyn HostContext,
@@ -83,7 +83,10 @@ impl GidSource for ContextGids<'_> {
     }
 
     fn gid_entry(&self, port: u8, index: u32) -> Result<Option<GidEntry>> {
-        self.device.gid_entry(port, index)
+        match self.context.gid_entry(port, index)? {
+            Some(entry) => Ok(entry),
+            None => self.device.gid_entry(port, index),
+        }
     }
 }
 
@@ -112,6 +115,12 @@ pub trait HostContext: Send + Sync {
     /// The populated GID entries of `port` with their indices, by index, read in one call;
     /// `None` when this context cannot (the caller reads them through the device).
     fn gid_table(&self, _port: u8) -> Result<Option<Vec<(u32, GidEntry)>>> {
+        Ok(None)
+    }
+
+    /// GID entry `index` of `port` read in one call (`Some(None)`: the slot is empty); `None`
+    /// when this context cannot (the caller reads it through the device).
+    fn gid_entry(&self, _port: u8, _index: u32) -> Result<Option<Option<GidEntry>>> {
         Ok(None)
     }
 

@@ -327,6 +327,41 @@ impl HostContext for RxeContext {
         }
     }
 
+    fn gid_entry(&self, port: u8, index: u32) -> Result<Option<Option<GidEntry>>> {
+        match self.file.query_gid_entry(uverbs::DRIVER_RXE, port, index) {
+            Ok(entry) if entry.port_num == u32::from(port) && entry.gid_index == index => {
+                Ok(Some(entry.to_entry()))
+            }
+            Ok(entry) => Err(DeviceError::InvalidReply {
+                command: "QUERY_GID_ENTRY",
+                reason: format!(
+                    "entry {} of port {} for entry {index} of port {port}",
+                    entry.gid_index, entry.port_num
+                ),
+            }),
+            // An empty slot.
+            Err(DeviceError::Command {
+                errno: libc::ENODATA,
+                ..
+            }) => Ok(Some(None)),
+            // A kernel without the method (before 5.10), or EINVAL, which the kernel answers
+            // both for an index beyond the table and for a call it does not understand: the
+            // caller reads sysfs, which tells them apart.
+            Err(DeviceError::Command { errno, .. })
+                if [
+                    libc::ENOTTY,
+                    libc::EOPNOTSUPP,
+                    libc::EPROTONOSUPPORT,
+                    libc::EINVAL,
+                ]
+                .contains(&errno) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn comp_channel_fd(&self) -> BorrowedFd<'_> {
         self.comp_channel.as_fd()
     }

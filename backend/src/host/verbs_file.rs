@@ -10,7 +10,8 @@ use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use super::error::{DeviceError, Result};
 use super::uverbs::{
-    frame, Command, CommandWithResponse, GidTableEntry, QueryGidTable, RDMA_VERBS_IOCTL,
+    frame, Command, CommandWithResponse, GidTableEntry, QueryGidEntry, QueryGidTable,
+    RDMA_VERBS_IOCTL,
 };
 
 /// An open `/dev/infiniband/uverbsN`.
@@ -117,6 +118,28 @@ impl VerbsFile {
             })?;
         entries.truncate(count);
         Ok(entries)
+    }
+
+    /// GID entry `index` of `port` of the device (of driver `driver_id`)
+    /// (`UVERBS_METHOD_QUERY_GID_ENTRY`).
+    pub fn query_gid_entry(&self, driver_id: u32, port: u8, index: u32) -> Result<GidTableEntry> {
+        const NAME: &str = "QUERY_GID_ENTRY";
+        let mut entry = GidTableEntry::new_zeroed();
+        let mut call = QueryGidEntry::new(driver_id, port, index, &raw mut entry as u64);
+        // SAFETY: `call` names one buffer of this frame, `entry`, of the size the call states;
+        // the kernel writes it, and the `flags` of the attributes in `call` itself, only during
+        // the call, through a pointer derived from a mutable borrow.
+        let ret = unsafe {
+            libc::ioctl(
+                self.fd.as_raw_fd(),
+                RDMA_VERBS_IOCTL as _,
+                (&raw mut call).cast::<libc::c_void>(),
+            )
+        };
+        if ret < 0 {
+            return Err(last_command_error(NAME));
+        }
+        Ok(entry)
     }
 
     fn write_command(&self, name: &'static str, buf: &[u8]) -> Result<()> {

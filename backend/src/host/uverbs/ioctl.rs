@@ -29,6 +29,8 @@ pub const DRIVER_RXE: u32 = 14;
 pub const OBJECT_DEVICE: u16 = 0;
 /// `UVERBS_METHOD_QUERY_GID_TABLE`.
 pub const METHOD_QUERY_GID_TABLE: u16 = 5;
+/// `UVERBS_METHOD_QUERY_GID_ENTRY`.
+pub const METHOD_QUERY_GID_ENTRY: u16 = 6;
 /// `UVERBS_ATTR_QUERY_GID_TABLE_*`.
 pub mod gid_table_attr {
     pub const ENTRY_SIZE: u16 = 0;
@@ -37,6 +39,14 @@ pub mod gid_table_attr {
     pub const RESP_NUM_ENTRIES: u16 = 3;
 }
 /// `UVERBS_ATTR_F_MANDATORY`.
+/// `enum uverbs_attrs_query_gid_entry_cmd_attr_ids`.
+pub mod gid_entry_attr {
+    pub const PORT: u16 = 0;
+    pub const GID_INDEX: u16 = 1;
+    pub const FLAGS: u16 = 2;
+    pub const RESP_ENTRY: u16 = 3;
+}
+
 pub const ATTR_F_MANDATORY: u16 = 1;
 
 abi_struct! {
@@ -152,6 +162,45 @@ impl QueryGidTable {
                 IoctlAttr::output(gid_table_attr::RESP_NUM_ENTRIES, count, 8),
             ],
         })
+    }
+}
+
+/// One QUERY_GID_ENTRY call: the header and its four attributes, the entry written to
+/// `entry`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, zerocopy::IntoBytes, zerocopy::Immutable)]
+pub struct QueryGidEntry {
+    pub hdr: IoctlHdr,
+    pub attrs: [IoctlAttr; 4],
+}
+abi_layout!(QueryGidEntry, 88, hdr @ 0, attrs @ 24);
+
+impl QueryGidEntry {
+    /// The call to a device of driver `driver_id` for entry `index` of `port`, answered into
+    /// the [`GidTableEntry`] at `entry`.
+    pub fn new(driver_id: u32, port: u8, index: u32, entry: u64) -> QueryGidEntry {
+        QueryGidEntry {
+            hdr: IoctlHdr {
+                length: size_of::<QueryGidEntry>() as u16,
+                object_id: OBJECT_DEVICE,
+                method_id: METHOD_QUERY_GID_ENTRY,
+                num_attrs: 4,
+                driver_id,
+                ..IoctlHdr::default()
+            },
+            // Port and index are "const" attributes, which the kernel takes as 8-byte values
+            // whatever their type (UVERBS_ATTR_CONST_IN is a u64 pointer attribute).
+            attrs: [
+                IoctlAttr::inline(gid_entry_attr::PORT, 8, port.into()),
+                IoctlAttr::inline(gid_entry_attr::GID_INDEX, 8, index.into()),
+                IoctlAttr::inline(gid_entry_attr::FLAGS, 4, 0),
+                IoctlAttr::output(
+                    gid_entry_attr::RESP_ENTRY,
+                    entry,
+                    size_of::<GidTableEntry>() as u16,
+                ),
+            ],
+        }
     }
 }
 
