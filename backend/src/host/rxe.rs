@@ -284,6 +284,16 @@ impl Drop for RxeContext {
     }
 }
 
+/// Errors of a GID ioctl after which the caller reads sysfs instead: no such method (kernels
+/// before 5.10), or EINVAL (a table larger than the buffer, an index beyond the table, or a
+/// call the kernel does not understand).
+const IOCTL_UNAVAILABLE: [i32; 4] = [
+    libc::ENOTTY,
+    libc::EOPNOTSUPP,
+    libc::EPROTONOSUPPORT,
+    libc::EINVAL,
+];
+
 impl HostContext for RxeContext {
     fn queue_fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
@@ -311,15 +321,7 @@ impl HostContext for RxeContext {
             )),
             // A kernel without the method (before 5.10), or a table larger than the buffer:
             // the caller reads sysfs.
-            Err(DeviceError::Command { errno, .. })
-                if [
-                    libc::ENOTTY,
-                    libc::EOPNOTSUPP,
-                    libc::EPROTONOSUPPORT,
-                    libc::EINVAL,
-                ]
-                .contains(&errno) =>
-            {
+            Err(DeviceError::Command { errno, .. }) if IOCTL_UNAVAILABLE.contains(&errno) => {
                 log::debug!("GID table unreadable in one call (errno {errno}): sysfs instead");
                 Ok(None)
             }
@@ -347,15 +349,7 @@ impl HostContext for RxeContext {
             // A kernel without the method (before 5.10), or EINVAL, which the kernel answers
             // both for an index beyond the table and for a call it does not understand: the
             // caller reads sysfs, which tells them apart.
-            Err(DeviceError::Command { errno, .. })
-                if [
-                    libc::ENOTTY,
-                    libc::EOPNOTSUPP,
-                    libc::EPROTONOSUPPORT,
-                    libc::EINVAL,
-                ]
-                .contains(&errno) =>
-            {
+            Err(DeviceError::Command { errno, .. }) if IOCTL_UNAVAILABLE.contains(&errno) => {
                 Ok(None)
             }
             Err(e) => Err(e),

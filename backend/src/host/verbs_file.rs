@@ -96,19 +96,8 @@ impl VerbsFile {
             reason: format!("{capacity} entries do not fit one call"),
         })?;
         // SAFETY: `call` names two buffers of this frame, `entries` (room for `capacity`
-        // entries, the length the call states) and `count` (8 bytes); the kernel writes them,
-        // and the `flags` of the attributes in `call` itself (VALID_OUTPUT), only during the
-        // call, through a pointer derived from a mutable borrow.
-        let ret = unsafe {
-            libc::ioctl(
-                self.fd.as_raw_fd(),
-                RDMA_VERBS_IOCTL as _,
-                (&raw mut call).cast::<libc::c_void>(),
-            )
-        };
-        if ret < 0 {
-            return Err(last_command_error(NAME));
-        }
+        // entries, the length the call states) and `count` (8 bytes), which outlive the call.
+        unsafe { self.verbs_ioctl(NAME, &mut call) }?;
         let count = usize::try_from(count)
             .ok()
             .filter(|&n| n <= capacity)
@@ -126,20 +115,33 @@ impl VerbsFile {
         const NAME: &str = "QUERY_GID_ENTRY";
         let mut entry = GidTableEntry::new_zeroed();
         let mut call = QueryGidEntry::new(driver_id, port, index, &raw mut entry as u64);
-        // SAFETY: `call` names one buffer of this frame, `entry`, of the size the call states;
-        // the kernel writes it, and the `flags` of the attributes in `call` itself, only during
-        // the call, through a pointer derived from a mutable borrow.
+        // SAFETY: `call` names one buffer of this frame, `entry`, of the size the call states,
+        // which outlives the call.
+        unsafe { self.verbs_ioctl(NAME, &mut call) }?;
+        Ok(entry)
+    }
+
+    /// Issues the ioctl-framed verbs method `call` (header and attributes), named `name` in
+    /// errors.
+    ///
+    /// # Safety
+    /// Every user address in `call`'s attributes points at a live buffer at least as long as
+    /// the attribute states. The kernel writes those buffers, and the `flags` of the attributes
+    /// in `call` itself (VALID_OUTPUT), only during the call, through a pointer derived from
+    /// this mutable borrow.
+    unsafe fn verbs_ioctl<T>(&self, name: &'static str, call: &mut T) -> Result<()> {
+        // SAFETY: the caller's contract; the fd is this context's uverbs file.
         let ret = unsafe {
             libc::ioctl(
                 self.fd.as_raw_fd(),
                 RDMA_VERBS_IOCTL as _,
-                (&raw mut call).cast::<libc::c_void>(),
+                std::ptr::from_mut(call).cast::<libc::c_void>(),
             )
         };
         if ret < 0 {
-            return Err(last_command_error(NAME));
+            return Err(last_command_error(name));
         }
-        Ok(entry)
+        Ok(())
     }
 
     fn write_command(&self, name: &'static str, buf: &[u8]) -> Result<()> {
