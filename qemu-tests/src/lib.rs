@@ -22,6 +22,7 @@ pub mod relay;
 pub mod rootfs;
 pub mod scenarios;
 pub mod vm;
+pub mod vm_link;
 pub mod workspace;
 
 pub use error::{Error, Result};

@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use crate::error::{tail, Error, IoContext, Result};
 use crate::initramfs::{INIT_FAILED_MARKER, PROBE_MARKER, ROOT_TAG, RUN_DIR_IN_VM, RUN_TAG};
 use crate::rootfs::PreparedRoot;
+use crate::vm_link::{LinkEnd, LINK_NETDEV};
 
 /// How QEMU runs the guest CPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,6 +164,9 @@ pub struct VmConfig {
     /// Bring up rxe0 before the command (a nested guest that reaches RDMA only through vrdma
     /// needs none, and boots faster without it).
     pub with_rxe: bool,
+    /// This VM's end of a link to another VM ([`crate::vm_link`]): rxe0 then runs on that NIC
+    /// instead of a VM-internal dummy netdev.
+    pub link: Option<LinkEnd>,
 }
 
 /// What came back from the VM.
@@ -211,6 +215,7 @@ impl VmConfig {
             extra_kernel_args: Vec::new(),
             allow_reboot: false,
             with_rxe: true,
+            link: None,
         })
     }
 }
@@ -283,16 +288,14 @@ mkdir -p /dev/pts /dev/shm /dev/hugepages
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
 mount -t hugetlbfs hugetlbfs /dev/hugepages
-hostname vrdma-vm
+hostname {hostname}
 finish() {{ echo "$1" > {RUN_DIR_IN_VM}/status; sync; busybox poweroff -f; }}
-setup() {{
+{link_function}setup() {{
     ip link set lo up &&
     modprobe rdma_rxe &&
     modprobe rdma_ucm &&
-    modprobe dummy &&
-    ip link add d0 type dummy &&
-    ip link set d0 up &&
-    rdma link add rxe0 type rxe netdev d0 || return 1
+    {netdev_setup} &&
+    rdma link add rxe0 type rxe netdev {netdev} || return 1
     for _ in $(seq 100); do
         grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null && return 0
         sleep 0.1
@@ -312,6 +315,23 @@ finish $?
 "#,
         cwd = shell_quote(&config.cwd.to_string_lossy()),
         command = command.join(" "),
+        hostname = match &config.link {
+            Some(link) => format!("vrdma-{}", link.host.name()),
+            None => "vrdma-vm".into(),
+        },
+        link_function = config
+            .link
+            .as_ref()
+            .map(LinkEnd::init_function)
+            .unwrap_or_default(),
+        netdev_setup = match config.link {
+            Some(_) => "link_setup",
+            None => "modprobe dummy && ip link add d0 type dummy && ip link set d0 up",
+        },
+        netdev = match config.link {
+            Some(_) => LINK_NETDEV,
+            None => "d0",
+        },
         setup = if config.with_rxe {
             r#"if ! setup; then echo "vrdma-vm: RDMA setup failed"; finish 125; fi"#
         } else {
@@ -423,6 +443,9 @@ fn run_in(
     for (i, share) in config.shares.iter().enumerate() {
         add_9p(&format!("vrdma-share{i}"), &share.host_path, true);
     }
+    if let Some(link) = &config.link {
+        cmd.args(link.qemu_args());
+    }
     cmd.args(&config.extra_qemu_args);
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -436,6 +459,12 @@ fn run_in(
     let output = Arc::new(Mutex::new(String::new()));
     let stdout = child.stdout.take().expect("stdout is piped");
     let echo = config.echo;
+    // Two linked VMs echo at once: each line says whose it is.
+    let prefix = config
+        .link
+        .as_ref()
+        .map(|link| format!("[{}] ", link.host.name()))
+        .unwrap_or_default();
     let collected = Arc::clone(&output);
     let reader = std::thread::spawn(move || {
         for line in BufReader::new(stdout).split(b'\n') {
@@ -444,7 +473,7 @@ fn run_in(
             let line = line.trim_end_matches('\r');
             if echo {
                 let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "{line}");
+                let _ = writeln!(out, "{prefix}{line}");
                 let _ = out.flush();
             }
             let mut all = collected.lock();
@@ -469,7 +498,7 @@ fn run_in(
     let elapsed = started.elapsed();
     let console_text = std::fs::read_to_string(&console).unwrap_or_default();
     let console_tail = || {
-        let mut t = tail(&console_text, 40);
+        let mut t = tail(&console_text, 80);
         if !qemu_stderr.trim().is_empty() {
             t.push_str("\n--- qemu stderr ---\n");
             t.push_str(&tail(
@@ -614,6 +643,7 @@ mod tests {
             extra_kernel_args: Vec::new(),
             allow_reboot: false,
             with_rxe: true,
+            link: None,
         };
         let script = guest_init_script(&config, &["echo".into(), "a b".into()]);
         assert!(script.contains("export RUST_LOG='debug x'"));

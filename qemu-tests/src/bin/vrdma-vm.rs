@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use vrdma_qemu_tests::bench;
 use vrdma_qemu_tests::cli::{
     self, backend_device, dropin, native_perftest, perftest_over_vrdma, process_pingpong,
-    qtest_pingpong, rdmacm_utils, real_guest, tenants, verbs_utils, vm_args::VmArgs,
+    qtest_pingpong, rdmacm_utils, real_guest, tenants, two_hosts, verbs_utils, vm_args::VmArgs,
 };
 use vrdma_qemu_tests::workspace;
 use vrdma_qemu_tests::{Error, Result};
@@ -122,6 +122,12 @@ enum Suite {
     /// examples between them, every attack of vrdma-hostile from one of them while another
     /// keeps passing verified ping-pongs, the addresses removed and rxe idle afterwards.
     Tenants,
+    /// Two rxe hosts (VMs) joined by an Ethernet link, each with its own vrdma-backend:
+    /// verified ping-pongs across it vrdma -> native, native -> vrdma and vrdma <-> vrdma, then
+    /// under packet duplication (tc netem on both NICs).
+    TwoHosts,
+    /// two-hosts, then 1 % and 5 % loss and reordering too, each next to a native baseline.
+    TwoHostsFaults,
 }
 
 #[derive(Subcommand)]
@@ -211,6 +217,19 @@ enum GuestCmd {
         #[arg(long)]
         library_dir: PathBuf,
     },
+    /// One host's half of the two-hosts suite; results go to
+    /// $VRDMA_RESULT_DIR/two-hosts-HOST.json.
+    TwoHosts {
+        /// Which end of the link this VM is: a or b.
+        #[arg(long)]
+        host: String,
+        /// The native C peer (built on the host).
+        #[arg(long)]
+        native: PathBuf,
+        /// Loss and reordering steps too.
+        #[arg(long)]
+        faults: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -253,6 +272,8 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
                 Suite::VerbsUtils => verbs_utils::test(&vm, json)?,
                 Suite::RdmacmUtils => rdmacm_utils::test(&vm, json)?,
                 Suite::Tenants => tenants::test(&vm, json)?,
+                Suite::TwoHosts => two_hosts::test(&vm, json, false)?,
+                Suite::TwoHostsFaults => two_hosts::test(&vm, json, true)?,
             }
         }
         Cmd::Bench {
@@ -281,6 +302,11 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
             GuestCmd::VerbsUtils { library_dir } => verbs_utils::guest(&library_dir)?,
             GuestCmd::RdmacmUtils { library_dir } => rdmacm_utils::guest(&library_dir)?,
             GuestCmd::Tenants { library_dir } => tenants::guest(&library_dir)?,
+            GuestCmd::TwoHosts {
+                host,
+                native,
+                faults,
+            } => two_hosts::guest(&host, &native, faults)?,
             GuestCmd::QtestPingpong { native, iters, qps } => {
                 qtest_pingpong::guest(native, iters, qps)?
             }

@@ -19,5 +19,6 @@ pub mod rdmacm_utils;
 pub mod real_guest;
 pub mod run;
 pub mod tenants;
+pub mod two_hosts;
 pub mod verbs_utils;
 pub mod vm_args;

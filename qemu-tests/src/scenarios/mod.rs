@@ -15,6 +15,7 @@ pub mod rdmacm_utils;
 pub mod readme_qemu;
 pub mod real_guest;
 pub mod tenants;
+pub mod two_hosts;
 pub mod verbs_utils;
 
 /// A fixed-width table of program runs between a server and a client: the program (in a

@@ -2,10 +2,14 @@
 //! of its `--json` report, and waiting until a server listens for its out-of-band exchange.
 
 use std::path::Path;
+use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::inside::DEVICE;
+use crate::scenarios::backend::Backend;
+use crate::scenarios::binaries::Binaries;
 
 /// One row of a pingpong `--json` report.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -45,4 +49,80 @@ pub fn read_report(json: &Path) -> Result<Vec<PingpongRow>> {
     let report: PingpongReport = serde_json::from_str(&text)
         .map_err(|e| Error::Scenario(format!("parsing {}: {e}", json.display())))?;
     Ok(report.rows)
+}
+
+/// One side of a pingpong run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Impl {
+    Vrdma,
+    Native,
+}
+
+impl Impl {
+    /// Lower-case name, as reports spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Impl::Vrdma => "vrdma",
+            Impl::Native => "native",
+        }
+    }
+}
+
+/// What to run: a plan both sides execute.
+#[derive(Debug, Clone)]
+pub struct Plan<'a> {
+    pub ops: &'a str,
+    pub sizes: &'a str,
+    pub iters: u32,
+    pub bw: bool,
+    /// One way (bypass test): the client only sends; the vrdma server prints READY once its
+    /// receives are posted and lets the client start only when the start file exists.
+    pub oneway: bool,
+}
+
+/// The command line of a `which` peer in `role` (server or client) on `port` with `plan`; a
+/// server listens on `host`, a client connects to it (the tools' default: 127.0.0.1).
+pub fn pingpong_command(
+    binaries: &Binaries,
+    backend: &Backend,
+    which: Impl,
+    role: &str,
+    port: u16,
+    plan: &Plan<'_>,
+    host: Option<&str>,
+) -> Command {
+    let mut cmd = match which {
+        Impl::Vrdma => {
+            let mut cmd = Command::new(&binaries.pingpong);
+            cmd.arg(role).arg("--socket").arg(&backend.socket);
+            cmd
+        }
+        Impl::Native => {
+            let mut cmd = Command::new(&binaries.native_pingpong);
+            cmd.arg(role).args(["--device", DEVICE]);
+            cmd
+        }
+    };
+    cmd.args(["--port", &port.to_string()])
+        .args(["--ops", plan.ops])
+        .args(["--sizes", plan.sizes])
+        .args(["--iters", &plan.iters.to_string()])
+        .args(["--timeout", "120"]);
+    if let Some(host) = host {
+        cmd.args(["--host", host]);
+    }
+    if plan.bw {
+        cmd.arg("--bw");
+    }
+    if plan.oneway {
+        cmd.arg("--oneway")
+            .arg("--start-file")
+            .arg(bypass_start_file());
+    }
+    cmd
+}
+
+/// The file whose creation lets the one-way (bypass) client start.
+pub fn bypass_start_file() -> std::path::PathBuf {
+    std::env::temp_dir().join("vrdma-bypass-start")
 }

@@ -3,12 +3,13 @@
 
 use std::time::Duration;
 
-use super::pair::{pingpong_command, Impl, Plan};
+use super::pair::{Impl, Plan};
 use super::settings::Settings;
 use crate::error::Result;
 use crate::inside::Proc;
 use crate::scenarios::backend::Backend;
 use crate::scenarios::binaries::Binaries;
+use crate::scenarios::pingpong_peer::pingpong_command;
 use crate::scenarios::pingpong_peer::{read_report, PingpongRow};
 
 /// Runs verified ping-pongs (send, write, read) and a bandwidth stream between `pair`, with
@@ -45,7 +46,7 @@ pub(super) fn run(
         let json = std::env::temp_dir().join(format!("pingpong-{label}.json"));
         let _ = std::fs::remove_file(&json);
         let with_events = |which: Impl, role: &str| {
-            let mut cmd = pingpong_command(binaries, backend, which, role, port, plan);
+            let mut cmd = pingpong_command(binaries, backend, which, role, port, plan, None);
             if which == Impl::Vrdma {
                 cmd.arg("--events");
             }

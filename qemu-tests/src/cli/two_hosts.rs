@@ -1,0 +1,106 @@
+//! `two-hosts`: two rxe VMs joined by a link, vrdma and native peers across it, with faults
+//! (issue 16).
+
+use std::path::{Path, PathBuf};
+
+use super::guest_suite::deliver_results;
+use super::host::{prepared_root, target_dir};
+use super::vm_args::VmArgs;
+use crate::error::{Error, Result};
+use crate::native;
+use crate::scenarios::binaries::Binaries;
+use crate::scenarios::two_hosts::{self, steps, HostReport, Results};
+use crate::vm::RunOutcome;
+use crate::vm_link::{self, Host};
+
+/// Memory of each host VM: two run at once.
+const HOST_MEMORY_MIB: u32 = 2048;
+
+/// `vrdma-vm test two-hosts`.
+///
+/// With `faults`, the `two-hosts-faults` suite: loss and reordering steps too.
+pub fn test(vm_args: &VmArgs, json: Option<PathBuf>, faults: bool) -> Result<()> {
+    let root = prepared_root()?;
+    let target = target_dir()?;
+    let native_peer = native::build(&target)?;
+    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
+    let mut config = vm_args.config(&root)?;
+    // The two VMs share this machine's CPUs.
+    config.cpus = config.cpus.div_ceil(2).max(1);
+    config.memory_mib = config.memory_mib.min(HOST_MEMORY_MIB);
+    let run = |host: Host| {
+        let mut command = vec![
+            exe.to_string_lossy().into_owned(),
+            "guest".into(),
+            "two-hosts".into(),
+            "--host".into(),
+            host.name().into(),
+            "--native".into(),
+            native_peer.to_string_lossy().into_owned(),
+        ];
+        if faults {
+            command.push("--faults".into());
+        }
+        (config.clone(), command)
+    };
+    let [a, b] = vm_link::run_linked(&root, [run(Host::A), run(Host::B)])?;
+    let (a, b) = match (host_report(Host::A, a), host_report(Host::B, b)) {
+        (Ok(a), Ok(b)) => (a, b),
+        (a, b) => {
+            let failures: Vec<String> = [a.err(), b.err()]
+                .into_iter()
+                .flatten()
+                .map(|e| e.to_string())
+                .collect();
+            return Err(Error::Scenario(failures.join("\n")));
+        }
+    };
+    let results = Results { a, b };
+    if let Some(path) = json {
+        let data =
+            serde_json::to_vec_pretty(&results).map_err(|e| Error::Scenario(e.to_string()))?;
+        std::fs::write(&path, data)
+            .map_err(|e| Error::Usage(format!("writing {}: {e}", path.display())))?;
+    }
+    println!(
+        "\ntwo rxe hosts joined by a link ({:?}, {} vCPUs each):",
+        config.accel, config.cpus
+    );
+    print!("{}", two_hosts::render(&results));
+    Ok(())
+}
+
+/// The report a host's VM left, or why there is none.
+fn host_report(host: Host, outcome: Result<RunOutcome>) -> Result<HostReport> {
+    let outcome = outcome?;
+    if outcome.status != 0 {
+        return Err(Error::Scenario(format!(
+            "two-hosts failed on host {} (status {})",
+            host.name(),
+            outcome.status
+        )));
+    }
+    let file = format!("{}.json", result_file(host));
+    let data = outcome
+        .results
+        .iter()
+        .find(|(name, _)| *name == file)
+        .map(|(_, data)| data)
+        .ok_or_else(|| Error::Scenario(format!("host {} left no {file}", host.name())))?;
+    serde_json::from_slice(data).map_err(|e| Error::Scenario(format!("{file}: {e}")))
+}
+
+/// The suite name a host delivers its report under (as `NAME.json`).
+fn result_file(host: Host) -> String {
+    format!("two-hosts-{}", host.name())
+}
+
+/// `vrdma-vm guest two-hosts`: this host's half.
+pub fn guest(host: &str, native: &Path, faults: bool) -> Result<()> {
+    let host = Host::parse(host).ok_or_else(|| Error::Usage(format!("--host {host}: a or b")))?;
+    let binaries = Binaries::beside_current_exe(native.to_path_buf())?;
+    let only = std::env::var("VRDMA_TWO_HOSTS_ONLY").ok();
+    let steps = steps::plan(faults, only.as_deref());
+    let report = two_hosts::run(host, &binaries, &steps)?;
+    deliver_results(&result_file(host), &report, || format!("{report:#?}\n"))
+}

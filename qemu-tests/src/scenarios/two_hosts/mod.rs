@@ -1,0 +1,240 @@
+//! `two-hosts`: vrdma across a real link between two rxe hosts (issue 16).
+//!
+//! Host A and host B are two VMs joined by an Ethernet link ([`crate::vm_link`]); each runs
+//! its own vrdma-backend on its own rxe0. Both run this scenario with the same step list
+//! ([`steps`]) and meet over the link: in each step one host serves a verified ping-pong and
+//! the other connects to it, vrdma or native on either side, some steps with loss,
+//! reordering or duplication on both NICs' egress ([`link`]). Each host reports what it saw;
+//! the host side of the suite puts the two reports together and checks that both ends agree.
+
+pub mod link;
+pub mod steps;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::inside::{resource_counts, wait_for_counts, Proc, DEVICE};
+use crate::scenarios::backend::Backend;
+use crate::scenarios::binaries::Binaries;
+use crate::scenarios::pingpong_peer::{pingpong_command, read_report, PingpongRow, Plan};
+use crate::vm_link::Host;
+use link::{NicFrames, QdiscStats};
+use steps::{Step, VERIFY_OPS};
+
+/// First TCP port of the steps' out-of-band exchanges (one port per step).
+const FIRST_PORT: u16 = 18700;
+
+/// What one host did in one step.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StepRecord {
+    pub label: String,
+    /// "server" or "client".
+    pub role: String,
+    /// "vrdma" or "native".
+    pub implementation: String,
+    pub netem: Option<String>,
+    /// The client's verified rows (a server reports none).
+    pub rows: Vec<PingpongRow>,
+    /// A server's count of verified steps and iterations per step, from its last line.
+    pub server_verified: Option<(u32, u32)>,
+    /// What this host's NIC qdisc did during a faulty step.
+    pub qdisc: Option<QdiscStats>,
+    /// rxe counters that changed during the step.
+    pub rxe_counters: BTreeMap<String, u64>,
+    /// Frames this host's NIC sent and received during the step.
+    pub nic_frames: NicFrames,
+    pub seconds: f64,
+}
+
+/// Everything one host reports.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostReport {
+    pub host: Host,
+    pub steps: Vec<StepRecord>,
+}
+
+/// Runs `host`'s half of every step, in order.
+pub fn run(host: Host, binaries: &Binaries, steps: &[Step]) -> Result<HostReport> {
+    let idle = resource_counts(DEVICE)?;
+    let backend = Backend::start(&binaries.backend, "vrdma-backend", &["--allow-ud"], "info")?;
+    let mut records = Vec::new();
+    for (index, step) in steps.iter().enumerate() {
+        let port = FIRST_PORT + index as u16;
+        println!("== host {}: {} (port {port})", host.name(), step.label);
+        records.push(run_step(host, binaries, &backend, step, port)?);
+    }
+    link::set_fault(None)?;
+    drop(backend);
+    if let Err(last) = wait_for_counts(DEVICE, idle, Duration::from_secs(30)) {
+        return Err(Error::Scenario(format!(
+            "after the backend exited {DEVICE} holds {last:?}, idle was {idle:?}"
+        )));
+    }
+    Ok(HostReport {
+        host,
+        steps: records,
+    })
+}
+
+fn run_step(
+    host: Host,
+    binaries: &Binaries,
+    backend: &Backend,
+    step: &Step,
+    port: u16,
+) -> Result<StepRecord> {
+    let (role, which) = step
+        .role_of(host)
+        .ok_or_else(|| Error::Scenario(format!("host {} has no part in {step:?}", host.name())))?;
+    link::set_fault(step.netem)?;
+    let counters_before = link::rxe_counters()?;
+    let frames_before = NicFrames::read()?;
+    let started = Instant::now();
+    let plan = Plan {
+        ops: VERIFY_OPS,
+        sizes: step.sizes,
+        iters: step.iters,
+        bw: false,
+        oneway: false,
+    };
+    // A server listens on its own address, a client connects to the peer's.
+    let address = match role {
+        "server" => host.scoped_address(),
+        _ => host.peer().scoped_address(),
+    };
+    // The tools bound every wait on the peer (connecting, accepting, each completion) by
+    // pingpong_command's timeout, which covers a peer VM still booting at the first step.
+    let mut cmd = pingpong_command(binaries, backend, which, role, port, &plan, Some(&address));
+    let json = std::env::temp_dir().join(format!("two-hosts-{port}.json"));
+    if role == "client" {
+        let _ = std::fs::remove_file(&json);
+        cmd.arg("--json").arg(&json);
+    }
+    let name = format!("two-hosts-{port}-{role}");
+    let mut proc = Proc::spawn(&name, &mut cmd)?;
+    if let Err(e) = proc.wait_success(Duration::from_secs(900)) {
+        // What rxe did and said, for the failure's report.
+        let counters = link::counter_deltas(&counters_before, &link::rxe_counters()?);
+        let kernel = crate::host::run_checked(std::process::Command::new("dmesg").arg("-t"))
+            .map(|out| crate::error::tail(&String::from_utf8_lossy(&out.stdout), 20))
+            .unwrap_or_default();
+        return Err(Error::Scenario(format!(
+            "{e}\nrxe counters during the step: {counters:?}\nkernel log:\n{kernel}"
+        )));
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let qdisc = match step.netem {
+        Some(_) => Some(link::qdisc_stats()?),
+        None => None,
+    };
+    let rxe_counters = link::counter_deltas(&counters_before, &link::rxe_counters()?);
+    let nic_frames = NicFrames::read()?.since(frames_before);
+    let (rows, server_verified) = match role {
+        "client" => (read_report(&json)?, None),
+        _ => (Vec::new(), Some(server_verified(&proc.output())?)),
+    };
+    Ok(StepRecord {
+        label: step.label.into(),
+        role: role.into(),
+        implementation: which.name().into(),
+        netem: step.netem.map(Into::into),
+        rows,
+        server_verified,
+        qdisc,
+        rxe_counters,
+        nic_frames,
+        seconds,
+    })
+}
+
+/// The server's "server: N steps of M iterations verified" (vrdma-pingpong and the native
+/// peer print the same line).
+fn server_verified(output: &str) -> Result<(u32, u32)> {
+    output
+        .lines()
+        .find_map(|line| {
+            let rest = line.strip_prefix("server: ")?;
+            let (steps, rest) = rest.split_once(" steps of ")?;
+            let iters = rest.strip_suffix(" iterations verified")?;
+            Some((steps.parse().ok()?, iters.parse().ok()?))
+        })
+        .ok_or_else(|| Error::Scenario(format!("no verification line from the server:\n{output}")))
+}
+
+/// The two hosts' reports of one run, step by step.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Results {
+    pub a: HostReport,
+    pub b: HostReport,
+}
+
+impl Results {
+    /// Host `host`'s record of step `label`.
+    pub fn record(&self, host: Host, label: &str) -> Option<&StepRecord> {
+        let report = match host {
+            Host::A => &self.a,
+            Host::B => &self.b,
+        };
+        report.steps.iter().find(|s| s.label == label)
+    }
+}
+
+/// A table of the run: per step, who ran what, what both ends verified, what crossed the
+/// link and what the link and rxe did to it.
+pub fn render(results: &Results) -> String {
+    let mut out = String::new();
+    for a in &results.a.steps {
+        let Some(b) = results.record(Host::B, &a.label) else {
+            continue;
+        };
+        let (client, server) = if a.role == "client" { (a, b) } else { (b, a) };
+        let messages: u64 = client.rows.iter().map(|r| u64::from(r.iters)).sum();
+        // A ping-pong moves each message both ways.
+        let bytes: u64 = client
+            .rows
+            .iter()
+            .map(|r| 2 * u64::from(r.iters) * u64::from(r.size))
+            .sum();
+        let sent = a.nic_frames.tx + b.nic_frames.tx;
+        let dropped = [a, b]
+            .iter()
+            .filter_map(|r| r.qdisc)
+            .map(|q| q.drops)
+            .sum::<u64>();
+        let counter = |name: &str| {
+            a.rxe_counters.get(name).copied().unwrap_or(0)
+                + b.rxe_counters.get(name).copied().unwrap_or(0)
+        };
+        out.push_str(&format!(
+            "{:<40} {:>6} -> {:<6} {messages:>4} msgs {:>9} B verified (server: {:?}); \
+             {sent:>6} frames, {dropped:>5} dropped ({:.1} %); rxe: seq_err {}, dup_req {}, \
+             retry {} ({:.1} s)\n",
+            a.label,
+            client.implementation,
+            server.implementation,
+            bytes,
+            server.server_verified,
+            100.0 * dropped as f64 / (sent + dropped).max(1) as f64,
+            counter("rcvd_seq_err"),
+            counter("duplicate_request"),
+            counter("completer_retry_err"),
+            a.seconds.max(b.seconds),
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_servers_verification_line_is_read() {
+        let output = "listening\nserver: 15 steps of 20 iterations verified\n";
+        assert_eq!(server_verified(output).unwrap(), (15, 20));
+        assert!(server_verified("server: crashed\n").is_err());
+    }
+}

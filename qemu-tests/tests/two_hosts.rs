@@ -1,0 +1,119 @@
+//! Two rxe hosts joined by an Ethernet link, each with its own vrdma-backend: vrdma and native
+//! peers across it, every byte verified, the same message counts at both ends (issue 16).
+
+mod common;
+
+use vrdma_qemu_tests::scenarios::two_hosts::steps::{
+    self, Step, DUPLICATION, LOSS_1, LOSS_5, REORDERING,
+};
+use vrdma_qemu_tests::scenarios::two_hosts::{Results, StepRecord};
+use vrdma_qemu_tests::vm_link::Host;
+
+const OPS: [&str; 5] = ["send", "send_imm", "write", "write_imm", "read"];
+
+#[test]
+fn vrdma_crosses_a_real_link_to_native_and_vrdma_peers_every_byte_verified() {
+    let Some(results) = common::vrdma_vm_json::<Results>(&["test", "two-hosts"]) else {
+        return;
+    };
+    check(&results, &steps::plan(false, None));
+}
+
+/// The named suite with loss and reordering (`vrdma-vm test two-hosts-faults`): the VM
+/// kernel's rxe itself crashed under 5 % loss in some runs (native peers only), so it is not
+/// part of every run; see the README.
+#[test]
+#[ignore = "named suite: rdma_rxe of the VM's Linux 6.12 can crash under loss"]
+fn vrdma_survives_loss_and_reordering_like_native() {
+    let Some(results) = common::vrdma_vm_json::<Results>(&["test", "two-hosts-faults"]) else {
+        return;
+    };
+    check(&results, &steps::plan(true, None));
+}
+
+fn check(results: &Results, plan: &[Step]) {
+    assert_eq!(results.a.host, Host::A);
+    assert_eq!(results.b.host, Host::B);
+    assert_eq!(results.a.steps.len(), plan.len(), "{results:#?}");
+    assert_eq!(results.b.steps.len(), plan.len(), "{results:#?}");
+    for step in plan {
+        let a = results.record(Host::A, step.label).expect(step.label);
+        let b = results.record(Host::B, step.label).expect(step.label);
+        let (client, server) = match step.client.0 {
+            Host::A => (a, b),
+            Host::B => (b, a),
+        };
+        assert_eq!(client.role, "client", "{client:?}");
+        assert_eq!(server.role, "server", "{server:?}");
+        assert_eq!(client.implementation, step.client.1.name(), "{client:?}");
+        assert_eq!(server.implementation, step.server.1.name(), "{server:?}");
+        check_counts(step, client, server);
+        check_link(step, a, b);
+    }
+}
+
+/// Every operation and size ran its iterations, verified by the receiving side, and both
+/// ends counted the same messages: nothing lost, nothing duplicated to the application.
+fn check_counts(step: &Step, client: &StepRecord, server: &StepRecord) {
+    let sizes: Vec<u32> = step.sizes.split(',').map(|s| s.parse().unwrap()).collect();
+    let expected_rows = OPS.len() * sizes.len();
+    assert_eq!(
+        client.rows.len(),
+        expected_rows,
+        "{}: {client:?}",
+        step.label
+    );
+    for op in OPS {
+        for &size in &sizes {
+            let row = client
+                .rows
+                .iter()
+                .find(|r| r.op == op && r.size == size)
+                .unwrap_or_else(|| panic!("{}: no row for {op} {size}", step.label));
+            assert_eq!(row.iters, step.iters, "{}: {row:?}", step.label);
+            assert!(row.latency.is_some(), "{}: {row:?}", step.label);
+        }
+    }
+    assert_eq!(
+        server.server_verified,
+        Some((expected_rows as u32, step.iters)),
+        "{}: {server:?}",
+        step.label
+    );
+}
+
+/// The traffic crossed the link (both NICs sent and received at least one frame per message),
+/// and the fault of the step happened to it.
+fn check_link(step: &Step, a: &StepRecord, b: &StepRecord) {
+    let messages = u64::from(step.iters) * (OPS.len() * step.sizes.split(',').count()) as u64;
+    for record in [a, b] {
+        assert!(
+            record.nic_frames.tx >= messages && record.nic_frames.rx >= messages,
+            "{}: {messages} messages, {record:?}",
+            step.label
+        );
+    }
+    let counter = |name: &str| {
+        [a, b]
+            .iter()
+            .map(|r| r.rxe_counters.get(name).copied().unwrap_or(0))
+            .sum::<u64>()
+    };
+    match step.netem {
+        None => assert!(a.qdisc.is_none() && b.qdisc.is_none(), "{a:?} {b:?}"),
+        // Duplicates reach the responder, which recognises them by PSN.
+        Some(DUPLICATION) => assert!(counter("duplicate_request") > 0, "{a:?} {b:?}"),
+        // Both NICs dropped packets, and rxe recovered the messages by retransmitting.
+        Some(LOSS_1) | Some(LOSS_5) => {
+            for record in [a, b] {
+                assert!(record.qdisc.is_some_and(|q| q.drops > 0), "{record:?}");
+            }
+            assert!(counter("completer_retry_err") + counter("rcvd_seq_err") > 0);
+        }
+        Some(REORDERING) => assert!(
+            counter("rcvd_seq_err") + counter("out_of_seq_request") > 0,
+            "{a:?} {b:?}"
+        ),
+        Some(other) => panic!("no check for {other}"),
+    }
+}
