@@ -104,6 +104,9 @@ struct peer {
 	uint32_t max_inline, ud_max_inline;
 	struct hello local, remote;
 	unsigned sends_outstanding;
+	/* RC path attributes (--mtu, --qp-timeout, --retry-cnt). */
+	enum ibv_mtu path_mtu;
+	uint8_t qp_timeout, retry_cnt;
 	/* What runs now, for error messages. */
 	enum op cur_op;
 	uint32_t cur_size, cur_iter;
@@ -817,7 +820,7 @@ static void connect_qps(struct peer *pp)
 
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
+	a.path_mtu = pp->path_mtu;
 	a.dest_qp_num = pp->remote.qpn;
 	a.rq_psn = pp->remote.psn;
 	a.max_dest_rd_atomic = 1;
@@ -834,8 +837,8 @@ static void connect_qps(struct peer *pp)
 
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
+	a.timeout = pp->qp_timeout;
+	a.retry_cnt = pp->retry_cnt;
 	a.rnr_retry = 7;
 	a.sq_psn = pp->local.psn;
 	a.max_rd_atomic = 1;
@@ -1378,6 +1381,9 @@ static void usage(FILE *f)
 		"  -l, --len BYTES      area size: the server refuses plans needing more, the client\n"
 		"                       uses at least its plan's (default: this side's plan's)\n"
 		"  -t, --timeout SECS   bound of every wait (default 30)\n"
+		"  -M, --mtu BYTES      RC path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)\n"
+		"  -T, --qp-timeout N   RC local ACK timeout, 4.096 us * 2^N (default 14)\n"
+		"  -R, --retry-cnt N    RC transport retries, 0-7 (default 7)\n"
 		"  -j, --json FILE      also write the results as JSON (client)\n",
 		DEFAULT_PORT);
 }
@@ -1439,6 +1445,8 @@ int main(int argc, char **argv)
 		{ "len", required_argument, NULL, 'l' },    { "timeout", required_argument, NULL, 't' },
 		{ "json", required_argument, NULL, 'j' },   { "help", no_argument, NULL, 'h' },
 		{ "oneway", no_argument, NULL, 'O' },	    { "start-file", required_argument, NULL, 'S' },
+		{ "mtu", required_argument, NULL, 'M' },    { "qp-timeout", required_argument, NULL, 'T' },
+		{ "retry-cnt", required_argument, NULL, 'R' },
 		{ 0 },
 	};
 	const char *device = NULL, *host = "127.0.0.1", *json = NULL, *start_file = NULL;
@@ -1448,7 +1456,8 @@ int main(int argc, char **argv)
 	unsigned long iters = 100, window = 16, timeout = 30;
 	uint64_t len = 0;
 	bool bw = false, oneway = false;
-	struct peer peer = { .sock = -1 };
+	struct peer peer = { .sock = -1, .path_mtu = IBV_MTU_1024, .qp_timeout = 14, .retry_cnt = 7 };
+	unsigned long mtu = 1024, qp_timeout = 14, retry_cnt = 7;
 	struct plan plan;
 	int c;
 
@@ -1469,7 +1478,7 @@ int main(int argc, char **argv)
 	}
 	peer.is_server = !strcmp(argv[1], "server");
 	optind = 2;
-	while ((c = getopt_long(argc, argv, "d:p:H:o:s:n:bw:l:t:j:hOS:", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "d:p:H:o:s:n:bw:l:t:j:hOS:M:T:R:", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'd': device = optarg; break;
 		case 'p': snprintf(port, sizeof(port), "%s", optarg); break;
@@ -1484,14 +1493,27 @@ int main(int argc, char **argv)
 		case 'j': json = optarg; break;
 		case 'O': oneway = true; break;
 		case 'S': start_file = optarg; break;
+		case 'M': mtu = strtoul(optarg, NULL, 10); break;
+		case 'T': qp_timeout = strtoul(optarg, NULL, 10); break;
+		case 'R': retry_cnt = strtoul(optarg, NULL, 10); break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
-	if (optind != argc || timeout == 0 || (bw && oneway)) {
+	if (optind != argc || timeout == 0 || (bw && oneway) || qp_timeout > 31 || retry_cnt > 7) {
 		usage(stderr);
 		return 2;
 	}
+	switch (mtu) {
+	case 256: peer.path_mtu = IBV_MTU_256; break;
+	case 512: peer.path_mtu = IBV_MTU_512; break;
+	case 1024: peer.path_mtu = IBV_MTU_1024; break;
+	case 2048: peer.path_mtu = IBV_MTU_2048; break;
+	case 4096: peer.path_mtu = IBV_MTU_4096; break;
+	default: usage(stderr); return 2;
+	}
+	peer.qp_timeout = (uint8_t)qp_timeout;
+	peer.retry_cnt = (uint8_t)retry_cnt;
 	peer.timeout_s = (double)timeout;
 	snprintf(wire, sizeof(wire), "%s:%s:%lu:", ops, sizes, iters);
 	if (bw)

@@ -129,6 +129,7 @@ impl LinkEnd {
         format!(
             r#"link_setup() {{
     echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad &&
+    echo 1 > /proc/sys/net/ipv6/conf/default/keep_addr_on_down &&
     modprobe virtio_net || return 1
     nic=""
     for _ in $(seq 100); do

@@ -3,6 +3,7 @@
 
 mod common;
 
+use vrdma_qemu_tests::scenarios::two_hosts::link_failure::RECONNECT_ROWS;
 use vrdma_qemu_tests::scenarios::two_hosts::steps::{
     self, Step, DUPLICATION, LOSS_1, LOSS_5, REORDERING,
 };
@@ -17,6 +18,7 @@ fn vrdma_crosses_a_real_link_to_native_and_vrdma_peers_every_byte_verified() {
         return;
     };
     check(&results, &steps::plan(false, None));
+    check_link_failure(&results);
 }
 
 /// The named suite with loss and reordering (`vrdma-vm test two-hosts-faults`): the VM
@@ -116,4 +118,53 @@ fn check_link(step: &Step, a: &StepRecord, b: &StepRecord) {
         ),
         Some(other) => panic!("no check for {other}"),
     }
+}
+
+/// Host A's NIC went down under traffic, came back, and the wire then failed with both NICs up.
+fn check_link_failure(results: &Results) {
+    let a = results
+        .a
+        .link_failure
+        .as_ref()
+        .expect("host A ran the link failure");
+    let b = results
+        .b
+        .link_failure
+        .as_ref()
+        .expect("host B ran the link failure");
+    // NIC down: the vrdma client's QP ended in error, which it learnt from an error
+    // completion, and rdma-core's unmodified ibv_asyncwatch over vrdma saw the port go down
+    // and come back, in that order.
+    assert!(
+        a.interrupted_error.contains("completion with status"),
+        "{a:?}"
+    );
+    let down = a
+        .async_events
+        .iter()
+        .position(|e| e.contains("IBV_EVENT_PORT_ERR"));
+    let up = a
+        .async_events
+        .iter()
+        .rposition(|e| e.contains("IBV_EVENT_PORT_ACTIVE"));
+    assert!(down.is_some() && up.is_some() && down < up, "{a:?}");
+    // The native server on B learnt it too, within its bounded wait.
+    assert!(b.interrupted_error.contains("error"), "{b:?}");
+    // After the link came back, a new connection passed a verified ping-pong.
+    assert_eq!(a.reconnect_rows.len(), RECONNECT_ROWS, "{a:?}");
+    assert!(a
+        .reconnect_rows
+        .iter()
+        .all(|r| r.iters > 0 && r.latency.is_some()));
+    let iters = a.reconnect_rows[0].iters;
+    assert_eq!(
+        b.reconnect_server_verified,
+        Some((RECONNECT_ROWS as u32, iters)),
+        "{b:?}"
+    );
+    // Wire cut with both NICs up: the QP used up the retry budget it was given (rxe retries
+    // for ever only at retry_cnt 7) and failed its send with a retry-exceeded completion.
+    assert!(a.wire_cut_error.contains("RetryExcErr"), "{a:?}");
+    assert!(a.wire_cut_seconds_to_error.is_some(), "{a:?}");
+    assert!(b.wire_cut_error.contains("error"), "{b:?}");
 }

@@ -226,6 +226,9 @@ enum GuestCmd {
         /// The native C peer (built on the host).
         #[arg(long)]
         native: PathBuf,
+        /// Directory with the drop-in as libibverbs.so.1.
+        #[arg(long)]
+        library_dir: PathBuf,
         /// Loss and reordering steps too.
         #[arg(long)]
         faults: bool,
@@ -305,8 +308,9 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
             GuestCmd::TwoHosts {
                 host,
                 native,
+                library_dir,
                 faults,
-            } => two_hosts::guest(&host, &native, faults)?,
+            } => two_hosts::guest(&host, &native, &library_dir, faults)?,
             GuestCmd::QtestPingpong { native, iters, qps } => {
                 qtest_pingpong::guest(native, iters, qps)?
             }

@@ -4,11 +4,12 @@
 use std::path::{Path, PathBuf};
 
 use super::guest_suite::deliver_results;
-use super::host::{prepared_root, target_dir};
+use super::host::{dropin_library, prepared_root, target_dir};
 use super::vm_args::VmArgs;
 use crate::error::{Error, Result};
 use crate::native;
 use crate::scenarios::binaries::Binaries;
+use crate::scenarios::perftest_over_vrdma;
 use crate::scenarios::two_hosts::{self, steps, HostReport, Results};
 use crate::vm::RunOutcome;
 use crate::vm_link::{self, Host};
@@ -23,6 +24,8 @@ pub fn test(vm_args: &VmArgs, json: Option<PathBuf>, faults: bool) -> Result<()>
     let root = prepared_root()?;
     let target = target_dir()?;
     let native_peer = native::build(&target)?;
+    let (_, library) = dropin_library()?;
+    let library_dir = perftest_over_vrdma::prepare_library_dir(&target, &library)?;
     let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
     let mut config = vm_args.config(&root)?;
     // The two VMs share this machine's CPUs.
@@ -37,6 +40,8 @@ pub fn test(vm_args: &VmArgs, json: Option<PathBuf>, faults: bool) -> Result<()>
             host.name().into(),
             "--native".into(),
             native_peer.to_string_lossy().into_owned(),
+            "--library-dir".into(),
+            library_dir.to_string_lossy().into_owned(),
         ];
         if faults {
             command.push("--faults".into());
@@ -96,11 +101,16 @@ fn result_file(host: Host) -> String {
 }
 
 /// `vrdma-vm guest two-hosts`: this host's half.
-pub fn guest(host: &str, native: &Path, faults: bool) -> Result<()> {
+pub fn guest(host: &str, native: &Path, library_dir: &Path, faults: bool) -> Result<()> {
     let host = Host::parse(host).ok_or_else(|| Error::Usage(format!("--host {host}: a or b")))?;
     let binaries = Binaries::beside_current_exe(native.to_path_buf())?;
     let only = std::env::var("VRDMA_TWO_HOSTS_ONLY").ok();
     let steps = steps::plan(faults, only.as_deref());
-    let report = two_hosts::run(host, &binaries, &steps)?;
+    // VRDMA_TWO_HOSTS_ONLY="link failure" runs only the link failure.
+    let link_failure = only
+        .as_deref()
+        .is_none_or(|only| "link failure".contains(only))
+        .then_some(library_dir);
+    let report = two_hosts::run(host, &binaries, &steps, link_failure)?;
     deliver_results(&result_file(host), &report, || format!("{report:#?}\n"))
 }

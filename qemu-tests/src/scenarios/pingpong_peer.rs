@@ -51,6 +51,9 @@ pub fn read_report(json: &Path) -> Result<Vec<PingpongRow>> {
     Ok(report.rows)
 }
 
+/// The peers' usual bound on every wait for each other, in seconds.
+pub const PEER_TIMEOUT_S: u32 = 120;
+
 /// One side of a pingpong run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Impl {
@@ -78,6 +81,11 @@ pub struct Plan<'a> {
     /// One way (bypass test): the client only sends; the vrdma server prints READY once its
     /// receives are posted and lets the client start only when the start file exists.
     pub oneway: bool,
+    /// How long either peer waits for the other (connecting, accepting, each completion), in
+    /// seconds; [`PEER_TIMEOUT_S`] unless a step expects its peer to vanish.
+    pub timeout_s: u32,
+    /// RC path options both tools take (`--mtu`, `--qp-timeout`, `--retry-cnt`), as arguments.
+    pub path_args: &'a [&'a str],
 }
 
 /// The command line of a `which` peer in `role` (server or client) on `port` with `plan`; a
@@ -107,7 +115,8 @@ pub fn pingpong_command(
         .args(["--ops", plan.ops])
         .args(["--sizes", plan.sizes])
         .args(["--iters", &plan.iters.to_string()])
-        .args(["--timeout", "120"]);
+        .args(["--timeout", &plan.timeout_s.to_string()])
+        .args(plan.path_args);
     if let Some(host) = host {
         cmd.args(["--host", host]);
     }

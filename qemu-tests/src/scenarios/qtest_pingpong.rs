@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use vrdma::transport::pci::{PciFunction, PciOptions, PciTransport};
 use vrdma::transport::Transport;
 use vrdma::verbs::Context;
-use vrdma_tools::pingpong::options::Options;
+use vrdma_tools::pingpong::options::{Options, PathAttrs};
 use vrdma_tools::pingpong::runner::run_client;
 use vrdma_tools::pingpong::wait::Completion;
 use vrdma_tools::pingpong::Plan;
@@ -268,6 +268,7 @@ fn client_options(port: u16, plan: &Plan) -> Options {
         len: plan.area_len(),
         start_file: None,
         completion: Completion::Poll,
+        path: PathAttrs::default(),
     }
 }
 

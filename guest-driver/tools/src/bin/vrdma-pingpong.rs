@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 
 use vrdma::verbs::Context;
-use vrdma_tools::pingpong::options::Options;
+use vrdma_tools::pingpong::options::{Options, PathAttrs};
 use vrdma_tools::pingpong::runner::{run_client, run_server};
 use vrdma_tools::pingpong::wait::Completion;
 use vrdma_tools::pingpong::{Plan, DEFAULT_PORT, DEFAULT_TIMEOUT_SECS};
@@ -78,6 +78,15 @@ struct Cli {
     /// Also write the results as JSON to this file (client).
     #[arg(long)]
     json: Option<PathBuf>,
+    /// RC path MTU in bytes: 256, 512, 1024, 2048 or 4096.
+    #[arg(long, default_value_t = 1024)]
+    mtu: u32,
+    /// RC local ACK timeout: 4.096 us * 2^N.
+    #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
+    qp_timeout: u8,
+    /// RC transport retries before a send fails (0-7; rxe retries for ever at 7).
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]
+    retry_cnt: u8,
 }
 
 fn main() -> ExitCode {
@@ -115,6 +124,12 @@ fn run(cli: &Cli) -> Result<(), String> {
             Completion::Events
         } else {
             Completion::Poll
+        },
+        path: PathAttrs {
+            mtu: PathAttrs::mtu_of(cli.mtu)
+                .ok_or_else(|| format!("--mtu {}: 256, 512, 1024, 2048 or 4096", cli.mtu))?,
+            timeout: cli.qp_timeout,
+            retry_cnt: cli.retry_cnt,
         },
     };
     let ctx = match (&cli.pci, &cli.socket) {

@@ -9,6 +9,7 @@ use vrdma::verbs::{
 };
 
 use super::exchange::Hello;
+use super::options::PathAttrs;
 use super::plan::{Plan, MAX_WINDOW};
 use super::{MAX_INLINE, UD_QKEY};
 
@@ -152,13 +153,16 @@ impl Endpoint {
         })
     }
 
-    /// Brings the queue pairs to RTS towards `peer` and posts every receive.
-    pub fn connect(&mut self, peer: &Hello) -> Result<(), EndpointError> {
+    /// Brings the queue pairs to RTS towards `peer` (the RC QP with `path`) and posts every
+    /// receive.
+    pub fn connect(&mut self, peer: &Hello, path: &PathAttrs) -> Result<(), EndpointError> {
         let opts = ConnectOptions {
             port: PORT,
             sgid_index: GID_INDEX,
             sq_psn: self.hello.psn,
-            path_mtu: Mtu::Mtu1024,
+            path_mtu: path.mtu,
+            timeout: path.timeout,
+            retry_cnt: path.retry_cnt,
             max_rd_atomic: Some(1),
             max_dest_rd_atomic: Some(1),
             hop_limit: 1,

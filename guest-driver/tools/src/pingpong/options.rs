@@ -3,7 +3,45 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use vrdma::verbs::Mtu;
+
 use super::wait::Completion;
+
+/// The RC path attributes a side sets on its QP (the peers need not agree, as with any two
+/// verbs applications; each side's own values govern what it sends).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathAttrs {
+    pub mtu: Mtu,
+    /// Local ACK timeout: 4.096 µs × 2^timeout.
+    pub timeout: u8,
+    /// Transport retries before a send fails (rxe retries for ever at 7).
+    pub retry_cnt: u8,
+}
+
+impl Default for PathAttrs {
+    fn default() -> Self {
+        PathAttrs {
+            mtu: Mtu::Mtu1024,
+            timeout: 14,
+            retry_cnt: 7,
+        }
+    }
+}
+
+impl PathAttrs {
+    /// The MTU of `bytes` (256 to 4096, a power of two).
+    pub fn mtu_of(bytes: u32) -> Option<Mtu> {
+        [
+            Mtu::Mtu256,
+            Mtu::Mtu512,
+            Mtu::Mtu1024,
+            Mtu::Mtu2048,
+            Mtu::Mtu4096,
+        ]
+        .into_iter()
+        .find(|mtu| mtu.bytes() == bytes)
+    }
+}
 
 /// Where and how long to talk.
 #[derive(Clone, Debug)]
@@ -19,4 +57,18 @@ pub struct Options {
     pub start_file: Option<PathBuf>,
     /// How this side waits for its completions (a local choice, not part of the protocol).
     pub completion: Completion,
+    /// This side's RC path attributes.
+    pub path: PathAttrs,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtus_are_named_by_their_size() {
+        assert_eq!(PathAttrs::mtu_of(4096), Some(Mtu::Mtu4096));
+        assert_eq!(PathAttrs::mtu_of(1024), Some(Mtu::Mtu1024));
+        assert_eq!(PathAttrs::mtu_of(1500), None);
+    }
 }

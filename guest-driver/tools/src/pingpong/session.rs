@@ -83,7 +83,7 @@ impl<'c> Session<'c> {
         is_server: bool,
     ) -> Result<Self> {
         let timeout = opts.timeout;
-        ep.connect(&peer)?;
+        ep.connect(&peer, &opts.path)?;
         eprintln!("READY");
         if let Some(path) = &opts.start_file {
             wait_for_file(path, timeout)?;

@@ -1,6 +1,7 @@
 //! The data path bypasses the backend: with the backend stopped (SIGSTOP), a native peer
 //! RDMA-WRITEs into and SENDs to a vrdma process that posted its receives beforehand.
 
+use crate::scenarios::pingpong_peer::PEER_TIMEOUT_S;
 use std::time::Duration;
 
 use super::pair::{bypass_start_file, pingpong, start_pair, Impl, Plan};
@@ -19,6 +20,8 @@ pub(super) fn run(binaries: &Binaries, backend: &Backend, port: u16) -> Result<u
         iters: MESSAGES,
         bw: false,
         oneway: true,
+        timeout_s: PEER_TIMEOUT_S,
+        path_args: &[],
     };
     let (mut server, mut client) = start_pair(
         binaries,
@@ -57,6 +60,8 @@ pub(super) fn run(binaries: &Binaries, backend: &Backend, port: u16) -> Result<u
         iters: 10,
         bw: false,
         oneway: false,
+        timeout_s: PEER_TIMEOUT_S,
+        path_args: &[],
     };
     pingpong(
         binaries,

@@ -1,6 +1,7 @@
 //! Cleanup: vrdma processes killed in the middle of traffic, round after round, leave nothing
 //! behind on the device or in the backend.
 
+use crate::scenarios::pingpong_peer::PEER_TIMEOUT_S;
 use std::time::{Duration, Instant};
 
 use super::pair::{start_pair, Impl, Plan};
@@ -25,6 +26,8 @@ pub(super) fn run(
         iters: 1_000_000,
         bw: false,
         oneway: false,
+        timeout_s: PEER_TIMEOUT_S,
+        path_args: &[],
     };
     let mut first = (0, 0);
     for round in 1..=rounds {

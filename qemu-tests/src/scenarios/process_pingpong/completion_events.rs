@@ -1,6 +1,7 @@
 //! Completion events instead of polling: every vrdma side of a pair waits by events
 //! (`--events`), and the rows and the server's summary must show the events came.
 
+use crate::scenarios::pingpong_peer::PEER_TIMEOUT_S;
 use std::time::Duration;
 
 use super::pair::{Impl, Plan};
@@ -31,6 +32,8 @@ pub(super) fn run(
             iters: settings.small_iters.min(100),
             bw: false,
             oneway: false,
+            timeout_s: PEER_TIMEOUT_S,
+            path_args: &[],
         },
         Plan {
             ops: "write,send",
@@ -38,6 +41,8 @@ pub(super) fn run(
             iters: settings.large_iters * 10,
             bw: true,
             oneway: false,
+            timeout_s: PEER_TIMEOUT_S,
+            path_args: &[],
         },
     ];
     let mut rows = Vec::new();

@@ -6,6 +6,7 @@ use crate::error::Result;
 use crate::scenarios::backend::Backend;
 use crate::scenarios::binaries::Binaries;
 use crate::scenarios::pingpong_peer::PingpongRow;
+use crate::scenarios::pingpong_peer::PEER_TIMEOUT_S;
 
 /// Runs the UD ping-pong on `port`; returns the vrdma client's rows.
 pub(super) fn run(
@@ -20,6 +21,8 @@ pub(super) fn run(
         iters: settings.small_iters,
         bw: false,
         oneway: false,
+        timeout_s: PEER_TIMEOUT_S,
+        path_args: &[],
     };
     pingpong(
         binaries,

@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::scenarios::backend::Backend;
 use crate::scenarios::binaries::Binaries;
 use crate::scenarios::pingpong_peer::PingpongRow;
+use crate::scenarios::pingpong_peer::PEER_TIMEOUT_S;
 
 const VERIFY_OPS: &str = "send,send_imm,write,write_imm,read";
 const SMALL_SIZES: &str = "1,64,4096";
@@ -42,6 +43,8 @@ pub(super) fn run(
             iters,
             bw: false,
             oneway: false,
+            timeout_s: PEER_TIMEOUT_S,
+            path_args: &[],
         };
         rows.extend(pingpong(
             binaries,
@@ -58,6 +61,8 @@ pub(super) fn run(
         iters: settings.large_iters * 10,
         bw: true,
         oneway: false,
+        timeout_s: PEER_TIMEOUT_S,
+        path_args: &[],
     };
     println!("== {label}: bandwidth");
     rows.extend(pingpong(

@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::inside::DEVICE;
-use crate::vm_link::LINK_NETDEV;
+use crate::vm_link::{Host, LINK_NETDEV};
 
 /// Puts `netem` (parameters of `tc qdisc … netem`) on the NIC's egress, or removes any fault.
 pub fn set_fault(netem: Option<&str>) -> Result<()> {
@@ -27,16 +28,77 @@ pub fn set_fault(netem: Option<&str>) -> Result<()> {
     }
 }
 
+/// Changes the parameters of the netem qdisc [`set_fault`] put on the NIC, in place: unlike
+/// replacing a qdisc, this never stops the NIC's queue, so traffic that runs meanwhile sees
+/// only the new fault (a qdisc swap under traffic made rxe fail a send locally).
+pub fn change_fault(netem: &str) -> Result<()> {
+    let mut args = vec!["qdisc", "change", "dev", LINK_NETDEV, "root", "netem"];
+    args.extend(netem.split_whitespace());
+    tc(&args)
+}
+
+/// Takes the NIC down or brings it back up. Taking it down flushes its neighbour entries (the
+/// addresses stay: the VM's init sets `keep_addr_on_down`), so bringing it up puts the
+/// peer's permanent entries back as the init did.
+pub fn set_link(up: bool, host: Host) -> Result<()> {
+    run(
+        "ip",
+        &["link", "set", LINK_NETDEV, if up { "up" } else { "down" }],
+    )?;
+    if up {
+        let peer = host.peer();
+        for address in [peer.address().to_string(), peer.mac_address()] {
+            run(
+                "ip",
+                &[
+                    "-6",
+                    "neigh",
+                    "replace",
+                    &address,
+                    "lladdr",
+                    peer.mac(),
+                    "dev",
+                    LINK_NETDEV,
+                    "nud",
+                    "permanent",
+                ],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Waits until rxe's port is ACTIVE (again).
+pub fn wait_port_active(timeout: Duration) -> Result<()> {
+    let path = format!("/sys/class/infiniband/{DEVICE}/ports/1/state");
+    let deadline = Instant::now() + timeout;
+    loop {
+        if std::fs::read_to_string(&path).is_ok_and(|state| state.contains("ACTIVE")) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Scenario(format!(
+                "{path} not ACTIVE after {timeout:?}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn tc(args: &[&str]) -> Result<()> {
-    let out = Command::new("tc")
+    run("tc", args)
+}
+
+fn run(program: &str, args: &[&str]) -> Result<()> {
+    let out = Command::new(program)
         .args(args)
         .output()
-        .map_err(|e| Error::Scenario(format!("running tc: {e}")))?;
+        .map_err(|e| Error::Scenario(format!("running {program}: {e}")))?;
     if out.status.success() {
         Ok(())
     } else {
         Err(Error::Scenario(format!(
-            "tc {}: {}",
+            "{program} {}: {}",
             args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         )))

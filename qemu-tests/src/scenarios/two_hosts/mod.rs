@@ -8,9 +8,11 @@
 //! the host side of the suite puts the two reports together and checks that both ends agree.
 
 pub mod link;
+pub mod link_failure;
 pub mod steps;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -19,7 +21,9 @@ use crate::error::{Error, Result};
 use crate::inside::{resource_counts, wait_for_counts, Proc, DEVICE};
 use crate::scenarios::backend::Backend;
 use crate::scenarios::binaries::Binaries;
-use crate::scenarios::pingpong_peer::{pingpong_command, read_report, PingpongRow, Plan};
+use crate::scenarios::pingpong_peer::{
+    pingpong_command, read_report, PingpongRow, Plan, PEER_TIMEOUT_S,
+};
 use crate::vm_link::Host;
 use link::{NicFrames, QdiscStats};
 use steps::{Step, VERIFY_OPS};
@@ -54,10 +58,18 @@ pub struct StepRecord {
 pub struct HostReport {
     pub host: Host,
     pub steps: Vec<StepRecord>,
+    /// The link failure under traffic and the reconnect, when it ran.
+    pub link_failure: Option<link_failure::LinkFailureRecord>,
 }
 
-/// Runs `host`'s half of every step, in order.
-pub fn run(host: Host, binaries: &Binaries, steps: &[Step]) -> Result<HostReport> {
+/// Runs `host`'s half of every step, in order, then, given the drop-in's directory (for
+/// `ibv_asyncwatch` over vrdma), the link failure.
+pub fn run(
+    host: Host,
+    binaries: &Binaries,
+    steps: &[Step],
+    link_failure_with: Option<&Path>,
+) -> Result<HostReport> {
     let idle = resource_counts(DEVICE)?;
     let backend = Backend::start(&binaries.backend, "vrdma-backend", &["--allow-ud"], "info")?;
     let mut records = Vec::new();
@@ -67,6 +79,20 @@ pub fn run(host: Host, binaries: &Binaries, steps: &[Step]) -> Result<HostReport
         records.push(run_step(host, binaries, &backend, step, port)?);
     }
     link::set_fault(None)?;
+    let link_failure = match link_failure_with {
+        Some(library_dir) => {
+            let port = FIRST_PORT + steps.len() as u16;
+            println!("== host {}: link failure (ports {port}..)", host.name());
+            Some(link_failure::run(
+                host,
+                binaries,
+                &backend,
+                library_dir,
+                port,
+            )?)
+        }
+        None => None,
+    };
     drop(backend);
     if let Err(last) = wait_for_counts(DEVICE, idle, Duration::from_secs(30)) {
         return Err(Error::Scenario(format!(
@@ -76,6 +102,7 @@ pub fn run(host: Host, binaries: &Binaries, steps: &[Step]) -> Result<HostReport
     Ok(HostReport {
         host,
         steps: records,
+        link_failure,
     })
 }
 
@@ -99,6 +126,8 @@ fn run_step(
         iters: step.iters,
         bw: false,
         oneway: false,
+        timeout_s: PEER_TIMEOUT_S,
+        path_args: &[],
     };
     // A server listens on its own address, a client connects to the peer's.
     let address = match role {
@@ -152,7 +181,7 @@ fn run_step(
 
 /// The server's "server: N steps of M iterations verified" (vrdma-pingpong and the native
 /// peer print the same line).
-fn server_verified(output: &str) -> Result<(u32, u32)> {
+pub(crate) fn server_verified(output: &str) -> Result<(u32, u32)> {
     output
         .lines()
         .find_map(|line| {
@@ -222,6 +251,23 @@ pub fn render(results: &Results) -> String {
             counter("duplicate_request"),
             counter("completer_retry_err"),
             a.seconds.max(b.seconds),
+        ));
+    }
+    if let (Some(a), Some(b)) = (&results.a.link_failure, &results.b.link_failure) {
+        out.push_str(&format!(
+            "link failure: host A's NIC down under traffic; vrdma client ended after {:.1} s: \
+             {:?}; native server on B: {:?}; async events over vrdma: {:?}; reconnected: {} \
+             verified rows (server: {:?}); wire cut: vrdma client ended after {:.1} s: {:?}; \
+             native server on B: {:?}\n",
+            a.seconds_to_error.unwrap_or(f64::NAN),
+            a.interrupted_error,
+            b.interrupted_error,
+            a.async_events,
+            a.reconnect_rows.len(),
+            b.reconnect_server_verified,
+            a.wire_cut_seconds_to_error.unwrap_or(f64::NAN),
+            a.wire_cut_error,
+            b.wire_cut_error,
         ));
     }
     out
