@@ -21,6 +21,10 @@ use crate::vm::{self, RunOutcome, VmConfig};
 /// The NIC's name inside each VM (the init script renames it so that scenarios need not guess).
 pub const LINK_NETDEV: &str = "link0";
 
+/// The NICs' MTU: jumbo frames, so that rxe's port offers an active MTU of 4096 and both
+/// path MTUs, 1024 and 4096, can be tested.
+pub const LINK_MTU: u32 = 9000;
+
 /// One of the two hosts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Host {
@@ -141,6 +145,7 @@ impl LinkEnd {
     done
     [ -n "$nic" ] || {{ echo "no NIC appeared"; return 1; }}
     ip link set "$nic" name {LINK_NETDEV} &&
+    ip link set {LINK_NETDEV} mtu {LINK_MTU} &&
     ip link set {LINK_NETDEV} up &&
     ip -6 addr add {address}/64 dev {LINK_NETDEV} nodad &&
     ip -6 neigh replace {peer} lladdr {peer_mac} dev {LINK_NETDEV} nud permanent &&

@@ -18,6 +18,7 @@ fn vrdma_crosses_a_real_link_to_native_and_vrdma_peers_every_byte_verified() {
         return;
     };
     check(&results, &steps::plan(false, None));
+    check_path_mtu(&results);
     check_link_failure(&results);
 }
 
@@ -117,6 +118,30 @@ fn check_link(step: &Step, a: &StepRecord, b: &StepRecord) {
             "{a:?} {b:?}"
         ),
         Some(other) => panic!("no check for {other}"),
+    }
+}
+
+/// The same exchanges at path MTU 4096 took fewer frames than at 1024: the QPs used the MTU
+/// the guest set (a 64 KiB message is 16 packets instead of 64).
+fn check_path_mtu(results: &Results) {
+    for (at_1024, at_4096) in [
+        (
+            "vrdma-a-over-native-b",
+            "vrdma-a-over-native-b, path MTU 4096",
+        ),
+        (
+            "vrdma-a-over-vrdma-b",
+            "vrdma-a-over-vrdma-b, path MTU 4096",
+        ),
+    ] {
+        for host in Host::BOTH {
+            let small = results.record(host, at_1024).unwrap().nic_frames.tx;
+            let large = results.record(host, at_4096).unwrap().nic_frames.tx;
+            assert!(
+                large * 2 < small,
+                "{host:?}: {at_4096}: {large} frames, {at_1024}: {small}"
+            );
+        }
     }
 }
 

@@ -127,7 +127,7 @@ fn run_step(
         bw: false,
         oneway: false,
         timeout_s: PEER_TIMEOUT_S,
-        path_args: &[],
+        path_args: step.path_args,
     };
     // A server listens on its own address, a client connects to the peer's.
     let address = match role {

@@ -17,6 +17,9 @@ pub struct Step {
     pub iters: u32,
     /// `tc netem` parameters applied to both NICs' egress for the step (`None`: a clean link).
     pub netem: Option<&'static str>,
+    /// RC path options of both peers (e.g. `--mtu 4096`); none: the tools' defaults (path MTU
+    /// 1024).
+    pub path_args: &'static [&'static str],
 }
 
 impl Step {
@@ -47,6 +50,7 @@ const fn clean(
         sizes: SIZES,
         iters,
         netem: None,
+        path_args: &[],
     }
 }
 
@@ -58,6 +62,7 @@ const fn faulty(label: &'static str, client: Impl, netem: &'static str, iters: u
         sizes: SIZES,
         iters,
         netem: Some(netem),
+        path_args: &[],
     }
 }
 
@@ -92,6 +97,24 @@ pub fn plan(faults: bool, only: Option<&str>) -> Vec<Step> {
             (Host::A, Impl::Vrdma),
             iters,
         ),
+        Step {
+            path_args: MTU_4096,
+            ..clean(
+                "vrdma-a-over-native-b, path MTU 4096",
+                (Host::B, Impl::Native),
+                (Host::A, Impl::Vrdma),
+                iters,
+            )
+        },
+        Step {
+            path_args: MTU_4096,
+            ..clean(
+                "vrdma-a-over-vrdma-b, path MTU 4096",
+                (Host::B, Impl::Vrdma),
+                (Host::A, Impl::Vrdma),
+                iters,
+            )
+        },
         faulty(
             "vrdma-a-over-native-b, 5 % duplication",
             Impl::Vrdma,
@@ -144,6 +167,10 @@ pub fn plan(faults: bool, only: Option<&str>) -> Vec<Step> {
         .filter(|step| only.is_none_or(|only| step.label.contains(only)))
         .collect()
 }
+
+/// The path options of the path-MTU-4096 steps (the NICs' MTU allows it: see
+/// [`crate::vm_link::LINK_MTU`]).
+pub const MTU_4096: &[&str] = &["--mtu", "4096"];
 
 /// `tc netem` parameters of the faults.
 pub const DUPLICATION: &str = "duplicate 5%";
