@@ -3,7 +3,7 @@
 
 mod common;
 
-use vrdma_qemu_tests::scenarios::two_hosts::link_failure::RECONNECT_ROWS;
+use vrdma_qemu_tests::scenarios::two_hosts::interruption::RECONNECT_ROWS;
 use vrdma_qemu_tests::scenarios::two_hosts::steps::{
     self, Step, DUPLICATION, LOSS_1, LOSS_5, REORDERING,
 };
@@ -20,6 +20,7 @@ fn vrdma_crosses_a_real_link_to_native_and_vrdma_peers_every_byte_verified() {
     check(&results, &steps::plan(false, None));
     check_path_mtu(&results);
     check_link_failure(&results);
+    check_backend_restart(&results);
 }
 
 /// The named suite with loss and reordering (`vrdma-vm test two-hosts-faults`): the VM
@@ -192,4 +193,38 @@ fn check_link_failure(results: &Results) {
     assert!(a.wire_cut_error.contains("RetryExcErr"), "{a:?}");
     assert!(a.wire_cut_seconds_to_error.is_some(), "{a:?}");
     assert!(b.wire_cut_error.contains("error"), "{b:?}");
+}
+
+/// Host A's backend was SIGKILLed under traffic and started again on the same socket.
+fn check_backend_restart(results: &Results) {
+    let a = results
+        .a
+        .backend_restart
+        .as_ref()
+        .expect("host A ran the backend restart");
+    let b = results
+        .b
+        .backend_restart
+        .as_ref()
+        .expect("host B ran the backend restart");
+    // Both ends of the interrupted stream ended with an error, none hung; the unmodified
+    // ibv_asyncwatch over the drop-in got IBV_EVENT_DEVICE_FATAL.
+    assert!(a.interrupted_error.contains("error"), "{a:?}");
+    assert!(b.interrupted_error.contains("error"), "{b:?}");
+    assert!(
+        a.async_events
+            .iter()
+            .any(|e| e.contains("IBV_EVENT_DEVICE_FATAL")),
+        "{a:?}"
+    );
+    // The kernel released every host object (the run fails otherwise; the time is recorded).
+    assert!(a.seconds_to_release.is_some(), "{a:?}");
+    // The new backend served a new client: a verified ping-pong with host B.
+    assert_eq!(a.reconnect_rows.len(), RECONNECT_ROWS, "{a:?}");
+    let iters = a.reconnect_rows[0].iters;
+    assert_eq!(
+        b.reconnect_server_verified,
+        Some((RECONNECT_ROWS as u32, iters)),
+        "{b:?}"
+    );
 }

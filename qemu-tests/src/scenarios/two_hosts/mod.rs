@@ -7,6 +7,8 @@
 //! reordering or duplication on both NICs' egress ([`link`]). Each host reports what it saw;
 //! the host side of the suite puts the two reports together and checks that both ends agree.
 
+pub mod backend_restart;
+pub mod interruption;
 pub mod link;
 pub mod link_failure;
 pub mod steps;
@@ -60,15 +62,17 @@ pub struct HostReport {
     pub steps: Vec<StepRecord>,
     /// The link failure under traffic and the reconnect, when it ran.
     pub link_failure: Option<link_failure::LinkFailureRecord>,
+    /// Host A's backend killed under traffic and started again, when it ran.
+    pub backend_restart: Option<backend_restart::BackendRestartRecord>,
 }
 
 /// Runs `host`'s half of every step, in order, then, given the drop-in's directory (for
-/// `ibv_asyncwatch` over vrdma), the link failure.
+/// `ibv_asyncwatch` over vrdma), the failures: the link, then host A's backend.
 pub fn run(
     host: Host,
     binaries: &Binaries,
     steps: &[Step],
-    link_failure_with: Option<&Path>,
+    failures_with: Option<&Path>,
 ) -> Result<HostReport> {
     let idle = resource_counts(DEVICE)?;
     let backend = Backend::start(&binaries.backend, "vrdma-backend", &["--allow-ud"], "info")?;
@@ -79,20 +83,25 @@ pub fn run(
         records.push(run_step(host, binaries, &backend, step, port)?);
     }
     link::set_fault(None)?;
-    let link_failure = match link_failure_with {
-        Some(library_dir) => {
-            let port = FIRST_PORT + steps.len() as u16;
-            println!("== host {}: link failure (ports {port}..)", host.name());
-            Some(link_failure::run(
-                host,
-                binaries,
-                &backend,
-                library_dir,
-                port,
-            )?)
-        }
-        None => None,
-    };
+    let (mut link_failure, mut backend_restart) = (None, None);
+    let mut backend = backend;
+    if let Some(library_dir) = failures_with {
+        let port = FIRST_PORT + steps.len() as u16;
+        println!("== host {}: link failure (ports {port}..)", host.name());
+        link_failure = Some(link_failure::run(
+            host,
+            binaries,
+            &backend,
+            library_dir,
+            port,
+        )?);
+        let port = port + link_failure::PORTS;
+        println!("== host {}: backend restart (ports {port}..)", host.name());
+        let (restarted, record) =
+            backend_restart::run(host, binaries, backend, library_dir, port, idle)?;
+        backend = restarted;
+        backend_restart = Some(record);
+    }
     drop(backend);
     if let Err(last) = wait_for_counts(DEVICE, idle, Duration::from_secs(30)) {
         return Err(Error::Scenario(format!(
@@ -103,6 +112,7 @@ pub fn run(
         host,
         steps: records,
         link_failure,
+        backend_restart,
     })
 }
 
@@ -268,6 +278,21 @@ pub fn render(results: &Results) -> String {
             a.wire_cut_seconds_to_error.unwrap_or(f64::NAN),
             a.wire_cut_error,
             b.wire_cut_error,
+        ));
+    }
+    if let (Some(a), Some(b)) = (&results.a.backend_restart, &results.b.backend_restart) {
+        out.push_str(&format!(
+            "backend restart: host A's vrdma-backend SIGKILLed under traffic; vrdma client \
+             ended after {:.1} s: {:?}; native server on B: {:?}; async events over vrdma: \
+             {:?}; rxe back to its idle counts {:.1} s after the kill; new backend: {} verified \
+             rows (server: {:?})\n",
+            a.seconds_to_error.unwrap_or(f64::NAN),
+            a.interrupted_error,
+            b.interrupted_error,
+            a.async_events,
+            a.seconds_to_release.unwrap_or(f64::NAN),
+            a.reconnect_rows.len(),
+            b.reconnect_server_verified,
         ));
     }
     out
