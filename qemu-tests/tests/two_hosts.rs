@@ -10,8 +10,6 @@ use vrdma_qemu_tests::scenarios::two_hosts::steps::{
 use vrdma_qemu_tests::scenarios::two_hosts::{Results, StepRecord};
 use vrdma_qemu_tests::vm_link::Host;
 
-const OPS: [&str; 5] = ["send", "send_imm", "write", "write_imm", "read"];
-
 #[test]
 fn vrdma_crosses_a_real_link_to_native_and_vrdma_peers_every_byte_verified() {
     let Some(results) = common::vrdma_vm_json::<Results>(&["test", "two-hosts"]) else {
@@ -60,14 +58,15 @@ fn check(results: &Results, plan: &[Step]) {
 /// ends counted the same messages: nothing lost, nothing duplicated to the application.
 fn check_counts(step: &Step, client: &StepRecord, server: &StepRecord) {
     let sizes: Vec<u32> = step.sizes.split(',').map(|s| s.parse().unwrap()).collect();
-    let expected_rows = OPS.len() * sizes.len();
+    let ops: Vec<&str> = step.ops.split(',').collect();
+    let expected_rows = ops.len() * sizes.len();
     assert_eq!(
         client.rows.len(),
         expected_rows,
         "{}: {client:?}",
         step.label
     );
-    for op in OPS {
+    for &op in &ops {
         for &size in &sizes {
             let row = client
                 .rows
@@ -89,7 +88,8 @@ fn check_counts(step: &Step, client: &StepRecord, server: &StepRecord) {
 /// The traffic crossed the link (both NICs sent and received at least one frame per message),
 /// and the fault of the step happened to it.
 fn check_link(step: &Step, a: &StepRecord, b: &StepRecord) {
-    let messages = u64::from(step.iters) * (OPS.len() * step.sizes.split(',').count()) as u64;
+    let rows = step.ops.split(',').count() * step.sizes.split(',').count();
+    let messages = u64::from(step.iters) * rows as u64;
     for record in [a, b] {
         assert!(
             record.nic_frames.tx >= messages && record.nic_frames.rx >= messages,

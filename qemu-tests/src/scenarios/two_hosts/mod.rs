@@ -28,7 +28,7 @@ use crate::scenarios::pingpong_peer::{
 };
 use crate::vm_link::Host;
 use link::{NicFrames, QdiscStats};
-use steps::{Step, VERIFY_OPS};
+use steps::Step;
 
 /// First TCP port of the steps' out-of-band exchanges (one port per step).
 const FIRST_PORT: u16 = 18700;
@@ -131,7 +131,7 @@ fn run_step(
     let frames_before = NicFrames::read()?;
     let started = Instant::now();
     let plan = Plan {
-        ops: VERIFY_OPS,
+        ops: step.ops,
         sizes: step.sizes,
         iters: step.iters,
         bw: false,

@@ -13,6 +13,7 @@ pub struct Step {
     pub label: &'static str,
     pub server: (Host, Impl),
     pub client: (Host, Impl),
+    pub ops: &'static str,
     pub sizes: &'static str,
     pub iters: u32,
     /// `tc netem` parameters applied to both NICs' egress for the step (`None`: a clean link).
@@ -47,6 +48,7 @@ const fn clean(
         label,
         server,
         client,
+        ops: VERIFY_OPS,
         sizes: SIZES,
         iters,
         netem: None,
@@ -59,6 +61,7 @@ const fn faulty(label: &'static str, client: Impl, netem: &'static str, iters: u
         label,
         server: (Host::B, Impl::Native),
         client: (Host::A, client),
+        ops: VERIFY_OPS,
         sizes: SIZES,
         iters,
         netem: Some(netem),
@@ -115,6 +118,21 @@ pub fn plan(faults: bool, only: Option<&str>) -> Vec<Step> {
                 iters,
             )
         },
+        ud(
+            "vrdma-a-over-native-b, UD",
+            (Host::B, Impl::Native),
+            (Host::A, Impl::Vrdma),
+        ),
+        ud(
+            "native-b-over-vrdma-a, UD",
+            (Host::A, Impl::Vrdma),
+            (Host::B, Impl::Native),
+        ),
+        ud(
+            "vrdma-a-over-vrdma-b, UD",
+            (Host::B, Impl::Vrdma),
+            (Host::A, Impl::Vrdma),
+        ),
         faulty(
             "vrdma-a-over-native-b, 5 % duplication",
             Impl::Vrdma,
@@ -166,6 +184,16 @@ pub fn plan(faults: bool, only: Option<&str>) -> Vec<Step> {
         .into_iter()
         .filter(|step| only.is_none_or(|only| step.label.contains(only)))
         .collect()
+}
+
+/// A UD exchange: sends up to what one packet of the path MTU carries, through address
+/// handles whose destination MAC the host resolved for the link.
+fn ud(label: &'static str, server: (Host, Impl), client: (Host, Impl)) -> Step {
+    Step {
+        ops: "ud_send",
+        sizes: "1,64,512",
+        ..clean(label, server, client, 20)
+    }
 }
 
 /// The path options of the path-MTU-4096 steps (the NICs' MTU allows it: see
