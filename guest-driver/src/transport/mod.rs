@@ -240,6 +240,14 @@ pub trait Transport: Send + Sync {
     /// Notifies the doorbell queue (no buffer): the device then looks at the doorbells.
     fn notify_doorbell(&self) -> Result<(), TransportError>;
 
+    /// Whether the device is still there, without waiting: [`TransportError::Disconnected`]
+    /// once it went away. The data path never calls into the transport, so a program that
+    /// only polls its CQs would otherwise see them stay empty for ever. The default, for a
+    /// transport that cannot tell cheaply, says it is.
+    fn check_alive(&self) -> Result<(), TransportError> {
+        Ok(())
+    }
+
     /// Copies the next event from the event queue into `out` and gives its buffer back to the
     /// device. Waits up to `timeout` (`None`: forever) for one; `Ok(None)` if none came.
     /// Returns the event's length (bytes beyond `out.len()` are cut).

@@ -319,6 +319,15 @@ impl Context {
         Ok(self.inner.transport().dma().alloc(len, align)?)
     }
 
+    /// Fails if the device went away (the backend died, in process mode), without waiting:
+    /// for programs that poll their CQs, which then simply stay empty. Event waits
+    /// ([`next_event`](Self::next_event), [`Cq::wait_event`](super::Cq::wait_event)) fail
+    /// by themselves. The PCI transport cannot tell cheaply and always says the device is
+    /// there.
+    pub fn check_alive(&self) -> Result<()> {
+        Ok(self.inner.transport().check_alive()?)
+    }
+
     /// Waits up to `timeout` (`None`: forever) for the next device event; `Ok(None)` if none
     /// came. Completion events taken here are not seen by [`Cq::wait_event`](super::Cq::wait_event).
     pub fn next_event(&self, timeout: Option<Duration>) -> Result<Option<DeviceEvent>> {

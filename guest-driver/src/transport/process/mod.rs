@@ -271,6 +271,21 @@ impl Transport for ProcessTransport {
         self.doorbell.notify()
     }
 
+    fn check_alive(&self) -> Result<(), TransportError> {
+        // The event wake-up epoll watches the vhost-user socket, which turns readable only
+        // when the backend closes it; level-triggered, so this reads nothing away from
+        // `next_event`'s waits.
+        let mut ready = [EpollEvent::default(); 2];
+        let count = self
+            .event_wakeup
+            .wait(0, &mut ready)
+            .map_err(TransportError::io("epoll_wait"))?;
+        if ready[..count].iter().any(|e| e.data() == DISCONNECT_TOKEN) {
+            return Err(TransportError::Disconnected);
+        }
+        Ok(())
+    }
+
     fn next_event(
         &self,
         out: &mut [u8],

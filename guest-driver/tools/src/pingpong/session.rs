@@ -215,9 +215,12 @@ impl<'c> Session<'c> {
             Queue::Recv => (&self.ep.recv_cq, "receive"),
         };
         let channel = &mut *self.channel;
+        let ctx = &self.ep.ctx;
+        // Between polls: has the peer given up, or has this side's device gone away?
         self.waiter
             .next(cq, queue.index(), out, self.timeout, || {
-                channel.check_peer()
+                channel.check_peer()?;
+                ctx.check_alive().map_err(WaitError::Device)
             })
             .map_err(|e| match e {
                 WaitError::Timeout(after) => RunError::Timeout(what, after),

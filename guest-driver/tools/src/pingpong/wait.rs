@@ -88,6 +88,9 @@ pub enum WaitError {
     Event(#[source] VerbsError),
     #[error(transparent)]
     Peer(#[from] OobError),
+    /// The device went away (its CQs will stay empty).
+    #[error("the device failed: {0}")]
+    Device(#[source] VerbsError),
 }
 
 /// Waits for completions on a fixed set of CQs, each known by its index (`0..QUEUES`).
@@ -119,7 +122,7 @@ impl<const QUEUES: usize> Waiter<QUEUES> {
     }
 
     /// Waits up to `timeout` for at least one completion on `cq` (index `queue`), moves up
-    /// to `out.len()` of them into `out` and returns how many. `check_peer` is called
+    /// to `out.len()` of them into `out` and returns how many. `check` (is the peer, is the device still there?) is called
     /// regularly while nothing arrives; its error ends the wait.
     pub fn next(
         &mut self,
@@ -127,7 +130,7 @@ impl<const QUEUES: usize> Waiter<QUEUES> {
         queue: usize,
         out: &mut [WorkCompletion],
         timeout: Duration,
-        mut check_peer: impl FnMut() -> Result<(), OobError>,
+        mut check: impl FnMut() -> Result<(), WaitError>,
     ) -> Result<usize, WaitError> {
         let deadline = Instant::now() + timeout;
         let mut spins: u32 = 0;
@@ -144,7 +147,7 @@ impl<const QUEUES: usize> Waiter<QUEUES> {
                         if Instant::now() > deadline {
                             return Err(WaitError::Timeout(timeout));
                         }
-                        check_peer()?;
+                        check()?;
                     }
                 }
                 Completion::Events => {
@@ -159,7 +162,7 @@ impl<const QUEUES: usize> Waiter<QUEUES> {
                         // Poll once more before sleeping: see the module documentation.
                         continue;
                     }
-                    self.sleep(cq, queue, deadline, timeout, &mut check_peer)?;
+                    self.sleep(cq, queue, deadline, timeout, &mut check)?;
                     woken = true;
                 }
             }
@@ -173,7 +176,7 @@ impl<const QUEUES: usize> Waiter<QUEUES> {
         queue: usize,
         deadline: Instant,
         timeout: Duration,
-        check_peer: &mut impl FnMut() -> Result<(), OobError>,
+        check: &mut impl FnMut() -> Result<(), WaitError>,
     ) -> Result<(), WaitError> {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -188,7 +191,7 @@ impl<const QUEUES: usize> Waiter<QUEUES> {
                 self.counts.completion_events += 1;
                 return Ok(());
             }
-            check_peer()?;
+            check()?;
         }
     }
 }
