@@ -84,19 +84,7 @@ pub(super) fn interrupted_client(
     long: &Plan<'_>,
     fail: impl FnOnce() -> Result<()>,
 ) -> Result<(String, f64)> {
-    let peer = Host::B.scoped_address();
-    let mut client = Proc::spawn(
-        &format!("two-hosts-interrupted-client-{port}"),
-        &mut pingpong_command(
-            binaries,
-            backend,
-            Impl::Vrdma,
-            "client",
-            port,
-            long,
-            Some(&peer),
-        ),
-    )?;
+    let mut client = vrdma_client_a(binaries, backend, port, long, "interrupted", None)?;
     client.wait_for_output("RUNNING", Duration::from_secs(u64::from(PEER_TIMEOUT_S)))?;
     fail()?;
     let failed = Instant::now();
@@ -115,19 +103,7 @@ pub(super) fn interrupted_server(
     port: u16,
     long: &Plan<'_>,
 ) -> Result<String> {
-    let own = Host::B.scoped_address();
-    let mut server = Proc::spawn(
-        &format!("two-hosts-interrupted-server-{port}"),
-        &mut pingpong_command(
-            binaries,
-            backend,
-            Impl::Native,
-            "server",
-            port,
-            long,
-            Some(&own),
-        ),
-    )?;
+    let mut server = native_server_b(binaries, backend, port, long, "interrupted")?;
     if wait_exit(&mut server, 2 * INTERRUPTED_TIMEOUT_S + PEER_TIMEOUT_S)? {
         return Err(server.failure("finished although its peer became unreachable"));
     }
@@ -152,42 +128,65 @@ pub(super) fn exchange(
         Host::A => {
             let json = std::env::temp_dir().join(format!("two-hosts-{what}.json"));
             let _ = std::fs::remove_file(&json);
-            let peer = Host::B.scoped_address();
-            let mut client = Proc::spawn(
-                &format!("two-hosts-{what}-client"),
-                pingpong_command(
-                    binaries,
-                    backend,
-                    Impl::Vrdma,
-                    "client",
-                    port,
-                    plan,
-                    Some(&peer),
-                )
-                .arg("--json")
-                .arg(&json),
-            )?;
+            let mut client = vrdma_client_a(binaries, backend, port, plan, what, Some(&json))?;
             client.wait_success(Duration::from_secs(600))?;
             Ok((read_report(&json)?, None))
         }
         Host::B => {
-            let own = Host::B.scoped_address();
-            let mut server = Proc::spawn(
-                &format!("two-hosts-{what}-server"),
-                &mut pingpong_command(
-                    binaries,
-                    backend,
-                    Impl::Native,
-                    "server",
-                    port,
-                    plan,
-                    Some(&own),
-                ),
-            )?;
+            let mut server = native_server_b(binaries, backend, port, plan, what)?;
             server.wait_success(Duration::from_secs(600))?;
             Ok((Vec::new(), Some(server_verified(&server.output())?)))
         }
     }
+}
+
+/// Host A: a vrdma client of `plan` on `port` towards host B, named after `what`, with its
+/// report going to `json`.
+fn vrdma_client_a(
+    binaries: &Binaries,
+    backend: &Backend,
+    port: u16,
+    plan: &Plan<'_>,
+    what: &str,
+    json: Option<&Path>,
+) -> Result<Proc> {
+    let peer = Host::B.scoped_address();
+    let mut cmd = pingpong_command(
+        binaries,
+        backend,
+        Impl::Vrdma,
+        "client",
+        port,
+        plan,
+        Some(&peer),
+    );
+    if let Some(json) = json {
+        cmd.arg("--json").arg(json);
+    }
+    Proc::spawn(&format!("two-hosts-{what}-client-{port}"), &mut cmd)
+}
+
+/// Host B: a native server of `plan` on `port`, named after `what`.
+fn native_server_b(
+    binaries: &Binaries,
+    backend: &Backend,
+    port: u16,
+    plan: &Plan<'_>,
+    what: &str,
+) -> Result<Proc> {
+    let own = Host::B.scoped_address();
+    Proc::spawn(
+        &format!("two-hosts-{what}-server-{port}"),
+        &mut pingpong_command(
+            binaries,
+            backend,
+            Impl::Native,
+            "server",
+            port,
+            plan,
+            Some(&own),
+        ),
+    )
 }
 
 /// Waits for `proc` to exit within `timeout_s` seconds plus a margin for its own clean-up;
