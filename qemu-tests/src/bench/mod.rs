@@ -10,7 +10,9 @@
 //! * [`cm_setup`]: connection setup through rdma_cm (Debian's `cmtime`), both sides native
 //!   and both over vrdma's drop-in `librdmacm.so.1`;
 //! * [`scale`]: the cost of one send (WQE and doorbell) with 1 to 1024 QPs in a guest and with
-//!   8 guests on one backend.
+//!   8 guests on one backend;
+//! * [`goodput`] (not in `--quick`): a stream across the two-host link, clean and under 1 %
+//!   loss, natively and over vrdma (two more VMs, booted after the first).
 //!
 //! On the host, [`run_on_host`] builds the native program, prepares the drop-in's directory and
 //! boots the VM once through the caller's suite runner, which runs `vrdma-vm guest bench`
@@ -20,6 +22,7 @@
 pub mod cm_setup;
 pub mod control;
 pub mod ctlbench;
+pub mod goodput;
 pub mod machine;
 pub mod matrix;
 pub mod report;
@@ -148,6 +151,13 @@ pub struct Results {
     pub control: Vec<control::ControlRow>,
     pub cm_setup: Vec<cm_setup::CmSetupRow>,
     pub scale: Vec<scale::ScaleRow>,
+    /// Goodput across the two-host link (empty in `--quick`).
+    #[serde(default)]
+    pub goodput: Vec<goodput::GoodputRow>,
+    /// Why the goodput rows are missing when their run failed: the VMs' own rxe can crash
+    /// under load across the link (see the README); the other rows stand.
+    #[serde(default)]
+    pub goodput_error: Option<String>,
     /// Seconds the measurements took inside the VM.
     pub bench_s: f64,
     /// Seconds of the whole VM run (boot included).
@@ -191,6 +201,8 @@ pub fn run_on_host(
         control: guest.control,
         cm_setup: guest.cm_setup,
         scale: guest.scale,
+        goodput: Vec::new(),
+        goodput_error: None,
         bench_s: guest.elapsed_s,
         vm_s: outcome.elapsed.as_secs_f64(),
     })

@@ -25,6 +25,19 @@ pub fn render(results: &Results) -> String {
         &results.cm_setup,
         &results.scale,
     );
+    if !results.goodput.is_empty() {
+        out.push_str(
+            "\ngoodput across the two-host link: 4000 RDMA WRITEs of 4 KiB streamed from host A \
+             to a native peer on host B (window 16), tc netem on both NICs:\n",
+        );
+        out.push_str(&super::goodput::table(&results.goodput));
+    }
+    if let Some(error) = &results.goodput_error {
+        let first = error.lines().next().unwrap_or_default();
+        out.push_str(&format!(
+            "\ngoodput across the two-host link: not measured, the run failed: {first}\n"
+        ));
+    }
     out
 }
 

@@ -128,6 +128,9 @@ enum Suite {
     TwoHosts,
     /// two-hosts, then 1 % and 5 % loss and reordering too, each next to a native baseline.
     TwoHostsFaults,
+    /// Only the goodput streams of `vrdma-vm bench` across the two-host link (clean and 1 %
+    /// loss, native and vrdma).
+    TwoHostsGoodput,
 }
 
 #[derive(Subcommand)]
@@ -229,9 +232,9 @@ enum GuestCmd {
         /// Directory with the drop-in as libibverbs.so.1.
         #[arg(long)]
         library_dir: PathBuf,
-        /// Loss and reordering steps too.
-        #[arg(long)]
-        faults: bool,
+        /// Which steps to run.
+        #[arg(long, value_enum, default_value = "short")]
+        mode: two_hosts::Mode,
     },
 }
 
@@ -275,8 +278,9 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
                 Suite::VerbsUtils => verbs_utils::test(&vm, json)?,
                 Suite::RdmacmUtils => rdmacm_utils::test(&vm, json)?,
                 Suite::Tenants => tenants::test(&vm, json)?,
-                Suite::TwoHosts => two_hosts::test(&vm, json, false)?,
-                Suite::TwoHostsFaults => two_hosts::test(&vm, json, true)?,
+                Suite::TwoHosts => two_hosts::test(&vm, json, two_hosts::Mode::Short)?,
+                Suite::TwoHostsFaults => two_hosts::test(&vm, json, two_hosts::Mode::Faults)?,
+                Suite::TwoHostsGoodput => two_hosts::test(&vm, json, two_hosts::Mode::Goodput)?,
             }
         }
         Cmd::Bench {
@@ -309,8 +313,8 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
                 host,
                 native,
                 library_dir,
-                faults,
-            } => two_hosts::guest(&host, &native, &library_dir, faults)?,
+                mode,
+            } => two_hosts::guest(&host, &native, &library_dir, mode)?,
             GuestCmd::QtestPingpong { native, iters, qps } => {
                 qtest_pingpong::guest(native, iters, qps)?
             }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use super::guest_suite::{deliver_results, run_guest_suite};
 use super::host::{dropin_library, prepared_root};
+use super::two_hosts;
 use super::vm_args::VmArgs;
 use crate::bench;
 use crate::error::Result;
@@ -15,9 +16,19 @@ pub fn run(vm_args: &VmArgs, settings: &bench::Settings, json: Option<PathBuf>) 
     config.echo = true;
     let (_, library) = dropin_library()?;
     // The guest's part is not copied to `json`: `write_json` adds the machine information.
-    let results = bench::run_on_host(settings, &config, &library, |args| {
+    let mut results = bench::run_on_host(settings, &config, &library, |args| {
         run_guest_suite(&root, &config, bench::SUITE, args, None)
     })?;
+    if !settings.quick {
+        let pair = two_hosts::host_config(&config);
+        match two_hosts::run_hosts(&root, &pair, two_hosts::Mode::Goodput) {
+            Ok(hosts) => results.goodput = bench::goodput::rows(&hosts),
+            Err(e) => {
+                log::warn!("the goodput run across the two-host link failed: {e}");
+                results.goodput_error = Some(e.to_string());
+            }
+        }
+    }
     print!("{}", bench::report::render(&results));
     if let Some(path) = json {
         bench::write_json(&results, &path)?;

@@ -8,59 +8,42 @@ use super::host::{dropin_library, prepared_root, target_dir};
 use super::vm_args::VmArgs;
 use crate::error::{Error, Result};
 use crate::native;
+use crate::rootfs::PreparedRoot;
 use crate::scenarios::binaries::Binaries;
 use crate::scenarios::perftest_over_vrdma;
 use crate::scenarios::two_hosts::{self, steps, HostReport, Results};
-use crate::vm::RunOutcome;
+use crate::vm::{RunOutcome, VmConfig};
 use crate::vm_link::{self, Host};
 
 /// Memory of each host VM: two run at once.
 const HOST_MEMORY_MIB: u32 = 2048;
 
-/// `vrdma-vm test two-hosts`.
-///
-/// With `faults`, the `two-hosts-faults` suite: loss and reordering steps too.
-pub fn test(vm_args: &VmArgs, json: Option<PathBuf>, faults: bool) -> Result<()> {
+/// Which steps the hosts run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// The matrix, the link failure and the backend restart (`two-hosts`).
+    Short,
+    /// Loss and reordering too (`two-hosts-faults`).
+    Faults,
+    /// The goodput streams of `vrdma-vm bench`.
+    Goodput,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Short => "short",
+            Mode::Faults => "faults",
+            Mode::Goodput => "goodput",
+        }
+    }
+}
+
+/// `vrdma-vm test two-hosts`, or `two-hosts-faults` with [`Mode::Faults`].
+pub fn test(vm_args: &VmArgs, json: Option<PathBuf>, mode: Mode) -> Result<()> {
     let root = prepared_root()?;
-    let target = target_dir()?;
-    let native_peer = native::build(&target)?;
-    let (_, library) = dropin_library()?;
-    let library_dir = perftest_over_vrdma::prepare_library_dir(&target, &library)?;
-    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
-    let mut config = vm_args.config(&root)?;
-    // The two VMs share this machine's CPUs.
-    config.cpus = config.cpus.div_ceil(2).max(1);
-    config.memory_mib = config.memory_mib.min(HOST_MEMORY_MIB);
-    let run = |host: Host| {
-        let mut command = vec![
-            exe.to_string_lossy().into_owned(),
-            "guest".into(),
-            "two-hosts".into(),
-            "--host".into(),
-            host.name().into(),
-            "--native".into(),
-            native_peer.to_string_lossy().into_owned(),
-            "--library-dir".into(),
-            library_dir.to_string_lossy().into_owned(),
-        ];
-        if faults {
-            command.push("--faults".into());
-        }
-        (config.clone(), command)
-    };
-    let [a, b] = vm_link::run_linked(&root, [run(Host::A), run(Host::B)])?;
-    let (a, b) = match (host_report(Host::A, a), host_report(Host::B, b)) {
-        (Ok(a), Ok(b)) => (a, b),
-        (a, b) => {
-            let failures: Vec<String> = [a.err(), b.err()]
-                .into_iter()
-                .flatten()
-                .map(|e| e.to_string())
-                .collect();
-            return Err(Error::Scenario(failures.join("\n")));
-        }
-    };
-    let results = Results { a, b };
+    let config = host_config(&vm_args.config(&root)?);
+    let results = run_hosts(&root, &config, mode)?;
     if let Some(path) = json {
         let data =
             serde_json::to_vec_pretty(&results).map_err(|e| Error::Scenario(e.to_string()))?;
@@ -72,7 +55,60 @@ pub fn test(vm_args: &VmArgs, json: Option<PathBuf>, faults: bool) -> Result<()>
         config.accel, config.cpus
     );
     print!("{}", two_hosts::render(&results));
+    if mode == Mode::Goodput {
+        print!(
+            "\n{}",
+            crate::bench::goodput::table(&crate::bench::goodput::rows(&results))
+        );
+    }
     Ok(())
+}
+
+/// The configuration of each host's VM, from that of one VM: the two share this machine's
+/// CPUs, and need less memory.
+pub fn host_config(one_vm: &VmConfig) -> VmConfig {
+    let mut config = one_vm.clone();
+    config.cpus = config.cpus.div_ceil(2).max(1);
+    config.memory_mib = config.memory_mib.min(HOST_MEMORY_MIB);
+    config
+}
+
+/// Boots hosts A and B with `config` (each), runs `mode`'s steps on both and returns their
+/// reports.
+pub fn run_hosts(root: &PreparedRoot, config: &VmConfig, mode: Mode) -> Result<Results> {
+    let target = target_dir()?;
+    let native_peer = native::build(&target)?;
+    let (_, library) = dropin_library()?;
+    let library_dir = perftest_over_vrdma::prepare_library_dir(&target, &library)?;
+    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("current_exe: {e}")))?;
+    let run = |host: Host| {
+        let command = vec![
+            exe.to_string_lossy().into_owned(),
+            "guest".into(),
+            "two-hosts".into(),
+            "--host".into(),
+            host.name().into(),
+            "--native".into(),
+            native_peer.to_string_lossy().into_owned(),
+            "--library-dir".into(),
+            library_dir.to_string_lossy().into_owned(),
+            "--mode".into(),
+            mode.name().into(),
+        ];
+        (config.clone(), command)
+    };
+    let [a, b] = vm_link::run_linked(root, [run(Host::A), run(Host::B)])?;
+    match (host_report(Host::A, a), host_report(Host::B, b)) {
+        (Ok(a), Ok(b)) => Ok(Results { a, b }),
+        (a, b) => {
+            let failures: Vec<String> = [a.err(), b.err()]
+                .into_iter()
+                .flatten()
+                .map(|e| e.to_string())
+                .collect();
+            Err(Error::Scenario(failures.join("\n")))
+        }
+    }
 }
 
 /// The report a host's VM left, or why there is none.
@@ -101,16 +137,21 @@ fn result_file(host: Host) -> String {
 }
 
 /// `vrdma-vm guest two-hosts`: this host's half.
-pub fn guest(host: &str, native: &Path, library_dir: &Path, faults: bool) -> Result<()> {
+pub fn guest(host: &str, native: &Path, library_dir: &Path, mode: Mode) -> Result<()> {
     let host = Host::parse(host).ok_or_else(|| Error::Usage(format!("--host {host}: a or b")))?;
     let binaries = Binaries::beside_current_exe(native.to_path_buf())?;
     let only = std::env::var("VRDMA_TWO_HOSTS_ONLY").ok();
-    let steps = steps::plan(faults, only.as_deref());
+    let steps = match mode {
+        Mode::Short => steps::plan(false, only.as_deref()),
+        Mode::Faults => steps::plan(true, only.as_deref()),
+        Mode::Goodput => steps::goodput(),
+    };
     // VRDMA_TWO_HOSTS_ONLY="link failure" runs only the link failure.
-    let link_failure = only
-        .as_deref()
-        .is_none_or(|only| "link failure".contains(only))
-        .then_some(library_dir);
+    let link_failure = (mode != Mode::Goodput
+        && only
+            .as_deref()
+            .is_none_or(|only| "link failure".contains(only)))
+    .then_some(library_dir);
     let report = two_hosts::run(host, &binaries, &steps, link_failure)?;
     deliver_results(&result_file(host), &report, || format!("{report:#?}\n"))
 }

@@ -84,8 +84,9 @@ pub struct Plan<'a> {
     /// How long either peer waits for the other (connecting, accepting, each completion), in
     /// seconds; [`PEER_TIMEOUT_S`] unless a step expects its peer to vanish.
     pub timeout_s: u32,
-    /// RC path options both tools take (`--mtu`, `--qp-timeout`, `--retry-cnt`), as arguments.
-    pub path_args: &'a [&'a str],
+    /// More options both tools take: RC path attributes (`--mtu`, `--qp-timeout`,
+    /// `--retry-cnt`), the stream's `--window`.
+    pub tool_args: &'a [&'a str],
 }
 
 /// The command line of a `which` peer in `role` (server or client) on `port` with `plan`; a
@@ -116,7 +117,7 @@ pub fn pingpong_command(
         .args(["--sizes", plan.sizes])
         .args(["--iters", &plan.iters.to_string()])
         .args(["--timeout", &plan.timeout_s.to_string()])
-        .args(plan.path_args);
+        .args(plan.tool_args);
     if let Some(host) = host {
         cmd.args(["--host", host]);
     }

@@ -21,7 +21,7 @@ pub(super) fn run(binaries: &Binaries, backend: &Backend, port: u16) -> Result<u
         bw: false,
         oneway: true,
         timeout_s: PEER_TIMEOUT_S,
-        path_args: &[],
+        tool_args: &[],
     };
     let (mut server, mut client) = start_pair(
         binaries,
@@ -61,7 +61,7 @@ pub(super) fn run(binaries: &Binaries, backend: &Backend, port: u16) -> Result<u
         bw: false,
         oneway: false,
         timeout_s: PEER_TIMEOUT_S,
-        path_args: &[],
+        tool_args: &[],
     };
     pingpong(
         binaries,

@@ -27,7 +27,7 @@ pub(super) fn run(
         bw: false,
         oneway: false,
         timeout_s: PEER_TIMEOUT_S,
-        path_args: &[],
+        tool_args: &[],
     };
     let mut first = (0, 0);
     for round in 1..=rounds {

@@ -33,7 +33,7 @@ pub(super) fn run(
             bw: false,
             oneway: false,
             timeout_s: PEER_TIMEOUT_S,
-            path_args: &[],
+            tool_args: &[],
         },
         Plan {
             ops: "write,send",
@@ -42,7 +42,7 @@ pub(super) fn run(
             bw: true,
             oneway: false,
             timeout_s: PEER_TIMEOUT_S,
-            path_args: &[],
+            tool_args: &[],
         },
     ];
     let mut rows = Vec::new();

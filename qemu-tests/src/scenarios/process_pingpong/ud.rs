@@ -22,7 +22,7 @@ pub(super) fn run(
         bw: false,
         oneway: false,
         timeout_s: PEER_TIMEOUT_S,
-        path_args: &[],
+        tool_args: &[],
     };
     pingpong(
         binaries,

@@ -44,7 +44,7 @@ pub(super) fn run(
             bw: false,
             oneway: false,
             timeout_s: PEER_TIMEOUT_S,
-            path_args: &[],
+            tool_args: &[],
         };
         rows.extend(pingpong(
             binaries,
@@ -62,7 +62,7 @@ pub(super) fn run(
         bw: true,
         oneway: false,
         timeout_s: PEER_TIMEOUT_S,
-        path_args: &[],
+        tool_args: &[],
     };
     println!("== {label}: bandwidth");
     rows.extend(pingpong(

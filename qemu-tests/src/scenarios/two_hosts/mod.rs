@@ -134,10 +134,10 @@ fn run_step(
         ops: step.ops,
         sizes: step.sizes,
         iters: step.iters,
-        bw: false,
+        bw: step.bw,
         oneway: false,
         timeout_s: PEER_TIMEOUT_S,
-        path_args: step.path_args,
+        tool_args: step.tool_args,
     };
     // A server listens on its own address, a client connects to the peer's.
     let address = match role {
@@ -231,11 +231,14 @@ pub fn render(results: &Results) -> String {
         };
         let (client, server) = if a.role == "client" { (a, b) } else { (b, a) };
         let messages: u64 = client.rows.iter().map(|r| u64::from(r.iters)).sum();
-        // A ping-pong moves each message both ways.
+        // A ping-pong (a row with a latency) moves each message both ways, a stream one way.
         let bytes: u64 = client
             .rows
             .iter()
-            .map(|r| 2 * u64::from(r.iters) * u64::from(r.size))
+            .map(|r| {
+                let ways = if r.latency.is_some() { 2 } else { 1 };
+                ways * u64::from(r.iters) * u64::from(r.size)
+            })
             .sum();
         let sent = a.nic_frames.tx + b.nic_frames.tx;
         let dropped = [a, b]

@@ -16,11 +16,14 @@ pub struct Step {
     pub ops: &'static str,
     pub sizes: &'static str,
     pub iters: u32,
+    /// A stream (the tools' `--bw`: a window of messages in flight, goodput measured) instead
+    /// of a ping-pong.
+    pub bw: bool,
     /// `tc netem` parameters applied to both NICs' egress for the step (`None`: a clean link).
     pub netem: Option<&'static str>,
     /// RC path options of both peers (e.g. `--mtu 4096`); none: the tools' defaults (path MTU
     /// 1024).
-    pub path_args: &'static [&'static str],
+    pub tool_args: &'static [&'static str],
 }
 
 impl Step {
@@ -51,8 +54,9 @@ const fn clean(
         ops: VERIFY_OPS,
         sizes: SIZES,
         iters,
+        bw: false,
         netem: None,
-        path_args: &[],
+        tool_args: &[],
     }
 }
 
@@ -64,8 +68,9 @@ const fn faulty(label: &'static str, client: Impl, netem: &'static str, iters: u
         ops: VERIFY_OPS,
         sizes: SIZES,
         iters,
+        bw: false,
         netem: Some(netem),
-        path_args: &[],
+        tool_args: &[],
     }
 }
 
@@ -101,7 +106,7 @@ pub fn plan(faults: bool, only: Option<&str>) -> Vec<Step> {
             iters,
         ),
         Step {
-            path_args: MTU_4096,
+            tool_args: MTU_4096,
             ..clean(
                 "vrdma-a-over-native-b, path MTU 4096",
                 (Host::B, Impl::Native),
@@ -110,7 +115,7 @@ pub fn plan(faults: bool, only: Option<&str>) -> Vec<Step> {
             )
         },
         Step {
-            path_args: MTU_4096,
+            tool_args: MTU_4096,
             ..clean(
                 "vrdma-a-over-vrdma-b, path MTU 4096",
                 (Host::B, Impl::Vrdma),
@@ -199,6 +204,37 @@ fn ud(label: &'static str, server: (Host, Impl), client: (Host, Impl)) -> Step {
 /// The path options of the path-MTU-4096 steps (the NICs' MTU allows it: see
 /// [`crate::vm_link::LINK_MTU`]).
 pub const MTU_4096: &[&str] = &["--mtu", "4096"];
+
+/// The goodput steps of `vrdma-vm bench`: a stream of 4 KiB RDMA WRITEs from host A to a
+/// native peer on host B (16 in flight), native and over vrdma, on a clean link and under
+/// 1 % loss on both NICs' egress.
+pub fn goodput() -> Vec<Step> {
+    let stream = |label, client, netem| Step {
+        label,
+        server: (Host::B, Impl::Native),
+        client: (Host::A, client),
+        ops: "write",
+        sizes: "4096",
+        iters: 4000,
+        bw: true,
+        netem,
+        tool_args: &[],
+    };
+    vec![
+        stream("native-a-over-native-b, stream", Impl::Native, None),
+        stream("vrdma-a-over-native-b, stream", Impl::Vrdma, None),
+        stream(
+            "native-a-over-native-b, stream, 1 % loss",
+            Impl::Native,
+            Some(LOSS_1),
+        ),
+        stream(
+            "vrdma-a-over-native-b, stream, 1 % loss",
+            Impl::Vrdma,
+            Some(LOSS_1),
+        ),
+    ]
+}
 
 /// `tc netem` parameters of the faults.
 pub const DUPLICATION: &str = "duplicate 5%";
