@@ -23,6 +23,7 @@ pub mod rootfs;
 pub mod scenarios;
 pub mod vm;
 pub mod vm_link;
+pub mod vm_pair;
 pub mod workspace;
 
 pub use error::{Error, Result};

@@ -13,7 +13,8 @@ use crate::scenarios::binaries::Binaries;
 use crate::scenarios::perftest_over_vrdma;
 use crate::scenarios::two_hosts::{self, steps, HostReport, Results};
 use crate::vm::{RunOutcome, VmConfig};
-use crate::vm_link::{self, Host};
+use crate::vm_link::Host;
+use crate::vm_pair;
 
 /// Memory of each host VM: two run at once.
 const HOST_MEMORY_MIB: u32 = 2048;
@@ -97,7 +98,7 @@ pub fn run_hosts(root: &PreparedRoot, config: &VmConfig, mode: Mode) -> Result<R
         ];
         (config.clone(), command)
     };
-    let [a, b] = vm_link::run_linked(root, [run(Host::A), run(Host::B)])?;
+    let [a, b] = vm_pair::run_linked(root, [run(Host::A), run(Host::B)])?;
     match (host_report(Host::A, a), host_report(Host::B, b)) {
         (Ok(a), Ok(b)) => Ok(Results { a, b }),
         (a, b) => {
