@@ -7,7 +7,7 @@ use vrdma_spec::verbs::{MwType, QpAttrMask};
 use vrdma_spec::wire::{GidEntry, QpAttr};
 
 use super::cm::HostCm;
-use super::error::{DeviceError, Result};
+use super::error::Result;
 use super::sysfs::DeviceInfo;
 use super::types::*;
 use super::uverbs::{QueryDeviceResp, QueryPortResp};
@@ -41,12 +41,9 @@ pub trait HostDevice: GidSource + Send + Sync {
 
     /// Whether packets to `gid` stay on this host (an address of one of its interfaces, a
     /// loopback or multicast address): rxe then delivers them itself, by QP number alone.
-    fn delivers_locally(&self, gid: &[u8; 16]) -> Result<bool> {
-        super::local_addresses::is_host_address(gid).map_err(|source| DeviceError::Io {
-            what: "listing the host's addresses",
-            source,
-        })
-    }
+    /// Asked at every path a guest sets up: a device keeps the host's addresses
+    /// ([`super::local_addresses::HostAddresses`]) rather than list them each time.
+    fn delivers_locally(&self, gid: &[u8; 16]) -> Result<bool>;
 
     /// Opens a fresh context: one per guest connection. Dropping it releases every kernel
     /// object created through it.

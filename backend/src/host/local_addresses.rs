@@ -64,12 +64,12 @@ impl HostAddresses {
 
     /// Whether packets to `gid` stay on this host (see [`is_host_address`]).
     pub fn contains(&self, gid: &[u8; 16]) -> io::Result<bool> {
+        let Some(changes) = &self.changes else {
+            return is_host_address(gid);
+        };
         let ip = match always_local(gid) {
             Ok(local) => return Ok(local),
             Err(ip) => ip,
-        };
-        let Some(changes) = &self.changes else {
-            return Ok(interface_addresses()?.contains(&ip));
         };
         let mut cached = self.cached.lock();
         // Drained before the list is read: a change after the drain stays queued for the

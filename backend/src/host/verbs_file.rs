@@ -10,8 +10,7 @@ use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use super::error::{DeviceError, Result};
 use super::uverbs::{
-    frame, Command, CommandWithResponse, GidTableEntry, QueryGidEntry, QueryGidTable,
-    RDMA_VERBS_IOCTL,
+    frame, Command, CommandWithResponse, DeviceMethodCall, GidTableEntry, RDMA_VERBS_IOCTL,
 };
 
 /// An open `/dev/infiniband/uverbsN`.
@@ -85,7 +84,7 @@ impl VerbsFile {
         const NAME: &str = "QUERY_GID_TABLE";
         let mut entries = vec![GidTableEntry::new_zeroed(); capacity];
         let mut count: u64 = 0;
-        let mut call = QueryGidTable::new(
+        let mut call = DeviceMethodCall::query_gid_table(
             driver_id,
             entries.as_mut_ptr() as u64,
             capacity,
@@ -114,7 +113,8 @@ impl VerbsFile {
     pub fn query_gid_entry(&self, driver_id: u32, port: u8, index: u32) -> Result<GidTableEntry> {
         const NAME: &str = "QUERY_GID_ENTRY";
         let mut entry = GidTableEntry::new_zeroed();
-        let mut call = QueryGidEntry::new(driver_id, port, index, &raw mut entry as u64);
+        let mut call =
+            DeviceMethodCall::query_gid_entry(driver_id, port, index, &raw mut entry as u64);
         // SAFETY: `call` names one buffer of this frame, `entry`, of the size the call states,
         // which outlives the call.
         unsafe { self.verbs_ioctl(NAME, &mut call) }?;
@@ -129,7 +129,7 @@ impl VerbsFile {
     /// the attribute states. The kernel writes those buffers, and the `flags` of the attributes
     /// in `call` itself (VALID_OUTPUT), only during the call, through a pointer derived from
     /// this mutable borrow.
-    unsafe fn verbs_ioctl<T>(&self, name: &'static str, call: &mut T) -> Result<()> {
+    unsafe fn verbs_ioctl(&self, name: &'static str, call: &mut DeviceMethodCall) -> Result<()> {
         // SAFETY: the caller's contract; the fd is this context's uverbs file.
         let ret = unsafe {
             libc::ioctl(

@@ -112,11 +112,6 @@ impl MappedBuffer {
         Self::new(dma, dma.alloc(len, PAGE_SIZE)?)
     }
 
-    /// Appends the ranges holding the first `len` bytes of the buffer to `out`.
-    fn prefix_into(&self, len: usize, out: &mut Vec<Buffer>) {
-        self.range_into(0, len, out);
-    }
-
     /// Appends the ranges holding bytes `offset..offset + len` of the buffer to `out`.
     fn range_into(&self, offset: usize, len: usize, out: &mut Vec<Buffer>) {
         let mut skip = offset;
@@ -178,66 +173,17 @@ impl<S: QueueSignal> ControlChannel<S> {
         })
     }
 
-    /// See [`super::Transport::execute`].
+    /// See [`super::Transport::execute`]: a batch of one.
     pub(crate) fn execute(
         &self,
         dma: &dyn DmaMemory,
         request: &[u8],
         response: &mut [u8],
     ) -> Result<usize, TransportError> {
-        if request.is_empty() || response.is_empty() {
-            return Err(TransportError::InvalidRequest(
-                "a command needs request and response bytes",
-            ));
-        }
-        let response_len =
-            u32::try_from(response.len()).map_err(|_| TransportError::InvalidRequest("size"))?;
-        u32::try_from(request.len()).map_err(|_| TransportError::InvalidRequest("size"))?;
-        let mut guard = self.state.lock();
-        let control = &mut *guard;
-        if control.broken {
-            return Err(TransportError::DeviceFailure(
-                "an earlier command never completed".into(),
-            ));
-        }
-        control.reserve(dma, request.len(), response.len())?;
-        control.request.buffer.as_mut_slice()[..request.len()].copy_from_slice(request);
-        control.readable.clear();
-        control.writable.clear();
-        control
-            .request
-            .prefix_into(request.len(), &mut control.readable);
-        control
-            .response
-            .prefix_into(response.len(), &mut control.writable);
-        let head = control.vq.queue.add(&control.readable, &control.writable)?;
-        control.vq.notify_if_wanted()?;
-        let deadline = Instant::now() + self.timeout;
-        let used = match control.vq.next_used(Some(deadline)) {
-            Ok(Some(used)) => used,
-            Ok(None) => {
-                control.broken = true;
-                return Err(TransportError::Timeout(self.timeout));
-            }
-            Err(e) => {
-                control.broken = true;
-                return Err(e);
-            }
-        };
-        if used.head != head || used.len > response_len {
-            control.broken = true;
-            return Err(TransportError::DeviceFailure(format!(
-                "control queue returned chain {} with {} bytes for chain {head} of {response_len}",
-                used.head, used.len
-            )));
-        }
-        let len = used.len as usize;
-        response[..len].copy_from_slice(&control.response.buffer.as_slice()[..len]);
-        Ok(len)
+        let used = self.execute_batch(dma, &mut [(request, response)])?;
+        Ok(used[0])
     }
-}
 
-impl<S: QueueSignal> ControlChannel<S> {
     /// See [`super::Transport::execute_batch`]: the commands go out as chains in order, as
     /// many as the queue holds before one notification, and the call returns once the device
     /// answered all of them.
@@ -543,7 +489,7 @@ mod tests {
         assert_ne!(mapped.segments[1].addr, first + 2 * PAGE_SIZE as u64);
 
         let mut chain = Vec::new();
-        mapped.prefix_into(PAGE_SIZE + 1, &mut chain);
+        mapped.range_into(0, PAGE_SIZE + 1, &mut chain);
         assert_eq!(
             chain,
             vec![Buffer {
@@ -552,7 +498,7 @@ mod tests {
             }]
         );
         chain.clear();
-        mapped.prefix_into(2 * PAGE_SIZE + 5, &mut chain);
+        mapped.range_into(0, 2 * PAGE_SIZE + 5, &mut chain);
         assert_eq!(chain.len(), 2);
         assert_eq!(chain[1].len, 5);
     }

@@ -5,7 +5,7 @@ use vrdma::spec::control::Opcode;
 use vrdma::spec::verbs::{QpAttrMask, QpState, QpType};
 use vrdma::spec::wire::QpAttr;
 use vrdma::spec::Status;
-use vrdma::verbs::{ConnectOptions, Cq, Qp, QpChange, QpInitAttr, VerbsError};
+use vrdma::verbs::{ConnectOptions, Cq, Qp, QpChange, VerbsError};
 
 use crate::helpers::*;
 
@@ -14,13 +14,7 @@ fn many_qps_are_created_and_connected_in_batches() {
     let (t, ctx) = open();
     let pd = ctx.alloc_pd().unwrap();
     let cq = Cq::new(&ctx, 64).unwrap();
-    let init = QpInitAttr {
-        qp_type: QpType::Rc,
-        send_cq: &cq,
-        recv_cq: &cq,
-        caps: rc_caps(),
-        sq_sig_all: false,
-    };
+    let init = init_attr(&cq, QpType::Rc);
     let qps: Vec<Qp> = Qp::create_many(&pd, &[init; 8])
         .unwrap()
         .into_iter()

@@ -321,13 +321,7 @@ fn device_failures_map_to_verbs_errors_and_leave_nothing_behind() {
     let cq = Cq::new(&ctx, 8).unwrap();
     t.device().log.clear();
     t.inject(Fault::RingHeaderMismatch);
-    let init = QpInitAttr {
-        qp_type: QpType::Rc,
-        send_cq: &cq,
-        recv_cq: &cq,
-        caps: rc_caps(),
-        sq_sig_all: false,
-    };
+    let init = init_attr(&cq, QpType::Rc);
     let err = Qp::new(&pd, &init).unwrap_err();
     assert!(
         matches!(err, VerbsError::Protocol(ProtocolError::Queue(_))),

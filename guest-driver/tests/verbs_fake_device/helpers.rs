@@ -33,15 +33,19 @@ pub(crate) fn rc_caps() -> QpCaps {
     }
 }
 
-pub(crate) fn create_qp(pd: &Pd, cq: &Cq, qp_type: QpType) -> Qp {
-    let init = QpInitAttr {
+/// A QP of `qp_type` on `cq` (send and receive) with [`rc_caps`].
+pub(crate) fn init_attr(cq: &Cq, qp_type: QpType) -> QpInitAttr<'_> {
+    QpInitAttr {
         qp_type,
         send_cq: cq,
         recv_cq: cq,
         caps: rc_caps(),
         sq_sig_all: false,
-    };
-    Qp::new(pd, &init).unwrap()
+    }
+}
+
+pub(crate) fn create_qp(pd: &Pd, cq: &Cq, qp_type: QpType) -> Qp {
+    Qp::new(pd, &init_attr(cq, qp_type)).unwrap()
 }
 
 pub(crate) fn remote(qp: &Qp, psn: u32) -> RemoteQp {

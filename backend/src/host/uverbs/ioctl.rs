@@ -126,32 +126,45 @@ impl GidTableEntry {
     }
 }
 
-/// One QUERY_GID_TABLE call: the header and its four attributes, the entries written to
-/// `entries` (room for `capacity`) and their count to `count`.
+/// One call of a method of the device object with four attributes (the header and the
+/// attributes, as the kernel reads them): QUERY_GID_TABLE and QUERY_GID_ENTRY.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, zerocopy::IntoBytes, zerocopy::Immutable)]
-pub struct QueryGidTable {
+pub struct DeviceMethodCall {
     pub hdr: IoctlHdr,
     pub attrs: [IoctlAttr; 4],
 }
-abi_layout!(QueryGidTable, 88, hdr @ 0, attrs @ 24);
+abi_layout!(DeviceMethodCall, 88, hdr @ 0, attrs @ 24);
 
-impl QueryGidTable {
-    /// The call to a device of driver `driver_id` for an entry buffer at `entries` of
-    /// `capacity` entries and a `u64` count at `count`. `None` when the buffer's length does
-    /// not fit the ABI's 16-bit length.
-    pub fn new(driver_id: u32, entries: u64, capacity: usize, count: u64) -> Option<QueryGidTable> {
-        let len = u16::try_from(capacity.checked_mul(size_of::<GidTableEntry>())?).ok()?;
-        Some(QueryGidTable {
+impl DeviceMethodCall {
+    fn new(method_id: u16, driver_id: u32, attrs: [IoctlAttr; 4]) -> DeviceMethodCall {
+        DeviceMethodCall {
             hdr: IoctlHdr {
-                length: size_of::<QueryGidTable>() as u16,
+                length: size_of::<DeviceMethodCall>() as u16,
                 object_id: OBJECT_DEVICE,
-                method_id: METHOD_QUERY_GID_TABLE,
+                method_id,
                 num_attrs: 4,
                 driver_id,
                 ..IoctlHdr::default()
             },
-            attrs: [
+            attrs,
+        }
+    }
+
+    /// QUERY_GID_TABLE to a device of driver `driver_id`, the entries written to `entries`
+    /// (room for `capacity`) and their count to the `u64` at `count`. `None` when the buffer's
+    /// length does not fit the ABI's 16-bit length.
+    pub fn query_gid_table(
+        driver_id: u32,
+        entries: u64,
+        capacity: usize,
+        count: u64,
+    ) -> Option<DeviceMethodCall> {
+        let len = u16::try_from(capacity.checked_mul(size_of::<GidTableEntry>())?).ok()?;
+        Some(DeviceMethodCall::new(
+            METHOD_QUERY_GID_TABLE,
+            driver_id,
+            [
                 IoctlAttr::inline(
                     gid_table_attr::ENTRY_SIZE,
                     8,
@@ -161,36 +174,18 @@ impl QueryGidTable {
                 IoctlAttr::output(gid_table_attr::RESP_ENTRIES, entries, len),
                 IoctlAttr::output(gid_table_attr::RESP_NUM_ENTRIES, count, 8),
             ],
-        })
+        ))
     }
-}
 
-/// One QUERY_GID_ENTRY call: the header and its four attributes, the entry written to
-/// `entry`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, zerocopy::IntoBytes, zerocopy::Immutable)]
-pub struct QueryGidEntry {
-    pub hdr: IoctlHdr,
-    pub attrs: [IoctlAttr; 4],
-}
-abi_layout!(QueryGidEntry, 88, hdr @ 0, attrs @ 24);
-
-impl QueryGidEntry {
-    /// The call to a device of driver `driver_id` for entry `index` of `port`, answered into
-    /// the [`GidTableEntry`] at `entry`.
-    pub fn new(driver_id: u32, port: u8, index: u32, entry: u64) -> QueryGidEntry {
-        QueryGidEntry {
-            hdr: IoctlHdr {
-                length: size_of::<QueryGidEntry>() as u16,
-                object_id: OBJECT_DEVICE,
-                method_id: METHOD_QUERY_GID_ENTRY,
-                num_attrs: 4,
-                driver_id,
-                ..IoctlHdr::default()
-            },
+    /// QUERY_GID_ENTRY to a device of driver `driver_id` for entry `index` of `port`,
+    /// answered into the [`GidTableEntry`] at `entry`.
+    pub fn query_gid_entry(driver_id: u32, port: u8, index: u32, entry: u64) -> DeviceMethodCall {
+        DeviceMethodCall::new(
+            METHOD_QUERY_GID_ENTRY,
+            driver_id,
             // Port and index are "const" attributes, which the kernel takes as 8-byte values
             // whatever their type (UVERBS_ATTR_CONST_IN is a u64 pointer attribute).
-            attrs: [
+            [
                 IoctlAttr::inline(gid_entry_attr::PORT, 8, port.into()),
                 IoctlAttr::inline(gid_entry_attr::GID_INDEX, 8, index.into()),
                 IoctlAttr::inline(gid_entry_attr::FLAGS, 4, 0),
@@ -200,7 +195,7 @@ impl QueryGidEntry {
                     size_of::<GidTableEntry>() as u16,
                 ),
             ],
-        }
+        )
     }
 }
 
@@ -217,7 +212,7 @@ mod tests {
 
     #[test]
     fn a_query_names_its_buffers_and_counts_itself() {
-        let call = QueryGidTable::new(DRIVER_RXE, 0x1000, 64, 0x2000).unwrap();
+        let call = DeviceMethodCall::query_gid_table(DRIVER_RXE, 0x1000, 64, 0x2000).unwrap();
         let bytes = call.as_bytes();
         assert_eq!(bytes.len(), 88);
         assert_eq!(u16::from_ne_bytes([bytes[0], bytes[1]]), 88, "length");
@@ -231,6 +226,6 @@ mod tests {
         assert_eq!((call.attrs[3].data, call.attrs[3].len), (0x2000, 8));
         assert!(call.attrs.iter().all(|a| a.flags == ATTR_F_MANDATORY));
         // 2048 entries of 32 bytes do not fit a 16-bit length.
-        assert!(QueryGidTable::new(DRIVER_RXE, 0x1000, 2048, 0x2000).is_none());
+        assert!(DeviceMethodCall::query_gid_table(DRIVER_RXE, 0x1000, 2048, 0x2000).is_none());
     }
 }

@@ -35,7 +35,7 @@ pub use cq::*;
 pub(crate) use framing::{abi_layout, abi_struct};
 pub use framing::{cmd, frame, CmdHdr, Command, CommandWithResponse, FrameError, ABI_VERSION};
 pub use ioctl::{
-    GidTableEntry, IoctlAttr, IoctlHdr, QueryGidEntry, QueryGidTable, DRIVER_RXE, RDMA_VERBS_IOCTL,
+    DeviceMethodCall, GidTableEntry, IoctlAttr, IoctlHdr, DRIVER_RXE, RDMA_VERBS_IOCTL,
 };
 pub use pd_mr::*;
 pub use qp::*;
