@@ -104,9 +104,11 @@ struct peer {
 	uint32_t max_inline, ud_max_inline;
 	struct hello local, remote;
 	unsigned sends_outstanding;
-	/* RC path attributes (--mtu, --qp-timeout, --retry-cnt). */
+	/* RC path attributes (--mtu, --qp-timeout, --retry-cnt, --rnr-retry, --min-rnr-timer). */
 	enum ibv_mtu path_mtu;
-	uint8_t qp_timeout, retry_cnt;
+	uint8_t qp_timeout, retry_cnt, rnr_retry, min_rnr_timer;
+	/* --receives-after: the RC receives wait for that file (after ready). */
+	bool hold_receives;
 	/* What runs now, for error messages. */
 	enum op cur_op;
 	uint32_t cur_size, cur_iter;
@@ -803,6 +805,12 @@ static void modify(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask, const 
 		fail("moving QP %u to %s: %s", qp->qp_num, state, strerror(err));
 }
 
+static void post_rc_receives(struct peer *pp)
+{
+	for (int i = 0; i < (int)RC_RECV_DEPTH; i++)
+		post_recv(pp, pp->qp, WRID_RC_RECV);
+}
+
 static void connect_qps(struct peer *pp)
 {
 	struct ibv_qp_attr a;
@@ -815,8 +823,8 @@ static void connect_qps(struct peer *pp)
 			    IBV_ACCESS_REMOTE_READ;
 	modify(pp->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
 	       "INIT");
-	for (int i = 0; i < (int)RC_RECV_DEPTH; i++)
-		post_recv(pp, pp->qp, WRID_RC_RECV);
+	if (!pp->hold_receives)
+		post_rc_receives(pp);
 
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTR;
@@ -824,7 +832,7 @@ static void connect_qps(struct peer *pp)
 	a.dest_qp_num = pp->remote.qpn;
 	a.rq_psn = pp->remote.psn;
 	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
+	a.min_rnr_timer = pp->min_rnr_timer;
 	a.ah_attr.is_global = 1;
 	memcpy(a.ah_attr.grh.dgid.raw, pp->remote.gid, 16);
 	a.ah_attr.grh.sgid_index = GID_INDEX;
@@ -839,7 +847,7 @@ static void connect_qps(struct peer *pp)
 	a.qp_state = IBV_QPS_RTS;
 	a.timeout = pp->qp_timeout;
 	a.retry_cnt = pp->retry_cnt;
-	a.rnr_retry = 7;
+	a.rnr_retry = pp->rnr_retry;
 	a.sq_psn = pp->local.psn;
 	a.max_rd_atomic = 1;
 	modify(pp->qp, &a,
@@ -1384,6 +1392,10 @@ static void usage(FILE *f)
 		"  -M, --mtu BYTES      RC path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)\n"
 		"  -T, --qp-timeout N   RC local ACK timeout, 4.096 us * 2^N (default 14)\n"
 		"  -R, --retry-cnt N    RC transport retries, 0-7 (default 7)\n"
+		"  -r, --rnr-retry N    RC RNR retries, 0-7, 7 = for ever (default 7)\n"
+		"  -m, --min-rnr-timer N  RNR NAK timer asked of the peer, IB encoding 0-31 (default 12)\n"
+		"  -A, --receives-after F  post the RC receives only once F exists (after ready);\n"
+		"                       the peer's sends meet RNR NAKs until then\n"
 		"  -j, --json FILE      also write the results as JSON (client)\n",
 		DEFAULT_PORT);
 }
@@ -1447,9 +1459,13 @@ int main(int argc, char **argv)
 		{ "oneway", no_argument, NULL, 'O' },	    { "start-file", required_argument, NULL, 'S' },
 		{ "mtu", required_argument, NULL, 'M' },    { "qp-timeout", required_argument, NULL, 'T' },
 		{ "retry-cnt", required_argument, NULL, 'R' },
+		{ "rnr-retry", required_argument, NULL, 'r' },
+		{ "min-rnr-timer", required_argument, NULL, 'm' },
+		{ "receives-after", required_argument, NULL, 'A' },
 		{ 0 },
 	};
 	const char *device = NULL, *host = "127.0.0.1", *json = NULL, *start_file = NULL;
+	const char *receives_after = NULL;
 	const char *ops = "send,send_imm,write,write_imm,read,ud_send";
 	const char *sizes = "1,64,4096,65536,1048576";
 	char port[16], err[512], wire[MAX_LINE], line[MAX_LINE];
@@ -1457,7 +1473,7 @@ int main(int argc, char **argv)
 	uint64_t len = 0;
 	bool bw = false, oneway = false;
 	struct peer peer = { .sock = -1, .path_mtu = IBV_MTU_1024, .qp_timeout = 14, .retry_cnt = 7 };
-	unsigned long mtu = 1024, qp_timeout = 14, retry_cnt = 7;
+	unsigned long mtu = 1024, qp_timeout = 14, retry_cnt = 7, rnr_retry = 7, min_rnr_timer = 12;
 	struct plan plan;
 	int c;
 
@@ -1478,7 +1494,7 @@ int main(int argc, char **argv)
 	}
 	peer.is_server = !strcmp(argv[1], "server");
 	optind = 2;
-	while ((c = getopt_long(argc, argv, "d:p:H:o:s:n:bw:l:t:j:hOS:M:T:R:", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "d:p:H:o:s:n:bw:l:t:j:hOS:M:T:R:r:m:A:", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'd': device = optarg; break;
 		case 'p': snprintf(port, sizeof(port), "%s", optarg); break;
@@ -1496,11 +1512,15 @@ int main(int argc, char **argv)
 		case 'M': mtu = strtoul(optarg, NULL, 10); break;
 		case 'T': qp_timeout = strtoul(optarg, NULL, 10); break;
 		case 'R': retry_cnt = strtoul(optarg, NULL, 10); break;
+		case 'r': rnr_retry = strtoul(optarg, NULL, 10); break;
+		case 'm': min_rnr_timer = strtoul(optarg, NULL, 10); break;
+		case 'A': receives_after = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
-	if (optind != argc || timeout == 0 || (bw && oneway) || qp_timeout > 31 || retry_cnt > 7) {
+	if (optind != argc || timeout == 0 || (bw && oneway) || qp_timeout > 31 || retry_cnt > 7 ||
+	    rnr_retry > 7 || min_rnr_timer > 31) {
 		usage(stderr);
 		return 2;
 	}
@@ -1514,6 +1534,9 @@ int main(int argc, char **argv)
 	}
 	peer.qp_timeout = (uint8_t)qp_timeout;
 	peer.retry_cnt = (uint8_t)retry_cnt;
+	peer.rnr_retry = (uint8_t)rnr_retry;
+	peer.min_rnr_timer = (uint8_t)min_rnr_timer;
+	peer.hold_receives = receives_after != NULL;
 	peer.timeout_s = (double)timeout;
 	snprintf(wire, sizeof(wire), "%s:%s:%lu:", ops, sizes, iters);
 	if (bw)
@@ -1578,6 +1601,20 @@ int main(int argc, char **argv)
 	send_line(peer.sock, MAGIC " ready\n");
 	expect_line(&peer, "ready");
 	fprintf(stderr, "RUNNING\n");
+	if (receives_after) {
+		/* The peer's first sends meet RNR NAKs meanwhile; a peer that gives up says so. */
+		double deadline = now_s() + peer.timeout_s;
+
+		while (access(receives_after, F_OK)) {
+			check_peer(&peer);
+			if (now_s() > deadline)
+				fail("file %s did not appear within %.0f s", receives_after,
+				     peer.timeout_s);
+			usleep(20000);
+		}
+		post_rc_receives(&peer);
+		fprintf(stderr, "RECEIVES POSTED\n");
+	}
 	run_plan(&peer, json);
 	teardown(&peer);
 	close(peer.sock);

@@ -98,6 +98,9 @@ pub struct Side {
     pub device: String,
     pub gid_index: u32,
     pub env: Vec<(String, String)>,
+    /// More options for perftest (e.g. `--ipv6-addr` for an out-of-band exchange over IPv6).
+    #[serde(default)]
+    pub extra_args: Vec<String>,
 }
 
 impl Side {
@@ -108,6 +111,7 @@ impl Side {
             device: device.into(),
             gid_index: 0,
             env: Vec::new(),
+            extra_args: Vec::new(),
         }
     }
 
@@ -125,6 +129,7 @@ impl Side {
                     library_dir.to_string_lossy().into_owned(),
                 ),
             ],
+            extra_args: Vec::new(),
         }
     }
 
@@ -139,7 +144,14 @@ impl Side {
                 "LD_LIBRARY_PATH".into(),
                 library_dir.to_string_lossy().into_owned(),
             )],
+            extra_args: Vec::new(),
         }
+    }
+
+    /// This side with `args` added to every perftest command line.
+    pub fn with_args(mut self, args: &[&str]) -> Self {
+        self.extra_args.extend(args.iter().map(|a| a.to_string()));
+        self
     }
 
     /// The server of `case` on `port`.
@@ -162,6 +174,7 @@ impl Side {
             // Latency tools refuse to run when CPU frequency readings disagree, which they always
             // do in a VM.
             .arg("-F")
+            .args(&self.extra_args)
             // The side's own environment decides the transport, not an inherited socket.
             .env_remove("VRDMA_SOCKET")
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));

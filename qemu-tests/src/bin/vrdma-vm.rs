@@ -124,13 +124,17 @@ enum Suite {
     Tenants,
     /// Two rxe hosts (VMs) joined by an Ethernet link, each with its own vrdma-backend:
     /// verified ping-pongs across it vrdma -> native, native -> vrdma and vrdma <-> vrdma, then
-    /// under packet duplication (tc netem on both NICs).
+    /// under packet duplication (tc netem on both NICs); unmodified perftest across it (short
+    /// cases); RNR retries; the link failing; the backend killed and restarted.
     TwoHosts,
     /// two-hosts, then 1 % and 5 % loss and reordering too, each next to a native baseline.
     TwoHostsFaults,
     /// Only the goodput streams of `vrdma-vm bench` across the two-host link (clean and 1 %
     /// loss, native and vrdma).
     TwoHostsGoodput,
+    /// Debian's unmodified perftest across the two-host link: every baseline case, native on
+    /// both hosts, vrdma as client, as server and on both ends, with ratios to native.
+    TwoHostsPerftest,
 }
 
 #[derive(Subcommand)]
@@ -281,6 +285,7 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
                 Suite::TwoHosts => two_hosts::test(&vm, json, two_hosts::Mode::Short)?,
                 Suite::TwoHostsFaults => two_hosts::test(&vm, json, two_hosts::Mode::Faults)?,
                 Suite::TwoHostsGoodput => two_hosts::test(&vm, json, two_hosts::Mode::Goodput)?,
+                Suite::TwoHostsPerftest => two_hosts::test(&vm, json, two_hosts::Mode::Perftest)?,
             }
         }
         Cmd::Bench {

@@ -8,10 +8,11 @@ use super::host::{dropin_library, prepared_root, target_dir};
 use super::vm_args::VmArgs;
 use crate::error::{Error, Result};
 use crate::native;
+use crate::perftest::{self, Case};
 use crate::rootfs::PreparedRoot;
 use crate::scenarios::binaries::Binaries;
 use crate::scenarios::perftest_over_vrdma;
-use crate::scenarios::two_hosts::{self, steps, HostReport, Results};
+use crate::scenarios::two_hosts::{self, perftest_across, steps, HostReport, Results};
 use crate::vm::{RunOutcome, VmConfig};
 use crate::vm_link::Host;
 use crate::vm_pair;
@@ -28,6 +29,9 @@ pub enum Mode {
     Faults,
     /// The goodput streams of `vrdma-vm bench`.
     Goodput,
+    /// Debian's perftest across the link, every baseline case in every pairing
+    /// (`two-hosts-perftest`).
+    Perftest,
 }
 
 impl Mode {
@@ -36,6 +40,7 @@ impl Mode {
             Mode::Short => "short",
             Mode::Faults => "faults",
             Mode::Goodput => "goodput",
+            Mode::Perftest => "perftest",
         }
     }
 }
@@ -146,13 +151,21 @@ pub fn guest(host: &str, native: &Path, library_dir: &Path, mode: Mode) -> Resul
         Mode::Short => steps::plan(false, only.as_deref()),
         Mode::Faults => steps::plan(true, only.as_deref()),
         Mode::Goodput => steps::goodput(),
+        Mode::Perftest => Vec::new(),
     };
-    // VRDMA_TWO_HOSTS_ONLY="link failure" runs only the link failure.
-    let link_failure = (mode != Mode::Goodput
-        && only
-            .as_deref()
-            .is_none_or(|only| "link failure".contains(only)))
-    .then_some(library_dir);
-    let report = two_hosts::run(host, &binaries, &steps, link_failure)?;
+    // VRDMA_TWO_HOSTS_ONLY="link failure" (or "perftest", "RNR") runs only that phase.
+    let phase = |name: &str| only.as_deref().is_none_or(|only| name.contains(only));
+    let perftest: &[Case] = match mode {
+        Mode::Short if phase("perftest") => perftest_across::SHORT_CASES,
+        Mode::Perftest => perftest::BASELINE,
+        _ => &[],
+    };
+    let phases = two_hosts::Phases {
+        library_dir,
+        perftest,
+        rnr: mode == Mode::Short && phase("RNR"),
+        failures: matches!(mode, Mode::Short | Mode::Faults) && phase("link failure"),
+    };
+    let report = two_hosts::run(host, &binaries, &steps, &phases)?;
     deliver_results(&result_file(host), &report, || format!("{report:#?}\n"))
 }

@@ -269,6 +269,7 @@ fn client_options(port: u16, plan: &Plan) -> Options {
         start_file: None,
         completion: Completion::Poll,
         path: PathAttrs::default(),
+        receives_after: None,
     }
 }
 

@@ -87,6 +87,17 @@ struct Cli {
     /// RC transport retries before a send fails (0-7; rxe retries for ever at 7).
     #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]
     retry_cnt: u8,
+    /// RC RNR retries before a send fails (0-7; 7 retries for ever).
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]
+    rnr_retry: u8,
+    /// RNR NAK timer this side's QP asks its peer to wait (IB encoding 0-31: 1 = 0.01 ms,
+    /// 14 = 1.28 ms, 31 = 491.52 ms, 0 = 655.36 ms).
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u8).range(0..=31))]
+    min_rnr_timer: u8,
+    /// Post the RC receives only once this file exists (after the ready exchange): the
+    /// peer's sends meet RNR NAKs until then.
+    #[arg(long)]
+    receives_after: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -130,7 +141,10 @@ fn run(cli: &Cli) -> Result<(), String> {
                 .ok_or_else(|| format!("--mtu {}: 256, 512, 1024, 2048 or 4096", cli.mtu))?,
             timeout: cli.qp_timeout,
             retry_cnt: cli.retry_cnt,
+            rnr_retry: cli.rnr_retry,
+            min_rnr_timer: cli.min_rnr_timer,
         },
+        receives_after: cli.receives_after.clone(),
     };
     let ctx = match (&cli.pci, &cli.socket) {
         (Some(address), _) => {

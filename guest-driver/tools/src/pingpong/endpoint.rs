@@ -154,8 +154,14 @@ impl Endpoint {
     }
 
     /// Brings the queue pairs to RTS towards `peer` (the RC QP with `path`) and posts every
-    /// receive.
-    pub fn connect(&mut self, peer: &Hello, path: &PathAttrs) -> Result<(), EndpointError> {
+    /// receive, the RC ones only with `rc_receives` (else [`Endpoint::post_rc_receives`]
+    /// later).
+    pub fn connect(
+        &mut self,
+        peer: &Hello,
+        path: &PathAttrs,
+        rc_receives: bool,
+    ) -> Result<(), EndpointError> {
         let opts = ConnectOptions {
             port: PORT,
             sgid_index: GID_INDEX,
@@ -163,6 +169,8 @@ impl Endpoint {
             path_mtu: path.mtu,
             timeout: path.timeout,
             retry_cnt: path.retry_cnt,
+            rnr_retry: path.rnr_retry,
+            min_rnr_timer: path.min_rnr_timer,
             max_rd_atomic: Some(1),
             max_dest_rd_atomic: Some(1),
             hop_limit: 1,
@@ -177,8 +185,8 @@ impl Endpoint {
         self.qp
             .to_init(PORT, opts.access)
             .map_err(verbs("moving the RC QP to INIT"))?;
-        for _ in 0..RC_DEPTH {
-            self.post_recv(false)?;
+        if rc_receives {
+            self.post_rc_receives()?;
         }
         self.qp
             .to_rtr(&remote, &opts)
@@ -206,6 +214,14 @@ impl Endpoint {
             if let Some(ud) = &mut self.ud {
                 ud.ah = Some(ah);
             }
+        }
+        Ok(())
+    }
+
+    /// Posts the RC queue pair's receives.
+    pub fn post_rc_receives(&self) -> Result<(), EndpointError> {
+        for _ in 0..RC_DEPTH {
+            self.post_recv(false)?;
         }
         Ok(())
     }

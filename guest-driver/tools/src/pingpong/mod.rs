@@ -32,15 +32,20 @@
 //! fit its buffer, an operation it cannot run …) and answers either `error <why>` and closes, or
 //! its own hello echoing the plan unchanged. Both then bring their queue pairs to RTS, post
 //! their receives, print `READY` on stderr, wait for a start file if one was given (a test
-//! harness can act on the backend meanwhile) and send `ready`; each prints `RUNNING` and waits for the peer's `ready` before its first work
-//! request. After the last step each side waits for all its work requests to complete, sends
-//! `done` and waits for the peer's `done` before tearing down. A side that fails at any point
-//! sends `error <op> size <n> iteration <i>: <what>` and exits non-zero; the other side watches
-//! the connection while it waits for completions and fails at once too.
+//! harness can act on the backend meanwhile) and send `ready`; each prints `RUNNING` and waits
+//! for the peer's `ready` before its first work request. (A side given `--receives-after F`
+//! posts its RC receives only once F exists, after `RUNNING`, and then prints `RECEIVES
+//! POSTED`: the peer's first sends meet RNR NAKs until then. A local choice that lets a
+//! harness exercise RNR retries.) After the last step each side waits for all its work
+//! requests to complete, sends `done` and waits for the peer's `done` before tearing down. A
+//! side that fails at any point sends `error <op> size <n> iteration <i>: <what>` and exits
+//! non-zero; the other side watches the connection while it waits for completions and fails at
+//! once too.
 //!
 //! # RDMA setup
 //! RC queue pairs on port 1, GID index 0 (RoCE v2), path MTU 1024, random 24-bit PSNs, RNR and
-//! transport retries 7, one outstanding RDMA read each way. Each side registers one buffer of
+//! transport retries 7 and min RNR timer 12 (0.64 ms) unless the command line says otherwise,
+//! one outstanding RDMA read each way. Each side registers one buffer of
 //! 2 × `len` bytes with LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ: the first half is the *area*
 //! (where peer writes land, peer reads come from, and every receive scatters to: all receives
 //! name the whole area), the second half is the local *source* of outgoing payloads. `len` is

@@ -16,6 +16,11 @@ pub struct PathAttrs {
     pub timeout: u8,
     /// Transport retries before a send fails (rxe retries for ever at 7).
     pub retry_cnt: u8,
+    /// RNR retries before a send fails (7: for ever).
+    pub rnr_retry: u8,
+    /// The RNR NAK timer this side asks its peer to wait when it has no receive posted (the
+    /// IB encoding: 1 = 0.01 ms … 31 = 491.52 ms, 0 = 655.36 ms).
+    pub min_rnr_timer: u8,
 }
 
 impl Default for PathAttrs {
@@ -24,6 +29,8 @@ impl Default for PathAttrs {
             mtu: Mtu::Mtu1024,
             timeout: 14,
             retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
         }
     }
 }
@@ -59,6 +66,9 @@ pub struct Options {
     pub completion: Completion,
     /// This side's RC path attributes.
     pub path: PathAttrs,
+    /// Post the RC receives only once this file exists (after `ready`): until then the peer's
+    /// sends meet RNR NAKs. A harness uses it to exercise RNR retries.
+    pub receives_after: Option<PathBuf>,
 }
 
 #[cfg(test)]

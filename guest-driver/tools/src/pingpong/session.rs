@@ -83,7 +83,7 @@ impl<'c> Session<'c> {
         is_server: bool,
     ) -> Result<Self> {
         let timeout = opts.timeout;
-        ep.connect(&peer, &opts.path)?;
+        ep.connect(&peer, &opts.path, opts.receives_after.is_none())?;
         eprintln!("READY");
         if let Some(path) = &opts.start_file {
             wait_for_file(path, timeout)?;
@@ -99,6 +99,12 @@ impl<'c> Session<'c> {
             }
         }
         eprintln!("RUNNING");
+        if let Some(path) = &opts.receives_after {
+            // The peer's first sends meet RNR NAKs meanwhile; a peer that gives up says so.
+            wait_for_file_watching(path, timeout, channel)?;
+            ep.post_rc_receives()?;
+            eprintln!("RECEIVES POSTED");
+        }
         let samples = match peer.plan.mode() {
             Mode::Verify if !is_server => Vec::with_capacity(peer.plan.iters() as usize),
             _ => Vec::new(),
@@ -235,6 +241,17 @@ impl<'c> Session<'c> {
         self.wait(queue, &mut wc)?;
         let wc = wc[0];
         if wc.status != WcStatus::Success {
+            // A flushed receive only says that the QP is in error; the send that failed (if
+            // it completed already) says why, e.g. RnrRetryExcErr.
+            if let (Queue::Recv, WcStatus::WrFlushErr, Some(cause)) =
+                (queue, wc.status, self.failed_send())
+            {
+                return Err(RunError::Completion {
+                    what: "send",
+                    status: cause.status,
+                    vendor_err: cause.vendor_err,
+                });
+            }
             return Err(RunError::Completion {
                 what: match queue {
                     Queue::Send => "send",
@@ -245,6 +262,24 @@ impl<'c> Session<'c> {
             });
         }
         Ok(wc)
+    }
+
+    /// The first unsuccessful send completion not flushed, among those completed (this side
+    /// is failing: the send queue's accounting no longer matters).
+    fn failed_send(&mut self) -> Option<WorkCompletion> {
+        let mut wcs = [WorkCompletion::default(); 16];
+        loop {
+            let n = self.ep.send_cq.poll(&mut wcs);
+            if n == 0 {
+                return None;
+            }
+            if let Some(wc) = wcs[..n]
+                .iter()
+                .find(|wc| !matches!(wc.status, WcStatus::Success | WcStatus::WrFlushErr))
+            {
+                return Some(*wc);
+            }
+        }
     }
 
     fn reap_sends(&mut self, count: u32) -> Result<()> {
@@ -590,11 +625,31 @@ impl<'c> Session<'c> {
 
 /// Waits up to `timeout` for `path` to exist.
 fn wait_for_file(path: &std::path::Path, timeout: Duration) -> Result<()> {
+    wait_for(path, timeout, || Ok(()))
+}
+
+/// Waits up to `timeout` for `path` to exist, failing as soon as the peer reports a failure.
+fn wait_for_file_watching(
+    path: &std::path::Path,
+    timeout: Duration,
+    channel: &mut Channel,
+) -> Result<()> {
+    wait_for(path, timeout, || {
+        channel.check_peer().map_err(RunError::from)
+    })
+}
+
+fn wait_for(
+    path: &std::path::Path,
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<()>,
+) -> Result<()> {
     let deadline = Instant::now() + timeout;
     while !path.exists() {
+        check()?;
         if Instant::now() > deadline {
             return Err(RunError::Protocol(format!(
-                "start file {} did not appear within {timeout:?}",
+                "file {} did not appear within {timeout:?}",
                 path.display()
             )));
         }

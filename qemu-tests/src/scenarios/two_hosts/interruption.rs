@@ -98,7 +98,7 @@ pub(super) fn interrupted_client(
     client.wait_for_output("RUNNING", Duration::from_secs(u64::from(PEER_TIMEOUT_S)))?;
     fail()?;
     let failed = Instant::now();
-    if wait_exit(&mut client, INTERRUPTED_TIMEOUT_S)? {
+    if wait_exit(&mut client, long.timeout_s)? {
         return Err(client.failure("finished although its link failed"));
     }
     Ok((last_line(&client.output()), failed.elapsed().as_secs_f64()))

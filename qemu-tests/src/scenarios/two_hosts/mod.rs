@@ -11,6 +11,9 @@ pub mod backend_restart;
 pub mod interruption;
 pub mod link;
 pub mod link_failure;
+pub mod perftest_across;
+pub mod rendezvous;
+pub mod rnr;
 pub mod steps;
 
 use std::collections::BTreeMap;
@@ -21,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::inside::{resource_counts, wait_for_counts, Proc, DEVICE};
+use crate::perftest::Case;
 use crate::scenarios::backend::Backend;
 use crate::scenarios::binaries::Binaries;
 use crate::scenarios::pingpong_peer::{
@@ -60,19 +64,37 @@ pub struct StepRecord {
 pub struct HostReport {
     pub host: Host,
     pub steps: Vec<StepRecord>,
+    /// Debian's perftest across the link, when it ran.
+    #[serde(default)]
+    pub perftest: Vec<perftest_across::PerftestRecord>,
+    /// The RNR runs, when they ran.
+    #[serde(default)]
+    pub rnr: Vec<rnr::RnrRecord>,
     /// The link failure under traffic and the reconnect, when it ran.
     pub link_failure: Option<link_failure::LinkFailureRecord>,
     /// Host A's backend killed under traffic and started again, when it ran.
     pub backend_restart: Option<backend_restart::BackendRestartRecord>,
 }
 
-/// Runs `host`'s half of every step, in order, then, given the drop-in's directory (for
-/// `ibv_asyncwatch` over vrdma), the failures: the link, then host A's backend.
+/// What a run does after its steps.
+#[derive(Debug, Clone, Copy)]
+pub struct Phases<'a> {
+    /// The drop-in's directory: perftest and `ibv_asyncwatch` over vrdma.
+    pub library_dir: &'a Path,
+    /// The perftest cases to run across the link in every pairing (none: no perftest).
+    pub perftest: &'a [Case],
+    /// The RNR runs.
+    pub rnr: bool,
+    /// The failures: the link, then host A's backend.
+    pub failures: bool,
+}
+
+/// Runs `host`'s half of every step, in order, then the `phases`: perftest, RNR, failures.
 pub fn run(
     host: Host,
     binaries: &Binaries,
     steps: &[Step],
-    failures_with: Option<&Path>,
+    phases: &Phases<'_>,
 ) -> Result<HostReport> {
     let idle = resource_counts(DEVICE)?;
     let backend = Backend::start(&binaries.backend, "vrdma-backend", &["--allow-ud"], "info")?;
@@ -83,10 +105,18 @@ pub fn run(
         records.push(run_step(host, binaries, &backend, step, port)?);
     }
     link::set_fault(None)?;
+    let mut port = FIRST_PORT + steps.len() as u16;
+    let perftest = perftest_across::run(host, &backend, phases.library_dir, phases.perftest, port)?;
+    port += perftest_across::ports(phases.perftest);
+    let rnr = match phases.rnr {
+        true => rnr::run(host, binaries, &backend, port)?,
+        false => Vec::new(),
+    };
+    port += rnr::PORTS;
     let (mut link_failure, mut backend_restart) = (None, None);
     let mut backend = backend;
-    if let Some(library_dir) = failures_with {
-        let port = FIRST_PORT + steps.len() as u16;
+    if phases.failures {
+        let library_dir = phases.library_dir;
         println!("== host {}: link failure (ports {port}..)", host.name());
         link_failure = Some(link_failure::run(
             host,
@@ -111,6 +141,8 @@ pub fn run(
     Ok(HostReport {
         host,
         steps: records,
+        perftest,
+        rnr,
         link_failure,
         backend_restart,
     })
@@ -264,6 +296,37 @@ pub fn render(results: &Results) -> String {
             counter("duplicate_request"),
             counter("completer_retry_err"),
             a.seconds.max(b.seconds),
+        ));
+    }
+    let perftest: Vec<_> = [&results.a.perftest, &results.b.perftest]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+    out.push_str(&perftest_across::render(&perftest));
+    for a in &results.a.rnr {
+        let Some(b) = results.b.rnr.iter().find(|b| b.label == a.label) else {
+            continue;
+        };
+        let counter = |name: &str| {
+            [a, b]
+                .iter()
+                .map(|r| r.rxe_counters.get(name).copied().unwrap_or(0))
+                .sum::<u64>()
+        };
+        let (client, server) = if a.role == "client" { (a, b) } else { (b, a) };
+        out.push_str(&format!(
+            "RNR: {:<46} client {} rows, error {:?}; server verified {:?}, error {:?}; RNR NAKs \
+             sent {}, received {}, retries exceeded {}; receives held {:.3} s\n",
+            a.label,
+            client.rows.len(),
+            client.error,
+            server.server_verified,
+            server.error,
+            counter(rnr::SENT_RNR_NAKS),
+            counter(rnr::RECEIVED_RNR_NAKS),
+            counter(rnr::RNR_RETRIES_EXCEEDED),
+            server.seconds_held.unwrap_or(0.0),
         ));
     }
     if let (Some(a), Some(b)) = (&results.a.link_failure, &results.b.link_failure) {
