@@ -28,7 +28,7 @@ pub const TRIXIE_RXE: Recipe = Recipe {
         "deb http://deb.debian.org/debian trixie-backports main",
     ],
     packages: &[
-        "linux-image-amd64",
+        "linux-image-amd64/trixie-backports",
         "qemu-system-x86/trixie-backports",
         "qemu-system-common/trixie-backports",
         "qemu-system-data/trixie-backports",

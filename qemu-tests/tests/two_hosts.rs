@@ -47,7 +47,7 @@ fn unmodified_perftest_runs_every_baseline_case_across_the_link() {
     let Some(results) = common::vrdma_vm_json::<Results>(&["test", "two-hosts-perftest"]) else {
         return;
     };
-    check_perftest(&results, vrdma_qemu_tests::perftest::BASELINE);
+    check_perftest(&results, perftest_across::FULL_CASES);
 }
 
 fn check(results: &Results, plan: &[Step]) {

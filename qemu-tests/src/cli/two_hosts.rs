@@ -8,7 +8,7 @@ use super::host::{dropin_library, prepared_root, target_dir};
 use super::vm_args::VmArgs;
 use crate::error::{Error, Result};
 use crate::native;
-use crate::perftest::{self, Case};
+use crate::perftest::Case;
 use crate::rootfs::PreparedRoot;
 use crate::scenarios::binaries::Binaries;
 use crate::scenarios::perftest_over_vrdma;
@@ -157,7 +157,7 @@ pub fn guest(host: &str, native: &Path, library_dir: &Path, mode: Mode) -> Resul
     let phase = |name: &str| only.as_deref().is_none_or(|only| name.contains(only));
     let perftest: &[Case] = match mode {
         Mode::Short if phase("perftest") => perftest_across::SHORT_CASES,
-        Mode::Perftest => perftest::BASELINE,
+        Mode::Perftest => perftest_across::FULL_CASES,
         _ => &[],
     };
     let phases = two_hosts::Phases {

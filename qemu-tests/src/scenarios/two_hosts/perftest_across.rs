@@ -77,6 +77,26 @@ pub const SHORT_CASES: &[Case] = &[
     },
 ];
 
+/// The named suite (`two-hosts-perftest`): the one-VM baseline, then 1 MiB messages (256
+/// packets each at path MTU 4096) written and read across the link.
+pub const FULL_CASES: &[Case] = &[
+    perftest::BASELINE[0],
+    perftest::BASELINE[1],
+    perftest::BASELINE[2],
+    perftest::BASELINE[3],
+    perftest::BASELINE[4],
+    Case {
+        tool: Tool::IbWriteBw,
+        size: 1 << 20,
+        iterations: 32,
+    },
+    Case {
+        tool: Tool::IbReadBw,
+        size: 1 << 20,
+        iterations: 32,
+    },
+];
+
 /// What one host did in one run of one case.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PerftestRecord {
@@ -227,4 +247,24 @@ pub fn render(records: &[PerftestRecord]) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_full_suite_is_the_baseline_and_more() {
+        assert_eq!(&FULL_CASES[..perftest::BASELINE.len()], perftest::BASELINE);
+        assert!(FULL_CASES.len() > perftest::BASELINE.len());
+    }
+
+    #[test]
+    fn every_pairing_crosses_the_link() {
+        for pairing in PAIRINGS {
+            assert_ne!(pairing.server.0, pairing.client.0, "{pairing:?}");
+        }
+        assert_eq!(PAIRINGS[0].server.1, Impl::Native);
+        assert_eq!(PAIRINGS[0].client.1, Impl::Native);
+    }
 }
