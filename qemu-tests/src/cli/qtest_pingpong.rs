@@ -58,6 +58,19 @@ pub fn test(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<()> {
         "QEMU SIGKILLed mid-traffic: run ended with \"{}\"; rxe0 idle after {} ms",
         results.kill.interrupted_run, results.kill.release_ms
     );
+    let death = &results.backend_death;
+    println!(
+        "back-end SIGKILLed mid-traffic under a running QEMU: run ended with \"{}\"; rxe0 \
+         then held {:?} (idle {:?}); configuration read afterwards: {}; QEMU after it: {}; \
+         rxe0 idle {} ms after QEMU was killed\nQEMU stderr:\n{}",
+        death.interrupted_run,
+        death.held_while_qemu_runs,
+        death.idle,
+        death.magic_read,
+        death.qemu_after_read,
+        death.release_ms,
+        death.qemu_stderr
+    );
     if let Some(readme) = &results.readme {
         println!(
             "README's QEMU command line: device {} up, shared-memory BAR of {} MiB",

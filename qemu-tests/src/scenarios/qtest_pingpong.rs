@@ -10,7 +10,12 @@
 //! - a device reset in the middle of traffic: the backend must release everything the driver
 //!   had created (rxe0 back to its idle counts), and a new transport and context on the same
 //!   function continue the run;
-//! - QEMU killed (SIGKILL) in the middle of traffic: rxe0 returns to its idle counts.
+//! - QEMU killed (SIGKILL) in the middle of traffic: rxe0 returns to its idle counts;
+//! - the back-end killed (SIGKILL) in the middle of traffic, on a second machine: what the
+//!   guest's run, rxe0 and QEMU then do is recorded, not judged (spec §11.4; with 11.1.3:
+//!   QEMU keeps the mappings of the dead back-end's queues and with them its host objects,
+//!   the guest's ping-pong goes on, and the first configuration read aborts QEMU), and rxe0
+//!   must be idle once QEMU is gone.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -118,6 +123,30 @@ pub struct KillOutcome {
     pub release_ms: u64,
 }
 
+/// What killing the back-end under a running QEMU showed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct BackendDeathOutcome {
+    /// How the interrupted client run ended (once QEMU was killed, if not before).
+    pub interrupted_run: String,
+    /// Whether the run had ended 5 s after the back-end's death.
+    pub run_ended_by_itself: bool,
+    /// qtest requests (the guest's register and shared-memory accesses) per second then.
+    pub guest_requests_per_s: u64,
+    /// rxe0's counts 5 s after the back-end's death, QEMU still running.
+    pub held_while_qemu_runs: ResourceCounts,
+    /// rxe0's counts before this machine started.
+    pub idle: ResourceCounts,
+    /// What reading the configuration magic gave afterwards (QEMU forwards every read to the
+    /// back-end, §2.1).
+    pub magic_read: String,
+    /// QEMU's exit status after that read, if it had exited ("running" otherwise).
+    pub qemu_after_read: String,
+    /// The end of QEMU's stderr.
+    pub qemu_stderr: String,
+    /// Time from QEMU's kill until rxe0 was back at its idle counts.
+    pub release_ms: u64,
+}
+
 /// Everything the scenario measured.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Results {
@@ -132,6 +161,7 @@ pub struct Results {
     pub qp_scale: Option<super::qtest_qp_scale::QpScale>,
     pub reset: ResetOutcome,
     pub kill: KillOutcome,
+    pub backend_death: BackendDeathOutcome,
     /// The README's QEMU command line, run as documented (filled in by the caller).
     pub readme: Option<super::readme_qemu::DeviceSeen>,
 }
@@ -537,7 +567,115 @@ fn run_steps(
             "after the backend exited {DEVICE} holds {last:?}, idle was {idle:?}"
         )));
     }
+
+    println!("== the back-end killed in the middle of traffic, QEMU left running");
+    results.backend_death = backend_death(binaries, idle, next_port())?;
+    println!("  {:?}", results.backend_death);
     Ok(results)
+}
+
+/// A second machine and back-end: traffic, then the back-end SIGKILLed under it; records
+/// what the guest, rxe0 and QEMU do, then kills QEMU and waits for rxe0 to be idle.
+fn backend_death(
+    binaries: &Binaries,
+    idle: ResourceCounts,
+    port: u16,
+) -> Result<BackendDeathOutcome> {
+    let backend = Backend::start(&binaries.backend, BACKEND, &[], "info")?;
+    let machine = Machine::start(&MachineConfig::new(&backend.socket))
+        .map_err(|e| Error::Scenario(format!("starting QEMU: {e}")))?;
+    let function = Arc::new(
+        machine
+            .function()
+            .map_err(|e| Error::Scenario(format!("probing the vrdma function: {e}")))?,
+    );
+    read_magic(&function)?;
+    let guest = Guest::open(&function)?;
+    // The native peer stays until the client ends, so that the client's error is what the
+    // device showed it, not its peer's departure.
+    const ITERS: u32 = 1_000_000;
+    let plan = plan("send,write", "4096", ITERS)?;
+    let mut server = native_server(binaries, port, "send,write", "4096", ITERS, "death")?;
+    let mut options = client_options(port, &plan);
+    options.timeout = Duration::from_secs(20);
+    let observed = std::thread::scope(|scope| {
+        let client = scope.spawn(|| run_client(&guest.ctx, &plan, &options));
+        let observed = server
+            .wait_for_output("RUNNING", Duration::from_secs(120))
+            .and_then(|()| {
+                // Some traffic first.
+                std::thread::sleep(Duration::from_millis(500));
+                backend.proc.signal("KILL")?;
+                // Give QEMU time to see the connection close; what follows is recorded, not
+                // judged, so the pause decides nothing.
+                std::thread::sleep(Duration::from_secs(5));
+                observe_after_backend_death(&machine, &function, client.is_finished())
+            });
+        // The run does not end by itself if its traffic keeps going (see BackendDeathOutcome):
+        // QEMU's end ends it.
+        let at = Instant::now();
+        machine.kill();
+        let outcome = client
+            .join()
+            .map_err(|_| Error::Scenario("the client thread panicked".into()))?;
+        Ok::<_, Error>((observed?, at, outcome))
+    });
+    let (observed, qemu_killed_at, outcome) = observed?;
+    server.kill();
+    drop(guest);
+    drop(function);
+    drop(machine);
+    let release_ms = wait_idle(
+        idle,
+        qemu_killed_at,
+        "after QEMU of the dead back-end exited",
+        &backend,
+    )?;
+    Ok(BackendDeathOutcome {
+        interrupted_run: match outcome {
+            Ok(_) => "completed".to_string(),
+            Err(e) => e.to_string(),
+        },
+        idle,
+        release_ms,
+        ..observed
+    })
+}
+
+/// What the guest, rxe0 and QEMU show a few seconds after the back-end died.
+fn observe_after_backend_death(
+    machine: &Machine,
+    function: &QtestPciFunction,
+    run_ended: bool,
+) -> Result<BackendDeathOutcome> {
+    let requests = machine.qtest.requests();
+    std::thread::sleep(Duration::from_secs(1));
+    let guest_requests_per_s = machine.qtest.requests() - requests;
+    let held_while_qemu_runs = resource_counts(DEVICE)?;
+    let magic_read = match read_magic(function) {
+        Ok(magic) => format!("ok: {magic}"),
+        Err(e) => format!(
+            "error: {}",
+            e.to_string().lines().next().unwrap_or_default()
+        ),
+    };
+    // QEMU answers the read (or has died doing it) before the qtest reply: no waiting.
+    let qemu_after_read = match machine.qtest.exit_status() {
+        Some(status) => status.to_string(),
+        None => "running".into(),
+    };
+    Ok(BackendDeathOutcome {
+        run_ended_by_itself: run_ended,
+        guest_requests_per_s,
+        held_while_qemu_runs,
+        magic_read,
+        qemu_after_read,
+        qemu_stderr: tail(
+            &crate::error::summarize_qemu_stderr(&machine.qtest.stderr()),
+            8,
+        ),
+        ..BackendDeathOutcome::default()
+    })
 }
 
 /// The library over qtest next to the native pair, per (op, size).
