@@ -461,16 +461,10 @@ fn run_steps(
     println!("== native pair: verified ping-pong");
     results.native = native_pair(binaries, settings, next_port())?;
 
-    let backend = Backend::start(&binaries.backend, BACKEND, &[], "info")?;
     println!("== QEMU with the vrdma device under qtest");
-    let machine = Machine::start(&MachineConfig::new(&backend.socket))
-        .map_err(|e| Error::Scenario(format!("starting QEMU: {e}")))?;
+    let (backend, machine) = start_machine(binaries)?;
     *qemu_cell.borrow_mut() = Some(machine.qtest.clone());
-    let function = Arc::new(
-        machine
-            .function()
-            .map_err(|e| Error::Scenario(format!("probing the vrdma function: {e}")))?,
-    );
+    let function = probe(&machine)?;
     let magic = read_magic(&function)?;
     println!("  {:x?}; magic {magic:?}", function.info());
 
@@ -574,6 +568,22 @@ fn run_steps(
     Ok(results)
 }
 
+/// A back-end and QEMU with the vrdma device on it, under qtest.
+fn start_machine(binaries: &Binaries) -> Result<(Backend, Machine)> {
+    let backend = Backend::start(&binaries.backend, BACKEND, &[], "info")?;
+    let machine = Machine::start(&MachineConfig::new(&backend.socket))
+        .map_err(|e| Error::Scenario(format!("starting QEMU: {e}")))?;
+    Ok((backend, machine))
+}
+
+/// The machine's vrdma function, its BARs assigned.
+fn probe(machine: &Machine) -> Result<Arc<QtestPciFunction>> {
+    let function = machine
+        .function()
+        .map_err(|e| Error::Scenario(format!("probing the vrdma function: {e}")))?;
+    Ok(Arc::new(function))
+}
+
 /// A second machine and back-end: traffic, then the back-end SIGKILLed under it; records
 /// what the guest, rxe0 and QEMU do, then kills QEMU and waits for rxe0 to be idle.
 fn backend_death(
@@ -581,14 +591,8 @@ fn backend_death(
     idle: ResourceCounts,
     port: u16,
 ) -> Result<BackendDeathOutcome> {
-    let backend = Backend::start(&binaries.backend, BACKEND, &[], "info")?;
-    let machine = Machine::start(&MachineConfig::new(&backend.socket))
-        .map_err(|e| Error::Scenario(format!("starting QEMU: {e}")))?;
-    let function = Arc::new(
-        machine
-            .function()
-            .map_err(|e| Error::Scenario(format!("probing the vrdma function: {e}")))?,
-    );
+    let (backend, machine) = start_machine(binaries)?;
+    let function = probe(&machine)?;
     read_magic(&function)?;
     let guest = Guest::open(&function)?;
     // The native peer stays until the client ends, so that the client's error is what the

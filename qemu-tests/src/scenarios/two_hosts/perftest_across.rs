@@ -159,11 +159,13 @@ fn run_one(
     case: &Case,
     port: u16,
 ) -> Result<PerftestRecord> {
-    let (role, which) = if pairing.server.0 == host {
-        ("server", pairing.server.1)
-    } else {
-        ("client", pairing.client.1)
-    };
+    let (role, which) = super::role_of(host, pairing.server, pairing.client).ok_or_else(|| {
+        Error::Scenario(format!(
+            "host {} has no part in {}",
+            host.name(),
+            pairing.label
+        ))
+    })?;
     let side = match which {
         Impl::Native => Side::native(DEVICE),
         Impl::Vrdma => Side::over_dropin(&backend.socket, library_dir),

@@ -143,11 +143,9 @@ fn run_one(
     run: &RnrRun,
     port: u16,
 ) -> Result<RnrRecord> {
-    let (role, which) = if run.server.0 == host {
-        ("server", run.server.1)
-    } else {
-        ("client", run.client.1)
-    };
+    let (role, which) = super::role_of(host, run.server, run.client).ok_or_else(|| {
+        Error::Scenario(format!("host {} has no part in {}", host.name(), run.label))
+    })?;
     let release = std::env::temp_dir().join(format!("two-hosts-rnr-{port}-release"));
     let _ = std::fs::remove_file(&release);
     let rnr_retry = run.rnr_retry.to_string();

@@ -29,13 +29,7 @@ pub struct Step {
 impl Step {
     /// What `host` does in this step: serve, connect, or nothing.
     pub fn role_of(&self, host: Host) -> Option<(&'static str, Impl)> {
-        if self.server.0 == host {
-            Some(("server", self.server.1))
-        } else if self.client.0 == host {
-            Some(("client", self.client.1))
-        } else {
-            None
-        }
+        super::role_of(host, self.server, self.client)
     }
 }
 
