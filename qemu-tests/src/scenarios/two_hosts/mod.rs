@@ -28,27 +28,11 @@ use crate::perftest::Case;
 use crate::scenarios::backend::Backend;
 use crate::scenarios::binaries::Binaries;
 use crate::scenarios::pingpong_peer::{
-    pingpong_command, read_report, Impl, PingpongRow, Plan, PEER_TIMEOUT_S,
+    pingpong_command, read_report, PingpongRow, Plan, PEER_TIMEOUT_S,
 };
 use crate::vm_link::Host;
 use link::{NicFrames, QdiscStats};
 use steps::Step;
-
-/// What `host` is in an exchange between `server` and `client` (each a host and what runs
-/// there): "server" or "client", and what it runs; `None` if it takes no part.
-pub fn role_of(
-    host: Host,
-    server: (Host, Impl),
-    client: (Host, Impl),
-) -> Option<(&'static str, Impl)> {
-    if server.0 == host {
-        Some(("server", server.1))
-    } else if client.0 == host {
-        Some(("client", client.1))
-    } else {
-        None
-    }
-}
 
 /// First TCP port of the steps' out-of-band exchanges (one port per step).
 const FIRST_PORT: u16 = 18700;

@@ -159,13 +159,14 @@ fn run_one(
     case: &Case,
     port: u16,
 ) -> Result<PerftestRecord> {
-    let (role, which) = super::role_of(host, pairing.server, pairing.client).ok_or_else(|| {
-        Error::Scenario(format!(
-            "host {} has no part in {}",
-            host.name(),
-            pairing.label
-        ))
-    })?;
+    let (role, which) =
+        super::steps::role_of(host, pairing.server, pairing.client).ok_or_else(|| {
+            Error::Scenario(format!(
+                "host {} has no part in {}",
+                host.name(),
+                pairing.label
+            ))
+        })?;
     let side = match which {
         Impl::Native => Side::native(DEVICE),
         Impl::Vrdma => Side::over_dropin(&backend.socket, library_dir),

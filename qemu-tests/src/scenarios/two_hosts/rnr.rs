@@ -143,7 +143,7 @@ fn run_one(
     run: &RnrRun,
     port: u16,
 ) -> Result<RnrRecord> {
-    let (role, which) = super::role_of(host, run.server, run.client).ok_or_else(|| {
+    let (role, which) = super::steps::role_of(host, run.server, run.client).ok_or_else(|| {
         Error::Scenario(format!("host {} has no part in {}", host.name(), run.label))
     })?;
     let release = std::env::temp_dir().join(format!("two-hosts-rnr-{port}-release"));

@@ -29,7 +29,23 @@ pub struct Step {
 impl Step {
     /// What `host` does in this step: serve, connect, or nothing.
     pub fn role_of(&self, host: Host) -> Option<(&'static str, Impl)> {
-        super::role_of(host, self.server, self.client)
+        role_of(host, self.server, self.client)
+    }
+}
+
+/// What `host` is in an exchange between `server` and `client` (each a host and what runs
+/// there): "server" or "client", and what it runs; `None` if it takes no part.
+pub fn role_of(
+    host: Host,
+    server: (Host, Impl),
+    client: (Host, Impl),
+) -> Option<(&'static str, Impl)> {
+    if server.0 == host {
+        Some(("server", server.1))
+    } else if client.0 == host {
+        Some(("client", client.1))
+    } else {
+        None
     }
 }
 
