@@ -958,6 +958,16 @@ static void poll_one(struct peer *pp, struct ibv_cq *cq, struct ibv_wc *wc, cons
 			check_peer(pp);
 		}
 	}
+	if (wc->status == IBV_WC_WR_FLUSH_ERR && cq == pp->recv_cq) {
+		/* A flushed receive only says that the QP is in error; the send that failed (if
+		 * it completed already) says why, e.g. an exhausted RNR retry count. */
+		struct ibv_wc sent;
+
+		while (ibv_poll_cq(pp->send_cq, 1, &sent) == 1)
+			if (sent.status != IBV_WC_SUCCESS && sent.status != IBV_WC_WR_FLUSH_ERR)
+				fail("send completion with status %s (vendor error 0x%x)",
+				     ibv_wc_status_str(sent.status), sent.vendor_err);
+	}
 	if (wc->status != IBV_WC_SUCCESS)
 		fail("%s completion with status %s (vendor error 0x%x)", what,
 		     ibv_wc_status_str(wc->status), wc->vendor_err);

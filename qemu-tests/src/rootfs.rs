@@ -18,7 +18,8 @@ pub struct Recipe {
     pub packages: &'static [&'static str],
 }
 
-/// The VM's root: trixie's kernel (rdma_rxe as a module), QEMU 11.1 from trixie-backports (its
+/// The VM's root: trixie-backports' kernel (rdma_rxe as a module; trixie's 6.12 rxe crashed
+/// across the two-host link), QEMU 11.1 from trixie-backports (its
 /// common/data/seabios siblings must come from backports too, else apt refuses), rdma-core and
 /// perftest. busybox-static, because the initramfs needs a static shell.
 pub const TRIXIE_RXE: Recipe = Recipe {

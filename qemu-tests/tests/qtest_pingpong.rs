@@ -46,10 +46,13 @@ fn qtest_pingpong_verifies_resets_and_survives_a_qemu_kill() {
     // The reset and the kill interrupted a run meant to last a million iterations.
     assert_ne!(results.reset.interrupted_run, "completed");
     assert_ne!(results.kill.interrupted_run, "completed");
-    // The back-end killed under a running QEMU: the guest's run ended with an error within
-    // its bounded waits (the scenario itself checked that rxe0 was idle once QEMU went; what
-    // QEMU did meanwhile is recorded, see spec §11.4).
-    assert_ne!(results.backend_death.interrupted_run, "completed");
+    // The back-end killed under a running QEMU: the step ran and observed QEMU after a
+    // configuration read; the scenario itself failed unless rxe0 was idle once QEMU was gone.
+    // What QEMU and rxe did meanwhile is recorded, not judged (spec §11.4): a QEMU that
+    // handles the disconnect better must not fail this test.
+    let death = &results.backend_death;
+    assert!(!death.qemu_after_read.is_empty(), "{death:?}");
+    assert!(!death.magic_read.is_empty(), "{death:?}");
     for op in VERIFY_OPS.split(',') {
         assert!(
             results.reset.continued.iter().any(|r| r.op == op),

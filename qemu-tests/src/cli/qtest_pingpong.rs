@@ -60,15 +60,19 @@ pub fn test(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<()> {
     );
     let death = &results.backend_death;
     println!(
-        "back-end SIGKILLed mid-traffic under a running QEMU: run ended with \"{}\"; rxe0 \
-         then held {:?} (idle {:?}); configuration read afterwards: {}; QEMU after it: {}; \
-         rxe0 idle {} ms after QEMU was killed\nQEMU stderr:\n{}",
-        death.interrupted_run,
+        "back-end SIGKILLed mid-traffic under a running QEMU: 5 s later the run had ended by \
+         itself: {}, {} guest accesses/s, rxe0 moving {} packets/s and holding {:?} (idle \
+         {:?}); configuration read then: {}; QEMU after it: {}; rxe0 idle {} ms after the \
+         harness reaped QEMU; the run ended with \"{}\"\nQEMU stderr:\n{}",
+        death.run_ended_by_itself,
+        death.guest_requests_per_s,
+        death.rxe_packets_per_s,
         death.held_while_qemu_runs,
         death.idle,
         death.magic_read,
         death.qemu_after_read,
         death.release_ms,
+        death.interrupted_run,
         death.qemu_stderr
     );
     if let Some(readme) = &results.readme {

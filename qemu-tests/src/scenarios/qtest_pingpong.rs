@@ -34,6 +34,7 @@ use vrdma_tools::pingpong::Plan;
 
 use super::backend::Backend;
 use super::pingpong_peer::{read_report, PingpongReport, PingpongRow};
+use super::two_hosts::link::{counter_deltas, rxe_counters};
 use crate::error::{tail, Error, Result};
 use crate::inside::{resource_counts, wait_for_counts, Proc, ResourceCounts, DEVICE};
 use crate::qtest::{Machine, MachineConfig, QtestPciFunction};
@@ -132,6 +133,9 @@ pub struct BackendDeathOutcome {
     pub run_ended_by_itself: bool,
     /// qtest requests (the guest's register and shared-memory accesses) per second then.
     pub guest_requests_per_s: u64,
+    /// Packets rxe0 sent and received in that second: traffic still moving with no back-end
+    /// (the guest's QP and its native peer's) shows here.
+    pub rxe_packets_per_s: u64,
     /// rxe0's counts 5 s after the back-end's death, QEMU still running.
     pub held_while_qemu_runs: ResourceCounts,
     /// rxe0's counts before this machine started.
@@ -563,7 +567,7 @@ fn run_steps(
     }
 
     println!("== the back-end killed in the middle of traffic, QEMU left running");
-    results.backend_death = backend_death(binaries, idle, next_port())?;
+    results.backend_death = backend_death(binaries, idle, next_port(), qemu_cell)?;
     println!("  {:?}", results.backend_death);
     Ok(results)
 }
@@ -590,8 +594,10 @@ fn backend_death(
     binaries: &Binaries,
     idle: ResourceCounts,
     port: u16,
+    qemu_cell: &std::cell::RefCell<Option<Arc<crate::qtest::Qtest>>>,
 ) -> Result<BackendDeathOutcome> {
     let (backend, machine) = start_machine(binaries)?;
+    *qemu_cell.borrow_mut() = Some(machine.qtest.clone());
     let function = probe(&machine)?;
     read_magic(&function)?;
     let guest = Guest::open(&function)?;
@@ -653,8 +659,14 @@ fn observe_after_backend_death(
     run_ended: bool,
 ) -> Result<BackendDeathOutcome> {
     let requests = machine.qtest.requests();
+    let counters = rxe_counters()?;
     std::thread::sleep(Duration::from_secs(1));
     let guest_requests_per_s = machine.qtest.requests() - requests;
+    let moved = counter_deltas(&counters, &rxe_counters()?);
+    let rxe_packets_per_s = ["sent_pkts", "rcvd_pkts"]
+        .iter()
+        .map(|name| moved.get(*name).copied().unwrap_or(0))
+        .sum();
     let held_while_qemu_runs = resource_counts(DEVICE)?;
     let magic_read = match read_magic(function) {
         Ok(magic) => format!("ok: {magic}"),
@@ -671,6 +683,7 @@ fn observe_after_backend_death(
     Ok(BackendDeathOutcome {
         run_ended_by_itself: run_ended,
         guest_requests_per_s,
+        rxe_packets_per_s,
         held_while_qemu_runs,
         magic_read,
         qemu_after_read,

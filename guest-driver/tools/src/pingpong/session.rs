@@ -74,7 +74,8 @@ pub(super) struct Session<'c> {
 
 impl<'c> Session<'c> {
     /// Connects the queue pairs and exchanges `ready`. Prints `READY` on stderr once this
-    /// side's queue pairs are connected and its receives posted, and `RUNNING` once both are.
+    /// side's queue pairs are connected and its receives posted (the RC ones only later with
+    /// `--receives-after`: `RECEIVES POSTED`), and `RUNNING` once both are.
     pub(super) fn start(
         mut ep: Endpoint,
         peer: Hello,
@@ -243,14 +244,14 @@ impl<'c> Session<'c> {
         if wc.status != WcStatus::Success {
             // A flushed receive only says that the QP is in error; the send that failed (if
             // it completed already) says why, e.g. RnrRetryExcErr.
-            if let (Queue::Recv, WcStatus::WrFlushErr, Some(cause)) =
-                (queue, wc.status, self.failed_send())
-            {
-                return Err(RunError::Completion {
-                    what: "send",
-                    status: cause.status,
-                    vendor_err: cause.vendor_err,
-                });
+            if matches!(queue, Queue::Recv) && wc.status == WcStatus::WrFlushErr {
+                if let Some(cause) = self.failed_send() {
+                    return Err(RunError::Completion {
+                        what: "send",
+                        status: cause.status,
+                        vendor_err: cause.vendor_err,
+                    });
+                }
             }
             return Err(RunError::Completion {
                 what: match queue {
@@ -623,9 +624,9 @@ impl<'c> Session<'c> {
     }
 }
 
-/// Waits up to `timeout` for `path` to exist.
+/// Waits up to `timeout` for the start file `path` to exist.
 fn wait_for_file(path: &std::path::Path, timeout: Duration) -> Result<()> {
-    wait_for(path, timeout, || Ok(()))
+    wait_for("start file", path, timeout, || Ok(()))
 }
 
 /// Waits up to `timeout` for `path` to exist, failing as soon as the peer reports a failure.
@@ -634,12 +635,13 @@ fn wait_for_file_watching(
     timeout: Duration,
     channel: &mut Channel,
 ) -> Result<()> {
-    wait_for(path, timeout, || {
+    wait_for("file", path, timeout, || {
         channel.check_peer().map_err(RunError::from)
     })
 }
 
 fn wait_for(
+    what: &str,
     path: &std::path::Path,
     timeout: Duration,
     mut check: impl FnMut() -> Result<()>,
@@ -649,8 +651,9 @@ fn wait_for(
         check()?;
         if Instant::now() > deadline {
             return Err(RunError::Protocol(format!(
-                "file {} did not appear within {timeout:?}",
-                path.display()
+                "{what} {} did not appear within {} s",
+                path.display(),
+                timeout.as_secs()
             )));
         }
         std::thread::sleep(Duration::from_millis(20));

@@ -17,7 +17,8 @@ use crate::scenarios::pingpong_peer::{
 };
 use crate::vm_link::Host;
 
-/// How long the interrupted peers wait for each other: far below [`PEER_TIMEOUT_S`], which
+/// How long the interrupted peers wait for each other (host A's client longer when its NIC
+/// goes down, see `link_failure`): far below [`PEER_TIMEOUT_S`], which
 /// bounds how long the reconnecting client tries to reach the new server, so that host B's
 /// interrupted server has given up and the new one listens well before that.
 const INTERRUPTED_TIMEOUT_S: u32 = 30;

@@ -108,9 +108,10 @@ pub fn run(
     let mut port = FIRST_PORT + steps.len() as u16;
     let perftest = perftest_across::run(host, &backend, phases.library_dir, phases.perftest, port)?;
     port += perftest_across::ports(phases.perftest);
-    let rnr = match phases.rnr {
-        true => rnr::run(host, binaries, &backend, port)?,
-        false => Vec::new(),
+    let rnr = if phases.rnr {
+        rnr::run(host, binaries, &backend, port)?
+    } else {
+        Vec::new()
     };
     port += rnr::PORTS;
     let (mut link_failure, mut backend_restart) = (None, None);

@@ -9,9 +9,10 @@
 //!   native client; the vrdma QP's receive queue, filled late by the guest, then takes every
 //!   message;
 //! - A's vrdma client with `rnr_retry` [`EXHAUSTED_RNR_RETRY`] against a server on B that
-//!   never posts: the client must fail with an RNR-retry-exceeded completion after
-//!   `rnr_retry + 1` NAKs (not 1, which would mean the retry count was lost on the way to the
-//!   host QP, and not never, which would mean it became 7).
+//!   never posts: the client must fail with an RNR-retry-exceeded completion after exactly
+//!   `rnr_retry + 1` NAKs. rxe counts a NAK only while the QP still waits for that send and
+//!   takes one retry off for each, whatever made it send again (the RNR timer or its
+//!   transport timer), so the number is the QP's count, not a matter of timing.
 //!
 //! A holding server waits for its own host's rxe counter, never for time, so the runs do not
 //! depend on how fast either VM is.
@@ -231,9 +232,8 @@ fn hold_then_release(
         }
         if Instant::now() >= deadline {
             return Err(Error::Scenario(format!(
-                "{} RNR NAKs sent within {timeout:?} of holding the receives, waiting for \
-                 {NAKS_BEFORE_RELEASE}",
-                sent
+                "{sent} RNR NAKs sent within {timeout:?} of holding the receives, waiting for \
+                 {NAKS_BEFORE_RELEASE}"
             )));
         }
         std::thread::sleep(Duration::from_millis(20));
