@@ -28,7 +28,7 @@ use crate::perftest::Case;
 use crate::scenarios::backend::Backend;
 use crate::scenarios::binaries::Binaries;
 use crate::scenarios::pingpong_peer::{
-    pingpong_command, read_report, PingpongRow, Plan, PEER_TIMEOUT_S,
+    pingpong_command, read_report, Impl, PingpongRow, Plan, PEER_TIMEOUT_S,
 };
 use crate::vm_link::Host;
 use link::{NicFrames, QdiscStats};
@@ -172,19 +172,10 @@ fn run_step(
         timeout_s: PEER_TIMEOUT_S,
         tool_args: step.tool_args,
     };
-    // A server listens on its own address, a client connects to the peer's.
-    let address = match role {
-        "server" => host.scoped_address(),
-        _ => host.peer().scoped_address(),
-    };
     // The tools bound every wait on the peer (connecting, accepting, each completion) by
     // pingpong_command's timeout, which covers a peer VM still booting at the first step.
-    let mut cmd = pingpong_command(binaries, backend, which, role, port, &plan, Some(&address));
     let json = std::env::temp_dir().join(format!("two-hosts-{port}.json"));
-    if role == "client" {
-        let _ = std::fs::remove_file(&json);
-        cmd.arg("--json").arg(&json);
-    }
+    let mut cmd = across_link(host, binaries, backend, (role, which), port, &plan, &json);
     let name = format!("two-hosts-{port}-{role}");
     let mut proc = Proc::spawn(&name, &mut cmd)?;
     if let Err(e) = proc.wait_success(Duration::from_secs(900)) {
@@ -220,6 +211,30 @@ fn run_step(
         nic_frames,
         seconds,
     })
+}
+
+/// `host`'s ping-pong peer `which` in `role` on `port` with `plan`, across the link: a server
+/// listens on its own address, a client connects to the peer's and writes its report to
+/// `json` (removed first).
+pub(crate) fn across_link(
+    host: Host,
+    binaries: &Binaries,
+    backend: &Backend,
+    (role, which): (&str, Impl),
+    port: u16,
+    plan: &Plan<'_>,
+    json: &Path,
+) -> std::process::Command {
+    let address = match role {
+        "server" => host.scoped_address(),
+        _ => host.peer().scoped_address(),
+    };
+    let mut cmd = pingpong_command(binaries, backend, which, role, port, plan, Some(&address));
+    if role == "client" {
+        let _ = std::fs::remove_file(json);
+        cmd.arg("--json").arg(json);
+    }
+    cmd
 }
 
 /// The server's "server: N steps of M iterations verified" (vrdma-pingpong and the native

@@ -29,9 +29,7 @@ use crate::error::{Error, Result};
 use crate::inside::Proc;
 use crate::scenarios::backend::Backend;
 use crate::scenarios::binaries::Binaries;
-use crate::scenarios::pingpong_peer::{
-    pingpong_command, read_report, Impl, PingpongRow, Plan, PEER_TIMEOUT_S,
-};
+use crate::scenarios::pingpong_peer::{read_report, Impl, PingpongRow, Plan, PEER_TIMEOUT_S};
 use crate::vm_link::Host;
 
 /// RNR NAKs a holding server's host sends before the server posts its receives.
@@ -164,16 +162,8 @@ fn run_one(
         tool_args: &args,
         ..PLAN
     };
-    let address = match role {
-        "server" => host.scoped_address(),
-        _ => host.peer().scoped_address(),
-    };
-    let mut cmd = pingpong_command(binaries, backend, which, role, port, &plan, Some(&address));
     let json = std::env::temp_dir().join(format!("two-hosts-rnr-{port}.json"));
-    if role == "client" {
-        let _ = std::fs::remove_file(&json);
-        cmd.arg("--json").arg(&json);
-    }
+    let mut cmd = super::across_link(host, binaries, backend, (role, which), port, &plan, &json);
     let before = link::rxe_counters()?;
     let mut proc = Proc::spawn(&format!("two-hosts-rnr-{port}-{role}"), &mut cmd)?;
     let seconds_held = if role == "server" && run.released {
