@@ -197,6 +197,8 @@ pub struct MemfdRam {
     memfd: File,
     base: NonNull<u8>,
     len: usize,
+    /// Guest-physical address of the first byte.
+    guest_base: u64,
     free: Mutex<FreeRanges>,
 }
 
@@ -235,17 +237,46 @@ impl MemfdRam {
 
     /// Creates `len` bytes (a multiple of `pages.size()`) of guest RAM made of `pages`.
     pub fn with_pages(len: usize, pages: RamPages) -> Result<Arc<Self>, DmaError> {
-        if len == 0 || !len.is_multiple_of(pages.size()) || len as u64 > u64::MAX - GUEST_RAM_BASE {
+        Self::create_at(len, pages, GUEST_RAM_BASE)
+    }
+
+    /// Creates `len` bytes (a multiple of `pages.size()`) of guest RAM made of `pages`, at
+    /// guest-physical address `guest_base` (a multiple of `pages.size()`).
+    pub fn create_at(len: usize, pages: RamPages, guest_base: u64) -> Result<Arc<Self>, DmaError> {
+        let fits = len as u64 <= u64::MAX - guest_base;
+        if len == 0 || !len.is_multiple_of(pages.size()) || !fits {
             return Err(DmaError::BadSize(len));
         }
         let memfd = create_memfd(c"vrdma-guest-ram", pages).map_err(DmaError::Create)?;
         memfd.set_len(len as u64).map_err(DmaError::Create)?;
         seal_size(&memfd).map_err(DmaError::Create)?;
+        Self::map(memfd, len, guest_base)
+    }
+
+    /// Guest RAM that another process created (the guest agent gives each application its
+    /// own): `memfd` holds `len` bytes (a multiple of [`PAGE_SIZE`]) at guest-physical
+    /// address `guest_base`. Fails unless the memfd's size is sealed at exactly `len`, so
+    /// that nobody can shrink it under this mapping.
+    pub fn adopt(memfd: OwnedFd, len: usize, guest_base: u64) -> Result<Arc<Self>, DmaError> {
+        let memfd = File::from(memfd);
+        let fits = len as u64 <= u64::MAX - guest_base;
+        if len == 0 || !len.is_multiple_of(PAGE_SIZE) || !fits {
+            return Err(DmaError::BadSize(len));
+        }
+        let size = memfd.metadata().map_err(DmaError::Create)?.len();
+        if size != len as u64 || !size_sealed(&memfd).map_err(DmaError::Create)? {
+            return Err(DmaError::BadSize(len));
+        }
+        Self::map(memfd, len, guest_base)
+    }
+
+    fn map(memfd: File, len: usize, guest_base: u64) -> Result<Arc<Self>, DmaError> {
         let base = map_shared(memfd.as_fd(), len).map_err(DmaError::Create)?;
         let ram = MemfdRam {
             memfd,
             base,
             len,
+            guest_base,
             free: Mutex::new(FreeRanges::new(0, len)),
         };
         // SAFETY: the mapping just made, owned by `ram`.
@@ -275,7 +306,7 @@ impl MemfdRam {
 
     /// Guest-physical address of the first byte.
     pub fn guest_base(&self) -> u64 {
-        GUEST_RAM_BASE
+        self.guest_base
     }
 
     /// Guest-physical address of `len` bytes at host address `addr`, if they lie in guest RAM.
@@ -289,7 +320,7 @@ impl MemfdRam {
         if !inside {
             return Err(DmaError::NotDmaMemory { addr: start, len });
         }
-        Ok(GUEST_RAM_BASE + (start - base) as u64)
+        Ok(self.guest_base + (start - base) as u64)
     }
 
     /// Guest-physical address of every 4 KiB page covering `[addr, addr + len)`.
@@ -465,6 +496,18 @@ fn seal_size(memfd: &File) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether the memfd's size can no longer change (both F_SEAL_SHRINK and F_SEAL_GROW).
+fn size_sealed(memfd: &File) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: F_GET_SEALS on a descriptor we own; it only reads the seals.
+    let seals = unsafe { libc::fcntl(memfd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let needed = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    Ok(seals & needed == needed)
+}
+
 /// Marks `[addr, addr + len)` `MADV_DONTFORK`: a `fork()` child gets no mapping there.
 ///
 /// # Safety
@@ -502,6 +545,33 @@ pub fn map_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn adopted_ram_must_be_sealed_at_its_size() {
+        let owner = MemfdRam::create_at(4 * PAGE_SIZE, RamPages::Small, 3 << 30).unwrap();
+        let adopted = MemfdRam::adopt(
+            owner.fd().try_clone_to_owned().unwrap(),
+            4 * PAGE_SIZE,
+            3 << 30,
+        )
+        .unwrap();
+        // Both map the same pages, at the same guest-physical addresses.
+        // SAFETY: the first byte of the owner's mapping, which it keeps.
+        unsafe { owner.host_base().write_volatile(0x42) };
+        // SAFETY: the first byte of the adopted mapping, which it keeps.
+        let seen = unsafe { adopted.host_base().read_volatile() };
+        assert_eq!(seen, 0x42);
+        assert_eq!(
+            adopted.guest_address(adopted.host_base(), 1).unwrap(),
+            3 << 30
+        );
+        let wrong_size = MemfdRam::adopt(owner.fd().try_clone_to_owned().unwrap(), PAGE_SIZE, 0);
+        assert!(matches!(wrong_size, Err(DmaError::BadSize(_))));
+        let unsealed = create_memfd(c"unsealed", RamPages::Small).unwrap();
+        unsealed.set_len(PAGE_SIZE as u64).unwrap();
+        let unsealed = MemfdRam::adopt(unsealed.into(), PAGE_SIZE, 0);
+        assert!(matches!(unsealed, Err(DmaError::BadSize(_))));
+    }
 
     #[test]
     fn allocations_are_zeroed_aligned_and_reused() {

@@ -80,22 +80,29 @@ impl Proc {
             .map_err(|e| io_error(&format!("waiting for {}", self.name), e))
     }
 
-    /// Waits for the process to exit successfully within `timeout`; kills it otherwise.
-    pub fn wait_success(&mut self, timeout: Duration) -> Result<()> {
+    /// Waits for the process to exit within `timeout` and returns its status; kills it and
+    /// fails otherwise.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.try_wait()? {
-                return if status.success() {
-                    Ok(())
-                } else {
-                    Err(self.failure(&format!("failed ({status})")))
-                };
+                return Ok(status);
             }
             if Instant::now() >= deadline {
                 self.kill();
-                return Err(self.failure(&format!("did not finish within {timeout:?}")));
+                return Err(self.failure(&format!("did not exit within {timeout:?}")));
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for the process to exit successfully within `timeout`; kills it otherwise.
+    pub fn wait_success(&mut self, timeout: Duration) -> Result<()> {
+        let status = self.wait_exit(timeout)?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(self.failure(&format!("failed ({status})")))
         }
     }
 

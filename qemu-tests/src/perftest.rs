@@ -101,6 +101,10 @@ pub struct Side {
     /// More options for perftest (e.g. `--ipv6-addr` for an out-of-band exchange over IPv6).
     #[serde(default)]
     pub extra_args: Vec<String>,
+    /// The unprivileged user (uid, gid) perftest runs as, without supplementary groups;
+    /// `None`: as the caller (root).
+    #[serde(default)]
+    pub run_as: Option<(u32, u32)>,
 }
 
 impl Side {
@@ -112,6 +116,7 @@ impl Side {
             gid_index: 0,
             env: Vec::new(),
             extra_args: Vec::new(),
+            run_as: None,
         }
     }
 
@@ -130,6 +135,7 @@ impl Side {
                 ),
             ],
             extra_args: Vec::new(),
+            run_as: None,
         }
     }
 
@@ -145,6 +151,29 @@ impl Side {
                 library_dir.to_string_lossy().into_owned(),
             )],
             extra_args: Vec::new(),
+            run_as: None,
+        }
+    }
+
+    /// perftest over vrdma's drop-in through the guest agent listening on `agent_socket`,
+    /// as the unprivileged user `uid`:`gid`.
+    pub fn through_agent(agent_socket: &Path, library_dir: &Path, uid: u32, gid: u32) -> Self {
+        Self {
+            label: "vrdma-agent".into(),
+            device: DROPIN_DEVICE.into(),
+            gid_index: 0,
+            env: vec![
+                (
+                    "VRDMA_AGENT".into(),
+                    agent_socket.to_string_lossy().into_owned(),
+                ),
+                (
+                    "LD_LIBRARY_PATH".into(),
+                    library_dir.to_string_lossy().into_owned(),
+                ),
+            ],
+            extra_args: Vec::new(),
+            run_as: Some((uid, gid)),
         }
     }
 
@@ -165,7 +194,10 @@ impl Side {
     }
 
     fn command(&self, case: &Case, port: u16, server: Option<&str>) -> Command {
-        let mut cmd = Command::new(case.tool.command());
+        let mut cmd = match self.run_as {
+            None => Command::new(case.tool.command()),
+            Some((uid, gid)) => as_user(uid, gid, case.tool.command()),
+        };
         cmd.args(["-d", &self.device])
             .args(["-x", &self.gid_index.to_string()])
             .args(["-s", &case.size.to_string()])
@@ -183,6 +215,17 @@ impl Side {
         }
         cmd
     }
+}
+
+/// A command running `program` as `uid`:`gid` with no supplementary groups (util-linux's
+/// setpriv, in every Debian system).
+pub fn as_user(uid: u32, gid: u32, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={gid}"))
+        .args(["--clear-groups", "--"])
+        .arg(program);
+    cmd
 }
 
 /// What perftest reported for one case.

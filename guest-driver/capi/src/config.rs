@@ -1,11 +1,13 @@
 //! What the environment selects: the process transport (with its guest-RAM size) when a
-//! backend socket is named, else the PCI transport (a vrdma PCI function of this guest).
+//! backend socket is named, else the guest agent when its socket is named or exists at the
+//! default path, else the PCI transport (a vrdma PCI function of this guest).
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use vrdma::dma::PAGE_SIZE;
+pub(crate) use vrdma::transport::agent::{AGENT_SOCKET_ENV, DEFAULT_AGENT_SOCKET};
 
 /// Socket of a vrdma backend: selects the process transport.
 pub(crate) const SOCKET_VAR: &str = "VRDMA_SOCKET";
@@ -27,6 +29,8 @@ pub(crate) const DEFAULT_RAM_SIZE: usize = 1 << 30;
 pub(crate) enum TransportChoice {
     /// Process transport: this process is the vhost-user frontend of the backend at `socket`.
     Process { socket: PathBuf, ram_size: usize },
+    /// Agent transport: the guest agent (`vrdma-guestd`) at `socket` drives the device.
+    Agent { socket: PathBuf },
     /// PCI transport: the vrdma PCI function at `address`, or the first one found.
     Pci { address: Option<String> },
 }
@@ -54,11 +58,20 @@ pub(crate) fn gid_cache_lifetime(
     }
 }
 
-/// The transport the environment (read through `var`) selects.
+/// The transport the environment (read through `var`) selects; `default_agent`: the agent's
+/// default socket if it exists.
 pub(crate) fn transport_choice(
     var: impl Fn(&str) -> Option<OsString>,
+    default_agent: Option<PathBuf>,
 ) -> Result<TransportChoice, ConfigError> {
     let Some(socket) = var(SOCKET_VAR).filter(|s| !s.is_empty()) else {
+        let agent = var(AGENT_SOCKET_ENV)
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+            .or(default_agent);
+        if let Some(socket) = agent {
+            return Ok(TransportChoice::Agent { socket });
+        }
         let address = var(PCI_ADDRESS_VAR)
             .filter(|s| !s.is_empty())
             .map(|s| s.to_string_lossy().into_owned());
@@ -79,7 +92,9 @@ pub(crate) fn transport_choice(
 
 /// From the process environment.
 pub(crate) fn from_env() -> Result<TransportChoice, ConfigError> {
-    transport_choice(|name| std::env::var_os(name))
+    let default_agent = Path::new(DEFAULT_AGENT_SOCKET);
+    let default_agent = default_agent.exists().then(|| default_agent.to_path_buf());
+    transport_choice(|name| std::env::var_os(name), default_agent)
 }
 
 fn parse_size(text: &str) -> Option<usize> {
@@ -109,14 +124,14 @@ mod tests {
     #[test]
     fn the_socket_selects_the_process_transport() {
         assert_eq!(
-            transport_choice(env(&[(SOCKET_VAR, "/tmp/v.sock")])),
+            transport_choice(env(&[(SOCKET_VAR, "/tmp/v.sock")]), None),
             Ok(TransportChoice::Process {
                 socket: "/tmp/v.sock".into(),
                 ram_size: DEFAULT_RAM_SIZE
             })
         );
         assert_eq!(
-            transport_choice(env(&[(SOCKET_VAR, "/s"), (RAM_SIZE_VAR, "64M")])),
+            transport_choice(env(&[(SOCKET_VAR, "/s"), (RAM_SIZE_VAR, "64M")]), None),
             Ok(TransportChoice::Process {
                 socket: "/s".into(),
                 ram_size: 64 << 20
@@ -125,13 +140,37 @@ mod tests {
     }
 
     #[test]
+    fn the_agent_is_chosen_by_name_or_by_its_default_socket() {
+        assert_eq!(
+            transport_choice(env(&[(AGENT_SOCKET_ENV, "/a.sock")]), None),
+            Ok(TransportChoice::Agent {
+                socket: "/a.sock".into()
+            })
+        );
+        assert_eq!(
+            transport_choice(env(&[]), Some("/run/x.sock".into())),
+            Ok(TransportChoice::Agent {
+                socket: "/run/x.sock".into()
+            })
+        );
+        // A backend socket wins: the process is its own front-end then.
+        assert_eq!(
+            transport_choice(env(&[(SOCKET_VAR, "/s"), (AGENT_SOCKET_ENV, "/a")]), None),
+            Ok(TransportChoice::Process {
+                socket: "/s".into(),
+                ram_size: DEFAULT_RAM_SIZE
+            })
+        );
+    }
+
+    #[test]
     fn without_a_socket_the_pci_transport_is_chosen() {
         assert_eq!(
-            transport_choice(env(&[])),
+            transport_choice(env(&[]), None),
             Ok(TransportChoice::Pci { address: None })
         );
         assert_eq!(
-            transport_choice(env(&[(SOCKET_VAR, ""), (PCI_ADDRESS_VAR, "00:03.0")])),
+            transport_choice(env(&[(SOCKET_VAR, ""), (PCI_ADDRESS_VAR, "00:03.0")]), None),
             Ok(TransportChoice::Pci {
                 address: Some("00:03.0".into())
             })
@@ -161,7 +200,7 @@ mod tests {
     fn bad_sizes_are_errors() {
         for bad in ["0", "100", "1x", "", "99999999999999999999G"] {
             assert!(
-                transport_choice(env(&[(SOCKET_VAR, "/s"), (RAM_SIZE_VAR, bad)])).is_err(),
+                transport_choice(env(&[(SOCKET_VAR, "/s"), (RAM_SIZE_VAR, bad)]), None).is_err(),
                 "{bad}"
             );
         }

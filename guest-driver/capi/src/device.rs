@@ -77,7 +77,7 @@ pub(crate) fn init_logging() {
 /// backend is only contacted when opened; a PCI function must exist.
 fn device_present(choice: &TransportChoice) -> Result<(), String> {
     match choice {
-        TransportChoice::Process { .. } => Ok(()),
+        TransportChoice::Process { .. } | TransportChoice::Agent { .. } => Ok(()),
         TransportChoice::Pci { address } => {
             find_candidates(Path::new(SYSFS_PCI), address.as_deref())
                 .map(drop)
@@ -195,6 +195,13 @@ fn open_context() -> Result<(Context, Arc<AppTransport>), i32> {
             .map_err(|e| {
             error!(
                 "vrdma: cannot connect to the vrdma backend at {}: {e}",
+                socket.display()
+            );
+            libc::ENODEV
+        })?,
+        TransportChoice::Agent { socket } => AppTransport::connect_agent(&socket).map_err(|e| {
+            error!(
+                "vrdma: cannot reach the vrdma guest agent at {}: {e}",
                 socket.display()
             );
             libc::ENODEV

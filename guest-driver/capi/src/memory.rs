@@ -20,7 +20,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use vrdma::dma::{DmaBuffer, DmaError, DmaMemory, MemfdRam, GUEST_RAM_BASE, PAGE_SIZE};
+use vrdma::dma::{DmaBuffer, DmaError, DmaMemory, MemfdRam, PAGE_SIZE};
 
 use crate::fork;
 use crate::maps::{read_maps, FileId, Mapping};
@@ -141,7 +141,7 @@ impl AppMemory {
     fn reback(&self, start: usize, len: usize, prot: i32) -> Result<DmaBuffer, RebackError> {
         let buffer = self.ram.alloc(len, PAGE_SIZE)?;
         let gpa = self.ram.guest_address(buffer.as_ptr(), len)?;
-        let offset = libc::off_t::try_from(gpa - GUEST_RAM_BASE).map_err(|_| {
+        let offset = libc::off_t::try_from(gpa - self.ram.guest_base()).map_err(|_| {
             RebackError::Dma(DmaError::NotDmaMemory {
                 addr: buffer.as_ptr() as usize,
                 len,
@@ -200,7 +200,7 @@ impl AppMemory {
             if file_offset >= self.ram.len() as u64 {
                 return Err(not_dma);
             }
-            pages.push(GUEST_RAM_BASE + file_offset);
+            pages.push(self.ram.guest_base() + file_offset);
         }
         Ok(pages)
     }
@@ -279,7 +279,7 @@ mod tests {
         assert_eq!(pages.len(), 3);
         assert!(pages.windows(2).all(|w| w[1] == w[0] + PAGE_SIZE as u64));
         // The application's pointer and guest RAM now name the same bytes.
-        let in_ram = ram.host_base() as usize + (pages[1] - GUEST_RAM_BASE) as usize;
+        let in_ram = ram.host_base() as usize + (pages[1] - ram.guest_base()) as usize;
         buf.bytes()[PAGE_SIZE + 5] = 0xEE;
         // SAFETY: `in_ram` is inside the guest-RAM mapping (translated above).
         assert_eq!(unsafe { *((in_ram + 5) as *const u8) }, 0xEE);
@@ -346,7 +346,7 @@ mod tests {
         let addr = buf.0 as usize;
         memory.make_registrable(addr, 2 * PAGE_SIZE).unwrap();
         let pages = memory.translate_pages(addr, 2 * PAGE_SIZE).unwrap();
-        let in_ram = ram.host_base() as usize + (pages[0] - GUEST_RAM_BASE) as usize;
+        let in_ram = ram.host_base() as usize + (pages[0] - ram.guest_base()) as usize;
 
         let status = vrdma_test_support::fork::in_child(|| {
             // SAFETY: the buffer is inherited (private now) and nothing else uses it here.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vrdma::dma::DmaMemory;
+use vrdma::transport::agent::AgentTransport;
 use vrdma::transport::pci::{PciOptions, PciTransport, SysfsPciFunction};
 use vrdma::transport::process::{ProcessOptions, ProcessTransport};
 use vrdma::transport::{SharedMemory, Transport, TransportError};
@@ -65,6 +66,21 @@ impl AppTransport {
             what: "fstat of the guest RAM",
             source,
         })?;
+        Ok(AppTransport {
+            inner: Arc::new(inner),
+            memory: Some(memory),
+        })
+    }
+
+    /// Connects to the guest agent at `socket`; application memory is re-backed with the
+    /// guest RAM the agent gives this process.
+    pub(crate) fn connect_agent(socket: &std::path::Path) -> Result<AppTransport, TransportError> {
+        let inner = AgentTransport::connect(socket)?;
+        let memory =
+            AppMemory::new(inner.guest_ram().clone()).map_err(|source| TransportError::Io {
+                what: "fstat of the guest RAM",
+                source,
+            })?;
         Ok(AppTransport {
             inner: Arc::new(inner),
             memory: Some(memory),
@@ -137,5 +153,20 @@ impl Transport for AppTransport {
             Some(memory) => memory,
             None => self.inner.dma(),
         }
+    }
+
+    fn check_alive(&self) -> Result<(), TransportError> {
+        self.inner.check_alive()
+    }
+
+    fn execute_batch(
+        &self,
+        commands: &mut [(&[u8], &mut [u8])],
+    ) -> Result<Vec<usize>, TransportError> {
+        self.inner.execute_batch(commands)
+    }
+
+    fn shared_doorbell_area(&self) -> Option<vrdma::transport::SharedDoorbellArea> {
+        self.inner.shared_doorbell_area()
     }
 }

@@ -3,7 +3,9 @@
 //! A [`Transport`] offers what the verbs layer needs of the device and nothing about how it
 //! is reached: synchronous control commands on the control queue, the send doorbell, events,
 //! the shared-memory region where the device maps queue buffers, and memory the device can
-//! reach by DMA. Implementations: [`process`] (the library is the vhost-user frontend itself).
+//! reach by DMA. Implementations: [`process`] (the library is the vhost-user frontend itself),
+//! [`pci`] (a userspace virtio-pci driver in a VM) and [`agent`] (an application process
+//! served by the guest agent, `vrdma-guestd`, which alone drives the device).
 
 use std::fmt;
 use std::os::fd::BorrowedFd;
@@ -14,9 +16,11 @@ use std::time::Duration;
 use crate::dma::{DmaError, DmaMemory};
 use crate::virtq::VirtqError;
 
+pub mod agent;
 pub mod pci;
 pub mod process;
 mod queues;
+pub mod shmem_window;
 
 /// Errors of a transport.
 #[derive(Debug, thiserror::Error)]
@@ -210,6 +214,24 @@ impl SharedMemory {
     }
 }
 
+/// A doorbell area (spec §5.3) that the owner of the device registered and shares with this
+/// process: the guest agent's, which every application process of the device rings.
+#[derive(Clone, Copy, Debug)]
+pub struct SharedDoorbellArea {
+    /// First byte, mapped read/write in this process for as long as the transport lives.
+    pub base: NonNull<u8>,
+    /// Bytes mapped.
+    pub len: usize,
+    /// Guest-physical address the area was registered at.
+    pub gpa: u64,
+}
+
+// SAFETY: an address range the transport keeps mapped; the area is only ever accessed
+// atomically, from any thread.
+unsafe impl Send for SharedDoorbellArea {}
+// SAFETY: as for Send.
+unsafe impl Sync for SharedDoorbellArea {}
+
 /// A connection to one vrdma device.
 pub trait Transport: Send + Sync {
     /// Device-specific feature bits (0..=23) both sides agreed on.
@@ -266,6 +288,13 @@ pub trait Transport: Send + Sync {
 
     /// Memory the device can reach.
     fn dma(&self) -> &dyn DmaMemory;
+
+    /// The doorbell area to ring if another process registered it for this device (the
+    /// guest agent); `None` (the default): the context allocates its own and registers it
+    /// with SET_DOORBELL_AREA.
+    fn shared_doorbell_area(&self) -> Option<SharedDoorbellArea> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use super::error::{ProtocolError, Result, VerbsError};
 use super::event::{DeviceEvent, EventDispatch, Wanted};
 use super::gid_cache::{GidCache, GidTable};
 use crate::dma::DmaBuffer;
+use crate::transport::agent::AgentTransport;
 use crate::transport::pci::{PciOptions, PciTransport, SysfsPciFunction};
 use crate::transport::process::{ProcessOptions, ProcessTransport};
 use crate::transport::{SharedMemory, Transport, TransportError};
@@ -102,16 +103,22 @@ impl Context {
         let ResponseBody::QueryDevice(attr) = channel.execute(&ControlRequest::QueryDevice)? else {
             return Err(unexpected_body(Opcode::QueryDevice));
         };
-        let doorbell = DoorbellRegion::new(
-            channel.transport.dma(),
-            config.doorbell_slots.get(),
-            features & features::VRDMA_F_DOORBELL_POLL != 0,
-        )?;
-        channel.execute(&ControlRequest::SetDoorbellArea(SetDoorbellAreaReq {
-            gpa: Le64::new(doorbell.gpa()),
-            slots: Le32::new(doorbell.slots()),
-            reserved: Le32::ZERO,
-        }))?;
+        let device_may_poll = features & features::VRDMA_F_DOORBELL_POLL != 0;
+        let slots = config.doorbell_slots.get();
+        let doorbell = match channel.transport.shared_doorbell_area() {
+            // Registered by the process that drives the device (the guest agent).
+            Some(shared) => DoorbellRegion::shared(shared, slots, device_may_poll)?,
+            None => {
+                let doorbell =
+                    DoorbellRegion::new(channel.transport.dma(), slots, device_may_poll)?;
+                channel.execute(&ControlRequest::SetDoorbellArea(SetDoorbellAreaReq {
+                    gpa: Le64::new(doorbell.gpa()),
+                    slots: Le32::new(doorbell.slots()),
+                    reserved: Le32::ZERO,
+                }))?;
+                doorbell
+            }
+        };
         let inner = ContextInner {
             channel,
             config,
@@ -136,6 +143,12 @@ impl Context {
     /// options) and opens the device.
     pub fn connect_process(socket_path: impl AsRef<Path>) -> Result<Context> {
         let transport = ProcessTransport::connect(socket_path, ProcessOptions::default())?;
+        Context::open(Arc::new(transport))
+    }
+
+    /// Connects through the guest agent listening at `agent_socket` and opens the device.
+    pub fn connect_agent(agent_socket: impl AsRef<Path>) -> Result<Context> {
+        let transport = AgentTransport::connect(agent_socket)?;
         Context::open(Arc::new(transport))
     }
 

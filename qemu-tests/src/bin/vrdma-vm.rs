@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use vrdma_qemu_tests::bench;
 use vrdma_qemu_tests::cli::{
-    self, backend_device, dropin, native_perftest, perftest_over_vrdma, process_pingpong,
+    self, agent, backend_device, dropin, native_perftest, perftest_over_vrdma, process_pingpong,
     qtest_pingpong, rdmacm_utils, real_guest, tenants, two_hosts, verbs_utils, vm_args::VmArgs,
 };
 use vrdma_qemu_tests::workspace;
@@ -127,6 +127,11 @@ enum Suite {
     /// under packet duplication (tc netem on both NICs); unmodified perftest across it (short
     /// cases); RNR retries; the link failing; the backend killed and restarted.
     TwoHosts,
+    /// Many unprivileged processes through one guest agent (vrdma-guestd, process mode):
+    /// socket permissions, 8 verified ping-pongs at once against native peers, unmodified
+    /// perftest on both ends, a process killed in mid-traffic while two others hold sends in
+    /// flight, and another process's handles refused.
+    Agent,
     /// two-hosts, then 1 % and 5 % loss and reordering too, each next to a native baseline.
     TwoHostsFaults,
     /// Only the goodput streams of `vrdma-vm bench` across the two-host link (clean and 1 %
@@ -218,6 +223,15 @@ enum GuestCmd {
         #[arg(long)]
         library_dir: PathBuf,
     },
+    /// The agent scenario; results go to $VRDMA_RESULT_DIR/agent.json.
+    Agent {
+        /// The native C peer (built on the host).
+        #[arg(long)]
+        native: PathBuf,
+        /// Directory with the drop-in as libibverbs.so.1.
+        #[arg(long)]
+        library_dir: PathBuf,
+    },
     /// The tenants scenario; results go to $VRDMA_RESULT_DIR/tenants.json.
     Tenants {
         /// Directory with the drop-in as libibverbs.so.1.
@@ -284,6 +298,7 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
                 Suite::Tenants => tenants::test(&vm, json)?,
                 Suite::TwoHosts => two_hosts::test(&vm, json, two_hosts::Mode::Short)?,
                 Suite::TwoHostsFaults => two_hosts::test(&vm, json, two_hosts::Mode::Faults)?,
+                Suite::Agent => agent::test(&vm, json)?,
                 Suite::TwoHostsGoodput => two_hosts::test(&vm, json, two_hosts::Mode::Goodput)?,
                 Suite::TwoHostsPerftest => two_hosts::test(&vm, json, two_hosts::Mode::Perftest)?,
             }
@@ -314,6 +329,10 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
             GuestCmd::VerbsUtils { library_dir } => verbs_utils::guest(&library_dir)?,
             GuestCmd::RdmacmUtils { library_dir } => rdmacm_utils::guest(&library_dir)?,
             GuestCmd::Tenants { library_dir } => tenants::guest(&library_dir)?,
+            GuestCmd::Agent {
+                native,
+                library_dir,
+            } => agent::guest(native, &library_dir)?,
             GuestCmd::TwoHosts {
                 host,
                 native,

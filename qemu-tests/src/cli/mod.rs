@@ -5,6 +5,7 @@
 //! the guest half (`vrdma-vm guest SUITE`, [`guest_suite`]) in it, then prints what the guest
 //! half reported. One module per suite holds both halves.
 
+pub mod agent;
 pub mod backend_device;
 pub mod bench;
 pub mod dropin;

@@ -1,6 +1,6 @@
 //! The workspace binaries a ping-pong scenario runs inside the VM (process-pingpong and the
-//! real guest's host side): vrdma-backend and vrdma-pingpong next to this executable, and the
-//! native C peer built on the host.
+//! real guest's host side): vrdma-backend, vrdma-pingpong and vrdma-guestd next to this
+//! executable, and the native C peer built on the host.
 
 use std::path::{Path, PathBuf};
 
@@ -12,6 +12,8 @@ pub struct Binaries {
     pub backend: PathBuf,
     pub pingpong: PathBuf,
     pub native_pingpong: PathBuf,
+    /// The guest agent, vrdma-guestd.
+    pub agent: PathBuf,
 }
 
 impl Binaries {
@@ -24,11 +26,13 @@ impl Binaries {
             backend: dir.join("vrdma-backend"),
             pingpong: dir.join("vrdma-pingpong"),
             native_pingpong: native,
+            agent: dir.join("vrdma-guestd"),
         };
         for path in [
             &binaries.backend,
             &binaries.pingpong,
             &binaries.native_pingpong,
+            &binaries.agent,
         ] {
             if !path.is_file() {
                 return Err(Error::Scenario(format!(

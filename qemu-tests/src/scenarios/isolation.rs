@@ -1,10 +1,12 @@
-//! Two guests on one backend cannot reach each other's objects or memory.
+//! Two guests on one backend, or two application processes of one guest agent, cannot reach
+//! each other's objects or memory.
 //!
-//! Speaks raw control commands through the process transport, as a hostile guest would, so
-//! the checks do not depend on what the verbs layer allows.
+//! Speaks raw control commands through the process (or agent) transport, as a hostile guest
+//! would, so the checks do not depend on what the verbs layer allows.
 
 use std::path::Path;
 
+use vrdma::transport::agent::AgentTransport;
 use vrdma::transport::process::{ProcessOptions, ProcessTransport};
 use vrdma::transport::Transport;
 use vrdma_spec::control::{encode_page_list, ControlRequest, ControlResponse, RegMr, ResponseBody};
@@ -15,7 +17,7 @@ use crate::error::{Error, Result};
 
 /// One raw command; `Err` carries the device's status.
 fn command(
-    transport: &ProcessTransport,
+    transport: &dyn Transport,
     request: ControlRequest<'_>,
 ) -> Result<Result<ResponseBody, StatusError>> {
     let mut response = [0u8; 512];
@@ -29,7 +31,7 @@ fn command(
 
 fn expect_ok(
     what: &str,
-    transport: &ProcessTransport,
+    transport: &dyn Transport,
     request: ControlRequest<'_>,
 ) -> Result<ResponseBody> {
     command(transport, request)?
@@ -38,7 +40,7 @@ fn expect_ok(
 
 fn expect_status(
     what: &str,
-    transport: &ProcessTransport,
+    transport: &dyn Transport,
     request: ControlRequest<'_>,
     status: Status,
 ) -> Result<()> {
@@ -63,7 +65,7 @@ fn handle(handle: u32) -> HandleReq {
     }
 }
 
-fn alloc_pd(what: &str, transport: &ProcessTransport) -> Result<u32> {
+fn alloc_pd(what: &str, transport: &dyn Transport) -> Result<u32> {
     match expect_ok(what, transport, ControlRequest::AllocPd)? {
         ResponseBody::AllocPd(r) => Ok(r.handle.get()),
         other => Err(Error::Scenario(format!(
@@ -86,18 +88,34 @@ fn reg_mr_request(pd: u32, iova: u64, pages: &[u64]) -> (RegMrReq, Vec<u8>) {
     (req, list)
 }
 
-/// Runs the isolation checks against the backend listening on `socket`.
+/// Runs the isolation checks between two guests of the backend listening on `socket`.
 pub fn run(socket: &Path) -> Result<()> {
     let connect = || {
         ProcessTransport::connect(socket, ProcessOptions::default())
             .map_err(|e| Error::Scenario(format!("connecting to {}: {e}", socket.display())))
     };
-    let a = connect()?;
-    let b = connect()?;
+    let ram_end = vrdma::dma::GUEST_RAM_BASE + ProcessOptions::default().guest_ram_size as u64;
+    check_pair(&connect()?, &connect()?, ram_end)
+}
 
+/// Runs the isolation checks between two processes of the guest agent listening on `socket`.
+pub fn run_through_agent(socket: &Path) -> Result<()> {
+    let connect = || {
+        AgentTransport::connect(socket)
+            .map_err(|e| Error::Scenario(format!("connecting to {}: {e}", socket.display())))
+    };
+    let (a, b) = (connect()?, connect()?);
+    let ram = b.guest_ram();
+    let ram_end = ram.guest_base() + ram.len() as u64;
+    check_pair(&a, &b, ram_end)
+}
+
+/// A and B must not reach each other's objects; B must not register memory outside its
+/// guest RAM, which ends at `ram_end`.
+fn check_pair(a: &dyn Transport, b: &dyn Transport, ram_end: u64) -> Result<()> {
     // Handles are per guest: while B holds nothing, nothing A holds can be named by B; once B
     // has objects of its own, equal handle values name B's objects, never A's.
-    let pd_a = alloc_pd("guest A: ALLOC_PD", &a)?;
+    let pd_a = alloc_pd("guest A: ALLOC_PD", a)?;
     let buffer = a
         .dma()
         .alloc(4096, 4096)
@@ -110,7 +128,7 @@ pub fn run(socket: &Path) -> Result<()> {
     let (req, list) = reg_mr_request(pd_a, iova, &pages);
     let mr_a = match expect_ok(
         "guest A: REG_MR of its own page",
-        &a,
+        a,
         ControlRequest::RegMr(RegMr::new(req, &list)),
     )? {
         ResponseBody::RegMr(r) => r.mr.get(),
@@ -123,27 +141,26 @@ pub fn run(socket: &Path) -> Result<()> {
     println!("  ok: guest A registers a page of its own RAM");
     expect_status(
         "guest B deallocates guest A's PD",
-        &b,
+        b,
         ControlRequest::DeallocPd(handle(pd_a)),
         Status::BadHandle,
     )?;
     expect_status(
         "guest B deregisters guest A's MR",
-        &b,
+        b,
         ControlRequest::DeregMr(handle(mr_a)),
         Status::BadHandle,
     )?;
     let (req, list) = reg_mr_request(pd_a, iova, &pages);
     expect_status(
         "guest B registers memory in guest A's PD",
-        &b,
+        b,
         ControlRequest::RegMr(RegMr::new(req, &list)),
         Status::BadHandle,
     )?;
 
     // Guest-physical addresses outside B's RAM: far beyond it, straddling its end, below it.
-    let pd_b = alloc_pd("guest B: ALLOC_PD", &b)?;
-    let ram_end = vrdma::dma::GUEST_RAM_BASE + ProcessOptions::default().guest_ram_size as u64;
+    let pd_b = alloc_pd("guest B: ALLOC_PD", b)?;
     for (what, gpa) in [
         (
             "guest B registers a page far outside its RAM",
@@ -155,7 +172,7 @@ pub fn run(socket: &Path) -> Result<()> {
         let (req, list) = reg_mr_request(pd_b, 0x10_0000, &[gpa]);
         expect_status(
             what,
-            &b,
+            b,
             ControlRequest::RegMr(RegMr::new(req, &list)),
             Status::BadAddress,
         )?;
@@ -164,24 +181,24 @@ pub fn run(socket: &Path) -> Result<()> {
     // A's objects are intact after everything B tried.
     expect_ok(
         "guest A: DEREG_MR",
-        &a,
+        a,
         ControlRequest::DeregMr(handle(mr_a)),
     )?;
     expect_ok(
         "guest A: DEALLOC_PD",
-        &a,
+        a,
         ControlRequest::DeallocPd(handle(pd_a)),
     )?;
     expect_status(
         "guest A reuses its stale PD handle",
-        &a,
+        a,
         ControlRequest::DeallocPd(handle(pd_a)),
         Status::BadHandle,
     )?;
-    expect_ok("guest A: QUERY_DEVICE", &a, ControlRequest::QueryDevice)?;
+    expect_ok("guest A: QUERY_DEVICE", a, ControlRequest::QueryDevice)?;
     expect_ok(
         "guest B: DEALLOC_PD",
-        &b,
+        b,
         ControlRequest::DeallocPd(handle(pd_b)),
     )?;
     println!("  ok: guest A's objects survived, both guests still served");

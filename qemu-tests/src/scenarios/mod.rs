@@ -1,5 +1,6 @@
 //! Test scenarios that run inside the rxe VM against a live vrdma-backend.
 
+pub mod agent;
 pub mod backend;
 pub mod binaries;
 pub mod isolation;

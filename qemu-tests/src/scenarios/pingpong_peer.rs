@@ -112,6 +112,31 @@ pub fn pingpong_command(
             cmd
         }
     };
+    add_plan(&mut cmd, port, plan, host);
+    cmd
+}
+
+/// The command line of a vrdma-pingpong in `role` that reaches the device through the guest
+/// agent at `agent_socket`, run as the unprivileged `user` (uid, gid).
+pub fn agent_pingpong_command(
+    binaries: &Binaries,
+    agent_socket: &Path,
+    user: (u32, u32),
+    role: &str,
+    port: u16,
+    plan: &Plan<'_>,
+) -> Command {
+    let mut cmd = crate::perftest::as_user(user.0, user.1, &binaries.pingpong);
+    cmd.arg(role)
+        .arg("--agent")
+        .arg(agent_socket)
+        .env_remove("VRDMA_SOCKET");
+    add_plan(&mut cmd, port, plan, None);
+    cmd
+}
+
+/// The options both tools take for `plan` on `port` (and `host`).
+fn add_plan(cmd: &mut Command, port: u16, plan: &Plan<'_>, host: Option<&str>) {
     cmd.args(["--port", &port.to_string()])
         .args(["--ops", plan.ops])
         .args(["--sizes", plan.sizes])
@@ -129,7 +154,6 @@ pub fn pingpong_command(
             .arg("--start-file")
             .arg(bypass_start_file());
     }
-    cmd
 }
 
 /// The file whose creation lets the one-way (bypass) client start.

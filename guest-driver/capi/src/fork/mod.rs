@@ -46,9 +46,13 @@ fn fork_env() -> ForkEnv {
 }
 
 /// Whether `fork()` children get copies of registered memory without madvise mode: true for
-/// the process transport (see the module documentation).
+/// the process and agent transports, whose registered memory is re-backed guest RAM (see the
+/// module documentation).
 fn copy_on_fork() -> bool {
-    matches!(config::from_env(), Ok(TransportChoice::Process { .. }))
+    matches!(
+        config::from_env(),
+        Ok(TransportChoice::Process { .. } | TransportChoice::Agent { .. })
+    )
 }
 
 /// `RDMAV_FORK_SAFE` / `IBV_FORK_SAFE`: `ibv_fork_init` at the first `ibv_get_device_list`,

@@ -41,9 +41,7 @@ use vrdma_spec::features::{
 };
 use vrdma_spec::queue::{CONTROLQ, DOORBELLQ, EVENTQ, NUM_QUEUES};
 
-mod shmem_window;
-
-use shmem_window::ShmemWindow;
+use super::shmem_window::{ShmemWindow, WindowChange};
 
 /// Settings of a [`ProcessTransport`].
 #[derive(Clone, Debug)]
@@ -65,6 +63,15 @@ pub struct ProcessOptions {
     pub event_buffers: u16,
     /// Size of each event buffer.
     pub event_buffer_size: u32,
+    /// Bytes of a second guest-RAM region (a memfd of its own, after the first) that this
+    /// transport never allocates from: the guest agent hands it to the application process
+    /// it opened the session for, which cannot reach the first region (vrings, command
+    /// buffers). 0: none.
+    pub application_ram_size: usize,
+    /// Negotiate `CONFIGURE_MEM_SLOTS`, so that guest memory can be added and removed while
+    /// the device runs ([`ProcessTransport::add_guest_memory`]). A backend then counts its
+    /// queue mappings against the memory slots as it does for QEMU (spec §10).
+    pub memory_slots: bool,
 }
 
 impl Default for ProcessOptions {
@@ -78,6 +85,8 @@ impl Default for ProcessOptions {
             device_features: DEVICE_SPECIFIC_MASK,
             event_buffers: 64,
             event_buffer_size: 64,
+            application_ram_size: 0,
+            memory_slots: false,
         }
     }
 }
@@ -91,6 +100,11 @@ impl ProcessDma {
     /// Guest RAM of `len` bytes.
     pub fn new(len: usize) -> Result<Self, TransportError> {
         Self::with_pages(len, RamPages::Small)
+    }
+
+    /// Allocations from `ram`.
+    pub fn over(ram: Arc<MemfdRam>) -> Self {
+        ProcessDma { ram }
     }
 
     /// `len` bytes (a multiple of `pages.size()`) of guest RAM made of `pages`.
@@ -127,10 +141,12 @@ impl DmaMemory for ProcessDma {
 
 /// A vrdma device reached over a vhost-user socket, with this process as the frontend.
 pub struct ProcessTransport {
-    // Kept only to hold the connection open: dropping it makes the backend let go of
-    // everything it held for this "guest".
-    _frontend: Frontend,
+    // Holds the connection open (dropping it makes the backend let go of everything it held
+    // for this "guest"); used again only to add and remove guest memory.
+    frontend: parking_lot::Mutex<Frontend>,
     dma: ProcessDma,
+    /// Guest RAM of its own for another process (see [`ProcessOptions::application_ram_size`]).
+    application_ram: Option<Arc<MemfdRam>>,
     device_features: u64,
     config: Vec<u8>,
     window: Arc<ShmemWindow>,
@@ -139,7 +155,7 @@ pub struct ProcessTransport {
     /// What [`Transport::event_fd`] hands out: readable when the event queue's call eventfd
     /// fires *or* the backend hangs up, so that a caller sleeping in poll on it (the drop-in's
     /// event thread) wakes up to learn of a dead backend from `next_event` instead of sleeping
-    /// forever. Its registered fds stay open as long as `events` and `_frontend`.
+    /// forever. Its registered fds stay open as long as `events` and `frontend`.
     event_wakeup: Epoll,
     doorbell: EventFdSignal,
     /// The doorbell queue's rings: the driver never posts on them, but the device was given
@@ -170,7 +186,7 @@ impl ProcessTransport {
 
         let device_features = negotiate_features(&frontend, options.device_features)?;
         let event_idx = device_features & VIRTIO_F_RING_EVENT_IDX != 0;
-        let protocol = negotiate_protocol(&mut frontend)?;
+        let protocol = negotiate_protocol(&mut frontend, options.memory_slots)?;
 
         let config = read_config(&mut frontend, options.config_size)?;
         let shmem_config = frontend
@@ -191,15 +207,27 @@ impl ProcessTransport {
         let backend_channel = BackendChannel::serve(requests)?;
 
         let ram = dma.guest_ram();
-        let region = VhostUserMemoryRegionInfo {
-            guest_phys_addr: ram.guest_base(),
-            memory_size: ram.len() as u64,
-            userspace_addr: ram.host_base() as u64,
-            mmap_offset: 0,
-            mmap_handle: ram.fd().as_raw_fd(),
+        let application_ram = match options.application_ram_size {
+            0 => None,
+            size => {
+                // Right after the driver's RAM, on a 2 MiB boundary.
+                let base = (ram.guest_base() + ram.len() as u64).next_multiple_of(2 << 20);
+                Some(MemfdRam::create_at(size, RamPages::Small, base)?)
+            }
         };
+        let regions: Vec<VhostUserMemoryRegionInfo> = std::iter::once(ram)
+            .chain(application_ram.as_ref())
+            .map(|ram| {
+                memory_region(
+                    ram.fd(),
+                    ram.guest_base(),
+                    ram.len() as u64,
+                    ram.host_base() as u64,
+                )
+            })
+            .collect();
         frontend
-            .set_mem_table(&[region])
+            .set_mem_table(&regions)
             .map_err(TransportError::VhostUser)?;
 
         let size = options.queue_size;
@@ -222,8 +250,9 @@ impl ProcessTransport {
 
         let control = ControlChannel::new(&dma, control, options.command_timeout)?;
         Ok(ProcessTransport {
-            _frontend: frontend,
+            frontend: parking_lot::Mutex::new(frontend),
             dma,
+            application_ram,
             device_features: device_features & DEVICE_SPECIFIC_MASK,
             config,
             window,
@@ -240,6 +269,86 @@ impl ProcessTransport {
     /// The process transport's DMA memory (with guest-physical translation).
     pub fn process_dma(&self) -> &ProcessDma {
         &self.dma
+    }
+
+    /// The second guest-RAM region, if [`ProcessOptions::application_ram_size`] asked for one.
+    pub fn application_ram(&self) -> Option<&Arc<MemfdRam>> {
+        self.application_ram.as_ref()
+    }
+
+    /// Adds `len` bytes of the file `fd` as guest memory at guest-physical `gpa`
+    /// (`ADD_MEM_REG`; needs [`ProcessOptions::memory_slots`]). `host_base` is where this
+    /// process mapped it, or any unique value if it did not (the backend uses it only to
+    /// name the region).
+    pub fn add_guest_memory(
+        &self,
+        fd: BorrowedFd<'_>,
+        gpa: u64,
+        len: u64,
+        host_base: u64,
+    ) -> Result<(), TransportError> {
+        self.owner.check()?;
+        let region = memory_region(fd, gpa, len, host_base);
+        self.frontend
+            .lock()
+            .add_mem_region(&region)
+            .map(|_| ())
+            .map_err(TransportError::VhostUser)
+    }
+
+    /// Removes guest memory added by [`Self::add_guest_memory`] (`REM_MEM_REG`). The backend
+    /// revokes every MR that still has a page there (spec §11.3).
+    pub fn remove_guest_memory(
+        &self,
+        fd: BorrowedFd<'_>,
+        gpa: u64,
+        len: u64,
+        host_base: u64,
+    ) -> Result<(), TransportError> {
+        self.owner.check()?;
+        let region = memory_region(fd, gpa, len, host_base);
+        self.frontend
+            .lock()
+            .remove_mem_region(&region)
+            .map_err(TransportError::VhostUser)
+    }
+
+    /// The doorbell queue's kick eventfd: whoever holds it notifies the device as
+    /// [`Transport::notify_doorbell`] does (the guest agent hands it to applications).
+    pub fn doorbell_kick(&self) -> BorrowedFd<'_> {
+        // SAFETY: the eventfd is owned by `self.doorbell` and stays open while `self` is
+        // borrowed.
+        unsafe { BorrowedFd::borrow_raw(self.doorbell.kick.as_raw_fd()) }
+    }
+
+    /// From now on, the backend's changes of the shared-memory window are not made in this
+    /// process but kept for [`Self::take_window_changes`], to be made in another (the guest
+    /// agent passes them to the application process the session serves). rxe maps a queue
+    /// buffer only once, so only one process can map it.
+    pub fn forward_window_changes(&self) {
+        self.window.forward();
+    }
+
+    /// The window changes received since the last call (see
+    /// [`Self::forward_window_changes`]). The backend makes a command's mappings before it
+    /// answers it, so after `execute` returns they are all here.
+    pub fn take_window_changes(&self) -> Vec<WindowChange> {
+        self.window.take_forwarded()
+    }
+}
+
+fn memory_region(
+    fd: BorrowedFd<'_>,
+    gpa: u64,
+    len: u64,
+    host_base: u64,
+) -> VhostUserMemoryRegionInfo {
+    VhostUserMemoryRegionInfo {
+        guest_phys_addr: gpa,
+        memory_size: len,
+        userspace_addr: host_base,
+        mmap_offset: 0,
+        mmap_handle: fd.as_raw_fd(),
     }
 }
 
@@ -350,6 +459,7 @@ fn negotiate_features(frontend: &Frontend, accepted_device: u64) -> Result<u64, 
 
 fn negotiate_protocol(
     frontend: &mut Frontend,
+    memory_slots: bool,
 ) -> Result<VhostUserProtocolFeatures, TransportError> {
     let offered = frontend
         .get_protocol_features()
@@ -363,7 +473,16 @@ fn negotiate_protocol(
             "vhost-user protocol features CONFIG, BACKEND_REQ, BACKEND_SEND_FD and SHMEM",
         ));
     }
-    let acked = offered & (required | VhostUserProtocolFeatures::REPLY_ACK);
+    let mut wanted = required | VhostUserProtocolFeatures::REPLY_ACK;
+    if memory_slots {
+        if !offered.contains(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS) {
+            return Err(TransportError::Unsupported(
+                "vhost-user protocol feature CONFIGURE_MEM_SLOTS",
+            ));
+        }
+        wanted |= VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+    }
+    let acked = offered & wanted;
     frontend
         .set_protocol_features(acked)
         .map_err(TransportError::VhostUser)?;

@@ -29,8 +29,11 @@ enum Role {
 struct Cli {
     role: Role,
     /// The vrdma backend's vhost-user socket (process transport).
-    #[arg(long, env = "VRDMA_SOCKET", required_unless_present = "pci")]
+    #[arg(long, env = "VRDMA_SOCKET", required_unless_present_any = ["pci", "agent"])]
     socket: Option<PathBuf>,
+    /// The guest agent's socket (agent transport: vrdma-guestd drives the device).
+    #[arg(long, env = "VRDMA_AGENT", conflicts_with = "socket")]
+    agent: Option<PathBuf>,
     /// Use the vrdma PCI device of this guest (PCI transport; needs root and hugepages),
     /// the one at this address (dddd:bb:dd.f) or the first one found.
     #[arg(long, value_name = "ADDRESS", num_args = 0..=1, default_missing_value = "")]
@@ -146,14 +149,22 @@ fn run(cli: &Cli) -> Result<(), String> {
         },
         receives_after: cli.receives_after.clone(),
     };
-    let ctx = match (&cli.pci, &cli.socket) {
-        (Some(address), _) => {
+    let ctx = match (&cli.pci, &cli.agent, &cli.socket) {
+        (Some(address), _, _) => {
             let address = (!address.is_empty()).then_some(address.as_str());
             Context::open_pci(address).map_err(|e| e.to_string())?
         }
-        (None, Some(socket)) => Context::connect_process(socket)
+        (None, Some(agent), _) => Context::connect_agent(agent).map_err(|e| {
+            format!(
+                "opening vrdma through the agent at {}: {e}",
+                agent.display()
+            )
+        })?,
+        (None, None, Some(socket)) => Context::connect_process(socket)
             .map_err(|e| format!("opening vrdma at {}: {e}", socket.display()))?,
-        (None, None) => return Err("give --socket (or VRDMA_SOCKET) or --pci".into()),
+        (None, None, None) => {
+            return Err("give --socket (or VRDMA_SOCKET), --agent (or VRDMA_AGENT) or --pci".into())
+        }
     };
     match cli.role {
         Role::Server => {

@@ -1,0 +1,265 @@
+//! One application process served by the agent: its own device session, the commands it
+//! sends, the events it receives, and the release of everything when it goes.
+//!
+//! In process mode each application process gets a vhost-user session of its own with the
+//! backend, opened by the agent: its own guest RAM (a memfd only it and the backend map), its
+//! own handle namespace and quotas (the backend's, per connection), its own host verbs
+//! context. The agent executes the process's control commands on that session and passes on
+//! the queue buffers each command mapped; the process maps them, posts, rings the session's
+//! doorbell and polls its completions itself. When the process closes its socket, or dies,
+//! the agent closes the session and the backend releases everything in it — nobody else's
+//! objects are touched.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use log::{debug, info, warn};
+use vrdma::transport::agent::protocol::{
+    Frame, Outcome, ProtocolError, Welcome, MAX_PAYLOAD, PROTOCOL_VERSION,
+};
+use vrdma::transport::process::{ProcessOptions, ProcessTransport};
+use vrdma::transport::{Transport, TransportError};
+
+/// Guest RAM of a session that only the agent uses: the vrings (3 × 256 entries), the
+/// command buffers of one command at a time and the posted event buffers.
+const SESSION_RAM: usize = 16 << 20;
+
+/// Who is on the other end of a client socket (SO_PEERCRED).
+#[derive(Clone, Copy, Debug)]
+pub struct Peer {
+    /// Process id.
+    pub pid: i32,
+    /// User id.
+    pub uid: u32,
+}
+
+impl Peer {
+    /// The peer of `socket`.
+    pub fn of(socket: &UnixStream) -> io::Result<Peer> {
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+        };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: SO_PEERCRED fills a ucred of `len` bytes on the stack.
+        let rc = unsafe {
+            libc::getsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut cred as *mut libc::ucred).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Peer {
+            pid: cred.pid,
+            uid: cred.uid,
+        })
+    }
+}
+
+/// What every session is opened with.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// The backend's vhost-user socket.
+    pub backend: std::path::PathBuf,
+    /// Bytes of guest RAM each process gets (its registrable memory).
+    pub guest_ram_size: usize,
+}
+
+/// Serves one application process until it goes, then closes its session (the backend
+/// releases every object of the process).
+pub fn serve(socket: UnixStream, peer: Peer, options: &SessionOptions) {
+    match serve_inner(&socket, peer, options) {
+        Ok(()) => info!("process {} (uid {}) left", peer.pid, peer.uid),
+        Err(e) => info!("process {} (uid {}) dropped: {e}", peer.pid, peer.uid),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    #[error("it speaks protocol version {0}, the agent {PROTOCOL_VERSION}")]
+    Version(u32),
+    #[error("it did not start with a hello")]
+    NoHello,
+    #[error("its device session could not be opened: {0}")]
+    Open(TransportError),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+fn serve_inner(
+    socket: &UnixStream,
+    peer: Peer,
+    options: &SessionOptions,
+) -> Result<(), SessionError> {
+    match Frame::receive(socket)? {
+        Frame::Hello { version } if version == PROTOCOL_VERSION => {}
+        Frame::Hello { version } => {
+            let why = format!("protocol version {version} is not {PROTOCOL_VERSION}");
+            let _ = Frame::Refused(why).send(socket);
+            return Err(SessionError::Version(version));
+        }
+        _ => return Err(SessionError::NoHello),
+    }
+    let device = match open_session(&options.backend, options.guest_ram_size) {
+        Ok(device) => Arc::new(device),
+        Err(e) => {
+            let _ = Frame::Refused(format!("the device is not available: {e}")).send(socket);
+            return Err(SessionError::Open(e));
+        }
+    };
+    let (ours, theirs) = seqpacket_pair()?;
+    let ram = device
+        .application_ram()
+        .ok_or_else(|| io::Error::other("the session has no application RAM"))?;
+    let welcome = Welcome {
+        device_features: device.device_features(),
+        config: device.device_config().to_vec(),
+        shm_size: device.shared_memory().len() as u64,
+        ram_gpa: ram.guest_base(),
+        ram_len: ram.len() as u64,
+        doorbell_gpa: 0,
+        doorbell_len: 0,
+        ram: ram.fd().try_clone_to_owned()?,
+        doorbell: None,
+        doorbell_kick: device.doorbell_kick().try_clone_to_owned()?,
+        events: theirs,
+    };
+    Frame::Welcome(welcome).send(socket)?;
+    info!("process {} (uid {}) connected", peer.pid, peer.uid);
+    let stop = Arc::new(AtomicBool::new(false));
+    let events = {
+        let (device, stop) = (device.clone(), stop.clone());
+        thread::Builder::new()
+            .name(format!("events-{}", peer.pid))
+            .spawn(move || forward_events(&device, &ours, &stop))?
+    };
+    let result = run_commands(socket, &device);
+    stop.store(true, Ordering::Release);
+    if events.join().is_err() {
+        warn!("the event thread of process {} panicked", peer.pid);
+    }
+    // Dropping the last reference closes the session: the backend releases every object.
+    drop(device);
+    result
+}
+
+/// Opens and closes one session: whether the backend serves this agent at all.
+pub fn probe(options: &SessionOptions) -> Result<(), TransportError> {
+    open_session(&options.backend, options.guest_ram_size).map(drop)
+}
+
+/// Tells a process it is not served.
+pub fn refuse(socket: &UnixStream, why: &str) {
+    // Its hello is read first (briefly: this runs on the accept loop), so that the process
+    // learns why instead of finding the socket closed under its hello.
+    let _ = socket.set_read_timeout(Some(Duration::from_secs(1)));
+    let _ = Frame::receive(socket);
+    let _ = Frame::Refused(why.to_string()).send(socket);
+}
+
+fn open_session(backend: &Path, guest_ram_size: usize) -> Result<ProcessTransport, TransportError> {
+    let options = ProcessOptions {
+        // The agent's own part: vrings, command and event buffers.
+        guest_ram_size: SESSION_RAM,
+        // The process's part, which it alone allocates from.
+        application_ram_size: guest_ram_size,
+        ..ProcessOptions::default()
+    };
+    let device = ProcessTransport::connect(backend, options)?;
+    device.forward_window_changes();
+    Ok(device)
+}
+
+fn run_commands(socket: &UnixStream, device: &ProcessTransport) -> Result<(), SessionError> {
+    let mut response = Vec::new();
+    loop {
+        let (capacity, request) = match Frame::receive(socket) {
+            Ok(Frame::Execute {
+                response_capacity,
+                request,
+            }) => (response_capacity, request),
+            Ok(_) => return Err(ProtocolError::Malformed("expected a command").into()),
+            Err(ProtocolError::Closed) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        response.clear();
+        response.resize((capacity as usize).min(MAX_PAYLOAD), 0);
+        let (outcome, used) = match device.execute(&request, &mut response) {
+            Ok(used) => (Outcome::Answered, used),
+            Err(TransportError::Disconnected) => (Outcome::Disconnected, 0),
+            Err(e) => (Outcome::Failed(e.to_string()), 0),
+        };
+        response.truncate(used);
+        let changes = device.take_window_changes();
+        debug!("command answered, {} window change(s)", changes.len());
+        Frame::Executed {
+            outcome,
+            response: std::mem::take(&mut response),
+            changes,
+        }
+        .send(socket)?;
+    }
+}
+
+/// Passes the session's device events to the process until `stop` or until either side goes.
+fn forward_events(device: &ProcessTransport, to: &OwnedFd, stop: &AtomicBool) {
+    let mut event = [0u8; 64];
+    while !stop.load(Ordering::Acquire) {
+        match device.next_event(&mut event, Some(Duration::from_millis(200))) {
+            Ok(None) => {}
+            Ok(Some(len)) => {
+                let len = len.min(event.len());
+                // SAFETY: sends `len` bytes of a local buffer on a socket we own.
+                let sent = unsafe {
+                    libc::send(
+                        to.as_raw_fd(),
+                        event.as_ptr().cast(),
+                        len,
+                        libc::MSG_NOSIGNAL,
+                    )
+                };
+                if sent < 0 {
+                    debug!("event not delivered: {}", io::Error::last_os_error());
+                    return;
+                }
+            }
+            Err(e) => {
+                debug!("event queue ended: {e}");
+                return;
+            }
+        }
+    }
+}
+
+/// A connected pair of SOCK_SEQPACKET sockets (one event per packet).
+fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1; 2];
+    // SAFETY: socketpair fills two descriptors into the array on success.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are new and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}

@@ -1,0 +1,189 @@
+//! The agent transport against a fake agent on a real socket: what the welcome hands over is
+//! usable, a command's mappings are made before its answer returns, events arrive, and an
+//! agent that goes away is noticed.
+
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+use std::time::Duration;
+
+use vmm_sys_util::eventfd::EventFd;
+
+use super::protocol::{Frame, Outcome, Welcome, PROTOCOL_VERSION};
+use super::*;
+use crate::dma::{MemfdRam, RamPages, PAGE_SIZE};
+use crate::transport::shmem_window::WindowChange;
+
+const RAM_GPA: u64 = 8 << 30;
+const RAM_LEN: usize = 16 * PAGE_SIZE;
+const SHM_SIZE: u64 = 1 << 20;
+const ANSWER: [u8; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
+
+fn seqpacket_pair() -> (OwnedFd, OwnedFd) {
+    let mut fds = [-1; 2];
+    // SAFETY: socketpair fills two new descriptors on success.
+    let rc = unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, fds.as_mut_ptr()) };
+    assert_eq!(rc, 0);
+    // SAFETY: both descriptors are new and owned by nobody else.
+    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+}
+
+/// A memfd of `pages` pages whose first byte of each page is `fill`.
+fn queue_buffer(pages: usize, fill: u8) -> OwnedFd {
+    let mut file: std::fs::File = MemfdRam::create_at(pages * PAGE_SIZE, RamPages::Small, 0)
+        .unwrap()
+        .fd()
+        .try_clone_to_owned()
+        .unwrap()
+        .into();
+    for page in 0..pages {
+        std::io::Seek::seek(
+            &mut file,
+            std::io::SeekFrom::Start((page * PAGE_SIZE) as u64),
+        )
+        .unwrap();
+        file.write_all(&[fill]).unwrap();
+    }
+    file.into()
+}
+
+/// The fake agent: welcomes one process, answers one command with [`ANSWER`] and a mapping,
+/// sends one event, counts the doorbell kicks it gets, then leaves.
+fn fake_agent(listener: UnixListener, kick: EventFd) -> u64 {
+    let (socket, _) = listener.accept().unwrap();
+    assert!(matches!(
+        Frame::receive(&socket).unwrap(),
+        Frame::Hello {
+            version: PROTOCOL_VERSION
+        }
+    ));
+    let ram = MemfdRam::create_at(RAM_LEN, RamPages::Small, RAM_GPA).unwrap();
+    let (events, theirs) = seqpacket_pair();
+    Frame::Welcome(Welcome {
+        device_features: 0xabc,
+        config: vec![7; 16],
+        shm_size: SHM_SIZE,
+        ram_gpa: RAM_GPA,
+        ram_len: RAM_LEN as u64,
+        doorbell_gpa: 4 << 30,
+        doorbell_len: PAGE_SIZE as u64,
+        ram: ram.fd().try_clone_to_owned().unwrap(),
+        doorbell: Some(queue_buffer(1, 0)),
+        // SAFETY: the eventfd is open for this call; it is only duplicated.
+        doorbell_kick: unsafe { std::os::fd::BorrowedFd::borrow_raw(kick.as_raw_fd()) }
+            .try_clone_to_owned()
+            .unwrap(),
+        events: theirs,
+    })
+    .send(&socket)
+    .unwrap();
+    let Frame::Execute { request, .. } = Frame::receive(&socket).unwrap() else {
+        panic!("expected a command");
+    };
+    assert_eq!(request, b"request");
+    Frame::Executed {
+        outcome: Outcome::Answered,
+        response: ANSWER.to_vec(),
+        changes: vec![WindowChange::Map {
+            offset: 0x4000,
+            len: 2 * PAGE_SIZE as u64,
+            fd_offset: 0,
+            writable: true,
+            fd: queue_buffer(2, 0x5a),
+        }],
+    }
+    .send(&socket)
+    .unwrap();
+    // SAFETY: sends 16 bytes of a local array on a socket we own.
+    let sent = unsafe { libc::send(events.as_raw_fd(), [9u8; 16].as_ptr().cast(), 16, 0) };
+    assert_eq!(sent, 16);
+    // The process rings twice, then closes its side of the command socket's conversation
+    // by asking one more command, which the agent leaves unanswered by going away.
+    let _ = Frame::receive(&socket);
+    kick.read().unwrap()
+}
+
+#[test]
+fn a_process_gets_its_device_from_the_agent_and_notices_it_leave() {
+    let dir = std::env::temp_dir().join(format!("vrdma-agent-transport-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("agent.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let kick = EventFd::new(0).unwrap();
+    let agent = std::thread::spawn(move || fake_agent(listener, kick));
+
+    let transport = AgentTransport::connect(&path).unwrap();
+    assert_eq!(transport.device_features(), 0xabc);
+    assert_eq!(transport.device_config(), &[7; 16]);
+    assert_eq!(transport.guest_ram().guest_base(), RAM_GPA);
+    let buffer = transport.dma().alloc(PAGE_SIZE, PAGE_SIZE).unwrap();
+    let pages = transport
+        .dma()
+        .translate(buffer.as_ptr(), PAGE_SIZE)
+        .unwrap();
+    assert!(pages[0] >= RAM_GPA && pages[0] < RAM_GPA + RAM_LEN as u64);
+    let doorbell = transport
+        .shared_doorbell_area()
+        .expect("a shared doorbell area");
+    assert_eq!((doorbell.gpa, doorbell.len), (4 << 30, PAGE_SIZE));
+
+    let mut response = [0u8; 64];
+    assert_eq!(transport.execute(b"request", &mut response).unwrap(), 8);
+    assert_eq!(response[..8], ANSWER);
+    // The mapping came with the answer: both pages of the buffer are there.
+    let window = transport.shared_memory();
+    assert_eq!(window.len() as u64, SHM_SIZE);
+    for page in 0..2 {
+        let byte = window.range(0x4000 + page * PAGE_SIZE, 1).unwrap();
+        // SAFETY: the page was mapped by `execute`, readable.
+        assert_eq!(unsafe { byte.as_ptr().read_volatile() }, 0x5a);
+    }
+
+    let mut event = [0u8; 16];
+    let got = transport.next_event(&mut event, Some(Duration::from_secs(10)));
+    assert_eq!(got.unwrap(), Some(16));
+    assert_eq!(event, [9; 16]);
+    transport.notify_doorbell().unwrap();
+    transport.notify_doorbell().unwrap();
+    assert!(transport.check_alive().is_ok());
+
+    // One more command: the agent takes it and goes away without answering.
+    let gone = transport.execute(b"again", &mut response);
+    assert!(
+        matches!(gone, Err(TransportError::Disconnected)),
+        "{gone:?}"
+    );
+    assert_eq!(agent.join().unwrap(), 2);
+    assert!(matches!(
+        transport.check_alive(),
+        Err(TransportError::Disconnected)
+    ));
+    let ended = transport.next_event(&mut event, Some(Duration::from_secs(10)));
+    assert!(
+        matches!(ended, Err(TransportError::Disconnected)),
+        "{ended:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_refusal_reaches_the_process_with_its_reason() {
+    let dir = std::env::temp_dir().join(format!("vrdma-agent-refusal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("agent.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let agent = std::thread::spawn(move || {
+        let (socket, _) = listener.accept().unwrap();
+        let _ = Frame::receive(&socket);
+        Frame::Refused("too many".into()).send(&socket).unwrap();
+    });
+    let refused = AgentTransport::connect(&path).map(drop).unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("refused this process: too many"),
+        "{refused}"
+    );
+    agent.join().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

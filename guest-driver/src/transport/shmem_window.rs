@@ -1,0 +1,271 @@
+//! A process's view of the device's shared-memory region 0: an address range reserved
+//! inaccessible at setup and filled by the backend's SHMEM_MAP requests (queue buffers), which
+//! arrive on the backend request channel (process transport), or by the same mappings passed
+//! on by the guest agent (agent transport). The guest agent's process transport forwards the
+//! changes instead of making them: rxe lets a queue buffer be mapped once, and the buffer
+//! belongs in the application whose command created it, not in the agent.
+//!
+//! Every page of the window is `MADV_DONTFORK`: a `fork()` child has no mapping of the
+//! parent's queues, so nothing it does can write into them.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+
+use log::warn;
+use parking_lot::Mutex;
+use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
+use vhost::vhost_user::{HandlerResult, VhostUserFrontendReqHandler};
+
+use crate::dma::{dont_fork, PAGE_SIZE};
+use crate::transport::{SharedMemory, TransportError};
+
+/// The address range of shared-memory region 0: reserved inaccessible, filled by SHMEM_MAP.
+pub(super) struct ShmemWindow {
+    base: Option<NonNull<u8>>,
+    len: usize,
+    /// While forwarding: the changes received since they were last taken, not made here.
+    forwarded: Mutex<Option<Vec<WindowChange>>>,
+}
+
+/// One change of the window: a mapping of `len` bytes of a file at `offset`, or its end.
+#[derive(Debug)]
+pub enum WindowChange {
+    /// `len` bytes of `fd` from `fd_offset` are mapped at `offset` of the region.
+    Map {
+        /// Offset in the region.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// Offset in the file.
+        fd_offset: u64,
+        /// Mapped writable (else read-only).
+        writable: bool,
+        /// The file (the host's queue buffer).
+        fd: OwnedFd,
+    },
+    /// `[offset, offset + len)` of the region is no longer mapped.
+    Unmap {
+        /// Offset in the region.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+    },
+}
+
+// SAFETY: the window is an address range reserved for the whole life of this value; the
+// mappings inside it are changed only with MAP_FIXED over that range.
+unsafe impl Send for ShmemWindow {}
+// SAFETY: see Send; the struct itself is immutable.
+unsafe impl Sync for ShmemWindow {}
+
+impl ShmemWindow {
+    pub(super) fn reserve(len: u64) -> Result<Self, TransportError> {
+        if len == 0 {
+            return Ok(ShmemWindow {
+                base: None,
+                len: 0,
+                forwarded: Mutex::new(None),
+            });
+        }
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|len| len.is_multiple_of(PAGE_SIZE))
+            .ok_or_else(|| {
+                TransportError::DeviceFailure(format!("shared-memory size {len:#x} is unusable"))
+            })?;
+        // SAFETY: a new private inaccessible mapping; no existing memory is affected.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(TransportError::io(
+                "cannot reserve the shared-memory window",
+            )(io::Error::last_os_error()));
+        }
+        let window = ShmemWindow {
+            base: NonNull::new(addr.cast()),
+            len,
+            forwarded: Mutex::new(None),
+        };
+        // SAFETY: the reservation just made, owned by `window`.
+        unsafe { dont_fork(addr.cast(), len) }.map_err(TransportError::io(
+            "MADV_DONTFORK on the shared-memory window",
+        ))?;
+        Ok(window)
+    }
+
+    pub(super) fn shared_memory(&self) -> SharedMemory {
+        SharedMemory::new(self.base, self.len)
+    }
+
+    /// From now on, keeps every change for [`Self::take_forwarded`] instead of making it.
+    pub(super) fn forward(&self) {
+        self.forwarded.lock().get_or_insert_with(Vec::new);
+    }
+
+    /// The changes received since the last call (none unless forwarding).
+    pub(super) fn take_forwarded(&self) -> Vec<WindowChange> {
+        self.forwarded
+            .lock()
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Makes a change another process's window went through (the agent passes them on).
+    pub(super) fn apply(&self, change: &WindowChange) -> io::Result<()> {
+        match change {
+            WindowChange::Map {
+                offset,
+                len,
+                fd_offset,
+                writable,
+                fd,
+            } => self.map(0, *offset, *len, *fd_offset, *writable, fd.as_fd()),
+            WindowChange::Unmap { offset, len } => self.unmap(0, *offset, *len),
+        }
+    }
+
+    /// Start address of `[offset, offset + len)` of region `shmid`, if valid for a mapping.
+    fn range(
+        &self,
+        shmid: u8,
+        offset: u64,
+        len: u64,
+        fd_offset: u64,
+    ) -> io::Result<*mut libc::c_void> {
+        let page = PAGE_SIZE as u64;
+        let valid = shmid == 0
+            && len != 0
+            && offset.is_multiple_of(page)
+            && len.is_multiple_of(page)
+            && fd_offset.is_multiple_of(page)
+            && offset
+                .checked_add(len)
+                .is_some_and(|end| end <= self.len as u64);
+        match (valid, self.base) {
+            (true, Some(base)) => {
+                // SAFETY: `offset < self.len`, so the address is inside the window.
+                Ok(unsafe { base.as_ptr().add(offset as usize) }.cast())
+            }
+            _ => {
+                warn!("refusing shared-memory mapping of region {shmid} at {offset:#x}+{len:#x}");
+                Err(io::Error::from_raw_os_error(libc::EINVAL))
+            }
+        }
+    }
+
+    fn map(
+        &self,
+        shmid: u8,
+        offset: u64,
+        len: u64,
+        fd_offset: u64,
+        writable: bool,
+        fd: BorrowedFd<'_>,
+    ) -> io::Result<()> {
+        let addr = self.range(shmid, offset, len, fd_offset)?;
+        if let Some(forwarded) = self.forwarded.lock().as_mut() {
+            forwarded.push(WindowChange::Map {
+                offset,
+                len,
+                fd_offset,
+                writable,
+                fd: fd.try_clone_to_owned()?,
+            });
+            return Ok(());
+        }
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        let file_offset = libc::off_t::try_from(fd_offset)
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: `addr..addr + len` lies inside the window reserved by this value (checked
+        // by `range`); MAP_FIXED replaces only pages of that window.
+        let mapped = unsafe {
+            libc::mmap(
+                addr,
+                len as usize,
+                prot,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                fd.as_raw_fd(),
+                file_offset,
+            )
+        };
+        if mapped == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // A MAP_FIXED mapping is a new VMA without the reservation's advice.
+        // SAFETY: the pages just mapped, inside the window.
+        unsafe { dont_fork(addr.cast(), len as usize) }?;
+        Ok(())
+    }
+
+    fn unmap(&self, shmid: u8, offset: u64, len: u64) -> io::Result<()> {
+        let addr = self.range(shmid, offset, len, 0)?;
+        if let Some(forwarded) = self.forwarded.lock().as_mut() {
+            forwarded.push(WindowChange::Unmap { offset, len });
+            return Ok(());
+        }
+        // SAFETY: as in `map`; the range becomes inaccessible again.
+        let mapped = unsafe {
+            libc::mmap(
+                addr,
+                len as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if mapped == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: as above.
+        unsafe { dont_fork(addr.cast(), len as usize) }?;
+        Ok(())
+    }
+}
+
+impl VhostUserFrontendReqHandler for ShmemWindow {
+    fn shmem_map(&self, request: &VhostUserMMap, fd: &dyn AsRawFd) -> HandlerResult<u64> {
+        let writable = VhostUserMMapFlags::from_bits_truncate(request.flags)
+            .contains(VhostUserMMapFlags::WRITABLE);
+        // SAFETY: the descriptor came with the request and is open for this call.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd.as_raw_fd()) };
+        let (shmid, offset, len, fd_offset) = (
+            request.shmid,
+            request.shm_offset,
+            request.len,
+            request.fd_offset,
+        );
+        self.map(shmid, offset, len, fd_offset, writable, fd)?;
+        Ok(0)
+    }
+
+    fn shmem_unmap(&self, request: &VhostUserMMap) -> HandlerResult<u64> {
+        let (shmid, offset, len) = (request.shmid, request.shm_offset, request.len);
+        self.unmap(shmid, offset, len)?;
+        Ok(0)
+    }
+}
+
+impl Drop for ShmemWindow {
+    fn drop(&mut self) {
+        if let Some(base) = self.base {
+            // SAFETY: the window reserved in `reserve`; nothing in this process refers to it
+            // once the transport (its only user) is gone.
+            unsafe { libc::munmap(base.as_ptr().cast(), self.len) };
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! `agent`: many unprivileged processes through one guest agent (`vrdma-guestd`), process
+//! mode, inside the rxe VM.
+//!
+//! One backend, whose socket only root can reach, and one agent in front of it, whose socket
+//! belongs to group `nogroup` (mode 0660). Then, every application process running as user
+//! `nobody` with no supplementary groups:
+//! - access: a process of another user and group is refused by the socket's permissions, and
+//!   `nobody` cannot reach the backend's socket directly;
+//! - [`CONCURRENT`] vrdma-pingpong clients at once against as many native servers, every byte
+//!   verified by both tools;
+//! - Debian's unmodified perftest, server and client both over the drop-in through the agent;
+//! - crash isolation: two processes hold a send each in RNR retry (their native peers post
+//!   no receive until told to), a third is SIGKILLed in mid-traffic; the device returns to
+//!   the counts it had before the third started, then the two are released and finish with
+//!   every byte verified;
+//! - handles: a process naming another process's objects gets BAD_HANDLE, and registering
+//!   memory outside its own guest RAM BAD_ADDRESS.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::inside::{
+    resource_counts, wait_for_counts, wait_for_path, Proc, ResourceCounts, DEVICE,
+};
+use crate::perftest::{self, as_user, Case, Side, Tool};
+use crate::scenarios::backend::Backend;
+use crate::scenarios::binaries::Binaries;
+use crate::scenarios::isolation;
+use crate::scenarios::pingpong_peer::{
+    agent_pingpong_command, pingpong_command, read_report, Impl, PingpongRow, Plan, PEER_TIMEOUT_S,
+};
+
+/// Application processes running ping-pongs through the agent at once.
+pub const CONCURRENT: usize = 8;
+
+/// Debian's `nobody` and `nogroup`.
+const NOBODY: (u32, u32) = (65534, 65534);
+/// A user in neither the agent's group nor any other.
+const STRANGER: (u32, u32) = (4242, 4242);
+
+/// What the ping-pongs run: every RC operation, small and page-sized messages, verified.
+const PLAN: Plan<'static> = Plan {
+    ops: "send,write,read",
+    sizes: "64,4096",
+    iters: 20,
+    bw: false,
+    oneway: false,
+    timeout_s: PEER_TIMEOUT_S,
+    tool_args: &[],
+};
+
+/// perftest through the agent: both sides are application processes of the agent.
+const PERFTEST: Case = Case {
+    tool: Tool::IbWriteBw,
+    size: 65536,
+    iterations: 200,
+};
+
+/// What the scenario saw.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AgentOutcome {
+    /// Rows of each concurrent client's report.
+    pub concurrent: Vec<Vec<PingpongRow>>,
+    /// perftest's row.
+    pub perftest: perftest::Row,
+    /// Device counts with the two survivors running, with the victim too, and after its death.
+    pub before_victim: ResourceCounts,
+    pub with_victim: ResourceCounts,
+    /// Rows of the two survivors, released after the victim's death.
+    pub survivors: Vec<Vec<PingpongRow>>,
+    /// What a stranger and `nobody` (at the backend's socket) were told.
+    pub stranger_refusal: String,
+    pub backend_refusal: String,
+}
+
+/// Runs the scenario with the workspace's binaries and the drop-in in `library_dir`.
+pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
+    let idle = resource_counts(DEVICE)?;
+    let backend = Backend::start(&binaries.backend, "vrdma-agent-backend", &[], "info")?;
+    let agent_socket = std::env::temp_dir().join("vrdma-agent").join("agent.sock");
+    let agent = start_agent(binaries, &backend.socket, &agent_socket)?;
+    let mut port = 19000;
+    let mut next_port = || {
+        port += 1;
+        port
+    };
+
+    println!("== access: the socket's permissions decide");
+    let stranger_refusal = refused(binaries, &agent_socket, STRANGER, "--agent", next_port())?;
+    let backend_refusal = refused(binaries, &backend.socket, NOBODY, "--socket", next_port())?;
+
+    println!("== {CONCURRENT} unprivileged processes at once through the agent");
+    let concurrent = concurrent_pingpongs(binaries, &backend, &agent_socket, &mut next_port)?;
+
+    println!("== perftest: server and client through the agent");
+    let side = Side::through_agent(&agent_socket, library_dir, NOBODY.0, NOBODY.1);
+    let perftest = perftest::run_case(&PERFTEST, &side, &side, next_port())?;
+    if !perftest.measurement.is_plausible() {
+        return Err(Error::Scenario(format!(
+            "perftest through the agent measured {:?}",
+            perftest.measurement
+        )));
+    }
+
+    println!("== crash isolation");
+    let crash = crash_isolation(binaries, &backend, &agent_socket, &mut next_port)?;
+
+    println!("== handles and memory of another process");
+    isolation::run_through_agent(&agent_socket)?;
+
+    drop(agent);
+    drop(backend);
+    if let Err(last) = wait_for_counts(DEVICE, idle, Duration::from_secs(30)) {
+        return Err(Error::Scenario(format!(
+            "after the agent and the backend exited {DEVICE} holds {last:?}, idle was {idle:?}"
+        )));
+    }
+    Ok(AgentOutcome {
+        concurrent,
+        perftest,
+        before_victim: crash.before_victim,
+        with_victim: crash.with_victim,
+        survivors: crash.survivors,
+        stranger_refusal,
+        backend_refusal,
+    })
+}
+
+fn start_agent(binaries: &Binaries, backend: &Path, socket: &Path) -> Result<Proc> {
+    let _ = std::fs::remove_file(socket);
+    let mut cmd = Command::new(&binaries.agent);
+    cmd.arg("--backend")
+        .arg(backend)
+        .arg("--socket")
+        .arg(socket)
+        .args([
+            "--group",
+            "nogroup",
+            "--mode",
+            "660",
+            "--guest-ram-mib",
+            "64",
+        ])
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or("info".into()),
+        );
+    let mut agent = Proc::spawn("vrdma-guestd", &mut cmd)?;
+    if let Err(e) = wait_for_path(socket, Duration::from_secs(30)) {
+        let _ = agent.try_wait();
+        return Err(agent.failure(&e.to_string()));
+    }
+    // The directory must let `nobody` reach the socket.
+    let dir = socket.parent().unwrap_or(Path::new("/"));
+    crate::host::run_checked(Command::new("chmod").arg("755").arg(dir))?;
+    Ok(agent)
+}
+
+/// Runs a vrdma-pingpong client as `user` reaching `socket` with `option`; it must fail to
+/// open the device with "Permission denied". Returns what it printed.
+fn refused(
+    binaries: &Binaries,
+    socket: &Path,
+    user: (u32, u32),
+    option: &str,
+    port: u16,
+) -> Result<String> {
+    let mut cmd = as_user(user.0, user.1, &binaries.pingpong);
+    cmd.args(["client", option])
+        .arg(socket)
+        .args(["--port", &port.to_string()])
+        .env_remove("VRDMA_SOCKET");
+    let name = format!("agent-refused-{port}");
+    let mut proc = Proc::spawn(&name, &mut cmd)?;
+    let status = proc.wait_exit(Duration::from_secs(60))?;
+    let output = proc.output();
+    if status.success() || !output.contains("Permission denied") {
+        return Err(proc.failure(&format!(
+            "uid {} reaching {} was not refused by its permissions ({status})",
+            user.0,
+            socket.display()
+        )));
+    }
+    println!("  ok: uid {} at {}: refused", user.0, socket.display());
+    Ok(output.lines().last().unwrap_or_default().to_string())
+}
+
+/// A native server on `port` and an agent client (as `nobody`) with `plan`, started in order;
+/// the client writes its report to the returned path.
+fn start_agent_pair(
+    binaries: &Binaries,
+    backend: &Backend,
+    agent_socket: &Path,
+    plan: &Plan<'_>,
+    server_args: &[&str],
+    port: u16,
+) -> Result<(Proc, Proc, PathBuf)> {
+    let mut server_cmd =
+        pingpong_command(binaries, backend, Impl::Native, "server", port, plan, None);
+    server_cmd.args(server_args);
+    let mut server = Proc::spawn(&format!("agent-{port}-server"), &mut server_cmd)?;
+    server.wait_listening(port, Duration::from_secs(60))?;
+    let json = std::env::temp_dir().join(format!("agent-{port}.json"));
+    let _ = std::fs::remove_file(&json);
+    let mut client_cmd =
+        agent_pingpong_command(binaries, agent_socket, NOBODY, "client", port, plan);
+    client_cmd.arg("--json").arg(&json);
+    let client = Proc::spawn(&format!("agent-{port}-client"), &mut client_cmd)?;
+    Ok((server, client, json))
+}
+
+/// The rows of a finished pair, once both exited 0; each must show [`PLAN`]'s iterations.
+fn finish_pair(
+    mut server: Proc,
+    mut client: Proc,
+    json: &Path,
+    plan: &Plan<'_>,
+) -> Result<Vec<PingpongRow>> {
+    client.wait_success(Duration::from_secs(900))?;
+    server.wait_success(Duration::from_secs(60))?;
+    let rows = read_report(json)?;
+    let expected = plan.ops.split(',').count() * plan.sizes.split(',').count();
+    if rows.len() != expected || rows.iter().any(|r| r.iters != plan.iters) {
+        return Err(client.failure(&format!(
+            "expected {expected} rows of {} iterations, got {rows:?}",
+            plan.iters
+        )));
+    }
+    Ok(rows)
+}
+
+fn concurrent_pingpongs(
+    binaries: &Binaries,
+    backend: &Backend,
+    agent_socket: &Path,
+    next_port: &mut dyn FnMut() -> u16,
+) -> Result<Vec<Vec<PingpongRow>>> {
+    let mut pairs = Vec::new();
+    for _ in 0..CONCURRENT {
+        pairs.push(start_agent_pair(
+            binaries,
+            backend,
+            agent_socket,
+            &PLAN,
+            &[],
+            next_port(),
+        )?);
+    }
+    let mut reports = Vec::new();
+    for (server, client, json) in pairs {
+        reports.push(finish_pair(server, client, &json, &PLAN)?);
+    }
+    println!("  ok: {CONCURRENT} processes, every byte verified");
+    Ok(reports)
+}
+
+struct CrashOutcome {
+    before_victim: ResourceCounts,
+    with_victim: ResourceCounts,
+    survivors: Vec<Vec<PingpongRow>>,
+}
+
+fn crash_isolation(
+    binaries: &Binaries,
+    backend: &Backend,
+    agent_socket: &Path,
+    next_port: &mut dyn FnMut() -> u16,
+) -> Result<CrashOutcome> {
+    // The survivors' native servers post no receive until the release file exists; their
+    // clients retry on RNR for ever (rnr_retry 7), so each holds a send in flight however
+    // long the victim's death takes.
+    let release = std::env::temp_dir().join("agent-crash-release");
+    let _ = std::fs::remove_file(&release);
+    let release_arg = release.to_string_lossy().into_owned();
+    let survivor_plan = Plan {
+        ops: "send,write",
+        sizes: "4096",
+        iters: 20,
+        tool_args: &["--rnr-retry", "7"],
+        ..PLAN
+    };
+    let server_args = [
+        "--min-rnr-timer",
+        "14",
+        "--receives-after",
+        release_arg.as_str(),
+    ];
+    let mut survivors = Vec::new();
+    for _ in 0..2 {
+        let (server, mut client, json) = start_agent_pair(
+            binaries,
+            backend,
+            agent_socket,
+            &survivor_plan,
+            &server_args,
+            next_port(),
+        )?;
+        client.wait_for_output("RUNNING", Duration::from_secs(120))?;
+        survivors.push((server, client, json));
+    }
+    let before_victim = resource_counts(DEVICE)?;
+
+    let victim_plan = Plan {
+        iters: 1_000_000,
+        ..PLAN
+    };
+    let (mut victim_server, mut victim, _) = start_agent_pair(
+        binaries,
+        backend,
+        agent_socket,
+        &victim_plan,
+        &[],
+        next_port(),
+    )?;
+    victim.wait_for_output("RUNNING", Duration::from_secs(120))?;
+    let with_victim = resource_counts(DEVICE)?;
+    if with_victim.qp <= before_victim.qp {
+        return Err(Error::Scenario(format!(
+            "the victim's QPs do not show: {before_victim:?} then {with_victim:?}"
+        )));
+    }
+    victim.signal("KILL")?;
+    victim.kill();
+    victim_server.kill();
+    if let Err(last) = wait_for_counts(DEVICE, before_victim, Duration::from_secs(60)) {
+        return Err(Error::Scenario(format!(
+            "after the victim's death {DEVICE} holds {last:?}, before it {before_victim:?}"
+        )));
+    }
+    println!("  ok: the victim's objects are gone ({with_victim:?} -> {before_victim:?})");
+    for (_, client, _) in &mut survivors {
+        if let Some(status) = client.try_wait()? {
+            return Err(client.failure(&format!("a survivor exited ({status})")));
+        }
+    }
+    std::fs::write(&release, b"")
+        .map_err(|e| Error::Scenario(format!("creating {}: {e}", release.display())))?;
+    let mut rows = Vec::new();
+    for (server, client, json) in survivors {
+        rows.push(finish_pair(server, client, &json, &survivor_plan)?);
+    }
+    println!("  ok: both survivors finished, every byte verified");
+    Ok(CrashOutcome {
+        before_victim,
+        with_victim,
+        survivors: rows,
+    })
+}

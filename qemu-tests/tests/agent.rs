@@ -1,0 +1,31 @@
+//! Many unprivileged processes through one guest agent (vrdma-guestd), in the rxe VM.
+
+mod common;
+
+use vrdma_qemu_tests::scenarios::agent::{AgentOutcome, CONCURRENT};
+
+#[test]
+fn unprivileged_processes_share_one_device_through_the_agent() {
+    let Some(outcome) = common::vrdma_vm_json::<AgentOutcome>(&["test", "agent"]) else {
+        return;
+    };
+    // Every process's rows were checked inside the VM (both tools verify every byte and
+    // exit non-zero otherwise); here: all of them reported.
+    assert_eq!(outcome.concurrent.len(), CONCURRENT);
+    assert!(outcome.concurrent.iter().all(|rows| rows.len() == 6));
+    assert_eq!(outcome.survivors.len(), 2);
+    assert!(outcome.survivors.iter().all(|rows| rows.len() == 2));
+    // The victim held objects of its own, and they went with it.
+    assert!(
+        outcome.with_victim.qp > outcome.before_victim.qp,
+        "{outcome:?}"
+    );
+    assert!(
+        outcome.with_victim.mr > outcome.before_victim.mr,
+        "{outcome:?}"
+    );
+    assert!(outcome.perftest.measurement.is_plausible(), "{outcome:?}");
+    for refusal in [&outcome.stranger_refusal, &outcome.backend_refusal] {
+        assert!(refusal.contains("Permission denied"), "{refusal}");
+    }
+}
