@@ -9,7 +9,12 @@ use crate::vm::{find_target_dir, find_workspace_root};
 
 /// Packages whose binaries (and, for vrdma-ibverbs, the drop-in library) the scenarios use
 /// inside the VM.
-const PACKAGES: &[&str] = &["vrdma-backend", "vrdma-ibverbs", "vrdma-tools"];
+const PACKAGES: &[&str] = &[
+    "vrdma-backend",
+    "vrdma-ibverbs",
+    "vrdma-tools",
+    "vrdma-guestd",
+];
 
 /// `cargo build`s the scenario binaries next to this executable, so that
 /// `cargo run -p vrdma-qemu-tests --bin vrdma-vm -- test …` needs nothing built beforehand.
@@ -98,7 +103,7 @@ mod tests {
         };
         assert_eq!(
             args("/ws/target/release/vrdma-vm"),
-            "build --profile release -p vrdma-backend -p vrdma-ibverbs -p vrdma-tools"
+            "build --profile release -p vrdma-backend -p vrdma-ibverbs -p vrdma-tools -p vrdma-guestd"
         );
         assert!(args("/ws/target/debug/vrdma-vm").contains("--profile dev"));
     }

@@ -25,6 +25,16 @@ fn unprivileged_processes_share_one_device_through_the_agent() {
         "{outcome:?}"
     );
     assert!(outcome.perftest.measurement.is_plausible(), "{outcome:?}");
+    // rping through the agent as server, then as client; both sides' marks were checked.
+    let roles: Vec<(&str, &str)> = outcome
+        .rping
+        .iter()
+        .map(|r| (r.server.as_str(), r.client.as_str()))
+        .collect();
+    assert_eq!(
+        roles,
+        [("vrdma-agent", "native"), ("native", "vrdma-agent")]
+    );
     for refusal in [&outcome.stranger_refusal, &outcome.backend_refusal] {
         assert!(refusal.contains("Permission denied"), "{refusal}");
     }

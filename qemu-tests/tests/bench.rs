@@ -99,6 +99,24 @@ fn quick_bench_measures_every_row_on_both_sides() {
         assert_eq!((row.native.n, row.vrdma.n), (rounds, rounds), "{}", row.op);
     }
 
+    // Through the guest agent: each case once per side, the direct front-end first.
+    let got: Vec<_> = results.agent.iter().map(|r| (r.tool, r.size)).collect();
+    let expected: Vec<_> = matrix::agent_cases(true)
+        .iter()
+        .map(|c| (c.tool, c.size))
+        .collect();
+    assert_eq!(got, expected);
+    for row in &results.agent {
+        let what = format!("agent: {} {}", row.tool.command(), row.size);
+        assert_ratio(row.ratio, row.vrdma.median, row.native.median, &what);
+        let labels: Vec<&str> = row.runs.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(labels, ["vrdma", "vrdma-agent"], "{what}");
+        assert!(
+            row.runs.iter().all(|r| r.measurement.is_plausible()),
+            "{what}"
+        );
+    }
+
     let points: Vec<_> = results.scale.iter().map(|r| (r.guests, r.qps)).collect();
     let expected: Vec<_> = scale::configs(true)
         .iter()

@@ -63,6 +63,29 @@ pub fn cases(quick: bool) -> Vec<Case> {
     cases
 }
 
+/// The cases run through the guest agent: one latency and one bandwidth size in the short
+/// form, a few more in the full one.
+pub fn agent_cases(quick: bool) -> Vec<Case> {
+    let picked: &[(Tool, u64)] = if quick {
+        &[(Tool::IbSendLat, 2), (Tool::IbWriteBw, 65536)]
+    } else {
+        &[
+            (Tool::IbSendLat, 2),
+            (Tool::IbWriteLat, 64),
+            (Tool::IbWriteBw, 4096),
+            (Tool::IbWriteBw, 65536),
+        ]
+    };
+    picked
+        .iter()
+        .map(|&(tool, size)| Case {
+            tool,
+            size,
+            iterations: iterations(tool, size, quick),
+        })
+        .collect()
+}
+
 /// One row of the comparison.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MatrixRow {

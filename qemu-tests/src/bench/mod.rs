@@ -79,6 +79,9 @@ pub struct Plan {
     pub scale: Vec<scale::ScaleConfig>,
     /// Timed messages of each scale guest.
     pub scale_messages: u32,
+    /// The perftest cases run through the guest agent and directly.
+    #[serde(default)]
+    pub agent: Vec<Case>,
 }
 
 impl Plan {
@@ -109,6 +112,7 @@ impl Plan {
             },
             scale: scale::configs(quick),
             scale_messages: if quick { 400 } else { 4000 },
+            agent: matrix::agent_cases(quick),
         }
     }
 }
@@ -138,6 +142,9 @@ pub struct GuestResults {
     pub control: Vec<control::ControlRow>,
     pub cm_setup: Vec<cm_setup::CmSetupRow>,
     pub scale: Vec<scale::ScaleRow>,
+    /// perftest through the guest agent (`vrdma`) against direct front-ends (`native`).
+    #[serde(default)]
+    pub agent: Vec<matrix::MatrixRow>,
     /// Seconds the measurements took inside the VM.
     pub elapsed_s: f64,
 }
@@ -151,6 +158,9 @@ pub struct Results {
     pub control: Vec<control::ControlRow>,
     pub cm_setup: Vec<cm_setup::CmSetupRow>,
     pub scale: Vec<scale::ScaleRow>,
+    /// perftest through the guest agent (`vrdma`) against direct front-ends (`native`).
+    #[serde(default)]
+    pub agent: Vec<matrix::MatrixRow>,
     /// Goodput across the two-host link (empty in `--quick`).
     #[serde(default)]
     pub goodput: Vec<goodput::GoodputRow>,
@@ -201,6 +211,7 @@ pub fn run_on_host(
         control: guest.control,
         cm_setup: guest.cm_setup,
         scale: guest.scale,
+        agent: guest.agent,
         goodput: Vec::new(),
         goodput_error: None,
         bench_s: guest.elapsed_s,
@@ -247,6 +258,19 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
     let perftest = matrix::run(&plan.perftest, plan.rounds, &native, &vrdma)?;
     let control = control::run(&programs, &backend.socket, &plan.control)?;
     let cm_setup = cm_setup::run(&args.cmtime, &plan.cm_setup, &native, &vrdma)?;
+    let agent = {
+        let agent_socket = std::env::temp_dir()
+            .join("vrdma-bench-agent")
+            .join("agent.sock");
+        let _agent = crate::scenarios::agent::start_agent(
+            &bin_dir.join("vrdma-guestd"),
+            &backend.socket,
+            &agent_socket,
+        )?;
+        let (uid, gid) = crate::scenarios::agent::NOBODY;
+        let through = Side::through_agent(&agent_socket, &args.library_dir, uid, gid);
+        matrix::run(&plan.agent, plan.rounds, &vrdma, &through)?
+    };
     check_alive(&mut backend)?;
     drop(backend);
 
@@ -266,6 +290,7 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
         control,
         cm_setup,
         scale,
+        agent,
         elapsed_s: started.elapsed().as_secs_f64(),
     })
 }

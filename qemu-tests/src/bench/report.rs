@@ -25,6 +25,7 @@ pub fn render(results: &Results) -> String {
         &results.cm_setup,
         &results.scale,
     );
+    agent_rows(&mut out, &results.plan, &results.agent);
     if !results.goodput.is_empty() {
         out.push_str(
             "\ngoodput across the two-host link: 4000 RDMA WRITEs of 4 KiB streamed from host A \
@@ -52,6 +53,7 @@ pub fn render_guest(results: &GuestResults) -> String {
         &results.cm_setup,
         &results.scale,
     );
+    agent_rows(&mut out, &results.plan, &results.agent);
     out
 }
 
@@ -101,13 +103,32 @@ fn tables(
     out.push_str(&scale_table(scale));
 }
 
+/// The rows through the guest agent, if measured.
+fn agent_rows(out: &mut String, plan: &Plan, agent: &[MatrixRow]) {
+    if agent.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "
+through the guest agent: both perftest processes as `nobody` through vrdma-guestd          vs both as root, each its own front-end (process transport), same backend; median          of {} round(s), alternating. The data path is the same; what differs is the agent's          hop on every control verb.",
+        plan.rounds
+    );
+    out.push_str(&matrix_table(agent, "direct", "agent"));
+}
+
 /// The perftest matrix, one row per tool and size.
 pub fn perftest_table(rows: &[MatrixRow]) -> String {
+    matrix_table(rows, "native", "vrdma")
+}
+
+/// A matrix whose sides are headed `base` and `compared`.
+fn matrix_table(rows: &[MatrixRow], base: &str, compared: &str) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
         "{:<13} {:>8} {:>6} {:>11} {:>10} {:>10} {:>8}",
-        "tool", "size", "iters", "unit", "native", "vrdma", "ratio"
+        "tool", "size", "iters", "unit", base, compared, "ratio"
     );
     for r in rows {
         let _ = writeln!(

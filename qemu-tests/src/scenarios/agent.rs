@@ -9,6 +9,8 @@
 //! - [`CONCURRENT`] vrdma-pingpong clients at once against as many native servers, every byte
 //!   verified by both tools;
 //! - Debian's unmodified perftest, server and client both over the drop-in through the agent;
+//! - rdmacm-utils' unmodified `rping -V` through the agent, as server and as client, against
+//!   native rping on rxe0's link-local address;
 //! - crash isolation: two processes hold a send each in RNR retry (their native peers post
 //!   no receive until told to), a third is SIGKILLed in mid-traffic; the device returns to
 //!   the counts it had before the third started, then the two are released and finish with
@@ -33,12 +35,13 @@ use crate::scenarios::isolation;
 use crate::scenarios::pingpong_peer::{
     agent_pingpong_command, pingpong_command, read_report, Impl, PingpongRow, Plan, PEER_TIMEOUT_S,
 };
+use crate::scenarios::rdmacm_utils;
 
 /// Application processes running ping-pongs through the agent at once.
 pub const CONCURRENT: usize = 8;
 
 /// Debian's `nobody` and `nogroup`.
-const NOBODY: (u32, u32) = (65534, 65534);
+pub const NOBODY: (u32, u32) = (65534, 65534);
 /// A user in neither the agent's group nor any other.
 const STRANGER: (u32, u32) = (4242, 4242);
 
@@ -67,6 +70,8 @@ pub struct AgentOutcome {
     pub concurrent: Vec<Vec<PingpongRow>>,
     /// perftest's row.
     pub perftest: perftest::Row,
+    /// rping through the agent as server, then as client, against native rping.
+    pub rping: Vec<rdmacm_utils::Run>,
     /// Device counts with the two survivors running, with the victim too, and after its death.
     pub before_victim: ResourceCounts,
     pub with_victim: ResourceCounts,
@@ -82,7 +87,7 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
     let idle = resource_counts(DEVICE)?;
     let backend = Backend::start(&binaries.backend, "vrdma-agent-backend", &[], "info")?;
     let agent_socket = std::env::temp_dir().join("vrdma-agent").join("agent.sock");
-    let agent = start_agent(binaries, &backend.socket, &agent_socket)?;
+    let agent = start_agent(&binaries.agent, &backend.socket, &agent_socket)?;
     let mut port = 19000;
     let mut next_port = || {
         port += 1;
@@ -106,6 +111,21 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
         )));
     }
 
+    println!("== rdma_cm: rping through the agent, both roles, against native rping");
+    let address = rdmacm_utils::link_local_address()?;
+    let rping = &rdmacm_utils::PROGRAMS[0];
+    let native = Side::native(DEVICE);
+    let mut rping_runs = Vec::new();
+    for (server, client) in [(&side, &native), (&native, &side)] {
+        rping_runs.push(rdmacm_utils::run_pair(
+            rping,
+            server,
+            client,
+            &address,
+            next_port(),
+        )?);
+    }
+
     println!("== crash isolation");
     let crash = crash_isolation(binaries, &backend, &agent_socket, &mut next_port)?;
 
@@ -122,6 +142,7 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
     Ok(AgentOutcome {
         concurrent,
         perftest,
+        rping: rping_runs,
         before_victim: crash.before_victim,
         with_victim: crash.with_victim,
         survivors: crash.survivors,
@@ -130,9 +151,11 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
     })
 }
 
-fn start_agent(binaries: &Binaries, backend: &Path, socket: &Path) -> Result<Proc> {
+/// Starts the agent `binary` for the backend at `backend` on `socket` (group `nogroup`, mode
+/// 0660, 64 MiB of guest RAM per process) and waits until it listens.
+pub fn start_agent(binary: &Path, backend: &Path, socket: &Path) -> Result<Proc> {
     let _ = std::fs::remove_file(socket);
-    let mut cmd = Command::new(&binaries.agent);
+    let mut cmd = Command::new(binary);
     cmd.arg("--backend")
         .arg(backend)
         .arg("--socket")

@@ -201,10 +201,15 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Vec<Run>> {
     Ok(runs)
 }
 
-/// `line` (a program and its first options) with `args`, in `side`'s environment.
+/// `line` (a program and its first options) with `args`, in `side`'s environment (and as
+/// its user).
 pub fn command(line: &str, side: &Side, args: &[String]) -> Command {
     let mut words = line.split_whitespace();
-    let mut cmd = Command::new(words.next().expect("a program"));
+    let program = words.next().expect("a program");
+    let mut cmd = match side.run_as {
+        None => Command::new(program),
+        Some((uid, gid)) => crate::perftest::as_user(uid, gid, program),
+    };
     cmd.args(words)
         .args(args)
         .env_remove("VRDMA_SOCKET")
