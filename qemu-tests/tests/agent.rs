@@ -38,4 +38,6 @@ fn unprivileged_processes_share_one_device_through_the_agent() {
     for refusal in [&outcome.stranger_refusal, &outcome.backend_refusal] {
         assert!(refusal.contains("Permission denied"), "{refusal}");
     }
+    let down = &outcome.backend_down_refusal;
+    assert!(down.contains("the device is not available"), "{down}");
 }

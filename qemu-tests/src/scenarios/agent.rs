@@ -16,7 +16,9 @@
 //!   the counts it had before the third started, then the two are released and finish with
 //!   every byte verified;
 //! - handles: a process naming another process's objects gets BAD_HANDLE, and registering
-//!   memory outside its own guest RAM BAD_ADDRESS.
+//!   memory outside its own guest RAM BAD_ADDRESS;
+//! - the backend SIGKILLed: the agent stays, tells a process that comes meanwhile that the
+//!   device is not available, and serves the next one from a new backend on the same socket.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -80,6 +82,8 @@ pub struct AgentOutcome {
     /// What a stranger and `nobody` (at the backend's socket) were told.
     pub stranger_refusal: String,
     pub backend_refusal: String,
+    /// What a process was told while the backend was down.
+    pub backend_down_refusal: String,
 }
 
 /// Runs the scenario with the workspace's binaries and the drop-in in `library_dir`.
@@ -87,7 +91,7 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
     let idle = resource_counts(DEVICE)?;
     let backend = Backend::start(&binaries.backend, "vrdma-agent-backend", &[], "info")?;
     let agent_socket = std::env::temp_dir().join("vrdma-agent").join("agent.sock");
-    let agent = start_agent(&binaries.agent, &backend.socket, &agent_socket)?;
+    let mut agent = start_agent(&binaries.agent, &backend.socket, &agent_socket)?;
     let mut port = 19000;
     let mut next_port = || {
         port += 1;
@@ -132,6 +136,10 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
     println!("== handles and memory of another process");
     isolation::run_through_agent(&agent_socket)?;
 
+    println!("== the backend dies and a new one starts: the agent stays and serves again");
+    let (backend, backend_down_refusal) =
+        backend_restart(binaries, backend, &mut agent, &agent_socket, &mut next_port)?;
+
     drop(agent);
     drop(backend);
     if let Err(last) = wait_for_counts(DEVICE, idle, Duration::from_secs(30)) {
@@ -148,7 +156,44 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
         survivors: crash.survivors,
         stranger_refusal,
         backend_refusal,
+        backend_down_refusal,
     })
+}
+
+/// Kills `backend`; a process that comes meanwhile is told the device is not available;
+/// a new backend on the same socket serves the next process a verified ping-pong. Returns the
+/// new backend and what the refused process printed.
+fn backend_restart(
+    binaries: &Binaries,
+    mut backend: Backend,
+    agent: &mut Proc,
+    agent_socket: &Path,
+    next_port: &mut dyn FnMut() -> u16,
+) -> Result<(Backend, String)> {
+    backend.proc.signal("KILL")?;
+    backend.proc.kill();
+    let port = next_port();
+    let mut cmd = agent_pingpong_command(binaries, agent_socket, NOBODY, "client", port, &PLAN);
+    let mut refused = Proc::spawn(&format!("agent-{port}-backend-down"), &mut cmd)?;
+    let status = refused.wait_exit(Duration::from_secs(60))?;
+    let output = refused.output();
+    if status.success() || !output.contains("the device is not available") {
+        return Err(refused.failure(&format!(
+            "with the backend dead, a process was not refused by the agent ({status})"
+        )));
+    }
+    if let Some(status) = agent.try_wait()? {
+        return Err(agent.failure(&format!("the agent exited with its backend ({status})")));
+    }
+    let backend = Backend::start(&binaries.backend, "vrdma-agent-backend", &[], "info")?;
+    let (server, client, json) =
+        start_agent_pair(binaries, &backend, agent_socket, &PLAN, &[], next_port())?;
+    finish_pair(server, client, &json, &PLAN)?;
+    println!("  ok: refused while the backend was down, served by the new one");
+    Ok((
+        backend,
+        output.lines().last().unwrap_or_default().to_string(),
+    ))
 }
 
 /// Starts the agent `binary` for the backend at `backend` on `socket` (group `nogroup`, mode
