@@ -8,7 +8,6 @@
 //! and host verbs context, all released by the backend when the process goes.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 
@@ -16,9 +15,11 @@ use clap::Parser;
 use log::{error, info, warn};
 use vrdma::transport::agent::DEFAULT_AGENT_SOCKET;
 
+mod admission;
 mod listener;
 mod session;
 
+use admission::Admission;
 use session::{Peer, SessionOptions};
 
 /// The vrdma guest agent.
@@ -49,6 +50,10 @@ struct Args {
     /// Application processes served at once; further ones are refused.
     #[arg(long, default_value_t = 256)]
     max_processes: usize,
+
+    /// Application processes of any one user served at once.
+    #[arg(long, default_value_t = 64)]
+    max_processes_per_user: usize,
 }
 
 fn parse_mode(text: &str) -> Result<u32, String> {
@@ -91,7 +96,7 @@ fn run(args: &Args) -> Result<(), String> {
         options.backend.display()
     );
     let options = Arc::new(options);
-    let served = Arc::new(AtomicUsize::new(0));
+    let admission = Admission::new(args.max_processes, args.max_processes_per_user);
     for stream in listener.incoming() {
         let stream = match stream {
             Ok(stream) => stream,
@@ -107,18 +112,21 @@ fn run(args: &Args) -> Result<(), String> {
                 continue;
             }
         };
-        if served.fetch_add(1, Ordering::AcqRel) >= args.max_processes {
-            served.fetch_sub(1, Ordering::AcqRel);
-            session::refuse(&stream, "the agent serves its maximum of processes");
-            warn!("process {} refused: --max-processes reached", peer.pid);
-            continue;
-        }
-        let (options, served) = (options.clone(), served.clone());
+        let ticket = match admission.admit(peer.uid) {
+            Ok(ticket) => ticket,
+            Err(why) => {
+                warn!("process {} (uid {}) refused: {why}", peer.pid, peer.uid);
+                session::refuse(&stream, &why.to_string());
+                continue;
+            }
+        };
+        let options = options.clone();
+        // The ticket goes with the thread (or with the closure if no thread starts).
         let spawned = thread::Builder::new()
             .name(format!("process-{}", peer.pid))
             .spawn(move || {
                 session::serve(stream, peer, &options);
-                served.fetch_sub(1, Ordering::AcqRel);
+                drop(ticket);
             });
         if let Err(e) = spawned {
             warn!("cannot serve process {}: {e}", peer.pid);

@@ -145,7 +145,7 @@ fn serve_inner(
         let (device, stop) = (device.clone(), stop.clone());
         thread::Builder::new()
             .name(format!("events-{}", peer.pid))
-            .spawn(move || forward_events(&device, &ours, &stop))?
+            .spawn(move || forward_events(&device, &ours, &stop, peer.pid))?
     };
     let result = run_commands(socket, &device);
     stop.store(true, Ordering::Release);
@@ -216,8 +216,14 @@ fn run_commands(socket: &UnixStream, device: &ProcessTransport) -> Result<(), Se
 }
 
 /// Passes the session's device events to the process until `stop` or until either side goes.
-fn forward_events(device: &ProcessTransport, to: &OwnedFd, stop: &AtomicBool) {
+///
+/// Sends never block: a process that does not read its events must not keep this thread
+/// (and with it the release of its session) waiting. Events it leaves unread beyond the
+/// socket's buffer are dropped and counted, as the device counts events a guest leaves
+/// unread beyond its event queue.
+fn forward_events(device: &ProcessTransport, to: &OwnedFd, stop: &AtomicBool, pid: i32) {
     let mut event = [0u8; 64];
+    let mut dropped = 0u64;
     while !stop.load(Ordering::Acquire) {
         match device.next_event(&mut event, Some(Duration::from_millis(200))) {
             Ok(None) => {}
@@ -229,16 +235,23 @@ fn forward_events(device: &ProcessTransport, to: &OwnedFd, stop: &AtomicBool) {
                         to.as_raw_fd(),
                         event.as_ptr().cast(),
                         len,
-                        libc::MSG_NOSIGNAL,
+                        libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
                     )
                 };
                 if sent < 0 {
-                    debug!("event not delivered: {}", io::Error::last_os_error());
-                    return;
+                    let error = io::Error::last_os_error();
+                    if error.kind() != io::ErrorKind::WouldBlock {
+                        debug!("process {pid}: event socket closed: {error}");
+                        return;
+                    }
+                    dropped += 1;
+                    if dropped.is_power_of_two() {
+                        warn!("process {pid} does not read its events: {dropped} dropped");
+                    }
                 }
             }
             Err(e) => {
-                debug!("event queue ended: {e}");
+                debug!("process {pid}: event queue ended: {e}");
                 return;
             }
         }
