@@ -1,6 +1,7 @@
 //! Tools for test scenarios that run *inside* the rxe VM: child processes with logs and
 //! deadlines, signals, and the host RDMA device's resource counts.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -331,6 +332,23 @@ pub fn wait_for_counts(
         std::thread::sleep(Duration::from_millis(50));
     }
     Err(last)
+}
+
+/// rxe's hardware counters of port 1 (`sent_pkts`, `duplicate_request`, `rcvd_seq_err`, …).
+pub fn rxe_counters() -> Result<BTreeMap<String, u64>> {
+    let dir = format!("/sys/class/infiniband/{DEVICE}/ports/1/hw_counters");
+    let entries =
+        std::fs::read_dir(&dir).map_err(|e| Error::Scenario(format!("reading {dir}: {e}")))?;
+    let mut counters = BTreeMap::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Ok(value) = std::fs::read_to_string(entry.path()) {
+            if let Ok(value) = value.trim().parse() {
+                counters.insert(name, value);
+            }
+        }
+    }
+    Ok(counters)
 }
 
 #[cfg(test)]

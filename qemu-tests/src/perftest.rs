@@ -193,11 +193,16 @@ impl Side {
         self.command(case, port, Some(server))
     }
 
+    /// A command running `program` as this side's user.
+    pub fn program(&self, program: &str) -> Command {
+        match self.run_as {
+            None => Command::new(program),
+            Some((uid, gid)) => as_user(uid, gid, program),
+        }
+    }
+
     fn command(&self, case: &Case, port: u16, server: Option<&str>) -> Command {
-        let mut cmd = match self.run_as {
-            None => Command::new(case.tool.command()),
-            Some((uid, gid)) => as_user(uid, gid, case.tool.command()),
-        };
+        let mut cmd = self.program(case.tool.command());
         cmd.args(["-d", &self.device])
             .args(["-x", &self.gid_index.to_string()])
             .args(["-s", &case.size.to_string()])
@@ -443,7 +448,9 @@ fn run_case_once(case: &Case, server: &Side, client: &Side, port: u16) -> Result
     let server_out = finish(server_child, Duration::from_secs(30), "server", case);
     match (result, server_out) {
         (Ok(row), Ok(_)) => Ok(row),
-        (Err(e), _) => Err(e),
+        // The server's failure says what it printed, which the run's own error may not.
+        (Err(e), Err(server)) => Err(Error::Perftest(format!("{e}\n{server}"))),
+        (Err(e), Ok(_)) => Err(e),
         (Ok(_), Err(e)) => Err(e),
     }
 }

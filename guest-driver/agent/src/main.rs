@@ -10,6 +10,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread;
+use std::time::Duration;
 
 use clap::Parser;
 use log::{error, info, warn};
@@ -17,6 +18,7 @@ use vrdma::transport::agent::DEFAULT_AGENT_SOCKET;
 
 mod admission;
 mod listener;
+mod reach;
 mod session;
 
 use admission::Admission;
@@ -72,7 +74,40 @@ fn main() {
     }
 }
 
+/// Descriptors a session holds: the process's socket and event socket, the vhost-user
+/// connection and backend channel, two guest-RAM memfds, six vring eventfds, epolls.
+const FDS_PER_SESSION: u64 = 16;
+
+/// Raises the soft limit on open files to the hard one, and says so if the limit cannot
+/// hold `--max-processes` sessions.
+fn raise_file_limit(max_processes: usize) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the struct on the stack.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    limit.rlim_cur = limit.rlim_max;
+    // SAFETY: setrlimit reads the struct on the stack.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+        warn!(
+            "cannot raise the open-file limit: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    let needed = (max_processes as u64).saturating_mul(FDS_PER_SESSION) + 64;
+    if limit.rlim_cur < needed {
+        warn!(
+            "the open-file limit {} holds fewer than --max-processes {max_processes} sessions              (about {needed} descriptors); raise it (LimitNOFILE=) or lower --max-processes",
+            limit.rlim_cur
+        );
+    }
+}
+
 fn run(args: &Args) -> Result<(), String> {
+    raise_file_limit(args.max_processes);
     let options = SessionOptions {
         backend: args.backend.clone(),
         guest_ram_size: args
@@ -101,7 +136,10 @@ fn run(args: &Args) -> Result<(), String> {
         let stream = match stream {
             Ok(stream) => stream,
             Err(e) => {
+                // Out of descriptors (or a transient failure): the connection stays queued;
+                // wait for sessions to end instead of spinning on it.
                 warn!("accept: {e}");
+                thread::sleep(Duration::from_millis(100));
                 continue;
             }
         };
@@ -116,7 +154,13 @@ fn run(args: &Args) -> Result<(), String> {
             Ok(ticket) => ticket,
             Err(why) => {
                 warn!("process {} (uid {}) refused: {why}", peer.pid, peer.uid);
-                session::refuse(&stream, &why.to_string());
+                // Not on this loop: a process that never says hello must not hold it up.
+                let refused = thread::Builder::new()
+                    .name("refusal".into())
+                    .spawn(move || session::refuse(&stream, &why.to_string()));
+                if let Err(e) = refused {
+                    warn!("cannot tell process {} why: {e}", peer.pid);
+                }
                 continue;
             }
         };

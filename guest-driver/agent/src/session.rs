@@ -11,7 +11,7 @@
 //! objects are touched.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,10 +21,16 @@ use std::time::Duration;
 
 use log::{debug, info, warn};
 use vrdma::transport::agent::protocol::{
-    Frame, Outcome, ProtocolError, Welcome, MAX_PAYLOAD, PROTOCOL_VERSION,
+    event_socket_pair, Frame, Outcome, ProtocolError, Welcome, PROTOCOL_VERSION,
 };
+use vrdma_spec::control::{MAX_CM_RESPONSE_SIZE, MAX_RESPONSE_SIZE};
+
+use crate::reach::Reach;
 use vrdma::transport::process::{ProcessOptions, ProcessTransport};
 use vrdma::transport::{Transport, TransportError};
+
+/// How long a process that connected has to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Guest RAM of a session that only the agent uses: the vrings (3 × 256 entries), the
 /// command buffers of one command at a time and the posted event buffers.
@@ -105,7 +111,11 @@ fn serve_inner(
     peer: Peer,
     options: &SessionOptions,
 ) -> Result<(), SessionError> {
-    match Frame::receive(socket)? {
+    // A process that connects and says nothing must not hold its place for ever.
+    socket.set_read_timeout(Some(HELLO_TIMEOUT))?;
+    let hello = Frame::receive(socket);
+    socket.set_read_timeout(None)?;
+    match hello? {
         Frame::Hello { version } if version == PROTOCOL_VERSION => {}
         Frame::Hello { version } => {
             let why = format!("protocol version {version} is not {PROTOCOL_VERSION}");
@@ -121,7 +131,7 @@ fn serve_inner(
             return Err(SessionError::Open(e));
         }
     };
-    let (ours, theirs) = seqpacket_pair()?;
+    let (ours, theirs) = event_socket_pair()?;
     let ram = device
         .application_ram()
         .ok_or_else(|| io::Error::other("the session has no application RAM"))?;
@@ -131,10 +141,7 @@ fn serve_inner(
         shm_size: device.shared_memory().len() as u64,
         ram_gpa: ram.guest_base(),
         ram_len: ram.len() as u64,
-        doorbell_gpa: 0,
-        doorbell_len: 0,
         ram: ram.fd().try_clone_to_owned()?,
-        doorbell: None,
         doorbell_kick: device.doorbell_kick().try_clone_to_owned()?,
         events: theirs,
     };
@@ -147,7 +154,8 @@ fn serve_inner(
             .name(format!("events-{}", peer.pid))
             .spawn(move || forward_events(&device, &ours, &stop, peer.pid))?
     };
-    let result = run_commands(socket, &device);
+    let reach = Reach::new(ram.guest_base(), ram.len() as u64);
+    let result = run_commands(socket, &device, reach);
     stop.store(true, Ordering::Release);
     if events.join().is_err() {
         warn!("the event thread of process {} panicked", peer.pid);
@@ -164,8 +172,8 @@ pub fn probe(options: &SessionOptions) -> Result<(), TransportError> {
 
 /// Tells a process it is not served.
 pub fn refuse(socket: &UnixStream, why: &str) {
-    // Its hello is read first (briefly: this runs on the accept loop), so that the process
-    // learns why instead of finding the socket closed under its hello.
+    // Its hello is read first, so that the process learns why instead of finding the socket
+    // closed under its hello; briefly, since the refused may be the ones that flood.
     let _ = socket.set_read_timeout(Some(Duration::from_secs(1)));
     let _ = Frame::receive(socket);
     let _ = Frame::Refused(why.to_string()).send(socket);
@@ -184,7 +192,11 @@ fn open_session(backend: &Path, guest_ram_size: usize) -> Result<ProcessTranspor
     Ok(device)
 }
 
-fn run_commands(socket: &UnixStream, device: &ProcessTransport) -> Result<(), SessionError> {
+fn run_commands(
+    socket: &UnixStream,
+    device: &ProcessTransport,
+    reach: Reach,
+) -> Result<(), SessionError> {
     let mut response = Vec::new();
     loop {
         let (capacity, request) = match Frame::receive(socket) {
@@ -196,8 +208,22 @@ fn run_commands(socket: &UnixStream, device: &ProcessTransport) -> Result<(), Se
             Err(ProtocolError::Closed) => return Ok(()),
             Err(e) => return Err(e.into()),
         };
+        if let Some(refusal) = reach.refusal(&request) {
+            debug!("command refused: it names guest memory outside the process's own");
+            Frame::Executed {
+                outcome: Outcome::Answered,
+                response: refusal,
+                changes: Vec::new(),
+            }
+            .send(socket)?;
+            continue;
+        }
         response.clear();
-        response.resize((capacity as usize).min(MAX_PAYLOAD), 0);
+        // No response is larger than the largest the device defines.
+        response.resize(
+            (capacity as usize).min(MAX_CM_RESPONSE_SIZE.max(MAX_RESPONSE_SIZE)),
+            0,
+        );
         let (outcome, used) = match device.execute(&request, &mut response) {
             Ok(used) => (Outcome::Answered, used),
             Err(TransportError::Disconnected) => (Outcome::Disconnected, 0),
@@ -205,74 +231,94 @@ fn run_commands(socket: &UnixStream, device: &ProcessTransport) -> Result<(), Se
         };
         response.truncate(used);
         let changes = device.take_window_changes();
-        debug!("command answered, {} window change(s)", changes.len());
+        let device_gone = outcome == Outcome::Disconnected;
         Frame::Executed {
             outcome,
             response: std::mem::take(&mut response),
             changes,
         }
         .send(socket)?;
-    }
-}
-
-/// Passes the session's device events to the process until `stop` or until either side goes.
-///
-/// Sends never block: a process that does not read its events must not keep this thread
-/// (and with it the release of its session) waiting. Events it leaves unread beyond the
-/// socket's buffer are dropped and counted, as the device counts events a guest leaves
-/// unread beyond its event queue.
-fn forward_events(device: &ProcessTransport, to: &OwnedFd, stop: &AtomicBool, pid: i32) {
-    let mut event = [0u8; 64];
-    let mut dropped = 0u64;
-    while !stop.load(Ordering::Acquire) {
-        match device.next_event(&mut event, Some(Duration::from_millis(200))) {
-            Ok(None) => {}
-            Ok(Some(len)) => {
-                let len = len.min(event.len());
-                // SAFETY: sends `len` bytes of a local buffer on a socket we own.
-                let sent = unsafe {
-                    libc::send(
-                        to.as_raw_fd(),
-                        event.as_ptr().cast(),
-                        len,
-                        libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
-                    )
-                };
-                if sent < 0 {
-                    let error = io::Error::last_os_error();
-                    if error.kind() != io::ErrorKind::WouldBlock {
-                        debug!("process {pid}: event socket closed: {error}");
-                        return;
-                    }
-                    dropped += 1;
-                    if dropped.is_power_of_two() {
-                        warn!("process {pid} does not read its events: {dropped} dropped");
-                    }
-                }
-            }
-            Err(e) => {
-                debug!("process {pid}: event queue ended: {e}");
-                return;
-            }
+        if device_gone {
+            // The session is over; closing the process's sockets tells it so at once.
+            return Err(SessionError::Open(TransportError::Disconnected));
         }
     }
 }
 
-/// A connected pair of SOCK_SEQPACKET sockets (one event per packet).
-fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [-1; 2];
-    // SAFETY: socketpair fills two descriptors into the array on success.
-    let rc = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
+/// Passes the session's device events to the process until `stop`, until the process goes
+/// or until the device does (then the socket's end of stream tells the process).
+///
+/// An event is taken from the device only when the socket has room for it: a process that
+/// does not read its events leaves them in the device's event queue, which bounds them and
+/// reports any it drops (spec §5.2), and this thread never blocks in a send (it is joined
+/// when the session ends).
+fn forward_events(device: &ProcessTransport, to: &OwnedFd, stop: &AtomicBool, pid: i32) {
+    let mut event = [0u8; 64];
+    while !stop.load(Ordering::Acquire) {
+        match wait_writable(to, POLL_SLICE) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                debug!("process {pid}: event socket: {e}");
+                return;
+            }
+        }
+        let len = match device.next_event(&mut event, Some(POLL_SLICE)) {
+            Ok(None) => continue,
+            Ok(Some(len)) => len.min(event.len()),
+            Err(e) => {
+                debug!("process {pid}: event queue ended: {e}");
+                return;
+            }
+        };
+        // SAFETY: sends `len` bytes of a local buffer on a socket we own.
+        let sent = unsafe {
+            libc::send(
+                to.as_raw_fd(),
+                event.as_ptr().cast(),
+                len,
+                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+            )
+        };
+        if sent < 0 {
+            // It had room a moment ago and only this thread writes: the process is gone.
+            debug!(
+                "process {pid}: event not delivered: {}",
+                io::Error::last_os_error()
+            );
+            return;
+        }
     }
-    // SAFETY: both descriptors are new and owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// How long the event thread waits at a time before it looks at its stop flag again.
+const POLL_SLICE: Duration = Duration::from_millis(200);
+
+/// Waits up to `timeout` for room to send on `fd`; `Err` once the peer is gone.
+fn wait_writable(fd: &OwnedFd, timeout: Duration) -> io::Result<bool> {
+    let mut pollfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd on the stack.
+    let rc = unsafe { libc::poll(&mut pollfd, 1, timeout.as_millis() as i32) };
+    match rc {
+        0 => Ok(false),
+        n if n > 0 => {
+            if pollfd.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+                Err(io::Error::from(io::ErrorKind::BrokenPipe))
+            } else {
+                Ok(true)
+            }
+        }
+        _ => {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(error)
+            }
+        }
+    }
 }

@@ -40,13 +40,19 @@ fn a_missing_backend_is_named_and_no_socket_is_left() {
 }
 
 #[test]
-fn bad_options_are_refused() {
-    for args in [
-        &["--backend", "/b", "--mode", "999"][..],
-        &["--backend", "/b", "--guest-ram-mib", "0"][..],
-        &["--socket", "/s"][..],
+fn bad_options_are_refused_with_their_reason() {
+    for (args, reason) in [
+        (
+            &["--backend", "/b", "--mode", "999"][..],
+            "not an octal mode",
+        ),
+        (
+            &["--backend", "/b", "--guest-ram-mib", "0"][..],
+            "--guest-ram-mib must be a positive size",
+        ),
+        (&["--socket", "/s"][..], "--backend"),
     ] {
         let (ok, text) = agent(args);
-        assert!(!ok, "{args:?}: {text}");
+        assert!(!ok && text.contains(reason), "{args:?}: {text}");
     }
 }

@@ -165,8 +165,4 @@ impl Transport for AppTransport {
     ) -> Result<Vec<usize>, TransportError> {
         self.inner.execute_batch(commands)
     }
-
-    fn shared_doorbell_area(&self) -> Option<vrdma::transport::SharedDoorbellArea> {
-        self.inner.shared_doorbell_area()
-    }
 }

@@ -23,5 +23,5 @@ fuzz_target!(|data: &[u8]| {
                 .into()
         })
         .collect();
-    let _ = Frame::decode(u32::from_le_bytes(*kind), payload, fds);
+    let _ = Frame::decode(u32::from_le_bytes(*kind), payload.to_vec(), fds);
 });

@@ -214,24 +214,6 @@ impl SharedMemory {
     }
 }
 
-/// A doorbell area (spec §5.3) that the owner of the device registered and shares with this
-/// process: the guest agent's, which every application process of the device rings.
-#[derive(Clone, Copy, Debug)]
-pub struct SharedDoorbellArea {
-    /// First byte, mapped read/write in this process for as long as the transport lives.
-    pub base: NonNull<u8>,
-    /// Bytes mapped.
-    pub len: usize,
-    /// Guest-physical address the area was registered at.
-    pub gpa: u64,
-}
-
-// SAFETY: an address range the transport keeps mapped; the area is only ever accessed
-// atomically, from any thread.
-unsafe impl Send for SharedDoorbellArea {}
-// SAFETY: as for Send.
-unsafe impl Sync for SharedDoorbellArea {}
-
 /// A connection to one vrdma device.
 pub trait Transport: Send + Sync {
     /// Device-specific feature bits (0..=23) both sides agreed on.
@@ -288,13 +270,6 @@ pub trait Transport: Send + Sync {
 
     /// Memory the device can reach.
     fn dma(&self) -> &dyn DmaMemory;
-
-    /// The doorbell area to ring if another process registered it for this device (the
-    /// guest agent); `None` (the default): the context allocates its own and registers it
-    /// with SET_DOORBELL_AREA.
-    fn shared_doorbell_area(&self) -> Option<SharedDoorbellArea> {
-        None
-    }
 }
 
 #[cfg(test)]

@@ -103,22 +103,16 @@ impl Context {
         let ResponseBody::QueryDevice(attr) = channel.execute(&ControlRequest::QueryDevice)? else {
             return Err(unexpected_body(Opcode::QueryDevice));
         };
-        let device_may_poll = features & features::VRDMA_F_DOORBELL_POLL != 0;
-        let slots = config.doorbell_slots.get();
-        let doorbell = match channel.transport.shared_doorbell_area() {
-            // Registered by the process that drives the device (the guest agent).
-            Some(shared) => DoorbellRegion::shared(shared, slots, device_may_poll)?,
-            None => {
-                let doorbell =
-                    DoorbellRegion::new(channel.transport.dma(), slots, device_may_poll)?;
-                channel.execute(&ControlRequest::SetDoorbellArea(SetDoorbellAreaReq {
-                    gpa: Le64::new(doorbell.gpa()),
-                    slots: Le32::new(doorbell.slots()),
-                    reserved: Le32::ZERO,
-                }))?;
-                doorbell
-            }
-        };
+        let doorbell = DoorbellRegion::new(
+            channel.transport.dma(),
+            config.doorbell_slots.get(),
+            features & features::VRDMA_F_DOORBELL_POLL != 0,
+        )?;
+        channel.execute(&ControlRequest::SetDoorbellArea(SetDoorbellAreaReq {
+            gpa: Le64::new(doorbell.gpa()),
+            slots: Le32::new(doorbell.slots()),
+            reserved: Le32::ZERO,
+        }))?;
         let inner = ContextInner {
             channel,
             config,

@@ -110,8 +110,10 @@ fn agent_rows(out: &mut String, plan: &Plan, agent: &[MatrixRow]) {
     }
     let _ = writeln!(
         out,
-        "
-through the guest agent: both perftest processes as `nobody` through vrdma-guestd          vs both as root, each its own front-end (process transport), same backend; median          of {} round(s), alternating. The data path is the same; what differs is the agent's          hop on every control verb.",
+        "\nthrough the guest agent: both perftest processes as `nobody` through vrdma-guestd \
+         vs both as root, each its own front-end (process transport), same backend; median \
+         of {} round(s), alternating. The data path is the same; what differs is the agent's \
+         hop on every control verb.",
         plan.rounds
     );
     out.push_str(&matrix_table(agent, "direct", "agent"));

@@ -20,6 +20,7 @@
 //! - the backend SIGKILLed: the agent stays, tells a process that comes meanwhile that the
 //!   device is not available, and serves the next one from a new backend on the same socket.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -28,14 +29,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::inside::{
-    resource_counts, wait_for_counts, wait_for_path, Proc, ResourceCounts, DEVICE,
+    resource_counts, rxe_counters, wait_for_counts, wait_for_path, Proc, ResourceCounts, DEVICE,
 };
-use crate::perftest::{self, as_user, Case, Side, Tool};
+use crate::perftest::{self, Case, Side, Tool};
 use crate::scenarios::backend::Backend;
 use crate::scenarios::binaries::Binaries;
 use crate::scenarios::isolation;
 use crate::scenarios::pingpong_peer::{
-    agent_pingpong_command, pingpong_command, read_report, Impl, PingpongRow, Plan, PEER_TIMEOUT_S,
+    pingpong_command, read_report, vrdma_pingpong_command, Access, Impl, PingpongRow, Plan,
+    PEER_TIMEOUT_S,
 };
 use crate::scenarios::rdmacm_utils;
 
@@ -99,8 +101,21 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
     };
 
     println!("== access: the socket's permissions decide");
-    let stranger_refusal = refused(binaries, &agent_socket, STRANGER, "--agent", next_port())?;
-    let backend_refusal = refused(binaries, &backend.socket, NOBODY, "--socket", next_port())?;
+    let as_stranger = Access::Agent {
+        socket: &agent_socket,
+        user: STRANGER,
+    };
+    let stranger_refusal = refused(binaries, as_stranger, "Permission denied", next_port())?;
+    let nobody_at_backend = Access::Backend {
+        socket: &backend.socket,
+        user: Some(NOBODY),
+    };
+    let backend_refusal = refused(
+        binaries,
+        nobody_at_backend,
+        "Permission denied",
+        next_port(),
+    )?;
 
     println!("== {CONCURRENT} unprivileged processes at once through the agent");
     let concurrent = concurrent_pingpongs(binaries, &backend, &agent_socket, &mut next_port)?;
@@ -172,16 +187,11 @@ fn backend_restart(
 ) -> Result<(Backend, String)> {
     backend.proc.signal("KILL")?;
     backend.proc.kill();
-    let port = next_port();
-    let mut cmd = agent_pingpong_command(binaries, agent_socket, NOBODY, "client", port, &PLAN);
-    let mut refused = Proc::spawn(&format!("agent-{port}-backend-down"), &mut cmd)?;
-    let status = refused.wait_exit(Duration::from_secs(60))?;
-    let output = refused.output();
-    if status.success() || !output.contains("the device is not available") {
-        return Err(refused.failure(&format!(
-            "with the backend dead, a process was not refused by the agent ({status})"
-        )));
-    }
+    let access = Access::Agent {
+        socket: agent_socket,
+        user: NOBODY,
+    };
+    let refusal = refused(binaries, access, "the device is not available", next_port())?;
     if let Some(status) = agent.try_wait()? {
         return Err(agent.failure(&format!("the agent exited with its backend ({status})")));
     }
@@ -190,10 +200,7 @@ fn backend_restart(
         start_agent_pair(binaries, &backend, agent_socket, &PLAN, &[], next_port())?;
     finish_pair(server, client, &json, &PLAN)?;
     println!("  ok: refused while the backend was down, served by the new one");
-    Ok((
-        backend,
-        output.lines().last().unwrap_or_default().to_string(),
-    ))
+    Ok((backend, refusal))
 }
 
 /// Starts the agent `binary` for the backend at `backend` on `socket` (group `nogroup`, mode
@@ -228,32 +235,19 @@ pub fn start_agent(binary: &Path, backend: &Path, socket: &Path) -> Result<Proc>
     Ok(agent)
 }
 
-/// Runs a vrdma-pingpong client as `user` reaching `socket` with `option`; it must fail to
-/// open the device with "Permission denied". Returns what it printed.
-fn refused(
-    binaries: &Binaries,
-    socket: &Path,
-    user: (u32, u32),
-    option: &str,
-    port: u16,
-) -> Result<String> {
-    let mut cmd = as_user(user.0, user.1, &binaries.pingpong);
-    cmd.args(["client", option])
-        .arg(socket)
-        .args(["--port", &port.to_string()])
-        .env_remove("VRDMA_SOCKET");
-    let name = format!("agent-refused-{port}");
-    let mut proc = Proc::spawn(&name, &mut cmd)?;
+/// Runs a vrdma-pingpong client reaching the device by `access`; it must fail to open the
+/// device and say `why`. Returns its last line.
+fn refused(binaries: &Binaries, access: Access<'_>, why: &str, port: u16) -> Result<String> {
+    let mut cmd = vrdma_pingpong_command(binaries, access, "client", port, &PLAN, None);
+    let mut proc = Proc::spawn(&format!("agent-refused-{port}"), &mut cmd)?;
     let status = proc.wait_exit(Duration::from_secs(60))?;
     let output = proc.output();
-    if status.success() || !output.contains("Permission denied") {
+    if status.success() || !output.contains(why) {
         return Err(proc.failure(&format!(
-            "uid {} reaching {} was not refused by its permissions ({status})",
-            user.0,
-            socket.display()
+            "{access:?} was not refused with {why:?} ({status})"
         )));
     }
-    println!("  ok: uid {} at {}: refused", user.0, socket.display());
+    println!("  ok: {access:?}: {why}");
     Ok(output.lines().last().unwrap_or_default().to_string())
 }
 
@@ -274,8 +268,11 @@ fn start_agent_pair(
     server.wait_listening(port, Duration::from_secs(60))?;
     let json = std::env::temp_dir().join(format!("agent-{port}.json"));
     let _ = std::fs::remove_file(&json);
-    let mut client_cmd =
-        agent_pingpong_command(binaries, agent_socket, NOBODY, "client", port, plan);
+    let access = Access::Agent {
+        socket: agent_socket,
+        user: NOBODY,
+    };
+    let mut client_cmd = vrdma_pingpong_command(binaries, access, "client", port, plan, None);
     client_cmd.arg("--json").arg(&json);
     let client = Proc::spawn(&format!("agent-{port}-client"), &mut client_cmd)?;
     Ok((server, client, json))
@@ -326,6 +323,26 @@ fn concurrent_pingpongs(
     Ok(reports)
 }
 
+/// Waits until rxe0 has sent `count` more RNR NAKs than in `before`.
+fn wait_for_rnr_naks(count: u64, before: &BTreeMap<String, u64>) -> Result<()> {
+    let sent = |counters: &BTreeMap<String, u64>| counters.get("send_rnr_err").copied();
+    let base = sent(before).unwrap_or(0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        let now = sent(&rxe_counters()?).unwrap_or(0);
+        if now >= base + count {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(Error::Scenario(format!(
+                "{DEVICE} sent {} RNR NAKs, not {count}: the survivors have no send in flight",
+                now - base
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 struct CrashOutcome {
     before_victim: ResourceCounts,
     with_victim: ResourceCounts,
@@ -348,6 +365,8 @@ fn crash_isolation(
         ops: "send,write",
         sizes: "4096",
         iters: 20,
+        // Longer than everything the step does before it releases them.
+        timeout_s: 900,
         tool_args: &["--rnr-retry", "7"],
         ..PLAN
     };
@@ -357,6 +376,7 @@ fn crash_isolation(
         "--receives-after",
         release_arg.as_str(),
     ];
+    let base_naks = rxe_counters()?;
     let mut survivors = Vec::new();
     for _ in 0..2 {
         let (server, mut client, json) = start_agent_pair(
@@ -370,6 +390,8 @@ fn crash_isolation(
         client.wait_for_output("RUNNING", Duration::from_secs(120))?;
         survivors.push((server, client, json));
     }
+    // Both survivors have a send in flight once their peers' rxe NAKed at least twice each.
+    wait_for_rnr_naks(2 * 2, &base_naks)?;
     let before_victim = resource_counts(DEVICE)?;
 
     let victim_plan = Plan {

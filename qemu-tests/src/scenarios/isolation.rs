@@ -94,8 +94,9 @@ pub fn run(socket: &Path) -> Result<()> {
         ProcessTransport::connect(socket, ProcessOptions::default())
             .map_err(|e| Error::Scenario(format!("connecting to {}: {e}", socket.display())))
     };
-    let ram_end = vrdma::dma::GUEST_RAM_BASE + ProcessOptions::default().guest_ram_size as u64;
-    check_pair(&connect()?, &connect()?, ram_end)
+    let ram_start = vrdma::dma::GUEST_RAM_BASE;
+    let ram_end = ram_start + ProcessOptions::default().guest_ram_size as u64;
+    check_pair(&connect()?, &connect()?, (ram_start, ram_end))
 }
 
 /// Runs the isolation checks between two processes of the guest agent listening on `socket`.
@@ -106,13 +107,15 @@ pub fn run_through_agent(socket: &Path) -> Result<()> {
     };
     let (a, b) = (connect()?, connect()?);
     let ram = b.guest_ram();
-    let ram_end = ram.guest_base() + ram.len() as u64;
-    check_pair(&a, &b, ram_end)
+    let ram_start = ram.guest_base();
+    check_pair(&a, &b, (ram_start, ram_start + ram.len() as u64))
 }
 
 /// A and B must not reach each other's objects; B must not register memory outside its
-/// guest RAM, which ends at `ram_end`.
-fn check_pair(a: &dyn Transport, b: &dyn Transport, ram_end: u64) -> Result<()> {
+/// guest RAM, `[start, end)` of `ram`. (Through the agent, the session's own region lies
+/// below the process's: the page below it is the agent's.)
+fn check_pair(a: &dyn Transport, b: &dyn Transport, ram: (u64, u64)) -> Result<()> {
+    let (ram_start, ram_end) = ram;
     // Handles are per guest: while B holds nothing, nothing A holds can be named by B; once B
     // has objects of its own, equal handle values name B's objects, never A's.
     let pd_a = alloc_pd("guest A: ALLOC_PD", a)?;
@@ -167,7 +170,8 @@ fn check_pair(a: &dyn Transport, b: &dyn Transport, ram_end: u64) -> Result<()> 
             0x7fff_0000_0000,
         ),
         ("guest B registers the page after its RAM", ram_end),
-        ("guest B registers a page below its RAM", 0),
+        ("guest B registers the page below its RAM", ram_start - 4096),
+        ("guest B registers a page at address 0", 0),
     ] {
         let (req, list) = reg_mr_request(pd_b, 0x10_0000, &[gpa]);
         expect_status(

@@ -89,6 +89,19 @@ pub struct Plan<'a> {
     pub tool_args: &'a [&'a str],
 }
 
+/// How a vrdma-pingpong reaches the device.
+#[derive(Debug, Clone, Copy)]
+pub enum Access<'a> {
+    /// As its own front-end of the backend listening at `socket`, as `user` (uid, gid;
+    /// `None`: as the caller).
+    Backend {
+        socket: &'a Path,
+        user: Option<(u32, u32)>,
+    },
+    /// Through the guest agent listening at `socket`, as the unprivileged `user`.
+    Agent { socket: &'a Path, user: (u32, u32) },
+}
+
 /// The command line of a `which` peer in `role` (server or client) on `port` with `plan`; a
 /// server listens on `host`, a client connects to it (the tools' default: 127.0.0.1).
 pub fn pingpong_command(
@@ -102,9 +115,11 @@ pub fn pingpong_command(
 ) -> Command {
     let mut cmd = match which {
         Impl::Vrdma => {
-            let mut cmd = Command::new(&binaries.pingpong);
-            cmd.arg(role).arg("--socket").arg(&backend.socket);
-            cmd
+            let access = Access::Backend {
+                socket: &backend.socket,
+                user: None,
+            };
+            return vrdma_pingpong_command(binaries, access, role, port, plan, host);
         }
         Impl::Native => {
             let mut cmd = Command::new(&binaries.native_pingpong);
@@ -116,22 +131,29 @@ pub fn pingpong_command(
     cmd
 }
 
-/// The command line of a vrdma-pingpong in `role` that reaches the device through the guest
-/// agent at `agent_socket`, run as the unprivileged `user` (uid, gid).
-pub fn agent_pingpong_command(
+/// The command line of a vrdma-pingpong in `role` that reaches the device by `access`.
+pub fn vrdma_pingpong_command(
     binaries: &Binaries,
-    agent_socket: &Path,
-    user: (u32, u32),
+    access: Access<'_>,
     role: &str,
     port: u16,
     plan: &Plan<'_>,
+    host: Option<&str>,
 ) -> Command {
-    let mut cmd = crate::perftest::as_user(user.0, user.1, &binaries.pingpong);
+    let (user, option, socket) = match access {
+        Access::Backend { socket, user } => (user, "--socket", socket),
+        Access::Agent { socket, user } => (Some(user), "--agent", socket),
+    };
+    let mut cmd = match user {
+        None => Command::new(&binaries.pingpong),
+        Some((uid, gid)) => crate::perftest::as_user(uid, gid, &binaries.pingpong),
+    };
     cmd.arg(role)
-        .arg("--agent")
-        .arg(agent_socket)
-        .env_remove("VRDMA_SOCKET");
-    add_plan(&mut cmd, port, plan, None);
+        .arg(option)
+        .arg(socket)
+        .env_remove("VRDMA_SOCKET")
+        .env_remove("VRDMA_AGENT");
+    add_plan(&mut cmd, port, plan, host);
     cmd
 }
 

@@ -205,11 +205,7 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Vec<Run>> {
 /// its user).
 pub fn command(line: &str, side: &Side, args: &[String]) -> Command {
     let mut words = line.split_whitespace();
-    let program = words.next().expect("a program");
-    let mut cmd = match side.run_as {
-        None => Command::new(program),
-        Some((uid, gid)) => crate::perftest::as_user(uid, gid, program),
-    };
+    let mut cmd = side.program(words.next().expect("a program"));
     cmd.args(words)
         .args(args)
         .env_remove("VRDMA_SOCKET")

@@ -1,31 +1,30 @@
 //! The agent transport: an application process that reaches the device through the guest
-//! agent (`vrdma-guestd`), which alone drives it.
+//! agent (`vrdma-guestd`), which alone talks to the backend.
 //!
-//! What goes through the agent: control commands (it checks that a process names only its
-//! own objects and registers only its own memory, and releases everything a process leaves
-//! behind) and device events (it passes each to the process whose object it names). What
-//! does not: the data path. The agent hands the process, once, everything the data path
-//! needs — its own guest RAM (a sealed memfd at a guest-physical address the agent chose),
-//! the shared doorbell area, the doorbell queue's kick eventfd — and with each command's
-//! answer the queue buffers that command mapped. The process then posts, rings, polls and
-//! receives exactly as a process that drives the device itself: no extra hop, no copy.
+//! What goes through the agent: control commands and device events. What does not: the data
+//! path. The agent hands the process, once, what the data path needs — its guest RAM (a
+//! sealed memfd at a guest-physical address the agent chose) and the doorbell queue's kick
+//! eventfd — and with each command's answer the queue buffers that command mapped. The
+//! process then posts, rings, polls and receives exactly as a process that is its own
+//! front-end: no extra hop, no copy.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::shmem_window::ShmemWindow;
-use super::{OwnerProcess, SharedDoorbellArea, SharedMemory, Transport, TransportError};
-use crate::dma::{map_shared, DmaMemory, MemfdRam};
+use super::shmem_window::{ShmemWindow, WindowChange};
+use super::{OwnerProcess, SharedMemory, Transport, TransportError};
+use crate::dma::{DmaMemory, MemfdRam};
 use crate::transport::process::ProcessDma;
 
 pub mod protocol;
+mod scm;
 
 use protocol::{Frame, Outcome, ProtocolError, Welcome, PROTOCOL_VERSION};
 
@@ -35,50 +34,20 @@ pub const DEFAULT_AGENT_SOCKET: &str = "/run/vrdma/agent.sock";
 /// Environment variable naming the agent's socket.
 pub const AGENT_SOCKET_ENV: &str = "VRDMA_AGENT";
 
-/// The agent's socket: `$VRDMA_AGENT` if set, else [`DEFAULT_AGENT_SOCKET`] if it exists.
-pub fn agent_socket() -> Option<PathBuf> {
-    match std::env::var_os(AGENT_SOCKET_ENV) {
-        Some(path) if !path.is_empty() => Some(PathBuf::from(path)),
-        _ => {
-            let default = Path::new(DEFAULT_AGENT_SOCKET);
-            default.exists().then(|| default.to_path_buf())
-        }
-    }
-}
-
 /// A vrdma device reached through the guest agent.
 pub struct AgentTransport {
     control: Mutex<UnixStream>,
+    /// A command's frames went out or came in only in part: the stream is out of step with
+    /// the agent and nothing more can be asked on it.
+    broken: AtomicBool,
     device_features: u64,
     config: Vec<u8>,
     window: ShmemWindow,
     dma: ProcessDma,
-    /// The agent's doorbell area, if it shares one (else the context registers its own).
-    doorbell: Option<DoorbellMapping>,
     doorbell_kick: EventFd,
+    /// Events from the agent; closed by the agent when the device (or the agent) goes.
     events: OwnedFd,
     owner: OwnerProcess,
-}
-
-/// The shared doorbell area, mapped in this process.
-struct DoorbellMapping {
-    base: NonNull<u8>,
-    len: usize,
-    gpa: u64,
-}
-
-// SAFETY: a shared mapping owned by this value; accessed only atomically (by the verbs
-// layer's doorbell region), from any thread.
-unsafe impl Send for DoorbellMapping {}
-// SAFETY: as for Send.
-unsafe impl Sync for DoorbellMapping {}
-
-impl Drop for DoorbellMapping {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `AgentTransport::connect`; the doorbell region that
-        // views it is dropped before the transport (the context holds both).
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
-    }
 }
 
 fn protocol(error: ProtocolError) -> TransportError {
@@ -123,42 +92,48 @@ impl AgentTransport {
             shm_size,
             ram_gpa,
             ram_len,
-            doorbell_gpa,
-            doorbell_len,
             ram,
-            doorbell,
             doorbell_kick,
             events,
         } = welcome;
-        let bad = |what: &str| TransportError::DeviceFailure(format!("guest agent: {what}"));
-        let ram_len = usize::try_from(ram_len).map_err(|_| bad("guest RAM size"))?;
+        let ram_len = usize::try_from(ram_len)
+            .map_err(|_| TransportError::DeviceFailure("guest agent: guest RAM size".into()))?;
         let ram = MemfdRam::adopt(ram, ram_len, ram_gpa)?;
-        let doorbell = match doorbell {
-            None => None,
-            Some(file) => {
-                let len = usize::try_from(doorbell_len).map_err(|_| bad("doorbell area size"))?;
-                let base = map_shared(file.as_fd(), len)
-                    .map_err(TransportError::io("cannot map the doorbell area"))?;
-                Some(DoorbellMapping {
-                    base,
-                    len,
-                    gpa: doorbell_gpa,
-                })
-            }
-        };
         // SAFETY: an eventfd the agent passed, whose ownership moves into the EventFd.
         let doorbell_kick = unsafe { EventFd::from_raw_fd(doorbell_kick.into_raw_fd()) };
         Ok(AgentTransport {
             control: Mutex::new(stream),
+            broken: AtomicBool::new(false),
             device_features,
             config,
             window: ShmemWindow::reserve(shm_size)?,
             dma: ProcessDma::over(ram),
-            doorbell,
             doorbell_kick,
             events,
             owner: OwnerProcess::current(),
         })
+    }
+
+    /// One command's round trip with the agent; `Err` leaves the stream out of step.
+    fn round_trip(
+        &self,
+        control: &UnixStream,
+        request: &[u8],
+        capacity: usize,
+    ) -> Result<(Outcome, Vec<u8>, Vec<WindowChange>), ProtocolError> {
+        Frame::Execute {
+            response_capacity: u32::try_from(capacity).unwrap_or(u32::MAX),
+            request: request.to_vec(),
+        }
+        .send(control)?;
+        match Frame::receive(control)? {
+            Frame::Executed {
+                outcome,
+                response,
+                changes,
+            } => Ok((outcome, response, changes)),
+            _ => Err(ProtocolError::Malformed("expected an answer")),
+        }
     }
 
     /// This process's guest RAM (what application memory is re-backed with).
@@ -179,30 +154,30 @@ impl Transport for AgentTransport {
     fn execute(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
         self.owner.check()?;
         let control = self.control.lock();
-        Frame::Execute {
-            response_capacity: u32::try_from(response.len()).unwrap_or(u32::MAX),
-            request: request.to_vec(),
+        if self.broken.load(Ordering::Acquire) {
+            return Err(TransportError::Disconnected);
         }
-        .send(&control)
-        .map_err(protocol)?;
-        let Frame::Executed {
-            outcome,
-            response: answer,
-            changes,
-        } = Frame::receive(&control).map_err(protocol)?
-        else {
-            return Err(protocol(ProtocolError::Malformed("expected an answer")));
-        };
-        // The command's queue buffers are mapped before the caller learns of them.
+        let (outcome, answer, changes) = self
+            .round_trip(&control, request, response.len())
+            .inspect_err(|_| self.broken.store(true, Ordering::Release))
+            .map_err(protocol)?;
+        // Every mapping the command made is made here before anything is reported: objects
+        // the device created must be usable (and destroyable) whatever else went wrong.
+        let mut failed_mapping = None;
         for change in &changes {
-            self.window.apply(change).map_err(TransportError::io(
-                "mapping a queue buffer the agent passed",
-            ))?;
+            if let Err(e) = self.window.apply(change) {
+                failed_mapping.get_or_insert(e);
+            }
         }
         match outcome {
             Outcome::Answered => {}
             Outcome::Disconnected => return Err(TransportError::Disconnected),
             Outcome::Failed(why) => return Err(TransportError::DeviceFailure(why)),
+        }
+        if let Some(e) = failed_mapping {
+            return Err(TransportError::io(
+                "mapping a queue buffer the agent passed",
+            )(e));
         }
         let out = response
             .get_mut(..answer.len())
@@ -220,8 +195,20 @@ impl Transport for AgentTransport {
     }
 
     fn check_alive(&self) -> Result<(), TransportError> {
-        // The agent never writes unasked on the control socket: readable means closed.
-        if poll_readable(self.control.lock().as_fd(), Some(Duration::ZERO))? {
+        // The agent closes the event socket when the device goes (or when it dies itself);
+        // a peek tells an end of stream from a pending event without taking it, and without
+        // waiting for a command in progress.
+        let mut byte = 0u8;
+        // SAFETY: peeks at most one byte into a local; the socket is ours.
+        let got = unsafe {
+            libc::recv(
+                self.events.as_raw_fd(),
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if got == 0 || self.broken.load(Ordering::Acquire) {
             return Err(TransportError::Disconnected);
         }
         Ok(())
@@ -280,14 +267,6 @@ impl Transport for AgentTransport {
 
     fn dma(&self) -> &dyn DmaMemory {
         &self.dma
-    }
-
-    fn shared_doorbell_area(&self) -> Option<SharedDoorbellArea> {
-        self.doorbell.as_ref().map(|area| SharedDoorbellArea {
-            base: area.base,
-            len: area.len,
-            gpa: area.gpa,
-        })
     }
 }
 

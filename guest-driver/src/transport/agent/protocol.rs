@@ -14,7 +14,7 @@ use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
-use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+use super::scm;
 
 use crate::transport::shmem_window::WindowChange;
 
@@ -57,15 +57,8 @@ pub struct Welcome {
     pub ram_gpa: u64,
     /// Its size.
     pub ram_len: u64,
-    /// Guest-physical address of the agent's doorbell area, if it shares one.
-    pub doorbell_gpa: u64,
-    /// Bytes of the doorbell area's file to map (0: no shared area; the process registers
-    /// its own).
-    pub doorbell_len: u64,
     /// This process's guest RAM (a sealed memfd).
     pub ram: OwnedFd,
-    /// The shared doorbell area's file (with `doorbell_len` > 0).
-    pub doorbell: Option<OwnedFd>,
     /// The doorbell queue's kick eventfd.
     pub doorbell_kick: OwnedFd,
     /// The socket events arrive on.
@@ -117,7 +110,9 @@ pub enum ProtocolError {
     Malformed(&'static str),
 }
 
-const WELCOME_FIXED: usize = 4 + 8 * 7;
+/// A welcome's fixed part: the configuration's length, then features, shared-memory size,
+/// RAM address and RAM size.
+const WELCOME_FIXED: usize = 4 + 8 * 4;
 const CHANGE_SIZE: usize = 4 + 4 + 8 * 3;
 const MAP: u32 = 1;
 const UNMAP: u32 = 2;
@@ -134,24 +129,11 @@ impl Frame {
             }
             Frame::Welcome(w) => {
                 payload.extend_from_slice(&(w.config.len() as u32).to_le_bytes());
-                for value in [
-                    w.device_features,
-                    w.shm_size,
-                    w.ram_gpa,
-                    w.ram_len,
-                    w.doorbell_gpa,
-                    w.doorbell_len,
-                    0,
-                ] {
+                for value in [w.device_features, w.shm_size, w.ram_gpa, w.ram_len] {
                     payload.extend_from_slice(&value.to_le_bytes());
                 }
                 payload.extend_from_slice(&w.config);
-                fds.push(w.ram.as_raw_fd());
-                fds.extend(w.doorbell.as_ref().map(|fd| fd.as_raw_fd()));
-                fds.extend([&w.doorbell_kick, &w.events].map(|fd| fd.as_raw_fd()));
-                if w.doorbell.is_some() != (w.doorbell_len > 0) {
-                    return Err(ProtocolError::Malformed("doorbell area without its file"));
-                }
+                fds.extend([&w.ram, &w.doorbell_kick, &w.events].map(|fd| fd.as_raw_fd()));
                 WELCOME
             }
             Frame::Refused(why) => {
@@ -211,44 +193,15 @@ impl Frame {
         frame.extend_from_slice(&kind.to_le_bytes());
         frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         frame.extend_from_slice(&payload);
-        let mut sent = socket
-            .send_with_fds(&[&frame[..]], &fds)
-            .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
-        // A stream may take a large frame in parts; the descriptors went with the first.
-        // (sendmsg with MSG_NOSIGNAL throughout: a closed peer must not raise SIGPIPE in an
-        // application that never asked for it.)
-        while sent < frame.len() {
-            let more = socket
-                .send_with_fds(&[&frame[sent..]], &[])
-                .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
-            if more == 0 {
-                return Err(ProtocolError::Closed);
-            }
-            sent += more;
-        }
+        scm::send(socket, &frame, &fds)?;
         Ok(())
     }
 
     /// Reads one frame.
     pub fn receive(socket: &UnixStream) -> Result<Frame, ProtocolError> {
         let mut header = [0u8; 8];
-        let mut raw_fds = [-1 as RawFd; MAX_FDS];
-        let mut iovec = [libc::iovec {
-            iov_base: header.as_mut_ptr().cast(),
-            iov_len: header.len(),
-        }];
-        // SAFETY: the one iovec points at `header`, a local buffer of that length.
-        let (got, nfds) = unsafe { socket.recv_with_fds(&mut iovec, &mut raw_fds) }
-            .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
-        // SAFETY: the kernel installed `nfds` new descriptors for this process; each is
-        // owned from here on (closed if the frame is refused).
-        let fds: Vec<OwnedFd> = raw_fds[..nfds]
-            .iter()
-            .map(|&fd| unsafe { OwnedFd::from_raw_fd(fd) })
-            .collect();
-        for fd in &fds {
-            close_on_exec(fd)?;
-        }
+        let mut fds = Vec::new();
+        let got = scm::receive(socket, &mut header, &mut fds)?;
         if got == 0 {
             return Err(ProtocolError::Closed);
         }
@@ -260,14 +213,14 @@ impl Frame {
         }
         let mut payload = vec![0u8; len];
         (&*socket).read_exact(&mut payload).map_err(eof)?;
-        Frame::decode(kind, &payload, fds)
+        Frame::decode(kind, payload, fds)
     }
 
     /// Decodes a frame of `kind` with `payload` and the descriptors that came with it (each
     /// must be used: a frame with descriptors left over is malformed).
     pub fn decode(
         kind: u32,
-        payload: &[u8],
+        mut payload: Vec<u8>,
         mut fds: Vec<OwnedFd>,
     ) -> Result<Frame, ProtocolError> {
         if payload.len() > MAX_PAYLOAD || fds.len() > MAX_FDS {
@@ -282,10 +235,10 @@ impl Frame {
         };
         let frame = match kind {
             HELLO => Frame::Hello {
-                version: u32_at(exact(payload, 4)?, 0),
+                version: u32_at(exact(&payload, 4)?, 0),
             },
             WELCOME => {
-                let fixed = at_least(payload, WELCOME_FIXED)?;
+                let fixed = at_least(&payload, WELCOME_FIXED)?;
                 let config_len = u32_at(fixed, 0) as usize;
                 let config = payload[WELCOME_FIXED..]
                     .get(..config_len)
@@ -293,35 +246,27 @@ impl Frame {
                     .ok_or(ProtocolError::Malformed("welcome length"))?
                     .to_vec();
                 let word = |i: usize| u64_at(fixed, 4 + 8 * i);
-                let doorbell_len = word(5);
                 Frame::Welcome(Welcome {
                     device_features: word(0),
                     shm_size: word(1),
                     ram_gpa: word(2),
                     ram_len: word(3),
-                    doorbell_gpa: word(4),
-                    doorbell_len,
                     config,
                     ram: take_fd()?,
-                    doorbell: if doorbell_len > 0 {
-                        Some(take_fd()?)
-                    } else {
-                        None
-                    },
                     doorbell_kick: take_fd()?,
                     events: take_fd()?,
                 })
             }
-            REFUSED => Frame::Refused(String::from_utf8_lossy(payload).into_owned()),
+            REFUSED => Frame::Refused(String::from_utf8_lossy(&payload).into_owned()),
             EXECUTE => {
-                let fixed = at_least(payload, 4)?;
+                let response_capacity = u32_at(at_least(&payload, 4)?, 0);
                 Frame::Execute {
-                    response_capacity: u32_at(fixed, 0),
-                    request: payload[4..].to_vec(),
+                    response_capacity,
+                    request: payload.split_off(4),
                 }
             }
             EXECUTED => {
-                let fixed = at_least(payload, 12)?;
+                let fixed = at_least(&payload, 12)?;
                 let count = u32_at(fixed, 4) as usize;
                 let text_len = u32_at(fixed, 8) as usize;
                 let changes_end = count
@@ -370,13 +315,24 @@ impl Frame {
     }
 }
 
-/// Received descriptors must not leak into programs the application executes.
-fn close_on_exec(fd: &OwnedFd) -> io::Result<()> {
-    // SAFETY: F_SETFD on a descriptor we own.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+/// The connected pair of sockets events travel on (SOCK_SEQPACKET: one event per packet,
+/// and an end of stream when the agent closes its end).
+pub fn event_socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1; 2];
+    // SAFETY: socketpair fills two descriptors into the array on success.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(())
+    // SAFETY: both descriptors are new and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 fn eof(e: io::Error) -> ProtocolError {
@@ -418,7 +374,7 @@ mod tests {
     use super::*;
     use std::os::fd::AsFd;
 
-    fn memfd() -> OwnedFd {
+    fn null_fd() -> OwnedFd {
         let file = std::fs::File::open("/dev/null").unwrap();
         file.into()
     }
@@ -438,12 +394,9 @@ mod tests {
             shm_size: 1 << 30,
             ram_gpa: 5 << 30,
             ram_len: 64 << 20,
-            doorbell_gpa: 2 << 30,
-            doorbell_len: 8192,
-            ram: memfd(),
-            doorbell: Some(memfd()),
-            doorbell_kick: memfd(),
-            events: memfd(),
+            ram: null_fd(),
+            doorbell_kick: null_fd(),
+            events: null_fd(),
         };
         Frame::Welcome(welcome).send(&b).unwrap();
         let Frame::Welcome(got) = Frame::receive(&a).unwrap() else {
@@ -453,13 +406,15 @@ mod tests {
             (got.device_features, got.config.clone(), got.shm_size),
             (0x1234, vec![1, 2, 3], 1 << 30)
         );
-        assert_eq!(
-            (got.ram_gpa, got.ram_len, got.doorbell_gpa, got.doorbell_len),
-            (5 << 30, 64 << 20, 2 << 30, 8192)
-        );
-        let doorbell = got.doorbell.as_ref().expect("the doorbell area's file");
-        let fds = [&got.ram, doorbell, &got.doorbell_kick, &got.events];
+        assert_eq!((got.ram_gpa, got.ram_len), (5 << 30, 64 << 20));
+        let fds = [&got.ram, &got.doorbell_kick, &got.events];
         assert!(fds.iter().all(|fd| fd.as_fd().as_raw_fd() >= 0));
+        // Received descriptors are close-on-exec from the start.
+        for fd in fds {
+            // SAFETY: F_GETFD on a descriptor we own.
+            let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFD) };
+            assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        }
 
         // Larger than the socket buffer: the receiver reads while the sender still sends.
         let request = vec![9u8; 3 << 20];
@@ -489,7 +444,7 @@ mod tests {
                 len: 0x2000,
                 fd_offset: 0x3000,
                 writable: true,
-                fd: memfd(),
+                fd: null_fd(),
             },
             WindowChange::Unmap {
                 offset: 0x5000,
@@ -539,7 +494,7 @@ mod tests {
             (&[9, 0, 0, 0, 0, 0, 0, 0], "frame kind"),
             (&[1, 0, 0, 0, 2, 0, 0, 0, 1, 2], "payload length"),
             // A welcome whose descriptors are missing.
-            (&[2, 0, 0, 0, 60, 0, 0, 0], ""),
+            (&[2, 0, 0, 0, 36, 0, 0, 0], ""),
             // An executed frame announcing more changes than it holds.
             (
                 &[5, 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0],
@@ -549,8 +504,8 @@ mod tests {
         for (bytes, expected) in cases {
             let (a, b) = UnixStream::pair().unwrap();
             io::Write::write_all(&mut &a, bytes).unwrap();
-            if bytes.len() == 8 && bytes[4] == 60 {
-                io::Write::write_all(&mut &a, &[0u8; 60]).unwrap();
+            if bytes.len() == 8 && bytes[4] == 36 {
+                io::Write::write_all(&mut &a, &[0u8; 36]).unwrap();
             }
             match Frame::receive(&b) {
                 Err(ProtocolError::Malformed(what)) if expected.is_empty() => {

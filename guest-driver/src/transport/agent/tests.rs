@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use vmm_sys_util::eventfd::EventFd;
 
-use super::protocol::{Frame, Outcome, Welcome, PROTOCOL_VERSION};
+use super::protocol::{event_socket_pair, Frame, Outcome, Welcome, PROTOCOL_VERSION};
 use super::*;
 use crate::dma::{MemfdRam, RamPages, PAGE_SIZE};
 use crate::transport::shmem_window::WindowChange;
@@ -18,15 +18,6 @@ const RAM_GPA: u64 = 8 << 30;
 const RAM_LEN: usize = 16 * PAGE_SIZE;
 const SHM_SIZE: u64 = 1 << 20;
 const ANSWER: [u8; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
-
-fn seqpacket_pair() -> (OwnedFd, OwnedFd) {
-    let mut fds = [-1; 2];
-    // SAFETY: socketpair fills two new descriptors on success.
-    let rc = unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, fds.as_mut_ptr()) };
-    assert_eq!(rc, 0);
-    // SAFETY: both descriptors are new and owned by nobody else.
-    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
-}
 
 /// A memfd of `pages` pages whose first byte of each page is `fill`.
 fn queue_buffer(pages: usize, fill: u8) -> OwnedFd {
@@ -58,17 +49,14 @@ fn fake_agent(listener: UnixListener, kick: EventFd) -> u64 {
         }
     ));
     let ram = MemfdRam::create_at(RAM_LEN, RamPages::Small, RAM_GPA).unwrap();
-    let (events, theirs) = seqpacket_pair();
+    let (events, theirs) = event_socket_pair().unwrap();
     Frame::Welcome(Welcome {
         device_features: 0xabc,
         config: vec![7; 16],
         shm_size: SHM_SIZE,
         ram_gpa: RAM_GPA,
         ram_len: RAM_LEN as u64,
-        doorbell_gpa: 4 << 30,
-        doorbell_len: PAGE_SIZE as u64,
         ram: ram.fd().try_clone_to_owned().unwrap(),
-        doorbell: Some(queue_buffer(1, 0)),
         // SAFETY: the eventfd is open for this call; it is only duplicated.
         doorbell_kick: unsafe { std::os::fd::BorrowedFd::borrow_raw(kick.as_raw_fd()) }
             .try_clone_to_owned()
@@ -122,10 +110,6 @@ fn a_process_gets_its_device_from_the_agent_and_notices_it_leave() {
         .translate(buffer.as_ptr(), PAGE_SIZE)
         .unwrap();
     assert!(pages[0] >= RAM_GPA && pages[0] < RAM_GPA + RAM_LEN as u64);
-    let doorbell = transport
-        .shared_doorbell_area()
-        .expect("a shared doorbell area");
-    assert_eq!((doorbell.gpa, doorbell.len), (4 << 30, PAGE_SIZE));
 
     let mut response = [0u8; 64];
     assert_eq!(transport.execute(b"request", &mut response).unwrap(), 8);
@@ -164,6 +148,75 @@ fn a_process_gets_its_device_from_the_agent_and_notices_it_leave() {
         "{ended:?}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_device_gone_behind_the_agent_is_noticed_without_a_command() {
+    let dir = std::env::temp_dir().join(format!("vrdma-agent-gone-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("agent.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let (closed_tx, closed_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let agent = std::thread::spawn(move || {
+        let (socket, _) = listener.accept().unwrap();
+        let _ = Frame::receive(&socket);
+        let ram = MemfdRam::create_at(RAM_LEN, RamPages::Small, RAM_GPA).unwrap();
+        let (events, theirs) = event_socket_pair().unwrap();
+        Frame::Welcome(Welcome {
+            device_features: 0,
+            config: Vec::new(),
+            shm_size: SHM_SIZE,
+            ram_gpa: RAM_GPA,
+            ram_len: RAM_LEN as u64,
+            ram: ram.fd().try_clone_to_owned().unwrap(),
+            doorbell_kick: EventFd::new(0).unwrap().try_clone().map(fd_of).unwrap(),
+            events: theirs,
+        })
+        .send(&socket)
+        .unwrap();
+        // An event pending is not the end; then the agent closes the events (its device
+        // went) and keeps the command socket open.
+        // SAFETY: sends 16 bytes of a local array on a socket we own.
+        unsafe { libc::send(events.as_raw_fd(), [1u8; 16].as_ptr().cast(), 16, 0) };
+        closed_rx.recv().unwrap();
+        drop(events);
+        done_rx.recv().unwrap();
+        drop(socket);
+    });
+    let transport = AgentTransport::connect(&path).unwrap();
+    let mut event = [0u8; 16];
+    // Wait for the pending event to arrive (a readable socket), then check: still alive.
+    let mut pollfd = libc::pollfd {
+        fd: transport.event_fd().unwrap().as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd on the stack.
+    assert_eq!(unsafe { libc::poll(&mut pollfd, 1, 10_000) }, 1);
+    assert!(
+        transport.check_alive().is_ok(),
+        "a pending event is not an end"
+    );
+    assert_eq!(transport.next_event(&mut event, None).unwrap(), Some(16));
+    closed_tx.send(()).unwrap();
+    let ended = transport.next_event(&mut event, Some(Duration::from_secs(10)));
+    assert!(
+        matches!(ended, Err(TransportError::Disconnected)),
+        "{ended:?}"
+    );
+    assert!(matches!(
+        transport.check_alive(),
+        Err(TransportError::Disconnected)
+    ));
+    done_tx.send(()).unwrap();
+    agent.join().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn fd_of(eventfd: EventFd) -> OwnedFd {
+    // SAFETY: the EventFd's descriptor, whose ownership moves into the OwnedFd.
+    unsafe { OwnedFd::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(eventfd)) }
 }
 
 #[test]

@@ -68,10 +68,6 @@ pub struct ProcessOptions {
     /// it opened the session for, which cannot reach the first region (vrings, command
     /// buffers). 0: none.
     pub application_ram_size: usize,
-    /// Negotiate `CONFIGURE_MEM_SLOTS`, so that guest memory can be added and removed while
-    /// the device runs ([`ProcessTransport::add_guest_memory`]). A backend then counts its
-    /// queue mappings against the memory slots as it does for QEMU (spec §10).
-    pub memory_slots: bool,
 }
 
 impl Default for ProcessOptions {
@@ -86,7 +82,6 @@ impl Default for ProcessOptions {
             event_buffers: 64,
             event_buffer_size: 64,
             application_ram_size: 0,
-            memory_slots: false,
         }
     }
 }
@@ -141,9 +136,9 @@ impl DmaMemory for ProcessDma {
 
 /// A vrdma device reached over a vhost-user socket, with this process as the frontend.
 pub struct ProcessTransport {
-    // Holds the connection open (dropping it makes the backend let go of everything it held
-    // for this "guest"); used again only to add and remove guest memory.
-    frontend: parking_lot::Mutex<Frontend>,
+    // Kept only to hold the connection open: dropping it makes the backend let go of
+    // everything it held for this "guest".
+    _frontend: Frontend,
     dma: ProcessDma,
     /// Guest RAM of its own for another process (see [`ProcessOptions::application_ram_size`]).
     application_ram: Option<Arc<MemfdRam>>,
@@ -155,7 +150,7 @@ pub struct ProcessTransport {
     /// What [`Transport::event_fd`] hands out: readable when the event queue's call eventfd
     /// fires *or* the backend hangs up, so that a caller sleeping in poll on it (the drop-in's
     /// event thread) wakes up to learn of a dead backend from `next_event` instead of sleeping
-    /// forever. Its registered fds stay open as long as `events` and `frontend`.
+    /// forever. Its registered fds stay open as long as `events` and `_frontend`.
     event_wakeup: Epoll,
     doorbell: EventFdSignal,
     /// The doorbell queue's rings: the driver never posts on them, but the device was given
@@ -186,7 +181,7 @@ impl ProcessTransport {
 
         let device_features = negotiate_features(&frontend, options.device_features)?;
         let event_idx = device_features & VIRTIO_F_RING_EVENT_IDX != 0;
-        let protocol = negotiate_protocol(&mut frontend, options.memory_slots)?;
+        let protocol = negotiate_protocol(&mut frontend)?;
 
         let config = read_config(&mut frontend, options.config_size)?;
         let shmem_config = frontend
@@ -250,7 +245,7 @@ impl ProcessTransport {
 
         let control = ControlChannel::new(&dma, control, options.command_timeout)?;
         Ok(ProcessTransport {
-            frontend: parking_lot::Mutex::new(frontend),
+            _frontend: frontend,
             dma,
             application_ram,
             device_features: device_features & DEVICE_SPECIFIC_MASK,
@@ -274,43 +269,6 @@ impl ProcessTransport {
     /// The second guest-RAM region, if [`ProcessOptions::application_ram_size`] asked for one.
     pub fn application_ram(&self) -> Option<&Arc<MemfdRam>> {
         self.application_ram.as_ref()
-    }
-
-    /// Adds `len` bytes of the file `fd` as guest memory at guest-physical `gpa`
-    /// (`ADD_MEM_REG`; needs [`ProcessOptions::memory_slots`]). `host_base` is where this
-    /// process mapped it, or any unique value if it did not (the backend uses it only to
-    /// name the region).
-    pub fn add_guest_memory(
-        &self,
-        fd: BorrowedFd<'_>,
-        gpa: u64,
-        len: u64,
-        host_base: u64,
-    ) -> Result<(), TransportError> {
-        self.owner.check()?;
-        let region = memory_region(fd, gpa, len, host_base);
-        self.frontend
-            .lock()
-            .add_mem_region(&region)
-            .map(|_| ())
-            .map_err(TransportError::VhostUser)
-    }
-
-    /// Removes guest memory added by [`Self::add_guest_memory`] (`REM_MEM_REG`). The backend
-    /// revokes every MR that still has a page there (spec §11.3).
-    pub fn remove_guest_memory(
-        &self,
-        fd: BorrowedFd<'_>,
-        gpa: u64,
-        len: u64,
-        host_base: u64,
-    ) -> Result<(), TransportError> {
-        self.owner.check()?;
-        let region = memory_region(fd, gpa, len, host_base);
-        self.frontend
-            .lock()
-            .remove_mem_region(&region)
-            .map_err(TransportError::VhostUser)
     }
 
     /// The doorbell queue's kick eventfd: whoever holds it notifies the device as
@@ -459,7 +417,6 @@ fn negotiate_features(frontend: &Frontend, accepted_device: u64) -> Result<u64, 
 
 fn negotiate_protocol(
     frontend: &mut Frontend,
-    memory_slots: bool,
 ) -> Result<VhostUserProtocolFeatures, TransportError> {
     let offered = frontend
         .get_protocol_features()
@@ -473,16 +430,7 @@ fn negotiate_protocol(
             "vhost-user protocol features CONFIG, BACKEND_REQ, BACKEND_SEND_FD and SHMEM",
         ));
     }
-    let mut wanted = required | VhostUserProtocolFeatures::REPLY_ACK;
-    if memory_slots {
-        if !offered.contains(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS) {
-            return Err(TransportError::Unsupported(
-                "vhost-user protocol feature CONFIGURE_MEM_SLOTS",
-            ));
-        }
-        wanted |= VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
-    }
-    let acked = offered & wanted;
+    let acked = offered & (required | VhostUserProtocolFeatures::REPLY_ACK);
     frontend
         .set_protocol_features(acked)
         .map_err(TransportError::VhostUser)?;

@@ -31,8 +31,9 @@ struct Cli {
     /// The vrdma backend's vhost-user socket (process transport).
     #[arg(long, env = "VRDMA_SOCKET", required_unless_present_any = ["pci", "agent"])]
     socket: Option<PathBuf>,
-    /// The guest agent's socket (agent transport: vrdma-guestd drives the device).
-    #[arg(long, env = "VRDMA_AGENT", conflicts_with = "socket")]
+    /// The guest agent's socket (agent transport: vrdma-guestd drives the device). A backend
+    /// socket, if also given, wins, as in the drop-in.
+    #[arg(long, env = "VRDMA_AGENT")]
     agent: Option<PathBuf>,
     /// Use the vrdma PCI device of this guest (PCI transport; needs root and hugepages),
     /// the one at this address (dddd:bb:dd.f) or the first one found.
@@ -154,14 +155,14 @@ fn run(cli: &Cli) -> Result<(), String> {
             let address = (!address.is_empty()).then_some(address.as_str());
             Context::open_pci(address).map_err(|e| e.to_string())?
         }
-        (None, Some(agent), _) => Context::connect_agent(agent).map_err(|e| {
+        (None, _, Some(socket)) => Context::connect_process(socket)
+            .map_err(|e| format!("opening vrdma at {}: {e}", socket.display()))?,
+        (None, Some(agent), None) => Context::connect_agent(agent).map_err(|e| {
             format!(
                 "opening vrdma through the agent at {}: {e}",
                 agent.display()
             )
         })?,
-        (None, None, Some(socket)) => Context::connect_process(socket)
-            .map_err(|e| format!("opening vrdma at {}: {e}", socket.display()))?,
         (None, None, None) => {
             return Err("give --socket (or VRDMA_SOCKET), --agent (or VRDMA_AGENT) or --pci".into())
         }

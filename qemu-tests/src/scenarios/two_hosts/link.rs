@@ -171,22 +171,7 @@ impl NicFrames {
     }
 }
 
-/// rxe's hardware counters of port 1 (`sent_pkts`, `duplicate_request`, `rcvd_seq_err`, …).
-pub fn rxe_counters() -> Result<BTreeMap<String, u64>> {
-    let dir = format!("/sys/class/infiniband/{DEVICE}/ports/1/hw_counters");
-    let entries =
-        std::fs::read_dir(&dir).map_err(|e| Error::Scenario(format!("reading {dir}: {e}")))?;
-    let mut counters = BTreeMap::new();
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if let Ok(value) = std::fs::read_to_string(entry.path()) {
-            if let Ok(value) = value.trim().parse() {
-                counters.insert(name, value);
-            }
-        }
-    }
-    Ok(counters)
-}
+pub use crate::inside::rxe_counters;
 
 /// The counters that changed from `before` to `after`, by how much.
 pub fn counter_deltas(
