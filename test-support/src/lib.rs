@@ -5,6 +5,7 @@
 //! Its own test `tests/module_cycles.rs` guards the workspace's shape: no crate has an import
 //! cycle between its modules.
 
+pub mod echo_device;
 pub mod fake_host;
 pub mod fake_transport;
 pub mod fork;

@@ -66,29 +66,31 @@ pub fn listen(path: &Path, group: Option<&str>, mode: u32) -> Result<UnixListene
 fn group_id(name: &str) -> Result<u32, ListenError> {
     let no_group = || ListenError::NoGroup(name.to_string());
     let c_name = CString::new(name).map_err(|_| no_group())?;
-    let mut group: libc::group = unsafe_zeroed_group();
-    let mut buffer = vec![0 as libc::c_char; 16 << 10];
-    let mut result: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: getgrnam_r writes into `group` and `buffer` (of the length given) and sets
-    // `result` to `&group` or null; all live for the call.
-    let rc = unsafe {
-        libc::getgrnam_r(
-            c_name.as_ptr(),
-            &mut group,
-            buffer.as_mut_ptr(),
-            buffer.len(),
-            &mut result,
-        )
-    };
-    if rc != 0 || result.is_null() {
-        return Err(no_group());
-    }
-    Ok(group.gr_gid)
-}
-
-fn unsafe_zeroed_group() -> libc::group {
     // SAFETY: `struct group` is plain data (integers and pointers): all-zero is valid.
-    unsafe { std::mem::zeroed() }
+    let mut group: libc::group = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::group = std::ptr::null_mut();
+    // A group with many members needs a larger buffer: grow it while the call says so.
+    let mut size = 16 << 10;
+    loop {
+        let mut buffer = vec![0 as libc::c_char; size];
+        // SAFETY: getgrnam_r writes into `group` and `buffer` (of the length given) and sets
+        // `result` to `&group` or null; all live for the call, and only `gr_gid` is read
+        // afterwards (the other fields point into `buffer`).
+        let rc = unsafe {
+            libc::getgrnam_r(
+                c_name.as_ptr(),
+                &mut group,
+                buffer.as_mut_ptr(),
+                buffer.len(),
+                &mut result,
+            )
+        };
+        match rc {
+            0 if !result.is_null() => return Ok(group.gr_gid),
+            libc::ERANGE if size < 16 << 20 => size *= 4,
+            _ => return Err(no_group()),
+        }
+    }
 }
 
 #[cfg(test)]

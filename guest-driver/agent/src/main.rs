@@ -50,12 +50,12 @@ struct Args {
     guest_ram_mib: usize,
 
     /// Application processes served at once; further ones are refused.
-    #[arg(long, default_value_t = 256)]
-    max_processes: usize,
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    max_processes: u32,
 
     /// Application processes of any one user served at once.
-    #[arg(long, default_value_t = 64)]
-    max_processes_per_user: usize,
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    max_processes_per_user: u32,
 }
 
 fn parse_mode(text: &str) -> Result<u32, String> {
@@ -107,7 +107,7 @@ fn raise_file_limit(max_processes: usize) {
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    raise_file_limit(args.max_processes);
+    raise_file_limit(args.max_processes as usize);
     let options = SessionOptions {
         backend: args.backend.clone(),
         guest_ram_size: args
@@ -131,7 +131,10 @@ fn run(args: &Args) -> Result<(), String> {
         options.backend.display()
     );
     let options = Arc::new(options);
-    let admission = Admission::new(args.max_processes, args.max_processes_per_user);
+    let admission = Admission::new(
+        args.max_processes as usize,
+        args.max_processes_per_user as usize,
+    );
     for stream in listener.incoming() {
         let stream = match stream {
             Ok(stream) => stream,

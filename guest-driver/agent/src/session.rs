@@ -32,9 +32,10 @@ use vrdma::transport::{Transport, TransportError};
 /// How long a process that connected has to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Guest RAM of a session that only the agent uses: the vrings (3 × 256 entries), the
-/// command buffers of one command at a time and the posted event buffers.
-const SESSION_RAM: usize = 16 << 20;
+/// Guest RAM of a session that only the agent uses: the vrings (3 × 256 entries), the posted
+/// event buffers and the command buffers of one command at a time, which grow to the next
+/// power of two of the largest command (a request of up to the protocol's 8 MiB payload).
+const SESSION_RAM: usize = 32 << 20;
 
 /// Who is on the other end of a client socket (SO_PEERCRED).
 #[derive(Clone, Copy, Debug)]

@@ -51,6 +51,10 @@ fn bad_options_are_refused_with_their_reason() {
             "--guest-ram-mib must be a positive size",
         ),
         (&["--socket", "/s"][..], "--backend"),
+        (
+            &["--backend", "/b", "--max-processes-per-user", "0"][..],
+            "invalid value '0' for '--max-processes-per-user",
+        ),
     ] {
         let (ok, text) = agent(args);
         assert!(!ok && text.contains(reason), "{args:?}: {text}");

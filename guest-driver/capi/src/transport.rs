@@ -6,7 +6,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use vrdma::dma::DmaMemory;
+use vrdma::dma::{DmaMemory, MemfdRam};
 use vrdma::transport::agent::AgentTransport;
 use vrdma::transport::pci::{PciOptions, PciTransport, SysfsPciFunction};
 use vrdma::transport::process::{ProcessOptions, ProcessTransport};
@@ -62,27 +62,25 @@ impl AppTransport {
         };
         let inner = ProcessTransport::connect(socket, options)?;
         let ram = inner.process_dma().guest_ram().clone();
-        let memory = AppMemory::new(ram).map_err(|source| TransportError::Io {
-            what: "fstat of the guest RAM",
-            source,
-        })?;
-        Ok(AppTransport {
-            inner: Arc::new(inner),
-            memory: Some(memory),
-        })
+        Self::rebacked(Arc::new(inner), ram)
     }
 
     /// Connects to the guest agent at `socket`; application memory is re-backed with the
     /// guest RAM the agent gives this process.
     pub(crate) fn connect_agent(socket: &std::path::Path) -> Result<AppTransport, TransportError> {
         let inner = AgentTransport::connect(socket)?;
-        let memory =
-            AppMemory::new(inner.guest_ram().clone()).map_err(|source| TransportError::Io {
-                what: "fstat of the guest RAM",
-                source,
-            })?;
+        let ram = inner.guest_ram().clone();
+        Self::rebacked(Arc::new(inner), ram)
+    }
+
+    /// `inner`, with application memory re-backed by pages of `ram` (its guest RAM).
+    fn rebacked(inner: Arc<dyn Transport>, ram: Arc<MemfdRam>) -> Result<Self, TransportError> {
+        let memory = AppMemory::new(ram).map_err(|source| TransportError::Io {
+            what: "fstat of the guest RAM",
+            source,
+        })?;
         Ok(AppTransport {
-            inner: Arc::new(inner),
+            inner,
             memory: Some(memory),
         })
     }
