@@ -20,19 +20,6 @@ use vrdma_backend::vhost_device::handler::CommandRejection;
 use vrdma_backend::vhost_device::shmem::SHMEM_PAGE_SIZE;
 use vrdma_test_support::echo_device::*;
 
-fn command(transport: &dyn Transport, request: &[u8], response_len: usize) -> Vec<u8> {
-    let mut response = vec![0; response_len];
-    let len = transport.execute(request, &mut response).unwrap();
-    response.truncate(len);
-    response
-}
-
-fn with_offset(opcode: u8, offset: u64) -> Vec<u8> {
-    let mut request = vec![opcode];
-    request.extend_from_slice(&offset.to_le_bytes());
-    request
-}
-
 #[test]
 fn negotiation_and_configuration() {
     let server = Server::start("negotiation");

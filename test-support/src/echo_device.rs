@@ -282,3 +282,22 @@ pub fn wait_until(what: &str, condition: impl Fn() -> bool) {
         thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// Executes `request` on `transport` with room for `response_len` bytes of answer; the answer.
+pub fn command(
+    transport: &dyn vrdma::transport::Transport,
+    request: &[u8],
+    response_len: usize,
+) -> Vec<u8> {
+    let mut response = vec![0; response_len];
+    let len = transport.execute(request, &mut response).unwrap();
+    response.truncate(len);
+    response
+}
+
+/// A command of `opcode` with an offset argument (MAP/UNMAP_HOST_PAGES).
+pub fn with_offset(opcode: u8, offset: u64) -> Vec<u8> {
+    let mut request = vec![opcode];
+    request.extend_from_slice(&offset.to_le_bytes());
+    request
+}

@@ -11,7 +11,7 @@ use vrdma::transport::Transport;
 use vrdma_spec::control::{encode_page_list, ControlRequest, ControlResponse, RegMr};
 use vrdma_spec::wire::RegMrReq;
 use vrdma_spec::{Le32, Le64, Status};
-use vrdma_test_support::echo_device::*;
+use vrdma_test_support::echo_device::{self, *};
 use zerocopy::FromZeros;
 
 /// A running vrdma-guestd in front of `server`, killed when dropped.
@@ -56,42 +56,38 @@ impl Drop for Agent {
     }
 }
 
-fn command(transport: &dyn Transport, request: &[u8]) -> Vec<u8> {
-    let mut response = vec![0; 256];
-    let len = transport.execute(request, &mut response).unwrap();
-    response.truncate(len);
-    response
-}
-
-fn at(opcode: u8, offset: u64) -> Vec<u8> {
-    let mut request = vec![opcode];
-    request.extend_from_slice(&offset.to_le_bytes());
-    request
-}
-
 #[test]
 fn commands_mappings_and_events_reach_the_process() {
     let server = Server::start("agent-reach");
     let agent = Agent::start(&server, "reach", &[]);
     let process = agent.connect();
     assert!(process.device_config().starts_with(CONFIG));
-    assert_eq!(command(&process, &[ECHO_REVERSED, 1, 2, 3]), [3, 2, 1]);
+    assert_eq!(
+        echo_device::command(&process, &[ECHO_REVERSED, 1, 2, 3], 256),
+        [3, 2, 1]
+    );
 
     // The device maps its pages while it runs the command; the process sees them as soon as
     // the answer is back, at the offset the device chose.
     let offset = 2 * PAGE as u64;
-    assert_eq!(command(&process, &at(MAP_HOST_PAGES, offset)), [OK]);
+    assert_eq!(
+        echo_device::command(&process, &with_offset(MAP_HOST_PAGES, offset), 256),
+        [OK]
+    );
     let window = process.shared_memory();
     let text = b"written by the host";
     let mapped = window.range(offset as usize, text.len()).expect("mapped");
     // SAFETY: the device's pages, mapped readable by the command just answered.
     let seen = unsafe { std::slice::from_raw_parts(mapped.as_ptr(), text.len()) };
     assert_eq!(seen, text);
-    assert_eq!(command(&process, &at(UNMAP_HOST_PAGES, offset)), [OK]);
+    assert_eq!(
+        echo_device::command(&process, &with_offset(UNMAP_HOST_PAGES, offset), 256),
+        [OK]
+    );
 
     let mut request = vec![EMIT_EVENT];
     request.extend_from_slice(b"an event");
-    assert_eq!(command(&process, &request), [OK]);
+    assert_eq!(echo_device::command(&process, &request, 256), [OK]);
     let mut event = [0u8; 64];
     let got = process.next_event(&mut event, Some(WAIT)).unwrap();
     assert_eq!(got.map(|len| &event[..len]), Some(&b"an event"[..]));
@@ -103,7 +99,7 @@ fn each_process_has_a_session_of_its_own_released_when_it_goes() {
     let server = Server::start("agent-sessions");
     let agent = Agent::start(&server, "sessions", &[]);
     let who = |p: &AgentTransport| {
-        let id = command(p, &[WHO_AM_I]);
+        let id = echo_device::command(p, &[WHO_AM_I], 256);
         u64::from_le_bytes(id.try_into().unwrap()) as usize
     };
     let (a, b) = (agent.connect(), agent.connect());
@@ -125,7 +121,10 @@ fn each_process_has_a_session_of_its_own_released_when_it_goes() {
             .load(std::sync::atomic::Ordering::SeqCst),
         0
     );
-    assert_eq!(command(&b, &[ECHO_REVERSED, 7, 8]), [8, 7]);
+    assert_eq!(
+        echo_device::command(&b, &[ECHO_REVERSED, 7, 8], 256),
+        [8, 7]
+    );
 }
 
 #[test]
@@ -168,7 +167,7 @@ fn memory_outside_the_process_ram_is_refused_before_the_device() {
         let mut list = Vec::new();
         encode_page_list([gpa], &mut list);
         let request = ControlRequest::RegMr(RegMr::new(req, &list)).to_vec();
-        let answer = command(&process, &request);
+        let answer = echo_device::command(&process, &request, 256);
         match status {
             // The test device does not know REG_MR: it answered, so the agent let it through.
             None => assert_eq!(answer, [FAILED], "{gpa:#x}"),
