@@ -6,6 +6,10 @@
 //! Process mode (`--backend`): the agent opens one vhost-user session with the backend per
 //! application process, so that each process has its own guest RAM, handle namespace, quotas
 //! and host verbs context, all released by the backend when the process goes.
+//!
+//! VM mode (`--pci`): the agent drives the vrdma PCI function of the guest and shares it
+//! among its processes, keeping their objects, memory and events apart itself
+//! (see `shared_device`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,11 +22,16 @@ use vrdma::transport::agent::DEFAULT_AGENT_SOCKET;
 
 mod admission;
 mod listener;
+mod ownership;
+mod pinned;
 mod reach;
 mod session;
+mod shared_device;
+mod translate;
 
 use admission::Admission;
 use session::{Peer, SessionOptions};
+use shared_device::{SharedDevice, SharedOptions};
 
 /// The vrdma guest agent.
 #[derive(Parser, Debug)]
@@ -30,8 +39,18 @@ use session::{Peer, SessionOptions};
 struct Args {
     /// The vrdma backend's vhost-user socket (process mode: one session per application
     /// process).
-    #[arg(long, env = "VRDMA_BACKEND_SOCKET")]
-    backend: PathBuf,
+    #[arg(
+        long,
+        env = "VRDMA_BACKEND_SOCKET",
+        required_unless_present = "pci",
+        conflicts_with = "pci"
+    )]
+    backend: Option<PathBuf>,
+
+    /// Drive the guest's vrdma PCI function (VM mode: one device shared by every process),
+    /// at this PCI address or the first one found.
+    #[arg(long, num_args = 0..=1, default_missing_value = "", value_name = "ADDRESS")]
+    pci: Option<String>,
 
     /// Where applications connect.
     #[arg(long, default_value = DEFAULT_AGENT_SOCKET)]
@@ -45,7 +64,8 @@ struct Args {
     #[arg(long, default_value = "660", value_parser = parse_mode)]
     mode: u32,
 
-    /// Guest RAM of each application process (its registrable memory), in MiB.
+    /// Guest RAM of each application process (its registrable memory), in MiB. In VM mode
+    /// it is pinned guest memory for as long as the process is served.
     #[arg(long, default_value_t = 1024)]
     guest_ram_mib: usize,
 
@@ -106,31 +126,55 @@ fn raise_file_limit(max_processes: usize) {
     }
 }
 
+/// How the agent serves each admitted process.
+enum Server {
+    /// A device session of its own.
+    Sessions(Arc<SessionOptions>),
+    /// The one shared device.
+    Shared(Arc<SharedDevice>),
+}
+
 fn run(args: &Args) -> Result<(), String> {
     raise_file_limit(args.max_processes as usize);
-    let options = SessionOptions {
-        backend: args.backend.clone(),
-        guest_ram_size: args
-            .guest_ram_mib
-            .checked_mul(1 << 20)
-            .filter(|size| *size > 0)
-            .ok_or("--guest-ram-mib must be a positive size")?,
+    let guest_ram_size = args
+        .guest_ram_mib
+        .checked_mul(1 << 20)
+        .filter(|size| *size > 0)
+        .ok_or("--guest-ram-mib must be a positive size")?;
+    let (server, device_name) = match (&args.backend, &args.pci) {
+        (Some(backend), _) => {
+            let options = SessionOptions {
+                backend: backend.clone(),
+                guest_ram_size,
+            };
+            // Fail at start, with the reason, rather than at each application's first verb.
+            session::probe(&options).map_err(|e| {
+                format!(
+                    "the vrdma backend at {} is not usable: {e}",
+                    backend.display()
+                )
+            })?;
+            (
+                Server::Sessions(Arc::new(options)),
+                format!("the backend at {}", backend.display()),
+            )
+        }
+        (None, pci) => {
+            let address = pci.clone().filter(|a| !a.is_empty());
+            let options = SharedOptions {
+                address,
+                process_ram_size: guest_ram_size,
+                quotas: Default::default(),
+            };
+            (
+                Server::Shared(SharedDevice::open(&options)?),
+                "the vrdma PCI device".to_string(),
+            )
+        }
     };
-    // Fail at start, with the reason, rather than at each application's first verb.
-    session::probe(&options).map_err(|e| {
-        format!(
-            "the vrdma backend at {} is not usable: {e}",
-            options.backend.display()
-        )
-    })?;
     let listener = listener::listen(&args.socket, args.group.as_deref(), args.mode)
         .map_err(|e| e.to_string())?;
-    info!(
-        "serving {} for the backend at {}",
-        args.socket.display(),
-        options.backend.display()
-    );
-    let options = Arc::new(options);
+    info!("serving {} for {device_name}", args.socket.display());
     let admission = Admission::new(
         args.max_processes as usize,
         args.max_processes_per_user as usize,
@@ -167,12 +211,21 @@ fn run(args: &Args) -> Result<(), String> {
                 continue;
             }
         };
-        let options = options.clone();
+        let serve: Box<dyn FnOnce() + Send> = match &server {
+            Server::Sessions(options) => {
+                let options = options.clone();
+                Box::new(move || session::serve(stream, peer, &options))
+            }
+            Server::Shared(device) => {
+                let device = device.clone();
+                Box::new(move || device.serve(stream, peer))
+            }
+        };
         // The ticket goes with the thread (or with the closure if no thread starts).
         let spawned = thread::Builder::new()
             .name(format!("process-{}", peer.pid))
             .spawn(move || {
-                session::serve(stream, peer, &options);
+                serve();
                 drop(ticket);
             });
         if let Err(e) = spawned {

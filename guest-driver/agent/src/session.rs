@@ -93,8 +93,9 @@ pub fn serve(socket: UnixStream, peer: Peer, options: &SessionOptions) {
     }
 }
 
+/// Why a process's session ended other than by its leaving.
 #[derive(Debug, thiserror::Error)]
-enum SessionError {
+pub enum SessionError {
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
     #[error("it speaks protocol version {0}, the agent {PROTOCOL_VERSION}")]
@@ -104,6 +105,8 @@ enum SessionError {
     #[error("its device session could not be opened: {0}")]
     Open(TransportError),
     #[error("{0}")]
+    Refused(String),
+    #[error("{0}")]
     Io(#[from] io::Error),
 }
 
@@ -112,19 +115,7 @@ fn serve_inner(
     peer: Peer,
     options: &SessionOptions,
 ) -> Result<(), SessionError> {
-    // A process that connects and says nothing must not hold its place for ever.
-    socket.set_read_timeout(Some(HELLO_TIMEOUT))?;
-    let hello = Frame::receive(socket);
-    socket.set_read_timeout(None)?;
-    match hello? {
-        Frame::Hello { version } if version == PROTOCOL_VERSION => {}
-        Frame::Hello { version } => {
-            let why = format!("protocol version {version} is not {PROTOCOL_VERSION}");
-            let _ = Frame::Refused(why).send(socket);
-            return Err(SessionError::Version(version));
-        }
-        _ => return Err(SessionError::NoHello),
-    }
+    receive_hello(socket)?;
     let device = match open_session(&options.backend, options.guest_ram_size) {
         Ok(device) => Arc::new(device),
         Err(e) => {
@@ -145,6 +136,7 @@ fn serve_inner(
         ram: ram.fd().try_clone_to_owned()?,
         doorbell_kick: device.doorbell_kick().try_clone_to_owned()?,
         events: theirs,
+        shared: None,
     };
     Frame::Welcome(welcome).send(socket)?;
     info!("process {} (uid {}) connected", peer.pid, peer.uid);
@@ -164,6 +156,23 @@ fn serve_inner(
     // Dropping the last reference closes the session: the backend releases every object.
     drop(device);
     result
+}
+
+/// Reads a process's hello, within [`HELLO_TIMEOUT`]; refuses another protocol version.
+pub fn receive_hello(socket: &UnixStream) -> Result<(), SessionError> {
+    // A process that connects and says nothing must not hold its place for ever.
+    socket.set_read_timeout(Some(HELLO_TIMEOUT))?;
+    let hello = Frame::receive(socket);
+    socket.set_read_timeout(None)?;
+    match hello? {
+        Frame::Hello { version } if version == PROTOCOL_VERSION => Ok(()),
+        Frame::Hello { version } => {
+            let why = format!("protocol version {version} is not {PROTOCOL_VERSION}");
+            let _ = Frame::Refused(why).send(socket);
+            Err(SessionError::Version(version))
+        }
+        _ => Err(SessionError::NoHello),
+    }
 }
 
 /// Opens and closes one session: whether the backend serves this agent at all.
@@ -293,10 +302,10 @@ fn forward_events(device: &ProcessTransport, to: &OwnedFd, stop: &AtomicBool, pi
 }
 
 /// How long the event thread waits at a time before it looks at its stop flag again.
-const POLL_SLICE: Duration = Duration::from_millis(200);
+pub const POLL_SLICE: Duration = Duration::from_millis(200);
 
 /// Waits up to `timeout` for room to send on `fd`; `Err` once the peer is gone.
-fn wait_writable(fd: &OwnedFd, timeout: Duration) -> io::Result<bool> {
+pub fn wait_writable(fd: &OwnedFd, timeout: Duration) -> io::Result<bool> {
     let mut pollfd = libc::pollfd {
         fd: fd.as_raw_fd(),
         events: libc::POLLOUT,

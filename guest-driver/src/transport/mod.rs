@@ -268,6 +268,14 @@ pub trait Transport: Send + Sync {
     /// Shared-memory region 0 as mapped in this process.
     fn shared_memory(&self) -> SharedMemory;
 
+    /// The doorbell area, when whoever drives the device registered it already (the guest
+    /// agent that shares one device among its processes): its first byte and its length,
+    /// mapped while the transport lives. `None` (the default): the context allocates an area
+    /// of its own and registers it with SET_DOORBELL_AREA.
+    fn registered_doorbell_area(&self) -> Option<(NonNull<u8>, usize)> {
+        None
+    }
+
     /// Memory the device can reach.
     fn dma(&self) -> &dyn DmaMemory;
 }

@@ -103,16 +103,22 @@ impl Context {
         let ResponseBody::QueryDevice(attr) = channel.execute(&ControlRequest::QueryDevice)? else {
             return Err(unexpected_body(Opcode::QueryDevice));
         };
-        let doorbell = DoorbellRegion::new(
-            channel.transport.dma(),
-            config.doorbell_slots.get(),
-            features & features::VRDMA_F_DOORBELL_POLL != 0,
-        )?;
-        channel.execute(&ControlRequest::SetDoorbellArea(SetDoorbellAreaReq {
-            gpa: Le64::new(doorbell.gpa()),
-            slots: Le32::new(doorbell.slots()),
-            reserved: Le32::ZERO,
-        }))?;
+        let device_may_poll = features & features::VRDMA_F_DOORBELL_POLL != 0;
+        let slots = config.doorbell_slots.get();
+        let doorbell = match DoorbellRegion::registered(&channel.transport, slots, device_may_poll)?
+        {
+            Some(registered) => registered,
+            None => {
+                let doorbell =
+                    DoorbellRegion::new(channel.transport.dma(), slots, device_may_poll)?;
+                channel.execute(&ControlRequest::SetDoorbellArea(SetDoorbellAreaReq {
+                    gpa: Le64::new(doorbell.gpa()),
+                    slots: Le32::new(doorbell.slots()),
+                    reserved: Le32::ZERO,
+                }))?;
+                doorbell
+            }
+        };
         let inner = ContextInner {
             channel,
             config,

@@ -2,11 +2,13 @@
 //! by [`vrdma_spec::doorbell`], registered once per context with SET_DOORBELL_AREA.
 
 use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
 
 use vrdma_spec::doorbell::{self, DoorbellArea};
 
 use super::error::{ProtocolError, Result, VerbsError};
 use crate::dma::{DmaBuffer, DmaMemory, PAGE_SIZE};
+use crate::transport::Transport;
 
 /// The doorbell area of one context.
 pub(crate) struct DoorbellRegion {
@@ -16,7 +18,11 @@ pub(crate) struct DoorbellRegion {
     /// `VRDMA_F_DOORBELL_POLL` was negotiated: skip notifications while the device polls.
     device_may_poll: bool,
     gpa: u64,
-    _buffer: DmaBuffer,
+    /// The area's memory when this context allocated it.
+    _buffer: Option<DmaBuffer>,
+    /// The transport that maps an area someone else registered: kept alive (so the area
+    /// mapped) for as long as `area` borrows it.
+    _mapped_by: Option<Arc<dyn Transport>>,
 }
 
 impl DoorbellRegion {
@@ -59,8 +65,47 @@ impl DoorbellRegion {
             area,
             device_may_poll,
             gpa,
-            _buffer: buffer,
+            _buffer: Some(buffer),
+            _mapped_by: None,
         })
+    }
+
+    /// The area someone else registered (the guest agent, for every process it serves), as
+    /// `transport` maps it ([`Transport::registered_doorbell_area`]); `None` if it maps none.
+    pub(crate) fn registered(
+        transport: &Arc<dyn Transport>,
+        slots: u32,
+        device_may_poll: bool,
+    ) -> Result<Option<Self>> {
+        let Some((base, len)) = transport.registered_doorbell_area() else {
+            return Ok(None);
+        };
+        let bad_slots = || ProtocolError::ConfigValue {
+            field: "doorbell_slots",
+            value: slots.into(),
+        };
+        if slots == 0 || !slots.is_power_of_two() || slots > doorbell::MAX_SLOTS {
+            return Err(bad_slots().into());
+        }
+        let needed = doorbell::area_bytes(slots);
+        if len < needed || !(base.as_ptr() as usize).is_multiple_of(PAGE_SIZE) {
+            return Err(VerbsError::Unsupported(
+                "the doorbell area the transport maps is too small or misaligned",
+            ));
+        }
+        // SAFETY: page aligned, at least `needed` bytes, mapped while the transport lives
+        // (its promise), which this value keeps alive; the area is accessed only atomically,
+        // here, by the other processes of the agent and by the device.
+        let words: &'static [AtomicU32] =
+            unsafe { std::slice::from_raw_parts(base.as_ptr().cast::<AtomicU32>(), needed / 4) };
+        let area = DoorbellArea::new(words, slots).map_err(|_| bad_slots())?;
+        Ok(Some(DoorbellRegion {
+            area,
+            device_may_poll,
+            gpa: 0,
+            _buffer: None,
+            _mapped_by: Some(transport.clone()),
+        }))
     }
 
     /// Guest-physical address to register.

@@ -11,6 +11,7 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,8 +26,10 @@ use crate::transport::process::ProcessDma;
 
 pub mod protocol;
 mod scm;
+mod shared;
 
-use protocol::{Frame, Outcome, ProtocolError, Welcome, PROTOCOL_VERSION};
+use protocol::{Frame, Outcome, ProtocolError, SharedDevice, Welcome, PROTOCOL_VERSION};
+use shared::FileMapping;
 
 /// Where the agent listens unless told otherwise.
 pub const DEFAULT_AGENT_SOCKET: &str = "/run/vrdma/agent.sock";
@@ -42,12 +45,33 @@ pub struct AgentTransport {
     broken: AtomicBool,
     device_features: u64,
     config: Vec<u8>,
-    window: ShmemWindow,
+    queue_region: QueueRegion,
+    /// The doorbell area the agent registered, when it shares the device (its length).
+    doorbell_area: Option<(FileMapping, usize)>,
     dma: ProcessDma,
     doorbell_kick: EventFd,
     /// Events from the agent; closed by the agent when the device (or the agent) goes.
     events: OwnedFd,
     owner: OwnerProcess,
+}
+
+/// How this process reaches the device's queue region.
+enum QueueRegion {
+    /// A window filled with the queue buffers each command's answer passes on (the agent
+    /// opened a device session for this process alone).
+    Window(ShmemWindow),
+    /// The whole region, mapped from the BAR the agent passed (the agent shares one PCI
+    /// function among its processes); `len` bytes.
+    Mapped { mapping: FileMapping, len: usize },
+}
+
+impl QueueRegion {
+    fn shared_memory(&self) -> SharedMemory {
+        match self {
+            QueueRegion::Window(window) => window.shared_memory(),
+            QueueRegion::Mapped { mapping, len } => SharedMemory::new(Some(mapping.base()), *len),
+        }
+    }
 }
 
 fn protocol(error: ProtocolError) -> TransportError {
@@ -95,23 +119,53 @@ impl AgentTransport {
             ram,
             doorbell_kick,
             events,
+            shared,
         } = welcome;
         let ram_len = usize::try_from(ram_len)
             .map_err(|_| TransportError::DeviceFailure("guest agent: guest RAM size".into()))?;
         let ram = MemfdRam::adopt(ram, ram_len, ram_gpa)?;
         // SAFETY: an eventfd the agent passed, whose ownership moves into the EventFd.
         let doorbell_kick = unsafe { EventFd::from_raw_fd(doorbell_kick.into_raw_fd()) };
+        let (queue_region, doorbell_area) = match shared {
+            None => (QueueRegion::Window(ShmemWindow::reserve(shm_size)?), None),
+            Some(shared) => Self::map_shared(&shared, shm_size)?,
+        };
         Ok(AgentTransport {
             control: Mutex::new(stream),
             broken: AtomicBool::new(false),
             device_features,
             config,
-            window: ShmemWindow::reserve(shm_size)?,
+            queue_region,
+            doorbell_area,
             dma: ProcessDma::over(ram),
             doorbell_kick,
             events,
             owner: OwnerProcess::current(),
         })
+    }
+
+    /// Maps the queue region and the doorbell area of a device the agent shares.
+    fn map_shared(
+        shared: &SharedDevice,
+        shm_size: u64,
+    ) -> Result<(QueueRegion, Option<(FileMapping, usize)>), TransportError> {
+        let len = usize::try_from(shm_size)
+            .map_err(|_| TransportError::DeviceFailure("guest agent: queue region size".into()))?;
+        let mapping = FileMapping::new(
+            &shared.queue_region,
+            shared.queue_region_offset,
+            shm_size,
+            "mapping the device's queue region",
+        )?;
+        let area_len = usize::try_from(shared.doorbell_area_len)
+            .map_err(|_| TransportError::DeviceFailure("guest agent: doorbell area size".into()))?;
+        let area = FileMapping::new(
+            &shared.doorbell_area,
+            0,
+            shared.doorbell_area_len,
+            "mapping the doorbell area",
+        )?;
+        Ok((QueueRegion::Mapped { mapping, len }, Some((area, area_len))))
     }
 
     /// One command's round trip with the agent; `Err` leaves the stream out of step.
@@ -165,7 +219,13 @@ impl Transport for AgentTransport {
         // the device created must be usable (and destroyable) whatever else went wrong.
         let mut failed_mapping = None;
         for change in &changes {
-            if let Err(e) = self.window.apply(change) {
+            let applied = match &self.queue_region {
+                QueueRegion::Window(window) => window.apply(change),
+                QueueRegion::Mapped { .. } => Err(std::io::Error::other(
+                    "a queue buffer passed for a region that is mapped whole",
+                )),
+            };
+            if let Err(e) = applied {
                 failed_mapping.get_or_insert(e);
             }
         }
@@ -262,7 +322,13 @@ impl Transport for AgentTransport {
     }
 
     fn shared_memory(&self) -> SharedMemory {
-        self.window.shared_memory()
+        self.queue_region.shared_memory()
+    }
+
+    fn registered_doorbell_area(&self) -> Option<(NonNull<u8>, usize)> {
+        self.doorbell_area
+            .as_ref()
+            .map(|(mapping, len)| (mapping.base(), *len))
     }
 
     fn dma(&self) -> &dyn DmaMemory {

@@ -19,7 +19,7 @@ use super::scm;
 use crate::transport::shmem_window::WindowChange;
 
 /// Version of this protocol; an agent refuses another.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest payload either side accepts (a REG_MR page list of 1 GiB is 2 MiB).
 pub const MAX_PAYLOAD: usize = 8 << 20;
@@ -32,6 +32,7 @@ const WELCOME: u32 = 2;
 const REFUSED: u32 = 3;
 const EXECUTE: u32 = 4;
 const EXECUTED: u32 = 5;
+const WELCOME_SHARED: u32 = 6;
 
 /// What became of a command the agent was asked to execute.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,6 +64,25 @@ pub struct Welcome {
     pub doorbell_kick: OwnedFd,
     /// The socket events arrive on.
     pub events: OwnedFd,
+    /// Set when the agent shares one device among all its processes (VM mode): how the
+    /// process reaches what it does not own alone.
+    pub shared: Option<SharedDevice>,
+}
+
+/// What a process of an agent that shares one device (a PCI function, VM mode) maps besides
+/// its own RAM: the device's queue region and the doorbell area the agent registered. In this
+/// mode `ram_gpa` is a *process address* of the RAM, not a guest-physical one: the agent
+/// translates every address the process names into the guest-physical pages it pinned.
+#[derive(Debug)]
+pub struct SharedDevice {
+    /// Offset of the queue region (shared-memory region 0) in `queue_region`.
+    pub queue_region_offset: u64,
+    /// The queue region's BAR (its sysfs resource file, opened read-write by the agent).
+    pub queue_region: OwnedFd,
+    /// Length of the doorbell area at offset 0 of `doorbell_area`.
+    pub doorbell_area_len: u64,
+    /// The doorbell area (a memfd), already registered with the device.
+    pub doorbell_area: OwnedFd,
 }
 
 /// One frame.
@@ -113,6 +133,9 @@ pub enum ProtocolError {
 /// A welcome's fixed part: the configuration's length, then features, shared-memory size,
 /// RAM address and RAM size.
 const WELCOME_FIXED: usize = 4 + 8 * 4;
+/// What a welcome for a shared device adds at its end: the queue region's offset and the
+/// doorbell area's length.
+const SHARED_TRAILER: usize = 8 * 2;
 const CHANGE_SIZE: usize = 4 + 4 + 8 * 3;
 const MAP: u32 = 1;
 const UNMAP: u32 = 2;
@@ -134,7 +157,18 @@ impl Frame {
                 }
                 payload.extend_from_slice(&w.config);
                 fds.extend([&w.ram, &w.doorbell_kick, &w.events].map(|fd| fd.as_raw_fd()));
-                WELCOME
+                match &w.shared {
+                    None => WELCOME,
+                    Some(shared) => {
+                        for value in [shared.queue_region_offset, shared.doorbell_area_len] {
+                            payload.extend_from_slice(&value.to_le_bytes());
+                        }
+                        fds.extend(
+                            [&shared.queue_region, &shared.doorbell_area].map(|fd| fd.as_raw_fd()),
+                        );
+                        WELCOME_SHARED
+                    }
+                }
             }
             Frame::Refused(why) => {
                 payload.extend_from_slice(why.as_bytes());
@@ -237,24 +271,43 @@ impl Frame {
             HELLO => Frame::Hello {
                 version: u32_at(exact(&payload, 4)?, 0),
             },
-            WELCOME => {
-                let fixed = at_least(&payload, WELCOME_FIXED)?;
+            WELCOME | WELCOME_SHARED => {
+                let trailer = if kind == WELCOME_SHARED {
+                    SHARED_TRAILER
+                } else {
+                    0
+                };
+                let fixed = at_least(&payload, WELCOME_FIXED + trailer)?;
                 let config_len = u32_at(fixed, 0) as usize;
-                let config = payload[WELCOME_FIXED..]
+                let config_end = payload.len() - trailer;
+                let config = payload[WELCOME_FIXED..config_end]
                     .get(..config_len)
-                    .filter(|c| c.len() == payload.len() - WELCOME_FIXED)
+                    .filter(|c| c.len() == config_end - WELCOME_FIXED)
                     .ok_or(ProtocolError::Malformed("welcome length"))?
                     .to_vec();
                 let word = |i: usize| u64_at(fixed, 4 + 8 * i);
+                let (ram, doorbell_kick, events) = (take_fd()?, take_fd()?, take_fd()?);
+                let shared = if kind == WELCOME_SHARED {
+                    let tail = &payload[config_end..];
+                    Some(SharedDevice {
+                        queue_region_offset: u64_at(tail, 0),
+                        doorbell_area_len: u64_at(tail, 8),
+                        queue_region: take_fd()?,
+                        doorbell_area: take_fd()?,
+                    })
+                } else {
+                    None
+                };
                 Frame::Welcome(Welcome {
                     device_features: word(0),
                     shm_size: word(1),
                     ram_gpa: word(2),
                     ram_len: word(3),
                     config,
-                    ram: take_fd()?,
-                    doorbell_kick: take_fd()?,
-                    events: take_fd()?,
+                    ram,
+                    doorbell_kick,
+                    events,
+                    shared,
                 })
             }
             REFUSED => Frame::Refused(String::from_utf8_lossy(&payload).into_owned()),
@@ -397,6 +450,7 @@ mod tests {
             ram: null_fd(),
             doorbell_kick: null_fd(),
             events: null_fd(),
+            shared: None,
         };
         Frame::Welcome(welcome).send(&b).unwrap();
         let Frame::Welcome(got) = Frame::receive(&a).unwrap() else {
@@ -415,6 +469,34 @@ mod tests {
             let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFD) };
             assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
         }
+
+        // A welcome of a shared device carries its queue region and doorbell area too.
+        let shared = Welcome {
+            device_features: 1,
+            config: vec![7; 64],
+            shm_size: 1 << 21,
+            ram_gpa: 1 << 30,
+            ram_len: 1 << 20,
+            ram: null_fd(),
+            doorbell_kick: null_fd(),
+            events: null_fd(),
+            shared: Some(SharedDevice {
+                queue_region_offset: 0x4000,
+                queue_region: null_fd(),
+                doorbell_area_len: 0x2080,
+                doorbell_area: null_fd(),
+            }),
+        };
+        Frame::Welcome(shared).send(&b).unwrap();
+        let Frame::Welcome(got) = Frame::receive(&a).unwrap() else {
+            panic!("not a welcome");
+        };
+        assert_eq!((got.config, got.ram_len), (vec![7; 64], 1 << 20));
+        let shared = got.shared.expect("the shared part");
+        assert_eq!(
+            (shared.queue_region_offset, shared.doorbell_area_len),
+            (0x4000, 0x2080)
+        );
 
         // Larger than the socket buffer: the receiver reads while the sender still sends.
         let request = vec![9u8; 3 << 20];

@@ -62,6 +62,7 @@ fn fake_agent(listener: UnixListener, kick: EventFd) -> u64 {
             .try_clone_to_owned()
             .unwrap(),
         events: theirs,
+        shared: None,
     })
     .send(&socket)
     .unwrap();
@@ -172,6 +173,7 @@ fn a_device_gone_behind_the_agent_is_noticed_without_a_command() {
             ram: ram.fd().try_clone_to_owned().unwrap(),
             doorbell_kick: EventFd::new(0).unwrap().try_clone().map(fd_of).unwrap(),
             events: theirs,
+            shared: None,
         })
         .send(&socket)
         .unwrap();

@@ -1,0 +1,448 @@
+//! VM mode: the agent drives the vrdma PCI function itself and shares that one device among
+//! every process it serves.
+//!
+//! The device has one handle namespace per guest, so the agent keeps the processes apart:
+//! - **objects**: [`Ownership`] records who created each object and refuses a command that
+//!   names another process's (`BAD_HANDLE`, as for a handle that does not exist), charges
+//!   per-process quotas, and destroys a process's objects when it goes;
+//! - **memory**: each process gets its own memfd, pinned by the agent ([`PinnedMemory`]),
+//!   which it names by process addresses; the agent rewrites every address list into the
+//!   pinned pages' guest-physical addresses and refuses anything else ([`ProcessPages`]);
+//! - **events**: each event goes to the process owning its CQ, QP, SRQ or MR; port and device
+//!   events go to all.
+//!
+//! What processes share, and so can disturb for each other (see the README): the queue region
+//! (the BAR every process maps: a process can write any process's rings) and the doorbell
+//! area (a process can ring any QP, or punch the area's page out of everyone's mappings).
+//! Memory windows (their keys are device-wide in rxe) and the connection manager (its events
+//! are per device) are not served here.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+
+use log::{debug, error, info, warn};
+use parking_lot::Mutex;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vrdma::dma::{RamPages, GUEST_RAM_BASE};
+use vrdma::transport::agent::protocol::{
+    event_socket_pair, Frame, Outcome, ProtocolError, SharedDevice as SharedPart, Welcome,
+};
+use vrdma::transport::pci::{PciOptions, PciTransport, SysfsPciFunction};
+use vrdma::transport::{Transport, TransportError};
+use vrdma_spec::config::CONFIG_SIZE;
+use vrdma_spec::control::{HEADER_SIZE, MAX_RESPONSE_SIZE};
+use vrdma_spec::event::{Subject, EVENT_SIZE};
+use vrdma_spec::features::{VRDMA_F_CM, VRDMA_F_MR_EXTENTS, VRDMA_F_MW};
+use vrdma_spec::wire::SetDoorbellAreaReq;
+use vrdma_spec::{
+    ControlRequest, ControlResponse, DeviceConfig, Event, EventType, Le32, Le64, Opcode, Status,
+};
+
+use crate::ownership::{self, ClientId, ObjectKind, Ownership, Quotas};
+use crate::pinned::PinnedMemory;
+use crate::session::{receive_hello, Peer, SessionError, POLL_SLICE};
+use crate::translate::ProcessPages;
+
+/// Size of a hugepage, the granule of the doorbell area's memory (physically contiguous).
+const HUGEPAGE: usize = 2 << 20;
+
+/// Features the agent does not serve to its processes (see the module documentation).
+const NOT_SERVED: u64 = VRDMA_F_MW | VRDMA_F_CM;
+
+/// What the shared device is opened with.
+#[derive(Clone, Debug)]
+pub struct SharedOptions {
+    /// PCI address of the vrdma function, or the first one found.
+    pub address: Option<String>,
+    /// Registrable memory of each process, in bytes (pinned while the process is served).
+    pub process_ram_size: usize,
+    /// Per-process object limits.
+    pub quotas: Quotas,
+}
+
+/// The device and everything the agent keeps about the processes sharing it.
+pub struct SharedDevice {
+    device: PciTransport,
+    ownership: Mutex<Ownership>,
+    /// Each served process's end of its event socket, and how many events it missed.
+    listeners: Mutex<HashMap<ClientId, EventListener>>,
+    next_client: AtomicU64,
+    /// The BAR holding the queue region, opened read-write, and the region's offset in it.
+    queue_region: File,
+    queue_region_offset: u64,
+    doorbell_area: PinnedMemory,
+    doorbell_area_len: u64,
+    /// Processes write it to have the agent notify the doorbell queue.
+    doorbell_kick: EventFd,
+    features: u64,
+    config: Vec<u8>,
+    max_mr_pages: u32,
+    process_ram_size: usize,
+}
+
+struct EventListener {
+    socket: OwnedFd,
+    lost: u32,
+}
+
+impl SharedDevice {
+    /// Opens the PCI function, registers the doorbell area every process shares, and starts
+    /// the threads that relay doorbells and route events.
+    pub fn open(options: &SharedOptions) -> Result<Arc<Self>, String> {
+        let function = SysfsPciFunction::open(options.address.as_deref())
+            .map_err(|e| format!("cannot open the vrdma PCI device: {e}"))?;
+        let address = function.address().to_owned();
+        let device = PciTransport::open(Arc::new(function), PciOptions::default())
+            .map_err(|e| format!("cannot start the vrdma PCI device {address}: {e}"))?;
+        let region = device
+            .device()
+            .capabilities()
+            .shared_memory
+            .ok_or("the vrdma device has no queue region")?;
+        let resource = format!("/sys/bus/pci/devices/{address}/resource{}", region.bar);
+        let queue_region = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&resource)
+            .map_err(|e| format!("{resource}: {e}"))?;
+        let config_bytes = device.device_config().to_vec();
+        let config = DeviceConfig::decode(&config_bytes[..config_bytes.len().min(CONFIG_SIZE)])
+            .map_err(|e| format!("device configuration: {e}"))?;
+        let slots = config.doorbell_slots.get();
+        let area_len = vrdma_spec::doorbell::area_bytes(slots);
+        let doorbell_area =
+            PinnedMemory::new(area_len.next_multiple_of(HUGEPAGE), RamPages::Huge2M)
+                .map_err(|e| format!("the doorbell area (hugepages): {e}"))?;
+        let gpa = doorbell_area
+            .contiguous_address()
+            .ok_or("the doorbell area is not physically contiguous")?;
+        let request = ControlRequest::SetDoorbellArea(SetDoorbellAreaReq {
+            gpa: Le64::new(gpa),
+            slots: Le32::new(slots),
+            reserved: Le32::ZERO,
+        })
+        .to_vec();
+        let mut response = [0u8; MAX_RESPONSE_SIZE];
+        let used = device
+            .execute(&request, &mut response)
+            .map_err(|e| format!("SET_DOORBELL_AREA: {e}"))?;
+        ControlResponse::decode(Opcode::SetDoorbellArea, &response[..used])
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.into_result().map(drop).map_err(|e| e.to_string()))
+            .map_err(|e| format!("SET_DOORBELL_AREA: {e}"))?;
+        let doorbell_kick = EventFd::new(EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
+        let shared = Arc::new(SharedDevice {
+            features: device.device_features() & !NOT_SERVED,
+            config: config_bytes,
+            max_mr_pages: config.max_mr_pages.get(),
+            device,
+            ownership: Mutex::new(Ownership::new(options.quotas)),
+            listeners: Mutex::new(HashMap::new()),
+            next_client: AtomicU64::new(1),
+            queue_region,
+            queue_region_offset: region.offset,
+            doorbell_area,
+            doorbell_area_len: area_len as u64,
+            doorbell_kick,
+            process_ram_size: options.process_ram_size,
+        });
+        info!("vrdma PCI device {address}: shared by every process (queue region {resource})");
+        for (name, job) in [
+            ("doorbells", Self::relay_doorbells as fn(&SharedDevice)),
+            ("events", Self::route_events),
+        ] {
+            let shared = shared.clone();
+            thread::Builder::new()
+                .name(name.into())
+                .spawn(move || job(&shared))
+                .map_err(|e| format!("cannot start the {name} thread: {e}"))?;
+        }
+        Ok(shared)
+    }
+
+    /// Serves one process until it goes, then destroys what it left and unpins its memory.
+    pub fn serve(&self, socket: UnixStream, peer: Peer) {
+        let client = self.next_client.fetch_add(1, Ordering::Relaxed);
+        match self.serve_inner(&socket, peer, client) {
+            Ok(()) => info!("process {} (uid {}) left", peer.pid, peer.uid),
+            Err(e) => info!("process {} (uid {}) dropped: {e}", peer.pid, peer.uid),
+        }
+    }
+
+    fn serve_inner(
+        &self,
+        socket: &UnixStream,
+        peer: Peer,
+        client: ClientId,
+    ) -> Result<(), SessionError> {
+        receive_hello(socket)?;
+        let memory = match PinnedMemory::new(self.process_ram_size, RamPages::Small) {
+            Ok(memory) => memory,
+            Err(e) => {
+                let why = format!("no memory for this process: {e}");
+                let _ = Frame::Refused(why.clone()).send(socket);
+                return Err(SessionError::Refused(why));
+            }
+        };
+        let (ours, theirs) = event_socket_pair()?;
+        // SAFETY: the eventfd lives as long as `self`; the borrow only lasts for the clone.
+        let kick = unsafe { BorrowedFd::borrow_raw(self.doorbell_kick.as_raw_fd()) };
+        let welcome = Welcome {
+            device_features: self.features,
+            config: self.config.clone(),
+            shm_size: self.device.shared_memory().len() as u64,
+            ram_gpa: GUEST_RAM_BASE,
+            ram_len: memory.ram().len() as u64,
+            ram: memory.ram().fd().try_clone_to_owned()?,
+            doorbell_kick: kick.try_clone_to_owned()?,
+            events: theirs,
+            shared: Some(SharedPart {
+                queue_region_offset: self.queue_region_offset,
+                queue_region: self.queue_region.as_fd().try_clone_to_owned()?,
+                doorbell_area_len: self.doorbell_area_len,
+                doorbell_area: self.doorbell_area.ram().fd().try_clone_to_owned()?,
+            }),
+        };
+        Frame::Welcome(welcome).send(socket)?;
+        self.listeners.lock().insert(
+            client,
+            EventListener {
+                socket: ours,
+                lost: 0,
+            },
+        );
+        info!("process {} (uid {}) connected", peer.pid, peer.uid);
+        let pages = ProcessPages::new(GUEST_RAM_BASE, memory.guest_pages().to_vec());
+        let result = self.run_commands(socket, client, &pages);
+        // Its events end with it; then its objects, then its memory.
+        self.listeners.lock().remove(&client);
+        if self.release(client, peer) {
+            drop(memory);
+        } else {
+            // An MR may still point into it: the pages stay pinned (and so never reused)
+            // for the agent's life rather than the device writing into someone else's.
+            warn!("process {}: its memory stays pinned", peer.pid);
+            std::mem::forget(memory);
+        }
+        result
+    }
+
+    fn run_commands(
+        &self,
+        socket: &UnixStream,
+        client: ClientId,
+        pages: &ProcessPages,
+    ) -> Result<(), SessionError> {
+        let extents = self.device.device_features() & VRDMA_F_MR_EXTENTS != 0;
+        let mut response = vec![0u8; MAX_RESPONSE_SIZE];
+        loop {
+            let request = match Frame::receive(socket) {
+                Ok(Frame::Execute { request, .. }) => request,
+                Ok(_) => return Err(ProtocolError::Malformed("expected a command").into()),
+                Err(ProtocolError::Closed) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            };
+            let (outcome, answer) =
+                match self.execute(client, pages, &request, extents, &mut response) {
+                    Ok(answer) => (Outcome::Answered, answer),
+                    Err(TransportError::Disconnected) => (Outcome::Disconnected, Vec::new()),
+                    Err(e) => (Outcome::Failed(e.to_string()), Vec::new()),
+                };
+            Frame::Executed {
+                outcome,
+                response: answer,
+                changes: Vec::new(),
+            }
+            .send(socket)?;
+        }
+    }
+
+    /// One command of `client`: checked, rewritten to guest-physical addresses, executed,
+    /// recorded. A refusal is an answer with the status the device gives for the same defect.
+    fn execute(
+        &self,
+        client: ClientId,
+        pages: &ProcessPages,
+        request: &[u8],
+        extents: bool,
+        response: &mut [u8],
+    ) -> Result<Vec<u8>, TransportError> {
+        let refuse = |status| Ok(Ownership::refusal_response(status));
+        if request.first_chunk::<2>().map(|b| u16::from_le_bytes(*b))
+            == Some(Opcode::AllocMw as u16)
+        {
+            return refuse(Status::Unsupported);
+        }
+        let plan = match ownership::plan(request) {
+            Ok(plan) => plan,
+            Err(refusal) => {
+                debug!("client {client}: {refusal}");
+                return refuse(refusal.status());
+            }
+        };
+        let Ok(decoded) = ControlRequest::decode(request) else {
+            return refuse(Status::Invalid);
+        };
+        let rewritten = match pages.rewrite(&decoded, extents, self.max_mr_pages) {
+            Ok(rewritten) => rewritten,
+            Err(status) => return refuse(status),
+        };
+        let to_device = rewritten.as_deref().unwrap_or(request);
+        // Held from the check to the record, so that no other process's command changes
+        // ownership (or a quota) in between.
+        let mut ownership = self.ownership.lock();
+        if let Err(status) = ownership.check(client, &plan) {
+            return refuse(status);
+        }
+        let used = self.device.execute(to_device, response)?;
+        let answer = &response[..used.min(response.len())];
+        ownership.record(client, &plan, answer);
+        Ok(answer.to_vec())
+    }
+
+    /// Destroys every object `client` left, in dependency order; true if all went.
+    fn release(&self, client: ClientId, peer: Peer) -> bool {
+        let mut ownership = self.ownership.lock();
+        let left = ownership.release_order(client);
+        if !left.is_empty() {
+            debug!("process {} left {:?}", peer.pid, ownership.counts(client));
+        }
+        let mut all_gone = true;
+        let mut response = [0u8; HEADER_SIZE + 64];
+        for &(kind, handle) in &left {
+            let request = Ownership::destroy_request(kind, handle);
+            let destroyed = self
+                .device
+                .execute(&request, &mut response)
+                .map_err(|e| e.to_string())
+                .and_then(|used| {
+                    let opcode = ownership::plan(&request)
+                        .map(|p| p.opcode)
+                        .map_err(|e| e.to_string())?;
+                    ControlResponse::decode(opcode, &response[..used])
+                        .map_err(|e| e.to_string())?
+                        .into_result()
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                });
+            if let Err(e) = destroyed {
+                warn!("process {}: destroying {kind:?} {handle}: {e}", peer.pid);
+                all_gone &= kind != ObjectKind::Mr;
+            }
+        }
+        ownership.forget_client(client);
+        if !left.is_empty() {
+            info!(
+                "process {}: released {} objects it left",
+                peer.pid,
+                left.len()
+            );
+        }
+        all_gone
+    }
+
+    /// Notifies the doorbell queue for every process that asked (one register write for any
+    /// number of asks since the last).
+    fn relay_doorbells(&self) {
+        loop {
+            let mut pollfd = libc::pollfd {
+                fd: self.doorbell_kick.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd on the stack.
+            if unsafe { libc::poll(&mut pollfd, 1, -1) } < 0 {
+                continue;
+            }
+            if self.doorbell_kick.read().is_err() {
+                continue;
+            }
+            if let Err(e) = self.device.notify_doorbell() {
+                error!("cannot notify the device's doorbell queue: {e}");
+            }
+        }
+    }
+
+    /// Sends each device event to the process it concerns.
+    fn route_events(&self) {
+        let mut bytes = [0u8; 64];
+        loop {
+            let len = match self.device.next_event(&mut bytes, Some(POLL_SLICE)) {
+                Ok(None) => continue,
+                Ok(Some(len)) => len.min(bytes.len()),
+                Err(e) => {
+                    error!("the device's event queue failed: {e}");
+                    std::process::exit(1);
+                }
+            };
+            let Ok(event) = Event::decode(&bytes[..len]) else {
+                debug!("event not understood: {:?}", &bytes[..len]);
+                continue;
+            };
+            let owner_kind = match event.event_type.subject() {
+                Subject::Cq => Some(ObjectKind::Cq),
+                Subject::Qp => Some(ObjectKind::Qp),
+                Subject::Srq => Some(ObjectKind::Srq),
+                Subject::Mr => Some(ObjectKind::Mr),
+                Subject::Port | Subject::Device => None,
+                Subject::CmId => continue,
+            };
+            let owner = owner_kind.map(|kind| self.ownership.lock().owner(kind, event.handle));
+            let mut listeners = self.listeners.lock();
+            for (client, listener) in listeners.iter_mut() {
+                if owner.is_some_and(|owner| owner != Some(*client)) {
+                    continue;
+                }
+                listener.deliver(&event);
+            }
+            drop(listeners);
+            if event.event_type == EventType::DeviceFatal {
+                // Every object of every process is gone: the processes learn it from the
+                // event and from their sockets closing; the service manager restarts the agent.
+                error!("the device lost its state (DEVICE_FATAL); the agent stops");
+                std::process::exit(1);
+            }
+        }
+    }
+}
+
+impl EventListener {
+    /// Sends `event` without waiting: a process that does not read its events loses them
+    /// (and later gets an EVENTS_LOST with their number) rather than holding up the others.
+    fn deliver(&mut self, event: &Event) {
+        if self.lost > 0 {
+            let lost = Event {
+                event_type: EventType::EventsLost,
+                handle: 0,
+                detail: self.lost,
+            };
+            if !self.send(&lost) {
+                self.lost = self.lost.saturating_add(1);
+                return;
+            }
+            self.lost = 0;
+        }
+        if !self.send(event) {
+            self.lost = self.lost.saturating_add(1);
+        }
+    }
+
+    fn send(&self, event: &Event) -> bool {
+        let bytes: [u8; EVENT_SIZE] = event.to_bytes();
+        // SAFETY: sends a local buffer on a socket we own, without blocking.
+        let sent = unsafe {
+            libc::send(
+                self.socket.as_raw_fd(),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+            )
+        };
+        sent == bytes.len() as isize
+    }
+}
