@@ -22,12 +22,10 @@ use vrdma::transport::agent::DEFAULT_AGENT_SOCKET;
 
 mod admission;
 mod listener;
-mod ownership;
 mod pinned;
 mod reach;
 mod session;
 mod shared_device;
-mod translate;
 
 use admission::Admission;
 use session::{Peer, SessionOptions};

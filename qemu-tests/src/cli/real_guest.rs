@@ -59,6 +59,21 @@ pub fn test(vm_args: &VmArgs, json: Option<PathBuf>, reboot: bool) -> Result<()>
         );
     }
     println!(
+        "\nthrough the guest agent (vrdma-guestd --pci, one PCI function shared): perftest's \
+         server in the guest as nobody through the agent, next to the same case as a root \
+         process on the PCI transport, same boot:"
+    );
+    print!(
+        "{}",
+        real_guest::render_columns(&report.through_agent, ("root PCI", "agent"))
+    );
+    for table in &report.first_boot.through_agent {
+        println!(
+            "vrdma-pingpong as nobody through the agent (two at once), every byte verified:\n{}",
+            table.trim_end()
+        );
+    }
+    println!(
         "\nvrdma-pingpong --pci in the guest against the native peer, every byte verified:\n{}",
         report.first_boot.pingpong.trim_end()
     );
@@ -125,6 +140,7 @@ pub fn guest_inside(
             .parent()
             .unwrap_or(Path::new("."))
             .join("vrdma-pingpong"),
+        agent: exe.parent().unwrap_or(Path::new(".")).join("vrdma-guestd"),
         library_dir,
         rping_server,
         result_dir: result_dir.into(),

@@ -28,6 +28,8 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(900);
 #[derive(Debug, Clone)]
 pub struct GuestPaths {
     pub pingpong: PathBuf,
+    /// The guest agent, `vrdma-guestd`.
+    pub agent: PathBuf,
     pub library_dir: PathBuf,
     /// The rxe VM's link-local address, where the native rping server listens.
     pub rping_server: String,
@@ -85,7 +87,14 @@ fn first_boot(
     record.rping_pings = phases.time("rping", || rping_client(paths))?;
     for (case, link) in PERFTEST {
         let name = format!("{} {}", case.tool.command(), case.size);
-        phases.time(&name, || perftest_server(&paths.library_dir, case, *link))?;
+        let side = Side::over_dropin_pci(&paths.library_dir);
+        phases.time(&name, || perftest_server(&side, case, *link))?;
+    }
+    record.through_agent = phases.time("unprivileged processes through vrdma-guestd", || {
+        through_agent(paths, iters)
+    })?;
+    for table in &record.through_agent {
+        println!("{table}");
     }
     record.bypass_messages = phases.time("bypass", || bypass(paths, control))?;
     if !reboot {
@@ -224,10 +233,10 @@ fn pingpong_client(
     Ok(text)
 }
 
-/// One perftest case's server over the drop-in; the native client, which connects through
+/// One perftest case's server on `side`; the native client, which connects through
 /// the relay as soon as the server listens, measures.
-fn perftest_server(library_dir: &Path, case: &perftest::Case, link: Link) -> Result<()> {
-    let child = Side::over_dropin_pci(library_dir)
+fn perftest_server(side: &Side, case: &perftest::Case, link: Link) -> Result<()> {
+    let child = side
         .server_command(case, link.tcp)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
@@ -241,6 +250,64 @@ fn perftest_server(library_dir: &Path, case: &perftest::Case, link: Link) -> Res
     });
     perftest::finish(child, STEP_TIMEOUT, "server", case).map(drop)
 }
+
+/// The guest agent drives the PCI function and serves, at once, two ping-pongs as `nobody`
+/// against their native servers, every byte verified; the isolation checks between two of its
+/// processes; then unmodified perftest servers as `nobody`, the native clients measuring.
+/// The agent stops at the end (the next step opens the function directly, which resets it).
+/// Returns the ping-pongs' tables.
+fn through_agent(paths: &GuestPaths, iters: u32) -> Result<Vec<String>> {
+    let socket = Path::new("/run/vrdma-agent.sock");
+    let mut agent = Proc::spawn(
+        "vrdma-guestd",
+        Command::new(&paths.agent)
+            .arg("--pci")
+            .arg("--socket")
+            .arg(socket)
+            .args(["--group", "nogroup", "--mode", "660"])
+            .args(["--guest-ram-mib", &AGENT_PROCESS_MIB.to_string()])
+            .env("RUST_LOG", "info"),
+    )?;
+    let result = (|| {
+        agent.wait_for_output("serving", STEP_TIMEOUT)?;
+        let clients = THROUGH_AGENT
+            .iter()
+            .map(|link| {
+                let listener = relay::listen_loopback(link.tcp)?;
+                relay_in_background(listener, *link);
+                let mut command = perftest::as_user(NOBODY, NOBODY, &paths.pingpong);
+                command
+                    .args(["client", "--agent"])
+                    .arg(socket)
+                    .args(["--host", "127.0.0.1", "--port", &link.tcp.to_string()])
+                    .args(["--timeout", &STEP_TIMEOUT.as_secs().to_string()])
+                    .args(["--ops", AGENT_OPS, "--sizes", AGENT_SIZES])
+                    .args(["--iters", &iters.to_string()])
+                    .env_remove("VRDMA_SOCKET");
+                Proc::spawn(&format!("agent-client-{}", link.tcp), &mut command)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut tables = Vec::new();
+        for mut client in clients {
+            client.wait_success(STEP_TIMEOUT)?;
+            tables.push(client.output());
+        }
+        crate::scenarios::isolation::run_through_agent(socket)?;
+        let side = Side::through_agent(socket, &paths.library_dir, NOBODY, NOBODY);
+        for (case, link) in AGENT_PERFTEST {
+            perftest_server(&side, case, *link)?;
+        }
+        Ok(tables)
+    })();
+    if result.is_err() {
+        eprintln!("vrdma-guestd:\n{}", tail(&agent.output(), 30));
+    }
+    agent.kill();
+    result
+}
+
+/// Debian's `nobody` (and `nogroup`).
+const NOBODY: u32 = 65534;
 
 /// The guest as the one-way server: once its receives are posted, the host side stops the
 /// backend and a native client writes and sends into the guest, which verifies every message

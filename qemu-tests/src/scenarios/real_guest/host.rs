@@ -49,11 +49,22 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
         (PINGPONG_OPS, PINGPONG_SIZES, settings.iters),
         timeout,
     )?;
+    let mut agent_servers = THROUGH_AGENT
+        .iter()
+        .map(|link| {
+            native_server(
+                binaries,
+                link.tcp,
+                (AGENT_OPS, AGENT_SIZES, settings.iters),
+                timeout,
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
     // The native perftest clients connect to their relays now and wait there until the
     // guest's server answers.
     let mut perftest_listeners = Vec::new();
     let mut perftest_clients = Vec::new();
-    for (case, link) in PERFTEST {
+    for (case, link) in PERFTEST.iter().chain(AGENT_PERFTEST) {
         perftest_listeners.push(relay::listen_loopback(link.tcp)?);
         let name = format!("native-{}-{}-client", case.tool.command(), case.size);
         perftest_clients.push(Proc::spawn(
@@ -133,6 +144,7 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
     // the host side listens.
     let mut listeners: Vec<(Link, std::net::TcpListener)> = PERFTEST
         .iter()
+        .chain(AGENT_PERFTEST)
         .map(|(_, link)| *link)
         .zip(perftest_listeners)
         .collect();
@@ -211,13 +223,23 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
     // The guest's peers must have finished cleanly, their data verified; the perftest
     // clients' results are the guest's rows.
     pingpong_server.wait_success(Duration::from_secs(60))?;
+    for server in &mut agent_servers {
+        server.wait_success(Duration::from_secs(60))?;
+    }
     rping_server.wait_success(Duration::from_secs(60))?;
     let mut guest_rows = Vec::new();
-    for ((case, _), client) in PERFTEST.iter().zip(&mut perftest_clients) {
+    let labels = std::iter::repeat_n("vrdma-guest", PERFTEST.len())
+        .chain(std::iter::repeat_n("vrdma-agent", AGENT_PERFTEST.len()));
+    for (((case, _), client), label) in PERFTEST
+        .iter()
+        .chain(AGENT_PERFTEST)
+        .zip(&mut perftest_clients)
+        .zip(labels)
+    {
         client.wait_success(Duration::from_secs(60))?;
         let (size, iterations, measurement) = perftest::parse(case.tool, &client.output())?;
         guest_rows.push(perftest::Row {
-            label: "vrdma-guest".into(),
+            label: label.into(),
             tool: case.tool,
             size,
             iterations,
@@ -243,6 +265,25 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
 
     println!("== the same perftest cases natively");
     let native = Side::native(DEVICE);
+    let agent_rows = guest_rows.split_off(PERFTEST.len());
+    // Each agent case next to the root process's row of the same case.
+    let through_agent = AGENT_PERFTEST
+        .iter()
+        .zip(agent_rows)
+        .map(|((case, _), agent)| {
+            let root = PERFTEST
+                .iter()
+                .position(|(c, _)| c == case)
+                .map(|i| guest_rows[i].clone())
+                .ok_or_else(|| {
+                    Error::Scenario(format!("{case:?} has no root PCI row to compare with"))
+                })?;
+            Ok(Comparison {
+                native: root,
+                vrdma: agent,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     let mut perftest = Vec::new();
     for ((case, link), vrdma) in PERFTEST.iter().zip(guest_rows) {
         let native_row = perftest::run_case(case, &native, &native, link.tcp)?;
@@ -257,6 +298,7 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
         first_boot,
         perftest,
         reboot,
+        through_agent,
     })
 }
 

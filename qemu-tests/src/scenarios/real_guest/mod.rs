@@ -65,6 +65,22 @@ pub const AFTER_REBOOT: Link = Link {
     serial: "vrdma-after",
     tcp: 18803,
 };
+/// The unprivileged ping-pongs through the guest agent (`vrdma-guestd --pci`), at once.
+pub const THROUGH_AGENT: [Link; 2] = [
+    Link {
+        serial: "vrdma-agent-a",
+        tcp: 18804,
+    },
+    Link {
+        serial: "vrdma-agent-b",
+        tcp: 18805,
+    },
+];
+/// Operations and sizes of the ping-pongs through the agent.
+pub const AGENT_OPS: &str = "send,write,read";
+pub const AGENT_SIZES: &str = "64,4096";
+/// Registrable memory the agent pins for each process, in MiB.
+pub const AGENT_PROCESS_MIB: u32 = 16;
 
 /// Unmodified perftest: server in the guest over the drop-in, client native (it measures);
 /// the same cases run natively beside it.
@@ -104,11 +120,41 @@ pub const PERFTEST: &[(Case, Link)] = &[
     ),
 ];
 
+/// Unmodified perftest with its server in the guest as `nobody` through the guest agent over
+/// the same PCI function, native client measuring: compared with the same case of
+/// [`PERFTEST`], whose server is a root process on the PCI transport, in the same boot.
+pub const AGENT_PERFTEST: &[(Case, Link)] = &[
+    (
+        Case {
+            tool: Tool::IbSendLat,
+            size: 2,
+            iterations: 200,
+        },
+        Link {
+            serial: "vrdma-agent-lat",
+            tcp: 18813,
+        },
+    ),
+    (
+        Case {
+            tool: Tool::IbWriteBw,
+            size: 65536,
+            iterations: 300,
+        },
+        Link {
+            serial: "vrdma-agent-bw",
+            tcp: 18814,
+        },
+    ),
+];
+
 /// Every link, in the order the guest uses them.
 pub fn links() -> Vec<Link> {
     let mut links = vec![PINGPONG];
     links.extend(PERFTEST.iter().map(|(_, link)| *link));
     links.extend([BYPASS, LIVE, AFTER_REBOOT]);
+    links.extend(THROUGH_AGENT);
+    links.extend(AGENT_PERFTEST.iter().map(|(_, link)| *link));
     links
 }
 
@@ -161,6 +207,11 @@ pub struct Report {
     pub perftest: Vec<Comparison>,
     /// The reboot with a live application, when it was asked for.
     pub reboot: Option<Reboot>,
+    /// perftest with its server in the guest through the agent (`vrdma`, as `nobody`) next
+    /// to the same case with a root process on the PCI transport (`native` holds that row),
+    /// in [`AGENT_PERFTEST`] order.
+    #[serde(default)]
+    pub through_agent: Vec<Comparison>,
 }
 
 /// What the guest's first boot left in the result directory.
@@ -178,6 +229,9 @@ pub struct FirstBoot {
     /// The pings unmodified `rping -V` in the guest printed, each one checked by rping.
     #[serde(default)]
     pub rping_pings: u32,
+    /// The tables of the unprivileged ping-pongs that ran at once through the guest agent.
+    #[serde(default)]
+    pub through_agent: Vec<String>,
 }
 
 /// What the boot after the reboot left.
@@ -220,11 +274,17 @@ impl Comparison {
 
 /// The comparison table.
 pub fn render_comparison(rows: &[Comparison]) -> String {
+    render_columns(rows, ("native", "vrdma-guest"))
+}
+
+/// A comparison table whose two figures are headed `columns` (what `native` and `vrdma`
+/// hold).
+pub fn render_columns(rows: &[Comparison], columns: (&str, &str)) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
         "{:<14} {:>8} {:>6} {:>11} {:>12} {:>12} {:>7}",
-        "tool", "size", "iters", "unit", "native", "vrdma-guest", "ratio"
+        "tool", "size", "iters", "unit", columns.0, columns.1, "ratio"
     );
     // An untimed run (perftest's clock calibration failed under TCG) shows as such.
     let figure = |m: &Measurement, value: f64| match m {
