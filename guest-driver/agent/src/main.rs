@@ -46,8 +46,14 @@ struct Args {
     backend: Option<PathBuf>,
 
     /// Drive the guest's vrdma PCI function (VM mode: one device shared by every process),
-    /// at this PCI address or the first one found.
-    #[arg(long, num_args = 0..=1, default_missing_value = "", value_name = "ADDRESS")]
+    /// at this PCI address, or the first one found (no address, or `auto`).
+    #[arg(
+        long,
+        env = "VRDMA_PCI_DEVICE",
+        num_args = 0..=1,
+        default_missing_value = "auto",
+        value_name = "ADDRESS"
+    )]
     pci: Option<String>,
 
     /// Where applications connect.
@@ -158,7 +164,7 @@ fn run(args: &Args) -> Result<(), String> {
             )
         }
         (None, pci) => {
-            let address = pci.clone().filter(|a| !a.is_empty());
+            let address = pci.clone().filter(|a| !a.is_empty() && a != "auto");
             let options = SharedOptions {
                 address,
                 process_ram_size: guest_ram_size,

@@ -60,3 +60,23 @@ fn bad_options_are_refused_with_their_reason() {
         assert!(!ok && text.contains(reason), "{args:?}: {text}");
     }
 }
+
+#[test]
+fn vm_mode_without_the_device_is_a_clear_error() {
+    let socket = scratch("pci-agent.sock");
+    let (ok, text) = agent(&[
+        "--pci",
+        "0000:ff:1f.7",
+        "--socket",
+        socket.to_str().unwrap(),
+    ]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("cannot open the vrdma PCI device: no vrdma PCI device found"),
+        "{text}"
+    );
+    assert!(!socket.exists());
+    // One mode at a time.
+    let (ok, text) = agent(&["--pci", "--backend", "/run/none.sock"]);
+    assert!(!ok && text.contains("cannot be used with"), "{text}");
+}

@@ -3,6 +3,7 @@
 //! or the PCI transport, whose DMA memory translates any locked application memory itself.
 
 use std::os::fd::BorrowedFd;
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -144,6 +145,10 @@ impl Transport for AppTransport {
 
     fn shared_memory(&self) -> SharedMemory {
         self.inner.shared_memory()
+    }
+
+    fn registered_doorbell_area(&self) -> Option<(NonNull<u8>, usize)> {
+        self.inner.registered_doorbell_area()
     }
 
     fn dma(&self) -> &dyn DmaMemory {

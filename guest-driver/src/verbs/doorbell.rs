@@ -25,17 +25,26 @@ pub(crate) struct DoorbellRegion {
     _mapped_by: Option<Arc<dyn Transport>>,
 }
 
+fn bad_slots(slots: u32) -> ProtocolError {
+    ProtocolError::ConfigValue {
+        field: "doorbell_slots",
+        value: slots.into(),
+    }
+}
+
+/// The configuration's `doorbell_slots` must be a power of two within the spec's bound.
+fn check_slots(slots: u32) -> Result<()> {
+    if slots == 0 || !slots.is_power_of_two() || slots > doorbell::MAX_SLOTS {
+        return Err(bad_slots(slots).into());
+    }
+    Ok(())
+}
+
 impl DoorbellRegion {
     /// Allocates and zeroes an area of `slots` entries in memory the device reaches by DMA.
     /// `device_may_poll`: whether `VRDMA_F_DOORBELL_POLL` was negotiated.
     pub(crate) fn new(dma: &dyn DmaMemory, slots: u32, device_may_poll: bool) -> Result<Self> {
-        let bad_slots = || ProtocolError::ConfigValue {
-            field: "doorbell_slots",
-            value: slots.into(),
-        };
-        if slots == 0 || !slots.is_power_of_two() || slots > doorbell::MAX_SLOTS {
-            return Err(bad_slots().into());
-        }
+        check_slots(slots)?;
         let len = doorbell::area_bytes(slots);
         let buffer = dma.alloc(len, PAGE_SIZE)?;
         // SAFETY: the buffer is ours, `len` bytes long and not yet known to the device.
@@ -60,7 +69,7 @@ impl DoorbellRegion {
         // 'static lifetime is confined to this struct, which owns the buffer and hands the
         // area out only borrowed from `&self`.
         let words: &'static [AtomicU32] = unsafe { std::slice::from_raw_parts(words_ptr, len / 4) };
-        let area = DoorbellArea::new(words, slots).map_err(|_| bad_slots())?;
+        let area = DoorbellArea::new(words, slots).map_err(|_| bad_slots(slots))?;
         Ok(DoorbellRegion {
             area,
             device_may_poll,
@@ -80,13 +89,7 @@ impl DoorbellRegion {
         let Some((base, len)) = transport.registered_doorbell_area() else {
             return Ok(None);
         };
-        let bad_slots = || ProtocolError::ConfigValue {
-            field: "doorbell_slots",
-            value: slots.into(),
-        };
-        if slots == 0 || !slots.is_power_of_two() || slots > doorbell::MAX_SLOTS {
-            return Err(bad_slots().into());
-        }
+        check_slots(slots)?;
         let needed = doorbell::area_bytes(slots);
         if len < needed || !(base.as_ptr() as usize).is_multiple_of(PAGE_SIZE) {
             return Err(VerbsError::Unsupported(
@@ -98,7 +101,7 @@ impl DoorbellRegion {
         // here, by the other processes of the agent and by the device.
         let words: &'static [AtomicU32] =
             unsafe { std::slice::from_raw_parts(base.as_ptr().cast::<AtomicU32>(), needed / 4) };
-        let area = DoorbellArea::new(words, slots).map_err(|_| bad_slots())?;
+        let area = DoorbellArea::new(words, slots).map_err(|_| bad_slots(slots))?;
         Ok(Some(DoorbellRegion {
             area,
             device_may_poll,

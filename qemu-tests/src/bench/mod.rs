@@ -161,6 +161,14 @@ pub struct Results {
     /// perftest through the guest agent (`vrdma`) against direct front-ends (`native`).
     #[serde(default)]
     pub agent: Vec<matrix::MatrixRow>,
+    /// In a real guest (nested under QEMU 11.1, empty in `--quick`): perftest's server as
+    /// `nobody` through the guest agent on the PCI function (`vrdma`) against a root process
+    /// on the PCI transport (`native`), same boot.
+    #[serde(default)]
+    pub agent_pci: Vec<crate::scenarios::real_guest::Comparison>,
+    /// Why the real-guest rows are missing when their run failed.
+    #[serde(default)]
+    pub agent_pci_error: Option<String>,
     /// Goodput across the two-host link (empty in `--quick`).
     #[serde(default)]
     pub goodput: Vec<goodput::GoodputRow>,
@@ -212,6 +220,8 @@ pub fn run_on_host(
         cm_setup: guest.cm_setup,
         scale: guest.scale,
         agent: guest.agent,
+        agent_pci: Vec::new(),
+        agent_pci_error: None,
         goodput: Vec::new(),
         goodput_error: None,
         bench_s: guest.elapsed_s,

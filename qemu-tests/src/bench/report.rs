@@ -26,6 +26,23 @@ pub fn render(results: &Results) -> String {
         &results.scale,
     );
     agent_rows(&mut out, &results.plan, &results.agent);
+    if !results.agent_pci.is_empty() {
+        out.push_str(
+            "\nthrough the guest agent in a real guest (vrdma-guestd --pci, nested under QEMU \
+             11.1): perftest's server as nobody through the agent against a root process on \
+             the PCI transport, same boot, native client measuring:\n",
+        );
+        out.push_str(&crate::scenarios::real_guest::render_columns(
+            &results.agent_pci,
+            ("root PCI", "agent"),
+        ));
+    }
+    if let Some(error) = &results.agent_pci_error {
+        let first = error.lines().next().unwrap_or_default();
+        out.push_str(&format!(
+            "\nthrough the guest agent in a real guest: not measured, the run failed: {first}\n"
+        ));
+    }
     if !results.goodput.is_empty() {
         out.push_str(
             "\ngoodput across the two-host link: 4000 RDMA WRITEs of 4 KiB streamed from host A \

@@ -29,6 +29,15 @@ pub fn run(vm_args: &VmArgs, settings: &bench::Settings, json: Option<PathBuf>) 
             }
         }
     }
+    if !settings.quick {
+        match super::real_guest::run_suite(vm_args, None, false) {
+            Ok((_, _, report)) => results.agent_pci = report.through_agent,
+            Err(e) => {
+                log::warn!("the real-guest run failed: {e}");
+                results.agent_pci_error = Some(e.to_string());
+            }
+        }
+    }
     print!("{}", bench::report::render(&results));
     if let Some(path) = json {
         bench::write_json(&results, &path)?;

@@ -14,6 +14,18 @@ use crate::vm::shares_for;
 
 /// `vrdma-vm test real-guest` (with the reboot) and `vrdma-vm demo` (without).
 pub fn test(vm_args: &VmArgs, json: Option<PathBuf>, reboot: bool) -> Result<()> {
+    let (outcome_elapsed, rxe_vm_accel, report) = run_suite(vm_args, json, reboot)?;
+    print_report(&report, &format!("{rxe_vm_accel:?}"), outcome_elapsed);
+    Ok(())
+}
+
+/// Runs the real-guest suite; returns how long the VM ran, how it was accelerated and the
+/// guest's report.
+pub fn run_suite(
+    vm_args: &VmArgs,
+    json: Option<PathBuf>,
+    reboot: bool,
+) -> Result<(Duration, crate::vm::Accel, real_guest::Report)> {
     let root = prepared_root()?;
     let target = target_dir()?;
     let native_peer = native::build(&target)?;
@@ -41,10 +53,15 @@ pub fn test(vm_args: &VmArgs, json: Option<PathBuf>, reboot: bool) -> Result<()>
     }
     let (outcome, report): (_, real_guest::Report) =
         run_guest_suite(&root, &config, "real-guest", args, json.as_deref())?;
+    Ok((outcome.elapsed, config.accel, report))
+}
+
+/// Prints what the real-guest suite showed.
+fn print_report(report: &real_guest::Report, rxe_vm_accel: &str, vm_run: Duration) {
     println!(
-        "\n== vrdma in a real guest: Linux under QEMU 11.1 ({} guest inside the {:?} rxe VM; \
+        "\n== vrdma in a real guest: Linux under QEMU 11.1 ({} guest inside the {rxe_vm_accel} rxe VM; \
          guest {:.0} s, VM run {:.0?})",
-        report.accel, config.accel, report.elapsed_secs, outcome.elapsed
+        report.accel, report.elapsed_secs, vm_run
     );
     println!(
         "\nunmodified perftest: server in the guest over vrdma's drop-in libibverbs.so.1 (PCI \
@@ -66,6 +83,10 @@ pub fn test(vm_args: &VmArgs, json: Option<PathBuf>, reboot: bool) -> Result<()>
     print!(
         "{}",
         real_guest::render_columns(&report.through_agent, ("root PCI", "agent"))
+    );
+    println!(
+        "a third process SIGKILLed in mid-traffic while the two below ran: {}",
+        report.first_boot.agent_victim_released.trim()
     );
     for table in &report.first_boot.through_agent {
         println!(
@@ -105,7 +126,6 @@ pub fn test(vm_args: &VmArgs, json: Option<PathBuf>, reboot: bool) -> Result<()>
             real_guest::render_phases(&reboot.after.phases)
         );
     }
-    Ok(())
 }
 
 /// `vrdma-vm guest real-guest`.

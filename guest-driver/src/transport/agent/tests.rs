@@ -3,7 +3,7 @@
 //! agent that goes away is noticed.
 
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::time::Duration;
 
@@ -38,6 +38,29 @@ fn queue_buffer(pages: usize, fill: u8) -> OwnedFd {
     file.into()
 }
 
+/// A welcome of `ram` at [`RAM_GPA`], `kick` and the process's end of the event socket.
+fn welcome(
+    ram: &MemfdRam,
+    kick: &EventFd,
+    events: OwnedFd,
+    shared: Option<protocol::SharedDevice>,
+) -> Welcome {
+    Welcome {
+        device_features: 0,
+        config: vec![0; 16],
+        shm_size: SHM_SIZE,
+        ram_gpa: RAM_GPA,
+        ram_len: RAM_LEN as u64,
+        ram: ram.fd().try_clone_to_owned().unwrap(),
+        // SAFETY: the eventfd is open for this call; it is only duplicated.
+        doorbell_kick: unsafe { std::os::fd::BorrowedFd::borrow_raw(kick.as_raw_fd()) }
+            .try_clone_to_owned()
+            .unwrap(),
+        events,
+        shared,
+    }
+}
+
 /// The fake agent: welcomes one process, answers one command with [`ANSWER`] and a mapping,
 /// sends one event, counts the doorbell kicks it gets, then leaves.
 fn fake_agent(listener: UnixListener, kick: EventFd) -> u64 {
@@ -53,16 +76,7 @@ fn fake_agent(listener: UnixListener, kick: EventFd) -> u64 {
     Frame::Welcome(Welcome {
         device_features: 0xabc,
         config: vec![7; 16],
-        shm_size: SHM_SIZE,
-        ram_gpa: RAM_GPA,
-        ram_len: RAM_LEN as u64,
-        ram: ram.fd().try_clone_to_owned().unwrap(),
-        // SAFETY: the eventfd is open for this call; it is only duplicated.
-        doorbell_kick: unsafe { std::os::fd::BorrowedFd::borrow_raw(kick.as_raw_fd()) }
-            .try_clone_to_owned()
-            .unwrap(),
-        events: theirs,
-        shared: None,
+        ..welcome(&ram, &kick, theirs, None)
     })
     .send(&socket)
     .unwrap();
@@ -164,19 +178,10 @@ fn a_device_gone_behind_the_agent_is_noticed_without_a_command() {
         let _ = Frame::receive(&socket);
         let ram = MemfdRam::create_at(RAM_LEN, RamPages::Small, RAM_GPA).unwrap();
         let (events, theirs) = event_socket_pair().unwrap();
-        Frame::Welcome(Welcome {
-            device_features: 0,
-            config: Vec::new(),
-            shm_size: SHM_SIZE,
-            ram_gpa: RAM_GPA,
-            ram_len: RAM_LEN as u64,
-            ram: ram.fd().try_clone_to_owned().unwrap(),
-            doorbell_kick: EventFd::new(0).unwrap().try_clone().map(fd_of).unwrap(),
-            events: theirs,
-            shared: None,
-        })
-        .send(&socket)
-        .unwrap();
+        let kick = EventFd::new(0).unwrap();
+        Frame::Welcome(welcome(&ram, &kick, theirs, None))
+            .send(&socket)
+            .unwrap();
         // An event pending is not the end; then the agent closes the events (its device
         // went) and keeps the command socket open.
         // SAFETY: sends 16 bytes of a local array on a socket we own.
@@ -216,11 +221,6 @@ fn a_device_gone_behind_the_agent_is_noticed_without_a_command() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-fn fd_of(eventfd: EventFd) -> OwnedFd {
-    // SAFETY: the EventFd's descriptor, whose ownership moves into the OwnedFd.
-    unsafe { OwnedFd::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(eventfd)) }
-}
-
 #[test]
 fn a_refusal_reaches_the_process_with_its_reason() {
     let dir = std::env::temp_dir().join(format!("vrdma-agent-refusal-{}", std::process::id()));
@@ -241,4 +241,81 @@ fn a_refusal_reaches_the_process_with_its_reason() {
     );
     agent.join().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The fake agent of a shared device: welcomes one process with the queue region and the
+/// doorbell area as files (memfds standing in for the BAR and the agent's hugepage), then
+/// waits for it to go.
+fn fake_shared_agent(listener: UnixListener, region: OwnedFd, area: OwnedFd) {
+    let (socket, _) = listener.accept().unwrap();
+    assert!(matches!(
+        Frame::receive(&socket).unwrap(),
+        Frame::Hello { .. }
+    ));
+    let ram = MemfdRam::create_at(RAM_LEN, RamPages::Small, RAM_GPA).unwrap();
+    let (_events, theirs) = event_socket_pair().unwrap();
+    let kick = EventFd::new(0).unwrap();
+    let shared = protocol::SharedDevice {
+        queue_region_offset: 2 * PAGE_SIZE as u64,
+        queue_region: region,
+        doorbell_area_len: 2 * PAGE_SIZE as u64,
+        doorbell_area: area,
+    };
+    Frame::Welcome(welcome(&ram, &kick, theirs, Some(shared)))
+        .send(&socket)
+        .unwrap();
+    assert!(matches!(
+        Frame::receive(&socket),
+        Err(ProtocolError::Closed)
+    ));
+}
+
+#[test]
+fn a_process_of_a_shared_device_maps_the_whole_queue_region_and_the_registered_doorbells() {
+    let dir = std::env::temp_dir().join(format!("vrdma-agent-shared-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("agent.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    // The "BAR": the region starts two pages in; its first page is marked.
+    let bar = MemfdRam::create_at(SHM_SIZE as usize + 2 * PAGE_SIZE, RamPages::Small, 0).unwrap();
+    // SAFETY: the first byte of the region's first page, inside the memfd's mapping.
+    unsafe { bar.host_base().add(2 * PAGE_SIZE).write(0x42) };
+    let area = MemfdRam::create_at(2 * PAGE_SIZE, RamPages::Small, 0).unwrap();
+    let (region_fd, area_fd) = (
+        bar.fd().try_clone_to_owned().unwrap(),
+        area.fd().try_clone_to_owned().unwrap(),
+    );
+    let agent = std::thread::spawn(move || fake_shared_agent(listener, region_fd, area_fd));
+
+    let transport = AgentTransport::connect(&path).unwrap();
+    let region = transport.shared_memory();
+    assert_eq!(region.len() as u64, SHM_SIZE);
+    let base = region.base().expect("mapped");
+    // SAFETY: inside the mapped region.
+    assert_eq!(unsafe { base.as_ptr().read_volatile() }, 0x42);
+    // SAFETY: the last byte of the mapped region; the agent's file sees it.
+    unsafe {
+        base.as_ptr()
+            .add(SHM_SIZE as usize - 1)
+            .write_volatile(0x17)
+    };
+    // SAFETY: the same byte through the file's other mapping.
+    let seen = unsafe {
+        bar.host_base()
+            .add(2 * PAGE_SIZE + SHM_SIZE as usize - 1)
+            .read_volatile()
+    };
+    assert_eq!(seen, 0x17);
+    let (doorbells, len) = transport
+        .registered_doorbell_area()
+        .expect("the agent's doorbell area");
+    assert_eq!(len, 2 * PAGE_SIZE);
+    // SAFETY: the first word of the mapped area; the agent's file sees it.
+    unsafe { doorbells.as_ptr().write_volatile(0x99) };
+    // SAFETY: the same byte through the file's other mapping.
+    let seen = unsafe { area.host_base().read_volatile() };
+    assert_eq!(seen, 0x99);
+    drop(transport);
+    agent.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
 }

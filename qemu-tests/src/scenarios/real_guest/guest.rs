@@ -90,9 +90,11 @@ fn first_boot(
         let side = Side::over_dropin_pci(&paths.library_dir);
         phases.time(&name, || perftest_server(&side, case, *link))?;
     }
-    record.through_agent = phases.time("unprivileged processes through vrdma-guestd", || {
-        through_agent(paths, iters)
+    let agent = phases.time("unprivileged processes through vrdma-guestd", || {
+        through_agent(paths, control, iters)
     })?;
+    record.through_agent = agent.tables;
+    record.agent_victim_released = agent.victim_released;
     for table in &record.through_agent {
         println!("{table}");
     }
@@ -251,12 +253,23 @@ fn perftest_server(side: &Side, case: &perftest::Case, link: Link) -> Result<()>
     perftest::finish(child, STEP_TIMEOUT, "server", case).map(drop)
 }
 
-/// The guest agent drives the PCI function and serves, at once, two ping-pongs as `nobody`
-/// against their native servers, every byte verified; the isolation checks between two of its
-/// processes; then unmodified perftest servers as `nobody`, the native clients measuring.
-/// The agent stops at the end (the next step opens the function directly, which resets it).
-/// Returns the ping-pongs' tables.
-fn through_agent(paths: &GuestPaths, iters: u32) -> Result<Vec<String>> {
+/// What the guest agent step showed.
+struct ThroughAgent {
+    tables: Vec<String>,
+    victim_released: String,
+}
+
+/// The guest agent drives the PCI function and serves, as `nobody`: a process running
+/// traffic, then two verified ping-pongs at once against their native servers while the first
+/// one is SIGKILLed (the agent must release what it left; the two must finish verified); the
+/// isolation checks between two of its processes; unmodified perftest servers, the native
+/// clients measuring. The agent stops at the end (the next step opens the function directly,
+/// which resets it).
+fn through_agent(
+    paths: &GuestPaths,
+    control: &mut ControlClient,
+    iters: u32,
+) -> Result<ThroughAgent> {
     let socket = Path::new("/run/vrdma-agent.sock");
     let mut agent = Proc::spawn(
         "vrdma-guestd",
@@ -268,36 +281,56 @@ fn through_agent(paths: &GuestPaths, iters: u32) -> Result<Vec<String>> {
             .args(["--guest-ram-mib", &AGENT_PROCESS_MIB.to_string()])
             .env("RUST_LOG", "info"),
     )?;
+    let client = |link: Link, ops: &str, sizes: &str, iters: u32| -> Result<Proc> {
+        let listener = relay::listen_loopback(link.tcp)?;
+        relay_in_background(listener, link);
+        let mut command = perftest::as_user(NOBODY, NOBODY, &paths.pingpong);
+        command
+            .args(["client", "--agent"])
+            .arg(socket)
+            .args(["--host", "127.0.0.1", "--port", &link.tcp.to_string()])
+            .args(["--timeout", &STEP_TIMEOUT.as_secs().to_string()])
+            .args(["--ops", ops, "--sizes", sizes])
+            .args(["--iters", &iters.to_string()])
+            .env_remove("VRDMA_SOCKET");
+        Proc::spawn(&format!("agent-client-{}", link.tcp), &mut command)
+    };
     let result = (|| {
         agent.wait_for_output("serving", STEP_TIMEOUT)?;
-        let clients = THROUGH_AGENT
+        let mut victim = client(AGENT_VICTIM, "send,write", "4096", LIVE_ITERS)?;
+        victim.wait_for_output("RUNNING", STEP_TIMEOUT)?;
+        let mut survivors = THROUGH_AGENT
             .iter()
-            .map(|link| {
-                let listener = relay::listen_loopback(link.tcp)?;
-                relay_in_background(listener, *link);
-                let mut command = perftest::as_user(NOBODY, NOBODY, &paths.pingpong);
-                command
-                    .args(["client", "--agent"])
-                    .arg(socket)
-                    .args(["--host", "127.0.0.1", "--port", &link.tcp.to_string()])
-                    .args(["--timeout", &STEP_TIMEOUT.as_secs().to_string()])
-                    .args(["--ops", AGENT_OPS, "--sizes", AGENT_SIZES])
-                    .args(["--iters", &iters.to_string()])
-                    .env_remove("VRDMA_SOCKET");
-                Proc::spawn(&format!("agent-client-{}", link.tcp), &mut command)
-            })
+            .map(|link| client(*link, AGENT_OPS, AGENT_SIZES, iters))
             .collect::<Result<Vec<_>>>()?;
+        for survivor in &mut survivors {
+            survivor.wait_for_output("RUNNING", STEP_TIMEOUT)?;
+        }
+        victim.kill();
+        let released = format!("process {}: released", victim.pid());
+        agent.wait_for_output(&released, STEP_TIMEOUT)?;
+        let victim_released = agent
+            .output()
+            .lines()
+            .find(|line| line.contains(&released))
+            .unwrap_or_default()
+            .to_string();
+        println!("{victim_released}");
+        println!("host side: {}", control.request("agent-victim-killed")?);
         let mut tables = Vec::new();
-        for mut client in clients {
-            client.wait_success(STEP_TIMEOUT)?;
-            tables.push(client.output());
+        for mut survivor in survivors {
+            survivor.wait_success(STEP_TIMEOUT)?;
+            tables.push(survivor.output());
         }
         crate::scenarios::isolation::run_through_agent(socket)?;
         let side = Side::through_agent(socket, &paths.library_dir, NOBODY, NOBODY);
         for (case, link) in AGENT_PERFTEST {
             perftest_server(&side, case, *link)?;
         }
-        Ok(tables)
+        Ok(ThroughAgent {
+            tables,
+            victim_released,
+        })
     })();
     if result.is_err() {
         eprintln!("vrdma-guestd:\n{}", tail(&agent.output(), 30));

@@ -60,13 +60,26 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
             )
         })
         .collect::<Result<Vec<_>>>()?;
+    // The peer of the process killed in mid-traffic (stopped when the guest says so: a serial
+    // relay carries no end of stream, so it would wait for its peer to the end).
+    let agent_victim_server = native_server(
+        binaries,
+        AGENT_VICTIM.tcp,
+        ("send,write", "4096", LIVE_ITERS),
+        timeout,
+    )?;
     // The native perftest clients connect to their relays now and wait there until the
     // guest's server answers.
     let mut perftest_listeners = Vec::new();
     let mut perftest_clients = Vec::new();
     for (case, link) in PERFTEST.iter().chain(AGENT_PERFTEST) {
         perftest_listeners.push(relay::listen_loopback(link.tcp)?);
-        let name = format!("native-{}-{}-client", case.tool.command(), case.size);
+        let name = format!(
+            "native-{}-{}-client-{}",
+            case.tool.command(),
+            case.size,
+            link.tcp
+        );
         perftest_clients.push(Proc::spawn(
             &name,
             &mut Side::native(DEVICE).client_command(case, link.tcp, "127.0.0.1"),
@@ -134,6 +147,7 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
         idle,
         live_server,
         bypass_client,
+        agent_victim_server: Some(agent_victim_server),
         after_server: None,
         binaries,
         settings,
@@ -327,6 +341,8 @@ struct Requests<'a> {
     /// The peer of the application that is running when the guest reboots.
     live_server: Option<Proc>,
     bypass_client: Proc,
+    /// The native peer of the process the guest kills among the agent's.
+    agent_victim_server: Option<Proc>,
     after_server: Option<Proc>,
     binaries: &'a Binaries,
     settings: &'a Settings,
@@ -358,6 +374,15 @@ impl Requests<'_> {
                     "{BYPASS_MESSAGES} messages per op and size delivered with the backend \
                      stopped; backend resumed"
                 ))
+            }
+            // The process the guest killed in mid-traffic is gone: its peer goes too (before
+            // the release check after the reboot counts rxe0's objects).
+            "agent-victim-killed" => {
+                let mut server = self.agent_victim_server.take().ok_or_else(|| {
+                    Error::Scenario("the victim's peer was stopped already".into())
+                })?;
+                server.kill();
+                Ok("the killed process's native peer is stopped".into())
             }
             // The live application runs: the backend must hold its objects.
             "live" => {

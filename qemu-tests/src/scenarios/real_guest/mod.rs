@@ -76,6 +76,11 @@ pub const THROUGH_AGENT: [Link; 2] = [
         tcp: 18805,
     },
 ];
+/// A third process through the agent, SIGKILLed in mid-traffic while the two others run.
+pub const AGENT_VICTIM: Link = Link {
+    serial: "vrdma-agent-victim",
+    tcp: 18806,
+};
 /// Operations and sizes of the ping-pongs through the agent.
 pub const AGENT_OPS: &str = "send,write,read";
 pub const AGENT_SIZES: &str = "64,4096";
@@ -154,6 +159,7 @@ pub fn links() -> Vec<Link> {
     links.extend(PERFTEST.iter().map(|(_, link)| *link));
     links.extend([BYPASS, LIVE, AFTER_REBOOT]);
     links.extend(THROUGH_AGENT);
+    links.push(AGENT_VICTIM);
     links.extend(AGENT_PERFTEST.iter().map(|(_, link)| *link));
     links
 }
@@ -232,6 +238,9 @@ pub struct FirstBoot {
     /// The tables of the unprivileged ping-pongs that ran at once through the guest agent.
     #[serde(default)]
     pub through_agent: Vec<String>,
+    /// What the agent said when it released the objects of the process killed among them.
+    #[serde(default)]
+    pub agent_victim_released: String,
 }
 
 /// What the boot after the reboot left.
@@ -254,7 +263,7 @@ pub struct Reboot {
 }
 
 /// One perftest case in the guest next to the same case natively.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Comparison {
     pub native: Row,
     pub vrdma: Row,
