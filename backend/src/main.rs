@@ -17,7 +17,7 @@ use vrdma_backend::config::{
 };
 use vrdma_backend::guest::device::GuestDeviceFactory;
 use vrdma_backend::guest::options::{
-    DeviceOptions, DEFAULT_DOORBELL_POLL_US, DEFAULT_MAX_MR_MAPPINGS, DEFAULT_SHM_SIZE,
+    DeviceOptions, StagedRings, DEFAULT_DOORBELL_POLL_US, DEFAULT_MAX_MR_MAPPINGS, DEFAULT_SHM_SIZE,
 };
 use vrdma_backend::host::sysfs::SYSFS_ROOT;
 use vrdma_backend::host::{HostDevice, RxeDevice};
@@ -46,7 +46,7 @@ use vrdma_spec::verbs::PortState;
     "socket", "shm_size", "max_qps", "max_cqs", "max_mrs", "max_mr_bytes", "max_pds",
     "max_srqs", "max_ahs", "max_mws", "allow_ud", "allow_memory_windows", "doorbell_poll_us",
     "name", "address", "traffic_classes", "service_levels", "allow_destination",
-    "max_guest_mappings", "max_mr_mappings", "allow_unenforced_ud",
+    "max_guest_mappings", "max_mr_mappings", "allow_unenforced_ud", "staged_rings",
 ])))]
 struct Args {
     /// Configuration file (TOML) describing every guest: its socket, addresses, quotas and
@@ -130,6 +130,12 @@ struct Args {
     /// guest not to notify (VRDMA_F_DOORBELL_POLL, spec §5.3); 0 turns polling off.
     #[arg(long, default_value_t = DEFAULT_DOORBELL_POLL_US)]
     doorbell_poll_us: u64,
+    /// When RC and UC QPs post through staging rings that the daemon copies to the host
+    /// queues (VRDMA_F_STAGED_RINGS, spec §9.7): `auto` once QEMU could not take another
+    /// queue mapping (so a guest gets thousands of QPs, not a few hundred), `always`, or
+    /// `never` (past QEMU's mappings CREATE_QP fails with QUOTA).
+    #[arg(long, value_enum, default_value_t = StagedRingsArg::Auto)]
+    staged_rings: StagedRingsArg,
     /// Name of the guest of --socket (logs; its node GUID is derived from it when it has
     /// addresses).
     #[arg(long, default_value = "guest")]
@@ -152,6 +158,14 @@ struct Args {
     /// Longest wait, in milliseconds, for the GID entries of an address the daemon added.
     #[arg(long, default_value_t = DEFAULT_GID_WAIT.as_millis() as u64)]
     gid_wait_ms: u64,
+}
+
+/// `--staged-rings`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum StagedRingsArg {
+    Auto,
+    Always,
+    Never,
 }
 
 impl Args {
@@ -178,6 +192,11 @@ impl Args {
             host_port,
             max_mr_mappings: self.max_mr_mappings,
             doorbell_poll: Duration::from_micros(self.doorbell_poll_us),
+            staged_rings: match self.staged_rings {
+                StagedRingsArg::Auto => StagedRings::Auto,
+                StagedRingsArg::Always => StagedRings::Always,
+                StagedRingsArg::Never => StagedRings::Never,
+            },
             ..DeviceOptions::default()
         }
     }

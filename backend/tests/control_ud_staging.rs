@@ -6,7 +6,7 @@ use std::mem::size_of;
 use std::os::unix::fs::FileExt;
 
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
-use vrdma_backend::datapath::ud_staging::NEUTRALISED_AH_NUM;
+use vrdma_backend::datapath::staging::NEUTRALISED_AH_NUM;
 use vrdma_backend::guest::options::DeviceOptions;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::doorbell::{RING_WORD, TAIL_WORD};

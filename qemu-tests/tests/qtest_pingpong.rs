@@ -4,7 +4,8 @@
 mod common;
 
 use vrdma_qemu_tests::cli::qtest_pingpong::QPS;
-use vrdma_qemu_tests::scenarios::qtest_pingpong::{Results, VERIFY_OPS, VERIFY_SIZES};
+use vrdma_qemu_tests::scenarios::qtest_pingpong::{Results, QP_QUOTA, VERIFY_OPS, VERIFY_SIZES};
+use vrdma_qemu_tests::scenarios::qtest_qp_scale::QPS_PER_CQ;
 
 #[test]
 fn qtest_pingpong_verifies_resets_and_survives_a_qemu_kill() {
@@ -30,18 +31,33 @@ fn qtest_pingpong_verifies_resets_and_survives_a_qemu_kill() {
         }
     }
     assert!(results.qtest_requests > 0);
-    // QPs through QEMU: each queue is a memory slot of QEMU's (it aborted at the 513th); the
-    // device refuses the queue past its budget with QUOTA and QEMU keeps answering.
+    // QPs through QEMU: each host queue buffer is a memory slot of QEMU's (it aborted at the
+    // 513th), so past the backend's budget QPs get staging rings that share mappings; the QP
+    // quota ends the step with QUOTA and QEMU keeps answering.
     let scale = results.qp_scale.as_ref().expect("the QP step ran");
     assert_eq!(scale.requested, QPS);
-    // 480 queue mappings (the backend's SLOT_COUNTING_FRONTEND_MAPPINGS), 3 per pair, and the
-    // guest holds no other then: exactly 160 pairs, the 161st CQ refused.
-    assert_eq!(scale.created, 160, "{scale:?}");
+    assert_eq!(scale.created, QP_QUOTA, "{scale:?}");
     let refused = scale.refused.as_deref().unwrap_or_default();
     assert!(
-        refused.starts_with("CQ 161") && refused.contains("QUOTA"),
+        refused.starts_with(&format!("QP {}", QP_QUOTA + 1)) && refused.contains("QUOTA"),
         "{scale:?}"
     );
+    // The first ones direct (two mappings each, below 480 in all), the rest staged.
+    assert!(
+        scale.staged > 0 && (scale.created - scale.staged) * 2 < 480,
+        "{scale:?}"
+    );
+    assert_eq!(scale.cqs, QP_QUOTA.div_ceil(QPS_PER_CQ), "{scale:?}");
+    for op in VERIFY_OPS.split(',') {
+        assert!(
+            results
+                .qp_scale_exchange
+                .iter()
+                .any(|r| r.op == op && r.iters > 0),
+            "no verified {op} on the last QP: {:?}",
+            results.qp_scale_exchange
+        );
+    }
     assert!(scale.qemu_alive_after, "{scale:?}");
     // The reset and the kill interrupted a run meant to last a million iterations.
     assert_ne!(results.reset.interrupted_run, "completed");

@@ -102,6 +102,11 @@ pub mod features {
     /// REG_MR_EXTENTS: MRs registered from guest-physical extents (runs of pages) rather than
     /// a list of every page (spec §7.4).
     pub const VRDMA_F_MR_EXTENTS: u64 = 1 << 16;
+    /// The device may give RC and UC QPs staging rings instead of host queue buffers (when
+    /// the front-end cannot take another mapping), marked [`crate::wire::ring_flags::STAGED`];
+    /// the driver rings the QP's doorbell after posting receives to a staged receive queue
+    /// (spec §9.7).
+    pub const VRDMA_F_STAGED_RINGS: u64 = 1 << 17;
     /// Mask of all device-specific bits defined by this version.
     pub const VRDMA_F_ALL: u64 = VRDMA_F_RING_RXE_V1
         | VRDMA_F_SRQ
@@ -111,7 +116,8 @@ pub mod features {
         | VRDMA_F_MW
         | VRDMA_F_UD_STAGED_SQ
         | VRDMA_F_CM
-        | VRDMA_F_MR_EXTENTS;
+        | VRDMA_F_MR_EXTENTS
+        | VRDMA_F_STAGED_RINGS;
     /// Mask of the device-specific feature range (bits 0..=23) in which every `VRDMA_F_*` bit
     /// lives; the generic virtio bits lie above it.
     pub const DEVICE_SPECIFIC_MASK: u64 = (1 << 24) - 1;

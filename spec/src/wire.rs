@@ -54,12 +54,20 @@ wire_struct! {
         pub db_offset: Le64,
         /// Length of the doorbell page; zero means "no doorbell page" (always for rxe v1).
         pub db_len: Le32,
-        /// Zero.
-        pub reserved: Le32,
+        /// [`ring_flags`]; zero for a host queue buffer.
+        pub flags: Le32,
     }
 }
 assert_layout!(RingDesc, 40, shm_offset @ 0, map_len @ 8, num_slots @ 12,
-    log2_slot_size @ 16, format @ 20, db_offset @ 24, db_len @ 32, reserved @ 36);
+    log2_slot_size @ 16, format @ 20, db_offset @ 24, db_len @ 32, flags @ 36);
+
+/// Flags of a [`RingDesc`].
+pub mod ring_flags {
+    /// The buffer is a staging ring (spec §9.6, §9.7): the device copies what the driver
+    /// publishes there into a host queue on the QP's doorbell, and its `consumer_index` is the
+    /// device's copy position. A driver rings after posting to a staged receive queue.
+    pub const STAGED: u32 = 1 << 0;
+}
 
 wire_struct! {
     /// Address vector (`ibv_ah_attr` with its `ibv_global_route`), 32 bytes.

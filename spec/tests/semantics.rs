@@ -263,7 +263,7 @@ fn desc() -> RingDesc {
         format: Le32::new(rxe_v1::FORMAT_ID),
         db_offset: Le64::ZERO,
         db_len: Le32::ZERO,
-        reserved: Le32::ZERO,
+        flags: Le32::ZERO,
     }
 }
 

@@ -8,7 +8,7 @@ use vrdma_spec::{Le32, ResponseBody};
 
 use super::error::CommandError;
 use super::session::{host_err, CommandResult, Session};
-use crate::datapath::ud_staging::StagedAh;
+use crate::datapath::staging::StagedAh;
 use crate::guest::objects::AhEntry;
 use crate::guest::shared::GuestShared;
 use crate::host::{AhHandle, AhInit, HostContext};
@@ -202,7 +202,7 @@ pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
         return Err(e.into());
     }
     // Staged UD sends (spec §9.6) name it by handle from now on.
-    s.guest.doorbells().lock().ud_staging().ahs_mut().insert(
+    s.guest.doorbells().lock().staging().ahs_mut().insert(
         handle,
         StagedAh {
             pd,
@@ -229,13 +229,13 @@ pub(crate) fn destroy_ah(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
         .guest
         .doorbells()
         .lock()
-        .ud_staging()
+        .staging()
         .ahs_mut()
         .remove(handle);
     if let Err(e) = s.host().destroy_ah(host) {
         if let Some(staged) = staged {
             let mut doorbells = s.guest.doorbells().lock();
-            doorbells.ud_staging().ahs_mut().insert(handle, staged);
+            doorbells.staging().ahs_mut().insert(handle, staged);
         }
         return Err(host_err("DESTROY_AH")(e));
     }

@@ -23,7 +23,7 @@ pub mod query;
 pub mod rings;
 pub mod session;
 pub mod srq;
-pub mod staged_sq;
+pub mod staged_rings;
 
 use vrdma_spec::ControlRequest;
 

@@ -14,9 +14,9 @@ use super::ah::{ah_attr_to_guest, ah_attr_to_host, check_reach};
 use super::error::CommandError;
 use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
-use super::staged_sq::{self, SendQueueMode};
+use super::staged_rings::{self, QueueModes};
 use crate::datapath::events;
-use crate::datapath::ud_staging::StagedSq;
+use crate::datapath::staging::{StagedKind, StagedRing};
 use crate::guest::objects::EventOwner;
 use crate::guest::objects::{QpDeps, QpEntry};
 use crate::guest::state::GuestState;
@@ -72,7 +72,6 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
         what: "qp_type",
         value: v.into(),
     })?;
-    let sq_mode = staged_sq::send_queue_mode(s, qp_type)?;
     let attr = &s.guest.limits().attr;
     at_most(r.max_send_wr.get(), attr.max_qp_wr, "max_send_wr")?;
     at_most(r.max_recv_wr.get(), attr.max_qp_wr, "max_recv_wr")?;
@@ -98,6 +97,7 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
         None => None,
     };
     s.state.qps.check_room(0)?;
+    let modes = staged_rings::queue_modes(s, qp_type, srq.is_some())?;
 
     let doorbell_index = {
         let mut doorbells = s.guest.doorbells().lock();
@@ -112,7 +112,7 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
     let result = create_reserved(
         s,
         r,
-        (qp_type, sq_mode),
+        (qp_type, modes),
         deps,
         doorbell_index,
         pd,
@@ -130,7 +130,7 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
 fn create_reserved(
     s: &mut Session<'_>,
     r: &CreateQpReq,
-    (qp_type, sq_mode): (QpType, SendQueueMode),
+    (qp_type, modes): (QpType, QueueModes),
     deps: QpDeps,
     doorbell_index: u32,
     pd: host::PdHandle,
@@ -169,7 +169,7 @@ fn create_reserved(
             return Err(host_err("CREATE_QP")(e));
         }
     };
-    let rings = map_rings(s, &qp, srq.is_some(), sq_mode, deps.pd);
+    let rings = map_rings(s, &qp, srq.is_some(), modes, deps.pd);
     let (sq, rq, staged) = match rings {
         Ok(rings) => rings,
         Err(e) => {
@@ -201,8 +201,8 @@ fn create_reserved(
     s.state.owners.insert(user_handle, EventOwner::Qp(handle));
     {
         let mut doorbells = s.guest.doorbells().lock();
-        if let Some(staged) = staged {
-            doorbells.ud_staging().attach(doorbell_index, staged);
+        for ring in staged.into_iter().flatten() {
+            doorbells.staging().attach(doorbell_index, ring);
         }
         doorbells.attach(doorbell_index, qp.handle);
     }
@@ -220,22 +220,25 @@ fn create_reserved(
     }))
 }
 
-/// Maps the SQ (or its staging ring, with the device's copy state) and, without an SRQ, the
-/// RQ; on error nothing stays mapped.
+/// The staging rings of a new QP: of its send queue, of its receive queue.
+type StagedRings = [Option<StagedRing>; 2];
+
+/// Maps the SQ and, without an SRQ, the RQ, each as the host buffer or as a staging ring (with
+/// the device's copy state); on error nothing stays mapped.
 fn map_rings(
     s: &mut Session<'_>,
     qp: &host::Qp,
     with_srq: bool,
-    sq_mode: SendQueueMode,
+    modes: QueueModes,
     pd: Handle,
-) -> Result<(MappedRing, Option<MappedRing>, Option<StagedSq>), CommandError> {
+) -> Result<(MappedRing, Option<MappedRing>, StagedRings), CommandError> {
     let slots = |wr: u32| {
         wr.checked_add(1)
             .ok_or_else(|| CommandError::Geometry(format!("depth {wr}")))
     };
     let caps = qp.caps;
-    let (sq, staged) = match sq_mode {
-        SendQueueMode::Direct => {
+    let (sq, staged_sq) = match modes.sq {
+        None => {
             let sq = rings::map_ring(
                 s,
                 qp.sq,
@@ -244,19 +247,26 @@ fn map_rings(
             )?;
             (sq, None)
         }
-        SendQueueMode::Staged => {
-            let (sq, staged) = staged_sq::map_staged_sq(s, qp, pd)?;
+        Some(kind) => {
+            let (sq, staged) = staged_rings::map_staged(s, qp, qp.sq, kind, pd)?;
             (sq, Some(staged))
         }
     };
-    let rq = match (qp.rq, with_srq) {
-        (_, true) => None,
+    let (rq, staged_rq) = match (qp.rq, with_srq) {
+        (_, true) => (None, None),
         (Some(buffer), false) => {
-            let mapped = slots(caps.max_recv_wr).and_then(|n| {
-                rings::map_ring(s, buffer, n, rxe_v1::recv_wqe_size(caps.max_recv_sge))
-            });
+            let mapped = if modes.rq_staged {
+                staged_rings::map_staged(s, qp, buffer, StagedKind::Recv, pd)
+                    .map(|(rq, staged)| (rq, Some(staged)))
+            } else {
+                slots(caps.max_recv_wr)
+                    .and_then(|n| {
+                        rings::map_ring(s, buffer, n, rxe_v1::recv_wqe_size(caps.max_recv_sge))
+                    })
+                    .map(|rq| (rq, None))
+            };
             match mapped {
-                Ok(rq) => Some(rq),
+                Ok((rq, staged)) => (Some(rq), staged),
                 Err(e) => {
                     rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &sq);
                     return Err(e);
@@ -268,7 +278,7 @@ fn map_rings(
             return Err(CommandError::Geometry("the host QP has no RQ".into()));
         }
     };
-    Ok((sq, rq, staged))
+    Ok((sq, rq, [staged_sq, staged_rq]))
 }
 
 fn unmap_rings(

@@ -141,24 +141,38 @@ pub(crate) fn describe(
         format: Le32::new(rxe_v1::FORMAT_ID),
         db_offset: Le64::ZERO,
         db_len: Le32::ZERO,
-        reserved: Le32::ZERO,
+        flags: Le32::ZERO,
     })
 }
 
-/// Removes a ring from the queue region. `ctx` is `None` when the frontend already dropped
-/// every mapping (device reset, disconnect). An extent whose unmap fails stays allocated, so
-/// that no other buffer is ever placed over a mapping that may still exist.
+/// Removes a ring from the queue region: unmaps its extent, or for a staging ring in a pooled
+/// extent gives its place back and unmaps the chunk once nothing is left in it. `ctx` is
+/// `None` when the frontend already dropped every mapping (device reset, disconnect). An
+/// extent whose unmap fails stays allocated, so that no other buffer is ever placed over a
+/// mapping that may still exist.
 pub(crate) fn unmap_ring(ctx: Option<&GuestContext>, shm: &mut ShmAllocator, ring: &MappedRing) {
+    if shm.chunk_of(ring.range).is_none() {
+        unmap_extent(ctx, shm, ring.range);
+        return;
+    }
+    match shm.free_pooled(ring.range) {
+        Ok(Some(emptied)) => unmap_extent(ctx, shm, emptied),
+        Ok(None) => {}
+        Err(e) => warn!("queue region bookkeeping: {e}"),
+    }
+}
+
+fn unmap_extent(ctx: Option<&GuestContext>, shm: &mut ShmAllocator, range: ShmRange) {
     if let Some(ctx) = ctx {
-        if let Err(e) = ctx.shmem().unmap(ring.range.offset, ring.range.len) {
+        if let Err(e) = ctx.shmem().unmap(range.offset, range.len) {
             warn!(
                 "cannot unmap region extent {:#x}+{:#x}; it stays reserved: {e}",
-                ring.range.offset, ring.range.len
+                range.offset, range.len
             );
             return;
         }
     }
-    free_extent(shm, ring.range);
+    free_extent(shm, range);
 }
 
 pub(crate) fn free_extent(shm: &mut ShmAllocator, range: ShmRange) {

@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 use vrdma_spec::doorbell::{area_bytes, DoorbellArea};
 
-use super::ud_staging::UdStaging;
+use super::staging::Staging;
 use crate::control::error::CommandError;
 use crate::host::{HostContext, QpHandle};
 use crate::identity::endpoints::LocalEndpoints;
@@ -105,8 +105,8 @@ pub struct Doorbells {
     free: Vec<u32>,
     /// Which indices are handed out (reserved or attached).
     taken: Vec<bool>,
-    /// Staged UD send queues and the address handles they may name (spec §9.6).
-    ud: UdStaging,
+    /// Staging rings and the address handles staged UD sends may name (spec §9.6, §9.7).
+    staging: Staging,
 }
 
 impl Doorbells {
@@ -126,13 +126,13 @@ impl Doorbells {
             owners: vec![None; slots as usize],
             free: (0..slots).rev().collect(),
             taken: vec![false; slots as usize],
-            ud: UdStaging::new(slots, endpoints),
+            staging: Staging::new(slots, endpoints),
         }
     }
 
-    /// The staged UD send queues and address handles (spec §9.6).
-    pub fn ud_staging(&mut self) -> &mut UdStaging {
-        &mut self.ud
+    /// The staging rings and address handles (spec §9.6, §9.7).
+    pub fn staging(&mut self) -> &mut Staging {
+        &mut self.staging
     }
 
     /// Registers the driver's area (SET_DOORBELL_AREA), consumed from its start; the device
@@ -183,7 +183,7 @@ impl Doorbells {
     /// Gives a reserved index back.
     pub fn release(&mut self, index: u32) {
         self.detach(index);
-        self.ud.release(index);
+        self.staging.release(index);
         if let Some(taken) = self.taken.get_mut(index as usize) {
             if std::mem::take(taken) {
                 self.free.push(index);
@@ -199,7 +199,7 @@ impl Doorbells {
             area.reset_polling();
         }
         let had_something = self.area.is_some() || self.taken.iter().any(|&t| t);
-        *self = Doorbells::with_endpoints(self.slots, Arc::clone(self.ud.endpoints()));
+        *self = Doorbells::with_endpoints(self.slots, Arc::clone(self.staging.endpoints()));
         had_something
     }
 
@@ -233,12 +233,13 @@ impl Doorbells {
         let mapped = self.area.as_ref()?;
         let area = DoorbellArea::new(mapped.words(), mapped.slots).ok()?;
         let owners = &self.owners;
-        let ud = &mut self.ud;
+        let staging = &mut self.staging;
         let kick = |index: u32| {
             // Indices of no live QP are dropped; kick errors (QP not in RTS) are the guest's.
-            // A staged UD send queue is copied to its host queue first (it kicks itself).
+            // Staging rings are copied to their host queues first (a staged send queue kicks
+            // itself).
             if let Some(Some(qp)) = owners.get(index as usize) {
-                if !ud.ring(index, host) {
+                if !staging.ring(index, host) {
                     let _ = host.kick_send(*qp);
                 }
             }

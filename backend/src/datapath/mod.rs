@@ -1,9 +1,9 @@
 //! The data path of one guest, apart from control commands: the doorbell pump that kicks host
-//! QPs ([`doorbell`]), the copy of staged UD send queues it does first ([`ud_staging`]), and
+//! QPs ([`doorbell`]), the copy of staging rings it does first ([`staging`]), and
 //! the event pumps that turn host events into guest events ([`events`], and [`cm_events`] for
 //! the connection manager's). All run on the connection's fast worker and never allocate per work request.
 
 pub mod cm_events;
 pub mod doorbell;
 pub mod events;
-pub mod ud_staging;
+pub mod staging;

@@ -23,14 +23,15 @@ use vrdma_spec::config::{self, DeviceConfig};
 use vrdma_spec::control::{HEADER_SIZE, MAX_CM_RESPONSE_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::{
     VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_DOORBELL_POLL, VRDMA_F_MR_EXTENTS, VRDMA_F_MW,
-    VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ, VRDMA_F_UC, VRDMA_F_UD, VRDMA_F_UD_STAGED_SQ,
+    VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ, VRDMA_F_STAGED_RINGS, VRDMA_F_UC, VRDMA_F_UD,
+    VRDMA_F_UD_STAGED_SQ,
 };
 use vrdma_spec::StatusError;
 use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, Le64, Status};
 use zerocopy::IntoBytes;
 
 use super::inventory::Inventory;
-use super::options::{DeviceOptions, GuestError};
+use super::options::{DeviceOptions, GuestError, StagedRings};
 use super::shared::{GuestAddressing, GuestShared, HostLimits, GUEST_PORT};
 use super::state::{GuestState, ObjectCounts};
 use crate::control::discard::{self, Epoch};
@@ -198,14 +199,11 @@ impl GuestDevice {
         let host = device.open_context()?;
         let attr = host.query_device()?;
         let state = GuestState::new(&options, budget)?;
-        // Only devices that offer UD stage sends (spec §9.6).
-        let staging = if options.allow_ud {
-            Some(Arc::new(
-                StagingFile::new(options.shm_size).map_err(GuestError::Staging)?,
-            ))
-        } else {
-            None
-        };
+        // UD sends and QPs past the front-end's mappings are staged (spec §9.6, §9.7); the
+        // file is sparse, so a guest that stages nothing costs nothing.
+        let staging = Some(Arc::new(
+            StagingFile::new(options.shm_size).map_err(GuestError::Staging)?,
+        ));
         let gids = GidView::for_port(
             &*device,
             options.host_port,
@@ -398,6 +396,9 @@ impl DeviceHandler for GuestDevice {
     fn device_features(&self) -> u64 {
         // Every rxe device has SRQs and UC QPs; extent lists are the daemon's own.
         let mut features = VRDMA_F_SRQ | VRDMA_F_UC | VRDMA_F_MR_EXTENTS;
+        if self.shared.options().staged_rings != StagedRings::Never {
+            features |= VRDMA_F_STAGED_RINGS;
+        }
         if self.shared.device().ring_format() == vrdma_spec::rxe_v1::FORMAT_ID {
             features |= VRDMA_F_RING_RXE_V1;
         }

@@ -26,6 +26,20 @@ pub const DEFAULT_DOORBELL_POLL_US: u64 = 0;
 /// Longest doorbell poll window: the worker that polls also delivers events, which wait for up
 /// to [`POLL_BUDGET_WINDOWS`](crate::datapath::doorbell::POLL_BUDGET_WINDOWS) windows.
 pub const MAX_DOORBELL_POLL: Duration = Duration::from_millis(1);
+/// When RC and UC QPs get staging rings instead of host queue buffers (spec §9.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StagedRings {
+    /// When the front-end could not take the QP's mappings and still keep
+    /// [`STAGING_RESERVE`](crate::control::staged_rings::STAGING_RESERVE) of its slots free.
+    #[default]
+    Auto,
+    /// Always (for drivers that negotiated `VRDMA_F_STAGED_RINGS`): every QP goes through the
+    /// device's copy; for tests and for guests with very many QPs.
+    Always,
+    /// Never: past the front-end's mappings, CREATE_QP fails with `QUOTA`.
+    Never,
+}
+
 /// What the daemon's command line decides about every guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceOptions {
@@ -50,6 +64,8 @@ pub struct DeviceOptions {
     /// How long the doorbell worker keeps polling a guest's doorbell area after a doorbell
     /// (offering `VRDMA_F_DOORBELL_POLL`); zero for never.
     pub doorbell_poll: Duration,
+    /// When RC and UC QPs get staging rings (offered with `VRDMA_F_STAGED_RINGS`).
+    pub staged_rings: StagedRings,
     /// The guest's name, addresses and traffic policy (spec §12); without addresses the
     /// guest sees the host port's GID table and GUIDs.
     pub identity: GuestIdentity,
@@ -67,6 +83,7 @@ impl Default for DeviceOptions {
             max_mr_pages: DEFAULT_MAX_MR_PAGES,
             max_mr_mappings: DEFAULT_MAX_MR_MAPPINGS,
             doorbell_poll: Duration::from_micros(DEFAULT_DOORBELL_POLL_US),
+            staged_rings: StagedRings::Auto,
             identity: GuestIdentity::default(),
         }
     }

@@ -6,6 +6,11 @@
 //! SHMEM_MAPs). [`ShmAllocator`] hands out such extents first-fit from a free list that is
 //! kept sorted and coalesced, so a region of `n` pages never holds more than `n / 2` free
 //! extents and fragmentation heals as soon as neighbours are freed.
+//!
+//! Buffers of the device's own memory (staging rings, spec §9.7) need no mapping each: they
+//! are placed in *pooled extents*, chunks of the region that one mapping covers and several
+//! buffers share ([`ShmAllocator::alloc_pooled`]). A chunk is an extent like any other (it
+//! counts against the extent cap) and is given back when its last buffer goes.
 
 use std::collections::BTreeMap;
 
@@ -49,6 +54,12 @@ pub enum ShmAllocError {
         /// The limit.
         max: usize,
     },
+    /// A pooled extent given back while buffers still lie in it.
+    #[error("pooled extent {offset:#x} still holds buffers")]
+    ChunkInUse {
+        /// Offset of the chunk.
+        offset: u64,
+    },
     /// The extent given back was not handed out (or was already given back).
     #[error("extent {offset:#x}+{len:#x} is not allocated")]
     NotAllocated {
@@ -88,6 +99,8 @@ pub struct ShmAllocator {
     /// Most extents at once (each is one SHMEM_MAP, which some front-ends count as a memory
     /// slot).
     max_extents: usize,
+    /// Pooled extents: chunk offset → the placement of buffers inside it (chunk-relative).
+    pooled: BTreeMap<u64, ShmAllocator>,
 }
 
 impl ShmAllocator {
@@ -104,6 +117,7 @@ impl ShmAllocator {
             free: BTreeMap::new(),
             used: BTreeMap::new(),
             max_extents: usize::MAX,
+            pooled: BTreeMap::new(),
         };
         allocator.free.insert(0, size);
         Ok(allocator)
@@ -122,6 +136,16 @@ impl ShmAllocator {
     /// Limits the extents held at once to `max` (those held already stay).
     pub fn set_max_extents(&mut self, max: usize) {
         self.max_extents = max;
+    }
+
+    /// The cap on extents held at once ([`ShmAllocator::set_max_extents`]).
+    pub fn max_extents(&self) -> usize {
+        self.max_extents
+    }
+
+    /// Extents that may still be allocated under the cap.
+    pub fn extents_left(&self) -> usize {
+        self.max_extents.saturating_sub(self.used.len())
     }
 
     /// Bytes allocated.
@@ -183,6 +207,14 @@ impl ShmAllocator {
         if self.used.get(&range.offset) != Some(&range.len) {
             return Err(not_allocated);
         }
+        if let Some(chunk) = self.pooled.get(&range.offset) {
+            if !chunk.is_empty() {
+                return Err(ShmAllocError::ChunkInUse {
+                    offset: range.offset,
+                });
+            }
+            self.pooled.remove(&range.offset);
+        }
         self.used.remove(&range.offset);
         let mut start = range.offset;
         let mut len = range.len;
@@ -201,8 +233,82 @@ impl ShmAllocator {
         Ok(())
     }
 
+    /// Places `len` bytes (rounded up to whole pages) in a pooled extent, first fit over the
+    /// chunks in offset order; if none has room, opens a chunk of `chunk_len` bytes (or of the
+    /// buffer's length, if larger or if only that fits). Returns the buffer's range and the
+    /// chunk if one was opened for it, which the caller maps before the buffer is used.
+    pub fn alloc_pooled(
+        &mut self,
+        len: u64,
+        chunk_len: u64,
+    ) -> Result<(ShmRange, Option<ShmRange>), ShmAllocError> {
+        if len == 0 || len > self.size {
+            return Err(ShmAllocError::BadLength(len));
+        }
+        for (&base, chunk) in self.pooled.iter_mut() {
+            if let Ok(inner) = chunk.alloc(len) {
+                return Ok((
+                    ShmRange {
+                        offset: base + inner.offset,
+                        len: inner.len,
+                    },
+                    None,
+                ));
+            }
+        }
+        let opened = match self.alloc(len.max(chunk_len)) {
+            Ok(chunk) => chunk,
+            Err(ShmAllocError::NoSpace { .. } | ShmAllocError::BadLength(_)) => self.alloc(len)?,
+            Err(e) => return Err(e),
+        };
+        let mut chunk =
+            ShmAllocator::new(opened.len, self.page_size).expect("a chunk is whole pages");
+        let inner = chunk
+            .alloc(len)
+            .expect("a fresh chunk holds its first buffer");
+        self.pooled.insert(opened.offset, chunk);
+        Ok((
+            ShmRange {
+                offset: opened.offset + inner.offset,
+                len: inner.len,
+            },
+            Some(opened),
+        ))
+    }
+
+    /// The pooled extent that holds the buffer at `range`, if `range` is a pooled buffer.
+    pub fn chunk_of(&self, range: ShmRange) -> Option<ShmRange> {
+        let (&base, chunk) = self.pooled.range(..=range.offset).next_back()?;
+        (range.offset < base + chunk.size()).then_some(ShmRange {
+            offset: base,
+            len: chunk.size(),
+        })
+    }
+
+    /// Gives a pooled buffer back. Returns its chunk when no buffer is left in it: the caller
+    /// unmaps the chunk and gives it back with [`ShmAllocator::free`].
+    pub fn free_pooled(&mut self, range: ShmRange) -> Result<Option<ShmRange>, ShmAllocError> {
+        let not_allocated = ShmAllocError::NotAllocated {
+            offset: range.offset,
+            len: range.len,
+        };
+        let chunk_range = self.chunk_of(range).ok_or(not_allocated)?;
+        let chunk = self
+            .pooled
+            .get_mut(&chunk_range.offset)
+            .ok_or(not_allocated)?;
+        chunk
+            .free(ShmRange {
+                offset: range.offset - chunk_range.offset,
+                len: range.len,
+            })
+            .map_err(|_| not_allocated)?;
+        Ok(chunk.is_empty().then_some(chunk_range))
+    }
+
     /// Frees every extent at once (the guest's state was discarded).
     pub fn clear(&mut self) {
+        self.pooled.clear();
         self.used.clear();
         self.free.clear();
         self.free.insert(0, self.size);
@@ -337,6 +443,80 @@ mod tests {
         );
         a.free(r).unwrap();
         assert!(a.free(r).is_err(), "double free");
+    }
+
+    #[test]
+    fn pooled_buffers_share_a_chunk_until_it_is_full() {
+        let mut a = ShmAllocator::new(16 * PAGE, PAGE).unwrap();
+        a.set_max_extents(3);
+        let direct = a.alloc(PAGE).unwrap();
+        let (b1, opened) = a.alloc_pooled(PAGE, 4 * PAGE).unwrap();
+        let chunk = opened.unwrap();
+        assert_eq!(
+            chunk,
+            ShmRange {
+                offset: PAGE,
+                len: 4 * PAGE
+            }
+        );
+        assert_eq!(
+            b1,
+            ShmRange {
+                offset: PAGE,
+                len: PAGE
+            }
+        );
+        // Three more fit the chunk without another extent.
+        let (b2, none) = a.alloc_pooled(2 * PAGE, 4 * PAGE).unwrap();
+        assert_eq!((b2.offset, none), (2 * PAGE, None));
+        let (b3, none) = a.alloc_pooled(1, 4 * PAGE).unwrap();
+        assert_eq!(
+            (b3, none),
+            (
+                ShmRange {
+                    offset: 4 * PAGE,
+                    len: PAGE
+                },
+                None
+            )
+        );
+        assert_eq!(a.used_extents(), 2);
+        assert_eq!(a.extents_left(), 1);
+        // The next opens a second chunk, the last extent the cap allows.
+        let (b4, second) = a.alloc_pooled(PAGE, 4 * PAGE).unwrap();
+        assert_eq!(second.unwrap().offset, 5 * PAGE);
+        assert!(matches!(
+            a.alloc_pooled(4 * PAGE, 4 * PAGE),
+            Err(ShmAllocError::TooManyExtents { max: 3 })
+        ));
+        assert_eq!(a.chunk_of(b2), Some(chunk));
+        assert_eq!(a.chunk_of(direct), None);
+        // A chunk with buffers cannot be freed; the last buffer hands it back.
+        assert_eq!(a.free_pooled(b1), Ok(None));
+        assert_eq!(
+            a.free(chunk),
+            Err(ShmAllocError::ChunkInUse { offset: PAGE })
+        );
+        assert_eq!(a.free_pooled(b3), Ok(None));
+        assert!(a.free_pooled(b3).is_err());
+        assert_eq!(a.free_pooled(b2), Ok(Some(chunk)));
+        a.free(chunk).unwrap();
+        assert_eq!(a.chunk_of(b2), None);
+        assert!(a.free_pooled(b2).is_err());
+        assert_eq!(a.free_pooled(b4).unwrap().unwrap().offset, 5 * PAGE);
+        a.clear();
+        assert!(a.is_empty());
+    }
+
+    #[test]
+    fn a_pooled_buffer_larger_than_a_chunk_gets_a_chunk_of_its_own() {
+        let mut a = ShmAllocator::new(8 * PAGE, PAGE).unwrap();
+        let (buffer, opened) = a.alloc_pooled(3 * PAGE, 2 * PAGE).unwrap();
+        assert_eq!(opened, Some(buffer));
+        // Only 5 pages left: a 6-page chunk does not fit, the buffer alone does.
+        let (small, opened) = a.alloc_pooled(5 * PAGE, 6 * PAGE).unwrap();
+        assert_eq!(opened, Some(small));
+        assert!(a.alloc_pooled(PAGE, 2 * PAGE).is_err());
     }
 
     #[test]

@@ -106,6 +106,7 @@ pub(crate) unsafe fn send_wr<'a>(wr: &'a ibv_send_wr, ud: bool) -> Result<SendWr
 fn post_errno(e: &PostError) -> c_int {
     match e {
         PostError::QueueFull => libc::ENOMEM,
+        PostError::Doorbell => libc::EIO,
         _ => libc::EINVAL,
     }
 }

@@ -352,6 +352,10 @@ pub enum PostError {
     /// An operation or flag this library does not provide (named).
     #[error("{0} is not supported")]
     Unsupported(&'static str),
+    /// The requests were posted to a staging ring (spec §9.7) but the device could not be
+    /// notified: the transport is gone.
+    #[error("doorbell notification failed")]
+    Doorbell,
 }
 
 #[cfg(test)]

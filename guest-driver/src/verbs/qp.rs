@@ -7,7 +7,7 @@ use parking_lot::{Mutex, MutexGuard};
 use vrdma_spec::attr::qp::{QpCaps, UndefinedValue};
 use vrdma_spec::control::{ControlRequest, Opcode, ResponseBody};
 use vrdma_spec::verbs::{AccessFlags, Gid, Mtu, QpAttrMask, QpState, QpType};
-use vrdma_spec::wire::{CreateQpReq, ModifyQpReq, QpAttr, QueryQpReq, QueryQpResp};
+use vrdma_spec::wire::{ring_flags, CreateQpReq, ModifyQpReq, QpAttr, QueryQpReq, QueryQpResp};
 use vrdma_spec::{Le16, Le32};
 
 use super::command::{handle_req, nonzero_handle, unexpected_body};
@@ -131,6 +131,8 @@ pub struct Qp {
     sq: Mutex<SendQueue>,
     /// `None` when the QP receives through an SRQ.
     rq: Option<Mutex<RecvQueue>>,
+    /// The receive queue is a staging ring (spec §9.7): receives are followed by a doorbell.
+    rq_staged: bool,
     object: QpObject,
     qpn: u32,
     qp_type: QpType,
@@ -330,6 +332,7 @@ impl Qp {
             }
             Some(_) => None,
         };
+        let rq_staged = rq.is_some() && resp.rq.flags.get() & ring_flags::STAGED != 0;
         let sq = SendQueue::new(
             sq,
             SendQueueCaps {
@@ -345,6 +348,7 @@ impl Qp {
         Ok(Qp {
             sq: Mutex::new(sq),
             rq,
+            rq_staged,
             object,
             qpn: resp.qpn.get(),
             qp_type: init.qp_type,
@@ -354,6 +358,12 @@ impl Qp {
             _recv_cq: init.recv_cq.shared.clone(),
             srq: srq.map(|srq| srq.shared.clone()),
         })
+    }
+
+    /// Whether the device gave this QP a staged receive queue (spec §9.7): its receives are
+    /// copied by the device, which the QP's doorbell tells.
+    pub fn receives_staged(&self) -> bool {
+        self.rq_staged
     }
 
     /// The device's handle of this QP (as found in QP events).
@@ -518,7 +528,8 @@ impl Qp {
         self.sq.lock()
     }
 
-    /// Rings this QP's doorbell after requests were published in its send queue.
+    /// Rings this QP's doorbell after requests were published in its send queue (or in its
+    /// staged receive queue).
     pub(super) fn ring_send_doorbell(&self) -> std::result::Result<(), TransportError> {
         // The provider published the producer index with a Release store; `ring` fences and
         // queues the doorbell index, and says whether to notify: not when it was still queued,
@@ -530,16 +541,31 @@ impl Qp {
     }
 
     /// Posts receive requests, like `ibv_post_recv`. On `Err((n, e))` the first `n` were
-    /// posted. No device involvement and no allocation.
+    /// posted. No allocation, and no device involvement unless the receive queue is a staging
+    /// ring (spec §9.7), which the device copies on this QP's doorbell: it is rung when
+    /// anything was posted.
     ///
     /// A QP attached to an SRQ has no receive queue (capacity 0): any request is refused
     /// with [`PostError::QueueFull`]; post to the [`Srq`] instead.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
-        match &self.rq {
-            Some(rq) => rq.lock().post_recv(wrs),
-            None if wrs.is_empty() => Ok(()),
-            None => Err((0, PostError::QueueFull)),
+        let Some(rq) = &self.rq else {
+            return if wrs.is_empty() {
+                Ok(())
+            } else {
+                Err((0, PostError::QueueFull))
+            };
+        };
+        let posted = rq.lock().post_recv(wrs);
+        if self.rq_staged {
+            let count = match &posted {
+                Ok(()) => wrs.len(),
+                Err((n, _)) => *n,
+            };
+            if count > 0 && self.ring_send_doorbell().is_err() {
+                return Err((count, PostError::Doorbell));
+            }
         }
+        posted
     }
 }
 

@@ -12,6 +12,7 @@
 //! [`gid_cache`]: the context's GID table cache: its cost and its invalidation.
 //! [`memory_windows`]: windows allocated, bound, used and invalidated through the kernel.
 //! [`ud_staged`]: UD sends through staged send queues, checked as the device checks them.
+//! [`staged_rings`]: receives to a staged receive queue ring the doorbell.
 
 mod batches;
 mod control;
@@ -23,5 +24,6 @@ mod memory_windows;
 mod mr_extents;
 mod mr_rereg;
 mod resize_cq;
+mod staged_rings;
 mod uc;
 mod ud_staged;

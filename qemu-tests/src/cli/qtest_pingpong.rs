@@ -13,9 +13,9 @@ use crate::scenarios::backend::Backend;
 use crate::scenarios::{qtest_pingpong, readme_qemu};
 use crate::vm;
 
-/// CQ+QP pairs the suite asks for through QEMU: past the backend's default quota of 1024
-/// QPs (and CQs), so that the last ones must be refused cleanly.
-pub const QPS: u32 = 1100;
+/// QPs the suite asks for through QEMU: past the scenario backend's QP quota, so that the
+/// last ones must be refused cleanly.
+pub const QPS: u32 = qtest_pingpong::QP_QUOTA + 100;
 
 /// `vrdma-vm test qtest-pingpong`.
 pub fn test(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<()> {

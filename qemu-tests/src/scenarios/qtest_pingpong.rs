@@ -81,7 +81,7 @@ impl Binaries {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub iters: u32,
-    /// CQ+QP pairs the library creates through QEMU ([`super::qtest_qp_scale`]); 0 skips it.
+    /// QPs the library creates through QEMU ([`super::qtest_qp_scale`]); 0 skips it.
     pub qps: u32,
 }
 
@@ -163,6 +163,8 @@ pub struct Results {
     pub qtest_requests: u64,
     /// QPs through QEMU, if asked for.
     pub qp_scale: Option<super::qtest_qp_scale::QpScale>,
+    /// The verified ping-pong on one more QP while they all lived.
+    pub qp_scale_exchange: Vec<PingpongRow>,
     pub reset: ResetOutcome,
     pub kill: KillOutcome,
     pub backend_death: BackendDeathOutcome,
@@ -172,6 +174,10 @@ pub struct Results {
 
 /// Name (socket, log) of this scenario's backend.
 const BACKEND: &str = "vrdma-qtest-backend";
+
+/// The QP quota of this scenario's backend: QPs past QEMU's memory slots get staging rings
+/// (spec §9.7), so a guest holds thousands; the quota ends the QP step.
+pub const QP_QUOTA: u32 = 4096;
 
 /// A native pingpong process with `plan`.
 fn native_command(
@@ -487,12 +493,21 @@ fn run_steps(
     );
 
     if settings.qps > 0 {
-        println!("== {} CQ+QP pairs through QEMU", settings.qps);
-        let scale = super::qtest_qp_scale::run(&guest.ctx, settings.qps, || {
-            read_magic(&function).is_ok_and(|m| m == "vRDM")
-        })?;
+        println!("== {} QPs through QEMU", settings.qps);
+        let exchange_port = next_port();
+        let (scale, exchange) = super::qtest_qp_scale::run(
+            &guest.ctx,
+            settings.qps,
+            || read_magic(&function).is_ok_and(|m| m == "vRDM"),
+            || {
+                let plan = plan(VERIFY_OPS, "64,4096", settings.iters.min(10))?;
+                qtest_client(&guest, binaries, &plan, exchange_port, "scale")
+            },
+        )?;
         println!("  {scale:?}");
+        println!("  ok: {} rows verified on one more QP", exchange.len());
         results.qp_scale = Some(scale);
+        results.qp_scale_exchange = exchange;
     }
 
     // The reset a reboot does: no DISCARD_STATE first, so QEMU removes the live mappings
@@ -574,7 +589,8 @@ fn run_steps(
 
 /// A back-end and QEMU with the vrdma device on it, under qtest.
 fn start_machine(binaries: &Binaries) -> Result<(Backend, Machine)> {
-    let backend = Backend::start(&binaries.backend, BACKEND, &[], "info")?;
+    let quota = QP_QUOTA.to_string();
+    let backend = Backend::start(&binaries.backend, BACKEND, &["--max-qps", &quota], "info")?;
     let machine = Machine::start(&MachineConfig::new(&backend.socket))
         .map_err(|e| Error::Scenario(format!("starting QEMU: {e}")))?;
     Ok((backend, machine))

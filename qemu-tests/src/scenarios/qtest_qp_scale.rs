@@ -1,7 +1,12 @@
 //! How many QPs one guest gets through QEMU: the library over the qtest-driven device creates
-//! CQ and RC QP pairs (each queue buffer its own `SHMEM_MAP` into the device's shared-memory
-//! BAR) until it has the asked number or something refuses, then checks that QEMU still
-//! answers, destroys them all and checks the device again.
+//! RC QPs (a CQ for every [`QPS_PER_CQ`]) until it has the asked number or something refuses,
+//! checks that QEMU still answers, runs a verified exchange on one more QP while they all
+//! live, then destroys them all.
+//!
+//! The first QPs get host queue buffers mapped into the device's shared-memory BAR (each its
+//! own `SHMEM_MAP`, a memory slot of QEMU's); once QEMU could not take more, the back-end gives
+//! the next ones staging rings (spec §9.7), which share mappings, so the count is bounded by
+//! the back-end's quota rather than by QEMU's 512 slots.
 
 use std::time::Instant;
 
@@ -11,64 +16,85 @@ use vrdma::verbs::{Context, Cq, Qp, QpCaps, QpInitAttr, QpType};
 
 use crate::error::{Error, Result};
 
+/// QPs that share one CQ (as the QPs of one application thread do).
+pub const QPS_PER_CQ: u32 = 32;
+
 /// What the step saw.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct QpScale {
-    /// QP (and CQ) pairs asked for.
+    /// QPs asked for.
     pub requested: u32,
-    /// Pairs created.
+    /// QPs created.
     pub created: u32,
+    /// Of them, QPs whose queues are staging rings.
+    pub staged: u32,
+    /// CQs created for them.
+    pub cqs: u32,
     /// What refused the next one, if anything did.
     pub refused: Option<String>,
-    /// Milliseconds per pair over the first and the last 64 created.
-    pub first_ms_per_pair: f64,
-    pub last_ms_per_pair: f64,
+    /// Milliseconds per QP over the first and the last 64 created.
+    pub first_ms_per_qp: f64,
+    pub last_ms_per_qp: f64,
     /// QEMU answered after the last creation (the device's configuration magic read back).
     pub qemu_alive_after: bool,
     /// Milliseconds to destroy them all.
     pub destroy_ms: u64,
 }
 
-/// Creates up to `count` CQ+QP pairs on `ctx`; `alive` asks QEMU something.
-pub fn run(ctx: &Context, count: u32, alive: impl Fn() -> bool) -> Result<QpScale> {
+fn caps() -> QpCaps {
+    QpCaps {
+        max_send_wr: 1,
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    }
+}
+
+/// Creates up to `count` QPs on `ctx`; `alive` asks QEMU something; `exchange` runs while
+/// they all live (its QP is one more than were created: the last one, staged if they were).
+pub fn run<T>(
+    ctx: &Context,
+    count: u32,
+    alive: impl Fn() -> bool,
+    exchange: impl FnOnce() -> Result<T>,
+) -> Result<(QpScale, T)> {
     let pd = ctx
         .alloc_pd()
         .map_err(|e| Error::Scenario(format!("allocating a PD: {e}")))?;
-    let mut pairs: Vec<(Qp, Cq)> = Vec::new();
+    let mut cqs: Vec<Cq> = Vec::new();
+    let mut qps: Vec<Qp> = Vec::new();
     let mut times = Vec::new();
     let mut refused = None;
-    for _ in 0..count {
+    while (qps.len() as u32) < count {
         let started = Instant::now();
-        let cq = match Cq::new(ctx, 1) {
-            Ok(cq) => cq,
-            Err(e) => {
-                refused = Some(format!("CQ {}: {e}", pairs.len() + 1));
-                break;
+        if qps.len().is_multiple_of(QPS_PER_CQ as usize) {
+            match Cq::new(ctx, 2 * QPS_PER_CQ) {
+                Ok(cq) => cqs.push(cq),
+                Err(e) => {
+                    refused = Some(format!("CQ {}: {e}", cqs.len() + 1));
+                    break;
+                }
             }
-        };
+        }
+        let cq = cqs.last().expect("a CQ was created above");
         let init = QpInitAttr {
             qp_type: QpType::Rc,
-            send_cq: &cq,
-            recv_cq: &cq,
-            caps: QpCaps {
-                max_send_wr: 1,
-                max_recv_wr: 1,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
+            send_cq: cq,
+            recv_cq: cq,
+            caps: caps(),
             sq_sig_all: false,
         };
         match Qp::new(&pd, &init) {
-            Ok(qp) => pairs.push((qp, cq)),
+            Ok(qp) => qps.push(qp),
             Err(e) => {
-                refused = Some(format!("QP {}: {e}", pairs.len() + 1));
+                refused = Some(format!("QP {}: {e}", qps.len() + 1));
                 break;
             }
         }
         times.push(started.elapsed().as_secs_f64() * 1e3);
-        if pairs.len().is_multiple_of(256) {
-            println!("  {} QPs", pairs.len());
+        if qps.len().is_multiple_of(256) {
+            println!("  {} QPs", qps.len());
         }
     }
     let mean = |t: &[f64]| {
@@ -81,17 +107,30 @@ pub fn run(ctx: &Context, count: u32, alive: impl Fn() -> bool) -> Result<QpScal
     let first = mean(&times[..times.len().min(64)]);
     let last = mean(&times[times.len().saturating_sub(64)..]);
     let qemu_alive_after = alive();
-    let created = pairs.len() as u32;
+    let created = qps.len() as u32;
+    let staged = qps.iter().filter(|qp| qp.receives_staged()).count() as u32;
+    // The exchange needs a QP of its own: make room if the quota refused the last one.
+    if refused.is_some() {
+        qps.pop();
+    }
+    let exchanged = exchange()?;
     let started = Instant::now();
-    drop(pairs);
+    drop(qps);
+    let cq_count = cqs.len() as u32;
+    drop(cqs);
     drop(pd);
-    Ok(QpScale {
-        requested: count,
-        created,
-        refused,
-        first_ms_per_pair: first,
-        last_ms_per_pair: last,
-        qemu_alive_after,
-        destroy_ms: started.elapsed().as_millis() as u64,
-    })
+    Ok((
+        QpScale {
+            requested: count,
+            created,
+            staged,
+            cqs: cq_count,
+            refused,
+            first_ms_per_qp: first,
+            last_ms_per_qp: last,
+            qemu_alive_after,
+            destroy_ms: started.elapsed().as_millis() as u64,
+        },
+        exchanged,
+    ))
 }

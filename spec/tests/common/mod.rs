@@ -245,7 +245,7 @@ fn ring(off: u64) -> RingDesc {
         format: Le32::new(1),
         db_offset: Le64::ZERO,
         db_len: Le32::ZERO,
-        reserved: Le32::ZERO,
+        flags: Le32::ZERO,
     }
 }
 

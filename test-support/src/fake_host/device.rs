@@ -339,6 +339,10 @@ impl HostContext for FakeContext {
         w.qp_types.insert(h, init.qp_type);
         w.send_queues
             .insert(h, (self.queue_file.try_clone().unwrap(), sq));
+        if let Some(rq) = rq {
+            w.recv_queues
+                .insert(h, (self.queue_file.try_clone().unwrap(), rq));
+        }
         let elem = rxe_v1::send_wqe_size(wqe / 16, wqe)
             .next_power_of_two()
             .max(64);
@@ -450,6 +454,7 @@ impl HostContext for FakeContext {
         w.qp_state.remove(&qp.0);
         w.qp_types.remove(&qp.0);
         w.send_queues.remove(&qp.0);
+        w.recv_queues.remove(&qp.0);
         w.send_geometry.remove(&qp.0);
         w.pd_of.remove(&qp.0);
         w.qp_paths.remove(&qp.0);

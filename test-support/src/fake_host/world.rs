@@ -44,6 +44,8 @@ pub struct World {
     pub qps: BTreeMap<u32, (u32, u64)>,
     /// Send queue buffer of every live QP: its context's queue file and the buffer there.
     pub send_queues: HashMap<u32, (File, QueueBuffer)>,
+    /// Receive-queue buffer of each QP with one (its file and place in it).
+    pub recv_queues: HashMap<u32, (File, QueueBuffer)>,
     /// Slots and log2 of the slot size of every live QP's send queue.
     pub send_geometry: HashMap<u32, (u32, u32)>,
     /// The PD of every live QP and AH.

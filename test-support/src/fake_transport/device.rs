@@ -122,6 +122,10 @@ pub struct FakeDevice {
     pub(crate) ud_staged: bool,
     /// The allocated memory windows by handle.
     pub mws: HashMap<u32, FakeMw>,
+    /// Describe the receive queues of new QPs as staging rings (spec §9.7). The fake "kernel"
+    /// reads them where the driver writes them either way; the flag tells the driver to ring
+    /// after receives, which tests count.
+    pub stage_receive_queues: bool,
     pub(crate) doorbell: Option<u64>,
     pub(crate) doorbell_head: u32,
     pub(crate) region_pages: Vec<bool>,
@@ -153,6 +157,7 @@ impl FakeDevice {
             ahs: HashMap::new(),
             ud_staged: false,
             mws: HashMap::new(),
+            stage_receive_queues: false,
             doorbell: None,
             doorbell_head: 0,
             region_pages: vec![false; SHM_SIZE / PAGE_SIZE],
@@ -616,7 +621,13 @@ impl FakeDevice {
             max_inline_data: Le32::new(inline),
             doorbell_index: Le32::new(doorbell_index),
             sq: self.describe(&sq),
-            rq: self.describe(&rq),
+            rq: {
+                let mut desc = self.describe(&rq);
+                if self.stage_receive_queues {
+                    desc.flags = Le32::new(ring_flags::STAGED);
+                }
+                desc
+            },
         }))
     }
 

@@ -48,7 +48,7 @@ impl Ring {
             format: Le32::new(ring_format::RXE_V1),
             db_offset: Le64::ZERO,
             db_len: Le32::ZERO,
-            reserved: Le32::ZERO,
+            flags: Le32::ZERO,
         }
     }
 

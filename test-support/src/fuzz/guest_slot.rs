@@ -53,12 +53,16 @@ pub(super) struct StagedQp {
     pub(super) handle: u32,
     /// QP number (to tell a later QP that reuses the handle apart).
     pub(super) qpn: u32,
-    /// The staging ring.
+    /// The staging ring of its send queue.
     pub(super) sq: RingDesc,
+    /// The staging ring of its receive queue (an RC or UC QP with staged queues, spec §9.7),
+    /// all zero if it has none.
+    pub(super) rq: RingDesc,
     /// The QP's doorbell slot.
     pub(super) doorbell_index: u32,
-    /// The producer index the guest last wrote.
+    /// The producer index the guest last wrote, in the send and in the receive ring.
     pub(super) producer: u32,
+    pub(super) rq_producer: u32,
 }
 
 impl Slot {

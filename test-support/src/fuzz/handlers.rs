@@ -18,9 +18,9 @@ use vrdma_backend::resources::kind::ResourceKind;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::control::{HEADER_SIZE, MAX_CM_RESPONSE_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::{VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_MW};
-use vrdma_spec::wire::CreateQpResp;
+use vrdma_spec::wire::{ring_flags, CreateQpResp, RingDesc};
 use vrdma_spec::{ControlResponse, Opcode, Status};
-use zerocopy::FromBytes;
+use zerocopy::{FromBytes, FromZeros};
 
 use super::bytes::ByteReader;
 use super::cm_invariants::check_cm;
@@ -537,8 +537,18 @@ impl Sequence {
         let qp_type = request.get(HEADER_SIZE + 36).copied().unwrap_or(0);
         Slot::keep(&mut slot.typed_qps, (qp.qp.get(), qp_type));
         const UD: u8 = 4;
-        if qp_type == UD {
-            slot.remember_staged(qp.qp.get(), qp.qpn.get(), qp.sq, qp.doorbell_index.get());
+        if qp_type == UD || qp.sq.flags.get() & ring_flags::STAGED != 0 {
+            let rq = if qp.rq.flags.get() & ring_flags::STAGED != 0 {
+                qp.rq
+            } else {
+                RingDesc::new_zeroed()
+            };
+            slot.remember_staged(
+                (qp.qp.get(), qp.qpn.get()),
+                qp.sq,
+                rq,
+                qp.doorbell_index.get(),
+            );
         }
         Some(qp.qp.get())
     }

@@ -1,16 +1,19 @@
-//! Staged UD sends (spec §9.6) in a handler sequence: a guest writes fuzzed send WQEs into a
-//! UD QP's staging ring (plausible ones naming its own AHs, the other guest's, host `ah_num`s
-//! or nothing; junk address vectors; garbage slots), moves the producer index (usually by the
-//! WQEs written) and rings the QP's doorbell; the device's pump copies what it accepts into
-//! the host send queue. After every step each WQE that reached a host send queue is checked:
-//! neutralised, or a UD opcode through an AH of the QP's own context with no embedded address
-//! vector, aimed at a QP reachable behind the AH's destination.
+//! Staging rings (spec §9.6, §9.7) in a handler sequence: a guest writes fuzzed send WQEs
+//! into a QP's staging ring (plausible UD SENDs naming its own AHs, the other guest's, host
+//! `ah_num`s or nothing; junk address vectors; garbage slots), or into the staged receive
+//! queue of an RC or UC QP, moves the producer index (usually by the WQEs written) and rings
+//! the QP's doorbell; the device's pump copies what it accepts into the host queue. After
+//! every step each WQE that reached a host send queue is checked: for a UD QP neutralised, or
+//! a UD opcode through an AH of the QP's own context with no embedded address vector, aimed
+//! at a QP reachable behind the AH's destination (a connected QP's WQEs are copied as
+//! written, as into a directly mapped queue: counted, nothing to check).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::mem::size_of;
 use std::os::unix::fs::FileExt;
 
-use vrdma_backend::datapath::ud_staging::NEUTRALISED_AH_NUM;
+use vrdma_backend::datapath::staging::NEUTRALISED_AH_NUM;
+use vrdma_backend::identity::endpoints::TenantId;
 use vrdma_backend::resources::kind::ResourceKind;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::rxe_v1::{self, header, RxeAv, RxeSendWqe, RxeSendWrUnion, RxeSge, RxeUdWr};
@@ -22,7 +25,7 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 use super::bytes::ByteReader;
 use super::guest_slot::{Slot, StagedQp, REMEMBERED};
 use super::tenancy::{host_gids, Daemon};
-use crate::fake_host::device::FakeDevice;
+use crate::fake_host::device::{FakeDevice, World};
 
 /// What a staged WQE may name besides the guest's own AHs: QP numbers and AH handles seen.
 pub(super) struct Targets<'a> {
@@ -33,8 +36,14 @@ pub(super) struct Targets<'a> {
 }
 
 impl Slot {
-    /// Remembers a UD QP with a staging ring.
-    pub(super) fn remember_staged(&mut self, handle: u32, qpn: u32, sq: RingDesc, doorbell: u32) {
+    /// Remembers a QP with staging rings (`rq` all zero if its receive queue is not one).
+    pub(super) fn remember_staged(
+        &mut self,
+        (handle, qpn): (u32, u32),
+        sq: RingDesc,
+        rq: RingDesc,
+        doorbell: u32,
+    ) {
         if self.staged.len() == REMEMBERED {
             self.staged.remove(0);
         }
@@ -42,8 +51,10 @@ impl Slot {
             handle,
             qpn,
             sq,
+            rq,
             doorbell_index: doorbell,
             producer: 0,
+            rq_producer: 0,
         });
     }
 
@@ -80,12 +91,18 @@ impl Slot {
         let at = r.pick(&live);
         let own_ahs = self.seen[super::invariants::kind_index(ResourceKind::Ah)].clone();
         let qp = self.staged[at];
-        let (mask, log2) = (qp.sq.num_slots.get() - 1, qp.sq.log2_slot_size.get());
+        let recv = qp.rq.map_len.get() != 0 && r.chance(40);
+        let (ring, old_producer) = if recv {
+            (qp.rq, qp.rq_producer)
+        } else {
+            (qp.sq, qp.producer)
+        };
+        let (mask, log2) = (ring.num_slots.get() - 1, ring.log2_slot_size.get());
         let slot_size = 1usize << log2;
         let count = r.below(5);
         for i in 0..count {
-            let index = qp.producer.wrapping_add(i);
-            let bytes = if r.chance(10) {
+            let index = old_producer.wrapping_add(i);
+            let bytes = if recv || r.chance(10) {
                 let mut junk = r.bytes(slot_size);
                 junk.resize(slot_size, 0);
                 junk
@@ -95,16 +112,20 @@ impl Slot {
             let offset = rxe_v1::slot_offset(index, mask, log2) as u64;
             self.guest
                 .frontend
-                .write(qp.sq.shm_offset.get() + offset, &bytes);
+                .write(ring.shm_offset.get() + offset, &bytes);
         }
         let producer = if r.chance(90) {
-            qp.producer.wrapping_add(count)
+            old_producer.wrapping_add(count)
         } else {
             r.u32()
         };
-        self.staged[at].producer = producer;
+        if recv {
+            self.staged[at].rq_producer = producer;
+        } else {
+            self.staged[at].producer = producer;
+        }
         self.guest.frontend.write(
-            qp.sq.shm_offset.get() + header::PRODUCER_INDEX as u64,
+            ring.shm_offset.get() + header::PRODUCER_INDEX as u64,
             &producer.to_le_bytes(),
         );
         self.ring(qp.doorbell_index);
@@ -210,9 +231,10 @@ pub(super) fn check_forwarded(
             .ownership
             .owner(host)
             .is_some_and(|c| contexts.contains(&c));
-        if !owned || w.qp_types.get(&host) != Some(&QpType::Ud) {
+        if !owned {
             continue;
         }
+        let ud = w.qp_types.get(&host) == Some(&QpType::Ud);
         let (num_slots, log2) = w.send_geometry[&host];
         let mask = num_slots - 1;
         let read = |at: usize, len: usize| {
@@ -231,36 +253,51 @@ pub(super) fn check_forwarded(
             let at = rxe_v1::slot_offset(index, mask, log2);
             let bytes = read(at, size_of::<RxeSendWqe>());
             let wqe = RxeSendWqe::read_from_bytes(&bytes).expect("a WQE");
-            let ud = wqe.wr.wr.ud();
-            let ah_num = ud.ah_num.get();
             forwarded += 1;
-            if ah_num == NEUTRALISED_AH_NUM {
-                neutralised += 1;
-            } else {
-                let opcode = wqe.wr.opcode.get();
-                assert!(
-                    opcode == WrOpcode::Send as u32 || opcode == WrOpcode::SendWithImm as u32,
-                    "forwarded a UD WQE with opcode {opcode}"
-                );
-                assert!(
-                    w.ahs.contains_key(&ah_num) && w.pd_of.get(&ah_num) == w.pd_of.get(&host),
-                    "forwarded a UD WQE through ah_num {ah_num}, not an AH of the QP's PD"
-                );
-                assert!(
-                    ud.av.as_bytes().iter().all(|&b| b == 0),
-                    "forwarded a UD WQE with an embedded address vector"
-                );
-                let dgid = w.ah_attrs[&ah_num].dgid;
-                assert!(
-                    daemon.reachable(&table, &qpn_owners, &dgid, ud.remote_qpn.get()),
-                    "forwarded a UD send to QP number {:#x} behind {}",
-                    ud.remote_qpn.get(),
-                    std::net::Ipv6Addr::from(dgid)
-                );
+            if ud {
+                neutralised += usize::from(check_ud(&w, daemon, &table, &qpn_owners, host, &wqe));
             }
             index = index.wrapping_add(1);
         }
         *cursor = producer;
     }
     (forwarded, neutralised)
+}
+
+/// Checks one WQE the pump put into a UD QP's host send queue (`host`); whether it was
+/// neutralised.
+fn check_ud(
+    w: &World,
+    daemon: &Daemon,
+    table: &BTreeMap<u32, [u8; 16]>,
+    qpn_owners: &BTreeMap<u32, TenantId>,
+    host: u32,
+    wqe: &RxeSendWqe,
+) -> bool {
+    let ud = wqe.wr.wr.ud();
+    let ah_num = ud.ah_num.get();
+    if ah_num == NEUTRALISED_AH_NUM {
+        return true;
+    }
+    let opcode = wqe.wr.opcode.get();
+    assert!(
+        opcode == WrOpcode::Send as u32 || opcode == WrOpcode::SendWithImm as u32,
+        "forwarded a UD WQE with opcode {opcode}"
+    );
+    assert!(
+        w.ahs.contains_key(&ah_num) && w.pd_of.get(&ah_num) == w.pd_of.get(&host),
+        "forwarded a UD WQE through ah_num {ah_num}, not an AH of the QP's PD"
+    );
+    assert!(
+        ud.av.as_bytes().iter().all(|&b| b == 0),
+        "forwarded a UD WQE with an embedded address vector"
+    );
+    let dgid = w.ah_attrs[&ah_num].dgid;
+    assert!(
+        daemon.reachable(table, qpn_owners, &dgid, ud.remote_qpn.get()),
+        "forwarded a UD send to QP number {:#x} behind {}",
+        ud.remote_qpn.get(),
+        std::net::Ipv6Addr::from(dgid)
+    );
+    false
 }

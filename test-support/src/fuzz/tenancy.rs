@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use vrdma_backend::guest::device::GuestDeviceFactory;
-use vrdma_backend::guest::options::DeviceOptions;
+use vrdma_backend::guest::options::{DeviceOptions, StagedRings};
 use vrdma_backend::identity::endpoints::{Destination, LocalEndpoints, TenantId};
 use vrdma_backend::identity::{GuestAddress, GuestIdentity};
 use vrdma_backend::memory::budget::{HostBudget, HostBudgetLimits};
@@ -81,8 +81,15 @@ impl Daemon {
                 fake.world().add_address_gids(&address);
                 identity.addresses = vec![address];
             }
+            // The second guest's RC and UC QPs go through staging rings (spec §9.7).
+            let staged_rings = if g == 1 {
+                StagedRings::Always
+            } else {
+                base.staged_rings
+            };
             let options = DeviceOptions {
                 identity,
+                staged_rings,
                 ..base.clone()
             };
             let factory = GuestDeviceFactory::with_daemon(

@@ -1,19 +1,25 @@
-//! Enforced UD sends (spec §9.6): the doorbell pump's copy of staged WQEs into host send
-//! queues.
+//! Staging rings (spec §9.6, §9.7): the doorbell pump's copy of staged WQEs into host queues.
 //!
-//! rxe sends a UD WQE whose `ah_num` is 0 to the address vector embedded in the WQE, source
-//! address included, so a guest that could write the host send queue could send from any
-//! address. With `VRDMA_F_UD_STAGED_SQ` a UD QP's host send queue is mapped by the device
-//! alone; the guest writes its WQEs into a *staging ring* of the same geometry, naming
-//! address handles by their *handle*. On a doorbell, [`StagedSq::pump`] copies each new staged
-//! WQE once into a private buffer (the guest may rewrite the staging slot meanwhile: only the
-//! copy is looked at), checks it, writes what the checks produced into the host slot of the
-//! same index, and publishes both the host producer index and the staging consumer index
-//! before the kick. A WQE that fails a check is *neutralised*: its slot receives a payload-less
-//! SEND that keeps only its `wr_id` and names no address handle the kernel knows, and the host
-//! QP is moved to ERR, so the guest sees an error completion for it (and flushes for the rest)
-//! and nothing of it reaches the wire. One copy of one WQE (never of its payload) and no
-//! allocation per WQE.
+//! A staging ring has the geometry of the host queue behind it and lives in memory of the
+//! device's own (the guest's staging file), which the device maps for the guest instead of the
+//! host buffer. On a doorbell, [`StagedRing::pump`] copies each new staged WQE once into a
+//! private buffer (the guest may rewrite the staging slot meanwhile: only the copy is looked
+//! at), writes what it produced into the host slot of the same index, and publishes both the
+//! host producer index and the staging consumer index. One copy of one WQE (never of its
+//! payload) and no allocation per WQE. Three kinds:
+//!
+//! - **UD send queues** (`VRDMA_F_UD_STAGED_SQ`): rxe sends a UD WQE whose `ah_num` is 0 to the
+//!   address vector embedded in the WQE, source address included, so a guest that could write
+//!   the host send queue could send from any address. Staged WQEs name address handles by
+//!   their *handle* and are checked; a WQE that fails a check is *neutralised* (its slot
+//!   receives a payload-less SEND that keeps only its `wr_id` and names no address handle the
+//!   kernel knows) and the host QP is moved to ERR, so the guest sees an error completion for
+//!   it (and flushes for the rest) and nothing of it reaches the wire.
+//! - **Connected send queues and receive queues** (`VRDMA_F_STAGED_RINGS`): given to RC and UC
+//!   QPs when the front-end cannot take another mapping. Staging rings share mappings (pooled
+//!   extents of the queue region), host buffers cannot (rxe maps each once), so these QPs cost
+//!   no mapping. Their WQEs are copied as the guest wrote them: the host checks them as it
+//!   checks a directly mapped queue's.
 
 mod wqe_check;
 
@@ -35,15 +41,27 @@ use crate::resources::table::Handle;
 use wqe_check::payload_len;
 pub use wqe_check::{check, neutralise, Refusal, StagedAh, StagedAhs, NEUTRALISED_AH_NUM};
 
-/// A staged send queue: the guest's staging ring and the host send queue behind it.
-pub struct StagedSq {
+/// What a staging ring stands for, and so what its pump does with each WQE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StagedKind {
+    /// A UD send queue: WQEs checked, AH handles translated, refused ones neutralised.
+    UdSend,
+    /// An RC or UC send queue: WQEs copied as written.
+    ConnectedSend,
+    /// A receive queue: WQEs copied; no kick (the host reads receive queues on arrival).
+    Recv,
+}
+
+/// A staging ring and the host queue behind it.
+pub struct StagedRing {
+    kind: StagedKind,
     host_qp: QpHandle,
     pd: Handle,
     staging: Arc<StagingFile>,
     /// Offset of the staging ring in the staging file.
     staging_offset: usize,
     staging_range: ShmRange,
-    host_sq: SharedMapping,
+    host_queue: SharedMapping,
     index_mask: u32,
     log2_slot_size: u32,
     max_sge: u32,
@@ -56,9 +74,11 @@ pub struct StagedSq {
     scratch: Box<[u8]>,
 }
 
-/// Geometry and limits of a staged send queue.
+/// Kind, geometry and limits of a staging ring.
 #[derive(Debug, Clone, Copy)]
-pub struct StagedSqInit {
+pub struct StagedRingInit {
+    /// What the ring stands for.
+    pub kind: StagedKind,
     /// The host QP.
     pub host_qp: QpHandle,
     /// The QP's PD (guest handle).
@@ -75,13 +95,13 @@ pub struct StagedSqInit {
     pub max_inline: u32,
 }
 
-impl StagedSq {
-    /// A staged send queue over `host_sq` (the device's mapping of the host buffer) and the
-    /// staging ring at `init.staging_range` of `staging`, which the caller initialised.
+impl StagedRing {
+    /// A staging ring at `init.staging_range` of `staging` (which the caller initialised) in
+    /// front of `host_queue` (the device's mapping of the host buffer).
     pub fn new(
-        init: StagedSqInit,
+        init: StagedRingInit,
         staging: Arc<StagingFile>,
-        host_sq: SharedMapping,
+        host_queue: SharedMapping,
     ) -> Result<Self, String> {
         let slot = 1usize
             .checked_shl(init.log2_slot_size)
@@ -93,7 +113,7 @@ impl StagedSq {
             .ok_or("ring size overflows")?;
         let staging_offset =
             usize::try_from(init.staging_range.offset).map_err(|e| e.to_string())?;
-        if ring_len > host_sq.len()
+        if ring_len > host_queue.len()
             || u64::try_from(ring_len).map_or(true, |len| len > init.staging_range.len)
             || staging.mapping().range(staging_offset, ring_len).is_none()
         {
@@ -101,19 +121,24 @@ impl StagedSq {
                 "a ring of {ring_len:#x} bytes does not fit its buffers"
             ));
         }
-        if rxe_v1::send_wqe_size(init.max_sge, init.max_inline) > slot {
+        let entry = match init.kind {
+            StagedKind::Recv => rxe_v1::recv_wqe_size(init.max_sge),
+            _ => rxe_v1::send_wqe_size(init.max_sge, init.max_inline),
+        };
+        if entry > slot {
             return Err(format!(
                 "2^{}-byte slots cannot hold the QP's WQEs",
                 init.log2_slot_size
             ));
         }
-        Ok(StagedSq {
+        Ok(StagedRing {
+            kind: init.kind,
             host_qp: init.host_qp,
             pd: init.pd,
             staging,
             staging_offset,
             staging_range: init.staging_range,
-            host_sq,
+            host_queue,
             index_mask: init.index_mask,
             log2_slot_size: init.log2_slot_size,
             max_sge: init.max_sge,
@@ -139,7 +164,7 @@ impl StagedSq {
 
     fn host_word(&self, at: usize) -> &std::sync::atomic::AtomicU32 {
         // `new` checked that the whole ring lies in the host mapping.
-        self.host_sq
+        self.host_queue
             .word(at)
             .expect("host header inside the host mapping")
     }
@@ -148,9 +173,10 @@ impl StagedSq {
         rxe_v1::slot_offset(index, self.index_mask, self.log2_slot_size)
     }
 
-    /// Copies, checks and forwards every WQE the guest staged since the last pump (as many as
-    /// the host ring has room for), then kicks the host QP. `ahs` are the guest's address
-    /// handles. Returns the number of WQEs forwarded (neutralised ones included).
+    /// Copies (and for UD checks) and forwards every WQE the guest staged since the last pump
+    /// (as many as the host ring has room for), then kicks the host QP unless this is a
+    /// receive queue. `ahs` are the guest's address handles. Returns the number of WQEs
+    /// forwarded (neutralised ones included).
     pub fn pump(&mut self, host: &dyn HostContext, ahs: &StagedAhs, faults: &FaultLog) -> usize {
         if self.poisoned {
             return 0;
@@ -199,13 +225,15 @@ impl StagedSq {
             self.staging_word(header::CONSUMER_INDEX)
                 .store(self.position, Release);
         }
-        // Kick errors (QP not in RTS) are the guest's, as for any QP.
-        let _ = host.kick_send(self.host_qp);
+        if self.kind != StagedKind::Recv {
+            // Kick errors (QP not in RTS) are the guest's, as for any QP.
+            let _ = host.kick_send(self.host_qp);
+        }
         forwarded
     }
 
-    /// Copies staging slot `index`, checks the copy and writes the result (the checked WQE or
-    /// a neutralised one) into host slot `index`.
+    /// Copies staging slot `index`, checks the copy (UD) and writes the result (the WQE, or a
+    /// neutralised one) into host slot `index`.
     fn forward(&mut self, index: u32, ahs: &StagedAhs) -> Result<(), Refusal> {
         let offset = self.slot_offset(index);
         let slot = self.scratch.len();
@@ -214,35 +242,49 @@ impl StagedSq {
             .mapping()
             .range(self.staging_offset + offset, slot)
             .expect("staging slot inside the staging file");
-        let head = size_of::<RxeSendWqe>();
+        let copied = match self.kind {
+            // Receive WQEs are small (a header and the SGEs): the whole slot.
+            StagedKind::Recv => slot,
+            StagedKind::UdSend | StagedKind::ConnectedSend => size_of::<RxeSendWqe>(),
+        };
         // SAFETY: `src..src + slot` lies in the staging mapping (checked in `new`), `scratch` is
         // our own buffer of `slot` bytes (at least a header, checked in `new`); the guest may
         // write the source concurrently, which is why it is copied once and only the copy is
-        // used (a torn copy is merely checked). The header first, then only the payload it
-        // describes.
-        unsafe { std::ptr::copy_nonoverlapping(src, self.scratch.as_mut_ptr(), head) };
-        let payload = payload_len(&self.scratch).min(slot - head);
-        // SAFETY: as above; `head + payload <= slot`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                src.add(head),
-                self.scratch.as_mut_ptr().add(head),
-                payload,
-            )
+        // used (a torn copy is merely checked). For a send, the header first, then only the
+        // payload it describes.
+        unsafe { std::ptr::copy_nonoverlapping(src, self.scratch.as_mut_ptr(), copied) };
+        let mut used = copied;
+        if self.kind != StagedKind::Recv {
+            let payload = payload_len(&self.scratch).min(slot - copied);
+            // SAFETY: as above; `copied + payload <= slot`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.add(copied),
+                    self.scratch.as_mut_ptr().add(copied),
+                    payload,
+                )
+            };
+            used += payload;
+        }
+        let checked = match self.kind {
+            StagedKind::UdSend => check(
+                &mut self.scratch,
+                self.pd,
+                self.max_sge,
+                self.max_inline,
+                ahs,
+            ),
+            // As the guest wrote them, as in a directly mapped queue: rxe recomputes what it
+            // must not trust (the opcode mask) and reads the rest (`iova`, the remote address
+            // of an RDMA or atomic WQE) as librxe initialises it.
+            StagedKind::ConnectedSend | StagedKind::Recv => Ok(used),
         };
-        let checked = check(
-            &mut self.scratch,
-            self.pd,
-            self.max_sge,
-            self.max_inline,
-            ahs,
-        );
         let used = match checked {
             Ok(used) => used,
             Err(_) => neutralise(&mut self.scratch),
         };
         let dst = self
-            .host_sq
+            .host_queue
             .range(offset, used)
             .expect("host slot inside the host mapping");
         // SAFETY: `dst..dst + used` lies in the host mapping (`used` ≤ the slot, which `new`
@@ -258,7 +300,7 @@ impl StagedSq {
     }
 }
 
-impl Drop for StagedSq {
+impl Drop for StagedRing {
     fn drop(&mut self) {
         // Give the staging pages back; the extent itself is the region allocator's.
         if let Err(e) = self.staging.punch(self.staging_range) {
@@ -275,19 +317,26 @@ fn move_to_error(host: &dyn HostContext, qp: QpHandle) {
     }
 }
 
-/// The staged send queues of a guest (by doorbell index) and its address handles.
-pub struct UdStaging {
-    sqs: Vec<Option<StagedSq>>,
+/// The staging rings of one QP.
+#[derive(Default)]
+struct StagedQueues {
+    sq: Option<StagedRing>,
+    rq: Option<StagedRing>,
+}
+
+/// The staging rings of a guest (by doorbell index) and its address handles.
+pub struct Staging {
+    queues: Vec<StagedQueues>,
     ahs: StagedAhs,
     /// The guest's refused WQEs and impossible indices, logged rate-limited.
     faults: FaultLog,
 }
 
-impl UdStaging {
+impl Staging {
     /// Room for `slots` doorbell indices; sends reach local QPs as `endpoints` allows.
     pub fn new(slots: u32, endpoints: Arc<LocalEndpoints>) -> Self {
-        UdStaging {
-            sqs: (0..slots).map(|_| None).collect(),
+        Staging {
+            queues: (0..slots).map(|_| StagedQueues::default()).collect(),
             ahs: StagedAhs::new(endpoints),
             faults: FaultLog::default(),
         }
@@ -298,34 +347,44 @@ impl UdStaging {
         self.ahs.endpoints()
     }
 
-    /// Makes doorbells on `index` pump `sq`.
-    pub fn attach(&mut self, index: u32, sq: StagedSq) {
-        if let Some(entry) = self.sqs.get_mut(index as usize) {
-            *entry = Some(sq);
+    /// Makes doorbells on `index` pump `ring` (the QP's send or receive queue, by its kind).
+    pub fn attach(&mut self, index: u32, ring: StagedRing) {
+        if let Some(queues) = self.queues.get_mut(index as usize) {
+            match ring.kind {
+                StagedKind::Recv => queues.rq = Some(ring),
+                StagedKind::UdSend | StagedKind::ConnectedSend => queues.sq = Some(ring),
+            }
         }
     }
 
-    /// Drops the staged send queue of `index`, if any.
+    /// Drops the staging rings of `index`, if any.
     pub fn release(&mut self, index: u32) {
-        if let Some(entry) = self.sqs.get_mut(index as usize) {
-            *entry = None;
+        if let Some(queues) = self.queues.get_mut(index as usize) {
+            *queues = StagedQueues::default();
         }
     }
 
     /// Whether `index` has a staged send queue.
     pub fn is_staged(&self, index: u32) -> bool {
-        matches!(self.sqs.get(index as usize), Some(Some(_)))
+        matches!(self.queues.get(index as usize), Some(q) if q.sq.is_some())
     }
 
-    /// Serves a doorbell on `index` if it has a staged send queue; `false` if it has none
-    /// (the caller kicks as for any QP).
+    /// Serves a doorbell on `index`: forwards its staged receive queue, if any, then its
+    /// staged send queue, if any, which kicks the host QP. `false` if the send queue is not
+    /// staged (the caller kicks as for any QP).
     pub fn ring(&mut self, index: u32, host: &dyn HostContext) -> bool {
-        match self.sqs.get_mut(index as usize) {
-            Some(Some(sq)) => {
+        let Some(queues) = self.queues.get_mut(index as usize) else {
+            return false;
+        };
+        if let Some(rq) = &mut queues.rq {
+            rq.pump(host, &self.ahs, &self.faults);
+        }
+        match &mut queues.sq {
+            Some(sq) => {
                 sq.pump(host, &self.ahs, &self.faults);
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 
