@@ -2,7 +2,7 @@
 
 mod common;
 
-use vrdma_qemu_tests::scenarios::verbs_utils::{Run, PROGRAMS};
+use vrdma_qemu_tests::scenarios::verbs_utils::{Run, PROGRAMS, STAGED_PAIRINGS, STAGED_PROGRAMS};
 
 #[test]
 fn ibverbs_examples_run_unmodified_over_vrdma() {
@@ -16,12 +16,18 @@ fn ibverbs_examples_run_unmodified_over_vrdma() {
         ("native", "vrdma"),
         ("vrdma", "vrdma"),
     ];
+    let name = |p: &vrdma_qemu_tests::scenarios::verbs_utils::Program| {
+        format!("{} {}", p.command, p.args.join(" "))
+    };
+    // Every program in every pairing, then some again through staging rings (spec §9.7).
     let expected: Vec<(String, &str, &str)> = PROGRAMS
         .iter()
-        .flat_map(|p| {
-            let program = format!("{} {}", p.command, p.args.join(" "));
-            pairings.map(|(s, c)| (program.clone(), s, c))
-        })
+        .flat_map(|p| pairings.map(|(s, c)| (name(p), s, c)))
+        .chain(
+            STAGED_PROGRAMS
+                .iter()
+                .flat_map(|p| STAGED_PAIRINGS.map(|(s, c)| (name(p), s, c))),
+        )
         .collect();
     let got: Vec<(String, &str, &str)> = runs
         .iter()

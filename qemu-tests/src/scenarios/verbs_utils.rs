@@ -66,6 +66,17 @@ pub const PROGRAMS: &[Program] = &[
     },
 ];
 
+/// The programs run again with a back-end that gives every RC and UC QP staging rings (spec
+/// §9.7, `--staged-rings always`), against native peers both ways: what a guest's QPs past
+/// QEMU's memory slots go through. The SRQ example stages only its send queues.
+pub const STAGED_PROGRAMS: &[Program] = &[PROGRAMS[0], PROGRAMS[1], PROGRAMS[3], PROGRAMS[5]];
+
+/// Label of the drop-in over the staging back-end.
+pub const STAGED_LABEL: &str = "vrdma-staged";
+
+/// The pairings of [`STAGED_PROGRAMS`]: (server, client).
+pub const STAGED_PAIRINGS: [(&str, &str); 2] = [(STAGED_LABEL, "native"), ("native", STAGED_LABEL)];
+
 /// The out-of-band exchange port of the examples.
 const PORT: u16 = 18515;
 
@@ -136,6 +147,33 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Vec<Run>> {
     }
     if let Some(status) = backend.proc.try_wait()? {
         return Err(backend
+            .proc
+            .failure(&format!("vrdma-backend exited during the run ({status})")));
+    }
+    let mut staging = Backend::start(
+        backend_binary,
+        "vrdma-verbs-utils-staged-backend",
+        &["--staged-rings", "always"],
+        "warn",
+    )?;
+    let staged = Side {
+        label: STAGED_LABEL.into(),
+        ..Side::over_dropin(&staging.socket, library_dir)
+    };
+    for program in STAGED_PROGRAMS {
+        for (server, client) in [(&staged, &native), (&native, &staged)] {
+            println!(
+                "== {} {} through staging rings: server {}, client {}",
+                program.command,
+                program.args.join(" "),
+                server.label,
+                client.label
+            );
+            runs.push(run_pair(program, server, client)?);
+        }
+    }
+    if let Some(status) = staging.proc.try_wait()? {
+        return Err(staging
             .proc
             .failure(&format!("vrdma-backend exited during the run ({status})")));
     }
