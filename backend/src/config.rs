@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::guest::options::DeviceOptions;
+use crate::guest::options::{DeviceOptions, StagedRings};
 use crate::identity::policy::{parse_value_list, ValueSet, MAX_SERVICE_LEVEL, MAX_TRAFFIC_CLASS};
 use crate::identity::provision::DEFAULT_GID_WAIT;
 use crate::identity::{GuestAddress, GuestIdentity, IpPrefix, TrafficPolicy};
@@ -147,6 +147,7 @@ struct RawDefaults {
     allow_unenforced_ud: Option<bool>,
     allow_memory_windows: Option<bool>,
     doorbell_poll_us: Option<u64>,
+    staged_rings: Option<StagedRings>,
     #[serde(default)]
     quotas: RawQuotas,
     #[serde(default)]
@@ -170,6 +171,7 @@ struct RawGuest {
     allow_unenforced_ud: Option<bool>,
     allow_memory_windows: Option<bool>,
     doorbell_poll_us: Option<u64>,
+    staged_rings: Option<StagedRings>,
     #[serde(default)]
     quotas: RawQuotas,
     #[serde(default)]
@@ -296,6 +298,10 @@ impl RawGuest {
                 .doorbell_poll_us
                 .or(d.doorbell_poll_us)
                 .map_or(defaults.doorbell_poll, Duration::from_micros),
+            staged_rings: self
+                .staged_rings
+                .or(d.staged_rings)
+                .unwrap_or(defaults.staged_rings),
             identity: GuestIdentity {
                 name: self.name.clone(),
                 addresses: parse_addresses(&self.addresses)?,
@@ -449,6 +455,7 @@ mod tests {
             max_mr_pages = 1024
             allow_ud = true
             doorbell_poll_us = 50
+            staged_rings = "always"
             quotas = { qps = 8, mr_bytes = "1G", ahs = 4 }
             policy = { traffic_classes = "0,96-97", service_levels = [0, 3], destinations = ["fd00::/64"] }
 
@@ -466,6 +473,7 @@ mod tests {
         assert_eq!(a.max_mr_pages, 1024);
         assert!(a.allow_ud && !a.allow_memory_windows);
         assert_eq!(a.doorbell_poll, Duration::from_micros(50));
+        assert_eq!(a.staged_rings, StagedRings::Always);
         assert_eq!(
             (a.quotas.qps, a.quotas.mr_bytes, a.quotas.ahs),
             (8, 1 << 30, 4)

@@ -134,8 +134,8 @@ struct Args {
     /// queues (VRDMA_F_STAGED_RINGS, spec §9.7): `auto` once QEMU could not take another
     /// queue mapping (so a guest gets thousands of QPs, not a few hundred), `always`, or
     /// `never` (past QEMU's mappings CREATE_QP fails with QUOTA).
-    #[arg(long, value_enum, default_value_t = StagedRingsArg::Auto)]
-    staged_rings: StagedRingsArg,
+    #[arg(long, value_enum, default_value_t = StagedRings::Auto)]
+    staged_rings: StagedRings,
     /// Name of the guest of --socket (logs; its node GUID is derived from it when it has
     /// addresses).
     #[arg(long, default_value = "guest")]
@@ -158,14 +158,6 @@ struct Args {
     /// Longest wait, in milliseconds, for the GID entries of an address the daemon added.
     #[arg(long, default_value_t = DEFAULT_GID_WAIT.as_millis() as u64)]
     gid_wait_ms: u64,
-}
-
-/// `--staged-rings`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum StagedRingsArg {
-    Auto,
-    Always,
-    Never,
 }
 
 impl Args {
@@ -192,11 +184,7 @@ impl Args {
             host_port,
             max_mr_mappings: self.max_mr_mappings,
             doorbell_poll: Duration::from_micros(self.doorbell_poll_us),
-            staged_rings: match self.staged_rings {
-                StagedRingsArg::Auto => StagedRings::Auto,
-                StagedRingsArg::Always => StagedRings::Always,
-                StagedRingsArg::Never => StagedRings::Never,
-            },
+            staged_rings: self.staged_rings,
             ..DeviceOptions::default()
         }
     }

@@ -117,6 +117,24 @@ fn quick_bench_measures_every_row_on_both_sides() {
         );
     }
 
+    // Through staging rings: each case once per side, the directly mapped queues first.
+    let got: Vec<_> = results.staged.iter().map(|r| (r.tool, r.size)).collect();
+    let expected: Vec<_> = matrix::staged_cases(true)
+        .iter()
+        .map(|c| (c.tool, c.size))
+        .collect();
+    assert_eq!(got, expected);
+    for row in &results.staged {
+        let what = format!("staged: {} {}", row.tool.command(), row.size);
+        assert_ratio(row.ratio, row.vrdma.median, row.native.median, &what);
+        let labels: Vec<&str> = row.runs.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(labels, ["vrdma", "vrdma-staged"], "{what}");
+        assert!(
+            row.runs.iter().all(|r| r.measurement.is_plausible()),
+            "{what}"
+        );
+    }
+
     let points: Vec<_> = results.scale.iter().map(|r| (r.guests, r.qps)).collect();
     let expected: Vec<_> = scale::configs(true)
         .iter()

@@ -26,8 +26,10 @@ pub const DEFAULT_DOORBELL_POLL_US: u64 = 0;
 /// Longest doorbell poll window: the worker that polls also delivers events, which wait for up
 /// to [`POLL_BUDGET_WINDOWS`](crate::datapath::doorbell::POLL_BUDGET_WINDOWS) windows.
 pub const MAX_DOORBELL_POLL: Duration = Duration::from_millis(1);
-/// When RC and UC QPs get staging rings instead of host queue buffers (spec §9.7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// When RC and UC QPs get staging rings instead of host queue buffers (spec §9.7):
+/// `--staged-rings` and the configuration file's `staged_rings`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum StagedRings {
     /// When the front-end could not take the QP's mappings and still keep
     /// [`STAGING_RESERVE`](crate::control::staged_rings::STAGING_RESERVE) of its slots free.

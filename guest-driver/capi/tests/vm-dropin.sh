@@ -55,6 +55,8 @@ expected_lines() {
 		"SEND_WITH_INV payload: 64 bytes verified" \
 		"type-2 window after SEND_WITH_INV: IBV_WC_REM_ACCESS_ERR" \
 		"type-1 window, still bound: RDMA READ: 4096 bytes verified" "memory windows: all passed" ;;
+	mr_1gib) printf '%s\n' "1 GiB scattered: 262144 pages verified by RDMA READ" \
+		"1 GiB contiguous: 262144 pages verified by RDMA READ" "mr_1gib: all passed" ;;
 	*) echo "vm-dropin.sh: no expected lines for $1" >&2; exit 1 ;;
 	esac
 }
@@ -68,6 +70,8 @@ expected_vrdma_lines() {
 	# rdma-core 56's rxe provider mis-posts inline data lists and multi-entry SGE lists of the
 	# ibv_wr_* API natively (0 bytes arrive; the QP fails).
 	qp_ex_loopback) printf '%s\n' "inline data list: verified" "SEND with a two-SGE list: verified" ;;
+	# Each 4 MiB chunk re-backed with guest RAM on its own, odd ones first: 256 runs.
+	mr_1gib) printf '%s\n' "scattered: region in 256 mappings" ;;
 	esac
 }
 
@@ -88,7 +92,8 @@ for program in "$@"; do
 	[ $status -eq 0 ] || exit $status
 	check_output "$name" "$dir/$name-native" native
 	echo "=== vrdma: $name over the drop-in"
-	VRDMA_SOCKET=$sock LD_LIBRARY_PATH=$dir "$program" >"$dir/$name-vrdma" 2>&1 || status=$?
+	# Guest RAM for mr_1gib's two 1 GiB buffers (the memfd is sparse: unused RAM costs nothing).
+	VRDMA_SOCKET=$sock VRDMA_RAM_SIZE=3G LD_LIBRARY_PATH=$dir "$program" >"$dir/$name-vrdma" 2>&1 || status=$?
 	cat "$dir/$name-vrdma"
 	[ $status -eq 0 ] || exit $status
 	# A missing or unloadable drop-in would silently fall back to the system's libibverbs.

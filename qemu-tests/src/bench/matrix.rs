@@ -86,6 +86,31 @@ pub fn agent_cases(quick: bool) -> Vec<Case> {
         .collect()
 }
 
+/// The cases run through staging rings (spec §9.7) and directly: a latency, and in the full
+/// form more sizes; SENDs so that receives (which ring the doorbell when staged) are measured
+/// too.
+pub fn staged_cases(quick: bool) -> Vec<Case> {
+    let picked: &[(Tool, u64)] = if quick {
+        &[(Tool::IbSendLat, 2), (Tool::IbSendBw, 65536)]
+    } else {
+        &[
+            (Tool::IbSendLat, 2),
+            (Tool::IbWriteLat, 64),
+            (Tool::IbSendBw, 4096),
+            (Tool::IbSendBw, 65536),
+            (Tool::IbWriteBw, 65536),
+        ]
+    };
+    picked
+        .iter()
+        .map(|&(tool, size)| Case {
+            tool,
+            size,
+            iterations: iterations(tool, size, quick),
+        })
+        .collect()
+}
+
 /// One row of the comparison.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MatrixRow {

@@ -82,6 +82,9 @@ pub struct Plan {
     /// The perftest cases run through the guest agent and directly.
     #[serde(default)]
     pub agent: Vec<Case>,
+    /// The perftest cases run through staging rings and directly.
+    #[serde(default)]
+    pub staged: Vec<Case>,
 }
 
 impl Plan {
@@ -113,6 +116,7 @@ impl Plan {
             scale: scale::configs(quick),
             scale_messages: if quick { 400 } else { 4000 },
             agent: matrix::agent_cases(quick),
+            staged: matrix::staged_cases(quick),
         }
     }
 }
@@ -145,6 +149,9 @@ pub struct GuestResults {
     /// perftest through the guest agent (`vrdma`) against direct front-ends (`native`).
     #[serde(default)]
     pub agent: Vec<matrix::MatrixRow>,
+    /// perftest through staging rings (`vrdma`) against directly mapped queues (`native`).
+    #[serde(default)]
+    pub staged: Vec<matrix::MatrixRow>,
     /// Seconds the measurements took inside the VM.
     pub elapsed_s: f64,
 }
@@ -161,6 +168,9 @@ pub struct Results {
     /// perftest through the guest agent (`vrdma`) against direct front-ends (`native`).
     #[serde(default)]
     pub agent: Vec<matrix::MatrixRow>,
+    /// perftest through staging rings (`vrdma`) against directly mapped queues (`native`).
+    #[serde(default)]
+    pub staged: Vec<matrix::MatrixRow>,
     /// In a real guest (nested under QEMU 11.1, empty in `--quick`): perftest's server as
     /// `nobody` through the guest agent on the PCI function (`vrdma`) against a root process
     /// on the PCI transport (`native`), same boot.
@@ -220,6 +230,7 @@ pub fn run_on_host(
         cm_setup: guest.cm_setup,
         scale: guest.scale,
         agent: guest.agent,
+        staged: guest.staged,
         agent_pci: Vec::new(),
         agent_pci_error: None,
         goodput: Vec::new(),
@@ -281,6 +292,21 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
         let through = Side::through_agent(&agent_socket, &args.library_dir, uid, gid);
         matrix::run(&plan.agent, plan.rounds, &vrdma, &through)?
     };
+    let staged = {
+        let mut staging = Backend::start(
+            &backend_binary,
+            "vrdma-bench-staged",
+            &["--staged-rings", "always"],
+            "warn",
+        )?;
+        let through = Side {
+            label: "vrdma-staged".into(),
+            ..Side::over_dropin(&staging.socket, &args.library_dir)
+        };
+        let rows = matrix::run(&plan.staged, plan.rounds, &vrdma, &through)?;
+        check_alive(&mut staging)?;
+        rows
+    };
     check_alive(&mut backend)?;
     drop(backend);
 
@@ -301,6 +327,7 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
         cm_setup,
         scale,
         agent,
+        staged,
         elapsed_s: started.elapsed().as_secs_f64(),
     })
 }

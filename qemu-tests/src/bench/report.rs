@@ -26,6 +26,7 @@ pub fn render(results: &Results) -> String {
         &results.scale,
     );
     agent_rows(&mut out, &results.plan, &results.agent);
+    staged_rows(&mut out, &results.plan, &results.staged);
     if !results.agent_pci.is_empty() {
         out.push_str(
             "\nthrough the guest agent in a real guest (vrdma-guestd --pci, nested under QEMU \
@@ -71,6 +72,7 @@ pub fn render_guest(results: &GuestResults) -> String {
         &results.scale,
     );
     agent_rows(&mut out, &results.plan, &results.agent);
+    staged_rows(&mut out, &results.plan, &results.staged);
     out
 }
 
@@ -134,6 +136,22 @@ fn agent_rows(out: &mut String, plan: &Plan, agent: &[MatrixRow]) {
         plan.rounds
     );
     out.push_str(&matrix_table(agent, "direct", "agent"));
+}
+
+/// The rows through staging rings, if measured.
+fn staged_rows(out: &mut String, plan: &Plan, staged: &[MatrixRow]) {
+    if staged.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nthrough staging rings (spec §9.7, a backend with --staged-rings always, as QPs past \
+         QEMU's memory slots get them): both perftest processes over vrdma, staged vs directly \
+         mapped queues; median of {} round(s), alternating. What differs is the daemon's copy \
+         of every WQE and a doorbell after every receive post.",
+        plan.rounds
+    );
+    out.push_str(&matrix_table(staged, "direct", "staged"));
 }
 
 /// The perftest matrix, one row per tool and size.
