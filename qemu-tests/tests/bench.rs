@@ -70,13 +70,18 @@ fn quick_bench_measures_every_row_on_both_sides() {
         "dereg_mr_huge_per_gib",
         control::SETUP_RATE,
         control::SETUP_RATE_BATCHED,
-    ] {
-        assert!(ops.contains(&op), "no {op} row in {ops:?}");
+    ]
+    .iter()
+    .chain(control::STAGED_ROWS)
+    {
+        assert!(ops.contains(op), "no {op} row in {ops:?}");
     }
     for row in &results.control {
         assert_ratio(row.ratio, row.vrdma.median, row.native.median, &row.op);
         let reps = if row.op == control::FIRST_REG_MR {
             1
+        } else if row.op == "create_qp_staged" {
+            results.plan.control.reps
         } else if row.unit == "qp_per_s" {
             control::SETUP_SAMPLES as u32
         } else if row.unit == "ms_per_gib" {

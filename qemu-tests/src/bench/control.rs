@@ -40,6 +40,15 @@ pub const SETUP_RATE_BATCHED: &str = "setup_qp_to_rts_batched";
 /// Samples of each setup-rate row (SETUP_REPS of both programs).
 pub const SETUP_SAMPLES: usize = 3;
 
+/// Rows measured again through a backend that stages every QP's queues (spec §9.7), against
+/// the same native samples: what creating and connecting QPs costs without a SHMEM_MAP per
+/// queue.
+pub const STAGED_ROWS: &[&str] = &[
+    "create_qp_staged",
+    "setup_qp_to_rts_staged",
+    "setup_qp_to_rts_batched_staged",
+];
+
 /// Row of the first registration alone: vrdma's first registration of memory also fills the
 /// backend's page tables for it, which later ones find done.
 pub const FIRST_REG_MR: &str = "reg_mr_first_per_gib";
@@ -87,8 +96,14 @@ impl ControlRow {
     }
 }
 
-/// Runs the control measurement natively, then through vrdma (backend at `socket`).
-pub fn run(programs: &Programs, socket: &Path, plan: &ControlPlan) -> Result<Vec<ControlRow>> {
+/// Runs the control measurement natively, then through vrdma (backend at `socket`), and, given
+/// a backend that stages every QP (`staged`), the QP rows through it ([`STAGED_ROWS`]).
+pub fn run(
+    programs: &Programs,
+    socket: &Path,
+    staged: Option<&Path>,
+    plan: &ControlPlan,
+) -> Result<Vec<ControlRow>> {
     // Registering a GiB under TCG takes seconds; everything else milliseconds.
     let timeout = Duration::from_secs(600);
     println!(
@@ -108,6 +123,20 @@ pub fn run(programs: &Programs, socket: &Path, plan: &ControlPlan) -> Result<Vec
         timeout,
     )?;
     let mut rows = rows(&native, &vrdma)?;
+    if let Some(staged) = staged {
+        // Only the QP rows are wanted: the smallest registration the program takes.
+        let small = ControlPlan {
+            mr_bytes: 1 << 20,
+            mr_reps: 1,
+            ..*plan
+        };
+        let through_staging = run_to_output(
+            "bench-vrdma-control-staged",
+            &mut programs.control(Via::Vrdma, Some(staged), &small)?,
+            timeout,
+        )?;
+        rows.extend(staged_rows(&native, &through_staging)?);
+    }
     let huge = plan.over_huge_pages();
     let vrdma_ram = (plan.mr_bytes + CTLBENCH_RAM_HEADROOM).max(DEFAULT_GUEST_RAM_SIZE as u64);
     match HugePagePool::reserve(vrdma_ram) {
@@ -225,6 +254,33 @@ pub fn rows(native: &Output, vrdma: &Output) -> Result<Vec<ControlRow>> {
         )?);
     }
     Ok(rows)
+}
+
+/// The [`STAGED_ROWS`] from native's output and that of a run through a staging backend.
+pub fn staged_rows(native: &Output, staged: &Output) -> Result<Vec<ControlRow>> {
+    let micros = |out: &Output, op: &str| -> Result<Option<Summary>> {
+        Ok(Summary::of_scaled(out.series(op)?, 1e-3))
+    };
+    Ok(vec![
+        ControlRow::compare(
+            STAGED_ROWS[0],
+            "us",
+            micros(native, "create_qp")?,
+            micros(staged, "create_qp")?,
+        )?,
+        ControlRow::compare(
+            STAGED_ROWS[1],
+            "qp_per_s",
+            per_second(native, "setup_qp")?,
+            per_second(staged, "setup_qp")?,
+        )?,
+        ControlRow::compare(
+            STAGED_ROWS[2],
+            "qp_per_s",
+            per_second(native, "setup_qp")?,
+            per_second(staged, "setup_qp_batched")?,
+        )?,
+    ])
 }
 
 /// Microseconds of the three transitions of each repetition together.

@@ -277,7 +277,18 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
     let native = Side::native(DEVICE);
     let vrdma = Side::over_dropin(&backend.socket, &args.library_dir);
     let perftest = matrix::run(&plan.perftest, plan.rounds, &native, &vrdma)?;
-    let control = control::run(&programs, &backend.socket, &plan.control)?;
+    let mut staging = Backend::start(
+        &backend_binary,
+        "vrdma-bench-staged",
+        &["--staged-rings", "always"],
+        "warn",
+    )?;
+    let control = control::run(
+        &programs,
+        &backend.socket,
+        Some(&staging.socket),
+        &plan.control,
+    )?;
     let cm_setup = cm_setup::run(&args.cmtime, &plan.cm_setup, &native, &vrdma)?;
     let agent = {
         let agent_socket = std::env::temp_dir()
@@ -293,20 +304,14 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
         matrix::run(&plan.agent, plan.rounds, &vrdma, &through)?
     };
     let staged = {
-        let mut staging = Backend::start(
-            &backend_binary,
-            "vrdma-bench-staged",
-            &["--staged-rings", "always"],
-            "warn",
-        )?;
         let through = Side {
             label: "vrdma-staged".into(),
             ..Side::over_dropin(&staging.socket, &args.library_dir)
         };
-        let rows = matrix::run(&plan.staged, plan.rounds, &vrdma, &through)?;
-        check_alive(&mut staging)?;
-        rows
+        matrix::run(&plan.staged, plan.rounds, &vrdma, &through)?
     };
+    check_alive(&mut staging)?;
+    drop(staging);
     check_alive(&mut backend)?;
     drop(backend);
 
