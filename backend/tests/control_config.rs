@@ -37,7 +37,8 @@ fn configuration_space_and_features() {
     assert_eq!(config.max_request_size.get(), 8 + 40 + 8 * 64);
     assert_eq!(config.max_response_size.get(), 200);
     assert_eq!(dev.shmem_size(), SHM_SIZE);
-    assert_eq!(dev.watched_fds().len(), 2);
+    // The completion channel, async events, the staging retry timer (the fake has no CM).
+    assert_eq!(dev.watched_fds().len(), 3);
 
     // A driver without a ring format sees format 0 and cannot create queues.
     dev.features_acked(VIRTIO_F_VERSION_1);

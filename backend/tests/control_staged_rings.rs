@@ -97,6 +97,14 @@ impl Setup {
         u32::from_le_bytes(self.host_read(recv, at, 4).try_into().unwrap())
     }
 
+    /// Writes a word of the host send queue, as the kernel does (its consumer index).
+    fn set_host_word(&self, at: usize, value: u32) {
+        let w = self.fake.world();
+        let (file, buffer) = &w.send_queues[&self.host_qp];
+        file.write_all_at(&value.to_le_bytes(), buffer.offset + at as u64)
+            .unwrap();
+    }
+
     /// Queues the QP's doorbell and notifies, as the driver would.
     fn ring(&mut self) {
         let memory = self.guest.memory.memory();
@@ -227,6 +235,37 @@ fn staged_queues_are_described_as_staging_rings_and_forwarded_on_a_doorbell() {
         Status::Ok
     );
     assert_eq!(s.guest.dev().object_counts().shm_extents, 1, "only the CQ");
+}
+
+#[test]
+fn wqes_that_find_the_host_queue_full_are_forwarded_by_the_retry_timer() {
+    /// Index of the retry timer among the device's watched fds.
+    const RETRY_TIMER: usize = 2;
+    let mut s = Setup::new();
+    let sq = s.qp.sq;
+    let mask = sq.num_slots.get() - 1;
+    // The driver fills its staging ring; the host takes all of it, retiring nothing yet.
+    s.write(&sq, header::PRODUCER_INDEX, &mask.to_le_bytes());
+    s.ring();
+    assert_eq!(s.host_word(false, header::PRODUCER_INDEX), mask);
+    assert_eq!(s.staging_word(&sq, header::CONSUMER_INDEX), mask);
+    // One more: the staging ring has room (the device copied everything), the host does not.
+    s.write(&sq, header::PRODUCER_INDEX, &0u32.to_le_bytes());
+    s.ring();
+    assert_eq!(s.host_word(false, header::PRODUCER_INDEX), mask, "waits");
+    // Nothing retired: the retry moves nothing.
+    s.guest.dev().fd_ready(s.guest.ctx(), RETRY_TIMER);
+    assert_eq!(s.host_word(false, header::PRODUCER_INDEX), mask);
+    // The kernel retires the first WQE; the next retry forwards the waiting one, kicked.
+    s.set_host_word(header::CONSUMER_INDEX, 1);
+    let kicks = s.kicks();
+    s.guest.dev().fd_ready(s.guest.ctx(), RETRY_TIMER);
+    assert_eq!(s.host_word(false, header::PRODUCER_INDEX), 0);
+    assert_eq!(s.staging_word(&sq, header::CONSUMER_INDEX), 0);
+    assert_eq!(s.kicks(), kicks + 1);
+    // Nothing waits any more: a retry does nothing.
+    s.guest.dev().fd_ready(s.guest.ctx(), RETRY_TIMER);
+    assert_eq!(s.kicks(), kicks + 1);
 }
 
 #[test]

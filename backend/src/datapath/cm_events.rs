@@ -26,7 +26,7 @@ use crate::vhost_device::event_queue::EventClass;
 use crate::vhost_device::guest_context::GuestContext;
 
 /// Index of the connection manager's fd in `watched_fds`.
-pub const CM_FD: usize = 2;
+pub const CM_FD: usize = 3;
 
 /// Events handled per wake-up; epoll is level-triggered, so the rest come at the next one.
 const BATCH: usize = 64;

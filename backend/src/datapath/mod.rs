@@ -7,3 +7,4 @@ pub mod cm_events;
 pub mod doorbell;
 pub mod events;
 pub mod staging;
+pub mod staging_retry;

@@ -68,6 +68,8 @@ pub struct StagedRing {
     max_inline: u32,
     /// Next index to copy: the host producer index and the staging consumer index.
     position: u32,
+    /// WQEs the guest published that the last pump could not copy (the host queue was full).
+    waiting: bool,
     /// The guest published an impossible index: its doorbells are ignored from then on.
     poisoned: bool,
     /// One slot, the private copy checks work on.
@@ -144,6 +146,7 @@ impl StagedRing {
             max_sge: init.max_sge,
             max_inline: init.max_inline,
             position: 0,
+            waiting: false,
             poisoned: false,
             scratch: vec![0; slot].into_boxed_slice(),
         })
@@ -178,6 +181,7 @@ impl StagedRing {
     /// receive queue. `ahs` are the guest's address handles. Returns the number of WQEs
     /// forwarded (neutralised ones included).
     pub fn pump(&mut self, host: &dyn HostContext, ahs: &StagedAhs, faults: &FaultLog) -> usize {
+        self.waiting = false;
         if self.poisoned {
             return 0;
         }
@@ -199,8 +203,9 @@ impl StagedRing {
         while self.position != producer {
             let next = (self.position + 1) & self.index_mask;
             if next == host_consumer {
-                // Full; the rest waits for a later doorbell (a driver that keeps to the QP's
-                // depth never gets here, spec §9.6).
+                // Full: the host has not retired what it was given (a send is retired when it
+                // is acknowledged). The rest waits for the retry timer or a later doorbell.
+                self.waiting = true;
                 break;
             }
             if let Err(why) = self.forward(self.position, ahs) {
@@ -294,6 +299,11 @@ impl StagedRing {
         checked.map(|_| ())
     }
 
+    /// Whether the last pump left WQEs behind for want of room in the host queue.
+    pub fn is_waiting(&self) -> bool {
+        self.waiting
+    }
+
     /// The staging ring's extent (released with the QP).
     pub fn staging_range(&self) -> ShmRange {
         self.staging_range
@@ -324,9 +334,30 @@ struct StagedQueues {
     rq: Option<StagedRing>,
 }
 
+impl StagedQueues {
+    /// Forwards the receive queue, then the send queue (which kicks); WQEs forwarded, and
+    /// whether any were left waiting.
+    fn pump(
+        &mut self,
+        host: &dyn HostContext,
+        ahs: &StagedAhs,
+        faults: &FaultLog,
+    ) -> (usize, bool) {
+        let mut forwarded = 0;
+        let mut waiting = false;
+        for ring in [&mut self.rq, &mut self.sq].into_iter().flatten() {
+            forwarded += ring.pump(host, ahs, faults);
+            waiting |= ring.is_waiting();
+        }
+        (forwarded, waiting)
+    }
+}
+
 /// The staging rings of a guest (by doorbell index) and its address handles.
 pub struct Staging {
     queues: Vec<StagedQueues>,
+    /// Doorbell indices whose rings have WQEs waiting for room in their host queues.
+    waiting: Vec<u32>,
     ahs: StagedAhs,
     /// The guest's refused WQEs and impossible indices, logged rate-limited.
     faults: FaultLog,
@@ -337,6 +368,7 @@ impl Staging {
     pub fn new(slots: u32, endpoints: Arc<LocalEndpoints>) -> Self {
         Staging {
             queues: (0..slots).map(|_| StagedQueues::default()).collect(),
+            waiting: Vec::new(),
             ahs: StagedAhs::new(endpoints),
             faults: FaultLog::default(),
         }
@@ -362,6 +394,7 @@ impl Staging {
         if let Some(queues) = self.queues.get_mut(index as usize) {
             *queues = StagedQueues::default();
         }
+        self.waiting.retain(|&i| i != index);
     }
 
     /// Whether `index` has a staged send queue.
@@ -376,16 +409,33 @@ impl Staging {
         let Some(queues) = self.queues.get_mut(index as usize) else {
             return false;
         };
-        if let Some(rq) = &mut queues.rq {
-            rq.pump(host, &self.ahs, &self.faults);
+        let (_, waiting) = queues.pump(host, &self.ahs, &self.faults);
+        if waiting && !self.waiting.contains(&index) {
+            self.waiting.push(index);
         }
-        match &mut queues.sq {
-            Some(sq) => {
-                sq.pump(host, &self.ahs, &self.faults);
-                true
-            }
-            None => false,
-        }
+        queues.sq.is_some()
+    }
+
+    /// Whether WQEs wait for room in a host queue (see [`Staging::retry`]).
+    pub fn has_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    /// Pumps again every ring that had WQEs waiting; returns how many WQEs moved now, and
+    /// whether any still wait.
+    pub fn retry(&mut self, host: &dyn HostContext) -> (usize, bool) {
+        let mut moved = 0;
+        let (queues, ahs, faults) = (&mut self.queues, &self.ahs, &self.faults);
+        self.waiting
+            .retain(|&index| match queues.get_mut(index as usize) {
+                Some(queues) => {
+                    let (forwarded, waiting) = queues.pump(host, ahs, faults);
+                    moved += forwarded;
+                    waiting
+                }
+                None => false,
+            });
+        (moved, !self.waiting.is_empty())
     }
 
     /// The guest's address handles.

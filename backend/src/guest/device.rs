@@ -38,6 +38,7 @@ use crate::control::discard::{self, Epoch};
 use crate::control::error::CommandError;
 use crate::control::session::{CommandResult, Session};
 use crate::control::{self, mr};
+use crate::datapath::staging_retry::RetryTimer;
 use crate::datapath::{cm_events, doorbell, events};
 use crate::fault_log::FaultLog;
 use crate::host::HostDevice;
@@ -59,6 +60,9 @@ pub struct GuestDeviceFactory {
     /// The daemon's tenant addresses and QP numbers, and this factory's tenant.
     tenant: TenantLink,
 }
+
+/// Index of the staging retry timer in `watched_fds` (before the connection manager's).
+const STAGING_RETRY_FD: usize = 2;
 
 /// Guest device numbers (for logs), unique in the daemon: several factories serve side by side.
 static NEXT_GUEST_ID: AtomicU64 = AtomicU64::new(0);
@@ -184,6 +188,8 @@ pub struct GuestDevice {
     /// may be waiting for the front-end).
     slot_counting_frontend: AtomicBool,
     faults: FaultLog,
+    /// Pumps again staging rings whose WQEs wait for room in their host queues.
+    staging_retry: RetryTimer,
     // Declared last so it is dropped last: it holds the host context.
     shared: GuestShared,
 }
@@ -233,6 +239,7 @@ impl GuestDevice {
             failed: AtomicBool::new(false),
             slot_counting_frontend: AtomicBool::new(false),
             faults: FaultLog::for_guest(id),
+            staging_retry: RetryTimer::new().map_err(GuestError::Staging)?,
             shared: GuestShared::new(
                 id,
                 device,
@@ -514,12 +521,16 @@ impl DeviceHandler for GuestDevice {
             self.shared.host(),
             self.shared.options().doorbell_poll,
         );
+        if self.shared.doorbells().lock().staging().has_waiting() {
+            self.staging_retry.start();
+        }
     }
 
     fn watched_fds(&self) -> Vec<RawFd> {
         let mut fds = vec![
             self.shared.host().comp_channel_fd().as_raw_fd(),
             self.shared.host().async_fd().as_raw_fd(),
+            self.staging_retry.fd(),
         ];
         if let Some(cm) = self.shared.cm() {
             fds.push(cm.event_fd().as_raw_fd());
@@ -534,6 +545,15 @@ impl DeviceHandler for GuestDevice {
                 if events::async_events(&self.shared, &self.state, ctx) {
                     self.host_failed(ctx);
                 }
+            }
+            STAGING_RETRY_FD => {
+                let (moved, waiting) = self
+                    .shared
+                    .doorbells()
+                    .lock()
+                    .staging()
+                    .retry(self.shared.host());
+                self.staging_retry.after_retry(moved > 0, waiting);
             }
             cm_events::CM_FD => cm_events::cm_events(&self.shared, &self.state, ctx),
             other => debug!("guest {}: no watched fd {other}", self.id()),

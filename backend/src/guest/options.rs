@@ -149,8 +149,8 @@ pub enum GuestError {
     /// The queue region could not be set up.
     #[error(transparent)]
     Placement(#[from] ShmAllocError),
-    /// The staging file of enforced UD sends could not be created.
-    #[error("UD staging file: {0}")]
+    /// The staging file or the staging retry timer could not be created.
+    #[error("staging rings: {0}")]
     Staging(std::io::Error),
 }
 
