@@ -6,13 +6,11 @@ use std::mem::size_of;
 use std::os::unix::fs::FileExt;
 
 use vhost::vhost_user::VhostUserProtocolFeatures as Protocol;
-use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 use vrdma_backend::control::staged_rings::staging_reserve;
 use vrdma_backend::guest::options::{DeviceOptions, StagedRings};
 use vrdma_backend::resources::quotas::Quotas;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_backend::vhost_device::shmem::SLOT_COUNTING_FRONTEND_MAPPINGS as LIMIT;
-use vrdma_spec::doorbell::{RING_WORD, TAIL_WORD};
 use vrdma_spec::features::*;
 use vrdma_spec::rxe_v1::{self, header, RxeRecvWqe, RxeSendWqe, RxeSge};
 use vrdma_spec::verbs::{send_flags, QpState, WrOpcode};
@@ -107,19 +105,8 @@ impl Setup {
 
     /// Queues the QP's doorbell and notifies, as the driver would.
     fn ring(&mut self) {
-        let memory = self.guest.memory.memory();
-        let slots = self.guest.dev().options().doorbell_slots();
-        let word = |i: usize| GuestAddress(AREA + 4 * i as u64);
         let index = self.qp.doorbell_index.get();
-        memory
-            .write_obj(1u32, word(RING_WORD + slots as usize + index as usize))
-            .unwrap();
-        memory
-            .write_obj(index + 1, word(RING_WORD + (self.tail % slots) as usize))
-            .unwrap();
-        self.tail += 1;
-        memory.write_obj(self.tail, word(TAIL_WORD)).unwrap();
-        self.guest.dev().doorbell(self.guest.ctx(), &[]);
+        self.guest.ring_doorbell(AREA, index, &mut self.tail);
     }
 
     fn kicks(&self) -> usize {

@@ -5,11 +5,9 @@
 use std::mem::size_of;
 use std::os::unix::fs::FileExt;
 
-use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 use vrdma_backend::datapath::staging::NEUTRALISED_AH_NUM;
 use vrdma_backend::guest::options::DeviceOptions;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
-use vrdma_spec::doorbell::{RING_WORD, TAIL_WORD};
 use vrdma_spec::features::*;
 use vrdma_spec::rxe_v1::{self, header, RxeAv, RxeSendWqe, RxeSendWrUnion, RxeSge, RxeUdWr};
 use vrdma_spec::verbs::{send_flags, QpAttrMask, QpState, WrOpcode};
@@ -144,19 +142,8 @@ impl Setup {
 
     /// Queues the QP's doorbell and notifies, as the driver would.
     fn ring(&mut self) {
-        let memory = self.guest.memory.memory();
-        let slots = self.guest.dev().options().doorbell_slots();
-        let word = |i: usize| GuestAddress(AREA + 4 * i as u64);
         let index = self.qp.doorbell_index.get();
-        memory
-            .write_obj(1u32, word(RING_WORD + slots as usize + index as usize))
-            .unwrap();
-        memory
-            .write_obj(index + 1, word(RING_WORD + (self.tail % slots) as usize))
-            .unwrap();
-        self.tail += 1;
-        memory.write_obj(self.tail, word(TAIL_WORD)).unwrap();
-        self.guest.dev().doorbell(self.guest.ctx(), &[]);
+        self.guest.ring_doorbell(AREA, index, &mut self.tail);
     }
 
     fn moved_to_error(&self) -> bool {

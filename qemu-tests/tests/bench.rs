@@ -104,41 +104,10 @@ fn quick_bench_measures_every_row_on_both_sides() {
         assert_eq!((row.native.n, row.vrdma.n), (rounds, rounds), "{}", row.op);
     }
 
-    // Through the guest agent: each case once per side, the direct front-end first.
-    let got: Vec<_> = results.agent.iter().map(|r| (r.tool, r.size)).collect();
-    let expected: Vec<_> = matrix::agent_cases(true)
-        .iter()
-        .map(|c| (c.tool, c.size))
-        .collect();
-    assert_eq!(got, expected);
-    for row in &results.agent {
-        let what = format!("agent: {} {}", row.tool.command(), row.size);
-        assert_ratio(row.ratio, row.vrdma.median, row.native.median, &what);
-        let labels: Vec<&str> = row.runs.iter().map(|r| r.label.as_str()).collect();
-        assert_eq!(labels, ["vrdma", "vrdma-agent"], "{what}");
-        assert!(
-            row.runs.iter().all(|r| r.measurement.is_plausible()),
-            "{what}"
-        );
-    }
-
-    // Through staging rings: each case once per side, the directly mapped queues first.
-    let got: Vec<_> = results.staged.iter().map(|r| (r.tool, r.size)).collect();
-    let expected: Vec<_> = matrix::staged_cases(true)
-        .iter()
-        .map(|c| (c.tool, c.size))
-        .collect();
-    assert_eq!(got, expected);
-    for row in &results.staged {
-        let what = format!("staged: {} {}", row.tool.command(), row.size);
-        assert_ratio(row.ratio, row.vrdma.median, row.native.median, &what);
-        let labels: Vec<&str> = row.runs.iter().map(|r| r.label.as_str()).collect();
-        assert_eq!(labels, ["vrdma", "vrdma-staged"], "{what}");
-        assert!(
-            row.runs.iter().all(|r| r.measurement.is_plausible()),
-            "{what}"
-        );
-    }
+    // Through the guest agent, and through staging rings: each case once per side, the
+    // direct front-end (directly mapped queues) first.
+    check_comparison(&results.agent, &matrix::agent_cases(true), "vrdma-agent");
+    check_comparison(&results.staged, &matrix::staged_cases(true), "vrdma-staged");
 
     let points: Vec<_> = results.scale.iter().map(|r| (r.guests, r.qps)).collect();
     let expected: Vec<_> = scale::configs(true)
@@ -164,6 +133,28 @@ fn quick_bench_measures_every_row_on_both_sides() {
             row.vrdma.msgs_per_s,
             row.native.msgs_per_s,
             &what,
+        );
+    }
+}
+
+/// Rows comparing the plain vrdma side with `label` for exactly `cases`, each run once per
+/// side with plausible measurements.
+fn check_comparison(
+    rows: &[matrix::MatrixRow],
+    cases: &[vrdma_qemu_tests::perftest::Case],
+    label: &str,
+) {
+    let got: Vec<_> = rows.iter().map(|r| (r.tool, r.size)).collect();
+    let expected: Vec<_> = cases.iter().map(|c| (c.tool, c.size)).collect();
+    assert_eq!(got, expected, "{label}");
+    for row in rows {
+        let what = format!("{label}: {} {}", row.tool.command(), row.size);
+        assert_ratio(row.ratio, row.vrdma.median, row.native.median, &what);
+        let labels: Vec<&str> = row.runs.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(labels, ["vrdma", label], "{what}");
+        assert!(
+            row.runs.iter().all(|r| r.measurement.is_plausible()),
+            "{what}"
         );
     }
 }

@@ -76,14 +76,7 @@ pub fn agent_cases(quick: bool) -> Vec<Case> {
             (Tool::IbWriteBw, 65536),
         ]
     };
-    picked
-        .iter()
-        .map(|&(tool, size)| Case {
-            tool,
-            size,
-            iterations: iterations(tool, size, quick),
-        })
-        .collect()
+    picked_cases(picked, quick)
 }
 
 /// The cases run through staging rings (spec §9.7) and directly: a latency, and in the full
@@ -101,6 +94,11 @@ pub fn staged_cases(quick: bool) -> Vec<Case> {
             (Tool::IbWriteBw, 65536),
         ]
     };
+    picked_cases(picked, quick)
+}
+
+/// The cases of `picked` (tool, size) with the iterations of the short or full form.
+fn picked_cases(picked: &[(Tool, u64)], quick: bool) -> Vec<Case> {
     picked
         .iter()
         .map(|&(tool, size)| Case {

@@ -310,9 +310,9 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
         };
         matrix::run(&plan.staged, plan.rounds, &vrdma, &through)?
     };
-    check_alive(&mut staging)?;
+    staging.check_alive("the bench")?;
     drop(staging);
-    check_alive(&mut backend)?;
+    backend.check_alive("the bench")?;
     drop(backend);
 
     let mut backend = Backend::start(
@@ -322,7 +322,7 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
         "warn",
     )?;
     let scale = scale::run(&programs, &backend.socket, &plan.scale, plan.scale_messages)?;
-    check_alive(&mut backend)?;
+    backend.check_alive("the bench")?;
 
     Ok(GuestResults {
         guest: SystemInfo::this_machine(),
@@ -335,17 +335,6 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
         staged,
         elapsed_s: started.elapsed().as_secs_f64(),
     })
-}
-
-/// A backend that died during the run would have failed the vrdma side; one that died while
-/// it tore down must fail the bench too.
-fn check_alive(backend: &mut Backend) -> Result<()> {
-    match backend.proc.try_wait()? {
-        Some(status) => Err(backend
-            .proc
-            .failure(&format!("vrdma-backend exited during the bench ({status})"))),
-        None => Ok(()),
-    }
 }
 
 #[cfg(test)]

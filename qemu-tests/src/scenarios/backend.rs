@@ -14,6 +14,17 @@ pub struct Backend {
 }
 
 impl Backend {
+    /// Fails if the backend has exited: one that died during `what` would have failed its
+    /// clients, one that died while they tore down must fail the run too.
+    pub fn check_alive(&mut self, what: &str) -> Result<()> {
+        match self.proc.try_wait()? {
+            Some(status) => Err(self
+                .proc
+                .failure(&format!("vrdma-backend exited during {what} ({status})"))),
+            None => Ok(()),
+        }
+    }
+
     /// Where the output of the backend started as `name` goes.
     pub fn log_path(name: &str) -> PathBuf {
         std::env::temp_dir().join(format!("{name}.log"))

@@ -100,12 +100,6 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Vec<Row>> {
             rows.push(row);
         }
     }
-    // A backend that died during the run would have failed the vrdma cases; one that dies
-    // while they tear down must fail the scenario too.
-    if let Some(status) = backend.proc.try_wait()? {
-        return Err(backend
-            .proc
-            .failure(&format!("vrdma-backend exited during the run ({status})")));
-    }
+    backend.check_alive("the run")?;
     Ok(rows)
 }

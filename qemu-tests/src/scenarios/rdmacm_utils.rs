@@ -193,11 +193,7 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Vec<Run>> {
             runs.push(run);
         }
     }
-    if let Some(status) = backend.proc.try_wait()? {
-        return Err(backend
-            .proc
-            .failure(&format!("vrdma-backend exited during the run ({status})")));
-    }
+    backend.check_alive("the run")?;
     Ok(runs)
 }
 

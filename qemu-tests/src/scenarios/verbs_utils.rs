@@ -132,24 +132,8 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Vec<Run>> {
         (&native, &vrdma),
         (&vrdma, &vrdma),
     ];
-    let mut runs = Vec::new();
-    for program in PROGRAMS {
-        for (server, client) in pairings {
-            println!(
-                "== {} {}: server {}, client {}",
-                program.command,
-                program.args.join(" "),
-                server.label,
-                client.label
-            );
-            runs.push(run_pair(program, server, client)?);
-        }
-    }
-    if let Some(status) = backend.proc.try_wait()? {
-        return Err(backend
-            .proc
-            .failure(&format!("vrdma-backend exited during the run ({status})")));
-    }
+    let mut runs = run_all(PROGRAMS, &pairings, "")?;
+    backend.check_alive("the run")?;
     let mut staging = Backend::start(
         backend_binary,
         "vrdma-verbs-utils-staged-backend",
@@ -160,10 +144,23 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Vec<Run>> {
         label: STAGED_LABEL.into(),
         ..Side::over_dropin(&staging.socket, library_dir)
     };
-    for program in STAGED_PROGRAMS {
-        for (server, client) in [(&staged, &native), (&native, &staged)] {
+    let staged_pairings = [(&staged, &native), (&native, &staged)];
+    runs.extend(run_all(
+        STAGED_PROGRAMS,
+        &staged_pairings,
+        " through staging rings",
+    )?);
+    staging.check_alive("the run")?;
+    Ok(runs)
+}
+
+/// Runs every program of `programs` in every pairing of `pairings` (server, client).
+fn run_all(programs: &[Program], pairings: &[(&Side, &Side)], how: &str) -> Result<Vec<Run>> {
+    let mut runs = Vec::new();
+    for program in programs {
+        for (server, client) in pairings {
             println!(
-                "== {} {} through staging rings: server {}, client {}",
+                "== {} {}{how}: server {}, client {}",
                 program.command,
                 program.args.join(" "),
                 server.label,
@@ -171,11 +168,6 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Vec<Run>> {
             );
             runs.push(run_pair(program, server, client)?);
         }
-    }
-    if let Some(status) = staging.proc.try_wait()? {
-        return Err(staging
-            .proc
-            .failure(&format!("vrdma-backend exited during the run ({status})")));
     }
     Ok(runs)
 }

@@ -187,6 +187,25 @@ impl TestGuest {
         }))
     }
 
+    /// Queues doorbell `index` in the area at `area` and notifies, as a driver does (spec
+    /// §5.3); `tail` is the driver's count of entries ever queued.
+    pub fn ring_doorbell(&self, area: u64, index: u32, tail: &mut u32) {
+        use vm_memory::{Bytes, GuestAddressSpace};
+        use vrdma_spec::doorbell::{RING_WORD, TAIL_WORD};
+        let memory = self.memory.memory();
+        let slots = self.dev().options().doorbell_slots();
+        let word = |i: usize| GuestAddress(area + 4 * i as u64);
+        memory
+            .write_obj(1u32, word(RING_WORD + slots as usize + index as usize))
+            .unwrap();
+        memory
+            .write_obj(index + 1, word(RING_WORD + (*tail % slots) as usize))
+            .unwrap();
+        *tail += 1;
+        memory.write_obj(*tail, word(TAIL_WORD)).unwrap();
+        self.dev().doorbell(self.ctx(), &[]);
+    }
+
     /// CREATE_QP; the response or the failure status.
     pub fn create_qp(&self, req: CreateQpReq) -> Result<CreateQpResp, Status> {
         match self.run(ControlRequest::CreateQp(req)) {
