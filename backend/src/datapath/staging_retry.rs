@@ -2,9 +2,12 @@
 //! their host queue: a send is retired from the host queue only once it is acknowledged, so a
 //! driver that posts as its own staging ring allows may find some of its WQEs left behind, and
 //! no later doorbell may come (a ping-pong waits for the very send that waits). A one-shot
-//! timer on the doorbell worker pumps those rings again: after 50 µs, then, while nothing
-//! moves (a QP that is not sending, e.g. still in INIT), twice as late each time up to 10 ms,
-//! so that a guest cannot make the daemon spin.
+//! timer on the doorbell worker pumps those rings again every 50 µs; only after 16 retries in
+//! a row that moved nothing (a QP that is not sending, e.g. still in INIT) does the delay
+//! double, up to 10 ms, so that a guest cannot make the daemon spin. Backing off at once made
+//! ping-pongs through staging rings slow: the host usually retires the WQE within a few
+//! retries, and a doubled delay was then waited out in full (measured: `ib_send_lat` 2 B
+//! typical 251–1177 µs staged against 127–147 µs direct).
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -20,6 +23,8 @@ use vmm_sys_util::timerfd::TimerFd;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryBackoff {
     next: Duration,
+    /// Retries in a row that moved nothing.
+    idle: u32,
 }
 
 impl RetryBackoff {
@@ -27,19 +32,28 @@ impl RetryBackoff {
     pub const FIRST: Duration = Duration::from_micros(50);
     /// The longest delay between retries.
     pub const LONGEST: Duration = Duration::from_millis(10);
+    /// Fruitless retries at [`Self::FIRST`] before the delay starts doubling.
+    pub const PATIENCE: u32 = 16;
 
     /// Delay of the first retry.
     pub fn new() -> Self {
-        RetryBackoff { next: Self::FIRST }
+        RetryBackoff {
+            next: Self::FIRST,
+            idle: 0,
+        }
     }
 
     /// The delay before the next retry, given whether the last one moved anything.
     pub fn after(&mut self, moved: bool) -> Duration {
-        self.next = if moved {
-            Self::FIRST
+        if moved {
+            self.idle = 0;
+            self.next = Self::FIRST;
         } else {
-            (self.next * 2).min(Self::LONGEST)
-        };
+            self.idle = self.idle.saturating_add(1);
+            if self.idle > Self::PATIENCE {
+                self.next = (self.next * 2).min(Self::LONGEST);
+            }
+        }
         self.next
     }
 
@@ -126,6 +140,9 @@ mod tests {
     fn backoff_doubles_while_nothing_moves_and_restarts_when_something_does() {
         let mut b = RetryBackoff::new();
         assert_eq!(b.current(), RetryBackoff::FIRST);
+        for _ in 0..RetryBackoff::PATIENCE {
+            assert_eq!(b.after(false), RetryBackoff::FIRST);
+        }
         assert_eq!(b.after(false), RetryBackoff::FIRST * 2);
         assert_eq!(b.after(false), RetryBackoff::FIRST * 4);
         for _ in 0..20 {
@@ -133,5 +150,10 @@ mod tests {
         }
         assert_eq!(b.current(), RetryBackoff::LONGEST);
         assert_eq!(b.after(true), RetryBackoff::FIRST);
+        assert_eq!(
+            b.after(false),
+            RetryBackoff::FIRST,
+            "patient again after progress"
+        );
     }
 }
