@@ -106,9 +106,8 @@ pub fn parse(output: &str) -> std::result::Result<StepTimes, String> {
         if !STEPS.contains(&name) {
             continue;
         }
-        let values: Vec<f64> = numbers
-            .split_whitespace()
-            .map(str::parse)
+        let values: Vec<f64> = step_fields(numbers)
+            .map(|field| field.trim().parse())
             .collect::<std::result::Result<_, _>>()
             .map_err(|e| format!("cmtime line {line:?}: {e}"))?;
         let [total, _max, _min, _per_conn] = values[..] else {
@@ -123,6 +122,19 @@ pub fn parse(output: &str) -> std::result::Result<StepTimes, String> {
         return Err(format!("cmtime printed no {missing:?} step"));
     }
     Ok(StepTimes { total_ms })
+}
+
+/// The number fields of a step line after its colon. cmtime prints them as
+/// `%11.2f%11.2f%11.2f%11.2f`: fixed widths with no separator, so a value that fills its 11
+/// characters (a step of 77 s in µs) touches its neighbour and only the widths split them.
+fn step_fields(numbers: &str) -> Box<dyn Iterator<Item = &str> + '_> {
+    const WIDTH: usize = 11;
+    let fields = numbers.strip_prefix(' ').unwrap_or(numbers);
+    if fields.is_ascii() && fields.len() == 4 * WIDTH {
+        Box::new((0..4).map(move |i| &fields[i * WIDTH..(i + 1) * WIDTH]))
+    } else {
+        Box::new(numbers.split_whitespace())
+    }
 }
 
 /// The host's `cmtime`, installed if missing, copied to `<target>/native/cmtime` (the path the
@@ -272,6 +284,24 @@ mod tests {
             .collect();
         assert!(parse(&short).unwrap_err().contains("\"connect\""));
         assert!(parse("connect      :   1.0 x 2 3\n").is_err());
+    }
+
+    #[test]
+    fn values_that_fill_their_columns_are_split_by_width() {
+        // Seen in a run whose disconnects each waited 77 s: the min-µs column is 11 wide.
+        let line = "disconnect   :    77651.30   77626.3077470416.00 3882565.25";
+        let output = client_output(1.0)
+            .lines()
+            .map(|l| {
+                if l.starts_with("disconnect ") {
+                    line
+                } else {
+                    l
+                }
+            })
+            .fold(String::new(), |out, l| out + l + "\n");
+        let times = parse(&output).unwrap();
+        assert_eq!(times.total("disconnect"), Some(77651.30));
     }
 
     #[test]
