@@ -306,10 +306,7 @@ fn doorbells_kick_exactly_the_rung_qps() {
     let qps: Vec<CreateQpResp> = (0..3)
         .map(|_| guest.create_qp(qp_req(pd, cq, 0)).unwrap())
         .collect();
-    let host_of = |qpn: u32| {
-        let w = fake.world();
-        *w.qps.iter().find(|(_, v)| v.0 == qpn).unwrap().0
-    };
+    let host_of = |qpn: u32| fake.world().qp_by_qpn(qpn).unwrap();
     let memory = guest.memory.memory();
     let slots = guest.dev().options().doorbell_slots();
     let word = |i: usize| GuestAddress(area + 4 * i as u64);

@@ -3,7 +3,6 @@
 //! behind a slot-counting front-end have many more QPs than it has mappings.
 
 use std::mem::size_of;
-use std::os::unix::fs::FileExt;
 
 use vhost::vhost_user::VhostUserProtocolFeatures as Protocol;
 use vrdma_backend::control::staged_rings::staging_reserve;
@@ -18,6 +17,7 @@ use vrdma_spec::wire::*;
 use vrdma_spec::{ControlRequest, Le32, Le64, Status};
 use vrdma_test_support::fake_host::device::*;
 use vrdma_test_support::fake_host::harness::*;
+use vrdma_test_support::fake_host::world::HostQueue;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 const AREA: u64 = RAM_BASE + 8 * PAGE;
@@ -46,13 +46,7 @@ impl Setup {
         let cq = guest.create_cq(16).cq.get();
         assert_eq!(guest.set_doorbell_area(AREA), Status::Ok);
         let qp = guest.create_qp(qp_req(pd, cq, 0)).unwrap();
-        let host_qp = *fake
-            .world()
-            .qps
-            .iter()
-            .find(|(_, v)| v.0 == qp.qpn.get())
-            .unwrap()
-            .0;
+        let host_qp = fake.world().qp_by_qpn(qp.qpn.get()).unwrap();
         fake.world().qp_state.insert(host_qp, QpState::Rts);
         Setup {
             fake,
@@ -81,26 +75,12 @@ impl Setup {
         rxe_v1::slot_offset(index, ring.num_slots.get() - 1, ring.log2_slot_size.get())
     }
 
-    fn host_read(&self, recv: bool, at: usize, len: usize) -> Vec<u8> {
-        let w = self.fake.world();
-        let queues = if recv { &w.recv_queues } else { &w.send_queues };
-        let (file, buffer) = &queues[&self.host_qp];
-        let mut bytes = vec![0; len];
-        file.read_exact_at(&mut bytes, buffer.offset + at as u64)
-            .unwrap();
-        bytes
+    fn host_word(&self, queue: HostQueue, at: usize) -> u32 {
+        self.fake.world().queue_word(self.host_qp, queue, at)
     }
 
-    fn host_word(&self, recv: bool, at: usize) -> u32 {
-        u32::from_le_bytes(self.host_read(recv, at, 4).try_into().unwrap())
-    }
-
-    /// Writes a word of the host send queue, as the kernel does (its consumer index).
-    fn set_host_word(&self, at: usize, value: u32) {
-        let w = self.fake.world();
-        let (file, buffer) = &w.send_queues[&self.host_qp];
-        file.write_all_at(&value.to_le_bytes(), buffer.offset + at as u64)
-            .unwrap();
+    fn host_read(&self, queue: HostQueue, at: usize, len: usize) -> Vec<u8> {
+        self.fake.world().read_queue(self.host_qp, queue, at, len)
     }
 
     /// Queues the QP's doorbell and notifies, as the driver would.
@@ -110,12 +90,7 @@ impl Setup {
     }
 
     fn kicks(&self) -> usize {
-        self.fake
-            .world()
-            .kicks
-            .iter()
-            .filter(|&&qp| qp == self.host_qp)
-            .count()
+        self.fake.world().kicks_of(self.host_qp)
     }
 }
 
@@ -174,17 +149,17 @@ fn staged_queues_are_described_as_staging_rings_and_forwarded_on_a_doorbell() {
     s.write(&rq, Setup::slot(&rq, 0), &recv_bytes);
     s.write(&rq, header::PRODUCER_INDEX, &1u32.to_le_bytes());
     assert_eq!(
-        s.host_word(false, header::PRODUCER_INDEX),
+        s.host_word(HostQueue::Send, header::PRODUCER_INDEX),
         0,
         "nothing before the doorbell"
     );
-    assert_eq!(s.host_word(true, header::PRODUCER_INDEX), 0);
+    assert_eq!(s.host_word(HostQueue::Recv, header::PRODUCER_INDEX), 0);
 
     s.ring();
     // The send: copied as written with its SGE, indices published, kicked.
-    assert_eq!(s.host_word(false, header::PRODUCER_INDEX), 1);
+    assert_eq!(s.host_word(HostQueue::Send, header::PRODUCER_INDEX), 1);
     assert_eq!(s.staging_word(&sq, header::CONSUMER_INDEX), 1);
-    let host = s.host_read(false, Setup::slot(&sq, 0), size_of::<RxeSendWqe>() + 16);
+    let host = s.host_read(HostQueue::Send, Setup::slot(&sq, 0), size_of::<RxeSendWqe>() + 16);
     let (copied, rest) = RxeSendWqe::read_from_prefix(&host).unwrap();
     assert_eq!(copied.wr.wr_id.get(), 7);
     assert_eq!(copied.wr.opcode.get(), WrOpcode::RdmaWrite as u32);
@@ -192,22 +167,22 @@ fn staged_queues_are_described_as_staging_rings_and_forwarded_on_a_doorbell() {
     assert_eq!(RxeSge::read_from_bytes(rest).unwrap(), sge);
     assert_eq!(s.kicks(), 1);
     // The receive: copied as written.
-    assert_eq!(s.host_word(true, header::PRODUCER_INDEX), 1);
+    assert_eq!(s.host_word(HostQueue::Recv, header::PRODUCER_INDEX), 1);
     assert_eq!(s.staging_word(&rq, header::CONSUMER_INDEX), 1);
-    let host = s.host_read(true, Setup::slot(&rq, 0), recv_bytes.len());
+    let host = s.host_read(HostQueue::Recv, Setup::slot(&rq, 0), recv_bytes.len());
     assert_eq!(host, recv_bytes);
 
     // A receive alone is forwarded on the next doorbell too; nothing is sent twice.
     s.write(&rq, Setup::slot(&rq, 1), &recv_bytes);
     s.write(&rq, header::PRODUCER_INDEX, &2u32.to_le_bytes());
     s.ring();
-    assert_eq!(s.host_word(true, header::PRODUCER_INDEX), 2);
-    assert_eq!(s.host_word(false, header::PRODUCER_INDEX), 1);
+    assert_eq!(s.host_word(HostQueue::Recv, header::PRODUCER_INDEX), 2);
+    assert_eq!(s.host_word(HostQueue::Send, header::PRODUCER_INDEX), 1);
 
     // An impossible index stops the ring and moves the QP to ERR.
     s.write(&sq, header::PRODUCER_INDEX, &u32::MAX.to_le_bytes());
     s.ring();
-    assert_eq!(s.host_word(false, header::PRODUCER_INDEX), 1);
+    assert_eq!(s.host_word(HostQueue::Send, header::PRODUCER_INDEX), 1);
     assert!(s
         .fake
         .world()
@@ -234,20 +209,22 @@ fn wqes_that_find_the_host_queue_full_are_forwarded_by_the_retry_timer() {
     // The driver fills its staging ring; the host takes all of it, retiring nothing yet.
     s.write(&sq, header::PRODUCER_INDEX, &mask.to_le_bytes());
     s.ring();
-    assert_eq!(s.host_word(false, header::PRODUCER_INDEX), mask);
+    assert_eq!(s.host_word(HostQueue::Send, header::PRODUCER_INDEX), mask);
     assert_eq!(s.staging_word(&sq, header::CONSUMER_INDEX), mask);
     // One more: the staging ring has room (the device copied everything), the host does not.
     s.write(&sq, header::PRODUCER_INDEX, &0u32.to_le_bytes());
     s.ring();
-    assert_eq!(s.host_word(false, header::PRODUCER_INDEX), mask, "waits");
+    assert_eq!(s.host_word(HostQueue::Send, header::PRODUCER_INDEX), mask, "waits");
     // Nothing retired: the retry moves nothing.
     s.guest.dev().fd_ready(s.guest.ctx(), RETRY_TIMER);
-    assert_eq!(s.host_word(false, header::PRODUCER_INDEX), mask);
+    assert_eq!(s.host_word(HostQueue::Send, header::PRODUCER_INDEX), mask);
     // The kernel retires the first WQE; the next retry forwards the waiting one, kicked.
-    s.set_host_word(header::CONSUMER_INDEX, 1);
+    s.fake
+        .world()
+        .set_queue_word(s.host_qp, HostQueue::Send, header::CONSUMER_INDEX, 1);
     let kicks = s.kicks();
     s.guest.dev().fd_ready(s.guest.ctx(), RETRY_TIMER);
-    assert_eq!(s.host_word(false, header::PRODUCER_INDEX), 0);
+    assert_eq!(s.host_word(HostQueue::Send, header::PRODUCER_INDEX), 0);
     assert_eq!(s.staging_word(&sq, header::CONSUMER_INDEX), 0);
     assert_eq!(s.kicks(), kicks + 1);
     // Nothing waits any more: a retry does nothing.

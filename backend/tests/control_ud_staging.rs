@@ -15,6 +15,7 @@ use vrdma_spec::wire::*;
 use vrdma_spec::{ControlRequest, Le32, Le64, ResponseBody, Status};
 use vrdma_test_support::fake_host::device::*;
 use vrdma_test_support::fake_host::harness::*;
+use vrdma_test_support::fake_host::world::HostQueue;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 const STAGED: u64 = ALL_FEATURES;
@@ -67,13 +68,7 @@ impl Setup {
         let cq = guest.create_cq(16).cq.get();
         assert_eq!(guest.set_doorbell_area(AREA), Status::Ok);
         let qp = guest.create_qp(ud_qp_req(pd, cq)).unwrap();
-        let host_qp = *fake
-            .world()
-            .qps
-            .iter()
-            .find(|(_, v)| v.0 == qp.qpn.get())
-            .unwrap()
-            .0;
+        let host_qp = fake.world().qp_by_qpn(qp.qpn.get()).unwrap();
         let ah = create_ah(&guest, pd);
         // As after the driver's MODIFY_QPs (the host refuses RESET to ERR).
         fake.world().qp_state.insert(host_qp, QpState::Rts);
@@ -122,16 +117,15 @@ impl Setup {
     }
 
     fn host_read(&self, at: usize, len: usize) -> Vec<u8> {
-        let w = self.fake.world();
-        let (file, buffer) = &w.send_queues[&self.host_qp];
-        let mut bytes = vec![0; len];
-        file.read_exact_at(&mut bytes, buffer.offset + at as u64)
-            .unwrap();
-        bytes
+        self.fake
+            .world()
+            .read_queue(self.host_qp, HostQueue::Send, at, len)
     }
 
     fn host_word(&self, at: usize) -> u32 {
-        u32::from_le_bytes(self.host_read(at, 4).try_into().unwrap())
+        self.fake
+            .world()
+            .queue_word(self.host_qp, HostQueue::Send, at)
     }
 
     fn host_wqe(&self, index: u32) -> (RxeSendWqe, RxeSge) {
@@ -207,13 +201,7 @@ fn ud_qps_need_the_staged_send_queue_unless_unenforced_ud_is_allowed() {
     assert_eq!(guest.set_doorbell_area(AREA), Status::Ok);
     let qp = guest.create_qp(ud_qp_req(pd, cq)).unwrap();
     // The host buffer itself, as before.
-    let host_qp = *fake
-        .world()
-        .qps
-        .iter()
-        .find(|(_, v)| v.0 == qp.qpn.get())
-        .unwrap()
-        .0;
+    let host_qp = fake.world().qp_by_qpn(qp.qpn.get()).unwrap();
     let mapped = guest.frontend.mapped_file(qp.sq.shm_offset.get());
     let w = fake.world();
     let (queue_file, _) = &w.send_queues[&host_qp];

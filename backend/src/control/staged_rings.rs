@@ -23,7 +23,7 @@ use crate::datapath::staging::{StagedKind, StagedRing, StagedRingInit};
 use crate::guest::options::StagedRings;
 use crate::host::{self, DeviceError, QueueBuffer};
 use crate::memory::queue_region::{MappedRing, ShmRange};
-use crate::memory::staging::SharedMapping;
+use crate::memory::staging::{SharedMapping, StagingFile};
 use crate::resources::table::Handle;
 use crate::vhost_device::shmem::SHMEM_PAGE_SIZE;
 
@@ -143,7 +143,7 @@ pub(crate) fn map_staged(
                 },
             }
         })?;
-    let range = place(s, len)?;
+    let range = place(s, &staging, len)?;
     let built = (|| {
         let mut desc = rings::describe(range, num_slots, log2)?;
         desc.flags = Le32::new(ring_flags::STAGED);
@@ -163,7 +163,7 @@ pub(crate) fn map_staged(
                 max_sge,
                 max_inline: caps.max_inline_data,
             },
-            staging.clone(),
+            staging,
             host_queue,
         )
         .map_err(CommandError::Geometry)?;
@@ -188,12 +188,7 @@ pub(crate) fn map_staged(
 /// Places `len` bytes of staging ring in a pooled extent, mapping the staging file over a new
 /// chunk when one is opened (the staging file's offsets are the region's, so chunks never
 /// collide).
-fn place(s: &mut Session<'_>, len: u64) -> Result<ShmRange, CommandError> {
-    let staging = s
-        .guest
-        .staging()
-        .cloned()
-        .ok_or(CommandError::Unsupported("staging rings"))?;
+fn place(s: &mut Session<'_>, staging: &StagingFile, len: u64) -> Result<ShmRange, CommandError> {
     // A small region gets smaller chunks, so that one chunk never takes much of it.
     let chunk_len = STAGING_CHUNK_LEN.min(s.state.shm.size() / 8);
     let (range, opened) = s.state.shm.alloc_pooled(len, chunk_len)?;

@@ -178,7 +178,7 @@ impl StagedRing {
 
     /// Copies (and for UD checks) and forwards every WQE the guest staged since the last pump
     /// (as many as the host ring has room for), then kicks the host QP unless this is a
-    /// receive queue. `ahs` are the guest's address handles. Returns the number of WQEs
+    /// receive queue or nothing moved. `ahs` are the guest's address handles. Returns the number of WQEs
     /// forwarded (neutralised ones included).
     pub fn pump(&mut self, host: &dyn HostContext, ahs: &StagedAhs, faults: &FaultLog) -> usize {
         self.waiting = false;
@@ -230,8 +230,10 @@ impl StagedRing {
             self.staging_word(header::CONSUMER_INDEX)
                 .store(self.position, Release);
         }
-        if self.kind != StagedKind::Recv {
-            // Kick errors (QP not in RTS) are the guest's, as for any QP.
+        if forwarded != 0 && self.kind != StagedKind::Recv {
+            // Only when something moved: a doorbell or retry that found nothing new has
+            // nothing for the host to send. Kick errors (QP not in RTS) are the guest's, as
+            // for any QP.
             let _ = host.kick_send(self.host_qp);
         }
         forwarded
@@ -395,11 +397,6 @@ impl Staging {
             *queues = StagedQueues::default();
         }
         self.waiting.retain(|&i| i != index);
-    }
-
-    /// Whether `index` has a staged send queue.
-    pub fn is_staged(&self, index: u32) -> bool {
-        matches!(self.queues.get(index as usize), Some(q) if q.sq.is_some())
     }
 
     /// Serves a doorbell on `index`: forwards its staged receive queue, if any, then its

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 
 use vrdma_backend::host::{self, *};
 use vrdma_backend::identity::GuestAddress;
@@ -105,6 +106,13 @@ pub struct World {
     pub cm: CmNet,
 }
 
+/// One of a host QP's queues (see [`World::read_queue`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostQueue {
+    Send,
+    Recv,
+}
+
 /// A connection the fake device was asked to set up: see [`World::connections`].
 #[derive(Debug, Clone, Copy)]
 pub struct Connection {
@@ -153,6 +161,52 @@ impl World {
             offset,
             len: len as usize,
         })
+    }
+
+    /// The host handle of the live QP numbered `qpn`.
+    pub fn qp_by_qpn(&self, qpn: u32) -> Option<u32> {
+        self.qps
+            .iter()
+            .find(|(_, (number, _))| *number == qpn)
+            .map(|(&handle, _)| handle)
+    }
+
+    /// The buffer of `qp`'s send or receive queue (panics if it has none: a test's mistake).
+    fn queue(&self, qp: u32, queue: HostQueue) -> &(File, QueueBuffer) {
+        let queues = match queue {
+            HostQueue::Send => &self.send_queues,
+            HostQueue::Recv => &self.recv_queues,
+        };
+        queues
+            .get(&qp)
+            .unwrap_or_else(|| panic!("host QP {qp} has no {queue:?} queue"))
+    }
+
+    /// `len` bytes at `at` in `qp`'s host queue, as the kernel would read them.
+    pub fn read_queue(&self, qp: u32, queue: HostQueue, at: usize, len: usize) -> Vec<u8> {
+        let (file, buffer) = self.queue(qp, queue);
+        let mut bytes = vec![0; len];
+        file.read_exact_at(&mut bytes, buffer.offset + at as u64)
+            .expect("reading a host queue");
+        bytes
+    }
+
+    /// The little-endian word at `at` in `qp`'s host queue (an index of its header).
+    pub fn queue_word(&self, qp: u32, queue: HostQueue, at: usize) -> u32 {
+        let bytes = self.read_queue(qp, queue, at, 4);
+        u32::from_le_bytes(bytes.try_into().expect("four bytes"))
+    }
+
+    /// Writes the word at `at` in `qp`'s host queue, as the kernel does (its consumer index).
+    pub fn set_queue_word(&self, qp: u32, queue: HostQueue, at: usize, value: u32) {
+        let (file, buffer) = self.queue(qp, queue);
+        file.write_all_at(&value.to_le_bytes(), buffer.offset + at as u64)
+            .expect("writing a host queue");
+    }
+
+    /// How many times `qp` was kicked.
+    pub fn kicks_of(&self, qp: u32) -> usize {
+        self.kicks.iter().filter(|&&kicked| kicked == qp).count()
     }
 
     /// Number of live host objects of every kind.
