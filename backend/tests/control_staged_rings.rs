@@ -159,7 +159,11 @@ fn staged_queues_are_described_as_staging_rings_and_forwarded_on_a_doorbell() {
     // The send: copied as written with its SGE, indices published, kicked.
     assert_eq!(s.host_word(HostQueue::Send, header::PRODUCER_INDEX), 1);
     assert_eq!(s.staging_word(&sq, header::CONSUMER_INDEX), 1);
-    let host = s.host_read(HostQueue::Send, Setup::slot(&sq, 0), size_of::<RxeSendWqe>() + 16);
+    let host = s.host_read(
+        HostQueue::Send,
+        Setup::slot(&sq, 0),
+        size_of::<RxeSendWqe>() + 16,
+    );
     let (copied, rest) = RxeSendWqe::read_from_prefix(&host).unwrap();
     assert_eq!(copied.wr.wr_id.get(), 7);
     assert_eq!(copied.wr.opcode.get(), WrOpcode::RdmaWrite as u32);
@@ -214,7 +218,11 @@ fn wqes_that_find_the_host_queue_full_are_forwarded_by_the_retry_timer() {
     // One more: the staging ring has room (the device copied everything), the host does not.
     s.write(&sq, header::PRODUCER_INDEX, &0u32.to_le_bytes());
     s.ring();
-    assert_eq!(s.host_word(HostQueue::Send, header::PRODUCER_INDEX), mask, "waits");
+    assert_eq!(
+        s.host_word(HostQueue::Send, header::PRODUCER_INDEX),
+        mask,
+        "waits"
+    );
     // Nothing retired: the retry moves nothing.
     s.guest.dev().fd_ready(s.guest.ctx(), RETRY_TIMER);
     assert_eq!(s.host_word(HostQueue::Send, header::PRODUCER_INDEX), mask);

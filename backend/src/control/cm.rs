@@ -36,6 +36,7 @@ pub(crate) fn execute(s: &mut Session<'_>, request: &CmRequest) -> CommandResult
         // The feature is offered only with a host CM; a driver cannot have accepted it.
         return Err(CommandError::NotNegotiated("VRDMA_F_CM"));
     };
+    log::trace!("guest {}: {request:?}", s.guest.id());
     if makes_events(request) && s.state.cm.backlogged(pending_limit(s)) {
         // The host could queue events without bound while the driver does not fetch them.
         return Err(CommandError::Rule {

@@ -9,7 +9,7 @@
 //! to queuing it, as for the other pumps: a destroyed id's events are dropped by the host and
 //! never queued after its CM_DESTROY_ID was answered.
 
-use log::{debug, warn};
+use log::{debug, trace, warn};
 use parking_lot::Mutex;
 use vrdma_spec::cm::{cm_event, cm_port_space, CmEventResp};
 use vrdma_spec::{Event, EventType, Le32};
@@ -51,6 +51,14 @@ pub(crate) fn cm_events(guest: &GuestShared, state: &Mutex<GuestState>, ctx: &Gu
             id_event(guest, cm, &mut state, &event)
         };
         if let Some(pending) = queued {
+            trace!(
+                "guest {}: CM event {} (status {}) of host id {} for id {}",
+                guest.id(),
+                event.event,
+                event.status,
+                event.id.0,
+                pending.id
+            );
             notify(guest, ctx, &pending, event.event);
             state.cm.pending.push_back(pending);
         }
