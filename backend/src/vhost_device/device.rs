@@ -258,7 +258,7 @@ impl<H: DeviceHandler> VhostUserDevice<H> {
 
     fn signal(&self, vring: &Vring, name: &str) {
         match vring.needs_notification() {
-            Ok(false) => {}
+            Ok(false) => log::trace!("{name}: no notification wanted"),
             Ok(true) => {
                 if let Err(e) = vring.signal_used_queue() {
                     warn!("{name}: cannot notify the driver: {e}");
@@ -399,12 +399,15 @@ impl<H: DeviceHandler> VhostUserDevice<H> {
             if used {
                 self.signal(vring, "eventq");
             }
+            log::trace!("eventq: buffers used {used}, {} events wait", events.len());
             // Ask for a kick when the driver posts the next buffer, and look again if one
             // arrived meanwhile.
             if events.is_empty() || !self.event_idx() {
                 return;
             }
-            match vring.enable_notification() {
+            let more = vring.enable_notification();
+            log::trace!("eventq: out of buffers, kick asked for; more already: {more:?}");
+            match more {
                 Ok(true) => continue,
                 Ok(false) => return,
                 Err(e) => {

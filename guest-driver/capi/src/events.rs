@@ -209,7 +209,9 @@ fn pump_polling(ctx: &Context, sinks: &EventSinks, stop: i32) -> Ended {
 /// Routes the next event if one comes within `timeout`: `Some(true)` if one came,
 /// `Some(false)` if none did, `None` if the transport failed (no more events will come).
 fn route_next(ctx: &Context, sinks: &EventSinks, timeout: Duration) -> Option<bool> {
-    match ctx.next_event(Some(timeout)) {
+    let event = ctx.next_event(Some(timeout));
+    log::trace!("vrdma: event thread read {event:?}");
+    match event {
         Ok(Some(DeviceEvent::Completion { cq })) => sinks.routes.deliver(cq),
         Ok(Some(DeviceEvent::CmEvent { .. })) => sinks.cm.wake(),
         Ok(Some(event @ DeviceEvent::EventsLost { .. })) => {

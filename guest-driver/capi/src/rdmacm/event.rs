@@ -53,7 +53,18 @@ pub unsafe extern "C" fn rdma_get_cm_event(
                 Ok(raw) => raw,
                 Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EIO)),
             };
-            match deliver(&channel, &raw) {
+            let delivered = deliver(&channel, &raw);
+            log::trace!(
+                "vrdma: rdma_get_cm_event: event {} of id {:#x}: {}",
+                raw.event.get(),
+                raw.id.get(),
+                match &delivered {
+                    Ok(Some(_)) => "handed out",
+                    Ok(None) => "id gone, skipped",
+                    Err(_) => "failed",
+                }
+            );
+            match delivered {
                 Ok(Some(ready)) => {
                     // SAFETY: caller contract.
                     unsafe { event.write(ready) };

@@ -101,6 +101,16 @@ impl CmRouter {
                 event.id.get()
             };
             let route = self.ids.lock().get(&target).cloned();
+            log::trace!(
+                "vrdma: CM event {} of id {:#x} (target {target:#x}): {}",
+                event.event.get(),
+                event.id.get(),
+                if route.is_some() {
+                    "routed"
+                } else {
+                    "no route"
+                }
+            );
             match route {
                 Some(route) => route.channel.push(Box::new(event)),
                 None if request => {
