@@ -264,9 +264,30 @@ impl EventDispatch {
     /// read from the device is shown to `on_read` first, before it is returned or kept for
     /// another waiter, so that state it makes out of date (the GID cache) is dropped before
     /// anyone learns of the event.
+    ///
+    /// A wait that ends without an event has read the transport after its last event, even
+    /// when the deadline passed before the first read: that read is what asks the device for
+    /// a notification of the next event (EVENT_IDX), and a caller that then sleeps on the
+    /// transport's event fd would otherwise never be woken for events already used.
     pub(crate) fn wait(
         &self,
         transport: &dyn Transport,
+        wanted: Wanted,
+        timeout: Option<Duration>,
+        on_read: &dyn Fn(&DeviceEvent),
+    ) -> Result<Option<DeviceEvent>> {
+        self.wait_with(
+            &mut |left| read_event(transport, left),
+            wanted,
+            timeout,
+            on_read,
+        )
+    }
+
+    /// [`wait`](Self::wait) over `read`, which reads one event waiting at most its argument.
+    fn wait_with(
+        &self,
+        read: &mut dyn FnMut(Option<Duration>) -> Result<Read>,
         wanted: Wanted,
         timeout: Option<Duration>,
         on_read: &dyn Fn(&DeviceEvent),
@@ -277,16 +298,12 @@ impl EventDispatch {
             if let Some(event) = stash.take(wanted) {
                 return Ok(Some(event));
             }
-            let remaining = match deadline {
-                None => None,
-                Some(d) => match d.checked_duration_since(Instant::now()) {
-                    Some(r) if !r.is_zero() => Some(r),
-                    _ => return Ok(None),
-                },
-            };
+            let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             if stash.reader {
+                // The reader leaves the transport armed when it stops reading.
                 match remaining {
                     None => self.changed.wait(&mut stash),
+                    Some(r) if r.is_zero() => return Ok(None),
                     Some(r) => {
                         self.changed.wait_for(&mut stash, r);
                     }
@@ -295,59 +312,71 @@ impl EventDispatch {
             }
             stash.reader = true;
             drop(stash);
-            let read = read_event(transport, remaining);
+            let outcome = read(remaining);
             stash = self.stash.lock();
             stash.reader = false;
             self.changed.notify_all();
-            let read = read?.filter(|event| {
-                let before_us = *event
-                    == DeviceEvent::DeviceFatal {
-                        epoch: self.opened_at_epoch,
-                    };
-                if before_us {
-                    debug!(
-                        "DEVICE_FATAL for a discard before this context opened (epoch {}) ignored",
-                        self.opened_at_epoch
-                    );
-                }
-                !before_us
-            });
-            if let Some(event) = &read {
-                on_read(event);
+            let event = match outcome? {
+                Read::Event(event) => event,
+                // Consumed without arming the transport: read again (at once if past the
+                // deadline).
+                Read::Ignored => continue,
+                Read::Nothing if remaining.is_some_and(|r| r.is_zero()) => return Ok(None),
+                // Woken, or the wait ran out: the next turn reads once more or returns.
+                Read::Nothing => continue,
+            };
+            if event
+                == (DeviceEvent::DeviceFatal {
+                    epoch: self.opened_at_epoch,
+                })
+            {
+                debug!(
+                    "DEVICE_FATAL for a discard before this context opened (epoch {}) ignored",
+                    self.opened_at_epoch
+                );
+                continue;
             }
-            match read {
-                Some(event) if wanted.matches(&event) => {
-                    // A completion of a CQ nobody registered is not ours to report either.
-                    if let DeviceEvent::Completion { cq } = event {
-                        if !stash.completions.contains_key(&cq) {
-                            continue;
-                        }
+            on_read(&event);
+            if wanted.matches(&event) {
+                // A completion of a CQ nobody registered is not ours to report either.
+                if let DeviceEvent::Completion { cq } = event {
+                    if !stash.completions.contains_key(&cq) {
+                        continue;
                     }
-                    return Ok(Some(event));
                 }
-                Some(event) => stash.keep(event),
-                None => {}
+                return Ok(Some(event));
             }
+            stash.keep(event);
         }
     }
 }
 
-/// Reads one event; `Ok(None)` on timeout and for events this library must ignore.
-fn read_event(transport: &dyn Transport, timeout: Option<Duration>) -> Result<Option<DeviceEvent>> {
+/// What one read of the event queue found.
+#[derive(Debug, PartialEq, Eq)]
+enum Read {
+    Event(DeviceEvent),
+    /// An event this library must ignore (unknown type, malformed), consumed.
+    Ignored,
+    /// None within the time given; the transport is armed for the next one.
+    Nothing,
+}
+
+/// Reads one event, waiting at most `timeout` (`None`: forever).
+fn read_event(transport: &dyn Transport, timeout: Option<Duration>) -> Result<Read> {
     let mut buf = [0u8; EVENT_SIZE];
     let Some(len) = transport.next_event(&mut buf, timeout)? else {
-        return Ok(None);
+        return Ok(Read::Nothing);
     };
     match Event::decode(&buf[..len.min(EVENT_SIZE)]) {
-        Ok(event) => Ok(Some(event.into())),
+        Ok(event) => Ok(Read::Event(event.into())),
         // Newer devices may send types this version does not know: the spec says to ignore them.
         Err(DecodeError::UnknownEventType(t)) => {
             debug!("event of unknown type {t} ignored");
-            Ok(None)
+            Ok(Read::Ignored)
         }
         Err(e) => {
             warn!("malformed event ignored: {e}");
-            Ok(None)
+            Ok(Read::Ignored)
         }
     }
 }
@@ -385,6 +414,52 @@ mod tests {
             Some(DeviceEvent::PortActive { port: 0 })
         );
         assert_eq!(stash.take(Wanted::Completion(7)), None);
+    }
+
+    /// The cmtime disconnect stall: a wait whose deadline passed before it read the
+    /// transport returned at once, leaving the event queue unarmed; the drop-in's event
+    /// thread then slept on the event fd while the device, asked for no notification, used
+    /// buffers silently.
+    #[test]
+    fn a_wait_past_its_deadline_still_reads_the_transport_once() {
+        let dispatch = EventDispatch::new(0);
+        let mut reads = Vec::new();
+        let got = dispatch
+            .wait_with(
+                &mut |left| {
+                    reads.push(left);
+                    Ok(Read::Nothing)
+                },
+                Wanted::Any,
+                Some(Duration::ZERO),
+                &|_| {},
+            )
+            .unwrap();
+        assert_eq!(got, None);
+        assert_eq!(
+            reads,
+            vec![Some(Duration::ZERO)],
+            "one read, without waiting"
+        );
+    }
+
+    #[test]
+    fn ignored_events_are_read_past_until_the_queue_is_empty() {
+        let dispatch = EventDispatch::new(0);
+        let mut queue = VecDeque::from([
+            Read::Ignored,
+            Read::Event(DeviceEvent::PortActive { port: 1 }),
+            Read::Ignored,
+        ]);
+        let mut read = |_left: Option<Duration>| Ok(queue.pop_front().unwrap_or(Read::Nothing));
+        let first = dispatch.wait_with(&mut read, Wanted::Any, Some(Duration::ZERO), &|_| {});
+        assert_eq!(first.unwrap(), Some(DeviceEvent::PortActive { port: 1 }));
+        let second = dispatch.wait_with(&mut read, Wanted::Any, Some(Duration::ZERO), &|_| {});
+        assert_eq!(second.unwrap(), None);
+        assert!(
+            queue.is_empty(),
+            "the ignored event and the empty queue were both read"
+        );
     }
 
     #[test]
