@@ -178,8 +178,8 @@ impl StagedRing {
 
     /// Copies (and for UD checks) and forwards every WQE the guest staged since the last pump
     /// (as many as the host ring has room for), then kicks the host QP unless this is a
-    /// receive queue or nothing moved. `ahs` are the guest's address handles. Returns the number of WQEs
-    /// forwarded (neutralised ones included).
+    /// receive queue or nothing moved. `ahs` are the guest's address handles. Returns the
+    /// number of WQEs forwarded (neutralised ones included).
     pub fn pump(&mut self, host: &dyn HostContext, ahs: &StagedAhs, faults: &FaultLog) -> usize {
         self.waiting = false;
         if self.poisoned {

@@ -321,8 +321,9 @@ impl EventDispatch {
                 // Consumed without arming the transport: read again (at once if past the
                 // deadline).
                 Read::Ignored => continue,
-                Read::Nothing if remaining.is_some_and(|r| r.is_zero()) => return Ok(None),
-                // Woken, or the wait ran out: the next turn reads once more or returns.
+                // The read that found nothing armed the transport.
+                Read::Nothing if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
+                // Woken without an event: wait on.
                 Read::Nothing => continue,
             };
             if event
