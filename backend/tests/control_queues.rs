@@ -166,6 +166,9 @@ fn queues_are_mapped_described_and_unmapped() {
     };
     let init_mask =
         QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
+    // The port's fixed attributes were read when the guest's context opened: transitions
+    // check against them without a QUERY_PORT each.
+    let port_queries = fake.world().port_queries;
     assert_eq!(
         guest.status(modify_qp(QpAttrMask::STATE, 3)),
         Status::BadState
@@ -189,6 +192,7 @@ fn queues_are_mapped_described_and_unmapped() {
         r.attr.pkey_index = Le16::new(1);
     }
     assert_eq!(guest.status(bad_pkey), Status::Invalid);
+    assert_eq!(fake.world().port_queries, port_queries);
     let ResponseBody::QueryQp(q) = guest.ok(ControlRequest::QueryQp(QueryQpReq {
         qp: Le32::new(qph),
         attr_mask: Le32::new(QpAttrMask::STATE.bits()),

@@ -32,7 +32,7 @@ use zerocopy::IntoBytes;
 
 use super::inventory::Inventory;
 use super::options::{DeviceOptions, GuestError, StagedRings};
-use super::shared::{GuestAddressing, GuestShared, HostLimits, GUEST_PORT};
+use super::shared::{GuestAddressing, GuestShared, HostLimits, PortLimits, GUEST_PORT};
 use super::state::{GuestState, ObjectCounts};
 use crate::control::discard::{self, Epoch};
 use crate::control::error::CommandError;
@@ -204,6 +204,7 @@ impl GuestDevice {
     ) -> Result<Self, GuestError> {
         let host = device.open_context()?;
         let attr = host.query_device()?;
+        let port = PortLimits::from(&host.query_port(options.host_port)?);
         let state = GuestState::new(&options, budget)?;
         // UD sends and QPs past the front-end's mappings are staged (spec §9.6, §9.7); the
         // file is sparse, so a guest that stages nothing costs nothing.
@@ -245,7 +246,7 @@ impl GuestDevice {
                 device,
                 options,
                 host,
-                HostLimits { attr },
+                HostLimits { attr, port },
                 staging,
                 GuestAddressing {
                     gids,

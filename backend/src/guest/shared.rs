@@ -13,7 +13,7 @@ use super::options::DeviceOptions;
 use super::state::GuestState;
 use crate::datapath::doorbell::Doorbells;
 use crate::host::cm::HostCm;
-use crate::host::uverbs::QueryDeviceResp;
+use crate::host::uverbs::{QueryDeviceResp, QueryPortResp};
 use crate::host::{ContextGids, HostContext, HostDevice};
 use crate::identity::endpoints::TenantLink;
 use crate::identity::gid_view::GidView;
@@ -29,6 +29,31 @@ pub const GUEST_PORT: u8 = 1;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HostLimits {
     pub(crate) attr: QueryDeviceResp,
+    /// Of the host port the guest sees.
+    pub(crate) port: PortLimits,
+}
+
+/// What a port's attributes fix for its lifetime, which the control commands check against:
+/// its table sizes, its largest MTU and its link layer. Read once, so that connecting a QP
+/// costs no QUERY_PORT per transition (rxe also logs a kernel warning on each for a netdev
+/// without a link speed). The port's state and active MTU change and are read when asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PortLimits {
+    pub(crate) gid_tbl_len: u32,
+    pub(crate) pkey_tbl_len: u16,
+    pub(crate) max_mtu: u8,
+    pub(crate) link_layer: u8,
+}
+
+impl From<&QueryPortResp> for PortLimits {
+    fn from(attr: &QueryPortResp) -> Self {
+        PortLimits {
+            gid_tbl_len: attr.gid_tbl_len,
+            pkey_tbl_len: attr.pkey_tbl_len,
+            max_mtu: attr.max_mtu,
+            link_layer: attr.link_layer,
+        }
+    }
 }
 
 /// Where a guest stands on the network: its GID table, its tenant and its connection manager.
@@ -178,6 +203,12 @@ impl GuestShared {
     /// The host port behind guest port `port`, if the guest has such a port.
     pub(crate) fn host_port(&self, port: u32) -> Option<u8> {
         (port == u32::from(GUEST_PORT)).then_some(self.options.host_port)
+    }
+
+    /// The fixed attributes of host port `port` (one the guest sees, from
+    /// [`GuestShared::host_port`]), or `None` for any other.
+    pub(crate) fn port_limits(&self, port: u8) -> Option<&PortLimits> {
+        (port == self.options.host_port).then_some(&self.limits.port)
     }
 
     /// The guest's number for host port `port` (0 for ports the guest does not see).

@@ -168,6 +168,7 @@ impl HostContext for FakeContext {
     }
     fn query_port(&self, port: u8) -> host::Result<QueryPortResp> {
         assert_eq!(port, 1);
+        world(&self.world).port_queries += 1;
         Ok(QueryPortResp {
             state: 4,
             max_mtu: 5,

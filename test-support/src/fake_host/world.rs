@@ -104,6 +104,8 @@ pub struct World {
     pub ownership: Ownership,
     /// The connection manager's ids of every context (off unless a test turns it on).
     pub cm: CmNet,
+    /// QUERY_PORTs the contexts made.
+    pub port_queries: usize,
 }
 
 /// One of a host QP's queues (see [`World::read_queue`]).
