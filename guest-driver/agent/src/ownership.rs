@@ -148,11 +148,10 @@ fn page_ranges(pages: impl Iterator<Item = u64>, shift: u32) -> Vec<(u64, u64)> 
     out
 }
 
-/// Works out what `request` (a whole raw control request) names, creates, destroys and
-/// reaches, or why it must not be forwarded.
-///
-/// Commands the client may never send are refused by opcode before their body is looked at.
-pub fn plan(request: &[u8]) -> Result<CommandPlan, Refusal> {
+/// Decodes `request` (a whole raw control request) from a client, or says why it must not be
+/// forwarded. Commands the client may never send are refused by opcode before their body is
+/// looked at.
+pub fn decode(request: &[u8]) -> Result<ControlRequest<'_>, Refusal> {
     if let Some(op) = request
         .first_chunk::<2>()
         .and_then(|b| Opcode::try_from(u16::from_le_bytes(*b)).ok())
@@ -161,7 +160,18 @@ pub fn plan(request: &[u8]) -> Result<CommandPlan, Refusal> {
             return Err(refusal);
         }
     }
-    let req = ControlRequest::decode(request)?;
+    Ok(ControlRequest::decode(request)?)
+}
+
+/// Works out what `request` (a whole raw control request) names, creates, destroys and
+/// reaches, or why it must not be forwarded ([`decode`], then [`plan_of`]).
+pub fn plan(request: &[u8]) -> Result<CommandPlan, Refusal> {
+    plan_of(&decode(request)?)
+}
+
+/// What a decoded request names, creates, destroys and reaches, or why it must not be
+/// forwarded.
+pub fn plan_of(req: &ControlRequest<'_>) -> Result<CommandPlan, Refusal> {
     let opcode = req.opcode();
     let mut plan = CommandPlan {
         opcode,
@@ -190,7 +200,7 @@ pub fn plan(request: &[u8]) -> Result<CommandPlan, Refusal> {
             return Err(refuse_opcode(opcode).unwrap_or(Refusal::Unsupported(opcode)));
         }
         ControlRequest::AllocPd => plan.creates = Some(Pd),
-        ControlRequest::DeallocPd(r) => destroy(&mut plan, Pd, &r),
+        ControlRequest::DeallocPd(r) => destroy(&mut plan, Pd, r),
         ControlRequest::RegMr(m) => {
             plan.names.push((Pd, m.req.pd.get()));
             plan.creates = Some(Mr);
@@ -210,14 +220,14 @@ pub fn plan(request: &[u8]) -> Result<CommandPlan, Refusal> {
                 plan.guest_ranges = page_ranges(m.pages.iter(), m.req.page_shift.get());
             }
         }
-        ControlRequest::DeregMr(r) => destroy(&mut plan, Mr, &r),
+        ControlRequest::DeregMr(r) => destroy(&mut plan, Mr, r),
         ControlRequest::AllocMw(r) => {
             plan.names.push((Pd, r.pd.get()));
             plan.creates = Some(Mw);
         }
-        ControlRequest::DeallocMw(r) => destroy(&mut plan, Mw, &r),
+        ControlRequest::DeallocMw(r) => destroy(&mut plan, Mw, r),
         ControlRequest::CreateCq(_) => plan.creates = Some(Cq),
-        ControlRequest::DestroyCq(r) => destroy(&mut plan, Cq, &r),
+        ControlRequest::DestroyCq(r) => destroy(&mut plan, Cq, r),
         ControlRequest::ArmCq(r) => plan.names.push((Cq, r.cq.get())),
         ControlRequest::ResizeCq(r) => plan.names.push((Cq, r.cq.get())),
         ControlRequest::CreateQp(r) => {
@@ -234,19 +244,19 @@ pub fn plan(request: &[u8]) -> Result<CommandPlan, Refusal> {
         // The attributes hold address vectors inline, never an AH or any other handle.
         ControlRequest::ModifyQp(r) => plan.names.push((Qp, r.qp.get())),
         ControlRequest::QueryQp(r) => plan.names.push((Qp, r.qp.get())),
-        ControlRequest::DestroyQp(r) => destroy(&mut plan, Qp, &r),
+        ControlRequest::DestroyQp(r) => destroy(&mut plan, Qp, r),
         ControlRequest::CreateSrq(r) => {
             plan.names.push((Pd, r.pd.get()));
             plan.creates = Some(Srq);
         }
         ControlRequest::ModifySrq(r) => plan.names.push((Srq, r.srq.get())),
         ControlRequest::QuerySrq(r) => plan.names.push((Srq, r.handle.get())),
-        ControlRequest::DestroySrq(r) => destroy(&mut plan, Srq, &r),
+        ControlRequest::DestroySrq(r) => destroy(&mut plan, Srq, r),
         ControlRequest::CreateAh(r) => {
             plan.names.push((Pd, r.pd.get()));
             plan.creates = Some(Ah);
         }
-        ControlRequest::DestroyAh(r) => destroy(&mut plan, Ah, &r),
+        ControlRequest::DestroyAh(r) => destroy(&mut plan, Ah, r),
     }
     Ok(plan)
 }

@@ -40,12 +40,14 @@ use vrdma_spec::event::{Subject, EVENT_SIZE};
 use vrdma_spec::features::{VRDMA_F_CM, VRDMA_F_MR_EXTENTS, VRDMA_F_MW};
 use vrdma_spec::wire::SetDoorbellAreaReq;
 use vrdma_spec::{
-    ControlRequest, ControlResponse, DeviceConfig, Event, EventType, Le32, Le64, Opcode, Status,
+    ControlRequest, ControlResponse, DeviceConfig, Event, EventType, Le32, Le64, Opcode,
 };
 
 use crate::pinned::PinnedMemory;
 use crate::session::{receive_hello, Peer, SessionError, POLL_SLICE};
-use vrdma_guestd::ownership::{self, ClientId, ObjectKind, Ownership, Quotas};
+use vrdma_guestd::ownership::{
+    self, ClientId, CommandPlan, ObjectKind, Ownership, Quotas, Refusal,
+};
 use vrdma_guestd::translate::ProcessPages;
 
 /// Size of a hugepage, the granule of the doorbell area's memory (physically contiguous).
@@ -83,6 +85,18 @@ pub struct SharedDevice {
     config: Vec<u8>,
     max_mr_pages: u32,
     process_ram_size: usize,
+}
+
+/// Decodes and plans a process's request, or says why VM mode does not forward it: what
+/// [`ownership::decode`] refuses, and memory windows — rxe's memory keys are device-wide and
+/// BIND_MW is posted on the data path, which the agent never sees, so a process's window could
+/// be bound over another process's MR.
+fn served(request: &[u8]) -> Result<(CommandPlan, ControlRequest<'_>), Refusal> {
+    let req = ownership::decode(request)?;
+    if req.opcode() == Opcode::AllocMw {
+        return Err(Refusal::Unsupported(Opcode::AllocMw));
+    }
+    Ok((ownership::plan_of(&req)?, req))
 }
 
 struct EventListener {
@@ -274,20 +288,12 @@ impl SharedDevice {
         response: &mut [u8],
     ) -> Result<Vec<u8>, TransportError> {
         let refuse = |status| Ok(Ownership::refusal_response(status));
-        if request.first_chunk::<2>().map(|b| u16::from_le_bytes(*b))
-            == Some(Opcode::AllocMw as u16)
-        {
-            return refuse(Status::Unsupported);
-        }
-        let plan = match ownership::plan(request) {
-            Ok(plan) => plan,
+        let (plan, decoded) = match served(request) {
+            Ok(planned) => planned,
             Err(refusal) => {
                 debug!("client {client}: {refusal}");
                 return refuse(refusal.status());
             }
-        };
-        let Ok(decoded) = ControlRequest::decode(request) else {
-            return refuse(Status::Invalid);
         };
         let rewritten = match pages.rewrite(&decoded, extents, self.max_mr_pages) {
             Ok(rewritten) => rewritten,
@@ -487,6 +493,31 @@ mod tests {
             )
         };
         (got > 0).then(|| Event::decode(&bytes[..got as usize]).unwrap())
+    }
+
+    #[test]
+    fn memory_windows_and_the_connection_manager_are_not_served() {
+        let alloc_mw = ControlRequest::AllocMw(vrdma_spec::wire::AllocMwReq {
+            pd: Le32::new(1),
+            mw_type: Le32::new(1),
+        });
+        assert_eq!(
+            served(&alloc_mw.to_vec()).map(|(plan, _)| plan.opcode),
+            Err(Refusal::Unsupported(Opcode::AllocMw))
+        );
+        let cm = Opcode::ALL.into_iter().find(|op| op.is_cm()).unwrap();
+        let mut request = vec![0u8; 8 + cm.request_body_len()];
+        request[..2].copy_from_slice(&(cm as u16).to_le_bytes());
+        assert_eq!(
+            served(&request).map(|(plan, _)| plan.opcode),
+            Err(Refusal::Unsupported(cm))
+        );
+        let alloc_pd = ControlRequest::AllocPd.to_vec();
+        let (plan, req) = served(&alloc_pd).unwrap();
+        assert_eq!(
+            (plan.opcode, req),
+            (Opcode::AllocPd, ControlRequest::AllocPd)
+        );
     }
 
     #[test]
