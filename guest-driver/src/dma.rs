@@ -523,9 +523,18 @@ pub unsafe fn dont_fork(addr: *mut u8, len: usize) -> io::Result<()> {
 
 /// Maps the first `len` bytes of the file `fd` shared and read/write.
 pub fn map_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
+    map_shared_at(fd, 0, len)
+}
+
+/// Maps `len` bytes of the file `fd` from `offset` (page aligned) shared and read/write.
+pub fn map_shared_at(
+    fd: BorrowedFd<'_>,
+    offset: libc::off_t,
+    len: usize,
+) -> io::Result<NonNull<u8>> {
     use std::os::fd::AsRawFd;
-    // SAFETY: a new shared mapping of `len` bytes of a file at least that long; no existing
-    // memory is affected.
+    // SAFETY: a new shared mapping of `len` bytes of a file; no existing memory is affected
+    // (the kernel refuses an unaligned offset).
     let addr = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
@@ -533,7 +542,7 @@ pub fn map_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED,
             fd.as_raw_fd(),
-            0,
+            offset,
         )
     };
     if addr == libc::MAP_FAILED {

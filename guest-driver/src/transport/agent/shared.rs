@@ -2,11 +2,10 @@
 //! besides its own RAM: the device's queue region (through the BAR's sysfs resource file the
 //! agent opened) and the doorbell area the agent registered (a memfd).
 
-use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
 
-use crate::dma::{dont_fork, PAGE_SIZE};
+use crate::dma::{dont_fork, map_shared_at, PAGE_SIZE};
 use crate::transport::TransportError;
 
 /// `len` bytes of a file mapped shared and writable; unmapped on drop.
@@ -41,21 +40,8 @@ impl FileMapping {
             .ok()
             .filter(|o| (*o as usize).is_multiple_of(PAGE_SIZE))
             .ok_or_else(bad)?;
-        // SAFETY: a new shared mapping of a file we hold; no existing memory is affected.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len_bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                file_offset,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(TransportError::io(what)(io::Error::last_os_error()));
-        }
-        let base = NonNull::new(addr.cast::<u8>()).ok_or_else(bad)?;
+        let base =
+            map_shared_at(fd.as_fd(), file_offset, len_bytes).map_err(TransportError::io(what))?;
         let mapping = FileMapping {
             base,
             len: len_bytes,
