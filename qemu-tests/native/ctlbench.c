@@ -7,7 +7,10 @@
  * step: same objects, same sizes, same attributes, same output), so that the two can be
  * compared in one boot of the rxe VM.
  *
- *   vrdma-native-ctlbench control [-d DEV] [-r REPS] [-m MR_BYTES] [-R MR_REPS]
+ *   vrdma-native-ctlbench control [-d DEV] [-r REPS] [-m MR_BYTES] [-R MR_REPS] [-H] [-S]
+ *
+ * -H registers memory of 2 MiB hugetlb pages; -S registers a shared memfd's pages (the memory
+ * a vhost-user VM's RAM is) instead of private anonymous memory.
  *   vrdma-native-ctlbench scale [-d DEV] [-q QPS] [-n MESSAGES] [-w WINDOW] [-s SIZE]
  *                               [-y READY_FILE -g START_FILE]
  *
@@ -54,7 +57,8 @@ static void __attribute__((noreturn, format(printf, 1, 2))) fail(const char *fmt
 static void __attribute__((noreturn)) usage(void)
 {
 	fprintf(stderr,
-		"usage: vrdma-native-ctlbench control [-d DEV] [-r REPS] [-m MR_BYTES] [-R MR_REPS] [-H]\n"
+		"usage: vrdma-native-ctlbench control [-d DEV] [-r REPS] [-m MR_BYTES] [-R MR_REPS] [-H] "
+		"[-S]\n"
 		"       vrdma-native-ctlbench scale [-d DEV] [-q QPS] [-n MESSAGES] [-w WINDOW] "
 		"[-s SIZE] [-y READY_FILE -g START_FILE]\n");
 	exit(2);
@@ -250,8 +254,35 @@ static const char *const series_names[S_COUNT] = {
 #define SETUP_QPS 32
 #define SETUP_REPS 3
 
+/* `bytes` of private anonymous memory, or with `shared` of a memfd mapped shared; of 2 MiB
+ * hugetlb pages with `huge`. */
+static uint8_t *map_buffer(unsigned long bytes, bool huge, bool shared)
+{
+	uint8_t *buf;
+
+	if (shared) {
+		int fd = memfd_create("vrdma-native-ctlbench", MFD_CLOEXEC | (huge ? MFD_HUGETLB : 0));
+
+		if (fd < 0)
+			fail("memfd_create: %s", strerror(errno));
+		if (ftruncate(fd, (off_t)bytes))
+			fail("sizing the memfd to %lu bytes: %s", bytes, strerror(errno));
+		buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		close(fd);
+	} else {
+		buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+			   MAP_PRIVATE | MAP_ANONYMOUS | (huge ? MAP_HUGETLB : 0), -1, 0);
+	}
+	if (buf == MAP_FAILED)
+		fail("allocating %lu bytes%s: %s", bytes, huge ? " of huge pages" : "",
+		     strerror(errno));
+	if (!huge && madvise(buf, bytes, MADV_NOHUGEPAGE))
+		fail("madvise(MADV_NOHUGEPAGE): %s", strerror(errno));
+	return buf;
+}
+
 static void control(struct device *d, unsigned long reps, unsigned long mr_bytes,
-		    unsigned long mr_reps, bool huge)
+		    unsigned long mr_reps, bool huge, bool shared)
 {
 	struct series s[S_COUNT];
 	struct ibv_cq *cq;
@@ -319,13 +350,7 @@ static void control(struct device *d, unsigned long reps, unsigned long mr_bytes
 
 	/* Ordinary pages (no transparent huge pages either), or 2 MiB hugetlb pages: the two
 	 * kinds of guest RAM the vrdma side is measured with. */
-	uint8_t *buf = mmap(NULL, mr_bytes, PROT_READ | PROT_WRITE,
-			    MAP_PRIVATE | MAP_ANONYMOUS | (huge ? MAP_HUGETLB : 0), -1, 0);
-	if (buf == MAP_FAILED)
-		fail("allocating %lu bytes%s: %s", mr_bytes, huge ? " of huge pages" : "",
-		     strerror(errno));
-	if (!huge && madvise(buf, mr_bytes, MADV_NOHUGEPAGE))
-		fail("madvise(MADV_NOHUGEPAGE): %s", strerror(errno));
+	uint8_t *buf = map_buffer(mr_bytes, huge, shared);
 	/* Fault the pages in first: the bench times registration, not page allocation. */
 	memset(buf, 0x5a, mr_bytes);
 	for (unsigned long r = 0; r < mr_reps; r++) {
@@ -496,7 +521,7 @@ int main(int argc, char **argv)
 	unsigned long qps = 1, messages = 4000, window = 16, size = 64;
 	bool is_control;
 	int opt;
-	bool huge = false;
+	bool huge = false, shared = false;
 
 	if (argc < 2)
 		usage();
@@ -507,9 +532,10 @@ int main(int argc, char **argv)
 	else
 		usage();
 	optind = 2;
-	while ((opt = getopt(argc, argv, "d:r:m:R:Hq:n:w:s:y:g:")) != -1) {
+	while ((opt = getopt(argc, argv, "d:r:m:R:HSq:n:w:s:y:g:")) != -1) {
 		switch (opt) {
 		case 'H': huge = true; break;
+		case 'S': shared = true; break;
 		case 'd': dev = optarg; break;
 		case 'r': reps = parse_number(optarg, 1, 1000000); break;
 		case 'm': mr_bytes = parse_number(optarg, 4096, 1ul << 40); break;
@@ -530,7 +556,7 @@ int main(int argc, char **argv)
 
 	open_device(&d, dev);
 	if (is_control)
-		control(&d, reps, mr_bytes, mr_reps, huge);
+		control(&d, reps, mr_bytes, mr_reps, huge, shared);
 	else
 		scale(&d, (uint32_t)qps, messages, (uint32_t)window, (uint32_t)size, ready_file,
 		      start_file);

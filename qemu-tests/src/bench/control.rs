@@ -52,6 +52,12 @@ pub const STAGED_ROWS: &[&str] = &[
 /// Row of the first registration alone: vrdma's first registration of memory also fills the
 /// backend's page tables for it, which later ones find done.
 pub const FIRST_REG_MR: &str = "reg_mr_first_per_gib";
+/// MR measurements over ordinary pages against native over a shared memfd (the memory a
+/// vhost-user VM's RAM is, which vrdma always registers), scaled to one GiB.
+const MR_OPS_VS_SHARED: &[(&str, &str)] = &[
+    ("reg_mr", "reg_mr_per_gib_vs_memfd"),
+    ("dereg_mr", "dereg_mr_per_gib_vs_memfd"),
+];
 /// MR measurements over 2 MiB huge pages, scaled to one GiB.
 const HUGE_MR_OPS: &[(&str, &str)] = &[
     ("reg_mr", "reg_mr_huge_per_gib"),
@@ -137,6 +143,12 @@ pub fn run(
         )?;
         rows.extend(staged_rows(&native, &through_staging)?);
     }
+    let native_shared = run_to_output(
+        "bench-native-control-memfd",
+        &mut programs.control(Via::Native, None, &plan.over_shared_memory())?,
+        timeout,
+    )?;
+    rows.extend(mr_rows(MR_OPS_VS_SHARED, &native_shared, &vrdma)?);
     let huge = plan.over_huge_pages();
     let vrdma_ram = (plan.mr_bytes + CTLBENCH_RAM_HEADROOM).max(DEFAULT_GUEST_RAM_SIZE as u64);
     match HugePagePool::reserve(vrdma_ram) {
@@ -199,8 +211,12 @@ impl Drop for HugePagePool {
 
 /// The registration rows over huge pages, from the two programs' outputs.
 pub fn huge_rows(native: &Output, vrdma: &Output) -> Result<Vec<ControlRow>> {
-    HUGE_MR_OPS
-        .iter()
+    mr_rows(HUGE_MR_OPS, native, vrdma)
+}
+
+/// The registration rows `ops` (measurement, row name) from the two programs' outputs.
+fn mr_rows(ops: &[(&str, &str)], native: &Output, vrdma: &Output) -> Result<Vec<ControlRow>> {
+    ops.iter()
         .map(|(op, name)| {
             ControlRow::compare(
                 name,

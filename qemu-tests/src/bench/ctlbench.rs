@@ -62,9 +62,24 @@ pub struct ControlPlan {
     /// pages.
     #[serde(default)]
     pub huge_pages: bool,
+    /// Native only: register pages of a shared memfd (the memory a vhost-user VM's RAM is)
+    /// instead of private anonymous memory. vrdma's guest RAM is always a shared memfd.
+    #[serde(default)]
+    pub shared_memory: bool,
 }
 
 impl ControlPlan {
+    /// The registrations of this plan over a shared memfd's ordinary pages (and the object
+    /// measurements once).
+    pub fn over_shared_memory(&self) -> ControlPlan {
+        ControlPlan {
+            reps: 1,
+            huge_pages: false,
+            shared_memory: true,
+            ..*self
+        }
+    }
+
     /// The registrations of this plan over huge pages (and the object measurements once, as
     /// the programs always make them).
     pub fn over_huge_pages(&self) -> ControlPlan {
@@ -156,6 +171,9 @@ impl Programs {
             Via::Native => cmd.args(["-r", &reps, "-m", &bytes, "-R", &mr_reps]),
             Via::Vrdma => cmd.args(["--reps", &reps, "--mr-bytes", &bytes, "--mr-reps", &mr_reps]),
         };
+        if plan.shared_memory && via == Via::Native {
+            cmd.arg("-S");
+        }
         if plan.huge_pages {
             cmd.arg(match via {
                 Via::Native => "-H",
@@ -232,6 +250,7 @@ mod tests {
             mr_bytes: 1 << 20,
             mr_reps: 2,
             huge_pages: false,
+            shared_memory: false,
         };
         let p = programs();
         let native = p.control(Via::Native, None, &plan).unwrap();
@@ -243,6 +262,9 @@ mod tests {
             "--socket /tmp/s control --reps 7 --mr-bytes 1048576 --mr-reps 2"
         );
         assert!(p.control(Via::Vrdma, None, &plan).is_err());
+        let shared = plan.over_shared_memory();
+        let native = p.control(Via::Native, None, &shared).unwrap();
+        assert_eq!(args(&native), "control -d rxe0 -r 1 -m 1048576 -R 2 -S");
         let huge = plan.over_huge_pages();
         let native = p.control(Via::Native, None, &huge).unwrap();
         assert_eq!(args(&native), "control -d rxe0 -r 1 -m 1048576 -R 2 -H");

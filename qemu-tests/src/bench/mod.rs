@@ -100,6 +100,7 @@ impl Plan {
                     mr_bytes: 32 << 20,
                     mr_reps: 1,
                     huge_pages: false,
+                    shared_memory: false,
                 }
             } else {
                 ControlPlan {
@@ -107,6 +108,7 @@ impl Plan {
                     mr_bytes: 256 << 20,
                     mr_reps: 3,
                     huge_pages: false,
+                    shared_memory: false,
                 }
             },
             cm_setup: cm_setup::CmSetupPlan {

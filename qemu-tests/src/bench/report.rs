@@ -96,8 +96,9 @@ fn tables(
         out,
         "\ncontrol path: vrdma verbs API (process transport) vs rdma-core on rxe0; median of {} \
          (MR: {} MiB registered, median of {}, scaled to one GiB; 4 KiB pages: vrdma's guest RAM \
-         a memfd, native memory without transparent huge pages; `first`: the first registration \
-         alone; `huge`: both over 2 MiB hugetlb pages; setup: 32 RC QPs from nothing to RTS, \
+         a memfd, native memory without transparent huge pages; `vs_memfd`: native over a \
+         shared memfd's pages too, the memory a vhost-user VM's RAM is; `first`: the first \
+         registration alone; `huge`: both over 2 MiB hugetlb pages; setup: 32 RC QPs from nothing to RTS, \
          per second, median of 3, vrdma one command at a time and in batches).",
         plan.control.reps,
         plan.control.mr_bytes >> 20,
