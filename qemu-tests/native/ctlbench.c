@@ -8,11 +8,11 @@
  * compared in one boot of the rxe VM.
  *
  *   vrdma-native-ctlbench control [-d DEV] [-r REPS] [-m MR_BYTES] [-R MR_REPS] [-H] [-S]
+ *   vrdma-native-ctlbench scale [-d DEV] [-q QPS] [-n MESSAGES] [-w WINDOW] [-s SIZE]
+ *                               [-y READY_FILE -g START_FILE]
  *
  * -H registers memory of 2 MiB hugetlb pages; -S registers a shared memfd's pages (the memory
  * a vhost-user VM's RAM is) instead of private anonymous memory.
- *   vrdma-native-ctlbench scale [-d DEV] [-q QPS] [-n MESSAGES] [-w WINDOW] [-s SIZE]
- *                               [-y READY_FILE -g START_FILE]
  *
  * Output (stdout): one JSON object, {"samples_ns": {"NAME": [ns, ...], ...}, ...}; the
  * harness (qemu-tests/src/bench/) computes the statistics.

@@ -10,7 +10,7 @@ use super::error::CommandError;
 use super::session::{host_err, CommandResult, Session};
 use crate::datapath::staging::StagedAh;
 use crate::guest::objects::AhEntry;
-use crate::guest::shared::{GuestShared, PortLimits};
+use crate::guest::shared::GuestShared;
 use crate::host::{AhHandle, AhInit, HostContext};
 use crate::identity::endpoints::Destination;
 use crate::identity::policy::PolicyViolation;
@@ -46,7 +46,7 @@ pub(crate) fn ah_attr_to_host(
             what,
             value: a.port_num.into(),
         })?;
-    let port_attr = port_limits(guest, port)?;
+    let port_attr = guest.port_limits();
     let gids = guest.gids();
     let found = if u32::from(a.sgid_index) < gids.table_len(port_attr.gid_tbl_len) {
         gids.entry(&guest.gid_source(), port, a.sgid_index.into())
@@ -81,17 +81,6 @@ pub(crate) fn ah_attr_to_host(
     attr.port_num = port;
     attr.sgid_index = host_index;
     Ok(HostAv { attr, sgid })
-}
-
-/// The fixed attributes of host port `port`, which the guest's port number mapped to.
-pub(crate) fn port_limits(guest: &GuestShared, port: u8) -> Result<PortLimits, CommandError> {
-    guest
-        .port_limits(port)
-        .copied()
-        .ok_or(CommandError::Invalid {
-            what: "port_num",
-            value: port.into(),
-        })
 }
 
 /// Where `dgid` leads (spec §12.1): an address of another tenant, one of the host's own, or

@@ -10,7 +10,7 @@ use vrdma_spec::wire::{QpAttr, QueryQpResp, RingDesc};
 use vrdma_spec::{Le32, ResponseBody};
 use zerocopy::FromZeros;
 
-use super::ah::{ah_attr_to_guest, ah_attr_to_host, check_reach, port_limits};
+use super::ah::{ah_attr_to_guest, ah_attr_to_host, check_reach};
 use super::error::CommandError;
 use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
@@ -364,7 +364,7 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
         guest.options().host_port
     };
     if mask.intersects(QpAttrMask::PKEY_INDEX | QpAttrMask::PATH_MTU) {
-        let port_attr = port_limits(guest, port)?;
+        let port_attr = guest.port_limits();
         if has(QpAttrMask::PKEY_INDEX) && a.pkey_index.get() >= port_attr.pkey_tbl_len {
             return Err(CommandError::Invalid {
                 what: "pkey_index",

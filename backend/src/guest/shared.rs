@@ -205,10 +205,10 @@ impl GuestShared {
         (port == u32::from(GUEST_PORT)).then_some(self.options.host_port)
     }
 
-    /// The fixed attributes of host port `port` (one the guest sees, from
-    /// [`GuestShared::host_port`]), or `None` for any other.
-    pub(crate) fn port_limits(&self, port: u8) -> Option<&PortLimits> {
-        (port == self.options.host_port).then_some(&self.limits.port)
+    /// The fixed attributes of the one host port the guest sees (every port number
+    /// [`GuestShared::host_port`] accepts maps to it).
+    pub(crate) fn port_limits(&self) -> &PortLimits {
+        &self.limits.port
     }
 
     /// The guest's number for host port `port` (0 for ports the guest does not see).
