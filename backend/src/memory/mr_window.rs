@@ -197,6 +197,8 @@ struct DirectRun {
     /// The daemon's address of the first page in `ram`.
     addr: usize,
     ram: Arc<MappedGuestRam>,
+    /// The unit in which the run's memory is mapped (a huge page on hugetlbfs).
+    granularity: u64,
 }
 
 /// A validated MR registration whose window is planned but not yet mapped: its cost (mappings
@@ -304,7 +306,11 @@ impl<'r> MrPlan<'r> {
         };
         for missing in populated.take_missing(&run.ram, range) {
             // Cannot overflow: inside the run, which `addr` maps.
-            populate(run.addr + (missing.start - run.gpa) as usize, missing.len());
+            populate(
+                run.addr + (missing.start - run.gpa) as usize,
+                missing.len(),
+                run.granularity,
+            );
         }
     }
 
@@ -322,7 +328,13 @@ impl<'r> MrPlan<'r> {
             let backing = region.backing.as_ref().ok_or(MemError::NotFdBacked {
                 region_start: region.gpa_start,
             })?;
-            reservation.map_file(&backing.file, map.window_offset, map.file_offset, map.len)?;
+            reservation.map_file(
+                &backing.file,
+                map.window_offset,
+                map.file_offset,
+                map.len,
+                backing.granularity,
+            )?;
         }
         Ok(reservation)
     }
@@ -403,6 +415,12 @@ impl MrWindow {
             npages: expected_pages,
         } = *shape;
         let (runs, dependencies) = collect_runs(ram, &extents, page_size)?;
+        let granularity = |region: usize| {
+            ram.regions[region]
+                .backing
+                .as_ref()
+                .map_or(host_page_size, |backing| backing.granularity)
+        };
         // One run inside one region is already contiguous in the daemon's mapping of guest RAM.
         let direct = match runs.as_slice() {
             [run] if ram.room_in_region(run.gpa) >= run.len => ram
@@ -411,20 +429,11 @@ impl MrWindow {
                     gpa: run.gpa,
                     addr,
                     ram: Arc::clone(mapping),
+                    granularity: granularity(run.region),
                 }),
             _ => None,
         };
-        let layout = plan_layout(
-            &runs,
-            |region| {
-                ram.regions[region]
-                    .backing
-                    .as_ref()
-                    .map_or(host_page_size, |backing| backing.granularity)
-            },
-            page_size,
-            host_page_size,
-        )?;
+        let layout = plan_layout(&runs, granularity, page_size, host_page_size)?;
         let pinned = pinned_extents(&extents, in_page_offset, length, host_page_size);
         Ok(MrPlan {
             ram,
