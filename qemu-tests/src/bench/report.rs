@@ -95,7 +95,8 @@ fn tables(
     let _ = writeln!(
         out,
         "\ncontrol path: vrdma verbs API (process transport) vs rdma-core on rxe0; median of {} \
-         (MR: {} MiB registered, median of {}, scaled to one GiB; 4 KiB pages: vrdma's guest RAM \
+         (MR: {} MiB registered {} times, median of the registrations after the first and of \
+         every deregistration, scaled to one GiB; 4 KiB pages: vrdma's guest RAM \
          a memfd, native memory without transparent huge pages; `vs_memfd`: native over a \
          shared memfd's pages too, the memory a vhost-user VM's RAM is; `first`: the first \
          registration alone; `huge`: both over 2 MiB hugetlb pages; setup: 32 RC QPs from nothing to RTS, \
