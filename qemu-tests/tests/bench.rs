@@ -70,6 +70,8 @@ fn quick_bench_measures_every_row_on_both_sides() {
         control::FIRST_REG_MR,
         "reg_mr_huge_per_gib",
         "dereg_mr_huge_per_gib",
+        "reg_mr_huge_per_gib_vs_memfd",
+        "dereg_mr_huge_per_gib_vs_memfd",
         control::SETUP_RATE,
         control::SETUP_RATE_BATCHED,
     ]

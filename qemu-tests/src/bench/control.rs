@@ -63,6 +63,12 @@ const HUGE_MR_OPS: &[(&str, &str)] = &[
     ("reg_mr", "reg_mr_huge_per_gib"),
     ("dereg_mr", "dereg_mr_huge_per_gib"),
 ];
+/// MR measurements over 2 MiB huge pages against native over a shared hugetlbfs memfd (what
+/// guest RAM on huge pages behind vhost-user is), scaled to one GiB.
+const HUGE_MR_OPS_VS_SHARED: &[(&str, &str)] = &[
+    ("reg_mr", "reg_mr_huge_per_gib_vs_memfd"),
+    ("dereg_mr", "dereg_mr_huge_per_gib_vs_memfd"),
+];
 /// Guest RAM `vrdma-ctlbench control` makes beside the buffer (its vrings and command buffers);
 /// the huge-page pool must hold all of it.
 const CTLBENCH_RAM_HEADROOM: u64 = 64 << 20;
@@ -164,6 +170,16 @@ pub fn run(
                 timeout,
             )?;
             rows.extend(huge_rows(&native, &vrdma)?);
+            let shared_huge = ControlPlan {
+                shared_memory: true,
+                ..huge
+            };
+            let native_shared = run_to_output(
+                "bench-native-control-huge-memfd",
+                &mut programs.control(Via::Native, None, &shared_huge)?,
+                timeout,
+            )?;
+            rows.extend(mr_rows(HUGE_MR_OPS_VS_SHARED, &native_shared, &vrdma)?);
         }
         Err(e) => println!("control path: no huge-page rows: {e}"),
     }
