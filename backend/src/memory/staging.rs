@@ -136,22 +136,34 @@ impl StagingFile {
         &self.mapping
     }
 
-    /// Empties `range` and writes an rxe v1 queue header there (both indices 0), so that the
-    /// guest's cross-check of the header (spec §6) holds for the staging ring.
+    /// Writes an rxe v1 queue header at the start of `range` (geometry, both indices 0), so
+    /// that the guest's cross-check of the header (spec §6) holds for the staging ring.
+    ///
+    /// The slots are left as they are: nothing reads a slot before the guest has produced it
+    /// (the device copies only between the indices), a released ring's pages are given back
+    /// when it is dropped, and the file belongs to one guest. Punching the range here as well
+    /// cost every staged QP an `fallocate`, which unmaps the range from every mapping of the
+    /// file (the guest's too) — more than the host's own CREATE_QP under TCG.
     pub fn init_ring(
         &self,
         range: ShmRange,
         log2_slot_size: u32,
         index_mask: u32,
     ) -> io::Result<()> {
-        self.punch(range)?;
         let base = usize::try_from(range.offset).map_err(|_| io::Error::other("offset"))?;
+        let header_len = u64::try_from(header::SIZE).map_err(|_| io::Error::other("header"))?;
+        if range.len < header_len {
+            return Err(io::Error::other("staging ring smaller than its header"));
+        }
         let word = |at: usize| {
             self.mapping
                 .word(base + at)
                 .ok_or_else(|| io::Error::other("staging ring outside the staging file"))
         };
-        use std::sync::atomic::Ordering::Release;
+        use std::sync::atomic::Ordering::{Relaxed, Release};
+        for at in (0..header::SIZE).step_by(4) {
+            word(at)?.store(0, Relaxed);
+        }
         word(header::LOG2_ELEM_SIZE)?.store(log2_slot_size, Release);
         word(header::INDEX_MASK)?.store(index_mask, Release);
         Ok(())
@@ -193,13 +205,6 @@ mod tests {
             offset: 0x2000,
             len: 0x2000,
         };
-        // Leftovers of an earlier ring are gone.
-        let slot = staging.mapping().range(0x2000 + 512, 1).unwrap();
-        // SAFETY: inside the mapping.
-        unsafe { slot.write(0xab) };
-        staging.init_ring(range, 8, 15).unwrap();
-        // SAFETY: inside the mapping.
-        assert_eq!(unsafe { slot.read() }, 0);
         let word = |at| {
             staging
                 .mapping()
@@ -207,9 +212,50 @@ mod tests {
                 .unwrap()
                 .load(std::sync::atomic::Ordering::Acquire)
         };
+        // Leftovers of an earlier ring in the header are gone; the slots are not read before
+        // the guest writes them and stay as they were.
+        for at in [
+            header::PRODUCER_INDEX,
+            header::CONSUMER_INDEX,
+            header::SIZE - 4,
+        ] {
+            staging
+                .mapping()
+                .word(0x2000 + at)
+                .unwrap()
+                .store(7, std::sync::atomic::Ordering::Release);
+        }
+        let slot = staging.mapping().range(0x2000 + header::DATA, 1).unwrap();
+        // SAFETY: inside the mapping.
+        unsafe { slot.write(0xab) };
+        staging.init_ring(range, 8, 15).unwrap();
+        // SAFETY: inside the mapping.
+        assert_eq!(unsafe { slot.read() }, 0xab);
         assert_eq!(word(header::LOG2_ELEM_SIZE), 8);
         assert_eq!(word(header::INDEX_MASK), 15);
         assert_eq!(word(header::PRODUCER_INDEX), 0);
+        assert_eq!(word(header::CONSUMER_INDEX), 0);
+        assert_eq!(word(header::SIZE - 4), 0);
+        assert!(staging
+            .init_ring(
+                ShmRange {
+                    offset: 0x2000,
+                    len: 0
+                },
+                8,
+                15
+            )
+            .is_err());
+        assert!(staging
+            .init_ring(
+                ShmRange {
+                    offset: 1 << 20,
+                    len: 0x1000
+                },
+                8,
+                15
+            )
+            .is_err());
         assert!(staging.mapping().word(1 << 20).is_none());
         assert!(staging.mapping().word(2).is_none());
         let again = File::from(staging.fd().try_clone_to_owned().unwrap());
