@@ -21,7 +21,8 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::memory::frontend_filter;
+use crate::memory::frontend_filter::{self, FilterHooks};
+use crate::vhost_device::backend_channel::BackendChannel;
 use crate::vhost_device::handler::DeviceHandler;
 use crate::vhost_device::VhostUserDevice;
 
@@ -278,11 +279,24 @@ fn start_connection<H: DeviceHandler>(
     backend.attach(&daemon.get_epoll_handlers())?;
     let daemon_end = connect_daemon(&mut daemon)?;
     let features_handler = handler.clone();
+    let channel_device = backend.clone();
     let filter = frontend_filter::start(
         frontend,
         daemon_end,
-        Arc::new(move |file: &std::fs::File| handler.is_device_mapping(file)),
-        Arc::new(move |acked| features_handler.frontend_protocol_features(acked)),
+        FilterHooks {
+            is_device_mapping: Arc::new(move |file: &std::fs::File| {
+                handler.is_device_mapping(file)
+            }),
+            on_protocol_features: Arc::new(move |acked| {
+                features_handler.frontend_protocol_features(acked)
+            }),
+            on_backend_channel: Arc::new(move |socket, acked| {
+                channel_device
+                    .context()
+                    .shmem()
+                    .set_channel(BackendChannel::new(socket, acked))
+            }),
+        },
     )?;
     info!("guest {id}: connected");
     let shutdown = daemon.shutdown_handle();

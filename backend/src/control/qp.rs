@@ -237,14 +237,24 @@ fn map_rings(
             .ok_or_else(|| CommandError::Geometry(format!("depth {wr}")))
     };
     let caps = qp.caps;
+    let send_wqe = rxe_v1::send_wqe_size(caps.max_send_sge, caps.max_inline_data);
+    let recv_wqe = rxe_v1::recv_wqe_size(caps.max_recv_sge);
+    if let (None, false, Some(rq), false) = (modes.sq, modes.rq_staged, qp.rq, with_srq) {
+        // Both queues mapped directly: one exchange with the frontend for the two.
+        let sq = rings::place_ring(s, qp.sq, slots(caps.max_send_wr)?, send_wqe)?;
+        let rq = match slots(caps.max_recv_wr).and_then(|n| rings::place_ring(s, rq, n, recv_wqe)) {
+            Ok(rq) => rq,
+            Err(e) => {
+                rings::free_extent(&mut s.state.shm, sq.ring.range);
+                return Err(e);
+            }
+        };
+        rings::map_placed(s, &[sq, rq])?;
+        return Ok((sq.ring, Some(rq.ring), [None, None]));
+    }
     let (sq, staged_sq) = match modes.sq {
         None => {
-            let sq = rings::map_ring(
-                s,
-                qp.sq,
-                slots(caps.max_send_wr)?,
-                rxe_v1::send_wqe_size(caps.max_send_sge, caps.max_inline_data),
-            )?;
+            let sq = rings::map_ring(s, qp.sq, slots(caps.max_send_wr)?, send_wqe)?;
             (sq, None)
         }
         Some(kind) => {
@@ -260,9 +270,7 @@ fn map_rings(
                     .map(|(rq, staged)| (rq, Some(staged)))
             } else {
                 slots(caps.max_recv_wr)
-                    .and_then(|n| {
-                        rings::map_ring(s, buffer, n, rxe_v1::recv_wqe_size(caps.max_recv_sge))
-                    })
+                    .and_then(|n| rings::map_ring(s, buffer, n, recv_wqe))
                     .map(|rq| (rq, None))
             };
             match mapped {

@@ -20,7 +20,7 @@ use super::session::Session;
 use crate::host::QueueBuffer;
 use crate::memory::queue_region::{MappedRing, ShmAllocator, ShmRange};
 use crate::vhost_device::guest_context::GuestContext;
-use crate::vhost_device::shmem::SHMEM_PAGE_SIZE;
+use crate::vhost_device::shmem::{ShmemMapping, SHMEM_PAGE_SIZE};
 
 /// Fails unless a ring format was negotiated that the host device produces (spec §3: without
 /// one, CREATE_CQ/QP/SRQ are `UNSUPPORTED`).
@@ -89,6 +89,26 @@ pub(crate) fn map_ring(
     num_slots: u32,
     entry_bytes: usize,
 ) -> Result<MappedRing, CommandError> {
+    let placed = place_ring(s, buffer, num_slots, entry_bytes)?;
+    map_placed(s, &[placed])?;
+    Ok(placed.ring)
+}
+
+/// A host queue buffer placed in the queue region and described, not mapped yet.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PlacedRing {
+    pub(crate) ring: MappedRing,
+    /// Where the buffer is in the host's queue fd.
+    fd_offset: u64,
+}
+
+/// Places `buffer` in the queue region and describes it; on error nothing stays allocated.
+pub(crate) fn place_ring(
+    s: &mut Session<'_>,
+    buffer: QueueBuffer,
+    num_slots: u32,
+    entry_bytes: usize,
+) -> Result<PlacedRing, CommandError> {
     let len = u64::try_from(buffer.len)
         .ok()
         .filter(|len| *len != 0 && len.is_multiple_of(SHMEM_PAGE_SIZE))
@@ -107,22 +127,42 @@ pub(crate) fn map_ring(
         free_extent(&mut s.state.shm, range);
         return Err(CommandError::Geometry(e.to_string()));
     }
-    let mapped = s.ctx.shmem().map(
-        s.guest.host().queue_fd(),
-        buffer.offset,
-        range.offset,
-        len,
-        true,
-    );
-    if let Err(e) = mapped {
-        free_extent(&mut s.state.shm, range);
+    Ok(PlacedRing {
+        ring: MappedRing { range, desc },
+        fd_offset: buffer.offset,
+    })
+}
+
+/// Has the frontend map every placed ring, with one wait for all of its answers (a QP's send
+/// and receive queues together). On error none is mapped and every extent is freed.
+pub(crate) fn map_placed(s: &mut Session<'_>, placed: &[PlacedRing]) -> Result<(), CommandError> {
+    let mappings: Vec<ShmemMapping> = placed
+        .iter()
+        .map(|p| ShmemMapping {
+            fd_offset: p.fd_offset,
+            shm_offset: p.ring.range.offset,
+            len: p.ring.range.len,
+            writable: true,
+        })
+        .collect();
+    if let Err(e) = s.ctx.shmem().map_all(s.guest.host().queue_fd(), &mappings) {
+        for p in placed {
+            free_extent(&mut s.state.shm, p.ring.range);
+        }
         return Err(e.into());
     }
-    debug!(
-        "mapped host queue {:#x}+{len:#x} at region offset {:#x} ({num_slots} slots of 2^{log2})",
-        buffer.offset, range.offset
-    );
-    Ok(MappedRing { range, desc })
+    for p in placed {
+        let desc = &p.ring.desc;
+        debug!(
+            "mapped host queue {:#x}+{:#x} at region offset {:#x} ({} slots of 2^{})",
+            p.fd_offset,
+            p.ring.range.len,
+            p.ring.range.offset,
+            desc.num_slots.get(),
+            desc.log2_slot_size.get()
+        );
+    }
+    Ok(())
 }
 
 /// The `RingDesc` of an rxe v1 ring of `num_slots` slots of `2^log2` bytes filling `range`.

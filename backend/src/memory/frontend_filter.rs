@@ -27,31 +27,26 @@
 
 use std::collections::HashSet;
 use std::fs::File;
-use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
 use log::{debug, warn};
 use parking_lot::Mutex;
-use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
-/// vhost-user message header: request, flags, payload size (all u32, little-endian).
-const HEADER_SIZE: usize = 12;
-/// Largest payload accepted (vhost-user messages are far smaller).
-const MAX_PAYLOAD: usize = 64 * 1024;
-/// Most descriptors one message may carry (SET_MEM_TABLE carries up to 8).
-const MAX_FDS: usize = 32;
+use crate::vhost_device::message::{payload_u64, wants_reply, Message};
+#[cfg(test)]
+use crate::vhost_device::message::{FLAG_NEED_REPLY, FLAG_REPLY, FLAG_VERSION, HEADER_SIZE};
 
 const SET_PROTOCOL_FEATURES: u32 = 16;
+const SET_BACKEND_REQ_FD: u32 = 21;
+/// `VHOST_USER_PROTOCOL_F_BACKEND_REQ`: the front-end may hand over a back-end channel.
+const PROTOCOL_F_BACKEND_REQ: u64 = 1 << 5;
 const SET_MEM_TABLE: u32 = 5;
 const ADD_MEM_REG: u32 = 37;
 const REM_MEM_REG: u32 = 38;
-
-const FLAG_VERSION: u32 = 0x1;
-const FLAG_REPLY: u32 = 0x4;
-const FLAG_NEED_REPLY: u32 = 0x8;
 
 /// `VhostUserSingleMemoryRegion`: padding, guest address, size, user address, mmap offset.
 const SINGLE_REGION_SIZE: usize = 40;
@@ -68,102 +63,19 @@ pub type DeviceMappingTest = Arc<dyn Fn(&File) -> bool + Send + Sync>;
 /// device's mappings against a memory-slot limit (QEMU does).
 pub type ProtocolFeaturesHook = Arc<dyn Fn(u64) + Send + Sync>;
 
-/// One vhost-user message with the descriptors that came with it.
-#[derive(Debug)]
-struct Message {
-    header: [u8; HEADER_SIZE],
-    payload: Vec<u8>,
-    fds: Vec<OwnedFd>,
-}
+/// Given the back-end request channel (`SET_BACKEND_REQ_FD`) with the protocol features
+/// acknowledged before it; the daemon never sees that request. The device drives the channel
+/// itself ([`BackendChannel`](crate::vhost_device::backend_channel::BackendChannel)).
+pub type BackendChannelHook = Arc<dyn Fn(UnixStream, u64) + Send + Sync>;
 
-impl Message {
-    fn request(&self) -> u32 {
-        header_word(&self.header, 0)
-    }
-
-    fn flags(&self) -> u32 {
-        header_word(&self.header, 4)
-    }
-
-    /// Reads the next message; `None` when the peer closed the connection between messages.
-    fn receive(socket: &UnixStream) -> io::Result<Option<Message>> {
-        let mut header = [0u8; HEADER_SIZE];
-        let mut raw_fds = [-1 as RawFd; MAX_FDS];
-        let mut iov = [libc::iovec {
-            iov_base: header.as_mut_ptr().cast(),
-            iov_len: HEADER_SIZE,
-        }];
-        // SAFETY: the iovec points at `header`, which lives across the call and may take any
-        // bytes.
-        let (read, fd_count) =
-            restarting(|| unsafe { socket.recv_with_fds(&mut iov, &mut raw_fds) })?;
-        let fds: Vec<OwnedFd> = raw_fds[..fd_count]
-            .iter()
-            // SAFETY: recvmsg just installed these descriptors in this process; nothing else
-            // owns them.
-            .map(|&fd| unsafe { OwnedFd::from_raw_fd(fd) })
-            .collect();
-        if read == 0 {
-            return Ok(None);
-        }
-        let mut reader = socket;
-        reader.read_exact(&mut header[read..])?;
-        let size = header_word(&header, 8) as usize;
-        if size > MAX_PAYLOAD {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("vhost-user message with a payload of {size} bytes"),
-            ));
-        }
-        let mut payload = vec![0u8; size];
-        reader.read_exact(&mut payload)?;
-        Ok(Some(Message {
-            header,
-            payload,
-            fds,
-        }))
-    }
-
-    fn send(&self, socket: &UnixStream) -> io::Result<()> {
-        let fds: Vec<RawFd> = self.fds.iter().map(AsRawFd::as_raw_fd).collect();
-        let mut bytes = Vec::with_capacity(HEADER_SIZE + self.payload.len());
-        bytes.extend_from_slice(&self.header);
-        bytes.extend_from_slice(&self.payload);
-        let sent = restarting(|| socket.send_with_fds(&[bytes.as_slice()], &fds))?;
-        let mut writer = socket;
-        writer.write_all(&bytes[sent..])
-    }
-
-    /// The success acknowledgement of a request that asked for one.
-    fn ack(request: u32) -> Message {
-        Self::reply(request, 0)
-    }
-
-    /// The REPLY_ACK answer `status` (0 success, anything else failure) to `request`.
-    fn reply(request: u32, status: u64) -> Message {
-        let mut header = [0u8; HEADER_SIZE];
-        header[0..4].copy_from_slice(&request.to_le_bytes());
-        header[4..8].copy_from_slice(&(FLAG_VERSION | FLAG_REPLY).to_le_bytes());
-        header[8..12].copy_from_slice(&8u32.to_le_bytes());
-        Message {
-            header,
-            payload: status.to_le_bytes().to_vec(),
-            fds: Vec::new(),
-        }
-    }
-}
-
-fn wants_reply(message: &Message) -> bool {
-    message.flags() & FLAG_NEED_REPLY != 0
-}
-
-fn header_word(header: &[u8; HEADER_SIZE], offset: usize) -> u32 {
-    u32::from_le_bytes(header[offset..offset + 4].try_into().unwrap_or_default())
-}
-
-fn payload_u64(payload: &[u8], offset: usize) -> Option<u64> {
-    let bytes = payload.get(offset..offset + 8)?;
-    Some(u64::from_le_bytes(bytes.try_into().ok()?))
+/// What the filter asks and tells the device of its connection.
+pub struct FilterHooks {
+    /// Recognises the device's own mappings.
+    pub is_device_mapping: DeviceMappingTest,
+    /// Told the acknowledged protocol features.
+    pub on_protocol_features: ProtocolFeaturesHook,
+    /// Given the back-end request channel.
+    pub on_backend_channel: BackendChannelHook,
 }
 
 /// What to do with one front-end message.
@@ -177,8 +89,9 @@ enum Verdict {
 
 /// The filter's memory of the regions it kept from the daemon.
 struct RegionFilter {
-    is_device_mapping: DeviceMappingTest,
-    on_protocol_features: ProtocolFeaturesHook,
+    hooks: FilterHooks,
+    /// The protocol features of the last `SET_PROTOCOL_FEATURES`.
+    acked_protocol_features: u64,
     /// (guest address, size) of every region absorbed and not yet removed.
     absorbed: HashSet<(u64, u64)>,
 }
@@ -221,9 +134,24 @@ impl RegionFilter {
             }
             SET_PROTOCOL_FEATURES => {
                 if let Some(features) = payload_u64(&message.payload, 0) {
-                    (self.on_protocol_features)(features);
+                    self.acked_protocol_features = features;
+                    (self.hooks.on_protocol_features)(features);
                 }
                 Verdict::Forward(message)
+            }
+            // Without the feature or with other than one descriptor the daemon refuses it.
+            SET_BACKEND_REQ_FD
+                if message.fds.len() == 1
+                    && self.acked_protocol_features & PROTOCOL_F_BACKEND_REQ != 0 =>
+            {
+                let verdict = self.absorb(&message);
+                if let Some(fd) = message.fds.pop() {
+                    (self.hooks.on_backend_channel)(
+                        UnixStream::from(fd),
+                        self.acked_protocol_features,
+                    );
+                }
+                verdict
             }
             _ => Verdict::Forward(message),
         }
@@ -231,7 +159,7 @@ impl RegionFilter {
 
     fn owns(&self, fd: &OwnedFd) -> bool {
         match fd.try_clone() {
-            Ok(fd) => (self.is_device_mapping)(&File::from(fd)),
+            Ok(fd) => (self.hooks.is_device_mapping)(&File::from(fd)),
             Err(e) => {
                 warn!("cannot inspect a memory-region descriptor: {e}");
                 false
@@ -311,32 +239,20 @@ impl FilterThreads {
     }
 }
 
-/// Runs a socket call again while a signal handler interrupts it (EINTR), as std's
-/// `read_exact` and `write_all` do: an interrupted call is no reason to end a guest's
-/// connection.
-fn restarting<T>(mut call: impl FnMut() -> Result<T, vmm_sys_util::errno::Error>) -> io::Result<T> {
-    loop {
-        match call() {
-            Err(e) if e.errno() == libc::EINTR => continue,
-            result => return result.map_err(|e| io::Error::from_raw_os_error(e.errno())),
-        }
-    }
-}
-
 /// Relays messages between `frontend` and `daemon` until either closes, keeping device
-/// mappings recognised by `is_device_mapping` away from the daemon, and telling
-/// `on_protocol_features` what the front-end acknowledged.
+/// mappings recognised by `hooks.is_device_mapping` away from the daemon, telling
+/// `hooks.on_protocol_features` what the front-end acknowledged, and handing the back-end
+/// request channel to `hooks.on_backend_channel`.
 pub fn start(
     frontend: UnixStream,
     daemon: UnixStream,
-    is_device_mapping: DeviceMappingTest,
-    on_protocol_features: ProtocolFeaturesHook,
+    hooks: FilterHooks,
 ) -> io::Result<FilterThreads> {
     let frontend_writer = Arc::new(Mutex::new(frontend.try_clone()?));
     let daemon_reader = daemon.try_clone()?;
     let mut filter = RegionFilter {
-        is_device_mapping,
-        on_protocol_features,
+        hooks,
+        acked_protocol_features: 0,
         absorbed: HashSet::new(),
     };
     let replies_to = frontend_writer.clone();

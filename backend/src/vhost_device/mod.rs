@@ -17,10 +17,12 @@
 //!   [`guest_context`], [`event_queue`], [`shmem`]: what the handler can reach of the guest.
 //! - [`chain_layout`]: the descriptor order every chain must have (readable, then writable).
 
+pub mod backend_channel;
 pub mod chain_layout;
 pub mod event_queue;
 pub mod guest_context;
 pub mod handler;
+pub(crate) mod message;
 pub mod shmem;
 
 mod device;

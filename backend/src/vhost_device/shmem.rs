@@ -2,11 +2,13 @@
 //! (VHOST_USER_BACKEND_SHMEM_MAP/UNMAP).
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use vhost::vhost_user::message::{VhostUserMMap, VhostUserMMapFlags};
-use vhost::vhost_user::{Backend, VhostUserFrontendReqHandler};
+
+use super::backend_channel::{BackendChannel, ShmemRequest};
 
 /// Page size the shared-memory region is mapped with.
 pub const SHMEM_PAGE_SIZE: u64 = 4096;
@@ -46,10 +48,26 @@ pub enum ShmemError {
     Frontend(#[source] io::Error),
 }
 
+/// One range of a file to map into region 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShmemMapping {
+    /// Offset in the file (page aligned).
+    pub fd_offset: u64,
+    /// Offset in the region (page aligned).
+    pub shm_offset: u64,
+    /// Length (whole pages).
+    pub len: u64,
+    /// Whether the guest may write it.
+    pub writable: bool,
+}
+
 /// Sends VHOST_USER_BACKEND_SHMEM_MAP/UNMAP for region 0 over the backend request channel.
 pub struct ShmemMapper {
     size: u64,
-    channel: Mutex<Option<Backend>>,
+    /// The channel, replaced when the frontend sends a new one. Its own lock is held across an
+    /// exchange; this one only to fetch it, so that a new channel never waits for the frontend
+    /// (which may itself be waiting for the daemon to take it).
+    channel: Mutex<Option<Arc<Mutex<BackendChannel>>>>,
 }
 
 impl ShmemMapper {
@@ -70,8 +88,9 @@ impl ShmemMapper {
         self.channel.lock().is_some()
     }
 
-    pub(crate) fn set_channel(&self, backend: Backend) {
-        *self.channel.lock() = Some(backend);
+    /// Takes the frontend's backend request channel (from SET_BACKEND_REQ_FD).
+    pub fn set_channel(&self, channel: BackendChannel) {
+        *self.channel.lock() = Some(Arc::new(Mutex::new(channel)));
     }
 
     /// Maps `len` bytes of `fd` from `fd_offset` at `shm_offset` in region 0. The frontend
@@ -84,48 +103,86 @@ impl ShmemMapper {
         len: u64,
         writable: bool,
     ) -> Result<(), ShmemError> {
-        self.check_range(shm_offset, len)?;
-        if !fd_offset.is_multiple_of(SHMEM_PAGE_SIZE) || fd_offset.checked_add(len).is_none() {
-            return Err(ShmemError::BadFileOffset(fd_offset));
+        self.map_all(
+            fd,
+            &[ShmemMapping {
+                fd_offset,
+                shm_offset,
+                len,
+                writable,
+            }],
+        )
+    }
+
+    /// Maps every range of `fd` in `mappings`, or none: the requests go to the frontend back
+    /// to back and their answers are awaited together. If one fails, those that succeeded are
+    /// unmapped again and the first failure is returned.
+    pub fn map_all(&self, fd: BorrowedFd<'_>, mappings: &[ShmemMapping]) -> Result<(), ShmemError> {
+        let mut requests = Vec::with_capacity(mappings.len());
+        for m in mappings {
+            self.check_range(m.shm_offset, m.len)?;
+            if !m.fd_offset.is_multiple_of(SHMEM_PAGE_SIZE)
+                || m.fd_offset.checked_add(m.len).is_none()
+            {
+                return Err(ShmemError::BadFileOffset(m.fd_offset));
+            }
+            let flags = if m.writable {
+                VhostUserMMapFlags::WRITABLE
+            } else {
+                VhostUserMMapFlags::default()
+            };
+            requests.push(ShmemRequest {
+                body: VhostUserMMap {
+                    shmid: 0,
+                    fd_offset: m.fd_offset,
+                    shm_offset: m.shm_offset,
+                    len: m.len,
+                    flags: flags.bits(),
+                    ..Default::default()
+                },
+                fd: Some(fd),
+            });
         }
-        let flags = if writable {
-            VhostUserMMapFlags::WRITABLE
-        } else {
-            VhostUserMMapFlags::default()
-        };
-        let request = VhostUserMMap {
-            shmid: 0,
-            fd_offset,
-            shm_offset,
-            len,
-            flags: flags.bits(),
-            ..Default::default()
-        };
         let channel = self.channel()?;
-        channel
-            .shmem_map(&request, &fd.as_raw_fd())
-            .map(|_| ())
-            .map_err(ShmemError::Frontend)
+        let mut channel = channel.lock();
+        let mut first_error = None;
+        let mut mapped = Vec::new();
+        for (request, result) in requests.iter().zip(channel.exchange(&requests)) {
+            match result {
+                Ok(()) => mapped.push(ShmemRequest::unmap(
+                    request.body.shm_offset,
+                    request.body.len,
+                )),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        let Some(error) = first_error else {
+            return Ok(());
+        };
+        for (request, result) in mapped.iter().zip(channel.exchange(&mapped)) {
+            if let Err(e) = result {
+                let (offset, len) = (request.body.shm_offset, request.body.len);
+                log::warn!("cannot unmap region range {offset:#x}+{len:#x} again: {e}");
+            }
+        }
+        Err(ShmemError::Frontend(error))
     }
 
     /// Replaces `len` bytes at `shm_offset` of region 0 with an empty (inaccessible) range.
     pub fn unmap(&self, shm_offset: u64, len: u64) -> Result<(), ShmemError> {
         self.check_range(shm_offset, len)?;
-        let request = VhostUserMMap {
-            shmid: 0,
-            shm_offset,
-            len,
-            ..Default::default()
-        };
         let channel = self.channel()?;
-        channel
-            .shmem_unmap(&request)
-            .map(|_| ())
-            .map_err(ShmemError::Frontend)
+        let result = channel
+            .lock()
+            .exchange(&[ShmemRequest::unmap(shm_offset, len)])
+            .pop()
+            .unwrap_or_else(|| Err(io::Error::other("no answer")));
+        result.map_err(ShmemError::Frontend)
     }
 
-    fn channel(&self) -> Result<Backend, ShmemError> {
-        // Clone the channel handle so that no lock of ours is held while the frontend answers.
+    fn channel(&self) -> Result<Arc<Mutex<BackendChannel>>, ShmemError> {
         self.channel.lock().clone().ok_or(ShmemError::NoChannel)
     }
 

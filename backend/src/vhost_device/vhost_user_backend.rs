@@ -117,8 +117,11 @@ impl<H: DeviceHandler> VhostUserBackend for VhostUserDevice<H> {
         Ok(())
     }
 
-    fn set_backend_req_fd(&self, backend: Backend) {
-        self.ctx.shmem().set_channel(backend);
+    fn set_backend_req_fd(&self, _backend: Backend) {
+        // The connection's filter takes the channel out of SET_BACKEND_REQ_FD and hands it
+        // to the mapper (`frontend_filter::FilterHooks::on_backend_channel`); one that gets
+        // here bypassed it (a malformed request the daemon would refuse anyway).
+        warn!("a back-end request channel bypassed the connection filter; it is not used");
     }
 
     fn get_shmem_config(&self) -> io::Result<VhostUserShMemConfig> {

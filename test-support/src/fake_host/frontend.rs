@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use vhost::vhost_user::message::VhostUserMMap;
-use vhost::vhost_user::{Backend, FrontendReqHandler, VhostUserFrontendReqHandler};
+use vhost::vhost_user::message::{VhostUserMMap, VhostUserProtocolFeatures};
+use vhost::vhost_user::{FrontendReqHandler, VhostUserFrontendReqHandler};
 
 /// Serves SHMEM_MAP/UNMAP like QEMU: in bounds, no overlap, unmap of exact extents.
 pub struct FakeFrontend {
@@ -159,9 +159,14 @@ impl Drop for BackendChannel {
 }
 
 /// A backend request channel served by `frontend` on a thread of its own, with REPLY_ACK and
-/// SHMEM negotiated: what the backend gets from SET_BACKEND_REQ_FD; and the serving side, to
+/// SHMEM negotiated: what the backend takes from SET_BACKEND_REQ_FD; and the serving side, to
 /// keep until the backend is gone.
-pub fn serve_backend_channel(frontend: Arc<FakeFrontend>) -> (Backend, BackendChannel) {
+pub fn serve_backend_channel(
+    frontend: Arc<FakeFrontend>,
+) -> (
+    vrdma_backend::vhost_device::backend_channel::BackendChannel,
+    BackendChannel,
+) {
     let mut handler = FrontendReqHandler::new(frontend).unwrap();
     handler.set_reply_ack_flag(true);
     // SAFETY: duplicates an fd the handler owns; the copy is owned by the stream built below.
@@ -176,11 +181,9 @@ pub fn serve_backend_channel(frontend: Arc<FakeFrontend>) -> (Backend, BackendCh
             handler.handle_request()
         {}
     });
-    let backend = Backend::from_stream(stream);
-    backend.set_reply_ack_flag(true);
-    backend.set_shmem_flag(true);
+    let acked = VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::SHMEM;
     (
-        backend,
+        vrdma_backend::vhost_device::backend_channel::BackendChannel::new(stream, acked.bits()),
         BackendChannel {
             socket,
             thread: Some(thread),

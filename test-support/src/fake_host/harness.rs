@@ -4,7 +4,6 @@
 use std::fs::File;
 use std::sync::Arc;
 
-use vhost_user_backend::VhostUserBackend;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 use vrdma_backend::guest::device::{GuestDevice, GuestDeviceFactory};
 use vrdma_backend::guest::options::DeviceOptions;
@@ -93,7 +92,7 @@ impl TestGuest {
         let frontend = Arc::new(FakeFrontend::new(device.options().shm_size));
         let backend = VhostUserDevice::new(Arc::new(device), memory.clone()).unwrap();
         let (channel, serving) = serve_backend_channel(Arc::clone(&frontend));
-        backend.set_backend_req_fd(channel);
+        backend.context().shmem().set_channel(channel);
         TestGuest {
             backend,
             frontend,

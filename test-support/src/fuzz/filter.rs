@@ -17,15 +17,19 @@ use std::net::Shutdown;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
-use vrdma_backend::memory::frontend_filter::{self, DeviceMappingTest};
+use vrdma_backend::memory::frontend_filter::{self, DeviceMappingTest, FilterHooks};
 
 use super::bytes::ByteReader;
 use crate::fake_host::device::memfd;
 
 const SET_MEM_TABLE: u32 = 5;
+const SET_PROTOCOL_FEATURES: u32 = 16;
+const SET_BACKEND_REQ_FD: u32 = 21;
+/// `VHOST_USER_PROTOCOL_F_BACKEND_REQ`.
+const PROTOCOL_F_BACKEND_REQ: u64 = 1 << 5;
 const ADD_MEM_REG: u32 = 37;
 const REM_MEM_REG: u32 = 38;
 const FLAG_VERSION: u32 = 0x1;
@@ -129,7 +133,7 @@ fn message(r: &mut ByteReader<'_>) -> Message {
     if r.chance(5) {
         flags = r.u32();
     }
-    match r.below(8) {
+    match r.below(10) {
         0..=2 => {
             let n = if r.chance(90) { 1 } else { r.below(4) as usize };
             let payload = single_region(r);
@@ -165,6 +169,22 @@ fn message(r: &mut ByteReader<'_>) -> Message {
             };
             Message::new(SET_MEM_TABLE, flags, payload, fds(r, n))
         }
+        6 => {
+            let mut features = r.u64();
+            if r.chance(70) {
+                features |= PROTOCOL_F_BACKEND_REQ;
+            }
+            let mut payload = features.to_le_bytes().to_vec();
+            if r.chance(10) {
+                payload.truncate(r.below(8) as usize);
+            }
+            Message::new(SET_PROTOCOL_FEATURES, flags, payload, Vec::new())
+        }
+        7 => {
+            let n = if r.chance(80) { 1 } else { r.below(3) as usize };
+            let payload = r.bytes(8);
+            Message::new(SET_BACKEND_REQ_FD, flags, payload, fds(r, n))
+        }
         _ => {
             let request = r.below(45);
             let payload = r.bytes(64);
@@ -178,6 +198,10 @@ fn message(r: &mut ByteReader<'_>) -> Message {
 #[derive(Default)]
 struct Model {
     absorbed: HashSet<(u64, u64)>,
+    /// Features of the last well-formed SET_PROTOCOL_FEATURES.
+    acked_protocol_features: u64,
+    /// Back-end request channels handed to the device: (descriptor kind, features then).
+    channels: Vec<(Fd, u64)>,
     to_daemon: Vec<Message>,
     to_frontend: Vec<Message>,
 }
@@ -228,6 +252,21 @@ impl Model {
                 let mut forwarded = Message::new(request, m.word(4), payload, fds);
                 forwarded.header[0..8].copy_from_slice(&m.header[0..8]);
                 self.to_daemon.push(forwarded);
+            }
+            SET_PROTOCOL_FEATURES => {
+                if let Some(features) = u64_at(&m.payload, 0) {
+                    self.acked_protocol_features = features;
+                }
+                self.to_daemon.push(m.clone());
+            }
+            SET_BACKEND_REQ_FD
+                if m.fds.len() == 1
+                    && self.acked_protocol_features & PROTOCOL_F_BACKEND_REQ != 0 =>
+            {
+                self.channels.push((m.fds[0], self.acked_protocol_features));
+                if m.wants_reply() {
+                    self.to_frontend.push(Message::reply(request, 0));
+                }
             }
             _ => self.to_daemon.push(m.clone()),
         }
@@ -324,8 +363,25 @@ pub fn run_filter_sequence(data: &[u8]) {
         file.metadata()
             .is_ok_and(|m| m.file_type().is_char_device())
     });
-    let threads = frontend_filter::start(frontend_far, daemon_far, is_device, Arc::new(|_| {}))
-        .expect("filter");
+    let channels = Arc::new(Mutex::new(Vec::new()));
+    let handed = channels.clone();
+    let threads = frontend_filter::start(
+        frontend_far,
+        daemon_far,
+        FilterHooks {
+            is_device_mapping: is_device.clone(),
+            on_protocol_features: Arc::new(|_| {}),
+            on_backend_channel: Arc::new(move |socket, acked| {
+                let kind = if is_device(&File::from(OwnedFd::from(socket))) {
+                    Fd::Device
+                } else {
+                    Fd::Ram
+                };
+                handed.lock().expect("channels").push((kind, acked));
+            }),
+        },
+    )
+    .expect("filter");
     let files = Files {
         ram: memfd(4096),
         device: File::open("/dev/null").expect("/dev/null"),
@@ -363,6 +419,11 @@ pub fn run_filter_sequence(data: &[u8]) {
     } else {
         assert_eq!(to_daemon, model.to_daemon, "messages reaching the daemon");
         assert_eq!(to_frontend, model.to_frontend, "answers to the front-end");
+        assert_eq!(
+            *channels.lock().expect("channels"),
+            model.channels,
+            "back-end channels handed to the device"
+        );
     }
 }
 

@@ -1,6 +1,8 @@
 //! The relay's rules on socket pairs: what passes, what is absorbed, and how it ends.
 
 use super::*;
+use crate::vhost_device::message::{header_word, MAX_PAYLOAD};
+use std::io::Write;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileTypeExt;
 
@@ -73,8 +75,11 @@ fn harness_telling(on_protocol_features: ProtocolFeaturesHook) -> Harness {
     let threads = start(
         frontend_far,
         daemon_far,
-        char_device_test(),
-        on_protocol_features,
+        FilterHooks {
+            is_device_mapping: char_device_test(),
+            on_protocol_features,
+            on_backend_channel: Arc::new(|_, _| {}),
+        },
     )
     .unwrap();
     Harness {
@@ -254,23 +259,6 @@ fn oversized_or_truncated_messages_end_the_relay_without_panicking() {
     drop(h.frontend);
     assert!(Message::receive(&h.daemon).unwrap().is_none());
     h.threads.join();
-}
-
-#[test]
-fn an_interrupted_socket_call_is_made_again() {
-    let mut interruptions = 2;
-    let result = restarting(|| {
-        if interruptions > 0 {
-            interruptions -= 1;
-            Err(vmm_sys_util::errno::Error::new(libc::EINTR))
-        } else {
-            Ok(7)
-        }
-    });
-    assert_eq!(result.unwrap(), 7);
-    let result: io::Result<()> =
-        restarting(|| Err(vmm_sys_util::errno::Error::new(libc::ECONNRESET)));
-    assert_eq!(result.unwrap_err().raw_os_error(), Some(libc::ECONNRESET));
 }
 
 /// VHOST_USER_GET_FEATURES: a message the filter passes untouched.
