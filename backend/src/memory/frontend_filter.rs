@@ -23,6 +23,12 @@
 //! recognises as its own device ([`DeviceHandler::is_device_mapping`]) are taken out.
 //! Messages of the daemon go back to the front-end unchanged.
 //!
+//! Two more requests are looked at: `SET_PROTOCOL_FEATURES` passes on and is told to the
+//! device; `SET_BACKEND_REQ_FD` (with `BACKEND_REQ` acknowledged and one descriptor) is
+//! answered here and its socket handed to the device, which drives the back-end request
+//! channel itself ([`BackendChannel`](crate::vhost_device::backend_channel::BackendChannel):
+//! several `SHMEM_MAP`s sent before their answers are read).
+//!
 //! [`DeviceHandler::is_device_mapping`]: crate::vhost_device::handler::DeviceHandler::is_device_mapping
 
 use std::collections::HashSet;
