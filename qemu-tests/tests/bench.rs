@@ -82,6 +82,12 @@ fn quick_bench_measures_every_row_on_both_sides() {
     }
     for row in &results.control {
         assert_ratio(row.ratio, row.vrdma.median, row.native.median, &row.op);
+        // Registrations over huge pages are made at least HUGE_MR_REPS times.
+        let mr_reps = if row.op.contains("_huge_") {
+            results.plan.control.over_huge_pages().mr_reps
+        } else {
+            results.plan.control.mr_reps
+        };
         let reps = if row.op == control::FIRST_REG_MR {
             1
         } else if row.op == "create_qp_staged" {
@@ -90,9 +96,9 @@ fn quick_bench_measures_every_row_on_both_sides() {
             control::SETUP_SAMPLES as u32
         } else if row.op.starts_with("reg_mr") {
             // The registrations after the first: the first has its own row.
-            results.plan.control.mr_reps.saturating_sub(1).max(1)
+            mr_reps.saturating_sub(1).max(1)
         } else if row.unit == "ms_per_gib" {
-            results.plan.control.mr_reps
+            mr_reps
         } else {
             results.plan.control.reps
         };

@@ -295,9 +295,9 @@ fn unmap_rings(
     sq: &MappedRing,
     rq: Option<&MappedRing>,
 ) {
-    rings::unmap_ring(ctx, shm, sq);
-    if let Some(rq) = rq {
-        rings::unmap_ring(ctx, shm, rq);
+    match rq {
+        Some(rq) => rings::unmap_rings(ctx, shm, &[sq, rq]),
+        None => rings::unmap_ring(ctx, shm, sq),
     }
 }
 

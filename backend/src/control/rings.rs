@@ -191,28 +191,44 @@ pub(crate) fn describe(
 /// extent whose unmap fails stays allocated, so that no other buffer is ever placed over a
 /// mapping that may still exist.
 pub(crate) fn unmap_ring(ctx: Option<&GuestContext>, shm: &mut ShmAllocator, ring: &MappedRing) {
-    if shm.chunk_of(ring.range).is_none() {
-        unmap_extent(ctx, shm, ring.range);
-        return;
-    }
-    match shm.free_pooled(ring.range) {
-        Ok(Some(emptied)) => unmap_extent(ctx, shm, emptied),
-        Ok(None) => {}
-        Err(e) => warn!("queue region bookkeeping: {e}"),
-    }
+    unmap_rings(ctx, shm, &[ring]);
 }
 
-fn unmap_extent(ctx: Option<&GuestContext>, shm: &mut ShmAllocator, range: ShmRange) {
-    if let Some(ctx) = ctx {
-        if let Err(e) = ctx.shmem().unmap(range.offset, range.len) {
-            warn!(
-                "cannot unmap region extent {:#x}+{:#x}; it stays reserved: {e}",
-                range.offset, range.len
-            );
-            return;
+/// [`unmap_ring`] for several rings (a QP's send and receive queues), with one wait for the
+/// frontend's answers to all of their unmaps.
+pub(crate) fn unmap_rings(
+    ctx: Option<&GuestContext>,
+    shm: &mut ShmAllocator,
+    rings: &[&MappedRing],
+) {
+    let mut extents = Vec::with_capacity(rings.len());
+    for ring in rings {
+        if shm.chunk_of(ring.range).is_none() {
+            extents.push(ring.range);
+            continue;
+        }
+        match shm.free_pooled(ring.range) {
+            Ok(Some(emptied)) => extents.push(emptied),
+            Ok(None) => {}
+            Err(e) => warn!("queue region bookkeeping: {e}"),
         }
     }
-    free_extent(shm, range);
+    let Some(ctx) = ctx else {
+        for range in extents {
+            free_extent(shm, range);
+        }
+        return;
+    };
+    let ranges: Vec<(u64, u64)> = extents.iter().map(|r| (r.offset, r.len)).collect();
+    for (range, result) in extents.into_iter().zip(ctx.shmem().unmap_all(&ranges)) {
+        match result {
+            Ok(()) => free_extent(shm, range),
+            Err(e) => warn!(
+                "cannot unmap region extent {:#x}+{:#x}; it stays reserved: {e}",
+                range.offset, range.len
+            ),
+        }
+    }
 }
 
 pub(crate) fn free_extent(shm: &mut ShmAllocator, range: ShmRange) {

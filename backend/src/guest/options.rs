@@ -198,11 +198,21 @@ impl DeviceOptions {
     pub fn max_request_size(&self) -> usize {
         let body =
             size_of::<vrdma_spec::wire::RegMrReq>().max(size_of::<vrdma_spec::wire::ReregMrReq>());
-        let largest_fixed = vrdma_spec::Opcode::ALL
-            .iter()
-            .map(|op| op.request_body_len())
-            .max()
-            .unwrap_or(0);
-        HEADER_SIZE + (body + 8 * self.max_mr_pages as usize).max(largest_fixed)
+        HEADER_SIZE + (body + 8 * self.max_mr_pages as usize).max(LARGEST_FIXED_BODY)
     }
 }
+
+/// The largest fixed request body of any command, computed once at build time: the control
+/// worker asks for the request limit before every command.
+const LARGEST_FIXED_BODY: usize = {
+    let mut largest = 0;
+    let mut i = 0;
+    while i < vrdma_spec::Opcode::ALL.len() {
+        let len = vrdma_spec::Opcode::ALL[i].request_body_len();
+        if len > largest {
+            largest = len;
+        }
+        i += 1;
+    }
+    largest
+};

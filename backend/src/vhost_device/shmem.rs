@@ -172,14 +172,44 @@ impl ShmemMapper {
 
     /// Replaces `len` bytes at `shm_offset` of region 0 with an empty (inaccessible) range.
     pub fn unmap(&self, shm_offset: u64, len: u64) -> Result<(), ShmemError> {
-        self.check_range(shm_offset, len)?;
-        let channel = self.channel()?;
-        let result = channel
-            .lock()
-            .exchange(&[ShmemRequest::unmap(shm_offset, len)])
+        self.unmap_all(&[(shm_offset, len)])
             .pop()
-            .unwrap_or_else(|| Err(io::Error::other("no answer")));
-        result.map_err(ShmemError::Frontend)
+            .unwrap_or(Err(ShmemError::NoChannel))
+    }
+
+    /// [`unmap`](Self::unmap) of every `(shm_offset, len)` range, sent back to back with one
+    /// wait for the answers: one result per range.
+    pub fn unmap_all(&self, ranges: &[(u64, u64)]) -> Vec<Result<(), ShmemError>> {
+        let mut results: Vec<Result<(), ShmemError>> = ranges
+            .iter()
+            .map(|&(offset, len)| self.check_range(offset, len))
+            .collect();
+        let requests: Vec<ShmemRequest<'_>> = ranges
+            .iter()
+            .zip(&results)
+            .filter(|(_, checked)| checked.is_ok())
+            .map(|(&(offset, len), _)| ShmemRequest::unmap(offset, len))
+            .collect();
+        if requests.is_empty() {
+            return results;
+        }
+        let answers = match self.channel() {
+            Ok(channel) => channel.lock().exchange(&requests),
+            Err(_) => {
+                for result in results.iter_mut().filter(|r| r.is_ok()) {
+                    *result = Err(ShmemError::NoChannel);
+                }
+                return results;
+            }
+        };
+        let mut answers = answers.into_iter();
+        for result in results.iter_mut().filter(|r| r.is_ok()) {
+            *result = answers
+                .next()
+                .unwrap_or_else(|| Err(io::Error::other("no answer")))
+                .map_err(ShmemError::Frontend);
+        }
+        results
     }
 
     fn channel(&self) -> Result<Arc<Mutex<BackendChannel>>, ShmemError> {

@@ -27,10 +27,13 @@ const OBJECT_OPS: &[&str] = &[
 const TO_RTS: &[&str] = &["modify_init", "modify_rtr", "modify_rts"];
 /// Row name of their sum.
 pub const RESET_TO_RTS: &str = "modify_reset_to_rts";
+/// One registration row: the programs' measurement, the row's name, the samples it
+/// summarizes (registrations after the first, every deregistration).
+type MrRow = (&'static str, &'static str, Samples);
 /// MR measurements over ordinary pages, scaled to one GiB.
-const MR_OPS: &[(&str, &str)] = &[
-    ("reg_mr", "reg_mr_per_gib"),
-    ("dereg_mr", "dereg_mr_per_gib"),
+const MR_OPS: &[MrRow] = &[
+    ("reg_mr", "reg_mr_per_gib", Samples::AfterFirst),
+    ("dereg_mr", "dereg_mr_per_gib", Samples::All),
 ];
 /// Setup rate: QPs brought from nothing to RTS per second, one command at a time on both
 /// sides, then with vrdma's batches (native has no batching: the same native samples).
@@ -54,20 +57,24 @@ pub const STAGED_ROWS: &[&str] = &[
 pub const FIRST_REG_MR: &str = "reg_mr_first_per_gib";
 /// MR measurements over ordinary pages against native over a shared memfd (the memory a
 /// vhost-user VM's RAM is, which vrdma always registers), scaled to one GiB.
-const MR_OPS_VS_SHARED: &[(&str, &str)] = &[
-    ("reg_mr", "reg_mr_per_gib_vs_memfd"),
-    ("dereg_mr", "dereg_mr_per_gib_vs_memfd"),
+const MR_OPS_VS_SHARED: &[MrRow] = &[
+    ("reg_mr", "reg_mr_per_gib_vs_memfd", Samples::AfterFirst),
+    ("dereg_mr", "dereg_mr_per_gib_vs_memfd", Samples::All),
 ];
 /// MR measurements over 2 MiB huge pages, scaled to one GiB.
-const HUGE_MR_OPS: &[(&str, &str)] = &[
-    ("reg_mr", "reg_mr_huge_per_gib"),
-    ("dereg_mr", "dereg_mr_huge_per_gib"),
+const HUGE_MR_OPS: &[MrRow] = &[
+    ("reg_mr", "reg_mr_huge_per_gib", Samples::AfterFirst),
+    ("dereg_mr", "dereg_mr_huge_per_gib", Samples::All),
 ];
 /// MR measurements over 2 MiB huge pages against native over a shared hugetlbfs memfd (what
 /// guest RAM on huge pages behind vhost-user is), scaled to one GiB.
-const HUGE_MR_OPS_VS_SHARED: &[(&str, &str)] = &[
-    ("reg_mr", "reg_mr_huge_per_gib_vs_memfd"),
-    ("dereg_mr", "dereg_mr_huge_per_gib_vs_memfd"),
+const HUGE_MR_OPS_VS_SHARED: &[MrRow] = &[
+    (
+        "reg_mr",
+        "reg_mr_huge_per_gib_vs_memfd",
+        Samples::AfterFirst,
+    ),
+    ("dereg_mr", "dereg_mr_huge_per_gib_vs_memfd", Samples::All),
 ];
 /// Guest RAM `vrdma-ctlbench control` makes beside the buffer (its vrings and command buffers);
 /// the huge-page pool must hold all of it.
@@ -169,7 +176,7 @@ pub fn run(
                 &mut programs.control(Via::Vrdma, Some(socket), &huge)?,
                 timeout,
             )?;
-            rows.extend(huge_rows(&native, &vrdma)?);
+            rows.extend(mr_rows(HUGE_MR_OPS, &native, &vrdma)?);
             let shared_huge = ControlPlan {
                 shared_memory: true,
                 ..huge
@@ -225,20 +232,15 @@ impl Drop for HugePagePool {
     }
 }
 
-/// The registration rows over huge pages, from the two programs' outputs.
-pub fn huge_rows(native: &Output, vrdma: &Output) -> Result<Vec<ControlRow>> {
-    mr_rows(HUGE_MR_OPS, native, vrdma)
-}
-
-/// The registration rows `ops` (measurement, row name) from the two programs' outputs.
-fn mr_rows(ops: &[(&str, &str)], native: &Output, vrdma: &Output) -> Result<Vec<ControlRow>> {
+/// The registration rows `ops` from the two programs' outputs.
+fn mr_rows(ops: &[MrRow], native: &Output, vrdma: &Output) -> Result<Vec<ControlRow>> {
     ops.iter()
-        .map(|(op, name)| {
+        .map(|&(op, name, samples)| {
             ControlRow::compare(
                 name,
                 "ms_per_gib",
-                per_gib(native, op, registrations(op))?,
-                per_gib(vrdma, op, registrations(op))?,
+                per_gib(native, op, samples)?,
+                per_gib(vrdma, op, samples)?,
             )
         })
         .collect()
@@ -342,16 +344,6 @@ enum Samples {
     AfterFirst,
 }
 
-/// The samples an MR row of `op` summarizes: registrations after the first, every
-/// deregistration.
-fn registrations(op: &str) -> Samples {
-    if op == "reg_mr" {
-        Samples::AfterFirst
-    } else {
-        Samples::All
-    }
-}
-
 /// Milliseconds per GiB of `op`'s samples, from the registered size.
 fn per_gib(out: &Output, op: &str, which: Samples) -> Result<Option<Summary>> {
     let bytes = out
@@ -449,7 +441,7 @@ mod tests {
             "{:?}",
             rows[10]
         );
-        let huge = huge_rows(&output(1), &output(2)).unwrap();
+        let huge = mr_rows(HUGE_MR_OPS, &output(1), &output(2)).unwrap();
         assert_eq!(huge[0].op, "reg_mr_huge_per_gib");
         assert!((huge[0].ratio - 2.0).abs() < 1e-12);
     }

@@ -224,3 +224,25 @@ fn a_partly_refused_batch_of_mappings_is_undone() {
     let (map, unmap) = (BackendReq::SHMEM_MAP as u32, BackendReq::SHMEM_UNMAP as u32);
     assert_eq!(seen, [(map, 2 * PAGE), (map, 5 * PAGE), (unmap, 2 * PAGE)]);
 }
+
+#[test]
+fn unmaps_go_together_and_a_bad_range_is_refused_alone() {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    // Both unmaps are read before either is answered; the second is refused.
+    let frontend = scripted_frontend(theirs, 2, vec![0, 1]);
+    let mapper = ShmemMapper::new(16 * PAGE);
+    mapper.set_channel(BackendChannel::new(ours, all_features()));
+    let results = mapper.unmap_all(&[(PAGE, PAGE), (PAGE + 1, PAGE), (4 * PAGE, 2 * PAGE)]);
+    assert!(results[0].is_ok());
+    assert!(matches!(results[1], Err(ShmemError::BadRange { .. })));
+    assert!(matches!(results[2], Err(ShmemError::Frontend(_))));
+    drop(mapper);
+    let seen: Vec<(u32, u64)> = frontend
+        .join()
+        .unwrap()
+        .iter()
+        .map(|s| (s.request, s.shm_offset))
+        .collect();
+    let unmap = BackendReq::SHMEM_UNMAP as u32;
+    assert_eq!(seen, [(unmap, PAGE), (unmap, 4 * PAGE)]);
+}
