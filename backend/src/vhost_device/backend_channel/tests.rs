@@ -193,13 +193,30 @@ fn a_closed_frontend_fails_what_it_did_not_answer() {
     assert!(results.iter().all(Result::is_err));
 }
 
-#[test]
-fn a_partly_refused_batch_of_mappings_is_undone() {
+/// A mapper of a 16-page region whose channel goes to [`scripted_frontend`]`(2, statuses)`.
+fn mapper_with(statuses: Vec<u64>) -> (ShmemMapper, JoinHandle<Vec<Seen>>) {
     let (ours, theirs) = UnixStream::pair().unwrap();
-    // The first mapping is done, the second refused; the undo of the first is answered 0.
-    let frontend = scripted_frontend(theirs, 2, vec![0, 1]);
+    let frontend = scripted_frontend(theirs, 2, statuses);
     let mapper = ShmemMapper::new(16 * PAGE);
     mapper.set_channel(BackendChannel::new(ours, all_features()));
+    (mapper, frontend)
+}
+
+/// (request, region offset) of everything the front-end saw, once `mapper` is gone.
+fn requests_seen(mapper: ShmemMapper, frontend: JoinHandle<Vec<Seen>>) -> Vec<(u32, u64)> {
+    drop(mapper);
+    frontend
+        .join()
+        .unwrap()
+        .iter()
+        .map(|s| (s.request, s.shm_offset))
+        .collect()
+}
+
+#[test]
+fn a_partly_refused_batch_of_mappings_is_undone() {
+    // The first mapping is done, the second refused; the undo of the first is answered 0.
+    let (mapper, frontend) = mapper_with(vec![0, 1]);
     let file = devnull();
     let mapping = |page: u64| ShmemMapping {
         fd_offset: 0,
@@ -214,35 +231,20 @@ fn a_partly_refused_batch_of_mappings_is_undone() {
         mapper.map_all(file.as_fd(), &[mapping(3), mapping(16)]),
         Err(ShmemError::BadRange { .. })
     ));
-    drop(mapper);
-    let seen: Vec<(u32, u64)> = frontend
-        .join()
-        .unwrap()
-        .iter()
-        .map(|s| (s.request, s.shm_offset))
-        .collect();
+    let seen = requests_seen(mapper, frontend);
     let (map, unmap) = (BackendReq::SHMEM_MAP as u32, BackendReq::SHMEM_UNMAP as u32);
     assert_eq!(seen, [(map, 2 * PAGE), (map, 5 * PAGE), (unmap, 2 * PAGE)]);
 }
 
 #[test]
 fn unmaps_go_together_and_a_bad_range_is_refused_alone() {
-    let (ours, theirs) = UnixStream::pair().unwrap();
     // Both unmaps are read before either is answered; the second is refused.
-    let frontend = scripted_frontend(theirs, 2, vec![0, 1]);
-    let mapper = ShmemMapper::new(16 * PAGE);
-    mapper.set_channel(BackendChannel::new(ours, all_features()));
+    let (mapper, frontend) = mapper_with(vec![0, 1]);
     let results = mapper.unmap_all(&[(PAGE, PAGE), (PAGE + 1, PAGE), (4 * PAGE, 2 * PAGE)]);
     assert!(results[0].is_ok());
     assert!(matches!(results[1], Err(ShmemError::BadRange { .. })));
     assert!(matches!(results[2], Err(ShmemError::Frontend(_))));
-    drop(mapper);
-    let seen: Vec<(u32, u64)> = frontend
-        .join()
-        .unwrap()
-        .iter()
-        .map(|s| (s.request, s.shm_offset))
-        .collect();
+    let seen = requests_seen(mapper, frontend);
     let unmap = BackendReq::SHMEM_UNMAP as u32;
     assert_eq!(seen, [(unmap, PAGE), (unmap, 4 * PAGE)]);
 }
