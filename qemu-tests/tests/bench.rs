@@ -82,11 +82,15 @@ fn quick_bench_measures_every_row_on_both_sides() {
     }
     for row in &results.control {
         assert_ratio(row.ratio, row.vrdma.median, row.native.median, &row.op);
-        // Registrations over huge pages are made at least HUGE_MR_REPS times.
-        let mr_reps = if row.op.contains("_huge_") {
-            results.plan.control.over_huge_pages().mr_reps
+        // Registrations over huge pages are made at least HUGE_MR_REPS times in each of
+        // HUGE_MR_PROCESSES processes; every process's first is left out.
+        let (mr_reps, processes) = if row.op.contains("_huge_") {
+            (
+                results.plan.control.over_huge_pages().mr_reps,
+                control::HUGE_MR_PROCESSES as u32,
+            )
         } else {
-            results.plan.control.mr_reps
+            (results.plan.control.mr_reps, 1)
         };
         let reps = if row.op == control::FIRST_REG_MR {
             1
@@ -96,9 +100,9 @@ fn quick_bench_measures_every_row_on_both_sides() {
             control::SETUP_SAMPLES as u32
         } else if row.op.starts_with("reg_mr") {
             // The registrations after the first: the first has its own row.
-            mr_reps.saturating_sub(1).max(1)
+            mr_reps.saturating_sub(1).max(1) * processes
         } else if row.unit == "ms_per_gib" {
-            mr_reps
+            mr_reps * processes
         } else {
             results.plan.control.reps
         };
