@@ -430,6 +430,47 @@ fn queue_region_exhaustion_and_map_failures_leave_nothing() {
     );
 }
 
+/// A QP's send and receive queues are placed first and mapped together: when the receive
+/// queue finds no room, or the front-end refuses the mappings, neither stays placed or mapped
+/// and the host QP is destroyed again.
+#[test]
+fn a_qp_whose_queues_cannot_both_be_mapped_leaves_nothing() {
+    let fake = FakeDevice::new();
+    let small = DeviceOptions {
+        shm_size: 8 * PAGE,
+        ..test_options()
+    };
+    let guest = TestGuest::new(&fake, small, VRDMA_F_RING_RXE_V1);
+    assert_eq!(guest.set_doorbell_area(RAM_BASE), Status::Ok);
+    let pd = guest.alloc_pd();
+    let cq = guest.create_cq(4);
+    let cqh = cq.cq.get();
+    let before = (fake.world().live(), guest.frontend.mapped());
+
+    // The send queue fits in what is left; 256 receive slots of 128 bytes do not.
+    let mut deep_rq = qp_req(pd, cqh, 0);
+    deep_rq.max_recv_wr = Le32::new(255);
+    assert_eq!(guest.create_qp(deep_rq), Err(Status::NoMemory));
+    assert_eq!((fake.world().live(), guest.frontend.mapped()), before);
+
+    guest.frontend.set_refusing(true);
+    assert_eq!(
+        guest.create_qp(qp_req(pd, cqh, 0)),
+        Err(Status::DeviceError)
+    );
+    assert_eq!((fake.world().live(), guest.frontend.mapped()), before);
+    guest.frontend.set_refusing(false);
+
+    let qp = guest.create_qp(qp_req(pd, cqh, 0)).unwrap();
+    let after_cq = cq.ring.shm_offset.get() + u64::from(cq.ring.map_len.get());
+    assert_eq!(
+        qp.sq.shm_offset.get(),
+        after_cq,
+        "the failed extents were freed"
+    );
+    assert_eq!(guest.frontend.mapped().len(), 3);
+}
+
 /// A front-end that counts every queue mapping as a memory slot (QEMU: it acknowledged
 /// CONFIGURE_MEM_SLOTS, and aborts past 512 slots) gets at most
 /// `SLOT_COUNTING_FRONTEND_MAPPINGS` queue buffers; the next create is QUOTA, nothing is left

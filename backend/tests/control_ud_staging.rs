@@ -438,3 +438,48 @@ fn destroy_and_discard_release_the_staging_ring() {
     assert_eq!(head, [0; 8]);
     assert_eq!(s.fake.world().live(), 0);
 }
+
+/// A UD QP's staged send queue waits in its chunk while the receive queue, mapped directly,
+/// is placed; when the front-end refuses that mapping, the staging ring goes too (its chunk
+/// unmapped once empty) and the host QP is destroyed.
+#[test]
+fn a_refused_receive_queue_mapping_releases_the_staged_send_queue() {
+    let s = Setup::new();
+    let cq = s.guest.create_cq(4).cq.get();
+    let before = (s.fake.world().live(), s.guest.frontend.mapped());
+    // A second staged ring goes in the first one's chunk: nothing new to map before the RQ.
+    s.guest.frontend.set_refusing(true);
+    assert_eq!(
+        s.guest.create_qp(ud_qp_req(s.pd, cq)),
+        Err(Status::DeviceError)
+    );
+    assert_eq!((s.fake.world().live(), s.guest.frontend.mapped()), before);
+    s.guest.frontend.set_refusing(false);
+    let qp = s.guest.create_qp(ud_qp_req(s.pd, cq)).unwrap();
+    let (first, second) = (s.qp.sq.shm_offset.get(), qp.sq.shm_offset.get());
+    let ring = u64::from(s.qp.sq.map_len.get());
+    assert_eq!(
+        second,
+        first + ring,
+        "the refused QP's staging place was given back"
+    );
+
+    // Alone in its chunk, the staging ring's chunk is unmapped with it.
+    assert_eq!(
+        s.guest
+            .status(ControlRequest::DestroyQp(handle(s.qp.qp.get()))),
+        Status::Ok
+    );
+    assert_eq!(
+        s.guest
+            .status(ControlRequest::DestroyQp(handle(qp.qp.get()))),
+        Status::Ok
+    );
+    let cq_rings = s.guest.frontend.mapped().len();
+    s.guest.frontend.set_refusing(true);
+    assert_eq!(
+        s.guest.create_qp(ud_qp_req(s.pd, cq)),
+        Err(Status::DeviceError)
+    );
+    assert_eq!(s.guest.frontend.mapped().len(), cq_rings);
+}

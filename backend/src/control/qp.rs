@@ -20,7 +20,7 @@ use crate::datapath::staging::{StagedKind, StagedRing};
 use crate::guest::objects::EventOwner;
 use crate::guest::objects::{QpDeps, QpEntry};
 use crate::guest::state::GuestState;
-use crate::host::{self, DeviceError, HostContext, QpHandle, QpInit};
+use crate::host::{self, DeviceError, HostContext, QpHandle, QpInit, QueueBuffer};
 use crate::memory::queue_region::{MappedRing, ShmAllocator};
 use crate::resources::table::Handle;
 use crate::vhost_device::guest_context::GuestContext;
@@ -223,8 +223,64 @@ fn create_reserved(
 /// The staging rings of a new QP: of its send queue, of its receive queue.
 type StagedRings = [Option<StagedRing>; 2];
 
+/// One queue of a new QP on its way into the queue region.
+enum QueueRing {
+    /// The host buffer itself, placed; mapped together with the QP's other direct queue.
+    Direct(rings::PlacedRing),
+    /// A staging ring (already in a mapped chunk) with the device's copy state.
+    Staged(MappedRing, StagedRing),
+}
+
+impl QueueRing {
+    /// Places (direct: a ring of `depth + 1` slots of `entry` bytes) or stages the queue in
+    /// `buffer` as `staged` says; on error nothing stays allocated.
+    fn prepare(
+        s: &mut Session<'_>,
+        qp: &host::Qp,
+        buffer: QueueBuffer,
+        (depth, entry): (u32, usize),
+        staged: Option<StagedKind>,
+        pd: Handle,
+    ) -> Result<QueueRing, CommandError> {
+        if let Some(kind) = staged {
+            let (ring, staged) = staged_rings::map_staged(s, qp, buffer, kind, pd)?;
+            return Ok(QueueRing::Staged(ring, staged));
+        }
+        let slots = depth
+            .checked_add(1)
+            .ok_or_else(|| CommandError::Geometry(format!("depth {depth}")))?;
+        rings::place_ring(s, buffer, slots, entry).map(QueueRing::Direct)
+    }
+
+    fn placed(&self) -> Option<rings::PlacedRing> {
+        match self {
+            QueueRing::Direct(placed) => Some(*placed),
+            QueueRing::Staged(..) => None,
+        }
+    }
+
+    /// Takes back what [`prepare`](Self::prepare) did (the queue is not in use yet).
+    fn release(self, s: &mut Session<'_>) {
+        match self {
+            QueueRing::Direct(placed) => rings::free_extent(&mut s.state.shm, placed.ring.range),
+            // The staging ring's memory is emptied when `_staged` drops.
+            QueueRing::Staged(ring, _staged) => {
+                rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &ring)
+            }
+        }
+    }
+
+    fn into_parts(self) -> (MappedRing, Option<StagedRing>) {
+        match self {
+            QueueRing::Direct(placed) => (placed.ring, None),
+            QueueRing::Staged(ring, staged) => (ring, Some(staged)),
+        }
+    }
+}
+
 /// Maps the SQ and, without an SRQ, the RQ, each as the host buffer or as a staging ring (with
-/// the device's copy state); on error nothing stays mapped.
+/// the device's copy state), the host buffers with one exchange with the frontend for both;
+/// on error nothing stays mapped.
 fn map_rings(
     s: &mut Session<'_>,
     qp: &host::Qp,
@@ -232,59 +288,49 @@ fn map_rings(
     modes: QueueModes,
     pd: Handle,
 ) -> Result<(MappedRing, Option<MappedRing>, StagedRings), CommandError> {
-    let slots = |wr: u32| {
-        wr.checked_add(1)
-            .ok_or_else(|| CommandError::Geometry(format!("depth {wr}")))
-    };
     let caps = qp.caps;
-    let send_wqe = rxe_v1::send_wqe_size(caps.max_send_sge, caps.max_inline_data);
-    let recv_wqe = rxe_v1::recv_wqe_size(caps.max_recv_sge);
-    if let (None, false, Some(rq), false) = (modes.sq, modes.rq_staged, qp.rq, with_srq) {
-        // Both queues mapped directly: one exchange with the frontend for the two.
-        let sq = rings::place_ring(s, qp.sq, slots(caps.max_send_wr)?, send_wqe)?;
-        let rq = match slots(caps.max_recv_wr).and_then(|n| rings::place_ring(s, rq, n, recv_wqe)) {
-            Ok(rq) => rq,
-            Err(e) => {
-                rings::free_extent(&mut s.state.shm, sq.ring.range);
-                return Err(e);
-            }
-        };
-        rings::map_placed(s, &[sq, rq])?;
-        return Ok((sq.ring, Some(rq.ring), [None, None]));
-    }
-    let (sq, staged_sq) = match modes.sq {
-        None => {
-            let sq = rings::map_ring(s, qp.sq, slots(caps.max_send_wr)?, send_wqe)?;
-            (sq, None)
-        }
-        Some(kind) => {
-            let (sq, staged) = staged_rings::map_staged(s, qp, qp.sq, kind, pd)?;
-            (sq, Some(staged))
-        }
-    };
-    let (rq, staged_rq) = match (qp.rq, with_srq) {
-        (_, true) => (None, None),
+    let send = (
+        caps.max_send_wr,
+        rxe_v1::send_wqe_size(caps.max_send_sge, caps.max_inline_data),
+    );
+    let recv = (caps.max_recv_wr, rxe_v1::recv_wqe_size(caps.max_recv_sge));
+    let sq = QueueRing::prepare(s, qp, qp.sq, send, modes.sq, pd)?;
+    let rq = match (qp.rq, with_srq) {
+        (_, true) => None,
         (Some(buffer), false) => {
-            let mapped = if modes.rq_staged {
-                staged_rings::map_staged(s, qp, buffer, StagedKind::Recv, pd)
-                    .map(|(rq, staged)| (rq, Some(staged)))
-            } else {
-                slots(caps.max_recv_wr)
-                    .and_then(|n| rings::map_ring(s, buffer, n, recv_wqe))
-                    .map(|rq| (rq, None))
-            };
-            match mapped {
-                Ok((rq, staged)) => (Some(rq), staged),
+            let staged = modes.rq_staged.then_some(StagedKind::Recv);
+            match QueueRing::prepare(s, qp, buffer, recv, staged, pd) {
+                Ok(rq) => Some(rq),
                 Err(e) => {
-                    rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &sq);
+                    sq.release(s);
                     return Err(e);
                 }
             }
         }
         (None, false) => {
-            rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &sq);
+            sq.release(s);
             return Err(CommandError::Geometry("the host QP has no RQ".into()));
         }
+    };
+    let direct: Vec<rings::PlacedRing> = std::iter::once(&sq)
+        .chain(rq.as_ref())
+        .filter_map(QueueRing::placed)
+        .collect();
+    if !direct.is_empty() {
+        // On error the direct queues' extents are freed; the staged ones are left to release.
+        if let Err(e) = rings::map_placed(s, &direct) {
+            for queue in std::iter::once(sq).chain(rq) {
+                if let QueueRing::Staged(..) = queue {
+                    queue.release(s);
+                }
+            }
+            return Err(e);
+        }
+    }
+    let (sq, staged_sq) = sq.into_parts();
+    let (rq, staged_rq) = match rq.map(QueueRing::into_parts) {
+        Some((rq, staged)) => (Some(rq), staged),
+        None => (None, None),
     };
     Ok((sq, rq, [staged_sq, staged_rq]))
 }
