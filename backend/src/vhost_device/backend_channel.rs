@@ -13,7 +13,7 @@
 //! before it, and hands it to the guest's [`ShmemMapper`](super::shmem::ShmemMapper).
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 
 use vhost::vhost_user::message::{BackendReq, VhostUserMMap, VhostUserProtocolFeatures};
@@ -140,8 +140,14 @@ impl BackendChannel {
         if self.reply_ack {
             flags |= FLAG_NEED_REPLY;
         }
-        let fds: Vec<RawFd> = request.fd.iter().map(AsRawFd::as_raw_fd).collect();
-        send_parts(&self.socket, request.request() as u32, flags, payload, &fds)
+        let fd = request.fd.as_ref().map(AsRawFd::as_raw_fd);
+        send_parts(
+            &self.socket,
+            request.request() as u32,
+            flags,
+            payload,
+            fd.as_slice(),
+        )
     }
 
     /// The status the front-end answered `request` with.

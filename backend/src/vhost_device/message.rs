@@ -142,12 +142,17 @@ fn send_bytes(
     payload: &[u8],
     fds: &[RawFd],
 ) -> io::Result<()> {
-    let mut bytes = Vec::with_capacity(HEADER_SIZE + payload.len());
-    bytes.extend_from_slice(header);
-    bytes.extend_from_slice(payload);
-    let sent = restarting(|| socket.send_with_fds(&[bytes.as_slice()], fds))?;
+    // Header and payload gathered in one sendmsg, with the descriptors; what a short send
+    // left follows as plain bytes.
+    let sent = restarting(|| socket.send_with_fds(&[&header[..], payload], fds))?;
     let mut writer = socket;
-    writer.write_all(&bytes[sent..])
+    match sent.checked_sub(HEADER_SIZE) {
+        Some(payload_sent) => writer.write_all(&payload[payload_sent..]),
+        None => {
+            writer.write_all(&header[sent..])?;
+            writer.write_all(payload)
+        }
+    }
 }
 
 /// Runs a socket call again while a signal handler interrupts it (EINTR), as std's
