@@ -82,18 +82,17 @@ fn quick_bench_measures_every_row_on_both_sides() {
     }
     for row in &results.control {
         assert_ratio(row.ratio, row.vrdma.median, row.native.median, &row.op);
-        // Registrations over huge pages are made at least HUGE_MR_REPS times in each of
-        // HUGE_MR_PROCESSES processes; every process's first is left out.
-        let (mr_reps, processes) = if row.op.contains("_huge_") {
-            (
-                results.plan.control.over_huge_pages().mr_reps,
-                control::HUGE_MR_PROCESSES as u32,
-            )
+        // Every registration row has MR_PROCESSES processes per side; over huge pages each
+        // registers at least HUGE_MR_REPS times. Every process's first registration is left
+        // out of the warm rows and makes the first-registration row.
+        let processes = control::MR_PROCESSES as u32;
+        let mr_reps = if row.op.contains("_huge_") {
+            results.plan.control.over_huge_pages().mr_reps
         } else {
-            (results.plan.control.mr_reps, 1)
+            results.plan.control.mr_reps
         };
         let reps = if row.op == control::FIRST_REG_MR {
-            1
+            processes
         } else if row.op == "create_qp_staged" {
             results.plan.control.reps
         } else if row.unit == "qp_per_s" {

@@ -76,12 +76,13 @@ const HUGE_MR_OPS_VS_SHARED: &[MrRow] = &[
     ),
     ("dereg_mr", "dereg_mr_huge_per_gib_vs_memfd", Samples::All),
 ];
-/// Processes of each kind (native, vrdma, native over a memfd) the huge-page rows take their
-/// samples from, run in turn. Under TCG a process's huge-page registrations run at one of two
-/// speeds for its whole life, ~8 or ~14 ms per 256 MiB, natively and through vrdma alike
-/// (measured 2026-11-28 with the backend timing its host REG_MR: 12–14 ms of the slow
-/// registrations are the host kernel's); one process per side compared a coin toss.
-pub const HUGE_MR_PROCESSES: usize = 3;
+/// Processes of each kind (native, vrdma, native over a memfd) the registration rows take their
+/// samples from, run in turn. Under TCG a process's registrations run at one of two speeds
+/// for its whole life (over huge pages ~8 or ~14 ms per 256 MiB, natively and through vrdma
+/// alike; measured 2026-11-28 with the backend timing its host REG_MR: 12–14 ms of the slow
+/// registrations are the host kernel's), so one process per side compared a coin toss:
+/// 1.08× and 1.70× for the same code in two full runs.
+pub const MR_PROCESSES: usize = 3;
 /// Guest RAM `vrdma-ctlbench control` makes beside the buffer (its vrings and command buffers);
 /// the huge-page pool must hold all of it.
 const CTLBENCH_RAM_HEADROOM: u64 = 64 << 20;
@@ -137,73 +138,108 @@ pub fn run(
         plan.mr_bytes >> 20,
         plan.mr_reps
     );
+    // The object rows: the smallest registration the programs take (the registration rows
+    // come from processes of their own).
+    let objects = ControlPlan {
+        mr_bytes: 1 << 20,
+        mr_reps: 1,
+        ..*plan
+    };
     let native = run_to_output(
         "bench-native-control",
-        &mut programs.control(Via::Native, None, plan)?,
+        &mut programs.control(Via::Native, None, &objects)?,
         timeout,
     )?;
     let vrdma = run_to_output(
         "bench-vrdma-control",
-        &mut programs.control(Via::Vrdma, Some(socket), plan)?,
+        &mut programs.control(Via::Vrdma, Some(socket), &objects)?,
         timeout,
     )?;
     let mut rows = rows(&native, &vrdma)?;
     if let Some(staged) = staged {
-        // Only the QP rows are wanted: the smallest registration the program takes.
-        let small = ControlPlan {
-            mr_bytes: 1 << 20,
-            mr_reps: 1,
-            ..*plan
-        };
         let through_staging = run_to_output(
             "bench-vrdma-control-staged",
-            &mut programs.control(Via::Vrdma, Some(staged), &small)?,
+            &mut programs.control(Via::Vrdma, Some(staged), &objects)?,
             timeout,
         )?;
         rows.extend(staged_rows(&native, &through_staging)?);
     }
-    let native_shared = run_to_output(
-        "bench-native-control-memfd",
-        &mut programs.control(Via::Native, None, &plan.over_shared_memory())?,
-        timeout,
-    )?;
+    let ordinary = MrRuns::measure(programs, socket, &plan.registrations_only(), "", timeout)?;
+    rows.extend(mr_rows(MR_OPS, &ordinary.native, &ordinary.vrdma)?);
+    rows.push(ControlRow::compare(
+        FIRST_REG_MR,
+        "ms_per_gib",
+        per_gib(&ordinary.native, "reg_mr", Samples::First)?,
+        per_gib(&ordinary.vrdma, "reg_mr", Samples::First)?,
+    )?);
     rows.extend(mr_rows(
         MR_OPS_VS_SHARED,
-        std::slice::from_ref(&native_shared),
-        std::slice::from_ref(&vrdma),
+        &ordinary.native_shared,
+        &ordinary.vrdma,
     )?);
-    let huge = plan.over_huge_pages();
     let vrdma_ram = (plan.mr_bytes + CTLBENCH_RAM_HEADROOM).max(DEFAULT_GUEST_RAM_SIZE as u64);
     match HugePagePool::reserve(vrdma_ram) {
         Ok(_pool) => {
-            let shared_huge = ControlPlan {
-                shared_memory: true,
-                ..huge
-            };
-            let (mut native, mut vrdma, mut native_shared) = (Vec::new(), Vec::new(), Vec::new());
-            for _ in 0..HUGE_MR_PROCESSES {
-                native.push(run_to_output(
-                    "bench-native-control-huge",
-                    &mut programs.control(Via::Native, None, &huge)?,
-                    timeout,
-                )?);
-                vrdma.push(run_to_output(
-                    "bench-vrdma-control-huge",
-                    &mut programs.control(Via::Vrdma, Some(socket), &huge)?,
-                    timeout,
-                )?);
-                native_shared.push(run_to_output(
-                    "bench-native-control-huge-memfd",
-                    &mut programs.control(Via::Native, None, &shared_huge)?,
-                    timeout,
-                )?);
-            }
-            rows.extend(mr_rows(HUGE_MR_OPS, &native, &vrdma)?);
-            rows.extend(mr_rows(HUGE_MR_OPS_VS_SHARED, &native_shared, &vrdma)?);
+            let huge =
+                MrRuns::measure(programs, socket, &plan.over_huge_pages(), "-huge", timeout)?;
+            rows.extend(mr_rows(HUGE_MR_OPS, &huge.native, &huge.vrdma)?);
+            rows.extend(mr_rows(
+                HUGE_MR_OPS_VS_SHARED,
+                &huge.native_shared,
+                &huge.vrdma,
+            )?);
         }
         Err(e) => println!("control path: no huge-page rows: {e}"),
     }
     Ok(rows)
+}
+
+/// The registrations of one kind of memory, each side in [`MR_PROCESSES`] processes run in
+/// turn: native, through vrdma, native over a shared memfd.
+struct MrRuns {
+    native: Vec<Output>,
+    vrdma: Vec<Output>,
+    native_shared: Vec<Output>,
+}
+
+impl MrRuns {
+    /// Runs `plan` ([`ControlPlan::registrations_only`] or [`ControlPlan::over_huge_pages`]);
+    /// `kind` tells the runs' logs apart.
+    fn measure(
+        programs: &Programs,
+        socket: &Path,
+        plan: &ControlPlan,
+        kind: &str,
+        timeout: Duration,
+    ) -> Result<MrRuns> {
+        let shared = ControlPlan {
+            shared_memory: true,
+            ..*plan
+        };
+        let mut runs = MrRuns {
+            native: Vec::new(),
+            vrdma: Vec::new(),
+            native_shared: Vec::new(),
+        };
+        for _ in 0..MR_PROCESSES {
+            runs.native.push(run_to_output(
+                &format!("bench-native-mr{kind}"),
+                &mut programs.control(Via::Native, None, plan)?,
+                timeout,
+            )?);
+            runs.vrdma.push(run_to_output(
+                &format!("bench-vrdma-mr{kind}"),
+                &mut programs.control(Via::Vrdma, Some(socket), plan)?,
+                timeout,
+            )?);
+            runs.native_shared.push(run_to_output(
+                &format!("bench-native-mr{kind}-memfd"),
+                &mut programs.control(Via::Native, None, &shared)?,
+                timeout,
+            )?);
+        }
+        Ok(runs)
+    }
 }
 
 /// 2 MiB huge pages reserved in the kernel's pool (`vm.nr_hugepages`) for as long as this
@@ -259,7 +295,7 @@ fn mr_rows(ops: &[MrRow], native: &[Output], vrdma: &[Output]) -> Result<Vec<Con
         .collect()
 }
 
-/// The rows from the two programs' outputs.
+/// The object and setup-rate rows from the two programs' outputs.
 pub fn rows(native: &Output, vrdma: &Output) -> Result<Vec<ControlRow>> {
     let mut rows = Vec::new();
     let row = ControlRow::compare;
@@ -274,14 +310,6 @@ pub fn rows(native: &Output, vrdma: &Output) -> Result<Vec<ControlRow>> {
         "us",
         sum_per_rep(native)?,
         sum_per_rep(vrdma)?,
-    )?);
-    let (native_runs, vrdma_runs) = (std::slice::from_ref(native), std::slice::from_ref(vrdma));
-    rows.extend(mr_rows(MR_OPS, native_runs, vrdma_runs)?);
-    rows.push(row(
-        FIRST_REG_MR,
-        "ms_per_gib",
-        per_gib(native_runs, "reg_mr", Samples::First)?,
-        per_gib(vrdma_runs, "reg_mr", Samples::First)?,
     )?);
     for (name, vrdma_series) in [
         (SETUP_RATE, "setup_qp"),
@@ -428,9 +456,6 @@ mod tests {
                 "modify_rtr",
                 "modify_rts",
                 RESET_TO_RTS,
-                "reg_mr_per_gib",
-                "dereg_mr_per_gib",
-                FIRST_REG_MR,
                 SETUP_RATE,
                 SETUP_RATE_BATCHED
             ]
@@ -440,26 +465,34 @@ mod tests {
         assert!((cq.ratio - 3.0).abs() < 1e-12);
         // The sum of the three transitions of each repetition: 3, 6, 9 µs.
         assert_eq!(rows[7].native.median, 6.0);
-        // The registrations after the first: 2 and 3 ms for 256 MiB, 10 ms per GiB.
-        let reg = &rows[8];
-        assert_eq!(reg.unit, "ms_per_gib");
-        assert!((reg.native.median - 10.0).abs() < 1e-9, "{reg:?}");
-        // Every deregistration: 0.5, 1, 1.5 ms, a median of 4 ms per GiB.
-        assert!((rows[9].native.median - 4.0).abs() < 1e-9, "{:?}", rows[9]);
         // 1, 2, 3 µs per QP natively: a median of 500 000 QPs per second; batched vrdma takes
         // 1.5× that time per QP (500 ns steps, scaled by 3): a ratio of 2/3.
         assert!(
-            (rows[11].native.median - 500_000.0).abs() < 1e-6,
+            (rows[8].native.median - 500_000.0).abs() < 1e-6,
             "{:?}",
-            rows[11]
+            rows[8]
         );
-        assert!((rows[12].ratio - 2.0 / 3.0).abs() < 1e-9, "{:?}", rows[12]);
+        assert!((rows[9].ratio - 2.0 / 3.0).abs() < 1e-9, "{:?}", rows[9]);
+    }
+
+    #[test]
+    fn registration_rows_scale_to_a_gib() {
+        let mr = mr_rows(MR_OPS, &[output(1)], &[output(3)]).unwrap();
+        // The registrations after the first: 2 and 3 ms for 256 MiB, 10 ms per GiB.
+        let reg = &mr[0];
+        assert_eq!(
+            (reg.op.as_str(), reg.unit.as_str()),
+            ("reg_mr_per_gib", "ms_per_gib")
+        );
+        assert!((reg.native.median - 10.0).abs() < 1e-9, "{reg:?}");
+        assert!((reg.ratio - 3.0).abs() < 1e-9, "{reg:?}");
+        // Every deregistration: 0.5, 1, 1.5 ms, a median of 4 ms per GiB.
+        assert!((mr[1].native.median - 4.0).abs() < 1e-9, "{:?}", mr[1]);
         // The first of 1, 2, 3 ms.
-        assert!(
-            (rows[10].native.median - 4.0).abs() < 1e-9,
-            "{:?}",
-            rows[10]
-        );
+        let first = per_gib(&[output(1)], "reg_mr", Samples::First)
+            .unwrap()
+            .unwrap();
+        assert!((first.median - 4.0).abs() < 1e-9, "{first:?}");
         let huge = mr_rows(HUGE_MR_OPS, &[output(1)], &[output(2)]).unwrap();
         assert_eq!(huge[0].op, "reg_mr_huge_per_gib");
         assert!((huge[0].ratio - 2.0).abs() < 1e-12);

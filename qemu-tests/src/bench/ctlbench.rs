@@ -76,13 +76,13 @@ pub struct ControlPlan {
 pub const HUGE_MR_REPS: u32 = 5;
 
 impl ControlPlan {
-    /// The registrations of this plan over a shared memfd's ordinary pages (and the object
-    /// measurements once).
-    pub fn over_shared_memory(&self) -> ControlPlan {
+    /// The registrations of this plan over ordinary pages (and the object measurements once,
+    /// as the programs always make them).
+    pub fn registrations_only(&self) -> ControlPlan {
         ControlPlan {
             reps: 1,
             huge_pages: false,
-            shared_memory: true,
+            shared_memory: false,
             ..*self
         }
     }
@@ -270,7 +270,10 @@ mod tests {
             "--socket /tmp/s control --reps 7 --mr-bytes 1048576 --mr-reps 2"
         );
         assert!(p.control(Via::Vrdma, None, &plan).is_err());
-        let shared = plan.over_shared_memory();
+        let shared = ControlPlan {
+            shared_memory: true,
+            ..plan.registrations_only()
+        };
         let native = p.control(Via::Native, None, &shared).unwrap();
         assert_eq!(args(&native), "control -d rxe0 -r 1 -m 1048576 -R 2 -S");
         let huge = plan.over_huge_pages();

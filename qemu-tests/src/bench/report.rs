@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use super::cm_setup::CmSetupRow;
-use super::control::{ControlRow, HUGE_MR_PROCESSES};
+use super::control::{ControlRow, MR_PROCESSES};
 use super::matrix::MatrixRow;
 use super::scale::ScaleRow;
 use super::{GuestResults, Plan, Results};
@@ -95,19 +95,19 @@ fn tables(
     let _ = writeln!(
         out,
         "\ncontrol path: vrdma verbs API (process transport) vs rdma-core on rxe0; median of {} \
-         (MR: {} MiB registered {} times, median of the registrations after the first and of \
-         every deregistration, scaled to one GiB; 4 KiB pages: vrdma's guest RAM \
-         a memfd, native memory without transparent huge pages; `vs_memfd`: native over a \
-         shared memfd's pages too, the memory a vhost-user VM's RAM is; `first`: the first \
-         registration alone; `huge`: both over 2 MiB hugetlb pages, registered {} times in \
-         each of {} processes per side, run in turn; \
-         setup: 32 RC QPs from nothing to RTS, per second, median of 3, vrdma one command at a \
-         time and in batches).",
+         (MR: {} MiB registered {} times in each of {} processes per side, run in turn, median \
+         of the registrations after each process's first and of every deregistration, scaled \
+         to one GiB; 4 KiB pages: vrdma's guest RAM a memfd, native memory without transparent \
+         huge pages; `vs_memfd`: native over a shared memfd's pages too, the memory a \
+         vhost-user VM's RAM is; `first`: each process's first registration; `huge`: both over \
+         2 MiB hugetlb pages, registered {} times in each process; setup: 32 RC QPs from \
+         nothing to RTS, per second, median of 3, vrdma one command at a time and in \
+         batches).",
         plan.control.reps,
         plan.control.mr_bytes >> 20,
         plan.control.mr_reps,
-        plan.control.over_huge_pages().mr_reps,
-        HUGE_MR_PROCESSES
+        MR_PROCESSES,
+        plan.control.over_huge_pages().mr_reps
     );
     out.push_str(&control_table(control));
     let _ = writeln!(
