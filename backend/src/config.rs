@@ -148,6 +148,7 @@ struct RawDefaults {
     allow_memory_windows: Option<bool>,
     doorbell_poll_us: Option<u64>,
     staged_rings: Option<StagedRings>,
+    staged_cqs: Option<StagedRings>,
     #[serde(default)]
     quotas: RawQuotas,
     #[serde(default)]
@@ -172,6 +173,7 @@ struct RawGuest {
     allow_memory_windows: Option<bool>,
     doorbell_poll_us: Option<u64>,
     staged_rings: Option<StagedRings>,
+    staged_cqs: Option<StagedRings>,
     #[serde(default)]
     quotas: RawQuotas,
     #[serde(default)]
@@ -302,6 +304,10 @@ impl RawGuest {
                 .staged_rings
                 .or(d.staged_rings)
                 .unwrap_or(defaults.staged_rings),
+            staged_cqs: self
+                .staged_cqs
+                .or(d.staged_cqs)
+                .unwrap_or(defaults.staged_cqs),
             identity: GuestIdentity {
                 name: self.name.clone(),
                 addresses: parse_addresses(&self.addresses)?,
@@ -456,6 +462,7 @@ mod tests {
             allow_ud = true
             doorbell_poll_us = 50
             staged_rings = "always"
+            staged_cqs = "never"
             quotas = { qps = 8, mr_bytes = "1G", ahs = 4 }
             policy = { traffic_classes = "0,96-97", service_levels = [0, 3], destinations = ["fd00::/64"] }
 
@@ -474,6 +481,7 @@ mod tests {
         assert!(a.allow_ud && !a.allow_memory_windows);
         assert_eq!(a.doorbell_poll, Duration::from_micros(50));
         assert_eq!(a.staged_rings, StagedRings::Always);
+        assert_eq!(a.staged_cqs, StagedRings::Never);
         assert_eq!(
             (a.quotas.qps, a.quotas.mr_bytes, a.quotas.ahs),
             (8, 1 << 30, 4)

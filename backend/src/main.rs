@@ -47,6 +47,7 @@ use vrdma_spec::verbs::PortState;
     "max_srqs", "max_ahs", "max_mws", "allow_ud", "allow_memory_windows", "doorbell_poll_us",
     "name", "address", "traffic_classes", "service_levels", "allow_destination",
     "max_guest_mappings", "max_mr_mappings", "allow_unenforced_ud", "staged_rings",
+    "staged_cqs",
 ])))]
 struct Args {
     /// Configuration file (TOML) describing every guest: its socket, addresses, quotas and
@@ -136,6 +137,12 @@ struct Args {
     /// `never` (past QEMU's mappings CREATE_QP fails with QUOTA).
     #[arg(long, value_enum, default_value_t = StagedRings::Auto)]
     staged_rings: StagedRings,
+    /// When CQs get staging rings that the daemon copies the host's completions into
+    /// (VRDMA_F_STAGED_CQS, spec §9.8; a wake-up of the daemon per completion event): `auto`
+    /// once QEMU's mappings are nearly all taken (so a guest gets thousands of CQs), `always`,
+    /// or `never` (past QEMU's mappings CREATE_CQ fails with QUOTA).
+    #[arg(long, value_enum, default_value_t = StagedRings::Auto)]
+    staged_cqs: StagedRings,
     /// Name of the guest of --socket (logs; its node GUID is derived from it when it has
     /// addresses).
     #[arg(long, default_value = "guest")]
@@ -185,6 +192,7 @@ impl Args {
             max_mr_mappings: self.max_mr_mappings,
             doorbell_poll: Duration::from_micros(self.doorbell_poll_us),
             staged_rings: self.staged_rings,
+            staged_cqs: self.staged_cqs,
             ..DeviceOptions::default()
         }
     }

@@ -24,7 +24,12 @@ fn configuration_space_and_features() {
     let dev = guest.dev();
     assert_eq!(
         dev.device_features(),
-        VRDMA_F_RING_RXE_V1 | VRDMA_F_SRQ | VRDMA_F_UC | VRDMA_F_MR_EXTENTS | VRDMA_F_STAGED_RINGS
+        VRDMA_F_RING_RXE_V1
+            | VRDMA_F_SRQ
+            | VRDMA_F_UC
+            | VRDMA_F_MR_EXTENTS
+            | VRDMA_F_STAGED_RINGS
+            | VRDMA_F_STAGED_CQS
     );
     let config = guest.config();
     assert_eq!(config.ring_format.get(), ring_format::RXE_V1);

@@ -107,6 +107,10 @@ pub mod features {
     /// the driver rings the QP's doorbell after posting receives to a staged receive queue
     /// (spec §9.7).
     pub const VRDMA_F_STAGED_RINGS: u64 = 1 << 17;
+    /// The device may give a CQ a staging ring instead of the host's buffer (when the
+    /// front-end cannot take another mapping), marked [`crate::wire::ring_flags::STAGED`]: it
+    /// copies the host's completions into it; the driver polls it as any CQ (spec §9.8).
+    pub const VRDMA_F_STAGED_CQS: u64 = 1 << 18;
     /// Mask of all device-specific bits defined by this version.
     pub const VRDMA_F_ALL: u64 = VRDMA_F_RING_RXE_V1
         | VRDMA_F_SRQ
@@ -117,7 +121,8 @@ pub mod features {
         | VRDMA_F_UD_STAGED_SQ
         | VRDMA_F_CM
         | VRDMA_F_MR_EXTENTS
-        | VRDMA_F_STAGED_RINGS;
+        | VRDMA_F_STAGED_RINGS
+        | VRDMA_F_STAGED_CQS;
     /// Mask of the device-specific feature range (bits 0..=23) in which every `VRDMA_F_*` bit
     /// lives; the generic virtio bits lie above it.
     pub const DEVICE_SPECIFIC_MASK: u64 = (1 << 24) - 1;

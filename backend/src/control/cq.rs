@@ -10,6 +10,7 @@ use vrdma_spec::{Le32, ResponseBody};
 use super::error::CommandError;
 use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
+use super::staged_rings;
 use crate::datapath::events;
 use crate::guest::objects::CqEntry;
 use crate::guest::objects::EventOwner;
@@ -34,13 +35,26 @@ pub(crate) fn create_cq(s: &mut Session<'_>, r: &CreateCqReq) -> CommandResult {
             user_handle,
         })
         .map_err(host_err("CREATE_CQ"))?;
+    let staged = staged_rings::stage_cq(s);
     let mapped = cq
         .cqe
         .checked_add(1)
         .ok_or_else(|| CommandError::Geometry(format!("cqe {}", cq.cqe)))
-        .and_then(|num_slots| rings::map_ring(s, cq.buffer, num_slots, rxe_v1::CQE_SIZE));
-    let ring = match mapped {
-        Ok(ring) => ring,
+        .and_then(|num_slots| {
+            if !staged {
+                return rings::map_ring(s, cq.buffer, num_slots, rxe_v1::CQE_SIZE)
+                    .map(|ring| (ring, None));
+            }
+            let (ring, staged) = staged_rings::map_staged_cq(s, &cq)?;
+            // The device watches the host CQ from now on: every completion raises an event.
+            if let Err(e) = staged.arm_host(s.host()) {
+                rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &ring);
+                return Err(host_err("REQ_NOTIFY_CQ")(e));
+            }
+            Ok((ring, Some(staged)))
+        });
+    let (ring, staged) = match mapped {
+        Ok(mapped) => mapped,
         Err(e) => {
             destroy_host(s.host(), cq.handle);
             return Err(e);
@@ -50,6 +64,7 @@ pub(crate) fn create_cq(s: &mut Session<'_>, r: &CreateCqReq) -> CommandResult {
         host: cq.handle,
         user_handle,
         ring,
+        staged,
     };
     let handle = match s.state.cqs.insert(entry) {
         Ok(handle) => handle,
@@ -88,9 +103,15 @@ pub(crate) fn destroy_cq(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
     Ok(ResponseBody::Empty)
 }
 
-/// ARM_CQ: requests one completion event.
+/// ARM_CQ: requests one completion event: from the host for a CQ whose ring is the host's,
+/// from the device's copy for a staged one (spec §9.8).
 pub(crate) fn arm_cq(s: &mut Session<'_>, r: &ArmCqReq) -> CommandResult {
-    let host = s.state.cqs.get(Handle::from_raw(r.cq.get()))?.host;
+    let entry = s.state.cqs.get_mut(Handle::from_raw(r.cq.get()))?;
+    if let Some(staged) = entry.staged.as_mut() {
+        staged.arm_guest();
+        return Ok(ResponseBody::Empty);
+    }
+    let host = entry.host;
     let solicited_only = r.flags.get() & arm_flags::SOLICITED_ONLY != 0;
     s.host()
         .req_notify_cq(host, solicited_only)
@@ -107,7 +128,13 @@ pub(crate) fn arm_cq(s: &mut Session<'_>, r: &ArmCqReq) -> CommandResult {
 pub(crate) fn resize_cq(s: &mut Session<'_>, r: &ResizeCqReq) -> CommandResult {
     rings::require_ring_format(s)?;
     let handle = Handle::from_raw(r.cq.get());
-    let host = s.state.cqs.get(handle)?.host;
+    let entry = s.state.cqs.get(handle)?;
+    if entry.staged.is_some() {
+        // Its completions would have to move from one staging ring to another while the host
+        // moves its own: not done (spec §9.8).
+        return Err(CommandError::Unsupported("RESIZE_CQ of a staged CQ"));
+    }
+    let host = entry.host;
     let cqe = r.cqe.get();
     at_most(cqe, s.guest.limits().attr.max_cqe, "cqe")?;
     let predicted = rxe_v1::num_slots_for(cqe)

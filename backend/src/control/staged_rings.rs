@@ -10,7 +10,7 @@
 //! file per SHMEM_MAP), so such QPs cost the front-end no memory slot.
 
 use log::debug;
-use vrdma_spec::features::{VRDMA_F_STAGED_RINGS, VRDMA_F_UD_STAGED_SQ};
+use vrdma_spec::features::{VRDMA_F_STAGED_CQS, VRDMA_F_STAGED_RINGS, VRDMA_F_UD_STAGED_SQ};
 use vrdma_spec::rxe_v1;
 use vrdma_spec::verbs::QpType;
 use vrdma_spec::wire::ring_flags;
@@ -19,6 +19,7 @@ use vrdma_spec::Le32;
 use super::error::CommandError;
 use super::rings;
 use super::session::Session;
+use crate::datapath::staged_cq::{StagedCq, StagedCqInit};
 use crate::datapath::staging::{StagedKind, StagedRing, StagedRingInit};
 use crate::guest::options::StagedRings;
 use crate::host::{self, DeviceError, QueueBuffer};
@@ -26,6 +27,7 @@ use crate::memory::queue_region::{MappedRing, ShmRange};
 use crate::memory::staging::{SharedMapping, StagingFile};
 use crate::resources::table::Handle;
 use crate::vhost_device::shmem::SHMEM_PAGE_SIZE;
+use std::sync::Arc;
 
 /// Bytes of the staging file one SHMEM_MAP covers (at most an eighth of the region): staging
 /// rings are placed inside such chunks, 2 MiB holding about 170 send queues of 16 WQEs and
@@ -38,6 +40,70 @@ pub const STAGING_CHUNK_LEN: u64 = 2 << 20;
 /// guest will want more QPs or more CQs, and staged QPs need no slot of their own, CQs do.
 pub fn staging_reserve(max_extents: usize) -> usize {
     max_extents / 2
+}
+
+/// Front-end slots [`StagedRings::Auto`] keeps for SRQs and staging chunks when the front-end
+/// holds at most `max_extents` mappings: once fewer than this (plus the CQ's own) are left,
+/// new CQs are staged (spec §9.8). Smaller than [`staging_reserve`]: QPs are staged first,
+/// since a staged CQ costs a wake-up of the device per completion event and a staged QP
+/// only a copy per doorbell; what is left must still hold the chunks of every staged ring
+/// (a 2 MiB chunk holds 512 CQs of up to 15 completions, 256 of up to 31, or the rings of
+/// 256 QPs of depth 1).
+pub fn cq_staging_reserve(max_extents: usize) -> usize {
+    max_extents / 16
+}
+
+/// Whether a new CQ gets a staging ring (spec §9.8).
+pub(crate) fn stage_cq(s: &Session<'_>) -> bool {
+    if s.features & VRDMA_F_STAGED_CQS == 0 || s.guest.staging().is_none() {
+        return false;
+    }
+    match s.guest.options().staged_cqs {
+        StagedRings::Always => true,
+        StagedRings::Never => false,
+        StagedRings::Auto => {
+            let shm = &s.state.shm;
+            shm.extents_left() < 1 + cq_staging_reserve(shm.max_extents())
+        }
+    }
+}
+
+/// Maps the buffer of the host CQ `cq` for the device, and places and initialises a staging
+/// ring of its geometry in a pooled extent of the queue region. On error nothing stays
+/// allocated or mapped; the caller still owns (and must destroy) the host CQ.
+pub(crate) fn map_staged_cq(
+    s: &mut Session<'_>,
+    cq: &host::Cq,
+) -> Result<(MappedRing, StagedCq), CommandError> {
+    let num_slots = cq
+        .cqe
+        .checked_add(1)
+        .ok_or_else(|| CommandError::Geometry(format!("cqe {}", cq.cqe)))?;
+    let place = place_staging_ring(s, cq.buffer, num_slots, rxe_v1::CQE_SIZE)?;
+    let ring = place.ring;
+    let staged = StagedCq::new(
+        StagedCqInit {
+            host_cq: cq.handle,
+            staging_range: ring.range,
+            index_mask: num_slots - 1,
+            log2_slot_size: place.log2_slot_size,
+        },
+        place.staging,
+        place.host_queue,
+    );
+    match staged {
+        Ok(staged) => {
+            debug!(
+                "staged CQ of host CQ {} at region offset {:#x} ({num_slots} slots)",
+                cq.handle, ring.range.offset
+            );
+            Ok((ring, staged))
+        }
+        Err(e) => {
+            rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &placeholder(ring.range));
+            Err(CommandError::Geometry(e))
+        }
+    }
 }
 
 /// How the queues of a new QP are exposed.
@@ -106,11 +172,6 @@ pub(crate) fn map_staged(
     kind: StagedKind,
     pd: Handle,
 ) -> Result<(MappedRing, StagedRing), CommandError> {
-    let staging = s
-        .guest
-        .staging()
-        .cloned()
-        .ok_or(CommandError::Unsupported("staging rings"))?;
     let caps = qp.caps;
     let (depth, max_sge, entry) = match kind {
         StagedKind::Recv => (
@@ -124,15 +185,74 @@ pub(crate) fn map_staged(
             rxe_v1::send_wqe_size(caps.max_send_sge, caps.max_inline_data),
         ),
     };
+    let num_slots = depth
+        .checked_add(1)
+        .ok_or_else(|| CommandError::Geometry(format!("depth {depth}")))?;
+    let place = place_staging_ring(s, buffer, num_slots, entry)?;
+    let ring = place.ring;
+    let staged = StagedRing::new(
+        StagedRingInit {
+            kind,
+            host_qp: qp.handle,
+            pd,
+            staging_range: ring.range,
+            index_mask: num_slots - 1,
+            log2_slot_size: place.log2_slot_size,
+            max_sge,
+            max_inline: caps.max_inline_data,
+        },
+        place.staging,
+        place.host_queue,
+    );
+    match staged {
+        Ok(staged) => {
+            debug!(
+                "{kind:?} staging ring of host QP {} at region offset {:#x} ({num_slots} slots \
+                 of 2^{})",
+                qp.handle, ring.range.offset, place.log2_slot_size
+            );
+            Ok((ring, staged))
+        }
+        Err(e) => {
+            rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &placeholder(ring.range));
+            Err(CommandError::Geometry(e))
+        }
+    }
+}
+
+/// A staging ring placed and initialised in the queue region, and the device's own mapping
+/// of the host buffer it stands for.
+pub(crate) struct StagingPlace {
+    /// The guest's staging file.
+    pub staging: Arc<StagingFile>,
+    /// The device's mapping of the host buffer (rxe maps a buffer once: the guest never sees
+    /// it).
+    pub host_queue: SharedMapping,
+    /// The ring's extent and its description, flagged `STAGED`.
+    pub ring: MappedRing,
+    /// log2 of its slot stride (the host buffer's).
+    pub log2_slot_size: u32,
+}
+
+/// Maps the host queue `buffer` (`num_slots` slots holding `entry` bytes each) for the device
+/// and places a staging ring of its geometry, its header initialised, in a pooled extent of
+/// the queue region. On error nothing stays placed or mapped.
+pub(crate) fn place_staging_ring(
+    s: &mut Session<'_>,
+    buffer: QueueBuffer,
+    num_slots: u32,
+    entry: usize,
+) -> Result<StagingPlace, CommandError> {
+    let staging = s
+        .guest
+        .staging()
+        .cloned()
+        .ok_or(CommandError::Unsupported("staging rings"))?;
     let len = u64::try_from(buffer.len)
         .ok()
         .filter(|len| *len != 0 && len.is_multiple_of(SHMEM_PAGE_SIZE))
         .ok_or_else(|| CommandError::Geometry(format!("length {:#x}", buffer.len)))?;
-    let num_slots = depth
-        .checked_add(1)
-        .ok_or_else(|| CommandError::Geometry(format!("depth {depth}")))?;
-    let log2 = rings::slot_geometry(len, num_slots, entry)?;
-    // rxe maps a queue buffer once: this mapping is the only one, and the guest never sees it.
+    let log2_slot_size = rings::slot_geometry(len, num_slots, entry)?;
     let host_queue =
         SharedMapping::new(s.host().queue_fd(), buffer.offset, buffer.len).map_err(|source| {
             CommandError::Host {
@@ -144,40 +264,23 @@ pub(crate) fn map_staged(
             }
         })?;
     let range = place(s, &staging, len)?;
-    let built = (|| {
-        let mut desc = rings::describe(range, num_slots, log2)?;
+    let described = (|| {
+        let mut desc = rings::describe(range, num_slots, log2_slot_size)?;
         desc.flags = Le32::new(ring_flags::STAGED);
         desc.check_rxe_v1(s.state.shm.size(), SHMEM_PAGE_SIZE)
             .map_err(|e| CommandError::Geometry(e.to_string()))?;
         staging
-            .init_ring(range, log2, num_slots - 1)
+            .init_ring(range, log2_slot_size, num_slots - 1)
             .map_err(|e| CommandError::Geometry(format!("staging ring: {e}")))?;
-        let staged = StagedRing::new(
-            StagedRingInit {
-                kind,
-                host_qp: qp.handle,
-                pd,
-                staging_range: range,
-                index_mask: num_slots - 1,
-                log2_slot_size: log2,
-                max_sge,
-                max_inline: caps.max_inline_data,
-            },
+        Ok(desc)
+    })();
+    match described {
+        Ok(desc) => Ok(StagingPlace {
             staging,
             host_queue,
-        )
-        .map_err(CommandError::Geometry)?;
-        Ok((MappedRing { range, desc }, staged))
-    })();
-    match built {
-        Ok(built) => {
-            debug!(
-                "{kind:?} staging ring of host QP {} at region offset {:#x} ({num_slots} slots \
-                 of 2^{log2})",
-                qp.handle, range.offset
-            );
-            Ok(built)
-        }
+            ring: MappedRing { range, desc },
+            log2_slot_size,
+        }),
         Err(e) => {
             rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &placeholder(range));
             Err(e)

@@ -104,7 +104,9 @@ pub(crate) fn forget_object(ctx: &GuestContext, subject: Subject, handle: Handle
     })
 }
 
-/// Drains the completion channel into COMPLETION events.
+/// Drains the completion channel into COMPLETION events; for a staged CQ (spec §9.8) the
+/// event first has the device copy the host's completions into the guest's ring, and reaches
+/// the guest only if it armed the CQ.
 pub(crate) fn completions(guest: &GuestShared, state: &Mutex<GuestState>, ctx: &GuestContext) {
     let mut state = state.lock();
     guest.announce_discard(ctx, &mut state);
@@ -117,6 +119,17 @@ pub(crate) fn completions(guest: &GuestShared, state: &Mutex<GuestState>, ctx: &
                 return;
             }
         };
+        if let Some(EventOwner::Cq(cq)) = state.owners.get(&event.cq_user_handle).copied() {
+            if let Ok(entry) = state.cqs.get_mut(cq) {
+                if let Some(staged) = entry.staged.as_mut() {
+                    // The device's own arming: copy, and raise the guest's event only if it
+                    // armed (spec §9.8).
+                    if !staged.on_host_event(guest.host()) {
+                        continue;
+                    }
+                }
+            }
+        }
         match object_handle(&state, event.cq_user_handle, EventType::Completion) {
             Some(handle) => push(
                 guest,

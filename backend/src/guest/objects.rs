@@ -3,6 +3,7 @@
 
 use vrdma_spec::verbs::{AccessFlags, QpType};
 
+use crate::datapath::staged_cq::StagedCq;
 use crate::host::{AhHandle, CqHandle, Mr, Mw, PdHandle, QpHandle, SrqHandle};
 use crate::identity::endpoints::QpnClaim;
 use crate::memory::mr_window::MrWindow;
@@ -57,6 +58,8 @@ pub struct CqEntry {
     pub user_handle: u64,
     /// Its buffer in the queue region.
     pub ring: MappedRing,
+    /// With a staging ring (spec §9.8), the device's copy of the host's completions into it.
+    pub staged: Option<StagedCq>,
 }
 
 /// A guest's queue pair.

@@ -27,18 +27,23 @@ pub const DEFAULT_DOORBELL_POLL_US: u64 = 0;
 /// to [`POLL_BUDGET_WINDOWS`](crate::datapath::doorbell::POLL_BUDGET_WINDOWS) windows.
 pub const MAX_DOORBELL_POLL: Duration = Duration::from_millis(1);
 /// When RC and UC QPs get staging rings instead of host queue buffers (spec §9.7):
-/// `--staged-rings` and the configuration file's `staged_rings`.
+/// `--staged-rings` and `--staged-cqs` (and the configuration file's `staged_rings`,
+/// `staged_cqs`): when QPs (spec §9.7) and CQs (spec §9.8) get staging rings instead of host
+/// buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StagedRings {
-    /// When the front-end could not take the QP's mappings and still keep
-    /// [`STAGING_RESERVE`](crate::control::staged_rings::STAGING_RESERVE) of its slots free.
+    /// When the front-end could not take the object's mappings and still keep a reserve of
+    /// its slots free: [`staging_reserve`](crate::control::staged_rings::staging_reserve)
+    /// for QPs, [`cq_staging_reserve`](crate::control::staged_rings::cq_staging_reserve) for
+    /// CQs.
     #[default]
     Auto,
-    /// Always (for drivers that negotiated `VRDMA_F_STAGED_RINGS`): every QP goes through the
-    /// device's copy; for tests and for guests with very many QPs.
+    /// Always (for drivers that negotiated `VRDMA_F_STAGED_RINGS`, `VRDMA_F_STAGED_CQS`):
+    /// every connected QP (every CQ) goes through the device's copy; for tests and for
+    /// guests with very many QPs.
     Always,
-    /// Never: past the front-end's mappings, CREATE_QP fails with `QUOTA`.
+    /// Never: past the front-end's mappings, CREATE_QP and CREATE_CQ fail with `QUOTA`.
     Never,
 }
 
@@ -68,6 +73,8 @@ pub struct DeviceOptions {
     pub doorbell_poll: Duration,
     /// When RC and UC QPs get staging rings (offered with `VRDMA_F_STAGED_RINGS`).
     pub staged_rings: StagedRings,
+    /// When CQs get staging rings (offered with `VRDMA_F_STAGED_CQS`).
+    pub staged_cqs: StagedRings,
     /// The guest's name, addresses and traffic policy (spec §12); without addresses the
     /// guest sees the host port's GID table and GUIDs.
     pub identity: GuestIdentity,
@@ -86,6 +93,7 @@ impl Default for DeviceOptions {
             max_mr_mappings: DEFAULT_MAX_MR_MAPPINGS,
             doorbell_poll: Duration::from_micros(DEFAULT_DOORBELL_POLL_US),
             staged_rings: StagedRings::Auto,
+            staged_cqs: StagedRings::Auto,
             identity: GuestIdentity::default(),
         }
     }

@@ -7,7 +7,7 @@ use log::warn;
 use parking_lot::{Mutex, MutexGuard};
 use vrdma_spec::control::{ControlRequest, Opcode, ResponseBody};
 use vrdma_spec::verbs::arm_flags;
-use vrdma_spec::wire::{ArmCqReq, CreateCqReq, ResizeCqReq, RingDesc};
+use vrdma_spec::wire::{ring_flags, ArmCqReq, CreateCqReq, ResizeCqReq, RingDesc};
 use vrdma_spec::Le32;
 
 use super::command::{handle_req, nonzero_handle, unexpected_body};
@@ -29,6 +29,8 @@ pub struct Cq {
     // then yields nothing and should be destroyed.
     queue: Mutex<Option<CompletionQueue>>,
     pub(crate) shared: Arc<CqShared>,
+    /// The device gave this CQ a staging ring (spec §9.8).
+    staged: bool,
 }
 
 /// The device object; QPs hold it so that DESTROY_CQ comes after their DESTROY_QP.
@@ -83,6 +85,7 @@ impl Cq {
         Ok(Cq {
             queue: Mutex::new(Some(queue)),
             shared,
+            staged: resp.ring.flags.get() & ring_flags::STAGED != 0,
         })
     }
 
@@ -120,6 +123,12 @@ impl Cq {
         let resized = unsafe { completion_queue(ctx, &resp.ring) }?;
         *queue = Some(resized);
         Ok(capacity)
+    }
+
+    /// Whether the device gave this CQ a staging ring (spec §9.8): it is polled the same, the
+    /// device copies the host's completions into it, and it cannot be resized.
+    pub fn is_staged(&self) -> bool {
+        self.staged
     }
 
     /// The device's handle of this CQ (as found in [`DeviceEvent::Completion`]).

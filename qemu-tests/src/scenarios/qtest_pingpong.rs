@@ -589,8 +589,15 @@ fn run_steps(
 
 /// A back-end and QEMU with the vrdma device on it, under qtest.
 fn start_machine(binaries: &Binaries) -> Result<(Backend, Machine)> {
-    let quota = QP_QUOTA.to_string();
-    let backend = Backend::start(&binaries.backend, BACKEND, &["--max-qps", &quota], "info")?;
+    // A CQ for every QP, the refused one's and the exchange's included: the QP quota ends
+    // the QP step.
+    let (qps, cqs) = (QP_QUOTA.to_string(), (2 * QP_QUOTA).to_string());
+    let backend = Backend::start(
+        &binaries.backend,
+        BACKEND,
+        &["--max-qps", &qps, "--max-cqs", &cqs],
+        "info",
+    )?;
     let machine = Machine::start(&MachineConfig::new(&backend.socket))
         .map_err(|e| Error::Scenario(format!("starting QEMU: {e}")))?;
     Ok((backend, machine))

@@ -1,12 +1,14 @@
 //! How many QPs one guest gets through QEMU: the library over the qtest-driven device creates
-//! RC QPs (a CQ for every [`QPS_PER_CQ`]) until it has the asked number or something refuses,
+//! RC QPs, each with a CQ of its own ([`QPS_PER_CQ`]), until it has the asked number or
+//! something refuses,
 //! checks that QEMU still answers, runs a verified exchange on one more QP while they all
 //! live, then destroys them all.
 //!
 //! The first QPs get host queue buffers mapped into the device's shared-memory BAR (each its
 //! own `SHMEM_MAP`, a memory slot of QEMU's); once QEMU could not take more, the back-end gives
-//! the next ones staging rings (spec §9.7), which share mappings, so the count is bounded by
-//! the back-end's quota rather than by QEMU's 512 slots.
+//! the next ones staging rings (spec §9.7), which share mappings, and once nearly all slots are
+//! taken it stages CQs too (spec §9.8), so the count is bounded by the back-end's quotas rather
+//! than by QEMU's 512 slots.
 
 use std::time::Instant;
 
@@ -16,8 +18,9 @@ use vrdma::verbs::{Context, Cq, Qp, QpCaps, QpInitAttr, QpType};
 
 use crate::error::{Error, Result};
 
-/// QPs that share one CQ (as the QPs of one application thread do).
-pub const QPS_PER_CQ: u32 = 32;
+/// QPs that share one CQ: one, the most demanding case (a CQ per connection, as many
+/// applications make them).
+pub const QPS_PER_CQ: u32 = 1;
 
 /// What the step saw.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -30,6 +33,8 @@ pub struct QpScale {
     pub staged: u32,
     /// CQs created for them.
     pub cqs: u32,
+    /// Of them, CQs whose ring is a staging ring.
+    pub staged_cqs: u32,
     /// What refused the next one, if anything did.
     pub refused: Option<String>,
     /// Milliseconds per QP over the first and the last 64 created.
@@ -117,6 +122,7 @@ pub fn run<T>(
     let started = Instant::now();
     drop(qps);
     let cq_count = cqs.len() as u32;
+    let staged_cqs = cqs.iter().filter(|cq| cq.is_staged()).count() as u32;
     drop(cqs);
     drop(pd);
     Ok((
@@ -125,6 +131,7 @@ pub fn run<T>(
             created,
             staged,
             cqs: cq_count,
+            staged_cqs,
             refused,
             first_ms_per_qp: first,
             last_ms_per_qp: last,

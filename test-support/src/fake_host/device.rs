@@ -259,10 +259,13 @@ impl HostContext for FakeContext {
         w.fail("CREATE_CQ")?;
         assert!(init.use_comp_channel);
         let slots = (init.cqe + 1).next_power_of_two();
-        let buffer = w.buffer(slots, 72)?;
+        let buffer = w.buffer(slots, vrdma_spec::rxe_v1::CQE_SIZE)?;
         let h = w.handle();
         w.ownership.adopt(self.id, h);
         w.cqs.insert(h, init.user_handle);
+        w.cq_queues
+            .insert(h, (self.queue_file.try_clone().unwrap(), buffer));
+        w.cq_geometry.insert(h, (slots, CQE_LOG2_SLOT));
         Ok(Cq {
             handle: CqHandle(h),
             cqe: slots - 1,
@@ -275,6 +278,8 @@ impl HostContext for FakeContext {
         w.ownership.check(self.id, "DESTROY_CQ", cq.0);
         w.ownership.forget(cq.0);
         w.cq_pending.remove(&cq.0);
+        w.cq_queues.remove(&cq.0);
+        w.cq_geometry.remove(&cq.0);
         w.cqs.remove(&cq.0).map(|_| ()).ok_or(DeviceError::Command {
             command: "DESTROY_CQ",
             errno: libc::EINVAL,
@@ -296,8 +301,11 @@ impl HostContext for FakeContext {
             return Err(einval);
         }
         let slots = (cqe + 1).next_power_of_two();
-        let buffer = w.buffer(slots, 72)?;
+        let buffer = w.buffer(slots, vrdma_spec::rxe_v1::CQE_SIZE)?;
         w.resized.push((cq.0, slots - 1));
+        w.cq_queues
+            .insert(cq.0, (self.queue_file.try_clone().unwrap(), buffer));
+        w.cq_geometry.insert(cq.0, (slots, CQE_LOG2_SLOT));
         Ok(CqResize {
             cqe: slots - 1,
             buffer,
@@ -541,6 +549,12 @@ impl HostContext for FakeContext {
         Ok(world(&self.world).comp_events.pop_front())
     }
 }
+
+/// log2 of the slot stride of the fake's CQ buffers (rxe's: a CQE rounded up to a power of
+/// two).
+const CQE_LOG2_SLOT: u32 = vrdma_spec::rxe_v1::CQE_SIZE
+    .next_power_of_two()
+    .trailing_zeros();
 
 /// An anonymous memory file of `size` bytes (guest RAM, or a fake context's queue buffers).
 pub fn memfd(size: u64) -> File {

@@ -47,6 +47,10 @@ pub struct World {
     pub send_queues: HashMap<u32, (File, QueueBuffer)>,
     /// Receive-queue buffer of each QP with one (its file and place in it).
     pub recv_queues: HashMap<u32, (File, QueueBuffer)>,
+    /// Buffer of every live CQ (its context's queue file and the buffer there).
+    pub cq_queues: HashMap<u32, (File, QueueBuffer)>,
+    /// Slots and log2 of the slot size of every live CQ's buffer.
+    pub cq_geometry: HashMap<u32, (u32, u32)>,
     /// Slots and log2 of the slot size of every live QP's send queue.
     pub send_geometry: HashMap<u32, (u32, u32)>,
     /// The PD of every live QP and AH.
@@ -108,11 +112,13 @@ pub struct World {
     pub port_queries: usize,
 }
 
-/// One of a host QP's queues (see [`World::read_queue`]).
+/// One of a host QP's queues, or a CQ's buffer (see [`World::read_queue`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostQueue {
     Send,
     Recv,
+    /// The buffer of the CQ whose handle is given in place of a QP's.
+    Completion,
 }
 
 /// A connection the fake device was asked to set up: see [`World::connections`].
@@ -178,6 +184,7 @@ impl World {
         let queues = match queue {
             HostQueue::Send => &self.send_queues,
             HostQueue::Recv => &self.recv_queues,
+            HostQueue::Completion => &self.cq_queues,
         };
         queues
             .get(&qp)
@@ -204,6 +211,37 @@ impl World {
         let (file, buffer) = self.queue(qp, queue);
         file.write_all_at(&value.to_le_bytes(), buffer.offset + at as u64)
             .expect("writing a host queue");
+    }
+
+    /// Writes `bytes` at `at` in `owner`'s host queue (a CQE, as the kernel does).
+    pub fn write_queue(&self, owner: u32, queue: HostQueue, at: usize, bytes: &[u8]) {
+        let (file, buffer) = self.queue(owner, queue);
+        file.write_all_at(bytes, buffer.offset + at as u64)
+            .expect("writing a host queue");
+    }
+
+    /// Posts a completion (`cqe`, at most a slot) to host CQ `cq` as rxe does: the slot at its
+    /// producer index, then the index advanced. Returns false, posting nothing, if the CQ is
+    /// full (the kernel would report an overflow).
+    pub fn post_completion(&self, cq: u32, cqe: &[u8]) -> bool {
+        use vrdma_spec::rxe_v1::{header, slot_offset};
+        let (num_slots, log2_slot_size) = self.cq_geometry[&cq];
+        let mask = num_slots - 1;
+        let cqe = &cqe[..cqe.len().min(1 << log2_slot_size)];
+        let producer = self.queue_word(cq, HostQueue::Completion, header::PRODUCER_INDEX);
+        let consumer = self.queue_word(cq, HostQueue::Completion, header::CONSUMER_INDEX);
+        if (producer + 1) & mask == consumer & mask {
+            return false;
+        }
+        let at = slot_offset(producer, mask, log2_slot_size);
+        self.write_queue(cq, HostQueue::Completion, at, cqe);
+        self.set_queue_word(
+            cq,
+            HostQueue::Completion,
+            header::PRODUCER_INDEX,
+            (producer + 1) & mask,
+        );
+        true
     }
 
     /// How many times `qp` was kicked.

@@ -35,6 +35,8 @@ pub(super) struct Slot {
     pub(super) qpns: Vec<u32>,
     /// Its UD QPs with staging rings (live or not).
     pub(super) staged: Vec<StagedQp>,
+    /// The staging rings of its staged CQs (spec §9.8; live or not).
+    pub(super) staged_cqs: Vec<RingDesc>,
     /// Its QPs with their wire type (live or not), for CM commands that need one of a type.
     pub(super) typed_qps: Vec<(u32, u8)>,
     /// The fake CM's file its device opened (0: the device has no CM).
@@ -77,6 +79,7 @@ impl Slot {
             area: None,
             qpns: Vec::new(),
             staged: Vec::new(),
+            staged_cqs: Vec::new(),
             typed_qps: Vec::new(),
             cm_file: if w.cm.enabled { w.cm.last_file() } else { 0 },
             cm_ids: Vec::new(),
@@ -185,6 +188,34 @@ impl Slot {
         };
         if r.chance(50) {
             let cq_user_handle = user_handle(r, ResourceKind::Cq);
+            // The host completes work on that CQ first (for a staged one, what the device
+            // copies), and the guest moves a staged CQ's consumer index as it likes.
+            let host_cq = fake
+                .world()
+                .cqs
+                .iter()
+                .find(|(_, &u)| u == cq_user_handle)
+                .map(|(&h, _)| h);
+            if let Some(host_cq) = host_cq.filter(|_| r.chance(70)) {
+                for _ in 0..r.below(5) {
+                    let cqe = r.bytes(48);
+                    fake.world().post_completion(host_cq, &cqe);
+                }
+            }
+            if !self.staged_cqs.is_empty() && r.chance(40) {
+                let ring = r.pick(&self.staged_cqs);
+                let at = ring.shm_offset.get() + vrdma_spec::rxe_v1::header::CONSUMER_INDEX as u64;
+                // Wherever the front-end still maps it (its chunk may hold other rings now,
+                // or the place may be free: a guest may write there too).
+                let mapped = self.guest.frontend.mapped();
+                if mapped
+                    .iter()
+                    .any(|&(offset, len)| offset <= at && at + 4 <= offset + len)
+                {
+                    let consumer = if r.chance(80) { r.below(64) } else { r.u32() };
+                    self.guest.frontend.write(at, &consumer.to_le_bytes());
+                }
+            }
             fake.world()
                 .comp_events
                 .push_back(CompEvent { cq_user_handle });

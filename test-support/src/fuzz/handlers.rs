@@ -18,7 +18,7 @@ use vrdma_backend::resources::kind::ResourceKind;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::control::{HEADER_SIZE, MAX_CM_RESPONSE_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::{VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_MW};
-use vrdma_spec::wire::{ring_flags, CreateQpResp, RingDesc};
+use vrdma_spec::wire::{ring_flags, CreateCqResp, CreateQpResp, RingDesc};
 use vrdma_spec::{ControlResponse, Opcode, Status};
 use zerocopy::{FromBytes, FromZeros};
 
@@ -380,7 +380,15 @@ impl Sequence {
             }
             9..=10 => {
                 let cqe = q::count(r);
-                self.create(g, Cq, &q::two_words(Opcode::CreateCq, cqe, 0), r);
+                let created = self.create(g, Cq, &q::two_words(Opcode::CreateCq, cqe, 0), r);
+                let resp = created.and_then(|response| {
+                    CreateCqResp::read_from_prefix(&response[HEADER_SIZE..])
+                        .ok()
+                        .map(|(resp, _)| resp)
+                });
+                if let Some(resp) = resp.filter(|r| r.ring.flags.get() & ring_flags::STAGED != 0) {
+                    Slot::keep(&mut self.slots[g].staged_cqs, resp.ring);
+                }
             }
             11 => {
                 let cq = self.handle(g, Cq, r);

@@ -81,15 +81,17 @@ impl Daemon {
                 fake.world().add_address_gids(&address);
                 identity.addresses = vec![address];
             }
-            // The second guest's RC and UC QPs go through staging rings (spec §9.7).
-            let staged_rings = if g == 1 {
-                StagedRings::Always
+            // The second guest's RC and UC QPs and its CQs go through staging rings (spec
+            // §9.7, §9.8).
+            let (staged_rings, staged_cqs) = if g == 1 {
+                (StagedRings::Always, StagedRings::Always)
             } else {
-                base.staged_rings
+                (base.staged_rings, base.staged_cqs)
             };
             let options = DeviceOptions {
                 identity,
                 staged_rings,
+                staged_cqs,
                 ..base.clone()
             };
             let factory = GuestDeviceFactory::with_daemon(

@@ -1,0 +1,223 @@
+//! Staged completion queues (spec §9.8): the device's copy of host completions into a CQ ring
+//! of the guest's staging file.
+//!
+//! A CQ the front-end could not map (it holds only so many mappings, and rxe maps each host
+//! buffer once) gets a staging ring with the host CQ's geometry in a shared chunk of the queue
+//! region. The device keeps the host CQ armed: on each of its completion events it re-arms it,
+//! then copies every new completion into the staging ring (slots first, then the staging
+//! producer index with Release, then the host consumer index with Release, which gives the
+//! host its slots back). The driver polls the staging ring exactly as a CQ (§9.4). The guest's
+//! own arming (ARM_CQ) is the device's to honour: after a copy that moved completions, a
+//! guest that armed gets its COMPLETION event. One copy of each completion (a slot), no
+//! allocation.
+
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering::{Acquire, Release};
+use std::sync::Arc;
+
+use log::warn;
+use vrdma_spec::rxe_v1::{self, header};
+
+use crate::host::{CqHandle, HostContext};
+use crate::memory::queue_region::ShmRange;
+use crate::memory::staging::{SharedMapping, StagingFile};
+
+/// Where a staged CQ's ring is and what it looks like.
+#[derive(Debug, Clone, Copy)]
+pub struct StagedCqInit {
+    /// The host CQ.
+    pub host_cq: CqHandle,
+    /// The staging ring's extent (region offset = staging-file offset).
+    pub staging_range: ShmRange,
+    /// Slots minus one (the host CQ's).
+    pub index_mask: u32,
+    /// log2 of the slot stride (the host CQ's).
+    pub log2_slot_size: u32,
+}
+
+/// What one pump did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CqPump {
+    /// Completions copied into the staging ring.
+    pub copied: u32,
+    /// Completions left in the host CQ because the staging ring was full (the guest has not
+    /// polled what it was given: more completions outstanding than its CQ holds).
+    pub left_behind: bool,
+}
+
+/// A staging ring in front of a host CQ.
+pub struct StagedCq {
+    host_cq: CqHandle,
+    staging: Arc<StagingFile>,
+    /// Offset of the staging ring in the staging file.
+    staging_offset: usize,
+    staging_range: ShmRange,
+    host_queue: SharedMapping,
+    index_mask: u32,
+    log2_slot_size: u32,
+    slot_len: usize,
+    /// Next index to copy: the host consumer index and the staging producer index.
+    position: u32,
+    /// The guest armed the CQ and has not had its event yet.
+    guest_armed: bool,
+}
+
+impl std::fmt::Debug for StagedCq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StagedCq")
+            .field("host_cq", &self.host_cq)
+            .field("staging_range", &self.staging_range)
+            .field("index_mask", &self.index_mask)
+            .field("position", &self.position)
+            .field("guest_armed", &self.guest_armed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StagedCq {
+    /// A staged CQ at `init.staging_range` of `staging` (whose header the caller initialised)
+    /// in front of `host_queue` (the device's mapping of the host CQ's buffer).
+    pub fn new(
+        init: StagedCqInit,
+        staging: Arc<StagingFile>,
+        host_queue: SharedMapping,
+    ) -> Result<Self, String> {
+        let slot_len = 1usize
+            .checked_shl(init.log2_slot_size)
+            .filter(|_| init.log2_slot_size <= rxe_v1::MAX_LOG2_SLOT_SIZE)
+            .filter(|slot| *slot >= rxe_v1::CQE_SIZE)
+            .ok_or_else(|| format!("CQ slot size 2^{}", init.log2_slot_size))?;
+        let ring_len = (init.index_mask as usize + 1)
+            .checked_mul(slot_len)
+            .and_then(|slots| slots.checked_add(header::SIZE))
+            .ok_or("ring size overflows")?;
+        let staging_offset =
+            usize::try_from(init.staging_range.offset).map_err(|e| e.to_string())?;
+        if !(init.index_mask + 1).is_power_of_two()
+            || ring_len > host_queue.len()
+            || u64::try_from(ring_len).map_or(true, |len| len > init.staging_range.len)
+            || staging.mapping().range(staging_offset, ring_len).is_none()
+        {
+            return Err(format!(
+                "a CQ ring of {ring_len:#x} bytes does not fit its buffers"
+            ));
+        }
+        Ok(StagedCq {
+            host_cq: init.host_cq,
+            staging,
+            staging_offset,
+            staging_range: init.staging_range,
+            host_queue,
+            index_mask: init.index_mask,
+            log2_slot_size: init.log2_slot_size,
+            slot_len,
+            position: 0,
+            guest_armed: false,
+        })
+    }
+
+    fn staging_word(&self, at: usize) -> &AtomicU32 {
+        // `new` checked that the whole ring lies in the staging mapping.
+        self.staging
+            .mapping()
+            .word(self.staging_offset + at)
+            .expect("staging header inside the staging file")
+    }
+
+    fn host_word(&self, at: usize) -> &AtomicU32 {
+        // `new` checked that the whole ring lies in the host mapping.
+        self.host_queue
+            .word(at)
+            .expect("host header inside the host mapping")
+    }
+
+    /// Copies every completion the host produced since the last pump into the staging ring,
+    /// as far as the guest left room, and publishes both indices.
+    pub fn pump(&mut self) -> CqPump {
+        // The kernel owns the host producer index, the guest the staging consumer index: both
+        // are masked like any index read. A wild consumer index only loses the guest its own
+        // completions (they wait in the host CQ, which then overflows as it would natively).
+        let producer = self.host_word(header::PRODUCER_INDEX).load(Acquire) & self.index_mask;
+        let guest_consumer =
+            self.staging_word(header::CONSUMER_INDEX).load(Acquire) & self.index_mask;
+        let mut pumped = CqPump::default();
+        while self.position != producer {
+            let next = (self.position + 1) & self.index_mask;
+            if next == guest_consumer {
+                pumped.left_behind = true;
+                break;
+            }
+            let offset = rxe_v1::slot_offset(self.position, self.index_mask, self.log2_slot_size);
+            let src = self
+                .host_queue
+                .range(offset, self.slot_len)
+                .expect("host slot inside the host mapping");
+            let dst = self
+                .staging
+                .mapping()
+                .range(self.staging_offset + offset, self.slot_len)
+                .expect("staging slot inside the staging file");
+            // SAFETY: both ranges lie in their mappings (checked in `new`) and do not overlap
+            // (one is the kernel's buffer, the other the staging file). The kernel wrote the
+            // source slot before publishing the producer index we loaded with Acquire, and
+            // does not reuse it before the consumer index passes it (stored below, after the
+            // copy); the guest reads the destination slot only after its Acquire load of the
+            // staging producer index, stored with Release after this copy.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, self.slot_len) };
+            self.position = next;
+            pumped.copied += 1;
+        }
+        if pumped.copied != 0 {
+            self.staging_word(header::PRODUCER_INDEX)
+                .store(self.position, Release);
+            self.host_word(header::CONSUMER_INDEX)
+                .store(self.position, Release);
+        }
+        pumped
+    }
+
+    /// The host CQ's completion event: re-arms the host CQ (so that a completion after the
+    /// copy raises the next event), copies, and returns whether the guest gets its own
+    /// COMPLETION event (it armed, and completions were copied).
+    pub fn on_host_event(&mut self, host: &dyn HostContext) -> bool {
+        if let Err(e) = self.arm_host(host) {
+            warn!("re-arming host CQ {} failed: {e}", self.host_cq);
+        }
+        let pumped = self.pump();
+        if pumped.left_behind {
+            log::debug!(
+                "staged CQ of host CQ {}: the guest's ring is full, completions wait",
+                self.host_cq
+            );
+        }
+        pumped.copied != 0 && std::mem::take(&mut self.guest_armed)
+    }
+
+    /// ARM_CQ: copies what the host holds (so that the guest's poll after arming sees it, as
+    /// with a host CQ), then arms: the next copy that moves completions raises the guest's
+    /// event. A solicited-only arm is treated as a plain one: the device cannot tell solicited
+    /// completions from the others (spec §9.8).
+    pub fn arm_guest(&mut self) {
+        self.pump();
+        self.guest_armed = true;
+    }
+
+    /// Arms the host CQ for any next completion.
+    pub fn arm_host(&self, host: &dyn HostContext) -> crate::host::Result<()> {
+        host.req_notify_cq(self.host_cq, false)
+    }
+
+    /// The staging ring's extent (released with the CQ).
+    pub fn staging_range(&self) -> ShmRange {
+        self.staging_range
+    }
+}
+
+impl Drop for StagedCq {
+    fn drop(&mut self) {
+        // Give the staging pages back; the extent itself is the region allocator's.
+        if let Err(e) = self.staging.punch(self.staging_range) {
+            warn!("staged CQ ring {:#x}: {e}", self.staging_range.offset);
+        }
+    }
+}
