@@ -120,10 +120,15 @@ fn quick_bench_measures_every_row_on_both_sides() {
         assert_eq!((row.native.n, row.vrdma.n), (rounds, rounds), "{}", row.op);
     }
 
-    // Through the guest agent, and through staging rings: each case once per side, the
-    // direct front-end (directly mapped queues) first.
+    // Through the guest agent, through staging rings and with staged CQs: each case once per
+    // side, the direct front-end (directly mapped queues) first.
     check_comparison(&results.agent, &matrix::agent_cases(true), "vrdma-agent");
     check_comparison(&results.staged, &matrix::staged_cases(true), "vrdma-staged");
+    check_comparison(
+        &results.staged_cqs,
+        &matrix::staged_cq_cases(true),
+        "vrdma-staged-cqs",
+    );
 
     let points: Vec<_> = results.scale.iter().map(|r| (r.guests, r.qps)).collect();
     let expected: Vec<_> = scale::configs(true)

@@ -97,6 +97,21 @@ pub fn staged_cases(quick: bool) -> Vec<Case> {
     picked_cases(picked, quick)
 }
 
+/// The cases run with staged CQs (spec §9.8) and with CQs mapped directly: each completion
+/// then waits for the backend's wake-up on the host CQ's event, which latency shows.
+pub fn staged_cq_cases(quick: bool) -> Vec<Case> {
+    let picked: &[(Tool, u64)] = if quick {
+        &[(Tool::IbSendLat, 2)]
+    } else {
+        &[
+            (Tool::IbSendLat, 2),
+            (Tool::IbWriteLat, 64),
+            (Tool::IbSendBw, 65536),
+        ]
+    };
+    picked_cases(picked, quick)
+}
+
 /// The cases of `picked` (tool, size) with the iterations of the short or full form.
 fn picked_cases(picked: &[(Tool, u64)], quick: bool) -> Vec<Case> {
     picked

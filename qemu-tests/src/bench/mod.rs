@@ -85,6 +85,9 @@ pub struct Plan {
     /// The perftest cases run through staging rings and directly.
     #[serde(default)]
     pub staged: Vec<Case>,
+    /// The perftest cases run with staged CQs and with CQs mapped directly.
+    #[serde(default)]
+    pub staged_cqs: Vec<Case>,
 }
 
 impl Plan {
@@ -123,6 +126,7 @@ impl Plan {
             scale_messages: if quick { 400 } else { 4000 },
             agent: matrix::agent_cases(quick),
             staged: matrix::staged_cases(quick),
+            staged_cqs: matrix::staged_cq_cases(quick),
         }
     }
 }
@@ -158,6 +162,9 @@ pub struct GuestResults {
     /// perftest through staging rings (`vrdma`) against directly mapped queues (`native`).
     #[serde(default)]
     pub staged: Vec<matrix::MatrixRow>,
+    /// perftest with staged CQs (`vrdma`) against directly mapped CQs (`native`).
+    #[serde(default)]
+    pub staged_cqs: Vec<matrix::MatrixRow>,
     /// Seconds the measurements took inside the VM.
     pub elapsed_s: f64,
 }
@@ -177,6 +184,9 @@ pub struct Results {
     /// perftest through staging rings (`vrdma`) against directly mapped queues (`native`).
     #[serde(default)]
     pub staged: Vec<matrix::MatrixRow>,
+    /// perftest with staged CQs (`vrdma`) against directly mapped CQs (`native`).
+    #[serde(default)]
+    pub staged_cqs: Vec<matrix::MatrixRow>,
     /// In a real guest (nested under QEMU 11.1, empty in `--quick`): perftest's server as
     /// `nobody` through the guest agent on the PCI function (`vrdma`) against a root process
     /// on the PCI transport (`native`), same boot.
@@ -237,6 +247,7 @@ pub fn run_on_host(
         scale: guest.scale,
         agent: guest.agent,
         staged: guest.staged,
+        staged_cqs: guest.staged_cqs,
         agent_pci: Vec::new(),
         agent_pci_error: None,
         goodput: Vec::new(),
@@ -318,6 +329,21 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
     };
     staging.check_alive("the bench")?;
     drop(staging);
+    let staged_cqs = {
+        let mut staging = Backend::start(
+            &backend_binary,
+            "vrdma-bench-staged-cqs",
+            &["--staged-cqs", "always"],
+            "warn",
+        )?;
+        let through = Side {
+            label: "vrdma-staged-cqs".into(),
+            ..Side::over_dropin(&staging.socket, &args.library_dir)
+        };
+        let rows = matrix::run(&plan.staged_cqs, plan.rounds, &vrdma, &through)?;
+        staging.check_alive("the bench")?;
+        rows
+    };
     backend.check_alive("the bench")?;
     drop(backend);
 
@@ -339,6 +365,7 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
         scale,
         agent,
         staged,
+        staged_cqs,
         elapsed_s: started.elapsed().as_secs_f64(),
     })
 }

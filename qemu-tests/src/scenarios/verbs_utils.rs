@@ -66,9 +66,11 @@ pub const PROGRAMS: &[Program] = &[
     },
 ];
 
-/// The programs run again with a back-end that gives every RC and UC QP staging rings (spec
-/// §9.7, `--staged-rings always`), against native peers both ways: what a guest's QPs past
-/// QEMU's memory slots go through. The SRQ example stages only its send queues.
+/// The programs run again with a back-end that gives every RC and UC QP staging rings and
+/// every CQ a staging ring the daemon copies completions into (spec §9.7, §9.8,
+/// `--staged-rings always --staged-cqs always`), against native peers both ways: what a
+/// guest's QPs and CQs past QEMU's memory slots go through, polled and (`-e`) on completion
+/// events. The SRQ example stages only its send queues.
 pub const STAGED_PROGRAMS: &[Program] = &[PROGRAMS[0], PROGRAMS[1], PROGRAMS[3], PROGRAMS[5]];
 
 /// Label of the drop-in over the staging back-end.
@@ -137,7 +139,7 @@ pub fn run(backend_binary: &Path, library_dir: &Path) -> Result<Vec<Run>> {
     let mut staging = Backend::start(
         backend_binary,
         "vrdma-verbs-utils-staged-backend",
-        &["--staged-rings", "always"],
+        &["--staged-rings", "always", "--staged-cqs", "always"],
         "warn",
     )?;
     let staged = Side {
