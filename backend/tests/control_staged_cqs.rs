@@ -14,7 +14,7 @@ use vrdma_spec::features::*;
 use vrdma_spec::rxe_v1::{self, header};
 use vrdma_spec::verbs::arm_flags;
 use vrdma_spec::wire::*;
-use vrdma_spec::{ControlRequest, Le32, Status};
+use vrdma_spec::{ControlRequest, Le32, ResponseBody, Status};
 use vrdma_test_support::fake_host::device::*;
 use vrdma_test_support::fake_host::harness::*;
 use vrdma_test_support::fake_host::world::HostQueue;
@@ -246,15 +246,55 @@ fn completions_the_guest_has_no_room_for_wait_in_the_host_cq() {
 }
 
 #[test]
-fn a_staged_cq_cannot_be_resized_and_gives_its_place_back_when_destroyed() {
-    let s = Setup::new(8);
-    assert_eq!(
-        s.guest.status(ControlRequest::ResizeCq(ResizeCqReq {
+fn a_resized_staged_cq_keeps_every_completion_in_order() {
+    let mut s = Setup::new(8);
+    let old = s.cq.ring;
+    for wr_id in [1, 2, 3] {
+        assert!(s.complete(wr_id));
+    }
+    s.host_event();
+    // The guest polled the first; two more wait in the host CQ, not copied yet; armed.
+    s.set_guest_consumer(1);
+    assert!(s.complete(4) && s.complete(5));
+    assert_eq!(s.arm(0), Status::Ok);
+    assert!(s.complete(6));
+    let resize = |cqe: u32| {
+        ControlRequest::ResizeCq(ResizeCqReq {
             cq: s.cq.cq,
-            cqe: Le32::new(32),
-        })),
-        Status::Unsupported
+            cqe: Le32::new(cqe),
+        })
+    };
+    // Five are held (2 and 3 in the guest's ring, 4 and 5 copied by the arm, 6 in the
+    // host's): fewer entries are refused, and nothing changes.
+    assert_eq!(s.guest.status(resize(4)), Status::Invalid);
+    assert!(s.fake.world().resized.is_empty());
+    let resized = match s.guest.ok(resize(5)) {
+        ResponseBody::ResizeCq(r) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(resized.cqe.get(), 7);
+    assert_eq!(resized.ring.flags.get(), ring_flags::STAGED);
+    assert_ne!(resized.ring.shm_offset, old.shm_offset);
+    s.cq.ring = resized.ring;
+    // The guest goes on from index 0 of the new ring: 2..=6, in order.
+    assert_eq!(s.staging_word(header::CONSUMER_INDEX), 0);
+    assert_eq!(s.staging_word(header::PRODUCER_INDEX), 5);
+    assert_eq!(
+        (0..5).map(|i| s.staged_wr_id(i)).collect::<Vec<_>>(),
+        [2, 3, 4, 5, 6]
     );
+    // The old ring's place was given back; the arm held across the resize.
+    assert_eq!(s.guest.dev().object_counts().shm_extents, 1, "one chunk");
+    s.host_cq = *s.fake.world().cqs.keys().next_back().unwrap();
+    assert!(s.complete(7));
+    s.host_event();
+    assert_eq!(s.staged_wr_id(5), 7);
+    assert_eq!(s.guest_events(), 1);
+}
+
+#[test]
+fn a_destroyed_staged_cq_gives_its_place_back() {
+    let s = Setup::new(8);
     assert!(s.complete(1));
     s.host_event();
     assert_eq!(s.guest.dev().object_counts().shm_extents, 1, "its chunk");

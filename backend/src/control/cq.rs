@@ -12,6 +12,7 @@ use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
 use super::staged_rings;
 use crate::datapath::events;
+use crate::datapath::staged_cq::StagedCq;
 use crate::guest::objects::CqEntry;
 use crate::guest::objects::EventOwner;
 use crate::host::{CqHandle, CqInit, HostContext};
@@ -129,14 +130,13 @@ pub(crate) fn resize_cq(s: &mut Session<'_>, r: &ResizeCqReq) -> CommandResult {
     rings::require_ring_format(s)?;
     let handle = Handle::from_raw(r.cq.get());
     let entry = s.state.cqs.get(handle)?;
-    if entry.staged.is_some() {
-        // Its completions would have to move from one staging ring to another while the host
-        // moves its own: not done (spec §9.8).
-        return Err(CommandError::Unsupported("RESIZE_CQ of a staged CQ"));
-    }
     let host = entry.host;
+    let staged_pending = entry.staged.as_ref().map(StagedCq::pending);
     let cqe = r.cqe.get();
     at_most(cqe, s.guest.limits().attr.max_cqe, "cqe")?;
+    if let Some((unconsumed, uncopied)) = staged_pending {
+        return resize_staged(s, handle, host, cqe, unconsumed + uncopied);
+    }
     let predicted = rxe_v1::num_slots_for(cqe)
         .and_then(|slots| rings::predicted_len(slots, rxe_v1::CQE_SIZE))
         .ok_or(CommandError::Invalid {
@@ -176,6 +176,73 @@ pub(crate) fn resize_cq(s: &mut Session<'_>, r: &ResizeCqReq) -> CommandResult {
     rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &old);
     debug!(
         "CQ {handle} resized to {} entries: region {:#x} -> {:#x}",
+        resized.cqe, old.range.offset, ring.range.offset
+    );
+    Ok(ResponseBody::ResizeCq(ResizeCqResp {
+        cqe: Le32::new(resized.cqe),
+        reserved: Le32::ZERO,
+        ring: ring.desc,
+    }))
+}
+
+/// RESIZE_CQ of a staged CQ (spec §9.8): the host resizes its CQ (carrying over what the
+/// device had not copied), the CQ gets a new staging ring of the new geometry, and the
+/// completions the guest had not consumed move into it first.
+fn resize_staged(
+    s: &mut Session<'_>,
+    handle: Handle,
+    host: CqHandle,
+    cqe: u32,
+    held: u32,
+) -> CommandResult {
+    // rxe checks only what its own buffer holds; the guest's ring holds the rest.
+    if cqe < held {
+        return Err(CommandError::Invalid {
+            what: "cqe (below the completions the CQ holds)",
+            value: cqe.into(),
+        });
+    }
+    let predicted = rxe_v1::num_slots_for(cqe)
+        .and_then(|slots| rings::predicted_len(slots, rxe_v1::CQE_SIZE))
+        .ok_or(CommandError::Invalid {
+            what: "cqe",
+            value: cqe.into(),
+        })?;
+    staged_rings::check_room(s, predicted)?;
+    let resized = s
+        .host()
+        .resize_cq(host, cqe)
+        .map_err(|source| match source.errno() {
+            libc::EINVAL => CommandError::Invalid {
+                what: "cqe (below the completions the CQ holds)",
+                value: cqe.into(),
+            },
+            _ => host_err("RESIZE_CQ")(source),
+        })?;
+    let resized_cq = crate::host::Cq {
+        handle: host,
+        cqe: resized.cqe,
+        buffer: resized.buffer,
+    };
+    let (ring, mut staged) = staged_rings::map_staged_cq(s, &resized_cq).map_err(|e| {
+        warn!("staged CQ {handle} was resized on the host but has no new ring: {e}");
+        // Never a status that promises "no effect": the host writes the new buffer now.
+        match e {
+            CommandError::Placement(e) => {
+                CommandError::Geometry(format!("no room for the resized ring: {e}"))
+            }
+            e => e,
+        }
+    })?;
+    let entry = s.state.cqs.get_mut(handle)?;
+    let old_staged = entry.staged.take().expect("a staged CQ");
+    staged.take_over(&old_staged);
+    entry.staged = Some(staged);
+    let old = std::mem::replace(&mut entry.ring, ring);
+    drop(old_staged);
+    rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &old);
+    debug!(
+        "staged CQ {handle} resized to {} entries: region {:#x} -> {:#x}",
         resized.cqe, old.range.offset, ring.range.offset
     );
     Ok(ResponseBody::ResizeCq(ResizeCqResp {

@@ -288,12 +288,32 @@ pub(crate) fn place_staging_ring(
     }
 }
 
+/// Whether a staging ring of `len` bytes could be placed now (without placing it): so that a
+/// command that must not fail after its host work (RESIZE_CQ) fails before it for want of
+/// region space.
+pub(crate) fn check_room(s: &mut Session<'_>, len: u64) -> Result<(), CommandError> {
+    let chunk_len = staging_chunk_len(s);
+    let shm = &mut s.state.shm;
+    let (range, _opened) = shm.alloc_pooled(len, chunk_len)?;
+    // Never mapped: the place and any chunk opened for it go straight back.
+    match shm.free_pooled(range) {
+        Ok(Some(emptied)) => rings::free_extent(shm, emptied),
+        Ok(None) => {}
+        Err(e) => log::warn!("queue region bookkeeping: {e}"),
+    }
+    Ok(())
+}
+
+fn staging_chunk_len(s: &Session<'_>) -> u64 {
+    // A small region gets smaller chunks, so that one chunk never takes much of it.
+    STAGING_CHUNK_LEN.min(s.state.shm.size() / 8)
+}
+
 /// Places `len` bytes of staging ring in a pooled extent, mapping the staging file over a new
 /// chunk when one is opened (the staging file's offsets are the region's, so chunks never
 /// collide).
 fn place(s: &mut Session<'_>, staging: &StagingFile, len: u64) -> Result<ShmRange, CommandError> {
-    // A small region gets smaller chunks, so that one chunk never takes much of it.
-    let chunk_len = STAGING_CHUNK_LEN.min(s.state.shm.size() / 8);
+    let chunk_len = staging_chunk_len(s);
     let (range, opened) = s.state.shm.alloc_pooled(len, chunk_len)?;
     if let Some(chunk) = opened {
         let mapped = s

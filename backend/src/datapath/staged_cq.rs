@@ -56,8 +56,12 @@ pub struct StagedCq {
     index_mask: u32,
     log2_slot_size: u32,
     slot_len: usize,
-    /// Next index to copy: the host consumer index and the staging producer index.
-    position: u32,
+    /// Next host slot to copy: the host consumer index.
+    host_position: u32,
+    /// Next staging slot to fill: the staging producer index. The same as `host_position`
+    /// until a resize carries completions over (both rings restart then, with different
+    /// counts).
+    staging_producer: u32,
     /// The guest armed the CQ and has not had its event yet.
     guest_armed: bool,
 }
@@ -68,7 +72,8 @@ impl std::fmt::Debug for StagedCq {
             .field("host_cq", &self.host_cq)
             .field("staging_range", &self.staging_range)
             .field("index_mask", &self.index_mask)
-            .field("position", &self.position)
+            .field("host_position", &self.host_position)
+            .field("staging_producer", &self.staging_producer)
             .field("guest_armed", &self.guest_armed)
             .finish_non_exhaustive()
     }
@@ -111,7 +116,8 @@ impl StagedCq {
             index_mask: init.index_mask,
             log2_slot_size: init.log2_slot_size,
             slot_len,
-            position: 0,
+            host_position: 0,
+            staging_producer: 0,
             guest_armed: false,
         })
     }
@@ -141,22 +147,14 @@ impl StagedCq {
         let guest_consumer =
             self.staging_word(header::CONSUMER_INDEX).load(Acquire) & self.index_mask;
         let mut pumped = CqPump::default();
-        while self.position != producer {
-            let next = (self.position + 1) & self.index_mask;
+        while self.host_position != producer {
+            let next = (self.staging_producer + 1) & self.index_mask;
             if next == guest_consumer {
                 pumped.left_behind = true;
                 break;
             }
-            let offset = rxe_v1::slot_offset(self.position, self.index_mask, self.log2_slot_size);
-            let src = self
-                .host_queue
-                .range(offset, self.slot_len)
-                .expect("host slot inside the host mapping");
-            let dst = self
-                .staging
-                .mapping()
-                .range(self.staging_offset + offset, self.slot_len)
-                .expect("staging slot inside the staging file");
+            let src = self.host_slot(self.host_position);
+            let dst = self.staging_slot(self.staging_producer);
             // SAFETY: both ranges lie in their mappings (checked in `new`) and do not overlap
             // (one is the kernel's buffer, the other the staging file). The kernel wrote the
             // source slot before publishing the producer index we loaded with Acquire, and
@@ -164,16 +162,73 @@ impl StagedCq {
             // copy); the guest reads the destination slot only after its Acquire load of the
             // staging producer index, stored with Release after this copy.
             unsafe { std::ptr::copy_nonoverlapping(src, dst, self.slot_len) };
-            self.position = next;
+            self.host_position = (self.host_position + 1) & self.index_mask;
+            self.staging_producer = next;
             pumped.copied += 1;
         }
         if pumped.copied != 0 {
             self.staging_word(header::PRODUCER_INDEX)
-                .store(self.position, Release);
+                .store(self.staging_producer, Release);
             self.host_word(header::CONSUMER_INDEX)
-                .store(self.position, Release);
+                .store(self.host_position, Release);
         }
         pumped
+    }
+
+    fn host_slot(&self, index: u32) -> *mut u8 {
+        let offset = rxe_v1::slot_offset(index, self.index_mask, self.log2_slot_size);
+        self.host_queue
+            .range(offset, self.slot_len)
+            .expect("host slot inside the host mapping")
+    }
+
+    fn staging_slot(&self, index: u32) -> *mut u8 {
+        let offset = rxe_v1::slot_offset(index, self.index_mask, self.log2_slot_size);
+        self.staging
+            .mapping()
+            .range(self.staging_offset + offset, self.slot_len)
+            .expect("staging slot inside the staging file")
+    }
+
+    /// Completions the guest has not consumed in the staging ring, and completions the host
+    /// holds that were not copied yet (RESIZE_CQ's check that the new size holds them).
+    pub fn pending(&self) -> (u32, u32) {
+        let guest_consumer =
+            self.staging_word(header::CONSUMER_INDEX).load(Acquire) & self.index_mask;
+        let host_producer = self.host_word(header::PRODUCER_INDEX).load(Acquire) & self.index_mask;
+        (
+            self.staging_producer.wrapping_sub(guest_consumer) & self.index_mask,
+            host_producer.wrapping_sub(self.host_position) & self.index_mask,
+        )
+    }
+
+    /// RESIZE_CQ: takes over from `old` (the same CQ before the host resized it): the
+    /// completions the guest had not consumed in the old staging ring are copied into this
+    /// one's first slots, in order, then what the host carried over into its new buffer is
+    /// copied after them, and the guest's arm stays. RESIZE_CQ checked that the new size
+    /// holds them all; only a guest that polled during the resize (which it must not) can
+    /// lose what then no longer fits.
+    pub fn take_over(&mut self, old: &StagedCq) {
+        let (unconsumed, _) = old.pending();
+        let guest_consumer =
+            old.staging_word(header::CONSUMER_INDEX).load(Acquire) & old.index_mask;
+        let carried = unconsumed.min(self.index_mask);
+        let len = self.slot_len.min(old.slot_len);
+        for i in 0..carried {
+            let src = old.staging_slot((guest_consumer + i) & old.index_mask);
+            let dst = self.staging_slot(i);
+            // SAFETY: both slots lie in the staging mapping (checked in `new` of each ring),
+            // in two different extents of the region (the old ring is released only after
+            // this); `len` is at most either slot. The guest does not poll during a resize
+            // (spec §7.4 RESIZE_CQ), and reads the new ring only after the producer index
+            // stored below with Release.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        }
+        self.staging_producer = carried;
+        self.staging_word(header::PRODUCER_INDEX)
+            .store(carried, Release);
+        self.guest_armed = old.guest_armed;
+        self.pump();
     }
 
     /// The host CQ's completion event: re-arms the host CQ (so that a completion after the

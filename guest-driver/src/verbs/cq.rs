@@ -126,7 +126,7 @@ impl Cq {
     }
 
     /// Whether the device gave this CQ a staging ring (spec §9.8): it is polled the same, the
-    /// device copies the host's completions into it, and it cannot be resized.
+    /// device copies the host's completions into it.
     pub fn is_staged(&self) -> bool {
         self.staged
     }

@@ -302,10 +302,18 @@ impl HostContext for FakeContext {
         }
         let slots = (cqe + 1).next_power_of_two();
         let buffer = w.buffer(slots, vrdma_spec::rxe_v1::CQE_SIZE)?;
+        // As rxe_queue_resize: what the old buffer holds moves to the new one's first slots.
+        let held = w.completions_held(cq.0);
+        if held.len() > (slots - 1) as usize {
+            return Err(einval);
+        }
         w.resized.push((cq.0, slots - 1));
         w.cq_queues
             .insert(cq.0, (self.queue_file.try_clone().unwrap(), buffer));
         w.cq_geometry.insert(cq.0, (slots, CQE_LOG2_SLOT));
+        for slot in &held {
+            w.post_completion(cq.0, slot);
+        }
         Ok(CqResize {
             cqe: slots - 1,
             buffer,

@@ -244,6 +244,24 @@ impl World {
         true
     }
 
+    /// The slots of the completions host CQ `cq` holds (between its consumer and producer
+    /// indices), oldest first.
+    pub fn completions_held(&self, cq: u32) -> Vec<Vec<u8>> {
+        use vrdma_spec::rxe_v1::{header, slot_offset};
+        let (num_slots, log2_slot_size) = self.cq_geometry[&cq];
+        let mask = num_slots - 1;
+        let producer = self.queue_word(cq, HostQueue::Completion, header::PRODUCER_INDEX) & mask;
+        let mut consumer =
+            self.queue_word(cq, HostQueue::Completion, header::CONSUMER_INDEX) & mask;
+        let mut held = Vec::new();
+        while consumer != producer {
+            let at = slot_offset(consumer, mask, log2_slot_size);
+            held.push(self.read_queue(cq, HostQueue::Completion, at, 1 << log2_slot_size));
+            consumer = (consumer + 1) & mask;
+        }
+        held
+    }
+
     /// How many times `qp` was kicked.
     pub fn kicks_of(&self, qp: u32) -> usize {
         self.kicks.iter().filter(|&&kicked| kicked == qp).count()

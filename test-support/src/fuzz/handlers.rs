@@ -18,7 +18,7 @@ use vrdma_backend::resources::kind::ResourceKind;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::control::{HEADER_SIZE, MAX_CM_RESPONSE_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::{VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_MW};
-use vrdma_spec::wire::{ring_flags, CreateCqResp, CreateQpResp, RingDesc};
+use vrdma_spec::wire::{ring_flags, CreateCqResp, CreateQpResp, ResizeCqResp, RingDesc};
 use vrdma_spec::{ControlResponse, Opcode, Status};
 use zerocopy::{FromBytes, FromZeros};
 
@@ -336,6 +336,22 @@ impl Sequence {
         Some(response)
     }
 
+    /// Remembers the ring of a CREATE_CQ or RESIZE_CQ `response` (read by `ring`) if it is
+    /// a staging ring (spec §9.8), for the guest's writes of its consumer index.
+    fn remember_staged_cq(
+        &mut self,
+        g: usize,
+        response: Option<&[u8]>,
+        ring: impl Fn(&[u8]) -> Option<RingDesc>,
+    ) {
+        let staged = response
+            .and_then(|response| ring(response.get(HEADER_SIZE..)?))
+            .filter(|ring| ring.flags.get() & ring_flags::STAGED != 0);
+        if let Some(ring) = staged {
+            Slot::keep(&mut self.slots[g].staged_cqs, ring);
+        }
+    }
+
     fn step(&mut self, g: usize, r: &mut ByteReader<'_>) {
         use requests as q;
         use ResourceKind::*;
@@ -381,14 +397,11 @@ impl Sequence {
             9..=10 => {
                 let cqe = q::count(r);
                 let created = self.create(g, Cq, &q::two_words(Opcode::CreateCq, cqe, 0), r);
-                let resp = created.and_then(|response| {
-                    CreateCqResp::read_from_prefix(&response[HEADER_SIZE..])
+                self.remember_staged_cq(g, created.as_deref(), |body| {
+                    CreateCqResp::read_from_prefix(body)
                         .ok()
-                        .map(|(resp, _)| resp)
+                        .map(|(r, _)| r.ring)
                 });
-                if let Some(resp) = resp.filter(|r| r.ring.flags.get() & ring_flags::STAGED != 0) {
-                    Slot::keep(&mut self.slots[g].staged_cqs, resp.ring);
-                }
             }
             11 => {
                 let cq = self.handle(g, Cq, r);
@@ -402,7 +415,12 @@ impl Sequence {
             13 => {
                 let cq = self.handle(g, Cq, r);
                 let cqe = q::count(r);
-                self.run(g, &q::two_words(Opcode::ResizeCq, cq, cqe), r);
+                let resized = self.run(g, &q::two_words(Opcode::ResizeCq, cq, cqe), r);
+                self.remember_staged_cq(g, resized.as_deref(), |body| {
+                    ResizeCqResp::read_from_prefix(body)
+                        .ok()
+                        .map(|(r, _)| r.ring)
+                });
             }
             14..=15 => {
                 let pd = self.handle(g, Pd, r);
