@@ -99,8 +99,33 @@ for program in "$@"; do
 	# A missing or unloadable drop-in would silently fall back to the system's libibverbs.
 	grep -q "device: vrdma" "$dir/$name-vrdma" || { echo "$name did not go through vrdma" >&2; exit 1; }
 	check_output "$name" "$dir/$name-vrdma" vrdma
-	case $name in async_events) async_events=$program ;; esac
+	case $name in
+	async_events) async_events=$program ;;
+	verbs_loopback | cq_ex_loopback) staged_programs="${staged_programs:-} $program" ;;
+	esac
 done
+
+# The CQ-heavy programs again through a backend that stages every QP and CQ (spec §9.7, §9.8:
+# what a guest's objects past QEMU's memory slots get): completions copied by the backend,
+# ibv_resize_cq with completions pending, extended CQs.
+echo "=== vrdma: CQ programs through staging rings and staged CQs"
+staged_sock=$dir/staged.sock
+"$backend_bin" --socket "$staged_sock" --device rxe0 --allow-ud --staged-rings always --staged-cqs always &
+staged_backend=$!
+trap 'kill $backend $staged_backend 2>/dev/null || true; wait $backend 2>/dev/null || true; rm -rf "$dir"' EXIT
+wait_socket "$staged_sock"
+for program in ${staged_programs:?verbs_loopback and cq_ex_loopback must be among the programs}; do
+	name=$(basename "$program")
+	echo "=== vrdma staged: $name"
+	VRDMA_SOCKET=$staged_sock LD_LIBRARY_PATH=$dir "$program" >"$dir/$name-staged" 2>&1 || status=$?
+	cat "$dir/$name-staged"
+	[ $status -eq 0 ] || exit $status
+	grep -q "device: vrdma" "$dir/$name-staged" || { echo "$name did not go through vrdma" >&2; exit 1; }
+	check_output "$name" "$dir/$name-staged" vrdma
+done
+kill $staged_backend
+wait $staged_backend 2>/dev/null || true
+trap 'kill $backend 2>/dev/null; wait $backend 2>/dev/null; rm -rf "$dir"' EXIT
 
 # -v walks all of rxe0's GID entries twice (ibv_query_gid, ibv_query_gid_type): the drop-in's
 # GID table cache answers that in a few commands. The GIDs it lists must be rxe0's own.
