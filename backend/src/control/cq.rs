@@ -121,9 +121,10 @@ pub(crate) fn arm_cq(s: &mut Session<'_>, r: &ArmCqReq) -> CommandResult {
 }
 
 /// RESIZE_CQ: the host CQ gets a new buffer (carrying its completions over), which replaces
-/// the old one in the queue region.
+/// the old one in the queue region. A staged CQ (spec §9.8) gets a new staging ring of the new
+/// geometry, which takes the completions the guest had not consumed first.
 ///
-/// Region space for the new buffer is reserved before the host is asked, so that a full region
+/// Region space for the new buffer is checked before the host is asked, so that a full region
 /// fails the command without effect; once the host has resized, the old buffer is dead, so a
 /// failure to map the new one leaves the CQ without a live ring (spec: the driver destroys it).
 pub(crate) fn resize_cq(s: &mut Session<'_>, r: &ResizeCqReq) -> CommandResult {
@@ -134,8 +135,13 @@ pub(crate) fn resize_cq(s: &mut Session<'_>, r: &ResizeCqReq) -> CommandResult {
     let staged_pending = entry.staged.as_ref().map(StagedCq::pending);
     let cqe = r.cqe.get();
     at_most(cqe, s.guest.limits().attr.max_cqe, "cqe")?;
-    if let Some((unconsumed, uncopied)) = staged_pending {
-        return resize_staged(s, handle, host, cqe, unconsumed + uncopied);
+    let below_held = CommandError::Invalid {
+        what: "cqe (below the completions the CQ holds)",
+        value: cqe.into(),
+    };
+    // rxe checks only what its own buffer holds; a staged CQ's ring holds the rest.
+    if staged_pending.is_some_and(|(unconsumed, uncopied)| cqe < unconsumed + uncopied) {
+        return Err(below_held);
     }
     let predicted = rxe_v1::num_slots_for(cqe)
         .and_then(|slots| rings::predicted_len(slots, rxe_v1::CQE_SIZE))
@@ -143,80 +149,18 @@ pub(crate) fn resize_cq(s: &mut Session<'_>, r: &ResizeCqReq) -> CommandResult {
             what: "cqe",
             value: cqe.into(),
         })?;
-    let reservation = s.state.shm.alloc(predicted)?;
-    let resized = s.host().resize_cq(host, cqe);
-    if let Err(e) = s.state.shm.free(reservation) {
-        warn!("queue region bookkeeping: {e}");
+    if staged_pending.is_some() {
+        staged_rings::check_room(s, predicted)?;
+    } else {
+        let reservation = s.state.shm.alloc(predicted)?;
+        rings::free_extent(&mut s.state.shm, reservation);
     }
-    let resized = resized.map_err(|source| match source.errno() {
-        // rxe's only EINVAL left after the checks above: fewer entries than completions held.
-        libc::EINVAL => CommandError::Invalid {
-            what: "cqe (below the completions the CQ holds)",
-            value: cqe.into(),
-        },
-        _ => host_err("RESIZE_CQ")(source),
-    })?;
-    let ring = resized
-        .cqe
-        .checked_add(1)
-        .ok_or_else(|| CommandError::Geometry(format!("cqe {}", resized.cqe)))
-        .and_then(|num_slots| rings::map_ring(s, resized.buffer, num_slots, rxe_v1::CQE_SIZE))
-        .map_err(|e| {
-            warn!("CQ {handle} was resized on the host but its new buffer is not mapped: {e}");
-            // Never a status that promises "no effect" (NO_MEMORY): the old ring is dead now.
-            match e {
-                CommandError::Placement(e) => {
-                    CommandError::Geometry(format!("no room for the resized buffer: {e}"))
-                }
-                e => e,
-            }
-        })?;
-    let entry = s.state.cqs.get_mut(handle)?;
-    let old = std::mem::replace(&mut entry.ring, ring);
-    rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &old);
-    debug!(
-        "CQ {handle} resized to {} entries: region {:#x} -> {:#x}",
-        resized.cqe, old.range.offset, ring.range.offset
-    );
-    Ok(ResponseBody::ResizeCq(ResizeCqResp {
-        cqe: Le32::new(resized.cqe),
-        reserved: Le32::ZERO,
-        ring: ring.desc,
-    }))
-}
-
-/// RESIZE_CQ of a staged CQ (spec §9.8): the host resizes its CQ (carrying over what the
-/// device had not copied), the CQ gets a new staging ring of the new geometry, and the
-/// completions the guest had not consumed move into it first.
-fn resize_staged(
-    s: &mut Session<'_>,
-    handle: Handle,
-    host: CqHandle,
-    cqe: u32,
-    held: u32,
-) -> CommandResult {
-    // rxe checks only what its own buffer holds; the guest's ring holds the rest.
-    if cqe < held {
-        return Err(CommandError::Invalid {
-            what: "cqe (below the completions the CQ holds)",
-            value: cqe.into(),
-        });
-    }
-    let predicted = rxe_v1::num_slots_for(cqe)
-        .and_then(|slots| rings::predicted_len(slots, rxe_v1::CQE_SIZE))
-        .ok_or(CommandError::Invalid {
-            what: "cqe",
-            value: cqe.into(),
-        })?;
-    staged_rings::check_room(s, predicted)?;
     let resized = s
         .host()
         .resize_cq(host, cqe)
         .map_err(|source| match source.errno() {
-            libc::EINVAL => CommandError::Invalid {
-                what: "cqe (below the completions the CQ holds)",
-                value: cqe.into(),
-            },
+            // rxe's only EINVAL left after the checks above: fewer entries than completions held.
+            libc::EINVAL => below_held,
             _ => host_err("RESIZE_CQ")(source),
         })?;
     let resized_cq = crate::host::Cq {
@@ -224,25 +168,36 @@ fn resize_staged(
         cqe: resized.cqe,
         buffer: resized.buffer,
     };
-    let (ring, mut staged) = staged_rings::map_staged_cq(s, &resized_cq).map_err(|e| {
-        warn!("staged CQ {handle} was resized on the host but has no new ring: {e}");
-        // Never a status that promises "no effect": the host writes the new buffer now.
+    let mapped = if staged_pending.is_some() {
+        staged_rings::map_staged_cq(s, &resized_cq).map(|(ring, staged)| (ring, Some(staged)))
+    } else {
+        resized
+            .cqe
+            .checked_add(1)
+            .ok_or_else(|| CommandError::Geometry(format!("cqe {}", resized.cqe)))
+            .and_then(|num_slots| rings::map_ring(s, resized.buffer, num_slots, rxe_v1::CQE_SIZE))
+            .map(|ring| (ring, None))
+    };
+    let (ring, staged) = mapped.map_err(|e| {
+        warn!("CQ {handle} was resized on the host but its new buffer is not mapped: {e}");
+        // Never a status that promises "no effect" (NO_MEMORY): the old ring is dead now.
         match e {
             CommandError::Placement(e) => {
-                CommandError::Geometry(format!("no room for the resized ring: {e}"))
+                CommandError::Geometry(format!("no room for the resized buffer: {e}"))
             }
             e => e,
         }
     })?;
     let entry = s.state.cqs.get_mut(handle)?;
-    let old_staged = entry.staged.take().expect("a staged CQ");
-    staged.take_over(&old_staged);
-    entry.staged = Some(staged);
+    if let Some(mut staged) = staged {
+        let old = entry.staged.take().expect("a staged CQ stays staged");
+        staged.take_over(&old);
+        entry.staged = Some(staged);
+    }
     let old = std::mem::replace(&mut entry.ring, ring);
-    drop(old_staged);
     rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &old);
     debug!(
-        "staged CQ {handle} resized to {} entries: region {:#x} -> {:#x}",
+        "CQ {handle} resized to {} entries: region {:#x} -> {:#x}",
         resized.cqe, old.range.offset, ring.range.offset
     );
     Ok(ResponseBody::ResizeCq(ResizeCqResp {

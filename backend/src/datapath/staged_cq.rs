@@ -20,7 +20,7 @@ use vrdma_spec::rxe_v1::{self, header};
 
 use crate::host::{CqHandle, HostContext};
 use crate::memory::queue_region::ShmRange;
-use crate::memory::staging::{SharedMapping, StagingFile};
+use crate::memory::staging::{SharedMapping, StagingExtent, StagingFile};
 
 /// Where a staged CQ's ring is and what it looks like.
 #[derive(Debug, Clone, Copy)]
@@ -48,10 +48,7 @@ pub struct CqPump {
 /// A staging ring in front of a host CQ.
 pub struct StagedCq {
     host_cq: CqHandle,
-    staging: Arc<StagingFile>,
-    /// Offset of the staging ring in the staging file.
-    staging_offset: usize,
-    staging_range: ShmRange,
+    staging: StagingExtent,
     host_queue: SharedMapping,
     index_mask: u32,
     log2_slot_size: u32,
@@ -70,7 +67,7 @@ impl std::fmt::Debug for StagedCq {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StagedCq")
             .field("host_cq", &self.host_cq)
-            .field("staging_range", &self.staging_range)
+            .field("staging_range", &self.staging.range())
             .field("index_mask", &self.index_mask)
             .field("host_position", &self.host_position)
             .field("staging_producer", &self.staging_producer)
@@ -96,22 +93,14 @@ impl StagedCq {
             .checked_mul(slot_len)
             .and_then(|slots| slots.checked_add(header::SIZE))
             .ok_or("ring size overflows")?;
-        let staging_offset =
-            usize::try_from(init.staging_range.offset).map_err(|e| e.to_string())?;
-        if !(init.index_mask + 1).is_power_of_two()
-            || ring_len > host_queue.len()
-            || u64::try_from(ring_len).map_or(true, |len| len > init.staging_range.len)
-            || staging.mapping().range(staging_offset, ring_len).is_none()
-        {
+        if !(init.index_mask + 1).is_power_of_two() || ring_len > host_queue.len() {
             return Err(format!(
-                "a CQ ring of {ring_len:#x} bytes does not fit its buffers"
+                "a CQ ring of {ring_len:#x} bytes does not fit the host buffer"
             ));
         }
         Ok(StagedCq {
             host_cq: init.host_cq,
-            staging,
-            staging_offset,
-            staging_range: init.staging_range,
+            staging: StagingExtent::new(staging, init.staging_range, ring_len)?,
             host_queue,
             index_mask: init.index_mask,
             log2_slot_size: init.log2_slot_size,
@@ -123,11 +112,7 @@ impl StagedCq {
     }
 
     fn staging_word(&self, at: usize) -> &AtomicU32 {
-        // `new` checked that the whole ring lies in the staging mapping.
-        self.staging
-            .mapping()
-            .word(self.staging_offset + at)
-            .expect("staging header inside the staging file")
+        self.staging.word(at)
     }
 
     fn host_word(&self, at: usize) -> &AtomicU32 {
@@ -184,10 +169,7 @@ impl StagedCq {
 
     fn staging_slot(&self, index: u32) -> *mut u8 {
         let offset = rxe_v1::slot_offset(index, self.index_mask, self.log2_slot_size);
-        self.staging
-            .mapping()
-            .range(self.staging_offset + offset, self.slot_len)
-            .expect("staging slot inside the staging file")
+        self.staging.bytes(offset, self.slot_len)
     }
 
     /// Completions the guest has not consumed in the staging ring, and completions the host
@@ -264,15 +246,6 @@ impl StagedCq {
 
     /// The staging ring's extent (released with the CQ).
     pub fn staging_range(&self) -> ShmRange {
-        self.staging_range
-    }
-}
-
-impl Drop for StagedCq {
-    fn drop(&mut self) {
-        // Give the staging pages back; the extent itself is the region allocator's.
-        if let Err(e) = self.staging.punch(self.staging_range) {
-            warn!("staged CQ ring {:#x}: {e}", self.staging_range.offset);
-        }
+        self.staging.range()
     }
 }

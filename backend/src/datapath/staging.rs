@@ -36,7 +36,7 @@ use crate::fault_log::FaultLog;
 use crate::host::{HostContext, QpHandle};
 use crate::identity::endpoints::LocalEndpoints;
 use crate::memory::queue_region::ShmRange;
-use crate::memory::staging::{SharedMapping, StagingFile};
+use crate::memory::staging::{SharedMapping, StagingExtent, StagingFile};
 use crate::resources::table::Handle;
 use wqe_check::payload_len;
 pub use wqe_check::{check, neutralise, Refusal, StagedAh, StagedAhs, NEUTRALISED_AH_NUM};
@@ -57,10 +57,7 @@ pub struct StagedRing {
     kind: StagedKind,
     host_qp: QpHandle,
     pd: Handle,
-    staging: Arc<StagingFile>,
-    /// Offset of the staging ring in the staging file.
-    staging_offset: usize,
-    staging_range: ShmRange,
+    staging: StagingExtent,
     host_queue: SharedMapping,
     index_mask: u32,
     log2_slot_size: u32,
@@ -113,16 +110,12 @@ impl StagedRing {
             .checked_mul(slot)
             .and_then(|slots| slots.checked_add(header::SIZE))
             .ok_or("ring size overflows")?;
-        let staging_offset =
-            usize::try_from(init.staging_range.offset).map_err(|e| e.to_string())?;
-        if ring_len > host_queue.len()
-            || u64::try_from(ring_len).map_or(true, |len| len > init.staging_range.len)
-            || staging.mapping().range(staging_offset, ring_len).is_none()
-        {
+        if ring_len > host_queue.len() {
             return Err(format!(
-                "a ring of {ring_len:#x} bytes does not fit its buffers"
+                "a ring of {ring_len:#x} bytes does not fit the host buffer"
             ));
         }
+        let staging = StagingExtent::new(staging, init.staging_range, ring_len)?;
         let entry = match init.kind {
             StagedKind::Recv => rxe_v1::recv_wqe_size(init.max_sge),
             _ => rxe_v1::send_wqe_size(init.max_sge, init.max_inline),
@@ -138,8 +131,6 @@ impl StagedRing {
             host_qp: init.host_qp,
             pd: init.pd,
             staging,
-            staging_offset,
-            staging_range: init.staging_range,
             host_queue,
             index_mask: init.index_mask,
             log2_slot_size: init.log2_slot_size,
@@ -158,11 +149,7 @@ impl StagedRing {
     }
 
     fn staging_word(&self, at: usize) -> &std::sync::atomic::AtomicU32 {
-        // `new` checked that the whole ring lies in the staging mapping.
-        self.staging
-            .mapping()
-            .word(self.staging_offset + at)
-            .expect("staging header inside the staging file")
+        self.staging.word(at)
     }
 
     fn host_word(&self, at: usize) -> &std::sync::atomic::AtomicU32 {
@@ -244,11 +231,7 @@ impl StagedRing {
     fn forward(&mut self, index: u32, ahs: &StagedAhs) -> Result<(), Refusal> {
         let offset = self.slot_offset(index);
         let slot = self.scratch.len();
-        let src = self
-            .staging
-            .mapping()
-            .range(self.staging_offset + offset, slot)
-            .expect("staging slot inside the staging file");
+        let src = self.staging.bytes(offset, slot);
         let copied = match self.kind {
             // Receive WQEs are small (a header and the SGEs): the whole slot.
             StagedKind::Recv => slot,
@@ -308,16 +291,7 @@ impl StagedRing {
 
     /// The staging ring's extent (released with the QP).
     pub fn staging_range(&self) -> ShmRange {
-        self.staging_range
-    }
-}
-
-impl Drop for StagedRing {
-    fn drop(&mut self) {
-        // Give the staging pages back; the extent itself is the region allocator's.
-        if let Err(e) = self.staging.punch(self.staging_range) {
-            warn!("staging ring {:#x}: {e}", self.staging_range.offset);
-        }
+        self.staging.range()
     }
 }
 

@@ -1,5 +1,6 @@
-//! Memory for enforced UD sends (spec §9.6): the staging file whose extents the guest writes
-//! its UD WQEs into, and the device's private mapping of a host send queue.
+//! Memory of staging rings (spec §9.6–§9.8): the staging file whose extents hold the rings the
+//! guest uses instead of host buffers (UD send queues, connected QPs' queues, CQs), each
+//! ring's place in it ([`StagingExtent`]), and the device's private mapping of a host queue.
 //!
 //! The staging file is one memfd per guest, as large as the queue region and sparse: a staged
 //! send queue at region offset `o` is the file's bytes at `o`, mapped into the region with
@@ -191,6 +192,68 @@ impl StagingFile {
             return Err(io::Error::last_os_error());
         }
         Ok(())
+    }
+}
+
+/// One staging ring's place in the staging file (spec §9.6–§9.8), seen through the device's
+/// mapping of the file; its pages are given back when it is dropped (the extent itself is the
+/// region allocator's to release).
+pub struct StagingExtent {
+    staging: std::sync::Arc<StagingFile>,
+    /// Offset of the ring in the staging file (= its region offset).
+    offset: usize,
+    range: ShmRange,
+}
+
+impl StagingExtent {
+    /// The ring of `ring_len` bytes at `range` of `staging`, if it fits both.
+    pub fn new(
+        staging: std::sync::Arc<StagingFile>,
+        range: ShmRange,
+        ring_len: usize,
+    ) -> Result<Self, String> {
+        let offset = usize::try_from(range.offset).map_err(|e| e.to_string())?;
+        if u64::try_from(ring_len).map_or(true, |len| len > range.len)
+            || staging.mapping().range(offset, ring_len).is_none()
+        {
+            return Err(format!(
+                "a ring of {ring_len:#x} bytes does not fit its staging extent"
+            ));
+        }
+        Ok(StagingExtent {
+            staging,
+            offset,
+            range,
+        })
+    }
+
+    /// The word at `at` of the ring (a header index), which `new` checked to lie in it.
+    pub fn word(&self, at: usize) -> &AtomicU32 {
+        self.staging
+            .mapping()
+            .word(self.offset + at)
+            .expect("staging header inside the staging file")
+    }
+
+    /// `len` bytes at `at` of the ring, which the caller keeps within the ring `new` checked.
+    pub fn bytes(&self, at: usize, len: usize) -> *mut u8 {
+        self.staging
+            .mapping()
+            .range(self.offset + at, len)
+            .expect("staging slot inside the staging file")
+    }
+
+    /// The ring's extent of the queue region.
+    pub fn range(&self) -> ShmRange {
+        self.range
+    }
+}
+
+impl Drop for StagingExtent {
+    fn drop(&mut self) {
+        if let Err(e) = self.staging.punch(self.range) {
+            log::warn!("staging ring {:#x}: {e}", self.range.offset);
+        }
     }
 }
 
