@@ -91,19 +91,12 @@ pub(crate) fn map_staged_cq(
         place.staging,
         place.host_queue,
     );
-    match staged {
-        Ok(staged) => {
-            debug!(
-                "staged CQ of host CQ {} at region offset {:#x} ({num_slots} slots)",
-                cq.handle, ring.range.offset
-            );
-            Ok((ring, staged))
-        }
-        Err(e) => {
-            rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &placeholder(ring.range));
-            Err(CommandError::Geometry(e))
-        }
-    }
+    let staged = kept_or_released(s, ring, staged)?;
+    debug!(
+        "staged CQ of host CQ {} at region offset {:#x} ({num_slots} slots)",
+        cq.handle, ring.range.offset
+    );
+    Ok((ring, staged))
 }
 
 /// How the queues of a new QP are exposed.
@@ -204,20 +197,25 @@ pub(crate) fn map_staged(
         place.staging,
         place.host_queue,
     );
-    match staged {
-        Ok(staged) => {
-            debug!(
-                "{kind:?} staging ring of host QP {} at region offset {:#x} ({num_slots} slots \
-                 of 2^{})",
-                qp.handle, ring.range.offset, place.log2_slot_size
-            );
-            Ok((ring, staged))
-        }
-        Err(e) => {
-            rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &placeholder(ring.range));
-            Err(CommandError::Geometry(e))
-        }
-    }
+    let staged = kept_or_released(s, ring, staged)?;
+    debug!(
+        "{kind:?} staging ring of host QP {} at region offset {:#x} ({num_slots} slots of 2^{})",
+        qp.handle, ring.range.offset, place.log2_slot_size
+    );
+    Ok((ring, staged))
+}
+
+/// The device's side of a staging ring just placed at `ring`, or, if it could not be made,
+/// the place given back and the reason as a geometry error.
+fn kept_or_released<T>(
+    s: &mut Session<'_>,
+    ring: MappedRing,
+    made: Result<T, String>,
+) -> Result<T, CommandError> {
+    made.map_err(|e| {
+        rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &placeholder(ring.range));
+        CommandError::Geometry(e)
+    })
 }
 
 /// A staging ring placed and initialised in the queue region, and the device's own mapping

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use log::warn;
 use vrdma_spec::rxe_v1::{self, header};
 
+use super::staging::ring_geometry;
 use crate::host::{CqHandle, HostContext};
 use crate::memory::queue_region::ShmRange;
 use crate::memory::staging::{SharedMapping, StagingExtent, StagingFile};
@@ -84,15 +85,10 @@ impl StagedCq {
         staging: Arc<StagingFile>,
         host_queue: SharedMapping,
     ) -> Result<Self, String> {
-        let slot_len = 1usize
-            .checked_shl(init.log2_slot_size)
-            .filter(|_| init.log2_slot_size <= rxe_v1::MAX_LOG2_SLOT_SIZE)
-            .filter(|slot| *slot >= rxe_v1::CQE_SIZE)
-            .ok_or_else(|| format!("CQ slot size 2^{}", init.log2_slot_size))?;
-        let ring_len = (init.index_mask as usize + 1)
-            .checked_mul(slot_len)
-            .and_then(|slots| slots.checked_add(header::SIZE))
-            .ok_or("ring size overflows")?;
+        let (slot_len, ring_len) = ring_geometry(init.index_mask, init.log2_slot_size)?;
+        if slot_len < rxe_v1::CQE_SIZE {
+            return Err(format!("CQ slot size 2^{}", init.log2_slot_size));
+        }
         if !(init.index_mask + 1).is_power_of_two() || ring_len > host_queue.len() {
             return Err(format!(
                 "a CQ ring of {ring_len:#x} bytes does not fit the host buffer"
@@ -242,10 +238,5 @@ impl StagedCq {
     /// Arms the host CQ for any next completion.
     pub fn arm_host(&self, host: &dyn HostContext) -> crate::host::Result<()> {
         host.req_notify_cq(self.host_cq, false)
-    }
-
-    /// The staging ring's extent (released with the CQ).
-    pub fn staging_range(&self) -> ShmRange {
-        self.staging.range()
     }
 }

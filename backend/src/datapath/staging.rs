@@ -102,14 +102,7 @@ impl StagedRing {
         staging: Arc<StagingFile>,
         host_queue: SharedMapping,
     ) -> Result<Self, String> {
-        let slot = 1usize
-            .checked_shl(init.log2_slot_size)
-            .filter(|_| init.log2_slot_size <= rxe_v1::MAX_LOG2_SLOT_SIZE)
-            .ok_or_else(|| format!("slot size 2^{}", init.log2_slot_size))?;
-        let ring_len = (init.index_mask as usize + 1)
-            .checked_mul(slot)
-            .and_then(|slots| slots.checked_add(header::SIZE))
-            .ok_or("ring size overflows")?;
+        let (slot, ring_len) = ring_geometry(init.index_mask, init.log2_slot_size)?;
         if ring_len > host_queue.len() {
             return Err(format!(
                 "a ring of {ring_len:#x} bytes does not fit the host buffer"
@@ -288,11 +281,23 @@ impl StagedRing {
     pub fn is_waiting(&self) -> bool {
         self.waiting
     }
+}
 
-    /// The staging ring's extent (released with the QP).
-    pub fn staging_range(&self) -> ShmRange {
-        self.staging.range()
-    }
+/// The slot stride and the whole length (header and slots) of a staging ring of
+/// `index_mask + 1` slots of `2^log2_slot_size` bytes, if rxe v1 allows such slots.
+pub(crate) fn ring_geometry(
+    index_mask: u32,
+    log2_slot_size: u32,
+) -> Result<(usize, usize), String> {
+    let slot = 1usize
+        .checked_shl(log2_slot_size)
+        .filter(|_| log2_slot_size <= rxe_v1::MAX_LOG2_SLOT_SIZE)
+        .ok_or_else(|| format!("slot size 2^{log2_slot_size}"))?;
+    let ring_len = (index_mask as usize + 1)
+        .checked_mul(slot)
+        .and_then(|slots| slots.checked_add(header::SIZE))
+        .ok_or("ring size overflows")?;
+    Ok((slot, ring_len))
 }
 
 /// Moves `qp` to ERR on the host (its posted WQEs then complete with errors or flushes).
