@@ -19,6 +19,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -109,6 +110,11 @@ struct peer {
 	uint8_t qp_timeout, retry_cnt, rnr_retry, min_rnr_timer;
 	/* --receives-after: the RC receives wait for that file (after ready). */
 	bool hold_receives;
+	/* --events: wait for completions by sleeping on completion events. */
+	bool use_events;
+	/* --events: both CQs report to this channel; a CQ is armed until its event is taken. */
+	struct ibv_comp_channel *channel;
+	bool send_cq_armed, recv_cq_armed;
 	/* What runs now, for error messages. */
 	enum op cur_op;
 	uint32_t cur_size, cur_iter;
@@ -776,8 +782,13 @@ static void setup(struct peer *pp, const struct plan *plan, uint64_t len, const 
 				    IBV_ACCESS_REMOTE_READ);
 	if (!pp->mr)
 		fail("registering %" PRIu64 " bytes: %s", 2 * len, strerror(errno));
-	pp->send_cq = ibv_create_cq(pp->dev, CQ_DEPTH, NULL, NULL, 0);
-	pp->recv_cq = ibv_create_cq(pp->dev, CQ_DEPTH, NULL, NULL, 0);
+	if (pp->use_events) {
+		pp->channel = ibv_create_comp_channel(pp->dev);
+		if (!pp->channel)
+			fail("creating a completion channel: %s", strerror(errno));
+	}
+	pp->send_cq = ibv_create_cq(pp->dev, CQ_DEPTH, NULL, pp->channel, 0);
+	pp->recv_cq = ibv_create_cq(pp->dev, CQ_DEPTH, NULL, pp->channel, 0);
 	if (!pp->send_cq || !pp->recv_cq)
 		fail("creating CQs: %s", strerror(errno));
 	pp->qp = create_qp(pp, IBV_QPT_RC, RC_SEND_DEPTH, RC_RECV_DEPTH, &pp->max_inline);
@@ -893,6 +904,8 @@ static void teardown(struct peer *pp)
 	ibv_destroy_qp(pp->qp);
 	ibv_destroy_cq(pp->send_cq);
 	ibv_destroy_cq(pp->recv_cq);
+	if (pp->channel)
+		ibv_destroy_comp_channel(pp->channel);
 	ibv_dereg_mr(pp->mr);
 	ibv_dealloc_pd(pp->pd);
 	ibv_close_device(pp->dev);
@@ -940,6 +953,41 @@ static void post(struct peer *pp, enum ibv_wr_opcode opcode, uint32_t size, uint
 	pp->sends_outstanding++;
 }
 
+/* After an empty poll of `cq`: returns whether it is time to look at the clock and the peer.
+ * Busy polling says so every 1024 empty polls. With --events, an unarmed CQ is armed and the
+ * caller polls once more (a completion added before the arm raises no event); an armed one
+ * sleeps on the channel for at most 100 ms, so a failed peer is still noticed. */
+static bool wait_completion(struct peer *pp, struct ibv_cq *cq, unsigned spins)
+{
+	if (!pp->channel)
+		return (spins & 1023) == 1023;
+	bool *armed = cq == pp->send_cq ? &pp->send_cq_armed : &pp->recv_cq_armed;
+
+	if (!*armed) {
+		if (ibv_req_notify_cq(cq, 0))
+			fail("arming a CQ: %s", strerror(errno));
+		*armed = true;
+		return false;
+	}
+	struct pollfd ready = { .fd = pp->channel->fd, .events = POLLIN };
+
+	if (poll(&ready, 1, 100) < 0 && errno != EINTR)
+		fail("waiting for a completion event: %s", strerror(errno));
+	if (ready.revents & POLLIN) {
+		struct ibv_cq *event_cq;
+		void *cq_context;
+
+		if (ibv_get_cq_event(pp->channel, &event_cq, &cq_context))
+			fail("reading a completion event: %s", strerror(errno));
+		ibv_ack_cq_events(event_cq, 1);
+		if (event_cq == pp->send_cq)
+			pp->send_cq_armed = false;
+		else
+			pp->recv_cq_armed = false;
+	}
+	return true;
+}
+
 /* Polls `cq` for one completion within the timeout, watching the peer meanwhile. */
 static void poll_one(struct peer *pp, struct ibv_cq *cq, struct ibv_wc *wc, const char *what)
 {
@@ -952,7 +1000,7 @@ static void poll_one(struct peer *pp, struct ibv_cq *cq, struct ibv_wc *wc, cons
 			fail("polling the %s CQ failed", what);
 		if (n == 1)
 			break;
-		if ((spins & 1023) == 1023) {
+		if (wait_completion(pp, cq, spins)) {
 			if (now_s() > deadline)
 				fail("no %s completion within %.0f s", what, pp->timeout_s);
 			check_peer(pp);
@@ -1217,7 +1265,7 @@ static void run_bw_step(struct peer *pp, enum op op, uint32_t size, uint32_t n, 
 		pp->sends_outstanding -= (unsigned)got;
 		if (got > 0)
 			deadline = now_s() + pp->timeout_s;
-		else if ((spins & 1023) == 1023) {
+		else if (wait_completion(pp, pp->send_cq, spins)) {
 			if (now_s() > deadline)
 				fail("no send completion within %.0f s (%u of %u done)",
 				     pp->timeout_s, completed, n);
@@ -1406,6 +1454,8 @@ static void usage(FILE *f)
 		"  -m, --min-rnr-timer N  RNR NAK timer asked of the peer, IB encoding 0-31 (default 12)\n"
 		"  -A, --receives-after F  post the RC receives only once F exists (after ready);\n"
 		"                       the peer's sends meet RNR NAKs until then\n"
+		"  -E, --events         wait for completions by sleeping on completion events\n"
+		"                       (arm, poll once more, sleep) instead of busy polling\n"
 		"  -j, --json FILE      also write the results as JSON (client)\n",
 		DEFAULT_PORT);
 }
@@ -1472,6 +1522,7 @@ int main(int argc, char **argv)
 		{ "rnr-retry", required_argument, NULL, 'r' },
 		{ "min-rnr-timer", required_argument, NULL, 'm' },
 		{ "receives-after", required_argument, NULL, 'A' },
+		{ "events", no_argument, NULL, 'E' },
 		{ 0 },
 	};
 	const char *device = NULL, *host = "127.0.0.1", *json = NULL, *start_file = NULL;
@@ -1504,7 +1555,7 @@ int main(int argc, char **argv)
 	}
 	peer.is_server = !strcmp(argv[1], "server");
 	optind = 2;
-	while ((c = getopt_long(argc, argv, "d:p:H:o:s:n:bw:l:t:j:hOS:M:T:R:r:m:A:", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "d:p:H:o:s:n:bw:l:t:j:hOS:M:T:R:r:m:A:E", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'd': device = optarg; break;
 		case 'p': snprintf(port, sizeof(port), "%s", optarg); break;
@@ -1525,6 +1576,7 @@ int main(int argc, char **argv)
 		case 'r': rnr_retry = strtoul(optarg, NULL, 10); break;
 		case 'm': min_rnr_timer = strtoul(optarg, NULL, 10); break;
 		case 'A': receives_after = optarg; break;
+		case 'E': peer.use_events = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
