@@ -28,6 +28,11 @@ pub const HOST_TOOLS: &[Tool] = &[
         command: "xz",
         package: "xz-utils",
     },
+    // Unpacks the kernel's zstd payload (see `kernel_image`).
+    Tool {
+        command: "zstd",
+        package: "zstd",
+    },
 ];
 
 /// Finds `command` on `PATH`.

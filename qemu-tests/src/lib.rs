@@ -15,6 +15,7 @@ pub mod error;
 pub mod host;
 pub mod initramfs;
 pub mod inside;
+pub mod kernel_image;
 pub mod native;
 pub mod perftest;
 pub mod qtest;

@@ -8,6 +8,7 @@ use crate::cache::Cache;
 use crate::error::{Error, IoContext, Result};
 use crate::host::{ensure_tools, is_root, run_checked, HOST_TOOLS};
 use crate::initramfs;
+use crate::kernel_image;
 
 /// What goes into the root file system. Changing any of it builds a new root (the cache key is
 /// a hash of this recipe).
@@ -49,6 +50,9 @@ pub const TRIXIE_RXE: Recipe = Recipe {
     ],
 };
 
+/// The kernel's ELF image in a root's directory, unpacked from its bzImage.
+const UNPACKED_KERNEL: &str = "vmlinux";
+
 /// Commands the tests run inside the VM; a root that lacks one is rebuilt.
 const REQUIRED_IN_ROOT: &[&str] = &[
     "usr/bin/ib_send_lat",
@@ -83,6 +87,8 @@ impl Recipe {
 #[derive(Debug, Clone)]
 pub struct PreparedRoot {
     pub tree: PathBuf,
+    /// The kernel QEMU boots: the unpacked ELF image where there is one (see
+    /// [`kernel_image`]), else Debian's bzImage.
     pub kernel: PathBuf,
     pub initramfs: PathBuf,
     pub kernel_release: String,
@@ -105,9 +111,10 @@ impl PreparedRoot {
         let complete = kernel.is_file()
             && initramfs.is_file()
             && REQUIRED_IN_ROOT.iter().all(|p| tree.join(p).exists());
+        let unpacked = dir.join(UNPACKED_KERNEL);
         complete.then_some(Self {
             tree,
-            kernel,
+            kernel: if unpacked.is_file() { unpacked } else { kernel },
             initramfs,
             kernel_release,
         })
@@ -120,18 +127,21 @@ pub fn prepare(cache: &Cache, recipe: &Recipe, force: bool) -> Result<PreparedRo
     ensure_tools(HOST_TOOLS)?;
     let _lock = cache.lock()?;
     let dir = cache.dir().join(format!("rootfs-{}", recipe.key()));
-    if !force {
-        if let Some(root) = PreparedRoot::load(&dir) {
-            log::info!("root file system ready at {}", root.tree.display());
-            return Ok(root);
-        }
+    if force || PreparedRoot::load(&dir).is_none() {
+        build(&dir, recipe)?;
+        remove_stale_roots(cache, &dir);
     }
-    build(&dir, recipe)?;
-    remove_stale_roots(cache, &dir);
-    PreparedRoot::load(&dir).ok_or_else(|| Error::Rootfs {
+    // Beside the root, not in its recipe: roots built before this step get it too.
+    let bzimage = PreparedRoot::paths(&dir).1;
+    if let Err(why) = kernel_image::unpack_vmlinux(&bzimage, &dir.join(UNPACKED_KERNEL))? {
+        log::info!("booting the bzImage: cannot unpack its kernel ({why})");
+    }
+    let root = PreparedRoot::load(&dir).ok_or_else(|| Error::Rootfs {
         path: dir,
         reason: "incomplete right after building it".into(),
-    })
+    })?;
+    log::info!("root file system ready at {}", root.tree.display());
+    Ok(root)
 }
 
 fn build(dir: &Path, recipe: &Recipe) -> Result<()> {
