@@ -119,15 +119,11 @@ pub(crate) fn completions(guest: &GuestShared, state: &Mutex<GuestState>, ctx: &
                 return;
             }
         };
-        if let Some(EventOwner::Cq(cq)) = state.owners.get(&event.cq_user_handle).copied() {
-            if let Ok(entry) = state.cqs.get_mut(cq) {
-                if let Some(staged) = entry.staged.as_mut() {
-                    // The device's own arming: copy, and raise the guest's event only if it
-                    // armed (spec §9.8).
-                    if !staged.on_host_event(guest.host()) {
-                        continue;
-                    }
-                }
+        if let Some(staged) = state.staged_cq(event.cq_user_handle) {
+            // The device's own arming: copy, and raise the guest's event only if it armed
+            // (spec §9.8).
+            if !staged.on_host_event(guest.host()) {
+                continue;
             }
         }
         match object_handle(&state, event.cq_user_handle, EventType::Completion) {

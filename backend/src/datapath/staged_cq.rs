@@ -125,8 +125,7 @@ impl StagedCq {
         // are masked like any index read. A wild consumer index only loses the guest its own
         // completions (they wait in the host CQ, which then overflows as it would natively).
         let producer = self.host_word(header::PRODUCER_INDEX).load(Acquire) & self.index_mask;
-        let guest_consumer =
-            self.staging_word(header::CONSUMER_INDEX).load(Acquire) & self.index_mask;
+        let guest_consumer = self.guest_consumer();
         let mut pumped = CqPump::default();
         while self.host_position != producer {
             let next = (self.staging_producer + 1) & self.index_mask;
@@ -171,13 +170,21 @@ impl StagedCq {
     /// Completions the guest has not consumed in the staging ring, and completions the host
     /// holds that were not copied yet (RESIZE_CQ's check that the new size holds them).
     pub fn pending(&self) -> (u32, u32) {
-        let guest_consumer =
-            self.staging_word(header::CONSUMER_INDEX).load(Acquire) & self.index_mask;
         let host_producer = self.host_word(header::PRODUCER_INDEX).load(Acquire) & self.index_mask;
         (
-            self.staging_producer.wrapping_sub(guest_consumer) & self.index_mask,
+            self.unconsumed_after(self.guest_consumer()),
             host_producer.wrapping_sub(self.host_position) & self.index_mask,
         )
+    }
+
+    /// The guest's consumer index in the staging ring, masked like any index read.
+    fn guest_consumer(&self) -> u32 {
+        self.staging_word(header::CONSUMER_INDEX).load(Acquire) & self.index_mask
+    }
+
+    /// Completions in the staging ring past the guest's consumer index `guest_consumer`.
+    fn unconsumed_after(&self, guest_consumer: u32) -> u32 {
+        self.staging_producer.wrapping_sub(guest_consumer) & self.index_mask
     }
 
     /// RESIZE_CQ: takes over from `old` (the same CQ before the host resized it): the
@@ -187,10 +194,9 @@ impl StagedCq {
     /// holds them all; only a guest that polled during the resize (which it must not) can
     /// lose what then no longer fits.
     pub fn take_over(&mut self, old: &StagedCq) {
-        let (unconsumed, _) = old.pending();
-        let guest_consumer =
-            old.staging_word(header::CONSUMER_INDEX).load(Acquire) & old.index_mask;
-        let carried = unconsumed.min(self.index_mask);
+        // One read of the guest's index: the count and the slots copied must agree.
+        let guest_consumer = old.guest_consumer();
+        let carried = old.unconsumed_after(guest_consumer).min(self.index_mask);
         let len = self.slot_len.min(old.slot_len);
         for i in 0..carried {
             let src = old.staging_slot((guest_consumer + i) & old.index_mask);

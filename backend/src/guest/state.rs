@@ -9,6 +9,7 @@ use super::objects::{
     AhEntry, CqEntry, EventOwner, LiveMr, MrEntry, MwEntry, PdEntry, QpEntry, SrqEntry,
 };
 use super::options::{DeviceOptions, GuestError};
+use crate::datapath::staged_cq::StagedCq;
 use crate::host::PdHandle;
 use crate::memory::budget::{HostBudget, MemoryAccount};
 use crate::memory::populated::PopulatedRam;
@@ -52,6 +53,14 @@ pub(crate) struct GuestState {
 }
 
 impl GuestState {
+    /// The staged CQ the host names by `user_handle` in its events, if that is one.
+    pub(crate) fn staged_cq(&mut self, user_handle: u64) -> Option<&mut StagedCq> {
+        let Some(EventOwner::Cq(cq)) = self.owners.get(&user_handle).copied() else {
+            return None;
+        };
+        self.cqs.get_mut(cq).ok()?.staged.as_mut()
+    }
+
     pub(crate) fn new(
         options: &DeviceOptions,
         budget: Arc<HostBudget>,
