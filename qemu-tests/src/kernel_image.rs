@@ -17,23 +17,35 @@ const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 const PVH_ENTRY_NOTE: u32 = 0x12;
 const PT_NOTE: u32 = 4;
 
+/// `N` bytes of `bytes` at `at`, if they are all there.
+fn bytes_at<const N: usize>(bytes: &[u8], at: usize) -> Option<[u8; N]> {
+    bytes.get(at..at.checked_add(N)?)?.try_into().ok()
+}
+
+fn u16_at(bytes: &[u8], at: usize) -> Option<u16> {
+    bytes_at(bytes, at).map(u16::from_le_bytes)
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
+    bytes_at(bytes, at).map(u32::from_le_bytes)
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> Option<usize> {
+    bytes_at(bytes, at).and_then(|b| usize::try_from(u64::from_le_bytes(b)).ok())
+}
+
+/// `len` bytes of `bytes` from `start`, if they are all there.
+fn range(bytes: &[u8], start: usize, len: usize) -> Option<&[u8]> {
+    bytes.get(start..start.checked_add(len)?)
+}
+
 /// The compressed kernel inside a bzImage (x86 boot protocol 2.08+: `payload_offset` and
 /// `payload_length` of the setup header), or why there is none this module can unpack.
 pub fn zstd_payload(bzimage: &[u8]) -> std::result::Result<&[u8], String> {
-    let u16_at = |at: usize| {
-        bzimage
-            .get(at..at + 2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]))
-    };
-    let u32_at = |at: usize| {
-        bzimage
-            .get(at..at + 4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    };
     if bzimage.get(0x202..0x206) != Some(b"HdrS") {
         return Err("no x86 boot protocol header".into());
     }
-    let version = u16_at(0x206).unwrap_or(0);
+    let version = u16_at(bzimage, 0x206).unwrap_or(0);
     if version < 0x208 {
         return Err(format!("boot protocol {version:#x} has no payload fields"));
     }
@@ -41,11 +53,12 @@ pub fn zstd_payload(bzimage: &[u8]) -> std::result::Result<&[u8], String> {
         0 => 4,
         n => usize::from(n),
     };
-    let (offset, length) = u32_at(0x248).zip(u32_at(0x24c)).ok_or("short header")?;
+    let (offset, length) = u32_at(bzimage, 0x248)
+        .zip(u32_at(bzimage, 0x24c))
+        .ok_or("short header")?;
     let start = (setup_sectors + 1) * 512 + offset as usize;
-    let payload = bzimage
-        .get(start..start + length as usize)
-        .ok_or("payload past the end of the image")?;
+    let payload =
+        range(bzimage, start, length as usize).ok_or("payload past the end of the image")?;
     if payload.get(..4) != Some(&ZSTD_MAGIC[..]) {
         return Err("the payload is not zstd-compressed".into());
     }
@@ -56,36 +69,23 @@ pub fn zstd_payload(bzimage: &[u8]) -> std::result::Result<&[u8], String> {
 /// Whether `elf` is a 64-bit little-endian ELF with a PVH entry note (what QEMU's `-kernel`
 /// needs to boot it).
 pub fn has_pvh_entry(elf: &[u8]) -> bool {
-    let u16_at = |at: usize| {
-        elf.get(at..at + 2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]))
-    };
-    let u32_at = |at: usize| {
-        elf.get(at..at + 4)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-    };
-    let u64_at = |at: usize| {
-        elf.get(at..at + 8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-    };
     if elf.get(..6) != Some(&[0x7f, b'E', b'L', b'F', 2, 1][..]) {
         return false;
     }
-    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
+    let (Some(phoff), Some(phentsize), Some(phnum)) =
+        (u64_at(elf, 0x20), u16_at(elf, 0x36), u16_at(elf, 0x38))
     else {
         return false;
     };
     (0..usize::from(phnum)).any(|i| {
-        let header = phoff as usize + i * usize::from(phentsize);
-        let (Some(kind), Some(offset), Some(size)) =
-            (u32_at(header), u64_at(header + 8), u64_at(header + 32))
-        else {
-            return false;
+        let notes = || -> Option<&[u8]> {
+            let header = phoff.checked_add(i * usize::from(phentsize))?;
+            if u32_at(elf, header)? != PT_NOTE {
+                return None;
+            }
+            range(elf, u64_at(elf, header + 8)?, u64_at(elf, header + 32)?)
         };
-        kind == PT_NOTE
-            && elf
-                .get(offset as usize..(offset + size) as usize)
-                .is_some_and(has_xen_note)
+        notes().is_some_and(has_xen_note)
     })
 }
 
@@ -93,7 +93,7 @@ pub fn has_pvh_entry(elf: &[u8]) -> bool {
 fn has_xen_note(mut notes: &[u8]) -> bool {
     let align4 = |n: usize| (n + 3) & !3;
     while notes.len() >= 12 {
-        let word = |at: usize| u32::from_le_bytes(notes[at..at + 4].try_into().expect("4 bytes"));
+        let word = |at: usize| u32_at(notes, at).unwrap_or(0);
         let (name_len, desc_len, kind) = (word(0) as usize, word(4) as usize, word(8));
         let name_end = 12 + align4(name_len);
         if notes.get(12..12 + name_len) == Some(b"Xen\0") && kind == PVH_ENTRY_NOTE {
