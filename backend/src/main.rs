@@ -67,16 +67,16 @@ struct Args {
     /// Size of each guest's queue region in bytes (power of two; suffixes K, M, G).
     #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_SHM_SIZE)]
     shm_size: u64,
-    /// Most QPs per guest.
+    /// Most QPs per guest (default 4096).
     #[arg(long)]
     max_qps: Option<u32>,
-    /// Most CQs per guest.
+    /// Most CQs per guest (default 8192).
     #[arg(long)]
     max_cqs: Option<u32>,
-    /// Most MRs per guest.
+    /// Most MRs per guest (default 4096).
     #[arg(long)]
     max_mrs: Option<u32>,
-    /// Most bytes of all MRs of a guest together (suffixes K, M, G).
+    /// Most bytes of all MRs of a guest together (suffixes K, M, G; default 16G).
     #[arg(long, value_parser = parse_size)]
     max_mr_bytes: Option<u64>,
     /// Most memory mappings of all MR windows of a guest together: a window needs one per run
@@ -94,20 +94,20 @@ struct Args {
     /// three quarters of RAM, and at most RLIMIT_MEMLOCK without CAP_IPC_LOCK).
     #[arg(long, value_parser = parse_size)]
     max_pinned_bytes: Option<u64>,
-    /// Most PDs per guest.
+    /// Most PDs per guest (default 64).
     #[arg(long)]
     max_pds: Option<u32>,
-    /// Most SRQs per guest.
+    /// Most SRQs per guest (default 256).
     #[arg(long)]
     max_srqs: Option<u32>,
-    /// Most address handles per guest.
+    /// Most address handles per guest (default 4096).
     #[arg(long)]
     max_ahs: Option<u32>,
-    /// Most memory windows per guest (with --allow-memory-windows).
+    /// Most memory windows per guest (with --allow-memory-windows; default 4096).
     #[arg(long)]
     max_mws: Option<u32>,
     /// Most connection-manager ids per guest (connect requests waiting for an answer
-    /// included).
+    /// included; default 4096).
     #[arg(long)]
     max_cm_ids: Option<u32>,
     /// Offer unreliable-datagram QPs and address handles. UD sends go through a staging ring
@@ -463,6 +463,36 @@ mod tests {
 
     fn parse(line: &[&str]) -> Result<Args, clap::Error> {
         Args::try_parse_from(std::iter::once("vrdma-backend").chain(line.iter().copied()))
+    }
+
+    #[test]
+    fn the_quota_defaults_the_help_states_are_the_real_ones() {
+        use clap::CommandFactory;
+        let q = Quotas::default();
+        let command = Args::command();
+        let help = |id: &str| {
+            let arg = command.get_arguments().find(|a| a.get_id() == id);
+            arg.and_then(|a| a.get_help())
+                .map(|h| h.to_string())
+                .unwrap_or_default()
+        };
+        for (id, value) in [
+            ("max_qps", q.qps.to_string()),
+            ("max_cqs", q.cqs.to_string()),
+            ("max_mrs", q.mrs.to_string()),
+            ("max_mr_bytes", format!("{}G", q.mr_bytes >> 30)),
+            ("max_pds", q.pds.to_string()),
+            ("max_srqs", q.srqs.to_string()),
+            ("max_ahs", q.ahs.to_string()),
+            ("max_mws", q.mws.to_string()),
+            ("max_cm_ids", q.cm_ids.to_string()),
+        ] {
+            assert!(
+                help(id).contains(&format!("default {value})")),
+                "{id}: {}",
+                help(id)
+            );
+        }
     }
 
     #[test]

@@ -67,6 +67,8 @@ fn qtest_pingpong_verifies_resets_and_survives_a_qemu_kill() {
         );
     }
     assert!(scale.qemu_alive_after, "{scale:?}");
+    // Destroying them gave the mappings back: the next QP and CQ were mapped directly.
+    assert!(scale.direct_after_release, "{scale:?}");
     // The reset and the kill interrupted a run meant to last a million iterations.
     assert_ne!(results.reset.interrupted_run, "completed");
     assert_ne!(results.kill.interrupted_run, "completed");

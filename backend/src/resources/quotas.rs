@@ -12,6 +12,14 @@ use super::kind::{ResourceError, ResourceKind, MAX_OBJECTS_PER_TABLE};
 /// cannot take it all.
 pub const DEFAULT_GUEST_MAPPINGS: u32 = 16 << 10;
 
+/// Default per-guest QP quota, also of connection-manager ids (one per connection): what one
+/// guest was measured to hold through QEMU 11.1 (spec §10: the first QPs' queues mapped, the
+/// rest in staging rings). Queue memory is bounded by the queue region, not by this count.
+pub const DEFAULT_GUEST_QPS: u32 = 4096;
+
+/// Default per-guest CQ quota: a send and a receive CQ for every QP of the QP quota.
+pub const DEFAULT_GUEST_CQS: u32 = 2 * DEFAULT_GUEST_QPS;
+
 /// Per-guest limits on the objects a guest may create.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quotas {
@@ -45,12 +53,12 @@ impl Default for Quotas {
             mrs: 4096,
             mr_bytes: 16 << 30,
             mappings: DEFAULT_GUEST_MAPPINGS,
-            cqs: 1024,
-            qps: 1024,
+            cqs: DEFAULT_GUEST_CQS,
+            qps: DEFAULT_GUEST_QPS,
             srqs: 256,
             ahs: 4096,
             mws: 4096,
-            cm_ids: 1024,
+            cm_ids: DEFAULT_GUEST_QPS,
         }
     }
 }

@@ -495,6 +495,7 @@ fn run_steps(
     if settings.qps > 0 {
         println!("== {} QPs through QEMU", settings.qps);
         let exchange_port = next_port();
+        let before = resource_counts(DEVICE)?;
         let (scale, exchange) = super::qtest_qp_scale::run(
             &guest.ctx,
             settings.qps,
@@ -506,6 +507,14 @@ fn run_steps(
         )?;
         println!("  {scale:?}");
         println!("  ok: {} rows verified on one more QP", exchange.len());
+        // Everything the step made is gone from the host again (the mappings: see
+        // `direct_after_release`).
+        wait_for_counts(DEVICE, before, Duration::from_secs(30)).map_err(|last| {
+            Error::Scenario(format!(
+                "after the QP step {DEVICE} holds {last:?}, before it {before:?}"
+            ))
+        })?;
+        println!("  ok: {DEVICE} back to {before:?} after destroying them");
         results.qp_scale = Some(scale);
         results.qp_scale_exchange = exchange;
     }

@@ -2,7 +2,8 @@
 //! RC QPs, each with a CQ of its own ([`QPS_PER_CQ`]), until it has the asked number or
 //! something refuses,
 //! checks that QEMU still answers, runs a verified exchange on one more QP while they all
-//! live, then destroys them all.
+//! live, then destroys them all and checks that a new QP gets mapped queues again (their
+//! mappings went back to the back-end's budget).
 //!
 //! The first QPs get host queue buffers mapped into the device's shared-memory BAR (each its
 //! own `SHMEM_MAP`, a memory slot of QEMU's); once QEMU could not take more, the back-end gives
@@ -44,16 +45,35 @@ pub struct QpScale {
     pub qemu_alive_after: bool,
     /// Milliseconds to destroy them all.
     pub destroy_ms: u64,
+    /// Once they were destroyed, a new QP and its CQ got host queue buffers, not staging
+    /// rings: the mappings of the destroyed ones were given back.
+    pub direct_after_release: bool,
 }
 
-fn caps() -> QpCaps {
-    QpCaps {
-        max_send_wr: 1,
-        max_recv_wr: 1,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
+/// An RC QP of depth 1 on `cq`: the smallest queues, so that the region holds thousands.
+fn init(cq: &Cq) -> QpInitAttr<'_> {
+    QpInitAttr {
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        caps: QpCaps {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        sq_sig_all: false,
     }
+}
+
+/// Whether a new QP with a CQ of its own gets host queue buffers mapped (no staging ring).
+fn next_is_direct(ctx: &Context) -> Result<bool> {
+    let failed = |what: &str, e: vrdma::verbs::VerbsError| Error::Scenario(format!("{what}: {e}"));
+    let pd = ctx.alloc_pd().map_err(|e| failed("allocating a PD", e))?;
+    let cq = Cq::new(ctx, 2).map_err(|e| failed("creating a CQ after the release", e))?;
+    let qp = Qp::new(&pd, &init(&cq)).map_err(|e| failed("creating a QP after the release", e))?;
+    Ok(!qp.receives_staged() && !cq.is_staged())
 }
 
 /// Creates up to `count` QPs on `ctx`; `alive` asks QEMU something; `exchange` runs while
@@ -83,14 +103,7 @@ pub fn run<T>(
             }
         }
         let cq = cqs.last().expect("a CQ was created above");
-        let init = QpInitAttr {
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            caps: caps(),
-            sq_sig_all: false,
-        };
-        match Qp::new(&pd, &init) {
+        match Qp::new(&pd, &init(cq)) {
             Ok(qp) => qps.push(qp),
             Err(e) => {
                 refused = Some(format!("QP {}: {e}", qps.len() + 1));
@@ -125,6 +138,8 @@ pub fn run<T>(
     let staged_cqs = cqs.iter().filter(|cq| cq.is_staged()).count() as u32;
     drop(cqs);
     drop(pd);
+    let destroy_ms = started.elapsed().as_millis() as u64;
+    let direct_after_release = next_is_direct(ctx)?;
     Ok((
         QpScale {
             requested: count,
@@ -136,7 +151,8 @@ pub fn run<T>(
             first_ms_per_qp: first,
             last_ms_per_qp: last,
             qemu_alive_after,
-            destroy_ms: started.elapsed().as_millis() as u64,
+            destroy_ms,
+            direct_after_release,
         },
         exchanged,
     ))
