@@ -67,10 +67,10 @@ struct Args {
     /// Size of each guest's queue region in bytes (power of two; suffixes K, M, G).
     #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_SHM_SIZE)]
     shm_size: u64,
-    /// Most QPs per guest (default 4096).
+    /// Most QPs per guest (default 1024).
     #[arg(long)]
     max_qps: Option<u32>,
-    /// Most CQs per guest (default 8192).
+    /// Most CQs per guest (default 1024).
     #[arg(long)]
     max_cqs: Option<u32>,
     /// Most MRs per guest (default 4096).
@@ -107,7 +107,7 @@ struct Args {
     #[arg(long)]
     max_mws: Option<u32>,
     /// Most connection-manager ids per guest (connect requests waiting for an answer
-    /// included; default 4096).
+    /// included; default 1024).
     #[arg(long)]
     max_cm_ids: Option<u32>,
     /// Offer unreliable-datagram QPs and address handles. UD sends go through a staging ring
@@ -486,6 +486,7 @@ mod tests {
             ("max_ahs", q.ahs.to_string()),
             ("max_mws", q.mws.to_string()),
             ("max_cm_ids", q.cm_ids.to_string()),
+            ("max_guest_mappings", q.mappings.to_string()),
         ] {
             assert!(
                 help(id).contains(&format!("default {value})")),

@@ -12,13 +12,15 @@ use super::kind::{ResourceError, ResourceKind, MAX_OBJECTS_PER_TABLE};
 /// cannot take it all.
 pub const DEFAULT_GUEST_MAPPINGS: u32 = 16 << 10;
 
-/// Default per-guest QP quota, also of connection-manager ids (one per connection): what one
-/// guest was measured to hold through QEMU 11.1 (spec §10: the first QPs' queues mapped, the
-/// rest in staging rings). Queue memory is bounded by the queue region, not by this count.
-pub const DEFAULT_GUEST_QPS: u32 = 4096;
+/// Default per-guest QP quota, also of CQs and connection-manager ids. A guest may be given
+/// 4096 and more (`--max-qps`; spec §10: measured through QEMU 11.1 at 4096, queues of depth
+/// 1); the default stays lower because every staged queue is also a mapping of the daemon's
+/// own (its host queue) that the daemon-wide mapping budget does not yet count, so that a few
+/// guests at 4096 could together reach `vm.max_map_count`.
+pub const DEFAULT_GUEST_QPS: u32 = 1024;
 
-/// Default per-guest CQ quota: a send and a receive CQ for every QP of the QP quota.
-pub const DEFAULT_GUEST_CQS: u32 = 2 * DEFAULT_GUEST_QPS;
+/// Default per-guest CQ quota: as many as QPs.
+pub const DEFAULT_GUEST_CQS: u32 = DEFAULT_GUEST_QPS;
 
 /// Per-guest limits on the objects a guest may create.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

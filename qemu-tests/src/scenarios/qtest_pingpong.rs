@@ -495,7 +495,17 @@ fn run_steps(
     if settings.qps > 0 {
         println!("== {} QPs through QEMU", settings.qps);
         let exchange_port = next_port();
-        let before = resource_counts(DEVICE)?;
+        // The guest holds only its context here; the earlier steps' native peers may still be
+        // releasing theirs (rxe frees after the process is gone), so wait for that first.
+        let before = ResourceCounts {
+            ctx: idle.ctx + 1,
+            ..idle
+        };
+        wait_for_counts(DEVICE, before, Duration::from_secs(30)).map_err(|last| {
+            Error::Scenario(format!(
+                "before the QP step {DEVICE} holds {last:?}, expected {before:?}"
+            ))
+        })?;
         let (scale, exchange) = super::qtest_qp_scale::run(
             &guest.ctx,
             settings.qps,

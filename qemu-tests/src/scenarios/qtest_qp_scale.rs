@@ -46,7 +46,7 @@ pub struct QpScale {
     /// Milliseconds to destroy them all.
     pub destroy_ms: u64,
     /// Once they were destroyed, a new QP and its CQ got host queue buffers, not staging
-    /// rings: the mappings of the destroyed ones were given back.
+    /// rings: at most half of the mapping budget (~240) can have stayed taken.
     pub direct_after_release: bool,
 }
 
