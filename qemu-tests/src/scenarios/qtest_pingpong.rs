@@ -492,20 +492,17 @@ fn run_steps(
         results.qtest_requests
     );
 
+    // rxe0 while QEMU is connected and the guest holds nothing but its context.
+    let connected = ResourceCounts {
+        ctx: idle.ctx + 1,
+        ..idle
+    };
     if settings.qps > 0 {
         println!("== {} QPs through QEMU", settings.qps);
         let exchange_port = next_port();
-        // The guest holds only its context here; the earlier steps' native peers may still be
-        // releasing theirs (rxe frees after the process is gone), so wait for that first.
-        let before = ResourceCounts {
-            ctx: idle.ctx + 1,
-            ..idle
-        };
-        wait_for_counts(DEVICE, before, Duration::from_secs(30)).map_err(|last| {
-            Error::Scenario(format!(
-                "before the QP step {DEVICE} holds {last:?}, expected {before:?}"
-            ))
-        })?;
+        // The earlier steps' native peers may still be releasing their objects (rxe frees
+        // them after the process is gone): wait for that first.
+        wait_idle(connected, Instant::now(), "before the QP step", &backend)?;
         let (scale, exchange) = super::qtest_qp_scale::run(
             &guest.ctx,
             settings.qps,
@@ -519,12 +516,8 @@ fn run_steps(
         println!("  ok: {} rows verified on one more QP", exchange.len());
         // Everything the step made is gone from the host again (the mappings: see
         // `direct_after_release`).
-        wait_for_counts(DEVICE, before, Duration::from_secs(30)).map_err(|last| {
-            Error::Scenario(format!(
-                "after the QP step {DEVICE} holds {last:?}, before it {before:?}"
-            ))
-        })?;
-        println!("  ok: {DEVICE} back to {before:?} after destroying them");
+        wait_idle(connected, Instant::now(), "after the QP step", &backend)?;
+        println!("  ok: {DEVICE} back to {connected:?} after destroying them");
         results.qp_scale = Some(scale);
         results.qp_scale_exchange = exchange;
     }
@@ -536,10 +529,6 @@ fn run_steps(
     // DISCARD_STATE path.)
     println!("== device reset in the middle of traffic, as a guest reboot does it");
     // QEMU stays connected, and the backend keeps the host context of the connection.
-    let connected = ResourceCounts {
-        ctx: idle.ctx + 1,
-        ..idle
-    };
     let reset = interrupt_traffic(
         &guest,
         binaries,
