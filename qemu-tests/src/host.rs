@@ -98,8 +98,25 @@ pub fn ensure_tools(tools: &[Tool]) -> Result<()> {
     Ok(())
 }
 
-/// `apt-get update` and `apt-get install --no-install-recommends PACKAGES` (as root).
+/// `apt-get update` and `apt-get install --no-install-recommends PACKAGES` (as root), one
+/// process of this harness at a time: parallel tests on a fresh machine would otherwise run
+/// apt-get at once and all but one fail on apt's locks. Other apt users are waited for too
+/// (`DPkg::Lock::Timeout`).
 pub fn apt_install(packages: &[&str]) -> Result<()> {
+    let lock_path = Path::new("/run/lock/vrdma-apt-get.lock");
+    let lock = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(lock_path)
+        .map_err(|source| Error::Io {
+            what: format!("opening {}", lock_path.display()),
+            source,
+        })?;
+    lock.lock().map_err(|source| Error::Io {
+        what: format!("locking {}", lock_path.display()),
+        source,
+    })?;
     log::info!("installing host packages: {}", packages.join(" "));
     run_checked(apt_get().arg("update"))?;
     run_checked(
@@ -112,8 +129,13 @@ pub fn apt_install(packages: &[&str]) -> Result<()> {
 
 fn apt_get() -> Command {
     let mut cmd = Command::new("apt-get");
-    cmd.env("DEBIAN_FRONTEND", "noninteractive")
-        .args(["-q", "-o", "Dpkg::Use-Pty=0"]);
+    cmd.env("DEBIAN_FRONTEND", "noninteractive").args([
+        "-q",
+        "-o",
+        "Dpkg::Use-Pty=0",
+        "-o",
+        "DPkg::Lock::Timeout=600",
+    ]);
     cmd
 }
 

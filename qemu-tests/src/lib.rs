@@ -25,6 +25,7 @@ pub mod scenarios;
 pub mod vm;
 pub mod vm_link;
 pub mod vm_pair;
+pub mod vm_snapshot;
 pub mod workspace;
 
 pub use error::{Error, Result};

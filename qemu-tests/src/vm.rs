@@ -17,6 +17,7 @@ use crate::error::{tail, Error, IoContext, Result};
 use crate::initramfs::{INIT_FAILED_MARKER, PROBE_MARKER, ROOT_TAG, RUN_DIR_IN_VM, RUN_TAG};
 use crate::rootfs::PreparedRoot;
 use crate::vm_link::{LinkEnd, LINK_NETDEV};
+use crate::vm_snapshot::Snapshot;
 
 /// How QEMU runs the guest CPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -351,10 +352,11 @@ pub fn run(root: &PreparedRoot, config: &VmConfig, command: &[String]) -> Result
     if command.is_empty() {
         return Err(Error::Usage("no command to run in the VM".into()));
     }
+    let snapshot = snapshot_of_target(config)?;
     let mut attempt = 1;
     loop {
         let run_dir = tempdir("run")?;
-        let outcome = run_in(root, config, command, &run_dir);
+        let outcome = run_in(root, config, command, &run_dir, snapshot.as_ref());
         let started = std::fs::read_to_string(run_dir.join("console.log"))
             .is_ok_and(|console| console.contains(COMMAND_STARTING));
         if let Err(e) = std::fs::remove_dir_all(&run_dir) {
@@ -375,19 +377,56 @@ pub fn run(root: &PreparedRoot, config: &VmConfig, command: &[String]) -> Result
     }
 }
 
+/// The snapshot of the cargo target directory holding this executable, when the VM sees it
+/// through a share: the binaries the VM runs, frozen against builds while it runs
+/// ([`crate::vm_snapshot`]).
+fn snapshot_of_target(config: &VmConfig) -> Result<Option<Snapshot>> {
+    let exe = std::env::current_exe().context(|| "locating this executable".into())?;
+    let Some(target) = find_target_dir(&exe) else {
+        return Ok(None);
+    };
+    if !config
+        .shares
+        .iter()
+        .any(|share| target.starts_with(&share.host_path))
+    {
+        return Ok(None);
+    }
+    let snapshot = Snapshot::take(&target)?;
+    match &snapshot {
+        Some(s) => log::info!(
+            "{SNAPSHOT_TAKEN} {} in {}",
+            target.display(),
+            s.dir.display()
+        ),
+        None => log::debug!("{} is read-only: shared as it is", target.display()),
+    }
+    Ok(snapshot)
+}
+
+/// Logged once the VM's binaries are frozen: a build may replace them from then on.
+pub const SNAPSHOT_TAKEN: &str = "the VM runs from a snapshot of";
+
 fn run_in(
     root: &PreparedRoot,
     config: &VmConfig,
     command: &[String],
     run_dir: &Path,
+    snapshot: Option<&Snapshot>,
 ) -> Result<RunOutcome> {
     let results_dir = run_dir.join("results");
     std::fs::create_dir_all(&results_dir).context(|| "creating results dir".into())?;
-    let mounts: String = config
+    // The snapshot is mounted last, over the target directory inside a share.
+    let exports: Vec<(&Path, &Path)> = config
         .shares
         .iter()
+        .map(|s| (s.host_path.as_path(), s.host_path.as_path()))
+        .chain(snapshot.map(|s| (s.dir.as_path(), s.target.as_path())))
+        .collect();
+    let mounts: String = exports
+        .iter()
         .enumerate()
-        .map(|(i, s)| format!("vrdma-share{i} {} ro,cache=loose\n", s.host_path.display()))
+        .map(|(i, (_, at))| format!("vrdma-share{i} {} ro,cache=loose\n", at.display()))
         .collect();
     write(run_dir.join("mounts"), mounts.as_bytes())?;
     write(
@@ -440,8 +479,8 @@ fn run_in(
     };
     add_9p(ROOT_TAG, &root.tree, true);
     add_9p(RUN_TAG, run_dir, false);
-    for (i, share) in config.shares.iter().enumerate() {
-        add_9p(&format!("vrdma-share{i}"), &share.host_path, true);
+    for (i, (source, _)) in exports.iter().enumerate() {
+        add_9p(&format!("vrdma-share{i}"), source, true);
     }
     if let Some(link) = &config.link {
         cmd.args(link.qemu_args());

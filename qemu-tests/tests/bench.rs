@@ -49,10 +49,7 @@ fn quick_bench_measures_every_row_on_both_sides() {
             ["native", "vrdma"],
             "{what}: one round, native first"
         );
-        assert!(
-            row.runs.iter().all(|r| r.measurement.is_plausible()),
-            "{what}"
-        );
+        assert!(row.runs.iter().all(|r| r.measurement.completed()), "{what}");
         assert_eq!(row.unit, row.tool.headline_unit());
     }
 
@@ -173,9 +170,6 @@ fn check_comparison(
         assert_ratio(row.ratio, row.vrdma.median, row.native.median, &what);
         let labels: Vec<&str> = row.runs.iter().map(|r| r.label.as_str()).collect();
         assert_eq!(labels, ["vrdma", label], "{what}");
-        assert!(
-            row.runs.iter().all(|r| r.measurement.is_plausible()),
-            "{what}"
-        );
+        assert!(row.runs.iter().all(|r| r.measurement.completed()), "{what}");
     }
 }

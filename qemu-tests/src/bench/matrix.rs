@@ -184,6 +184,8 @@ pub fn summarize(
             .iter()
             .filter(|r| r.label == label)
             .map(|r| r.measurement.headline())
+            // An untimed run (reported in the run list) has no figure to summarize.
+            .filter(|v| v.is_finite())
             .collect();
         Summary::of(&values).ok_or_else(|| {
             Error::Scenario(format!(
@@ -255,13 +257,13 @@ mod tests {
             size: 2,
             iterations: 1000,
             measurement: Measurement::Latency {
-                min_us: 1.0,
-                max_us: 100.0,
                 typical_us,
                 avg_us: typical_us,
-                stdev_us: 1.0,
-                p99_us: 90.0,
-                p99_9_us: 99.0,
+                min_us: Some(1.0),
+                max_us: Some(100.0),
+                stdev_us: Some(1.0),
+                p99_us: Some(90.0),
+                p99_9_us: Some(99.0),
             },
         }
     }

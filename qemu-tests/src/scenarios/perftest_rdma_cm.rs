@@ -155,7 +155,11 @@ pub fn render_table(runs: &[CmRun]) -> String {
                 r.tool.command(),
                 r.server.as_str(),
                 r.client.as_str(),
-                format!("{:.2} {}", r.measurement.headline(), r.tool.headline_unit()),
+                format!(
+                    "{} {}",
+                    r.measurement.headline_text(),
+                    r.tool.headline_unit()
+                ),
             )
         }),
     )

@@ -32,7 +32,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::inside::ResourceCounts;
-use crate::perftest::{Case, Measurement, Row, Tool};
+use crate::perftest::{Case, Row, Tool};
 
 /// One TCP exchange carried over a virtio-serial port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -295,11 +295,6 @@ pub fn render_columns(rows: &[Comparison], columns: (&str, &str)) -> String {
         "{:<14} {:>8} {:>6} {:>11} {:>12} {:>12} {:>7}",
         "tool", "size", "iters", "unit", columns.0, columns.1, "ratio"
     );
-    // An untimed run (perftest's clock calibration failed under TCG) shows as such.
-    let figure = |m: &Measurement, value: f64| match m {
-        Measurement::Untimed => "untimed".to_string(),
-        _ => format!("{value:.2}"),
-    };
     for row in rows {
         let tool = row.native.tool;
         let _ = writeln!(
@@ -309,8 +304,9 @@ pub fn render_columns(rows: &[Comparison], columns: (&str, &str)) -> String {
             row.native.size,
             row.native.iterations,
             tool.headline_unit(),
-            figure(&row.native.measurement, row.native.measurement.headline()),
-            figure(&row.vrdma.measurement, row.vrdma.measurement.headline()),
+            // An untimed run (a figure perftest could not give) shows as such.
+            row.native.measurement.headline_text(),
+            row.vrdma.measurement.headline_text(),
             format!("{:.2}", row.ratio())
         );
     }
@@ -365,6 +361,7 @@ pub fn chardev_path(dir: &Path, name: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::perftest::Measurement;
 
     #[test]
     fn the_guest_gets_shared_ram_the_device_and_a_port_per_link() {
@@ -403,19 +400,19 @@ mod tests {
             iterations: 1,
             measurement: if tool == Tool::IbSendLat {
                 Measurement::Latency {
-                    min_us: value,
-                    max_us: value,
                     typical_us: value,
                     avg_us: value,
-                    stdev_us: 0.0,
-                    p99_us: value,
-                    p99_9_us: value,
+                    min_us: Some(value),
+                    max_us: None,
+                    stdev_us: None,
+                    p99_us: None,
+                    p99_9_us: None,
                 }
             } else {
                 Measurement::Bandwidth {
-                    peak_mib_s: value,
                     avg_mib_s: value,
-                    msg_rate_mpps: 1.0,
+                    peak_mib_s: None,
+                    msg_rate_mpps: None,
                 }
             },
         };

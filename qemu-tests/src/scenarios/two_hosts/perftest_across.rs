@@ -232,7 +232,7 @@ pub fn render(records: &[PerftestRecord]) -> String {
         let Some(row) = &record.row else { continue };
         let headline = row.measurement.headline();
         let figure = match row.measurement {
-            Measurement::Untimed => "untimed".to_string(),
+            Measurement::Untimed { .. } => "untimed".to_string(),
             _ => format!("{headline:.2} {}", record.case.tool.headline_unit()),
         };
         let ratio = native(&record.case)
