@@ -182,6 +182,17 @@ pub struct RunOutcome {
     pub elapsed: Duration,
 }
 
+/// How long a VM run may take unless told otherwise: a hang bound.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// `$VRDMA_VM_TIMEOUT` in seconds, if set to a number.
+pub fn timeout_from_env() -> Option<Duration> {
+    std::env::var("VRDMA_VM_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map(Duration::from_secs)
+}
+
 /// Variables passed from the host into the VM's command when set.
 const FORWARDED_ENV: &[&str] = &["RUST_LOG", "RUST_BACKTRACE", "CI"];
 
@@ -202,12 +213,7 @@ impl VmConfig {
             accel,
             cpus,
             memory_mib: 4096,
-            timeout: Duration::from_secs(
-                std::env::var("VRDMA_VM_TIMEOUT")
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(1800),
-            ),
+            timeout: timeout_from_env().unwrap_or(DEFAULT_TIMEOUT),
             shares: shares_for(default_share_paths(&cwd)),
             env,
             cwd,

@@ -28,6 +28,9 @@ pub enum Destination {
     Tenant(TenantId),
 }
 
+/// QP numbers 0 (SMI) and 1 (GSI): the host device's management QPs.
+const MANAGEMENT_QPN_LAST: u32 = 1;
+
 /// The daemon-wide table of tenant addresses and QP numbers.
 #[derive(Debug, Default)]
 pub struct LocalEndpoints {
@@ -38,7 +41,16 @@ pub struct LocalEndpoints {
 struct Table {
     next_tenant: TenantId,
     addresses: HashMap<[u8; 16], TenantId>,
-    qpns: HashMap<u32, TenantId>,
+    qpns: HashMap<u32, Holder>,
+    next_claim: u64,
+}
+
+/// Who holds a QP number: the tenant, and which claim (a number the host freed and gave to
+/// another QP is claimed anew; only the newest claim may give it back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Holder {
+    tenant: TenantId,
+    claim: u64,
 }
 
 impl LocalEndpoints {
@@ -90,28 +102,45 @@ impl LocalEndpoints {
 
     /// Whether a QP or UD send may aim at QP number `qpn` through `destination`: through a
     /// tenant's address only that tenant's QPs, through the host's own addresses only QPs
-    /// that are no tenant's; remote destinations are another host's business.
+    /// that are no tenant's, and through neither QP 0 or 1 (the host's management QPs: its
+    /// one ib_cm and MAD agents serve every tenant, and a guest's connection manager runs
+    /// through the device's CM commands, never by MADs of its own); remote destinations are
+    /// another host's business.
     pub fn allows(&self, destination: Destination, qpn: u32) -> bool {
+        if destination != Destination::Remote && qpn <= MANAGEMENT_QPN_LAST {
+            return false;
+        }
         let owner = match destination {
             Destination::Remote => return true,
             Destination::Host => None,
             Destination::Tenant(tenant) => Some(tenant),
         };
-        self.read().qpns.get(&qpn).copied() == owner
+        self.read().qpns.get(&qpn).map(|holder| holder.tenant) == owner
     }
 
     /// Every claimed QP number and its tenant, in order (for audits: the claims must be
     /// exactly the tenants' live QPs).
     pub fn qpn_owners(&self) -> std::collections::BTreeMap<u32, TenantId> {
-        self.read().qpns.iter().map(|(&qpn, &t)| (qpn, t)).collect()
+        self.read()
+            .qpns
+            .iter()
+            .map(|(&qpn, holder)| (qpn, holder.tenant))
+            .collect()
     }
 
-    /// Records that `tenant` owns QP number `qpn` until the returned claim is dropped.
+    /// Records that `tenant` owns QP number `qpn` until the returned claim is dropped. The
+    /// host gives a number out again once the QP holding it is destroyed, which may be before
+    /// that QP's claim is dropped: the new claim then takes the number over, and the old one,
+    /// when dropped, leaves it to the new.
     pub fn claim_qpn(self: &Arc<Self>, tenant: TenantId, qpn: u32) -> QpnClaim {
-        self.write().qpns.insert(qpn, tenant);
+        let mut table = self.write();
+        let claim = table.next_claim;
+        table.next_claim += 1;
+        table.qpns.insert(qpn, Holder { tenant, claim });
         QpnClaim {
             endpoints: Arc::clone(self),
             qpn,
+            claim,
         }
     }
 }
@@ -148,11 +177,17 @@ impl TenantLink {
 pub struct QpnClaim {
     endpoints: Arc<LocalEndpoints>,
     qpn: u32,
+    claim: u64,
 }
 
 impl Drop for QpnClaim {
     fn drop(&mut self) {
-        self.endpoints.write().qpns.remove(&self.qpn);
+        let mut table = self.endpoints.write();
+        // Only this claim's own hold: a newer claim of the number (the host reused it for
+        // another QP, perhaps another tenant's) stays.
+        if table.qpns.get(&self.qpn).map(|holder| holder.claim) == Some(self.claim) {
+            table.qpns.remove(&self.qpn);
+        }
     }
 }
 
@@ -194,6 +229,48 @@ mod tests {
         let remote = endpoints.classify(&A, false);
         assert_eq!(remote, Destination::Remote);
         assert!(endpoints.allows(remote, 0x11) && endpoints.allows(remote, 0x99));
+    }
+
+    #[test]
+    fn a_claim_dropped_after_its_number_was_reused_leaves_the_new_claim() {
+        // The host destroyed A's QP 0x11 and gave the number to B's new QP before A's claim
+        // went (the claim is dropped after the host destroy and the unmap round trip).
+        let endpoints = LocalEndpoints::new();
+        let (a, b) = (endpoints.add_tenant([A]), endpoints.add_tenant([B]));
+        let old = endpoints.claim_qpn(a, 0x11);
+        let new = endpoints.claim_qpn(b, 0x11);
+        drop(old);
+        let host = endpoints.classify(&HOST, true);
+        assert!(
+            !endpoints.allows(host, 0x11),
+            "B's QP must not become reachable through the host's addresses"
+        );
+        assert!(!endpoints.allows(endpoints.classify(&A, true), 0x11));
+        assert!(endpoints.allows(endpoints.classify(&B, true), 0x11));
+        assert_eq!(endpoints.qpn_owners().get(&0x11), Some(&b));
+        drop(new);
+        assert!(endpoints.allows(host, 0x11));
+        assert!(endpoints.qpn_owners().is_empty());
+    }
+
+    #[test]
+    fn management_qps_are_reachable_through_no_local_address() {
+        let endpoints = LocalEndpoints::new();
+        endpoints.add_tenant([A]);
+        for destination in [
+            endpoints.classify(&HOST, true),
+            endpoints.classify(&A, true),
+        ] {
+            for qpn in [0, 1] {
+                assert!(!endpoints.allows(destination, qpn), "{destination:?} {qpn}");
+            }
+            assert_eq!(
+                destination == Destination::Host,
+                endpoints.allows(destination, 2)
+            );
+        }
+        // Another machine's GSI is that machine's business.
+        assert!(endpoints.allows(endpoints.classify(&A, false), 1));
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub fn run_suite(
         .parent()
         .ok_or_else(|| Error::Usage("the root file system has no parent directory".into()))?
         .to_path_buf();
-    let mut config = vm_args.config(&root)?;
+    let mut config = vm_args.config_lasting(&root, real_guest::RXE_VM_TIMEOUT)?;
     let mut shares: Vec<PathBuf> = config.shares.drain(..).map(|s| s.host_path).collect();
     shares.push(root_dir.clone());
     config.shares = shares_for(shares);
@@ -137,7 +137,7 @@ pub fn guest(native: PathBuf, root_dir: PathBuf, library_dir: PathBuf, reboot: b
         library_dir,
         iters: if nested_tcg { 5 } else { 50 },
         reboot,
-        timeout: Duration::from_secs(3000),
+        timeout: real_guest::GUEST_TIMEOUT,
     };
     let report = real_guest::host::run(&binaries, &settings)?;
     deliver_results("real-guest", &report, || {

@@ -5,11 +5,12 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::rootfs::PreparedRoot;
-use crate::vm::{shares_for, Accel, VmConfig};
+use crate::vm::{shares_for, timeout_from_env, Accel, VmConfig, DEFAULT_TIMEOUT};
 
 #[derive(clap::Args)]
 pub struct VmArgs {
-    /// Give up after this many seconds [default: $VRDMA_VM_TIMEOUT or 1800].
+    /// Give up after this many seconds [default: $VRDMA_VM_TIMEOUT, or 1800; 3900 for the
+    /// real guest, whose nested guest may take 3000].
     #[arg(long)]
     timeout: Option<u64>,
     /// Guest memory in MiB.
@@ -27,7 +28,14 @@ pub struct VmArgs {
 impl VmArgs {
     /// The configuration of a VM booting `root`: this host's defaults, with these options.
     pub fn config(&self, root: &PreparedRoot) -> Result<VmConfig> {
+        self.config_lasting(root, DEFAULT_TIMEOUT)
+    }
+
+    /// [`VmArgs::config`] of a VM whose run may take up to `default` when neither
+    /// `--timeout` nor `$VRDMA_VM_TIMEOUT` says otherwise.
+    pub fn config_lasting(&self, root: &PreparedRoot, default: Duration) -> Result<VmConfig> {
         let mut config = VmConfig::for_host(Accel::choose(root)?)?;
+        config.timeout = timeout_from_env().unwrap_or(default);
         if let Some(secs) = self.timeout {
             config.timeout = Duration::from_secs(secs);
         }

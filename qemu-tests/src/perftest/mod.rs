@@ -235,6 +235,30 @@ pub fn as_user(uid: u32, gid: u32, program: impl AsRef<std::ffi::OsStr>) -> Comm
     cmd
 }
 
+/// The row of `case` from its client's `output`, labelled `label`. A run is judged by what
+/// it did, not by perftest's statistics: an error when perftest printed no result table or
+/// reports another message size or iteration count than `case` asked for; a missing figure
+/// makes the row untimed ([`Measurement::Untimed`]), not an error.
+pub fn read_row(case: &Case, label: &str, output: &str) -> Result<Row> {
+    let (size, iterations, measurement) = parse(case.tool, output)?;
+    if size != case.size || iterations != u64::from(case.iterations) {
+        return Err(Error::Perftest(format!(
+            "{} ran {iterations} iterations of {size} B, not {} of {} B:\n{}",
+            case.tool.command(),
+            case.iterations,
+            case.size,
+            crate::error::tail(output, 10)
+        )));
+    }
+    Ok(Row {
+        label: label.into(),
+        tool: case.tool,
+        size,
+        iterations,
+        measurement,
+    })
+}
+
 /// Runs `case` with a server on `server` and a client on `client`, both on this machine.
 ///
 /// A run that succeeds but reports implausible figures is measured again, up to
@@ -284,14 +308,7 @@ fn run_case_once(case: &Case, server: &Side, client: &Side, port: u16) -> Result
                 Error::Perftest(format!("starting {} client: {e}", case.tool.command()))
             })?;
         let client_out = finish(client_child, timeout, "client", case)?;
-        let (bytes, iterations, measurement) = parse(case.tool, &client_out)?;
-        Ok(Row {
-            label: client.label.clone(),
-            tool: case.tool,
-            size: bytes,
-            iterations,
-            measurement,
-        })
+        read_row(case, &client.label, &client_out)
     })();
     let server_out = finish(server_child, Duration::from_secs(30), "server", case);
     match (result, server_out) {
@@ -385,6 +402,28 @@ mod tests {
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
         assert_eq!(args[..2], ["-d", DROPIN_DEVICE]);
+    }
+
+    #[test]
+    fn rows_of_another_size_or_iteration_count_are_errors() {
+        let output = "\
+ #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]
+ 65536      300              35.12              33.60                0.000538
+";
+        let case = BASELINE[3];
+        assert_eq!((case.size, case.iterations), (65536, 300));
+        let row = read_row(&case, "native", output).unwrap();
+        assert_eq!((row.label.as_str(), row.tool), ("native", Tool::IbWriteBw));
+        let fewer = output.replace(" 300 ", " 299 ");
+        assert!(read_row(&case, "native", &fewer).is_err());
+        let smaller = output.replace(" 65536 ", " 65535 ");
+        assert!(read_row(&case, "native", &smaller).is_err());
+        // Statistics perftest could not give do not fail the run.
+        let nan = output.replace("33.60", "-nan");
+        assert!(read_row(&case, "native", &nan)
+            .unwrap()
+            .measurement
+            .is_untimed());
     }
 
     #[test]

@@ -26,7 +26,7 @@ use super::perftest_over_vrdma::CONNECT_AFTER_LISTEN;
 use super::rdmacm_utils::{link_local_address, sessions_opened, wait_cm_listening};
 use crate::error::{Error, Result};
 use crate::inside::{Proc, DEVICE};
-use crate::perftest::{parse, Case, Measurement, Side, Tool};
+use crate::perftest::{read_row, Case, Measurement, Side, Tool};
 
 /// The cases: sends, RDMA reads (the connection's responder resources at work) and a latency
 /// tool.
@@ -142,8 +142,7 @@ fn run_once(
     let mut client_proc = Proc::spawn(&name("client"), &mut client_cmd)?;
     client_proc.wait_success(timeout)?;
     server_proc.wait_success(timeout)?;
-    let (_, _, measurement) = parse(case.tool, &client_proc.output())?;
-    Ok(measurement)
+    Ok(read_row(case, &client.label, &client_proc.output())?.measurement)
 }
 
 /// A fixed-width table of the runs.

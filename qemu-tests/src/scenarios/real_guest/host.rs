@@ -251,14 +251,7 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
         .zip(labels)
     {
         client.wait_success(Duration::from_secs(60))?;
-        let (size, iterations, measurement) = perftest::parse(case.tool, &client.output())?;
-        guest_rows.push(perftest::Row {
-            label: label.into(),
-            tool: case.tool,
-            size,
-            iterations,
-            measurement,
-        });
+        guest_rows.push(perftest::read_row(case, label, &client.output())?);
     }
     if let Some(server) = &mut requests.after_server {
         server.wait_success(Duration::from_secs(60))?;

@@ -45,6 +45,14 @@ pub struct Link {
 
 /// The serial port of the guest's requests to the host side.
 pub const CONTROL_PORT: &str = "vrdma-ctl";
+
+/// How long the guest may take, both boots included: a hang bound, not a performance one
+/// (under nested TCG here the guest took 10 to 30 minutes, its boots 3 to 12 of them).
+pub const GUEST_TIMEOUT: Duration = Duration::from_secs(3000);
+
+/// How long the rxe VM around the guest may take by default: the guest's bound, and the
+/// native runs and releases before and after it.
+pub const RXE_VM_TIMEOUT: Duration = Duration::from_secs(GUEST_TIMEOUT.as_secs() + 900);
 /// `vrdma-pingpong --pci` against the native server.
 pub const PINGPONG: Link = Link {
     serial: "vrdma-pp",

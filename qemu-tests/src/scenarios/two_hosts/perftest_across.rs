@@ -188,21 +188,16 @@ fn run_one(
             let server = host.peer().scoped_address();
             let mut client = Proc::spawn(&name, &mut side.client_command(case, port, &server))?;
             client.wait_success(RUN_TIMEOUT)?;
-            let (size, iterations, measurement) = perftest::parse(case.tool, &client.output())?;
-            if !measurement.completed() {
+            let row = perftest::read_row(case, which.name(), &client.output())?;
+            if !row.measurement.completed() {
                 return Err(Error::Perftest(format!(
-                    "{} across the link reported {measurement:?}:\n{}",
+                    "{} across the link reported {:?}:\n{}",
                     case.tool.command(),
+                    row.measurement,
                     client.output()
                 )));
             }
-            Some(perftest::Row {
-                label: which.name().into(),
-                tool: case.tool,
-                size,
-                iterations,
-                measurement,
-            })
+            Some(row)
         }
     };
     Ok(PerftestRecord {
