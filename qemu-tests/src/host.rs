@@ -103,12 +103,17 @@ pub fn ensure_tools(tools: &[Tool]) -> Result<()> {
 /// apt-get at once and all but one fail on apt's locks. Other apt users are waited for too
 /// (`DPkg::Lock::Timeout`).
 pub fn apt_install(packages: &[&str]) -> Result<()> {
-    let lock_path = Path::new("/run/lock/vrdma-apt-get.lock");
+    let lock_dir = Path::new("/run/lock");
+    let lock_path = if lock_dir.is_dir() {
+        lock_dir.join("vrdma-apt-get.lock")
+    } else {
+        std::env::temp_dir().join("vrdma-apt-get.lock")
+    };
     let lock = std::fs::File::options()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(lock_path)
+        .open(&lock_path)
         .map_err(|source| Error::Io {
             what: format!("opening {}", lock_path.display()),
             source,

@@ -46,16 +46,30 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Freezes `target`, or `None` when `target` is on a read-only file system (nothing can
-    /// replace its files). Snapshots left by processes that are gone are removed first.
+    /// replace its files) or this process may not write there (then the VM sees the target
+    /// directory itself, as before snapshots, and a warning says so). Snapshots left by
+    /// processes that are gone are removed first.
     pub fn take(target: &Path) -> Result<Option<Snapshot>> {
         let parent = target.join(SNAPSHOTS_DIR);
-        match std::fs::create_dir_all(&parent) {
-            Ok(()) => {}
+        let unwritable =
+            |e: &std::io::Error| matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM));
+        let made = std::fs::create_dir_all(&parent).and_then(|()| {
+            remove_abandoned(&parent);
+            unique_dir(&parent)
+        });
+        let dir = match made {
+            Ok(dir) => dir,
             Err(e) if e.raw_os_error() == Some(libc::EROFS) => return Ok(None),
+            Err(e) if unwritable(&e) => {
+                log::warn!(
+                    "cannot snapshot {} ({e}): the VM sees it as it is, and a build there \
+                     while it runs can crash it",
+                    target.display()
+                );
+                return Ok(None);
+            }
             Err(e) => return Err(io_error(&parent, "creating", e)),
-        }
-        remove_abandoned(&parent);
-        let dir = unique_dir(&parent)?;
+        };
         let snapshot = Snapshot {
             target: target.to_path_buf(),
             dir,
@@ -75,13 +89,13 @@ impl Drop for Snapshot {
 }
 
 /// A directory `<pid>-<n>` under `parent` that did not exist.
-fn unique_dir(parent: &Path) -> Result<PathBuf> {
-    for n in 0.. {
+fn unique_dir(parent: &Path) -> std::io::Result<PathBuf> {
+    for n in 0u32.. {
         let dir = parent.join(format!("{}-{n}", std::process::id()));
         match std::fs::create_dir(&dir) {
             Ok(()) => return Ok(dir),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(io_error(&dir, "creating", e)),
+            Err(e) => return Err(e),
         }
     }
     unreachable!("u32 names run out")
@@ -109,31 +123,42 @@ fn remove_abandoned(parent: &Path) {
 
 /// Links every runnable file under `from` into `to`, keeping the tree and its symbolic links
 /// (whose targets stay as they are: an absolute one into the target directory resolves into the
-/// snapshot in the VM, which mounts it at the target directory's path).
+/// snapshot in the VM, which mounts it at the target directory's path). An entry that is gone
+/// by the time it is linked (a build running now removes its temporary files) is left out.
 fn freeze(from: &Path, to: &Path) -> Result<()> {
-    let entries = std::fs::read_dir(from).map_err(|e| io_error(from, "listing", e))?;
+    let entries = match std::fs::read_dir(from) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_error(from, "listing", e)),
+    };
     for entry in entries {
         let entry = entry.map_err(|e| io_error(from, "listing", e))?;
         let name = entry.file_name();
         let (source, dest) = (entry.path(), to.join(&name));
-        let kind = entry
-            .file_type()
-            .map_err(|e| io_error(&source, "reading", e))?;
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
         if kind.is_dir() {
             if SKIPPED_DIRS.iter().any(|d| name == *d) {
                 continue;
             }
             std::fs::create_dir(&dest).map_err(|e| io_error(&dest, "creating", e))?;
             freeze(&source, &dest)?;
-        } else if kind.is_symlink() {
-            let link = std::fs::read_link(&source).map_err(|e| io_error(&source, "reading", e))?;
-            std::os::unix::fs::symlink(&link, &dest).map_err(|e| io_error(&dest, "linking", e))?;
-        } else if kind.is_file()
-            && !skipped_file(&source)
-            && std::fs::hard_link(&source, &dest).is_err()
-        {
-            // Another file system (a target directory on a bind mount, say): a copy.
-            std::fs::copy(&source, &dest).map_err(|e| io_error(&source, "copying", e))?;
+            continue;
+        }
+        let linked = if kind.is_symlink() {
+            std::fs::read_link(&source).and_then(|link| std::os::unix::fs::symlink(link, &dest))
+        } else if kind.is_file() && !skipped_file(&source) {
+            // A copy where a link cannot be made (a target directory on a bind mount, say).
+            std::fs::hard_link(&source, &dest).or_else(|_| std::fs::copy(&source, &dest).map(drop))
+        } else {
+            Ok(())
+        };
+        match linked {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                log::debug!("{} went while it was frozen: left out", source.display());
+            }
+            result => result.map_err(|e| io_error(&source, "freezing", e))?,
         }
     }
     Ok(())

@@ -74,6 +74,8 @@ fn files_replaced_in_the_target_directory_while_a_vm_runs_do_not_reach_it() {
     );
     let mut child = Command::new(exe)
         .args(["run", "--timeout", "300", "--", "sh", "-c", &script])
+        // The test waits for an info line.
+        .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -44,7 +44,10 @@ pub enum Measurement {
     /// against gettimeofday that must reach r² ≥ 0.9) failed, which happens at random under TCG
     /// when the process is preempted while it samples: it then uses a clock rate of 0, every
     /// latency comes out `inf`, every bandwidth and message rate exactly 0.
-    Untimed { reason: String },
+    Untimed {
+        #[serde(default)]
+        reason: String,
+    },
 }
 
 /// The reason of an untimed row whose clock calibration failed.
