@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use super::Tool;
+use super::tool::Tool;
 use crate::error::{Error, Result};
 
 /// What perftest reported for one case.
