@@ -2,5 +2,6 @@
 //! that they can be fuzzed on their own (`guest-driver/fuzz`, target `agent_commands`); the
 //! agent itself is the `vrdma-guestd` binary.
 
+pub mod cm_events;
 pub mod ownership;
 pub mod translate;

@@ -21,8 +21,9 @@
 
 use std::collections::HashMap;
 
-use vrdma_spec::control::ControlResponse;
+use vrdma_spec::control::{CmRequest, CmResponseBody, ControlResponse};
 use vrdma_spec::wire::HandleReq;
+use vrdma_spec::Le32;
 use vrdma_spec::{ControlRequest, DecodeError, Opcode, ResponseBody, Status, StatusError};
 
 #[cfg(test)]
@@ -48,11 +49,13 @@ pub enum ObjectKind {
     Srq,
     /// Address handle.
     Ah,
+    /// Connection-manager id.
+    CmId,
 }
 
 impl ObjectKind {
     /// Every kind.
-    pub const ALL: [ObjectKind; 7] = [
+    pub const ALL: [ObjectKind; 8] = [
         ObjectKind::Pd,
         ObjectKind::Mr,
         ObjectKind::Mw,
@@ -60,13 +63,16 @@ impl ObjectKind {
         ObjectKind::Qp,
         ObjectKind::Srq,
         ObjectKind::Ah,
+        ObjectKind::CmId,
     ];
 
     /// Every kind, in the order that destroys a client's objects without `BUSY` (spec §11.1):
-    /// windows first (a bound window holds its MR and, type 2, its QP), then QPs (they hold
+    /// connection-manager ids first (an id holds the QP it connected; destroying it ends the
+    /// connection before the QP goes, as the kernel's rdma_cm does at exit), then windows (a bound window holds its MR and, type 2, its QP), then QPs (they hold
     /// their CQs, SRQ and PD), SRQs, CQs, AHs, MRs, and PDs last (every other object but a
     /// CQ holds one).
-    pub const RELEASE_ORDER: [ObjectKind; 7] = [
+    pub const RELEASE_ORDER: [ObjectKind; 8] = [
+        ObjectKind::CmId,
         ObjectKind::Mw,
         ObjectKind::Qp,
         ObjectKind::Srq,
@@ -105,7 +111,7 @@ pub enum Refusal {
     /// A command only the agent itself may send (it affects the whole device).
     #[error("{} is reserved to the agent", .0.name())]
     AgentOnly(Opcode),
-    /// A command the agent does not serve (the connection manager, for now).
+    /// A command the agent does not serve.
     #[error("{} is not served through the agent", .0.name())]
     Unsupported(Opcode),
     /// The request does not decode.
@@ -128,7 +134,6 @@ impl Refusal {
 fn refuse_opcode(op: Opcode) -> Option<Refusal> {
     match op {
         Opcode::SetDoorbellArea | Opcode::DiscardState => Some(Refusal::AgentOnly(op)),
-        op if op.is_cm() => Some(Refusal::Unsupported(op)),
         _ => None,
     }
 }
@@ -193,9 +198,8 @@ pub fn plan_of(req: &ControlRequest<'_>) -> Result<CommandPlan, Refusal> {
         | ControlRequest::QueryGid(_)
         | ControlRequest::QueryPkey(_)
         | ControlRequest::QueryGidTable(_) => {}
-        ControlRequest::SetDoorbellArea(_)
-        | ControlRequest::DiscardState
-        | ControlRequest::Cm(_) => {
+        ControlRequest::Cm(cm) => plan_cm(&mut plan, cm),
+        ControlRequest::SetDoorbellArea(_) | ControlRequest::DiscardState => {
             // Refused above by opcode; kept here so that the match stays exhaustive.
             return Err(refuse_opcode(opcode).unwrap_or(Refusal::Unsupported(opcode)));
         }
@@ -261,6 +265,42 @@ pub fn plan_of(req: &ControlRequest<'_>) -> Result<CommandPlan, Refusal> {
     Ok(plan)
 }
 
+/// What a connection-manager request names, creates and destroys. CM_GET_EVENT names nothing:
+/// the device's events are of every process, so the agent answers it from the caller's own
+/// events and never forwards it.
+fn plan_cm(plan: &mut CommandPlan, req: &CmRequest) {
+    use ObjectKind::{CmId, Qp};
+    let id = |plan: &mut CommandPlan, id: &Le32| plan.names.push((CmId, id.get()));
+    match req {
+        CmRequest::CreateId(_) => plan.creates = Some(CmId),
+        CmRequest::DestroyId(r) => {
+            plan.names.push((CmId, r.handle.get()));
+            plan.destroys = Some((CmId, r.handle.get()));
+        }
+        CmRequest::Disconnect(r) | CmRequest::QueryAddr(r) => id(plan, &r.handle),
+        CmRequest::Bind(r) => id(plan, &r.id),
+        CmRequest::ResolveAddr(r) => id(plan, &r.id),
+        CmRequest::ResolveRoute(r) => id(plan, &r.id),
+        CmRequest::Listen(r) => id(plan, &r.id),
+        CmRequest::Reject(r) => id(plan, &r.id),
+        CmRequest::InitQpAttr(r) => id(plan, &r.id),
+        CmRequest::SetOption(r) => id(plan, &r.id),
+        CmRequest::Notify(r) => id(plan, &r.id),
+        CmRequest::Connect(r) => {
+            id(plan, &r.id);
+            plan.names.push((Qp, r.qp.get()));
+        }
+        CmRequest::Accept(r) => {
+            id(plan, &r.id);
+            // QP 0: establish the connection CM_CONNECT set up with its QP.
+            if r.qp.get() != 0 {
+                plan.names.push((Qp, r.qp.get()));
+            }
+        }
+        CmRequest::GetEvent => {}
+    }
+}
+
 /// True if `response` is a well-formed success response to a request with `opcode`.
 pub fn succeeded(opcode: Opcode, response: &[u8]) -> bool {
     matches!(
@@ -283,6 +323,7 @@ pub fn created_handle(kind: ObjectKind, opcode: Opcode, response: &[u8]) -> Opti
         (ObjectKind::Qp, ResponseBody::CreateQp(b)) => b.qp.get(),
         (ObjectKind::Srq, ResponseBody::CreateSrq(b)) => b.srq.get(),
         (ObjectKind::Ah, ResponseBody::CreateAh(b)) => b.ah.get(),
+        (ObjectKind::CmId, ResponseBody::Cm(CmResponseBody::CreateId(b))) => b.handle.get(),
         _ => return None,
     };
     (handle != 0).then_some(handle)
@@ -305,6 +346,9 @@ pub struct Quotas {
     pub srqs: u32,
     /// Address handles.
     pub ahs: u32,
+    /// Connection-manager ids (a connect request's new id counts against its listener's
+    /// owner).
+    pub cm_ids: u32,
 }
 
 impl Quotas {
@@ -318,6 +362,7 @@ impl Quotas {
             ObjectKind::Qp => self.qps,
             ObjectKind::Srq => self.srqs,
             ObjectKind::Ah => self.ahs,
+            ObjectKind::CmId => self.cm_ids,
         }
     }
 }
@@ -332,12 +377,13 @@ impl Default for Quotas {
             qps: 4096,
             srqs: 1024,
             ahs: 4096,
+            cm_ids: 1024,
         }
     }
 }
 
 /// Live objects of one client, per kind (indexed by [`ObjectKind::index`]).
-type Counts = [usize; 7];
+type Counts = [usize; ObjectKind::ALL.len()];
 
 /// The agent-wide table of which client owns each live device object.
 #[derive(Debug)]
@@ -369,11 +415,17 @@ impl Ownership {
         {
             return Err(Status::BadHandle);
         }
-        if let Some(kind) = plan.creates {
-            let limit = usize::try_from(self.quotas.limit(kind)).unwrap_or(usize::MAX);
-            if self.count(client, kind) >= limit {
-                return Err(Status::Quota);
-            }
+        match plan.creates {
+            Some(kind) => self.within_quota(client, kind),
+            None => Ok(()),
+        }
+    }
+
+    /// `QUOTA` if `client` already has as many objects of `kind` as it may.
+    fn within_quota(&self, client: ClientId, kind: ObjectKind) -> Result<(), Status> {
+        let limit = usize::try_from(self.quotas.limit(kind)).unwrap_or(usize::MAX);
+        if self.count(client, kind) >= limit {
+            return Err(Status::Quota);
         }
         Ok(())
     }
@@ -406,6 +458,19 @@ impl Ownership {
                 None => log::warn!("destroyed {kind:?} {handle:#x} was not in the table"),
             }
         }
+    }
+
+    /// Records `handle` of `kind` as `client`'s although no command of it created it (a
+    /// connect request's new CM id is its listener owner's), within its quota (`QUOTA`).
+    pub fn adopt(&mut self, client: ClientId, kind: ObjectKind, handle: u32) -> Result<(), Status> {
+        self.within_quota(client, kind)?;
+        self.insert(client, kind, handle);
+        Ok(())
+    }
+
+    /// Forgets `handle` of `kind` (destroyed by the agent itself); returns its owner.
+    pub fn disown(&mut self, kind: ObjectKind, handle: u32) -> Option<ClientId> {
+        self.remove(kind, handle)
     }
 
     fn insert(&mut self, client: ClientId, kind: ObjectKind, handle: u32) {
@@ -466,6 +531,7 @@ impl Ownership {
             ObjectKind::Qp => ControlRequest::DestroyQp(r),
             ObjectKind::Srq => ControlRequest::DestroySrq(r),
             ObjectKind::Ah => ControlRequest::DestroyAh(r),
+            ObjectKind::CmId => ControlRequest::Cm(CmRequest::DestroyId(r)),
         }
         .to_vec()
     }
@@ -480,7 +546,7 @@ impl Ownership {
     }
 
     /// How many objects of each kind `client` owns (for logs).
-    pub fn counts(&self, client: ClientId) -> [(ObjectKind, usize); 7] {
+    pub fn counts(&self, client: ClientId) -> [(ObjectKind, usize); ObjectKind::ALL.len()] {
         ObjectKind::ALL.map(|kind| (kind, self.count(client, kind)))
     }
 

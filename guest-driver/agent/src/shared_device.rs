@@ -9,13 +9,15 @@
 //!   which it names by process addresses; the agent rewrites every address list into the
 //!   pinned pages' guest-physical addresses and refuses anything else ([`ProcessPages`]);
 //! - **events**: each event goes to the process owning its CQ, QP, SRQ or MR; port and device
-//!   events go to all.
+//!   events go to all;
+//! - **the connection manager**: CM ids are objects like the others; the agent fetches the
+//!   device's CM events itself and answers each process's CM_GET_EVENT from its own events
+//!   ([`CmEvents`]).
 //!
 //! What processes share, and so can disturb for each other (see the README): the queue region
 //! (the BAR every process maps: a process can write any process's rings) and the doorbell
 //! area (a process can ring any QP, or punch the area's page out of everyone's mappings).
-//! Memory windows (their keys are device-wide in rxe) and the connection manager (its events
-//! are per device) are not served here.
+//! Memory windows (their keys are device-wide in rxe) are not served here.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -34,17 +36,20 @@ use vrdma::transport::agent::protocol::{
 };
 use vrdma::transport::pci::{PciOptions, PciTransport, SysfsPciFunction};
 use vrdma::transport::{Transport, TransportError};
+use vrdma_spec::cm::CM_EVENT_NONE;
 use vrdma_spec::config::CONFIG_SIZE;
-use vrdma_spec::control::{HEADER_SIZE, MAX_RESPONSE_SIZE};
+use vrdma_spec::control::{CmRequest, CmResponseBody, HEADER_SIZE, MAX_CM_RESPONSE_SIZE};
 use vrdma_spec::event::{Subject, EVENT_SIZE};
-use vrdma_spec::features::{VRDMA_F_CM, VRDMA_F_MR_EXTENTS, VRDMA_F_MW};
+use vrdma_spec::features::{VRDMA_F_MR_EXTENTS, VRDMA_F_MW};
 use vrdma_spec::wire::SetDoorbellAreaReq;
 use vrdma_spec::{
     ControlRequest, ControlResponse, DeviceConfig, Event, EventType, Le32, Le64, Opcode,
+    ResponseBody,
 };
 
 use crate::pinned::PinnedMemory;
 use crate::session::{receive_hello, Peer, SessionError, POLL_SLICE};
+use vrdma_guestd::cm_events::{self, CmEvents, Routed};
 use vrdma_guestd::ownership::{
     self, ClientId, CommandPlan, ObjectKind, Ownership, Quotas, Refusal,
 };
@@ -54,7 +59,7 @@ use vrdma_guestd::translate::ProcessPages;
 const HUGEPAGE: usize = 2 << 20;
 
 /// Features the agent does not serve to its processes (see the module documentation).
-const NOT_SERVED: u64 = VRDMA_F_MW | VRDMA_F_CM;
+const NOT_SERVED: u64 = VRDMA_F_MW;
 
 /// What the shared device is opened with.
 #[derive(Clone, Debug)]
@@ -71,6 +76,8 @@ pub struct SharedOptions {
 pub struct SharedDevice {
     device: PciTransport,
     ownership: Mutex<Ownership>,
+    /// Every process's undelivered CM events (locked after `ownership` where both are).
+    cm_events: Mutex<CmEvents>,
     /// Each served process's end of its event socket, and how many events it missed.
     listeners: Mutex<HashMap<ClientId, EventListener>>,
     next_client: AtomicU64,
@@ -141,7 +148,7 @@ impl SharedDevice {
             reserved: Le32::ZERO,
         })
         .to_vec();
-        let mut response = [0u8; MAX_RESPONSE_SIZE];
+        let mut response = [0u8; MAX_CM_RESPONSE_SIZE];
         let used = device
             .execute(&request, &mut response)
             .map_err(|e| format!("SET_DOORBELL_AREA: {e}"))?;
@@ -156,6 +163,7 @@ impl SharedDevice {
             max_mr_pages: config.max_mr_pages.get(),
             device,
             ownership: Mutex::new(Ownership::new(options.quotas)),
+            cm_events: Mutex::new(CmEvents::new(CmEvents::limit_for(options.quotas.cm_ids))),
             listeners: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
             queue_region,
@@ -254,7 +262,7 @@ impl SharedDevice {
         pages: &ProcessPages,
     ) -> Result<(), SessionError> {
         let extents = self.device.device_features() & VRDMA_F_MR_EXTENTS != 0;
-        let mut response = vec![0u8; MAX_RESPONSE_SIZE];
+        let mut response = vec![0u8; MAX_CM_RESPONSE_SIZE];
         loop {
             let request = match Frame::receive(socket) {
                 Ok(Frame::Execute { request, .. }) => request,
@@ -300,16 +308,132 @@ impl SharedDevice {
             Err(status) => return refuse(status),
         };
         let to_device = rewritten.as_deref().unwrap_or(request);
+        let cm = match &decoded {
+            ControlRequest::Cm(CmRequest::GetEvent) => return Ok(self.next_cm_event(client)),
+            ControlRequest::Cm(cm) => Some(cm),
+            _ => None,
+        };
         // Held from the check to the record, so that no other process's command changes
         // ownership (or a quota) in between.
         let mut ownership = self.ownership.lock();
         if let Err(status) = ownership.check(client, &plan) {
             return refuse(status);
         }
+        if cm.is_some_and(cm_events::makes_events) {
+            if let Err(status) = self.cm_events.lock().admit(client) {
+                return refuse(status);
+            }
+        }
         let used = self.device.execute(to_device, response)?;
         let answer = &response[..used.min(response.len())];
         ownership.record(client, &plan, answer);
-        Ok(answer.to_vec())
+        match cm {
+            Some(CmRequest::DestroyId(r)) if ownership::succeeded(plan.opcode, answer) => {
+                Ok(self.cm_id_destroyed(&mut ownership, client, r.handle.get()))
+            }
+            _ => Ok(answer.to_vec()),
+        }
+    }
+
+    /// CM_GET_EVENT of `client`: its oldest undelivered event, or none.
+    fn next_cm_event(&self, client: ClientId) -> Vec<u8> {
+        let event = self.cm_events.lock().next_or_none(client);
+        ControlResponse::Ok(ResponseBody::Cm(CmResponseBody::GetEvent(event))).to_vec()
+    }
+
+    /// `client` destroyed its CM id `id`: the answer says how many of the id's events the
+    /// process received, and connect requests to it that it never saw end (their new ids are
+    /// destroyed, which rejects the peers).
+    fn cm_id_destroyed(&self, ownership: &mut Ownership, client: ClientId, id: u32) -> Vec<u8> {
+        let (delivered, orphans) = self.cm_events.lock().destroyed(client, id);
+        for orphan in orphans {
+            ownership.disown(ObjectKind::CmId, orphan);
+            if let Err(e) = self.destroy_on_device(ObjectKind::CmId, orphan) {
+                warn!("client {client}: destroying the unseen connect request {orphan}: {e}");
+            }
+        }
+        ControlResponse::Ok(ResponseBody::Cm(CmResponseBody::DestroyId(
+            vrdma_spec::cm::CmDestroyIdResp {
+                events_delivered: Le32::new(delivered),
+                reserved: Le32::ZERO,
+            },
+        )))
+        .to_vec()
+    }
+
+    /// Destroys `handle` of `kind` on the device (for the agent itself, never a process).
+    fn destroy_on_device(&self, kind: ObjectKind, handle: u32) -> Result<(), String> {
+        let request = Ownership::destroy_request(kind, handle);
+        let opcode = ownership::plan(&request)
+            .map(|p| p.opcode)
+            .map_err(|e| e.to_string())?;
+        let mut response = [0u8; HEADER_SIZE + 64];
+        let used = self
+            .device
+            .execute(&request, &mut response)
+            .map_err(|e| e.to_string())?;
+        ControlResponse::decode(opcode, &response[..used])
+            .map_err(|e| e.to_string())?
+            .into_result()
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Fetches every CM event the device holds and queues each for the process owning its id;
+    /// then tells those processes.
+    fn fetch_cm_events(&self) {
+        let request = ControlRequest::Cm(CmRequest::GetEvent).to_vec();
+        let mut response = vec![0u8; MAX_CM_RESPONSE_SIZE];
+        let mut told = Vec::new();
+        {
+            let mut ownership = self.ownership.lock();
+            let mut events = self.cm_events.lock();
+            loop {
+                let decoded = self
+                    .device
+                    .execute(&request, &mut response)
+                    .map_err(|e| e.to_string())
+                    .and_then(|used| {
+                        ControlResponse::decode(Opcode::CmGetEvent, &response[..used])
+                            .map_err(|e| e.to_string())
+                    });
+                let event = match decoded {
+                    Ok(ControlResponse::Ok(ResponseBody::Cm(CmResponseBody::GetEvent(e)))) => e,
+                    Ok(other) => {
+                        warn!("CM_GET_EVENT answered {other:?}");
+                        break;
+                    }
+                    Err(e) => {
+                        warn!("CM_GET_EVENT: {e}");
+                        break;
+                    }
+                };
+                if event.event.get() == CM_EVENT_NONE {
+                    break;
+                }
+                match events.route(&mut ownership, event) {
+                    Routed::Queued(client) => told.push((client, cm_events::notice(&event))),
+                    Routed::Refused(id) => {
+                        debug!("connect request {id} refused (no listener, or past a bound)");
+                        ownership.disown(ObjectKind::CmId, id);
+                        if let Err(e) = self.destroy_on_device(ObjectKind::CmId, id) {
+                            warn!("destroying the refused connect request {id}: {e}");
+                        }
+                    }
+                    Routed::Dropped => debug!(
+                        "CM event {} of id {} nobody owns dropped",
+                        event.event.get(),
+                        event.id.get()
+                    ),
+                }
+            }
+        }
+        let mut listeners = self.listeners.lock();
+        for (client, notice) in told {
+            if let Some(listener) = listeners.get_mut(&client) {
+                listener.deliver(&notice);
+            }
+        }
     }
 
     /// Destroys every object `client` left, in dependency order; true if all went.
@@ -320,29 +444,14 @@ impl SharedDevice {
             debug!("process {} left {:?}", peer.pid, ownership.counts(client));
         }
         let mut all_gone = true;
-        let mut response = [0u8; HEADER_SIZE + 64];
         for &(kind, handle) in &left {
-            let request = Ownership::destroy_request(kind, handle);
-            let destroyed = self
-                .device
-                .execute(&request, &mut response)
-                .map_err(|e| e.to_string())
-                .and_then(|used| {
-                    let opcode = ownership::plan(&request)
-                        .map(|p| p.opcode)
-                        .map_err(|e| e.to_string())?;
-                    ControlResponse::decode(opcode, &response[..used])
-                        .map_err(|e| e.to_string())?
-                        .into_result()
-                        .map(drop)
-                        .map_err(|e| e.to_string())
-                });
-            if let Err(e) = destroyed {
+            if let Err(e) = self.destroy_on_device(kind, handle) {
                 warn!("process {}: destroying {kind:?} {handle}: {e}", peer.pid);
                 all_gone &= kind != ObjectKind::Mr;
             }
         }
         ownership.forget_client(client);
+        self.cm_events.lock().forget(client);
         if !left.is_empty() {
             info!(
                 "process {}: released {} objects it left",
@@ -412,8 +521,15 @@ impl SharedDevice {
                 Subject::Srq => Some(ObjectKind::Srq),
                 Subject::Mr => Some(ObjectKind::Mr),
                 Subject::Port | Subject::Device => None,
-                Subject::CmId => continue,
+                Subject::CmId => {
+                    self.fetch_cm_events();
+                    continue;
+                }
             };
+            if event.event_type == EventType::EventsLost {
+                // CM_EVENT notices may be among the lost: the events wait on the device.
+                self.fetch_cm_events();
+            }
             let owner = owner_kind.map(|kind| self.ownership.lock().owner(kind, event.handle));
             let mut listeners = self.listeners.lock();
             for (client, listener) in listeners.iter_mut() {
@@ -496,7 +612,7 @@ mod tests {
     }
 
     #[test]
-    fn memory_windows_and_the_connection_manager_are_not_served() {
+    fn memory_windows_are_not_served_and_the_connection_manager_is() {
         let alloc_mw = ControlRequest::AllocMw(vrdma_spec::wire::AllocMwReq {
             pd: Le32::new(1),
             mw_type: Le32::new(1),
@@ -505,13 +621,11 @@ mod tests {
             served(&alloc_mw.to_vec()).map(|(plan, _)| plan.opcode),
             Err(Refusal::Unsupported(Opcode::AllocMw))
         );
-        let cm = Opcode::ALL.into_iter().find(|op| op.is_cm()).unwrap();
-        let mut request = vec![0u8; 8 + cm.request_body_len()];
-        request[..2].copy_from_slice(&(cm as u16).to_le_bytes());
-        assert_eq!(
-            served(&request).map(|(plan, _)| plan.opcode),
-            Err(Refusal::Unsupported(cm))
-        );
+        assert_eq!(NOT_SERVED & vrdma_spec::features::VRDMA_F_CM, 0);
+        let get_event = ControlRequest::Cm(CmRequest::GetEvent);
+        let bytes = get_event.to_vec();
+        let (plan, req) = served(&bytes).unwrap();
+        assert_eq!((plan.opcode, req), (Opcode::CmGetEvent, get_event));
         let alloc_pd = ControlRequest::AllocPd.to_vec();
         let (plan, req) = served(&alloc_pd).unwrap();
         assert_eq!(

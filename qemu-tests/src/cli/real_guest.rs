@@ -103,6 +103,12 @@ fn print_report(report: &real_guest::Report, rxe_vm_accel: &str, vm_run: Duratio
          verified",
         report.first_boot.rping_pings
     );
+    let [client, server] = report.first_boot.agent_rping_pings;
+    println!(
+        "unmodified rping -V as nobody through the agent (rdma_cm through vrdma-guestd): the \
+         guest's client {client} pings verified against a native server, the guest's server \
+         {server} against a native client"
+    );
     println!(
         "\nbypass: backend stopped (SIGSTOP); {} messages per op and size written and sent into \
          the guest and verified there",

@@ -9,9 +9,14 @@ use std::path::Path;
 use vrdma::transport::agent::AgentTransport;
 use vrdma::transport::process::{ProcessOptions, ProcessTransport};
 use vrdma::transport::Transport;
-use vrdma_spec::control::{encode_page_list, ControlRequest, ControlResponse, RegMr, ResponseBody};
-use vrdma_spec::wire::{HandleReq, RegMrReq};
-use vrdma_spec::{verbs, Le32, Le64, Status, StatusError};
+use vrdma_spec::cm::{cm_family, cm_port_space, CmAddr, CmBindReq, CmCreateIdReq, CmListenReq};
+use vrdma_spec::control::{
+    encode_page_list, CmRequest, CmResponseBody, ControlRequest, ControlResponse, RegMr,
+    ResponseBody,
+};
+use vrdma_spec::features::VRDMA_F_CM;
+use vrdma_spec::wire::{HandleReq, QueryTableReq, RegMrReq};
+use vrdma_spec::{verbs, Le16, Le32, Le64, Status, StatusError};
 
 use crate::error::{Error, Result};
 
@@ -206,5 +211,98 @@ fn check_pair(a: &dyn Transport, b: &dyn Transport, ram: (u64, u64)) -> Result<(
         ControlRequest::DeallocPd(handle(pd_b)),
     )?;
     println!("  ok: guest A's objects survived, both guests still served");
+    if a.device_features() & VRDMA_F_CM != 0 {
+        check_cm_ids(a, b)?;
+    }
+    Ok(())
+}
+
+/// The port of the CM checks.
+const CM_CHECK_PORT: u16 = 7699;
+
+/// B cannot name A's connection-manager id, nor bind the address and port A bound.
+fn check_cm_ids(a: &dyn Transport, b: &dyn Transport) -> Result<()> {
+    let create_id = || {
+        ControlRequest::Cm(CmRequest::CreateId(CmCreateIdReq {
+            port_space: Le16::new(cm_port_space::TCP),
+            reserved: [0; 6],
+        }))
+    };
+    let cm_id = |what: &str, t: &dyn Transport| match expect_ok(what, t, create_id())? {
+        ResponseBody::Cm(CmResponseBody::CreateId(r)) => Ok(r.handle.get()),
+        other => Err(Error::Scenario(format!(
+            "{what}: unexpected body {other:?}"
+        ))),
+    };
+    // GID 0 of rxe0 is its IPv6 link-local address, an address of the host's that a guest
+    // without addresses of its own may bind.
+    let gid = match expect_ok(
+        "guest A: QUERY_GID 0",
+        a,
+        ControlRequest::QueryGid(QueryTableReq {
+            port_num: Le32::new(1),
+            index: Le32::new(0),
+        }),
+    )? {
+        ResponseBody::QueryGid(g) => g.gid,
+        other => {
+            return Err(Error::Scenario(format!(
+                "QUERY_GID: unexpected body {other:?}"
+            )))
+        }
+    };
+    let mut addr = CmAddr::NONE;
+    addr.family = Le16::new(cm_family::INET6);
+    addr.port = Le16::new(CM_CHECK_PORT);
+    addr.addr = gid;
+    addr.scope_id = Le32::new(1);
+    let bind = |id: u32| {
+        ControlRequest::Cm(CmRequest::Bind(CmBindReq {
+            id: Le32::new(id),
+            reserved: Le32::ZERO,
+            addr,
+        }))
+    };
+    let id_a = cm_id("guest A: CM_CREATE_ID", a)?;
+    expect_ok("guest A: CM_BIND", a, bind(id_a))?;
+    println!("  ok: guest A binds a CM id to port {CM_CHECK_PORT}");
+    expect_status(
+        "guest B listens on guest A's CM id",
+        b,
+        ControlRequest::Cm(CmRequest::Listen(CmListenReq {
+            id: Le32::new(id_a),
+            backlog: Le32::new(1),
+        })),
+        Status::BadHandle,
+    )?;
+    expect_status(
+        "guest B destroys guest A's CM id",
+        b,
+        ControlRequest::Cm(CmRequest::DestroyId(handle(id_a))),
+        Status::BadHandle,
+    )?;
+    let id_b = cm_id("guest B: CM_CREATE_ID", b)?;
+    expect_status(
+        "guest B binds the address and port guest A bound",
+        b,
+        bind(id_b),
+        Status::Busy,
+    )?;
+    expect_ok(
+        "guest A: CM_LISTEN",
+        a,
+        ControlRequest::Cm(CmRequest::Listen(CmListenReq {
+            id: Le32::new(id_a),
+            backlog: Le32::new(1),
+        })),
+    )?;
+    for (what, t, id) in [("guest B", b, id_b), ("guest A", a, id_a)] {
+        expect_ok(
+            &format!("{what}: CM_DESTROY_ID"),
+            t,
+            ControlRequest::Cm(CmRequest::DestroyId(handle(id))),
+        )?;
+    }
+    println!("  ok: guest A's CM id survived what guest B tried");
     Ok(())
 }

@@ -2,6 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use vrdma_spec::cm::*;
 use vrdma_spec::control::{
     encode_extent_list, encode_page_list, rereg_flags, RegMrExtents, ReregMr,
 };
@@ -105,6 +106,14 @@ fn create_cq() -> Vec<u8> {
     .to_vec()
 }
 
+fn create_cm_id() -> Vec<u8> {
+    ControlRequest::Cm(CmRequest::CreateId(CmCreateIdReq {
+        port_space: cm_port_space::TCP.into(),
+        reserved: [0; 6],
+    }))
+    .to_vec()
+}
+
 fn alloc_pd() -> Vec<u8> {
     ControlRequest::AllocPd.to_vec()
 }
@@ -143,8 +152,26 @@ fn created(kind: ObjectKind, handle: u32) -> Vec<u8> {
             ah: h,
             ..CreateAhResp::new_zeroed()
         }),
+        CmId => ResponseBody::Cm(CmResponseBody::CreateId(HandleResp {
+            handle: h,
+            reserved: 0.into(),
+        })),
     };
     ControlResponse::Ok(body).to_vec()
+}
+
+/// The success response destroying an object of `kind`.
+fn destroyed(kind: ObjectKind) -> Vec<u8> {
+    match kind {
+        CmId => ControlResponse::Ok(ResponseBody::Cm(CmResponseBody::DestroyId(
+            CmDestroyIdResp {
+                events_delivered: 0.into(),
+                reserved: 0.into(),
+            },
+        )))
+        .to_vec(),
+        _ => ok_empty(),
+    }
 }
 
 fn ok_empty() -> Vec<u8> {
@@ -265,6 +292,115 @@ fn table() -> Vec<(Vec<u8>, Expected)> {
         (create_ah(51), (vec![(Pd, 51)], Some(Ah), None)),
         (ControlRequest::DestroyAh(hreq(52)).to_vec(), d(Ah, 52)),
     ]
+    .into_iter()
+    .chain(cm_table())
+    .collect()
+}
+
+/// A `cm_addr` of `fe80::1`, port 7600.
+fn link_local() -> CmAddr {
+    let mut a = CmAddr::NONE;
+    a.family = cm_family::INET6.into();
+    a.port = 7600.into();
+    a.addr[..2].copy_from_slice(&[0xfe, 0x80]);
+    a.addr[15] = 1;
+    a
+}
+
+fn conn(id: u32, qp: u32) -> CmConnReq {
+    let mut r = CmConnReq::new_zeroed();
+    r.id = id.into();
+    r.qp = qp.into();
+    r
+}
+
+/// One valid request of every connection-manager opcode, with its expected plan.
+fn cm_table() -> Vec<(Vec<u8>, Expected)> {
+    let n = |h| (vec![(CmId, h)], None, None);
+    let mut reject = CmRejectReq::new_zeroed();
+    reject.id = 68.into();
+    [
+        (
+            CmRequest::DestroyId(hreq(61)),
+            (vec![(CmId, 61)], None, Some((CmId, 61))),
+        ),
+        (
+            CmRequest::Bind(CmBindReq {
+                id: 62.into(),
+                reserved: 0.into(),
+                addr: link_local(),
+            }),
+            n(62),
+        ),
+        (
+            CmRequest::ResolveAddr(CmResolveAddrReq {
+                id: 63.into(),
+                timeout_ms: 1000.into(),
+                src: CmAddr::NONE,
+                dst: link_local(),
+            }),
+            n(63),
+        ),
+        (
+            CmRequest::ResolveRoute(CmResolveRouteReq {
+                id: 64.into(),
+                timeout_ms: 1000.into(),
+            }),
+            n(64),
+        ),
+        (
+            CmRequest::Listen(CmListenReq {
+                id: 65.into(),
+                backlog: 8.into(),
+            }),
+            n(65),
+        ),
+        (
+            CmRequest::Connect(conn(66, 71)),
+            (vec![(CmId, 66), (Qp, 71)], None, None),
+        ),
+        (
+            CmRequest::Accept(conn(67, 72)),
+            (vec![(CmId, 67), (Qp, 72)], None, None),
+        ),
+        (CmRequest::Reject(reject), n(68)),
+        (CmRequest::Disconnect(hreq(69)), n(69)),
+        (
+            CmRequest::InitQpAttr(CmInitQpAttrReq {
+                id: 70.into(),
+                qp_state: 1.into(),
+            }),
+            n(70),
+        ),
+        (CmRequest::GetEvent, (vec![], None, None)),
+        (
+            CmRequest::SetOption(CmSetOptionReq {
+                id: 73.into(),
+                name: cm_option::REUSEADDR.into(),
+                value: 1.into(),
+                reserved: 0.into(),
+            }),
+            n(73),
+        ),
+        (
+            CmRequest::Notify(CmNotifyReq {
+                id: 74.into(),
+                event: 3.into(),
+            }),
+            n(74),
+        ),
+        (CmRequest::QueryAddr(hreq(75)), n(75)),
+    ]
+    .into_iter()
+    .map(|(req, expected)| (ControlRequest::Cm(req).to_vec(), expected))
+    .chain([(create_cm_id(), (vec![], Some(CmId), None))])
+    .collect()
+}
+
+#[test]
+fn accepting_without_a_qp_names_only_the_id() {
+    let p = plan(&ControlRequest::Cm(CmRequest::Accept(conn(67, 0))).to_vec()).unwrap();
+    assert_eq!(p.names, vec![(CmId, 67)]);
 }
 
 #[test]
@@ -279,7 +415,7 @@ fn every_client_opcode_is_planned() {
     }
     let client_ops: HashSet<Opcode> = Opcode::ALL
         .into_iter()
-        .filter(|op| !op.is_cm() && !matches!(op, Opcode::SetDoorbellArea | Opcode::DiscardState))
+        .filter(|op| !matches!(op, Opcode::SetDoorbellArea | Opcode::DiscardState))
         .collect();
     assert_eq!(seen, client_ops);
 }
@@ -291,14 +427,7 @@ fn create_qp_without_srq_names_no_srq() {
 }
 
 #[test]
-fn agent_only_cm_and_malformed_requests_are_refused() {
-    for op in Opcode::ALL.into_iter().filter(|op| op.is_cm()) {
-        let mut req = vec![0u8; 8 + op.request_body_len()];
-        req[..2].copy_from_slice(&(op as u16).to_le_bytes());
-        assert_eq!(plan(&req), Err(Refusal::Unsupported(op)));
-        req.push(0xff); // not even well formed: still refused as unsupported
-        assert_eq!(plan(&req).map_err(|r| r.status()), Err(Status::Unsupported));
-    }
+fn agent_only_and_malformed_requests_are_refused() {
     let doorbell = ControlRequest::SetDoorbellArea(SetDoorbellAreaReq {
         gpa: 0x1000.into(),
         slots: 64.into(),
@@ -486,7 +615,7 @@ impl Device {
             return Ownership::refusal_response(Status::Busy);
         }
         match self.refs.remove(&target) {
-            Some(_) => ok_empty(),
+            Some(_) => destroyed(target.0),
             None => Ownership::refusal_response(Status::BadHandle),
         }
     }
@@ -512,6 +641,8 @@ fn populated() -> (Ownership, Device) {
     add(&mut own, 1, create_ah(1), Ah, 7, &[]);
     // A type-2 window bound to the MR through the QP holds both.
     add(&mut own, 1, alloc_mw(1), Mw, 8, &[(Mr, 2), (Qp, 6)]);
+    // A CM id that connected the QP holds it.
+    add(&mut own, 1, create_cm_id(), CmId, 10, &[(Qp, 6)]);
     add(&mut own, 2, alloc_pd(), Pd, 9, &[]);
     (own, dev)
 }
@@ -523,6 +654,7 @@ fn release_order_destroys_dependents_first() {
     assert_eq!(
         order,
         vec![
+            (CmId, 10),
             (Mw, 8),
             (Qp, 6),
             (Srq, 5),
@@ -539,7 +671,7 @@ fn release_order_destroys_dependents_first() {
         assert_eq!(p.destroys, Some((kind, h)));
         assert_eq!(own.check(1, &p), Ok(()));
         let response = dev.execute(&req);
-        assert_eq!(response, ok_empty(), "destroying {kind:?} {h}");
+        assert_eq!(response, destroyed(kind), "destroying {kind:?} {h}");
         own.record(1, &p, &response);
     }
     assert_eq!(own.release_order(1), vec![]);
@@ -555,7 +687,7 @@ fn the_device_model_refuses_a_wrong_order() {
     for (kind, h) in own.release_order(1).into_iter().rev() {
         let req = Ownership::destroy_request(kind, h);
         let response = dev.execute(&req);
-        busy += usize::from(response != ok_empty());
+        busy += usize::from(response != destroyed(kind));
         own.record(1, &plan(&req).unwrap(), &response);
     }
     assert_eq!(busy, 6, "PD, MR, CQs, SRQ and QP are busy in reverse order");

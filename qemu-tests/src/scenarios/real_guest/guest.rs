@@ -95,6 +95,7 @@ fn first_boot(
     })?;
     record.through_agent = agent.tables;
     record.agent_victim_released = agent.victim_released;
+    record.agent_rping_pings = agent.rping_pings;
     for table in &record.through_agent {
         println!("{table}");
     }
@@ -149,23 +150,63 @@ fn second_boot(paths: &GuestPaths, control: &mut ControlClient, iters: u32) -> R
 /// Unmodified rping over the drop-in librdmacm against the native server: the pings it
 /// printed (rping checks each one with `-V` and fails on a mismatch).
 fn rping_client(paths: &GuestPaths) -> Result<u32> {
-    // The guest has no interface of the rxe VM's: any scope does for a link-local address,
-    // the device scopes it to its host netdev (spec §7.5).
-    let server = format!("{}%1", paths.rping_server);
     let mut client = Proc::spawn(
         "rping-client",
-        Command::new("rping")
-            .args(["-c", "-a", &server, "-p", &RPING_PORT.to_string()])
-            .args(["-C", &RPING_COUNT.to_string(), "-S", "200", "-V", "-v"])
-            .env("LD_LIBRARY_PATH", &paths.library_dir),
+        &mut rping_command(paths, Command::new("rping"), "-c", RPING_PORT),
     )?;
-    client.wait_success(STEP_TIMEOUT)?;
-    let output = client.output();
-    let pings = output.matches("ping data: rdma-ping-").count() as u32;
+    rping_pings(&mut client)
+}
+
+/// An rping command line (`role` `-c` or `-s`) on the rxe VM's link-local address over the
+/// drop-in librdmacm, ten pings of 200 bytes, each checked (`-V`).
+fn rping_command(paths: &GuestPaths, mut command: Command, role: &str, port: u16) -> Command {
+    // The guest has no interface of the rxe VM's: any scope does for a link-local address,
+    // the device scopes it to its host netdev (spec §7.5).
+    let address = format!("{}%1", paths.rping_server);
+    command
+        .args([role, "-a", &address, "-p", &port.to_string()])
+        .args(["-C", &RPING_COUNT.to_string(), "-S", "200", "-V", "-v"])
+        .env("LD_LIBRARY_PATH", &paths.library_dir)
+        .env_remove("VRDMA_SOCKET");
+    command
+}
+
+/// Waits for an rping to succeed; the pings it printed, which must be all of them.
+fn rping_pings(rping: &mut Proc) -> Result<u32> {
+    rping.wait_success(STEP_TIMEOUT)?;
+    let pings = rping.output().matches("ping data: rdma-ping-").count() as u32;
     if pings != RPING_COUNT {
-        return Err(client.failure(&format!("{pings} pings, not {RPING_COUNT}")));
+        return Err(rping.failure(&format!("{pings} pings, not {RPING_COUNT}")));
     }
     Ok(pings)
+}
+
+/// Unmodified rping as `nobody` through the agent, both ways: the guest's client against a
+/// native server, then the guest's server, which the host side has a native client connect
+/// to once it listens.
+fn rping_through_agent(
+    paths: &GuestPaths,
+    control: &mut ControlClient,
+    socket: &Path,
+) -> Result<[u32; 2]> {
+    let as_nobody = |role: &str, port: u16| {
+        let mut command = rping_command(
+            paths,
+            perftest::as_user(NOBODY, NOBODY, "rping"),
+            role,
+            port,
+        );
+        command.env("VRDMA_AGENT", socket);
+        command
+    };
+    let mut client = Proc::spawn("agent-rping-client", &mut as_nobody("-c", AGENT_RPING_PORT))?;
+    let client_pings = rping_pings(&mut client)?;
+    let mut server = Proc::spawn(
+        "agent-rping-server",
+        &mut as_nobody("-s", AGENT_RPING_SERVER_PORT),
+    )?;
+    println!("host side: {}", control.request("agent-rping-server")?);
+    Ok([client_pings, rping_pings(&mut server)?])
 }
 
 /// `ibv_devinfo` over the drop-in: it must list vrdma0 with an active port.
@@ -257,6 +298,7 @@ fn perftest_server(side: &Side, case: &perftest::Case, link: Link) -> Result<()>
 struct ThroughAgent {
     tables: Vec<String>,
     victim_released: String,
+    rping_pings: [u32; 2],
 }
 
 /// The guest agent drives the PCI function and serves, as `nobody`: a process running
@@ -330,9 +372,11 @@ fn through_agent(
         for (case, link) in AGENT_PERFTEST {
             perftest_server(&side, case, *link)?;
         }
+        let rping_pings = rping_through_agent(paths, control, socket)?;
         Ok(ThroughAgent {
             tables,
             victim_released,
+            rping_pings,
         })
     })();
     if result.is_err() {

@@ -18,6 +18,7 @@ use crate::relay;
 use crate::rootfs::PreparedRoot;
 use crate::scenarios::backend::Backend;
 use crate::scenarios::binaries::Binaries;
+use crate::scenarios::rdmacm_utils::cm_listens;
 use crate::vm::{self, Accel, VmConfig};
 
 /// How long the host side waits for the device to be idle after the guest's reboot.
@@ -96,12 +97,13 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
         None
     };
     let rping_address = crate::scenarios::rdmacm_utils::link_local_address()?;
-    let mut rping_server = Proc::spawn(
-        "native-rping-server",
-        Command::new("rping")
-            .args(["-s", "-a", &rping_address, "-p", &RPING_PORT.to_string()])
-            .args(["-C", &RPING_COUNT.to_string(), "-S", "200", "-V", "-v"]),
-    )?;
+    let mut rping_servers = [
+        ("native-rping-server", RPING_PORT),
+        ("native-rping-server-for-the-agent", AGENT_RPING_PORT),
+    ]
+    .into_iter()
+    .map(|(name, port)| Proc::spawn(name, &mut native_rping("-s", &rping_address, port)))
+    .collect::<Result<Vec<_>>>()?;
     let bypass_listener = relay::listen_loopback(BYPASS.tcp)?;
     let bypass_client = Proc::spawn(
         "native-bypass-client",
@@ -144,6 +146,7 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
 
     let mut requests = Requests {
         backend: &backend,
+        rping_address: &rping_address,
         idle,
         live_server,
         bypass_client,
@@ -240,7 +243,9 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
     for server in &mut agent_servers {
         server.wait_success(Duration::from_secs(60))?;
     }
-    rping_server.wait_success(Duration::from_secs(60))?;
+    for server in &mut rping_servers {
+        server.wait_success(Duration::from_secs(60))?;
+    }
     let mut guest_rows = Vec::new();
     let labels = std::iter::repeat_n("vrdma-guest", PERFTEST.len())
         .chain(std::iter::repeat_n("vrdma-agent", AGENT_PERFTEST.len()));
@@ -309,6 +314,22 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
     })
 }
 
+/// A native rping (`role` `-s` or `-c`) on `address` and `port`, as the guest's runs it.
+fn native_rping(role: &str, address: &str, port: u16) -> Command {
+    let mut command = Command::new("rping");
+    command
+        .args([role, "-a", address, "-p", &port.to_string()])
+        .args(["-C", &RPING_COUNT.to_string(), "-S", "200", "-V", "-v"]);
+    command
+}
+
+/// `rdma -j resource show cm_id`.
+fn cm_ids() -> Result<String> {
+    let out =
+        crate::host::run_checked(Command::new("rdma").args(["-j", "resource", "show", "cm_id"]))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// A native vrdma-native-pingpong server on `port` running `(ops, sizes, iters)`.
 fn native_server(
     binaries: &Binaries,
@@ -341,6 +362,8 @@ struct Requests<'a> {
     /// The native peer of the process the guest kills among the agent's.
     agent_victim_server: Option<Proc>,
     after_server: Option<Proc>,
+    /// The rxe VM's link-local address, where the rping servers listen.
+    rping_address: &'a str,
     binaries: &'a Binaries,
     settings: &'a Settings,
     seen: Reboot,
@@ -371,6 +394,26 @@ impl Requests<'_> {
                     "{BYPASS_MESSAGES} messages per op and size delivered with the backend \
                      stopped; backend resumed"
                 ))
+            }
+            // The guest's rping server as `nobody` through the agent was started: once its id
+            // (the backend's, on the host) listens, a native client pings it.
+            "agent-rping-server" => {
+                let deadline = Instant::now() + self.settings.timeout;
+                while !cm_listens(&cm_ids()?, AGENT_RPING_SERVER_PORT) {
+                    if Instant::now() > deadline {
+                        return Err(Error::Scenario(format!(
+                            "no rdma_cm listener on port {AGENT_RPING_SERVER_PORT}"
+                        )));
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                let mut client = Proc::spawn(
+                    "native-rping-client-of-the-agent",
+                    &mut native_rping("-c", self.rping_address, AGENT_RPING_SERVER_PORT),
+                )?;
+                client.wait_success(self.settings.timeout)?;
+                let pings = client.output().matches("ping data: rdma-ping-").count();
+                Ok(format!("the native rping client verified {pings} pings"))
             }
             // The process the guest killed in mid-traffic is gone: its peer goes too (before
             // the release check after the reboot counts rxe0's objects).

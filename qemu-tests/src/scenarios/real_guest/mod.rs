@@ -175,6 +175,11 @@ pub fn links() -> Vec<Link> {
 /// rping's server port on the rxe VM, and the pings (each checked with `-V`).
 pub const RPING_PORT: u16 = 7600;
 pub const RPING_COUNT: u32 = 10;
+/// The native rping server the guest's rping as `nobody` through the agent meets.
+pub const AGENT_RPING_PORT: u16 = 7601;
+/// The port of the guest's rping server as `nobody` through the agent (a native client
+/// connects to it).
+pub const AGENT_RPING_SERVER_PORT: u16 = 7602;
 
 /// Operations and sizes of the verified ping-pong.
 pub const PINGPONG_OPS: &str = "send,send_imm,write,write_imm,read";
@@ -249,6 +254,10 @@ pub struct FirstBoot {
     /// What the agent said when it released the objects of the process killed among them.
     #[serde(default)]
     pub agent_victim_released: String,
+    /// Pings verified by unmodified `rping -V` as `nobody` through the agent: the guest's
+    /// client against a native server, and the guest's server against a native client.
+    #[serde(default)]
+    pub agent_rping_pings: [u32; 2],
 }
 
 /// What the boot after the reboot left.
