@@ -10,7 +10,6 @@ fn process_pingpong_verifies_bypasses_isolates_and_cleans_up() {
         return;
     };
 
-    assert_eq!(results.perftest.len(), 5, "native perftest baseline");
     let ops = ["send", "send_imm", "write", "write_imm", "read"];
     let sizes = [1u32, 64, 4096, 65536, 1048576];
     for label in [

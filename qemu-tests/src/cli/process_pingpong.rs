@@ -7,7 +7,6 @@ use super::host::{prepared_root, target_dir};
 use super::vm_args::VmArgs;
 use crate::error::Result;
 use crate::native;
-use crate::perftest;
 use crate::scenarios::{binaries, process_pingpong};
 
 /// `vrdma-vm test process-pingpong`.
@@ -29,8 +28,6 @@ pub fn test(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<()> {
         "\nvrdma process mode on rxe0 ({:?}, {} vCPUs; VM run {:.0?})",
         config.accel, config.cpus, outcome.elapsed
     );
-    println!("\nnative perftest, same boot:");
-    print!("{}", perftest::render_table(&results.perftest));
     println!("\nvrdma-pingpong, vrdma next to native (typical one-way latency; bandwidth):");
     print!("{}", process_pingpong::results::render_comparison(&results));
     println!(

@@ -2,7 +2,8 @@
 //!
 //! One backend serves every vrdma process of the run. Against it:
 //! - vrdma ↔ native (C over rdma-core's librxe): every operation and size, every byte verified,
-//!   latency and bandwidth measured next to native ↔ native with the same tool and perftest;
+//!   latency and bandwidth measured next to native ↔ native with the same tool (perftest's
+//!   native baseline is `native-perftest`'s, and `perftest-over-vrdma` runs it beside vrdma);
 //! - vrdma ↔ vrdma through the one backend; a UD exchange;
 //! - completion events instead of polling; asynchronous events (an RDMA WRITE with a wrong
 //!   rkey, a CQ overflowed on purpose);
@@ -27,7 +28,6 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::inside::{resource_counts, wait_for_counts, DEVICE};
-use crate::perftest::{self, Side};
 use crate::scenarios::backend::Backend;
 use crate::scenarios::binaries::Binaries;
 use crate::scenarios::isolation;
@@ -40,14 +40,6 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Results> {
     let idle = resource_counts(DEVICE)?;
     println!("idle {DEVICE} resources: {idle:?}");
     let mut results = Results::default();
-
-    println!("== native perftest baseline");
-    let native = Side::native(DEVICE);
-    for case in perftest::BASELINE {
-        results
-            .perftest
-            .push(perftest::run_case(case, &native, &native, 18515)?);
-    }
 
     let backend = Backend::start(&binaries.backend, "vrdma-backend", &["--allow-ud"], "info")?;
     let mut port = 18600;

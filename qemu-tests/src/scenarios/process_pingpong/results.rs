@@ -5,13 +5,11 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::async_event::AsyncEventOutcome;
-use crate::perftest;
 use crate::scenarios::pingpong_peer::PingpongRow;
 
 /// Everything the scenario measured, for the host to print and check.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Results {
-    pub perftest: Vec<perftest::Row>,
     /// Keyed by "client-over-server", e.g. "vrdma-over-native".
     pub pingpong: BTreeMap<String, Vec<PingpongRow>>,
     pub bypass_messages: u32,
