@@ -46,16 +46,23 @@ fn tail_suffix(tail: &str) -> String {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Attaches a description to an I/O error.
+impl Error {
+    /// An I/O failure while doing `what`.
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
 pub trait IoContext<T> {
     fn context(self, what: impl FnOnce() -> String) -> Result<T>;
 }
 
 impl<T> IoContext<T> for std::io::Result<T> {
     fn context(self, what: impl FnOnce() -> String) -> Result<T> {
-        self.map_err(|source| Error::Io {
-            what: what(),
-            source,
-        })
+        self.map_err(|source| Error::io(what(), source))
     }
 }
 

@@ -114,14 +114,9 @@ pub fn apt_install(packages: &[&str]) -> Result<()> {
         .truncate(false)
         .write(true)
         .open(&lock_path)
-        .map_err(|source| Error::Io {
-            what: format!("opening {}", lock_path.display()),
-            source,
-        })?;
-    lock.lock().map_err(|source| Error::Io {
-        what: format!("locking {}", lock_path.display()),
-        source,
-    })?;
+        .map_err(|source| Error::io(format!("opening {}", lock_path.display()), source))?;
+    lock.lock()
+        .map_err(|source| Error::io(format!("locking {}", lock_path.display()), source))?;
     log::info!("installing host packages: {}", packages.join(" "));
     run_checked(apt_get().arg("update"))?;
     run_checked(
@@ -152,10 +147,7 @@ pub fn run_checked(cmd: &mut Command) -> Result<Output> {
     let output = cmd
         .stdin(Stdio::null())
         .output()
-        .map_err(|source| Error::Io {
-            what: format!("starting `{shown}`"),
-            source,
-        })?;
+        .map_err(|source| Error::io(format!("starting `{shown}`"), source))?;
     if output.status.success() {
         return Ok(output);
     }

@@ -27,18 +27,18 @@ impl Proc {
     pub fn spawn(name: &str, cmd: &mut Command) -> Result<Self> {
         let log = std::env::temp_dir().join(format!("{name}.log"));
         let out =
-            File::create(&log).map_err(|e| io_error(&format!("creating {}", log.display()), e))?;
+            File::create(&log).map_err(|e| Error::io(format!("creating {}", log.display()), e))?;
         let err = out
             .try_clone()
-            .map_err(|e| io_error("duplicating a log file", e))?;
+            .map_err(|e| Error::io("duplicating a log file", e))?;
         let child = cmd
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .spawn()
             .map_err(|e| {
-                io_error(
-                    &format!("starting {name} ({})", crate::host::describe(cmd)),
+                Error::io(
+                    format!("starting {name} ({})", crate::host::describe(cmd)),
                     e,
                 )
             })?;
@@ -78,7 +78,7 @@ impl Proc {
     pub fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
         self.child
             .try_wait()
-            .map_err(|e| io_error(&format!("waiting for {}", self.name), e))
+            .map_err(|e| Error::io(format!("waiting for {}", self.name), e))
     }
 
     /// Waits for the process to exit within `timeout` and returns its status; kills it and
@@ -197,13 +197,6 @@ impl Drop for Proc {
     }
 }
 
-fn io_error(what: &str, source: std::io::Error) -> Error {
-    Error::Io {
-        what: what.to_string(),
-        source,
-    }
-}
-
 /// Whether a TCP socket of this machine listens on `port` (IPv4 or IPv6).
 pub fn tcp_listening(port: u16) -> bool {
     ["/proc/net/tcp", "/proc/net/tcp6"]
@@ -281,7 +274,7 @@ pub fn resource_counts(device: &str) -> Result<ResourceCounts> {
 /// lists each object with the thread that created it, so every thread of `pid` counts).
 pub fn objects_of_process(device: &str, pid: u32) -> Result<ResourceCounts> {
     let threads: Vec<u64> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map_err(|e| io_error(&format!("listing the threads of {pid}"), e))?
+        .map_err(|e| Error::io(format!("listing the threads of {pid}"), e))?
         .flatten()
         .filter_map(|t| t.file_name().to_str()?.parse().ok())
         .collect();

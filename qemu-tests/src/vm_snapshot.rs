@@ -171,10 +171,10 @@ fn skipped_file(path: &Path) -> bool {
 }
 
 fn io_error(path: &Path, what: &str, source: std::io::Error) -> Error {
-    Error::Io {
-        what: format!("{what} {} for the VM's snapshot", path.display()),
+    Error::io(
+        format!("{what} {} for the VM's snapshot", path.display()),
         source,
-    }
+    )
 }
 
 #[cfg(test)]
