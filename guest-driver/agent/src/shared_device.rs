@@ -40,7 +40,7 @@ use vrdma_spec::cm::CM_EVENT_NONE;
 use vrdma_spec::config::CONFIG_SIZE;
 use vrdma_spec::control::{CmRequest, CmResponseBody, HEADER_SIZE, MAX_CM_RESPONSE_SIZE};
 use vrdma_spec::event::{Subject, EVENT_SIZE};
-use vrdma_spec::features::{VRDMA_F_MR_EXTENTS, VRDMA_F_MW};
+use vrdma_spec::features::{VRDMA_F_CM, VRDMA_F_MR_EXTENTS, VRDMA_F_MW};
 use vrdma_spec::wire::SetDoorbellAreaReq;
 use vrdma_spec::{
     ControlRequest, ControlResponse, DeviceConfig, Event, EventType, Le32, Le64, Opcode,
@@ -526,7 +526,9 @@ impl SharedDevice {
                     continue;
                 }
             };
-            if event.event_type == EventType::EventsLost {
+            if event.event_type == EventType::EventsLost
+                && self.device.device_features() & VRDMA_F_CM != 0
+            {
                 // CM_EVENT notices may be among the lost: the events wait on the device.
                 self.fetch_cm_events();
             }
@@ -621,7 +623,7 @@ mod tests {
             served(&alloc_mw.to_vec()).map(|(plan, _)| plan.opcode),
             Err(Refusal::Unsupported(Opcode::AllocMw))
         );
-        assert_eq!(NOT_SERVED & vrdma_spec::features::VRDMA_F_CM, 0);
+        assert_eq!(NOT_SERVED & VRDMA_F_CM, 0);
         let get_event = ControlRequest::Cm(CmRequest::GetEvent);
         let bytes = get_event.to_vec();
         let (plan, req) = served(&bytes).unwrap();
