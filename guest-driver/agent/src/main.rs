@@ -24,10 +24,12 @@ mod admission;
 mod listener;
 mod pinned;
 mod reach;
+mod refusals;
 mod session;
 mod shared_device;
 
 use admission::Admission;
+use refusals::{Refusals, QUEUED_REFUSALS};
 use session::{Peer, SessionOptions};
 use shared_device::{SharedDevice, SharedOptions};
 
@@ -183,6 +185,8 @@ fn run(args: &Args) -> Result<(), String> {
         args.max_processes as usize,
         args.max_processes_per_user as usize,
     );
+    let refusals = Refusals::start(QUEUED_REFUSALS)
+        .map_err(|e| format!("cannot start the refusals thread: {e}"))?;
     for stream in listener.incoming() {
         let stream = match stream {
             Ok(stream) => stream,
@@ -206,12 +210,7 @@ fn run(args: &Args) -> Result<(), String> {
             Err(why) => {
                 warn!("process {} (uid {}) refused: {why}", peer.pid, peer.uid);
                 // Not on this loop: a process that never says hello must not hold it up.
-                let refused = thread::Builder::new()
-                    .name("refusal".into())
-                    .spawn(move || session::refuse(&stream, &why.to_string()));
-                if let Err(e) = refused {
-                    warn!("cannot tell process {} why: {e}", peer.pid);
-                }
+                refusals.refuse(stream, why.to_string());
                 continue;
             }
         };
