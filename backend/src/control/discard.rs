@@ -1,7 +1,7 @@
 //! Discarding a guest's state (spec §11.1): the DISCARD_STATE command, and the discard of every
 //! object that a reset, a disconnect or a host device failure also performs.
 
-use log::{info, warn};
+use log::warn;
 use vrdma_spec::control::ResponseBody;
 
 use super::session::{CommandResult, Session};
@@ -103,8 +103,15 @@ pub(crate) fn discard_all(
         Epoch::Advanced => guest.advance_epoch(),
         Epoch::Kept => guest.epoch(),
     };
-    info!(
-        "guest {}: discarded {counts}; epoch is now {epoch}{}",
+    let (n, shown) = guest.count_discard();
+    let level = if shown {
+        log::Level::Info
+    } else {
+        log::Level::Debug
+    };
+    log::log!(
+        level,
+        "guest {}: discard #{n}: discarded {counts}; epoch is now {epoch}{}",
         guest.id(),
         if lingering > 0 {
             " (MRs still registered on the host)"

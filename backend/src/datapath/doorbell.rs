@@ -27,6 +27,7 @@ use vrdma_spec::doorbell::{area_bytes, DoorbellArea};
 
 use super::staging::Staging;
 use crate::control::error::CommandError;
+use crate::fault_log::FaultLog;
 use crate::host::{HostContext, QpHandle};
 use crate::identity::endpoints::LocalEndpoints;
 use crate::memory::error::MemError;
@@ -112,12 +113,16 @@ pub struct Doorbells {
 impl Doorbells {
     /// Bookkeeping for `slots` doorbell indices (the configuration's `doorbell_slots`).
     pub fn new(slots: u32) -> Self {
-        Self::with_endpoints(slots, LocalEndpoints::new())
+        Self::with_endpoints(slots, LocalEndpoints::new(), Arc::default())
     }
 
     /// Bookkeeping for `slots` doorbell indices whose staged UD sends reach local QPs as
-    /// `endpoints` allows.
-    pub fn with_endpoints(slots: u32, endpoints: Arc<LocalEndpoints>) -> Self {
+    /// `endpoints` allows, the guest's faults logged to `faults`.
+    pub fn with_endpoints(
+        slots: u32,
+        endpoints: Arc<LocalEndpoints>,
+        faults: Arc<FaultLog>,
+    ) -> Self {
         Doorbells {
             slots,
             area: None,
@@ -126,7 +131,7 @@ impl Doorbells {
             owners: vec![None; slots as usize],
             free: (0..slots).rev().collect(),
             taken: vec![false; slots as usize],
-            staging: Staging::new(slots, endpoints),
+            staging: Staging::new(slots, endpoints, faults),
         }
     }
 
@@ -199,7 +204,12 @@ impl Doorbells {
             area.reset_polling();
         }
         let had_something = self.area.is_some() || self.taken.iter().any(|&t| t);
-        *self = Doorbells::with_endpoints(self.slots, Arc::clone(self.staging.endpoints()));
+        // The fault log stays: a guest that resets in a loop must not start its rate limit over.
+        *self = Doorbells::with_endpoints(
+            self.slots,
+            Arc::clone(self.staging.endpoints()),
+            Arc::clone(self.staging.faults()),
+        );
         had_something
     }
 
@@ -310,5 +320,21 @@ pub fn serve(doorbells: &Mutex<Doorbells>, host: &dyn HostContext, window: Durat
             return;
         }
         std::hint::spin_loop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reset_keeps_the_guests_fault_log_and_tenant_table() {
+        let faults = Arc::new(FaultLog::for_guest(3));
+        let endpoints = LocalEndpoints::new();
+        let mut doorbells = Doorbells::with_endpoints(8, Arc::clone(&endpoints), faults.clone());
+        doorbells.clear();
+        // The same log: its rate limit goes on counting across resets.
+        assert!(Arc::ptr_eq(doorbells.staging().faults(), &faults));
+        assert!(Arc::ptr_eq(doorbells.staging().endpoints(), &endpoints));
     }
 }

@@ -341,23 +341,29 @@ pub struct Staging {
     waiting: Vec<u32>,
     ahs: StagedAhs,
     /// The guest's refused WQEs and impossible indices, logged rate-limited.
-    faults: FaultLog,
+    faults: Arc<FaultLog>,
 }
 
 impl Staging {
-    /// Room for `slots` doorbell indices; sends reach local QPs as `endpoints` allows.
-    pub fn new(slots: u32, endpoints: Arc<LocalEndpoints>) -> Self {
+    /// Room for `slots` doorbell indices; sends reach local QPs as `endpoints` allows; what
+    /// the guest does wrong goes to `faults` (the guest's own, which outlives a reset).
+    pub fn new(slots: u32, endpoints: Arc<LocalEndpoints>, faults: Arc<FaultLog>) -> Self {
         Staging {
             queues: (0..slots).map(|_| StagedQueues::default()).collect(),
             waiting: Vec::new(),
             ahs: StagedAhs::new(endpoints),
-            faults: FaultLog::default(),
+            faults,
         }
     }
 
     /// The daemon's table of tenant addresses and QP numbers the sends are checked against.
     pub fn endpoints(&self) -> &Arc<LocalEndpoints> {
         self.ahs.endpoints()
+    }
+
+    /// Where the guest's faults are logged.
+    pub fn faults(&self) -> &Arc<FaultLog> {
+        &self.faults
     }
 
     /// Makes doorbells on `index` pump `ring` (the QP's send or receive queue, by its kind).

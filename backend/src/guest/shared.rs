@@ -12,6 +12,7 @@ use vrdma_spec::{Event, EventType};
 use super::options::DeviceOptions;
 use super::state::GuestState;
 use crate::datapath::doorbell::Doorbells;
+use crate::fault_log::{FaultLog, LogLimit};
 use crate::host::cm::HostCm;
 use crate::host::uverbs::{QueryDeviceResp, QueryPortResp};
 use crate::host::{ContextGids, HostContext, HostDevice};
@@ -85,6 +86,9 @@ pub(crate) struct GuestShared {
     /// slow command never delays a doorbell.
     doorbells: Mutex<Doorbells>,
     epoch: AtomicU32,
+    /// How often the guest's state was discarded with something in it (a guest resetting in
+    /// a loop must not flood the log).
+    discards: LogLimit,
     /// Where staged UD send queues live (spec §9.6); `None` when UD is not offered.
     staging: Option<Arc<StagingFile>>,
     /// Its ids on the host's connection manager (dropped before the context: closing it ends
@@ -111,8 +115,11 @@ impl GuestShared {
             cm,
             netdev_ifindex,
         } = addressing;
-        let doorbells =
-            Doorbells::with_endpoints(options.doorbell_slots(), Arc::clone(&tenant.endpoints));
+        let doorbells = Doorbells::with_endpoints(
+            options.doorbell_slots(),
+            Arc::clone(&tenant.endpoints),
+            Arc::new(FaultLog::for_guest(id)),
+        );
         GuestShared {
             id,
             tenant,
@@ -124,6 +131,7 @@ impl GuestShared {
             options,
             limits,
             epoch: AtomicU32::new(0),
+            discards: LogLimit::default(),
             staging,
             host,
         }
@@ -132,6 +140,12 @@ impl GuestShared {
     /// Connection number (for logs).
     pub(crate) fn id(&self) -> u64 {
         self.id
+    }
+
+    /// Counts a discard that found something: its number, and whether it deserves a line at
+    /// info level ([`LogLimit`]).
+    pub(crate) fn count_discard(&self) -> (u64, bool) {
+        self.discards.next()
     }
 
     /// The current configuration `epoch`.
