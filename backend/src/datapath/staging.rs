@@ -26,12 +26,14 @@ mod wqe_check;
 use std::mem::size_of;
 use std::sync::atomic::Ordering::{Acquire, Release};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use log::warn;
 use vrdma_spec::rxe_v1::{self, header, RxeSendWqe};
 use vrdma_spec::verbs::{QpAttrMask, QpState};
 use vrdma_spec::wire::QpAttr;
 
+use super::staging_retry::RetrySchedule;
 use crate::fault_log::FaultLog;
 use crate::host::{HostContext, QpHandle};
 use crate::identity::endpoints::LocalEndpoints;
@@ -338,7 +340,7 @@ impl StagedQueues {
 pub struct Staging {
     queues: Vec<StagedQueues>,
     /// Doorbell indices whose rings have WQEs waiting for room in their host queues.
-    waiting: Vec<u32>,
+    waiting: RetrySchedule,
     ahs: StagedAhs,
     /// The guest's refused WQEs and impossible indices, logged rate-limited.
     faults: Arc<FaultLog>,
@@ -350,7 +352,7 @@ impl Staging {
     pub fn new(slots: u32, endpoints: Arc<LocalEndpoints>, faults: Arc<FaultLog>) -> Self {
         Staging {
             queues: (0..slots).map(|_| StagedQueues::default()).collect(),
-            waiting: Vec::new(),
+            waiting: RetrySchedule::default(),
             ahs: StagedAhs::new(endpoints),
             faults,
         }
@@ -381,7 +383,7 @@ impl Staging {
         if let Some(queues) = self.queues.get_mut(index as usize) {
             *queues = StagedQueues::default();
         }
-        self.waiting.retain(|&i| i != index);
+        self.waiting.remove(index);
     }
 
     /// Serves a doorbell on `index`: forwards its staged receive queue, if any, then its
@@ -392,32 +394,30 @@ impl Staging {
             return false;
         };
         let (_, waiting) = queues.pump(host, &self.ahs, &self.faults);
-        if waiting && !self.waiting.contains(&index) {
-            self.waiting.push(index);
+        if waiting {
+            self.waiting.add(index, Instant::now());
         }
         queues.sq.is_some()
     }
 
-    /// Whether WQEs wait for room in a host queue (see [`Staging::retry`]).
-    pub fn has_waiting(&self) -> bool {
-        !self.waiting.is_empty()
+    /// How long until a ring with WQEs waiting for room in a host queue is due to be pumped
+    /// again (see [`Staging::retry`]); `None` if none waits.
+    pub fn next_retry(&self) -> Option<Duration> {
+        self.waiting.next_delay(Instant::now())
     }
 
-    /// Pumps again every ring that had WQEs waiting; returns how many WQEs moved now, and
-    /// whether any still wait.
-    pub fn retry(&mut self, host: &dyn HostContext) -> (usize, bool) {
-        let mut moved = 0;
+    /// Pumps again every waiting ring that is due; returns how many WQEs moved now, and how
+    /// long until the next ring is due (`None`: none waits).
+    pub fn retry(&mut self, host: &dyn HostContext) -> (usize, Option<Duration>) {
+        let now = Instant::now();
         let (queues, ahs, faults) = (&mut self.queues, &self.ahs, &self.faults);
-        self.waiting
-            .retain(|&index| match queues.get_mut(index as usize) {
-                Some(queues) => {
-                    let (forwarded, waiting) = queues.pump(host, ahs, faults);
-                    moved += forwarded;
-                    waiting
-                }
-                None => false,
+        let moved = self
+            .waiting
+            .retry_due(now, |index| match queues.get_mut(index as usize) {
+                Some(queues) => queues.pump(host, ahs, faults),
+                None => (0, false),
             });
-        (moved, !self.waiting.is_empty())
+        (moved, self.waiting.next_delay(now))
     }
 
     /// The guest's address handles.

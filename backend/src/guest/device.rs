@@ -525,8 +525,9 @@ impl DeviceHandler for GuestDevice {
             self.shared.host(),
             self.shared.options().doorbell_poll,
         );
-        if self.shared.doorbells().lock().staging().has_waiting() {
-            self.staging_retry.start();
+        let next_retry = self.shared.doorbells().lock().staging().next_retry();
+        if let Some(delay) = next_retry {
+            self.staging_retry.start(delay);
         }
     }
 
@@ -551,13 +552,13 @@ impl DeviceHandler for GuestDevice {
                 }
             }
             STAGING_RETRY_FD => {
-                let (moved, waiting) = self
+                let (_, next) = self
                     .shared
                     .doorbells()
                     .lock()
                     .staging()
                     .retry(self.shared.host());
-                self.staging_retry.after_retry(moved > 0, waiting);
+                self.staging_retry.after_retry(next);
             }
             cm_events::CM_FD => cm_events::cm_events(&self.shared, &self.state, ctx),
             other => debug!("guest {}: no watched fd {other}", self.id()),
