@@ -37,7 +37,7 @@ pub(crate) fn execute(s: &mut Session<'_>, request: &CmRequest) -> CommandResult
         return Err(CommandError::NotNegotiated("VRDMA_F_CM"));
     };
     log::trace!("guest {}: {request:?}", s.guest.id());
-    if makes_events(request) && s.state.cm.backlogged(pending_limit(s)) {
+    if request.makes_events() && s.state.cm.backlogged(pending_limit(s)) {
         // The host could queue events without bound while the driver does not fetch them.
         return Err(CommandError::Rule {
             what: "undelivered connection-manager events (fetch them with CM_GET_EVENT)",
@@ -100,20 +100,6 @@ pub(crate) fn execute(s: &mut Session<'_>, request: &CmRequest) -> CommandResult
         CmRequest::QueryAddr(r) => Some(query_addr(s, cm, r.handle.get())?),
     };
     Ok(body.map_or(ResponseBody::Empty, ResponseBody::Cm))
-}
-
-/// Whether a command makes the host queue an event of the guest's later.
-fn makes_events(request: &CmRequest) -> bool {
-    matches!(
-        request,
-        CmRequest::ResolveAddr(_)
-            | CmRequest::ResolveRoute(_)
-            | CmRequest::Listen(_)
-            | CmRequest::Connect(_)
-            | CmRequest::Accept(_)
-            | CmRequest::Disconnect(_)
-            | CmRequest::Notify(_)
-    )
 }
 
 /// Undelivered events past which commands that make more are refused (`BUSY`): room for a

@@ -21,7 +21,6 @@
 use std::collections::{HashMap, VecDeque};
 
 use vrdma_spec::cm::{CmEventResp, CM_EVENT_NONE};
-use vrdma_spec::control::CmRequest;
 use vrdma_spec::{Event, EventType, Status};
 
 use zerocopy::FromZeros;
@@ -86,14 +85,7 @@ impl CmEvents {
         }
         if listener == 0 {
             return match ownership.owner(ObjectKind::CmId, id) {
-                Some(owner) => {
-                    self.processes
-                        .entry(owner)
-                        .or_default()
-                        .pending
-                        .push_back(event);
-                    Routed::Queued(owner)
-                }
+                Some(owner) => self.queue(owner, event),
                 None => Routed::Dropped,
             };
         }
@@ -103,6 +95,10 @@ impl CmEvents {
         if self.busy(owner) || ownership.adopt(owner, ObjectKind::CmId, id).is_err() {
             return Routed::Refused(id);
         }
+        self.queue(owner, event)
+    }
+
+    fn queue(&mut self, owner: ClientId, event: CmEventResp) -> Routed {
         self.processes
             .entry(owner)
             .or_default()
@@ -174,21 +170,6 @@ impl CmEvents {
             Ok(())
         }
     }
-}
-
-/// Whether `req` makes the host queue an event (the commands the device answers `BUSY` past
-/// its bound of undelivered events, spec §7.5).
-pub fn makes_events(req: &CmRequest) -> bool {
-    matches!(
-        req,
-        CmRequest::ResolveAddr(_)
-            | CmRequest::ResolveRoute(_)
-            | CmRequest::Listen(_)
-            | CmRequest::Connect(_)
-            | CmRequest::Accept(_)
-            | CmRequest::Disconnect(_)
-            | CmRequest::Notify(_)
-    )
 }
 
 /// The eventq event telling a process that `event` waits for its CM_GET_EVENT, as the device

@@ -319,7 +319,7 @@ impl SharedDevice {
         if let Err(status) = ownership.check(client, &plan) {
             return refuse(status);
         }
-        if cm.is_some_and(cm_events::makes_events) {
+        if cm.is_some_and(CmRequest::makes_events) {
             if let Err(status) = self.cm_events.lock().admit(client) {
                 return refuse(status);
             }

@@ -174,6 +174,21 @@ impl CmRequest {
         }
     }
 
+    /// Whether the command makes the host queue an event of the guest's later: the commands
+    /// a device answers `BUSY` past its bound of undelivered events (spec §7.5).
+    pub fn makes_events(&self) -> bool {
+        matches!(
+            self,
+            CmRequest::ResolveAddr(_)
+                | CmRequest::ResolveRoute(_)
+                | CmRequest::Listen(_)
+                | CmRequest::Connect(_)
+                | CmRequest::Accept(_)
+                | CmRequest::Disconnect(_)
+                | CmRequest::Notify(_)
+        )
+    }
+
     /// The body bytes.
     pub fn body(&self) -> &[u8] {
         match self {
