@@ -111,11 +111,7 @@ impl CmEvents {
     pub fn next(&mut self, client: ClientId) -> Option<CmEventResp> {
         let process = self.processes.get_mut(&client)?;
         let event = process.pending.pop_front()?;
-        let counted = match event.listen_id.get() {
-            0 => event.id.get(),
-            listener => listener,
-        };
-        let n = process.delivered.entry(counted).or_default();
+        let n = process.delivered.entry(counted_id(&event)).or_default();
         *n = n.saturating_add(1);
         Some(event)
     }
@@ -172,16 +168,21 @@ impl CmEvents {
     }
 }
 
+/// The id an event is counted against and announced for, as librdmacm and the device do:
+/// a connect request's listener, else the event's own id.
+fn counted_id(event: &CmEventResp) -> u32 {
+    match event.listen_id.get() {
+        0 => event.id.get(),
+        listener => listener,
+    }
+}
+
 /// The eventq event telling a process that `event` waits for its CM_GET_EVENT, as the device
 /// tells a guest: the id (a connect request: its listener) and the rdma_cm event number.
 pub fn notice(event: &CmEventResp) -> Event {
-    let handle = match event.listen_id.get() {
-        0 => event.id.get(),
-        listener => listener,
-    };
     Event {
         event_type: EventType::CmEvent,
-        handle,
+        handle: counted_id(event),
         detail: event.event.get(),
     }
 }
