@@ -72,12 +72,14 @@ mod tests {
     fn a_refused_process_that_says_hello_learns_why() {
         let refusals = Refusals::start(4).unwrap();
         let (agent_end, process_end) = UnixStream::pair().unwrap();
-        assert!(refusals.refuse(agent_end, "full".into()));
+        // The hello is sent first, so that the refusal's one-second wait for it cannot run
+        // out however late the thread gets to it.
         Frame::Hello {
             version: PROTOCOL_VERSION,
         }
         .send(&process_end)
         .unwrap();
+        assert!(refusals.refuse(agent_end, "full".into()));
         assert!(matches!(
             Frame::receive(&process_end),
             Ok(Frame::Refused(why)) if why == "full"
