@@ -36,6 +36,12 @@ fn a_real_guest_runs_rdma_over_vrdma_and_survives_a_reboot() {
     assert_eq!(first.bypass_messages, real_guest::BYPASS_MESSAGES);
     assert_eq!(first.rping_pings, real_guest::RPING_COUNT);
     assert_eq!(first.agent_rping_pings, [real_guest::RPING_COUNT; 2]);
+    assert_eq!(
+        first.agent_pin_registered,
+        (real_guest::AGENT_PIN_BUDGET_MIB << 20) / vrdma_qemu_tests::scenarios::pin_budget::CHUNK,
+        "{}",
+        first.agent_pin_budget
+    );
     let reboot = report
         .reboot
         .as_ref()

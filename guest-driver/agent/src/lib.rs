@@ -4,4 +4,5 @@
 
 pub mod cm_events;
 pub mod ownership;
+pub mod pin_budget;
 pub mod translate;

@@ -19,8 +19,10 @@ use std::time::Duration;
 use clap::Parser;
 use log::{error, info, warn};
 use vrdma::transport::agent::DEFAULT_AGENT_SOCKET;
+use vrdma_guestd::pin_budget::PinLimits;
 
 mod admission;
+mod doorbell_pacing;
 mod listener;
 mod pinned;
 mod reach;
@@ -70,10 +72,26 @@ struct Args {
     #[arg(long, default_value = "660", value_parser = parse_mode)]
     mode: u32,
 
-    /// Guest RAM of each application process (its registrable memory), in MiB. In VM mode
-    /// it is pinned guest memory for as long as the process is served.
+    /// Guest RAM of each application process (its registrable memory), in MiB. A memfd:
+    /// only what the process touches costs memory; in VM mode the agent pins what its
+    /// registrations cover, for as long as they live.
     #[arg(long, default_value_t = 1024)]
     guest_ram_mib: usize,
+
+    /// VM mode: memory the registrations of all processes of one user may have pinned at
+    /// once, in MiB [default: a quarter of the guest's RAM].
+    #[arg(long, value_name = "MIB", conflicts_with = "backend")]
+    max_pinned_mib_per_user: Option<u64>,
+
+    /// VM mode: memory the agent pins for all processes' registrations at once, in MiB
+    /// [default: half of the guest's RAM].
+    #[arg(long, value_name = "MIB", conflicts_with = "backend")]
+    max_pinned_mib: Option<u64>,
+
+    /// VM mode: the least time between two notifications of the device's doorbell queue, in
+    /// µs (asks that come sooner are served together at its end; 0: no pacing).
+    #[arg(long, value_name = "US", default_value_t = doorbell_pacing::DEFAULT_MIN_INTERVAL.as_micros() as u64, conflicts_with = "backend")]
+    doorbell_min_interval_us: u64,
 
     /// Application processes served at once; further ones are refused.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
@@ -132,6 +150,37 @@ fn raise_file_limit(max_processes: usize) {
     }
 }
 
+/// The pin budgets of VM mode: the options, or their defaults from the guest's RAM.
+fn pin_limits(args: &Args) -> Result<PinLimits, String> {
+    let defaults = match (args.max_pinned_mib_per_user, args.max_pinned_mib) {
+        (Some(_), Some(_)) => PinLimits::for_guest_ram(0),
+        _ => PinLimits::for_guest_ram(guest_ram_bytes()?),
+    };
+    let mib = |value: Option<u64>, default: u64| {
+        value.map_or(Ok(default), |mib| {
+            mib.checked_mul(1 << 20)
+                .ok_or_else(|| format!("{mib} MiB is not a size"))
+        })
+    };
+    Ok(PinLimits {
+        per_user: mib(args.max_pinned_mib_per_user, defaults.per_user)?,
+        total: mib(args.max_pinned_mib, defaults.total)?,
+    })
+}
+
+/// The guest's RAM (`MemTotal`).
+fn guest_ram_bytes() -> Result<u64, String> {
+    let meminfo =
+        std::fs::read_to_string("/proc/meminfo").map_err(|e| format!("/proc/meminfo: {e}"))?;
+    meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.trim().strip_suffix("kB"))
+        .and_then(|kib| kib.trim().parse::<u64>().ok())
+        .map(|kib| kib << 10)
+        .ok_or_else(|| "/proc/meminfo has no MemTotal".into())
+}
+
 /// How the agent serves each admitted process.
 enum Server {
     /// A device session of its own.
@@ -171,7 +220,14 @@ fn run(args: &Args) -> Result<(), String> {
                 address,
                 process_ram_size: guest_ram_size,
                 quotas: Default::default(),
+                pin_limits: pin_limits(args)?,
+                doorbell_min_interval: Duration::from_micros(args.doorbell_min_interval_us),
             };
+            info!(
+                "pinned for registrations at most {} MiB per user, {} MiB in all",
+                options.pin_limits.per_user >> 20,
+                options.pin_limits.total >> 20
+            );
             (
                 Server::Shared(SharedDevice::open(&options)?),
                 "the vrdma PCI device".to_string(),

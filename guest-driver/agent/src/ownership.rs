@@ -432,6 +432,11 @@ impl Ownership {
 
     /// Records the outcome of a forwarded request: on success, the created handle becomes
     /// `client`'s and the destroyed one is forgotten. Failures change nothing.
+    ///
+    /// Commands of different clients may run on the device between their check and their
+    /// record: a handle `client` destroyed may already be another client's new object (the
+    /// device reused it, and that client recorded it first). Then the entry is that client's
+    /// and stays.
     pub fn record(&mut self, client: ClientId, plan: &CommandPlan, response: &[u8]) {
         if !succeeded(plan.opcode, response) {
             if response.first_chunk::<4>() == Some(&[0; 4]) {
@@ -450,11 +455,13 @@ impl Ownership {
             }
         }
         if let Some((kind, handle)) = plan.destroys {
-            match self.remove(kind, handle) {
-                Some(owner) if owner != client => {
-                    log::warn!("client {client} destroyed {kind:?} {handle:#x} of client {owner}")
+            match self.owner(kind, handle) {
+                Some(owner) if owner == client => {
+                    self.remove(kind, handle);
                 }
-                Some(_) => {}
+                Some(owner) => log::debug!(
+                    "{kind:?} {handle:#x} client {client} destroyed is client {owner}'s new one"
+                ),
                 None => log::warn!("destroyed {kind:?} {handle:#x} was not in the table"),
             }
         }
@@ -475,7 +482,9 @@ impl Ownership {
 
     fn insert(&mut self, client: ClientId, kind: ObjectKind, handle: u32) {
         if let Some(old) = self.remove(kind, handle) {
-            log::warn!("new {kind:?} {handle:#x} of client {client} was still owned by {old}");
+            // The device reused the handle of an object `old` destroyed and has not recorded
+            // yet (see `record`).
+            log::debug!("new {kind:?} {handle:#x} of client {client} replaces client {old}'s");
         }
         self.owners.insert((kind, handle), client);
         self.counts.entry(client).or_default()[kind.index()] += 1;

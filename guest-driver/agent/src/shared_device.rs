@@ -5,9 +5,11 @@
 //! - **objects**: [`Ownership`] records who created each object and refuses a command that
 //!   names another process's (`BAD_HANDLE`, as for a handle that does not exist), charges
 //!   per-process quotas, and destroys a process's objects when it goes;
-//! - **memory**: each process gets its own memfd, pinned by the agent ([`PinnedMemory`]),
-//!   which it names by process addresses; the agent rewrites every address list into the
-//!   pinned pages' guest-physical addresses and refuses anything else ([`ProcessPages`]);
+//! - **memory**: each process gets its own memfd ([`ProcessMemory`]), which it names by
+//!   process addresses; the agent refuses a registration naming anything else
+//!   ([`ProcessRam`]), pins the pages a registration names for as long as it lives (charged
+//!   to the process's user, [`PinBudget`]) and rewrites it into their guest-physical
+//!   addresses;
 //! - **events**: each event goes to the process owning its CQ, QP, SRQ or MR; port and device
 //!   events go to all;
 //! - **the connection manager**: CM ids are objects like the others; the agent fetches the
@@ -26,11 +28,12 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
+use std::time::{Duration, Instant};
 
 use log::{debug, error, info, warn};
 use parking_lot::Mutex;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-use vrdma::dma::{RamPages, GUEST_RAM_BASE};
+use vrdma::dma::{RamPages, GUEST_RAM_BASE, PAGE_SIZE};
 use vrdma::transport::agent::protocol::{
     event_socket_pair, Frame, Outcome, ProtocolError, SharedDevice as SharedPart, Welcome,
 };
@@ -47,13 +50,15 @@ use vrdma_spec::{
     ResponseBody,
 };
 
-use crate::pinned::PinnedMemory;
+use crate::doorbell_pacing::DoorbellPacing;
+use crate::pinned::{PinnedMemory, ProcessMemory, RegistrationPin};
 use crate::session::{receive_hello, Peer, SessionError, POLL_SLICE};
 use vrdma_guestd::cm_events::{self, CmEvents, Routed};
 use vrdma_guestd::ownership::{
     self, ClientId, CommandPlan, ObjectKind, Ownership, Quotas, Refusal,
 };
-use vrdma_guestd::translate::ProcessPages;
+use vrdma_guestd::pin_budget::{PinBudget, PinLimits};
+use vrdma_guestd::translate::ProcessRam;
 
 /// Size of a hugepage, the granule of the doorbell area's memory (physically contiguous).
 const HUGEPAGE: usize = 2 << 20;
@@ -66,10 +71,14 @@ const NOT_SERVED: u64 = VRDMA_F_MW;
 pub struct SharedOptions {
     /// PCI address of the vrdma function, or the first one found.
     pub address: Option<String>,
-    /// Registrable memory of each process, in bytes (pinned while the process is served).
+    /// Registrable memory of each process, in bytes (pinned where registrations cover it).
     pub process_ram_size: usize,
     /// Per-process object limits.
     pub quotas: Quotas,
+    /// How much the agent pins for registrations, per user and in all.
+    pub pin_limits: PinLimits,
+    /// The least time between two notifications of the doorbell queue.
+    pub doorbell_min_interval: Duration,
 }
 
 /// The device and everything the agent keeps about the processes sharing it.
@@ -88,10 +97,27 @@ pub struct SharedDevice {
     doorbell_area_len: u64,
     /// Processes write it to have the agent notify the doorbell queue.
     doorbell_kick: EventFd,
+    doorbell_min_interval: Duration,
     features: u64,
     config: Vec<u8>,
     max_mr_pages: u32,
     process_ram_size: usize,
+    pin_budget: Arc<PinBudget>,
+    /// Pinned ranges a process may have at once: one per MR of its quota (a registration
+    /// takes one per run of consecutive pages, per GiB), at most io_uring's table size.
+    pin_entries: u32,
+}
+
+/// The most entries an io_uring buffer table has (`IORING_MAX_REG_BUFFERS`).
+const MAX_PIN_ENTRIES: u32 = 1 << 14;
+
+/// One served process's memory: where it may register, and the pins of its live MRs.
+struct ProcessPins {
+    memory: ProcessMemory,
+    ram: ProcessRam,
+    /// Per MR handle, the pins its pages hold (more than one after a failed REREG_MR, whose
+    /// new pages the device may have been given).
+    by_mr: HashMap<u32, Vec<RegistrationPin>>,
 }
 
 /// Decodes and plans a process's request, or says why VM mode does not forward it: what
@@ -172,7 +198,10 @@ impl SharedDevice {
             doorbell_area_len: doorbell_area.ram().len() as u64,
             doorbell_area,
             doorbell_kick,
+            doorbell_min_interval: options.doorbell_min_interval,
             process_ram_size: options.process_ram_size,
+            pin_budget: PinBudget::new(options.pin_limits),
+            pin_entries: options.quotas.mrs.clamp(1, MAX_PIN_ENTRIES),
         });
         info!("vrdma PCI device {address}: shared by every process (queue region {resource})");
         for (name, job) in [
@@ -204,7 +233,13 @@ impl SharedDevice {
         client: ClientId,
     ) -> Result<(), SessionError> {
         receive_hello(socket)?;
-        let memory = match PinnedMemory::new(self.process_ram_size, RamPages::Small) {
+        let memory = match ProcessMemory::new(
+            self.process_ram_size,
+            GUEST_RAM_BASE,
+            peer.uid,
+            self.pin_budget.clone(),
+            self.pin_entries,
+        ) {
             Ok(memory) => memory,
             Err(e) => {
                 let why = format!("no memory for this process: {e}");
@@ -240,17 +275,25 @@ impl SharedDevice {
             },
         );
         info!("process {} (uid {}) connected", peer.pid, peer.uid);
-        let pages = ProcessPages::new(GUEST_RAM_BASE, memory.guest_pages().to_vec());
-        let result = self.run_commands(socket, client, &pages);
+        let mut pins = ProcessPins {
+            ram: ProcessRam::new(GUEST_RAM_BASE, (memory.ram().len() / PAGE_SIZE) as u64),
+            memory,
+            by_mr: HashMap::new(),
+        };
+        let result = self.run_commands(socket, client, &mut pins);
         // Its events end with it; then its objects, then its memory.
         self.listeners.lock().remove(&client);
-        if self.release(client, peer) {
-            drop(memory);
-        } else {
-            // An MR may still point into it: the pages stay pinned (and so never reused)
-            // for the agent's life rather than the device writing into someone else's.
-            warn!("process {}: its memory stays pinned", peer.pid);
-            std::mem::forget(memory);
+        for mr in self.release(client, peer) {
+            // The device may still write into the MR's pages: they stay pinned (and so never
+            // reused), and charged, for the agent's life rather than reach someone else.
+            if let Some(kept) = pins.by_mr.remove(&mr) {
+                let bytes: u64 = kept.iter().map(RegistrationPin::bytes).sum();
+                warn!(
+                    "process {}: MR {mr:#x} stays pinned ({bytes} bytes)",
+                    peer.pid
+                );
+                std::mem::forget(kept);
+            }
         }
         result
     }
@@ -259,7 +302,7 @@ impl SharedDevice {
         &self,
         socket: &UnixStream,
         client: ClientId,
-        pages: &ProcessPages,
+        pins: &mut ProcessPins,
     ) -> Result<(), SessionError> {
         let extents = self.device.device_features() & VRDMA_F_MR_EXTENTS != 0;
         let mut response = vec![0u8; MAX_CM_RESPONSE_SIZE];
@@ -271,7 +314,7 @@ impl SharedDevice {
                 Err(e) => return Err(e.into()),
             };
             let (outcome, answer) =
-                match self.execute(client, pages, &request, extents, &mut response) {
+                match self.execute(client, pins, &request, extents, &mut response) {
                     Ok(answer) => (Outcome::Answered, answer),
                     Err(TransportError::Disconnected) => (Outcome::Disconnected, Vec::new()),
                     Err(e) => (Outcome::Failed(e.to_string()), Vec::new()),
@@ -285,12 +328,13 @@ impl SharedDevice {
         }
     }
 
-    /// One command of `client`: checked, rewritten to guest-physical addresses, executed,
-    /// recorded. A refusal is an answer with the status the device gives for the same defect.
+    /// One command of `client`: checked, its memory pinned and rewritten to guest-physical
+    /// addresses, executed, recorded. A refusal is an answer with the status the device gives
+    /// for the same defect.
     fn execute(
         &self,
         client: ClientId,
-        pages: &ProcessPages,
+        pins: &mut ProcessPins,
         request: &[u8],
         extents: bool,
         response: &mut [u8],
@@ -303,21 +347,46 @@ impl SharedDevice {
                 return refuse(refusal.status());
             }
         };
-        let rewritten = match pages.rewrite(&decoded, extents, self.max_mr_pages) {
-            Ok(rewritten) => rewritten,
+        // Pinned before the ownership lock is taken: pinning a large MR takes long, and other
+        // processes' commands do not wait for it.
+        let registration = match pins.ram.registration(&decoded) {
+            Ok(registration) => registration,
             Err(status) => return refuse(status),
         };
-        let to_device = rewritten.as_deref().unwrap_or(request);
+        let pinned = match &registration {
+            Some(registration) => match pins.memory.pin(&registration.runs()) {
+                Ok(pin) => {
+                    match registration.rewrite(|a| pin.guest_page(a), extents, self.max_mr_pages) {
+                        Ok(rewritten) => Some((pin, rewritten)),
+                        Err(status) => return refuse(status),
+                    }
+                }
+                Err(e) => {
+                    debug!("client {client}: {}: {e}", plan.opcode.name());
+                    return refuse(e.status());
+                }
+            },
+            None => None,
+        };
+        let to_device = pinned
+            .as_ref()
+            .map_or(request, |(_, bytes)| bytes.as_slice());
         let cm = match &decoded {
             ControlRequest::Cm(CmRequest::GetEvent) => return Ok(self.next_cm_event(client)),
             ControlRequest::Cm(cm) => Some(cm),
             _ => None,
         };
-        // Held from the check to the record, so that no other process's command changes
-        // ownership (or a quota) in between.
-        let mut ownership = self.ownership.lock();
-        if let Err(status) = ownership.check(client, &plan) {
-            return refuse(status);
+        // The lock is not held while the device executes, so that no process's command (a
+        // large registration takes long) holds up the others' checks or the routing of
+        // events. That is safe because only this process's own thread destroys its objects:
+        // what it names stays its own until its command is recorded. A handle it destroys
+        // may be reused by another process's create before this record; `record` then leaves
+        // the new owner's entry alone.
+        {
+            let ownership = self.ownership.lock();
+            if let Err(status) = ownership.check(client, &plan) {
+                return refuse(status);
+            }
         }
         if cm.is_some_and(CmRequest::makes_events) {
             if let Err(status) = self.cm_events.lock().admit(client) {
@@ -326,10 +395,11 @@ impl SharedDevice {
         }
         let used = self.device.execute(to_device, response)?;
         let answer = &response[..used.min(response.len())];
-        ownership.record(client, &plan, answer);
+        self.ownership.lock().record(client, &plan, answer);
+        pins.record(&decoded, &plan, answer, pinned.map(|(pin, _)| pin));
         match cm {
             Some(CmRequest::DestroyId(r)) if ownership::succeeded(plan.opcode, answer) => {
-                Ok(self.cm_id_destroyed(&mut ownership, client, r.handle.get()))
+                Ok(self.cm_id_destroyed(client, r.handle.get()))
             }
             _ => Ok(answer.to_vec()),
         }
@@ -344,10 +414,10 @@ impl SharedDevice {
     /// `client` destroyed its CM id `id`: the answer says how many of the id's events the
     /// process received, and connect requests to it that it never saw end (their new ids are
     /// destroyed, which rejects the peers).
-    fn cm_id_destroyed(&self, ownership: &mut Ownership, client: ClientId, id: u32) -> Vec<u8> {
+    fn cm_id_destroyed(&self, client: ClientId, id: u32) -> Vec<u8> {
         let (delivered, orphans) = self.cm_events.lock().destroyed(client, id);
         for orphan in orphans {
-            ownership.disown(ObjectKind::CmId, orphan);
+            self.ownership.lock().disown(ObjectKind::CmId, orphan);
             if let Err(e) = self.destroy_on_device(ObjectKind::CmId, orphan) {
                 warn!("client {client}: destroying the unseen connect request {orphan}: {e}");
             }
@@ -380,14 +450,12 @@ impl SharedDevice {
     }
 
     /// Fetches every CM event the device holds and queues each for the process owning its id;
-    /// then tells those processes.
+    /// then tells those processes. No lock is held while the device answers.
     fn fetch_cm_events(&self) {
         let request = ControlRequest::Cm(CmRequest::GetEvent).to_vec();
         let mut response = vec![0u8; MAX_CM_RESPONSE_SIZE];
         let mut told = Vec::new();
         {
-            let mut ownership = self.ownership.lock();
-            let mut events = self.cm_events.lock();
             loop {
                 let decoded = self
                     .device
@@ -411,11 +479,18 @@ impl SharedDevice {
                 if event.event.get() == CM_EVENT_NONE {
                     break;
                 }
-                match events.route(&mut ownership, event) {
+                let routed = {
+                    let mut ownership = self.ownership.lock();
+                    let routed = self.cm_events.lock().route(&mut ownership, event);
+                    if let Routed::Refused(id) = routed {
+                        ownership.disown(ObjectKind::CmId, id);
+                    }
+                    routed
+                };
+                match routed {
                     Routed::Queued(client) => told.push((client, cm_events::notice(&event))),
                     Routed::Refused(id) => {
                         debug!("connect request {id} refused (no listener, or past a bound)");
-                        ownership.disown(ObjectKind::CmId, id);
                         if let Err(e) = self.destroy_on_device(ObjectKind::CmId, id) {
                             warn!("destroying the refused connect request {id}: {e}");
                         }
@@ -436,21 +511,28 @@ impl SharedDevice {
         }
     }
 
-    /// Destroys every object `client` left, in dependency order; true if all went.
-    fn release(&self, client: ClientId, peer: Peer) -> bool {
-        let mut ownership = self.ownership.lock();
-        let left = ownership.release_order(client);
-        if !left.is_empty() {
-            debug!("process {} left {:?}", peer.pid, ownership.counts(client));
-        }
-        let mut all_gone = true;
+    /// Destroys every object `client` left, in dependency order; the MRs that could not be.
+    /// The objects stay recorded as the process's (so nobody else can name them) until all
+    /// were tried, but the lock is taken only to read and to forget them: the other
+    /// processes' commands and events go on meanwhile.
+    fn release(&self, client: ClientId, peer: Peer) -> Vec<u32> {
+        let left = {
+            let ownership = self.ownership.lock();
+            if ownership.counts(client).iter().any(|&(_, n)| n > 0) {
+                debug!("process {} left {:?}", peer.pid, ownership.counts(client));
+            }
+            ownership.release_order(client)
+        };
+        let mut kept_mrs = Vec::new();
         for &(kind, handle) in &left {
             if let Err(e) = self.destroy_on_device(kind, handle) {
                 warn!("process {}: destroying {kind:?} {handle}: {e}", peer.pid);
-                all_gone &= kind != ObjectKind::Mr;
+                if kind == ObjectKind::Mr {
+                    kept_mrs.push(handle);
+                }
             }
         }
-        ownership.forget_client(client);
+        self.ownership.lock().forget_client(client);
         self.cm_events.lock().forget(client);
         if !left.is_empty() {
             info!(
@@ -459,16 +541,17 @@ impl SharedDevice {
                 left.len()
             );
         }
-        all_gone
+        kept_mrs
     }
 
     /// Notifies the doorbell queue for every process that asked (one register write for any
-    /// number of asks since the last).
+    /// number of asks since the last), at most once per `--doorbell-min-interval-us`
+    /// ([`DoorbellPacing`]).
     fn relay_doorbells(&self) {
         // Every notified send of every process waits for this thread: it runs at the highest
         // nice level, so that busy-polling applications do not keep it waiting for a time
-        // slice. (Not a real-time class: a process that writes the eventfd without end must
-        // not be able to take a CPU from everyone.)
+        // slice. (Not a real-time class, and paced: a process that writes the eventfd without
+        // end must not be able to take a CPU from everyone.)
         // SAFETY: gettid has no preconditions; setpriority changes this thread only.
         let rc = unsafe {
             let tid = libc::gettid();
@@ -480,6 +563,10 @@ impl SharedDevice {
                 std::io::Error::last_os_error()
             );
         }
+        // The pacing's sleeps are tens of µs: the default timer slack (50 µs) would double them.
+        // SAFETY: PR_SET_TIMERSLACK changes this thread's slack only.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
+        let mut pacing = DoorbellPacing::new(self.doorbell_min_interval);
         loop {
             let mut pollfd = libc::pollfd {
                 fd: self.doorbell_kick.as_raw_fd(),
@@ -490,12 +577,18 @@ impl SharedDevice {
             if unsafe { libc::poll(&mut pollfd, 1, -1) } < 0 {
                 continue;
             }
+            let wait = pacing.wait(Instant::now());
+            if !wait.is_zero() {
+                thread::sleep(wait);
+            }
+            // Read after the wait: the asks that came meanwhile are served by this one.
             if self.doorbell_kick.read().is_err() {
                 continue;
             }
             if let Err(e) = self.device.notify_doorbell() {
                 error!("cannot notify the device's doorbell queue: {e}");
             }
+            pacing.notified(Instant::now());
         }
     }
 
@@ -547,6 +640,46 @@ impl SharedDevice {
                 error!("the device lost its state (DEVICE_FATAL); the agent stops");
                 std::process::exit(1);
             }
+        }
+    }
+}
+
+impl ProcessPins {
+    /// Keeps or releases the pins of a registration command the device answered `answer`:
+    /// `pin` is what the command's memory was pinned with.
+    fn record(
+        &mut self,
+        request: &ControlRequest<'_>,
+        plan: &CommandPlan,
+        answer: &[u8],
+        pin: Option<RegistrationPin>,
+    ) {
+        let succeeded = ownership::succeeded(plan.opcode, answer);
+        match (request, pin) {
+            (ControlRequest::RegMr(_) | ControlRequest::RegMrExtents(_), Some(pin))
+                if succeeded =>
+            {
+                match ownership::created_handle(ObjectKind::Mr, plan.opcode, answer) {
+                    Some(mr) => self.by_mr.entry(mr).or_default().push(pin),
+                    // Registered, but which MR is unknown: keep the pages pinned.
+                    None => std::mem::forget(pin),
+                }
+            }
+            (ControlRequest::ReregMr(m), Some(pin)) => {
+                let pins = self.by_mr.entry(m.req.mr.get()).or_default();
+                if succeeded {
+                    // The old pages are no longer the MR's.
+                    pins.clear();
+                }
+                pins.push(pin);
+            }
+            (ControlRequest::DeregMr(_), None) if succeeded => {
+                if let Some((ObjectKind::Mr, mr)) = plan.destroys {
+                    self.by_mr.remove(&mr);
+                }
+            }
+            // A registration the device refused: its pin goes.
+            _ => {}
         }
     }
 }

@@ -88,6 +88,10 @@ fn print_report(report: &real_guest::Report, rxe_vm_accel: &str, vm_run: Duratio
         "a third process SIGKILLed in mid-traffic while the two below ran: {}",
         report.first_boot.agent_victim_released.trim()
     );
+    println!(
+        "a hostile root process pinning through the agent meanwhile: {}",
+        report.first_boot.agent_pin_budget
+    );
     for table in &report.first_boot.through_agent {
         println!(
             "vrdma-pingpong as nobody through the agent (two at once), every byte verified:\n{}",

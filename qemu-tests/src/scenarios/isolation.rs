@@ -21,7 +21,7 @@ use vrdma_spec::{verbs, Le16, Le32, Le64, Status, StatusError};
 use crate::error::{Error, Result};
 
 /// One raw command; `Err` carries the device's status.
-fn command(
+pub(crate) fn command(
     transport: &dyn Transport,
     request: ControlRequest<'_>,
 ) -> Result<Result<ResponseBody, StatusError>> {
@@ -70,7 +70,7 @@ fn handle(handle: u32) -> HandleReq {
     }
 }
 
-fn alloc_pd(what: &str, transport: &dyn Transport) -> Result<u32> {
+pub(crate) fn alloc_pd(what: &str, transport: &dyn Transport) -> Result<u32> {
     match expect_ok(what, transport, ControlRequest::AllocPd)? {
         ResponseBody::AllocPd(r) => Ok(r.handle.get()),
         other => Err(Error::Scenario(format!(
@@ -79,7 +79,7 @@ fn alloc_pd(what: &str, transport: &dyn Transport) -> Result<u32> {
     }
 }
 
-fn reg_mr_request(pd: u32, iova: u64, pages: &[u64]) -> (RegMrReq, Vec<u8>) {
+pub(crate) fn reg_mr_request(pd: u32, iova: u64, pages: &[u64]) -> (RegMrReq, Vec<u8>) {
     let req = RegMrReq {
         pd: Le32::new(pd),
         access: Le32::new(verbs::AccessFlags::LOCAL_WRITE.bits()),

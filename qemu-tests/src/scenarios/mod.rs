@@ -6,6 +6,7 @@ pub mod binaries;
 pub mod isolation;
 pub mod perftest_over_vrdma;
 pub mod perftest_rdma_cm;
+pub mod pin_budget;
 pub mod pingpong_peer;
 pub mod process_pingpong;
 pub mod qtest_pingpong;

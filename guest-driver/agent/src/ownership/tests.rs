@@ -560,6 +560,25 @@ fn a_reissued_handle_still_in_the_table_changes_owner() {
 }
 
 #[test]
+fn a_destroy_recorded_after_the_handle_was_reused_leaves_the_new_owner() {
+    // Client 1 destroys its PD 3 on the device; before it records that, the device gives
+    // 3 to client 2's new PD, and client 2 records first.
+    let mut own = Ownership::new(Quotas::default());
+    make(&mut own, 1, &alloc_pd(), Pd, 3);
+    let destroy = plan(&ControlRequest::DeallocPd(hreq(3)).to_vec()).unwrap();
+    assert_eq!(own.check(1, &destroy), Ok(()));
+    make(&mut own, 2, &alloc_pd(), Pd, 3);
+    own.record(1, &destroy, &ok_empty());
+    assert_eq!(own.owner(Pd, 3), Some(2));
+    assert!(own.counts(1).contains(&(Pd, 0)));
+    assert!(own.counts(2).contains(&(Pd, 1)));
+    // And a process that leaves forgets only its own entries.
+    make(&mut own, 1, &alloc_pd(), Pd, 4);
+    assert_eq!(own.forget_client(1), 1);
+    assert_eq!(own.owner(Pd, 3), Some(2));
+}
+
+#[test]
 fn quotas_are_per_client_and_per_kind() {
     let quotas = Quotas {
         qps: 2,

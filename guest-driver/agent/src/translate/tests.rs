@@ -4,18 +4,23 @@ use vrdma_spec::control::{
 use vrdma_spec::wire::{RegMrReq, ReregMrReq};
 use vrdma_spec::{ControlRequest, Le32, Le64, Status};
 
-use super::{ProcessPages, PAGE};
+use super::{ProcessRam, PAGE};
 
 const BASE: u64 = 1 << 30;
 
-/// 8 process pages whose guest pages are scattered, two of them adjacent (pages 2 and 3).
-fn pages() -> ProcessPages {
-    ProcessPages::new(
-        BASE,
-        vec![
-            0x9000, 0x5000, 0x20000, 0x21000, 0x7000, 0x3000, 0x40000, 0x11000,
-        ],
-    )
+/// The guest pages of 8 process pages: scattered, two of them adjacent (pages 2 and 3).
+const GUEST_PAGES: [u64; 8] = [
+    0x9000, 0x5000, 0x20000, 0x21000, 0x7000, 0x3000, 0x40000, 0x11000,
+];
+
+fn ram() -> ProcessRam {
+    ProcessRam::new(BASE, GUEST_PAGES.len() as u64)
+}
+
+fn guest_page(addr: u64) -> Option<u64> {
+    GUEST_PAGES
+        .get(usize::try_from((addr - BASE) / PAGE).ok()?)
+        .copied()
 }
 
 fn reg_req(iova: u64, length: u64, shift: u32, npages: u32) -> RegMrReq {
@@ -30,9 +35,10 @@ fn reg_req(iova: u64, length: u64, shift: u32, npages: u32) -> RegMrReq {
 }
 
 fn rewrite(request: &ControlRequest<'_>, extents: bool) -> Result<Vec<u8>, Status> {
-    let bytes = pages()
-        .rewrite(request, extents, 1024)?
-        .expect("a rewritten request");
+    let bytes = ram()
+        .registration(request)?
+        .expect("a registration")
+        .rewrite(guest_page, extents, 1024)?;
     // The result is itself a valid request.
     ControlRequest::decode(&bytes).expect("decodes");
     Ok(bytes)
@@ -156,9 +162,34 @@ fn rereg_with_a_translation_is_rewritten_and_without_one_left_alone() {
         ..req
     };
     let request = ControlRequest::ReregMr(ReregMr::new(access_only, &[]));
-    assert_eq!(pages().rewrite(&request, true, 1024), Ok(None));
+    assert!(ram().registration(&request).unwrap().is_none());
+    assert!(ram()
+        .registration(&ControlRequest::QueryDevice)
+        .unwrap()
+        .is_none());
+}
+
+#[test]
+fn what_is_pinned_is_each_named_page_once_in_runs() {
+    // Pages 5, 1, 2, 1 (again), 6: three MR pages name page 1 twice.
+    let mut list = Vec::new();
+    let named = [5, 1, 2, 1, 6].map(|i| BASE + i * PAGE);
+    encode_page_list(named, &mut list);
+    let request = ControlRequest::RegMr(RegMr::new(reg_req(0, 5 * PAGE, 12, 5), &list));
+    let registration = ram().registration(&request).unwrap().unwrap();
+    assert_eq!(registration.pages(), named);
     assert_eq!(
-        pages().rewrite(&ControlRequest::QueryDevice, true, 1024),
-        Ok(None)
+        registration.runs(),
+        [(BASE + PAGE, 2 * PAGE), (BASE + 5 * PAGE, 2 * PAGE)]
+    );
+    // A page the lookup does not know (not pinned) is never handed to the device.
+    let unpinned = |addr| {
+        (addr != BASE + 6 * PAGE)
+            .then(|| guest_page(addr))
+            .flatten()
+    };
+    assert_eq!(
+        registration.rewrite(unpinned, false, 1024),
+        Err(Status::BadAddress)
     );
 }

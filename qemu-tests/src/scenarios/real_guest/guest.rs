@@ -16,6 +16,7 @@ use crate::error::{tail, Error, IoContext, Result};
 use crate::inside::Proc;
 use crate::perftest::{self, Side};
 use crate::relay;
+use crate::scenarios::pin_budget;
 
 /// What the first boot leaves in the result directory (its presence marks the reboot).
 pub const FIRST_BOOT_FILE: &str = "first-boot.json";
@@ -96,6 +97,8 @@ fn first_boot(
     record.through_agent = agent.tables;
     record.agent_victim_released = agent.victim_released;
     record.agent_rping_pings = agent.rping_pings;
+    record.agent_pin_registered = agent.pin_registered;
+    record.agent_pin_budget = agent.pin_budget;
     for table in &record.through_agent {
         println!("{table}");
     }
@@ -299,12 +302,15 @@ struct ThroughAgent {
     tables: Vec<String>,
     victim_released: String,
     rping_pings: [u32; 2],
+    pin_registered: u64,
+    pin_budget: String,
 }
 
 /// The guest agent drives the PCI function and serves, as `nobody`: a process running
-/// traffic, then two verified ping-pongs at once against their native servers while the first
-/// one is SIGKILLed (the agent must release what it left; the two must finish verified); the
-/// isolation checks between two of its processes; unmodified perftest servers, the native
+/// traffic, then two verified ping-pongs at once against their native servers while a hostile
+/// root process pins up to its budget and is refused past it, and the first one is SIGKILLed
+/// (the agent must release what it left; the two must finish verified); the isolation checks
+/// between two of its processes; unmodified perftest servers, the native
 /// clients measuring. The agent stops at the end (the next step opens the function directly,
 /// which resets it).
 fn through_agent(
@@ -321,6 +327,10 @@ fn through_agent(
             .arg(socket)
             .args(["--group", "nogroup", "--mode", "660"])
             .args(["--guest-ram-mib", &AGENT_PROCESS_MIB.to_string()])
+            .args([
+                "--max-pinned-mib-per-user",
+                &AGENT_PIN_BUDGET_MIB.to_string(),
+            ])
             .env("RUST_LOG", "info"),
     )?;
     let client = |link: Link, ops: &str, sizes: &str, iters: u32| -> Result<Proc> {
@@ -351,6 +361,9 @@ fn through_agent(
         for survivor in &mut survivors {
             survivor.wait_for_output("RUNNING", STEP_TIMEOUT)?;
         }
+        let hog = pin_budget::pin_past_budget(socket, agent.pid(), AGENT_PIN_BUDGET_MIB)?;
+        let pin_summary = hog.summary(AGENT_PIN_BUDGET_MIB);
+        println!("hostile root process: {pin_summary}");
         victim.kill();
         let released = format!("process {}: released", victim.pid());
         agent.wait_for_output(&released, STEP_TIMEOUT)?;
@@ -367,6 +380,9 @@ fn through_agent(
             survivor.wait_success(STEP_TIMEOUT)?;
             tables.push(survivor.output());
         }
+        let pin_registered = hog.registered;
+        let left = pin_budget::release(hog, agent.pid(), STEP_TIMEOUT)?;
+        let pin_budget = format!("{pin_summary}; {left} KiB pinned once it closed them");
         crate::scenarios::isolation::run_through_agent(socket)?;
         let side = Side::through_agent(socket, &paths.library_dir, NOBODY, NOBODY);
         for (case, link) in AGENT_PERFTEST {
@@ -377,6 +393,8 @@ fn through_agent(
             tables,
             victim_released,
             rping_pings,
+            pin_registered,
+            pin_budget,
         })
     })();
     if result.is_err() {

@@ -92,8 +92,11 @@ pub const AGENT_VICTIM: Link = Link {
 /// Operations and sizes of the ping-pongs through the agent.
 pub const AGENT_OPS: &str = "send,write,read";
 pub const AGENT_SIZES: &str = "64,4096";
-/// Registrable memory the agent pins for each process, in MiB.
+/// Registrable memory of each process of the agent, in MiB (pinned where registered).
 pub const AGENT_PROCESS_MIB: u32 = 16;
+/// What the agent may pin for one user's registrations (`--max-pinned-mib-per-user`), in MiB:
+/// enough for `nobody`'s processes, and what the hostile root process runs into.
+pub const AGENT_PIN_BUDGET_MIB: u64 = 40;
 
 /// Unmodified perftest: server in the guest over the drop-in, client native (it measures);
 /// the same cases run natively beside it.
@@ -258,6 +261,12 @@ pub struct FirstBoot {
     /// client against a native server, and the guest's server against a native client.
     #[serde(default)]
     pub agent_rping_pings: [u32; 2],
+    /// Registrations a hostile process of another user made through the agent before it was
+    /// refused at the pin budget, while `nobody`'s ping-pongs ran; and what it saw.
+    #[serde(default)]
+    pub agent_pin_registered: u64,
+    #[serde(default)]
+    pub agent_pin_budget: String,
 }
 
 /// What the boot after the reboot left.
