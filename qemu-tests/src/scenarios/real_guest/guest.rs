@@ -350,8 +350,12 @@ fn through_agent(
             .env_remove("VRDMA_SOCKET");
         Proc::spawn(&format!("agent-client-{}", link.tcp), &mut command)
     };
+    let start = Instant::now();
+    // Where this step's time goes (it is the suite's longest).
+    let lap = |what: &str| println!("  {:7.1} s  {what}", start.elapsed().as_secs_f64());
     let result = (|| {
         agent.wait_for_output("serving", STEP_TIMEOUT)?;
+        lap("the agent serves");
         let mut victim = client(AGENT_VICTIM, "send,write", "4096", LIVE_ITERS)?;
         victim.wait_for_output("RUNNING", STEP_TIMEOUT)?;
         let mut survivors = THROUGH_AGENT
@@ -361,9 +365,11 @@ fn through_agent(
         for survivor in &mut survivors {
             survivor.wait_for_output("RUNNING", STEP_TIMEOUT)?;
         }
+        lap("three ping-pongs as nobody run");
         let hog = pin_budget::pin_past_budget(socket, agent.pid(), AGENT_PIN_BUDGET_MIB)?;
         let pin_summary = hog.summary(AGENT_PIN_BUDGET_MIB);
         println!("hostile root process: {pin_summary}");
+        lap("the hostile process is at its budget");
         victim.kill();
         let released = format!("process {}: released", victim.pid());
         agent.wait_for_output(&released, STEP_TIMEOUT)?;
@@ -375,20 +381,26 @@ fn through_agent(
             .to_string();
         println!("{victim_released}");
         println!("host side: {}", control.request("agent-victim-killed")?);
+        lap("the killed process's objects released");
         let mut tables = Vec::new();
         for mut survivor in survivors {
             survivor.wait_success(STEP_TIMEOUT)?;
             tables.push(survivor.output());
         }
+        lap("the two ping-pongs finished, verified");
         let pin_registered = hog.registered;
         let left = pin_budget::release(hog, agent.pid(), STEP_TIMEOUT)?;
         let pin_budget = format!("{pin_summary}; {left} KiB pinned once it closed them");
+        lap("the hostile process's memory is unpinned");
         crate::scenarios::isolation::run_through_agent(socket)?;
+        lap("isolation checks");
         let side = Side::through_agent(socket, &paths.library_dir, NOBODY, NOBODY);
         for (case, link) in AGENT_PERFTEST {
             perftest_server(&side, case, *link)?;
+            lap(&format!("perftest {} {}", case.tool.command(), case.size));
         }
         let rping_pings = rping_through_agent(paths, control, socket)?;
+        lap("rping both ways");
         Ok(ThroughAgent {
             tables,
             victim_released,
