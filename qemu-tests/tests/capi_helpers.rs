@@ -1,6 +1,7 @@
 //! The drop-in `libibverbs.so.1` against the system's own (Debian's rdma-core), on the host:
 //! - every public symbol of the system library (Debian 12's, and Debian 13's from the VM's root
-//!   file system) is exported by the drop-in at the same version,
+//!   file system) is exported by the drop-in at the same version, and so is every symbol of its
+//!   provider ABI (`IBVERBS_PRIVATE_34`),
 //!   except the ones listed as not provided yet, and each of those is indeed still missing (so
 //!   the list can only shrink);
 //! - the string and rate helpers answer exactly what the system library answers, for every
@@ -55,6 +56,20 @@ fn dropin_library() -> PathBuf {
 /// Default-version (`name@@VERSION`) function and object symbols a library defines, outside
 /// rdma-core's private interface.
 fn public_symbols(library: &Path) -> Vec<(String, String)> {
+    let mut symbols = defined_symbols(library);
+    symbols.retain(|(_, version)| !version.starts_with("IBVERBS_PRIVATE_"));
+    symbols
+}
+
+/// The same of rdma-core's private interface (the provider ABI).
+fn private_symbols(library: &Path) -> Vec<(String, String)> {
+    let mut symbols = defined_symbols(library);
+    symbols.retain(|(_, version)| version.starts_with("IBVERBS_PRIVATE_"));
+    symbols
+}
+
+/// Default-version function and object symbols a library defines.
+fn defined_symbols(library: &Path) -> Vec<(String, String)> {
     let out = Command::new("readelf")
         .args(["--dyn-syms", "-W"])
         .arg(library)
@@ -76,7 +91,6 @@ fn public_symbols(library: &Path) -> Vec<(String, String)> {
             (kind && matches!(cols[4], "GLOBAL" | "WEAK")).then(|| cols[7])
         })
         .filter_map(|name| name.split_once("@@"))
-        .filter(|(_, version)| !version.starts_with("IBVERBS_PRIVATE_"))
         .map(|(n, v)| (n.to_owned(), v.to_owned()))
         .collect();
     symbols.sort();
@@ -108,6 +122,20 @@ fn assert_exports_everything_of(system: &Path) {
     );
 }
 
+/// Fails unless the drop-in exports every symbol of rdma-core's provider ABI that `system`
+/// exports, at the same version (what providers bind at load: `tests/provider_abi.rs`).
+fn assert_exports_the_provider_abi_of(system: &Path) {
+    let ours = private_symbols(&dropin_library());
+    let theirs = private_symbols(system);
+    assert!(theirs.len() > 60, "{}: {theirs:?}", system.display());
+    let missing: Vec<&(String, String)> = theirs.iter().filter(|s| !ours.contains(s)).collect();
+    assert!(
+        missing.is_empty(),
+        "provider ABI missing from the drop-in ({}): {missing:?}",
+        system.display()
+    );
+}
+
 /// Debian 12's rdma-core (44), this machine's.
 #[test]
 fn every_public_symbol_of_the_host_library_is_exported_at_its_version() {
@@ -115,6 +143,7 @@ fn every_public_symbol_of_the_host_library_is_exported_at_its_version() {
         return;
     };
     assert_exports_everything_of(&system);
+    assert_exports_the_provider_abi_of(&system);
 }
 
 /// Debian 13's rdma-core (56), the one in the test VM's root file system (read from the
@@ -139,6 +168,7 @@ fn every_public_symbol_of_the_vm_library_is_exported_at_its_version() {
         .find(|p| p.exists())
         .expect("libibverbs.so.1 in the VM's root file system");
     assert_exports_everything_of(&system);
+    assert_exports_the_provider_abi_of(&system);
 }
 
 /// A library opened with `dlopen`, closed on drop.

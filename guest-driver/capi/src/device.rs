@@ -5,7 +5,7 @@
 //! opening it connects the process transport or initialises the PCI device, and opens a
 //! [`vrdma::Context`] over it.
 
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, c_void};
 use std::path::Path;
 use std::sync::{Arc, Once, OnceLock};
 
@@ -31,8 +31,19 @@ use crate::{cq_ex, datapath, qp_ex, query_ex, srq, windows};
 pub(crate) const DEVICE_NAME: &str = "vrdma0";
 
 /// The `ibv_device` handed out by `ibv_get_device_list`; lives as long as the process, as
-/// devices of rdma-core do while a context refers to them.
-struct Device(ibv_device);
+/// devices of rdma-core do while a context refers to them. Laid out as rdma-core allocates
+/// every device, inside a `struct verbs_device` (libibverbs/driver.h, rdma-core 34 to 56):
+/// providers compare its `ops` with their own to tell their devices (`mlx5dv_is_supported`,
+/// `efadv_query_device`), and this one is no provider's (null).
+#[repr(C)]
+struct Device {
+    device: ibv_device,
+    ops: *const c_void,
+    refcount: c_int,
+    entry: [*mut c_void; 2],
+    sysfs: *mut c_void,
+    core_support: u64,
+}
 
 // SAFETY: the device is written once, before it is shared, and only read afterwards.
 unsafe impl Send for Device {}
@@ -60,9 +71,16 @@ pub(crate) fn device() -> *mut ibv_device {
         d.name = c_string(DEVICE_NAME);
         d.dev_name = c_string(DEVICE_NAME);
         d.ibdev_path = c_string(&format!("/sys/class/infiniband/{DEVICE_NAME}"));
-        Box::new(Device(d))
+        Box::new(Device {
+            device: d,
+            ops: std::ptr::null(),
+            refcount: 1,
+            entry: [std::ptr::null_mut(); 2],
+            sysfs: std::ptr::null_mut(),
+            core_support: 0,
+        })
     });
-    std::ptr::from_ref(&device.0).cast_mut()
+    std::ptr::from_ref(&device.device).cast_mut()
 }
 
 pub(crate) fn init_logging() {

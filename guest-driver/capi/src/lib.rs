@@ -38,6 +38,7 @@ mod marshall;
 mod memory;
 mod mr_rereg;
 mod objects;
+mod provider_abi;
 mod qp;
 mod qp_ex;
 mod query;

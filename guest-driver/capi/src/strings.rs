@@ -91,6 +91,32 @@ const WC_STATUSES: &[&CStr] = &[
     c"TM software rendezvous",
 ];
 
+/// `enum ibv_wr_opcode` names from IBV_WR_RDMA_WRITE (0) through IBV_WR_ATOMIC_WRITE (15);
+/// 12 and 13 are no opcode (rdma-core 56 hands out its table's empty entries there, NULL).
+const WR_OPCODES: &[&CStr] = &[
+    c"rdma-write",
+    c"rdma-write-with-imm",
+    c"send",
+    c"send-with-imm",
+    c"rdma-read",
+    c"atomic-cmp-and-swp",
+    c"atomic-fetch-and-add",
+    c"local-inv",
+    c"bind-mw",
+    c"send-with-inv",
+    c"tso",
+    c"driver1",
+    UNKNOWN,
+    UNKNOWN,
+    c"flush",
+    c"atomic-write",
+];
+
+/// `ibv_wr_opcode_str` (IBVERBS_PRIVATE_34 in rdma-core 56, which its tools import).
+pub extern "C" fn ibv_wr_opcode_str(opcode: u32) -> *const c_char {
+    name_of(WR_OPCODES, 0, opcode.into())
+}
+
 /// `ibv_node_type_str` (IBVERBS_1.1).
 pub extern "C" fn ibv_node_type_str(node_type: c_int) -> *const c_char {
     name_of(NODE_TYPES, 1, node_type.into())
@@ -206,6 +232,11 @@ mod tests {
         assert_eq!(text(ibv_node_type_str(-1)), "unknown");
         assert_eq!(text(ibv_port_state_str(4)), "active");
         assert_eq!(text(ibv_port_state_str(6)), "unknown");
+        assert_eq!(text(ibv_wr_opcode_str(0)), "rdma-write");
+        assert_eq!(text(ibv_wr_opcode_str(10)), "tso");
+        assert_eq!(text(ibv_wr_opcode_str(12)), "unknown");
+        assert_eq!(text(ibv_wr_opcode_str(15)), "atomic-write");
+        assert_eq!(text(ibv_wr_opcode_str(16)), "unknown");
     }
 
     #[test]
