@@ -389,9 +389,11 @@ fn through_agent(
         }
         lap("the two ping-pongs finished, verified");
         let pin_registered = hog.registered;
-        let left = pin_budget::release(hog, agent.pid(), STEP_TIMEOUT)?;
-        let pin_budget = format!("{pin_summary}; {left} KiB pinned once it closed them");
-        lap("the hostile process's memory is unpinned");
+        let left = pin_budget::release(hog, STEP_TIMEOUT)?;
+        let pin_budget = format!(
+            "{pin_summary}; the guest's shared memory back to {left} KiB once it closed them"
+        );
+        lap("the hostile process's memory is given back");
         crate::scenarios::isolation::run_through_agent(socket)?;
         lap("isolation checks");
         let side = Side::through_agent(socket, &paths.library_dir, NOBODY, NOBODY);

@@ -206,7 +206,7 @@ pub const GUEST_HUGEPAGES: u32 = 64;
 pub struct Settings {
     /// The prepared root file system (shared into the rxe VM at its host path).
     pub root_dir: PathBuf,
-    /// Directory with the drop-in as libibverbs.so.1 (and the vendor library stand-ins).
+    /// Directory with the drop-in as libibverbs.so.1.
     pub library_dir: PathBuf,
     /// Iterations per operation and size of the verified ping-pong.
     pub iters: u32,
