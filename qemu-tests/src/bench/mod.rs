@@ -134,7 +134,7 @@ impl Plan {
 /// The arguments of `vrdma-vm guest bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GuestArgs {
-    /// Directory with the drop-in as libibverbs.so.1 and the vendor library stand-ins.
+    /// Directory with the drop-in as libibverbs.so.1.
     #[arg(long)]
     pub library_dir: PathBuf,
     /// The native control-path bench (built on the host).

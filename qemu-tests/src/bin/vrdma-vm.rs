@@ -207,7 +207,7 @@ enum GuestCmd {
     /// The perftest-over-vrdma scenario; results go to
     /// $VRDMA_RESULT_DIR/perftest-over-vrdma.json.
     PerftestOverVrdma {
-        /// Directory with the drop-in as libibverbs.so.1 and the vendor library stand-ins.
+        /// Directory with the drop-in as libibverbs.so.1.
         #[arg(long)]
         library_dir: PathBuf,
     },

@@ -51,7 +51,7 @@ pub fn run_guest_suite<T: serde::de::DeserializeOwned>(
 }
 
 /// Runs a suite whose guest half takes `--library-dir`: the directory (prepared on the host)
-/// with vrdma's drop-in as `libibverbs.so.1` and the vendor library stand-ins. Returns the VM
+/// with vrdma's drop-in as `libibverbs.so.1`. Returns the VM
 /// configuration it booted with, the outcome and the results.
 pub fn run_dropin_suite<T: serde::de::DeserializeOwned>(
     vm_args: &VmArgs,

@@ -4,8 +4,9 @@
 //! Three configurations of the same [`perftest::BASELINE`]: both sides native on rxe0; the
 //! client over vrdma (process transport) against a native server; both sides over vrdma through
 //! one vrdma-backend. The vrdma side finds the drop-in through `LD_LIBRARY_PATH`, in a directory
-//! prepared on the host ([`prepare_library_dir`]) that also holds stand-ins for the vendor
-//! libraries perftest links directly (`native/standins/`).
+//! prepared on the host ([`prepare_library_dir`]). The vendor libraries perftest links directly
+//! (`libmlx5.so.1`, `libefa.so.1`, `libhns.so.1`) are Debian's own, which load over the drop-in
+//! (its provider ABI) and leave vrdma0 alone.
 
 use std::path::{Path, PathBuf};
 
@@ -20,37 +21,33 @@ pub const NATIVE: &str = "native";
 pub const VRDMA_CLIENT: &str = "vrdma-client";
 pub const VRDMA_BOTH: &str = "vrdma-both";
 
-/// The vendor libraries Debian's perftest binaries link (DT_NEEDED) besides libibverbs. The
-/// real ones need libibverbs' private ABI, which the drop-in does not provide, so the drop-in's
-/// directory carries stand-ins that export what perftest imports and fail when called; perftest
-/// calls them only for vendor IDs it recognizes, and vrdma0 reports its own.
-const STANDINS: &[&str] = &["libmlx5.so.1", "libefa.so.1", "libhns.so.1"];
+/// Stand-ins for the vendor libraries perftest links, which earlier versions put in the
+/// drop-in's directory before the drop-in had the provider ABI; removed from a directory an
+/// older build left, so that Debian's own are the ones loaded.
+const FORMER_STANDINS: &[&str] = &["libmlx5.so.1", "libefa.so.1", "libhns.so.1"];
 
 /// The LD_PRELOAD helper in the drop-in's directory that makes a client's `rdma_connect` wait
 /// for a listener on its destination port (`native/preload/connect_after_listen.c`).
 pub const CONNECT_AFTER_LISTEN: &str = "libvrdma-connect-after-listen.so";
 
 /// Prepares (on the host) `<target_dir>/native/vrdma-dropin/`: `libibverbs.so.1` and
-/// `librdmacm.so.1` linking to `dropin` (the `libvrdma_ibverbs.so` cargo built), the vendor
-/// library stand-ins and the perftest -R clients' helper, built with the system C compiler.
-/// Returns the directory, for `LD_LIBRARY_PATH`.
+/// `librdmacm.so.1` linking to `dropin` (the `libvrdma_ibverbs.so` cargo built) and the
+/// perftest -R clients' helper, built with the system C compiler. Returns the directory, for
+/// `LD_LIBRARY_PATH`.
 pub fn prepare_library_dir(target_dir: &Path, dropin: &Path) -> Result<PathBuf> {
     let dir = target_dir.join("native").join("vrdma-dropin");
-    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("native/standins");
-    for soname in STANDINS {
-        let stem = soname.trim_end_matches(".so.1");
-        native::build_shared_object(
-            &dir,
-            &sources.join(format!("{stem}.c")),
-            &sources.join(format!("{stem}.map")),
-            soname,
-        )?;
+    for former in FORMER_STANDINS {
+        let path = dir.join(former);
+        if path.exists() {
+            std::fs::remove_file(&path).context(|| format!("removing {}", path.display()))?;
+        }
     }
     // The perftest -R clients' helper (scenarios::perftest_rdma_cm).
+    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("native/preload");
     native::build_shared_object(
         &dir,
-        &sources.join("../preload/connect_after_listen.c"),
-        &sources.join("../preload/connect_after_listen.map"),
+        &sources.join("connect_after_listen.c"),
+        &sources.join("connect_after_listen.map"),
         CONNECT_AFTER_LISTEN,
     )?;
     // One file under both names: the loader loads it once (see guest-driver/capi/src/rdmacm).

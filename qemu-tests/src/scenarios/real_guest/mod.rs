@@ -96,7 +96,7 @@ pub const AGENT_SIZES: &str = "64,4096";
 pub const AGENT_PROCESS_MIB: u32 = 16;
 /// What the agent may pin for one user's registrations (`--max-pinned-mib-per-user`), in MiB:
 /// enough for `nobody`'s processes, and what the hostile root process runs into.
-pub const AGENT_PIN_BUDGET_MIB: u64 = 40;
+pub const AGENT_PIN_BUDGET_MIB: u64 = 6;
 
 /// Unmodified perftest: server in the guest over the drop-in, client native (it measures);
 /// the same cases run natively beside it.
