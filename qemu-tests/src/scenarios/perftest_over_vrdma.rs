@@ -37,9 +37,11 @@ pub const CONNECT_AFTER_LISTEN: &str = "libvrdma-connect-after-listen.so";
 pub fn prepare_library_dir(target_dir: &Path, dropin: &Path) -> Result<PathBuf> {
     let dir = target_dir.join("native").join("vrdma-dropin");
     for former in FORMER_STANDINS {
-        let path = dir.join(former);
-        if path.exists() {
-            std::fs::remove_file(&path).context(|| format!("removing {}", path.display()))?;
+        // The library and its build stamp (`native::build_shared_object`).
+        for path in [dir.join(former), dir.join(format!("{former}.stamp"))] {
+            if path.exists() {
+                std::fs::remove_file(&path).context(|| format!("removing {}", path.display()))?;
+            }
         }
     }
     // The perftest -R clients' helper (scenarios::perftest_rdma_cm).
