@@ -7,10 +7,13 @@
 //!
 //! Its own test binary: the drop-in is loaded into the process's global scope under its soname,
 //! where the providers' `libibverbs.so.1` dependency finds it (and no system libibverbs is
-//! loaded, as `capi_helpers` does).
+//! loaded, as `capi_helpers` does). Debian 13's providers (the test VM's root file system) are
+//! loaded the same way by the tree's own Python (ctypes), chrooted into the tree in a private
+//! mount namespace where the drop-in is bind-mounted.
 
 use std::ffi::{c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 const LIBRARY_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 
@@ -98,4 +101,74 @@ fn rdma_core_providers_load_over_the_dropin_and_do_not_claim_its_device() {
     let device = unsafe { *list };
     // SAFETY: the drop-in's device, laid out as a `struct verbs_device`.
     assert!(!unsafe { is_supported(device) }, "mlx5 claims vrdma0");
+}
+
+/// What the chrooted Python runs: the drop-in (argument 1) into the global scope, then every
+/// provider; prints one line per failure and `mlx5 refuses vrdma0` at the end.
+const CHROOT_CHECK: &str = r#"
+import ctypes, glob, sys
+ours = ctypes.CDLL(sys.argv[1], mode=2 | ctypes.RTLD_GLOBAL)
+libs = ["/usr/lib/x86_64-linux-gnu/" + n for n in ("libmlx5.so.1", "libmlx4.so.1", "libefa.so.1", "libhns.so.1", "libmana.so.1")]
+libs += sorted(glob.glob("/usr/lib/x86_64-linux-gnu/libibverbs/*-rdmav34.so"))
+for lib in libs:
+    try:
+        ctypes.CDLL(lib, mode=2)
+    except OSError as e:
+        print("FAILED", lib, e)
+print("loaded", len(libs))
+mlx5 = ctypes.CDLL("/usr/lib/x86_64-linux-gnu/libmlx5.so.1", mode=2)
+ours.ibv_get_device_list.restype = ctypes.POINTER(ctypes.c_void_p)
+count = ctypes.c_int(0)
+devices = ours.ibv_get_device_list(ctypes.byref(count))
+mlx5.mlx5dv_is_supported.restype = ctypes.c_bool
+if count.value == 1 and not mlx5.mlx5dv_is_supported(ctypes.c_void_p(devices[0])):
+    print("mlx5 refuses vrdma0")
+"#;
+
+/// Debian 13's providers, from the VM's root file system.
+#[test]
+fn debian_13_providers_load_over_the_dropin_too() {
+    let root = match vrdma_qemu_tests::cli::host::prepared_root() {
+        Ok(root) => root,
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipped: the VM's root file system is unavailable: {e}");
+            return;
+        }
+        Err(e) => panic!("preparing the VM's root file system: {e}"),
+    };
+    let (_, dropin) = vrdma_qemu_tests::cli::host::dropin_library()
+        .expect("libvrdma_ibverbs.so next to the tests: run `cargo test --workspace`");
+    let dir = std::env::temp_dir().join(format!("vrdma-provider-abi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(&dropin, dir.join("libibverbs.so.1")).unwrap();
+    std::fs::write(dir.join("check.py"), CHROOT_CHECK).unwrap();
+    let mount_point = root.tree.join("mnt");
+    // The tree is the VM's shared (read-only) root: nothing is written into it; the bind mount
+    // lives only in this command's mount namespace.
+    let script = format!(
+        "mount --bind {dir} {mnt} && exec chroot {tree} python3 /mnt/check.py /mnt/libibverbs.so.1",
+        dir = dir.display(),
+        mnt = mount_point.display(),
+        tree = root.tree.display(),
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .env("VRDMA_SOCKET", "/nonexistent/vrdma.sock")
+        .output()
+        .expect("unshare (util-linux)");
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{}: {text}", out.status);
+    assert!(!text.contains("FAILED"), "{text}");
+    assert!(text.contains("mlx5 refuses vrdma0"), "{text}");
+    let loaded: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("loaded "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(loaded >= 15, "{text}");
 }
