@@ -10,6 +10,8 @@
 //! The system library comes with libibverbs-dev, which the harness installs (as root) like it
 //! does for the C layout test; without it the test is skipped with a message unless `CI` is set.
 
+mod common;
+
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -150,13 +152,8 @@ fn every_public_symbol_of_the_host_library_is_exported_at_its_version() {
 /// prepared tree on the host: the same file the VM's programs load).
 #[test]
 fn every_public_symbol_of_the_vm_library_is_exported_at_its_version() {
-    let root = match vrdma_qemu_tests::cli::host::prepared_root() {
-        Ok(root) => root,
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipped: the VM's root file system is unavailable: {e}");
-            return;
-        }
-        Err(e) => panic!("preparing the VM's root file system: {e}"),
+    let Some(root) = common::vm_root() else {
+        return;
     };
     let system = SYSTEM_LIBRARY_DIRS
         .iter()

@@ -11,6 +11,8 @@
 //! loaded the same way by the tree's own Python (ctypes), chrooted into the tree in a private
 //! mount namespace where the drop-in is bind-mounted.
 
+mod common;
+
 use std::ffi::{c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -128,13 +130,8 @@ if count.value == 1 and not mlx5.mlx5dv_is_supported(ctypes.c_void_p(devices[0])
 /// Debian 13's providers, from the VM's root file system.
 #[test]
 fn debian_13_providers_load_over_the_dropin_too() {
-    let root = match vrdma_qemu_tests::cli::host::prepared_root() {
-        Ok(root) => root,
-        Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipped: the VM's root file system is unavailable: {e}");
-            return;
-        }
-        Err(e) => panic!("preparing the VM's root file system: {e}"),
+    let Some(root) = common::vm_root() else {
+        return;
     };
     let (_, dropin) = vrdma_qemu_tests::cli::host::dropin_library()
         .expect("libvrdma_ibverbs.so next to the tests: run `cargo test --workspace`");

@@ -27,6 +27,7 @@ use parking_lot::Mutex;
 use vrdma::dma::{DmaError, MemfdRam, RamPages, PAGE_SIZE};
 use vrdma::transport::pci::pagemap::{Pagemap, PagemapReadError};
 use vrdma_guestd::pin_budget::{OverBudget, PinBudget, PinCharge};
+use vrdma_guestd::translate::ProcessRam;
 use vrdma_spec::Status;
 
 /// Why memory could not be made reachable.
@@ -366,6 +367,11 @@ impl ProcessMemory {
         &self.ram
     }
 
+    /// The memory as the process names it.
+    pub fn process_ram(&self) -> ProcessRam {
+        ProcessRam::new(self.base, (self.ram.len() / PAGE_SIZE) as u64)
+    }
+
     /// Pins `runs` (process address, bytes; page aligned, inside the memory, as
     /// `Registration::runs` gives them), charging their bytes first.
     pub fn pin(&self, runs: &[(u64, u64)]) -> Result<RegistrationPin, PinError> {
@@ -544,21 +550,26 @@ mod tests {
         assert_eq!(memory.budget.charged(1000).0, 0);
     }
 
+    /// Punches page `index` out of `ram`'s memfd, as a process holding it could.
+    fn punch_page(ram: &MemfdRam, index: usize) {
+        // SAFETY: fallocate on the memfd we own.
+        let rc = unsafe {
+            libc::fallocate(
+                std::os::fd::AsRawFd::as_raw_fd(&ram.fd()),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                (index * PAGE_SIZE) as libc::off_t,
+                PAGE_SIZE as libc::off_t,
+            )
+        };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+    }
+
     #[test]
     fn a_hole_punched_under_a_registration_does_not_free_its_page() {
         let memory = process_memory(MIB, 8);
         let pin = memory.pin(&[(GUEST_BASE, 2 * PAGE)]).unwrap();
         let before = pin.guest_page(GUEST_BASE + PAGE).unwrap();
-        // SAFETY: fallocate on the memfd we own.
-        let rc = unsafe {
-            libc::fallocate(
-                std::os::fd::AsRawFd::as_raw_fd(&memory.ram().fd()),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                PAGE_SIZE as libc::off_t,
-                PAGE_SIZE as libc::off_t,
-            )
-        };
-        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        punch_page(memory.ram(), 1);
         // The agent's entry is gone with the hole; a new registration pins (and names) a new
         // page, and the first one's page is not freed while it is pinned.
         assert!(!resident(&memory, PAGE_SIZE));
@@ -573,16 +584,7 @@ mod tests {
         // SAFETY: page 1 of the agent's own mapping.
         unsafe { memory.ram().host_base().add(PAGE_SIZE).write(0x5a) };
         // What a process holding the memfd could do.
-        // SAFETY: fallocate on the memfd we own.
-        let rc = unsafe {
-            libc::fallocate(
-                std::os::fd::AsRawFd::as_raw_fd(&memory.ram().fd()),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                PAGE_SIZE as libc::off_t,
-                PAGE_SIZE as libc::off_t,
-            )
-        };
-        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        punch_page(memory.ram(), 1);
         // The next touch faults a new page into the file (and the agent's mapping); the
         // pinned page, the one the device was given, is not freed, so it cannot be that one.
         // SAFETY: page 1 of the agent's own mapping.

@@ -7,7 +7,7 @@
 //!   per-process quotas, and destroys a process's objects when it goes;
 //! - **memory**: each process gets its own memfd ([`ProcessMemory`]), which it names by
 //!   process addresses; the agent refuses a registration naming anything else
-//!   ([`ProcessRam`]), pins the pages a registration names for as long as it lives (charged
+//!   (`translate::ProcessRam`), pins the pages a registration names for as long as it lives (charged
 //!   to the process's user, [`PinBudget`]) and rewrites it into their guest-physical
 //!   addresses;
 //! - **events**: each event goes to the process owning its CQ, QP, SRQ or MR; port and device
@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use log::{debug, error, info, warn};
 use parking_lot::Mutex;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-use vrdma::dma::{RamPages, GUEST_RAM_BASE, PAGE_SIZE};
+use vrdma::dma::{RamPages, GUEST_RAM_BASE};
 use vrdma::transport::agent::protocol::{
     event_socket_pair, Frame, Outcome, ProtocolError, SharedDevice as SharedPart, Welcome,
 };
@@ -58,7 +58,6 @@ use vrdma_guestd::ownership::{
     self, ClientId, CommandPlan, ObjectKind, Ownership, Quotas, Refusal,
 };
 use vrdma_guestd::pin_budget::{PinBudget, PinLimits};
-use vrdma_guestd::translate::ProcessRam;
 
 /// Size of a hugepage, the granule of the doorbell area's memory (physically contiguous).
 const HUGEPAGE: usize = 2 << 20;
@@ -111,10 +110,9 @@ pub struct SharedDevice {
 /// The most entries an io_uring buffer table has (`IORING_MAX_REG_BUFFERS`).
 const MAX_PIN_ENTRIES: u32 = 1 << 14;
 
-/// One served process's memory: where it may register, and the pins of its live MRs.
+/// One served process's memory and the pins of its live MRs.
 struct ProcessPins {
     memory: ProcessMemory,
-    ram: ProcessRam,
     /// Per MR handle, the pins its pages hold (more than one after a failed REREG_MR, whose
     /// new pages the device may have been given).
     by_mr: HashMap<u32, Vec<RegistrationPin>>,
@@ -276,7 +274,6 @@ impl SharedDevice {
         );
         info!("process {} (uid {}) connected", peer.pid, peer.uid);
         let mut pins = ProcessPins {
-            ram: ProcessRam::new(GUEST_RAM_BASE, (memory.ram().len() / PAGE_SIZE) as u64),
             memory,
             by_mr: HashMap::new(),
         };
@@ -349,7 +346,7 @@ impl SharedDevice {
         };
         // Pinned before the ownership lock is taken: pinning a large MR takes long, and other
         // processes' commands do not wait for it.
-        let registration = match pins.ram.registration(&decoded) {
+        let registration = match pins.memory.process_ram().registration(&decoded) {
             Ok(registration) => registration,
             Err(status) => return refuse(status),
         };

@@ -65,3 +65,16 @@ pub fn assert_sane_row(row: &Row, case: &Case) {
         eprintln!("untimed ({reason}): {row:?}");
     }
 }
+
+/// The VM's prepared root file system (built if missing); `None` (the test is skipped) when it
+/// cannot be prepared and this is not CI; under `CI=true` that fails the test.
+pub fn vm_root() -> Option<vrdma_qemu_tests::rootfs::PreparedRoot> {
+    match vrdma_qemu_tests::cli::host::prepared_root() {
+        Ok(root) => Some(root),
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipped: the VM's root file system is unavailable: {e}");
+            None
+        }
+        Err(e) => panic!("preparing the VM's root file system: {e}"),
+    }
+}
