@@ -288,6 +288,9 @@ pub fn guest_init_script(config: &VmConfig, command: &[String]) -> String {
     format!(
         r#"#!/bin/sh
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
+# When this script began, for the command to tell the kernel's and the initramfs's part of a
+# boot from the script's (a shell builtin: under nested TCG every process start costs).
+read -r {INIT_UPTIME_ENV} _ < /proc/uptime; export {INIT_UPTIME_ENV}
 # /tmp needs no tmpfs of its own: the overlay root is already writable memory, and a tmpfs here
 # would hide host directories shared below /tmp (a checkout in /tmp, say).
 chmod 1777 /tmp
@@ -346,6 +349,9 @@ finish $?
         },
     )
 }
+
+/// The environment variable holding the guest's uptime in seconds when its init script began.
+pub const INIT_UPTIME_ENV: &str = "VRDMA_INIT_UPTIME";
 
 /// Printed on the console once rxe0 is up, right before the command starts.
 const COMMAND_STARTING: &str = "vrdma-vm: set up, starting the command";
@@ -410,6 +416,21 @@ fn snapshot_of_target(config: &VmConfig) -> Result<Option<Snapshot>> {
     Ok(snapshot)
 }
 
+/// Kernel arguments that make a throwaway test VM boot and run faster, most of all a nested
+/// guest under TCG inside TCG, where every cold instruction is translated twice (a nested boot
+/// of Debian's kernel spent 300 s in the kernel alone):
+/// - `cryptomgr.notests`: the crypto self-tests of every built-in algorithm at registration;
+/// - `mitigations=off`: a test VM's kernel guards no secrets, and TCG does not speculate;
+/// - `init_on_alloc=0`: Debian zeroes every page allocation (the boot's huge pages among them),
+///   and again where it maps one to user space;
+/// - `kfence.sample_interval=0`: no sampled allocations, no timer for them.
+pub const TEST_VM_KERNEL_ARGS: &[&str] = &[
+    "cryptomgr.notests",
+    "mitigations=off",
+    "init_on_alloc=0",
+    "kfence.sample_interval=0",
+];
+
 /// Logged once the VM's binaries are frozen: a build may replace them from then on.
 pub const SNAPSHOT_TAKEN: &str = "the VM runs from a snapshot of";
 
@@ -465,6 +486,7 @@ fn run_in(
             // must reach r² 0.9) failed in one run of six (measured 2026-11-23).
             ["console=ttyS0 panic=-1 loglevel=4 rw tsc=reliable"]
                 .into_iter()
+                .chain(TEST_VM_KERNEL_ARGS.iter().copied())
                 .chain(config.extra_kernel_args.iter().map(String::as_str))
                 .collect::<Vec<_>>()
                 .join(" "),
