@@ -9,6 +9,7 @@
 #![deny(unsafe_code)]
 
 pub mod bench;
+pub mod boot_timeline;
 pub mod cache;
 pub mod cli;
 pub mod error;

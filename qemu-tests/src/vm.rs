@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::boot_timeline::SCRIPT_MARKER;
 use crate::error::{tail, Error, IoContext, Result};
 use crate::initramfs::{INIT_FAILED_MARKER, PROBE_MARKER, ROOT_TAG, RUN_DIR_IN_VM, RUN_TAG};
 use crate::rootfs::PreparedRoot;
@@ -288,9 +289,8 @@ pub fn guest_init_script(config: &VmConfig, command: &[String]) -> String {
     format!(
         r#"#!/bin/sh
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
-# When this script began, for the command to tell the kernel's and the initramfs's part of a
-# boot from the script's (a shell builtin: under nested TCG every process start costs).
-read -r {INIT_UPTIME_ENV} _ < /proc/uptime; export {INIT_UPTIME_ENV}
+# Marks where the boot is, in the kernel's log (crate::boot_timeline).
+echo "{SCRIPT_MARKER}" > /dev/kmsg 2>/dev/null
 # /tmp needs no tmpfs of its own: the overlay root is already writable memory, and a tmpfs here
 # would hide host directories shared below /tmp (a checkout in /tmp, say).
 chmod 1777 /tmp
@@ -349,9 +349,6 @@ finish $?
         },
     )
 }
-
-/// The environment variable holding the guest's uptime in seconds when its init script began.
-pub const INIT_UPTIME_ENV: &str = "VRDMA_INIT_UPTIME";
 
 /// Printed on the console once rxe0 is up, right before the command starts.
 const COMMAND_STARTING: &str = "vrdma-vm: set up, starting the command";
