@@ -26,7 +26,8 @@ pub struct BootTimeline {
 /// Marks the suite's start in the kernel's log and reads the boot's timeline back; `None`
 /// when the log cannot be read or lacks a marker (a boot without the init script's).
 pub fn suite_starts() -> Option<BootTimeline> {
-    std::fs::write("/dev/kmsg", SUITE_MARKER).ok()?;
+    // With its newline: the kernel holds a line without one back, as the start of a record.
+    std::fs::write("/dev/kmsg", format!("{SUITE_MARKER}\n")).ok()?;
     let mut kmsg = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
