@@ -8,6 +8,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod accel;
 pub mod bench;
 pub mod boot_timeline;
 pub mod cache;

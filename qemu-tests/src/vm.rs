@@ -13,110 +13,16 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::accel::Accel;
 use crate::boot_timeline::SCRIPT_MARKER;
 use crate::error::{tail, Error, IoContext, Result};
-use crate::initramfs::{INIT_FAILED_MARKER, PROBE_MARKER, ROOT_TAG, RUN_DIR_IN_VM, RUN_TAG};
+use crate::initramfs::{INIT_FAILED_MARKER, ROOT_TAG, RUN_DIR_IN_VM, RUN_TAG};
 use crate::rootfs::PreparedRoot;
 use crate::vm_link::{LinkEnd, LINK_NETDEV};
 use crate::vm_snapshot::Snapshot;
 
-/// How QEMU runs the guest CPUs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Accel {
-    Kvm,
-    Tcg,
-}
-
-impl Accel {
-    fn qemu_args(self) -> &'static [&'static str] {
-        match self {
-            Accel::Kvm => &["-accel", "kvm", "-cpu", "host"],
-            Accel::Tcg => &["-accel", "tcg,thread=multi", "-cpu", "max"],
-        }
-    }
-
-    /// `VRDMA_ACCEL=kvm|tcg` decides; otherwise KVM is used only if a probe boot under it
-    /// works. An openable /dev/kvm is not enough: some hypervisors expose one that cannot run a
-    /// normal guest.
-    pub fn choose(root: &PreparedRoot) -> Result<Accel> {
-        Self::choose_by("VRDMA_ACCEL", root)
-    }
-
-    /// [`Accel::choose`] with the environment variable `variable` deciding.
-    pub fn choose_by(variable: &str, root: &PreparedRoot) -> Result<Accel> {
-        match std::env::var(variable).ok().as_deref() {
-            Some("kvm") => return Ok(Accel::Kvm),
-            Some("tcg") => return Ok(Accel::Tcg),
-            Some("") | None => {}
-            Some(other) => {
-                return Err(Error::Usage(format!(
-                    "{variable}={other}: expected kvm or tcg"
-                )))
-            }
-        }
-        match Accel::kvm_unusable(root) {
-            None => {
-                log::info!("KVM works: using it");
-                Ok(Accel::Kvm)
-            }
-            Some(why) => {
-                log::info!("KVM unavailable or unusable ({why}): using TCG");
-                Ok(Accel::Tcg)
-            }
-        }
-    }
-
-    /// Why KVM cannot run a guest here, or `None` if a probe boot under it worked.
-    pub fn kvm_unusable(root: &PreparedRoot) -> Option<String> {
-        if let Err(e) = std::fs::File::options()
-            .read(true)
-            .write(true)
-            .open("/dev/kvm")
-        {
-            return Some(format!("/dev/kvm: {e}"));
-        }
-        if !probe_kvm(root) {
-            return Some("/dev/kvm opens but a probe guest did not boot under KVM".into());
-        }
-        None
-    }
-}
-
-fn probe_kvm(root: &PreparedRoot) -> bool {
-    let Ok(dir) = tempdir("probe") else {
-        return false;
-    };
-    let console = dir.join("console.log");
-    let mut cmd = Command::new(qemu_binary());
-    cmd.args(["-nodefaults", "-no-user-config", "-machine", "q35"])
-        .args(Accel::Kvm.qemu_args())
-        .args(["-m", "256", "-display", "none", "-no-reboot"])
-        .arg("-kernel")
-        .arg(&root.kernel)
-        .arg("-initrd")
-        .arg(&root.initramfs)
-        .args(["-append", "console=ttyS0 panic=-1 vrdma.probe=1"])
-        .arg("-serial")
-        .arg(format!("file:{}", console.display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let ok = match cmd.spawn() {
-        Ok(mut child) => {
-            let _ = wait_timeout(&mut child, Duration::from_secs(60));
-            let _ = child.kill();
-            let _ = child.wait();
-            std::fs::read_to_string(&console)
-                .map(|c| c.contains(PROBE_MARKER))
-                .unwrap_or(false)
-        }
-        Err(_) => false,
-    };
-    let _ = std::fs::remove_dir_all(dir);
-    ok
-}
-
-fn qemu_binary() -> String {
+/// The QEMU binary (`$VRDMA_QEMU`, else `qemu-system-x86_64` on the PATH).
+pub(crate) fn qemu_binary() -> String {
     std::env::var("VRDMA_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".into())
 }
 
@@ -639,7 +545,7 @@ fn wait_timeout(child: &mut Child, timeout: Duration) -> Result<bool> {
 }
 
 /// A fresh directory for one run, under the system temp dir.
-fn tempdir(what: &str) -> Result<PathBuf> {
+pub(crate) fn tempdir(what: &str) -> Result<PathBuf> {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let dir = std::env::temp_dir().join(format!(
@@ -719,11 +625,5 @@ mod tests {
             "would hide shares below /tmp"
         );
         assert!(script.find(COMMAND_STARTING) < script.find("echo 'a b'"));
-    }
-
-    #[test]
-    fn accel_arguments() {
-        assert!(Accel::Tcg.qemu_args().contains(&"tcg,thread=multi"));
-        assert!(Accel::Kvm.qemu_args().contains(&"kvm"));
     }
 }

@@ -25,7 +25,7 @@ pub fn run_suite(
     vm_args: &VmArgs,
     json: Option<PathBuf>,
     reboot: bool,
-) -> Result<(Duration, crate::vm::Accel, real_guest::Report)> {
+) -> Result<(Duration, crate::accel::Accel, real_guest::Report)> {
     let root = prepared_root()?;
     let target = target_dir()?;
     let native_peer = native::build(&target)?;

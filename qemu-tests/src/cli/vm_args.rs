@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::accel::Accel;
 use crate::error::{Error, Result};
 use crate::rootfs::PreparedRoot;
-use crate::vm::{shares_for, timeout_from_env, Accel, VmConfig, DEFAULT_TIMEOUT};
+use crate::vm::{shares_for, timeout_from_env, VmConfig, DEFAULT_TIMEOUT};
 
 #[derive(clap::Args)]
 pub struct VmArgs {

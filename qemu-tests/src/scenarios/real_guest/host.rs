@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::control;
 use super::guest::{FIRST_BOOT_FILE, SECOND_BOOT_FILE};
 use super::*;
+use crate::accel::Accel;
 use crate::error::{tail, Error, Result};
 use crate::inside::{
     objects_of_process, resource_counts, wait_for_counts, Proc, ResourceCounts, DEVICE,
@@ -19,7 +20,7 @@ use crate::rootfs::PreparedRoot;
 use crate::scenarios::backend::Backend;
 use crate::scenarios::binaries::Binaries;
 use crate::scenarios::rdmacm_utils::cm_listens;
-use crate::vm::{self, Accel, VmConfig};
+use crate::vm::{self, VmConfig};
 
 /// How long the host side waits for the device to be idle after the guest's reboot.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(120);
