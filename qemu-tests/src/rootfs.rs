@@ -1,7 +1,9 @@
 //! The Debian trixie root file system of the rxe VM, built once with mmdebstrap into the cache.
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::cache::Cache;
@@ -47,6 +49,8 @@ pub const TRIXIE_RXE: Recipe = Recipe {
         // Profiling inside the VM (benchmark investigations): perf and syscall traces.
         "linux-perf",
         "strace",
+        // The software stacks users run over an RDMA device: UCX (ucx_info, ucx_perftest).
+        "ucx-utils",
     ],
 };
 
@@ -64,6 +68,7 @@ const REQUIRED_IN_ROOT: &[&str] = &[
     "usr/bin/qemu-system-x86_64",
     "usr/bin/rdma",
     "usr/bin/busybox",
+    "usr/bin/ucx_info",
 ];
 
 impl Recipe {
@@ -92,6 +97,10 @@ pub struct PreparedRoot {
     pub kernel: PathBuf,
     pub initramfs: PathBuf,
     pub kernel_release: String,
+    /// A shared lock on the root's `ready` file for as long as this (or a clone) lives: a
+    /// `prepare` of another recipe removes the roots it replaced only when no one holds one
+    /// (a VM of another checkout may be running from it).
+    _in_use: Option<Arc<File>>,
 }
 
 impl PreparedRoot {
@@ -107,7 +116,7 @@ impl PreparedRoot {
     /// The root as `prepare` left it, if it is complete.
     pub fn load(dir: &Path) -> Option<Self> {
         let (tree, kernel, initramfs, ready) = Self::paths(dir);
-        let kernel_release = std::fs::read_to_string(ready).ok()?.trim().to_string();
+        let kernel_release = std::fs::read_to_string(&ready).ok()?.trim().to_string();
         let complete = kernel.is_file()
             && initramfs.is_file()
             && REQUIRED_IN_ROOT.iter().all(|p| tree.join(p).exists());
@@ -117,8 +126,31 @@ impl PreparedRoot {
             kernel: if unpacked.is_file() { unpacked } else { kernel },
             initramfs,
             kernel_release,
+            _in_use: hold(&ready).map(Arc::new),
         })
     }
+}
+
+/// The root's `ready` file, locked shared; `None` where it cannot be (a root seen over 9p
+/// inside a VM, whose host holds the lock for it).
+fn hold(ready: &Path) -> Option<File> {
+    let file = File::open(ready).ok()?;
+    match file.try_lock_shared() {
+        Ok(()) => Some(file),
+        Err(e) => {
+            log::debug!("{} not locked: {e}", ready.display());
+            None
+        }
+    }
+}
+
+/// Whether some process holds `dir`'s root (see [`PreparedRoot`]). A root without a ready file
+/// is a build that did not finish: nobody runs from it.
+fn in_use(dir: &Path) -> bool {
+    let Ok(file) = File::open(PreparedRoot::paths(dir).3) else {
+        return false;
+    };
+    matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock))
 }
 
 /// Makes sure the root of `recipe` is in `cache`, building it if needed. Idempotent and safe to
@@ -210,6 +242,10 @@ fn remove_stale_roots(cache: &Cache, keep: &Path) {
         let path = entry.path();
         let is_root = entry.file_name().to_string_lossy().starts_with("rootfs-");
         if is_root && path != keep {
+            if in_use(&path) {
+                log::info!("keeping stale root {}: a VM runs from it", path.display());
+                continue;
+            }
             log::info!("removing stale root {}", path.display());
             if let Err(e) = std::fs::remove_dir_all(&path) {
                 log::warn!("cannot remove {}: {e}", path.display());
@@ -238,5 +274,42 @@ mod tests {
         std::fs::write(dir.join("ready"), "6.12\n").unwrap();
         assert!(PreparedRoot::load(&dir).is_none());
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A complete root in `cache` named `name`.
+    fn fake_root(cache: &Cache, name: &str) -> PathBuf {
+        let dir = cache.dir().join(name);
+        let (tree, kernel, initramfs, ready) = PreparedRoot::paths(&dir);
+        for path in REQUIRED_IN_ROOT {
+            let path = tree.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, "").unwrap();
+        }
+        std::fs::write(kernel, "").unwrap();
+        std::fs::write(initramfs, "").unwrap();
+        std::fs::write(ready, "7.3\n").unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_stale_root_a_vm_runs_from_is_kept_until_it_is_let_go() {
+        let cache_dir =
+            std::env::temp_dir().join(format!("vrdma-rootfs-stale-{}", std::process::id()));
+        let cache = Cache::at(&cache_dir).unwrap();
+        let current = fake_root(&cache, "rootfs-new");
+        let held = fake_root(&cache, "rootfs-held");
+        let idle = fake_root(&cache, "rootfs-idle");
+        let running = PreparedRoot::load(&held).expect("complete");
+        let clone = running.clone();
+        drop(running);
+        remove_stale_roots(&cache, &current);
+        assert!(current.exists());
+        assert!(held.exists(), "a clone still holds it");
+        assert!(!idle.exists());
+        drop(clone);
+        remove_stale_roots(&cache, &current);
+        assert!(!held.exists());
+        assert!(current.exists());
+        std::fs::remove_dir_all(cache_dir).unwrap();
     }
 }
