@@ -16,4 +16,5 @@ pub mod virtq;
 
 pub use verbs::{
     Ah, AhAttr, Context, Cq, Mr, Mw, Pd, Qp, QpAttr, QpAttrMask, QpInitAttr, Srq, VerbsError,
+    DEVICE_NAME,
 };

@@ -3,6 +3,7 @@
 mod common;
 
 use vrdma_qemu_tests::scenarios::agent::{AgentOutcome, CONCURRENT};
+use vrdma_qemu_tests::scenarios::discovery;
 
 #[test]
 fn unprivileged_processes_share_one_device_through_the_agent() {
@@ -38,6 +39,19 @@ fn unprivileged_processes_share_one_device_through_the_agent() {
     );
     for refusal in [&outcome.stranger_refusal, &outcome.backend_refusal] {
         assert!(refusal.contains("Permission denied"), "{refusal}");
+    }
+    // UCX kept rxe0 natively and vrdma0 through the agent's published files, with both
+    // verbs transports on port 1 (checked in the VM; here: reported).
+    for (pairs, port) in [
+        (&outcome.ucx.native, "rxe0:1"),
+        (&outcome.ucx.vrdma, "vrdma0:1"),
+    ] {
+        for transport in discovery::VERBS_TRANSPORTS {
+            assert!(
+                pairs.iter().any(|(t, d)| t == transport && d == port),
+                "{transport} on {port}: {pairs:?}"
+            );
+        }
     }
     let down = &outcome.backend_down_refusal;
     assert!(down.contains("the device is not available"), "{down}");

@@ -36,6 +36,24 @@ fn a_real_guest_runs_rdma_over_vrdma_and_survives_a_reboot() {
     assert_eq!(first.bypass_messages, real_guest::BYPASS_MESSAGES);
     assert_eq!(first.rping_pings, real_guest::RPING_COUNT);
     assert_eq!(first.agent_rping_pings, [real_guest::RPING_COUNT; 2]);
+    // ucmatose as nobody through the agent, the guest's client and then its server; the
+    // marks were checked where each side ran, both sides' exit status too.
+    assert_eq!(first.agent_ucmatose.len(), 2, "{:?}", first.agent_ucmatose);
+    for side in &first.agent_ucmatose {
+        assert!(side.contains("data transfers complete"), "{side}");
+        assert!(side.contains("return status 0"), "{side}");
+    }
+    // UCX found vrdma0 through what the agent published (checked in the guest).
+    for transport in vrdma_qemu_tests::scenarios::discovery::VERBS_TRANSPORTS {
+        assert!(
+            first
+                .agent_ucx
+                .iter()
+                .any(|(t, d)| t == transport && d == "vrdma0:1"),
+            "{transport}: {:?}",
+            first.agent_ucx
+        );
+    }
     assert_eq!(
         first.agent_pin_registered,
         (real_guest::AGENT_PIN_BUDGET_MIB << 20) / vrdma_qemu_tests::scenarios::pin_budget::CHUNK,

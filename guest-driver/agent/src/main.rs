@@ -22,6 +22,7 @@ use vrdma::transport::agent::DEFAULT_AGENT_SOCKET;
 use vrdma_guestd::pin_budget::PinLimits;
 
 mod admission;
+mod discovery;
 mod doorbell_pacing;
 mod listener;
 mod pinned;
@@ -92,6 +93,14 @@ struct Args {
     /// µs (asks that come sooner are served together at its end; 0: no pacing).
     #[arg(long, value_name = "US", default_value_t = doorbell_pacing::DEFAULT_MIN_INTERVAL.as_micros() as u64, conflicts_with = "backend")]
     doorbell_min_interval_us: u64,
+
+    /// Where to publish what RDMA software reads to find the device (`/dev/infiniband/vrdma0`,
+    /// `/sys/class/infiniband/vrdma0`): `system` (a tmpfs mounted over
+    /// /sys/class/infiniband, which must exist and list no other device), a directory (for a
+    /// container runtime to bind-mount its `class/infiniband` and `dev/infiniband/vrdma0`),
+    /// or `none` [default: `system` in VM mode, `none` in process mode].
+    #[arg(long, value_name = "WHERE")]
+    publish: Option<String>,
 
     /// Application processes served at once; further ones are refused.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
@@ -181,6 +190,52 @@ fn guest_ram_bytes() -> Result<u64, String> {
         .ok_or_else(|| "/proc/meminfo has no MemTotal".into())
 }
 
+/// Where the device is published.
+enum Publish {
+    System,
+    Directory(PathBuf),
+}
+
+impl Publish {
+    fn from_args(args: &Args) -> Option<Self> {
+        match args.publish.as_deref() {
+            Some("none") => None,
+            Some("system") => Some(Publish::System),
+            Some(dir) => Some(Publish::Directory(dir.into())),
+            None if args.pci.is_some() => Some(Publish::System),
+            None => None,
+        }
+    }
+}
+
+/// Publishes the device (what it says it is, asked through a session of the agent's own,
+/// like any process's) and keeps it published for the agent's life. A failure is logged:
+/// programs that look only through libibverbs still work.
+fn publish(place: Publish, socket: PathBuf, pci_function: Option<PathBuf>) {
+    let published = (|| -> Result<discovery::Publication, String> {
+        let context = vrdma::Context::connect_agent(&socket)
+            .map_err(|e| format!("cannot open a session of its own: {e}"))?;
+        let facts = discovery::DeviceFacts::read(vrdma::DEVICE_NAME, &context)
+            .map_err(|e| format!("cannot query the device: {e}"))?;
+        drop(context);
+        info!("{}", discovery::summary(&facts));
+        let access = discovery::NodeAccess::of(&socket).map_err(|e| e.to_string())?;
+        let function = pci_function.as_deref();
+        match &place {
+            Publish::System => discovery::Publication::system(&facts, function, access),
+            Publish::Directory(dir) => {
+                discovery::Publication::directory(dir, &facts, function, access)
+            }
+        }
+        .map_err(|e| e.to_string())
+    })();
+    match published {
+        // The agent runs until it is stopped; a restarted agent replaces what is left.
+        Ok(publication) => std::mem::forget(publication),
+        Err(e) => warn!("the device is not published for discovery: {e}"),
+    }
+}
+
 /// How the agent serves each admitted process.
 enum Server {
     /// A device session of its own.
@@ -237,6 +292,18 @@ fn run(args: &Args) -> Result<(), String> {
     let listener = listener::listen(&args.socket, args.group.as_deref(), args.mode)
         .map_err(|e| e.to_string())?;
     info!("serving {} for {device_name}", args.socket.display());
+    if let Some(place) = Publish::from_args(args) {
+        let socket = args.socket.clone();
+        let function = match &server {
+            Server::Shared(device) => Some(device.function_dir().to_path_buf()),
+            Server::Sessions(_) => None,
+        };
+        // Its session is served by the loop below.
+        thread::Builder::new()
+            .name("discovery".into())
+            .spawn(move || publish(place, socket, function))
+            .map_err(|e| format!("cannot start the discovery thread: {e}"))?;
+    }
     let admission = Admission::new(
         args.max_processes as usize,
         args.max_processes_per_user as usize,

@@ -25,6 +25,7 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -83,6 +84,8 @@ pub struct SharedOptions {
 /// The device and everything the agent keeps about the processes sharing it.
 pub struct SharedDevice {
     device: PciTransport,
+    /// The function's sysfs directory.
+    function_dir: PathBuf,
     ownership: Mutex<Ownership>,
     /// Every process's undelivered CM events (locked after `ownership` where both are).
     cm_events: Mutex<CmEvents>,
@@ -182,6 +185,7 @@ impl SharedDevice {
             .map_err(|e| format!("SET_DOORBELL_AREA: {e}"))?;
         let doorbell_kick = EventFd::new(EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
         let shared = Arc::new(SharedDevice {
+            function_dir: PathBuf::from(format!("/sys/bus/pci/devices/{address}")),
             features: device.device_features() & !NOT_SERVED,
             config: config_bytes,
             max_mr_pages: config.max_mr_pages.get(),
@@ -213,6 +217,11 @@ impl SharedDevice {
                 .map_err(|e| format!("cannot start the {name} thread: {e}"))?;
         }
         Ok(shared)
+    }
+
+    /// The PCI function's sysfs directory.
+    pub fn function_dir(&self) -> &Path {
+        &self.function_dir
     }
 
     /// Serves one process until it goes, then destroys what it left and unpins its memory.

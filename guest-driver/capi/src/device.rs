@@ -27,8 +27,7 @@ use crate::sys::{
 use crate::transport::AppTransport;
 use crate::{cq_ex, datapath, qp_ex, query_ex, srq, windows};
 
-/// Name of the one device.
-pub(crate) const DEVICE_NAME: &str = "vrdma0";
+pub(crate) use vrdma::DEVICE_NAME;
 
 /// The `ibv_device` handed out by `ibv_get_device_list`; lives as long as the process, as
 /// devices of rdma-core do while a context refers to them. Laid out as rdma-core allocates

@@ -36,6 +36,10 @@ mod ring;
 mod send_batch;
 mod srq;
 
+/// The name the verbs API's users know the device by: what the drop-in lists
+/// (`ibv_device.name` and `dev_name`) and what the guest agent publishes it as.
+pub const DEVICE_NAME: &str = "vrdma0";
+
 pub use ah::Ah;
 pub use context::Context;
 pub use cq::{Cq, CqPollBatch};

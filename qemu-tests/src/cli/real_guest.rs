@@ -113,6 +113,24 @@ fn print_report(report: &real_guest::Report, rxe_vm_accel: &str, vm_run: Duratio
          guest's client {client} pings verified against a native server, the guest's server \
          {server} against a native client"
     );
+    let on_vrdma: Vec<&str> = report
+        .first_boot
+        .agent_ucx
+        .iter()
+        .filter(|(_, device)| device.starts_with("vrdma0"))
+        .map(|(transport, _)| transport.as_str())
+        .collect();
+    println!(
+        "unmodified ucx_info -d as nobody through the agent, which published the device: {} on \
+         vrdma0:1",
+        on_vrdma.join(", ")
+    );
+    if let [client, server] = report.first_boot.agent_ucmatose.as_slice() {
+        println!(
+            "unmodified ucmatose as nobody through the agent (two RC connections each way): the \
+             guest's client against a native server: {client}; the guest's server against {server}"
+        );
+    }
     println!(
         "\nbypass: backend stopped (SIGSTOP); {} messages per op and size written and sent into \
          the guest and verified there",

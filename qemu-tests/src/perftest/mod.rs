@@ -56,7 +56,7 @@ pub const BASELINE: &[Case] = &[
 ];
 
 /// The device vrdma's drop-in library presents.
-pub const DROPIN_DEVICE: &str = "vrdma0";
+pub const DROPIN_DEVICE: &str = vrdma::DEVICE_NAME;
 
 /// How one side (server or client) runs: on which device, with which environment (e.g. a
 /// drop-in libibverbs on `LD_LIBRARY_PATH`).

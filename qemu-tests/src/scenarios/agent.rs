@@ -34,12 +34,12 @@ use crate::inside::{
 use crate::perftest::{self, Case, Side, Tool};
 use crate::scenarios::backend::Backend;
 use crate::scenarios::binaries::Binaries;
-use crate::scenarios::isolation;
 use crate::scenarios::pingpong_peer::{
     pingpong_command, read_report, vrdma_pingpong_command, Access, Impl, PingpongRow, Plan,
     PEER_TIMEOUT_S,
 };
 use crate::scenarios::rdmacm_utils;
+use crate::scenarios::{discovery, isolation};
 
 /// Application processes running ping-pongs through the agent at once.
 pub const CONCURRENT: usize = 8;
@@ -86,6 +86,9 @@ pub struct AgentOutcome {
     pub backend_refusal: String,
     /// What a process was told while the backend was down.
     pub backend_down_refusal: String,
+    /// `ucx_info -d` natively and as `nobody` over the agent's published files.
+    #[serde(default)]
+    pub ucx: discovery::UcxListing,
 }
 
 /// Runs the scenario with the workspace's binaries and the drop-in in `library_dir`.
@@ -130,6 +133,19 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
         )));
     }
 
+    println!("== discovery: UCX finds the device through what the agent published");
+    wait_for_path(
+        &discovery::published_node(&publish_dir(&agent_socket)),
+        Duration::from_secs(30),
+    )
+    .map_err(|e| agent.failure(&e.to_string()))?;
+    let ucx = discovery::ucx_listing(&publish_dir(&agent_socket), &agent_socket, library_dir)?;
+    println!(
+        "  ok: ucx_info -d lists {} natively and {} over vrdma",
+        listed(&ucx.native, DEVICE),
+        listed(&ucx.vrdma, crate::perftest::DROPIN_DEVICE)
+    );
+
     println!("== rdma_cm: rping through the agent, both roles, against native rping");
     let address = rdmacm_utils::link_local_address()?;
     let rping = &rdmacm_utils::PROGRAMS[0];
@@ -172,7 +188,24 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
         stranger_refusal,
         backend_refusal,
         backend_down_refusal,
+        ucx,
     })
+}
+
+/// Where the agent started by [`start_agent`] publishes the device: beside its socket.
+pub fn publish_dir(socket: &Path) -> PathBuf {
+    socket.with_file_name("published")
+}
+
+/// The transports of `pairs` on `device`'s port 1, for a line of output.
+fn listed(pairs: &[(String, String)], device: &str) -> String {
+    let port = format!("{device}:1");
+    let transports: Vec<&str> = pairs
+        .iter()
+        .filter(|(_, d)| *d == port)
+        .map(|(t, _)| t.as_str())
+        .collect();
+    format!("{} on {port}", transports.join(", "))
 }
 
 /// Kills `backend`; a process that comes meanwhile is told the device is not available;
@@ -204,7 +237,8 @@ fn backend_restart(
 }
 
 /// Starts the agent `binary` for the backend at `backend` on `socket` (group `nogroup`, mode
-/// 0660, 64 MiB of guest RAM per process) and waits until it listens.
+/// 0660, 64 MiB of guest RAM per process, publishing the device in [`publish_dir`]) and waits
+/// until it listens.
 pub fn start_agent(binary: &Path, backend: &Path, socket: &Path) -> Result<Proc> {
     let _ = std::fs::remove_file(socket);
     let mut cmd = Command::new(binary);
@@ -220,6 +254,8 @@ pub fn start_agent(binary: &Path, backend: &Path, socket: &Path) -> Result<Proc>
             "--guest-ram-mib",
             "64",
         ])
+        .arg("--publish")
+        .arg(publish_dir(socket))
         .env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or("info".into()),

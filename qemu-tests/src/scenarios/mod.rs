@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod backend;
 pub mod binaries;
+pub mod discovery;
 pub mod isolation;
 pub mod perftest_over_vrdma;
 pub mod perftest_rdma_cm;

@@ -37,7 +37,7 @@ pub struct Program {
 const UDADDY_PORT: u16 = 7174;
 
 /// How the address and port are given to a program; the port it will listen on.
-fn address_args(program: &str, address: &str, port: u16, server: bool) -> (Vec<String>, u16) {
+pub fn address_args(program: &str, address: &str, port: u16, server: bool) -> (Vec<String>, u16) {
     let with_port = |flag: &str| {
         vec![
             flag.to_string(),
@@ -59,6 +59,15 @@ fn address_args(program: &str, address: &str, port: u16, server: bool) -> (Vec<S
     }
 }
 
+/// RC sends over two connections, each side checking it received every message.
+pub const UCMATOSE: Program = Program {
+    server: "ucmatose",
+    client: "ucmatose",
+    args: &["-c", "2", "-C", "10", "-S", "1024"],
+    server_marks: &[("data transfers complete", 1), ("return status 0", 1)],
+    client_marks: &[("data transfers complete", 1), ("return status 0", 1)],
+};
+
 /// The programs: RC with RDMA reads and writes and data validation (rping), RC sends over two
 /// connections (ucmatose), UD datagrams after SIDR (udaddy), synchronous endpoints
 /// (rdma_server/rdma_client: `rdma_create_ep`, `rdma_get_request`, the `rdma_verbs.h`
@@ -72,13 +81,7 @@ pub const PROGRAMS: &[Program] = &[
         // Not "DISCONNECT EVENT": which side disconnects first is up to the scheduler.
         client_marks: &[("ping data: rdma-ping-", 20)],
     },
-    Program {
-        server: "ucmatose",
-        client: "ucmatose",
-        args: &["-c", "2", "-C", "10", "-S", "1024"],
-        server_marks: &[("data transfers complete", 1), ("return status 0", 1)],
-        client_marks: &[("data transfers complete", 1), ("return status 0", 1)],
-    },
+    UCMATOSE,
     Program {
         server: "udaddy",
         client: "udaddy",

@@ -16,7 +16,7 @@ use crate::error::{tail, Error, IoContext, Result};
 use crate::inside::Proc;
 use crate::perftest::{self, Side};
 use crate::relay;
-use crate::scenarios::pin_budget;
+use crate::scenarios::{discovery, pin_budget, rdmacm_utils};
 
 /// What the first boot leaves in the result directory (its presence marks the reboot).
 pub const FIRST_BOOT_FILE: &str = "first-boot.json";
@@ -41,9 +41,15 @@ pub struct GuestPaths {
 /// Runs this boot's part of the suite; with `reboot`, the first boot ends in a reboot with a
 /// live application.
 pub fn run(paths: &GuestPaths, iters: u32, reboot: bool) -> Result<()> {
-    let load = Command::new("modprobe").arg("virtio_console").status();
+    // The serial ports, and ib_core for its /sys/class/infiniband, where the agent publishes
+    // the device (no RDMA driver is loaded: the guest's only RDMA device is vrdma's).
+    let load = Command::new("modprobe")
+        .args(["-a", "virtio_console", "ib_core"])
+        .status();
     if !load.is_ok_and(|s| s.success()) {
-        return Err(Error::Scenario("cannot load virtio_console".into()));
+        return Err(Error::Scenario(
+            "cannot load virtio_console and ib_core".into(),
+        ));
     }
     let mut control = ControlClient::open(CONTROL_PORT)?;
     if paths.result_dir.join(FIRST_BOOT_FILE).exists() {
@@ -105,6 +111,8 @@ fn first_boot(
     record.through_agent = agent.tables;
     record.agent_victim_released = agent.victim_released;
     record.agent_rping_pings = agent.rping_pings;
+    record.agent_ucmatose = agent.ucmatose.to_vec();
+    record.agent_ucx = agent.ucx;
     record.agent_pin_registered = agent.pin_registered;
     record.agent_pin_budget = agent.pin_budget;
     for table in &record.through_agent {
@@ -220,6 +228,45 @@ fn rping_through_agent(
     Ok([client_pings, rping_pings(&mut server)?])
 }
 
+/// Unmodified ucmatose (RC sends over two connections, every message checked by the receiver)
+/// as `nobody` through the agent, both ways like [`rping_through_agent`]: what the guest's
+/// client printed to prove a complete run, and what the host side said of its native client.
+fn ucmatose_through_agent(
+    paths: &GuestPaths,
+    control: &mut ControlClient,
+    socket: &Path,
+) -> Result<[String; 2]> {
+    let program = &rdmacm_utils::UCMATOSE;
+    let address = format!("{}%1", paths.rping_server);
+    let as_nobody = |server: bool, port: u16| {
+        let mut command = perftest::as_user(NOBODY, NOBODY, program.server);
+        command
+            .args(program.args)
+            .args(rdmacm_utils::address_args(program.server, &address, port, server).0)
+            .env("LD_LIBRARY_PATH", &paths.library_dir)
+            .env("VRDMA_AGENT", socket)
+            .env_remove("VRDMA_SOCKET");
+        command
+    };
+    let mut client = Proc::spawn(
+        "agent-ucmatose-client",
+        &mut as_nobody(false, AGENT_UCMATOSE_PORT),
+    )?;
+    client.wait_success(STEP_TIMEOUT)?;
+    let client_marks = rdmacm_utils::marks(&client.output(), program.client_marks)
+        .map_err(|why| client.failure(&why))?;
+    let mut server = Proc::spawn(
+        "agent-ucmatose-server",
+        &mut as_nobody(true, AGENT_UCMATOSE_SERVER_PORT),
+    )?;
+    let host_client = control.request("agent-ucmatose-server")?;
+    println!("host side: {host_client}");
+    server.wait_success(STEP_TIMEOUT)?;
+    rdmacm_utils::marks(&server.output(), program.server_marks)
+        .map_err(|why| server.failure(&why))?;
+    Ok([client_marks.join("; "), host_client])
+}
+
 /// `ibv_devinfo` over the drop-in: it must list vrdma0 with an active port.
 fn devinfo(library_dir: &Path) -> Result<String> {
     let out = Command::new("ibv_devinfo")
@@ -310,6 +357,8 @@ struct ThroughAgent {
     tables: Vec<String>,
     victim_released: String,
     rping_pings: [u32; 2],
+    ucmatose: [String; 2],
+    ucx: Vec<(String, String)>,
     pin_registered: u64,
     pin_budget: String,
 }
@@ -364,6 +413,13 @@ fn through_agent(
     let result = (|| {
         agent.wait_for_output("serving", STEP_TIMEOUT)?;
         lap("the agent serves");
+        // The agent publishes once it serves its own session: it logs either way.
+        agent.wait_for_output("published", STEP_TIMEOUT)?;
+        if agent.output().contains("not published") {
+            return Err(agent.failure("the agent did not publish the device"));
+        }
+        let ucx = discovery::ucx_through_agent(socket, &paths.library_dir)?;
+        lap("UCX lists the device the agent published");
         // All three start at once: each one's start is mostly waiting (on the agent, the
         // device, its peer across the relay), and one after the other they took minutes.
         let mut victim = client(AGENT_VICTIM, "send,write", "4096", LIVE_ITERS)?;
@@ -412,10 +468,14 @@ fn through_agent(
         }
         let rping_pings = rping_through_agent(paths, control, socket)?;
         lap("rping both ways");
+        let ucmatose = ucmatose_through_agent(paths, control, socket)?;
+        lap("ucmatose both ways");
         Ok(ThroughAgent {
             tables,
             victim_released,
             rping_pings,
+            ucmatose,
+            ucx,
             pin_registered,
             pin_budget,
         })

@@ -19,7 +19,7 @@ use crate::relay;
 use crate::rootfs::PreparedRoot;
 use crate::scenarios::backend::Backend;
 use crate::scenarios::binaries::Binaries;
-use crate::scenarios::rdmacm_utils::cm_listens;
+use crate::scenarios::rdmacm_utils::{self, cm_listens, UCMATOSE};
 use crate::vm::{self, VmConfig};
 
 /// How long the host side waits for the device to be idle after the guest's reboot.
@@ -36,7 +36,14 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
     // KVM where a probe guest boots under it, nested TCG otherwise.
     let accel = Accel::choose_by("VRDMA_GUEST_ACCEL", &root)?;
     let idle = resource_counts(DEVICE)?;
-    let backend = Backend::start(&binaries.backend, "vrdma-guest-backend", &[], "info")?;
+    // UD: UCX's ud_verbs, and the address handle UCX creates to test each GID before it
+    // picks one (without UD every one fails, a control command each for the whole table).
+    let backend = Backend::start(
+        &binaries.backend,
+        "vrdma-guest-backend",
+        &["--allow-ud"],
+        "info",
+    )?;
     let chardev_dir = std::env::temp_dir().join("vrdma-guest-ports");
     let _ = std::fs::remove_dir_all(&chardev_dir);
     std::fs::create_dir_all(&chardev_dir)
@@ -105,6 +112,10 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
     .into_iter()
     .map(|(name, port)| Proc::spawn(name, &mut native_rping("-s", &rping_address, port)))
     .collect::<Result<Vec<_>>>()?;
+    let mut ucmatose_server = Proc::spawn(
+        "native-ucmatose-server-for-the-agent",
+        &mut native_ucmatose(&rping_address, AGENT_UCMATOSE_PORT, true),
+    )?;
     let bypass_listener = relay::listen_loopback(BYPASS.tcp)?;
     let bypass_client = Proc::spawn(
         "native-bypass-client",
@@ -247,6 +258,9 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
     for server in &mut rping_servers {
         server.wait_success(Duration::from_secs(60))?;
     }
+    ucmatose_server.wait_success(Duration::from_secs(60))?;
+    rdmacm_utils::marks(&ucmatose_server.output(), UCMATOSE.server_marks)
+        .map_err(|why| ucmatose_server.failure(&why))?;
     let mut guest_rows = Vec::new();
     let labels = std::iter::repeat_n("vrdma-guest", PERFTEST.len())
         .chain(std::iter::repeat_n("vrdma-agent", AGENT_PERFTEST.len()));
@@ -324,6 +338,14 @@ fn native_rping(role: &str, address: &str, port: u16) -> Command {
     command
 }
 
+/// A native ucmatose (server or client) on `address` and `port`, as the guest's runs it.
+fn native_ucmatose(address: &str, port: u16, server: bool) -> Command {
+    let (address_args, _) = rdmacm_utils::address_args(UCMATOSE.server, address, port, server);
+    let mut command = Command::new(UCMATOSE.server);
+    command.args(UCMATOSE.args).args(address_args);
+    command
+}
+
 /// `rdma -j resource show cm_id`.
 fn cm_ids() -> Result<String> {
     let out =
@@ -371,6 +393,20 @@ struct Requests<'a> {
 }
 
 impl Requests<'_> {
+    /// Waits until an rdma_cm id (the backend's, for a guest's server) listens on `port`.
+    fn wait_listener(&self, port: u16) -> Result<()> {
+        let deadline = Instant::now() + self.settings.timeout;
+        while !cm_listens(&cm_ids()?, port) {
+            if Instant::now() > deadline {
+                return Err(Error::Scenario(format!(
+                    "no rdma_cm listener on port {port}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(())
+    }
+
     fn answer(&mut self, request: &str) -> Result<String> {
         match request {
             // The guest's receives are posted: stop the backend, then the guest lets the
@@ -399,15 +435,7 @@ impl Requests<'_> {
             // The guest's rping server as `nobody` through the agent was started: once its id
             // (the backend's, on the host) listens, a native client pings it.
             "agent-rping-server" => {
-                let deadline = Instant::now() + self.settings.timeout;
-                while !cm_listens(&cm_ids()?, AGENT_RPING_SERVER_PORT) {
-                    if Instant::now() > deadline {
-                        return Err(Error::Scenario(format!(
-                            "no rdma_cm listener on port {AGENT_RPING_SERVER_PORT}"
-                        )));
-                    }
-                    std::thread::sleep(Duration::from_millis(200));
-                }
+                self.wait_listener(AGENT_RPING_SERVER_PORT)?;
                 let mut client = Proc::spawn(
                     "native-rping-client-of-the-agent",
                     &mut native_rping("-c", self.rping_address, AGENT_RPING_SERVER_PORT),
@@ -415,6 +443,18 @@ impl Requests<'_> {
                 client.wait_success(self.settings.timeout)?;
                 let pings = client.output().matches("ping data: rdma-ping-").count();
                 Ok(format!("the native rping client verified {pings} pings"))
+            }
+            // Likewise for the guest's ucmatose server.
+            "agent-ucmatose-server" => {
+                self.wait_listener(AGENT_UCMATOSE_SERVER_PORT)?;
+                let mut client = Proc::spawn(
+                    "native-ucmatose-client-of-the-agent",
+                    &mut native_ucmatose(self.rping_address, AGENT_UCMATOSE_SERVER_PORT, false),
+                )?;
+                client.wait_success(self.settings.timeout)?;
+                let marks = rdmacm_utils::marks(&client.output(), UCMATOSE.client_marks)
+                    .map_err(|why| client.failure(&why))?;
+                Ok(format!("the native ucmatose client: {}", marks.join("; ")))
             }
             // The process the guest killed in mid-traffic is gone: its peer goes too (before
             // the release check after the reboot counts rxe0's objects).

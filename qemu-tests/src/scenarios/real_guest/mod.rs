@@ -159,6 +159,10 @@ pub const AGENT_RPING_PORT: u16 = 7601;
 /// The port of the guest's rping server as `nobody` through the agent (a native client
 /// connects to it).
 pub const AGENT_RPING_SERVER_PORT: u16 = 7602;
+/// The native ucmatose server the guest's ucmatose as `nobody` through the agent meets, and
+/// the port of the guest's ucmatose server a native client connects to.
+pub const AGENT_UCMATOSE_PORT: u16 = 7603;
+pub const AGENT_UCMATOSE_SERVER_PORT: u16 = 7604;
 
 /// Operations and sizes of the verified ping-pong.
 pub const PINGPONG_OPS: &str = "send,send_imm,write,write_imm,read";
@@ -238,6 +242,15 @@ pub struct FirstBoot {
     /// client against a native server, and the guest's server against a native client.
     #[serde(default)]
     pub agent_rping_pings: [u32; 2],
+    /// Unmodified ucmatose as `nobody` through the agent: what the guest's client printed
+    /// against a native server, and what the host side saw of its native client against the
+    /// guest's server.
+    #[serde(default)]
+    pub agent_ucmatose: Vec<String>,
+    /// `ucx_info -d` as `nobody` over the drop-in and the agent, which published the device at
+    /// the system paths: its `(transport, device)` pairs.
+    #[serde(default)]
+    pub agent_ucx: Vec<(String, String)>,
     /// Registrations a hostile process of another user made through the agent before it was
     /// refused at the pin budget, while `nobody`'s ping-pongs ran; and what it saw.
     #[serde(default)]
