@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use crate::cache::Cache;
 use crate::error::{Error, Result};
+use crate::host::{qemu_binary, unique_temp_dir};
 use crate::initramfs::PROBE_MARKER;
 use crate::rootfs::PreparedRoot;
-use crate::vm::{qemu_binary, tempdir};
 
 /// How QEMU runs the guest CPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,7 +167,7 @@ fn verdict_path(cache: &Path, boot_id: &str) -> PathBuf {
 }
 
 fn probe_kvm(root: &PreparedRoot) -> bool {
-    let Ok(dir) = tempdir("probe") else {
+    let Ok(dir) = unique_temp_dir("vrdma-vm-probe") else {
         return false;
     };
     let console = dir.join("console.log");
@@ -225,7 +225,7 @@ mod tests {
 
     #[test]
     fn a_verdict_is_kept_for_its_boot_only() {
-        let dir = tempdir("verdict-test").unwrap();
+        let dir = unique_temp_dir("vrdma-vm-verdict-test").unwrap();
         let this_boot = verdict_path(&dir, "4e9ba5fb-b5e7-4203-9f77-7eeb752e92b7\n");
         let earlier = verdict_path(&dir, "00000000-0000-0000-0000-000000000000");
         Verdict::Works.write(&earlier);

@@ -169,6 +169,25 @@ pub fn describe(cmd: &Command) -> String {
         .join(" ")
 }
 
+/// The QEMU binary (`$VRDMA_QEMU`, else `qemu-system-x86_64` on the PATH).
+pub fn qemu_binary() -> String {
+    std::env::var("VRDMA_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".into())
+}
+
+/// A fresh directory `<prefix>-<pid>-<n>` under the system temp dir.
+pub fn unique_temp_dir(prefix: &str) -> Result<std::path::PathBuf> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    Ok(dir)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,15 +16,11 @@ use parking_lot::Mutex;
 use crate::accel::Accel;
 use crate::boot_timeline::SCRIPT_MARKER;
 use crate::error::{tail, Error, IoContext, Result};
+use crate::host::{qemu_binary, unique_temp_dir};
 use crate::initramfs::{INIT_FAILED_MARKER, ROOT_TAG, RUN_DIR_IN_VM, RUN_TAG};
 use crate::rootfs::PreparedRoot;
 use crate::vm_link::{LinkEnd, LINK_NETDEV};
 use crate::vm_snapshot::Snapshot;
-
-/// The QEMU binary (`$VRDMA_QEMU`, else `qemu-system-x86_64` on the PATH).
-pub(crate) fn qemu_binary() -> String {
-    std::env::var("VRDMA_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".into())
-}
 
 /// A host directory visible in the VM at the same path, read-only.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -545,16 +541,8 @@ fn wait_timeout(child: &mut Child, timeout: Duration) -> Result<bool> {
 }
 
 /// A fresh directory for one run, under the system temp dir.
-pub(crate) fn tempdir(what: &str) -> Result<PathBuf> {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "vrdma-vm-{what}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
-    Ok(dir)
+fn tempdir(what: &str) -> Result<PathBuf> {
+    unique_temp_dir(&format!("vrdma-vm-{what}"))
 }
 
 #[cfg(test)]
