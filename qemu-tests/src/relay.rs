@@ -3,6 +3,12 @@
 //!
 //! Guest side: a TCP listener on loopback whose one connection is pumped to the serial port.
 //! Host side: the port's QEMU chardev socket pumped to the peer's TCP port.
+//!
+//! A link opens when the guest side says so: once its port is open it sends [`HELLO`], and
+//! only then does the host side connect or accept its TCP end. Until then the host side
+//! follows the chardev across QEMU processes: a boot that dies before its command started is
+//! booted once more with the same chardevs ([`crate::vm::run`]), and a peer that serves one
+//! connection must not be used up by a QEMU whose guest never reached it.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -109,6 +115,52 @@ fn open_device(device: &Path) -> Result<File> {
         .context(|| format!("opening {}", device.display()))
 }
 
+/// What a guest-side relay sends first, once its serial port is open.
+pub const HELLO: u8 = 0x06;
+
+/// Guest side: the serial port `device`, opened, its hello sent.
+fn open_and_greet(device: &Path) -> Result<File> {
+    let mut serial = open_device(device)?;
+    serial
+        .write_all(&[HELLO])
+        .and_then(|()| serial.flush())
+        .context(|| format!("greeting over {}", device.display()))?;
+    Ok(serial)
+}
+
+/// Host side: the QEMU chardev socket at `chardev` once its guest side said hello. A socket
+/// that QEMU closes first (it exited before the guest opened the port) is connected to again,
+/// as the next QEMU opens it, until `deadline`.
+fn open_chardev(chardev: &Path, deadline: Instant) -> Result<UnixStream> {
+    let what = || format!("waiting for the guest side of {}", chardev.display());
+    loop {
+        let mut serial = retry(deadline, || UnixStream::connect(chardev))
+            .context(|| format!("connecting to {}", chardev.display()))?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        serial
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .context(what)?;
+        let mut byte = [0u8];
+        match serial.read(&mut byte).context(what)? {
+            0 => log::info!(
+                "{}: closed before its guest side spoke; waiting for the next QEMU",
+                chardev.display()
+            ),
+            _ if byte[0] == HELLO => {
+                serial.set_read_timeout(None).context(what)?;
+                return Ok(serial);
+            }
+            _ => {
+                return Err(Error::Scenario(format!(
+                    "{}: the guest side sent {:#04x} before its hello",
+                    chardev.display(),
+                    byte[0]
+                )))
+            }
+        }
+    }
+}
+
 /// A listener on `127.0.0.1:port`.
 pub fn listen_loopback(port: u16) -> Result<TcpListener> {
     TcpListener::bind(("127.0.0.1", port)).context(|| format!("listening on port {port}"))
@@ -120,7 +172,7 @@ pub fn listen_loopback(port: u16) -> Result<TcpListener> {
 pub fn serve_serial(listener: TcpListener, name: &str, timeout: Duration) -> Result<()> {
     let device = serial_port_device(name)?;
     let stream = accept_before(&listener, Instant::now() + timeout)?;
-    let serial = open_device(&device)?;
+    let serial = open_and_greet(&device)?;
     for thread in pump(Box::new(stream), Box::new(serial))? {
         let _ = thread.join();
     }
@@ -152,8 +204,8 @@ fn accept_before(listener: &TcpListener, deadline: Instant) -> Result<TcpStream>
 /// listening on `127.0.0.1:port` in the guest (retrying until it listens). Returns once both
 /// directions have ended.
 pub fn connect_serial_to_tcp(name: &str, port: u16, timeout: Duration) -> Result<()> {
-    // Open the port first: the host's bytes wait in QEMU until the guest opens it.
-    let serial = open_serial_port(name)?;
+    // Open the port first: the host side connects its peer once it hears from it.
+    let serial = open_and_greet(&serial_port_device(name)?)?;
     let deadline = Instant::now() + timeout;
     let server = retry(deadline, || TcpStream::connect(("127.0.0.1", port)))
         .context(|| format!("connecting to the guest's server on port {port}"))?;
@@ -163,30 +215,30 @@ pub fn connect_serial_to_tcp(name: &str, port: u16, timeout: Duration) -> Result
     Ok(())
 }
 
-/// Host side, the other direction: accepts one connection on `listener` (a peer client
-/// connecting to the guest's server) and relays it to the QEMU chardev socket at `chardev`.
+/// Host side, the other direction: once the guest side of the QEMU chardev socket at
+/// `chardev` said hello, accepts one connection on `listener` (a peer client connecting to the
+/// guest's server, which waits in the listener's backlog meanwhile) and relays the two.
 pub fn accept_to_chardev(
     listener: TcpListener,
     chardev: &Path,
     timeout: Duration,
 ) -> Result<Vec<JoinHandle<()>>> {
     let deadline = Instant::now() + timeout;
+    let serial = open_chardev(chardev, deadline)?;
     let client = accept_before(&listener, deadline)?;
-    let serial = retry(deadline, || UnixStream::connect(chardev))
-        .context(|| format!("connecting to {}", chardev.display()))?;
     pump(Box::new(client), Box::new(serial))
 }
 
-/// Host side: connects the QEMU chardev socket at `chardev` to `127.0.0.1:port`, retrying
-/// both until `timeout` (QEMU and the peer may still be starting). The relay runs on.
+/// Host side: once the guest side of the QEMU chardev socket at `chardev` said hello,
+/// connects it to `127.0.0.1:port`, retrying until `timeout` (QEMU and the peer may still be
+/// starting). The relay runs on.
 pub fn connect_chardev_to_tcp(
     chardev: &Path,
     port: u16,
     timeout: Duration,
 ) -> Result<Vec<JoinHandle<()>>> {
     let deadline = Instant::now() + timeout;
-    let serial = retry(deadline, || UnixStream::connect(chardev))
-        .context(|| format!("connecting to {}", chardev.display()))?;
+    let serial = open_chardev(chardev, deadline)?;
     let peer = retry(deadline, || TcpStream::connect(("127.0.0.1", port)))
         .context(|| format!("connecting to the peer on port {port}"))?;
     pump(Box::new(serial), Box::new(peer))
@@ -219,6 +271,50 @@ mod tests {
         );
         assert!(port_device_in(&dir, "missing").is_err());
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_host_side_follows_its_chardev_until_the_guest_side_says_hello() {
+        use std::os::unix::net::UnixListener;
+        let path = std::env::temp_dir().join(format!("vrdma-relay-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let first_qemu = UnixListener::bind(&path).unwrap();
+        let at = path.clone();
+        let qemus = thread::spawn(move || {
+            // The first QEMU goes before its guest opened the port.
+            drop(first_qemu.accept().unwrap());
+            drop(first_qemu);
+            std::fs::remove_file(&at).unwrap();
+            let second_qemu = UnixListener::bind(&at).unwrap();
+            let (mut guest, _) = second_qemu.accept().unwrap();
+            guest.write_all(&[HELLO]).unwrap();
+            guest.write_all(b"data").unwrap();
+            guest
+        });
+        let mut serial = open_chardev(&path, Instant::now() + Duration::from_secs(60)).unwrap();
+        let mut got = [0u8; 4];
+        serial.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"data", "the hello is not passed on");
+        drop(qemus.join().unwrap());
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_guest_side_that_speaks_before_its_hello_is_refused() {
+        use std::os::unix::net::UnixListener;
+        let path =
+            std::env::temp_dir().join(format!("vrdma-relay-bad-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let qemu = UnixListener::bind(&path).unwrap();
+        let guest = thread::spawn(move || {
+            let (mut guest, _) = qemu.accept().unwrap();
+            guest.write_all(b"x").unwrap();
+            guest
+        });
+        let refused = open_chardev(&path, Instant::now() + Duration::from_secs(60));
+        assert!(refused.is_err());
+        drop(guest.join().unwrap());
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
