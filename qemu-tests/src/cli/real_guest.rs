@@ -113,17 +113,15 @@ fn print_report(report: &real_guest::Report, rxe_vm_accel: &str, vm_run: Duratio
          guest's client {client} pings verified against a native server, the guest's server \
          {server} against a native client"
     );
-    let on_vrdma: Vec<&str> = report
+    let roce_v2 = report
         .first_boot
-        .agent_ucx
+        .agent_published
         .iter()
-        .filter(|(_, device)| device.starts_with("vrdma0"))
-        .map(|(transport, _)| transport.as_str())
-        .collect();
+        .filter(|(_, text)| text == "RoCE v2")
+        .count();
     println!(
-        "unmodified ucx_info -d as nobody through the agent, which published the device: {} on \
-         vrdma0:1",
-        on_vrdma.join(", ")
+        "the agent published /dev/infiniband/vrdma0 and /sys/class/infiniband/vrdma0 ({roce_v2} \
+         RoCE v2 GIDs), what UCX reads to find the device"
     );
     if let [client, server] = report.first_boot.agent_ucmatose.as_slice() {
         println!(

@@ -247,10 +247,10 @@ pub struct FirstBoot {
     /// guest's server.
     #[serde(default)]
     pub agent_ucmatose: Vec<String>,
-    /// `ucx_info -d` as `nobody` over the drop-in and the agent, which published the device at
-    /// the system paths: its `(transport, device)` pairs.
+    /// What the agent published at the system paths for discovery, as `(path, what it holds)`
+    /// ([`crate::scenarios::discovery::published_in_vm`]).
     #[serde(default)]
-    pub agent_ucx: Vec<(String, String)>,
+    pub agent_published: Vec<(String, String)>,
     /// Registrations a hostile process of another user made through the agent before it was
     /// refused at the pin budget, while `nobody`'s ping-pongs ran; and what it saw.
     #[serde(default)]
