@@ -102,17 +102,11 @@ impl DeviceFacts {
     }
 }
 
-/// The kernel's GUID format: four groups of four hex digits.
-fn guid_text(guid: &[u8; 8]) -> String {
-    guid.chunks(2)
-        .map(|pair| format!("{:02x}{:02x}", pair[0], pair[1]))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
-/// The kernel's GID format (`%pI6`): eight groups of four hex digits, nothing left out.
-fn gid_text(gid: &[u8; 16]) -> String {
-    gid.chunks(2)
+/// The kernel's GUID and GID formats (`%pI6` for GIDs): the bytes in groups of four hex
+/// digits joined by colons, nothing left out.
+fn hex_groups(bytes: &[u8]) -> String {
+    bytes
+        .chunks(2)
         .map(|pair| format!("{:02x}{:02x}", pair[0], pair[1]))
         .collect::<Vec<_>>()
         .join(":")
@@ -158,11 +152,11 @@ pub fn class_files(facts: &DeviceFacts) -> Vec<(PathBuf, String)> {
         ("node_type".into(), "1: CA\n".to_string()),
         (
             "node_guid".into(),
-            format!("{}\n", guid_text(&facts.node_guid)),
+            format!("{}\n", hex_groups(&facts.node_guid)),
         ),
         (
             "sys_image_guid".into(),
-            format!("{}\n", guid_text(&facts.sys_image_guid)),
+            format!("{}\n", hex_groups(&facts.sys_image_guid)),
         ),
         ("fw_ver".into(), format!("{}\n", facts.fw_ver)),
         ("node_desc".into(), format!("{}\n", facts.name)),
@@ -196,7 +190,7 @@ pub fn class_files(facts: &DeviceFacts) -> Vec<(PathBuf, String)> {
             let gid = entry.map_or([0; 16], |(_, gid, _)| *gid);
             files.push((
                 file(&format!("gids/{index}")),
-                format!("{}\n", gid_text(&gid)),
+                format!("{}\n", hex_groups(&gid)),
             ));
             if let Some((_, _, gid_type)) = entry {
                 files.push((
