@@ -173,8 +173,8 @@ impl Qp {
     }
 
     /// Creates a QP in `pd` that receives through `srq` (CREATE_QP with `srq`; needs the
-    /// SRQ feature). `init.caps.max_recv_wr` and `max_recv_sge` must be 0: the QP has no
-    /// receive queue of its own.
+    /// SRQ feature). The QP has no receive queue of its own: `init.caps.max_recv_wr` and
+    /// `max_recv_sge` are ignored.
     pub fn with_srq(pd: &Pd, init: &QpInitAttr<'_>, srq: &Srq) -> Result<Qp> {
         Self::create(pd, init, Some(srq))
     }
@@ -238,13 +238,8 @@ impl Qp {
                     "the SRQ belongs to another context than the PD",
                 ));
             }
-            if init.caps.max_recv_wr != 0 || init.caps.max_recv_sge != 0 {
-                return Err(VerbsError::InvalidArgument(
-                    "a QP attached to an SRQ has no receive queue of its own",
-                ));
-            }
         }
-        let caps = init.caps;
+        let caps = requested_caps(init, srq);
         let req = ControlRequest::CreateQp(CreateQpReq {
             pd: Le32::new(pd.inner.handle),
             send_cq: Le32::new(init.send_cq.shared.handle),
@@ -270,7 +265,7 @@ impl Qp {
         resp: ResponseBody,
     ) -> Result<Qp> {
         let ctx = &pd.inner.ctx;
-        let caps = init.caps;
+        let caps = requested_caps(init, srq);
         let ResponseBody::CreateQp(resp) = resp else {
             return Err(unexpected_body(Opcode::CreateQp));
         };
@@ -605,6 +600,20 @@ fn undefined_in_query(e: UndefinedValue) -> ProtocolError {
 /// `wanted`, or the device's `limit` capped at [`DEFAULT_RD_ATOMIC`].
 fn rd_atomic(wanted: Option<u8>, limit: u32) -> u8 {
     wanted.unwrap_or(limit.min(DEFAULT_RD_ATOMIC) as u8)
+}
+
+/// The queue sizes a creation asks for: a QP attached to an SRQ receives through it, so its
+/// own receive sizes are ignored, as the verbs say (and rxe does; UCX passes a receive SGE
+/// count with an SRQ).
+fn requested_caps(init: &QpInitAttr<'_>, srq: Option<&Srq>) -> QpCaps {
+    match srq {
+        Some(_) => QpCaps {
+            max_recv_wr: 0,
+            max_recv_sge: 0,
+            ..init.caps
+        },
+        None => init.caps,
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 
 use zerocopy::FromZeros;
 
-use crate::verbs::{AccessFlags, Gid, Mtu, QpAttrMask, QpState};
+use crate::verbs::{AccessFlags, Gid, Mtu, QpAttrMask, QpState, MAX_FLOW_LABEL};
 use crate::wire::{AhAttr, QpAttr};
 use crate::{Le16, Le32};
 
@@ -87,11 +87,13 @@ impl AhAttr {
         })
     }
 
-    /// Sets or clears the global routing header; clearing zeroes its fields.
+    /// Sets or clears the global routing header; clearing zeroes its fields. The flow label
+    /// keeps its field's 20 bits, as a NIC does with a verbs `grh.flow_label` (UCX passes
+    /// `~0` for path 0 and relies on that).
     pub fn set_grh(&mut self, grh: Option<GlobalRoute>) {
         let route = grh.unwrap_or_default();
         self.dgid = route.dgid.0;
-        self.flow_label = Le32::new(route.flow_label);
+        self.flow_label = Le32::new(route.flow_label & MAX_FLOW_LABEL);
         self.sgid_index = route.sgid_index;
         self.hop_limit = route.hop_limit;
         self.traffic_class = route.traffic_class;
@@ -275,6 +277,18 @@ mod tests {
             hop_limit: 64,
             traffic_class: 3,
         }
+    }
+
+    #[test]
+    fn a_flow_label_keeps_its_20_bits_and_passes_the_check() {
+        let ah = AhAttr::default()
+            .with_grh(GlobalRoute {
+                flow_label: u32::MAX,
+                ..route()
+            })
+            .with_port_num(1);
+        assert_eq!(ah.grh().unwrap().flow_label, MAX_FLOW_LABEL);
+        assert!(crate::control::check_ah_attr(&ah).is_ok());
     }
 
     #[test]
