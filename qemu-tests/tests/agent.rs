@@ -53,6 +53,19 @@ fn unprivileged_processes_share_one_device_through_the_agent() {
             );
         }
     }
+    // ucx_perftest ran every test with each side serving, every iteration.
+    let runs: Vec<(&str, &str, u64)> = outcome
+        .ucx_traffic
+        .iter()
+        .map(|r| (r.test.as_str(), r.server.as_str(), r.iterations))
+        .collect();
+    let expected: Vec<(&str, &str, u64)> = discovery::UCX_PERFTESTS
+        .iter()
+        .flat_map(|test| {
+            ["native", "vrdma"].map(|server| (*test, server, discovery::UCX_ITERATIONS))
+        })
+        .collect();
+    assert_eq!(runs, expected);
     let down = &outcome.backend_down_refusal;
     assert!(down.contains("the device is not available"), "{down}");
 }

@@ -89,12 +89,21 @@ pub struct AgentOutcome {
     /// `ucx_info -d` natively and as `nobody` over the agent's published files.
     #[serde(default)]
     pub ucx: discovery::UcxListing,
+    /// `ucx_perftest` between a native side and `nobody` over the agent, each side serving.
+    #[serde(default)]
+    pub ucx_traffic: Vec<discovery::UcxRun>,
 }
 
 /// Runs the scenario with the workspace's binaries and the drop-in in `library_dir`.
 pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
     let idle = resource_counts(DEVICE)?;
-    let backend = Backend::start(&binaries.backend, "vrdma-agent-backend", &[], "info")?;
+    // UD for UCX's wire-up (ud_verbs).
+    let backend = Backend::start(
+        &binaries.backend,
+        "vrdma-agent-backend",
+        &["--allow-ud"],
+        "info",
+    )?;
     let agent_socket = std::env::temp_dir().join("vrdma-agent").join("agent.sock");
     let mut agent = start_agent(&binaries.agent, &backend.socket, &agent_socket)?;
     let mut port = 19000;
@@ -145,6 +154,13 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
         listed(&ucx.native, DEVICE),
         listed(&ucx.vrdma, crate::perftest::DROPIN_DEVICE)
     );
+    println!("== UCX traffic: ucx_perftest between native and nobody over the agent");
+    let ucx_traffic = discovery::ucx_traffic(
+        &publish_dir(&agent_socket),
+        &agent_socket,
+        library_dir,
+        &mut next_port,
+    )?;
 
     println!("== rdma_cm: rping through the agent, both roles, against native rping");
     let address = rdmacm_utils::link_local_address()?;
@@ -189,6 +205,7 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
         backend_refusal,
         backend_down_refusal,
         ucx,
+        ucx_traffic,
     })
 }
 
@@ -228,7 +245,13 @@ fn backend_restart(
     if let Some(status) = agent.try_wait()? {
         return Err(agent.failure(&format!("the agent exited with its backend ({status})")));
     }
-    let backend = Backend::start(&binaries.backend, "vrdma-agent-backend", &[], "info")?;
+    // UD for UCX's wire-up (ud_verbs).
+    let backend = Backend::start(
+        &binaries.backend,
+        "vrdma-agent-backend",
+        &["--allow-ud"],
+        "info",
+    )?;
     let (server, client, json) =
         start_agent_pair(binaries, &backend, agent_socket, &PLAN, &[], next_port())?;
     finish_pair(server, client, &json, &PLAN)?;

@@ -80,15 +80,48 @@ fn listing_of(name: &str, command: &mut Command, device: &str) -> Result<Vec<(St
     Ok(pairs)
 }
 
-/// `ucx_info -d` as `nobody` over the drop-in in `library_dir` and the agent at `socket`,
-/// run by `sh -c` after `setup` (shell lines).
-fn ucx_info_as_nobody(setup: &str, socket: &Path, library_dir: &Path) -> String {
+/// `command` (with its arguments, shell-quoted) as `nobody` over the drop-in in `library_dir`
+/// and the agent at `socket`, with the UCX variables `ucx_env`, run by `sh -c` after `setup`
+/// (shell lines).
+fn as_nobody(
+    setup: &str,
+    socket: &Path,
+    library_dir: &Path,
+    ucx_env: &[(&str, &str)],
+    command: &str,
+) -> String {
+    let ucx_env: String = ucx_env
+        .iter()
+        .map(|(name, value)| format!(" {name}={}", shell_quote(value)))
+        .collect();
     format!(
         "set -e\n{setup}exec setpriv --reuid=65534 --regid=65534 --clear-groups -- \
-         env VRDMA_AGENT={socket} LD_LIBRARY_PATH={library} ucx_info -d\n",
+         env VRDMA_AGENT={socket} LD_LIBRARY_PATH={library}{ucx_env} {command}\n",
         socket = shell_quote(&socket.to_string_lossy()),
         library = shell_quote(&library_dir.to_string_lossy()),
     )
+}
+
+/// The shell lines that mount `published` where UCX looks, as a container runtime would.
+fn container_setup(published: &Path) -> String {
+    format!(
+        "mount --bind {class} /sys/class/infiniband\n\
+         mount -t tmpfs -o mode=0755 tmpfs /dev/infiniband\n\
+         touch /dev/infiniband/{VRDMA_DEVICE}\n\
+         mount --bind {node} /dev/infiniband/{VRDMA_DEVICE}\n",
+        class = shell_quote(&published.join("class/infiniband").to_string_lossy()),
+        node = shell_quote(&published_node(published).to_string_lossy()),
+    )
+}
+
+/// `sh_script` in a private mount namespace, as a container's process.
+fn in_container(sh_script: String) -> Command {
+    let mut command = Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(sh_script)
+        .env_remove("VRDMA_SOCKET");
+    command
 }
 
 /// Process mode: `ucx_info -d` natively, then as `nobody` over the drop-in and the agent, with
@@ -104,23 +137,156 @@ pub fn ucx_listing(
         Command::new("ucx_info").arg("-d"),
         DEVICE,
     )?;
-    let setup = format!(
-        "mount --bind {class} /sys/class/infiniband\n\
-         mount -t tmpfs -o mode=0755 tmpfs /dev/infiniband\n\
-         touch /dev/infiniband/{VRDMA_DEVICE}\n\
-         mount --bind {node} /dev/infiniband/{VRDMA_DEVICE}\n",
-        class = shell_quote(&published.join("class/infiniband").to_string_lossy()),
-        node = shell_quote(&published_node(published).to_string_lossy()),
-    );
     let vrdma = listing_of(
         "ucx-info-container",
-        Command::new("unshare")
-            .args(["--mount", "--propagation", "private", "sh", "-c"])
-            .arg(ucx_info_as_nobody(&setup, agent_socket, library_dir))
-            .env_remove("VRDMA_SOCKET"),
+        &mut in_container(as_nobody(
+            &container_setup(published),
+            agent_socket,
+            library_dir,
+            &[],
+            "ucx_info -d",
+        )),
         VRDMA_DEVICE,
     )?;
     Ok(UcxListing { native, vrdma })
+}
+
+/// The UCX transports the traffic runs on: RC for the data, UD for UCP's wire-up.
+const UCX_TLS: &str = "rc_verbs,ud_verbs";
+
+/// The `ucx_perftest` protocol-layer tests run between a native side and a vrdma side.
+pub const UCX_PERFTESTS: &[&str] = &["tag_lat", "tag_bw"];
+
+/// Iterations of each `ucx_perftest` run.
+pub const UCX_ITERATIONS: u64 = 1000;
+
+/// How long one `ucx_perftest` run may take: a hang bound.
+const UCX_PERFTEST_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// One `ucx_perftest` run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UcxRun {
+    pub test: String,
+    /// Which side served: "native" or "vrdma" (the client is the other).
+    pub server: String,
+    /// The iterations the client's `Final:` line reports.
+    pub iterations: u64,
+    /// That line, as printed.
+    pub final_line: String,
+}
+
+/// The iterations and the text of `ucx_perftest`'s `Final:` line.
+fn final_line(output: &str) -> Option<(u64, String)> {
+    let line = output
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with("Final:"))?;
+    let iterations = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some((iterations, line.trim().to_string()))
+}
+
+/// The arguments of `ucx_perftest` running `test` on `port`, a client when `server` is given.
+/// `-P 0`: Debian's build would otherwise start MPI when stdin is not a terminal.
+fn perftest_args(test: &str, port: u16, server: Option<&str>) -> Vec<String> {
+    let mut args: Vec<String> = ["-P", "0", "-t", test, "-n", &UCX_ITERATIONS.to_string()]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    args.extend(["-p".into(), port.to_string()]);
+    args.extend(server.map(String::from));
+    args
+}
+
+/// `ucx_perftest` with `args` on this side: natively on rxe0, or as `nobody` over the drop-in
+/// and the agent in a container's mount namespace.
+fn perftest_command(
+    vrdma: bool,
+    args: &[String],
+    published: &Path,
+    agent_socket: &Path,
+    library_dir: &Path,
+) -> Command {
+    if vrdma {
+        let command: Vec<String> = std::iter::once("ucx_perftest".to_string())
+            .chain(args.iter().map(|a| shell_quote(a)))
+            .collect();
+        let device = format!("{VRDMA_DEVICE}:1");
+        in_container(as_nobody(
+            &container_setup(published),
+            agent_socket,
+            library_dir,
+            &[("UCX_NET_DEVICES", &device), ("UCX_TLS", UCX_TLS)],
+            &command.join(" "),
+        ))
+    } else {
+        let mut command = Command::new("ucx_perftest");
+        command
+            .args(args)
+            .env("UCX_NET_DEVICES", format!("{DEVICE}:1"))
+            .env("UCX_TLS", UCX_TLS);
+        command
+    }
+}
+
+/// Process mode: unmodified `ucx_perftest` (UCP tag matching over rc_verbs, wired up over
+/// ud_verbs) between a native side on rxe0 and a vrdma side (`nobody`, drop-in, agent, the
+/// agent's publication mounted as a container runtime would), each test with each side
+/// serving. Each run must end with both exit statuses 0 and the client's `Final:` line
+/// reporting every iteration. (`ucx_perftest` measures; it does not check payloads.)
+pub fn ucx_traffic(
+    published: &Path,
+    agent_socket: &Path,
+    library_dir: &Path,
+    mut next_port: impl FnMut() -> u16,
+) -> Result<Vec<UcxRun>> {
+    let mut runs = Vec::new();
+    for test in UCX_PERFTESTS {
+        for vrdma_serves in [false, true] {
+            let port = next_port();
+            let label = |vrdma| if vrdma { "vrdma" } else { "native" };
+            let mut server = Proc::spawn(
+                &format!("ucx-perftest-{test}-server-{}", label(vrdma_serves)),
+                &mut perftest_command(
+                    vrdma_serves,
+                    &perftest_args(test, port, None),
+                    published,
+                    agent_socket,
+                    library_dir,
+                ),
+            )?;
+            server.wait_listening(port, UCX_PERFTEST_TIMEOUT)?;
+            let mut client = Proc::spawn(
+                &format!("ucx-perftest-{test}-client-{}", label(!vrdma_serves)),
+                &mut perftest_command(
+                    !vrdma_serves,
+                    &perftest_args(test, port, Some("127.0.0.1")),
+                    published,
+                    agent_socket,
+                    library_dir,
+                ),
+            )?;
+            client.wait_success(UCX_PERFTEST_TIMEOUT)?;
+            server.wait_success(UCX_PERFTEST_TIMEOUT)?;
+            let (iterations, final_line) = final_line(&client.output())
+                .ok_or_else(|| client.failure("printed no Final: line"))?;
+            if iterations != UCX_ITERATIONS {
+                return Err(client.failure(&format!(
+                    "ran {iterations} iterations, not {UCX_ITERATIONS}"
+                )));
+            }
+            println!(
+                "  ok: ucx_perftest {test}, server {}: {final_line}",
+                label(vrdma_serves)
+            );
+            runs.push(UcxRun {
+                test: test.to_string(),
+                server: label(vrdma_serves).into(),
+                iterations,
+                final_line,
+            });
+        }
+    }
+    Ok(runs)
 }
 
 /// VM mode (`vrdma-guestd --pci` publishes at the system paths): what UCX reads there, as
@@ -200,5 +366,18 @@ mod tests {
         assert!(verbs_transports_on(&pairs, "rxe0").is_err());
         let without_ud = ucx_devices(&LISTING.replace("ud_verbs", "ud_mlx5"));
         assert!(verbs_transports_on(&without_ud, "vrdma0").is_err());
+    }
+
+    #[test]
+    fn the_final_line_gives_the_iterations() {
+        let output = "\
+[thread 0]               806    672.000   620.429   620.429        0.01       0.01        1612        1612
+Final:                  1000    676.500   702.435   636.338        0.01       0.01        1424        1571
+";
+        let (iterations, line) = final_line(output).unwrap();
+        assert_eq!(iterations, 1000);
+        assert!(line.starts_with("Final:"));
+        assert_eq!(final_line("[thread 0]  806  672.0"), None);
+        assert_eq!(final_line("Final: nan"), None);
     }
 }
