@@ -97,13 +97,7 @@ pub struct AgentOutcome {
 /// Runs the scenario with the workspace's binaries and the drop-in in `library_dir`.
 pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
     let idle = resource_counts(DEVICE)?;
-    // UD for UCX's wire-up (ud_verbs).
-    let backend = Backend::start(
-        &binaries.backend,
-        "vrdma-agent-backend",
-        &["--allow-ud"],
-        "info",
-    )?;
+    let backend = start_backend(binaries)?;
     let agent_socket = std::env::temp_dir().join("vrdma-agent").join("agent.sock");
     let mut agent = start_agent(&binaries.agent, &backend.socket, &agent_socket)?;
     let mut port = 19000;
@@ -245,18 +239,22 @@ fn backend_restart(
     if let Some(status) = agent.try_wait()? {
         return Err(agent.failure(&format!("the agent exited with its backend ({status})")));
     }
-    // UD for UCX's wire-up (ud_verbs).
-    let backend = Backend::start(
-        &binaries.backend,
-        "vrdma-agent-backend",
-        &["--allow-ud"],
-        "info",
-    )?;
+    let backend = start_backend(binaries)?;
     let (server, client, json) =
         start_agent_pair(binaries, &backend, agent_socket, &PLAN, &[], next_port())?;
     finish_pair(server, client, &json, &PLAN)?;
     println!("  ok: refused while the backend was down, served by the new one");
     Ok((backend, refusal))
+}
+
+/// Starts the scenario's backend, offering UD (UCX's wire-up runs over ud_verbs).
+fn start_backend(binaries: &Binaries) -> Result<Backend> {
+    Backend::start(
+        &binaries.backend,
+        "vrdma-agent-backend",
+        &["--allow-ud"],
+        "info",
+    )
 }
 
 /// Starts the agent `binary` for the backend at `backend` on `socket` (group `nogroup`, mode
