@@ -14,6 +14,9 @@ use crate::error::{tail, Error, Result};
 /// The RDMA device inside the VM.
 pub const DEVICE: &str = "rxe0";
 
+/// Debian's `nobody` and `nogroup`: the ordinary user application processes run as.
+pub const NOBODY: (u32, u32) = (65534, 65534);
+
 /// A child process whose output goes to a log file, killed when dropped.
 #[derive(Debug)]
 pub struct Proc {

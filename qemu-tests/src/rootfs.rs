@@ -49,8 +49,14 @@ pub const TRIXIE_RXE: Recipe = Recipe {
         // Profiling inside the VM (benchmark investigations): perf and syscall traces.
         "linux-perf",
         "strace",
-        // The software stacks users run over an RDMA device: UCX (ucx_info, ucx_perftest).
+        // The software stacks users run over an RDMA device: UCX (ucx_info, ucx_perftest),
+        // Open MPI over UCX with mpi4py for the programs that check what MPI carried,
+        // libfabric's tools (fi_info, fi_pingpong), rdma-core's own test suite (pyverbs).
         "ucx-utils",
+        "openmpi-bin",
+        "python3-mpi4py",
+        "libfabric-bin",
+        "python3-pyverbs",
     ],
 };
 
@@ -69,6 +75,8 @@ const REQUIRED_IN_ROOT: &[&str] = &[
     "usr/bin/rdma",
     "usr/bin/busybox",
     "usr/bin/ucx_info",
+    "usr/bin/mpirun.openmpi",
+    "usr/bin/fi_info",
 ];
 
 impl Recipe {

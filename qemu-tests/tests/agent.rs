@@ -3,7 +3,8 @@
 mod common;
 
 use vrdma_qemu_tests::scenarios::agent::{AgentOutcome, CONCURRENT};
-use vrdma_qemu_tests::scenarios::discovery;
+use vrdma_qemu_tests::scenarios::discovery::{self, StackSide};
+use vrdma_qemu_tests::scenarios::mpi;
 
 #[test]
 fn unprivileged_processes_share_one_device_through_the_agent() {
@@ -54,18 +55,31 @@ fn unprivileged_processes_share_one_device_through_the_agent() {
         }
     }
     // ucx_perftest ran every test with each side serving, every iteration.
-    let runs: Vec<(&str, &str, u64)> = outcome
+    let runs: Vec<(&str, StackSide, u64)> = outcome
         .ucx_traffic
         .iter()
-        .map(|r| (r.test.as_str(), r.server.as_str(), r.iterations))
+        .map(|r| (r.test.as_str(), r.server, r.iterations))
         .collect();
-    let expected: Vec<(&str, &str, u64)> = discovery::UCX_PERFTESTS
+    let expected: Vec<(&str, StackSide, u64)> = discovery::UCX_PERFTESTS
         .iter()
         .flat_map(|test| {
-            ["native", "vrdma"].map(|server| (*test, server, discovery::UCX_ITERATIONS))
+            [StackSide::Native, StackSide::Vrdma]
+                .map(|server| (*test, server, discovery::UCX_ITERATIONS))
         })
         .collect();
     assert_eq!(runs, expected);
+    // Open MPI ran every pairing; each rank checked every byte and loaded its side's library
+    // (checked in the VM; here: reported).
+    let pairings: Vec<Vec<StackSide>> = outcome
+        .mpi
+        .iter()
+        .map(|run| run.ranks.iter().map(|rank| rank.side).collect())
+        .collect();
+    assert_eq!(pairings, mpi::PAIRINGS.map(Vec::from));
+    for rank in outcome.mpi.iter().flat_map(|run| &run.ranks) {
+        assert_eq!(rank.verified_bytes, mpi::point_to_point_bytes(), "{rank:?}");
+        assert!(rank.collectives_verified, "{rank:?}");
+    }
     let down = &outcome.backend_down_refusal;
     assert!(down.contains("the device is not available"), "{down}");
 }

@@ -316,7 +316,7 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
             &backend.socket,
             &agent_socket,
         )?;
-        let (uid, gid) = crate::scenarios::agent::NOBODY;
+        let (uid, gid) = crate::inside::NOBODY;
         let through = Side::through_agent(&agent_socket, &args.library_dir, uid, gid);
         matrix::run(&plan.agent, plan.rounds, &vrdma, &through)?
     };

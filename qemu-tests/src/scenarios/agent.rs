@@ -9,6 +9,8 @@
 //! - [`CONCURRENT`] vrdma-pingpong clients at once against as many native servers, every byte
 //!   verified by both tools;
 //! - Debian's unmodified perftest, server and client both over the drop-in through the agent;
+//! - UCX and Open MPI over UCX between native rxe0 and `nobody` over the agent
+//!   (`discovery`, `mpi`), in a container's mount namespace;
 //! - rdmacm-utils' unmodified `rping -V` through the agent, as server and as client, against
 //!   native rping on rxe0's link-local address;
 //! - crash isolation: two processes hold a send each in RNR retry (their native peers post
@@ -30,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::inside::{
     resource_counts, rxe_counters, wait_for_counts, wait_for_path, Proc, ResourceCounts, DEVICE,
+    NOBODY,
 };
 use crate::perftest::{self, Case, Side, Tool};
 use crate::scenarios::backend::Backend;
@@ -39,13 +42,11 @@ use crate::scenarios::pingpong_peer::{
     PEER_TIMEOUT_S,
 };
 use crate::scenarios::rdmacm_utils;
-use crate::scenarios::{discovery, isolation};
+use crate::scenarios::{discovery, isolation, mpi};
 
 /// Application processes running ping-pongs through the agent at once.
 pub const CONCURRENT: usize = 8;
 
-/// Debian's `nobody` and `nogroup`.
-pub const NOBODY: (u32, u32) = (65534, 65534);
 /// A user in neither the agent's group nor any other.
 const STRANGER: (u32, u32) = (4242, 4242);
 
@@ -92,6 +93,9 @@ pub struct AgentOutcome {
     /// `ucx_perftest` between a native side and `nobody` over the agent, each side serving.
     #[serde(default)]
     pub ucx_traffic: Vec<discovery::UcxRun>,
+    /// Open MPI jobs over UCX, a rank native or `nobody` over the agent, every byte checked.
+    #[serde(default)]
+    pub mpi: Vec<mpi::MpiRun>,
 }
 
 /// Runs the scenario with the workspace's binaries and the drop-in in `library_dir`.
@@ -155,6 +159,8 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
         library_dir,
         &mut next_port,
     )?;
+    println!("== Open MPI over UCX: two ranks, native and nobody over the agent, data checked");
+    let mpi = mpi::mpi_traffic(&publish_dir(&agent_socket), &agent_socket, library_dir)?;
 
     println!("== rdma_cm: rping through the agent, both roles, against native rping");
     let address = rdmacm_utils::link_local_address()?;
@@ -200,6 +206,7 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
         backend_down_refusal,
         ucx,
         ucx_traffic,
+        mpi,
     })
 }
 
@@ -258,7 +265,8 @@ fn start_backend(binaries: &Binaries) -> Result<Backend> {
 }
 
 /// Starts the agent `binary` for the backend at `backend` on `socket` (group `nogroup`, mode
-/// 0660, 64 MiB of guest RAM per process, publishing the device in [`publish_dir`]) and waits
+/// 0660, 256 MiB of guest RAM per process (room for MPI's registered 4 MiB messages beside
+/// UCX's own pools), publishing the device in [`publish_dir`]) and waits
 /// until it listens.
 pub fn start_agent(binary: &Path, backend: &Path, socket: &Path) -> Result<Proc> {
     let _ = std::fs::remove_file(socket);
@@ -273,7 +281,7 @@ pub fn start_agent(binary: &Path, backend: &Path, socket: &Path) -> Result<Proc>
             "--mode",
             "660",
             "--guest-ram-mib",
-            "64",
+            "256",
         ])
         .arg("--publish")
         .arg(publish_dir(socket))

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::inside::{Proc, DEVICE};
+use crate::inside::{Proc, DEVICE, NOBODY};
 use crate::perftest::DROPIN_DEVICE as VRDMA_DEVICE;
 use crate::vm::shell_quote;
 
@@ -80,30 +80,38 @@ fn listing_of(name: &str, command: &mut Command, device: &str) -> Result<Vec<(St
     Ok(pairs)
 }
 
-/// `command` (with its arguments, shell-quoted) as `nobody` over the drop-in in `library_dir`
-/// and the agent at `socket`, with the UCX variables `ucx_env`, run by `sh -c` after `setup`
-/// (shell lines).
-fn as_nobody(
-    setup: &str,
-    socket: &Path,
-    library_dir: &Path,
-    ucx_env: &[(&str, &str)],
-    command: &str,
-) -> String {
-    let ucx_env: String = ucx_env
-        .iter()
+/// The environment of a process over the drop-in in `library_dir` and the agent at `socket`.
+pub(crate) fn dropin_env(socket: &Path, library_dir: &Path) -> Vec<(&'static str, String)> {
+    vec![
+        ("VRDMA_AGENT", socket.to_string_lossy().into_owned()),
+        (
+            "LD_LIBRARY_PATH",
+            library_dir.to_string_lossy().into_owned(),
+        ),
+    ]
+}
+
+/// `name=value` pairs, shell-quoted, each after a space.
+pub(crate) fn shell_env(env: &[(&str, String)]) -> String {
+    env.iter()
         .map(|(name, value)| format!(" {name}={}", shell_quote(value)))
-        .collect();
+        .collect()
+}
+
+/// `command` (with its arguments, shell-quoted) as `nobody` with the variables `env`, run by
+/// `sh -c` after `setup` (shell lines).
+pub(crate) fn as_nobody(setup: &str, env: &[(&str, String)], command: &str) -> String {
     format!(
-        "set -e\n{setup}exec setpriv --reuid=65534 --regid=65534 --clear-groups -- \
-         env VRDMA_AGENT={socket} LD_LIBRARY_PATH={library}{ucx_env} {command}\n",
-        socket = shell_quote(&socket.to_string_lossy()),
-        library = shell_quote(&library_dir.to_string_lossy()),
+        "set -e\n{setup}exec setpriv --reuid={uid} --regid={gid} --clear-groups -- \
+         env{env} {command}\n",
+        uid = NOBODY.0,
+        gid = NOBODY.1,
+        env = shell_env(env),
     )
 }
 
 /// The shell lines that mount `published` where UCX looks, as a container runtime would.
-fn container_setup(published: &Path) -> String {
+pub(crate) fn container_setup(published: &Path) -> String {
     format!(
         "mount --bind {class} /sys/class/infiniband\n\
          mount -t tmpfs -o mode=0755 tmpfs /dev/infiniband\n\
@@ -114,8 +122,32 @@ fn container_setup(published: &Path) -> String {
     )
 }
 
+/// The shell lines that make a container of this one that was given both the host's RDMA
+/// devices (rxe0's node and sysfs entry) and vrdma0 (the agent's publication in
+/// `published`): a tmpfs at `/mnt` holds both sets, bind-mounted where RDMA software looks.
+pub(crate) fn container_with_native_setup(published: &Path) -> String {
+    format!(
+        "mount -t tmpfs -o mode=0755 tmpfs /mnt\n\
+         mkdir /mnt/dev /mnt/class\n\
+         cp -a /dev/infiniband/. /mnt/dev/\n\
+         for device in /sys/class/infiniband/*; do ln -s \"$(readlink -f \"$device\")\" /mnt/class/; done\n\
+         ln -s {class} /mnt/class/{VRDMA_DEVICE}\n\
+         touch /mnt/dev/{VRDMA_DEVICE}\n\
+         mount --bind /mnt/dev /dev/infiniband\n\
+         mount --bind {node} /dev/infiniband/{VRDMA_DEVICE}\n\
+         mount --bind /mnt/class /sys/class/infiniband\n",
+        class = shell_quote(
+            &published
+                .join("class/infiniband")
+                .join(VRDMA_DEVICE)
+                .to_string_lossy()
+        ),
+        node = shell_quote(&published_node(published).to_string_lossy()),
+    )
+}
+
 /// `sh_script` in a private mount namespace, as a container's process.
-fn in_container(sh_script: String) -> Command {
+pub(crate) fn in_container(sh_script: String) -> Command {
     let mut command = Command::new("unshare");
     command
         .args(["--mount", "--propagation", "private", "sh", "-c"])
@@ -141,9 +173,7 @@ pub fn ucx_listing(
         "ucx-info-container",
         &mut in_container(as_nobody(
             &container_setup(published),
-            agent_socket,
-            library_dir,
-            &[],
+            &dropin_env(agent_socket, library_dir),
             "ucx_info -d",
         )),
         VRDMA_DEVICE,
@@ -163,12 +193,39 @@ pub const UCX_ITERATIONS: u64 = 1000;
 /// How long one `ucx_perftest` run may take: a hang bound.
 const UCX_PERFTEST_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// Which way a stack's process reaches RDMA: natively on rxe0, or as `nobody` over the drop-in
+/// and the agent, in a container's mount namespace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StackSide {
+    #[default]
+    Native,
+    Vrdma,
+}
+
+impl StackSide {
+    pub fn name(self) -> &'static str {
+        match self {
+            StackSide::Native => "native",
+            StackSide::Vrdma => "vrdma",
+        }
+    }
+
+    /// The UCX device (`UCX_NET_DEVICES`) of this side.
+    pub fn ucx_device(self) -> String {
+        match self {
+            StackSide::Native => format!("{DEVICE}:1"),
+            StackSide::Vrdma => format!("{VRDMA_DEVICE}:1"),
+        }
+    }
+}
+
 /// One `ucx_perftest` run.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UcxRun {
     pub test: String,
-    /// Which side served: "native" or "vrdma" (the client is the other).
-    pub server: String,
+    /// Which side served (the client is the other).
+    pub server: StackSide,
     /// The iterations the client's `Final:` line reports.
     pub iterations: u64,
     /// That line, as printed.
@@ -200,31 +257,34 @@ fn perftest_args(test: &str, port: u16, server: Option<&str>) -> Vec<String> {
 /// `ucx_perftest` with `args` on this side: natively on rxe0, or as `nobody` over the drop-in
 /// and the agent in a container's mount namespace.
 fn perftest_command(
-    vrdma: bool,
+    side: StackSide,
     args: &[String],
     published: &Path,
     agent_socket: &Path,
     library_dir: &Path,
 ) -> Command {
-    if vrdma {
-        let command: Vec<String> = std::iter::once("ucx_perftest".to_string())
-            .chain(args.iter().map(|a| shell_quote(a)))
-            .collect();
-        let device = format!("{VRDMA_DEVICE}:1");
-        in_container(as_nobody(
-            &container_setup(published),
-            agent_socket,
-            library_dir,
-            &[("UCX_NET_DEVICES", &device), ("UCX_TLS", UCX_TLS)],
-            &command.join(" "),
-        ))
-    } else {
-        let mut command = Command::new("ucx_perftest");
-        command
-            .args(args)
-            .env("UCX_NET_DEVICES", format!("{DEVICE}:1"))
-            .env("UCX_TLS", UCX_TLS);
-        command
+    let device = side.ucx_device();
+    match side {
+        StackSide::Vrdma => {
+            let command: Vec<String> = std::iter::once("ucx_perftest".to_string())
+                .chain(args.iter().map(|a| shell_quote(a)))
+                .collect();
+            let mut env = dropin_env(agent_socket, library_dir);
+            env.extend([("UCX_NET_DEVICES", device), ("UCX_TLS", UCX_TLS.into())]);
+            in_container(as_nobody(
+                &container_setup(published),
+                &env,
+                &command.join(" "),
+            ))
+        }
+        StackSide::Native => {
+            let mut command = Command::new("ucx_perftest");
+            command
+                .args(args)
+                .env("UCX_NET_DEVICES", device)
+                .env("UCX_TLS", UCX_TLS);
+            command
+        }
     }
 }
 
@@ -241,13 +301,15 @@ pub fn ucx_traffic(
 ) -> Result<Vec<UcxRun>> {
     let mut runs = Vec::new();
     for test in UCX_PERFTESTS {
-        for vrdma_serves in [false, true] {
+        for (server_side, client_side) in [
+            (StackSide::Native, StackSide::Vrdma),
+            (StackSide::Vrdma, StackSide::Native),
+        ] {
             let port = next_port();
-            let label = |vrdma| if vrdma { "vrdma" } else { "native" };
             let mut server = Proc::spawn(
-                &format!("ucx-perftest-{test}-server-{}", label(vrdma_serves)),
+                &format!("ucx-perftest-{test}-server-{}", server_side.name()),
                 &mut perftest_command(
-                    vrdma_serves,
+                    server_side,
                     &perftest_args(test, port, None),
                     published,
                     agent_socket,
@@ -256,9 +318,9 @@ pub fn ucx_traffic(
             )?;
             server.wait_listening(port, UCX_PERFTEST_TIMEOUT)?;
             let mut client = Proc::spawn(
-                &format!("ucx-perftest-{test}-client-{}", label(!vrdma_serves)),
+                &format!("ucx-perftest-{test}-client-{}", client_side.name()),
                 &mut perftest_command(
-                    !vrdma_serves,
+                    client_side,
                     &perftest_args(test, port, Some("127.0.0.1")),
                     published,
                     agent_socket,
@@ -276,11 +338,11 @@ pub fn ucx_traffic(
             }
             println!(
                 "  ok: ucx_perftest {test}, server {}: {final_line}",
-                label(vrdma_serves)
+                server_side.name()
             );
             runs.push(UcxRun {
                 test: test.to_string(),
-                server: label(vrdma_serves).into(),
+                server: server_side,
                 iterations,
                 final_line,
             });

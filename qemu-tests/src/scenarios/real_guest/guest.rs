@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::control::ControlClient;
 use super::*;
 use crate::error::{tail, Error, IoContext, Result};
-use crate::inside::Proc;
+use crate::inside::{Proc, NOBODY};
 use crate::perftest::{self, Side};
 use crate::relay;
 use crate::scenarios::{discovery, pin_budget, rdmacm_utils};
@@ -211,7 +211,7 @@ fn rping_through_agent(
     let as_nobody = |role: &str, port: u16| {
         let mut command = rping_command(
             paths,
-            perftest::as_user(NOBODY, NOBODY, "rping"),
+            perftest::as_user(NOBODY.0, NOBODY.1, "rping"),
             role,
             port,
         );
@@ -239,7 +239,7 @@ fn ucmatose_through_agent(
     let program = &rdmacm_utils::UCMATOSE;
     let address = format!("{}%1", paths.rping_server);
     let as_nobody = |server: bool, port: u16| {
-        let mut command = perftest::as_user(NOBODY, NOBODY, program.server);
+        let mut command = perftest::as_user(NOBODY.0, NOBODY.1, program.server);
         command
             .args(program.args)
             .args(rdmacm_utils::address_args(program.server, &address, port, server).0)
@@ -393,7 +393,7 @@ fn through_agent(
     let client = |link: Link, ops: &str, sizes: &str, iters: u32| -> Result<Proc> {
         let listener = relay::listen_loopback(link.tcp)?;
         relay_in_background(listener, link);
-        let mut command = perftest::as_user(NOBODY, NOBODY, &paths.pingpong);
+        let mut command = perftest::as_user(NOBODY.0, NOBODY.1, &paths.pingpong);
         command
             .args(["client", "--agent"])
             .arg(socket)
@@ -461,7 +461,7 @@ fn through_agent(
         lap("the hostile process's memory is given back");
         crate::scenarios::isolation::run_through_agent(socket)?;
         lap("isolation checks");
-        let side = Side::through_agent(socket, &paths.library_dir, NOBODY, NOBODY);
+        let side = Side::through_agent(socket, &paths.library_dir, NOBODY.0, NOBODY.1);
         for (case, link) in AGENT_PERFTEST {
             perftest_server(&side, case, *link)?;
             lap(&format!("perftest {} {}", case.tool.command(), case.size));
@@ -486,9 +486,6 @@ fn through_agent(
     agent.kill();
     result
 }
-
-/// Debian's `nobody` (and `nogroup`).
-const NOBODY: u32 = 65534;
 
 /// The guest as the one-way server: once its receives are posted, the host side stops the
 /// backend and a native client writes and sends into the guest, which verifies every message
