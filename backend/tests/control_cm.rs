@@ -259,12 +259,8 @@ fn ids_stay_on_the_guests_own_addresses_qps_and_handles() {
         Status::BadHandle
     );
 
-    // A resolution without a source binds the tenant's own address; loopback is refused.
+    // A resolution without a source binds the tenant's own address.
     let active = create_id(&b, RC);
-    assert_eq!(
-        resolve_addr(&b, active, None, "[::1]:7000"),
-        Status::Invalid
-    );
     assert_eq!(
         resolve_addr(&b, active, Some("[fd00::a:1]:0"), "[fd00::a:1]:7000"),
         Status::Invalid
@@ -459,4 +455,67 @@ fn commands_that_make_events_wait_for_undelivered_ones() {
         query_addr(&guest, id).dst.socket_addr().map(|a| a.port()),
         Some(9)
     );
+}
+
+/// Loopback is the tenant itself (spec §7.5): a bind of 127.0.0.1 listens on the tenant's own
+/// address (here its only one, IPv6), a connection to 127.0.0.1 reaches it, and another
+/// tenant aiming at that address is rejected by the device without the listener seeing it.
+#[test]
+fn loopback_is_the_tenant_itself_and_its_listeners_hear_only_it() {
+    let fake = fake_with_cm();
+    for address in ["fd00::a:1", "fd00::b:1"] {
+        fake.world()
+            .add_address_gids(&address.parse::<GuestAddress>().unwrap());
+    }
+    let daemon = TestDaemon::new(&fake);
+    let tenant = |name: &str, address: &str| {
+        let mut options = test_options();
+        options.identity = GuestIdentity {
+            name: name.into(),
+            addresses: vec![address.parse().unwrap()],
+            ..GuestIdentity::default()
+        };
+        daemon.guest(options, FEATURES)
+    };
+    let a = tenant("a", "fd00::a:1");
+    let b = tenant("b", "fd00::b:1");
+    let listener = create_id(&a, RC);
+    assert_eq!(bind(&a, listener, &format!("127.0.0.1:{PORT}")), Status::Ok);
+    assert_eq!(
+        addr_of(&query_addr(&a, listener).src),
+        format!("[fd00::a:1]:{PORT}").parse().unwrap()
+    );
+    assert_eq!(listen(&a, listener, 4), Status::Ok);
+
+    // Another tenant aims at a's address: the device rejects it, a never hears of it.
+    let stranger = create_id(&b, RC);
+    resolve(&b, stranger, &format!("[fd00::a:1]:{PORT}"));
+    let (qp, _) = rc_qp(&b);
+    assert_eq!(connect(&b, stranger, qp, b""), Status::Ok);
+    a.dev()
+        .fd_ready(a.ctx(), vrdma_backend::datapath::cm_events::CM_FD);
+    assert_eq!(next_cm_event(&b).event.get(), cm_event::REJECTED);
+    assert_eq!(get_event(&a).event.get(), CM_EVENT_NONE);
+    assert_eq!(a.dev().object_counts().cm_ids, 1, "the listener alone");
+
+    // a connects to loopback: from its own address to its own listener.
+    let active = create_id(&a, RC);
+    assert_eq!(
+        resolve_addr(&a, active, None, &format!("127.0.0.1:{PORT}")),
+        Status::Ok
+    );
+    let resolved = expect_cm_event(&a, cm_event::ADDR_RESOLVED);
+    assert_eq!(
+        (addr_of(&resolved.src).ip(), addr_of(&resolved.dst)),
+        (
+            "fd00::a:1".parse().unwrap(),
+            format!("[fd00::a:1]:{PORT}").parse().unwrap()
+        )
+    );
+    assert_eq!(resolve_route(&a, active), Status::Ok);
+    expect_cm_event(&a, cm_event::ROUTE_RESOLVED);
+    let (qp, _) = rc_qp(&a);
+    assert_eq!(connect(&a, active, qp, b""), Status::Ok);
+    let request = expect_cm_event(&a, cm_event::CONNECT_REQUEST);
+    assert_eq!(request.listen_id.get(), listener);
 }

@@ -28,7 +28,8 @@ fn unprivileged_processes_share_one_device_through_the_agent() {
     );
     // perftest ran every iteration (timed, or untimed when its own clock failed).
     assert!(outcome.perftest.measurement.completed(), "{outcome:?}");
-    // rping through the agent as server, then as client; both sides' marks were checked.
+    // rping through the agent as server, then as client, then over loopback with both sides
+    // through the agent; both sides' marks were checked.
     let roles: Vec<(&str, &str)> = outcome
         .rping
         .iter()
@@ -36,7 +37,11 @@ fn unprivileged_processes_share_one_device_through_the_agent() {
         .collect();
     assert_eq!(
         roles,
-        [("vrdma-agent", "native"), ("native", "vrdma-agent")]
+        [
+            ("vrdma-agent", "native"),
+            ("native", "vrdma-agent"),
+            ("vrdma-agent", "vrdma-agent")
+        ]
     );
     for refusal in [&outcome.stranger_refusal, &outcome.backend_refusal] {
         assert!(refusal.contains("Permission denied"), "{refusal}");
@@ -51,6 +56,21 @@ fn unprivileged_processes_share_one_device_through_the_agent() {
             assert!(
                 pairs.iter().any(|(t, d)| t == transport && d == port),
                 "{transport} on {port}: {pairs:?}"
+            );
+        }
+    }
+    // libfabric listed its verbs MSG and RDM (verbs;ofi_rxm) endpoints on rxe0 natively and
+    // on vrdma0 through the agent (checked in the VM; here: reported).
+    for (entries, domain) in [
+        (&outcome.fabric.native, "rxe0"),
+        (&outcome.fabric.vrdma, "vrdma0"),
+    ] {
+        for (provider, kind) in discovery::FABRIC_ENTRIES {
+            assert!(
+                entries
+                    .iter()
+                    .any(|(p, d, t)| p == provider && d == domain && t == kind),
+                "{provider} {kind} on {domain}: {entries:?}"
             );
         }
     }

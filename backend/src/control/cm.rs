@@ -231,9 +231,7 @@ fn address_refused(e: CmAddressError) -> CommandError {
             CmAddressError::AmbiguousWildcard { .. } | CmAddressError::WildcardBesideTenants => {
                 "a wildcard the device cannot bind"
             }
-            CmAddressError::BadDestination(_) => {
-                "a wildcard, loopback, multicast or broadcast destination"
-            }
+            CmAddressError::BadDestination(_) => "a wildcard, multicast or broadcast destination",
             CmAddressError::NoSource(_) => "no source address of the guest for the destination",
         },
         status: Status::Invalid,
@@ -266,6 +264,7 @@ fn bind(s: &mut Session<'_>, cm: &dyn HostCm, raw: u32, addr: &CmAddr) -> Result
     })?;
     let e = s.state.cm.ids.get_mut(Handle::from_raw(raw))?;
     e.bound = true;
+    e.loopback = requested.ip().to_canonical().is_loopback();
     if let Some(scope) = link_local_scope(&requested) {
         e.guest_scope = scope;
     }

@@ -100,6 +100,14 @@ fn connect_request(
         return None;
     };
     let (port_space, guest_scope) = (l.port_space, l.guest_scope);
+    if l.loopback && !from_itself(cm, event) {
+        debug!(
+            "guest {}: listener {listener} is a loopback one: rejecting a request from elsewhere",
+            guest.id()
+        );
+        drop_request(guest, cm, event);
+        return None;
+    }
     if l.waiting_requests >= l.backlog.unwrap_or(0) || state.cm.ids.check_room(0).is_err() {
         debug!(
             "guest {}: listener {listener}: backlog or id quota full, rejecting a request",
@@ -125,6 +133,18 @@ fn connect_request(
         listener: Some(listener),
         body,
     })
+}
+
+/// Whether a connect request comes from the very address it is aimed at (the guest talking to
+/// itself through loopback); one whose addresses the host cannot tell does not.
+fn from_itself(cm: &dyn HostCm, event: &CmEvent) -> bool {
+    match cm.query_addr(event.id) {
+        Ok(CmAddresses {
+            src: Some(local),
+            dst: Some(peer),
+        }) => local.ip().to_canonical() == peer.ip().to_canonical(),
+        _ => false,
+    }
 }
 
 /// Destroying a connect request's host id rejects the peer.

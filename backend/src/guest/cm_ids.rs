@@ -23,6 +23,10 @@ pub struct CmIdEntry {
     pub guest_scope: u32,
     /// Bound by CM_BIND to one of the guest's addresses: it may listen.
     pub bound: bool,
+    /// Bound to a loopback address (the guest's own address stands for it): as a listener it
+    /// takes connect requests from that address only, as a kernel loopback listener gets none
+    /// from another machine.
+    pub loopback: bool,
     /// Listening, with this many connect requests waiting at most.
     pub backlog: Option<u32>,
     /// Connect requests on this listener not yet delivered to the guest.
@@ -45,6 +49,7 @@ impl CmIdEntry {
             port_space,
             guest_scope: 0,
             bound: false,
+            loopback: false,
             backlog: None,
             waiting_requests: 0,
             qp: None,

@@ -1,8 +1,10 @@
 //! Which addresses a guest's connection-manager ids may bind, resolve from and aim at (spec
 //! §7.5 and §12.1): a tenant binds and sends from its own addresses only; a guest sharing the
 //! host's identity from the host's addresses that are no tenant's; a wildcard never reaches
-//! the host while it could spread over a tenant's address; link-local scopes name the RDMA
-//! netdev, whatever the guest's interface numbers are.
+//! the host while it could spread over a tenant's address; a loopback address is the guest
+//! itself (its own address, [`CmAddressRules::own_address`]), never the host's loopback, which
+//! would reach every guest's and the host's listeners; link-local scopes name the RDMA netdev,
+//! whatever the guest's interface numbers are.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
@@ -27,7 +29,7 @@ pub enum CmAddressError {
     #[error("a wildcard address while the daemon serves tenants")]
     WildcardBesideTenants,
     /// A destination no connection may aim at from a guest.
-    #[error("destination {0} is a wildcard, loopback, multicast or broadcast address")]
+    #[error("destination {0} is a wildcard, multicast or broadcast address")]
     BadDestination(IpAddr),
     /// No address the guest may send from has the destination's family (and scope).
     #[error("no source address of this guest for {0}")]
@@ -57,12 +59,14 @@ impl CmAddressRules<'_> {
     /// addresses are judged as the IPv4 address they are.
     pub fn bind(&self, requested: SocketAddr) -> Result<SocketAddr, CmAddressError> {
         let ip = requested.ip().to_canonical();
-        let chosen = if self.addresses.is_empty() {
+        let chosen = if ip.is_loopback() {
+            self.own_address(ip)?
+        } else if self.addresses.is_empty() {
             if ip.is_unspecified() {
                 if self.tenants_present {
                     return Err(CmAddressError::WildcardBesideTenants);
                 }
-            } else if ip.is_loopback() || ip.is_multicast() {
+            } else if ip.is_multicast() {
                 // Not an address of the RDMA netdev: the host would pick a device itself.
                 return Err(CmAddressError::NotOwn(ip));
             }
@@ -100,14 +104,20 @@ impl CmAddressRules<'_> {
         src: Option<SocketAddr>,
         dst: SocketAddr,
     ) -> Result<(SocketAddr, SocketAddr), CmAddressError> {
-        let to = dst.ip().to_canonical();
+        let mut to = dst.ip().to_canonical();
         let broadcast = matches!(to, std::net::IpAddr::V4(v4) if v4.is_broadcast());
-        if to.is_unspecified() || to.is_loopback() || to.is_multicast() || broadcast {
+        if to.is_unspecified() || to.is_multicast() || broadcast {
             return Err(CmAddressError::BadDestination(to));
+        }
+        let loopback = to.is_loopback();
+        if loopback {
+            to = self.own_address(to)?;
         }
         let destination = self.scoped(to, dst.port());
         let source = match src {
             Some(src) => self.bind(src)?,
+            // The guest talking to itself: from the address it reaches.
+            None if loopback => self.scoped(to, 0),
             None => {
                 let candidates: Vec<IpAddr> = if self.addresses.is_empty() {
                     self.host_sources.to_vec()
@@ -119,6 +129,28 @@ impl CmAddressRules<'_> {
             }
         };
         Ok((source, destination))
+    }
+
+    /// The guest's own address that a loopback address (`like`) stands for: its first address
+    /// (a guest sharing the host's identity: the port's first that is no tenant's) of
+    /// `like`'s family, else its first of any family (the kernel, too, binds a loopback id to a
+    /// device whatever addresses it has). Binds and resolutions map a loopback address alike,
+    /// so the guest's loopback listeners and connections meet.
+    pub fn own_address(&self, like: IpAddr) -> Result<IpAddr, CmAddressError> {
+        let own: Vec<IpAddr> = if self.addresses.is_empty() {
+            self.host_sources
+                .iter()
+                .copied()
+                .filter(|ip| !(self.is_tenant_address)(ip))
+                .collect()
+        } else {
+            self.addresses.iter().map(|a| a.ip).collect()
+        };
+        own.iter()
+            .copied()
+            .find(|ip| ip.is_ipv4() == like.is_ipv4())
+            .or_else(|| own.first().copied())
+            .ok_or(CmAddressError::NoSource(like))
     }
 
     /// `ip` and `port` as a host socket address: link-local IPv6 scoped to the RDMA netdev.
@@ -197,12 +229,7 @@ mod tests {
         assert_eq!(r.bind(sock("[::]:5")), Ok(sock("[fe80::a:1%7]:5")));
         assert_eq!(r.bind(sock("0.0.0.0:0")), Ok(sock("192.0.2.10:0")));
         // Anyone else's address, the host's included.
-        for other in [
-            "[fe80::b:1%3]:1",
-            "[fe80::1%3]:1",
-            "192.0.2.11:1",
-            "[::1]:1",
-        ] {
+        for other in ["[fe80::b:1%3]:1", "[fe80::1%3]:1", "192.0.2.11:1"] {
             let ip = sock(other).ip();
             assert_eq!(
                 r.bind(sock(other)),
@@ -241,13 +268,8 @@ mod tests {
             Err(CmAddressError::NotOwn(sock("198.51.100.7:9").ip()))
         );
         assert_eq!(r.bind(sock("192.0.2.1:9")), Ok(sock("192.0.2.1:9")));
-        // Loopback and multicast are no addresses of the RDMA netdev, in either form.
-        for other in [
-            "127.0.0.1:1",
-            "[::1]:1",
-            "[ff02::1]:1",
-            "[::ffff:127.0.0.1]:1",
-        ] {
+        // Multicast is no address of the RDMA netdev, in either form.
+        for other in ["[ff02::1]:1", "[::ffff:224.0.0.1]:1"] {
             assert!(r.bind(sock(other)).is_err(), "{other}");
         }
         // An IPv4-mapped form of a tenant's address is that address.
@@ -274,13 +296,10 @@ mod tests {
         assert!(r
             .resolve(Some(sock("[fe80::b:1]:0")), sock("[fe80::c:1]:1"))
             .is_err());
-        // Wildcard, loopback, multicast and broadcast destinations are nobody's to aim at.
+        // Wildcard, multicast and broadcast destinations are nobody's to aim at.
         for bad in [
             "[::]:1",
-            "[::1]:1",
-            "127.0.0.1:1",
             "0.0.0.0:1",
-            "[::ffff:127.0.0.1]:1",
             "[ff02::1]:1",
             "255.255.255.255:1",
             "[::ffff:255.255.255.255]:1",
@@ -312,6 +331,46 @@ mod tests {
         assert_eq!(
             rules(&[], &host, false).resolve(None, sock("198.51.100.1:1")),
             Err(CmAddressError::NoSource(sock("198.51.100.1:1").ip()))
+        );
+    }
+
+    #[test]
+    fn loopback_is_the_guest_itself_never_the_hosts() {
+        // A tenant: its own address of the family, else its first.
+        let own = addresses(&["fe80::a:1", "192.0.2.10"]);
+        let r = rules(&own, &[], true);
+        assert_eq!(r.bind(sock("127.0.0.1:7")), Ok(sock("192.0.2.10:7")));
+        assert_eq!(
+            r.bind(sock("[::ffff:127.0.0.9]:7")),
+            Ok(sock("192.0.2.10:7"))
+        );
+        assert_eq!(r.bind(sock("[::1]:7")), Ok(sock("[fe80::a:1%7]:7")));
+        let v6 = addresses(&["fe80::a:1"]);
+        assert_eq!(
+            rules(&v6, &[], true).bind(sock("127.0.0.1:0")),
+            Ok(sock("[fe80::a:1%7]:0"))
+        );
+        // A resolution to loopback aims at the address a loopback bind listens on, from it.
+        assert_eq!(
+            r.resolve(None, sock("127.0.0.1:7")),
+            Ok((sock("192.0.2.10:0"), sock("192.0.2.10:7")))
+        );
+        assert_eq!(
+            rules(&v6, &[], true).resolve(None, sock("127.0.0.1:7")),
+            Ok((sock("[fe80::a:1%7]:0"), sock("[fe80::a:1%7]:7")))
+        );
+        // A guest sharing the host's identity: the port's first address that is no tenant's.
+        let port: Vec<IpAddr> = vec!["fe80::b:1".parse().unwrap(), "fe80::1".parse().unwrap()];
+        let host = rules(&[], &port, true);
+        assert_eq!(host.bind(sock("[::1]:9")), Ok(sock("[fe80::1%7]:9")));
+        assert_eq!(
+            host.resolve(None, sock("127.0.0.1:9")),
+            Ok((sock("[fe80::1%7]:0"), sock("[fe80::1%7]:9")))
+        );
+        // No address at all: nothing stands for loopback.
+        assert_eq!(
+            rules(&[], &[], false).bind(sock("127.0.0.1:1")),
+            Err(CmAddressError::NoSource(sock("127.0.0.1:1").ip()))
         );
     }
 }

@@ -44,6 +44,9 @@ use crate::scenarios::pingpong_peer::{
 use crate::scenarios::rdmacm_utils;
 use crate::scenarios::{discovery, isolation, mpi};
 
+/// The loopback address rping meets itself on.
+pub const LOOPBACK: &str = "127.0.0.1";
+
 /// Application processes running ping-pongs through the agent at once.
 pub const CONCURRENT: usize = 8;
 
@@ -75,7 +78,8 @@ pub struct AgentOutcome {
     pub concurrent: Vec<Vec<PingpongRow>>,
     /// perftest's row.
     pub perftest: perftest::Row,
-    /// rping through the agent as server, then as client, against native rping.
+    /// rping through the agent as server, then as client, against native rping; then over
+    /// [`LOOPBACK`] with both sides through the agent.
     pub rping: Vec<rdmacm_utils::Run>,
     /// Device counts with the two survivors running, with the victim too, and after its death.
     pub before_victim: ResourceCounts,
@@ -93,6 +97,9 @@ pub struct AgentOutcome {
     /// `ucx_perftest` between a native side and `nobody` over the agent, each side serving.
     #[serde(default)]
     pub ucx_traffic: Vec<discovery::UcxRun>,
+    /// `fi_info -p verbs` natively and as `nobody` over the agent's published files.
+    #[serde(default)]
+    pub fabric: discovery::FabricListing,
     /// Open MPI jobs over UCX, a rank native or `nobody` over the agent, every byte checked.
     #[serde(default)]
     pub mpi: Vec<mpi::MpiRun>,
@@ -152,6 +159,13 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
         listed(&ucx.native, DEVICE),
         listed(&ucx.vrdma, crate::perftest::DROPIN_DEVICE)
     );
+    let fabric =
+        discovery::fabric_listing(&publish_dir(&agent_socket), &agent_socket, library_dir)?;
+    println!(
+        "  ok: fi_info -p verbs lists {} natively and {} over vrdma",
+        fabric.native.len(),
+        fabric.vrdma.len()
+    );
     println!("== UCX traffic: ucx_perftest between native and nobody over the agent");
     let ucx_traffic = discovery::ucx_traffic(
         &publish_dir(&agent_socket),
@@ -176,6 +190,16 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
             next_port(),
         )?);
     }
+    // Over loopback, both sides through the agent: loopback is the device's own address (spec
+    // §7.5). (Natively rxe0 has no loopback: the kernel refuses to bind 127.0.0.1 on a RoCE
+    // device, EADDRNOTAVAIL, as no GID holds it.)
+    rping_runs.push(rdmacm_utils::run_pair(
+        rping,
+        &side,
+        &side,
+        LOOPBACK,
+        next_port(),
+    )?);
 
     println!("== crash isolation");
     let crash = crash_isolation(binaries, &backend, &agent_socket, &mut next_port)?;
@@ -206,6 +230,7 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
         backend_down_refusal,
         ucx,
         ucx_traffic,
+        fabric,
         mpi,
     })
 }

@@ -181,6 +181,103 @@ pub fn ucx_listing(
     Ok(UcxListing { native, vrdma })
 }
 
+/// What `fi_info -p verbs` listed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FabricListing {
+    /// `(provider, domain, endpoint type)` of each entry natively.
+    pub native: Vec<(String, String, String)>,
+    /// The same over vrdma.
+    pub vrdma: Vec<(String, String, String)>,
+}
+
+/// The `(provider, endpoint type)` entries a verbs device must have: libfabric's verbs MSG
+/// endpoints and the RDM endpoints its `ofi_rxm` utility provider builds over them (what
+/// MPI and most libfabric users open).
+pub const FABRIC_ENTRIES: &[(&str, &str)] =
+    &[("verbs", "FI_EP_MSG"), ("verbs;ofi_rxm", "FI_EP_RDM")];
+
+/// The `(provider, domain, type)` entries of `fi_info`'s output.
+pub fn fabric_entries(output: &str) -> Vec<(String, String, String)> {
+    let mut entries = Vec::new();
+    let (mut provider, mut domain) = (None, None);
+    for line in output.lines() {
+        let Some((key, value)) = line.trim().split_once(':') else {
+            continue;
+        };
+        let value = value.trim().to_string();
+        match key {
+            "provider" => (provider, domain) = (Some(value), None),
+            "domain" => domain = Some(value),
+            "type" => {
+                if let (Some(p), Some(d)) = (&provider, &domain) {
+                    entries.push((p.clone(), d.clone(), value));
+                }
+            }
+            _ => {}
+        }
+    }
+    entries
+}
+
+/// The first of [`FABRIC_ENTRIES`] that `entries` lack on `domain`.
+fn fabric_entries_on(
+    entries: &[(String, String, String)],
+    domain: &str,
+) -> Result<(), (&'static str, &'static str)> {
+    match FABRIC_ENTRIES.iter().find(|(provider, kind)| {
+        !entries
+            .iter()
+            .any(|(p, d, t)| p == provider && d == domain && t == kind)
+    }) {
+        Some(missing) => Err(*missing),
+        None => Ok(()),
+    }
+}
+
+/// How long one `fi_info` may take: a hang bound.
+const FI_INFO_TIMEOUT: Duration = Duration::from_secs(300);
+
+fn fabric_listing_of(
+    name: &str,
+    command: &mut Command,
+    domain: &str,
+) -> Result<Vec<(String, String, String)>> {
+    let mut fi_info = Proc::spawn(name, command)?;
+    fi_info.wait_success(FI_INFO_TIMEOUT)?;
+    let entries = fabric_entries(&fi_info.output());
+    fabric_entries_on(&entries, domain).map_err(|(provider, kind)| {
+        fi_info.failure(&format!("lists no {provider} {kind} on {domain}"))
+    })?;
+    Ok(entries)
+}
+
+/// Process mode: unmodified `fi_info -p verbs` natively, then as `nobody` over the drop-in and
+/// the agent with the publication mounted as a container runtime would; each must list the
+/// device's [`FABRIC_ENTRIES`]. (libfabric finds a verbs device's MSG endpoints through the
+/// netdevs' addresses and binds `localhost` to find the device its RDM endpoints use: spec
+/// §7.5's loopback rule.)
+pub fn fabric_listing(
+    published: &Path,
+    agent_socket: &Path,
+    library_dir: &Path,
+) -> Result<FabricListing> {
+    let native = fabric_listing_of(
+        "fi-info-native",
+        Command::new("fi_info").args(["-p", "verbs"]),
+        DEVICE,
+    )?;
+    let vrdma = fabric_listing_of(
+        "fi-info-container",
+        &mut in_container(as_nobody(
+            &container_setup(published),
+            &dropin_env(agent_socket, library_dir),
+            "fi_info -p verbs",
+        )),
+        VRDMA_DEVICE,
+    )?;
+    Ok(FabricListing { native, vrdma })
+}
+
 /// The UCX transports the traffic runs on: RC for the data, UD for UCP's wire-up.
 const UCX_TLS: &str = "rc_verbs,ud_verbs";
 
@@ -428,6 +525,41 @@ mod tests {
         assert!(verbs_transports_on(&pairs, "rxe0").is_err());
         let without_ud = ucx_devices(&LISTING.replace("ud_verbs", "ud_mlx5"));
         assert!(verbs_transports_on(&without_ud, "vrdma0").is_err());
+    }
+
+    /// The shape of `fi_info -p verbs` (libfabric 2.0), trimmed.
+    const FI_INFO: &str = "\
+provider: verbs
+    fabric: IB-0xfe80000000000000
+    domain: vrdma0
+    version: 201.0
+    type: FI_EP_MSG
+    protocol: FI_PROTO_RDMA_CM_IB_RC
+provider: verbs
+    fabric: IB-0xfe80000000000000
+    domain: vrdma0-dgram
+    type: FI_EP_DGRAM
+provider: verbs;ofi_rxm
+    fabric: IB-0xfe80000000000000
+    domain: vrdma0
+    type: FI_EP_RDM
+";
+
+    #[test]
+    fn fabric_entries_pair_providers_domains_and_types() {
+        let entries = fabric_entries(FI_INFO);
+        assert_eq!(entries.len(), 3);
+        assert_eq!(
+            entries[2],
+            ("verbs;ofi_rxm".into(), "vrdma0".into(), "FI_EP_RDM".into())
+        );
+        assert!(fabric_entries_on(&entries, "vrdma0").is_ok());
+        assert!(fabric_entries_on(&entries, "rxe0").is_err());
+        let without_rdm = fabric_entries(&FI_INFO.replace("FI_EP_RDM", "FI_EP_DGRAM"));
+        assert_eq!(
+            fabric_entries_on(&without_rdm, "vrdma0"),
+            Err(("verbs;ofi_rxm", "FI_EP_RDM"))
+        );
     }
 
     #[test]
