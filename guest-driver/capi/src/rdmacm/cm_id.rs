@@ -32,6 +32,11 @@ use crate::sys::*;
 #[repr(C)]
 pub(crate) struct CmIdPriv {
     pub(crate) id: rdma_cm_id,
+    /// The device's context. `id.verbs` shows it only once the id is bound to the device (an
+    /// address of it bound or resolved, or a connect request's id), as librdmacm's does:
+    /// programs tell an id that is still unbound by its NULL `verbs` (libfabric creates an
+    /// active endpoint's QP only after its address resolution).
+    pub(crate) ctx: *mut ibv_context,
     /// The device's id; `None` once destroyed.
     pub(crate) cm: Mutex<Option<CmId>>,
     pub(crate) handle: u32,
@@ -97,13 +102,14 @@ pub(crate) fn port_space(ps: rdma_port_space) -> Option<(PortSpace, ibv_qp_type)
     }
 }
 
-/// A new id of the device's id `cm`: its `rdma_cm_id` filled from `like` (the listener of a
-/// connect request) or the device, routed to `channel` (`None`: a channel of its own).
+/// A new id of the device's id `cm`, routed to `channel` (`None`: a channel of its own);
+/// `bound`: already bound to the device (a connect request's), so `verbs` shows it.
 pub(crate) fn new_id(
     cm: CmId,
     channel: Option<Arc<CmChannel>>,
     context: *mut c_void,
     ps: rdma_port_space,
+    bound: bool,
 ) -> Result<*mut rdma_cm_id, c_int> {
     let device = cm_device()?;
     let (_, qp_type) = port_space(ps).ok_or(libc::EINVAL)?;
@@ -116,7 +122,11 @@ pub(crate) fn new_id(
     let router = Arc::clone(&unsafe { VrdmaContext::of(device.ibv) }.cm);
     // SAFETY: all-zero is a valid rdma_cm_id (NULL pointers, empty addresses).
     let mut id: rdma_cm_id = unsafe { std::mem::zeroed() };
-    id.verbs = device.ibv;
+    id.verbs = if bound {
+        device.ibv
+    } else {
+        std::ptr::null_mut()
+    };
     id.channel = std::ptr::from_ref(&channel.c).cast_mut();
     id.context = context;
     id.ps = ps;
@@ -127,6 +137,7 @@ pub(crate) fn new_id(
     let (responder_resources, initiator_depth) = device_rd_atomic(device.ibv);
     let boxed = Box::new(CmIdPriv {
         id,
+        ctx: device.ibv,
         cm: Mutex::new(Some(cm)),
         handle,
         router: Arc::clone(&router),
@@ -179,6 +190,16 @@ pub(crate) unsafe fn set_addresses(
     src: Option<SocketAddr>,
     dst: Option<SocketAddr>,
 ) {
+    let src = src.map(c_addr::with_local_scope);
+    let dst = dst.map(|dst| c_addr::with_local_scope(c_addr::scoped_like(dst, src)));
+    // An address of the device is bound: the id is the device's from here on.
+    if src.is_some_and(|src| !src.ip().is_unspecified()) {
+        // SAFETY: caller contract: a live id of this library, whose fields it writes.
+        if let Some(p) = unsafe { CmIdPriv::of(id) } {
+            // SAFETY: as above.
+            unsafe { (*id).verbs = p.ctx };
+        }
+    }
     // SAFETY: caller contract: the id's route is this library's to write.
     let addr = unsafe { &mut (*id).route.addr };
     if src.is_some() {

@@ -206,11 +206,11 @@ fn connect_request(
         PortSpace::Tcp
     };
     // SAFETY: the listener's context is a live context of this library.
-    let ctx = &unsafe { crate::context::VrdmaContext::of(l.id.verbs) }.ctx;
+    let ctx = &unsafe { crate::context::VrdmaContext::of(l.ctx) }.ctx;
     let cm = CmId::from_request(ctx, raw, space).map_err(|e| crate::ffi::errno_of(&e))?;
     // A synchronous listener's requests get channels of their own (librdmacm migrates them).
     let own = (!l.sync).then(|| std::sync::Arc::clone(channel));
-    let id = new_id(cm, own, l.id.context, l.id.ps)?;
+    let id = new_id(cm, own, l.id.context, l.id.ps, true)?;
 
     {
         // The peer's depths are what this side may grant (librdmacm's defaults for accept).

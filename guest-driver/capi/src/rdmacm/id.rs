@@ -53,7 +53,7 @@ pub unsafe extern "C" fn rdma_create_id(
             Ok(cm) => cm,
             Err(e) => return fail(errno_of(&e)),
         };
-        match new_id(cm, channel, context, ps) {
+        match new_id(cm, channel, context, ps, false) {
             Ok(new) => {
                 // SAFETY: caller contract.
                 unsafe { id.write(new) };
@@ -213,7 +213,7 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_i
 /// `ucma_valid_param` and defaults): `RDMA_MAX_RESP_RES`/`RDMA_MAX_INIT_DEPTH` mean the
 /// device's most, larger values are `EINVAL`.
 fn take_param(p: &CmIdPriv, param: Option<&rdma_conn_param>) -> Result<(u8, u8, u8, u8), c_int> {
-    let (max_resp, max_init) = device_rd_atomic(p.id.verbs);
+    let (max_resp, max_init) = device_rd_atomic(p.ctx);
     let mut state = p.state.lock();
     let Some(param) = param else {
         return Ok((state.responder_resources, state.initiator_depth, 7, 7));

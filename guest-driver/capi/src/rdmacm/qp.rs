@@ -41,15 +41,14 @@ unsafe fn make_cqs(
     recv_wr: u32,
 ) -> Result<bool, c_int> {
     let mut made = false;
+    // SAFETY: caller contract.
+    let verbs = unsafe { CmIdPriv::of(id) }.ok_or(libc::EINVAL)?.ctx;
     // SAFETY: caller contract: a live id, whose fields are this library's to write.
-    let (verbs, fields) = unsafe {
-        (
-            (*id).verbs,
-            [
-                (&raw mut (*id).recv_cq_channel, &raw mut (*id).recv_cq),
-                (&raw mut (*id).send_cq_channel, &raw mut (*id).send_cq),
-            ],
-        )
+    let fields = unsafe {
+        [
+            (&raw mut (*id).recv_cq_channel, &raw mut (*id).recv_cq),
+            (&raw mut (*id).send_cq_channel, &raw mut (*id).send_cq),
+        ]
     };
     for ((cq, depth), (channel_field, cq_field)) in
         [(recv, recv_wr), (send, send_wr)].into_iter().zip(fields)
@@ -152,7 +151,9 @@ pub unsafe extern "C" fn rdma_create_qp(
             return fail(libc::EINVAL);
         };
         let pd = if pd.is_null() { p.id.pd } else { pd };
-        if !p.id.qp.is_null() {
+        // An id not bound to the device yet has no QP to make (librdmacm: its NULL `verbs`
+        // is not the PD's context).
+        if !p.id.qp.is_null() || p.id.verbs.is_null() {
             return fail(libc::EINVAL);
         }
         init.qp_type = p.id.qp_type;
@@ -283,7 +284,7 @@ pub unsafe extern "C" fn rdma_create_srq_ex(
             ex.comp_mask |= ibv_srq_init_attr_mask_IBV_SRQ_INIT_ATTR_PD;
         }
         // SAFETY: caller contract.
-        let srq = unsafe { create_srq_ex(p.id.verbs, ex) };
+        let srq = unsafe { create_srq_ex(p.ctx, ex) };
         if srq.is_null() {
             return fail(errno());
         }

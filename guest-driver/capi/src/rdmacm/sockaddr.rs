@@ -40,6 +40,71 @@ pub(crate) fn write(addr: Option<SocketAddr>, out: &mut sockaddr_storage) -> soc
     len as socklen_t
 }
 
+/// A link-local IPv6 address without a scope, given the index of this namespace's interface
+/// that holds it (in process mode the device's answers name the host's RDMA netdev address,
+/// unscoped when the application bound none): native peers' sockets and rdma_cm need the
+/// scope. Any other address as it is.
+pub(crate) fn with_local_scope(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V6(mut v6) if v6.scope_id() == 0 && is_link_local(v6.ip()) => {
+            if let Some(index) = interface_holding(v6.ip()) {
+                v6.set_scope_id(index);
+            }
+            SocketAddr::V6(v6)
+        }
+        other => other,
+    }
+}
+
+/// `addr` (a link-local IPv6 address without a scope) scoped like `like`, when that is a scoped
+/// link-local address.
+pub(crate) fn scoped_like(addr: SocketAddr, like: Option<SocketAddr>) -> SocketAddr {
+    match (addr, like) {
+        (SocketAddr::V6(mut v6), Some(SocketAddr::V6(l)))
+            if v6.scope_id() == 0 && is_link_local(v6.ip()) && is_link_local(l.ip()) =>
+        {
+            v6.set_scope_id(l.scope_id());
+            SocketAddr::V6(v6)
+        }
+        _ => addr,
+    }
+}
+
+fn is_link_local(ip: &std::net::Ipv6Addr) -> bool {
+    ip.segments()[0] & 0xffc0 == 0xfe80
+}
+
+/// The index of the interface of this network namespace that has `ip`, if one has.
+fn interface_holding(ip: &std::net::Ipv6Addr) -> Option<u32> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: `list` is a local the C library fills; freed below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut next = list;
+    while !next.is_null() && found.is_none() {
+        // SAFETY: an entry of getifaddrs' list.
+        let entry = unsafe { &*next };
+        next = entry.ifa_next;
+        // SAFETY: a non-NULL address of the entry, read as its family says.
+        let holds = !entry.ifa_addr.is_null()
+            && unsafe { (*entry.ifa_addr).sa_family } == libc::AF_INET6 as libc::sa_family_t
+            && unsafe {
+                (*entry.ifa_addr.cast::<libc::sockaddr_in6>())
+                    .sin6_addr
+                    .s6_addr
+            } == ip.octets();
+        if holds {
+            // SAFETY: the entry's interface name, a C string.
+            found = Some(unsafe { libc::if_nametoindex(entry.ifa_name) }).filter(|&i| i != 0);
+        }
+    }
+    // SAFETY: the list getifaddrs returned, not used afterwards.
+    unsafe { libc::freeifaddrs(list) };
+    found
+}
+
 /// The port of a socket address in `out` (network order in C, here host order); 0 if none.
 pub(crate) fn port_of(storage: &sockaddr_storage) -> u16 {
     // SAFETY: sockaddr_storage is 128 plain bytes.
@@ -52,6 +117,27 @@ pub(crate) fn port_of(storage: &sockaddr_storage) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn link_local_addresses_get_a_scope_and_others_stay() {
+        let unscoped: SocketAddr = "[fe80::1234:5678:9abc:def0]:9".parse().unwrap();
+        // No interface of this namespace holds it: unchanged.
+        assert_eq!(with_local_scope(unscoped), unscoped);
+        for other in ["192.0.2.1:1", "[2001:db8::1]:1", "[fe80::1%3]:1"] {
+            let addr: SocketAddr = other.parse().unwrap();
+            assert_eq!(with_local_scope(addr), addr);
+            assert_eq!(scoped_like(addr, Some(unscoped)), addr);
+        }
+        let source: SocketAddr = "[fe80::2%5]:0".parse().unwrap();
+        assert_eq!(
+            scoped_like(unscoped, Some(source)),
+            "[fe80::1234:5678:9abc:def0%5]:9".parse().unwrap()
+        );
+        assert_eq!(scoped_like(unscoped, None), unscoped);
+        // Loopback's interface holds ::1, but ::1 is not link-local: unchanged.
+        let loopback: SocketAddr = "[::1]:1".parse().unwrap();
+        assert_eq!(with_local_scope(loopback), loopback);
+    }
 
     #[test]
     fn addresses_survive_the_c_layouts() {
