@@ -53,6 +53,26 @@ fn notifications(guest: &TestGuest) -> Vec<(u32, u32)> {
     seen
 }
 
+/// One daemon serving tenants `a` (fd00::a:1) and `b` (fd00::b:1), whose addresses the fake
+/// port has.
+fn two_tenants(fake: &std::sync::Arc<FakeDevice>) -> (TestDaemon, TestGuest, TestGuest) {
+    let daemon = TestDaemon::new(fake);
+    let tenant = |name: &str, address: &str| {
+        fake.world()
+            .add_address_gids(&address.parse::<GuestAddress>().unwrap());
+        let mut options = test_options();
+        options.identity = GuestIdentity {
+            name: name.into(),
+            addresses: vec![address.parse().unwrap()],
+            ..GuestIdentity::default()
+        };
+        daemon.guest(options, FEATURES)
+    };
+    let a = tenant("a", "fd00::a:1");
+    let b = tenant("b", "fd00::b:1");
+    (daemon, a, b)
+}
+
 fn addr_of(a: &CmAddr) -> std::net::SocketAddr {
     a.socket_addr().expect("an address")
 }
@@ -216,22 +236,7 @@ fn a_connect_nobody_listens_for_is_rejected_with_the_reason() {
 #[test]
 fn ids_stay_on_the_guests_own_addresses_qps_and_handles() {
     let fake = fake_with_cm();
-    fake.world()
-        .add_address_gids(&"fd00::a:1".parse::<GuestAddress>().unwrap());
-    fake.world()
-        .add_address_gids(&"fd00::b:1".parse::<GuestAddress>().unwrap());
-    let daemon = TestDaemon::new(&fake);
-    let tenant = |name: &str, address: &str| {
-        let mut options = test_options();
-        options.identity = GuestIdentity {
-            name: name.into(),
-            addresses: vec![address.parse().unwrap()],
-            ..GuestIdentity::default()
-        };
-        daemon.guest(options, FEATURES)
-    };
-    let a = tenant("a", "fd00::a:1");
-    let b = tenant("b", "fd00::b:1");
+    let (_daemon, a, b) = two_tenants(&fake);
 
     let id = create_id(&a, RC);
     // Another tenant's address, or the host's: refused; a wildcard is the tenant's own.
@@ -463,22 +468,7 @@ fn commands_that_make_events_wait_for_undelivered_ones() {
 #[test]
 fn loopback_is_the_tenant_itself_and_its_listeners_hear_only_it() {
     let fake = fake_with_cm();
-    for address in ["fd00::a:1", "fd00::b:1"] {
-        fake.world()
-            .add_address_gids(&address.parse::<GuestAddress>().unwrap());
-    }
-    let daemon = TestDaemon::new(&fake);
-    let tenant = |name: &str, address: &str| {
-        let mut options = test_options();
-        options.identity = GuestIdentity {
-            name: name.into(),
-            addresses: vec![address.parse().unwrap()],
-            ..GuestIdentity::default()
-        };
-        daemon.guest(options, FEATURES)
-    };
-    let a = tenant("a", "fd00::a:1");
-    let b = tenant("b", "fd00::b:1");
+    let (_daemon, a, b) = two_tenants(&fake);
     let listener = create_id(&a, RC);
     assert_eq!(bind(&a, listener, &format!("127.0.0.1:{PORT}")), Status::Ok);
     assert_eq!(

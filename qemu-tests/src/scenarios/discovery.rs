@@ -156,6 +156,25 @@ pub(crate) fn in_container(sh_script: String) -> Command {
     command
 }
 
+/// `program` (its name and arguments) natively, and as `nobody` over the drop-in and the agent
+/// at `agent_socket` in a container with the agent's publication in `published` mounted.
+fn native_and_in_container(
+    program: &[&str],
+    published: &Path,
+    agent_socket: &Path,
+    library_dir: &Path,
+) -> [Command; 2] {
+    let mut native = Command::new(program[0]);
+    native.args(&program[1..]);
+    let quoted: Vec<String> = program.iter().map(|a| shell_quote(a)).collect();
+    let contained = in_container(as_nobody(
+        &container_setup(published),
+        &dropin_env(agent_socket, library_dir),
+        &quoted.join(" "),
+    ));
+    [native, contained]
+}
+
 /// Process mode: `ucx_info -d` natively, then as `nobody` over the drop-in and the agent, with
 /// the agent's publication in `published` mounted where UCX looks, as a container runtime
 /// would mount it.
@@ -164,20 +183,10 @@ pub fn ucx_listing(
     agent_socket: &Path,
     library_dir: &Path,
 ) -> Result<UcxListing> {
-    let native = listing_of(
-        "ucx-info-native",
-        Command::new("ucx_info").arg("-d"),
-        DEVICE,
-    )?;
-    let vrdma = listing_of(
-        "ucx-info-container",
-        &mut in_container(as_nobody(
-            &container_setup(published),
-            &dropin_env(agent_socket, library_dir),
-            "ucx_info -d",
-        )),
-        VRDMA_DEVICE,
-    )?;
+    let [mut native, mut vrdma] =
+        native_and_in_container(&["ucx_info", "-d"], published, agent_socket, library_dir);
+    let native = listing_of("ucx-info-native", &mut native, DEVICE)?;
+    let vrdma = listing_of("ucx-info-container", &mut vrdma, VRDMA_DEVICE)?;
     Ok(UcxListing { native, vrdma })
 }
 
@@ -261,20 +270,14 @@ pub fn fabric_listing(
     agent_socket: &Path,
     library_dir: &Path,
 ) -> Result<FabricListing> {
-    let native = fabric_listing_of(
-        "fi-info-native",
-        Command::new("fi_info").args(["-p", "verbs"]),
-        DEVICE,
-    )?;
-    let vrdma = fabric_listing_of(
-        "fi-info-container",
-        &mut in_container(as_nobody(
-            &container_setup(published),
-            &dropin_env(agent_socket, library_dir),
-            "fi_info -p verbs",
-        )),
-        VRDMA_DEVICE,
-    )?;
+    let [mut native, mut vrdma] = native_and_in_container(
+        &["fi_info", "-p", "verbs"],
+        published,
+        agent_socket,
+        library_dir,
+    );
+    let native = fabric_listing_of("fi-info-native", &mut native, DEVICE)?;
+    let vrdma = fabric_listing_of("fi-info-container", &mut vrdma, VRDMA_DEVICE)?;
     Ok(FabricListing { native, vrdma })
 }
 
