@@ -9,8 +9,8 @@
 //! - [`CONCURRENT`] vrdma-pingpong clients at once against as many native servers, every byte
 //!   verified by both tools;
 //! - Debian's unmodified perftest, server and client both over the drop-in through the agent;
-//! - UCX and Open MPI over UCX between native rxe0 and `nobody` over the agent
-//!   (`discovery`, `mpi`), in a container's mount namespace;
+//! - UCX, Open MPI over UCX and libfabric between native rxe0 and `nobody` over the agent
+//!   (`discovery`, `mpi`, `libfabric`), in a container's mount namespace;
 //! - rdmacm-utils' unmodified `rping -V` through the agent, as server and as client, against
 //!   native rping on rxe0's link-local address;
 //! - crash isolation: two processes hold a send each in RNR retry (their native peers post
@@ -42,7 +42,7 @@ use crate::scenarios::pingpong_peer::{
     PEER_TIMEOUT_S,
 };
 use crate::scenarios::rdmacm_utils;
-use crate::scenarios::{discovery, isolation, mpi};
+use crate::scenarios::{discovery, isolation, libfabric, mpi};
 
 /// The loopback address rping meets itself on.
 pub const LOOPBACK: &str = "127.0.0.1";
@@ -103,6 +103,9 @@ pub struct AgentOutcome {
     /// Open MPI jobs over UCX, a rank native or `nobody` over the agent, every byte checked.
     #[serde(default)]
     pub mpi: Vec<mpi::MpiRun>,
+    /// fi_pingpong over libfabric's verbs MSG endpoints, native and `nobody` over the agent.
+    #[serde(default)]
+    pub fabric_traffic: Vec<libfabric::FabricRun>,
 }
 
 /// Runs the scenario with the workspace's binaries and the drop-in in `library_dir`.
@@ -176,6 +179,15 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
     println!("== Open MPI over UCX: two ranks, native and nobody over the agent, data checked");
     let mpi = mpi::mpi_traffic(&publish_dir(&agent_socket), &agent_socket, library_dir)?;
 
+    println!("== libfabric: fi_pingpong between native and nobody over the agent, data checked");
+    let fabric_traffic = libfabric::fabric_traffic(
+        &rdmacm_utils::link_local_address()?,
+        &publish_dir(&agent_socket),
+        &agent_socket,
+        library_dir,
+        &mut next_port,
+    )?;
+
     println!("== rdma_cm: rping through the agent, both roles, against native rping");
     let address = rdmacm_utils::link_local_address()?;
     let rping = &rdmacm_utils::PROGRAMS[0];
@@ -232,6 +244,7 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
         ucx_traffic,
         fabric,
         mpi,
+        fabric_traffic,
     })
 }
 

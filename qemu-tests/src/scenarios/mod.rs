@@ -5,6 +5,7 @@ pub mod backend;
 pub mod binaries;
 pub mod discovery;
 pub mod isolation;
+pub mod libfabric;
 pub mod mpi;
 pub mod perftest_over_vrdma;
 pub mod perftest_rdma_cm;

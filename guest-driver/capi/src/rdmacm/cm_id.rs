@@ -10,6 +10,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
@@ -44,7 +45,7 @@ pub(crate) struct CmIdPriv {
     /// The channel its events go to (its own for a synchronous id).
     pub(crate) channel: Mutex<Arc<CmChannel>>,
     /// Made without a channel: operations wait for their event.
-    pub(crate) sync: bool,
+    pub(crate) sync: AtomicBool,
     pub(crate) state: Mutex<IdState>,
     /// Signalled when an event of the id is acknowledged.
     pub(crate) acked: Condvar,
@@ -73,6 +74,16 @@ unsafe impl Send for CmIdPriv {}
 unsafe impl Sync for CmIdPriv {}
 
 impl CmIdPriv {
+    /// Whether the id is synchronous now (made, or migrated, without a channel).
+    pub(crate) fn is_sync(&self) -> bool {
+        self.sync.load(Ordering::Acquire)
+    }
+
+    /// Makes the id synchronous or not (`rdma_migrate_id`).
+    pub(crate) fn set_sync(&self, sync: bool) {
+        self.sync.store(sync, Ordering::Release);
+    }
+
     /// The id behind `id`.
     ///
     /// # Safety
@@ -142,7 +153,7 @@ pub(crate) fn new_id(
         handle,
         router: Arc::clone(&router),
         channel: Mutex::new(Arc::clone(&channel)),
-        sync,
+        sync: AtomicBool::new(sync),
         state: Mutex::new(IdState {
             responder_resources,
             initiator_depth,

@@ -209,7 +209,7 @@ fn connect_request(
     let ctx = &unsafe { crate::context::VrdmaContext::of(l.ctx) }.ctx;
     let cm = CmId::from_request(ctx, raw, space).map_err(|e| crate::ffi::errno_of(&e))?;
     // A synchronous listener's requests get channels of their own (librdmacm migrates them).
-    let own = (!l.sync).then(|| std::sync::Arc::clone(channel));
+    let own = (!l.is_sync()).then(|| std::sync::Arc::clone(channel));
     let id = new_id(cm, own, l.id.context, l.id.ps, true)?;
 
     {
@@ -286,7 +286,7 @@ pub(crate) unsafe fn complete(id: *mut rdma_cm_id) -> c_int {
     let Some(p) = (unsafe { CmIdPriv::of(id) }) else {
         return fail(libc::EINVAL);
     };
-    if !p.sync {
+    if !p.is_sync() {
         return 0;
     }
     // SAFETY: caller contract.

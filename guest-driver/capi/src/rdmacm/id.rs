@@ -486,6 +486,12 @@ pub unsafe extern "C" fn rdma_migrate_id(
         let Some(p) = (unsafe { CmIdPriv::of(id) }) else {
             return fail(libc::EINVAL);
         };
+        // Migrating to no channel makes the id synchronous, with a channel of its own; one
+        // that is already so has nowhere to go (librdmacm's rules).
+        let sync = channel.is_null();
+        if sync && p.is_sync() {
+            return fail(libc::EINVAL);
+        }
         // SAFETY: caller contract.
         let target = match unsafe { CmChannel::from_ptr(channel) } {
             Some(channel) => channel,
@@ -508,6 +514,9 @@ pub unsafe extern "C" fn rdma_migrate_id(
         // SAFETY: caller contract: the id's field is this library's to write.
         unsafe { (*id).channel = std::ptr::from_ref(&target.c).cast_mut() };
         *current = target;
+        // From here its operations no longer wait for their events (a synchronous id that
+        // moved to the application's channel: libfabric makes its endpoints' ids so).
+        p.set_sync(sync);
         0
     })
 }

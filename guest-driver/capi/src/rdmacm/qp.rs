@@ -452,7 +452,7 @@ pub unsafe extern "C" fn rdma_get_request(
         let Some(l) = (unsafe { CmIdPriv::of(listen) }) else {
             return fail(libc::EINVAL);
         };
-        if !l.sync || id.is_null() {
+        if !l.is_sync() || id.is_null() {
             return fail(libc::EINVAL);
         }
         // SAFETY: caller contract; waits for the listener's next event into listen->event.
