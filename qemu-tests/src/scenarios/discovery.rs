@@ -354,38 +354,53 @@ fn perftest_args(test: &str, port: u16, server: Option<&str>) -> Vec<String> {
     args
 }
 
-/// `ucx_perftest` with `args` on this side: natively on rxe0, or as `nobody` over the drop-in
-/// and the agent in a container's mount namespace.
-fn perftest_command(
+/// `program` with `args` and the variables `env` on `side`: natively on rxe0, or as `nobody`
+/// over the drop-in and the agent in a container's mount namespace.
+pub(crate) fn stack_command(
     side: StackSide,
+    program: &str,
     args: &[String],
+    env: &[(&str, String)],
     published: &Path,
     agent_socket: &Path,
     library_dir: &Path,
 ) -> Command {
-    let device = side.ucx_device();
     match side {
         StackSide::Vrdma => {
-            let command: Vec<String> = std::iter::once("ucx_perftest".to_string())
+            let line: Vec<String> = std::iter::once(program.to_string())
                 .chain(args.iter().map(|a| shell_quote(a)))
                 .collect();
-            let mut env = dropin_env(agent_socket, library_dir);
-            env.extend([("UCX_NET_DEVICES", device), ("UCX_TLS", UCX_TLS.into())]);
+            let mut all = dropin_env(agent_socket, library_dir);
+            all.extend(env.iter().cloned());
             in_container(as_nobody(
                 &container_setup(published),
-                &env,
-                &command.join(" "),
+                &all,
+                &line.join(" "),
             ))
         }
         StackSide::Native => {
-            let mut command = Command::new("ucx_perftest");
-            command
-                .args(args)
-                .env("UCX_NET_DEVICES", device)
-                .env("UCX_TLS", UCX_TLS);
+            let mut command = Command::new(program);
+            command.args(args).envs(env.iter().map(|(k, v)| (k, v)));
             command
         }
     }
+}
+
+/// Starts `server` (`name`-server), waits until it listens on TCP `port`, then runs `client`
+/// (`name`-client); both must exit 0 within `timeout`. Returns both, for their output.
+pub(crate) fn serve_and_run(
+    name: &str,
+    server: &mut Command,
+    client: &mut Command,
+    port: u16,
+    timeout: Duration,
+) -> Result<(Proc, Proc)> {
+    let mut server = Proc::spawn(&format!("{name}-server"), server)?;
+    server.wait_listening(port, timeout)?;
+    let mut client = Proc::spawn(&format!("{name}-client"), client)?;
+    client.wait_success(timeout)?;
+    server.wait_success(timeout)?;
+    Ok((server, client))
 }
 
 /// Process mode: unmodified `ucx_perftest` (UCP tag matching over rc_verbs, wired up over
@@ -406,29 +421,33 @@ pub fn ucx_traffic(
             (StackSide::Vrdma, StackSide::Native),
         ] {
             let port = next_port();
-            let mut server = Proc::spawn(
-                &format!("ucx-perftest-{test}-server-{}", server_side.name()),
-                &mut perftest_command(
-                    server_side,
-                    &perftest_args(test, port, None),
+            let on = |side: StackSide, server: Option<&str>| {
+                let env = [
+                    ("UCX_NET_DEVICES", side.ucx_device()),
+                    ("UCX_TLS", UCX_TLS.to_string()),
+                ];
+                let args = perftest_args(test, port, server);
+                stack_command(
+                    side,
+                    "ucx_perftest",
+                    &args,
+                    &env,
                     published,
                     agent_socket,
                     library_dir,
+                )
+            };
+            let (_server, client) = serve_and_run(
+                &format!(
+                    "ucx-perftest-{test}-{}-{}",
+                    server_side.name(),
+                    client_side.name()
                 ),
+                &mut on(server_side, None),
+                &mut on(client_side, Some("127.0.0.1")),
+                port,
+                UCX_PERFTEST_TIMEOUT,
             )?;
-            server.wait_listening(port, UCX_PERFTEST_TIMEOUT)?;
-            let mut client = Proc::spawn(
-                &format!("ucx-perftest-{test}-client-{}", client_side.name()),
-                &mut perftest_command(
-                    client_side,
-                    &perftest_args(test, port, Some("127.0.0.1")),
-                    published,
-                    agent_socket,
-                    library_dir,
-                ),
-            )?;
-            client.wait_success(UCX_PERFTEST_TIMEOUT)?;
-            server.wait_success(UCX_PERFTEST_TIMEOUT)?;
             let (iterations, final_line) = final_line(&client.output())
                 .ok_or_else(|| client.failure("printed no Final: line"))?;
             if iterations != UCX_ITERATIONS {

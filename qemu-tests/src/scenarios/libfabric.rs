@@ -9,17 +9,12 @@
 //! `addr_format` of `AF_INET6`, which is not libfabric's `FI_SOCKADDR_IN6`, and finds nothing).
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::inside::Proc;
-use crate::scenarios::discovery::{
-    as_nobody, container_setup, dropin_env, in_container, StackSide,
-};
-use crate::vm::shell_quote;
+use crate::scenarios::discovery::{serve_and_run, stack_command, StackSide};
 
 /// The (server, client) sides of each run.
 pub const PAIRINGS: [(StackSide, StackSide); 3] = [
@@ -80,32 +75,6 @@ fn arguments(port: u16, server_address: Option<&str>) -> Vec<String> {
     args
 }
 
-fn command(
-    side: StackSide,
-    args: &[String],
-    published: &Path,
-    agent_socket: &Path,
-    library_dir: &Path,
-) -> Command {
-    match side {
-        StackSide::Native => {
-            let mut command = Command::new("fi_pingpong");
-            command.args(args);
-            command
-        }
-        StackSide::Vrdma => {
-            let line: Vec<String> = std::iter::once("fi_pingpong".to_string())
-                .chain(args.iter().map(|a| shell_quote(a)))
-                .collect();
-            in_container(as_nobody(
-                &container_setup(published),
-                &dropin_env(agent_socket, library_dir),
-                &line.join(" "),
-            ))
-        }
-    }
-}
-
 /// Process mode: the runs of [`PAIRINGS`] on the RDMA netdev's link-local `address`
 /// (`ip%netdev`); each must end with both exit statuses 0 and the same sizes on both sides,
 /// every round trip of every size done.
@@ -119,31 +88,29 @@ pub fn fabric_traffic(
     let mut runs = Vec::new();
     for (server_side, client_side) in PAIRINGS {
         let port = next_port();
-        let name =
-            |role: &str, side: StackSide| format!("fi-pingpong-{role}-{}-{port}", side.name());
-        let mut server = Proc::spawn(
-            &name("server", server_side),
-            &mut command(
-                server_side,
-                &arguments(port, None),
+        let on = |side: StackSide, server: Option<&str>| {
+            let args = arguments(port, server);
+            stack_command(
+                side,
+                "fi_pingpong",
+                &args,
+                &[],
                 published,
                 agent_socket,
                 library_dir,
+            )
+        };
+        let (server, client) = serve_and_run(
+            &format!(
+                "fi-pingpong-{}-{}-{port}",
+                server_side.name(),
+                client_side.name()
             ),
+            &mut on(server_side, None),
+            &mut on(client_side, Some(address)),
+            port,
+            TIMEOUT,
         )?;
-        server.wait_listening(port, TIMEOUT)?;
-        let mut client = Proc::spawn(
-            &name("client", client_side),
-            &mut command(
-                client_side,
-                &arguments(port, Some(address)),
-                published,
-                agent_socket,
-                library_dir,
-            ),
-        )?;
-        client.wait_success(TIMEOUT)?;
-        server.wait_success(TIMEOUT)?;
         let client_sizes = completed_sizes(&client.output(), ITERATIONS)
             .ok_or_else(|| client.failure("reported a size with round trips missing"))?;
         let server_sizes = completed_sizes(&server.output(), ITERATIONS)
