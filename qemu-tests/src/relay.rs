@@ -141,7 +141,13 @@ fn open_chardev(chardev: &Path, deadline: Instant) -> Result<UnixStream> {
             .set_read_timeout(Some(left.max(Duration::from_millis(1))))
             .context(what)?;
         let mut byte = [0u8];
-        match serial.read(&mut byte).context(what)? {
+        // A reset is a close too: a connection that reached a QEMU's listening chardev just as
+        // that QEMU went (queued, never accepted) is reset, not ended.
+        let read = match serial.read(&mut byte) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(0),
+            other => other,
+        };
+        match read.context(what)? {
             0 => log::info!(
                 "{}: closed before its guest side spoke; waiting for the next QEMU",
                 chardev.display()
