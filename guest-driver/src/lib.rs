@@ -10,6 +10,7 @@ pub use vrdma_spec as spec;
 pub mod provider;
 
 pub mod dma;
+pub mod interfaces;
 pub mod transport;
 pub mod verbs;
 pub mod virtq;

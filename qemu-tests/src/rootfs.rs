@@ -77,6 +77,7 @@ const REQUIRED_IN_ROOT: &[&str] = &[
     "usr/bin/ucx_info",
     "usr/bin/mpirun.openmpi",
     "usr/bin/fi_info",
+    "usr/share/doc/rdma-core/tests/run_tests.py",
 ];
 
 impl Recipe {
@@ -212,6 +213,10 @@ fn build(dir: &Path, recipe: &Recipe) -> Result<()> {
     .arg("--aptopt=APT::Install-Recommends \"false\"")
     // Debian's own initrd is useless here (it cannot mount a 9p root) and costs time to make.
     .arg("--dpkgopt=path-exclude=/usr/share/doc/*")
+    // ... except rdma-core's, for its own test suite, which python3-pyverbs ships as
+    // documentation (dpkg applies the later include over the earlier exclude; its `*` matches
+    // `/` too, so this keeps the directories the tests are in).
+    .arg("--dpkgopt=path-include=/usr/share/doc/rdma-core*")
     .arg("--customize-hook=rm -f \"$1\"/boot/initrd.img* \"$1\"/initrd.img*")
     .arg(recipe.suite)
     .arg(&tree)

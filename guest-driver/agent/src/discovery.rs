@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use log::warn;
 use vrdma::spec::verbs::{GidType, PortState};
-use vrdma::Context;
+use vrdma::{interfaces, Context};
 
 mod publication;
 
@@ -57,10 +57,33 @@ pub struct PortFacts {
     pub lmc: u8,
     pub sm_sl: u8,
     pub cap_flags: u32,
-    /// Every index of the table (its length), and the populated ones with their types.
+    /// Every index of the table (its length), and the populated ones.
     pub gid_table_len: u32,
-    pub gids: Vec<(u32, [u8; 16], GidType)>,
+    pub gids: Vec<GidFacts>,
     pub pkey0: u16,
+}
+
+/// A populated entry of a port's GID table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GidFacts {
+    pub index: u32,
+    pub gid: [u8; 16],
+    pub gid_type: GidType,
+    /// The interface of the agent's network namespace that holds the GID's address: what the
+    /// kernel names in `gid_attrs/ndevs` (and lists in `device/net`) for its own devices.
+    pub netdev: Option<String>,
+}
+
+impl GidFacts {
+    fn new(index: u32, gid: [u8; 16], gid_type: GidType) -> Self {
+        let netdev = interfaces::holding(interfaces::gid_address(gid)).map(|i| i.name);
+        Self {
+            index,
+            gid,
+            gid_type,
+            netdev,
+        }
+    }
 }
 
 impl DeviceFacts {
@@ -74,7 +97,9 @@ impl DeviceFacts {
             let gids = table
                 .populated()
                 .iter()
-                .filter_map(|(index, entry)| Some((*index, entry.gid, entry.gid_type().ok()?)))
+                .filter_map(|(index, entry)| {
+                    Some(GidFacts::new(*index, entry.gid, entry.gid_type().ok()?))
+                })
                 .collect();
             ports.push(PortFacts {
                 number,
@@ -184,18 +209,23 @@ pub fn class_files(facts: &DeviceFacts) -> Vec<(PathBuf, String)> {
             (file("pkeys/0"), format!("0x{:04x}\n", port.pkey0)),
         ]);
         // Every index has a GID file (zeros where empty), as the kernel's table does; only a
-        // populated entry has a type (the kernel fails the read of an empty one's).
+        // populated entry has a type and a netdev (the kernel fails the read of an empty one's).
         for index in 0..port.gid_table_len {
-            let entry = port.gids.iter().find(|(i, _, _)| *i == index);
-            let gid = entry.map_or([0; 16], |(_, gid, _)| *gid);
+            let entry = port.gids.iter().find(|entry| entry.index == index);
+            let gid = entry.map_or([0; 16], |entry| entry.gid);
             files.push((
                 file(&format!("gids/{index}")),
                 format!("{}\n", hex_groups(&gid)),
             ));
-            if let Some((_, _, gid_type)) = entry {
+            let Some(entry) = entry else { continue };
+            files.push((
+                file(&format!("gid_attrs/types/{index}")),
+                format!("{}\n", gid_type_text(entry.gid_type)),
+            ));
+            if let Some(netdev) = &entry.netdev {
                 files.push((
-                    file(&format!("gid_attrs/types/{index}")),
-                    format!("{}\n", gid_type_text(*gid_type)),
+                    file(&format!("gid_attrs/ndevs/{index}")),
+                    format!("{netdev}\n"),
                 ));
             }
         }
@@ -225,6 +255,25 @@ pub fn write_class_tree(
         format!("../../../bus/pci/drivers/{DRIVER_NAME}"),
         device.join("driver"),
     )?;
+    // The interfaces holding the GIDs' addresses, as the kernel lists a device's netdevs
+    // (rdma-core's tests find the port's address through it).
+    let mut netdevs: Vec<&str> = facts
+        .ports
+        .iter()
+        .flat_map(|port| &port.gids)
+        .filter_map(|entry| entry.netdev.as_deref())
+        .collect();
+    netdevs.sort_unstable();
+    netdevs.dedup();
+    if !netdevs.is_empty() {
+        std::fs::create_dir_all(device.join("net"))?;
+    }
+    for netdev in netdevs {
+        std::os::unix::fs::symlink(
+            Path::new("/sys/class/net").join(netdev),
+            device.join("net").join(netdev),
+        )?;
+    }
     if let Some(function) = pci_function {
         for name in [
             "local_cpus",
@@ -280,8 +329,18 @@ pub(crate) mod tests {
                 cap_flags: 0x0001_0000,
                 gid_table_len: 4,
                 gids: vec![
-                    (0, link_local, GidType::RoceV2),
-                    (2, link_local, GidType::RoceV1),
+                    GidFacts {
+                        index: 0,
+                        gid: link_local,
+                        gid_type: GidType::RoceV2,
+                        netdev: Some("d0".into()),
+                    },
+                    GidFacts {
+                        index: 2,
+                        gid: link_local,
+                        gid_type: GidType::RoceV1,
+                        netdev: None,
+                    },
                 ],
                 pkey0: 0xffff,
             }],
@@ -328,5 +387,23 @@ pub(crate) mod tests {
         );
         assert_eq!(file(&files, "ports/1/gid_attrs/types/1"), None);
         assert_eq!(file(&files, "ports/1/gid_attrs/types/3"), None);
+        // The netdev only where an interface holds the address.
+        assert_eq!(file(&files, "ports/1/gid_attrs/ndevs/0"), Some("d0\n"));
+        assert_eq!(file(&files, "ports/1/gid_attrs/ndevs/2"), None);
+    }
+
+    #[test]
+    fn a_gid_of_an_address_here_names_the_interface_holding_it() {
+        let loopback = std::net::Ipv6Addr::LOCALHOST.octets();
+        let entry = GidFacts::new(0, loopback, GidType::RoceV2);
+        // ::1 is lo's unless this namespace has no IPv6 at all.
+        if std::fs::metadata("/proc/net/if_inet6").is_ok() {
+            assert_eq!(entry.netdev.as_deref(), Some("lo"));
+        }
+        let documentation: std::net::Ipv6Addr = "2001:db8::77".parse().unwrap();
+        assert_eq!(
+            GidFacts::new(1, documentation.octets(), GidType::RoceV2).netdev,
+            None
+        );
     }
 }

@@ -249,15 +249,22 @@ fn mounts_own(mountinfo: &str, dir: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::super::tests::facts;
-    use super::super::{class_files, GidType, DRIVER_NAME};
+    use super::super::{class_files, GidFacts, GidType, DRIVER_NAME};
     use super::*;
 
     #[test]
     fn an_rxe_sized_table_fits_the_tmpfs() {
         let mut big = facts();
         big.ports[0].gid_table_len = 1024;
-        let gid = big.ports[0].gids[0].1;
-        big.ports[0].gids = (0..1024).map(|i| (i, gid, GidType::RoceV2)).collect();
+        let gid = big.ports[0].gids[0].gid;
+        big.ports[0].gids = (0..1024)
+            .map(|index| GidFacts {
+                index,
+                gid,
+                gid_type: GidType::RoceV2,
+                netdev: Some("d0".into()),
+            })
+            .collect();
         // A page per file and per directory.
         let pages = class_files(&big).len() + 16;
         assert!(pages * 4096 <= TMPFS_BYTES, "{pages} pages");
@@ -281,6 +288,11 @@ mod tests {
         );
         let driver = std::fs::read_link(tree.join("device/driver")).unwrap();
         assert_eq!(driver.file_name().unwrap(), DRIVER_NAME);
+        // The netdev holding a GID's address, as the kernel lists a device's netdevs.
+        assert_eq!(
+            std::fs::read_link(tree.join("device/net/d0")).unwrap(),
+            Path::new("/sys/class/net/d0")
+        );
         // Written again (the agent restarted): the stale tree is replaced, not merged.
         std::fs::write(tree.join("stale"), "x").unwrap();
         let access = NodeAccess::of(&dir).unwrap();

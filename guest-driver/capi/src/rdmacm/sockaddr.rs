@@ -2,7 +2,7 @@
 //! `rdma_cm_id.route.addr`) to and from socket addresses, through the one conversion in
 //! `vrdma_spec::cm::sockaddr`.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use vrdma::spec::cm::{cm_family, sockaddr as wire};
 
@@ -47,8 +47,8 @@ pub(crate) fn write(addr: Option<SocketAddr>, out: &mut sockaddr_storage) -> soc
 pub(crate) fn with_local_scope(addr: SocketAddr) -> SocketAddr {
     match addr {
         SocketAddr::V6(mut v6) if v6.scope_id() == 0 && is_link_local(v6.ip()) => {
-            if let Some(index) = interface_holding(v6.ip()) {
-                v6.set_scope_id(index);
+            if let Some(interface) = vrdma::interfaces::holding(IpAddr::V6(*v6.ip())) {
+                v6.set_scope_id(interface.index);
             }
             SocketAddr::V6(v6)
         }
@@ -72,37 +72,6 @@ pub(crate) fn scoped_like(addr: SocketAddr, like: Option<SocketAddr>) -> SocketA
 
 fn is_link_local(ip: &std::net::Ipv6Addr) -> bool {
     ip.segments()[0] & 0xffc0 == 0xfe80
-}
-
-/// The index of the interface of this network namespace that has `ip`, if one has.
-fn interface_holding(ip: &std::net::Ipv6Addr) -> Option<u32> {
-    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: `list` is a local the C library fills; freed below.
-    if unsafe { libc::getifaddrs(&mut list) } != 0 {
-        return None;
-    }
-    let mut found = None;
-    let mut next = list;
-    while !next.is_null() && found.is_none() {
-        // SAFETY: an entry of getifaddrs' list.
-        let entry = unsafe { &*next };
-        next = entry.ifa_next;
-        // SAFETY: a non-NULL address of the entry, read as its family says.
-        let holds = !entry.ifa_addr.is_null()
-            && unsafe { (*entry.ifa_addr).sa_family } == libc::AF_INET6 as libc::sa_family_t
-            && unsafe {
-                (*entry.ifa_addr.cast::<libc::sockaddr_in6>())
-                    .sin6_addr
-                    .s6_addr
-            } == ip.octets();
-        if holds {
-            // SAFETY: the entry's interface name, a C string.
-            found = Some(unsafe { libc::if_nametoindex(entry.ifa_name) }).filter(|&i| i != 0);
-        }
-    }
-    // SAFETY: the list getifaddrs returned, not used afterwards.
-    unsafe { libc::freeifaddrs(list) };
-    found
 }
 
 /// The port of a socket address in `out` (network order in C, here host order); 0 if none.
