@@ -136,7 +136,12 @@ impl VrdmaCq {
     }
 }
 
-/// `ibv_create_cq`. `comp_vector` is accepted and ignored (one vector).
+/// The completion vectors a context reports: one (a CQ's events come through its channel;
+/// there are no interrupts to spread).
+pub(crate) const COMP_VECTORS: c_int = 1;
+
+/// `ibv_create_cq`. `comp_vector` must name one of the context's [`COMP_VECTORS`], as the
+/// kernel requires (EINVAL otherwise).
 ///
 /// # Safety
 /// `context` is a context of this library; `channel` is NULL or one of its channels.
@@ -145,31 +150,36 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     guard("ibv_create_cq", std::ptr::null_mut(), || {
-        let Ok(cqe) = u32::try_from(cqe) else {
+        let (Ok(cqe), Ok(comp_vector)) = (u32::try_from(cqe), u32::try_from(comp_vector)) else {
             return null_with("ibv_create_cq", libc::EINVAL);
         };
         // SAFETY: caller contract.
-        match unsafe { create(context, cqe, cq_context, channel) } {
+        match unsafe { create(context, cqe, comp_vector, cq_context, channel) } {
             Ok(raw) => raw.cast(),
             Err(errno) => null_with("ibv_create_cq", errno),
         }
     })
 }
 
-/// Creates a CQ of at least `cqe` entries in `context`, with the extended part of its
-/// `ibv_cq_ex` zero; the CQ, or an errno value (the failure is logged).
+/// Creates a CQ of at least `cqe` entries in `context` on completion vector `comp_vector`,
+/// with the extended part of its `ibv_cq_ex` zero; the CQ, or an errno value (the failure is
+/// logged).
 ///
 /// # Safety
 /// `context` is NULL or a context of this library; `channel` is NULL or one of its channels.
 pub(crate) unsafe fn create(
     context: *mut ibv_context,
     cqe: u32,
+    comp_vector: u32,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
 ) -> Result<*mut VrdmaCq, c_int> {
+    if comp_vector >= COMP_VECTORS.unsigned_abs() {
+        return Err(libc::EINVAL);
+    }
     // SAFETY: caller contract.
     let Some(ctx) = (unsafe { VrdmaContext::from_ptr(context) }) else {
         return Err(libc::EINVAL);

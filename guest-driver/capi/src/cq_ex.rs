@@ -48,7 +48,7 @@ const KNOWN_INIT_MASK: u32 = ibv_cq_init_attr_mask_IBV_CQ_INIT_ATTR_MASK_FLAGS
 /// `verbs_context.create_cq_ex`: a CQ with the extended poll operations, or NULL and errno:
 /// EINVAL for unknown `comp_mask` bits, EOPNOTSUPP for `wc_flags` this library does not fill
 /// (see [`SUPPORTED_WC_FLAGS`]), for creation flags (which rxe refuses) and for a parent
-/// domain (this library makes none). `comp_vector` is ignored (one vector).
+/// domain (this library makes none); EINVAL for a `comp_vector` the context lacks.
 ///
 /// # Safety
 /// `context` is a context of this library; `attr` is readable; its `channel` is NULL or a
@@ -78,7 +78,16 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
             return null_with("ibv_create_cq_ex (wc_flags)", libc::EOPNOTSUPP);
         }
         // SAFETY: caller contract.
-        let raw = match unsafe { cq::create(context, attr.cqe, attr.cq_context, attr.channel) } {
+        let created = unsafe {
+            cq::create(
+                context,
+                attr.cqe,
+                attr.comp_vector,
+                attr.cq_context,
+                attr.channel,
+            )
+        };
+        let raw = match created {
             Ok(raw) => raw,
             Err(errno) => return null_with("ibv_create_cq_ex", errno),
         };

@@ -334,7 +334,7 @@ pub(crate) fn context_over(
     // No uverbs command fd.
     ibv.cmd_fd = -1;
     ibv.async_fd = async_events.raw_fd();
-    ibv.num_comp_vectors = 1;
+    ibv.num_comp_vectors = crate::cq::COMP_VECTORS;
     // An extended context (`abi_compat`, the `verbs_context` in front): the inline `_ex`
     // helpers of `verbs.h` reach the extended verbs through it.
     Ok(VrdmaContext::into_raw(

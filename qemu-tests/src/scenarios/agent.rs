@@ -42,7 +42,7 @@ use crate::scenarios::pingpong_peer::{
     PEER_TIMEOUT_S,
 };
 use crate::scenarios::rdmacm_utils;
-use crate::scenarios::{discovery, isolation, libfabric, mpi};
+use crate::scenarios::{discovery, isolation, libfabric, mpi, rdma_core_suite};
 
 /// The loopback address rping meets itself on.
 pub const LOOPBACK: &str = "127.0.0.1";
@@ -106,6 +106,9 @@ pub struct AgentOutcome {
     /// fi_pingpong over libfabric's verbs MSG endpoints, native and `nobody` over the agent.
     #[serde(default)]
     pub fabric_traffic: Vec<libfabric::FabricRun>,
+    /// rdma-core's own test suite natively and as `nobody` over the agent.
+    #[serde(default)]
+    pub rdma_core: rdma_core_suite::RdmaCoreRuns,
 }
 
 /// Runs the scenario with the workspace's binaries and the drop-in in `library_dir`.
@@ -188,6 +191,10 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
         &mut next_port,
     )?;
 
+    println!("== rdma-core's own test suite: natively, then as nobody over the agent");
+    let rdma_core = rdma_core_suite::run(&publish_dir(&agent_socket), &agent_socket, library_dir)?;
+    println!("  {}", rdma_core_suite::summary(&rdma_core));
+
     println!("== rdma_cm: rping through the agent, both roles, against native rping");
     let address = rdmacm_utils::link_local_address()?;
     let rping = &rdmacm_utils::PROGRAMS[0];
@@ -245,6 +252,7 @@ pub fn run(binaries: &Binaries, library_dir: &Path) -> Result<AgentOutcome> {
         fabric,
         mpi,
         fabric_traffic,
+        rdma_core,
     })
 }
 
@@ -292,12 +300,13 @@ fn backend_restart(
     Ok((backend, refusal))
 }
 
-/// Starts the scenario's backend, offering UD (UCX's wire-up runs over ud_verbs).
+/// Starts the scenario's backend, offering UD (UCX's wire-up runs over ud_verbs) and memory
+/// windows (rdma-core's tests bind them; its one guest trusts itself, spec §12).
 fn start_backend(binaries: &Binaries) -> Result<Backend> {
     Backend::start(
         &binaries.backend,
         "vrdma-agent-backend",
-        &["--allow-ud"],
+        &["--allow-ud", "--allow-memory-windows"],
         "info",
     )
 }

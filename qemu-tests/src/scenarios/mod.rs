@@ -14,6 +14,7 @@ pub mod pingpong_peer;
 pub mod process_pingpong;
 pub mod qtest_pingpong;
 pub mod qtest_qp_scale;
+pub mod rdma_core_suite;
 pub mod rdmacm_backend_kill;
 pub mod rdmacm_suite;
 pub mod rdmacm_utils;

@@ -345,6 +345,14 @@ fn create_cq_ex_refuses_what_rxe_refuses() {
     unknown.comp_mask = 1 << 7;
     assert_eq!(errno_of(unknown), libc::EINVAL);
     assert_eq!(errno_of(init_attr(0).tap_cqe(0)), libc::EINVAL);
+    // A completion vector the context does not have, as the kernel refuses it (both forms).
+    let mut vector = init_attr(0);
+    vector.comp_vector = crate::cq::COMP_VECTORS.unsigned_abs();
+    assert_eq!(errno_of(vector), libc::EINVAL);
+    // SAFETY: a live context; no channel.
+    let classic =
+        unsafe { crate::cq::ibv_create_cq(ctx, 16, std::ptr::null_mut(), std::ptr::null_mut(), 1) };
+    assert!(classic.is_null());
 
     // Only the accessors asked for are set, as with rdma-core's rxe provider.
     let mut attr = init_attr(u64::from(WITH_BYTE_LEN));

@@ -1,0 +1,316 @@
+//! rdma-core's own test suite (Debian's `python3-pyverbs` ships it under
+//! `/usr/share/doc/rdma-core/tests`), unmodified: every generic module ([`MODULES`]: not the
+//! mlx5, EFA or CUDA ones) natively on rxe0 as root (the baseline), then on vrdma0 as `nobody`
+//! over the drop-in and the agent, in a container's mount namespace with the agent's
+//! publication mounted where the suite looks (it finds the port's address through
+//! `device/net` and reads the port files).
+//!
+//! [`RDMA_CORE_TESTS`] runs each module as the suite's own `run_tests.py` does, recording
+//! each test's outcome as it ends, so a module that crashes the interpreter still reports
+//! the tests before the crash and names the one that crashed. Several tests draw random QP
+//! capabilities and sizes: the runner seeds Python's generator the same way on both sides.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, IoContext, Result};
+use crate::host::run_checked;
+use crate::inside::Proc;
+use crate::scenarios::discovery::{
+    as_nobody, container_setup, dropin_env, in_container, StackSide,
+};
+use crate::vm::shell_quote;
+
+/// The runner, ours: the suite's `run_tests.py` with outcomes recorded.
+pub const RDMA_CORE_TESTS: &str = include_str!("rdma_core_tests.py");
+
+/// Where Debian installs the suite (gzipped in part).
+const SHIPPED: &str = "/usr/share/doc/rdma-core/tests";
+
+/// rdma-core's generic test modules: everything but the provider-specific (mlx5, efa) and
+/// GPU (cuda) ones.
+pub const MODULES: &[&str] = &[
+    "test_addr",
+    "test_atomic",
+    "test_cq",
+    "test_cq_events",
+    "test_cqex",
+    "test_device",
+    "test_flow",
+    "test_fork",
+    "test_mr",
+    "test_odp",
+    "test_parent_domain",
+    "test_pd",
+    "test_qp",
+    "test_qpex",
+    "test_rdmacm",
+    "test_relaxed_ordering",
+    "test_rss_traffic",
+    "test_shared_pd",
+    "test_srq",
+    "test_tag_matching",
+];
+
+/// How long one module may take: a hang bound (the slowest take seconds under TCG).
+const MODULE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What became of one test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Ok,
+    Skip,
+    Fail,
+    Error,
+    /// It began and the interpreter died before it ended.
+    Crashed,
+}
+
+/// One test's outcome and what it said (a skip's reason, a failure's exception).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TestOutcome {
+    pub outcome: Outcome,
+    pub detail: String,
+}
+
+/// Every test's outcome by its unittest id (`tests.test_x.Class.test_y`), on one side.
+pub type SuiteRun = BTreeMap<String, TestOutcome>;
+
+/// The suite on both sides.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RdmaCoreRuns {
+    pub native: SuiteRun,
+    pub vrdma: SuiteRun,
+}
+
+impl RdmaCoreRuns {
+    /// How many tests of `run` had `outcome`.
+    pub fn count(run: &SuiteRun, outcome: Outcome) -> usize {
+        run.values().filter(|t| t.outcome == outcome).count()
+    }
+
+    /// The tests native rxe passes that vrdma does not, with what vrdma did.
+    pub fn passed_only_natively(&self) -> Vec<(&str, &TestOutcome)> {
+        self.native
+            .iter()
+            .filter(|(_, t)| t.outcome == Outcome::Ok)
+            .filter_map(|(id, _)| match self.vrdma.get(id) {
+                Some(t) if t.outcome == Outcome::Ok => None,
+                Some(t) => Some((id.as_str(), t)),
+                None => Some((id.as_str(), &NOT_RUN)),
+            })
+            .collect()
+    }
+}
+
+/// The counts of one side, for a line of output.
+fn counts(run: &SuiteRun) -> String {
+    let of = |outcome| RdmaCoreRuns::count(run, outcome);
+    format!(
+        "{} ok, {} skipped, {} failed, {} errors, {} crashed",
+        of(Outcome::Ok),
+        of(Outcome::Skip),
+        of(Outcome::Fail),
+        of(Outcome::Error),
+        of(Outcome::Crashed)
+    )
+}
+
+/// Both sides' counts and the tests only native passes, one line.
+pub fn summary(runs: &RdmaCoreRuns) -> String {
+    let only: Vec<&str> = runs
+        .passed_only_natively()
+        .iter()
+        .map(|(id, _)| *id)
+        .collect();
+    format!(
+        "native {}; vrdma {}; passed natively only: {:?}",
+        counts(&runs.native),
+        counts(&runs.vrdma),
+        only
+    )
+}
+
+/// What a test that never started (its module crashed earlier) counts as.
+static NOT_RUN: TestOutcome = TestOutcome {
+    outcome: Outcome::Crashed,
+    detail: String::new(),
+};
+
+/// The runner's records (one JSON object per line, `started` before each outcome): each
+/// test's last word, a test that started and never ended counting as crashed.
+pub fn parse_records(records: &str) -> SuiteRun {
+    #[derive(Deserialize)]
+    struct Record {
+        id: String,
+        outcome: String,
+        #[serde(default)]
+        detail: String,
+    }
+    let mut run = SuiteRun::new();
+    for record in records
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Record>(line).ok())
+    {
+        let outcome = match record.outcome.as_str() {
+            "ok" => Outcome::Ok,
+            "skip" => Outcome::Skip,
+            "fail" => Outcome::Fail,
+            "error" => Outcome::Error,
+            _ => Outcome::Crashed,
+        };
+        run.insert(
+            record.id,
+            TestOutcome {
+                outcome,
+                detail: record.detail,
+            },
+        );
+    }
+    run
+}
+
+fn work_dir() -> PathBuf {
+    std::env::temp_dir().join("vrdma-rdma-core-tests")
+}
+
+/// A copy of the shipped suite with its gzipped files unpacked, readable by everyone, and the
+/// runner beside it; the copy's `tests` directory.
+fn prepare_copy() -> Result<PathBuf> {
+    let dir = work_dir();
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).context(|| format!("removing {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
+    run_checked(Command::new("cp").arg("-a").arg(SHIPPED).arg(&dir))?;
+    let tests = dir.join("tests");
+    run_checked(Command::new("sh").arg("-c").arg(format!(
+        "gunzip {dir}/*.gz && chmod -R a+rX {top} && chmod 1777 {top}",
+        dir = shell_quote(&tests.to_string_lossy()),
+        top = shell_quote(&dir.to_string_lossy()),
+    )))?;
+    std::fs::write(dir.join("rdma_core_tests.py"), RDMA_CORE_TESTS)
+        .context(|| format!("writing the runner into {}", dir.display()))?;
+    run_checked(
+        Command::new("chmod")
+            .arg("644")
+            .arg(dir.join("rdma_core_tests.py")),
+    )?;
+    Ok(tests)
+}
+
+/// The runner's command line for `module` on `device`, recording into `records`.
+fn runner_args(tests: &Path, records: &Path, module: &str, device: &str) -> Vec<String> {
+    vec![
+        "python3".into(),
+        work_dir()
+            .join("rdma_core_tests.py")
+            .to_string_lossy()
+            .into_owned(),
+        tests.to_string_lossy().into_owned(),
+        records.to_string_lossy().into_owned(),
+        module.into(),
+        "--dev".into(),
+        device.into(),
+    ]
+}
+
+/// Runs every module on one side; `command` makes the process for the runner's arguments.
+fn run_side(
+    side: StackSide,
+    tests: &Path,
+    device: &str,
+    command: &dyn Fn(&[String]) -> Command,
+) -> Result<SuiteRun> {
+    let records = work_dir().join(format!("{}.jsonl", side.name()));
+    for module in MODULES {
+        let args = runner_args(tests, &records, module, device);
+        let name = format!("rdma-core-{}-{module}", side.name());
+        let mut process = Proc::spawn(&name, &mut command(&args))?;
+        // Failing and crashing tests are outcomes, recorded; only a hang is an error.
+        process.wait_exit(MODULE_TIMEOUT)?;
+    }
+    let text = std::fs::read_to_string(&records).unwrap_or_default();
+    let run = parse_records(&text);
+    if run.is_empty() {
+        return Err(Error::Scenario(format!(
+            "rdma-core's tests recorded nothing on {device}"
+        )));
+    }
+    Ok(run)
+}
+
+/// The suite natively on rxe0 as root, then as `nobody` over the drop-in in `library_dir` and
+/// the agent at `agent_socket`, with the agent's publication in `published` mounted.
+pub fn run(published: &Path, agent_socket: &Path, library_dir: &Path) -> Result<RdmaCoreRuns> {
+    let tests = prepare_copy()?;
+    let native = run_side(StackSide::Native, &tests, crate::inside::DEVICE, &|args| {
+        let mut command = Command::new(&args[0]);
+        command.args(&args[1..]).current_dir(work_dir());
+        command
+    })?;
+    let env = dropin_env(agent_socket, library_dir);
+    let vrdma = run_side(
+        StackSide::Vrdma,
+        &tests,
+        crate::perftest::DROPIN_DEVICE,
+        &|args| {
+            let quoted: Vec<String> = args.iter().map(|a| shell_quote(a)).collect();
+            let setup = format!(
+                "{}cd {}\n",
+                container_setup(published),
+                shell_quote(&work_dir().to_string_lossy())
+            );
+            in_container(as_nobody(&setup, &env, &quoted.join(" ")))
+        },
+    )?;
+    Ok(RdmaCoreRuns { native, vrdma })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_give_each_test_its_last_word_and_a_test_left_started_crashed() {
+        let records = concat!(
+            r#"{"id": "tests.test_a.A.test_1", "outcome": "started", "detail": ""}"#,
+            "\n",
+            r#"{"id": "tests.test_a.A.test_1", "outcome": "ok", "detail": ""}"#,
+            "\n",
+            r#"{"id": "tests.test_a.A.test_2", "outcome": "started", "detail": ""}"#,
+            "\n",
+            r#"{"id": "tests.test_a.A.test_2", "outcome": "skip", "detail": "no ODP"}"#,
+            "\n",
+            r#"{"id": "tests.test_a.A.test_3", "outcome": "started", "detail": ""}"#,
+            "\n",
+            "corrupted size vs. prev_size\n",
+        );
+        let run = parse_records(records);
+        assert_eq!(run["tests.test_a.A.test_1"].outcome, Outcome::Ok);
+        assert_eq!(run["tests.test_a.A.test_2"].detail, "no ODP");
+        assert_eq!(run["tests.test_a.A.test_3"].outcome, Outcome::Crashed);
+        assert_eq!(RdmaCoreRuns::count(&run, Outcome::Ok), 1);
+    }
+
+    #[test]
+    fn a_test_passed_natively_and_missing_over_vrdma_is_a_difference() {
+        let ok = TestOutcome {
+            outcome: Outcome::Ok,
+            detail: String::new(),
+        };
+        let runs = RdmaCoreRuns {
+            native: SuiteRun::from([("a".into(), ok.clone()), ("b".into(), ok.clone())]),
+            vrdma: SuiteRun::from([("a".into(), ok)]),
+        };
+        let only = runs.passed_only_natively();
+        assert_eq!(only.len(), 1);
+        assert_eq!(only[0].0, "b");
+        assert_eq!(only[0].1.outcome, Outcome::Crashed);
+    }
+}
