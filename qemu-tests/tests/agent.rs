@@ -4,6 +4,7 @@ mod common;
 
 use vrdma_qemu_tests::scenarios::agent::{AgentOutcome, CONCURRENT};
 use vrdma_qemu_tests::scenarios::discovery::{self, StackSide};
+use vrdma_qemu_tests::scenarios::rdma_core_suite::{self, Outcome, RdmaCoreRuns};
 use vrdma_qemu_tests::scenarios::{libfabric, mpi};
 
 #[test]
@@ -111,6 +112,27 @@ fn unprivileged_processes_share_one_device_through_the_agent() {
     for run in &outcome.fabric_traffic {
         assert_eq!(run.sizes, outcome.fabric_traffic[0].sizes, "{run:?}");
     }
+    // rdma-core's own test suite: it ran on both sides, and vrdma passed every test native rxe
+    // passed but those it does not carry yet (each listed with its reason).
+    let suite = &outcome.rdma_core;
+    assert!(
+        RdmaCoreRuns::count(&suite.native, Outcome::Ok) >= 50,
+        "{}",
+        rdma_core_suite::summary(suite)
+    );
+    let known: Vec<&str> = rdma_core_suite::NOT_YET_OVER_VRDMA
+        .iter()
+        .map(|(id, _)| *id)
+        .collect();
+    let regressions: Vec<_> = suite
+        .passed_only_natively()
+        .into_iter()
+        .filter(|(id, _)| !known.contains(id))
+        .collect();
+    assert!(
+        regressions.is_empty(),
+        "passed natively, not over vrdma: {regressions:?}"
+    );
     let down = &outcome.backend_down_refusal;
     assert!(down.contains("the device is not available"), "{down}");
 }

@@ -437,8 +437,10 @@ fn guest_terms(
     if mask.contains(QpAttrMask::PORT) {
         attr.port_num = guest.guest_port(attr.port_num);
     }
-    // rxe adds its FLUSH bits after a request or reply; the guest's QPs cannot carry them.
-    let access = attr.qp_access_flags.get() & AccessFlags::QP_ALLOWED.bits();
+    // rxe adds its FLUSH bits after a request or reply: the guest did not ask for them (a
+    // guest's own MODIFY_QP may carry them, §7.4).
+    let flush = AccessFlags::FLUSH_GLOBAL | AccessFlags::FLUSH_PERSISTENT;
+    let access = attr.qp_access_flags.get() & (AccessFlags::QP_ALLOWED.bits() & !flush.bits());
     attr.qp_access_flags = Le32::new(access);
     Ok(())
 }

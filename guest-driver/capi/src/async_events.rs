@@ -218,6 +218,17 @@ impl AsyncEvents {
         state.counts.insert((kind, object), Counts::default());
     }
 
+    /// The application addresses of the live objects of `kind` (registered, not retired).
+    pub(crate) fn live(&self, kind: ObjectKind) -> Vec<usize> {
+        let state = self.state.lock();
+        state
+            .handles
+            .iter()
+            .filter(|((k, _), _)| *k == kind)
+            .map(|(_, &object)| object)
+            .collect()
+    }
+
     /// The object at `object` (device handle `handle`) is being destroyed: no event names it
     /// from now on, its queued events are dropped, and this waits until every event handed
     /// out for it was acknowledged (as rdma-core's destroy calls wait).

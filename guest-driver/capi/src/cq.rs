@@ -10,9 +10,9 @@ use vrdma::provider::WorkCompletion;
 use vrdma::verbs::CqPollBatch;
 use vrdma::Cq;
 
-use crate::async_events::ObjectKind;
+use crate::async_events::{AsyncEvents, ObjectKind};
 use crate::context::VrdmaContext;
-use crate::events::ChannelState;
+use crate::events::{ChannelState, CompletionRoutes};
 use crate::ffi::{guard, minus_one, null_with, report};
 use crate::sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_cq_ex};
 
@@ -106,6 +106,11 @@ pub(crate) struct VrdmaCq {
     all_acked: Condvar,
     /// QPs using the CQ.
     pub(crate) users: AtomicU32,
+    /// The context's event sinks, held by the CQ: `ibv_destroy_cq` must not reach them
+    /// through `ibv.context`, which `ibv_close_device` may have freed already (rdma-core lets
+    /// a context be closed before its objects; pyverbs' garbage collector does so).
+    async_events: Arc<AsyncEvents>,
+    routes: Arc<CompletionRoutes>,
 }
 
 // `ibv_cq_ex` begins with the layout of `ibv_cq`.
@@ -205,6 +210,8 @@ pub(crate) unsafe fn create(
         events: Mutex::new(EventCounts::default()),
         all_acked: Condvar::new(),
         users: AtomicU32::new(0),
+        async_events: ctx.async_events.clone(),
+        routes: ctx.routes.clone(),
     }));
     if let (Some(ch), Some(state)) = (ch, state) {
         ch.ibv.refcnt += 1;
@@ -235,16 +242,11 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             vcq.all_acked.wait(&mut counts);
         }
         drop(counts);
-        // SAFETY: the context outlives its CQs.
-        let ctx = unsafe { VrdmaContext::from_ptr(vcq.ibv.context) };
-        if let Some(ctx) = ctx {
-            ctx.async_events
-                .retire(ObjectKind::Cq, vcq.ibv.handle, cq as usize);
-        }
+        // Not through `vcq.ibv.context`: the context may be closed (and freed) already.
+        vcq.async_events
+            .retire(ObjectKind::Cq, vcq.ibv.handle, cq as usize);
         if vcq.channel.is_some() {
-            if let Some(ctx) = ctx {
-                ctx.routes.remove(vcq.ibv.handle);
-            }
+            vcq.routes.remove(vcq.ibv.handle);
             // SAFETY: the channel outlives its CQs (destroy refuses while refcnt != 0).
             if let Some(ch) = unsafe { vcq.ibv.channel.as_mut() } {
                 ch.refcnt -= 1;

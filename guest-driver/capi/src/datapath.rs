@@ -10,7 +10,7 @@ use std::ffi::c_int;
 
 use vrdma::provider::{PostError, RecvWr, SendFlags, SendWr, Sge, WorkCompletion};
 use vrdma::verbs::PostSendError;
-use vrdma::verbs::WrOpcode;
+use vrdma::verbs::{QpState, WrOpcode};
 
 use crate::cq::VrdmaCq;
 use crate::ffi::{guard, report};
@@ -102,6 +102,15 @@ pub(crate) unsafe fn send_wr<'a>(wr: &'a ibv_send_wr, ud: bool) -> Result<SendWr
     Ok(out)
 }
 
+/// Whether the QP's send queue takes requests now. rxe's kernel refuses the doorbell of a QP
+/// below RTS (`rxe_post_send`: `qp_state(qp) < IB_QPS_RTS`, `-EINVAL`), so rdma-core's
+/// `ibv_post_send` and `ibv_wr_complete` fail with EINVAL in RESET, INIT and RTR; SQD, SQE,
+/// ERR (flushing) take them. The state is the one libibverbs keeps in `qp->state` (set by
+/// `ibv_modify_qp`, `ibv_query_qp` and this library's rdma_cm moves).
+pub(crate) fn send_queue_open(qp: &ibv_qp) -> bool {
+    qp.state >= QpState::Rts as u32
+}
+
 /// errno of a refused work request, as rdma-core's rxe provider reports it.
 fn post_errno(e: &PostError) -> c_int {
     match e {
@@ -125,6 +134,9 @@ pub(crate) unsafe extern "C" fn post_send(
         let Some(vqp) = (unsafe { VrdmaQp::from_ptr(qp) }) else {
             return fail_at(bad_wr, wr, libc::EINVAL);
         };
+        if !send_queue_open(&vqp.ibv.qp_base) {
+            return fail_at(bad_wr, wr, libc::EINVAL);
+        }
         let ud = vqp.ibv.qp_base.qp_type == ibv_qp_type_IBV_QPT_UD;
         let post = |batch: &[SendWr<'_>]| {
             // SAFETY: the application's SGEs follow the ibv_post_send rules (inline data
@@ -159,6 +171,10 @@ pub(crate) unsafe extern "C" fn post_recv(
         match unsafe { VrdmaQp::from_ptr(qp) } {
             // As rdma-core's rxe provider: a QP attached to an SRQ takes no receives.
             Some(vqp) if !vqp.qp.has_srq() => {
+                // As rxe's provider (C10-97.2.1): no receives in RESET.
+                if vqp.ibv.qp_base.state == QpState::Reset as u32 {
+                    return fail_at(bad_wr, wr, libc::EINVAL);
+                }
                 // SAFETY: caller contract.
                 unsafe { post_recv_list(wr, bad_wr, |batch| vqp.qp.post_recv(batch)) }
             }

@@ -4,11 +4,12 @@
 use std::cell::UnsafeCell;
 use std::ffi::c_int;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use vrdma::verbs::{AccessFlags, Mtu, QpAttr, QpAttrMask, QpCaps, QpState, QpType, SendBatch};
 use vrdma::{Qp, QpInitAttr};
 
-use crate::async_events::ObjectKind;
+use crate::async_events::{AsyncEvents, ObjectKind};
 use crate::cq::VrdmaCq;
 use crate::ffi::{guard, null_with, report};
 use crate::objects::{ah_attr_from, ah_attr_to, VrdmaPd};
@@ -28,6 +29,9 @@ pub(crate) struct VrdmaQp {
     sq_sig_all: bool,
     /// Made by `ibv_create_qp_ex`: `ibv_qp_to_qp_ex` hands out `ibv`.
     pub(crate) extended: bool,
+    /// The context's asynchronous events, held by the QP: `ibv_destroy_qp` must not reach
+    /// them through the context, which `ibv_close_device` may have freed already.
+    async_events: Arc<AsyncEvents>,
 }
 
 /// The open `ibv_wr_*` batch of a QP, between `ibv_wr_start` and `ibv_wr_complete` or
@@ -106,11 +110,7 @@ pub(crate) fn qp_attr_from(a: &ibv_qp_attr, mask: QpAttrMask) -> Option<QpAttr> 
         attr = attr.with_path_mtu(Mtu::try_from(a.path_mtu).ok()?);
     }
     if mask.contains(QpAttrMask::ACCESS_FLAGS) {
-        let bits = a.qp_access_flags;
-        if bits & !AccessFlags::QP_ALLOWED.bits() != 0 {
-            return None;
-        }
-        attr = attr.with_qp_access_flags(AccessFlags::from_bits(bits)?);
+        attr = attr.with_qp_access_flags(AccessFlags::qp_from_bits(a.qp_access_flags)?);
     }
     if mask.contains(QpAttrMask::AV) {
         attr = attr.with_ah_attr(ah_attr_from(&a.ah_attr));
@@ -237,17 +237,17 @@ pub(crate) unsafe fn create(
         srq.users.fetch_add(1, Ordering::AcqRel);
     }
     let handle = qp.handle();
+    let async_events = vpd.context().async_events.clone();
     let qp = VrdmaQp {
         ibv,
         batch: BatchSlot::default(),
         qp,
         sq_sig_all: init.sq_sig_all != 0,
         extended: false,
+        async_events: async_events.clone(),
     };
     let raw = Box::into_raw(Box::new(qp));
-    vpd.context()
-        .async_events
-        .register(ObjectKind::Qp, handle, raw as usize);
+    async_events.register(ObjectKind::Qp, handle, raw as usize);
     Ok(raw)
 }
 
@@ -342,12 +342,9 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         let Some(live) = (unsafe { VrdmaQp::from_ptr(qp) }) else {
             return libc::EINVAL;
         };
-        // SAFETY: the PD outlives its QPs (ibv_dealloc_pd refuses while they exist).
-        if let Some(pd) = unsafe { VrdmaPd::from_ptr(live.ibv.qp_base.pd) } {
-            pd.context()
-                .async_events
-                .retire(ObjectKind::Qp, live.ibv.qp_base.handle, qp as usize);
-        }
+        // Not through the PD's context: the context may be closed (and freed) already.
+        live.async_events
+            .retire(ObjectKind::Qp, live.ibv.qp_base.handle, qp as usize);
         // SAFETY: made by Box::into_raw in ibv_create_qp; the caller gives it up.
         let vqp = unsafe { Box::from_raw(qp.cast::<VrdmaQp>()) };
         let (pd, send_cq, recv_cq) = (

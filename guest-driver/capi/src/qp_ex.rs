@@ -308,6 +308,13 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
         let Some(batch) = (unsafe { &mut *vqp.batch.open.get() }).take() else {
             return libc::EINVAL;
         };
+        if batch.error().is_none() && !crate::datapath::send_queue_open(&vqp.ibv.qp_base) {
+            // As rxe: a refused request reports its own errno first, else the doorbell fails
+            // with EINVAL below RTS. Nothing of the batch is published; dropping it releases
+            // the send lock (as `ibv_wr_abort`).
+            drop(batch);
+            return libc::EINVAL;
+        }
         match batch.complete() {
             Ok(_) => 0,
             Err(e) => {

@@ -3,10 +3,11 @@
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 use vrdma::Srq;
 
-use crate::async_events::ObjectKind;
+use crate::async_events::{AsyncEvents, ObjectKind};
 use crate::ffi::{guard, null_with, report};
 use crate::objects::VrdmaPd;
 use crate::sys::{
@@ -24,6 +25,8 @@ pub(crate) struct VrdmaSrq {
     pub(crate) srq: Srq,
     /// QPs attached to the SRQ and not destroyed yet.
     pub(crate) users: AtomicU32,
+    /// The context's asynchronous events, held by the SRQ (see `VrdmaQp::async_events`).
+    async_events: Arc<AsyncEvents>,
 }
 
 impl VrdmaSrq {
@@ -66,15 +69,15 @@ pub unsafe extern "C" fn ibv_create_srq(
         ibv.handle = srq.handle();
         vpd.users.fetch_add(1, Ordering::AcqRel);
         let handle = srq.handle();
+        let async_events = vpd.context().async_events.clone();
         let srq = VrdmaSrq {
             ibv,
             srq,
             users: AtomicU32::new(0),
+            async_events: async_events.clone(),
         };
         let raw = Box::into_raw(Box::new(srq));
-        vpd.context()
-            .async_events
-            .register(ObjectKind::Srq, handle, raw as usize);
+        async_events.register(ObjectKind::Srq, handle, raw as usize);
         raw.cast()
     })
 }
@@ -188,12 +191,9 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         if vsrq.users.load(Ordering::Acquire) != 0 {
             return libc::EBUSY;
         }
-        // SAFETY: the PD outlives its SRQs (ibv_dealloc_pd refuses while they exist).
-        if let Some(pd) = unsafe { VrdmaPd::from_ptr(vsrq.ibv.pd) } {
-            pd.context()
-                .async_events
-                .retire(ObjectKind::Srq, vsrq.ibv.handle, srq as usize);
-        }
+        // Not through the PD's context: the context may be closed (and freed) already.
+        vsrq.async_events
+            .retire(ObjectKind::Srq, vsrq.ibv.handle, srq as usize);
         // SAFETY: made by Box::into_raw in ibv_create_srq; the caller gives it up.
         let vsrq = unsafe { Box::from_raw(srq.cast::<VrdmaSrq>()) };
         let pd = vsrq.ibv.pd;

@@ -154,12 +154,10 @@ impl QpAttr {
     /// The remote access allowed on the QP; flags a QP cannot carry count as undefined.
     pub fn qp_access_flags(&self) -> Result<AccessFlags, UndefinedValue> {
         let bits = self.qp_access_flags.get();
-        AccessFlags::from_bits(bits & AccessFlags::QP_ALLOWED.bits())
-            .filter(|flags| flags.bits() == bits)
-            .ok_or(UndefinedValue {
-                field: "qp_access_flags",
-                value: bits.into(),
-            })
+        AccessFlags::qp_from_bits(bits).ok_or(UndefinedValue {
+            field: "qp_access_flags",
+            value: bits.into(),
+        })
     }
 
     /// The queue sizes (`cap`).

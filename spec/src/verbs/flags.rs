@@ -95,6 +95,12 @@ impl AccessFlags {
     pub const ZERO_BASED: AccessFlags = AccessFlags(1 << 5);
     /// On-demand paging (not supported by vrdma 1.0).
     pub const ON_DEMAND: AccessFlags = AccessFlags(1 << 6);
+    /// A QP lets its peers FLUSH to global visibility (rxe's RDMA FLUSH). Only a QP access
+    /// flag in vrdma: no vrdma MR carries flush access, so a peer's FLUSH into one fails its
+    /// access check whatever the QP allows.
+    pub const FLUSH_GLOBAL: AccessFlags = AccessFlags(1 << 8);
+    /// A QP lets its peers FLUSH to persistence (as [`AccessFlags::FLUSH_GLOBAL`]).
+    pub const FLUSH_PERSISTENT: AccessFlags = AccessFlags(1 << 9);
     /// Relaxed ordering (optional hint; the device may ignore it).
     pub const RELAXED_ORDERING: AccessFlags = AccessFlags(1 << 20);
     /// Flags REG_MR accepts.
@@ -117,8 +123,23 @@ impl AccessFlags {
     );
     /// Flags MODIFY_QP (`IBV_QP_ACCESS_FLAGS`) accepts.
     pub const QP_ALLOWED: AccessFlags = AccessFlags(
-        Self::LOCAL_WRITE.0 | Self::REMOTE_WRITE.0 | Self::REMOTE_READ.0 | Self::REMOTE_ATOMIC.0,
+        Self::LOCAL_WRITE.0
+            | Self::REMOTE_WRITE.0
+            | Self::REMOTE_READ.0
+            | Self::REMOTE_ATOMIC.0
+            | Self::FLUSH_GLOBAL.0
+            | Self::FLUSH_PERSISTENT.0,
     );
+
+    /// QP access flags from `ibv_access_flags` bits; `None` if a bit is not one a QP carries
+    /// (outside [`AccessFlags::QP_ALLOWED`]).
+    pub const fn qp_from_bits(bits: u32) -> Option<Self> {
+        if bits & !Self::QP_ALLOWED.0 == 0 {
+            Some(AccessFlags(bits))
+        } else {
+            None
+        }
+    }
 
     /// Flags from `ibv_access_flags` bits; `None` if a bit is not one vrdma carries (outside
     /// [`AccessFlags::MR_ALLOWED`]).
@@ -222,7 +243,7 @@ mod tests {
         );
         assert_eq!(AccessFlags::MR_ALLOWED.bits(), 0x1f | (1 << 20));
         assert_eq!(AccessFlags::MW_ALLOWED.bits(), 0x2f);
-        assert_eq!(AccessFlags::QP_ALLOWED.bits(), 0xf);
+        assert_eq!(AccessFlags::QP_ALLOWED.bits(), 0x30f);
         for undefined in [AccessFlags::ZERO_BASED, AccessFlags::ON_DEMAND] {
             assert_eq!(AccessFlags::from_bits(undefined.bits()), None);
         }

@@ -115,6 +115,12 @@ pub(super) fn vqp<'a>(qp: *mut ibv_qp) -> &'a VrdmaQp {
     unsafe { VrdmaQp::from_ptr(qp) }.unwrap()
 }
 
+/// Records RTS in `qp->state`, as ibv_modify_qp does, for QPs moved by the library's helpers.
+pub(super) fn set_rts(qp: *mut ibv_qp) {
+    // SAFETY: a live QP of a test; nothing else touches the field meanwhile.
+    unsafe { (*qp).state = vrdma::verbs::QpState::Rts as u32 };
+}
+
 pub(super) fn qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
     // SAFETY: a live QP of a test.
     let ex = unsafe { ibv_qp_to_qp_ex(qp) };
@@ -128,6 +134,11 @@ pub(super) fn qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
 
 pub(super) fn connect(a: *mut ibv_qp, b: *mut ibv_qp) {
     use vrdma::verbs::{ConnectOptions, Gid, RemoteQp};
+    // The helpers below bypass ibv_modify_qp: record the state it would (the send path
+    // refuses QPs below RTS, as rxe does).
+    for qp in [a, b] {
+        set_rts(qp);
+    }
     let (a, b) = (&vqp(a).qp, &vqp(b).qp);
     let remote = |qpn, psn| RemoteQp {
         qpn,
@@ -513,6 +524,7 @@ fn ud_sends_take_the_address_handle_of_this_library() {
         .unwrap();
     for qp in [a, b] {
         vqp(qp).qp.ud_to_rts(1, 0x1111, 0).unwrap();
+        set_rts(qp);
     }
     // SAFETY: all-zero is a valid ibv_ah_attr.
     let mut ah_attr: ibv_ah_attr = unsafe { std::mem::zeroed() };
@@ -571,4 +583,81 @@ fn ud_sends_take_the_address_handle_of_this_library() {
     // SAFETY: the AH, no longer used.
     assert_eq!(unsafe { crate::objects::ibv_destroy_ah(ah) }, 0);
     f.close(&[a, b]);
+}
+
+/// As rxe: below RTS the send queue refuses requests (`ibv_post_send` and `ibv_wr_complete`:
+/// EINVAL, from the kernel's doorbell), and in RESET the receive queue does too (the
+/// provider's C10-97.2.1 check); INIT takes receives.
+#[test]
+fn a_qp_below_rts_refuses_sends_and_in_reset_receives() {
+    use crate::datapath::{post_recv, post_send};
+    use crate::sys::{
+        ibv_qp_attr, ibv_qp_attr_mask_IBV_QP_ACCESS_FLAGS as ACCESS,
+        ibv_qp_attr_mask_IBV_QP_PKEY_INDEX as PKEY, ibv_qp_attr_mask_IBV_QP_PORT as PORT,
+        ibv_qp_attr_mask_IBV_QP_STATE as STATE, ibv_recv_wr, ibv_send_wr,
+        ibv_wr_opcode_IBV_WR_SEND,
+    };
+    let f = Fixture::new();
+    let qp = f
+        .create(f.attr(ibv_qp_type_IBV_QPT_RC, Some(RC_ALL)))
+        .unwrap();
+    let ops = Ops(qp_ex(qp));
+    let try_send = || {
+        // SAFETY: all-zero is a valid ibv_send_wr (no SGE, no next).
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.opcode = ibv_wr_opcode_IBV_WR_SEND;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a live QP, a one-request list, a writable bad_wr.
+        unsafe { post_send(qp, &mut wr, &mut bad) }
+    };
+    let try_recv = || {
+        // SAFETY: all-zero is a valid ibv_recv_wr (no SGE, no next).
+        let mut wr: ibv_recv_wr = unsafe { std::mem::zeroed() };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: as above.
+        unsafe { post_recv(qp, &mut wr, &mut bad) }
+    };
+    let try_batch = || {
+        ops.start();
+        ops.next(1, SIGNALED);
+        ops.send();
+        ops.complete()
+    };
+    // RESET.
+    assert_eq!(try_send(), libc::EINVAL);
+    assert_eq!(try_batch(), libc::EINVAL);
+    assert_eq!(try_recv(), libc::EINVAL);
+    // INIT, through ibv_modify_qp (which records the state).
+    // SAFETY: all-zero is a valid ibv_qp_attr.
+    let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    attr.qp_state = vrdma::verbs::QpState::Init as u32;
+    attr.port_num = 1;
+    // SAFETY: a live QP and a valid attribute structure.
+    let rc =
+        unsafe { crate::qp::ibv_modify_qp(qp, &mut attr, (STATE | PKEY | PORT | ACCESS) as c_int) };
+    assert_eq!(rc, 0);
+    assert_eq!(try_recv(), 0);
+    assert_eq!(try_send(), libc::EINVAL);
+    assert_eq!(try_batch(), libc::EINVAL);
+    // The refused batch released the send lock: another one can start.
+    ops.start();
+    ops.abort();
+    f.close(&[qp]);
+}
+
+/// rdma-core lets a context be closed before its objects (pyverbs' garbage collector does it):
+/// destroying them afterwards must not reach into the closed context.
+#[test]
+fn objects_can_be_destroyed_after_their_context_is_closed() {
+    let f = Fixture::new();
+    let qp = f
+        .create(f.attr(ibv_qp_type_IBV_QPT_RC, Some(RC_ALL)))
+        .unwrap();
+    close(f.ctx);
+    // SAFETY: live objects of the closed context, not used afterwards.
+    unsafe {
+        assert_eq!(crate::qp::ibv_destroy_qp(qp), 0);
+        assert_eq!(crate::cq::ibv_destroy_cq(f.cq), 0);
+        assert_eq!(crate::objects::ibv_dealloc_pd(f.pd), 0);
+    }
 }

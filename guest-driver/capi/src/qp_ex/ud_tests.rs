@@ -51,6 +51,7 @@ fn ibv_post_send_ud_delivers_through_the_applications_ah() {
     let b = f.create(f.attr(ibv_qp_type_IBV_QPT_UD, None)).unwrap();
     for qp in [a, b] {
         vqp(qp).qp.ud_to_rts(1, QKEY, 0).unwrap();
+        super::tests::set_rts(qp);
     }
     let ah = create_ah(f.pd);
     // SAFETY: the live context of this test.

@@ -247,6 +247,27 @@ pub(crate) unsafe fn id_qp<'a>(id: *mut rdma_cm_id) -> Option<&'a VrdmaQp> {
     unsafe { VrdmaQp::from_ptr((*id).qp) }
 }
 
+/// The QP an application names by number for an id without a QP of its own (librdmacm's
+/// "external QP": `conn_param->qp_num` goes to the peer and the application moves the QP
+/// itself, with `rdma_init_qp_attr`, then `rdma_establish` on the active side): the live QP
+/// of the id's device with that number.
+///
+/// # Safety
+/// `p` is a live id of this library; the QP is not destroyed meanwhile (application contract).
+pub(crate) unsafe fn external_qp<'a>(p: &CmIdPriv, qp_num: u32) -> Option<&'a VrdmaQp> {
+    if qp_num == 0 {
+        return None;
+    }
+    // SAFETY: caller contract: the id's context is live while the id is.
+    let ctx = unsafe { VrdmaContext::from_ptr(p.ctx) }?;
+    ctx.async_events
+        .live(crate::async_events::ObjectKind::Qp)
+        .into_iter()
+        // SAFETY: registered by ibv_create_qp, retired by ibv_destroy_qp before it is freed.
+        .filter_map(|addr| unsafe { VrdmaQp::from_ptr(addr as *mut ibv_qp) })
+        .find(|vqp| vqp.ibv.qp_base.qp_num == qp_num)
+}
+
 /// Moves the id's QP to `state` with the attributes the device computes; RTR and RTS take
 /// the id's responder resources and initiator depth (librdmacm's `ucma_modify_qp_rtr/rts`).
 ///

@@ -12,8 +12,8 @@ use vrdma::VerbsError;
 
 use super::channel::CmChannel;
 use super::cm_id::{
-    device_rd_atomic, id_qp, modify_qp, new_id, port_space, qp_to_error, refresh_addresses,
-    set_addresses, CmIdPriv,
+    device_rd_atomic, external_qp, id_qp, modify_qp, new_id, port_space, qp_to_error,
+    refresh_addresses, set_addresses, CmIdPriv,
 };
 use super::device::{cm_device, fail};
 use super::event::{ack_pending, complete};
@@ -273,8 +273,9 @@ unsafe fn wire_param<'a>(
     })
 }
 
-/// `rdma_connect`: the id's QP goes to the peer (an id needs one: this library cannot name
-/// a QP by number alone).
+/// `rdma_connect`: the id's QP goes to the peer; an id without one connects the QP of its
+/// device that `conn_param->qp_num` names (librdmacm's external QP, which the application
+/// moves itself after CONNECT_RESPONSE and completes with `rdma_establish`).
 ///
 /// # Safety
 /// `id` is a live id of this library; `conn_param` NULL or readable.
@@ -288,8 +289,14 @@ pub unsafe extern "C" fn rdma_connect(
             return fail(libc::EINVAL);
         };
         // SAFETY: caller contract.
-        let Some(qp) = (unsafe { id_qp(id) }) else {
-            log::warn!("vrdma: rdma_connect needs the id's QP (rdma_create_qp)");
+        let qp = unsafe { id_qp(id) }
+            // SAFETY: caller contract.
+            .or_else(|| param.and_then(|c| unsafe { external_qp(p, c.qp_num) }));
+        let Some(qp) = qp else {
+            log::warn!(
+                "vrdma: rdma_connect needs the id's QP (rdma_create_qp) or conn_param->qp_num \
+                 of a QP of the id's device"
+            );
             return fail(libc::EINVAL);
         };
         // SAFETY: caller contract.
@@ -335,7 +342,11 @@ pub unsafe extern "C" fn rdma_accept(
                 }
             }
         }
-        if let Err(errno) = p.with_cm(|cm| cm.accept(qp.map(|q| &q.qp), &wire)) {
+        // An id without a QP accepts with the external QP `conn_param->qp_num` names (its
+        // number goes to the peer; the application moved it itself).
+        // SAFETY: caller contract.
+        let conn_qp = qp.or_else(|| param.and_then(|c| unsafe { external_qp(p, c.qp_num) }));
+        if let Err(errno) = p.with_cm(|cm| cm.accept(conn_qp.map(|q| &q.qp), &wire)) {
             // SAFETY: caller contract.
             unsafe { qp_to_error(id) };
             return fail(errno);
