@@ -4,7 +4,7 @@
 //! never host-wide counters.
 
 use vrdma_spec::features::{VRDMA_F_MW, VRDMA_F_SRQ, VRDMA_F_UD};
-use vrdma_spec::rxe_v1::SGE_SIZE;
+use vrdma_spec::rxe_v1::{recv_wqe_size, send_wqe_size, SGE_SIZE};
 use vrdma_spec::wire::{
     DeviceAttr, GidEntry, GidTableEntry, GidTableResp, PkeyEntry, PortAttr, QueryPortReq,
     QueryTableReq, GID_TABLE_BATCH, GID_TABLE_END,
@@ -13,6 +13,7 @@ use vrdma_spec::{Le16, Le32, Le64, ResponseBody};
 use zerocopy::FromZeros;
 
 use super::error::CommandError;
+use super::rings::predicted_len;
 use super::session::{host_err, CommandResult, Session};
 use crate::guest::shared::{GuestShared, GUEST_PORT};
 use crate::host::uverbs::{QueryDeviceResp, QueryPortResp};
@@ -42,6 +43,23 @@ pub(crate) fn max_inline_data(attr: &QueryDeviceResp) -> u32 {
     attr.max_sge.saturating_mul(SGE_SIZE as u32)
 }
 
+/// The deepest queue offered to a guest: at most `host_max_wr`, and at most the largest
+/// `2^k - 1` work requests whose rxe buffer (slots for entries of `entry_bytes`) takes no more
+/// than a quarter of the guest's queue region of `region_bytes`. Every host queue buffer is
+/// one extent of that region (spec §9): a QP at the advertised limits then fits in half of it,
+/// where rxe's own limits (2^20 WRs) could not be placed in any region.
+pub(crate) fn region_max_wr(region_bytes: u64, host_max_wr: u32, entry_bytes: usize) -> u32 {
+    let budget = region_bytes / 4;
+    let mut slots: u32 = 2;
+    while let Some(next) = slots.checked_mul(2) {
+        match predicted_len(next, entry_bytes) {
+            Some(len) if len <= budget => slots = next,
+            _ => break,
+        }
+    }
+    host_max_wr.min(slots - 1)
+}
+
 /// The guest's node and system-image GUIDs, given the host device's attributes: a guest with
 /// addresses is a node of its own; without, it is the host's node. The kernel's `__be64`
 /// GUIDs: their bytes in memory are the wire's network order.
@@ -66,6 +84,10 @@ pub(crate) fn query_device(s: &mut Session<'_>) -> CommandResult {
     let mw = s.features & VRDMA_F_MW != 0;
     let only_if = |on: bool, v: u32| if on { v } else { 0 };
     let (node_guid, sys_image_guid) = node_guids(s.guest, &host);
+    let region = s.guest.options().shm_size;
+    let qp_entry =
+        send_wqe_size(host.max_sge, max_inline_data(&host)).max(recv_wqe_size(host.max_sge));
+    let srq_entry = recv_wqe_size(host.max_srq_sge);
     let attr = DeviceAttr {
         fw_ver: DeviceAttr::encode_fw_ver(&s.guest.device().info().fw_ver),
         node_guid,
@@ -80,7 +102,7 @@ pub(crate) fn query_device(s: &mut Session<'_>) -> CommandResult {
             host.device_cap_flags & (PASSED_CAP_FLAGS | if mw { MW_CAP_FLAGS } else { 0 }),
         ),
         max_qp: Le32::new(host.max_qp.min(q.qps)),
-        max_qp_wr: Le32::new(host.max_qp_wr),
+        max_qp_wr: Le32::new(region_max_wr(region, host.max_qp_wr, qp_entry)),
         max_sge: Le32::new(host.max_sge),
         max_sge_rd: Le32::new(host.max_sge_rd),
         max_cq: Le32::new(host.max_cq.min(q.cqs)),
@@ -93,7 +115,10 @@ pub(crate) fn query_device(s: &mut Session<'_>) -> CommandResult {
         atomic_cap: Le32::new(host.atomic_cap),
         max_ah: Le32::new(only_if(ud, host.max_ah.min(q.ahs))),
         max_srq: Le32::new(only_if(srq, host.max_srq.min(q.srqs))),
-        max_srq_wr: Le32::new(only_if(srq, host.max_srq_wr)),
+        max_srq_wr: Le32::new(only_if(
+            srq,
+            region_max_wr(region, host.max_srq_wr, srq_entry),
+        )),
         max_srq_sge: Le32::new(only_if(srq, host.max_srq_sge)),
         max_inline_data: Le32::new(max_inline_data(&host)),
         max_pkeys: Le16::new(host.max_pkeys),
@@ -238,5 +263,19 @@ mod tests {
         for bit in [0, 13, 17, 20, 21, 23, 24, 4] {
             assert_eq!(PASSED_CAP_FLAGS & (1 << bit), 0, "bit {bit}");
         }
+    }
+
+    #[test]
+    fn the_advertised_depth_fits_a_quarter_of_the_region() {
+        // rxe: 2^20 WRs, 32 SGEs (its send slots round up to 1 KiB), 27 SRQ SGEs.
+        let entry = send_wqe_size(32, 32 * SGE_SIZE as u32);
+        let region = 64 << 20;
+        let max_wr = region_max_wr(region, 1 << 20, entry);
+        assert_eq!(max_wr, 8191);
+        assert!(predicted_len(max_wr + 1, entry).unwrap() <= region / 4);
+        assert!(predicted_len((max_wr + 1) * 2, entry).unwrap() > region / 4);
+        assert_eq!(region_max_wr(region, 1 << 20, recv_wqe_size(27)), 16383);
+        // Never more than the host offers.
+        assert_eq!(region_max_wr(1 << 40, 100, entry), 100);
     }
 }

@@ -301,14 +301,12 @@ fn backend_restart(
 }
 
 /// Starts the scenario's backend, offering UD (UCX's wire-up runs over ud_verbs) and memory
-/// windows (rdma-core's tests bind them; its one guest trusts itself, spec §12), with a
-/// queue region of 512 MiB per process: rdma-core's tests create QPs as large as rxe allows,
-/// whose send queue alone is 64 MiB.
+/// windows (rdma-core's tests bind them; its one guest trusts itself, spec §12).
 fn start_backend(binaries: &Binaries) -> Result<Backend> {
     Backend::start(
         &binaries.backend,
         "vrdma-agent-backend",
-        &["--allow-ud", "--allow-memory-windows", "--shm-size", "512M"],
+        &["--allow-ud", "--allow-memory-windows"],
         "info",
     )
 }
