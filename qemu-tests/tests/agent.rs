@@ -103,14 +103,25 @@ fn unprivileged_processes_share_one_device_through_the_agent() {
     }
     // fi_pingpong ran every pairing with every size done and data-checked on both sides
     // (checked in the VM; here: reported), the vrdma runs with the native run's sizes.
-    let fabric: Vec<(StackSide, StackSide)> = outcome
+    let fabric: Vec<(&str, StackSide, StackSide)> = outcome
         .fabric_traffic
         .iter()
-        .map(|run| (run.server, run.client))
+        .map(|run| (run.endpoint.as_str(), run.server, run.client))
         .collect();
-    assert_eq!(fabric, libfabric::PAIRINGS);
+    let expected: Vec<(&str, StackSide, StackSide)> = libfabric::ENDPOINTS
+        .iter()
+        .flat_map(|(_, endpoint)| {
+            libfabric::PAIRINGS.map(|(server, client)| (*endpoint, server, client))
+        })
+        .collect();
+    assert_eq!(fabric, expected);
     for run in &outcome.fabric_traffic {
-        assert_eq!(run.sizes, outcome.fabric_traffic[0].sizes, "{run:?}");
+        let native = outcome
+            .fabric_traffic
+            .iter()
+            .find(|r| r.endpoint == run.endpoint)
+            .unwrap();
+        assert_eq!(run.sizes, native.sizes, "{run:?}");
     }
     // rdma-core's own test suite: it ran on both sides, and vrdma passed every test native rxe
     // passed but those it does not carry yet (each listed with its reason).

@@ -103,7 +103,8 @@ pub struct AgentOutcome {
     /// Open MPI jobs over UCX, a rank native or `nobody` over the agent, every byte checked.
     #[serde(default)]
     pub mpi: Vec<mpi::MpiRun>,
-    /// fi_pingpong over libfabric's verbs MSG endpoints, native and `nobody` over the agent.
+    /// fi_pingpong over libfabric's verbs MSG and `verbs;ofi_rxm` RDM endpoints, native and
+    /// `nobody` over the agent.
     #[serde(default)]
     pub fabric_traffic: Vec<libfabric::FabricRun>,
     /// rdma-core's own test suite natively and as `nobody` over the agent.

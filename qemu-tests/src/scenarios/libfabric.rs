@@ -1,5 +1,6 @@
-//! libfabric over vrdma: Debian's unmodified `fi_pingpong` (libfabric's verbs provider, MSG
-//! endpoints connected through rdma_cm) between a native side on rxe0 and `nobody` over the
+//! libfabric over vrdma: Debian's unmodified `fi_pingpong` (libfabric's verbs provider: its MSG
+//! endpoints connected through rdma_cm, and the RDM endpoints `ofi_rxm` builds over them)
+//! between a native side on rxe0 and `nobody` over the
 //! drop-in and the agent in a container's mount namespace, each side serving, after the
 //! native pair as the baseline. `-c`: fi_pingpong checks every message's data; `-S all`: every
 //! size it has (8 B to 6 MiB).
@@ -23,6 +24,16 @@ pub const PAIRINGS: [(StackSide, StackSide); 3] = [
     (StackSide::Vrdma, StackSide::Native),
 ];
 
+/// The endpoint types each pairing runs: libfabric's verbs MSG endpoints, and the RDM
+/// endpoints its `ofi_rxm` utility provider builds over them (what MPI and most libfabric
+/// users open), as `(provider, endpoint type)`.
+pub const ENDPOINTS: [(&str, &str); 2] = [("verbs", "msg"), ("verbs;ofi_rxm", "rdm")];
+
+/// The peers one RDM endpoint expects (`FI_UNIVERSE_SIZE`, default 1024): rxm sizes its MSG
+/// CQ as (rx + tx depth) × universe, and 256 × 1024 entries are more than rxe's `max_cqe`
+/// (32767), natively as over vrdma.
+const UNIVERSE_SIZE: &str = "4";
+
 /// Round trips of each size.
 pub const ITERATIONS: u64 = 10;
 
@@ -34,6 +45,9 @@ const TIMEOUT: Duration = Duration::from_secs(600);
 pub struct FabricRun {
     pub server: StackSide,
     pub client: StackSide,
+    /// `msg` or `rdm` ([`ENDPOINTS`]).
+    #[serde(default)]
+    pub endpoint: String,
     /// The sizes the client reported, each with every round trip done and acknowledged.
     pub sizes: Vec<String>,
 }
@@ -62,8 +76,12 @@ fn completed_sizes(output: &str, iterations: u64) -> Option<Vec<String>> {
 }
 
 /// fi_pingpong's arguments: a server on control port `port`, or a client of `server_address`.
-fn arguments(port: u16, server_address: Option<&str>) -> Vec<String> {
-    let mut args: Vec<String> = ["-6", "-c", "-p", "verbs", "-e", "msg", "-S", "all"]
+fn arguments(
+    (provider, endpoint): (&str, &str),
+    port: u16,
+    server_address: Option<&str>,
+) -> Vec<String> {
+    let mut args: Vec<String> = ["-6", "-c", "-p", provider, "-e", endpoint, "-S", "all"]
         .into_iter()
         .map(String::from)
         .collect();
@@ -86,53 +104,57 @@ pub fn fabric_traffic(
     mut next_port: impl FnMut() -> u16,
 ) -> Result<Vec<FabricRun>> {
     let mut runs = Vec::new();
-    for (server_side, client_side) in PAIRINGS {
-        let port = next_port();
-        let on = |side: StackSide, server: Option<&str>| {
-            let args = arguments(port, server);
-            stack_command(
-                side,
-                "fi_pingpong",
-                &args,
-                &[],
-                published,
-                agent_socket,
-                library_dir,
-            )
-        };
-        let (server, client) = serve_and_run(
-            &format!(
-                "fi-pingpong-{}-{}-{port}",
-                server_side.name(),
-                client_side.name()
-            ),
-            &mut on(server_side, None),
-            &mut on(client_side, Some(address)),
-            port,
-            TIMEOUT,
-        )?;
-        let client_sizes = completed_sizes(&client.output(), ITERATIONS)
-            .ok_or_else(|| client.failure("reported a size with round trips missing"))?;
-        let server_sizes = completed_sizes(&server.output(), ITERATIONS)
-            .ok_or_else(|| server.failure("reported a size with round trips missing"))?;
-        if client_sizes.is_empty() || client_sizes != server_sizes {
-            return Err(client.failure(&format!(
-                "sizes {client_sizes:?}, the server's {server_sizes:?}"
-            )));
-        }
-        println!(
-            "  ok: fi_pingpong msg -c, server {} client {}: {} sizes ({}..{}), {ITERATIONS} round trips each",
+    let env = [("FI_UNIVERSE_SIZE", UNIVERSE_SIZE.to_string())];
+    for endpoints @ (_, endpoint) in ENDPOINTS {
+        for (server_side, client_side) in PAIRINGS {
+            let port = next_port();
+            let on = |side: StackSide, server: Option<&str>| {
+                let args = arguments(endpoints, port, server);
+                stack_command(
+                    side,
+                    "fi_pingpong",
+                    &args,
+                    &env,
+                    published,
+                    agent_socket,
+                    library_dir,
+                )
+            };
+            let (server, client) = serve_and_run(
+                &format!(
+                    "fi-pingpong-{endpoint}-{}-{}-{port}",
+                    server_side.name(),
+                    client_side.name()
+                ),
+                &mut on(server_side, None),
+                &mut on(client_side, Some(address)),
+                port,
+                TIMEOUT,
+            )?;
+            let client_sizes = completed_sizes(&client.output(), ITERATIONS)
+                .ok_or_else(|| client.failure("reported a size with round trips missing"))?;
+            let server_sizes = completed_sizes(&server.output(), ITERATIONS)
+                .ok_or_else(|| server.failure("reported a size with round trips missing"))?;
+            if client_sizes.is_empty() || client_sizes != server_sizes {
+                return Err(client.failure(&format!(
+                    "sizes {client_sizes:?}, the server's {server_sizes:?}"
+                )));
+            }
+            println!(
+            "  ok: fi_pingpong {endpoint} -c, server {} client {}: {} sizes ({}..{}), {ITERATIONS} round trips each",
             server_side.name(),
             client_side.name(),
             client_sizes.len(),
             client_sizes[0],
             client_sizes[client_sizes.len() - 1]
         );
-        runs.push(FabricRun {
-            server: server_side,
-            client: client_side,
-            sizes: client_sizes,
-        });
+            runs.push(FabricRun {
+                server: server_side,
+                client: client_side,
+                endpoint: endpoint.to_string(),
+                sizes: client_sizes,
+            });
+        }
     }
     Ok(runs)
 }
@@ -161,12 +183,12 @@ bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec
 
     #[test]
     fn a_client_names_the_control_port_and_the_server_its_own() {
-        let server = arguments(7000, None);
+        let server = arguments(ENDPOINTS[0], 7000, None);
         assert_eq!(
             server[server.len() - 2..],
             ["-B".to_string(), "7000".into()]
         );
-        let client = arguments(7000, Some("fe80::1%d0"));
+        let client = arguments(ENDPOINTS[0], 7000, Some("fe80::1%d0"));
         assert_eq!(
             client[client.len() - 3..],
             ["-P".to_string(), "7000".into(), "fe80::1%d0".into()]

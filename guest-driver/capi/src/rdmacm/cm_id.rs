@@ -65,6 +65,10 @@ pub(crate) struct IdState {
     pub(crate) qp_init_attr: Option<ibv_qp_init_attr>,
     /// The CQs and channels `rdma_create_qp` made for the id (destroyed with its QP).
     pub(crate) own_cqs: bool,
+    /// Made for a connect request: its addresses stay unscoped, as the kernel reports a
+    /// request's (`cma_save_ip6_info`); libfabric's rxm compares them byte for byte with the
+    /// names in its address vector, so a scope would make two peers' connections collide.
+    pub(crate) from_request: bool,
 }
 
 // SAFETY: the raw pointers in `id` name objects of this library that are thread-safe, and the
@@ -192,6 +196,34 @@ pub(crate) unsafe fn refresh_addresses(id: *mut rdma_cm_id) {
     }
 }
 
+/// Shows a bind to a loopback address as the kernel does: the kernel's rdma_cm takes a
+/// loopback bind for the wildcard (`cma_any_addr`), so the id has no device yet (`verbs`
+/// stays NULL) and its source is the loopback address with its port. The device bound the
+/// guest's own address (spec §7.5); only its port is shown. libfabric's verbs provider binds
+/// "localhost" and, seeing no device, takes each netdev's own address and family; given the
+/// device's IPv6 address beside its AF_INET hint it would advertise the wrong format.
+///
+/// # Safety
+/// `id` is a live id of this library.
+pub(crate) unsafe fn show_loopback_binding(id: *mut rdma_cm_id, addr: SocketAddr) {
+    // SAFETY: caller contract.
+    let Some(p) = (unsafe { CmIdPriv::of(id) }) else {
+        return;
+    };
+    let port = match addr.port() {
+        0 => p
+            .with_cm(CmId::query_addr)
+            .ok()
+            .and_then(|a| a.src)
+            .map_or(0, |src| src.port()),
+        port => port,
+    };
+    // SAFETY: caller contract: the id's route is this library's to write; the storage member
+    // of the union.
+    let src = unsafe { &mut (*id).route.addr.__bindgen_anon_1.src_storage };
+    c_addr::write(Some(SocketAddr::new(addr.ip(), port)), src);
+}
+
 /// Writes the id's addresses (and the GIDs of `route.addr.addr.ibaddr`).
 ///
 /// # Safety
@@ -201,8 +233,15 @@ pub(crate) unsafe fn set_addresses(
     src: Option<SocketAddr>,
     dst: Option<SocketAddr>,
 ) {
-    let src = src.map(c_addr::with_local_scope);
-    let dst = dst.map(|dst| c_addr::with_local_scope(c_addr::scoped_like(dst, src)));
+    // SAFETY: caller contract.
+    let from_request = unsafe { CmIdPriv::of(id) }.is_some_and(|p| p.state.lock().from_request);
+    let (src, dst) = if from_request {
+        (src.map(c_addr::unscoped), dst.map(c_addr::unscoped))
+    } else {
+        let src = src.map(c_addr::with_local_scope);
+        let dst = dst.map(|dst| c_addr::with_local_scope(c_addr::scoped_like(dst, src)));
+        (src, dst)
+    };
     // An address of the device is bound: the id is the device's from here on.
     if src.is_some_and(|src| !src.ip().is_unspecified()) {
         // SAFETY: caller contract: a live id of this library, whose fields it writes.

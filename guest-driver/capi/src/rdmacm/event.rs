@@ -219,6 +219,7 @@ fn connect_request(
         let mut state = p.state.lock();
         state.responder_resources = state.responder_resources.min(raw.initiator_depth);
         state.initiator_depth = state.initiator_depth.min(raw.responder_resources);
+        state.from_request = true;
     }
     // SAFETY: the id just made; its PD is the listener's, as `rdma_get_request` gives it.
     unsafe {

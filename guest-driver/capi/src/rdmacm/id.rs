@@ -13,7 +13,7 @@ use vrdma::VerbsError;
 use super::channel::CmChannel;
 use super::cm_id::{
     device_rd_atomic, external_qp, id_qp, modify_qp, new_id, port_space, qp_to_error,
-    refresh_addresses, set_addresses, CmIdPriv,
+    refresh_addresses, set_addresses, show_loopback_binding, CmIdPriv,
 };
 use super::device::{cm_device, fail};
 use super::event::{ack_pending, complete};
@@ -135,7 +135,10 @@ pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr
             crate::ffi::set_errno(libc::EADDRINUSE);
         }
         if ret == 0 {
-            if addr.port() == 0 {
+            if addr.ip().to_canonical().is_loopback() {
+                // SAFETY: caller contract.
+                unsafe { show_loopback_binding(id, addr) };
+            } else if addr.port() == 0 {
                 // The device chose the port: ask it.
                 // SAFETY: caller contract.
                 unsafe { refresh_addresses(id) };

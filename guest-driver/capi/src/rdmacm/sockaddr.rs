@@ -74,6 +74,15 @@ fn is_link_local(ip: &std::net::Ipv6Addr) -> bool {
     ip.segments()[0] & 0xffc0 == 0xfe80
 }
 
+/// `addr` as the kernel's rdma_cm gives both ends of a connect request
+/// (`cma_save_ip6_info`): IPv6 without scope id or flow label; IPv4 as it is.
+pub(crate) fn unscoped(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V6(v6) => std::net::SocketAddrV6::new(*v6.ip(), v6.port(), 0, 0).into(),
+        v4 => v4,
+    }
+}
+
 /// The port of a socket address in `out` (network order in C, here host order); 0 if none.
 pub(crate) fn port_of(storage: &sockaddr_storage) -> u16 {
     // SAFETY: sockaddr_storage is 128 plain bytes.
