@@ -174,7 +174,7 @@ fn query_answers_are_byte_exact() {
         vendor_id: n(0xff_ffff),
         vendor_part_id: n(0),
         hw_ver: n(0),
-        device_cap_flags: n(0x5c86),
+        device_cap_flags: n(0x7c86),
         max_qp: n(3),
         // The host's 2^14, capped so a queue at the limit takes at most a quarter of the
         // test's 1 MiB queue region (1 KiB send slots; 512 B receive slots for the SRQ).

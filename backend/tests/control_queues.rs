@@ -347,6 +347,16 @@ fn doorbells_kick_exactly_the_rung_qps() {
     guest.dev().doorbell(guest.ctx(), b"ignored");
     assert!(fake.world().kicks.is_empty());
 
+    // A command kicks what was queued before it, notified or not (spec §5.3): the doorbell
+    // worker may not have drained it yet, and the command must see the posts.
+    ring(c.doorbell_index.get());
+    assert_eq!(guest.status(ControlRequest::QueryDevice), Status::Ok);
+    let expected = vec![host_of(c.qpn.get())];
+    assert_eq!(fake.world().kicks, expected);
+    guest.dev().doorbell(guest.ctx(), &[]);
+    assert_eq!(fake.world().kicks.len(), 1, "a drained doorbell kicks once");
+    fake.world().kicks.clear();
+
     // A destroyed QP's doorbell kicks nothing.
     assert_eq!(
         guest.status(ControlRequest::DestroyQp(handle(a.qp.get()))),

@@ -124,7 +124,8 @@ fn unprivileged_processes_share_one_device_through_the_agent() {
         assert_eq!(run.sizes, native.sizes, "{run:?}");
     }
     // rdma-core's own test suite: it ran on both sides, and vrdma passed every test native rxe
-    // passed but those it does not carry yet (each listed with its reason).
+    // passed but those it does not carry yet and those whose outcome is timing (each listed
+    // with its reason).
     let suite = &outcome.rdma_core;
     assert!(
         RdmaCoreRuns::count(&suite.native, Outcome::Ok) >= 50,
@@ -133,6 +134,7 @@ fn unprivileged_processes_share_one_device_through_the_agent() {
     );
     let known: Vec<&str> = rdma_core_suite::NOT_YET_OVER_VRDMA
         .iter()
+        .chain(rdma_core_suite::TIMING_DEPENDENT)
         .map(|(id, _)| *id)
         .collect();
     let regressions: Vec<_> = suite

@@ -271,6 +271,17 @@ wire_struct! {
 assert_layout!(ResizeCqReq, 8, cq @ 0, cqe @ 4);
 
 wire_struct! {
+    /// RESIZE_SRQ body.
+    pub struct ResizeSrqReq {
+        /// SRQ handle.
+        pub srq: Le32,
+        /// Minimum number of receive requests after the resize (>= 1).
+        pub max_wr: Le32,
+    }
+}
+assert_layout!(ResizeSrqReq, 8, srq @ 0, max_wr @ 4);
+
+wire_struct! {
     /// ARM_CQ body.
     pub struct ArmCqReq {
         /// CQ handle.
@@ -617,6 +628,19 @@ wire_struct! {
     }
 }
 assert_layout!(ResizeCqResp, 48, cqe @ 0, reserved @ 4, ring @ 8);
+
+wire_struct! {
+    /// RESIZE_SRQ response body.
+    pub struct ResizeSrqResp {
+        /// Actual capacity of the new buffer (`num_slots - 1`).
+        pub max_wr: Le32,
+        /// Zero.
+        pub reserved: Le32,
+        /// The new SRQ buffer; the old one is unmapped.
+        pub ring: RingDesc,
+    }
+}
+assert_layout!(ResizeSrqResp, 48, max_wr @ 0, reserved @ 4, ring @ 8);
 
 wire_struct! {
     /// CREATE_QP response body.

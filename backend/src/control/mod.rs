@@ -59,6 +59,7 @@ pub(crate) fn execute(s: &mut Session<'_>, request: &ControlRequest<'_>) -> Comm
         ControlRequest::ModifySrq(r) => srq::modify_srq(s, r),
         ControlRequest::QuerySrq(r) => srq::query_srq(s, r),
         ControlRequest::DestroySrq(r) => srq::destroy_srq(s, r),
+        ControlRequest::ResizeSrq(r) => srq::resize_srq(s, r),
         ControlRequest::CreateAh(r) => ah::create_ah(s, r),
         ControlRequest::DestroyAh(r) => ah::destroy_ah(s, r),
         ControlRequest::Cm(r) => cm::execute(s, r),

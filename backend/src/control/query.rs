@@ -24,13 +24,14 @@ const LINK_LAYER_ETHERNET: u8 = 2;
 const DEFAULT_PKEY: u16 = 0xffff;
 
 /// `device_cap_flags` (`IB_DEVICE_*`) the device may pass on: none of memory windows, XRC,
-/// resize, ODP, memory-management extensions or alternate paths (spec §7.4).
+/// QP resize, ODP, memory-management extensions or alternate paths (spec §7.4).
 const PASSED_CAP_FLAGS: u32 = (1 << 1) // BAD_PKEY_CNTR
     | (1 << 2) // BAD_QKEY_CNTR
     | (1 << 7) // CURR_QP_STATE_MOD
     | (1 << 10) // PORT_ACTIVE_EVENT
     | (1 << 11) // SYS_IMAGE_GUID
     | (1 << 12) // RC_RNR_NAK_GEN
+    | (1 << 13) // SRQ_RESIZE (RESIZE_SRQ)
     | (1 << 14); // N_NOTIFY_CQ
 
 /// `device_cap_flags` passed on only with `VRDMA_F_MW`: `IB_DEVICE_MEM_WINDOW` and
@@ -260,9 +261,11 @@ mod tests {
 
     #[test]
     fn no_unsupported_capability_is_passed() {
-        for bit in [0, 13, 17, 20, 21, 23, 24, 4] {
+        // RESIZE_MAX_WR, MEM_WINDOW, XRC, MEM_MGT_EXTENSIONS, MEM_WINDOW_TYPE_2B, ...
+        for bit in [0, 17, 20, 21, 23, 24, 4] {
             assert_eq!(PASSED_CAP_FLAGS & (1 << bit), 0, "bit {bit}");
         }
+        assert_ne!(PASSED_CAP_FLAGS & (1 << 13), 0, "SRQ_RESIZE: RESIZE_SRQ carries it");
     }
 
     #[test]

@@ -1,10 +1,12 @@
-//! CREATE_SRQ, MODIFY_SRQ, QUERY_SRQ and DESTROY_SRQ (spec §7.4).
+//! CREATE_SRQ, MODIFY_SRQ, RESIZE_SRQ, QUERY_SRQ and DESTROY_SRQ (spec §7.4).
 
 use log::warn;
 use vrdma_spec::event::Subject;
 use vrdma_spec::rxe_v1;
 use vrdma_spec::verbs::srq_attr;
-use vrdma_spec::wire::{CreateSrqReq, CreateSrqResp, HandleReq, ModifySrqReq, QuerySrqResp};
+use vrdma_spec::wire::{
+    CreateSrqReq, CreateSrqResp, HandleReq, ModifySrqReq, QuerySrqResp, ResizeSrqReq, ResizeSrqResp,
+};
 use vrdma_spec::{Le32, ResponseBody};
 
 use super::error::CommandError;
@@ -98,7 +100,7 @@ pub(crate) fn create_srq(s: &mut Session<'_>, r: &CreateSrqReq) -> CommandResult
     }))
 }
 
-/// MODIFY_SRQ: arming the limit; resizing is `UNSUPPORTED` in 1.0.
+/// MODIFY_SRQ: arming the limit; resizing is RESIZE_SRQ (`MAX_WR` here is `UNSUPPORTED`).
 pub(crate) fn modify_srq(s: &mut Session<'_>, r: &ModifySrqReq) -> CommandResult {
     let handle = Handle::from_raw(r.srq.get());
     let entry = s.state.srqs.get(handle)?;
@@ -126,6 +128,74 @@ pub(crate) fn modify_srq(s: &mut Session<'_>, r: &ModifySrqReq) -> CommandResult
         entry.srq_limit = limit;
     }
     Ok(ResponseBody::Empty)
+}
+
+/// RESIZE_SRQ: the host SRQ gets a new buffer that carries the posted receives over (rxe's
+/// `rxe_queue_resize`), which replaces the old one in the queue region.
+///
+/// Region space for the new buffer is checked before the host is asked, so that a full region
+/// fails the command without effect; once the host has resized, the old buffer is dead, so a
+/// failure to map the new one leaves the SRQ without a live ring (spec: the driver destroys it).
+pub(crate) fn resize_srq(s: &mut Session<'_>, r: &ResizeSrqReq) -> CommandResult {
+    rings::require_ring_format(s)?;
+    let handle = Handle::from_raw(r.srq.get());
+    let entry = s.state.srqs.get(handle)?;
+    let (host, max_sge, limit) = (entry.host, entry.max_sge, entry.srq_limit);
+    let max_wr = r.max_wr.get();
+    at_most(max_wr, s.guest.limits().attr.max_srq_wr, "max_wr")?;
+    // rxe's rule (`rxe_srq_chk_attr`): an armed limit above the new size is EINVAL.
+    if limit != 0 && max_wr < limit {
+        return Err(CommandError::Invalid {
+            what: "max_wr (below the armed srq_limit)",
+            value: max_wr.into(),
+        });
+    }
+    let invalid = || CommandError::Invalid {
+        what: "max_wr",
+        value: max_wr.into(),
+    };
+    let depth = actual_depth(max_wr).ok_or_else(invalid)?;
+    let entry_bytes = rxe_v1::recv_wqe_size(max_sge);
+    let predicted = rings::predicted_len(depth + 1, entry_bytes).ok_or_else(invalid)?;
+    let reservation = s.state.shm.alloc(predicted)?;
+    rings::free_extent(&mut s.state.shm, reservation);
+    let buffer = s
+        .host()
+        .modify_srq(
+            host,
+            &SrqModify {
+                max_wr: Some(max_wr),
+                srq_limit: None,
+            },
+        )
+        .map_err(|source| match source.errno() {
+            // rxe's only EINVAL left after the checks above: fewer entries than receives held.
+            libc::EINVAL => CommandError::Invalid {
+                what: "max_wr (below the receives the SRQ holds)",
+                value: max_wr.into(),
+            },
+            _ => host_err("RESIZE_SRQ")(source),
+        })?
+        .ok_or_else(|| CommandError::Geometry("the host resized without a new buffer".into()))?;
+    let ring = rings::map_ring(s, buffer, depth + 1, entry_bytes).map_err(|e| {
+        warn!("SRQ {handle} was resized on the host but its new buffer is not mapped: {e}");
+        // Never a status that promises "no effect" (NO_MEMORY): the old ring is dead now.
+        match e {
+            CommandError::Placement(e) => {
+                CommandError::Geometry(format!("no room for the resized buffer: {e}"))
+            }
+            e => e,
+        }
+    })?;
+    let entry = s.state.srqs.get_mut(handle)?;
+    entry.max_wr = depth;
+    let old = std::mem::replace(&mut entry.ring, ring);
+    rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &old);
+    Ok(ResponseBody::ResizeSrq(ResizeSrqResp {
+        max_wr: Le32::new(depth),
+        reserved: Le32::ZERO,
+        ring: ring.desc,
+    }))
 }
 
 /// QUERY_SRQ, from what the device knows (the host layer has no query).

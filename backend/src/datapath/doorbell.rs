@@ -292,6 +292,13 @@ enum Pass {
     StopPolling,
 }
 
+/// Kicks every QP whose doorbell is queued in the area, once, without polling: what a control
+/// command does before it runs (spec §5.3, ordering with commands).
+/// Without an area (no QP yet) there is nothing to kick.
+pub fn drain(doorbells: &Mutex<Doorbells>, host: &dyn HostContext) {
+    let _ = doorbells.lock().pass(host, Pass::Drain);
+}
+
 /// Serves one doorbell notification: drains the area, then, if `window` is non-zero and the
 /// driver accepted `VRDMA_F_DOORBELL_POLL`, keeps polling it until `window` passes without a
 /// doorbell (or [`POLL_BUDGET_WINDOWS`] windows in all), and ends the phase with the

@@ -363,6 +363,12 @@ impl GuestDevice {
         if self.failed.load(Ordering::Acquire) {
             return Err(CommandError::DeviceFailed);
         }
+        // Spec §5.3: a command sees every post whose doorbell was queued before it was sent.
+        // The doorbell worker may not have drained them yet (it runs on its own thread), and a
+        // RESIZE_CQ or MODIFY_QP run ahead of them would act on a CQ or QP without the
+        // completions the caller's earlier posts produce natively.
+        doorbell::drain(self.shared.doorbells(), self.shared.host());
+        self.arm_staging_retry();
         let mut state = self.state.lock();
         state
             .shm
@@ -379,6 +385,14 @@ impl GuestDevice {
             features,
         };
         control::execute(&mut session, request)
+    }
+
+    /// Starts the staging retry timer when a drain left a staged ring not fully forwarded.
+    fn arm_staging_retry(&self) {
+        let next_retry = self.shared.doorbells().lock().staging().next_retry();
+        if let Some(delay) = next_retry {
+            self.staging_retry.start(delay);
+        }
     }
 
     /// The host device failed: drop everything and refuse commands until reset (spec §11.2).
@@ -525,10 +539,7 @@ impl DeviceHandler for GuestDevice {
             self.shared.host(),
             self.shared.options().doorbell_poll,
         );
-        let next_retry = self.shared.doorbells().lock().staging().next_retry();
-        if let Some(delay) = next_retry {
-            self.staging_retry.start(delay);
-        }
+        self.arm_staging_retry();
     }
 
     fn watched_fds(&self) -> Vec<RawFd> {

@@ -254,6 +254,7 @@ pub fn plan_of(req: &ControlRequest<'_>) -> Result<CommandPlan, Refusal> {
             plan.creates = Some(Srq);
         }
         ControlRequest::ModifySrq(r) => plan.names.push((Srq, r.srq.get())),
+        ControlRequest::ResizeSrq(r) => plan.names.push((Srq, r.srq.get())),
         ControlRequest::QuerySrq(r) => plan.names.push((Srq, r.handle.get())),
         ControlRequest::DestroySrq(r) => destroy(&mut plan, Srq, r),
         ControlRequest::CreateAh(r) => {

@@ -115,7 +115,7 @@ pub(crate) fn send_queue_open(qp: &ibv_qp) -> bool {
 fn post_errno(e: &PostError) -> c_int {
     match e {
         PostError::QueueFull => libc::ENOMEM,
-        PostError::Doorbell => libc::EIO,
+        PostError::Doorbell | PostError::QueueLost => libc::EIO,
         _ => libc::EINVAL,
     }
 }

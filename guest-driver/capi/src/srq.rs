@@ -1,5 +1,5 @@
-//! Shared receive queues: create (also through `verbs_context.create_srq_ex`), modify (limit),
-//! query, destroy. Posting is `ops.post_srq_recv` in [`crate::datapath`].
+//! Shared receive queues: create (also through `verbs_context.create_srq_ex`), modify (limit,
+//! resize), query, destroy. Posting is `ops.post_srq_recv` in [`crate::datapath`].
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -117,8 +117,9 @@ pub(crate) unsafe extern "C" fn create_srq_ex(
     })
 }
 
-/// `ibv_modify_srq`: 0, or an errno value. Only `IBV_SRQ_LIMIT` is supported; resizing
-/// (`IBV_SRQ_MAX_WR`) is EOPNOTSUPP, as vrdma 1.0 devices answer it.
+/// `ibv_modify_srq`: 0, or an errno value. `IBV_SRQ_MAX_WR` resizes the SRQ (RESIZE_SRQ; the
+/// posted receives are kept), `IBV_SRQ_LIMIT` arms the limit event; with both, the resize comes
+/// first, so that the limit is checked against the new size.
 ///
 /// # Safety
 /// `srq` is an SRQ of this library; `attr` is valid for a read.
@@ -138,7 +139,12 @@ pub unsafe extern "C" fn ibv_modify_srq(
             return libc::EINVAL;
         }
         if mask & ibv_srq_attr_mask_IBV_SRQ_MAX_WR != 0 {
-            return libc::EOPNOTSUPP;
+            if let Err(e) = vsrq.srq.resize(attr.max_wr) {
+                return report("ibv_modify_srq (max_wr)", &e);
+            }
+        }
+        if mask & ibv_srq_attr_mask_IBV_SRQ_LIMIT == 0 {
+            return 0;
         }
         match vsrq.srq.modify(attr.srq_limit) {
             Ok(()) => 0,

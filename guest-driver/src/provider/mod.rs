@@ -356,6 +356,9 @@ pub enum PostError {
     /// notified: the transport is gone.
     #[error("doorbell notification failed")]
     Doorbell,
+    /// The queue has no buffer: a resize failed after the device had replaced it.
+    #[error("the queue lost its buffer in a failed resize")]
+    QueueLost,
 }
 
 #[cfg(test)]

@@ -1,12 +1,13 @@
 //! Shared receive queues.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use log::warn;
 use parking_lot::Mutex;
 use vrdma_spec::control::{ControlRequest, Opcode, ResponseBody};
 use vrdma_spec::verbs::srq_attr;
-use vrdma_spec::wire::{CreateSrqReq, ModifySrqReq};
+use vrdma_spec::wire::{CreateSrqReq, ModifySrqReq, ResizeSrqReq, RingDesc};
 use vrdma_spec::Le32;
 
 use super::command::{handle_req, nonzero_handle, unexpected_body};
@@ -34,10 +35,12 @@ pub struct SrqAttr {
 /// device involvement, no allocation). Destroyed when dropped and no QP uses it any more.
 pub struct Srq {
     // Declared first: the mapping must not be used after DESTROY_SRQ (`shared`'s drop).
-    queue: Mutex<RecvQueue>,
+    // `None` after a resize that failed once the device had replaced the buffer.
+    queue: Mutex<Option<RecvQueue>>,
     pub(crate) shared: Arc<SrqShared>,
     srq_num: u32,
-    max_wr: u32,
+    /// Actual capacity; changes only under `queue`'s lock (RESIZE_SRQ).
+    max_wr: AtomicU32,
     max_sge: u32,
 }
 
@@ -107,20 +110,66 @@ impl Srq {
             return Err(bad("max_sge", actual_sge).into());
         }
         // SAFETY: DESTROY_SRQ is sent by `shared`'s drop, after the queue (declared first in
-        // `Srq`, or dropped on the error path before `shared`) is gone; the ring is wrapped
-        // once.
-        let ring = unsafe { map_ring(ctx, &resp.ring) }?;
-        let queue = RecvQueue::new(ring, actual_sge).map_err(ProtocolError::Queue)?;
+        // `Srq`, or dropped on the error path before `shared`) is gone; RESIZE_SRQ (`resize`)
+        // replaces it under its lock; the ring is wrapped once.
+        let queue = unsafe { receive_queue(ctx, &resp.ring, actual_sge) }?;
         if queue.capacity() < actual_wr {
             return Err(bad("max_wr", actual_wr).into());
         }
         Ok(Srq {
-            queue: Mutex::new(queue),
+            queue: Mutex::new(Some(queue)),
             shared,
             srq_num: resp.srq_num.get(),
-            max_wr: actual_wr,
+            max_wr: AtomicU32::new(actual_wr),
             max_sge: actual_sge,
         })
+    }
+
+    /// Gives the SRQ room for at least `max_wr` receive requests (RESIZE_SRQ, like
+    /// `ibv_modify_srq` with `IBV_SRQ_MAX_WR`) and returns the new capacity, smaller or larger
+    /// than before. The receives posted and not consumed are kept, in order. Fails with an
+    /// `INVALID` status when `max_wr` is below their number or below an armed limit, and then
+    /// changes nothing.
+    ///
+    /// Posters to this SRQ wait for the resize: the device copies the receives up to the
+    /// producer index last published, and unmaps the old buffer before it answers.
+    pub fn resize(&self, max_wr: u32) -> Result<u32> {
+        let ctx = self.shared.ctx();
+        if max_wr == 0 {
+            return Err(VerbsError::InvalidArgument(
+                "an SRQ needs at least one entry",
+            ));
+        }
+        let mut queue = self.queue.lock();
+        if queue.is_none() {
+            return Err(VerbsError::InvalidArgument(
+                "the SRQ lost its buffer in an earlier failed resize",
+            ));
+        }
+        let req = ControlRequest::ResizeSrq(ResizeSrqReq {
+            srq: Le32::new(self.shared.handle),
+            max_wr: Le32::new(max_wr),
+        });
+        let ResponseBody::ResizeSrq(resp) = ctx.execute(&req)? else {
+            return Err(unexpected_body(Opcode::ResizeSrq));
+        };
+        // From here on the old buffer is unmapped: it is dropped unused, whatever follows.
+        *queue = None;
+        let capacity = resp.max_wr.get();
+        // SAFETY: as in `new`: the device unmaps this ring on DESTROY_SRQ (after the queue is
+        // dropped) or on the next RESIZE_SRQ (sent under this lock, which drops it unused).
+        let resized = unsafe { receive_queue(ctx, &resp.ring, self.max_sge) }?;
+        if capacity < max_wr || resized.capacity() < capacity {
+            return Err(ProtocolError::ResponseValue {
+                opcode: Opcode::ResizeSrq,
+                field: "max_wr",
+                value: capacity.into(),
+            }
+            .into());
+        }
+        *queue = Some(resized);
+        self.max_wr.store(capacity, Ordering::Relaxed);
+        Ok(capacity)
     }
 
     /// The device's handle of this SRQ (as found in SRQ events).
@@ -135,7 +184,7 @@ impl Srq {
 
     /// Actual capacity.
     pub fn max_wr(&self) -> u32 {
-        self.max_wr
+        self.max_wr.load(Ordering::Relaxed)
     }
 
     /// Actual SGEs per request.
@@ -146,7 +195,10 @@ impl Srq {
     /// Posts receive requests, like `ibv_post_srq_recv`. On `Err((n, e))` the first `n` were
     /// posted. No device involvement and no allocation.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
-        self.queue.lock().post_recv(wrs)
+        match self.queue.lock().as_mut() {
+            Some(queue) => queue.post_recv(wrs),
+            None => Err((0, PostError::QueueLost)),
+        }
     }
 
     /// Arms the one-shot limit event: it fires when fewer than `limit` requests remain
@@ -173,6 +225,17 @@ impl Srq {
             srq_limit: resp.srq_limit.get(),
         })
     }
+}
+
+/// Checks and wraps an SRQ buffer the device mapped, for receives of `max_sge` SGEs.
+///
+/// # Safety
+///
+/// As [`map_ring`]'s.
+unsafe fn receive_queue(ctx: &ContextInner, desc: &RingDesc, max_sge: u32) -> Result<RecvQueue> {
+    // SAFETY: forwarded to the caller.
+    let ring = unsafe { map_ring(ctx, desc) }?;
+    Ok(RecvQueue::new(ring, max_sge).map_err(ProtocolError::Queue)?)
 }
 
 impl std::fmt::Debug for Srq {

@@ -82,12 +82,17 @@ pub const NOT_YET_OVER_VRDMA: &[(&str, &str)] = &[
         "tests.test_qpex.QpExTestCase.test_qp_ex_rc_flush_type_violate",
         FLUSH,
     ),
-    (
-        "tests.test_srq.SrqTestCase.test_resize_srq",
-        "SRQ resize (ibv_modify_srq with IBV_SRQ_MAX_WR) is not carried: the device has no \
-         command that hands the guest the new ring",
-    ),
 ];
+
+/// Tests whose outcome on rxe depends on timing, natively as over vrdma, each with the reason:
+/// their outcomes are reported but not compared.
+pub const TIMING_DEPENDENT: &[(&str, &str)] = &[(
+    "tests.test_cq.CQTest.test_resize_cq",
+    "posts six UD sends and, without polling their completions, resizes the CQ to one entry \
+     expecting EINVAL: rxe completes sends on a work queue, so the resize succeeds whenever it \
+     runs before most of them completed, and the CQ overflows (natively it times out in some \
+     runs and passes in others)",
+)];
 
 const ODP: &str = "on-demand paging: vrdma registers pinned memory only and reports no ODP caps";
 const FLUSH: &str =

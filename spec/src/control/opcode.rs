@@ -59,12 +59,14 @@ pub enum Opcode {
     DestroyQp = 0x0043,
     /// Create a shared receive queue and map its buffer.
     CreateSrq = 0x0050,
-    /// Arm the SRQ limit (or resize: unsupported).
+    /// Arm the SRQ limit (resizing is RESIZE_SRQ).
     ModifySrq = 0x0051,
     /// Query SRQ attributes.
     QuerySrq = 0x0052,
     /// Destroy a shared receive queue.
     DestroySrq = 0x0053,
+    /// Resize a shared receive queue and map its new buffer.
+    ResizeSrq = 0x0054,
     /// Create an address handle.
     CreateAh = 0x0060,
     /// Destroy an address handle.
@@ -103,7 +105,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 44] = [
+    pub const ALL: [Opcode; 45] = [
         Opcode::QueryDevice,
         Opcode::QueryPort,
         Opcode::QueryGid,
@@ -131,6 +133,7 @@ impl Opcode {
         Opcode::ModifySrq,
         Opcode::QuerySrq,
         Opcode::DestroySrq,
+        Opcode::ResizeSrq,
         Opcode::CreateAh,
         Opcode::DestroyAh,
         Opcode::CmCreateId,
@@ -172,6 +175,7 @@ impl Opcode {
             Opcode::QueryQp => size_of::<QueryQpReq>(),
             Opcode::CreateSrq => size_of::<CreateSrqReq>(),
             Opcode::ModifySrq => size_of::<ModifySrqReq>(),
+            Opcode::ResizeSrq => size_of::<ResizeSrqReq>(),
             Opcode::CreateAh => size_of::<CreateAhReq>(),
             Opcode::CmCreateId => size_of::<CmCreateIdReq>(),
             Opcode::CmBind => size_of::<CmBindReq>(),
@@ -217,6 +221,7 @@ impl Opcode {
             Opcode::QueryQp => size_of::<QueryQpResp>(),
             Opcode::CreateSrq => size_of::<CreateSrqResp>(),
             Opcode::QuerySrq => size_of::<QuerySrqResp>(),
+            Opcode::ResizeSrq => size_of::<ResizeSrqResp>(),
             Opcode::CreateAh => size_of::<CreateAhResp>(),
             Opcode::CmCreateId => size_of::<HandleResp>(),
             Opcode::CmDestroyId => size_of::<CmDestroyIdResp>(),
@@ -251,9 +256,11 @@ impl Opcode {
     /// Feature bit the command needs, if any (without it the device answers UNSUPPORTED).
     pub const fn required_feature(self) -> Option<u64> {
         match self {
-            Opcode::CreateSrq | Opcode::ModifySrq | Opcode::QuerySrq | Opcode::DestroySrq => {
-                Some(features::VRDMA_F_SRQ)
-            }
+            Opcode::CreateSrq
+            | Opcode::ModifySrq
+            | Opcode::QuerySrq
+            | Opcode::DestroySrq
+            | Opcode::ResizeSrq => Some(features::VRDMA_F_SRQ),
             Opcode::CreateAh | Opcode::DestroyAh => Some(features::VRDMA_F_UD),
             Opcode::AllocMw | Opcode::DeallocMw => Some(features::VRDMA_F_MW),
             Opcode::RegMrExtents => Some(features::VRDMA_F_MR_EXTENTS),
@@ -294,6 +301,7 @@ impl Opcode {
             Opcode::ModifySrq => "MODIFY_SRQ",
             Opcode::QuerySrq => "QUERY_SRQ",
             Opcode::DestroySrq => "DESTROY_SRQ",
+            Opcode::ResizeSrq => "RESIZE_SRQ",
             Opcode::CreateAh => "CREATE_AH",
             Opcode::DestroyAh => "DESTROY_AH",
             Opcode::CmCreateId => "CM_CREATE_ID",

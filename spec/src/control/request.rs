@@ -77,6 +77,8 @@ pub enum ControlRequest<'a> {
     QuerySrq(HandleReq),
     /// DESTROY_SRQ.
     DestroySrq(HandleReq),
+    /// RESIZE_SRQ.
+    ResizeSrq(ResizeSrqReq),
     /// CREATE_AH.
     CreateAh(CreateAhReq),
     /// DESTROY_AH.
@@ -251,6 +253,11 @@ impl<'a> ControlRequest<'a> {
                 }
                 ControlRequest::ModifySrq(r)
             }
+            Opcode::ResizeSrq => {
+                let r: ResizeSrqReq = take_body(body)?;
+                range(r.max_wr.get().into(), 1, u32::MAX.into(), "max_wr")?;
+                ControlRequest::ResizeSrq(r)
+            }
             Opcode::CreateAh => {
                 let r: CreateAhReq = take_body(body)?;
                 zero(r.reserved.get().into(), "reserved")?;
@@ -305,6 +312,7 @@ impl<'a> ControlRequest<'a> {
             ControlRequest::ModifySrq(_) => Opcode::ModifySrq,
             ControlRequest::QuerySrq(_) => Opcode::QuerySrq,
             ControlRequest::DestroySrq(_) => Opcode::DestroySrq,
+            ControlRequest::ResizeSrq(_) => Opcode::ResizeSrq,
             ControlRequest::CreateAh(_) => Opcode::CreateAh,
             ControlRequest::DestroyAh(_) => Opcode::DestroyAh,
             ControlRequest::Cm(r) => r.opcode(),
@@ -394,6 +402,7 @@ impl<'a> ControlRequest<'a> {
             ControlRequest::QueryQp(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::CreateSrq(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::ModifySrq(r) => out.extend_from_slice(r.as_bytes()),
+            ControlRequest::ResizeSrq(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::CreateAh(r) => out.extend_from_slice(r.as_bytes()),
             ControlRequest::Cm(r) => out.extend_from_slice(r.body()),
         }

@@ -46,6 +46,8 @@ pub enum ResponseBody {
     CreateSrq(CreateSrqResp),
     /// QUERY_SRQ.
     QuerySrq(QuerySrqResp),
+    /// RESIZE_SRQ.
+    ResizeSrq(ResizeSrqResp),
     /// CREATE_AH.
     CreateAh(CreateAhResp),
     /// A connection-manager command's body.
@@ -72,6 +74,7 @@ impl ResponseBody {
             ResponseBody::QueryQp(b) => b.as_bytes(),
             ResponseBody::CreateSrq(b) => b.as_bytes(),
             ResponseBody::QuerySrq(b) => b.as_bytes(),
+            ResponseBody::ResizeSrq(b) => b.as_bytes(),
             ResponseBody::CreateAh(b) => b.as_bytes(),
             ResponseBody::Cm(b) => b.as_bytes(),
         }
@@ -96,6 +99,7 @@ impl ResponseBody {
                 | (ResponseBody::QueryQp(_), Opcode::QueryQp)
                 | (ResponseBody::CreateSrq(_), Opcode::CreateSrq)
                 | (ResponseBody::QuerySrq(_), Opcode::QuerySrq)
+                | (ResponseBody::ResizeSrq(_), Opcode::ResizeSrq)
                 | (ResponseBody::CreateAh(_), Opcode::CreateAh)
         ) || matches!(self, ResponseBody::Cm(b) if b.opcode() == op)
             || (matches!(self, ResponseBody::Empty) && op.response_body_len() == 0)
@@ -118,6 +122,7 @@ impl ResponseBody {
             Opcode::QueryQp => ResponseBody::QueryQp(take_body(b)?),
             Opcode::CreateSrq => ResponseBody::CreateSrq(take_body(b)?),
             Opcode::QuerySrq => ResponseBody::QuerySrq(take_body(b)?),
+            Opcode::ResizeSrq => ResponseBody::ResizeSrq(take_body(b)?),
             Opcode::CreateAh => ResponseBody::CreateAh(take_body(b)?),
             op if op.is_cm() && op.response_body_len() != 0 => ResponseBody::Cm(
                 CmResponseBody::decode(op, b)?.ok_or(DecodeError::UnknownOpcode(op as u16))?,

@@ -224,6 +224,10 @@ pub fn all_requests(pages: &[u8]) -> Vec<ControlRequest<'_>> {
         }),
         ControlRequest::QuerySrq(h(5)),
         ControlRequest::DestroySrq(h(5)),
+        ControlRequest::ResizeSrq(ResizeSrqReq {
+            srq: Le32::new(5),
+            max_wr: Le32::new(63),
+        }),
         ControlRequest::CreateAh(CreateAhReq {
             pd: Le32::new(1),
             reserved: Le32::ZERO,
@@ -338,6 +342,11 @@ pub fn body_for(op: Opcode) -> ResponseBody {
             max_wr: Le32::new(511),
             max_sge: Le32::new(1),
             ring: ring(0x9000),
+        }),
+        Opcode::ResizeSrq => ResponseBody::ResizeSrq(ResizeSrqResp {
+            max_wr: Le32::new(63),
+            reserved: Le32::ZERO,
+            ring: ring(0xa000),
         }),
         Opcode::QuerySrq => ResponseBody::QuerySrq(QuerySrqResp {
             max_wr: Le32::new(511),

@@ -490,6 +490,7 @@ impl HostContext for FakeContext {
         let h = w.handle();
         w.ownership.adopt(self.id, h);
         w.srqs.insert(h, init.user_handle);
+        w.srq_max_sge.insert(h, init.max_sge);
         Ok(Srq {
             handle: SrqHandle(h),
             max_wr: slots - 1,
@@ -498,17 +499,34 @@ impl HostContext for FakeContext {
             buffer,
         })
     }
-    fn modify_srq(&self, srq: SrqHandle, _m: &SrqModify) -> host::Result<Option<QueueBuffer>> {
-        world(&self.world)
-            .ownership
-            .check(self.id, "MODIFY_SRQ", srq.0);
-        Ok(None)
+    fn modify_srq(&self, srq: SrqHandle, m: &SrqModify) -> host::Result<Option<QueueBuffer>> {
+        let mut w = world(&self.world);
+        w.fail("MODIFY_SRQ")?;
+        w.ownership.check(self.id, "MODIFY_SRQ", srq.0);
+        let Some(max_wr) = m.max_wr else {
+            return Ok(None);
+        };
+        let pending = w.srq_pending.get(&srq.0).copied().unwrap_or(0);
+        let max_sge = w.srq_max_sge.get(&srq.0).copied();
+        let (Some(max_sge), true) = (max_sge, max_wr >= pending) else {
+            return Err(DeviceError::Command {
+                command: "MODIFY_SRQ",
+                errno: libc::EINVAL,
+            });
+        };
+        // As rxe_queue_resize: a new buffer of the new geometry.
+        let slots = (max_wr + 1).next_power_of_two();
+        let buffer = w.buffer(slots, rxe_v1::recv_wqe_size(max_sge))?;
+        w.srq_resized.push((srq.0, slots - 1));
+        Ok(Some(buffer))
     }
     fn destroy_srq(&self, srq: SrqHandle) -> host::Result<()> {
         let mut w = world(&self.world);
         w.fail("DESTROY_SRQ")?;
         w.ownership.check(self.id, "DESTROY_SRQ", srq.0);
         w.ownership.forget(srq.0);
+        w.srq_max_sge.remove(&srq.0);
+        w.srq_pending.remove(&srq.0);
         w.srqs
             .remove(&srq.0)
             .map(|_| ())

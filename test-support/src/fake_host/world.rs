@@ -57,6 +57,13 @@ pub struct World {
     pub pd_of: HashMap<u32, u32>,
     /// Live SRQs and their `user_handle`s.
     pub srqs: BTreeMap<u32, u64>,
+    /// SGEs per receive of every live SRQ (its buffer's entry size).
+    pub srq_max_sge: HashMap<u32, u32>,
+    /// Receives each SRQ holds, as a test sets them: a resize below this count fails with
+    /// EINVAL, as rxe's does.
+    pub srq_pending: BTreeMap<u32, u32>,
+    /// Resizes of SRQs (MODIFY_SRQ with a `max_wr`): SRQ and the capacity it got, in order.
+    pub srq_resized: Vec<(u32, u32)>,
     /// Live AHs.
     pub ahs: BTreeMap<u32, ()>,
     /// Live MWs: their PD and type.

@@ -515,9 +515,12 @@ impl FakeDevice {
                 self.ahs.remove(&r.handle.get()).ok_or(Status::BadHandle)?;
                 Ok(ResponseBody::Empty)
             }
-            R::CreateSrq(_) | R::ModifySrq(_) | R::QuerySrq(_) | R::DestroySrq(_) | R::Cm(_) => {
-                Err(Status::Unsupported)
-            }
+            R::CreateSrq(_)
+            | R::ModifySrq(_)
+            | R::QuerySrq(_)
+            | R::DestroySrq(_)
+            | R::ResizeSrq(_)
+            | R::Cm(_) => Err(Status::Unsupported),
         }
     }
 

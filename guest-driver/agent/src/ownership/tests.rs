@@ -289,6 +289,14 @@ fn table() -> Vec<(Vec<u8>, Expected)> {
         ),
         (ControlRequest::QuerySrq(hreq(43)).to_vec(), n(Srq, 43)),
         (ControlRequest::DestroySrq(hreq(44)).to_vec(), d(Srq, 44)),
+        (
+            ControlRequest::ResizeSrq(ResizeSrqReq {
+                srq: 45.into(),
+                max_wr: 64.into(),
+            })
+            .to_vec(),
+            n(Srq, 45),
+        ),
         (create_ah(51), (vec![(Pd, 51)], Some(Ah), None)),
         (ControlRequest::DestroyAh(hreq(52)).to_vec(), d(Ah, 52)),
     ]

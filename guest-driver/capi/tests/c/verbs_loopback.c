@@ -1,7 +1,8 @@
 /* SEND, RDMA WRITE and RDMA READ between two RC QPs of one process over port 1 of the first
- * verbs device, SENDs into a shared receive queue (when the device has SRQs), and a UD request
- * answered through ibv_create_ah_from_wc, all with data verification. Plain rdma-core API: runs against rdma-core's
- * libibverbs (e.g. on rxe0) and, unchanged, against vrdma's drop-in libibverbs.so.1.
+ * verbs device, SENDs into a shared receive queue resized with receives posted (when the
+ * device has SRQs), and a UD request answered through ibv_create_ah_from_wc, all with data
+ * verification. Plain rdma-core API: runs against rdma-core's libibverbs (e.g. on rxe0) and,
+ * unchanged, against vrdma's drop-in libibverbs.so.1.
  * Buffers come from posix_memalign, as applications allocate them. Exit status 0 = pass. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -176,6 +177,19 @@ static void srq_sends(struct ibv_context *ctx, struct ibv_pd *pd, const union ib
 	connect_qp(d.qp, c.qp->qp_num, gid, mtu);
 	for (int i = 0; i < 4; i++)
 		post_recv_at(NULL, srq, &d, 8192 + (size_t)i * MSG_SIZE, MSG_SIZE, 200 + i);
+	/* Resizing keeps the posted receives, in order (the sends below consume them). */
+	sattr = (struct ibv_srq_attr){ .max_wr = 64 };
+	errno = ibv_modify_srq(srq, &sattr, IBV_SRQ_MAX_WR);
+	CHECK(errno == 0, "ibv_modify_srq to 64 receives");
+	memset(&sattr, 0, sizeof(sattr));
+	CHECK(ibv_query_srq(srq, &sattr) == 0 && sattr.max_wr >= 64 && sattr.srq_limit == 1,
+	      "after the resize: max_wr %u limit %u", sattr.max_wr, sattr.srq_limit);
+	sattr = (struct ibv_srq_attr){ .max_wr = 3 };
+	errno = ibv_modify_srq(srq, &sattr, IBV_SRQ_MAX_WR);
+	CHECK(errno == EINVAL, "a resize below the 4 posted receives must be EINVAL, not %d", errno);
+	sattr = (struct ibv_srq_attr){ .max_wr = 8 };
+	errno = ibv_modify_srq(srq, &sattr, IBV_SRQ_MAX_WR);
+	CHECK(errno == 0, "ibv_modify_srq to 8 receives");
 	for (int i = 0; i < 2; i++) {
 		fill(c.buf + (size_t)i * MSG_SIZE, MSG_SIZE, 10 + i);
 		post_one(&c, IBV_WR_SEND, (size_t)i * MSG_SIZE, 0, 0, 20 + i);
@@ -193,7 +207,7 @@ static void srq_sends(struct ibv_context *ctx, struct ibv_pd *pd, const union ib
 	teardown(&c);
 	teardown(&d);
 	CHECK(ibv_destroy_srq(srq) == 0, "ibv_destroy_srq");
-	printf("SRQ: verified\n");
+	printf("SRQ: verified (resized twice with 4 receives posted)\n");
 }
 
 static void ud_to_rts(struct ibv_qp *qp)
