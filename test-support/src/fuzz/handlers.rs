@@ -458,9 +458,10 @@ impl Sequence {
             }
             22 => {
                 let srq = self.handle(g, Srq, r);
-                let request = match r.below(3) {
+                let request = match r.below(4) {
                     0 => q::modify_srq(r, srq),
                     1 => q::handle_request(Opcode::QuerySrq, srq),
+                    2 => q::two_words(Opcode::ResizeSrq, srq, q::count(r)),
                     _ => q::handle_request(Opcode::DestroySrq, srq),
                 };
                 self.run(g, &request, r);
