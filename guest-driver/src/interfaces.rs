@@ -12,17 +12,30 @@ pub struct Interface {
     pub index: u32,
 }
 
+/// The addresses of this network namespace's interfaces, read once (one `getifaddrs`), for
+/// callers that look up several addresses.
+#[derive(Debug, Clone, Default)]
+pub struct Addresses(Vec<(String, IpAddr)>);
+
+impl Addresses {
+    /// The namespace's addresses now.
+    pub fn current() -> std::io::Result<Self> {
+        addresses().map(Addresses)
+    }
+
+    /// The interface that has `ip`, if one has (the first, if several).
+    pub fn holding(&self, ip: IpAddr) -> Option<Interface> {
+        let name = self.0.iter().find(|(_, address)| *address == ip)?.0.clone();
+        let c_name = std::ffi::CString::new(name.clone()).ok()?;
+        // SAFETY: a NUL-terminated name; the call only reads it.
+        let index = unsafe { libc::if_nametoindex(c_name.as_ptr()) };
+        (index != 0).then_some(Interface { name, index })
+    }
+}
+
 /// The interface of this network namespace that has `ip`, if one has (the first, if several).
 pub fn holding(ip: IpAddr) -> Option<Interface> {
-    let name = addresses()
-        .ok()?
-        .into_iter()
-        .find(|(_, address)| *address == ip)?
-        .0;
-    let c_name = std::ffi::CString::new(name.clone()).ok()?;
-    // SAFETY: a NUL-terminated name; the call only reads it.
-    let index = unsafe { libc::if_nametoindex(c_name.as_ptr()) };
-    (index != 0).then_some(Interface { name, index })
+    Addresses::current().ok()?.holding(ip)
 }
 
 /// The address a GID stands for on an Ethernet (RoCE) port: IPv4 when it is IPv4-mapped.

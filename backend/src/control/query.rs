@@ -265,7 +265,11 @@ mod tests {
         for bit in [0, 17, 20, 21, 23, 24, 4] {
             assert_eq!(PASSED_CAP_FLAGS & (1 << bit), 0, "bit {bit}");
         }
-        assert_ne!(PASSED_CAP_FLAGS & (1 << 13), 0, "SRQ_RESIZE: RESIZE_SRQ carries it");
+        assert_ne!(
+            PASSED_CAP_FLAGS & (1 << 13),
+            0,
+            "SRQ_RESIZE: RESIZE_SRQ carries it"
+        );
     }
 
     #[test]

@@ -23,8 +23,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use log::warn;
+use vrdma::interfaces::{self, Addresses};
 use vrdma::spec::verbs::{GidType, PortState};
-use vrdma::{interfaces, Context};
+use vrdma::Context;
 
 mod publication;
 
@@ -75,8 +76,8 @@ pub struct GidFacts {
 }
 
 impl GidFacts {
-    fn new(index: u32, gid: [u8; 16], gid_type: GidType) -> Self {
-        let netdev = interfaces::holding(interfaces::gid_address(gid)).map(|i| i.name);
+    fn new(index: u32, gid: [u8; 16], gid_type: GidType, local: &Addresses) -> Self {
+        let netdev = local.holding(interfaces::gid_address(gid)).map(|i| i.name);
         Self {
             index,
             gid,
@@ -90,6 +91,9 @@ impl DeviceFacts {
     /// Asks the device through `context`.
     pub fn read(name: &str, context: &Context) -> vrdma::verbs::Result<Self> {
         let attr = context.query_device();
+        // One look at the namespace's addresses for every GID (an empty list if it fails:
+        // the GIDs then name no netdev).
+        let local = Addresses::current().unwrap_or_default();
         let mut ports = Vec::new();
         for number in 1..=attr.phys_port_cnt {
             let port = context.query_port(number)?;
@@ -98,7 +102,12 @@ impl DeviceFacts {
                 .populated()
                 .iter()
                 .filter_map(|(index, entry)| {
-                    Some(GidFacts::new(*index, entry.gid, entry.gid_type().ok()?))
+                    Some(GidFacts::new(
+                        *index,
+                        entry.gid,
+                        entry.gid_type().ok()?,
+                        &local,
+                    ))
                 })
                 .collect();
             ports.push(PortFacts {
@@ -395,14 +404,15 @@ pub(crate) mod tests {
     #[test]
     fn a_gid_of_an_address_here_names_the_interface_holding_it() {
         let loopback = std::net::Ipv6Addr::LOCALHOST.octets();
-        let entry = GidFacts::new(0, loopback, GidType::RoceV2);
+        let local = Addresses::current().unwrap();
+        let entry = GidFacts::new(0, loopback, GidType::RoceV2, &local);
         // ::1 is lo's unless this namespace has no IPv6 at all.
         if std::fs::metadata("/proc/net/if_inet6").is_ok() {
             assert_eq!(entry.netdev.as_deref(), Some("lo"));
         }
         let documentation: std::net::Ipv6Addr = "2001:db8::77".parse().unwrap();
         assert_eq!(
-            GidFacts::new(1, documentation.octets(), GidType::RoceV2).netdev,
+            GidFacts::new(1, documentation.octets(), GidType::RoceV2, &local).netdev,
             None
         );
     }
