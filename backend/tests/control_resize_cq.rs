@@ -30,10 +30,6 @@ fn resize(guest: &TestGuest, cq: u32, cqe: u32) -> Result<ResizeCqResp, Status> 
     }
 }
 
-fn extent(ring: &RingDesc) -> (u64, u64) {
-    (ring.shm_offset.get(), u64::from(ring.map_len.get()))
-}
-
 /// The host handle of the only CQ of the fake device.
 fn only_host_cq(fake: &FakeDevice) -> u32 {
     let world = fake.world();

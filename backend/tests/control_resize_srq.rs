@@ -45,10 +45,6 @@ fn query_max_wr(guest: &TestGuest, srq: u32) -> u32 {
     q.max_wr.get()
 }
 
-fn extent(ring: &RingDesc) -> (u64, u64) {
-    (ring.shm_offset.get(), u64::from(ring.map_len.get()))
-}
-
 /// The host handle of the only SRQ of the fake device.
 fn only_host_srq(fake: &FakeDevice) -> u32 {
     let world = fake.world();

@@ -152,8 +152,7 @@ pub(crate) fn resize_cq(s: &mut Session<'_>, r: &ResizeCqReq) -> CommandResult {
     if staged_pending.is_some() {
         staged_rings::check_room(s, predicted)?;
     } else {
-        let reservation = s.state.shm.alloc(predicted)?;
-        rings::free_extent(&mut s.state.shm, reservation);
+        rings::require_room(&mut s.state.shm, predicted)?;
     }
     let resized = s
         .host()
@@ -180,13 +179,7 @@ pub(crate) fn resize_cq(s: &mut Session<'_>, r: &ResizeCqReq) -> CommandResult {
     };
     let (ring, staged) = mapped.map_err(|e| {
         warn!("CQ {handle} was resized on the host but its new buffer is not mapped: {e}");
-        // Never a status that promises "no effect" (NO_MEMORY): the old ring is dead now.
-        match e {
-            CommandError::Placement(e) => {
-                CommandError::Geometry(format!("no room for the resized buffer: {e}"))
-            }
-            e => e,
-        }
+        rings::after_host_resize(e)
     })?;
     let entry = s.state.cqs.get_mut(handle)?;
     if let Some(mut staged) = staged {

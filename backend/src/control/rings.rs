@@ -231,6 +231,26 @@ pub(crate) fn unmap_rings(
     }
 }
 
+/// What a failure to map a host queue's new buffer means once the host has resized the queue:
+/// the old buffer is dead, so never a status that promises "no effect" (`NO_MEMORY`).
+pub(crate) fn after_host_resize(e: CommandError) -> CommandError {
+    match e {
+        CommandError::Placement(e) => {
+            CommandError::Geometry(format!("no room for the resized buffer: {e}"))
+        }
+        e => e,
+    }
+}
+
+/// Fails with `NO_MEMORY` unless the queue region has an extent of `len` bytes free now: checked
+/// before a host resize, whose new buffer must then find room (nothing else allocates meanwhile:
+/// the session holds the guest's state).
+pub(crate) fn require_room(shm: &mut ShmAllocator, len: u64) -> Result<(), CommandError> {
+    let reservation = shm.alloc(len)?;
+    free_extent(shm, reservation);
+    Ok(())
+}
+
 pub(crate) fn free_extent(shm: &mut ShmAllocator, range: ShmRange) {
     if let Err(e) = shm.free(range) {
         // Only a bookkeeping bug can get here; the extent is then simply not reused.

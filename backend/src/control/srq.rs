@@ -157,8 +157,7 @@ pub(crate) fn resize_srq(s: &mut Session<'_>, r: &ResizeSrqReq) -> CommandResult
     let depth = actual_depth(max_wr).ok_or_else(invalid)?;
     let entry_bytes = rxe_v1::recv_wqe_size(max_sge);
     let predicted = rings::predicted_len(depth + 1, entry_bytes).ok_or_else(invalid)?;
-    let reservation = s.state.shm.alloc(predicted)?;
-    rings::free_extent(&mut s.state.shm, reservation);
+    rings::require_room(&mut s.state.shm, predicted)?;
     let buffer = s
         .host()
         .modify_srq(
@@ -179,13 +178,7 @@ pub(crate) fn resize_srq(s: &mut Session<'_>, r: &ResizeSrqReq) -> CommandResult
         .ok_or_else(|| CommandError::Geometry("the host resized without a new buffer".into()))?;
     let ring = rings::map_ring(s, buffer, depth + 1, entry_bytes).map_err(|e| {
         warn!("SRQ {handle} was resized on the host but its new buffer is not mapped: {e}");
-        // Never a status that promises "no effect" (NO_MEMORY): the old ring is dead now.
-        match e {
-            CommandError::Placement(e) => {
-                CommandError::Geometry(format!("no room for the resized buffer: {e}"))
-            }
-            e => e,
-        }
+        rings::after_host_resize(e)
     })?;
     let entry = s.state.srqs.get_mut(handle)?;
     entry.max_wr = depth;

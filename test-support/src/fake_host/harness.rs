@@ -220,6 +220,12 @@ impl TestGuest {
     }
 }
 
+/// The queue-region extent `(offset, length)` a ring occupies, as the fake frontend lists its
+/// mappings.
+pub fn extent(ring: &RingDesc) -> (u64, u64) {
+    (ring.shm_offset.get(), u64::from(ring.map_len.get()))
+}
+
 /// A request naming handle `h`.
 pub fn handle(h: u32) -> HandleReq {
     HandleReq {
