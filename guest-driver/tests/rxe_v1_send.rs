@@ -187,6 +187,15 @@ fn rc_send_wqes_carry_every_field(reach: Reach) {
             SendFlags::FENCE,
         ),
         SendWr::send_with_inv(110, &sgl3, 0xfeed_0001, signaled),
+        SendWr {
+            wr_id: 111,
+            opcode: WrOpcode::AtomicWrite,
+            flags: signaled,
+            remote_addr: 0x3008,
+            rkey: 10,
+            compare_add: u64::from_ne_bytes(*b"8 bytes!"),
+            ..Default::default()
+        },
     ];
     post(&mut sq, &wrs).unwrap();
     assert_eq!(k.producer().load(Ordering::Acquire), wrs.len() as u32);
@@ -194,7 +203,8 @@ fn rc_send_wqes_carry_every_field(reach: Reach) {
     for (i, wr) in wrs.iter().enumerate() {
         let wqe = k.send_wqe(i as u32);
         check_kernel_fields(&wqe, reach);
-        let length: u32 = wr.sg_list.iter().map(|s| s.length).sum();
+        let length: u32 =
+            wr.sg_list.iter().map(|s| s.length).sum::<u32>() + wr.opcode.wqe_operand_len() as u32;
         check_common(&wqe, wr, length);
         let union = wqe.wr.wr.bytes;
         match wr.opcode {
@@ -220,7 +230,10 @@ fn rc_send_wqes_carry_every_field(reach: Reach) {
                 assert_eq!(union[32..], [0; 88]);
                 assert_eq!(wqe.iova.get(), 0);
             }
-            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead => {
+            WrOpcode::RdmaWrite
+            | WrOpcode::RdmaWriteWithImm
+            | WrOpcode::RdmaRead
+            | WrOpcode::AtomicWrite => {
                 let rdma = wqe.wr.wr.rdma();
                 assert_eq!(
                     (rdma.remote_addr.get(), rdma.rkey.get(), rdma.reserved.get()),
@@ -239,7 +252,10 @@ fn rc_send_wqes_carry_every_field(reach: Reach) {
                 assert_eq!(wqe.iova.get(), wr.remote_addr);
             }
         }
-        if wr.flags.contains(SendFlags::INLINE) {
+        if wr.opcode == WrOpcode::AtomicWrite {
+            // rxe's `dma.atomic_wr`: the 8 bytes, in memory order, where SGEs would be.
+            assert_eq!(k.payload(i as u32, 208, 8), b"8 bytes!");
+        } else if wr.flags.contains(SendFlags::INLINE) {
             let mut want = inline_a.clone();
             want.extend_from_slice(&inline_b);
             assert_eq!(k.payload(i as u32, 208, want.len()), want);
@@ -326,11 +342,26 @@ fn ud_sends_name_the_ah_or_carry_the_av(reach: Reach) {
     write.opcode = WrOpcode::Send;
     write.ud = None;
     assert_eq!(post(&mut sq, &[write]), Err((0, PostError::MissingUdDest)));
+    let atomic_write = SendWr {
+        opcode: WrOpcode::AtomicWrite,
+        sg_list: &[],
+        ..wr(4, &new_kernel_ah, WrOpcode::AtomicWrite, &sgl)
+    };
+    assert_eq!(
+        post(&mut sq, &[atomic_write]),
+        Err((
+            0,
+            PostError::OpcodeNotSupported {
+                opcode: WrOpcode::AtomicWrite,
+                qp_type: QpType::Ud
+            }
+        ))
+    );
     assert_eq!(k.producer().load(Ordering::Acquire), 2);
 }
 
 fn refusals_say_how_many_were_posted(reach: Reach) {
-    let shared = SharedQueue::new(reach, 16, 9);
+    let shared = SharedQueue::new(reach, 32, 9);
     let k = shared.kernel();
     let mut sq = send_queue(&shared, QpType::Rc);
     let big = vec![0u8; 300];
@@ -352,7 +383,7 @@ fn refusals_say_how_many_were_posted(reach: Reach) {
         ah_num: 1,
         av: RxeAv::new_zeroed(),
     };
-    let cases: [(SendWr<'_>, PostError); 7] = [
+    let cases: [(SendWr<'_>, PostError); 9] = [
         (
             SendWr {
                 sg_list: &five,
@@ -412,6 +443,23 @@ fn refusals_say_how_many_were_posted(reach: Reach) {
             },
             PostError::UnexpectedUdDest,
         ),
+        (
+            // ATOMIC_WRITE carries its 8 bytes itself: no SGEs, no inline data.
+            SendWr {
+                opcode: WrOpcode::AtomicWrite,
+                sg_list: &small_sgl,
+                ..ok
+            },
+            PostError::UnexpectedSges(WrOpcode::AtomicWrite),
+        ),
+        (
+            SendWr {
+                opcode: WrOpcode::AtomicWrite,
+                flags: SendFlags::INLINE,
+                ..ok
+            },
+            PostError::InlineNotAllowed(WrOpcode::AtomicWrite),
+        ),
     ];
     let mut posted = 0;
     for (bad, want) in cases {
@@ -420,7 +468,7 @@ fn refusals_say_how_many_were_posted(reach: Reach) {
         posted += 2;
         assert_eq!(k.producer().load(Ordering::Acquire), posted);
         // Keep the queue from filling up: the "kernel" consumes everything.
-        k.consumer().store(posted & 15, Ordering::Release);
+        k.consumer().store(posted & 31, Ordering::Release);
     }
 }
 

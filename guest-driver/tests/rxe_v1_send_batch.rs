@@ -154,6 +154,15 @@ fn batches_write_what_post_send_writes(reach: Reach) {
         SendWr::bind_mw(8, bind, signaled | SendFlags::FENCE),
         SendWr::local_inv(9, 0x4201, signaled),
         SendWr::send_with_inv(10, &two, 0x4201, signaled),
+        SendWr {
+            wr_id: 11,
+            opcode: WrOpcode::AtomicWrite,
+            flags: signaled,
+            remote_addr: 0xb000,
+            rkey: 0xbb,
+            compare_add: u64::from_ne_bytes(*b"atomicwr"),
+            ..Default::default()
+        },
     ];
     // SAFETY: the inline SGEs point into live local buffers.
     unsafe { a.post_send(&wrs) }.unwrap();
@@ -166,7 +175,7 @@ fn batches_write_what_post_send_writes(reach: Reach) {
         let payload = if wr.flags.contains(SendFlags::INLINE) {
             inline_a.len() + inline_b.len()
         } else {
-            wr.sg_list.len() * 16
+            wr.sg_list.len() * 16 + wr.opcode.wqe_operand_len()
         };
         let i = i as u32;
         assert_eq!(
@@ -187,6 +196,9 @@ fn batches_write_what_post_send_writes(reach: Reach) {
     for i in [8, 9] {
         assert_eq!(k.send_wqe(i).wr.ex, 0x4201u32.to_le_bytes(), "WQE {i}");
     }
+    // ATOMIC_WRITE's operand is there too, with its length.
+    assert_eq!(k.payload(10, size_of::<RxeSendWqe>(), 8), b"atomicwr");
+    assert_eq!(k.send_wqe(10).dma.length.get(), 8);
 }
 
 fn a_refused_request_publishes_nothing(reach: Reach) {

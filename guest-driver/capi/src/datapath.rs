@@ -56,6 +56,11 @@ unsafe fn sges<'a>(sg_list: *const ibv_sge, num_sge: c_int) -> Result<&'a [Sge],
 /// an address handle of this library, all for `'a`.
 pub(crate) unsafe fn send_wr<'a>(wr: &'a ibv_send_wr, ud: bool) -> Result<SendWr<'a>, c_int> {
     let opcode = WrOpcode::try_from(wr.opcode).map_err(|_| libc::EINVAL)?;
+    if opcode == WrOpcode::AtomicWrite {
+        // `ibv_send_wr` has no place for its 8 bytes (rdma-core's rxe would send the first
+        // bytes of the SGE list): only `ibv_wr_atomic_write` posts it.
+        return Err(libc::EINVAL);
+    }
     let flags = SendFlags::from_bits(wr.send_flags).ok_or(libc::EINVAL)?;
     // SAFETY: caller contract.
     let sg_list = unsafe { sges(wr.sg_list, wr.num_sge) }?;

@@ -35,6 +35,7 @@ use crate::sys::{
 use crate::sys::{
     ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP as WITH_CMP_SWP,
     ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD as WITH_FETCH_ADD,
+    ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_ATOMIC_WRITE as WITH_ATOMIC_WRITE,
     ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_BIND_MW as WITH_BIND_MW,
     ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_LOCAL_INV as WITH_LOCAL_INV,
     ibv_qp_create_send_ops_flags_IBV_QP_EX_WITH_RDMA_READ as WITH_READ,
@@ -61,7 +62,8 @@ mod window_tests;
 /// The `comp_mask` bits of `ibv_qp_init_attr_ex` rxe accepts.
 const SUPPORTED_INIT_MASK: u32 = ATTR_PD | ATTR_CREATE_FLAGS | ATTR_SEND_OPS_FLAGS;
 
-/// The `send_ops_flags` rxe accepts on each QP type (in rdma-core 44's set of flags).
+/// The `send_ops_flags` rxe accepts on each QP type (in rdma-core 44's set of flags; FLUSH,
+/// which came later, is not carried).
 const RC_SEND_OPS: u32 = WITH_WRITE
     | WITH_WRITE_IMM
     | WITH_SEND
@@ -71,7 +73,8 @@ const RC_SEND_OPS: u32 = WITH_WRITE
     | WITH_FETCH_ADD
     | WITH_LOCAL_INV
     | WITH_BIND_MW
-    | WITH_SEND_INV;
+    | WITH_SEND_INV
+    | WITH_ATOMIC_WRITE;
 const UC_SEND_OPS: u32 =
     WITH_WRITE | WITH_WRITE_IMM | WITH_SEND | WITH_SEND_IMM | WITH_BIND_MW | WITH_SEND_INV;
 const UD_SEND_OPS: u32 = WITH_SEND | WITH_SEND_IMM;
@@ -160,6 +163,9 @@ fn set_send_ops(ex: &mut ibv_qp_ex, send_ops: u64) {
     let wanted = |flag: u32| send_ops & u64::from(flag) != 0;
     if wanted(WITH_CMP_SWP) {
         ex.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
+    }
+    if wanted(WITH_ATOMIC_WRITE) {
+        ex.wr_atomic_write = Some(wr_atomic_write);
     }
     if wanted(WITH_FETCH_ADD) {
         ex.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
@@ -440,6 +446,32 @@ unsafe extern "C" fn wr_atomic_fetch_add(
     guard("ibv_wr_atomic_fetch_add", (), || unsafe {
         add(qp, WrOpcode::AtomicFetchAndAdd, |wr| {
             (wr.rkey, wr.remote_addr, wr.compare_add) = (rkey, remote_addr, add_);
+        })
+    })
+}
+
+/// `ibv_wr_atomic_write`: the 8 bytes at `atomic_wr` are copied into the request now and land
+/// at `remote_addr` as one write (RC only).
+///
+/// # Safety
+/// As [`wr_send`]; `atomic_wr` points to 8 readable bytes.
+unsafe extern "C" fn wr_atomic_write(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    atomic_wr: *const c_void,
+) {
+    // SAFETY: caller contract.
+    guard("ibv_wr_atomic_write", (), || unsafe {
+        if atomic_wr.is_null() {
+            return with_batch(qp, |batch, _| {
+                batch.fail(PostError::Unsupported("NULL atomic write operand"))
+            });
+        }
+        // SAFETY: caller contract: 8 readable bytes, of any alignment.
+        let value = u64::from_ne_bytes(atomic_wr.cast::<[u8; 8]>().read_unaligned());
+        add(qp, WrOpcode::AtomicWrite, |wr| {
+            (wr.rkey, wr.remote_addr, wr.compare_add) = (rkey, remote_addr, value);
         })
     })
 }

@@ -151,7 +151,8 @@ pub struct SendWr<'a> {
     pub remote_addr: u64,
     /// Remote key for RDMA and atomic operations.
     pub rkey: u32,
-    /// Compare operand (compare and swap) or addend (fetch and add).
+    /// Compare operand (compare and swap), addend (fetch and add), or the 8 bytes ATOMIC_WRITE
+    /// writes (`u64::from_ne_bytes` of them: they are stored in memory order).
     pub compare_add: u64,
     /// Swap operand (compare and swap).
     pub swap: u64,

@@ -73,10 +73,6 @@ pub const NOT_YET_OVER_VRDMA: &[(&str, &str)] = &[
     ("tests.test_odp.OdpTestCase.test_odp_rc_rdma_write", ODP),
     ("tests.test_odp.OdpTestCase.test_odp_rc_traffic", ODP),
     ("tests.test_odp.OdpTestCase.test_odp_ud_traffic", ODP),
-    (
-        "tests.test_qpex.QpExTestCase.test_qp_ex_rc_atomic_write",
-        "ATOMIC_WRITE work requests are not carried (IBV_QP_EX_WITH_ATOMIC_WRITE: EOPNOTSUPP)",
-    ),
     ("tests.test_qpex.QpExTestCase.test_qp_ex_rc_flush", FLUSH),
     (
         "tests.test_qpex.QpExTestCase.test_qp_ex_rc_flush_type_violate",

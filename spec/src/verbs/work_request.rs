@@ -5,8 +5,8 @@ use super::qp::QpType;
 
 verbs_enum! {
     /// Send work-request opcodes vrdma carries (`ibv_wr_opcode`), as written into
-    /// `rxe_send_wr.opcode`. The other `ibv_wr_opcode` values (TSO, the driver-specific
-    /// ones, …) are refused by `try_from`. LOCAL_INV, BIND_MW and SEND_WITH_INV need
+    /// `rxe_send_wr.opcode`. The other `ibv_wr_opcode` values (TSO, FLUSH, the
+    /// driver-specific ones, …) are refused by `try_from`. LOCAL_INV, BIND_MW and SEND_WITH_INV need
     /// `VRDMA_F_MW` (spec §9.2).
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
     pub enum WrOpcode: u32 {
@@ -31,6 +31,10 @@ verbs_enum! {
         BindMw = 8,
         /// Send that also invalidates `invalidate_rkey` on the responder.
         SendWithInv = 9,
+        /// 8-byte atomic write (RC only): the 8 bytes in the WQE's payload area land at
+        /// `remote_addr` in one piece (rxe's `IB_WR_ATOMIC_WRITE`; its kernel takes it since
+        /// Linux 6.2).
+        AtomicWrite = 15,
     }
 }
 
@@ -88,6 +92,15 @@ impl WrOpcode {
         }
     }
 
+    /// Bytes the operation carries in the WQE itself, in place of SGEs or inline data:
+    /// ATOMIC_WRITE's 8 (rxe's `dma.atomic_wr`).
+    pub const fn wqe_operand_len(self) -> usize {
+        match self {
+            WrOpcode::AtomicWrite => 8,
+            _ => 0,
+        }
+    }
+
     /// Whether the payload may be given inline (it flows from the local buffer to the wire).
     pub const fn allows_inline(self) -> bool {
         matches!(
@@ -136,7 +149,7 @@ mod tests {
     use super::*;
 
     /// Every opcode, in `ibv_wr_opcode` order.
-    const ALL: [WrOpcode; 10] = [
+    const ALL: [WrOpcode; 11] = [
         WrOpcode::RdmaWrite,
         WrOpcode::RdmaWriteWithImm,
         WrOpcode::Send,
@@ -147,16 +160,18 @@ mod tests {
         WrOpcode::LocalInv,
         WrOpcode::BindMw,
         WrOpcode::SendWithInv,
+        WrOpcode::AtomicWrite,
     ];
 
     #[test]
     fn wr_opcodes_convert_both_ways_and_refuse_others() {
-        for (raw, op) in ALL.into_iter().enumerate() {
+        for (raw, op) in ALL[..10].iter().copied().enumerate() {
             assert_eq!(op as u32, raw as u32);
             assert_eq!(WrOpcode::try_from(raw as u32), Ok(op));
         }
-        // TSO, FLUSH, ATOMIC_WRITE and the driver-specific ones are not carried.
-        for v in [10, 14, 15, 200, u32::MAX] {
+        assert_eq!(WrOpcode::try_from(15), Ok(WrOpcode::AtomicWrite));
+        // TSO, FLUSH and the driver-specific ones are not carried.
+        for v in [10, 14, 200, u32::MAX] {
             assert_eq!(WrOpcode::try_from(v), Err(v));
         }
     }
@@ -189,6 +204,9 @@ mod tests {
         assert_eq!(rdma, [&RdmaWrite, &RdmaWriteWithImm, &RdmaRead]);
         let atomic: Vec<_> = ALL.iter().filter(|op| op.is_atomic()).collect();
         assert_eq!(atomic, [&AtomicCmpAndSwp, &AtomicFetchAndAdd]);
+        let operands: Vec<_> = ALL.iter().filter(|op| op.wqe_operand_len() != 0).collect();
+        assert_eq!(operands, [&AtomicWrite]);
+        assert_eq!(AtomicWrite.wqe_operand_len(), 8);
     }
 
     #[test]
@@ -202,5 +220,6 @@ mod tests {
             [RdmaWrite, RdmaWriteWithImm, Send, SendWithImm, BindMw]
         );
         assert_eq!(on(QpType::Ud), [Send, SendWithImm]);
+        assert!(!AtomicWrite.valid_on(QpType::Uc), "RC only, as rxe");
     }
 }

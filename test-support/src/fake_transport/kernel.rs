@@ -207,6 +207,24 @@ impl FakeDevice {
             Ok(op @ (WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd)) => {
                 self.execute_atomic(pd, dest_qpn, op, wqe, &local)
             }
+            Ok(WrOpcode::AtomicWrite) => {
+                // As rxe: the 8 bytes replace the remote word whole; RDMA WRITE's access.
+                let wc_opcode = WcOpcode::AtomicWrite.raw();
+                let rdma = wqe.wr.wr.rdma();
+                let (rkey, remote_addr) = (rdma.rkey.get(), rdma.remote_addr.get());
+                let access = AccessFlags::REMOTE_WRITE.bits();
+                let Some(mr) = self.remote(dest_qpn, rkey, remote_addr, 8, access) else {
+                    return (WcStatus::RemAccessErr.raw(), wc_opcode, 0);
+                };
+                if !remote_addr.is_multiple_of(8) {
+                    return (WcStatus::RemInvReqErr.raw(), wc_opcode, 0);
+                }
+                let Local::Inline(bytes) = &local else {
+                    return (WcStatus::LocQpOpErr.raw(), wc_opcode, 0);
+                };
+                self.copy_to_mr(mr, remote_addr, bytes);
+                (WcStatus::Success.raw(), wc_opcode, 8)
+            }
             _ => (WcStatus::LocQpOpErr.raw(), WcOpcode::Send.raw(), 0),
         }
     }
@@ -518,6 +536,12 @@ enum Local {
 fn local_payload(sq: &Ring, index: u32, wqe: &RxeSendWqe) -> Local {
     // SAFETY: the payload area follows the WQE inside its slot.
     let payload = unsafe { sq.slot(index).add(size_of::<RxeSendWqe>()) };
+    let operand = WrOpcode::try_from(wqe.wr.opcode.get()).map_or(0, WrOpcode::wqe_operand_len);
+    if operand != 0 {
+        // ATOMIC_WRITE's 8 bytes (rxe's `dma.atomic_wr`), as inline bytes.
+        // SAFETY: 8 bytes, which every slot holds after the WQE.
+        return Local::Inline(unsafe { std::slice::from_raw_parts(payload, operand) }.to_vec());
+    }
     if wqe.wr.send_flags.get() & sv::send_flags::INLINE != 0 {
         let len = (wqe.dma.length.get() as usize).min(MAX_INLINE as usize);
         // SAFETY: at most MAX_INLINE bytes, which the slot holds.

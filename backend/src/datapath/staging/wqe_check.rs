@@ -136,7 +136,11 @@ pub(super) fn payload_len(slot: &[u8]) -> usize {
     let Ok((wqe, _)) = RxeSendWqe::read_from_prefix(slot) else {
         return 0;
     };
-    if wqe.wr.send_flags.get() & send_flags::INLINE != 0 {
+    let operand = WrOpcode::try_from(wqe.wr.opcode.get()).map_or(0, WrOpcode::wqe_operand_len);
+    if operand != 0 {
+        // ATOMIC_WRITE: its 8 bytes, where SGEs would be (rxe's `dma.atomic_wr`).
+        operand
+    } else if wqe.wr.send_flags.get() & send_flags::INLINE != 0 {
         wqe.dma.length.get() as usize
     } else {
         (wqe.dma.num_sge.get() as usize).saturating_mul(size_of::<RxeSge>())

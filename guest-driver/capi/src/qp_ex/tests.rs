@@ -645,6 +645,71 @@ fn a_qp_below_rts_refuses_sends_and_in_reset_receives() {
     f.close(&[qp]);
 }
 
+/// `ibv_wr_atomic_write` takes its 8 bytes when called and they land whole at the remote
+/// address; `ibv_post_send` has no place for them and refuses the opcode; UC QPs lack it.
+#[test]
+fn atomic_writes_land_eight_bytes_taken_when_posted() {
+    use crate::datapath::post_send;
+    use crate::sys::{ibv_qp_type_IBV_QPT_UC, ibv_send_wr, ibv_wr_opcode_IBV_WR_ATOMIC_WRITE};
+    let f = Fixture::new();
+    let uc = f.attr(
+        ibv_qp_type_IBV_QPT_UC,
+        Some(u64::from(WITH_SEND | WITH_ATOMIC_WRITE)),
+    );
+    assert_eq!(f.create(uc), Err(libc::EOPNOTSUPP));
+    let with_atomic_write = RC_ALL | u64::from(WITH_ATOMIC_WRITE);
+    let a = f
+        .create(f.attr(ibv_qp_type_IBV_QPT_RC, Some(with_atomic_write)))
+        .unwrap();
+    let b = f
+        .create(f.attr(ibv_qp_type_IBV_QPT_RC, Some(RC_ALL)))
+        .unwrap();
+    connect(a, b);
+    assert!(
+        Ops(qp_ex(b)).ex().wr_atomic_write.is_none(),
+        "only when asked"
+    );
+    // SAFETY: the live context of this test.
+    let vctx = &unsafe { crate::context::VrdmaContext::from_ptr(f.ctx) }
+        .unwrap()
+        .ctx;
+    let dst = vctx.alloc_buffer(4096).unwrap();
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let dst_mr = f.vpd().pd.register(&dst, access).unwrap();
+    let ops = Ops(qp_ex(a));
+    let mut operand = *b"atomicwr";
+    ops.start();
+    ops.next(1, SIGNALED);
+    // SAFETY: an operation of the live QP inside the batch; 8 readable bytes.
+    unsafe {
+        ops.ex().wr_atomic_write.unwrap()(
+            ops.0,
+            dst_mr.rkey(),
+            dst_mr.addr() + 64,
+            operand.as_ptr().cast(),
+        )
+    };
+    operand.fill(0);
+    assert_eq!(ops.complete(), 0);
+    f.fake.run_kernel();
+    let wcs = f.poll();
+    let summary: Vec<(u64, u32, u32, u32)> = wcs
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.opcode, w.byte_len))
+        .collect();
+    assert_eq!(summary, [(1, 0, WcOpcode::AtomicWrite.raw(), 8)]);
+    assert_eq!(&dst.as_slice()[64..72], b"atomicwr");
+
+    // SAFETY: all-zero is a valid ibv_send_wr (no SGE, no next).
+    let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+    wr.opcode = ibv_wr_opcode_IBV_WR_ATOMIC_WRITE;
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: a live QP, a one-request list, a writable bad_wr.
+    assert_eq!(unsafe { post_send(a, &mut wr, &mut bad) }, libc::EINVAL);
+    drop(dst_mr);
+    f.close(&[a, b]);
+}
+
 /// rdma-core lets a context be closed before its objects (pyverbs' garbage collector does it):
 /// destroying them afterwards must not reach into the closed context.
 #[test]

@@ -2,7 +2,8 @@
  * made with ibv_create_qp_ex and send_ops_flags for every opcode rxe supports, then one
  * ibv_wr_start .. ibv_wr_complete batch holding SEND (an SGE list), SEND with immediate (inline
  * data from two buffers), RDMA WRITE, RDMA WRITE with immediate, RDMA READ, atomic compare and
- * swap and atomic fetch and add, every byte, immediate and atomic result verified; an aborted
+ * swap and atomic fetch and add, every byte, immediate and atomic result verified; an
+ * ATOMIC_WRITE; an aborted
  * batch and a batch with a refused request post nothing; a send_ops_flags rxe lacks (TSO) is
  * refused. Plain rdma-core API: runs against rdma-core's libibverbs (e.g. on rxe0) and,
  * unchanged, against vrdma's drop-in libibverbs.so.1. Exit status 0 = pass. */
@@ -29,6 +30,7 @@
 #define READ_LEN 3000
 #define CMP_SWP_AT 40960
 #define FETCH_ADD_AT 40968
+#define ATOMIC_WRITE_AT 40976
 /* Where the local results land. */
 #define CMP_SWP_RESULT 3072
 #define FETCH_ADD_RESULT 3080
@@ -40,13 +42,22 @@
 #define ORIGINAL_ADD 1000u
 #define ADDED 234u
 
-enum { WR_SEND = 1, WR_SEND_IMM, WR_WRITE, WR_WRITE_IMM, WR_READ, WR_CMP_SWP, WR_FETCH_ADD };
+enum {
+	WR_SEND = 1,
+	WR_SEND_IMM,
+	WR_WRITE,
+	WR_WRITE_IMM,
+	WR_READ,
+	WR_CMP_SWP,
+	WR_FETCH_ADD,
+	WR_ATOMIC_WRITE
+};
 enum { RECV_SEND = 100, RECV_SEND_IMM, RECV_WRITE_IMM };
 
 static const uint64_t ALL_OPS = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
 				IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
 				IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-				IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+				IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_WRITE;
 
 static struct ibv_qp *create_qp(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *cq,
 				uint64_t ops, struct ibv_qp_cap *cap)
@@ -290,6 +301,22 @@ int main(void)
 	poll_all(cq, by_id, RECV_WRITE_IMM + 1, 1);
 	expect_wc(by_id, WR_WRITE, IBV_WC_RDMA_WRITE, 0);
 	expect_same(dst + WRITE_AT, src + 100, WRITE_LEN, "RDMA WRITE after the refused batch");
+
+	/* ATOMIC_WRITE: the 8 bytes, taken when the request is built, land at the remote address
+	 * in one piece. */
+	unsigned char operand[8] = { 'a', 't', 'o', 'm', 'i', 'c', 'w', 'r' };
+	ibv_wr_start(qx);
+	qx->wr_id = WR_ATOMIC_WRITE;
+	qx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_atomic_write(qx, rkey, raddr + ATOMIC_WRITE_AT, operand);
+	memset(operand, 0, sizeof(operand));
+	errno = ibv_wr_complete(qx);
+	CHECK(errno == 0, "ibv_wr_complete of an ATOMIC_WRITE");
+	memset(by_id, 0, sizeof(by_id));
+	poll_all(cq, by_id, RECV_WRITE_IMM + 1, 1);
+	expect_wc(by_id, WR_ATOMIC_WRITE, IBV_WC_ATOMIC_WRITE, 0);
+	expect_same(dst + ATOMIC_WRITE_AT, (const unsigned char *)"atomicwr", 8, "ATOMIC_WRITE");
+	printf("atomic write: 8 bytes verified\n");
 
 	/* Two gathers rdma-core 56's own rxe provider gets wrong natively on rxe0 (seen there): an
 	 * inline data list arrives as 0 bytes, and a two-entry SGE list is posted as a WQE the

@@ -151,7 +151,9 @@ impl SendQueue {
         // not access this slot until `post_send` publishes the producer index.
         let mut entry = unsafe { self.queue.slot_writer(index) };
         put_request(&mut entry, wr);
-        let end = if wr.flags.contains(SendFlags::INLINE) {
+        let end = if wr.opcode.wqe_operand_len() != 0 {
+            put_operand(&mut entry, wr.compare_add)
+        } else if wr.flags.contains(SendFlags::INLINE) {
             let chunks = wr
                 .sg_list
                 .iter()
@@ -211,8 +213,19 @@ impl SendQueue {
         if wr.opcode.is_atomic() && (length < 8 || !wr.remote_addr.is_multiple_of(8)) {
             return Err(PostError::InvalidAtomic);
         }
-        if wr.opcode.is_local() && wr.num_sge != 0 {
+        if (wr.opcode.is_local() || wr.opcode.wqe_operand_len() != 0) && wr.num_sge != 0 {
             return Err(PostError::UnexpectedSges(wr.opcode));
+        }
+        let operand = wr.opcode.wqe_operand_len();
+        if operand != 0 {
+            // The operand sits where SGEs or inline data would (rxe's `dma.atomic_wr`).
+            if size_of::<RxeSendWqe>() + operand > self.queue.slot_size() {
+                return Err(PostError::InlineTooLong {
+                    len: operand as u64,
+                    max: (self.queue.slot_size() - size_of::<RxeSendWqe>()) as u32,
+                });
+            }
+            return Ok(operand as u32);
         }
         if wr.opcode == WrOpcode::BindMw {
             let access_ok = |b: &MwBind| b.access.bits() & !AccessFlags::MW_ALLOWED.bits() == 0;
@@ -282,6 +295,15 @@ pub(super) fn put_dma(entry: &mut SlotWriter<'_>, length: u32, num_sge: u32) {
     entry.put(offset_of!(RxeSendWqe, dma), dma);
 }
 
+/// Writes the 8 bytes of an ATOMIC_WRITE (`value`'s bytes in memory order) into the payload
+/// area, rxe's `dma.atomic_wr`; returns the end of the entry.
+pub(super) fn put_operand(entry: &mut SlotWriter<'_>, value: u64) -> usize {
+    let start = size_of::<RxeSendWqe>();
+    let bytes = value.to_ne_bytes();
+    entry.put(start, bytes);
+    start + bytes.len()
+}
+
 /// Writes `sges` into the payload area, which directly follows the WQE; returns the end of the
 /// entry. The caller checked that the slot holds them (at most `max_sge`).
 pub(super) fn put_sges(entry: &mut SlotWriter<'_>, sges: &[Sge]) -> usize {
@@ -319,7 +341,7 @@ pub(super) unsafe fn put_inline(
 
 /// The opcode-specific union of the kernel request and the WQE's `iova`.
 fn wr_union(wr: &SendWr<'_>) -> (RxeSendWrUnion, u64) {
-    if wr.opcode.is_rdma() {
+    if wr.opcode.is_rdma() || wr.opcode == WrOpcode::AtomicWrite {
         let rdma = RxeRdmaWr {
             remote_addr: Le64::new(wr.remote_addr),
             rkey: Le32::new(wr.rkey),

@@ -16,7 +16,8 @@ use vrdma_spec::rxe_v1::RxeSendWqe;
 use vrdma_spec::verbs::QpType;
 
 use super::send::{
-    put_dma, put_inline, put_request, put_send_flags, put_sges, put_ud_dest, SendQueue, WqeShape,
+    put_dma, put_inline, put_operand, put_request, put_send_flags, put_sges, put_ud_dest,
+    SendQueue, WqeShape,
 };
 use crate::provider::{PostError, SendFlags, SendWr, Sge, UdDest};
 
@@ -122,7 +123,14 @@ impl SendQueue {
         // it), which the kernel does not access until the batch is published.
         let mut entry = unsafe { self.queue.slot_writer(index) };
         put_request(&mut entry, &request);
-        put_dma(&mut entry, 0, 0);
+        // ATOMIC_WRITE's operand is part of the request; other payloads come from the setters.
+        let operand = wr.opcode.wqe_operand_len();
+        put_dma(&mut entry, operand as u32, 0);
+        let end = if operand != 0 {
+            put_operand(&mut entry, wr.compare_add)
+        } else {
+            size_of::<RxeSendWqe>()
+        };
         batch.current = Some(Building {
             index,
             shape: WqeShape {
@@ -134,7 +142,7 @@ impl SendQueue {
                 remote_addr: wr.remote_addr,
                 bind: wr.bind,
             },
-            end: size_of::<RxeSendWqe>(),
+            end,
         });
         batch.next = self.queue.next(index);
     }
