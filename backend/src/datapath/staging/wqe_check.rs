@@ -266,6 +266,21 @@ mod tests {
     }
 
     #[test]
+    fn the_payload_forwarded_is_the_sges_the_inline_bytes_or_an_atomic_write_operand() {
+        let mut wqe = RxeSendWqe::new_zeroed();
+        wqe.wr.opcode = Le32::new(WrOpcode::RdmaWrite as u32);
+        wqe.dma.num_sge = Le32::new(3);
+        wqe.dma.length = Le32::new(5000);
+        assert_eq!(payload_len(wqe.as_bytes()), 3 * size_of::<RxeSge>());
+        wqe.wr.send_flags = Le32::new(send_flags::INLINE);
+        assert_eq!(payload_len(wqe.as_bytes()), 5000);
+        // ATOMIC_WRITE carries 8 bytes where SGEs would be, whatever dma says.
+        wqe.wr.opcode = Le32::new(WrOpcode::AtomicWrite as u32);
+        assert_eq!(payload_len(wqe.as_bytes()), 8);
+        assert_eq!(payload_len(&[0; 8]), 0, "a short slot holds no WQE");
+    }
+
+    #[test]
     fn a_checked_wqe_is_rewritten_for_the_host() {
         let mut slot = inline_slot(64);
         let used = check(&mut slot, Handle::from_raw(PD), 1, 64, &ahs()).unwrap();
