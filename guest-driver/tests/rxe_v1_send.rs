@@ -9,7 +9,9 @@ use std::thread;
 use std::time::Instant;
 
 use vrdma::provider::rxe_v1::{CompletionQueue, RxeAddressHandle, SendQueue, SendQueueCaps};
-use vrdma::provider::{MwBind, PostError, SendFlags, SendWr, Sge, UdDest, WorkCompletion};
+use vrdma::provider::{
+    FlushRange, MwBind, PostError, SendFlags, SendWr, Sge, UdDest, WorkCompletion,
+};
 use vrdma_spec::rxe_v1::{IbUverbsWc, RxeAv, RxeSendWqe};
 use vrdma_spec::verbs::{AccessFlags, QpType, WcOpcode, WcStatus, WrOpcode};
 use vrdma_spec::{Le16, Le32};
@@ -196,6 +198,19 @@ fn rc_send_wqes_carry_every_field(reach: Reach) {
             compare_add: u64::from_ne_bytes(*b"8 bytes!"),
             ..Default::default()
         },
+        SendWr {
+            wr_id: 112,
+            opcode: WrOpcode::Flush,
+            flags: signaled,
+            remote_addr: 0x4000,
+            rkey: 11,
+            flush: FlushRange {
+                length: 12345,
+                flush_type: 1,
+                level: 0,
+            },
+            ..Default::default()
+        },
     ];
     post(&mut sq, &wrs).unwrap();
     assert_eq!(k.producer().load(Ordering::Acquire), wrs.len() as u32);
@@ -203,8 +218,9 @@ fn rc_send_wqes_carry_every_field(reach: Reach) {
     for (i, wr) in wrs.iter().enumerate() {
         let wqe = k.send_wqe(i as u32);
         check_kernel_fields(&wqe, reach);
-        let length: u32 =
-            wr.sg_list.iter().map(|s| s.length).sum::<u32>() + wr.opcode.wqe_operand_len() as u32;
+        let length: u32 = wr.sg_list.iter().map(|s| s.length).sum::<u32>()
+            + wr.opcode.wqe_operand_len() as u32
+            + wr.flush.length as u32;
         check_common(&wqe, wr, length);
         let union = wqe.wr.wr.bytes;
         match wr.opcode {
@@ -240,6 +256,21 @@ fn rc_send_wqes_carry_every_field(reach: Reach) {
                     (wr.remote_addr, wr.rkey, 0)
                 );
                 assert_eq!(union[16..], [0; 104]);
+                assert_eq!(wqe.iova.get(), wr.remote_addr);
+            }
+            WrOpcode::Flush => {
+                let flush = wqe.wr.wr.flush();
+                assert_eq!(
+                    (
+                        flush.remote_addr.get(),
+                        flush.rkey.get(),
+                        flush.length.get()
+                    ),
+                    (0x4000, 11, 0),
+                    "the range's length is dma.length"
+                );
+                assert_eq!((flush.flush_type, flush.level), (1, 0));
+                assert_eq!(union[18..], [0; 102]);
                 assert_eq!(wqe.iova.get(), wr.remote_addr);
             }
             WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
@@ -383,7 +414,7 @@ fn refusals_say_how_many_were_posted(reach: Reach) {
         ah_num: 1,
         av: RxeAv::new_zeroed(),
     };
-    let cases: [(SendWr<'_>, PostError); 9] = [
+    let cases: [(SendWr<'_>, PostError); 10] = [
         (
             SendWr {
                 sg_list: &five,
@@ -459,6 +490,15 @@ fn refusals_say_how_many_were_posted(reach: Reach) {
                 ..ok
             },
             PostError::InlineNotAllowed(WrOpcode::AtomicWrite),
+        ),
+        (
+            // A FLUSH names a remote range only.
+            SendWr {
+                opcode: WrOpcode::Flush,
+                sg_list: &small_sgl,
+                ..ok
+            },
+            PostError::UnexpectedSges(WrOpcode::Flush),
         ),
     ];
     let mut posted = 0;

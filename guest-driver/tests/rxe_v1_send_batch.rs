@@ -163,6 +163,19 @@ fn batches_write_what_post_send_writes(reach: Reach) {
             compare_add: u64::from_ne_bytes(*b"atomicwr"),
             ..Default::default()
         },
+        SendWr {
+            wr_id: 12,
+            opcode: WrOpcode::Flush,
+            flags: signaled,
+            remote_addr: 0xc000,
+            rkey: 0xcc,
+            flush: vrdma::provider::FlushRange {
+                length: 4096,
+                flush_type: 2,
+                level: 1,
+            },
+            ..Default::default()
+        },
     ];
     // SAFETY: the inline SGEs point into live local buffers.
     unsafe { a.post_send(&wrs) }.unwrap();

@@ -31,8 +31,11 @@ const PASSED_CAP_FLAGS: u32 = (1 << 1) // BAD_PKEY_CNTR
     | (1 << 10) // PORT_ACTIVE_EVENT
     | (1 << 11) // SYS_IMAGE_GUID
     | (1 << 12) // RC_RNR_NAK_GEN
-    | (1 << 13) // SRQ_RESIZE (RESIZE_SRQ)
+    | SRQ_RESIZE_CAP // RESIZE_SRQ
     | (1 << 14); // N_NOTIFY_CQ
+
+/// `IB_DEVICE_SRQ_RESIZE`: without it on the host, RESIZE_SRQ is `UNSUPPORTED` (spec §7.4).
+pub(crate) const SRQ_RESIZE_CAP: u32 = 1 << 13;
 
 /// `device_cap_flags` passed on only with `VRDMA_F_MW`: `IB_DEVICE_MEM_WINDOW` and
 /// `IB_DEVICE_MEM_WINDOW_TYPE_2B`, as rxe reports them.

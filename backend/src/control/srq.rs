@@ -10,6 +10,7 @@ use vrdma_spec::wire::{
 use vrdma_spec::{Le32, ResponseBody};
 
 use super::error::CommandError;
+use super::query::SRQ_RESIZE_CAP;
 use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
 use crate::datapath::events;
@@ -138,6 +139,11 @@ pub(crate) fn modify_srq(s: &mut Session<'_>, r: &ModifySrqReq) -> CommandResult
 /// failure to map the new one leaves the SRQ without a live ring (spec: the driver destroys it).
 pub(crate) fn resize_srq(s: &mut Session<'_>, r: &ResizeSrqReq) -> CommandResult {
     rings::require_ring_format(s)?;
+    if s.guest.limits().attr.device_cap_flags & SRQ_RESIZE_CAP == 0 {
+        return Err(CommandError::Unsupported(
+            "SRQ resize (the host device has none)",
+        ));
+    }
     let handle = Handle::from_raw(r.srq.get());
     let entry = s.state.srqs.get(handle)?;
     let (host, max_sge, limit) = (entry.host, entry.max_sge, entry.srq_limit);

@@ -56,9 +56,10 @@ unsafe fn sges<'a>(sg_list: *const ibv_sge, num_sge: c_int) -> Result<&'a [Sge],
 /// an address handle of this library, all for `'a`.
 pub(crate) unsafe fn send_wr<'a>(wr: &'a ibv_send_wr, ud: bool) -> Result<SendWr<'a>, c_int> {
     let opcode = WrOpcode::try_from(wr.opcode).map_err(|_| libc::EINVAL)?;
-    if opcode == WrOpcode::AtomicWrite {
-        // `ibv_send_wr` has no place for its 8 bytes (rdma-core's rxe would send the first
-        // bytes of the SGE list): only `ibv_wr_atomic_write` posts it.
+    if matches!(opcode, WrOpcode::AtomicWrite | WrOpcode::Flush) {
+        // `ibv_send_wr` has no place for ATOMIC_WRITE's 8 bytes (rdma-core's rxe would send
+        // the first bytes of the SGE list) nor for a FLUSH's type and level: only
+        // `ibv_wr_atomic_write` and `ibv_wr_flush` post them.
         return Err(libc::EINVAL);
     }
     let flags = SendFlags::from_bits(wr.send_flags).ok_or(libc::EINVAL)?;

@@ -23,6 +23,10 @@ use crate::sys::{ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_cap, ibv_qp_ex, ibv_qp_init
 #[repr(C)]
 pub(crate) struct VrdmaQp {
     pub(crate) ibv: ibv_qp_ex,
+    /// `ibv_qp_ex.wr_flush`, which rdma-core 45 and later append after `wr_atomic_write`
+    /// (the `ibv_qp_ex` of `sys`, rdma-core 44's, ends before it): here, right after `ibv`, a
+    /// program built against a newer `verbs.h` finds it at its offset.
+    pub(crate) wr_flush: Option<WrFlush>,
     /// The open `ibv_wr_*` batch; declared before `qp`, which it borrows.
     pub(crate) batch: BatchSlot,
     pub(crate) qp: Qp,
@@ -33,6 +37,12 @@ pub(crate) struct VrdmaQp {
     /// them through the context, which `ibv_close_device` may have freed already.
     async_events: Arc<AsyncEvents>,
 }
+
+/// `ibv_qp_ex.wr_flush` (rdma-core 45+): `(qp, rkey, remote_addr, len, type, level)`.
+pub(crate) type WrFlush = unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, usize, u8, u8);
+
+// `wr_flush` directly follows the rdma-core 44 `ibv_qp_ex`, where newer headers put it.
+const _: () = assert!(std::mem::offset_of!(VrdmaQp, wr_flush) == size_of::<ibv_qp_ex>());
 
 /// The open `ibv_wr_*` batch of a QP, between `ibv_wr_start` and `ibv_wr_complete` or
 /// `ibv_wr_abort`.
@@ -240,6 +250,7 @@ pub(crate) unsafe fn create(
     let async_events = vpd.context().async_events.clone();
     let qp = VrdmaQp {
         ibv,
+        wr_flush: None,
         batch: BatchSlot::default(),
         qp,
         sq_sig_all: init.sq_sig_all != 0,

@@ -20,7 +20,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use vrdma::provider::PostError;
+use vrdma::provider::{FlushRange, PostError};
 use vrdma::spec::features::VRDMA_F_MW;
 use vrdma::verbs::{QpType, SendBatch, SendBatchError, SendFlags, SendWr, Sge, WrOpcode};
 
@@ -62,8 +62,11 @@ mod window_tests;
 /// The `comp_mask` bits of `ibv_qp_init_attr_ex` rxe accepts.
 const SUPPORTED_INIT_MASK: u32 = ATTR_PD | ATTR_CREATE_FLAGS | ATTR_SEND_OPS_FLAGS;
 
-/// The `send_ops_flags` rxe accepts on each QP type (in rdma-core 44's set of flags; FLUSH,
-/// which came later, is not carried).
+/// `IBV_QP_EX_WITH_FLUSH` (rdma-core 45+; not in `sys`, generated from rdma-core 44).
+const WITH_FLUSH: u64 = 1 << 11;
+
+/// The `send_ops_flags` rxe accepts on each QP type (FLUSH, which rdma-core 44 lacks, is
+/// [`WITH_FLUSH`]).
 const RC_SEND_OPS: u32 = WITH_WRITE
     | WITH_WRITE_IMM
     | WITH_SEND
@@ -74,7 +77,8 @@ const RC_SEND_OPS: u32 = WITH_WRITE
     | WITH_LOCAL_INV
     | WITH_BIND_MW
     | WITH_SEND_INV
-    | WITH_ATOMIC_WRITE;
+    | WITH_ATOMIC_WRITE
+    | WITH_FLUSH as u32;
 const UC_SEND_OPS: u32 =
     WITH_WRITE | WITH_WRITE_IMM | WITH_SEND | WITH_SEND_IMM | WITH_BIND_MW | WITH_SEND_INV;
 const UD_SEND_OPS: u32 = WITH_SEND | WITH_SEND_IMM;
@@ -120,6 +124,9 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         // SAFETY: the QP just made; not shared yet.
         let vqp = unsafe { &mut *raw };
         set_send_ops(&mut vqp.ibv, send_ops);
+        if send_ops & WITH_FLUSH != 0 {
+            vqp.wr_flush = Some(wr_flush);
+        }
         vqp.extended = true;
         raw.cast()
     })
@@ -472,6 +479,33 @@ unsafe extern "C" fn wr_atomic_write(
         let value = u64::from_ne_bytes(atomic_wr.cast::<[u8; 8]>().read_unaligned());
         add(qp, WrOpcode::AtomicWrite, |wr| {
             (wr.rkey, wr.remote_addr, wr.compare_add) = (rkey, remote_addr, value);
+        })
+    })
+}
+
+/// `ibv_wr_flush` (rdma-core 45+, through [`VrdmaQp::wr_flush`]): makes `len` bytes at
+/// `remote_addr` (or, with `IBV_FLUSH_MR`, the whole MR) globally visible or persistent at
+/// the responder (RC only).
+///
+/// # Safety
+/// As [`wr_send`].
+unsafe extern "C" fn wr_flush(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    len: usize,
+    flush_type: u8,
+    level: u8,
+) {
+    // SAFETY: caller contract.
+    guard("ibv_wr_flush", (), || unsafe {
+        add(qp, WrOpcode::Flush, |wr| {
+            (wr.rkey, wr.remote_addr) = (rkey, remote_addr);
+            wr.flush = FlushRange {
+                length: len as u64,
+                flush_type,
+                level,
+            };
         })
     })
 }

@@ -162,6 +162,20 @@ pub struct SendWr<'a> {
     pub invalidate_rkey: u32,
     /// The bind of a BIND_MW request (required by it, ignored by other opcodes).
     pub bind: Option<MwBind>,
+    /// The range of a FLUSH request (ignored by other opcodes).
+    pub flush: FlushRange,
+}
+
+/// What an RDMA FLUSH request makes durable at `remote_addr` under `rkey` (`ibv_wr_flush`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlushRange {
+    /// Bytes from the remote address (`IBV_FLUSH_RANGE`; the responder ignores it for
+    /// `IBV_FLUSH_MR`).
+    pub length: u64,
+    /// `IBV_FLUSH_GLOBAL` 1 or `IBV_FLUSH_PERSISTENT` 2.
+    pub flush_type: u8,
+    /// `IBV_FLUSH_RANGE` 0 or `IBV_FLUSH_MR` 1.
+    pub level: u8,
 }
 
 impl<'a> SendWr<'a> {

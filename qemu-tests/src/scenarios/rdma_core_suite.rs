@@ -73,11 +73,6 @@ pub const NOT_YET_OVER_VRDMA: &[(&str, &str)] = &[
     ("tests.test_odp.OdpTestCase.test_odp_rc_rdma_write", ODP),
     ("tests.test_odp.OdpTestCase.test_odp_rc_traffic", ODP),
     ("tests.test_odp.OdpTestCase.test_odp_ud_traffic", ODP),
-    ("tests.test_qpex.QpExTestCase.test_qp_ex_rc_flush", FLUSH),
-    (
-        "tests.test_qpex.QpExTestCase.test_qp_ex_rc_flush_type_violate",
-        FLUSH,
-    ),
 ];
 
 /// Tests whose outcome on rxe depends on timing, natively as over vrdma, each with the reason:
@@ -91,9 +86,6 @@ pub const TIMING_DEPENDENT: &[(&str, &str)] = &[(
 )];
 
 const ODP: &str = "on-demand paging: vrdma registers pinned memory only and reports no ODP caps";
-const FLUSH: &str =
-    "RDMA FLUSH: MRs with IBV_ACCESS_FLUSH_GLOBAL/PERSISTENT are not carried (EOPNOTSUPP)";
-
 /// How long one module may take: a hang bound (the slowest take seconds under TCG).
 const MODULE_TIMEOUT: Duration = Duration::from_secs(300);
 

@@ -25,6 +25,6 @@ pub use geometry::{
 };
 pub use header::RxeQueueBuf;
 pub use wqe::{
-    recv_wqe_size, send_wqe_size, RxeAtomicWr, RxeDmaInfo, RxeMwWr, RxeRdmaWr, RxeRecvWqe,
-    RxeSendWqe, RxeSendWr, RxeSendWrUnion, RxeSge, RxeUdWr, SGE_SIZE, WQE_STATE_POSTED,
+    recv_wqe_size, send_wqe_size, RxeAtomicWr, RxeDmaInfo, RxeFlushWr, RxeMwWr, RxeRdmaWr,
+    RxeRecvWqe, RxeSendWqe, RxeSendWr, RxeSendWrUnion, RxeSge, RxeUdWr, SGE_SIZE, WQE_STATE_POSTED,
 };

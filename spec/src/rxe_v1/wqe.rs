@@ -64,6 +64,35 @@ wire_struct! {
 assert_layout!(RxeRdmaWr, 16, remote_addr @ 0, rkey @ 8, reserved @ 12);
 
 wire_struct! {
+    /// `rxe_send_wr.wr.flush` (RDMA FLUSH; the range's length is `dma.length`, as rdma-core's
+    /// rxe provider writes it, `length` here staying 0).
+    pub struct RxeFlushWr {
+        /// Remote address of the range.
+        pub remote_addr: Le64,
+        /// Zero.
+        pub length: Le32,
+        /// Remote key.
+        pub rkey: Le32,
+        /// `IBV_FLUSH_GLOBAL` 1 or `IBV_FLUSH_PERSISTENT` 2.
+        pub flush_type: u8,
+        /// `IBV_FLUSH_RANGE` 0 or `IBV_FLUSH_MR` 1.
+        pub level: u8,
+        /// Zero.
+        pub reserved: [u8; 6],
+    }
+}
+assert_layout!(
+    RxeFlushWr,
+    24,
+    remote_addr @ 0,
+    length @ 8,
+    rkey @ 12,
+    flush_type @ 16,
+    level @ 17,
+    reserved @ 18
+);
+
+wire_struct! {
     /// `rxe_send_wr.wr.atomic`.
     pub struct RxeAtomicWr {
         /// Remote address.
@@ -162,6 +191,16 @@ impl RxeSendWrUnion {
     /// The union holding `mw`, its other bytes zero.
     pub fn from_mw(mw: RxeMwWr) -> Self {
         Self::holding(&mw)
+    }
+
+    /// The union holding `flush`, its other bytes zero.
+    pub fn from_flush(flush: RxeFlushWr) -> Self {
+        Self::holding(&flush)
+    }
+
+    /// The union read as its `flush` member.
+    pub fn flush(&self) -> RxeFlushWr {
+        self.member()
     }
 
     /// The union read as its `rdma` member.

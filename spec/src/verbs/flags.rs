@@ -95,11 +95,10 @@ impl AccessFlags {
     pub const ZERO_BASED: AccessFlags = AccessFlags(1 << 5);
     /// On-demand paging (not supported by vrdma 1.0).
     pub const ON_DEMAND: AccessFlags = AccessFlags(1 << 6);
-    /// A QP lets its peers FLUSH to global visibility (rxe's RDMA FLUSH). Only a QP access
-    /// flag in vrdma: no vrdma MR carries flush access, so a peer's FLUSH into one fails its
-    /// access check whatever the QP allows.
+    /// A QP or an MR lets peers FLUSH to global visibility (rxe's RDMA FLUSH).
     pub const FLUSH_GLOBAL: AccessFlags = AccessFlags(1 << 8);
-    /// A QP lets its peers FLUSH to persistence (as [`AccessFlags::FLUSH_GLOBAL`]).
+    /// A QP or an MR lets peers FLUSH to persistence (rxe registers such an MR only on
+    /// persistent memory: EINVAL otherwise).
     pub const FLUSH_PERSISTENT: AccessFlags = AccessFlags(1 << 9);
     /// Relaxed ordering (optional hint; the device may ignore it).
     pub const RELAXED_ORDERING: AccessFlags = AccessFlags(1 << 20);
@@ -110,6 +109,8 @@ impl AccessFlags {
             | Self::REMOTE_READ.0
             | Self::REMOTE_ATOMIC.0
             | Self::MW_BIND.0
+            | Self::FLUSH_GLOBAL.0
+            | Self::FLUSH_PERSISTENT.0
             | Self::RELAXED_ORDERING.0,
     );
     /// Flags a memory-window bind may give the window (rxe's `RXE_ACCESS_SUPPORTED_MW`
@@ -241,7 +242,7 @@ mod tests {
             AccessFlags::from_bits(AccessFlags::MW_BIND.bits()),
             Some(AccessFlags::MW_BIND)
         );
-        assert_eq!(AccessFlags::MR_ALLOWED.bits(), 0x1f | (1 << 20));
+        assert_eq!(AccessFlags::MR_ALLOWED.bits(), 0x31f | (1 << 20));
         assert_eq!(AccessFlags::MW_ALLOWED.bits(), 0x2f);
         assert_eq!(AccessFlags::QP_ALLOWED.bits(), 0x30f);
         for undefined in [AccessFlags::ZERO_BASED, AccessFlags::ON_DEMAND] {

@@ -5,8 +5,8 @@ use super::qp::QpType;
 
 verbs_enum! {
     /// Send work-request opcodes vrdma carries (`ibv_wr_opcode`), as written into
-    /// `rxe_send_wr.opcode`. The other `ibv_wr_opcode` values (TSO, FLUSH, the
-    /// driver-specific ones, …) are refused by `try_from`. LOCAL_INV, BIND_MW and SEND_WITH_INV need
+    /// `rxe_send_wr.opcode`. The other `ibv_wr_opcode` values (TSO, the driver-specific
+    /// ones, …) are refused by `try_from`. LOCAL_INV, BIND_MW and SEND_WITH_INV need
     /// `VRDMA_F_MW` (spec §9.2).
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
     pub enum WrOpcode: u32 {
@@ -31,6 +31,10 @@ verbs_enum! {
         BindMw = 8,
         /// Send that also invalidates `invalidate_rkey` on the responder.
         SendWithInv = 9,
+        /// RDMA FLUSH (RC only): makes a remote range (or its whole MR) globally visible or
+        /// persistent (rxe's `IB_WR_FLUSH`, Linux 6.2 and later). The MR needs the matching
+        /// `FLUSH_*` access.
+        Flush = 14,
         /// 8-byte atomic write (RC only): the 8 bytes in the WQE's payload area land at
         /// `remote_addr` in one piece (rxe's `IB_WR_ATOMIC_WRITE`; its kernel takes it since
         /// Linux 6.2).
@@ -149,7 +153,7 @@ mod tests {
     use super::*;
 
     /// Every opcode, in `ibv_wr_opcode` order.
-    const ALL: [WrOpcode; 11] = [
+    const ALL: [WrOpcode; 12] = [
         WrOpcode::RdmaWrite,
         WrOpcode::RdmaWriteWithImm,
         WrOpcode::Send,
@@ -160,6 +164,7 @@ mod tests {
         WrOpcode::LocalInv,
         WrOpcode::BindMw,
         WrOpcode::SendWithInv,
+        WrOpcode::Flush,
         WrOpcode::AtomicWrite,
     ];
 
@@ -169,9 +174,10 @@ mod tests {
             assert_eq!(op as u32, raw as u32);
             assert_eq!(WrOpcode::try_from(raw as u32), Ok(op));
         }
+        assert_eq!(WrOpcode::try_from(14), Ok(WrOpcode::Flush));
         assert_eq!(WrOpcode::try_from(15), Ok(WrOpcode::AtomicWrite));
-        // TSO, FLUSH and the driver-specific ones are not carried.
-        for v in [10, 14, 200, u32::MAX] {
+        // TSO and the driver-specific ones are not carried.
+        for v in [10, 13, 200, u32::MAX] {
             assert_eq!(WrOpcode::try_from(v), Err(v));
         }
     }
@@ -221,5 +227,6 @@ mod tests {
         );
         assert_eq!(on(QpType::Ud), [Send, SendWithImm]);
         assert!(!AtomicWrite.valid_on(QpType::Uc), "RC only, as rxe");
+        assert!(!Flush.valid_on(QpType::Uc), "RC only, as rxe");
     }
 }

@@ -65,7 +65,28 @@ fn create_qp_ex_refuses_what_rxe_refuses_and_sets_only_the_asked_opcodes() {
     assert!(!classic.is_null());
     // SAFETY: a live QP.
     assert!(unsafe { ibv_qp_to_qp_ex(classic) }.is_null());
-    f.close(&[uc, plain, classic]);
+
+    // FLUSH (rdma-core 45+): RC only; `wr_flush` right after the rdma-core 44 `ibv_qp_ex`,
+    // set only when asked for.
+    let uc_flush = f.attr(
+        ibv_qp_type_IBV_QPT_UC,
+        Some(WITH_FLUSH | u64::from(WITH_SEND)),
+    );
+    assert_eq!(f.create(uc_flush), Err(libc::EOPNOTSUPP));
+    let flushing = f.create(rc(WITH_FLUSH)).unwrap();
+    let wr_flush_of = |qp: *mut ibv_qp| {
+        // SAFETY: a live extended QP of this library: the word after its `ibv_qp_ex`, where
+        // a program built against rdma-core 45+ reads `wr_flush`.
+        unsafe {
+            qp.cast::<u8>()
+                .add(size_of::<ibv_qp_ex>())
+                .cast::<usize>()
+                .read()
+        }
+    };
+    assert_ne!(wr_flush_of(flushing), 0);
+    assert_eq!(wr_flush_of(plain), 0);
+    f.close(&[uc, plain, classic, flushing]);
 }
 
 trait WithoutSendOps {

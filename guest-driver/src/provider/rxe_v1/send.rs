@@ -7,8 +7,8 @@ use std::mem::{offset_of, size_of};
 use std::sync::atomic::Ordering;
 
 use vrdma_spec::rxe_v1::{
-    send_wqe_size, RxeAtomicWr, RxeAv, RxeDmaInfo, RxeMwWr, RxeRdmaWr, RxeSendWqe, RxeSendWr,
-    RxeSendWrUnion, RxeSge, RxeUdWr, WQE_STATE_POSTED,
+    send_wqe_size, RxeAtomicWr, RxeAv, RxeDmaInfo, RxeFlushWr, RxeMwWr, RxeRdmaWr, RxeSendWqe,
+    RxeSendWr, RxeSendWrUnion, RxeSge, RxeUdWr, WQE_STATE_POSTED,
 };
 use vrdma_spec::{Le16, Le32, Le64};
 use zerocopy::FromZeros;
@@ -63,7 +63,11 @@ impl WqeShape {
             opcode: wr.opcode,
             flags: wr.flags,
             num_sge: wr.sg_list.len(),
-            length: wr.sg_list.iter().map(|sge| u64::from(sge.length)).sum(),
+            length: if wr.opcode == WrOpcode::Flush {
+                wr.flush.length
+            } else {
+                wr.sg_list.iter().map(|sge| u64::from(sge.length)).sum()
+            },
             has_ud_dest: wr.ud.is_some(),
             remote_addr: wr.remote_addr,
             bind: wr.bind,
@@ -213,7 +217,10 @@ impl SendQueue {
         if wr.opcode.is_atomic() && (length < 8 || !wr.remote_addr.is_multiple_of(8)) {
             return Err(PostError::InvalidAtomic);
         }
-        if (wr.opcode.is_local() || wr.opcode.wqe_operand_len() != 0) && wr.num_sge != 0 {
+        let carries_no_sges = wr.opcode.is_local()
+            || wr.opcode.wqe_operand_len() != 0
+            || wr.opcode == WrOpcode::Flush;
+        if carries_no_sges && wr.num_sge != 0 {
             return Err(PostError::UnexpectedSges(wr.opcode));
         }
         let operand = wr.opcode.wqe_operand_len();
@@ -341,7 +348,17 @@ pub(super) unsafe fn put_inline(
 
 /// The opcode-specific union of the kernel request and the WQE's `iova`.
 fn wr_union(wr: &SendWr<'_>) -> (RxeSendWrUnion, u64) {
-    if wr.opcode.is_rdma() || wr.opcode == WrOpcode::AtomicWrite {
+    if wr.opcode == WrOpcode::Flush {
+        let flush = RxeFlushWr {
+            remote_addr: Le64::new(wr.remote_addr),
+            length: Le32::ZERO,
+            rkey: Le32::new(wr.rkey),
+            flush_type: wr.flush.flush_type,
+            level: wr.flush.level,
+            reserved: [0; 6],
+        };
+        (RxeSendWrUnion::from_flush(flush), wr.remote_addr)
+    } else if wr.opcode.is_rdma() || wr.opcode == WrOpcode::AtomicWrite {
         let rdma = RxeRdmaWr {
             remote_addr: Le64::new(wr.remote_addr),
             rkey: Le32::new(wr.rkey),

@@ -13,7 +13,7 @@ use std::mem::size_of;
 use std::sync::atomic::Ordering;
 
 use vrdma_spec::rxe_v1::RxeSendWqe;
-use vrdma_spec::verbs::QpType;
+use vrdma_spec::verbs::{QpType, WrOpcode};
 
 use super::send::{
     put_dma, put_inline, put_operand, put_request, put_send_flags, put_sges, put_ud_dest,
@@ -125,7 +125,13 @@ impl SendQueue {
         put_request(&mut entry, &request);
         // ATOMIC_WRITE's operand is part of the request; other payloads come from the setters.
         let operand = wr.opcode.wqe_operand_len();
-        put_dma(&mut entry, operand as u32, 0);
+        // A FLUSH's length is its range (checked with the rest when the request ends).
+        let length = if wr.opcode == WrOpcode::Flush {
+            wr.flush.length
+        } else {
+            operand as u64
+        };
+        put_dma(&mut entry, length as u32, 0);
         let end = if operand != 0 {
             put_operand(&mut entry, wr.compare_add)
         } else {
@@ -137,7 +143,11 @@ impl SendQueue {
                 opcode: wr.opcode,
                 flags: wr.flags,
                 num_sge: 0,
-                length: 0,
+                length: if wr.opcode == WrOpcode::Flush {
+                    wr.flush.length
+                } else {
+                    0
+                },
                 has_ud_dest: false,
                 remote_addr: wr.remote_addr,
                 bind: wr.bind,
