@@ -57,6 +57,14 @@ impl Fixture {
         unsafe { VrdmaPd::from_ptr(self.pd) }.unwrap()
     }
 
+    /// The library context behind the fixture's `ibv_context` (to allocate buffers).
+    pub(super) fn vctx(&self) -> &vrdma::Context {
+        // SAFETY: the fixture's live context.
+        &unsafe { crate::context::VrdmaContext::from_ptr(self.ctx) }
+            .unwrap()
+            .ctx
+    }
+
     pub(super) fn attr(&self, qp_type: u32, send_ops: Option<u64>) -> ibv_qp_init_attr_ex {
         // SAFETY: all-zero is a valid ibv_qp_init_attr_ex.
         let mut attr: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
@@ -214,10 +222,7 @@ fn every_rc_opcode_posts_through_one_batch() {
         .create(f.attr(ibv_qp_type_IBV_QPT_RC, Some(RC_ALL)))
         .unwrap();
     connect(a, b);
-    // SAFETY: the live context of this test.
-    let vctx = &unsafe { crate::context::VrdmaContext::from_ptr(f.ctx) }
-        .unwrap()
-        .ctx;
+    let vctx = f.vctx();
     let mut src = vctx.alloc_buffer(4096).unwrap();
     for (i, byte) in src.as_mut_slice().iter_mut().enumerate() {
         *byte = (i * 7 + 3) as u8;
@@ -393,10 +398,7 @@ fn batches_are_all_or_nothing() {
         .create(f.attr(ibv_qp_type_IBV_QPT_RC, Some(RC_ALL)))
         .unwrap();
     connect(a, b);
-    // SAFETY: the live context of this test.
-    let vctx = &unsafe { crate::context::VrdmaContext::from_ptr(f.ctx) }
-        .unwrap()
-        .ctx;
+    let vctx = f.vctx();
     let buf = vctx.alloc_buffer(4096).unwrap();
     let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
     let mr = f.vpd().pd.register(&buf, rw).unwrap();
@@ -535,10 +537,7 @@ fn ud_sends_take_the_address_handle_of_this_library() {
     // SAFETY: the fixture's PD and a valid attribute structure.
     let ah = unsafe { crate::objects::ibv_create_ah(f.pd, &mut ah_attr) };
     assert!(!ah.is_null());
-    // SAFETY: the live context of this test.
-    let vctx = &unsafe { crate::context::VrdmaContext::from_ptr(f.ctx) }
-        .unwrap()
-        .ctx;
+    let vctx = f.vctx();
     let buf = vctx.alloc_buffer(4096).unwrap();
     let mr = f.vpd().pd.register(&buf, AccessFlags::LOCAL_WRITE).unwrap();
     let recv = [mr.sge(2048, 1024).unwrap()];
@@ -669,10 +668,7 @@ fn atomic_writes_land_eight_bytes_taken_when_posted() {
         Ops(qp_ex(b)).ex().wr_atomic_write.is_none(),
         "only when asked"
     );
-    // SAFETY: the live context of this test.
-    let vctx = &unsafe { crate::context::VrdmaContext::from_ptr(f.ctx) }
-        .unwrap()
-        .ctx;
+    let vctx = f.vctx();
     let dst = vctx.alloc_buffer(4096).unwrap();
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
     let dst_mr = f.vpd().pd.register(&dst, access).unwrap();

@@ -54,10 +54,7 @@ fn ibv_post_send_ud_delivers_through_the_applications_ah() {
         super::tests::set_rts(qp);
     }
     let ah = create_ah(f.pd);
-    // SAFETY: the live context of this test.
-    let vctx = &unsafe { crate::context::VrdmaContext::from_ptr(f.ctx) }
-        .unwrap()
-        .ctx;
+    let vctx = f.vctx();
     let mut buf = vctx.alloc_buffer(4096).unwrap();
     let message: Vec<u8> = (0..500u32).map(|i| (i * 3) as u8).collect();
     buf.as_mut_slice()[..500].copy_from_slice(&message);

@@ -143,10 +143,7 @@ fn a_batch_binds_a_type_2_window_and_another_invalidates_it() {
     };
     let (a, b) = (rc(), rc());
     connect(a, b);
-    // SAFETY: the live context of this test.
-    let vctx = &unsafe { crate::context::VrdmaContext::from_ptr(f.ctx) }
-        .unwrap()
-        .ctx;
+    let vctx = f.vctx();
     let target = vctx.alloc_buffer(4096).unwrap();
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::MW_BIND;
     let target_mr = f.vpd().pd.register(&target, access).unwrap();
@@ -218,10 +215,7 @@ fn a_batch_send_with_invalidate_closes_the_peers_window() {
     };
     let (a, b) = (rc(), rc());
     connect(a, b);
-    // SAFETY: the live context of this test.
-    let vctx = &unsafe { crate::context::VrdmaContext::from_ptr(f.ctx) }
-        .unwrap()
-        .ctx;
+    let vctx = f.vctx();
     let target = vctx.alloc_buffer(4096).unwrap();
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::MW_BIND;
     let target_mr = f.vpd().pd.register(&target, access).unwrap();
@@ -281,10 +275,7 @@ fn malformed_window_requests_fail_the_batch() {
         .unwrap();
     let ops = Ops(qp_ex(a));
     let mw = alloc_type2(&f);
-    // SAFETY: the live context of this test.
-    let vctx = &unsafe { crate::context::VrdmaContext::from_ptr(f.ctx) }
-        .unwrap()
-        .ctx;
+    let vctx = f.vctx();
     let buf = vctx.alloc_buffer(4096).unwrap();
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND;
     let mr = f.vpd().pd.register(&buf, access).unwrap();
