@@ -295,8 +295,13 @@ enum Pass {
 /// Kicks every QP whose doorbell is queued in the area, once, without polling: what a control
 /// command does before it runs (spec §5.3, ordering with commands).
 /// Without an area (no QP yet) there is nothing to kick.
-pub fn drain(doorbells: &Mutex<Doorbells>, host: &dyn HostContext) {
-    let _ = doorbells.lock().pass(host, Pass::Drain);
+///
+/// Returns when staged rings the pass could not forward whole are due to be pumped again
+/// (`None` if none waits), read under the same lock.
+pub fn drain(doorbells: &Mutex<Doorbells>, host: &dyn HostContext) -> Option<Duration> {
+    let mut doorbells = doorbells.lock();
+    let _ = doorbells.pass(host, Pass::Drain);
+    doorbells.staging().next_retry()
 }
 
 /// Serves one doorbell notification: drains the area, then, if `window` is non-zero and the
@@ -306,25 +311,31 @@ pub fn drain(doorbells: &Mutex<Doorbells>, host: &dyn HostContext) {
 ///
 /// The lock is taken per pass, never across the phase: the control worker creates and
 /// destroys QPs (and a reset clears the area) meanwhile, and the next pass sees the change.
-pub fn serve(doorbells: &Mutex<Doorbells>, host: &dyn HostContext, window: Duration) {
-    doorbells.lock().drain(host);
+/// Returns what [`drain`] returns, read at the end of the phase.
+pub fn serve(
+    doorbells: &Mutex<Doorbells>,
+    host: &dyn HostContext,
+    window: Duration,
+) -> Option<Duration> {
     if window.is_zero() {
-        return;
+        return drain(doorbells, host);
     }
+    doorbells.lock().drain(host);
     let start = Instant::now();
     let budget_end = start + window * POLL_BUDGET_WINDOWS;
     let mut idle_end = start + window;
     loop {
         match doorbells.lock().pass(host, Pass::Poll) {
-            None => return,
+            None => return doorbells.lock().staging().next_retry(),
             Some(0) => {}
             Some(_) => idle_end = Instant::now() + window,
         }
         let now = Instant::now();
         if now >= idle_end || now >= budget_end {
             // A doorbell found by the last drain was kicked; any later one notifies again.
-            doorbells.lock().pass(host, Pass::StopPolling);
-            return;
+            let mut doorbells = doorbells.lock();
+            doorbells.pass(host, Pass::StopPolling);
+            return doorbells.staging().next_retry();
         }
         std::hint::spin_loop();
     }

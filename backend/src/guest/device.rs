@@ -15,6 +15,7 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use log::{debug, info, warn};
 use parking_lot::Mutex;
@@ -367,8 +368,8 @@ impl GuestDevice {
         // The doorbell worker may not have drained them yet (it runs on its own thread), and a
         // RESIZE_CQ or MODIFY_QP run ahead of them would act on a CQ or QP without the
         // completions the caller's earlier posts produce natively.
-        doorbell::drain(self.shared.doorbells(), self.shared.host());
-        self.arm_staging_retry();
+        let next_retry = doorbell::drain(self.shared.doorbells(), self.shared.host());
+        self.arm_staging_retry(next_retry);
         let mut state = self.state.lock();
         state
             .shm
@@ -387,9 +388,9 @@ impl GuestDevice {
         control::execute(&mut session, request)
     }
 
-    /// Starts the staging retry timer when a drain left a staged ring not fully forwarded.
-    fn arm_staging_retry(&self) {
-        let next_retry = self.shared.doorbells().lock().staging().next_retry();
+    /// Starts the staging retry timer when a drain left a staged ring not fully forwarded
+    /// (`next_retry`, as the drain reported it).
+    fn arm_staging_retry(&self, next_retry: Option<Duration>) {
         if let Some(delay) = next_retry {
             self.staging_retry.start(delay);
         }
@@ -534,12 +535,12 @@ impl DeviceHandler for GuestDevice {
                 rung.len()
             );
         }
-        doorbell::serve(
+        let next_retry = doorbell::serve(
             self.shared.doorbells(),
             self.shared.host(),
             self.shared.options().doorbell_poll,
         );
-        self.arm_staging_retry();
+        self.arm_staging_retry(next_retry);
     }
 
     fn watched_fds(&self) -> Vec<RawFd> {

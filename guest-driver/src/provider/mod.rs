@@ -179,6 +179,17 @@ pub struct FlushRange {
 }
 
 impl<'a> SendWr<'a> {
+    /// The length the WQE's `dma` gives a request whose opcode fixes it rather than its
+    /// payload: a FLUSH's range, the operand of ATOMIC_WRITE. `None` for the others (their
+    /// SGEs or inline bytes decide).
+    pub fn fixed_length(&self) -> Option<u64> {
+        match self.opcode {
+            WrOpcode::Flush => Some(self.flush.length),
+            opcode if opcode.wqe_operand_len() != 0 => Some(opcode.wqe_operand_len() as u64),
+            _ => None,
+        }
+    }
+
     /// A LOCAL_INV request: invalidates the type-2 window (or fast-registered MR) `rkey`.
     pub fn local_inv(wr_id: u64, rkey: u32, flags: SendFlags) -> Self {
         SendWr {

@@ -127,6 +127,12 @@ impl WrOpcode {
         matches!(self, WrOpcode::LocalInv | WrOpcode::BindMw)
     }
 
+    /// Whether the request's WQE may carry SGEs or inline bytes: local operations, FLUSH (a
+    /// range, no data) and opcodes whose operand sits in the payload area carry none.
+    pub const fn takes_sges(self) -> bool {
+        !(self.is_local() || self.wqe_operand_len() != 0 || matches!(self, WrOpcode::Flush))
+    }
+
     /// Whether the opcode uses memory windows, i.e. needs `VRDMA_F_MW`.
     pub const fn needs_memory_windows(self) -> bool {
         matches!(

@@ -63,11 +63,9 @@ impl WqeShape {
             opcode: wr.opcode,
             flags: wr.flags,
             num_sge: wr.sg_list.len(),
-            length: if wr.opcode == WrOpcode::Flush {
-                wr.flush.length
-            } else {
-                wr.sg_list.iter().map(|sge| u64::from(sge.length)).sum()
-            },
+            length: wr
+                .fixed_length()
+                .unwrap_or_else(|| wr.sg_list.iter().map(|sge| u64::from(sge.length)).sum()),
             has_ud_dest: wr.ud.is_some(),
             remote_addr: wr.remote_addr,
             bind: wr.bind,
@@ -217,10 +215,7 @@ impl SendQueue {
         if wr.opcode.is_atomic() && (length < 8 || !wr.remote_addr.is_multiple_of(8)) {
             return Err(PostError::InvalidAtomic);
         }
-        let carries_no_sges = wr.opcode.is_local()
-            || wr.opcode.wqe_operand_len() != 0
-            || wr.opcode == WrOpcode::Flush;
-        if carries_no_sges && wr.num_sge != 0 {
+        if !wr.opcode.takes_sges() && wr.num_sge != 0 {
             return Err(PostError::UnexpectedSges(wr.opcode));
         }
         let operand = wr.opcode.wqe_operand_len();
@@ -232,7 +227,7 @@ impl SendQueue {
                     max: (self.queue.slot_size() - size_of::<RxeSendWqe>()) as u32,
                 });
             }
-            return Ok(operand as u32);
+            return Ok(length);
         }
         if wr.opcode == WrOpcode::BindMw {
             let access_ok = |b: &MwBind| b.access.bits() & !AccessFlags::MW_ALLOWED.bits() == 0;

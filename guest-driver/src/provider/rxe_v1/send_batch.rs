@@ -13,7 +13,7 @@ use std::mem::size_of;
 use std::sync::atomic::Ordering;
 
 use vrdma_spec::rxe_v1::RxeSendWqe;
-use vrdma_spec::verbs::{QpType, WrOpcode};
+use vrdma_spec::verbs::QpType;
 
 use super::send::{
     put_dma, put_inline, put_operand, put_request, put_send_flags, put_sges, put_ud_dest,
@@ -123,16 +123,11 @@ impl SendQueue {
         // it), which the kernel does not access until the batch is published.
         let mut entry = unsafe { self.queue.slot_writer(index) };
         put_request(&mut entry, &request);
-        // ATOMIC_WRITE's operand is part of the request; other payloads come from the setters.
-        let operand = wr.opcode.wqe_operand_len();
-        // A FLUSH's length is its range (checked with the rest when the request ends).
-        let length = if wr.opcode == WrOpcode::Flush {
-            wr.flush.length
-        } else {
-            operand as u64
-        };
+        // ATOMIC_WRITE's operand is part of the request, a FLUSH's range is its length; other
+        // payloads come from the setters.
+        let length = wr.fixed_length().unwrap_or(0);
         put_dma(&mut entry, length as u32, 0);
-        let end = if operand != 0 {
+        let end = if wr.opcode.wqe_operand_len() != 0 {
             put_operand(&mut entry, wr.compare_add)
         } else {
             size_of::<RxeSendWqe>()
@@ -143,11 +138,7 @@ impl SendQueue {
                 opcode: wr.opcode,
                 flags: wr.flags,
                 num_sge: 0,
-                length: if wr.opcode == WrOpcode::Flush {
-                    wr.flush.length
-                } else {
-                    0
-                },
+                length,
                 has_ud_dest: false,
                 remote_addr: wr.remote_addr,
                 bind: wr.bind,
@@ -163,6 +154,9 @@ impl SendQueue {
         let Some(mut current) = batch.current() else {
             return;
         };
+        if !current.shape.opcode.takes_sges() {
+            return batch.fail(PostError::UnexpectedSges(current.shape.opcode));
+        }
         if sges.len() > self.caps.max_sge as usize {
             return batch.fail(PostError::TooManySges {
                 num: sges.len(),
