@@ -11,7 +11,7 @@ use vrdma_backend::resources::quotas::Quotas;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_backend::vhost_device::shmem::SLOT_COUNTING_FRONTEND_MAPPINGS as LIMIT;
 use vrdma_spec::features::*;
-use vrdma_spec::rxe_v1::{self, header};
+use vrdma_spec::rxe_v1::{header, RingGeometry};
 use vrdma_spec::verbs::arm_flags;
 use vrdma_spec::wire::*;
 use vrdma_spec::{ControlRequest, Le32, ResponseBody, Status};
@@ -51,8 +51,8 @@ impl Setup {
         }
     }
 
-    fn mask(&self) -> u32 {
-        self.cq.ring.num_slots.get() - 1
+    fn geometry(&self) -> RingGeometry {
+        self.cq.ring.rxe_v1_geometry().unwrap()
     }
 
     /// The kernel completes work request `wr_id`; false if the host CQ was full.
@@ -89,7 +89,7 @@ impl Setup {
     /// The `wr_id` in staging slot `index`.
     fn staged_wr_id(&self, index: u32) -> u64 {
         let ring = &self.cq.ring;
-        let at = rxe_v1::slot_offset(index, self.mask(), ring.log2_slot_size.get());
+        let at = self.geometry().slot_offset(index);
         let bytes = self
             .guest
             .frontend
@@ -130,7 +130,10 @@ fn host_completions_are_copied_on_the_host_event_and_the_guest_is_woken_only_whe
     assert_eq!(s.host_arms(), 1, "armed by the device at creation");
     // A staging ring starts empty.
     assert_eq!(s.staging_word(header::PRODUCER_INDEX), 0);
-    assert_eq!(s.staging_word(header::INDEX_MASK), s.mask());
+    assert_eq!(
+        s.staging_word(header::INDEX_MASK),
+        s.geometry().index_mask()
+    );
 
     for wr_id in [11, 12, 13] {
         assert!(s.complete(wr_id));
@@ -203,7 +206,7 @@ fn arm_cq_copies_what_the_host_holds_before_it_answers() {
 #[test]
 fn completions_the_guest_has_no_room_for_wait_in_the_host_cq() {
     let s = Setup::new(3);
-    let mask = s.mask();
+    let mask = s.geometry().index_mask();
     assert_eq!(mask, 3, "a CQ of three");
     for wr_id in 1..=3 {
         assert!(s.complete(wr_id));

@@ -12,7 +12,7 @@ use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_backend::vhost_device::shmem::SLOT_COUNTING_FRONTEND_MAPPINGS as LIMIT;
 use vrdma_spec::features::*;
 use vrdma_spec::rxe_v1::{self, header, RxeRecvWqe, RxeSendWqe, RxeSge};
-use vrdma_spec::verbs::{send_flags, QpState, WrOpcode};
+use vrdma_spec::verbs::{QpState, SendFlags, WrOpcode};
 use vrdma_spec::wire::*;
 use vrdma_spec::{ControlRequest, Le32, Le64, Status};
 use vrdma_test_support::fake_host::device::*;
@@ -72,7 +72,7 @@ impl Setup {
     }
 
     fn slot(ring: &RingDesc, index: u32) -> usize {
-        rxe_v1::slot_offset(index, ring.num_slots.get() - 1, ring.log2_slot_size.get())
+        ring.rxe_v1_geometry().unwrap().slot_offset(index)
     }
 
     fn host_word(&self, queue: HostQueue, at: usize) -> u32 {
@@ -98,7 +98,7 @@ fn rdma_write(wr_id: u64) -> (RxeSendWqe, RxeSge) {
     let mut wqe = RxeSendWqe::new_zeroed();
     wqe.wr.wr_id = Le64::new(wr_id);
     wqe.wr.opcode = Le32::new(WrOpcode::RdmaWrite as u32);
-    wqe.wr.send_flags = Le32::new(send_flags::SIGNALED);
+    wqe.wr.send_flags = Le32::new(SendFlags::SIGNALED.bits());
     wqe.dma.length = Le32::new(100);
     wqe.dma.resid = Le32::new(100);
     wqe.dma.num_sge = Le32::new(1);

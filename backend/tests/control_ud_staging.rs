@@ -9,8 +9,8 @@ use vrdma_backend::datapath::staging::NEUTRALISED_AH_NUM;
 use vrdma_backend::guest::options::DeviceOptions;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::features::*;
-use vrdma_spec::rxe_v1::{self, header, RxeAv, RxeSendWqe, RxeSendWrUnion, RxeSge, RxeUdWr};
-use vrdma_spec::verbs::{send_flags, QpAttrMask, QpState, WrOpcode};
+use vrdma_spec::rxe_v1::{header, RxeAv, RxeSendWqe, RxeSendWrUnion, RxeSge, RxeUdWr};
+use vrdma_spec::verbs::{QpAttrMask, QpState, SendFlags, WrOpcode};
 use vrdma_spec::wire::*;
 use vrdma_spec::{ControlRequest, Le32, Le64, ResponseBody, Status};
 use vrdma_test_support::fake_host::device::*;
@@ -88,11 +88,7 @@ impl Setup {
     }
 
     fn slot(&self, index: u32) -> usize {
-        rxe_v1::slot_offset(
-            index,
-            self.qp.sq.num_slots.get() - 1,
-            self.qp.sq.log2_slot_size.get(),
-        )
+        self.qp.sq.rxe_v1_geometry().unwrap().slot_offset(index)
     }
 
     /// Writes `wqe` and `sges` into staging slot `index`, as the guest's driver would.
@@ -153,7 +149,7 @@ fn send(wr_id: u64, ah: u32) -> (RxeSendWqe, Vec<RxeSge>) {
     let mut wqe = RxeSendWqe::new_zeroed();
     wqe.wr.wr_id = Le64::new(wr_id);
     wqe.wr.opcode = Le32::new(WrOpcode::Send as u32);
-    wqe.wr.send_flags = Le32::new(send_flags::SIGNALED);
+    wqe.wr.send_flags = Le32::new(SendFlags::SIGNALED.bits());
     wqe.wr.wr = RxeSendWrUnion::from_ud(RxeUdWr {
         remote_qpn: Le32::new(0x123),
         remote_qkey: Le32::new(0x1111),
@@ -218,13 +214,14 @@ fn same_inode(a: &std::fs::File, b: &std::fs::File) -> bool {
 fn the_staging_ring_is_described_as_the_send_queue() {
     let s = Setup::new();
     let sq = s.qp.sq;
-    sq.check_rxe_v1(SHM_SIZE, PAGE).unwrap();
+    let geometry = sq.check_rxe_v1(SHM_SIZE, PAGE).unwrap();
     // Its header matches the description, so the driver's cross-check holds.
-    sq.check_header(
-        s.staging_word(header::LOG2_ELEM_SIZE),
-        s.staging_word(header::INDEX_MASK),
-    )
-    .unwrap();
+    geometry
+        .check_header(
+            s.staging_word(header::LOG2_ELEM_SIZE),
+            s.staging_word(header::INDEX_MASK),
+        )
+        .unwrap();
     // What the frontend maps there is the staging file, not the host buffer, and the device
     // keeps it out of guest memory.
     let mapped = s.guest.frontend.mapped_file(sq.shm_offset.get());
@@ -350,7 +347,7 @@ fn non_ud_opcodes_and_bad_shapes_are_refused() {
     assert_refused(|_, wqe, _| wqe.dma.num_sge = Le32::new(33));
     assert_refused(|_, wqe, _| wqe.dma.length = Le32::new(99));
     assert_refused(|_, wqe, _| {
-        wqe.wr.send_flags = Le32::new(send_flags::INLINE);
+        wqe.wr.send_flags = Le32::new(SendFlags::INLINE.bits());
         wqe.dma.length = Le32::new(4096);
         wqe.dma.resid = Le32::new(4096);
     });

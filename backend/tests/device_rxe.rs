@@ -18,14 +18,15 @@ use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use vrdma::provider::rxe_v1::{
-    CompletionQueue, QueueError, QueueGeometry, RecvQueue, RxeAddressHandle, RxeQueue, SendQueue,
-    SendQueueCaps,
+    CompletionQueue, RecvQueue, RxeAddressHandle, RxeQueue, SendQueue, SendQueueCaps,
 };
 use vrdma::provider::{RecvWr, SendFlags, SendWr, Sge, UdDest, WorkCompletion};
 use vrdma_backend::control::rings::{slot_geometry, slot_log2};
 use vrdma_backend::host::*;
 use vrdma_spec::attr::qp::{GlobalRoute, QpCaps};
-use vrdma_spec::rxe_v1::{self, header, recv_wqe_size, send_wqe_size, RxeAv};
+use vrdma_spec::rxe_v1::{
+    self, header, recv_wqe_size, send_wqe_size, GeometryError, RingGeometry, RxeAv,
+};
 use vrdma_spec::verbs::{
     AccessFlags, Gid, GidType, Mtu, QpAttrMask, QpState, QpType, WcOpcode, WcStatus, WrOpcode,
 };
@@ -130,7 +131,7 @@ impl Drop for Mapping {
 struct Ring<Q> {
     /// Declared before `_map` so that it is dropped before the mapping it points into.
     queue: Q,
-    geometry: QueueGeometry,
+    geometry: RingGeometry,
     /// Keeps the buffer mapped while `queue` uses it.
     _map: Mapping,
 }
@@ -143,24 +144,20 @@ impl<Q> Ring<Q> {
         buffer: QueueBuffer,
         depth: u32,
         entry_bytes: usize,
-        wrap: impl FnOnce(RxeQueue) -> Result<Q, QueueError>,
+        wrap: impl FnOnce(RxeQueue) -> Result<Q, GeometryError>,
     ) -> Ring<Q> {
         let map = Mapping::map_queue(ctx.queue_fd(), buffer).expect("first mmap of a queue");
         // The backend's derivation (control::rings), which the guest receives in its RingDesc.
         let num_slots = depth + 1;
-        let log2_slot_size = slot_geometry(buffer.len as u64, num_slots, entry_bytes)
+        let geometry = slot_geometry(buffer.len as u64, num_slots, entry_bytes)
             .unwrap_or_else(|e| panic!("{depth} x {entry_bytes} bytes in {buffer:?}: {e}"));
         assert_eq!(
-            log2_slot_size,
+            geometry.log2_slot_size(),
             slot_log2(entry_bytes),
             "rxe sizes slots as the backend predicts for {entry_bytes}-byte entries"
         );
         assert_eq!(map.read_u32(header::PRODUCER_INDEX), 0);
         assert_eq!(map.read_u32(header::CONSUMER_INDEX), 0);
-        let geometry = QueueGeometry {
-            num_slots,
-            log2_slot_size,
-        };
         // SAFETY: the mapping is readable and writable, lives in the same `Ring` and outlives
         // the queue (field order); apart from the header reads above, which are done, only the
         // kernel and this queue access it, and each buffer is mapped (so wrapped) once.

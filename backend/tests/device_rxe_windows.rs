@@ -14,7 +14,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use vrdma::provider::rxe_v1::{CompletionQueue, QueueGeometry, RxeQueue, SendQueue, SendQueueCaps};
+use vrdma::provider::rxe_v1::{CompletionQueue, RxeQueue, SendQueue, SendQueueCaps};
 use vrdma::provider::{inc_rkey, MwBind, SendFlags, SendWr, WorkCompletion};
 use vrdma_backend::control::rings::slot_geometry;
 use vrdma_backend::host::*;
@@ -100,11 +100,7 @@ fn ring<Q>(
 ) -> Ring<Q> {
     let map = Mapping::queue(ctx.queue_fd(), buffer);
     let num_slots = depth + 1;
-    let log2_slot_size = slot_geometry(buffer.len as u64, num_slots, entry_bytes).unwrap();
-    let geometry = QueueGeometry {
-        num_slots,
-        log2_slot_size,
-    };
+    let geometry = slot_geometry(buffer.len as u64, num_slots, entry_bytes).unwrap();
     // SAFETY: the mapping is readable and writable and outlives the queue (field order); only
     // the kernel and this queue access it.
     let queue = unsafe { RxeQueue::new(map.ptr, map.len, geometry) }.unwrap();

@@ -4,11 +4,9 @@
 
 use std::sync::atomic::Ordering;
 
-use vrdma::provider::rxe_v1::{
-    CompletionQueue, QueueError, QueueGeometry, RecvQueue, SendQueue, SendQueueCaps,
-};
+use vrdma::provider::rxe_v1::{CompletionQueue, RecvQueue, SendQueue, SendQueueCaps};
 use vrdma::provider::{SendFlags, SendWr, WorkCompletion};
-use vrdma_spec::rxe_v1::IbUverbsWc;
+use vrdma_spec::rxe_v1::{GeometryError, IbUverbsWc, RingGeometry};
 use vrdma_spec::verbs::QpType;
 use vrdma_spec::Le64;
 use vrdma_test_support::for_both_reaches;
@@ -21,12 +19,12 @@ fn corrupted_headers_are_refused(reach: Reach) {
     let wrong_size = SharedQueue::with_header(reach, 8, 7, 8, 7);
     assert_eq!(
         wrong_size.try_queue().unwrap_err(),
-        QueueError::HeaderMismatch { log2: 8, mask: 7 }
+        GeometryError::HeaderMismatch { log2: 8, mask: 7 }
     );
     let wrong_mask = SharedQueue::with_header(reach, 8, 7, 7, 0xffff);
     assert_eq!(
         wrong_mask.try_queue().unwrap_err(),
-        QueueError::HeaderMismatch {
+        GeometryError::HeaderMismatch {
             log2: 7,
             mask: 0xffff
         }
@@ -38,22 +36,16 @@ fn corrupted_headers_are_refused(reach: Reach) {
         .store(0x8000_0001, Ordering::Relaxed);
     assert_eq!(
         wild_index.try_queue().unwrap_err(),
-        QueueError::IndexOutOfRange {
+        GeometryError::IndexOutOfRange {
             which: "consumer",
             value: 0x8000_0001
         }
     );
     // The device claims more than is mapped.
-    let short = good.queue_claiming(
-        good.buffer_len(),
-        QueueGeometry {
-            num_slots: 16,
-            log2_slot_size: 7,
-        },
-    );
+    let short = good.queue_claiming(good.buffer_len(), RingGeometry::new(16, 7).unwrap());
     assert_eq!(
         short.unwrap_err(),
-        QueueError::TooSmall {
+        GeometryError::TooSmall {
             need: 384 + 16 * 128,
             mapped: good.buffer_len()
         }
@@ -66,14 +58,14 @@ fn corrupted_headers_are_refused(reach: Reach) {
     };
     assert_eq!(
         SendQueue::new(good.queue(), caps).unwrap_err(),
-        QueueError::SlotTooSmall {
+        GeometryError::SlotTooSmall {
             need: 208 + 256,
             slot: 128
         }
     );
     assert_eq!(
         RecvQueue::new(good.queue(), 6).unwrap_err(),
-        QueueError::SlotTooSmall {
+        GeometryError::SlotTooSmall {
             need: 40 + 6 * 16,
             slot: 128
         }

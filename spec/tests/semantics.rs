@@ -4,7 +4,7 @@ mod common;
 
 use vrdma_spec::control::ControlRequest;
 use vrdma_spec::features::{VRDMA_F_SRQ, VRDMA_F_UC, VRDMA_F_UD};
-use vrdma_spec::rxe_v1::{self, GeometryError};
+use vrdma_spec::rxe_v1::{self, GeometryError, RingGeometry};
 use vrdma_spec::verbs::{check_modify_qp, qp_transition, QpAttrMask, QpState, QpType};
 use vrdma_spec::wire::RingDesc;
 use vrdma_spec::{Le32, Le64, Status};
@@ -270,14 +270,15 @@ fn desc() -> RingDesc {
 #[test]
 fn ring_geometry_checks() {
     let d = desc();
-    assert_eq!(d.check_rxe_v1(1 << 20, 4096), Ok(()));
-    assert_eq!(d.check_header(7, 63), Ok(()));
+    let geometry = d.check_rxe_v1(1 << 20, 4096).unwrap();
+    assert_eq!(geometry, RingGeometry::new(64, 7).unwrap());
+    assert_eq!(geometry.check_header(7, 63), Ok(()));
     assert!(matches!(
-        d.check_header(7, 127),
+        geometry.check_header(7, 127),
         Err(GeometryError::HeaderMismatch { .. })
     ));
     assert!(matches!(
-        d.check_header(8, 63),
+        geometry.check_header(8, 63),
         Err(GeometryError::HeaderMismatch { .. })
     ));
     // 384 + 64 * 128 = 8576 <= 0x3000
@@ -333,7 +334,43 @@ fn slot_math() {
     assert_eq!(rxe_v1::num_slots_for(127), Some(128));
     assert_eq!(rxe_v1::num_slots_for(128), Some(256));
     assert_eq!(rxe_v1::num_slots_for(u32::MAX), None);
-    assert_eq!(rxe_v1::slot_offset(65, 63, 7), 384 + 128);
+    let ring = RingGeometry::new(64, 7).unwrap();
+    assert_eq!(ring.slot_offset(65), 384 + 128);
+    assert_eq!(ring.next(63), 0);
+    assert_eq!(ring.count(2, 62), 4);
+    assert_eq!(ring.mask(u32::MAX), 63);
+    assert_eq!(ring.buffer_len(), 384 + 64 * 128);
+    assert_eq!(ring.check_len(384 + 64 * 128), Ok(()));
+    assert_eq!(
+        ring.check_len(384 + 64 * 128 - 1),
+        Err(GeometryError::TooSmall {
+            need: 384 + 64 * 128,
+            mapped: 384 + 64 * 128 - 1
+        })
+    );
+    assert_eq!(
+        ring.check_entry(129),
+        Err(GeometryError::SlotTooSmall {
+            need: 129,
+            slot: 128
+        })
+    );
+    assert_eq!(
+        ring.check_index("producer", 64),
+        Err(GeometryError::IndexOutOfRange {
+            which: "producer",
+            value: 64
+        })
+    );
+    assert_eq!(RingGeometry::new(48, 7), Err(GeometryError::NumSlots(48)));
+    assert_eq!(RingGeometry::new(1, 7), Err(GeometryError::NumSlots(1)));
+    assert_eq!(RingGeometry::new(64, 5), Err(GeometryError::SlotSize(5)));
+    assert_eq!(RingGeometry::new(64, 17), Err(GeometryError::SlotSize(17)));
+    assert_eq!(
+        RingGeometry::with_index_mask(u32::MAX, 7),
+        Err(GeometryError::NumSlots(0))
+    );
+    assert_eq!(RingGeometry::with_index_mask(63, 7), Ok(ring));
     assert_eq!(rxe_v1::send_wqe_size(4, 64), 208 + 64);
     assert_eq!(rxe_v1::send_wqe_size(1, 200), 408);
     assert_eq!(rxe_v1::recv_wqe_size(2), 72);

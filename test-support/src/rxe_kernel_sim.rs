@@ -15,10 +15,12 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use vrdma::provider::rxe_v1::{QueueError, QueueGeometry, RxeQueue};
+use vrdma::provider::rxe_v1::RxeQueue;
 use vrdma::provider::Sge;
 use vrdma::transport::RegionAccess;
-use vrdma_spec::rxe_v1::{header, IbUverbsWc, RxeRecvWqe, RxeSendWqe, RxeSge};
+use vrdma_spec::rxe_v1::{
+    header, GeometryError, IbUverbsWc, RingGeometry, RxeRecvWqe, RxeSendWqe, RxeSge,
+};
 use vrdma_spec::{Le32, Le64};
 
 /// How long a simulated kernel (or a test waiting for it) waits for progress before failing.
@@ -71,7 +73,8 @@ impl SharedQueue {
     ) -> Self {
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let len = header::DATA + ((num_slots as usize) << log2_slot_size);
+        let geometry = RingGeometry::new(num_slots, log2_slot_size).unwrap();
+        let len = geometry.buffer_len() as usize;
         let data_pages = len.div_ceil(page);
         let map_len = (data_pages + 1) * page;
         // SAFETY: a fresh anonymous private mapping; no existing memory is affected.
@@ -92,11 +95,7 @@ impl SharedQueue {
         assert_eq!(rc, 0);
         // `len` is a multiple of 64, so the base is 64-byte aligned.
         let base = NonNull::new((guard - len) as *mut u8).unwrap();
-        let kernel = KernelSide {
-            base,
-            mask: num_slots - 1,
-            log2: log2_slot_size,
-        };
+        let kernel = KernelSide { base, geometry };
         // SAFETY: the two header words lie in the writable part of the mapping.
         unsafe {
             base.as_ptr().cast::<u32>().write(header_log2);
@@ -135,19 +134,16 @@ impl SharedQueue {
     }
 
     /// The geometry the device would report for the queue.
-    pub fn geometry(&self) -> QueueGeometry {
-        QueueGeometry {
-            num_slots: self.kernel.mask + 1,
-            log2_slot_size: self.kernel.log2,
-        }
+    pub fn geometry(&self) -> RingGeometry {
+        self.kernel.geometry
     }
 
     /// The queue as the provider sees it, claiming `geometry` and `len` bytes.
     pub fn queue_claiming(
         &self,
         len: usize,
-        geometry: QueueGeometry,
-    ) -> Result<RxeQueue, QueueError> {
+        geometry: RingGeometry,
+    ) -> Result<RxeQueue, GeometryError> {
         match self.reach {
             // SAFETY: the buffer stays mapped until `self` is dropped, after every queue built
             // on it in these tests (refused claims are refused before any access); the test
@@ -165,7 +161,7 @@ impl SharedQueue {
     }
 
     /// The queue as the provider sees it, claiming the real geometry and length.
-    pub fn try_queue(&self) -> Result<RxeQueue, QueueError> {
+    pub fn try_queue(&self) -> Result<RxeQueue, GeometryError> {
         self.queue_claiming(self.len, self.geometry())
     }
 
@@ -350,8 +346,7 @@ impl Drop for SharedQueue {
 #[derive(Clone, Copy)]
 pub struct KernelSide {
     base: NonNull<u8>,
-    mask: u32,
-    log2: u32,
+    geometry: RingGeometry,
 }
 
 // SAFETY: the handle is only a pointer into a `SharedQueue` that outlives every thread using
@@ -377,12 +372,12 @@ impl KernelSide {
 
     /// Number of slots minus one.
     pub fn mask(&self) -> u32 {
-        self.mask
+        self.geometry.index_mask()
     }
 
     /// The start of slot `index` (masked).
     pub fn slot(&self, index: u32) -> *mut u8 {
-        let offset = header::DATA + (((index & self.mask) as usize) << self.log2);
+        let offset = self.geometry.slot_offset(index);
         // SAFETY: a masked index names a slot inside the mapping.
         unsafe { self.base.as_ptr().add(offset) }
     }
@@ -401,7 +396,7 @@ impl KernelSide {
 
     /// The SGE array (or inline bytes, as `len` bytes) after a WQE of `header` bytes.
     pub fn payload(&self, index: u32, header: usize, len: usize) -> Vec<u8> {
-        assert!(header + len <= 1 << self.log2);
+        assert!(header + len <= self.geometry.slot_size());
         // SAFETY: the range lies inside the slot (asserted).
         unsafe { std::slice::from_raw_parts(self.slot(index).add(header), len).to_vec() }
     }
@@ -421,7 +416,7 @@ impl KernelSide {
 
     /// Fills the kernel-owned fields of every send slot with [`KERNEL_OWNED`].
     pub fn mark_kernel_owned(&self) {
-        for i in 0..=self.mask {
+        for i in 0..=self.geometry.index_mask() {
             let wqe = self.slot(i).cast::<RxeSendWqe>();
             let owned = Le32::new(KERNEL_OWNED);
             // SAFETY: fields (alignment 1) of a slot inside the mapping; nothing is posted yet.
@@ -490,15 +485,15 @@ pub fn complete_sends(
             continue;
         }
         if let Some(cqe) = execute(i, &sq, sq_cons) {
-            while (cq_prod + 1) & cq.mask == cq.consumer().load(Ordering::Acquire) {
+            while cq.geometry.next(cq_prod) == cq.consumer().load(Ordering::Acquire) {
                 assert!(Instant::now() < deadline, "kernel: CQ never drained");
                 thread::yield_now();
             }
             cq.write_cqe(cq_prod, cqe);
-            cq_prod = (cq_prod + 1) & cq.mask;
+            cq_prod = cq.geometry.next(cq_prod);
             cq.producer().store(cq_prod, Ordering::Release);
         }
-        sq_cons = (sq_cons + 1) & sq.mask;
+        sq_cons = sq.geometry.next(sq_cons);
         sq.consumer().store(sq_cons, Ordering::Release);
         i += 1;
     }

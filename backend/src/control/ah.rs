@@ -180,7 +180,9 @@ pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
         .map_err(host_err("CREATE_AH"))?;
     if ah.ah_num == 0 {
         destroy_host(s.host(), ah.handle);
-        return Err(CommandError::Geometry("the host returned ah_num 0".into()));
+        return Err(CommandError::HostAnswer(
+            "the host returned ah_num 0".into(),
+        ));
     }
     let handle = match s.state.ahs.insert(AhEntry {
         host: ah.handle,

@@ -40,7 +40,7 @@ pub(crate) fn create_cq(s: &mut Session<'_>, r: &CreateCqReq) -> CommandResult {
     let mapped = cq
         .cqe
         .checked_add(1)
-        .ok_or_else(|| CommandError::Geometry(format!("cqe {}", cq.cqe)))
+        .ok_or_else(|| CommandError::HostAnswer(format!("cqe {}", cq.cqe)))
         .and_then(|num_slots| {
             if !staged {
                 return rings::map_ring(s, cq.buffer, num_slots, rxe_v1::CQE_SIZE)
@@ -173,7 +173,7 @@ pub(crate) fn resize_cq(s: &mut Session<'_>, r: &ResizeCqReq) -> CommandResult {
         resized
             .cqe
             .checked_add(1)
-            .ok_or_else(|| CommandError::Geometry(format!("cqe {}", resized.cqe)))
+            .ok_or_else(|| CommandError::HostAnswer(format!("cqe {}", resized.cqe)))
             .and_then(|num_slots| rings::map_ring(s, resized.buffer, num_slots, rxe_v1::CQE_SIZE))
             .map(|ring| (ring, None))
     };

@@ -2,6 +2,7 @@
 
 use std::io;
 
+use vrdma_spec::rxe_v1::GeometryError;
 use vrdma_spec::{DecodeError, Status, StatusError};
 
 use crate::host::DeviceError;
@@ -65,9 +66,12 @@ pub enum CommandError {
         /// What the host said.
         source: DeviceError,
     },
-    /// The host returned a queue buffer whose geometry cannot be described to the guest.
-    #[error("host queue buffer: {0}")]
-    Geometry(String),
+    /// A ring the host made (or its staging ring) does not hold together as rxe v1 (spec §6).
+    #[error("host queue ring: {0}")]
+    Ring(#[from] GeometryError),
+    /// The host answered with something that cannot be passed on to the guest.
+    #[error("host answer: {0}")]
+    HostAnswer(String),
     /// The host device failed (spec §11.2); only a reset clears this.
     #[error("the host device failed; reset the device")]
     DeviceFailed,
@@ -108,7 +112,7 @@ impl CommandError {
                 libc::ENOMEM => StatusError::new(Status::NoMemory),
                 errno => StatusError::device_error(errno.unsigned_abs()),
             },
-            CommandError::Geometry(_) => eio,
+            CommandError::Ring(_) | CommandError::HostAnswer(_) => eio,
             CommandError::DeviceFailed => StatusError::device_error(libc::ENODEV as u32),
         }
     }

@@ -248,7 +248,7 @@ impl QueueRing {
         }
         let slots = depth
             .checked_add(1)
-            .ok_or_else(|| CommandError::Geometry(format!("depth {depth}")))?;
+            .ok_or_else(|| CommandError::HostAnswer(format!("depth {depth}")))?;
         rings::place_ring(s, buffer, slots, entry).map(QueueRing::Direct)
     }
 
@@ -309,7 +309,7 @@ fn map_rings(
         }
         (None, false) => {
             sq.release(s);
-            return Err(CommandError::Geometry("the host QP has no RQ".into()));
+            return Err(CommandError::HostAnswer("the host QP has no RQ".into()));
         }
     };
     let direct: Vec<rings::PlacedRing> = std::iter::once(&sq)

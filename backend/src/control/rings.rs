@@ -11,7 +11,7 @@
 
 use log::{debug, warn};
 use vrdma_spec::features::VRDMA_F_RING_RXE_V1;
-use vrdma_spec::rxe_v1::{self, MAX_LOG2_SLOT_SIZE, MIN_LOG2_SLOT_SIZE};
+use vrdma_spec::rxe_v1::{self, RingGeometry, MAX_LOG2_SLOT_SIZE, MIN_LOG2_SLOT_SIZE};
 use vrdma_spec::wire::RingDesc;
 use vrdma_spec::{Le32, Le64};
 
@@ -38,43 +38,44 @@ pub fn slot_log2(entry_bytes: usize) -> u32 {
     rounded.trailing_zeros().max(MIN_LOG2_SLOT_SIZE)
 }
 
-/// The page-rounded size of an rxe buffer of `num_slots` slots of `2^log2` bytes.
-fn buffer_len(num_slots: u32, log2: u32) -> Option<u64> {
-    let slots = u64::from(num_slots).checked_shl(log2)?;
-    (rxe_v1::header::SIZE as u64)
-        .checked_add(slots)?
-        .checked_next_multiple_of(SHMEM_PAGE_SIZE)
+/// The page-rounded size of an rxe buffer of `geometry` (at most 2^47 bytes: no overflow).
+fn buffer_len(geometry: RingGeometry) -> u64 {
+    geometry.buffer_len().next_multiple_of(SHMEM_PAGE_SIZE)
 }
 
 /// The queue-region bytes a host buffer of `num_slots` slots of entries of `entry_bytes` takes
 /// by rxe's allocation rule (what [`map_ring`] will place, unless the host's slots differ).
 pub(crate) fn predicted_len(num_slots: u32, entry_bytes: usize) -> Option<u64> {
-    buffer_len(num_slots, slot_log2(entry_bytes))
+    RingGeometry::new(num_slots, slot_log2(entry_bytes))
+        .ok()
+        .map(buffer_len)
 }
 
-/// The slot stride of a buffer of `len` bytes holding `num_slots` slots of entries of
-/// `entry_bytes`: rxe's rule when it matches `len`, else the only stride that does.
-pub fn slot_geometry(len: u64, num_slots: u32, entry_bytes: usize) -> Result<u32, CommandError> {
-    if num_slots < 2 || !num_slots.is_power_of_two() {
-        return Err(CommandError::Geometry(format!(
-            "{num_slots} slots is not a power of two >= 2"
-        )));
-    }
+/// The geometry of a buffer of `len` bytes holding `num_slots` slots of entries of
+/// `entry_bytes`: rxe's slot stride when it matches `len`, else the only stride that does.
+pub fn slot_geometry(
+    len: u64,
+    num_slots: u32,
+    entry_bytes: usize,
+) -> Result<RingGeometry, CommandError> {
     let predicted = slot_log2(entry_bytes);
-    if buffer_len(num_slots, predicted) == Some(len) {
-        return Ok(predicted);
+    let geometry = RingGeometry::new(num_slots, predicted)?;
+    if buffer_len(geometry) == len {
+        return Ok(geometry);
     }
-    let mut fitting =
-        (predicted..=MAX_LOG2_SLOT_SIZE).filter(|&log2| buffer_len(num_slots, log2) == Some(len));
+    let mut fitting = (predicted..=MAX_LOG2_SLOT_SIZE)
+        .filter_map(|log2| RingGeometry::new(num_slots, log2).ok())
+        .filter(|&geometry| buffer_len(geometry) == len);
     match (fitting.next(), fitting.next()) {
-        (Some(log2), None) => {
+        (Some(geometry), None) => {
             warn!(
-                "host queue of {num_slots} slots and {len:#x} bytes uses 2^{log2}-byte slots, \
-                 not the 2^{predicted} this backend expects for {entry_bytes}-byte entries"
+                "host queue of {num_slots} slots and {len:#x} bytes uses 2^{}-byte slots, \
+                 not the 2^{predicted} this backend expects for {entry_bytes}-byte entries",
+                geometry.log2_slot_size()
             );
-            Ok(log2)
+            Ok(geometry)
         }
-        _ => Err(CommandError::Geometry(format!(
+        _ => Err(CommandError::HostAnswer(format!(
             "{len:#x} bytes do not hold {num_slots} slots of at least {entry_bytes} bytes"
         ))),
     }
@@ -112,10 +113,10 @@ pub(crate) fn place_ring(
     let len = u64::try_from(buffer.len)
         .ok()
         .filter(|len| *len != 0 && len.is_multiple_of(SHMEM_PAGE_SIZE))
-        .ok_or_else(|| CommandError::Geometry(format!("length {:#x}", buffer.len)))?;
-    let log2 = slot_geometry(len, num_slots, entry_bytes)?;
+        .ok_or_else(|| CommandError::HostAnswer(format!("length {:#x}", buffer.len)))?;
+    let geometry = slot_geometry(len, num_slots, entry_bytes)?;
     let range = s.state.shm.alloc(len)?;
-    let desc = match describe(range, num_slots, log2) {
+    let desc = match describe(range, geometry) {
         Ok(desc) => desc,
         Err(e) => {
             free_extent(&mut s.state.shm, range);
@@ -125,7 +126,7 @@ pub(crate) fn place_ring(
     // What the driver will check (spec §6) must hold before anything is mapped.
     if let Err(e) = desc.check_rxe_v1(s.state.shm.size(), SHMEM_PAGE_SIZE) {
         free_extent(&mut s.state.shm, range);
-        return Err(CommandError::Geometry(e.to_string()));
+        return Err(e.into());
     }
     Ok(PlacedRing {
         ring: MappedRing { range, desc },
@@ -165,19 +166,16 @@ pub(crate) fn map_placed(s: &mut Session<'_>, placed: &[PlacedRing]) -> Result<(
     Ok(())
 }
 
-/// The `RingDesc` of an rxe v1 ring of `num_slots` slots of `2^log2` bytes filling `range`.
-pub(crate) fn describe(
-    range: ShmRange,
-    num_slots: u32,
-    log2: u32,
-) -> Result<RingDesc, CommandError> {
-    let map_len = u32::try_from(range.len)
-        .map_err(|_| CommandError::Geometry(format!("length {:#x} exceeds 32 bits", range.len)))?;
+/// The `RingDesc` of an rxe v1 ring of `geometry` filling `range`.
+pub(crate) fn describe(range: ShmRange, geometry: RingGeometry) -> Result<RingDesc, CommandError> {
+    let map_len = u32::try_from(range.len).map_err(|_| {
+        CommandError::HostAnswer(format!("length {:#x} exceeds 32 bits", range.len))
+    })?;
     Ok(RingDesc {
         shm_offset: Le64::new(range.offset),
         map_len: Le32::new(map_len),
-        num_slots: Le32::new(num_slots),
-        log2_slot_size: Le32::new(log2),
+        num_slots: Le32::new(geometry.num_slots()),
+        log2_slot_size: Le32::new(geometry.log2_slot_size()),
         format: Le32::new(rxe_v1::FORMAT_ID),
         db_offset: Le64::ZERO,
         db_len: Le32::ZERO,
@@ -236,7 +234,7 @@ pub(crate) fn unmap_rings(
 pub(crate) fn after_host_resize(e: CommandError) -> CommandError {
     match e {
         CommandError::Placement(e) => {
-            CommandError::Geometry(format!("no room for the resized buffer: {e}"))
+            CommandError::HostAnswer(format!("no room for the resized buffer: {e}"))
         }
         e => e,
     }
@@ -272,16 +270,26 @@ mod tests {
         assert_eq!(slot_log2(rxe_v1::recv_wqe_size(1)), 6);
     }
 
+    fn geometry(num_slots: u32, log2: u32) -> RingGeometry {
+        RingGeometry::new(num_slots, log2).unwrap()
+    }
+
     #[test]
     fn geometry_is_cross_checked_with_the_length() {
         // 256 CQ slots of 128 bytes: 384 + 32 KiB -> 9 pages.
-        assert_eq!(slot_geometry(9 * 4096, 256, rxe_v1::CQE_SIZE).unwrap(), 7);
+        assert_eq!(
+            slot_geometry(9 * 4096, 256, rxe_v1::CQE_SIZE).unwrap(),
+            geometry(256, 7)
+        );
         // A kernel with 256-byte CQEs is recognised when the length leaves no doubt.
-        assert_eq!(slot_geometry(17 * 4096, 256, rxe_v1::CQE_SIZE).unwrap(), 8);
+        assert_eq!(
+            slot_geometry(17 * 4096, 256, rxe_v1::CQE_SIZE).unwrap(),
+            geometry(256, 8)
+        );
         // Nothing fits.
         assert!(slot_geometry(5 * 4096, 256, rxe_v1::CQE_SIZE).is_err());
         // Ambiguous: 2 slots of 64..=1024 bytes all fit one page; the rule decides.
-        assert_eq!(slot_geometry(4096, 2, 64).unwrap(), 6);
+        assert_eq!(slot_geometry(4096, 2, 64).unwrap(), geometry(2, 6));
         assert!(slot_geometry(4096, 3, 64).is_err());
         assert!(slot_geometry(4096, 1, 64).is_err());
         assert!(slot_geometry(u64::MAX, 1 << 31, 1 << 16).is_err());

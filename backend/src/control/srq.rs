@@ -57,7 +57,7 @@ pub(crate) fn create_srq(s: &mut Session<'_>, r: &CreateSrqReq) -> CommandResult
     let mapped = srq
         .max_wr
         .checked_add(1)
-        .ok_or_else(|| CommandError::Geometry(format!("depth {}", srq.max_wr)))
+        .ok_or_else(|| CommandError::HostAnswer(format!("depth {}", srq.max_wr)))
         .and_then(|slots| {
             rings::map_ring(s, srq.buffer, slots, rxe_v1::recv_wqe_size(srq.max_sge))
         });
@@ -181,7 +181,7 @@ pub(crate) fn resize_srq(s: &mut Session<'_>, r: &ResizeSrqReq) -> CommandResult
             },
             _ => host_err("RESIZE_SRQ")(source),
         })?
-        .ok_or_else(|| CommandError::Geometry("the host resized without a new buffer".into()))?;
+        .ok_or_else(|| CommandError::HostAnswer("the host resized without a new buffer".into()))?;
     let ring = rings::map_ring(s, buffer, depth + 1, entry_bytes).map_err(|e| {
         warn!("SRQ {handle} was resized on the host but its new buffer is not mapped: {e}");
         rings::after_host_resize(e)

@@ -11,7 +11,7 @@
 
 use log::debug;
 use vrdma_spec::features::{VRDMA_F_STAGED_CQS, VRDMA_F_STAGED_RINGS, VRDMA_F_UD_STAGED_SQ};
-use vrdma_spec::rxe_v1;
+use vrdma_spec::rxe_v1::{self, GeometryError, RingGeometry};
 use vrdma_spec::verbs::QpType;
 use vrdma_spec::wire::ring_flags;
 use vrdma_spec::Le32;
@@ -78,15 +78,14 @@ pub(crate) fn map_staged_cq(
     let num_slots = cq
         .cqe
         .checked_add(1)
-        .ok_or_else(|| CommandError::Geometry(format!("cqe {}", cq.cqe)))?;
+        .ok_or_else(|| CommandError::HostAnswer(format!("cqe {}", cq.cqe)))?;
     let place = place_staging_ring(s, cq.buffer, num_slots, rxe_v1::CQE_SIZE)?;
     let ring = place.ring;
     let staged = StagedCq::new(
         StagedCqInit {
             host_cq: cq.handle,
             staging_range: ring.range,
-            index_mask: num_slots - 1,
-            log2_slot_size: place.log2_slot_size,
+            geometry: place.geometry,
         },
         place.staging,
         place.host_queue,
@@ -180,7 +179,7 @@ pub(crate) fn map_staged(
     };
     let num_slots = depth
         .checked_add(1)
-        .ok_or_else(|| CommandError::Geometry(format!("depth {depth}")))?;
+        .ok_or_else(|| CommandError::HostAnswer(format!("depth {depth}")))?;
     let place = place_staging_ring(s, buffer, num_slots, entry)?;
     let ring = place.ring;
     let staged = StagedRing::new(
@@ -189,8 +188,7 @@ pub(crate) fn map_staged(
             host_qp: qp.handle,
             pd,
             staging_range: ring.range,
-            index_mask: num_slots - 1,
-            log2_slot_size: place.log2_slot_size,
+            geometry: place.geometry,
             max_sge,
             max_inline: caps.max_inline_data,
         },
@@ -200,21 +198,23 @@ pub(crate) fn map_staged(
     let staged = kept_or_released(s, ring, staged)?;
     debug!(
         "{kind:?} staging ring of host QP {} at region offset {:#x} ({num_slots} slots of 2^{})",
-        qp.handle, ring.range.offset, place.log2_slot_size
+        qp.handle,
+        ring.range.offset,
+        place.geometry.log2_slot_size()
     );
     Ok((ring, staged))
 }
 
 /// The device's side of a staging ring just placed at `ring`, or, if it could not be made,
-/// the place given back and the reason as a geometry error.
+/// the place given back and the reason.
 fn kept_or_released<T>(
     s: &mut Session<'_>,
     ring: MappedRing,
-    made: Result<T, String>,
+    made: Result<T, GeometryError>,
 ) -> Result<T, CommandError> {
     made.map_err(|e| {
         rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &placeholder(ring.range));
-        CommandError::Geometry(e)
+        e.into()
     })
 }
 
@@ -228,8 +228,8 @@ pub(crate) struct StagingPlace {
     pub host_queue: SharedMapping,
     /// The ring's extent and its description, flagged `STAGED`.
     pub ring: MappedRing,
-    /// log2 of its slot stride (the host buffer's).
-    pub log2_slot_size: u32,
+    /// Its geometry (the host buffer's).
+    pub geometry: RingGeometry,
 }
 
 /// Maps the host queue `buffer` (`num_slots` slots holding `entry` bytes each) for the device
@@ -249,8 +249,8 @@ pub(crate) fn place_staging_ring(
     let len = u64::try_from(buffer.len)
         .ok()
         .filter(|len| *len != 0 && len.is_multiple_of(SHMEM_PAGE_SIZE))
-        .ok_or_else(|| CommandError::Geometry(format!("length {:#x}", buffer.len)))?;
-    let log2_slot_size = rings::slot_geometry(len, num_slots, entry)?;
+        .ok_or_else(|| CommandError::HostAnswer(format!("length {:#x}", buffer.len)))?;
+    let geometry = rings::slot_geometry(len, num_slots, entry)?;
     let host_queue =
         SharedMapping::new(s.host().queue_fd(), buffer.offset, buffer.len).map_err(|source| {
             CommandError::Host {
@@ -263,13 +263,12 @@ pub(crate) fn place_staging_ring(
         })?;
     let range = place(s, &staging, len)?;
     let described = (|| {
-        let mut desc = rings::describe(range, num_slots, log2_slot_size)?;
+        let mut desc = rings::describe(range, geometry)?;
         desc.flags = Le32::new(ring_flags::STAGED);
-        desc.check_rxe_v1(s.state.shm.size(), SHMEM_PAGE_SIZE)
-            .map_err(|e| CommandError::Geometry(e.to_string()))?;
+        desc.check_rxe_v1(s.state.shm.size(), SHMEM_PAGE_SIZE)?;
         staging
-            .init_ring(range, log2_slot_size, num_slots - 1)
-            .map_err(|e| CommandError::Geometry(format!("staging ring: {e}")))?;
+            .init_ring(range, geometry)
+            .map_err(|e| CommandError::HostAnswer(format!("staging ring: {e}")))?;
         Ok(desc)
     })();
     match described {
@@ -277,7 +276,7 @@ pub(crate) fn place_staging_ring(
             staging,
             host_queue,
             ring: MappedRing { range, desc },
-            log2_slot_size,
+            geometry,
         }),
         Err(e) => {
             rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &placeholder(range));

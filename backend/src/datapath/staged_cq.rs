@@ -16,9 +16,8 @@ use std::sync::atomic::Ordering::{Acquire, Release};
 use std::sync::Arc;
 
 use log::warn;
-use vrdma_spec::rxe_v1::{self, header};
+use vrdma_spec::rxe_v1::{self, header, GeometryError, RingGeometry};
 
-use super::staging::ring_geometry;
 use crate::host::{CqHandle, HostContext};
 use crate::memory::queue_region::ShmRange;
 use crate::memory::staging::{SharedMapping, StagingExtent, StagingFile};
@@ -30,10 +29,8 @@ pub struct StagedCqInit {
     pub host_cq: CqHandle,
     /// The staging ring's extent (region offset = staging-file offset).
     pub staging_range: ShmRange,
-    /// Slots minus one (the host CQ's).
-    pub index_mask: u32,
-    /// log2 of the slot stride (the host CQ's).
-    pub log2_slot_size: u32,
+    /// The host CQ's geometry, which the staging ring shares.
+    pub geometry: RingGeometry,
 }
 
 /// What one pump did.
@@ -51,9 +48,7 @@ pub struct StagedCq {
     host_cq: CqHandle,
     staging: StagingExtent,
     host_queue: SharedMapping,
-    index_mask: u32,
-    log2_slot_size: u32,
-    slot_len: usize,
+    geometry: RingGeometry,
     /// Next host slot to copy: the host consumer index.
     host_position: u32,
     /// Next staging slot to fill: the staging producer index. The same as `host_position`
@@ -69,7 +64,7 @@ impl std::fmt::Debug for StagedCq {
         f.debug_struct("StagedCq")
             .field("host_cq", &self.host_cq)
             .field("staging_range", &self.staging.range())
-            .field("index_mask", &self.index_mask)
+            .field("geometry", &self.geometry)
             .field("host_position", &self.host_position)
             .field("staging_producer", &self.staging_producer)
             .field("guest_armed", &self.guest_armed)
@@ -84,23 +79,15 @@ impl StagedCq {
         init: StagedCqInit,
         staging: Arc<StagingFile>,
         host_queue: SharedMapping,
-    ) -> Result<Self, String> {
-        let (slot_len, ring_len) = ring_geometry(init.index_mask, init.log2_slot_size)?;
-        if slot_len < rxe_v1::CQE_SIZE {
-            return Err(format!("CQ slot size 2^{}", init.log2_slot_size));
-        }
-        if !(init.index_mask + 1).is_power_of_two() || ring_len > host_queue.len() {
-            return Err(format!(
-                "a CQ ring of {ring_len:#x} bytes does not fit the host buffer"
-            ));
-        }
+    ) -> Result<Self, GeometryError> {
+        let geometry = init.geometry;
+        geometry.check_entry(rxe_v1::CQE_SIZE)?;
+        geometry.check_len(host_queue.len())?;
         Ok(StagedCq {
             host_cq: init.host_cq,
-            staging: StagingExtent::new(staging, init.staging_range, ring_len)?,
+            staging: StagingExtent::new(staging, init.staging_range, geometry)?,
             host_queue,
-            index_mask: init.index_mask,
-            log2_slot_size: init.log2_slot_size,
-            slot_len,
+            geometry,
             host_position: 0,
             staging_producer: 0,
             guest_armed: false,
@@ -124,11 +111,11 @@ impl StagedCq {
         // The kernel owns the host producer index, the guest the staging consumer index: both
         // are masked like any index read. A wild consumer index only loses the guest its own
         // completions (they wait in the host CQ, which then overflows as it would natively).
-        let producer = self.host_word(header::PRODUCER_INDEX).load(Acquire) & self.index_mask;
+        let producer = self.host_producer();
         let guest_consumer = self.guest_consumer();
         let mut pumped = CqPump::default();
         while self.host_position != producer {
-            let next = (self.staging_producer + 1) & self.index_mask;
+            let next = self.geometry.next(self.staging_producer);
             if next == guest_consumer {
                 pumped.left_behind = true;
                 break;
@@ -141,8 +128,8 @@ impl StagedCq {
             // does not reuse it before the consumer index passes it (stored below, after the
             // copy); the guest reads the destination slot only after its Acquire load of the
             // staging producer index, stored with Release after this copy.
-            unsafe { std::ptr::copy_nonoverlapping(src, dst, self.slot_len) };
-            self.host_position = (self.host_position + 1) & self.index_mask;
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, self.geometry.slot_size()) };
+            self.host_position = self.geometry.next(self.host_position);
             self.staging_producer = next;
             pumped.copied += 1;
         }
@@ -156,35 +143,41 @@ impl StagedCq {
     }
 
     fn host_slot(&self, index: u32) -> *mut u8 {
-        let offset = rxe_v1::slot_offset(index, self.index_mask, self.log2_slot_size);
         self.host_queue
-            .range(offset, self.slot_len)
+            .range(self.geometry.slot_offset(index), self.geometry.slot_size())
             .expect("host slot inside the host mapping")
     }
 
     fn staging_slot(&self, index: u32) -> *mut u8 {
-        let offset = rxe_v1::slot_offset(index, self.index_mask, self.log2_slot_size);
-        self.staging.bytes(offset, self.slot_len)
+        self.staging
+            .bytes(self.geometry.slot_offset(index), self.geometry.slot_size())
+    }
+
+    /// The kernel's producer index in the host CQ, masked like any index read.
+    fn host_producer(&self) -> u32 {
+        self.geometry
+            .mask(self.host_word(header::PRODUCER_INDEX).load(Acquire))
     }
 
     /// Completions the guest has not consumed in the staging ring, and completions the host
     /// holds that were not copied yet (RESIZE_CQ's check that the new size holds them).
     pub fn pending(&self) -> (u32, u32) {
-        let host_producer = self.host_word(header::PRODUCER_INDEX).load(Acquire) & self.index_mask;
         (
             self.unconsumed_after(self.guest_consumer()),
-            host_producer.wrapping_sub(self.host_position) & self.index_mask,
+            self.geometry
+                .count(self.host_producer(), self.host_position),
         )
     }
 
     /// The guest's consumer index in the staging ring, masked like any index read.
     fn guest_consumer(&self) -> u32 {
-        self.staging_word(header::CONSUMER_INDEX).load(Acquire) & self.index_mask
+        self.geometry
+            .mask(self.staging_word(header::CONSUMER_INDEX).load(Acquire))
     }
 
     /// Completions in the staging ring past the guest's consumer index `guest_consumer`.
     fn unconsumed_after(&self, guest_consumer: u32) -> u32 {
-        self.staging_producer.wrapping_sub(guest_consumer) & self.index_mask
+        self.geometry.count(self.staging_producer, guest_consumer)
     }
 
     /// RESIZE_CQ: takes over from `old` (the same CQ before the host resized it): the
@@ -196,10 +189,12 @@ impl StagedCq {
     pub fn take_over(&mut self, old: &StagedCq) {
         // One read of the guest's index: the count and the slots copied must agree.
         let guest_consumer = old.guest_consumer();
-        let carried = old.unconsumed_after(guest_consumer).min(self.index_mask);
-        let len = self.slot_len.min(old.slot_len);
+        let carried = old
+            .unconsumed_after(guest_consumer)
+            .min(self.geometry.capacity());
+        let len = self.geometry.slot_size().min(old.geometry.slot_size());
         for i in 0..carried {
-            let src = old.staging_slot((guest_consumer + i) & old.index_mask);
+            let src = old.staging_slot(guest_consumer.wrapping_add(i));
             let dst = self.staging_slot(i);
             // SAFETY: both slots lie in the staging mapping (checked in `new` of each ring),
             // in two different extents of the region (the old ring is released only after

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use log::warn;
-use vrdma_spec::rxe_v1::{self, header, RxeSendWqe};
+use vrdma_spec::rxe_v1::{self, header, GeometryError, RingGeometry, RxeSendWqe};
 use vrdma_spec::verbs::{QpAttrMask, QpState};
 use vrdma_spec::wire::QpAttr;
 
@@ -61,8 +61,7 @@ pub struct StagedRing {
     pd: Handle,
     staging: StagingExtent,
     host_queue: SharedMapping,
-    index_mask: u32,
-    log2_slot_size: u32,
+    geometry: RingGeometry,
     max_sge: u32,
     max_inline: u32,
     /// Next index to copy: the host producer index and the staging consumer index.
@@ -86,10 +85,8 @@ pub struct StagedRingInit {
     pub pd: Handle,
     /// Its staging ring's extent (region offset = staging-file offset).
     pub staging_range: ShmRange,
-    /// Slots minus one.
-    pub index_mask: u32,
-    /// log2 of the slot stride.
-    pub log2_slot_size: u32,
+    /// The host queue's geometry, which the staging ring shares.
+    pub geometry: RingGeometry,
     /// The QP's `max_send_sge`.
     pub max_sge: u32,
     /// The QP's `max_inline_data`.
@@ -103,38 +100,27 @@ impl StagedRing {
         init: StagedRingInit,
         staging: Arc<StagingFile>,
         host_queue: SharedMapping,
-    ) -> Result<Self, String> {
-        let (slot, ring_len) = ring_geometry(init.index_mask, init.log2_slot_size)?;
-        if ring_len > host_queue.len() {
-            return Err(format!(
-                "a ring of {ring_len:#x} bytes does not fit the host buffer"
-            ));
-        }
-        let staging = StagingExtent::new(staging, init.staging_range, ring_len)?;
-        let entry = match init.kind {
+    ) -> Result<Self, GeometryError> {
+        let geometry = init.geometry;
+        geometry.check_len(host_queue.len())?;
+        let staging = StagingExtent::new(staging, init.staging_range, geometry)?;
+        geometry.check_entry(match init.kind {
             StagedKind::Recv => rxe_v1::recv_wqe_size(init.max_sge),
             _ => rxe_v1::send_wqe_size(init.max_sge, init.max_inline),
-        };
-        if entry > slot {
-            return Err(format!(
-                "2^{}-byte slots cannot hold the QP's WQEs",
-                init.log2_slot_size
-            ));
-        }
+        })?;
         Ok(StagedRing {
             kind: init.kind,
             host_qp: init.host_qp,
             pd: init.pd,
             staging,
             host_queue,
-            index_mask: init.index_mask,
-            log2_slot_size: init.log2_slot_size,
+            geometry,
             max_sge: init.max_sge,
             max_inline: init.max_inline,
             position: 0,
             waiting: false,
             poisoned: false,
-            scratch: vec![0; slot].into_boxed_slice(),
+            scratch: vec![0; geometry.slot_size()].into_boxed_slice(),
         })
     }
 
@@ -154,10 +140,6 @@ impl StagedRing {
             .expect("host header inside the host mapping")
     }
 
-    fn slot_offset(&self, index: u32) -> usize {
-        rxe_v1::slot_offset(index, self.index_mask, self.log2_slot_size)
-    }
-
     /// Copies (and for UD checks) and forwards every WQE the guest staged since the last pump
     /// (as many as the host ring has room for), then kicks the host QP unless this is a
     /// receive queue or nothing moved. `ahs` are the guest's address handles. Returns the
@@ -168,22 +150,25 @@ impl StagedRing {
             return 0;
         }
         let producer = self.staging_word(header::PRODUCER_INDEX).load(Acquire);
-        if producer > self.index_mask {
+        if producer > self.geometry.index_mask() {
             self.poisoned = true;
             faults.report(format_args!(
                 "host QP {}: staged producer index {producer:#x} is beyond the ring (mask \
                  {:#x}); moving the QP to ERR and ignoring its doorbells",
-                self.host_qp, self.index_mask
+                self.host_qp,
+                self.geometry.index_mask()
             ));
             move_to_error(host, self.host_qp);
             return 0;
         }
         // The kernel owns the host consumer index; it is masked like any index read.
-        let host_consumer = self.host_word(header::CONSUMER_INDEX).load(Acquire) & self.index_mask;
+        let host_consumer = self
+            .geometry
+            .mask(self.host_word(header::CONSUMER_INDEX).load(Acquire));
         let mut forwarded = 0;
         let mut refused = false;
         while self.position != producer {
-            let next = (self.position + 1) & self.index_mask;
+            let next = self.geometry.next(self.position);
             if next == host_consumer {
                 // Full: the host has not retired what it was given (a send is retired when it
                 // is acknowledged). The rest waits for the retry timer or a later doorbell.
@@ -224,7 +209,7 @@ impl StagedRing {
     /// Copies staging slot `index`, checks the copy (UD) and writes the result (the WQE, or a
     /// neutralised one) into host slot `index`.
     fn forward(&mut self, index: u32, ahs: &StagedAhs) -> Result<(), Refusal> {
-        let offset = self.slot_offset(index);
+        let offset = self.geometry.slot_offset(index);
         let slot = self.scratch.len();
         let src = self.staging.bytes(offset, slot);
         let copied = match self.kind {
@@ -283,23 +268,6 @@ impl StagedRing {
     pub fn is_waiting(&self) -> bool {
         self.waiting
     }
-}
-
-/// The slot stride and the whole length (header and slots) of a staging ring of
-/// `index_mask + 1` slots of `2^log2_slot_size` bytes, if rxe v1 allows such slots.
-pub(crate) fn ring_geometry(
-    index_mask: u32,
-    log2_slot_size: u32,
-) -> Result<(usize, usize), String> {
-    let slot = 1usize
-        .checked_shl(log2_slot_size)
-        .filter(|_| log2_slot_size <= rxe_v1::MAX_LOG2_SLOT_SIZE)
-        .ok_or_else(|| format!("slot size 2^{log2_slot_size}"))?;
-    let ring_len = (index_mask as usize + 1)
-        .checked_mul(slot)
-        .and_then(|slots| slots.checked_add(header::SIZE))
-        .ok_or("ring size overflows")?;
-    Ok((slot, ring_len))
 }
 
 /// Moves `qp` to ERR on the host (its posted WQEs then complete with errors or flushes).

@@ -17,7 +17,7 @@ use std::os::unix::fs::MetadataExt;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU32;
 
-use vrdma_spec::rxe_v1::header;
+use vrdma_spec::rxe_v1::{header, GeometryError, RingGeometry};
 
 use super::queue_region::ShmRange;
 
@@ -145,12 +145,7 @@ impl StagingFile {
     /// when it is dropped, and the file belongs to one guest. Punching the range here as well
     /// cost every staged QP an `fallocate`, which unmaps the range from every mapping of the
     /// file (the guest's too) — more than the host's own CREATE_QP under TCG.
-    pub fn init_ring(
-        &self,
-        range: ShmRange,
-        log2_slot_size: u32,
-        index_mask: u32,
-    ) -> io::Result<()> {
+    pub fn init_ring(&self, range: ShmRange, geometry: RingGeometry) -> io::Result<()> {
         let base = usize::try_from(range.offset).map_err(|_| io::Error::other("offset"))?;
         let header_len = u64::try_from(header::SIZE).map_err(|_| io::Error::other("header"))?;
         if range.len < header_len {
@@ -165,8 +160,8 @@ impl StagingFile {
         for at in (0..header::SIZE).step_by(4) {
             word(at)?.store(0, Relaxed);
         }
-        word(header::LOG2_ELEM_SIZE)?.store(log2_slot_size, Release);
-        word(header::INDEX_MASK)?.store(index_mask, Release);
+        word(header::LOG2_ELEM_SIZE)?.store(geometry.log2_slot_size(), Release);
+        word(header::INDEX_MASK)?.store(geometry.index_mask(), Release);
         Ok(())
     }
 
@@ -206,19 +201,18 @@ pub struct StagingExtent {
 }
 
 impl StagingExtent {
-    /// The ring of `ring_len` bytes at `range` of `staging`, if it fits both.
+    /// The ring of `geometry` at `range` of `staging`, if it fits both.
     pub fn new(
         staging: std::sync::Arc<StagingFile>,
         range: ShmRange,
-        ring_len: usize,
-    ) -> Result<Self, String> {
-        let offset = usize::try_from(range.offset).map_err(|e| e.to_string())?;
-        if u64::try_from(ring_len).map_or(true, |len| len > range.len)
-            || staging.mapping().range(offset, ring_len).is_none()
-        {
-            return Err(format!(
-                "a ring of {ring_len:#x} bytes does not fit its staging extent"
-            ));
+        geometry: RingGeometry,
+    ) -> Result<Self, GeometryError> {
+        let offset = usize::try_from(range.offset).map_err(|_| GeometryError::Bounds)?;
+        let extent_len = usize::try_from(range.len).unwrap_or(usize::MAX);
+        geometry.check_len(extent_len)?;
+        let ring_len = geometry.buffer_len() as usize;
+        if staging.mapping().range(offset, ring_len).is_none() {
+            return Err(GeometryError::Bounds);
         }
         Ok(StagingExtent {
             staging,
@@ -291,7 +285,8 @@ mod tests {
         let slot = staging.mapping().range(0x2000 + header::DATA, 1).unwrap();
         // SAFETY: inside the mapping.
         unsafe { slot.write(0xab) };
-        staging.init_ring(range, 8, 15).unwrap();
+        let geometry = RingGeometry::with_index_mask(15, 8).unwrap();
+        staging.init_ring(range, geometry).unwrap();
         // SAFETY: inside the mapping.
         assert_eq!(unsafe { slot.read() }, 0xab);
         assert_eq!(word(header::LOG2_ELEM_SIZE), 8);
@@ -305,8 +300,7 @@ mod tests {
                     offset: 0x2000,
                     len: 0
                 },
-                8,
-                15
+                geometry
             )
             .is_err());
         assert!(staging
@@ -315,8 +309,7 @@ mod tests {
                     offset: 1 << 20,
                     len: 0x1000
                 },
-                8,
-                15
+                geometry
             )
             .is_err());
         assert!(staging.mapping().word(1 << 20).is_none());

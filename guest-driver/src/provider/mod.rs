@@ -12,11 +12,10 @@
 
 pub mod rxe_v1;
 
-use std::fmt;
-use std::ops::{BitOr, BitOrAssign};
-
 use rxe_v1::RxeAddressHandle;
 use vrdma_spec::verbs::{AccessFlags, QpType, WcOpcode, WcStatus, WrOpcode};
+/// The flag sets of work requests and completions (defined in `vrdma_spec::verbs`).
+pub use vrdma_spec::verbs::{SendFlags, WcFlags};
 
 /// A scatter/gather element (`ibv_sge`).
 ///
@@ -32,66 +31,6 @@ pub struct Sge {
     pub length: u32,
     /// Local key of the memory region.
     pub lkey: u32,
-}
-
-/// Send flags (`ibv_send_flags`). Only the flags below exist, so a value of this type
-/// never carries a bit the device would not understand.
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct SendFlags(u32);
-
-impl SendFlags {
-    /// Wait for earlier RDMA reads and atomics to complete first.
-    pub const FENCE: SendFlags = SendFlags(1 << 0);
-    /// Generate a completion for this work request.
-    pub const SIGNALED: SendFlags = SendFlags(1 << 1);
-    /// Set the solicited-event bit in the last packet.
-    pub const SOLICITED: SendFlags = SendFlags(1 << 2);
-    /// Copy the payload into the work request; the buffers need no memory region.
-    pub const INLINE: SendFlags = SendFlags(1 << 3);
-    const ALL: u32 = Self::FENCE.0 | Self::SIGNALED.0 | Self::SOLICITED.0 | Self::INLINE.0;
-
-    /// No flag: an unsignaled work request.
-    pub const fn empty() -> Self {
-        SendFlags(0)
-    }
-
-    /// Flags from their `ibv_send_flags` bits; `None` if a bit is not supported.
-    pub const fn from_bits(bits: u32) -> Option<Self> {
-        if bits & !Self::ALL == 0 {
-            Some(SendFlags(bits))
-        } else {
-            None
-        }
-    }
-
-    /// The `ibv_send_flags` bits.
-    pub const fn bits(self) -> u32 {
-        self.0
-    }
-
-    /// Whether every flag of `other` is set.
-    pub const fn contains(self, other: SendFlags) -> bool {
-        self.0 & other.0 == other.0
-    }
-}
-
-impl BitOr for SendFlags {
-    type Output = SendFlags;
-    fn bitor(self, rhs: SendFlags) -> SendFlags {
-        SendFlags(self.0 | rhs.0)
-    }
-}
-
-impl BitOrAssign for SendFlags {
-    fn bitor_assign(&mut self, rhs: SendFlags) {
-        self.0 |= rhs.0;
-    }
-}
-
-impl fmt::Debug for SendFlags {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SendFlags({:#x})", self.0)
-    }
 }
 
 /// Destination of a UD send.
@@ -232,56 +171,6 @@ pub struct RecvWr<'a> {
     pub wr_id: u64,
     /// Buffers incoming data is scattered into.
     pub sg_list: &'a [Sge],
-}
-
-/// Completion flags (`ibv_wc_flags`), kept exactly as the device wrote them.
-///
-/// Soft-RoCE writes the kernel's `ib_wc_flags` into user CQEs and rdma-core's rxe provider
-/// hands them over unchanged; so does this library. The two agree on [`WcFlags::GRH`] and
-/// [`WcFlags::WITH_IMM`]. For a received SEND_WITH_INVALIDATE the kernel sets its
-/// `IB_WC_WITH_INVALIDATE` (bit 2), the bit ibverbs calls [`WcFlags::IP_CSUM_OK`]; the rxe
-/// provider translates that one bit into [`WcFlags::WITH_INV`], which rdma-core's does not
-/// (rxe never reports a checksum result, so bit 2 can mean nothing else).
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct WcFlags(u32);
-
-impl WcFlags {
-    /// A GRH is present in the first 40 bytes of the receive buffer (UD).
-    pub const GRH: WcFlags = WcFlags(1 << 0);
-    /// `imm_data` is valid.
-    pub const WITH_IMM: WcFlags = WcFlags(1 << 1);
-    /// IP checksum verified (ibverbs name of bit 2, see the type's documentation).
-    pub const IP_CSUM_OK: WcFlags = WcFlags(1 << 2);
-    /// `imm_data` holds an invalidated rkey (ibverbs name of bit 3).
-    pub const WITH_INV: WcFlags = WcFlags(1 << 3);
-
-    /// Flags exactly as found in the completion, including unknown bits.
-    pub const fn from_bits_retain(bits: u32) -> Self {
-        WcFlags(bits)
-    }
-
-    /// The raw bits.
-    pub const fn bits(self) -> u32 {
-        self.0
-    }
-
-    /// Whether every flag of `other` is set.
-    pub const fn contains(self, other: WcFlags) -> bool {
-        self.0 & other.0 == other.0
-    }
-}
-
-impl BitOr for WcFlags {
-    type Output = WcFlags;
-    fn bitor(self, rhs: WcFlags) -> WcFlags {
-        WcFlags(self.0 | rhs.0)
-    }
-}
-
-impl fmt::Debug for WcFlags {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "WcFlags({:#x})", self.0)
-    }
 }
 
 /// A work completion (`ibv_wc`).

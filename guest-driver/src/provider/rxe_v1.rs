@@ -33,7 +33,7 @@ mod send_batch;
 
 pub use ah::RxeAddressHandle;
 pub use cq::CompletionQueue;
-pub use queue::{QueueError, QueueGeometry, RxeQueue};
+pub use queue::RxeQueue;
 pub use recv::RecvQueue;
 pub use send::{SendQueue, SendQueueCaps};
 pub use send_batch::SendBatchState;

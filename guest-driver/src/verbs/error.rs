@@ -6,7 +6,6 @@ use vrdma_spec::status::{Status, StatusError};
 use vrdma_spec::DecodeError;
 
 use crate::dma::DmaError;
-use crate::provider::rxe_v1::QueueError;
 use crate::provider::PostError;
 use crate::transport::TransportError;
 
@@ -95,7 +94,7 @@ pub enum ProtocolError {
     Ring(#[from] GeometryError),
     /// The mapped queue buffer disagrees with its description.
     #[error("mapped queue: {0}")]
-    Queue(#[from] QueueError),
+    Queue(GeometryError),
     /// A ring lies outside the shared-memory region this process mapped.
     #[error("ring at {offset:#x}+{len:#x} lies outside the mapped queue region")]
     OutsideRegion {

@@ -4,7 +4,7 @@ use vrdma_spec::wire::RingDesc;
 
 use super::context::ContextInner;
 use super::error::{ProtocolError, Result};
-use crate::provider::rxe_v1::{QueueGeometry, RxeQueue};
+use crate::provider::rxe_v1::RxeQueue;
 
 /// Checks `desc` (spec §6) and wraps the buffer it describes: in place if the region is mapped
 /// into this process, through the region's accessor otherwise.
@@ -18,17 +18,14 @@ use crate::provider::rxe_v1::{QueueGeometry, RxeQueue};
 pub(crate) unsafe fn map_ring(ctx: &ContextInner, desc: &RingDesc) -> Result<RxeQueue> {
     let config = ctx.config();
     let page_size = 1u64 << config.shm_page_shift.get();
-    desc.check_rxe_v1(config.shm_size.get(), page_size)
+    let geometry = desc
+        .check_rxe_v1(config.shm_size.get(), page_size)
         .map_err(ProtocolError::Ring)?;
     let offset = desc.shm_offset.get();
     let len = desc.map_len.get();
     let outside = || ProtocolError::OutsideRegion { offset, len };
     let offset = usize::try_from(offset).map_err(|_| outside())?;
     let len_bytes = len as usize;
-    let geometry = QueueGeometry {
-        num_slots: desc.num_slots.get(),
-        log2_slot_size: desc.log2_slot_size.get(),
-    };
     let region = ctx.shared_memory();
     let queue = if let Some(access) = region.access() {
         if !region.contains(offset, len_bytes) {

@@ -21,7 +21,7 @@ mod uapi_header_tests;
 pub use av::RxeAv;
 pub use cqe::{IbUverbsWc, CQE_SIZE};
 pub use geometry::{
-    num_slots_for, slot_offset, GeometryError, FORMAT_ID, MAX_LOG2_SLOT_SIZE, MIN_LOG2_SLOT_SIZE,
+    num_slots_for, GeometryError, RingGeometry, FORMAT_ID, MAX_LOG2_SLOT_SIZE, MIN_LOG2_SLOT_SIZE,
 };
 pub use header::RxeQueueBuf;
 pub use wqe::{

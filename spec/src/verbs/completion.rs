@@ -121,16 +121,6 @@ completion_enum! {
     }
 }
 
-/// Work-completion flags (`ibv_wc_flags`).
-pub mod wc_flags {
-    /// A GRH is present in the first 40 bytes of the receive buffer (UD).
-    pub const GRH: u32 = 1 << 0;
-    /// `imm_data` is valid.
-    pub const WITH_IMM: u32 = 1 << 1;
-    /// `invalidate_rkey` is valid.
-    pub const WITH_INV: u32 = 1 << 3;
-}
-
 /// ARM_CQ flags.
 pub mod arm_flags {
     /// Notify only for solicited completions (`ibv_req_notify_cq(cq, 1)`).

@@ -1,4 +1,5 @@
-//! Flag sets: access flags and the MODIFY_QP / MODIFY_SRQ attribute masks.
+//! Flag sets: access flags, send and completion flags, and the MODIFY_QP / MODIFY_SRQ
+//! attribute masks.
 
 use std::fmt;
 use std::ops::{BitAnd, BitOr, BitOrAssign, Not};
@@ -151,6 +152,58 @@ impl AccessFlags {
             None
         }
     }
+}
+
+flag_set!(
+    /// Send flags (`ibv_send_flags`), as written into `rxe_send_wr.send_flags`.
+    SendFlags
+);
+
+impl SendFlags {
+    /// Wait for earlier RDMA reads and atomics to complete first.
+    pub const FENCE: SendFlags = SendFlags(1 << 0);
+    /// Generate a completion for this work request.
+    pub const SIGNALED: SendFlags = SendFlags(1 << 1);
+    /// Set the solicited-event bit in the last packet.
+    pub const SOLICITED: SendFlags = SendFlags(1 << 2);
+    /// Copy the payload into the work request; the buffers need no memory region.
+    pub const INLINE: SendFlags = SendFlags(1 << 3);
+    /// Every flag a work request may carry (what rxe's queue accepts).
+    pub const ALL: SendFlags =
+        SendFlags(Self::FENCE.0 | Self::SIGNALED.0 | Self::SOLICITED.0 | Self::INLINE.0);
+
+    /// Flags from their `ibv_send_flags` bits; `None` if a bit is not one of [`Self::ALL`].
+    pub const fn from_bits(bits: u32) -> Option<Self> {
+        if bits & !Self::ALL.0 == 0 {
+            Some(SendFlags(bits))
+        } else {
+            None
+        }
+    }
+}
+
+flag_set!(
+    /// Completion flags (`ibv_wc_flags`), kept exactly as the device wrote them.
+    ///
+    /// Soft-RoCE writes the kernel's `ib_wc_flags` into user CQEs and rdma-core's rxe
+    /// provider hands them over unchanged. The two agree on [`WcFlags::GRH`] and
+    /// [`WcFlags::WITH_IMM`]. For a received SEND_WITH_INVALIDATE the kernel sets its
+    /// `IB_WC_WITH_INVALIDATE` (bit 2), the bit ibverbs calls [`WcFlags::IP_CSUM_OK`]; the
+    /// guest's rxe provider translates that one bit into [`WcFlags::WITH_INV`], which
+    /// rdma-core's does not (rxe never reports a checksum result, so bit 2 can mean nothing
+    /// else).
+    WcFlags
+);
+
+impl WcFlags {
+    /// A GRH is present in the first 40 bytes of the receive buffer (UD).
+    pub const GRH: WcFlags = WcFlags(1 << 0);
+    /// `imm_data` is valid.
+    pub const WITH_IMM: WcFlags = WcFlags(1 << 1);
+    /// IP checksum verified (ibverbs name of bit 2, see the type's documentation).
+    pub const IP_CSUM_OK: WcFlags = WcFlags(1 << 2);
+    /// `imm_data` holds an invalidated rkey (ibverbs name of bit 3).
+    pub const WITH_INV: WcFlags = WcFlags(1 << 3);
 }
 
 flag_set!(

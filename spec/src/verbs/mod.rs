@@ -14,8 +14,8 @@ mod port;
 mod qp;
 mod work_request;
 
-pub use completion::{arm_flags, wc_flags, WcOpcode, WcStatus};
-pub use flags::{srq_attr, AccessFlags, QpAttrMask};
+pub use completion::{arm_flags, WcOpcode, WcStatus};
+pub use flags::{srq_attr, AccessFlags, QpAttrMask, SendFlags, WcFlags};
 pub use port::{Gid, GidType, PortState, MAX_FLOW_LABEL, MAX_STATIC_RATE};
 pub use qp::{check_modify_qp, qp_transition, Mtu, QpState, QpType, Transition, MAX_PSN};
-pub use work_request::{send_flags, MwType, WrOpcode};
+pub use work_request::{MwType, WrOpcode};

@@ -142,18 +142,6 @@ impl WrOpcode {
     }
 }
 
-/// Send flags written into `rxe_send_wr.send_flags` (`ibv_send_flags`).
-pub mod send_flags {
-    /// Fence.
-    pub const FENCE: u32 = 1 << 0;
-    /// Generate a completion.
-    pub const SIGNALED: u32 = 1 << 1;
-    /// Solicited event.
-    pub const SOLICITED: u32 = 1 << 2;
-    /// Payload inline in the WQE.
-    pub const INLINE: u32 = 1 << 3;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

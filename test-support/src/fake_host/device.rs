@@ -265,7 +265,7 @@ impl HostContext for FakeContext {
         w.cqs.insert(h, init.user_handle);
         w.cq_queues
             .insert(h, (self.queue_file.try_clone().unwrap(), buffer));
-        w.cq_geometry.insert(h, (slots, CQE_LOG2_SLOT));
+        w.cq_geometry.insert(h, ring_geometry(slots, CQE_LOG2_SLOT));
         Ok(Cq {
             handle: CqHandle(h),
             cqe: slots - 1,
@@ -310,7 +310,8 @@ impl HostContext for FakeContext {
         w.resized.push((cq.0, slots - 1));
         w.cq_queues
             .insert(cq.0, (self.queue_file.try_clone().unwrap(), buffer));
-        w.cq_geometry.insert(cq.0, (slots, CQE_LOG2_SLOT));
+        w.cq_geometry
+            .insert(cq.0, ring_geometry(slots, CQE_LOG2_SLOT));
         for slot in &held {
             w.post_completion(cq.0, slot);
         }
@@ -364,7 +365,7 @@ impl HostContext for FakeContext {
             .next_power_of_two()
             .max(64);
         w.send_geometry
-            .insert(h, (send_slots, elem.trailing_zeros()));
+            .insert(h, ring_geometry(send_slots, elem.trailing_zeros()));
         w.pd_of.insert(h, init.pd.0);
         Ok(Qp {
             handle: QpHandle(h),
@@ -578,6 +579,11 @@ impl HostContext for FakeContext {
 
 /// log2 of the slot stride of the fake's CQ buffers (rxe's: a CQE rounded up to a power of
 /// two).
+/// The geometry of a buffer the fake made (always a valid rxe v1 ring: a bug otherwise).
+fn ring_geometry(num_slots: u32, log2_slot_size: u32) -> rxe_v1::RingGeometry {
+    rxe_v1::RingGeometry::new(num_slots, log2_slot_size).expect("the fake host makes rxe v1 rings")
+}
+
 const CQE_LOG2_SLOT: u32 = vrdma_spec::rxe_v1::CQE_SIZE
     .next_power_of_two()
     .trailing_zeros();

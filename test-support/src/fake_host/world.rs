@@ -7,6 +7,7 @@ use std::os::unix::fs::FileExt;
 
 use vrdma_backend::host::{self, *};
 use vrdma_backend::identity::GuestAddress;
+use vrdma_spec::rxe_v1::RingGeometry;
 use vrdma_spec::verbs::{MwType, QpAttrMask, QpState, QpType};
 use vrdma_spec::wire::{AhAttr, GidEntry};
 
@@ -49,10 +50,10 @@ pub struct World {
     pub recv_queues: HashMap<u32, (File, QueueBuffer)>,
     /// Buffer of every live CQ (its context's queue file and the buffer there).
     pub cq_queues: HashMap<u32, (File, QueueBuffer)>,
-    /// Slots and log2 of the slot size of every live CQ's buffer.
-    pub cq_geometry: HashMap<u32, (u32, u32)>,
-    /// Slots and log2 of the slot size of every live QP's send queue.
-    pub send_geometry: HashMap<u32, (u32, u32)>,
+    /// The geometry of every live CQ's buffer.
+    pub cq_geometry: HashMap<u32, RingGeometry>,
+    /// The geometry of every live QP's send queue.
+    pub send_geometry: HashMap<u32, RingGeometry>,
     /// The PD of every live QP and AH.
     pub pd_of: HashMap<u32, u32>,
     /// Live SRQs and their `user_handle`s.
@@ -231,22 +232,20 @@ impl World {
     /// producer index, then the index advanced. Returns false, posting nothing, if the CQ is
     /// full (the kernel would report an overflow).
     pub fn post_completion(&self, cq: u32, cqe: &[u8]) -> bool {
-        use vrdma_spec::rxe_v1::{header, slot_offset};
-        let (num_slots, log2_slot_size) = self.cq_geometry[&cq];
-        let mask = num_slots - 1;
-        let cqe = &cqe[..cqe.len().min(1 << log2_slot_size)];
+        use vrdma_spec::rxe_v1::header;
+        let ring = self.cq_geometry[&cq];
+        let cqe = &cqe[..cqe.len().min(ring.slot_size())];
         let producer = self.queue_word(cq, HostQueue::Completion, header::PRODUCER_INDEX);
         let consumer = self.queue_word(cq, HostQueue::Completion, header::CONSUMER_INDEX);
-        if (producer + 1) & mask == consumer & mask {
+        if ring.next(producer) == ring.mask(consumer) {
             return false;
         }
-        let at = slot_offset(producer, mask, log2_slot_size);
-        self.write_queue(cq, HostQueue::Completion, at, cqe);
+        self.write_queue(cq, HostQueue::Completion, ring.slot_offset(producer), cqe);
         self.set_queue_word(
             cq,
             HostQueue::Completion,
             header::PRODUCER_INDEX,
-            (producer + 1) & mask,
+            ring.next(producer),
         );
         true
     }
@@ -254,17 +253,17 @@ impl World {
     /// The slots of the completions host CQ `cq` holds (between its consumer and producer
     /// indices), oldest first.
     pub fn completions_held(&self, cq: u32) -> Vec<Vec<u8>> {
-        use vrdma_spec::rxe_v1::{header, slot_offset};
-        let (num_slots, log2_slot_size) = self.cq_geometry[&cq];
-        let mask = num_slots - 1;
-        let producer = self.queue_word(cq, HostQueue::Completion, header::PRODUCER_INDEX) & mask;
+        use vrdma_spec::rxe_v1::header;
+        let ring = self.cq_geometry[&cq];
+        let producer =
+            ring.mask(self.queue_word(cq, HostQueue::Completion, header::PRODUCER_INDEX));
         let mut consumer =
-            self.queue_word(cq, HostQueue::Completion, header::CONSUMER_INDEX) & mask;
+            ring.mask(self.queue_word(cq, HostQueue::Completion, header::CONSUMER_INDEX));
         let mut held = Vec::new();
         while consumer != producer {
-            let at = slot_offset(consumer, mask, log2_slot_size);
-            held.push(self.read_queue(cq, HostQueue::Completion, at, 1 << log2_slot_size));
-            consumer = (consumer + 1) & mask;
+            let at = ring.slot_offset(consumer);
+            held.push(self.read_queue(cq, HostQueue::Completion, at, ring.slot_size()));
+            consumer = ring.next(consumer);
         }
         held
     }

@@ -78,7 +78,7 @@ impl FakeDevice {
                 status = WcStatus::Success.raw();
             }
             sq.pop(index);
-            let signaled = wqe.wr.send_flags.get() & sv::send_flags::SIGNALED != 0;
+            let signaled = wqe.wr.send_flags.get() & sv::SendFlags::SIGNALED.bits() != 0;
             if signaled || sig_all || status != WcStatus::Success.raw() {
                 let wc = IbUverbsWc {
                     wr_id: wqe.wr.wr_id,
@@ -412,7 +412,7 @@ impl FakeDevice {
             src_qp: Le32::new(src_qp),
             // rxe writes the kernel's flags: IB_WC_WITH_INVALIDATE is bit 2.
             wc_flags: Le32::new(match extra {
-                Extra::Imm(_) => sv::wc_flags::WITH_IMM,
+                Extra::Imm(_) => sv::WcFlags::WITH_IMM.bits(),
                 Extra::Invalidate(_) => KERNEL_WC_WITH_INVALIDATE,
                 Extra::None => 0,
             }),
@@ -474,7 +474,7 @@ impl FakeDevice {
             ex: imm.to_ne_bytes(),
             qp_num: Le32::new(qpn),
             src_qp: Le32::new(src_qp),
-            wc_flags: Le32::new(sv::wc_flags::WITH_IMM),
+            wc_flags: Le32::new(sv::WcFlags::WITH_IMM.bits()),
             port_num: 1,
             ..IbUverbsWc::new_zeroed()
         };
@@ -542,7 +542,7 @@ fn local_payload(sq: &Ring, index: u32, wqe: &RxeSendWqe) -> Local {
         // SAFETY: 8 bytes, which every slot holds after the WQE.
         return Local::Inline(unsafe { std::slice::from_raw_parts(payload, operand) }.to_vec());
     }
-    if wqe.wr.send_flags.get() & sv::send_flags::INLINE != 0 {
+    if wqe.wr.send_flags.get() & sv::SendFlags::INLINE.bits() != 0 {
         let len = (wqe.dma.length.get() as usize).min(MAX_INLINE as usize);
         // SAFETY: at most MAX_INLINE bytes, which the slot holds.
         return Local::Inline(unsafe { std::slice::from_raw_parts(payload, len) }.to_vec());

@@ -16,8 +16,10 @@ use vrdma_backend::datapath::staging::NEUTRALISED_AH_NUM;
 use vrdma_backend::identity::endpoints::TenantId;
 use vrdma_backend::resources::kind::ResourceKind;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
-use vrdma_spec::rxe_v1::{self, header, RxeAv, RxeSendWqe, RxeSendWrUnion, RxeSge, RxeUdWr};
-use vrdma_spec::verbs::{send_flags, QpType, WrOpcode};
+use vrdma_spec::rxe_v1::{
+    header, RingGeometry, RxeAv, RxeSendWqe, RxeSendWrUnion, RxeSge, RxeUdWr,
+};
+use vrdma_spec::verbs::{QpType, SendFlags, WrOpcode};
 use vrdma_spec::wire::RingDesc;
 use vrdma_spec::{Le32, Le64};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
@@ -97,8 +99,9 @@ impl Slot {
         } else {
             (qp.sq, qp.producer)
         };
-        let (mask, log2) = (ring.num_slots.get() - 1, ring.log2_slot_size.get());
-        let slot_size = 1usize << log2;
+        let geometry = RingGeometry::new(ring.num_slots.get(), ring.log2_slot_size.get())
+            .expect("the device described a valid ring");
+        let slot_size = geometry.slot_size();
         let count = r.below(5);
         for i in 0..count {
             let index = old_producer.wrapping_add(i);
@@ -109,7 +112,7 @@ impl Slot {
             } else {
                 wqe_bytes(r, &own_ahs, targets, slot_size)
             };
-            let offset = rxe_v1::slot_offset(index, mask, log2) as u64;
+            let offset = geometry.slot_offset(index) as u64;
             self.guest
                 .frontend
                 .write(ring.shm_offset.get() + offset, &bytes);
@@ -150,12 +153,12 @@ fn wqe_bytes(
     wqe.wr.opcode = Le32::new(opcode);
     let inline = r.chance(15);
     let mut flags = if r.chance(85) {
-        send_flags::SIGNALED
+        SendFlags::SIGNALED.bits()
     } else {
         r.u32() & 0x1f
     };
     if inline {
-        flags |= send_flags::INLINE;
+        flags |= SendFlags::INLINE.bits();
     }
     wqe.wr.send_flags = Le32::new(flags);
     let ah_num = match r.below(10) {
@@ -235,8 +238,7 @@ pub(super) fn check_forwarded(
             continue;
         }
         let ud = w.qp_types.get(&host) == Some(&QpType::Ud);
-        let (num_slots, log2) = w.send_geometry[&host];
-        let mask = num_slots - 1;
+        let geometry = w.send_geometry[&host];
         let read = |at: usize, len: usize| {
             let mut bytes = vec![0; len];
             file.read_exact_at(&mut bytes, buffer.offset + at as u64)
@@ -247,10 +249,10 @@ pub(super) fn check_forwarded(
         let producer = word(header::PRODUCER_INDEX);
         let cursor = cursors.entry(host).or_insert(0);
         // Only the last ring's worth can still be read.
-        let from = producer.wrapping_sub(producer.wrapping_sub(*cursor).min(mask + 1));
+        let from = producer.wrapping_sub(producer.wrapping_sub(*cursor).min(geometry.num_slots()));
         let mut index = from;
         while index != producer {
-            let at = rxe_v1::slot_offset(index, mask, log2);
+            let at = geometry.slot_offset(index);
             let bytes = read(at, size_of::<RxeSendWqe>());
             let wqe = RxeSendWqe::read_from_bytes(&bytes).expect("a WQE");
             forwarded += 1;

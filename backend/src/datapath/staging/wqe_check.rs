@@ -6,7 +6,7 @@ use std::mem::{offset_of, size_of};
 use std::sync::Arc;
 
 use vrdma_spec::rxe_v1::{self, RxeSendWqe, RxeSendWr, RxeSge, RxeUdWr};
-use vrdma_spec::verbs::{send_flags, WrOpcode};
+use vrdma_spec::verbs::{SendFlags, WrOpcode};
 use vrdma_spec::{Le32, Le64};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
@@ -16,10 +16,6 @@ use crate::resources::table::Handle;
 /// `ah_num` of a neutralised WQE: no rxe AH pool reaches it, so the kernel finds no address
 /// vector and fails the WQE (`LOC_QP_OP_ERR`) if the QP is not already flushing.
 pub const NEUTRALISED_AH_NUM: u32 = u32::MAX;
-
-/// Send flags a staged UD WQE may carry.
-const UD_SEND_FLAGS: u32 =
-    send_flags::FENCE | send_flags::SIGNALED | send_flags::SOLICITED | send_flags::INLINE;
 
 /// What the pump knows of one of the guest's address handles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,14 +73,14 @@ pub fn check(
         return Err(Refusal::Opcode(opcode));
     }
     let flags = wqe.wr.send_flags.get();
-    if flags & !UD_SEND_FLAGS != 0 {
+    let Some(flags) = SendFlags::from_bits(flags) else {
         return Err(Refusal::Flags(flags));
-    }
+    };
     let length = wqe.dma.length.get();
     if wqe.dma.resid.get() != length {
         return Err(Refusal::Length(length));
     }
-    let used = if flags & send_flags::INLINE != 0 {
+    let used = if flags.contains(SendFlags::INLINE) {
         if length > max_inline || length as usize > payload.len() {
             return Err(Refusal::InlineTooLong(length));
         }
@@ -140,7 +136,7 @@ pub(super) fn payload_len(slot: &[u8]) -> usize {
     if operand != 0 {
         // ATOMIC_WRITE: its 8 bytes, where SGEs would be (rxe's `dma.atomic_wr`).
         operand
-    } else if wqe.wr.send_flags.get() & send_flags::INLINE != 0 {
+    } else if wqe.wr.send_flags.get() & SendFlags::INLINE.bits() != 0 {
         wqe.dma.length.get() as usize
     } else {
         (wqe.dma.num_sge.get() as usize).saturating_mul(size_of::<RxeSge>())
@@ -173,7 +169,7 @@ pub fn neutralise(slot: &mut [u8]) -> usize {
     let mut wqe = RxeSendWqe::new_zeroed();
     wqe.wr.wr_id = wr_id;
     wqe.wr.opcode = Le32::new(WrOpcode::Send as u32);
-    wqe.wr.send_flags = Le32::new(send_flags::SIGNALED);
+    wqe.wr.send_flags = Le32::new(SendFlags::SIGNALED.bits());
     wqe.wr.wr = rxe_v1::RxeSendWrUnion::from_ud(RxeUdWr {
         ah_num: Le32::new(NEUTRALISED_AH_NUM),
         ..FromZeros::new_zeroed()
@@ -248,7 +244,7 @@ mod tests {
         wqe.wr.wr_id = Le64::new(5);
         wqe.wr.reserved = Le32::new(7);
         wqe.wr.opcode = Le32::new(WrOpcode::SendWithImm as u32);
-        wqe.wr.send_flags = Le32::new(send_flags::INLINE | send_flags::SIGNALED);
+        wqe.wr.send_flags = Le32::new((SendFlags::INLINE | SendFlags::SIGNALED).bits());
         wqe.wr.wr = rxe_v1::RxeSendWrUnion::from_ud(RxeUdWr {
             remote_qpn: Le32::new(0x42),
             ah_num: Le32::new(AH),
@@ -272,7 +268,7 @@ mod tests {
         wqe.dma.num_sge = Le32::new(3);
         wqe.dma.length = Le32::new(5000);
         assert_eq!(payload_len(wqe.as_bytes()), 3 * size_of::<RxeSge>());
-        wqe.wr.send_flags = Le32::new(send_flags::INLINE);
+        wqe.wr.send_flags = Le32::new(SendFlags::INLINE.bits());
         assert_eq!(payload_len(wqe.as_bytes()), 5000);
         // ATOMIC_WRITE carries 8 bytes where SGEs would be, whatever dma says.
         wqe.wr.opcode = Le32::new(WrOpcode::AtomicWrite as u32);

@@ -5,7 +5,8 @@ use std::sync::atomic::Ordering;
 
 use vrdma_spec::rxe_v1::IbUverbsWc;
 
-use super::queue::{QueueError, RxeQueue};
+use super::queue::RxeQueue;
+use vrdma_spec::rxe_v1::GeometryError;
 use vrdma_spec::verbs::{WcOpcode, WcStatus};
 
 use crate::provider::{WcFlags, WorkCompletion};
@@ -23,14 +24,8 @@ pub struct CompletionQueue {
 
 impl CompletionQueue {
     /// A completion queue over `queue`, whose slots must hold a `struct ib_uverbs_wc`.
-    pub fn new(queue: RxeQueue) -> Result<Self, QueueError> {
-        let need = size_of::<IbUverbsWc>();
-        if need > queue.slot_size() {
-            return Err(QueueError::SlotTooSmall {
-                need,
-                slot: queue.slot_size(),
-            });
-        }
+    pub fn new(queue: RxeQueue) -> Result<Self, GeometryError> {
+        queue.check_entry(size_of::<IbUverbsWc>())?;
         let consumer = queue.load_consumer(Ordering::Relaxed);
         Ok(CompletionQueue { queue, consumer })
     }

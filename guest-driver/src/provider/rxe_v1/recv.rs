@@ -6,8 +6,9 @@ use std::sync::atomic::Ordering;
 use vrdma_spec::rxe_v1::{recv_wqe_size, RxeDmaInfo, RxeRecvWqe, RxeSge};
 use vrdma_spec::{Le32, Le64};
 
-use super::queue::{QueueError, RxeQueue};
+use super::queue::RxeQueue;
 use crate::provider::{PostError, RecvWr};
+use vrdma_spec::rxe_v1::GeometryError;
 
 /// The receive queue of a QP, or a shared receive queue (same format).
 ///
@@ -23,14 +24,8 @@ pub struct RecvQueue {
 
 impl RecvQueue {
     /// A receive queue over `queue`, whose slots must hold `max_sge` SGEs.
-    pub fn new(queue: RxeQueue, max_sge: u32) -> Result<Self, QueueError> {
-        let need = recv_wqe_size(max_sge);
-        if need > queue.slot_size() {
-            return Err(QueueError::SlotTooSmall {
-                need,
-                slot: queue.slot_size(),
-            });
-        }
+    pub fn new(queue: RxeQueue, max_sge: u32) -> Result<Self, GeometryError> {
+        queue.check_entry(recv_wqe_size(max_sge))?;
         let producer = queue.load_producer(Ordering::Relaxed);
         Ok(RecvQueue {
             queue,

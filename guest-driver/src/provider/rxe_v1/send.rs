@@ -7,13 +7,13 @@ use std::mem::{offset_of, size_of};
 use std::sync::atomic::Ordering;
 
 use vrdma_spec::rxe_v1::{
-    send_wqe_size, RxeAtomicWr, RxeAv, RxeDmaInfo, RxeFlushWr, RxeMwWr, RxeRdmaWr, RxeSendWqe,
-    RxeSendWr, RxeSendWrUnion, RxeSge, RxeUdWr, WQE_STATE_POSTED,
+    send_wqe_size, GeometryError, RxeAtomicWr, RxeAv, RxeDmaInfo, RxeFlushWr, RxeMwWr, RxeRdmaWr,
+    RxeSendWqe, RxeSendWr, RxeSendWrUnion, RxeSge, RxeUdWr, WQE_STATE_POSTED,
 };
 use vrdma_spec::{Le16, Le32, Le64};
 use zerocopy::FromZeros;
 
-use super::queue::{QueueError, RxeQueue, SlotWriter};
+use super::queue::{RxeQueue, SlotWriter};
 use vrdma_spec::verbs::{AccessFlags, QpType, WrOpcode};
 
 use crate::provider::{MwBind, PostError, SendFlags, SendWr, Sge, UdDest};
@@ -75,14 +75,8 @@ impl WqeShape {
 
 impl SendQueue {
     /// A send queue over `queue`, whose slots must hold requests of the sizes in `caps`.
-    pub fn new(queue: RxeQueue, caps: SendQueueCaps) -> Result<Self, QueueError> {
-        let need = send_wqe_size(caps.max_sge, caps.max_inline);
-        if need > queue.slot_size() {
-            return Err(QueueError::SlotTooSmall {
-                need,
-                slot: queue.slot_size(),
-            });
-        }
+    pub fn new(queue: RxeQueue, caps: SendQueueCaps) -> Result<Self, GeometryError> {
+        queue.check_entry(send_wqe_size(caps.max_sge, caps.max_inline))?;
         let producer = queue.load_producer(Ordering::Relaxed);
         Ok(SendQueue {
             queue,

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vrdma_spec::rxe_v1::{self, header, MAX_LOG2_SLOT_SIZE, MIN_LOG2_SLOT_SIZE};
+use vrdma_spec::rxe_v1::{header, GeometryError, RingGeometry};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::transport::RegionAccess;
@@ -27,70 +27,6 @@ use crate::transport::RegionAccess;
 const BASE_ALIGN: usize = 64;
 /// How long a new queue's header may take to become visible (see `check_header`).
 const HEADER_SETTLE: Duration = Duration::from_millis(200);
-
-/// Slot geometry the device reported for a queue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QueueGeometry {
-    /// Number of slots: a power of two, capacity is one less.
-    pub num_slots: u32,
-    /// log2 of the slot size in bytes.
-    pub log2_slot_size: u32,
-}
-
-/// Why a queue buffer is refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum QueueError {
-    /// The buffer start (an address, or an offset in the region) is not aligned to a cache
-    /// line.
-    #[error("queue buffer at {0:#x} is not 64-byte aligned")]
-    Misaligned(usize),
-    /// `num_slots` is not a power of two of at least 2.
-    #[error("{0} slots is not a power of two >= 2")]
-    NumSlots(u32),
-    /// The slot size is outside the accepted range.
-    #[error("slot size 2^{0} out of range")]
-    SlotSize(u32),
-    /// Header and slots do not fit in the mapping.
-    #[error("queue needs {need} bytes, {mapped} are mapped")]
-    TooSmall {
-        /// Bytes the geometry needs.
-        need: u64,
-        /// Bytes mapped.
-        mapped: usize,
-    },
-    /// The buffer's region offset plus its length does not fit in an address.
-    #[error("queue buffer of {len} bytes at offset {offset:#x} overflows the address space")]
-    OffsetOverflow {
-        /// Offset in the region.
-        offset: usize,
-        /// Length.
-        len: usize,
-    },
-    /// The header in shared memory disagrees with the reported geometry.
-    #[error("header (log2 {log2}, mask {mask:#x}) disagrees with the reported geometry")]
-    HeaderMismatch {
-        /// `log2_elem_size` found in the header.
-        log2: u32,
-        /// `index_mask` found in the header.
-        mask: u32,
-    },
-    /// An index in the header is outside the queue.
-    #[error("{which} index {value:#x} is outside the queue")]
-    IndexOutOfRange {
-        /// `"producer"` or `"consumer"`.
-        which: &'static str,
-        /// The value found.
-        value: u32,
-    },
-    /// A slot cannot hold the largest entry the queue was created for.
-    #[error("slots of {slot} bytes cannot hold entries of {need} bytes")]
-    SlotTooSmall {
-        /// Bytes the largest entry needs.
-        need: usize,
-        /// Slot size.
-        slot: usize,
-    },
-}
 
 /// How the queue buffer is reached.
 enum Memory {
@@ -112,8 +48,7 @@ enum Memory {
 /// the header lives in memory the other side can write, so it is never consulted again.
 pub struct RxeQueue {
     memory: Memory,
-    index_mask: u32,
-    log2_slot_size: u32,
+    geometry: RingGeometry,
 }
 
 // SAFETY: a mapped queue only holds a pointer to memory that `new`'s contract keeps mapped for
@@ -149,17 +84,16 @@ impl RxeQueue {
     pub unsafe fn new(
         base: NonNull<u8>,
         mapped_len: usize,
-        geometry: QueueGeometry,
-    ) -> Result<Self, QueueError> {
+        geometry: RingGeometry,
+    ) -> Result<Self, GeometryError> {
         let addr = base.as_ptr() as usize;
         if !addr.is_multiple_of(BASE_ALIGN) {
-            return Err(QueueError::Misaligned(addr));
+            return Err(GeometryError::Misaligned(addr));
         }
-        check_geometry(geometry, mapped_len)?;
+        geometry.check_len(mapped_len)?;
         RxeQueue {
             memory: Memory::Mapped(base),
-            index_mask: geometry.num_slots - 1,
-            log2_slot_size: geometry.log2_slot_size,
+            geometry,
         }
         .check_header()
     }
@@ -175,41 +109,50 @@ impl RxeQueue {
         access: Arc<dyn RegionAccess>,
         offset: usize,
         len: usize,
-        geometry: QueueGeometry,
-    ) -> Result<Self, QueueError> {
+        geometry: RingGeometry,
+    ) -> Result<Self, GeometryError> {
         if !offset.is_multiple_of(BASE_ALIGN) {
-            return Err(QueueError::Misaligned(offset));
+            return Err(GeometryError::Misaligned(offset));
         }
         if offset.checked_add(len).is_none() {
-            return Err(QueueError::OffsetOverflow { offset, len });
+            return Err(GeometryError::OffsetOverflow { offset, len });
         }
-        check_geometry(geometry, len)?;
-        let slot_words = (1usize << geometry.log2_slot_size) / size_of::<u64>();
+        geometry.check_len(len)?;
+        let slot_words = geometry.slot_size() / size_of::<u64>();
         RxeQueue {
             memory: Memory::Accessed {
                 access,
                 offset: offset as u64,
                 scratch: vec![0; slot_words].into_boxed_slice(),
             },
-            index_mask: geometry.num_slots - 1,
-            log2_slot_size: geometry.log2_slot_size,
+            geometry,
         }
         .check_header()
     }
 
+    /// The queue's slot geometry.
+    pub fn geometry(&self) -> RingGeometry {
+        self.geometry
+    }
+
     /// Number of slots.
     pub fn num_slots(&self) -> u32 {
-        self.index_mask + 1
+        self.geometry.num_slots()
     }
 
     /// How many entries the queue holds at most (one slot always stays empty).
     pub fn capacity(&self) -> u32 {
-        self.index_mask
+        self.geometry.capacity()
     }
 
     /// Slot size in bytes.
     pub fn slot_size(&self) -> usize {
-        1 << self.log2_slot_size
+        self.geometry.slot_size()
+    }
+
+    /// Fails unless a slot holds an entry of `need` bytes.
+    pub fn check_entry(&self, need: usize) -> Result<(), GeometryError> {
+        self.geometry.check_entry(need)
     }
 
     /// Whether the buffer is mapped into this process (rather than reached through a
@@ -220,34 +163,36 @@ impl RxeQueue {
 
     /// `index` advanced by one slot.
     pub(super) fn next(&self, index: u32) -> u32 {
-        index.wrapping_add(1) & self.index_mask
+        self.geometry.next(index)
     }
 
     /// The producer index, masked: a corrupted value still names a slot of this queue. An
     /// accessed queue always loads with Acquire, which is at least as strong as any `order`.
     pub(super) fn load_producer(&self, order: Ordering) -> u32 {
-        self.load_index(header::PRODUCER_INDEX, order) & self.index_mask
+        self.geometry
+            .mask(self.load_index(header::PRODUCER_INDEX, order))
     }
 
     /// The consumer index, masked like [`Self::load_producer`].
     pub(super) fn load_consumer(&self, order: Ordering) -> u32 {
-        self.load_index(header::CONSUMER_INDEX, order) & self.index_mask
+        self.geometry
+            .mask(self.load_index(header::CONSUMER_INDEX, order))
     }
 
     /// Publishes a new producer index. An accessed queue always stores with Release, which is
     /// at least as strong as any `order`.
     pub(super) fn store_producer(&self, index: u32, order: Ordering) {
-        self.store_index(header::PRODUCER_INDEX, index & self.index_mask, order);
+        self.store_index(header::PRODUCER_INDEX, self.geometry.mask(index), order);
     }
 
     /// Publishes a new consumer index, like [`Self::store_producer`].
     pub(super) fn store_consumer(&self, index: u32, order: Ordering) {
-        self.store_index(header::CONSUMER_INDEX, index & self.index_mask, order);
+        self.store_index(header::CONSUMER_INDEX, self.geometry.mask(index), order);
     }
 
     /// Offset of slot `index` (masked) from the buffer start; a multiple of 64.
     pub(super) fn slot_offset(&self, index: u32) -> usize {
-        rxe_v1::slot_offset(index, self.index_mask, self.log2_slot_size)
+        self.geometry.slot_offset(index)
     }
 
     /// A writer for the entry of slot `index` (masked): the slot itself when mapped, the
@@ -315,7 +260,7 @@ impl RxeQueue {
     }
 
     /// Compares the header with the geometry and checks both indices; returns the queue.
-    fn check_header(self) -> Result<Self, QueueError> {
+    fn check_header(self) -> Result<Self, GeometryError> {
         // The mapping was made before the device answered, but a CPU may not see it at once:
         // QEMU under TCG applies a change of the guest's memory map to each vCPU
         // asynchronously (at its next exit to QEMU's loop), and a first read can still find
@@ -326,11 +271,10 @@ impl RxeQueue {
         loop {
             let log2 = self.header_word(header::LOG2_ELEM_SIZE);
             let mask = self.header_word(header::INDEX_MASK);
-            if log2 == self.log2_slot_size && mask == self.index_mask {
-                break;
-            }
-            if Instant::now() >= deadline {
-                return Err(QueueError::HeaderMismatch { log2, mask });
+            match self.geometry.check_header(log2, mask) {
+                Ok(()) => break,
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(_) => {}
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -338,10 +282,8 @@ impl RxeQueue {
             ("producer", header::PRODUCER_INDEX),
             ("consumer", header::CONSUMER_INDEX),
         ] {
-            let value = self.load_index(word, Ordering::Relaxed);
-            if value & !self.index_mask != 0 {
-                return Err(QueueError::IndexOutOfRange { which, value });
-            }
+            self.geometry
+                .check_index(which, self.load_index(word, Ordering::Relaxed))?;
         }
         Ok(self)
     }
@@ -384,26 +326,6 @@ impl RxeQueue {
             } => access.store_u32(start + offset as u64, value),
         }
     }
-}
-
-/// Checks the reported geometry and that header plus slots fit in `len` bytes.
-fn check_geometry(geometry: QueueGeometry, len: usize) -> Result<(), QueueError> {
-    let QueueGeometry {
-        num_slots,
-        log2_slot_size,
-    } = geometry;
-    if num_slots < 2 || !num_slots.is_power_of_two() {
-        return Err(QueueError::NumSlots(num_slots));
-    }
-    if !(MIN_LOG2_SLOT_SIZE..=MAX_LOG2_SLOT_SIZE).contains(&log2_slot_size) {
-        return Err(QueueError::SlotSize(log2_slot_size));
-    }
-    // Both factors are bounded (2^32 slots of at most 2^16 bytes), so this cannot overflow.
-    let need = header::DATA as u64 + (u64::from(num_slots) << log2_slot_size);
-    if need > len as u64 {
-        return Err(QueueError::TooSmall { need, mapped: len });
-    }
-    Ok(())
 }
 
 /// The index word at `offset` of the header of the mapped queue at `base`, borrowed from the
