@@ -10,6 +10,7 @@ pub mod control;
 pub mod datapath;
 pub mod fault_log;
 pub mod guest;
+pub mod guest_device;
 pub mod host;
 pub mod identity;
 pub mod listener;

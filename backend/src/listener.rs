@@ -21,8 +21,8 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::memory::frontend_filter::{self, FilterHooks};
 use crate::vhost_device::backend_channel::BackendChannel;
+use crate::vhost_device::frontend_filter::{self, FilterHooks};
 use crate::vhost_device::handler::DeviceHandler;
 use crate::vhost_device::VhostUserDevice;
 
@@ -380,7 +380,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::guest::device::GuestDevice;
+    use crate::guest_device::GuestDevice;
 
     #[test]
     fn several_sockets_are_served_and_stopped_together() {

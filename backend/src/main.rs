@@ -15,10 +15,10 @@ use log::info;
 use vrdma_backend::config::{
     parse_addresses, parse_prefixes, parse_size, DaemonConfig, GuestConfig,
 };
-use vrdma_backend::guest::device::GuestDeviceFactory;
 use vrdma_backend::guest::options::{
     DeviceOptions, StagedRings, DEFAULT_DOORBELL_POLL_US, DEFAULT_MAX_MR_MAPPINGS, DEFAULT_SHM_SIZE,
 };
+use vrdma_backend::guest_device::GuestDeviceFactory;
 use vrdma_backend::host::sysfs::SYSFS_ROOT;
 use vrdma_backend::host::{HostDevice, RxeDevice};
 use vrdma_backend::identity::endpoints::LocalEndpoints;

@@ -7,8 +7,8 @@
 
 use std::sync::Arc;
 
-use vrdma_backend::guest::device::{GuestDeviceFactory, MemoryUsage};
 use vrdma_backend::guest::options::DeviceOptions;
+use vrdma_backend::guest_device::{GuestDeviceFactory, MemoryUsage};
 use vrdma_backend::memory::budget::{HostBudget, HostBudgetLimits};
 use vrdma_backend::resources::quotas::Quotas;
 use vrdma_backend::vhost_device::handler::DeviceHandler;

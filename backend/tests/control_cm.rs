@@ -325,7 +325,7 @@ fn requests_over_the_backlog_are_rejected_and_destroy_and_discard_release_ids() 
         // The server's device pumps; the first request waits in the backlog of 1.
         server
             .dev()
-            .fd_ready(server.ctx(), vrdma_backend::datapath::cm_events::CM_FD);
+            .fd_ready(server.ctx(), vrdma_backend::guest_device::cm_events::CM_FD);
         outcomes.push(id);
     }
     // The second was refused: its host id destroyed, the client rejected.
@@ -423,7 +423,7 @@ fn a_request_destroyed_before_delivery_gives_its_backlog_slot_back() {
         assert_eq!(connect(&client, id, qp, b""), Status::Ok);
         server
             .dev()
-            .fd_ready(server.ctx(), vrdma_backend::datapath::cm_events::CM_FD);
+            .fd_ready(server.ctx(), vrdma_backend::guest_device::cm_events::CM_FD);
         id
     };
     let first = connect_once();
@@ -447,7 +447,7 @@ fn commands_that_make_events_wait_for_undelivered_ones() {
         assert_eq!(resolve_addr(&guest, id, None, "[fe80::1%1]:9"), Status::Ok);
         guest
             .dev()
-            .fd_ready(guest.ctx(), vrdma_backend::datapath::cm_events::CM_FD);
+            .fd_ready(guest.ctx(), vrdma_backend::guest_device::cm_events::CM_FD);
     }
     assert_eq!(
         resolve_addr(&guest, id, None, "[fe80::1%1]:9"),
@@ -483,7 +483,7 @@ fn loopback_is_the_tenant_itself_and_its_listeners_hear_only_it() {
     let (qp, _) = rc_qp(&b);
     assert_eq!(connect(&b, stranger, qp, b""), Status::Ok);
     a.dev()
-        .fd_ready(a.ctx(), vrdma_backend::datapath::cm_events::CM_FD);
+        .fd_ready(a.ctx(), vrdma_backend::guest_device::cm_events::CM_FD);
     assert_eq!(next_cm_event(&b).event.get(), cm_event::REJECTED);
     assert_eq!(get_event(&a).event.get(), CM_EVENT_NONE);
     assert_eq!(a.dev().object_counts().cm_ids, 1, "the listener alone");

@@ -6,8 +6,8 @@
 
 use std::process::Command;
 
-use vrdma_backend::guest::device::GuestDeviceFactory;
 use vrdma_backend::guest::options::DeviceOptions;
+use vrdma_backend::guest_device::GuestDeviceFactory;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::config::ring_format;
 use vrdma_spec::features::*;

@@ -10,8 +10,8 @@
 
 use std::time::Duration;
 
-use vrdma_backend::guest::device::GuestDeviceFactory;
 use vrdma_backend::guest::options::{DeviceOptions, GuestError};
+use vrdma_backend::guest_device::GuestDeviceFactory;
 use vrdma_backend::identity::policy::{ValueSet, MAX_SERVICE_LEVEL, MAX_TRAFFIC_CLASS};
 use vrdma_backend::identity::provision::{provision, ProvisionError};
 use vrdma_backend::identity::{GuestAddress, GuestIdentity, TrafficPolicy};

@@ -4,7 +4,7 @@
 //! The real per-guest device (`GuestDevice`) driven through the `DeviceHandler` API on a host
 //! without RDMA, over the fake host device and fake frontend of `vrdma_test_support::fake_host`.
 
-use vrdma_backend::guest::device::GuestDeviceFactory;
+use vrdma_backend::guest_device::GuestDeviceFactory;
 use vrdma_backend::host::*;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::control::{HEADER_SIZE, MAX_RESPONSE_SIZE};

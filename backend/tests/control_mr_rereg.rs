@@ -8,7 +8,7 @@
 use std::fs::File;
 
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
-use vrdma_backend::guest::device::GuestDeviceFactory;
+use vrdma_backend::guest_device::GuestDeviceFactory;
 use vrdma_backend::host::MrInit;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::control::{encode_page_list, rereg_flags, ReregMr};

@@ -6,8 +6,8 @@
 //! `vrdma_test_support::fake_host`; the fake host refuses a resize below the completions a test
 //! says the CQ holds, as rxe does.
 
-use vrdma_backend::guest::device::GuestDeviceFactory;
 use vrdma_backend::guest::options::DeviceOptions;
+use vrdma_backend::guest_device::GuestDeviceFactory;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::features::*;
 use vrdma_spec::wire::*;

@@ -6,7 +6,7 @@
 //! `vrdma_test_support::fake_host`; the fake host refuses a resize below the receives a test
 //! says the SRQ holds, as rxe does.
 
-use vrdma_backend::guest::device::GuestDeviceFactory;
+use vrdma_backend::guest_device::GuestDeviceFactory;
 use vrdma_spec::features::*;
 use vrdma_spec::wire::*;
 use vrdma_spec::{ControlRequest, ControlResponse, Le32, ResponseBody, Status};

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use vrdma_backend::guest::device::GuestDeviceFactory;
+use vrdma_backend::guest_device::GuestDeviceFactory;
 use vrdma_backend::host::rxe_convert::qp_attr_from_cm;
 use vrdma_backend::host::ucma::abi::{event, port_space, ConnParam, EventResp};
 use vrdma_backend::host::ucma::file::{copy_private_data, decode_sockaddr, event_conn_param};

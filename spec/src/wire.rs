@@ -10,6 +10,7 @@ use crate::{Le16, Le32, Le64};
 // Commands added after 1.0's first set keep their structs in files of their own.
 mod gid_table;
 mod mr_rereg;
+mod ring_desc;
 pub use gid_table::*;
 pub use mr_rereg::*;
 

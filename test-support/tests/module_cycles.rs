@@ -1,10 +1,14 @@
-//! No crate of the workspace has an import cycle between its modules.
+//! No crate of the workspace has an import cycle between its modules, nor between its
+//! top-level modules (the folders and files under `src/`), and the crates whose layers
+//! ARCHITECTURE.md lists import only downwards: a top-level module names items of its own
+//! layer or of layers below it, never of one above.
 //!
 //! A module A depends on a module B when A's non-test code names an item of B, through `use` or
 //! a path (`crate::b::x`, `super::x`, `self::child::x`, `child::x`). Declaring `mod child;` is
 //! not a dependency; a child naming an item its parent *defines* is. A name that a module
 //! re-exports with `pub use` counts as a dependency on the module that defines it. Items under
-//! `#[cfg(test)]` and binaries (`src/bin`) are left out. The scan is textual (comments removed),
+//! `#[cfg(test)]` (and the files declared there) and `src/bin` are left out; a `lib.rs` and a
+//! `main.rs` in one tree are two crates, each checked. The scan is textual (comments removed),
 //! which is enough for this code base: it has no macros that generate paths between modules.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -13,13 +17,16 @@ use std::path::{Path, PathBuf};
 
 type ModPath = Vec<String>;
 
-/// The library source trees of the workspace's crates, relative to the workspace root.
+/// The source trees of the workspace's crates, relative to the workspace root. Each of their
+/// crate roots (`lib.rs`, `main.rs`) is checked as the crate it is: a binary beside a library
+/// reaches the library only as another crate.
 const CRATE_SOURCES: &[&str] = &[
     "spec/src",
     "backend/src",
     "guest-driver/src",
     "guest-driver/capi/src",
     "guest-driver/tools/src",
+    "guest-driver/agent/src",
     "qemu-tests/src",
     "test-support/src",
 ];
@@ -246,10 +253,54 @@ fn inline_modules(text: &str) -> Vec<String> {
     names
 }
 
-fn load(root: &Path, src: &str) -> Crate {
-    let src = root.join(src);
+/// Whether `text` (stripped) declares the module `name` (`mod name;` or `mod name {`).
+fn declares_module(text: &str, name: &str) -> bool {
+    let mut search = 0;
+    while let Some(rel) = text[search..].find("mod ") {
+        let at = search + rel;
+        search = at + 4;
+        if at > 0 && text[..at].chars().last().is_some_and(is_ident_char) {
+            continue;
+        }
+        let rest = text[search..].trim_start();
+        if rest.starts_with(name) && !rest[name.len()..].starts_with(is_ident_char) {
+            return true;
+        }
+    }
+    false
+}
+
+/// The crate roots of the source trees, as `<src>/lib.rs` and `<src>/main.rs`.
+fn crate_roots(root: &Path) -> Vec<String> {
+    let mut roots = Vec::new();
+    for src in CRATE_SOURCES {
+        assert!(root.join(src).is_dir(), "{src} is not a directory");
+        for file in ["lib.rs", "main.rs"] {
+            if root.join(src).join(file).is_file() {
+                roots.push(format!("{src}/{file}"));
+            }
+        }
+    }
+    roots
+}
+
+/// The crate whose root file is `crate_root` (`<src>/lib.rs` or `<src>/main.rs`): the files
+/// under `<src>` that the root declares, directly or through the modules it declares.
+fn load(root: &Path, crate_root: &str) -> Crate {
+    let root_file = root.join(crate_root);
+    let src = root_file
+        .parent()
+        .expect("a crate root has a directory")
+        .to_path_buf();
     let mut files = Vec::new();
     collect(&src, &src, &mut files);
+    files.retain(|file| {
+        file == &root_file
+            || !(file.parent() == Some(src.as_path())
+                && file
+                    .file_name()
+                    .is_some_and(|n| n == "lib.rs" || n == "main.rs"))
+    });
     let mut modules = BTreeMap::new();
     for file in files {
         let text = strip(&fs::read_to_string(&file).expect("readable source"));
@@ -260,6 +311,25 @@ fn load(root: &Path, src: &str) -> Crate {
             modules.entry(child).or_insert_with(String::new);
         }
         modules.insert(path, text);
+    }
+    // A file whose `mod` declaration is test code (`#[cfg(test)] mod tests;`, removed by
+    // `strip`) is test code too, and so is everything below it; a file no module declares
+    // belongs to another crate root of the tree.
+    let declared = |module: &ModPath, modules: &BTreeMap<ModPath, String>| {
+        let Some((child, parent)) = module.split_last() else {
+            return true;
+        };
+        modules
+            .get(parent)
+            .is_some_and(|text| declares_module(text, child))
+    };
+    let test_only: Vec<ModPath> = modules
+        .keys()
+        .filter(|m| (1..=m.len()).any(|n| !declared(&m[..n].to_vec(), &modules)))
+        .cloned()
+        .collect();
+    for module in test_only {
+        modules.remove(&module);
     }
     let mut reexports = HashMap::new();
     let mut paths = HashMap::new();
@@ -434,13 +504,203 @@ fn name(module: &ModPath) -> String {
     }
 }
 
+/// Edges between top-level modules: from, to, and the module-level edges behind each.
+type FolderEdges = BTreeMap<ModPath, BTreeMap<ModPath, Vec<(ModPath, ModPath)>>>;
+
+/// The top-level module (a folder or a file under `src/`) of every module but the root.
+fn top_level(module: &ModPath) -> Option<ModPath> {
+    module.first().map(|top| vec![top.clone()])
+}
+
+/// The edges between top-level modules, each with the module-level edges behind it.
+fn top_level_edges(edges: &BTreeMap<ModPath, BTreeSet<ModPath>>) -> FolderEdges {
+    let mut folded: FolderEdges = BTreeMap::new();
+    for (from, targets) in edges {
+        let Some(from_top) = top_level(from) else {
+            continue;
+        };
+        let entry = folded.entry(from_top.clone()).or_default();
+        for to in targets {
+            match top_level(to) {
+                Some(to_top) if to_top != from_top => entry
+                    .entry(to_top)
+                    .or_default()
+                    .push((from.clone(), to.clone())),
+                _ => {}
+            }
+        }
+    }
+    folded
+}
+
+/// The layer orders ARCHITECTURE.md declares, by crate source tree: a fenced block opened with
+/// `layers <src>`, one layer per line from the top, the layer's top-level modules separated
+/// by spaces.
+fn declared_layers(architecture: &str) -> BTreeMap<String, Vec<Vec<String>>> {
+    let mut declared = BTreeMap::new();
+    let mut lines = architecture.lines();
+    while let Some(line) = lines.next() {
+        let Some(src) = line.trim().strip_prefix("```layers ") else {
+            continue;
+        };
+        let layers = lines
+            .by_ref()
+            .take_while(|l| l.trim() != "```")
+            .map(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>())
+            .filter(|layer| !layer.is_empty())
+            .collect();
+        declared.insert(src.trim().to_string(), layers);
+    }
+    declared
+}
+
+/// What breaks a declared layer order: an import from a layer above, a top-level module that
+/// takes part in imports without being declared, or a declared name that is no top-level
+/// module of the crate (`tops`).
+fn layer_violations(
+    folded: &FolderEdges,
+    layers: &[Vec<String>],
+    tops: &BTreeSet<String>,
+) -> Vec<String> {
+    let layer_of = |module: &ModPath| {
+        layers
+            .iter()
+            .position(|layer| layer.iter().any(|m| m == &module[0]))
+    };
+    let mut found: Vec<String> = layers
+        .iter()
+        .flatten()
+        .filter(|m| !tops.contains(*m))
+        .map(|m| format!("{m} is declared but is no top-level module"))
+        .collect();
+    for (from, targets) in folded {
+        for (to, behind) in targets {
+            match (layer_of(from), layer_of(to)) {
+                (Some(a), Some(b)) if a <= b => {}
+                (Some(_), Some(_)) => {
+                    let (file, named) = &behind[0];
+                    found.push(format!(
+                        "{} imports {}, a layer above it ({} names {})",
+                        name(from),
+                        name(to),
+                        name(file),
+                        name(named)
+                    ));
+                }
+                (a, b) => {
+                    for (module, layer) in [(from, a), (to, b)] {
+                        if layer.is_none() {
+                            found.push(format!("{} is in no declared layer", name(module)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    found.sort();
+    found.dedup();
+    found
+}
+
+#[test]
+fn no_crate_has_a_cycle_between_its_folders() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut report = String::new();
+    for src in crate_roots(&root) {
+        let folded = top_level_edges(&load(&root, &src).edges());
+        let edges: BTreeMap<ModPath, BTreeSet<ModPath>> = folded
+            .iter()
+            .map(|(from, targets)| (from.clone(), targets.keys().cloned().collect()))
+            .collect();
+        for component in cycles(&edges) {
+            report.push_str(&format!("{src}: cycle among folders\n"));
+            for module in &component {
+                for (to, behind) in &folded[module] {
+                    if component.contains(to) {
+                        let (file, named) = &behind[0];
+                        report.push_str(&format!(
+                            "  {} -> {} ({} names {})\n",
+                            name(module),
+                            name(to),
+                            name(file),
+                            name(named)
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(report.is_empty(), "folder cycles:\n{report}");
+}
+
+#[test]
+fn declared_layers_import_only_downwards() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let architecture =
+        fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md is readable");
+    let declared = declared_layers(&architecture);
+    assert!(
+        declared.contains_key("backend/src/lib.rs"),
+        "ARCHITECTURE.md declares the backend's layers"
+    );
+    let roots = crate_roots(&root);
+    let mut report = String::new();
+    for (src, layers) in &declared {
+        assert!(
+            roots.contains(src),
+            "ARCHITECTURE.md declares layers of {src}, which is not a crate root"
+        );
+        let krate = load(&root, src);
+        let tops = krate
+            .modules
+            .keys()
+            .filter_map(|m| m.first().cloned())
+            .collect();
+        let folded = top_level_edges(&krate.edges());
+        for violation in layer_violations(&folded, layers, &tops) {
+            report.push_str(&format!("{src}: {violation}\n"));
+        }
+    }
+    assert!(report.is_empty(), "layer violations:\n{report}");
+}
+
+#[test]
+fn the_layer_check_refuses_an_import_from_above_and_an_undeclared_folder() {
+    let module = |m: &str| vec![m.to_string()];
+    let edge = |from: &str, to: &str| {
+        let behind = vec![(module(from), module(to))];
+        (module(to), behind)
+    };
+    let mut folded = BTreeMap::new();
+    folded.insert(module("control"), BTreeMap::from([edge("control", "host")]));
+    let layers = declared_layers("```layers backend/src\ncontrol\nhost memory\n```\n")
+        .remove("backend/src")
+        .unwrap();
+    assert_eq!(layers, vec![vec!["control"], vec!["host", "memory"]]);
+    let tops = ["control", "host", "memory", "stray"]
+        .map(String::from)
+        .into();
+    assert!(layer_violations(&folded, &layers, &tops).is_empty());
+    folded.insert(module("host"), BTreeMap::from([edge("host", "control")]));
+    folded.insert(module("memory"), BTreeMap::from([edge("memory", "stray")]));
+    assert_eq!(
+        layer_violations(&folded, &layers, &tops),
+        [
+            "host imports control, a layer above it (host names control)",
+            "stray is in no declared layer",
+        ]
+    );
+    let without_memory = ["control", "host", "stray"].map(String::from).into();
+    assert!(layer_violations(&folded, &layers, &without_memory)
+        .contains(&"memory is declared but is no top-level module".to_string()));
+}
+
 #[test]
 fn no_crate_has_a_module_cycle() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut report = String::new();
-    for src in CRATE_SOURCES {
-        assert!(root.join(src).is_dir(), "{src} is not a directory");
-        let krate = load(&root, src);
+    for src in crate_roots(&root) {
+        let krate = load(&root, &src);
         let edges = krate.edges();
         for component in cycles(&edges) {
             report.push_str(&format!("{src}: cycle among\n"));

@@ -2,7 +2,7 @@
 //! connection manager, bound and resolved only on the guest's own addresses (spec §12.1,
 //! `identity::cm_addresses`), connected only with the guest's own QPs, and answered in the
 //! guest's terms (its GID indices, port 1, its scope ids). Events come through
-//! `datapath::cm_events` and wait in the guest's state for CM_GET_EVENT.
+//! `guest_device::cm_events` and wait in the guest's state for CM_GET_EVENT.
 
 use std::net::SocketAddr;
 
@@ -16,8 +16,8 @@ use zerocopy::FromZeros;
 
 use super::error::CommandError;
 use super::session::{host_err, CommandResult, Session};
-use crate::datapath::events::forget_object;
 use crate::guest::cm_ids::{CmIdEntry, CmIds};
+use crate::guest::objects::discard_events_of;
 use crate::guest::objects::EventOwner;
 use crate::guest::shared::{GuestShared, GUEST_PORT};
 use crate::host::cm::{CmOption, ConnParams, HostCm, PrivateData};
@@ -149,9 +149,9 @@ fn destroy_id(
     let handle = Handle::from_raw(r.handle.get());
     let (entry, orphans) = s.state.cm.remove(handle)?;
     // Nothing about the id may reach the guest after this answer (spec §8).
-    forget_object(s.ctx, Subject::CmId, handle);
+    discard_events_of(s.ctx, Subject::CmId, handle);
     for (orphan_handle, orphan) in &orphans {
-        forget_object(s.ctx, Subject::CmId, *orphan_handle);
+        discard_events_of(s.ctx, Subject::CmId, *orphan_handle);
         release(s.guest, cm, &mut s.state.owners, orphan);
     }
     release(s.guest, cm, &mut s.state.owners, &entry);

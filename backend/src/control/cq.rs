@@ -11,8 +11,8 @@ use super::error::CommandError;
 use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
 use super::staged_rings;
-use crate::datapath::events;
 use crate::datapath::staged_cq::StagedCq;
+use crate::guest::objects::discard_events_of;
 use crate::guest::objects::CqEntry;
 use crate::guest::objects::EventOwner;
 use crate::host::{CqHandle, CqInit, HostContext};
@@ -99,7 +99,7 @@ pub(crate) fn destroy_cq(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
     s.host().destroy_cq(host).map_err(host_err("DESTROY_CQ"))?;
     let entry = s.state.cqs.remove(handle)?;
     s.state.owners.remove(&entry.user_handle);
-    events::forget_object(s.ctx, Subject::Cq, handle);
+    discard_events_of(s.ctx, Subject::Cq, handle);
     rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &entry.ring);
     Ok(ResponseBody::Empty)
 }

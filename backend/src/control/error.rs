@@ -5,6 +5,7 @@ use std::io;
 use vrdma_spec::rxe_v1::GeometryError;
 use vrdma_spec::{DecodeError, Status, StatusError};
 
+use crate::datapath::doorbell::AreaError;
 use crate::host::DeviceError;
 use crate::memory::budget::BudgetError;
 use crate::memory::error::MemError;
@@ -114,6 +115,18 @@ impl CommandError {
             },
             CommandError::Ring(_) | CommandError::HostAnswer(_) => eio,
             CommandError::DeviceFailed => StatusError::device_error(libc::ENODEV as u32),
+        }
+    }
+}
+
+impl From<AreaError> for CommandError {
+    fn from(e: AreaError) -> Self {
+        match e {
+            AreaError::Memory(e) => CommandError::Memory(e),
+            AreaError::Misaligned(addr) => CommandError::Invalid {
+                what: "doorbell area alignment in host memory",
+                value: addr,
+            },
         }
     }
 }

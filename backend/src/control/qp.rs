@@ -15,8 +15,8 @@ use super::error::CommandError;
 use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
 use super::staged_rings::{self, QueueModes};
-use crate::datapath::events;
 use crate::datapath::staging::{StagedKind, StagedRing};
+use crate::guest::objects::discard_events_of;
 use crate::guest::objects::EventOwner;
 use crate::guest::objects::{QpDeps, QpEntry};
 use crate::guest::state::GuestState;
@@ -548,7 +548,7 @@ pub(crate) fn destroy_qp(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
     // could otherwise send a host QP number the host may give to another QP.
     s.state.cm.forget_qp(handle);
     s.state.owners.remove(&entry.user_handle);
-    events::forget_object(s.ctx, Subject::Qp, handle);
+    discard_events_of(s.ctx, Subject::Qp, handle);
     unmap_rings(Some(s.ctx), &mut s.state.shm, &entry.sq, entry.rq.as_ref());
     entry.deps.release(s.state);
     Ok(ResponseBody::Empty)

@@ -13,7 +13,7 @@ use super::error::CommandError;
 use super::query::SRQ_RESIZE_CAP;
 use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
-use crate::datapath::events;
+use crate::guest::objects::discard_events_of;
 use crate::guest::objects::EventOwner;
 use crate::guest::objects::SrqEntry;
 use crate::host::{HostContext, SrqHandle, SrqInit, SrqModify};
@@ -226,7 +226,7 @@ pub(crate) fn destroy_srq(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
         .map_err(host_err("DESTROY_SRQ"))?;
     let entry = s.state.srqs.remove(handle)?;
     s.state.owners.remove(&entry.user_handle);
-    events::forget_object(s.ctx, Subject::Srq, handle);
+    discard_events_of(s.ctx, Subject::Srq, handle);
     rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &entry.ring);
     if let Err(e) = s.state.pds.release(entry.pd) {
         warn!("SRQ bookkeeping: {e}");

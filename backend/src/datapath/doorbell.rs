@@ -26,7 +26,6 @@ use vm_memory::{GuestAddress, GuestMemoryBackend};
 use vrdma_spec::doorbell::{area_bytes, DoorbellArea};
 
 use super::staging::Staging;
-use crate::control::error::CommandError;
 use crate::fault_log::FaultLog;
 use crate::host::{HostContext, QpHandle};
 use crate::identity::endpoints::LocalEndpoints;
@@ -44,13 +43,24 @@ pub(crate) struct MappedArea {
     slots: u32,
 }
 
+/// Why a doorbell area cannot be placed where the guest asked.
+#[derive(Debug, thiserror::Error)]
+pub enum AreaError {
+    /// The range is not inside one region of guest RAM.
+    #[error(transparent)]
+    Memory(#[from] MemError),
+    /// The daemon's mapping of the range is not aligned for atomic words.
+    #[error("doorbell area at host address {0:#x} is not 4-byte aligned")]
+    Misaligned(u64),
+}
+
 impl MappedArea {
     /// Locates `[gpa, gpa + area_bytes(slots))` in one region of `memory`.
     pub(crate) fn map(
         memory: Arc<MappedGuestRam>,
         gpa: u64,
         slots: u32,
-    ) -> Result<Self, CommandError> {
+    ) -> Result<Self, AreaError> {
         let len = area_bytes(slots);
         let outside = MemError::NotInGuestRam {
             gpa,
@@ -63,10 +73,7 @@ impl MappedArea {
             .ptr_guard_mut()
             .as_ptr() as usize;
         if !addr.is_multiple_of(align_of::<AtomicU32>()) {
-            return Err(CommandError::Invalid {
-                what: "doorbell area alignment in host memory",
-                value: addr as u64,
-            });
+            return Err(AreaError::Misaligned(addr as u64));
         }
         Ok(MappedArea {
             _memory: memory,

@@ -1,7 +1,9 @@
 //! The objects a guest holds, as its handle tables keep them: the host object behind each and
 //! what it references.
 
+use vrdma_spec::event::Subject;
 use vrdma_spec::verbs::{AccessFlags, QpType};
+use vrdma_spec::Event;
 
 use crate::datapath::staged_cq::StagedCq;
 use crate::host::{AhHandle, CqHandle, Mr, Mw, PdHandle, QpHandle, SrqHandle};
@@ -9,6 +11,7 @@ use crate::identity::endpoints::QpnClaim;
 use crate::memory::mr_window::MrWindow;
 use crate::memory::queue_region::MappedRing;
 use crate::resources::table::Handle;
+use crate::vhost_device::guest_context::GuestContext;
 
 /// A guest's protection domain.
 #[derive(Debug)]
@@ -137,4 +140,15 @@ pub enum EventOwner {
     Srq(Handle),
     /// A connection-manager id.
     CmId(Handle),
+}
+
+/// Drops the queued events about the `subject` object `handle`, whose DESTROY is being
+/// answered: nothing about it may reach the guest after the answer (spec §8). The caller holds
+/// the guest's state lock, which the event pumps take to queue an event, and has already
+/// forgotten the object, so no new event about it can be queued either.
+pub(crate) fn discard_events_of(ctx: &GuestContext, subject: Subject, handle: Handle) -> usize {
+    ctx.events().discard_where(|bytes| {
+        Event::decode(bytes)
+            .is_ok_and(|e| e.event_type.subject() == subject && e.handle == handle.raw())
+    })
 }

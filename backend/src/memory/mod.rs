@@ -1,13 +1,11 @@
 //! Guest memory as the device uses it: the guest's RAM ([`guest_ram`]), the MR windows that map
 //! it for the host RDMA device ([`mr_window`]), the placement of queue buffers in the queue
-//! region ([`queue_region`]), the filter that keeps the device's own mappings out of the
-//! guest memory table ([`frontend_filter`]), the budgets of mappings and pinned memory MR
+//! region ([`queue_region`]), the budgets of mappings and pinned memory MR
 //! windows take from the host ([`budget`], [`pinned_extents`]), and the staging file and host
 //! send-queue mappings of enforced UD sends ([`staging`]).
 
 pub mod budget;
 pub mod error;
-pub mod frontend_filter;
 pub mod guest_ram;
 mod mr_layout;
 pub mod mr_window;

@@ -8,7 +8,7 @@
 //! time), so a QP's send and receive queue mappings cost one wait for the front-end instead of
 //! two — each wait, under TCG, is two thread wake-ups (measured ~0.3 ms a mapping).
 //!
-//! The front-end connection's filter ([`frontend_filter`](crate::memory::frontend_filter))
+//! The front-end connection's filter ([`frontend_filter`](crate::vhost_device::frontend_filter))
 //! takes the socket out of `SET_BACKEND_REQ_FD`, with the protocol features acknowledged
 //! before it, and hands it to the guest's [`ShmemMapper`](super::shmem::ShmemMapper).
 

@@ -1,6 +1,6 @@
 //! vhost-user message framing: a header (request, flags, payload size), the payload and the
 //! descriptors sent with it, as both the front-end connection's filter
-//! ([`frontend_filter`](crate::memory::frontend_filter)) and the back-end request channel
+//! ([`frontend_filter`](crate::vhost_device::frontend_filter)) and the back-end request channel
 //! ([`backend_channel`](super::backend_channel)) move them.
 
 use std::io::{self, Read, Write};

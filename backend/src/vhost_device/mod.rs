@@ -16,10 +16,13 @@
 //! - [`handler`]: the [`DeviceHandler`](handler::DeviceHandler) trait the device logic implements;
 //!   [`guest_context`], [`event_queue`], [`shmem`]: what the handler can reach of the guest.
 //! - [`chain_layout`]: the descriptor order every chain must have (readable, then writable).
+//! - [`frontend_filter`]: what passes between the front-end and the daemon, keeping the
+//!   device's own mappings out of the guest memory table.
 
 pub mod backend_channel;
 pub mod chain_layout;
 pub mod event_queue;
+pub mod frontend_filter;
 pub mod guest_context;
 pub mod handler;
 pub(crate) mod message;

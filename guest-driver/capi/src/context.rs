@@ -10,8 +10,8 @@ use std::sync::Arc;
 use vrdma::Context;
 
 use crate::async_events::AsyncEvents;
+use crate::cm_events::router::CmRouter;
 use crate::events::{CompletionRoutes, EventPump, EventSinks};
-use crate::rdmacm::router::CmRouter;
 use crate::sys::{ibv_context, verbs_context};
 use crate::transport::AppTransport;
 

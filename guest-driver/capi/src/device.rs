@@ -15,11 +15,11 @@ use vrdma::transport::Transport;
 use vrdma::Context;
 
 use crate::async_events::AsyncEvents;
+use crate::cm_events::router::CmRouter;
 use crate::config::{self, TransportChoice};
 use crate::context::VrdmaContext;
 use crate::events::{CompletionRoutes, EventPump, EventSinks};
 use crate::ffi::{guard, null_with, set_errno};
-use crate::rdmacm::router::CmRouter;
 use crate::sys::{
     ibv_context, ibv_context_ops, ibv_device, ibv_node_type_IBV_NODE_CA,
     ibv_transport_type_IBV_TRANSPORT_IB, verbs_context,

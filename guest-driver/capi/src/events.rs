@@ -24,8 +24,8 @@ use vrdma::verbs::{DeviceEvent, VerbsError};
 use vrdma::Context;
 
 use crate::async_events::AsyncEvents;
+use crate::cm_events::router::CmRouter;
 use crate::fd::{eventfd, read_one, wait_readable, write_one};
-use crate::rdmacm::router::CmRouter;
 
 /// The state of one completion channel.
 pub(crate) struct ChannelState {

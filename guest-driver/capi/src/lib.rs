@@ -20,6 +20,7 @@ pub mod sys;
 mod ah_wc;
 mod async_events;
 mod async_verbs;
+mod cm_events;
 mod config;
 mod context;
 mod cq;

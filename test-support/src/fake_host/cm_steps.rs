@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
-use vrdma_backend::datapath::cm_events::CM_FD;
+use vrdma_backend::guest_device::cm_events::CM_FD;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::cm::*;
 use vrdma_spec::control::{CmRequest, CmResponseBody};

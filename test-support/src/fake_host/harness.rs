@@ -5,8 +5,8 @@ use std::fs::File;
 use std::sync::Arc;
 
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
-use vrdma_backend::guest::device::{GuestDevice, GuestDeviceFactory};
 use vrdma_backend::guest::options::DeviceOptions;
+use vrdma_backend::guest_device::{GuestDevice, GuestDeviceFactory};
 use vrdma_backend::identity::endpoints::LocalEndpoints;
 use vrdma_backend::memory::budget::{HostBudget, HostBudgetLimits};
 use vrdma_backend::resources::quotas::Quotas;

@@ -1,4 +1,4 @@
-//! Message streams through the vhost-user frontend filter (`vrdma_backend::memory::frontend_filter`),
+//! Message streams through the vhost-user frontend filter (`vrdma_backend::vhost_device::frontend_filter`),
 //! the relay between QEMU and the daemon that keeps the device's own mappings out of the guest
 //! memory table.
 //!
@@ -20,7 +20,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
-use vrdma_backend::memory::frontend_filter::{self, DeviceMappingTest, FilterHooks};
+use vrdma_backend::vhost_device::frontend_filter::{self, DeviceMappingTest, FilterHooks};
 
 use super::bytes::ByteReader;
 use crate::fake_host::device::memfd;

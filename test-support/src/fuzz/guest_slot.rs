@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
-use vrdma_backend::guest::device::GuestDeviceFactory;
+use vrdma_backend::guest_device::GuestDeviceFactory;
 use vrdma_backend::host::{AsyncEvent, AsyncEventKind, CompEvent};
 use vrdma_backend::resources::kind::ResourceKind;
 use vrdma_backend::vhost_device::handler::DeviceHandler;

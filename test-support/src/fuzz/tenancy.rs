@@ -15,8 +15,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use vrdma_backend::guest::device::GuestDeviceFactory;
 use vrdma_backend::guest::options::{DeviceOptions, StagedRings};
+use vrdma_backend::guest_device::GuestDeviceFactory;
 use vrdma_backend::identity::endpoints::{Destination, LocalEndpoints, TenantId};
 use vrdma_backend::identity::{GuestAddress, GuestIdentity};
 use vrdma_backend::memory::budget::{HostBudget, HostBudgetLimits};

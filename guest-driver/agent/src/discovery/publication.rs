@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use log::info;
 
-use super::{write_class_tree, DeviceFacts};
+use super::facts::{write_class_tree, DeviceFacts};
 
 /// The class directory the stacks read.
 pub const SYSTEM_CLASS_DIR: &str = "/sys/class/infiniband";
@@ -248,9 +248,10 @@ fn mounts_own(mountinfo: &str, dir: &Path) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::facts;
-    use super::super::{class_files, GidFacts, GidType, DRIVER_NAME};
+    use super::super::facts::tests::facts;
+    use super::super::facts::{class_files, GidFacts, DRIVER_NAME};
     use super::*;
+    use vrdma::spec::verbs::GidType;
 
     #[test]
     fn an_rxe_sized_table_fits_the_tmpfs() {

@@ -18,10 +18,10 @@ use vrdma::verbs::cm::{CmId, PortSpace};
 use vrdma::verbs::{QpAttrMask, QpState};
 use vrdma::VerbsError;
 
-use super::channel::CmChannel;
 use super::device::cm_device;
-use super::router::CmRouter;
 use super::sockaddr as c_addr;
+use crate::cm_events::channel::CmChannel;
+use crate::cm_events::router::CmRouter;
 use crate::context::VrdmaContext;
 use crate::ffi::errno_of;
 use crate::qp::VrdmaQp;

@@ -14,9 +14,9 @@ use vrdma::spec::cm::{cm_event, CmEventResp, CM_MAX_PRIVATE_DATA};
 use vrdma::verbs::cm::{CmId, PortSpace};
 use vrdma::verbs::QpState;
 
-use super::channel::CmChannel;
 use super::cm_id::{modify_qp, new_id, qp_to_error, set_addresses, CmIdPriv};
 use super::device::fail;
+use crate::cm_events::channel::CmChannel;
 use crate::ffi::guard;
 use crate::objects::ah_attr_to;
 use crate::sys::*;

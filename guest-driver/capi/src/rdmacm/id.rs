@@ -10,7 +10,6 @@ use vrdma::verbs::cm::{CmId, ConnParam};
 use vrdma::verbs::QpState;
 use vrdma::VerbsError;
 
-use super::channel::CmChannel;
 use super::cm_id::{
     device_rd_atomic, external_qp, id_qp, modify_qp, new_id, port_space, qp_to_error,
     refresh_addresses, set_addresses, show_loopback_binding, CmIdPriv,
@@ -18,6 +17,7 @@ use super::cm_id::{
 use super::device::{cm_device, fail};
 use super::event::{ack_pending, complete};
 use super::sockaddr as c_addr;
+use crate::cm_events::channel::CmChannel;
 use crate::context::VrdmaContext;
 use crate::ffi::{errno_of, guard};
 use crate::sys::*;

@@ -8,26 +8,24 @@
 //! context of this library, its QPs are this library's QPs, and its events come through that
 //! context's event thread.
 //!
-//! Layers: [`channel`] (event channels: an eventfd and a queue each), [`router`] (per
-//! context: takes the device's CM events and queues each on its id's channel), [`id`] (ids and
-//! the commands on them), [`event`] (`rdma_get_cm_event`: the work librdmacm does per event,
-//! QP state moves included), [`qp`] (QPs, SRQs and endpoints of ids), [`addrinfo`]
-//! (`rdma_getaddrinfo`), [`device`] (the one device context ids use), [`sockaddr`] (C socket
-//! addresses), [`unsupported`] (multicast, ECE and rsockets: `ENOSYS`/`EOPNOTSUPP`).
+//! Layers: [`id`] (ids and the commands on them), [`event`] (`rdma_get_cm_event`: the work
+//! librdmacm does per event, QP state moves included), [`qp`] (QPs, SRQs and endpoints of
+//! ids), [`addrinfo`] (`rdma_getaddrinfo`), [`device`] (the one device context ids use),
+//! [`sockaddr`] (C socket addresses), [`unsupported`] (multicast, ECE and rsockets:
+//! `ENOSYS`/`EOPNOTSUPP`). Event channels and the router that fills them are below the verbs
+//! context, in `cm_events`.
 
 pub(crate) mod addrinfo;
-pub(crate) mod channel;
 pub(crate) mod cm_id;
 pub(crate) mod device;
 pub(crate) mod event;
 pub(crate) mod id;
 pub(crate) mod qp;
-pub(crate) mod router;
 pub(crate) mod sockaddr;
 pub(crate) mod unsupported;
 
+pub(crate) use crate::cm_events::channel::{rdma_create_event_channel, rdma_destroy_event_channel};
 pub(crate) use addrinfo::{rdma_freeaddrinfo, rdma_getaddrinfo};
-pub(crate) use channel::{rdma_create_event_channel, rdma_destroy_event_channel};
 pub(crate) use device::{rdma_event_str, rdma_free_devices, rdma_get_devices};
 pub(crate) use event::{rdma_ack_cm_event, rdma_get_cm_event};
 pub(crate) use id::{

@@ -6,7 +6,7 @@
 //! is remembered ([`Sequence::observe_cm`]): the ids it was given, and how many events of
 //! each CM_DESTROY_ID must count.
 
-use vrdma_backend::datapath::cm_events::CM_FD;
+use vrdma_backend::guest_device::cm_events::CM_FD;
 use vrdma_backend::resources::kind::ResourceKind;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::cm::{cm_event, cm_port_space, CmDestroyIdResp, CmEventResp, CM_EVENT_NONE};

@@ -26,10 +26,10 @@
 //! Two more requests are looked at: `SET_PROTOCOL_FEATURES` passes on and is told to the
 //! device; `SET_BACKEND_REQ_FD` (with `BACKEND_REQ` acknowledged and one descriptor) is
 //! answered here and its socket handed to the device, which drives the back-end request
-//! channel itself ([`BackendChannel`](crate::vhost_device::backend_channel::BackendChannel):
+//! channel itself ([`BackendChannel`](super::backend_channel::BackendChannel):
 //! several `SHMEM_MAP`s sent before their answers are read).
 //!
-//! [`DeviceHandler::is_device_mapping`]: crate::vhost_device::handler::DeviceHandler::is_device_mapping
+//! [`DeviceHandler::is_device_mapping`]: super::handler::DeviceHandler::is_device_mapping
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -42,9 +42,9 @@ use std::thread::{self, JoinHandle};
 use log::{debug, warn};
 use parking_lot::Mutex;
 
-use crate::vhost_device::message::{payload_u64, wants_reply, Message};
+use super::message::{payload_u64, wants_reply, Message};
 #[cfg(test)]
-use crate::vhost_device::message::{FLAG_NEED_REPLY, FLAG_REPLY, FLAG_VERSION, HEADER_SIZE};
+use super::message::{FLAG_NEED_REPLY, FLAG_REPLY, FLAG_VERSION, HEADER_SIZE};
 
 const SET_PROTOCOL_FEATURES: u32 = 16;
 const SET_BACKEND_REQ_FD: u32 = 21;
@@ -71,7 +71,7 @@ pub type ProtocolFeaturesHook = Arc<dyn Fn(u64) + Send + Sync>;
 
 /// Given the back-end request channel (`SET_BACKEND_REQ_FD`) with the protocol features
 /// acknowledged before it; the daemon never sees that request. The device drives the channel
-/// itself ([`BackendChannel`](crate::vhost_device::backend_channel::BackendChannel)).
+/// itself ([`BackendChannel`](super::backend_channel::BackendChannel)).
 pub type BackendChannelHook = Arc<dyn Fn(UnixStream, u64) + Send + Sync>;
 
 /// What the filter asks and tells the device of its connection.

@@ -1,4 +1,4 @@
-//! The event pump: host events to guest events (spec §8).
+//! The host event pump: host completion and async events to guest events (spec §8).
 //!
 //! The host context has two event sources, both watched by the connection's fast worker:
 //! the completion channel (one event per armed CQ that got a completion) and the async event
@@ -18,7 +18,6 @@ use crate::guest::objects::EventOwner;
 use crate::guest::shared::GuestShared;
 use crate::guest::state::GuestState;
 use crate::host::{AsyncEvent, AsyncEventKind};
-use crate::resources::table::Handle;
 use crate::vhost_device::event_queue::EventClass;
 use crate::vhost_device::guest_context::GuestContext;
 
@@ -91,17 +90,6 @@ fn object_handle(state: &GuestState, user_handle: u64, event_type: EventType) ->
         (EventOwner::Srq(h), Subject::Srq) if state.srqs.contains(*h) => Some(h.raw()),
         _ => None,
     }
-}
-
-/// Drops the queued events about the `subject` object `handle`, whose DESTROY is being
-/// answered: nothing about it may reach the guest after the answer (spec §8). The caller holds
-/// the guest's state lock, which the event pumps take to queue an event, and has already
-/// forgotten the object, so no new event about it can be queued either.
-pub(crate) fn forget_object(ctx: &GuestContext, subject: Subject, handle: Handle) -> usize {
-    ctx.events().discard_where(|bytes| {
-        Event::decode(bytes)
-            .is_ok_and(|e| e.event_type.subject() == subject && e.handle == handle.raw())
-    })
 }
 
 /// Drains the completion channel into COMPLETION events; for a staged CQ (spec §9.8) the

@@ -4,7 +4,11 @@
 //! the guest's handle tables, the placement of its queue buffers in the queue region, its MR
 //! windows and its doorbell area. [`GuestDeviceFactory`] makes one per connection from the
 //! shared host device and the daemon's options. It decodes and checks control requests and
-//! hands them to [`crate::control`]; doorbells and host events go to [`crate::datapath`].
+//! hands them to [`crate::control`]; doorbells go to [`crate::datapath`], host events to
+//! [`host_events`] and [`cm_events`], which turn them into guest events.
+//!
+//! This is the top of the per-guest layers: it calls down into `control`, `datapath` and the
+//! guest's object model (`guest`), and nothing below calls up into it.
 //!
 //! Locking: the control queue, the fast worker (doorbells, host events) and the vhost-user
 //! request thread (memory changes, reset) call in concurrently. All object state sits behind
@@ -31,17 +35,17 @@ use vrdma_spec::StatusError;
 use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, Le64, Status};
 use zerocopy::IntoBytes;
 
-use super::inventory::Inventory;
-use super::options::{DeviceOptions, GuestError, StagedRings};
-use super::shared::{GuestAddressing, GuestShared, HostLimits, PortLimits, GUEST_PORT};
-use super::state::{GuestState, ObjectCounts};
 use crate::control::discard::{self, Epoch};
 use crate::control::error::CommandError;
 use crate::control::session::{CommandResult, Session};
 use crate::control::{self, mr};
+use crate::datapath::doorbell;
 use crate::datapath::staging_retry::RetryTimer;
-use crate::datapath::{cm_events, doorbell, events};
 use crate::fault_log::FaultLog;
+use crate::guest::inventory::Inventory;
+use crate::guest::options::{DeviceOptions, GuestError, StagedRings};
+use crate::guest::shared::{GuestAddressing, GuestShared, HostLimits, PortLimits, GUEST_PORT};
+use crate::guest::state::{GuestState, ObjectCounts};
 use crate::host::HostDevice;
 use crate::identity::address_gid;
 use crate::identity::endpoints::{LocalEndpoints, TenantLink};
@@ -51,6 +55,9 @@ use crate::memory::staging::StagingFile;
 use crate::vhost_device::guest_context::GuestContext;
 use crate::vhost_device::handler::{CommandRejection, DeviceHandler};
 use crate::vhost_device::shmem::{SHMEM_PAGE_SIZE, SLOT_COUNTING_FRONTEND_MAPPINGS};
+
+pub mod cm_events;
+pub mod host_events;
 
 /// Makes one [`GuestDevice`] per guest connection.
 pub struct GuestDeviceFactory {
@@ -557,9 +564,11 @@ impl DeviceHandler for GuestDevice {
 
     fn fd_ready(&self, ctx: &GuestContext, index: usize) {
         match index {
-            events::COMP_CHANNEL_FD => events::completions(&self.shared, &self.state, ctx),
-            events::ASYNC_FD => {
-                if events::async_events(&self.shared, &self.state, ctx) {
+            host_events::COMP_CHANNEL_FD => {
+                host_events::completions(&self.shared, &self.state, ctx)
+            }
+            host_events::ASYNC_FD => {
+                if host_events::async_events(&self.shared, &self.state, ctx) {
                     self.host_failed(ctx);
                 }
             }
