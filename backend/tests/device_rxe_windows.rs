@@ -5,7 +5,7 @@
 //!
 //! ALLOC_MW/DEALLOC_MW of both types through the uverbs write ABI, and one isolation property
 //! spec §12 asks about: a window of one uverbs context (one guest) cannot be bound to an MR of
-//! another context named by its lkey. Run on Linux 6.12 (2026-11-23): a bind of the attacker's
+//! another context named by its lkey. Run on Linux 6.12: a bind of the attacker's
 //! type-2 window to its own MW_BIND MR succeeds on the same QP, the bind to the other
 //! context's MR is refused (the QP goes to error, the bind completes flushed) — although a
 //! reading of rxe_mw.c had suggested otherwise. Part of the `backend-device` suite.

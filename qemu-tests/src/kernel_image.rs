@@ -3,7 +3,7 @@
 //! QEMU boots such an image through its PVH entry point (the `XEN_ELFNOTE_PHYS32_ENTRY` note):
 //! the kernel then does not decompress itself in the guest. Under nested TCG that saves part of
 //! a boot: probe boots of the real-guest suite's guest took 107, 173 and 112 s from the ELF
-//! against 156, 163 and 154 s from the bzImage (2026-11-29, in the rxe VM; noisy).
+//! against 156, 163 and 154 s from the bzImage (in the rxe VM; noisy).
 
 use std::io::Write;
 use std::path::Path;

@@ -382,7 +382,7 @@ fn run_in(
             // the clocksource watchdog compares it against HPET reads that a busy TCG delays,
             // declares it unstable within seconds and switches to HPET. gettimeofday then traps
             // into QEMU, and perftest's clock calibration (a TSC against gettimeofday fit that
-            // must reach r² 0.9) failed in one run of six (measured 2026-11-23).
+            // must reach r² 0.9) failed in one run of six.
             ["console=ttyS0 panic=-1 loglevel=4 rw tsc=reliable"]
                 .into_iter()
                 .chain(TEST_VM_KERNEL_ARGS.iter().copied())

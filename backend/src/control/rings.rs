@@ -1,9 +1,10 @@
 //! Host queue buffers in the guest's queue region (spec §6): placement, SHMEM_MAP, the
 //! `RingDesc` that describes them, and their removal.
 //!
-//! The backend never maps a queue buffer itself: rxe lets a buffer be mapped exactly once, and
-//! that mapping must be the frontend's. So the geometry the guest needs (slot count and stride)
-//! cannot be read from the buffer's header here; it follows from the capacities the host
+//! rxe lets a buffer be mapped exactly once. A directly mapped queue's one mapping must be the
+//! frontend's, so the backend does not map it, and the geometry the guest needs (slot count and
+//! stride) cannot be read from the buffer's header here (a staged queue's buffer is mapped by
+//! the backend instead, `staged_rings.rs`, and the guest never sees it); it follows from the capacities the host
 //! reported and rxe's allocation rule (spec §9.1: `num_slots = roundup_pow_of_two(depth + 1)`,
 //! slots a power of two of at least one cache line, the buffer the page-rounded header plus
 //! slots). The mapping length the host returned must agree with that geometry, which catches a

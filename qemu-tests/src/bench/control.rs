@@ -81,10 +81,10 @@ const HUGE_MR_OPS_VS_SHARED: &[MrRow] = &[
 /// Processes of each kind (native, vrdma, native over a memfd) the registration rows take their
 /// samples from, run in turn. Under TCG a process's registrations run at one of two speeds
 /// for its whole life (over huge pages ~8 or ~14 ms per 256 MiB, natively and through vrdma
-/// alike; measured 2026-11-28 with the backend timing its host REG_MR: 12–14 ms of the slow
+/// alike; measured with the backend timing its host REG_MR: 12–14 ms of the slow
 /// registrations are the host kernel's), so one process per side compared a coin toss:
 /// 1.08× and 1.70× for the same code in two full runs. Eight per side, from the spread of
-/// eight processes of each kind (256 MiB, 2026-11-29): resampling
+/// eight processes of each kind (256 MiB): resampling
 /// three of them per side put the pooled-median ratio anywhere in 0.97–1.17× (4 KiB pages) and
 /// 1.05–1.21× (huge pages; 10th–90th percentile), all eight gave 1.04× and 1.11×. The slow
 /// mode hit two of eight vrdma processes over huge pages in that run, none of the native ones.

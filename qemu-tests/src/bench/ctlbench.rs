@@ -70,7 +70,7 @@ pub struct ControlPlan {
 
 /// Fewest registrations over huge pages in each process. Each costs ~10 ms under TCG, and a
 /// process's second registration of its huge pages still runs 10–40 % slower than the later
-/// ones over vrdma (measured 2026-11-28: 11.0, 9.5, 8.8, 8.8 ms after a first of 19.2 against
+/// ones over vrdma (measured: 11.0, 9.5, 8.8, 8.8 ms after a first of 19.2 against
 /// native's 7.2–8.0), so a median of one or two later registrations showed that warm-up, not
 /// the steady cost. The larger effect is per process (under TCG a process registers at one
 /// of two speeds, natively too): that one is averaged out by taking the samples from several
