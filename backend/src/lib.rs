@@ -1,7 +1,9 @@
-//! The vrdma vhost-user daemon as a library. Layers, top-down: the daemon's [`listener`]
-//! accepts guests; [`vhost_device`] is the vhost-user device of one connection; [`guest`] is the
-//! device logic of one guest, which runs [`control`] commands and the [`datapath`] pumps over
-//! [`memory`] (guest RAM, MR windows, the queue region) and the [`host`] RDMA device.
+//! The vrdma vhost-user daemon as a library. Layers, top-down (ARCHITECTURE.md states them
+//! once, a test enforces them): the daemon's [`listener`] accepts guests; [`guest_device`] is
+//! one guest's device, which runs [`control`] commands over the guest's object model
+//! ([`guest`]) and the [`datapath`] pumps; [`vhost_device`] is the vhost-user device of one
+//! connection; [`memory`] (guest RAM, MR windows, the queue region), [`identity`] and
+//! [`resources`] sit above [`host`], the host RDMA device (the `vrdma-host` crate).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -11,7 +13,8 @@ pub mod datapath;
 pub mod fault_log;
 pub mod guest;
 pub mod guest_device;
-pub mod host;
+/// The host RDMA device (the `vrdma-host` crate), under the name the daemon's modules use.
+pub use vrdma_host as host;
 pub mod identity;
 pub mod listener;
 pub mod memory;

@@ -22,6 +22,7 @@ type ModPath = Vec<String>;
 /// reaches the library only as another crate.
 const CRATE_SOURCES: &[&str] = &[
     "spec/src",
+    "host-device/src",
     "backend/src",
     "guest-driver/src",
     "guest-driver/capi/src",

@@ -410,4 +410,32 @@ mod tests {
         );
         fs::remove_dir_all(&root).unwrap();
     }
+
+    /// The host layer's kept list of local addresses (rxe's loopback test) sees the addresses
+    /// identity provisioning adds and removes.
+    #[test]
+    fn the_hosts_kept_address_list_follows_provisioning() {
+        let outcome = in_private_netns(|| {
+            use crate::host::local_addresses::HostAddresses;
+            use crate::identity::provision::NetdevAddresses;
+            // sysfs shows the namespace it was mounted in; lo is ifindex 1 in every one.
+            let lo = NetlinkAddresses::for_netdev(std::path::Path::new("/sys"), "lo").expect("lo");
+            let kept = HostAddresses::new();
+            // IPv4 (TEST-NET-1): announced as it is added. An IPv6 address is announced when
+            // its duplicate address detection completes, which is also when the kernel
+            // installs its local route, i.e. when packets to it start staying on the host.
+            let address: crate::identity::GuestAddress = "192.0.2.5/24".parse().unwrap();
+            let ip = std::net::Ipv4Addr::new(192, 0, 2, 5)
+                .to_ipv6_mapped()
+                .octets();
+            assert!(!kept.contains(&ip).unwrap());
+            assert!(lo.add(&address).unwrap());
+            assert!(kept.contains(&ip).unwrap(), "an added address is seen");
+            lo.remove(&address).unwrap();
+            assert!(!kept.contains(&ip).unwrap(), "a removed one is gone");
+        });
+        if outcome.is_none() {
+            eprintln!("address change test skipped on this machine");
+        }
+    }
 }

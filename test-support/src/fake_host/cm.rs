@@ -10,8 +10,8 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
-use vrdma_backend::host;
-use vrdma_backend::host::cm::*;
+use vrdma_host as host;
+use vrdma_host::cm::*;
 use vrdma_spec::cm::{cm_event, cm_port_space};
 use vrdma_spec::verbs::{AccessFlags, QpAttrMask, QpState};
 use vrdma_spec::wire::{AhAttr, QpAttr};

@@ -7,8 +7,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
-use vrdma_backend::host::cm::*;
-use vrdma_backend::host::{self, DeviceError};
+use vrdma_host::cm::*;
+use vrdma_host::{self as host, DeviceError};
 use vrdma_spec::cm::cm_event;
 
 /// Where the fake's ephemeral ports start.

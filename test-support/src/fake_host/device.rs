@@ -9,8 +9,8 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use vrdma_backend::host::uverbs::{QueryDeviceResp, QueryPortResp};
-use vrdma_backend::host::{self, *};
+use vrdma_host::uverbs::{QueryDeviceResp, QueryPortResp};
+use vrdma_host::{self as host, *};
 use vrdma_spec::attr::qp::QpCaps;
 use vrdma_spec::config::ring_format;
 use vrdma_spec::rxe_v1;

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use vrdma_backend::host::{self, *};
 use vrdma_backend::identity::GuestAddress;
+use vrdma_host::{self as host, *};
 use vrdma_spec::rxe_v1::RingGeometry;
 use vrdma_spec::verbs::{MwType, QpAttrMask, QpState, QpType};
 use vrdma_spec::wire::{AhAttr, GidEntry};

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
 use vrdma_backend::guest_device::GuestDeviceFactory;
-use vrdma_backend::host::{AsyncEvent, AsyncEventKind, CompEvent};
 use vrdma_backend::resources::kind::ResourceKind;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
+use vrdma_host::{AsyncEvent, AsyncEventKind, CompEvent};
 use vrdma_spec::doorbell::{area_bytes, HEAD_WORD, RING_WORD, TAIL_WORD};
 use vrdma_spec::wire::RingDesc;
 

@@ -17,9 +17,9 @@ use vrdma_spec::verbs::QpState;
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use super::abi::*;
-use crate::host::cm::CmId;
-use crate::host::error::{DeviceError, Result};
-use crate::host::verbs_file::write_command;
+use crate::cm::CmId;
+use crate::error::{DeviceError, Result};
+use crate::verbs_file::write_command;
 
 /// Where the kernel's rdma_cm character device lives.
 pub const CM_DEVICE_PATH: &str = "/dev/infiniband/rdma_cm";

@@ -6,7 +6,7 @@
 //! write buffer. The kernel copies `sizeof` of most request structs whatever the header's `in`
 //! says, so every request is written whole.
 
-use crate::host::uverbs::{abi_layout, abi_struct, AhAttr};
+use crate::uverbs::{abi_layout, abi_struct, AhAttr};
 
 /// `RDMA_USER_CM_ABI_VERSION`.
 pub const ABI_VERSION: u32 = 4;
@@ -295,51 +295,8 @@ abi_struct! {
 }
 abi_layout!(InitQpAttr, 16, response @ 0, id @ 8, qp_state @ 12);
 
-abi_struct! {
-    no_default:
-    /// `struct ib_uverbs_qp_attr`: INIT_QP_ATTR's answer, the attributes and mask the CM
-    /// computed for the next state of the id's QP.
-    pub struct QpAttrResp {
-        pub qp_attr_mask: u32,
-        pub qp_state: u32,
-        pub cur_qp_state: u32,
-        pub path_mtu: u32,
-        pub path_mig_state: u32,
-        pub qkey: u32,
-        pub rq_psn: u32,
-        pub sq_psn: u32,
-        pub dest_qp_num: u32,
-        pub qp_access_flags: u32,
-        pub ah_attr: AhAttr,
-        pub alt_ah_attr: AhAttr,
-        pub max_send_wr: u32,
-        pub max_recv_wr: u32,
-        pub max_send_sge: u32,
-        pub max_recv_sge: u32,
-        pub max_inline_data: u32,
-        pub pkey_index: u16,
-        pub alt_pkey_index: u16,
-        pub en_sqd_async_notify: u8,
-        pub sq_draining: u8,
-        pub max_rd_atomic: u8,
-        pub max_dest_rd_atomic: u8,
-        pub min_rnr_timer: u8,
-        pub port_num: u8,
-        pub timeout: u8,
-        pub retry_cnt: u8,
-        pub rnr_retry: u8,
-        pub alt_port_num: u8,
-        pub alt_timeout: u8,
-        pub reserved: [u8; 5],
-    }
-}
-abi_layout!(QpAttrResp, 144, qp_attr_mask @ 0, qp_state @ 4, cur_qp_state @ 8, path_mtu @ 12,
-    path_mig_state @ 16, qkey @ 20, rq_psn @ 24, sq_psn @ 28, dest_qp_num @ 32,
-    qp_access_flags @ 36, ah_attr @ 40, alt_ah_attr @ 72, max_send_wr @ 104, max_recv_wr @ 108,
-    max_send_sge @ 112, max_recv_sge @ 116, max_inline_data @ 120, pkey_index @ 124,
-    alt_pkey_index @ 126, en_sqd_async_notify @ 128, sq_draining @ 129, max_rd_atomic @ 130,
-    max_dest_rd_atomic @ 131, min_rnr_timer @ 132, port_num @ 133, timeout @ 134,
-    retry_cnt @ 135, rnr_retry @ 136, alt_port_num @ 137, alt_timeout @ 138, reserved @ 139);
+/// INIT_QP_ATTR answers with uverbs' own `struct ib_uverbs_qp_attr`.
+pub use crate::uverbs::QpAttrResp;
 
 abi_struct! {
     no_default:

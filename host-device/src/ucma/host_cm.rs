@@ -1,5 +1,5 @@
 //! [`HostCm`] over an open rdma_cm device: the one conversion between the connection
-//! manager's host types ([`crate::host::cm`]) and the kernel's ucma ABI.
+//! manager's host types ([`crate::cm`]) and the kernel's ucma ABI.
 
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -12,9 +12,9 @@ use zerocopy::FromBytes;
 
 use super::abi::{option, ConnParam, EventResp, UdParam};
 use super::file::{decode_sockaddr, CmFile};
-use crate::host::cm::*;
-use crate::host::error::Result;
-use crate::host::rxe_convert::{qp_attr_from_cm, wire_ah_attr};
+use crate::cm::*;
+use crate::error::Result;
+use crate::rxe_convert::{qp_attr_from_cm, wire_ah_attr};
 
 /// `IB_QPT_RC`, `IB_QPT_UD`: the QP type CREATE_ID names (the kernel derives it from the port
 /// space for the two a guest may use, but checks it is given).

@@ -102,7 +102,7 @@ pub(crate) fn wire_ah_attr(a: &uverbs::AhAttr) -> AhAttr {
 /// The attributes and mask the connection manager computed for a QP (INIT_QP_ATTR's
 /// `struct ib_uverbs_qp_attr`), in the form MODIFY_QP takes. Host terms: GID indices and ports
 /// are the host's. Mask bits the spec does not know stay set, for the caller to judge.
-pub fn qp_attr_from_cm(a: &super::ucma::abi::QpAttrResp) -> (QpAttr, QpAttrMask) {
+pub fn qp_attr_from_cm(a: &uverbs::QpAttrResp) -> (QpAttr, QpAttrMask) {
     let mut attr = QpAttr::new_zeroed();
     attr.qp_state = Le32::new(a.qp_state);
     attr.cur_qp_state = Le32::new(a.cur_qp_state);

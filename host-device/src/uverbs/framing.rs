@@ -39,7 +39,7 @@ macro_rules! abi_struct {
         }
     };
     ($(#[$meta:meta])* pub struct $name:ident { $($(#[$fmeta:meta])* pub $field:ident: $ty:ty),* $(,)? }) => {
-        $crate::host::uverbs::abi_struct!(no_default: $(#[$meta])* #[derive(Default)] pub struct $name { $($(#[$fmeta])* pub $field: $ty),* });
+        $crate::uverbs::abi_struct!(no_default: $(#[$meta])* #[derive(Default)] pub struct $name { $($(#[$fmeta])* pub $field: $ty),* });
     };
 }
 pub(crate) use abi_struct;
@@ -200,7 +200,7 @@ abi_layout!(CmdHdr, 8, command @ 0, in_words @ 4, out_words @ 6);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::uverbs::{
+    use crate::uverbs::{
         CreateCq, FramedKick, ModifyQp, ModifySrq, PostSend, PostSendResp, KICK_WQE_SIZE,
     };
 

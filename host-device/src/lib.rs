@@ -1,5 +1,6 @@
-//! The host-device layer: everything the backend does on the host's RDMA device on a guest's
-//! behalf.
+//! The host-device layer of vrdma's daemon: everything it does on the host's RDMA device on a
+//! guest's behalf. A crate of its own, so that the daemon and the test fakes of the device
+//! both build on it.
 //!
 //! The backend speaks the kernel's uverbs `write()` command ABI directly ([`uverbs`]) rather
 //! than going through libibverbs: rxe's queue buffers can be mapped only once, by whoever maps
@@ -17,6 +18,8 @@
 //! - [`local_addresses`]: whether a destination is this host's own (delivered locally).
 //! - [`cm`]: the host's connection manager for one guest ([`cm::HostCm`]), and [`ucma`], the
 //!   kernel's ABI it runs on (`/dev/infiniband/rdma_cm`).
+
+#![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod cm;
 pub mod device;
