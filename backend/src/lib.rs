@@ -1,5 +1,6 @@
 //! The vrdma vhost-user daemon as a library. Layers, top-down (ARCHITECTURE.md states them
-//! once, a test enforces them): the daemon's [`listener`] accepts guests; [`guest_device`] is
+//! once, a test enforces them): the [`daemon`] serves its command line's guests, its
+//! [`listener`] accepts them; [`guest_device`] is
 //! one guest's device, which runs [`control`] commands over the guest's object model
 //! ([`guest`]) and the [`datapath`] pumps; [`vhost_device`] is the vhost-user device of one
 //! connection; [`memory`] (guest RAM, MR windows, the queue region), [`identity`] and
@@ -9,6 +10,7 @@
 
 pub mod config;
 pub mod control;
+pub mod daemon;
 pub mod datapath;
 pub mod fault_log;
 pub mod guest;
