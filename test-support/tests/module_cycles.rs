@@ -236,26 +236,9 @@ fn qualified_paths(text: &str) -> Vec<Vec<String>> {
     found
 }
 
-fn inline_modules(text: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    let mut search = 0;
-    while let Some(rel) = text[search..].find("mod ") {
-        let at = search + rel;
-        search = at + 4;
-        if at > 0 && text[..at].chars().last().is_some_and(is_ident_char) {
-            continue;
-        }
-        let rest = &text[search..];
-        let name: String = rest.chars().take_while(|&c| is_ident_char(c)).collect();
-        if !name.is_empty() && rest[name.len()..].trim_start().starts_with('{') {
-            names.push(name);
-        }
-    }
-    names
-}
-
-/// Whether `text` (stripped) declares the module `name` (`mod name;` or `mod name {`).
-fn declares_module(text: &str, name: &str) -> bool {
+/// Every `mod NAME` item of `text` (stripped): its name and the text after the name.
+fn mod_items(text: &str) -> Vec<(String, &str)> {
+    let mut items = Vec::new();
     let mut search = 0;
     while let Some(rel) = text[search..].find("mod ") {
         let at = search + rel;
@@ -264,11 +247,26 @@ fn declares_module(text: &str, name: &str) -> bool {
             continue;
         }
         let rest = text[search..].trim_start();
-        if rest.starts_with(name) && !rest[name.len()..].starts_with(is_ident_char) {
-            return true;
+        let name: String = rest.chars().take_while(|&c| is_ident_char(c)).collect();
+        if !name.is_empty() {
+            let after = &rest[name.len()..];
+            items.push((name, after));
         }
     }
-    false
+    items
+}
+
+fn inline_modules(text: &str) -> Vec<String> {
+    mod_items(text)
+        .into_iter()
+        .filter(|(_, after)| after.trim_start().starts_with('{'))
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// Whether `text` (stripped) declares the module `name` (`mod name;` or `mod name {`).
+fn declares_module(text: &str, name: &str) -> bool {
+    mod_items(text).iter().any(|(declared, _)| declared == name)
 }
 
 /// The crate roots of the source trees, as `<src>/lib.rs` and `<src>/main.rs`.
