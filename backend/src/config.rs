@@ -9,11 +9,15 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::guest::options::{DeviceOptions, StagedRings};
-use crate::identity::policy::{parse_value_list, ValueSet, MAX_SERVICE_LEVEL, MAX_TRAFFIC_CLASS};
+use crate::guest::options::DeviceOptions;
 use crate::identity::provision::DEFAULT_GID_WAIT;
-use crate::identity::{GuestAddress, GuestIdentity, IpPrefix, TrafficPolicy};
-use crate::resources::quotas::Quotas;
+use crate::identity::GuestIdentity;
+
+mod parse;
+mod settings;
+
+pub use parse::{parse_addresses, parse_prefixes, parse_size};
+pub use settings::{GuestSettings, PolicySettings, QuotaSettings, Size, ValueList};
 
 /// Longest accepted wait for an address's GID entries.
 pub const MAX_GID_WAIT: Duration = Duration::from_secs(60);
@@ -70,59 +74,6 @@ pub enum ConfigError {
     },
 }
 
-/// Parses a byte count with an optional binary suffix (K, M, G).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let (digits, shift) = match text.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&text[..i], 10),
-        Some((i, 'm' | 'M')) => (&text[..i], 20),
-        Some((i, 'g' | 'G')) => (&text[..i], 30),
-        _ => (text, 0),
-    };
-    let value: u64 = digits
-        .parse()
-        .map_err(|e| format!("{text:?} is not a byte count: {e}"))?;
-    value
-        .checked_mul(1 << shift)
-        .ok_or_else(|| format!("{text:?} is too large"))
-}
-
-/// A byte count: a number, or a string with a K/M/G suffix.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Size {
-    Bytes(u64),
-    Text(String),
-}
-
-impl Size {
-    fn bytes(&self) -> Result<u64, String> {
-        match self {
-            Size::Bytes(n) => Ok(*n),
-            Size::Text(text) => parse_size(text),
-        }
-    }
-}
-
-/// A set of small values: a list of numbers, or a string such as `"0,96-103"`.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum ValueList {
-    Values(Vec<u32>),
-    Text(String),
-}
-
-impl ValueList {
-    fn set(&self, max: u8, what: &'static str) -> Result<ValueSet, String> {
-        match self {
-            ValueList::Values(values) => {
-                ValueSet::of(values.iter().copied(), max, what).map_err(|e| e.to_string())
-            }
-            ValueList::Text(text) => parse_value_list(text, max, what),
-        }
-    }
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawFile {
@@ -130,190 +81,57 @@ struct RawFile {
     port: Option<u8>,
     gid_wait_ms: Option<u64>,
     #[serde(default)]
-    defaults: RawDefaults,
+    defaults: GuestSettings,
     #[serde(default, rename = "guest")]
     guests: Vec<RawGuest>,
 }
 
-/// What every guest gets unless it says otherwise: a guest's own setting replaces the
-/// default one key by key (a guest's `policy.destinations` replaces the default list).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawDefaults {
-    shm_size: Option<Size>,
-    max_mr_pages: Option<u32>,
-    max_mr_mappings: Option<u32>,
-    allow_ud: Option<bool>,
-    allow_unenforced_ud: Option<bool>,
-    allow_memory_windows: Option<bool>,
-    doorbell_poll_us: Option<u64>,
-    staged_rings: Option<StagedRings>,
-    staged_cqs: Option<StagedRings>,
-    #[serde(default)]
-    quotas: RawQuotas,
-    #[serde(default)]
-    policy: RawPolicy,
-}
-
-/// One `[[guest]]` table. Its settings repeat [`RawDefaults`]' on purpose: serde cannot deny
-/// unknown keys through `#[serde(flatten)]`, and a misspelt key must be an error, not a
-/// silently ignored limit.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// One `[[guest]]` table: who the guest is and its settings. Read through a table because
+/// serde cannot deny unknown keys through `#[serde(flatten)]`, and a misspelt key must be an
+/// error, not a silently ignored limit: what is not the guest's name, socket or addresses
+/// must be a setting.
+#[derive(Debug)]
 struct RawGuest {
     name: String,
     socket: PathBuf,
-    #[serde(default)]
     addresses: Vec<String>,
-    shm_size: Option<Size>,
-    max_mr_pages: Option<u32>,
-    max_mr_mappings: Option<u32>,
-    allow_ud: Option<bool>,
-    allow_unenforced_ud: Option<bool>,
-    allow_memory_windows: Option<bool>,
-    doorbell_poll_us: Option<u64>,
-    staged_rings: Option<StagedRings>,
-    staged_cqs: Option<StagedRings>,
-    #[serde(default)]
-    quotas: RawQuotas,
-    #[serde(default)]
-    policy: RawPolicy,
+    settings: GuestSettings,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawQuotas {
-    pds: Option<u32>,
-    mrs: Option<u32>,
-    mr_bytes: Option<Size>,
-    mappings: Option<u32>,
-    cqs: Option<u32>,
-    qps: Option<u32>,
-    srqs: Option<u32>,
-    ahs: Option<u32>,
-    mws: Option<u32>,
-    cm_ids: Option<u32>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawPolicy {
-    traffic_classes: Option<ValueList>,
-    service_levels: Option<ValueList>,
-    destinations: Option<Vec<String>>,
-}
-
-/// Parses every address of a list, naming the bad one.
-pub fn parse_addresses<S: AsRef<str>>(texts: &[S]) -> Result<Vec<GuestAddress>, String> {
-    texts
-        .iter()
-        .map(|t| t.as_ref().parse().map_err(|e| format!("address: {e}")))
-        .collect()
-}
-
-/// Parses every destination prefix of a list, naming the bad one.
-pub fn parse_prefixes<S: AsRef<str>>(texts: &[S]) -> Result<Vec<IpPrefix>, String> {
-    texts
-        .iter()
-        .map(|t| {
-            t.as_ref()
-                .parse()
-                .map_err(|e| format!("destination prefix: {e}"))
+impl<'de> Deserialize<'de> for RawGuest {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut table = toml::Table::deserialize(deserializer)?;
+        let mut take = |key: &'static str| table.remove(key);
+        let name = take("name").ok_or_else(|| D::Error::missing_field("name"))?;
+        let socket = take("socket").ok_or_else(|| D::Error::missing_field("socket"))?;
+        let addresses = take("addresses");
+        Ok(RawGuest {
+            name: name.try_into().map_err(D::Error::custom)?,
+            socket: socket.try_into().map_err(D::Error::custom)?,
+            addresses: addresses
+                .map(toml::Value::try_into)
+                .transpose()
+                .map_err(D::Error::custom)?
+                .unwrap_or_default(),
+            settings: toml::Value::Table(table)
+                .try_into()
+                .map_err(D::Error::custom)?,
         })
-        .collect()
+    }
 }
 
 impl RawGuest {
-    fn options(&self, d: &RawDefaults) -> Result<DeviceOptions, String> {
-        let defaults = DeviceOptions::default();
-        let q = Quotas::default();
-        let (raw, rd) = (&self.quotas, &d.quotas);
-        let size = |s: Option<&Size>, default: u64, what: &str| {
-            s.map_or(Ok(default), Size::bytes)
-                .map_err(|e| format!("{what}: {e}"))
-        };
-        let quotas = Quotas {
-            pds: raw.pds.or(rd.pds).unwrap_or(q.pds),
-            mrs: raw.mrs.or(rd.mrs).unwrap_or(q.mrs),
-            mr_bytes: size(
-                raw.mr_bytes.as_ref().or(rd.mr_bytes.as_ref()),
-                q.mr_bytes,
-                "quotas.mr_bytes",
-            )?,
-            mappings: raw.mappings.or(rd.mappings).unwrap_or(q.mappings),
-            cqs: raw.cqs.or(rd.cqs).unwrap_or(q.cqs),
-            qps: raw.qps.or(rd.qps).unwrap_or(q.qps),
-            srqs: raw.srqs.or(rd.srqs).unwrap_or(q.srqs),
-            ahs: raw.ahs.or(rd.ahs).unwrap_or(q.ahs),
-            mws: raw.mws.or(rd.mws).unwrap_or(q.mws),
-            cm_ids: raw.cm_ids.or(rd.cm_ids).unwrap_or(q.cm_ids),
-        };
-        let (p, pd) = (&self.policy, &d.policy);
-        let open = TrafficPolicy::default();
-        let policy = TrafficPolicy {
-            traffic_classes: p
-                .traffic_classes
-                .as_ref()
-                .or(pd.traffic_classes.as_ref())
-                .map_or(Ok(open.traffic_classes), |l| {
-                    l.set(MAX_TRAFFIC_CLASS, "policy.traffic_classes")
-                })?,
-            service_levels: p
-                .service_levels
-                .as_ref()
-                .or(pd.service_levels.as_ref())
-                .map_or(Ok(open.service_levels), |l| {
-                    l.set(MAX_SERVICE_LEVEL, "policy.service_levels")
-                })?,
-            destinations: p
-                .destinations
-                .as_deref()
-                .or(pd.destinations.as_deref())
-                .map(parse_prefixes)
-                .transpose()?,
-        };
+    /// The guest's options: its own settings, else the file's defaults, else the daemon's.
+    fn options(&self, defaults: &GuestSettings) -> Result<DeviceOptions, String> {
+        let (options, policy) = self.settings.or(defaults).options()?;
         Ok(DeviceOptions {
-            quotas,
-            shm_size: size(
-                self.shm_size.as_ref().or(d.shm_size.as_ref()),
-                defaults.shm_size,
-                "shm_size",
-            )?,
-            allow_ud: self.allow_ud.or(d.allow_ud).unwrap_or(defaults.allow_ud),
-            allow_unenforced_ud: self
-                .allow_unenforced_ud
-                .or(d.allow_unenforced_ud)
-                .unwrap_or(defaults.allow_unenforced_ud),
-            max_mr_mappings: self
-                .max_mr_mappings
-                .or(d.max_mr_mappings)
-                .unwrap_or(defaults.max_mr_mappings),
-            allow_memory_windows: self
-                .allow_memory_windows
-                .or(d.allow_memory_windows)
-                .unwrap_or(defaults.allow_memory_windows),
-            max_mr_pages: self
-                .max_mr_pages
-                .or(d.max_mr_pages)
-                .unwrap_or(defaults.max_mr_pages),
-            doorbell_poll: self
-                .doorbell_poll_us
-                .or(d.doorbell_poll_us)
-                .map_or(defaults.doorbell_poll, Duration::from_micros),
-            staged_rings: self
-                .staged_rings
-                .or(d.staged_rings)
-                .unwrap_or(defaults.staged_rings),
-            staged_cqs: self
-                .staged_cqs
-                .or(d.staged_cqs)
-                .unwrap_or(defaults.staged_cqs),
             identity: GuestIdentity {
                 name: self.name.clone(),
                 addresses: parse_addresses(&self.addresses)?,
                 policy,
             },
-            ..defaults
+            ..options
         })
     }
 }
@@ -415,6 +233,8 @@ impl DaemonConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::guest::options::StagedRings;
+    use crate::resources::quotas::Quotas;
 
     fn parse(text: &str) -> Result<DaemonConfig, String> {
         DaemonConfig::parse(text, Path::new("guests.toml")).map_err(|e| e.to_string())

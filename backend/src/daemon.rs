@@ -7,24 +7,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{parse_addresses, parse_prefixes, parse_size, DaemonConfig, GuestConfig};
-use crate::guest::options::{
-    DeviceOptions, StagedRings, DEFAULT_DOORBELL_POLL_US, DEFAULT_MAX_MR_MAPPINGS, DEFAULT_SHM_SIZE,
-};
+use crate::config::{parse_addresses, parse_size, DaemonConfig, GuestConfig, GuestSettings};
+use crate::guest::options::DeviceOptions;
 use crate::guest_device::GuestDeviceFactory;
 use crate::host::sysfs::SYSFS_ROOT;
 use crate::host::{HostDevice, RxeDevice};
 use crate::identity::endpoints::LocalEndpoints;
 use crate::identity::netlink::NetlinkAddresses;
-use crate::identity::policy::{parse_value_list, MAX_SERVICE_LEVEL, MAX_TRAFFIC_CLASS};
 use crate::identity::provision::{self, ProvisionedAddresses, DEFAULT_GID_WAIT};
-use crate::identity::{GuestIdentity, TrafficPolicy};
+use crate::identity::GuestIdentity;
 use crate::listener::{self, Listener};
 use crate::memory::budget::{
     default_mapping_budget, default_pinned_budget, read_max_map_count, HostBudget, HostBudgetLimits,
 };
-use crate::resources::quotas::Quotas;
-use clap::{ArgGroup, Parser};
+use clap::Parser;
 use log::info;
 use vrdma_spec::verbs::PortState;
 
@@ -35,20 +31,15 @@ use vrdma_spec::verbs::PortState;
     version,
     about = "vhost-user back-end of the vrdma device"
 )]
-// The options that describe the one guest of `--socket`: a configuration file describes each
-// of its guests itself.
-#[command(group(ArgGroup::new("single_guest").multiple(true).conflicts_with("config").args([
-    "socket", "shm_size", "max_qps", "max_cqs", "max_mrs", "max_mr_bytes", "max_pds",
-    "max_srqs", "max_ahs", "max_mws", "allow_ud", "allow_memory_windows", "doorbell_poll_us",
-    "name", "address", "traffic_classes", "service_levels", "allow_destination",
-    "max_guest_mappings", "max_mr_mappings", "allow_unenforced_ud", "staged_rings",
-    "staged_cqs",
-])))]
 pub struct Args {
     /// Configuration file (TOML) describing every guest: its socket, addresses, quotas and
     /// policy (backend/README.md; example in backend/examples/guests.toml). Instead of
     /// --socket and the per-guest options.
-    #[arg(long, value_name = "FILE")]
+    // Nothing that describes the one guest of `--socket` goes with it: a configuration file
+    // describes each of its guests itself (the settings' groups are named after their types).
+    #[arg(long, value_name = "FILE", conflicts_with_all = [
+        "socket", "name", "address", "GuestSettings", "QuotaSettings", "PolicySettings",
+    ])]
     config: Option<PathBuf>,
     /// Path of the vhost-user socket to listen on (a stale socket file is replaced).
     #[arg(long, required_unless_present = "config")]
@@ -59,28 +50,6 @@ pub struct Args {
     /// Host port exposed to guests as their port 1 (default: the first ACTIVE port).
     #[arg(long)]
     port: Option<u8>,
-    /// Size of each guest's queue region in bytes (power of two; suffixes K, M, G).
-    #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_SHM_SIZE)]
-    shm_size: u64,
-    /// Most QPs per guest (default 1024).
-    #[arg(long)]
-    max_qps: Option<u32>,
-    /// Most CQs per guest (default 1024).
-    #[arg(long)]
-    max_cqs: Option<u32>,
-    /// Most MRs per guest (default 4096).
-    #[arg(long)]
-    max_mrs: Option<u32>,
-    /// Most bytes of all MRs of a guest together (suffixes K, M, G; default 16G).
-    #[arg(long, value_parser = parse_size)]
-    max_mr_bytes: Option<u64>,
-    /// Most memory mappings of all MR windows of a guest together: a window needs one per run
-    /// of pages contiguous in guest RAM (default 16384).
-    #[arg(long)]
-    max_guest_mappings: Option<u32>,
-    /// Most memory mappings of one MR's window; a REG_MR needing more is refused.
-    #[arg(long, default_value_t = DEFAULT_MAX_MR_MAPPINGS)]
-    max_mr_mappings: u32,
     /// Most memory mappings of all MR windows of all guests together (default: a quarter less
     /// than vm.max_map_count, which every mapping of the daemon counts against).
     #[arg(long)]
@@ -89,55 +58,6 @@ pub struct Args {
     /// three quarters of RAM, and at most RLIMIT_MEMLOCK without CAP_IPC_LOCK).
     #[arg(long, value_parser = parse_size)]
     max_pinned_bytes: Option<u64>,
-    /// Most PDs per guest (default 64).
-    #[arg(long)]
-    max_pds: Option<u32>,
-    /// Most SRQs per guest (default 256).
-    #[arg(long)]
-    max_srqs: Option<u32>,
-    /// Most address handles per guest (default 4096).
-    #[arg(long)]
-    max_ahs: Option<u32>,
-    /// Most memory windows per guest (with --allow-memory-windows; default 4096).
-    #[arg(long)]
-    max_mws: Option<u32>,
-    /// Most connection-manager ids per guest (connect requests waiting for an answer
-    /// included; default 1024).
-    #[arg(long)]
-    max_cm_ids: Option<u32>,
-    /// Offer unreliable-datagram QPs and address handles. UD sends go through a staging ring
-    /// that the daemon checks (VRDMA_F_UD_STAGED_SQ, spec §9.6): a guest sends only through
-    /// its own address handles.
-    #[arg(long)]
-    allow_ud: bool,
-    /// With --allow-ud, also accept UD QPs of drivers that did not negotiate
-    /// VRDMA_F_UD_STAGED_SQ. Their UD sends are not checked: on rxe such a guest can choose the
-    /// source and destination addresses of its packets (spec §12). Only for trusted guests.
-    #[arg(long, requires = "allow_ud")]
-    allow_unenforced_ud: bool,
-    /// Offer memory windows (ALLOC_MW, MW_BIND access, bind and invalidate work requests).
-    /// rxe checks neither the MR of a bind nor the window of an invalidate against the
-    /// binding QP's PD, so guests that all have this can reach each other's MRs that were
-    /// registered with MW_BIND access (spec §12): only for guests that trust each other.
-    #[arg(long)]
-    allow_memory_windows: bool,
-    /// After a doorbell, keep polling the guest's doorbell area for this many microseconds
-    /// (restarted by every doorbell found, at most 8 windows per notification) while telling the
-    /// guest not to notify (VRDMA_F_DOORBELL_POLL, spec §5.3); 0 turns polling off.
-    #[arg(long, default_value_t = DEFAULT_DOORBELL_POLL_US)]
-    doorbell_poll_us: u64,
-    /// When RC and UC QPs post through staging rings that the daemon copies to the host
-    /// queues (VRDMA_F_STAGED_RINGS, spec §9.7): `auto` once QEMU could not take another
-    /// queue mapping (so a guest gets thousands of QPs, not a few hundred), `always`, or
-    /// `never` (past QEMU's mappings CREATE_QP fails with QUOTA).
-    #[arg(long, value_enum, default_value_t = StagedRings::Auto)]
-    staged_rings: StagedRings,
-    /// When CQs get staging rings that the daemon copies the host's completions into
-    /// (VRDMA_F_STAGED_CQS, spec §9.8; a wake-up of the daemon per completion event): `auto`
-    /// once QEMU's mappings are nearly all taken (so a guest gets thousands of CQs), `always`,
-    /// or `never` (past QEMU's mappings CREATE_CQ fails with QUOTA).
-    #[arg(long, value_enum, default_value_t = StagedRings::Auto)]
-    staged_cqs: StagedRings,
     /// Name of the guest of --socket (logs; its node GUID is derived from it when it has
     /// addresses).
     #[arg(long, default_value = "guest")]
@@ -147,72 +67,25 @@ pub struct Args {
     /// guest only its own GID entries. Without any, the guest sees the host's whole GID table.
     #[arg(long = "address", value_name = "ADDR")]
     address: Vec<String>,
-    /// Traffic classes the guest's address vectors may carry, e.g. `0,96-103` (default: all).
-    #[arg(long, value_name = "LIST")]
-    traffic_classes: Option<String>,
-    /// Service levels the guest's address vectors may carry, e.g. `0-3` (default: all).
-    #[arg(long, value_name = "LIST")]
-    service_levels: Option<String>,
-    /// A destination prefix the guest may reach (e.g. `fd00::/48`, `10.1.0.0/16`; repeat for
-    /// more). Without any, every destination is allowed.
-    #[arg(long = "allow-destination", value_name = "PREFIX")]
-    allow_destination: Vec<String>,
     /// Longest wait, in milliseconds, for the GID entries of an address the daemon added.
     #[arg(long, default_value_t = DEFAULT_GID_WAIT.as_millis() as u64)]
     gid_wait_ms: u64,
+    /// The settings of the guest of --socket.
+    #[command(flatten)]
+    settings: GuestSettings,
 }
 
 impl Args {
-    fn options(&self, host_port: u8) -> DeviceOptions {
-        let defaults = Quotas::default();
-        let quotas = Quotas {
-            pds: self.max_pds.unwrap_or(defaults.pds),
-            mrs: self.max_mrs.unwrap_or(defaults.mrs),
-            mr_bytes: self.max_mr_bytes.unwrap_or(defaults.mr_bytes),
-            mappings: self.max_guest_mappings.unwrap_or(defaults.mappings),
-            cqs: self.max_cqs.unwrap_or(defaults.cqs),
-            qps: self.max_qps.unwrap_or(defaults.qps),
-            srqs: self.max_srqs.unwrap_or(defaults.srqs),
-            ahs: self.max_ahs.unwrap_or(defaults.ahs),
-            mws: self.max_mws.unwrap_or(defaults.mws),
-            cm_ids: self.max_cm_ids.unwrap_or(defaults.cm_ids),
-        };
-        DeviceOptions {
-            quotas,
-            shm_size: self.shm_size,
-            allow_ud: self.allow_ud,
-            allow_unenforced_ud: self.allow_unenforced_ud,
-            allow_memory_windows: self.allow_memory_windows,
-            host_port,
-            max_mr_mappings: self.max_mr_mappings,
-            doorbell_poll: Duration::from_micros(self.doorbell_poll_us),
-            staged_rings: self.staged_rings,
-            staged_cqs: self.staged_cqs,
-            ..DeviceOptions::default()
-        }
-    }
-
-    /// The identity of the guest of --socket.
-    fn identity(&self) -> Result<GuestIdentity, String> {
-        let open = TrafficPolicy::default();
-        Ok(GuestIdentity {
-            name: self.name.clone(),
-            addresses: parse_addresses(&self.address)?,
-            policy: TrafficPolicy {
-                traffic_classes: match &self.traffic_classes {
-                    Some(text) => parse_value_list(text, MAX_TRAFFIC_CLASS, "--traffic-classes")?,
-                    None => open.traffic_classes,
-                },
-                service_levels: match &self.service_levels {
-                    Some(text) => parse_value_list(text, MAX_SERVICE_LEVEL, "--service-levels")?,
-                    None => open.service_levels,
-                },
-                destinations: if self.allow_destination.is_empty() {
-                    None
-                } else {
-                    Some(parse_prefixes(&self.allow_destination)?)
-                },
+    /// The options of the guest of --socket (identity included).
+    fn options(&self) -> Result<DeviceOptions, String> {
+        let (options, policy) = self.settings.options()?;
+        Ok(DeviceOptions {
+            identity: GuestIdentity {
+                name: self.name.clone(),
+                addresses: parse_addresses(&self.address)?,
+                policy,
             },
+            ..options
         })
     }
 
@@ -229,8 +102,7 @@ impl Args {
             .socket
             .clone()
             .ok_or("--socket or --config is needed")?;
-        let mut options = self.options(1);
-        options.identity = self.identity()?;
+        let options = self.options()?;
         let config = DaemonConfig {
             device: self.device.clone(),
             port: self.port,
@@ -442,13 +314,14 @@ mod signals {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resources::quotas::Quotas;
 
     fn parse(line: &[&str]) -> Result<Args, clap::Error> {
         Args::try_parse_from(std::iter::once("vrdma-backend").chain(line.iter().copied()))
     }
 
     #[test]
-    fn the_quota_defaults_the_help_states_are_the_real_ones() {
+    fn the_defaults_the_help_states_are_the_real_ones() {
         use clap::CommandFactory;
         let q = Quotas::default();
         let command = Args::command();
@@ -458,17 +331,22 @@ mod tests {
                 .map(|h| h.to_string())
                 .unwrap_or_default()
         };
+        let d = DeviceOptions::default();
         for (id, value) in [
-            ("max_qps", q.qps.to_string()),
-            ("max_cqs", q.cqs.to_string()),
-            ("max_mrs", q.mrs.to_string()),
-            ("max_mr_bytes", format!("{}G", q.mr_bytes >> 30)),
-            ("max_pds", q.pds.to_string()),
-            ("max_srqs", q.srqs.to_string()),
-            ("max_ahs", q.ahs.to_string()),
-            ("max_mws", q.mws.to_string()),
-            ("max_cm_ids", q.cm_ids.to_string()),
-            ("max_guest_mappings", q.mappings.to_string()),
+            ("qps", q.qps.to_string()),
+            ("cqs", q.cqs.to_string()),
+            ("mrs", q.mrs.to_string()),
+            ("mr_bytes", format!("{}G", q.mr_bytes >> 30)),
+            ("pds", q.pds.to_string()),
+            ("srqs", q.srqs.to_string()),
+            ("ahs", q.ahs.to_string()),
+            ("mws", q.mws.to_string()),
+            ("cm_ids", q.cm_ids.to_string()),
+            ("mappings", q.mappings.to_string()),
+            ("shm_size", format!("{}M", d.shm_size >> 20)),
+            ("max_mr_pages", d.max_mr_pages.to_string()),
+            ("max_mr_mappings", d.max_mr_mappings.to_string()),
+            ("doorbell_poll_us", d.doorbell_poll.as_micros().to_string()),
         ] {
             assert!(
                 help(id).contains(&format!("default {value})")),
@@ -505,7 +383,7 @@ mod tests {
             *options,
             DeviceOptions {
                 identity: options.identity.clone(),
-                ..args.options(1)
+                ..args.options().unwrap()
             }
         );
         assert_eq!((options.quotas.qps, options.quotas.mr_bytes), (4, 64 << 20));
@@ -595,11 +473,11 @@ mod tests {
         ]);
         let limits = args.budget_limits();
         assert_eq!((limits.mappings, limits.pinned_bytes), (100, 1 << 30));
-        let options = args.options(1);
+        let options = args.options().unwrap();
         assert_eq!((options.quotas.mappings, options.max_mr_mappings), (50, 10));
         // Without them: this host's defaults, below vm.max_map_count.
         let defaults = Args::parse_from(["vrdma-backend", "--socket=s"]);
         assert!(defaults.budget_limits().mappings < read_max_map_count());
-        assert_eq!(defaults.options(1), DeviceOptions::default());
+        assert_eq!(defaults.options().unwrap(), DeviceOptions::default());
     }
 }
