@@ -11,7 +11,7 @@ use super::error::CommandError;
 use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
 use super::staged_rings;
-use crate::datapath::staged_cq::StagedCq;
+use crate::datapath::staging::cq_copy::StagedCq;
 use crate::guest::objects::discard_events_of;
 use crate::guest::objects::CqEntry;
 use crate::guest::objects::EventOwner;

@@ -5,7 +5,7 @@ use vrdma_spec::event::Subject;
 use vrdma_spec::verbs::{AccessFlags, QpType};
 use vrdma_spec::Event;
 
-use crate::datapath::staged_cq::StagedCq;
+use crate::datapath::staging::cq_copy::StagedCq;
 use crate::host::{AhHandle, CqHandle, Mr, Mw, PdHandle, QpHandle, SrqHandle};
 use crate::identity::endpoints::QpnClaim;
 use crate::memory::mr_window::MrWindow;

@@ -12,13 +12,13 @@ use vrdma_spec::{Event, EventType};
 use super::options::DeviceOptions;
 use super::state::GuestState;
 use crate::datapath::doorbell::Doorbells;
+use crate::datapath::staging::file::StagingFile;
 use crate::fault_log::{FaultLog, LogLimit};
 use crate::host::cm::HostCm;
 use crate::host::uverbs::{QueryDeviceResp, QueryPortResp};
 use crate::host::{ContextGids, HostContext, HostDevice};
 use crate::identity::endpoints::TenantLink;
 use crate::identity::gid_view::GidView;
-use crate::memory::staging::StagingFile;
 use crate::vhost_device::event_queue::EventClass;
 use crate::vhost_device::guest_context::GuestContext;
 

@@ -9,7 +9,7 @@ use super::objects::{
     AhEntry, CqEntry, EventOwner, LiveMr, MrEntry, MwEntry, PdEntry, QpEntry, SrqEntry,
 };
 use super::options::{DeviceOptions, GuestError};
-use crate::datapath::staged_cq::StagedCq;
+use crate::datapath::staging::cq_copy::StagedCq;
 use crate::host::PdHandle;
 use crate::memory::budget::{HostBudget, MemoryAccount};
 use crate::memory::populated::PopulatedRam;

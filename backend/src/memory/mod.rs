@@ -1,8 +1,8 @@
 //! Guest memory as the device uses it: the guest's RAM ([`guest_ram`]), the MR windows that map
 //! it for the host RDMA device ([`mr_window`]), the placement of queue buffers in the queue
 //! region ([`queue_region`]), the budgets of mappings and pinned memory MR
-//! windows take from the host ([`budget`], [`pinned_extents`]), and the staging file and host
-//! send-queue mappings of enforced UD sends ([`staging`]).
+//! windows take from the host ([`budget`], [`pinned_extents`]). The staging file is the data
+//! path's (`datapath::staging::file`).
 
 pub mod budget;
 pub mod error;
@@ -13,6 +13,5 @@ pub mod pinned_extents;
 pub mod populated;
 pub mod queue_region;
 mod reservation;
-pub mod staging;
 #[cfg(test)]
 mod test_files;

@@ -19,7 +19,7 @@ use std::sync::atomic::AtomicU32;
 
 use vrdma_spec::rxe_v1::{header, GeometryError, RingGeometry};
 
-use super::queue_region::ShmRange;
+use crate::memory::queue_region::ShmRange;
 
 /// A shared read/write mapping of a file range in this process, unmapped when dropped.
 pub struct SharedMapping {

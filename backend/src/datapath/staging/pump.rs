@@ -1,4 +1,4 @@
-//! Staging rings (spec §9.6, §9.7): the doorbell pump's copy of staged WQEs into host queues.
+//! The staging pump (spec §9.6, §9.7): the doorbell pump's copy of staged WQEs into host queues.
 //!
 //! A staging ring has the geometry of the host queue behind it and lives in memory of the
 //! device's own (the guest's staging file), which the device maps for the guest instead of the
@@ -21,8 +21,6 @@
 //!   no mapping. Their WQEs are copied as the guest wrote them: the host checks them as it
 //!   checks a directly mapped queue's.
 
-mod wqe_check;
-
 use std::mem::size_of;
 use std::sync::atomic::Ordering::{Acquire, Release};
 use std::sync::Arc;
@@ -33,15 +31,14 @@ use vrdma_spec::rxe_v1::{self, header, GeometryError, RingGeometry, RxeSendWqe};
 use vrdma_spec::verbs::{QpAttrMask, QpState};
 use vrdma_spec::wire::QpAttr;
 
-use super::staging_retry::RetrySchedule;
+use super::file::{SharedMapping, StagingExtent, StagingFile};
+use super::retry::RetrySchedule;
+use super::wqe_check::{check, neutralise, payload_len, Refusal, StagedAhs};
 use crate::fault_log::FaultLog;
 use crate::host::{HostContext, QpHandle};
 use crate::identity::endpoints::LocalEndpoints;
 use crate::memory::queue_region::ShmRange;
-use crate::memory::staging::{SharedMapping, StagingExtent, StagingFile};
 use crate::resources::table::Handle;
-use wqe_check::payload_len;
-pub use wqe_check::{check, neutralise, Refusal, StagedAh, StagedAhs, NEUTRALISED_AH_NUM};
 
 /// What a staging ring stands for, and so what its pump does with each WQE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

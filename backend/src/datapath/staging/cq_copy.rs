@@ -18,9 +18,9 @@ use std::sync::Arc;
 use log::warn;
 use vrdma_spec::rxe_v1::{self, header, GeometryError, RingGeometry};
 
+use super::file::{SharedMapping, StagingExtent, StagingFile};
 use crate::host::{CqHandle, HostContext};
 use crate::memory::queue_region::ShmRange;
-use crate::memory::staging::{SharedMapping, StagingExtent, StagingFile};
 
 /// Where a staged CQ's ring is and what it looks like.
 #[derive(Debug, Clone, Copy)]
