@@ -31,7 +31,7 @@ use crate::resources::table::Handle;
 pub const MAX_BACKLOG: u32 = 128;
 
 /// Runs one CM command.
-pub(crate) fn execute(s: &mut Session<'_>, request: &CmRequest) -> CommandResult {
+pub(crate) fn dispatch(s: &mut Session<'_>, request: &CmRequest) -> CommandResult {
     let Some(cm) = s.guest.cm() else {
         // The feature is offered only with a host CM; a driver cannot have accepted it.
         return Err(CommandError::NotNegotiated("VRDMA_F_CM"));

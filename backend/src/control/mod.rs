@@ -1,7 +1,7 @@
 //! Execution of control commands (spec §7) on the host RDMA device.
 //!
 //! The guest's device decodes a request with the spec crate, checks features and takes the
-//! guest's state lock; `execute` then routes the decoded [`ControlRequest`] to the handler of
+//! guest's state lock; `dispatch` then routes the decoded [`ControlRequest`] to the handler of
 //! its command family, one file each. Each handler validates, in the order the specification
 //! gives, everything that depends on device state (handles of this guest only, quotas, guest
 //! addresses, state transitions), then calls the host device, and either answers with a body
@@ -30,7 +30,7 @@ use vrdma_spec::ControlRequest;
 use session::{CommandResult, Session};
 
 /// Runs one decoded, feature-checked request.
-pub(crate) fn execute(s: &mut Session<'_>, request: &ControlRequest<'_>) -> CommandResult {
+pub(crate) fn dispatch(s: &mut Session<'_>, request: &ControlRequest<'_>) -> CommandResult {
     match request {
         ControlRequest::QueryDevice => query::query_device(s),
         ControlRequest::QueryPort(r) => query::query_port(s, r),
@@ -62,6 +62,6 @@ pub(crate) fn execute(s: &mut Session<'_>, request: &ControlRequest<'_>) -> Comm
         ControlRequest::ResizeSrq(r) => srq::resize_srq(s, r),
         ControlRequest::CreateAh(r) => ah::create_ah(s, r),
         ControlRequest::DestroyAh(r) => ah::destroy_ah(s, r),
-        ControlRequest::Cm(r) => cm::execute(s, r),
+        ControlRequest::Cm(r) => cm::dispatch(s, r),
     }
 }

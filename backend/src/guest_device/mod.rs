@@ -392,7 +392,7 @@ impl GuestDevice {
             state: &mut state,
             features,
         };
-        control::execute(&mut session, request)
+        control::dispatch(&mut session, request)
     }
 
     /// Starts the staging retry timer when a drain left a staged ring not fully forwarded

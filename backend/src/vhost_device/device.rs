@@ -145,7 +145,7 @@ impl<H: DeviceHandler> VhostUserDevice<H> {
     pub(super) fn serve_controlq(&self, vring: &Vring) {
         self.drain_queue(vring, "controlq", |mem, chain| {
             let generation = self.generation.load(Ordering::Acquire);
-            let used_len = self.execute(mem, chain);
+            let used_len = self.serve_control_chain(mem, chain);
             let interrupted = self.generation.load(Ordering::Acquire) != generation;
             self.finish_pending_discard();
             (!interrupted).then_some(used_len)
@@ -268,8 +268,9 @@ impl<H: DeviceHandler> VhostUserDevice<H> {
         }
     }
 
-    /// Executes one control chain; returns the number of response bytes written.
-    fn execute(&self, mem: &MemoryGuard, chain: Chain) -> u32 {
+    /// Serves one control chain (the request, then the response it writes); returns the
+    /// number of response bytes written.
+    fn serve_control_chain(&self, mem: &MemoryGuard, chain: Chain) -> u32 {
         let head = chain.head_index();
         if let Err(e) = check_order(&chain) {
             self.faults

@@ -14,7 +14,7 @@ use super::command::{handle_req, nonzero_handle, unexpected_body};
 use super::context::{Context, ContextInner};
 use super::error::{ProtocolError, Result, VerbsError};
 use super::event::{DeviceEvent, Wanted};
-use super::ring::map_ring;
+use super::ring::{map_ring, replace_ring};
 use crate::provider::rxe_v1::CompletionQueue;
 use crate::provider::WorkCompletion;
 
@@ -101,28 +101,28 @@ impl Cq {
         if cqe == 0 {
             return Err(VerbsError::InvalidArgument("a CQ needs at least one entry"));
         }
-        let mut queue = self.queue.lock();
-        if queue.is_none() {
-            return Err(VerbsError::InvalidArgument(
-                "the CQ lost its buffer in an earlier failed resize",
-            ));
-        }
-        let req = ControlRequest::ResizeCq(ResizeCqReq {
-            cq: Le32::new(self.shared.handle),
-            cqe: Le32::new(cqe),
-        });
-        let ResponseBody::ResizeCq(resp) = ctx.execute(&req)? else {
-            return Err(unexpected_body(Opcode::ResizeCq));
-        };
-        // From here on the old buffer is unmapped: it is dropped unused, whatever follows.
-        *queue = None;
-        let capacity = resp.cqe.get();
-        check_capacity(Opcode::ResizeCq, cqe, capacity, &resp.ring)?;
-        // SAFETY: as in `new`: the device unmaps this ring on DESTROY_CQ (after the queue is
-        // dropped) or on the next RESIZE_CQ (sent under this lock, which drops it unused).
-        let resized = unsafe { completion_queue(ctx, &resp.ring) }?;
-        *queue = Some(resized);
-        Ok(capacity)
+        let resized = replace_ring(
+            &self.queue,
+            "the CQ lost its buffer in an earlier failed resize",
+            || {
+                let req = ControlRequest::ResizeCq(ResizeCqReq {
+                    cq: Le32::new(self.shared.handle),
+                    cqe: Le32::new(cqe),
+                });
+                match ctx.execute(&req)? {
+                    ResponseBody::ResizeCq(resp) => Ok(resp),
+                    _ => Err(unexpected_body(Opcode::ResizeCq)),
+                }
+            },
+            |resp| {
+                check_capacity(Opcode::ResizeCq, cqe, resp.cqe.get(), &resp.ring)?;
+                // SAFETY: as in `new`: the device unmaps this ring on DESTROY_CQ (after the
+                // queue is dropped) or on the next RESIZE_CQ (sent under the queue's lock,
+                // which drops it unused).
+                unsafe { completion_queue(ctx, &resp.ring) }
+            },
+        )?;
+        Ok(resized.cqe.get())
     }
 
     /// Whether the device gave this CQ a staging ring (spec §9.8): it is polled the same, the

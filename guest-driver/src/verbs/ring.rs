@@ -1,9 +1,10 @@
 //! Queue buffers the device mapped into the shared-memory region.
 
+use parking_lot::Mutex;
 use vrdma_spec::wire::RingDesc;
 
 use super::context::ContextInner;
-use super::error::{ProtocolError, Result};
+use super::error::{ProtocolError, Result, VerbsError};
 use crate::provider::rxe_v1::RxeQueue;
 
 /// Checks `desc` (spec §6) and wraps the buffer it describes: in place if the region is mapped
@@ -43,4 +44,24 @@ pub(crate) unsafe fn map_ring(ctx: &ContextInner, desc: &RingDesc) -> Result<Rxe
         unsafe { RxeQueue::new(base, len_bytes, geometry) }
     };
     queue.map_err(|e| ProtocolError::Queue(e).into())
+}
+
+/// A resize that replaces a queue's ring (RESIZE_CQ, RESIZE_SRQ), under the queue's lock:
+/// refuses a queue that lost its ring in an earlier resize (with `lost`), runs `resize` (the
+/// command), then drops the old ring, which the device unmapped once it answered, whatever
+/// follows, and puts in what `wrap` makes of the answer. Returns the answer.
+pub(crate) fn replace_ring<Q, A>(
+    queue: &Mutex<Option<Q>>,
+    lost: &'static str,
+    resize: impl FnOnce() -> Result<A>,
+    wrap: impl FnOnce(&A) -> Result<Q>,
+) -> Result<A> {
+    let mut queue = queue.lock();
+    if queue.is_none() {
+        return Err(VerbsError::InvalidArgument(lost));
+    }
+    let answer = resize()?;
+    *queue = None;
+    *queue = Some(wrap(&answer)?);
+    Ok(answer)
 }

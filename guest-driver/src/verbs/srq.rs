@@ -14,7 +14,7 @@ use super::command::{handle_req, nonzero_handle, unexpected_body};
 use super::context::ContextInner;
 use super::error::{ProtocolError, Result, VerbsError};
 use super::pd::{Pd, PdInner};
-use super::ring::map_ring;
+use super::ring::{map_ring, replace_ring};
 use crate::provider::rxe_v1::RecvQueue;
 use crate::provider::{PostError, RecvWr};
 
@@ -140,34 +140,37 @@ impl Srq {
                 "an SRQ needs at least one entry",
             ));
         }
-        let mut queue = self.queue.lock();
-        if queue.is_none() {
-            return Err(VerbsError::InvalidArgument(
-                "the SRQ lost its buffer in an earlier failed resize",
-            ));
-        }
-        let req = ControlRequest::ResizeSrq(ResizeSrqReq {
-            srq: Le32::new(self.shared.handle),
-            max_wr: Le32::new(max_wr),
-        });
-        let ResponseBody::ResizeSrq(resp) = ctx.execute(&req)? else {
-            return Err(unexpected_body(Opcode::ResizeSrq));
-        };
-        // From here on the old buffer is unmapped: it is dropped unused, whatever follows.
-        *queue = None;
-        let capacity = resp.max_wr.get();
-        // SAFETY: as in `new`: the device unmaps this ring on DESTROY_SRQ (after the queue is
-        // dropped) or on the next RESIZE_SRQ (sent under this lock, which drops it unused).
-        let resized = unsafe { receive_queue(ctx, &resp.ring, self.max_sge) }?;
-        if capacity < max_wr || resized.capacity() < capacity {
-            return Err(ProtocolError::ResponseValue {
-                opcode: Opcode::ResizeSrq,
-                field: "max_wr",
-                value: capacity.into(),
-            }
-            .into());
-        }
-        *queue = Some(resized);
+        let resized = replace_ring(
+            &self.queue,
+            "the SRQ lost its buffer in an earlier failed resize",
+            || {
+                let req = ControlRequest::ResizeSrq(ResizeSrqReq {
+                    srq: Le32::new(self.shared.handle),
+                    max_wr: Le32::new(max_wr),
+                });
+                match ctx.execute(&req)? {
+                    ResponseBody::ResizeSrq(resp) => Ok(resp),
+                    _ => Err(unexpected_body(Opcode::ResizeSrq)),
+                }
+            },
+            |resp| {
+                let capacity = resp.max_wr.get();
+                // SAFETY: as in `new`: the device unmaps this ring on DESTROY_SRQ (after the
+                // queue is dropped) or on the next RESIZE_SRQ (sent under the queue's lock,
+                // which drops it unused).
+                let queue = unsafe { receive_queue(ctx, &resp.ring, self.max_sge) }?;
+                if capacity < max_wr || queue.capacity() < capacity {
+                    return Err(ProtocolError::ResponseValue {
+                        opcode: Opcode::ResizeSrq,
+                        field: "max_wr",
+                        value: capacity.into(),
+                    }
+                    .into());
+                }
+                Ok(queue)
+            },
+        )?;
+        let capacity = resized.max_wr.get();
         self.max_wr.store(capacity, Ordering::Relaxed);
         Ok(capacity)
     }
