@@ -481,6 +481,46 @@ fn a_qp_whose_queues_cannot_both_be_mapped_leaves_nothing() {
     assert_eq!(guest.frontend.mapped().len(), 3);
 }
 
+/// A CREATE_QP the host refuses gives back everything it took on the way: no host object
+/// and no mapping stays, its PD and CQ keep no reference (they can be destroyed), and its
+/// doorbell slot is free again (as many QPs as the quota allows, one slot each, fit after as
+/// many refusals).
+#[test]
+fn a_qp_the_host_refuses_leaves_nothing_held() {
+    let fake = FakeDevice::new();
+    let guest = TestGuest::new(&fake, test_options(), VRDMA_F_RING_RXE_V1);
+    assert_eq!(guest.set_doorbell_area(RAM_BASE), Status::Ok);
+    let pd = guest.alloc_pd();
+    let cqh = guest.create_cq(4).cq.get();
+    let before = (fake.world().live(), guest.frontend.mapped());
+    let quota = guest.dev().options().quotas.qps;
+    for _ in 0..quota {
+        fake.world().fail_next = Some("CREATE_QP");
+        assert_eq!(
+            guest.create_qp(qp_req(pd, cqh, 0)),
+            Err(Status::DeviceError)
+        );
+    }
+    assert_eq!((fake.world().live(), guest.frontend.mapped()), before);
+    let qps: Vec<u32> = (0..quota)
+        .map(|_| guest.create_qp(qp_req(pd, cqh, 0)).unwrap().qp.get())
+        .collect();
+    for qp in qps {
+        assert_eq!(
+            guest.status(ControlRequest::DestroyQp(handle(qp))),
+            Status::Ok
+        );
+    }
+    assert_eq!(
+        guest.status(ControlRequest::DestroyCq(handle(cqh))),
+        Status::Ok
+    );
+    assert_eq!(
+        guest.status(ControlRequest::DeallocPd(handle(pd))),
+        Status::Ok
+    );
+}
+
 /// A front-end that counts every queue mapping as a memory slot (QEMU: it acknowledged
 /// CONFIGURE_MEM_SLOTS, and aborts past 512 slots) gets at most
 /// `SLOT_COUNTING_FRONTEND_MAPPINGS` queue buffers; the next create is QUOTA, nothing is left

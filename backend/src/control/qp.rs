@@ -109,37 +109,16 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
             .reserve()
             .ok_or(CommandError::BadState("no free doorbell slot"))?
     };
-    let result = create_reserved(
+    let mut creation = QpCreation {
         s,
-        r,
-        (qp_type, modes),
-        deps,
-        doorbell_index,
-        pd,
-        send_cq,
-        recv_cq,
-        srq,
-    );
-    if result.is_err() {
-        s.guest.doorbells().lock().release(doorbell_index);
-    }
-    result
-}
-
-#[allow(clippy::too_many_arguments)]
-fn create_reserved(
-    s: &mut Session<'_>,
-    r: &CreateQpReq,
-    (qp_type, modes): (QpType, QueueModes),
-    deps: QpDeps,
-    doorbell_index: u32,
-    pd: host::PdHandle,
-    send_cq: host::CqHandle,
-    recv_cq: host::CqHandle,
-    srq: Option<host::SrqHandle>,
-) -> CommandResult {
-    deps.acquire(s.state)?;
-    let user_handle = s.state.new_user_handle();
+        doorbell_index: Some(doorbell_index),
+        deps: None,
+        host_qp: None,
+        rings: None,
+    };
+    deps.acquire(creation.s.state)?;
+    creation.deps = Some(deps);
+    let user_handle = creation.s.state.new_user_handle();
     // rxe needs room for at least one WR per queue; the response reports the actual depth.
     let caps = QpCaps {
         max_send_wr: r.max_send_wr.get().max(1),
@@ -152,32 +131,23 @@ fn create_reserved(
         max_recv_sge: r.max_recv_sge.get(),
         max_inline_data: r.max_inline_data.get(),
     };
-    let created = s.host().create_qp(&QpInit {
-        qp_type,
-        pd,
-        send_cq,
-        recv_cq,
-        srq,
-        caps,
-        sq_sig_all: r.sq_sig_all != 0,
-        user_handle,
-    });
-    let qp = match created {
-        Ok(qp) => qp,
-        Err(e) => {
-            deps.release(s.state);
-            return Err(host_err("CREATE_QP")(e));
-        }
-    };
-    let rings = map_rings(s, &qp, srq.is_some(), modes, deps.pd);
-    let (sq, rq, staged) = match rings {
-        Ok(rings) => rings,
-        Err(e) => {
-            destroy_host(s.host(), qp.handle);
-            deps.release(s.state);
-            return Err(e);
-        }
-    };
+    let qp = creation
+        .s
+        .host()
+        .create_qp(&QpInit {
+            qp_type,
+            pd,
+            send_cq,
+            recv_cq,
+            srq,
+            caps,
+            sq_sig_all: r.sq_sig_all != 0,
+            user_handle,
+        })
+        .map_err(host_err("CREATE_QP"))?;
+    creation.host_qp = Some(qp.handle);
+    let (sq, rq, staged) = map_rings(creation.s, &qp, srq.is_some(), modes, deps.pd)?;
+    creation.rings = Some((sq, rq));
     let entry = QpEntry {
         host: qp.handle,
         qpn: qp.qpn,
@@ -187,17 +157,12 @@ fn create_reserved(
         doorbell_index,
         sq,
         rq,
-        qpn_claim: s.guest.tenant().claim_qpn(qp.qpn),
+        qpn_claim: creation.s.guest.tenant().claim_qpn(qp.qpn),
     };
-    let handle = match s.state.qps.insert(entry) {
-        Ok(handle) => handle,
-        Err(e) => {
-            destroy_host(s.host(), qp.handle);
-            unmap_rings(Some(s.ctx), &mut s.state.shm, &sq, rq.as_ref());
-            deps.release(s.state);
-            return Err(e.into());
-        }
-    };
+    let handle = creation.s.state.qps.insert(entry)?;
+    // The QP is the guest's now: its entry owns what the creation held.
+    creation.disarm();
+    let s = &mut *creation.s;
     s.state.owners.insert(user_handle, EventOwner::Qp(handle));
     {
         let mut doorbells = s.guest.doorbells().lock();
@@ -218,6 +183,45 @@ fn create_reserved(
         sq: sq.desc,
         rq: rq.map_or_else(RingDesc::new_zeroed, |rq| rq.desc),
     }))
+}
+
+/// What a CREATE_QP holds while it runs: its doorbell slot, the references on its PD, CQs and
+/// SRQ, the host QP and its mapped rings. Dropped before [`QpCreation::finish`] (any `?` of
+/// the create), it gives them back in the reverse order; the create never unwinds by hand.
+struct QpCreation<'s, 'a> {
+    s: &'s mut Session<'a>,
+    doorbell_index: Option<u32>,
+    deps: Option<QpDeps>,
+    host_qp: Option<QpHandle>,
+    rings: Option<(MappedRing, Option<MappedRing>)>,
+}
+
+impl QpCreation<'_, '_> {
+    /// The create succeeded: the QP's entry holds everything now, nothing is given back.
+    fn disarm(&mut self) {
+        self.doorbell_index = None;
+        self.deps = None;
+        self.host_qp = None;
+        self.rings = None;
+    }
+}
+
+impl Drop for QpCreation<'_, '_> {
+    fn drop(&mut self) {
+        let s = &mut *self.s;
+        if let Some(qp) = self.host_qp.take() {
+            destroy_host(s.host(), qp);
+        }
+        if let Some((sq, rq)) = self.rings.take() {
+            unmap_rings(Some(s.ctx), &mut s.state.shm, &sq, rq.as_ref());
+        }
+        if let Some(deps) = self.deps.take() {
+            deps.release(s.state);
+        }
+        if let Some(index) = self.doorbell_index.take() {
+            s.guest.doorbells().lock().release(index);
+        }
+    }
 }
 
 /// The staging rings of a new QP: of its send queue, of its receive queue.
