@@ -24,7 +24,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::vhost_device::backend_channel::BackendChannel;
 use crate::vhost_device::frontend_filter::{self, FilterHooks};
 use crate::vhost_device::handler::DeviceHandler;
-use crate::vhost_device::VhostUserDevice;
+use crate::vhost_device::VhuVrdma;
 
 /// Errors of the [`Listener`].
 #[derive(Debug, thiserror::Error)]
@@ -273,7 +273,7 @@ fn start_connection<H: DeviceHandler>(
 ) -> Result<Connection, Box<dyn std::error::Error>> {
     let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
     let handler = Arc::new(handler);
-    let backend = Arc::new(VhostUserDevice::new(handler.clone(), memory.clone())?);
+    let backend = Arc::new(VhuVrdma::new(handler.clone(), memory.clone())?);
     let mut daemon = VhostUserDaemon::new(format!("vrdma-guest-{id}"), backend.clone(), memory)
         .map_err(|e| format!("cannot create the daemon: {e}"))?;
     backend.attach(&daemon.get_epoll_handlers())?;
@@ -316,7 +316,7 @@ fn start_connection<H: DeviceHandler>(
 /// Lets `daemon` accept a connection on a private socket (vhost-user-backend serves only
 /// connections it accepts itself) and returns the other end.
 fn connect_daemon<H: DeviceHandler>(
-    daemon: &mut VhostUserDaemon<Arc<VhostUserDevice<H>>>,
+    daemon: &mut VhostUserDaemon<Arc<VhuVrdma<H>>>,
 ) -> Result<UnixStream, Box<dyn std::error::Error>> {
     let dir = PrivateDir::create()?;
     let path = dir.path.join("daemon.sock");
@@ -356,8 +356,8 @@ impl Drop for PrivateDir {
 
 fn serve_until_disconnect<H: DeviceHandler>(
     id: u64,
-    mut daemon: VhostUserDaemon<Arc<VhostUserDevice<H>>>,
-    backend: Arc<VhostUserDevice<H>>,
+    mut daemon: VhostUserDaemon<Arc<VhuVrdma<H>>>,
+    backend: Arc<VhuVrdma<H>>,
 ) {
     match daemon.wait() {
         // A frontend that closes its socket (process exit, QEMU quitting) is the normal end.

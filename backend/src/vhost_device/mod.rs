@@ -11,8 +11,9 @@
 //! Nothing a guest puts on a queue may stop a worker: every malformed chain is returned with
 //! a used length of 0 and logged (rate-limited, since a guest can produce them at will).
 //!
-//! - [`VhostUserDevice`] (`device.rs`): the device's state and the serving of each queue;
-//!   `vhost_user_backend.rs`: its `VhostUserBackend` impl, what the daemon calls.
+//! - [`VhuVrdma`] (`vhu_vrdma.rs`, named as rust-vmm's vhost-device crates name theirs): the
+//!   device's state and the serving of each queue; `vhost_user_backend.rs`: its
+//!   `VhostUserBackend` impl, what the daemon calls.
 //! - [`handler`]: the [`DeviceHandler`](handler::DeviceHandler) trait the device logic implements;
 //!   [`guest_context`], [`event_queue`], [`shmem`]: what the handler can reach of the guest.
 //! - [`chain_layout`]: the descriptor order every chain must have (readable, then writable).
@@ -28,8 +29,8 @@ pub mod handler;
 pub(crate) mod message;
 pub mod shmem;
 
-mod device;
 mod vhost_user_backend;
+mod vhu_vrdma;
 
-pub use device::{VhostUserDevice, WorkerEpollHandler};
 pub use vhost_user_backend::{MAX_CONFIG_SIZE, MAX_QUEUE_SIZE};
+pub use vhu_vrdma::{VhuVrdma, WorkerEpollHandler};

@@ -1,4 +1,4 @@
-//! The `VhostUserBackend` impl of [`VhostUserDevice`]: what the vhost-user daemon asks of the
+//! The `VhostUserBackend` impl of [`VhuVrdma`]: what the vhost-user daemon asks of the
 //! device (features, configuration space, shared memory, worker layout) and the dispatch of each
 //! worker's events to the queue it serves.
 
@@ -22,11 +22,11 @@ use vmm_sys_util::event::{
 use vrdma_spec::features::DEVICE_SPECIFIC_MASK;
 use vrdma_spec::queue::{CONTROLQ, DOORBELLQ, EVENTQ, NUM_QUEUES};
 
-use super::device::{
-    VhostUserDevice, Vring, CONTROL_LOCAL, CONTROL_WORKER, DOORBELL_LOCAL, EVENTS_WAKE_TOKEN,
-    EVENT_LOCAL, FAST_WORKER, FIRST_WATCHED_TOKEN,
-};
 use super::handler::DeviceHandler;
+use super::vhu_vrdma::{
+    VhuVrdma, Vring, CONTROL_LOCAL, CONTROL_WORKER, DOORBELL_LOCAL, EVENTS_WAKE_TOKEN, EVENT_LOCAL,
+    FAST_WORKER, FIRST_WATCHED_TOKEN,
+};
 use crate::memory::guest_ram::AtomicGuestRam;
 
 /// Largest queue size accepted.
@@ -37,7 +37,7 @@ pub const MAX_CONFIG_SIZE: usize = 256;
 /// `VHOST_USER_F_PROTOCOL_FEATURES` (virtio feature bit 30 in vhost-user).
 const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
 
-impl<H: DeviceHandler> VhostUserBackend for VhostUserDevice<H> {
+impl<H: DeviceHandler> VhostUserBackend for VhuVrdma<H> {
     type Bitmap = ();
     type Vring = Vring;
 
@@ -214,12 +214,12 @@ mod tests {
         }
     }
 
-    fn backend() -> VhostUserDevice<ConfigOnly> {
+    fn backend() -> VhuVrdma<ConfigOnly> {
         let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-        VhostUserDevice::new(Arc::new(ConfigOnly::default()), memory).unwrap()
+        VhuVrdma::new(Arc::new(ConfigOnly::default()), memory).unwrap()
     }
 
-    fn resets(backend: &VhostUserDevice<ConfigOnly>) -> u64 {
+    fn resets(backend: &VhuVrdma<ConfigOnly>) -> u64 {
         backend.handler().resets.load(Ordering::Relaxed)
     }
 
@@ -350,7 +350,7 @@ mod tests {
             .collect();
         queue.add_desc_chains(&descriptors, 0).unwrap();
         let memory = GuestMemoryAtomic::new(ram.clone());
-        let vring = crate::vhost_device::device::Vring::new(memory.clone(), 16).unwrap();
+        let vring = crate::vhost_device::vhu_vrdma::Vring::new(memory.clone(), 16).unwrap();
         vring
             .set_queue_info(
                 queue.desc_table_addr().0,
@@ -368,7 +368,7 @@ mod tests {
             release: parking_lot::Mutex::new(release),
             resets: AtomicU64::new(0),
         });
-        let backend = Arc::new(VhostUserDevice::new(handler.clone(), memory).unwrap());
+        let backend = Arc::new(VhuVrdma::new(handler.clone(), memory).unwrap());
         if !stop_meanwhile {
             // Nothing to do while it runs: let it finish at once.
             release_tx.send(()).unwrap();

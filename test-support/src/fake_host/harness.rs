@@ -1,4 +1,4 @@
-//! A harness that runs one guest's real device (`GuestDevice` inside `VhostUserDevice`) over
+//! A harness that runs one guest's real device (`GuestDevice` inside `VhuVrdma`) over
 //! the fake host device and the fake frontend, and the control requests tests send it.
 
 use std::fs::File;
@@ -12,7 +12,7 @@ use vrdma_backend::memory::budget::{HostBudget, HostBudgetLimits};
 use vrdma_backend::resources::quotas::Quotas;
 use vrdma_backend::vhost_device::guest_context::GuestContext;
 use vrdma_backend::vhost_device::handler::{CommandRejection, DeviceHandler};
-use vrdma_backend::vhost_device::VhostUserDevice;
+use vrdma_backend::vhost_device::VhuVrdma;
 use vrdma_spec::config::DeviceConfig;
 use vrdma_spec::control::{
     encode_extent_list, encode_page_list, RegMrExtents, HEADER_SIZE, MAX_CM_RESPONSE_SIZE,
@@ -39,7 +39,7 @@ pub const SHM_SIZE: u64 = 1 << 20;
 /// the control queue would.
 pub struct TestGuest {
     /// The vhost-user device serving the guest.
-    pub backend: VhostUserDevice<GuestDevice>,
+    pub backend: VhuVrdma<GuestDevice>,
     /// The frontend serving SHMEM_MAP/UNMAP.
     pub frontend: Arc<FakeFrontend>,
     /// Guest RAM as the vhost-user device sees it (replace it to change the memory table).
@@ -90,7 +90,7 @@ impl TestGuest {
         device.features_acked(VIRTIO_F_VERSION_1 | features);
         // QEMU's region is as large as the device's configuration says.
         let frontend = Arc::new(FakeFrontend::new(device.options().shm_size));
-        let backend = VhostUserDevice::new(Arc::new(device), memory.clone()).unwrap();
+        let backend = VhuVrdma::new(Arc::new(device), memory.clone()).unwrap();
         let (channel, serving) = serve_backend_channel(Arc::clone(&frontend));
         backend.context().shmem().set_channel(channel);
         TestGuest {

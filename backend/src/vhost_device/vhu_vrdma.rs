@@ -43,11 +43,11 @@ pub(super) type Vring = VringRwLock<AtomicGuestRam>;
 type MemoryGuard = GuestMemoryLoadGuard<MappedGuestRam>;
 type Chain = DescriptorChain<MemoryGuard>;
 
-/// Epoll handler of one worker of a [`VhostUserDevice`] connection.
-pub type WorkerEpollHandler<H> = VringEpollHandler<Arc<VhostUserDevice<H>>>;
+/// Epoll handler of one worker of a [`VhuVrdma`] connection.
+pub type WorkerEpollHandler<H> = VringEpollHandler<Arc<VhuVrdma<H>>>;
 
 /// The vhost-user backend of one guest connection.
-pub struct VhostUserDevice<H: DeviceHandler> {
+pub struct VhuVrdma<H: DeviceHandler> {
     pub(super) handler: Arc<H>,
     pub(super) ctx: GuestContext,
     pub(super) event_idx: AtomicBool,
@@ -55,7 +55,7 @@ pub struct VhostUserDevice<H: DeviceHandler> {
     doorbell_bytes: Mutex<Vec<u8>>,
     faults: FaultLog,
     /// Consumer ends of the worker exit events, which the daemon leaks (see
-    /// [`VhostUserDevice::close_leaked_exit_fds`]).
+    /// [`VhuVrdma::close_leaked_exit_fds`]).
     pub(super) exit_consumer_fds: Mutex<Vec<RawFd>>,
     /// The device was stopped or reset while a command may have been running: guest state
     /// is discarded as soon as no command is (spec §11.1).
@@ -70,12 +70,12 @@ pub(super) struct CommandBuffers {
     response: Vec<u8>,
 }
 
-impl<H: DeviceHandler> VhostUserDevice<H> {
+impl<H: DeviceHandler> VhuVrdma<H> {
     /// A backend serving `handler` over guest RAM `memory` (the same `GuestMemoryAtomic`
     /// must be given to `VhostUserDaemon::new`).
     pub fn new(handler: Arc<H>, memory: AtomicGuestRam) -> io::Result<Self> {
         let ctx = GuestContext::new(memory, handler.shmem_size(), DEFAULT_EVENT_CAPACITY)?;
-        Ok(VhostUserDevice {
+        Ok(VhuVrdma {
             handler,
             ctx,
             event_idx: AtomicBool::new(false),
