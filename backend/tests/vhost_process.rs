@@ -100,7 +100,7 @@ fn oversized_requests_and_small_response_buffers_are_rejected() {
     );
     // The transport refuses requests it cannot send at all.
     assert!(matches!(
-        transport.execute(&[], &mut [0; 4]),
+        transport.round_trip(&[], &mut [0; 4]),
         Err(TransportError::InvalidRequest(_))
     ));
 }
@@ -235,7 +235,7 @@ fn clients_get_their_own_device_and_disconnects_reset_it() {
     // The transport notices that the backend went away instead of waiting for the timeout.
     let started = Instant::now();
     assert!(matches!(
-        second.execute(&[ECHO_REVERSED, 1], &mut [0; 4]),
+        second.round_trip(&[ECHO_REVERSED, 1], &mut [0; 4]),
         Err(TransportError::Disconnected)
     ));
     assert!(started.elapsed() < WAIT);

@@ -131,7 +131,7 @@ fn echo(transport: &dyn Transport, bytes: &[u8]) -> Result<Vec<u8>, TransportErr
     let mut request = vec![ECHO];
     request.extend_from_slice(bytes);
     let mut response = vec![0; 64];
-    let len = transport.execute(&request, &mut response)?;
+    let len = transport.round_trip(&request, &mut response)?;
     response.truncate(len);
     Ok(response)
 }
@@ -155,7 +155,7 @@ fn a_fork_child_neither_drives_nor_tears_down_the_parents_device() {
     let transport = ProcessTransport::connect(&server.path, options).unwrap();
     assert_eq!(echo(&transport, b"before").unwrap(), b"before");
     let mut response = [0u8; 1];
-    transport.execute(&[MAP], &mut response).unwrap();
+    transport.round_trip(&[MAP], &mut response).unwrap();
     assert_eq!(response, [0]);
     let window = transport.shared_memory().base().unwrap().as_ptr() as usize;
     let ram = transport.process_dma().guest_ram().host_base() as usize;

@@ -290,7 +290,7 @@ pub fn command(
     response_len: usize,
 ) -> Vec<u8> {
     let mut response = vec![0; response_len];
-    let len = transport.execute(request, &mut response).unwrap();
+    let len = transport.round_trip(request, &mut response).unwrap();
     response.truncate(len);
     response
 }

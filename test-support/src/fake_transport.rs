@@ -164,7 +164,7 @@ impl Transport for FakeTransport {
         self.config.as_wire()
     }
 
-    fn execute(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
+    fn round_trip(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
         let answer = match ControlRequest::decode(request) {
             // Like the device: a command needing a feature that was not negotiated (spec §3).
             Ok(req) if req.required_features() & !self.features != 0 => {

@@ -234,7 +234,7 @@ fn run_commands(
             (capacity as usize).min(MAX_CM_RESPONSE_SIZE.max(MAX_RESPONSE_SIZE)),
             0,
         );
-        let (outcome, used) = match device.execute(&request, &mut response) {
+        let (outcome, used) = match device.round_trip(&request, &mut response) {
             Ok(used) => (Outcome::Answered, used),
             Err(TransportError::Disconnected) => (Outcome::Disconnected, 0),
             Err(e) => (Outcome::Failed(e.to_string()), 0),

@@ -177,7 +177,7 @@ impl SharedDevice {
         .to_vec();
         let mut response = [0u8; MAX_CM_RESPONSE_SIZE];
         let used = device
-            .execute(&request, &mut response)
+            .round_trip(&request, &mut response)
             .map_err(|e| format!("SET_DOORBELL_AREA: {e}"))?;
         ControlResponse::decode(Opcode::SetDoorbellArea, &response[..used])
             .map_err(|e| e.to_string())
@@ -399,7 +399,7 @@ impl SharedDevice {
                 return refuse(status);
             }
         }
-        let used = self.device.execute(to_device, response)?;
+        let used = self.device.round_trip(to_device, response)?;
         let answer = &response[..used.min(response.len())];
         self.ownership.lock().record(client, &plan, answer);
         pins.record(&decoded, &plan, answer, pinned.map(|(pin, _)| pin));
@@ -446,7 +446,7 @@ impl SharedDevice {
         let mut response = [0u8; HEADER_SIZE + 64];
         let used = self
             .device
-            .execute(&request, &mut response)
+            .round_trip(&request, &mut response)
             .map_err(|e| e.to_string())?;
         ControlResponse::decode(opcode, &response[..used])
             .map_err(|e| e.to_string())?
@@ -465,7 +465,7 @@ impl SharedDevice {
             loop {
                 let decoded = self
                     .device
-                    .execute(&request, &mut response)
+                    .round_trip(&request, &mut response)
                     .map_err(|e| e.to_string())
                     .and_then(|used| {
                         ControlResponse::decode(Opcode::CmGetEvent, &response[..used])

@@ -123,8 +123,8 @@ impl Transport for AppTransport {
         self.inner.device_config()
     }
 
-    fn execute(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
-        self.inner.execute(request, response)
+    fn round_trip(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
+        self.inner.round_trip(request, response)
     }
 
     fn notify_doorbell(&self) -> Result<(), TransportError> {
@@ -162,10 +162,10 @@ impl Transport for AppTransport {
         self.inner.check_alive()
     }
 
-    fn execute_batch(
+    fn round_trip_batch(
         &self,
         commands: &mut [(&[u8], &mut [u8])],
     ) -> Result<Vec<usize>, TransportError> {
-        self.inner.execute_batch(commands)
+        self.inner.round_trip_batch(commands)
     }
 }

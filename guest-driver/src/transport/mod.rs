@@ -222,22 +222,22 @@ pub trait Transport: Send + Sync {
     /// The device configuration space, read when the transport started.
     fn device_config(&self) -> &[u8];
 
-    /// Executes one control command: `request` goes to the device, its answer lands in
-    /// `response`, and the answer's length (the used length) is returned. Blocks until the
-    /// device answers; callers on several threads are served one at a time.
-    fn execute(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError>;
+    /// One control round trip: `request` goes to the device, its answer lands in `response`,
+    /// and the answer's length (the used length) is returned. Blocks until the device
+    /// answers; callers on several threads are served one at a time.
+    fn round_trip(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError>;
 
-    /// Executes several control commands, in order, each as [`Transport::execute`] would, and
+    /// Several control round trips, in order, each as [`Transport::round_trip`] would, and
     /// returns their used lengths. A transport that can publishes them together and notifies
     /// the device once, so that a batch costs about one round trip; the default executes them
     /// one by one. The commands must not depend on each other's answers.
-    fn execute_batch(
+    fn round_trip_batch(
         &self,
         commands: &mut [(&[u8], &mut [u8])],
     ) -> Result<Vec<usize>, TransportError> {
         commands
             .iter_mut()
-            .map(|(request, response)| self.execute(request, response))
+            .map(|(request, response)| self.round_trip(request, response))
             .collect()
     }
 

@@ -173,21 +173,21 @@ impl<S: QueueSignal> ControlChannel<S> {
         })
     }
 
-    /// See [`super::Transport::execute`]: a batch of one.
-    pub(crate) fn execute(
+    /// See [`super::Transport::round_trip`]: a batch of one.
+    pub(crate) fn round_trip(
         &self,
         dma: &dyn DmaMemory,
         request: &[u8],
         response: &mut [u8],
     ) -> Result<usize, TransportError> {
-        let used = self.execute_batch(dma, &mut [(request, response)])?;
+        let used = self.round_trip_batch(dma, &mut [(request, response)])?;
         Ok(used[0])
     }
 
-    /// See [`super::Transport::execute_batch`]: the commands go out as chains in order, as
+    /// See [`super::Transport::round_trip_batch`]: the commands go out as chains in order, as
     /// many as the queue holds before one notification, and the call returns once the device
     /// answered all of them.
-    pub(crate) fn execute_batch(
+    pub(crate) fn round_trip_batch(
         &self,
         dma: &dyn DmaMemory,
         commands: &mut [(&[u8], &mut [u8])],

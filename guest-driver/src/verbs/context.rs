@@ -362,7 +362,7 @@ impl CommandChannel {
             .resize(HEADER_SIZE + opcode.response_body_len(), 0);
         let used = self
             .transport
-            .execute(&buffers.request, &mut buffers.response)?;
+            .round_trip(&buffers.request, &mut buffers.response)?;
         let bytes = buffers
             .response
             .get(..used)
@@ -374,7 +374,7 @@ impl CommandChannel {
         decode_response(opcode, bytes)
     }
 
-    /// Executes independent commands as one batch ([`Transport::execute_batch`]): one
+    /// Executes independent commands as one batch ([`Transport::round_trip_batch`]): one
     /// round trip where the transport can. The outer error is the transport's (nothing is
     /// known of the commands' outcome); each command's own result is in the vector.
     fn execute_batch(&self, requests: &[ControlRequest<'_>]) -> Result<Vec<Result<ResponseBody>>> {
@@ -388,7 +388,7 @@ impl CommandChannel {
             .map(Vec::as_slice)
             .zip(responses.iter_mut().map(Vec::as_mut_slice))
             .collect();
-        let used = self.transport.execute_batch(&mut commands)?;
+        let used = self.transport.round_trip_batch(&mut commands)?;
         Ok(requests
             .iter()
             .zip(&responses)

@@ -27,7 +27,7 @@ pub(crate) fn command(
 ) -> Result<Result<ResponseBody, StatusError>> {
     let mut response = [0u8; 512];
     let len = transport
-        .execute(&request.to_vec(), &mut response)
+        .round_trip(&request.to_vec(), &mut response)
         .map_err(|e| Error::Scenario(format!("{:?}: transport: {e}", request.opcode())))?;
     let decoded = ControlResponse::decode(request.opcode(), &response[..len])
         .map_err(|e| Error::Scenario(format!("{:?}: malformed response: {e}", request.opcode())))?;

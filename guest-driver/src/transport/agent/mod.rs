@@ -169,7 +169,7 @@ impl AgentTransport {
     }
 
     /// One command's round trip with the agent; `Err` leaves the stream out of step.
-    fn round_trip(
+    fn exchange_frames(
         &self,
         control: &UnixStream,
         request: &[u8],
@@ -205,14 +205,14 @@ impl Transport for AgentTransport {
         &self.config
     }
 
-    fn execute(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
+    fn round_trip(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
         self.owner.check()?;
         let control = self.control.lock();
         if self.broken.load(Ordering::Acquire) {
             return Err(TransportError::Disconnected);
         }
         let (outcome, answer, changes) = self
-            .round_trip(&control, request, response.len())
+            .exchange_frames(&control, request, response.len())
             .inspect_err(|_| self.broken.store(true, Ordering::Release))
             .map_err(protocol)?;
         // Every mapping the command made is made here before anything is reported: objects

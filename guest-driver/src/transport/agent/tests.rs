@@ -127,7 +127,7 @@ fn a_process_gets_its_device_from_the_agent_and_notices_it_leave() {
     assert!(pages[0] >= RAM_GPA && pages[0] < RAM_GPA + RAM_LEN as u64);
 
     let mut response = [0u8; 64];
-    assert_eq!(transport.execute(b"request", &mut response).unwrap(), 8);
+    assert_eq!(transport.round_trip(b"request", &mut response).unwrap(), 8);
     assert_eq!(response[..8], ANSWER);
     // The mapping came with the answer: both pages of the buffer are there.
     let window = transport.shared_memory();
@@ -147,7 +147,7 @@ fn a_process_gets_its_device_from_the_agent_and_notices_it_leave() {
     assert!(transport.check_alive().is_ok());
 
     // One more command: the agent takes it and goes away without answering.
-    let gone = transport.execute(b"again", &mut response);
+    let gone = transport.round_trip(b"again", &mut response);
     assert!(
         matches!(gone, Err(TransportError::Disconnected)),
         "{gone:?}"

@@ -221,7 +221,7 @@ impl PciTransport {
         let request = ControlRequest::DiscardState.to_vec();
         let mut response = [0u8; HEADER_SIZE];
         let outcome = self
-            .execute(&request, &mut response)
+            .round_trip(&request, &mut response)
             .map_err(|e| e.to_string())
             .and_then(|len| {
                 ControlResponse::decode(Opcode::DiscardState, &response[..len])
@@ -243,17 +243,18 @@ impl Transport for PciTransport {
         &self.config
     }
 
-    fn execute(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
+    fn round_trip(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
         self.owner.check()?;
-        self.control.execute(self.dma.as_ref(), request, response)
+        self.control
+            .round_trip(self.dma.as_ref(), request, response)
     }
 
-    fn execute_batch(
+    fn round_trip_batch(
         &self,
         commands: &mut [(&[u8], &mut [u8])],
     ) -> Result<Vec<usize>, TransportError> {
         self.owner.check()?;
-        self.control.execute_batch(self.dma.as_ref(), commands)
+        self.control.round_trip_batch(self.dma.as_ref(), commands)
     }
 
     fn notify_doorbell(&self) -> Result<(), TransportError> {

@@ -319,19 +319,19 @@ impl Transport for ProcessTransport {
         &self.config
     }
 
-    fn execute(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
+    fn round_trip(&self, request: &[u8], response: &mut [u8]) -> Result<usize, TransportError> {
         // Checked first: in a child, guest RAM (the command buffers) is not mapped, and the
         // control queue's lock may have been held by a thread the child does not have.
         self.owner.check()?;
-        self.control.execute(&self.dma, request, response)
+        self.control.round_trip(&self.dma, request, response)
     }
 
-    fn execute_batch(
+    fn round_trip_batch(
         &self,
         commands: &mut [(&[u8], &mut [u8])],
     ) -> Result<Vec<usize>, TransportError> {
         self.owner.check()?;
-        self.control.execute_batch(&self.dma, commands)
+        self.control.round_trip_batch(&self.dma, commands)
     }
 
     fn notify_doorbell(&self) -> Result<(), TransportError> {

@@ -34,7 +34,7 @@ fn raw_bytes(
     let mut response = vec![0u8; HEADER_SIZE + MAX_RESPONSE_SIZE];
     let used = ctx
         .transport()
-        .execute(bytes, &mut response)
+        .round_trip(bytes, &mut response)
         .map_err(|e| format!("transport: {e}"))?;
     match ControlResponse::decode(opcode, &response[..used.min(response.len())]) {
         Ok(ControlResponse::Ok(body)) => Ok(body),

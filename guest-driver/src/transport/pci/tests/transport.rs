@@ -168,12 +168,12 @@ fn commands_events_and_doorbells_reach_the_device() {
     let device = FakeDevice::new();
     let transport = open(&device).unwrap();
     let mut response = [0u8; 16];
-    let len = transport.execute(b"abcdef", &mut response).unwrap();
+    let len = transport.round_trip(b"abcdef", &mut response).unwrap();
     assert_eq!(&response[..len], b"fedcba");
     // A request larger than the initial page-sized buffers.
     let big: Vec<u8> = (0..10_000).map(|i| i as u8).collect();
     let mut answer = vec![0u8; 10_000];
-    assert_eq!(transport.execute(&big, &mut answer).unwrap(), 10_000);
+    assert_eq!(transport.round_trip(&big, &mut answer).unwrap(), 10_000);
     assert!(answer.iter().rev().eq(big.iter()));
 
     transport.notify_doorbell().unwrap();
@@ -208,7 +208,7 @@ fn events_wake_a_waiter_while_another_thread_waits_on_commands() {
     device.regs().stall_commands = true;
     let commander = {
         let transport = transport.clone();
-        std::thread::spawn(move || transport.execute(b"x", &mut [0u8; 4]))
+        std::thread::spawn(move || transport.round_trip(b"x", &mut [0u8; 4]))
     };
     std::thread::sleep(Duration::from_millis(20));
     device.deliver_event(&[1; 16]);
@@ -226,7 +226,7 @@ fn events_wake_a_waiter_while_another_thread_waits_on_commands() {
     ));
     device.regs().stall_commands = false;
     assert!(matches!(
-        transport.execute(b"y", &mut [0u8; 4]),
+        transport.round_trip(b"y", &mut [0u8; 4]),
         Err(TransportError::DeviceFailure(_))
     ));
 }
