@@ -151,7 +151,16 @@ fn counts(run: &SuiteRun) -> String {
     )
 }
 
-/// Both sides' counts and the tests only native passes, one line.
+/// The tests of `run` that failed, errored or crashed.
+fn not_passing(run: &SuiteRun) -> Vec<&str> {
+    run.iter()
+        .filter(|(_, t)| matches!(t.outcome, Outcome::Fail | Outcome::Error | Outcome::Crashed))
+        .map(|(id, _)| id.as_str())
+        .collect()
+}
+
+/// Both sides' counts, the tests only native passes, and each side's failing tests by name
+/// (so a run's log says which they were), one line.
 pub fn summary(runs: &RdmaCoreRuns) -> String {
     let only: Vec<&str> = runs
         .passed_only_natively()
@@ -159,10 +168,13 @@ pub fn summary(runs: &RdmaCoreRuns) -> String {
         .map(|(id, _)| *id)
         .collect();
     format!(
-        "native {}; vrdma {}; passed natively only: {:?}",
+        "native {}; vrdma {}; passed natively only: {:?}; not passing natively: {:?}; \
+         not passing over vrdma: {:?}",
         counts(&runs.native),
         counts(&runs.vrdma),
-        only
+        only,
+        not_passing(&runs.native),
+        not_passing(&runs.vrdma)
     )
 }
 
@@ -342,5 +354,31 @@ mod tests {
         assert_eq!(only.len(), 1);
         assert_eq!(only[0].0, "b");
         assert_eq!(only[0].1.outcome, Outcome::Crashed);
+    }
+
+    #[test]
+    fn the_summary_names_each_sides_failing_tests() {
+        let of = |outcome| TestOutcome {
+            outcome,
+            detail: String::new(),
+        };
+        let runs = RdmaCoreRuns {
+            native: SuiteRun::from([
+                ("a".into(), of(Outcome::Ok)),
+                ("b".into(), of(Outcome::Error)),
+            ]),
+            vrdma: SuiteRun::from([
+                ("a".into(), of(Outcome::Fail)),
+                ("b".into(), of(Outcome::Skip)),
+            ]),
+        };
+        let line = summary(&runs);
+        assert!(
+            line.ends_with(
+                "passed natively only: [\"a\"]; not passing natively: [\"b\"]; \
+             not passing over vrdma: [\"a\"]"
+            ),
+            "{line}"
+        );
     }
 }
