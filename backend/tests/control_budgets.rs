@@ -280,7 +280,7 @@ fn discard_revocation_and_disconnect_release_everything() {
     assert_eq!(daemon(&factory), (5, 9));
     let other = memfd(RAM_SIZE);
     guest.memory.lock().unwrap().replace(guest_memory(&other));
-    guest.dev().memory_changed(guest.ctx());
+    guest.dev().memory_changed(guest.guest_io());
     assert_eq!(usage(&guest), MemoryUsage::default());
     assert_eq!(daemon(&factory), (0, 0));
     guest

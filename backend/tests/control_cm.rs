@@ -43,7 +43,7 @@ fn rc_qp(guest: &TestGuest) -> (u32, u32) {
 /// The CM_EVENT notifications on the guest's event queue, in order: (id, event).
 fn notifications(guest: &TestGuest) -> Vec<(u32, u32)> {
     let mut seen = Vec::new();
-    guest.ctx().events().discard_where(|bytes| {
+    guest.guest_io().events().discard_where(|bytes| {
         let e = Event::decode(bytes).unwrap();
         if e.event_type == EventType::CmEvent {
             seen.push((e.handle, e.detail));
@@ -323,9 +323,10 @@ fn requests_over_the_backlog_are_rejected_and_destroy_and_discard_release_ids() 
         let (qp, _) = rc_qp(&client);
         assert_eq!(connect(&client, id, qp, b""), Status::Ok);
         // The server's device pumps; the first request waits in the backlog of 1.
-        server
-            .dev()
-            .fd_ready(server.ctx(), vrdma_backend::guest_device::cm_events::CM_FD);
+        server.dev().fd_ready(
+            server.guest_io(),
+            vrdma_backend::guest_device::cm_events::CM_FD,
+        );
         outcomes.push(id);
     }
     // The second was refused: its host id destroyed, the client rejected.
@@ -421,9 +422,10 @@ fn a_request_destroyed_before_delivery_gives_its_backlog_slot_back() {
         let id = create_id(&client, RC);
         resolve(&client, id, "[fe80::1%1]:7001");
         assert_eq!(connect(&client, id, qp, b""), Status::Ok);
-        server
-            .dev()
-            .fd_ready(server.ctx(), vrdma_backend::guest_device::cm_events::CM_FD);
+        server.dev().fd_ready(
+            server.guest_io(),
+            vrdma_backend::guest_device::cm_events::CM_FD,
+        );
         id
     };
     let first = connect_once();
@@ -445,9 +447,10 @@ fn commands_that_make_events_wait_for_undelivered_ones() {
     let limit = 64;
     for _ in 0..limit {
         assert_eq!(resolve_addr(&guest, id, None, "[fe80::1%1]:9"), Status::Ok);
-        guest
-            .dev()
-            .fd_ready(guest.ctx(), vrdma_backend::guest_device::cm_events::CM_FD);
+        guest.dev().fd_ready(
+            guest.guest_io(),
+            vrdma_backend::guest_device::cm_events::CM_FD,
+        );
     }
     assert_eq!(
         resolve_addr(&guest, id, None, "[fe80::1%1]:9"),
@@ -483,7 +486,7 @@ fn loopback_is_the_tenant_itself_and_its_listeners_hear_only_it() {
     let (qp, _) = rc_qp(&b);
     assert_eq!(connect(&b, stranger, qp, b""), Status::Ok);
     a.dev()
-        .fd_ready(a.ctx(), vrdma_backend::guest_device::cm_events::CM_FD);
+        .fd_ready(a.guest_io(), vrdma_backend::guest_device::cm_events::CM_FD);
     assert_eq!(next_cm_event(&b).event.get(), cm_event::REJECTED);
     assert_eq!(get_event(&a).event.get(), CM_EVENT_NONE);
     assert_eq!(a.dev().object_counts().cm_ids, 1, "the listener alone");

@@ -131,16 +131,16 @@ fn reset_releases_everything_and_bumps_the_epoch() {
     guest
         .dev()
         .features_acked(VIRTIO_F_VERSION_1 | ALL_FEATURES);
-    assert_eq!(guest.ctx().events().len(), 0);
+    assert_eq!(guest.guest_io().events().len(), 0);
     assert_eq!(
         guest.status(ControlRequest::DeallocPd(handle(pd))),
         Status::BadHandle
     );
-    assert_eq!(guest.ctx().events().len(), 1);
+    assert_eq!(guest.guest_io().events().len(), 1);
     // It names the epoch the new driver read: a driver that started after the discard knows
     // it is not about its own objects (spec §11.1).
     let mut queued = Vec::new();
-    guest.ctx().events().discard_where(|bytes| {
+    guest.guest_io().events().discard_where(|bytes| {
         queued.push(vrdma_spec::Event::decode(bytes).unwrap());
         false
     });
@@ -188,7 +188,7 @@ fn discard_state_releases_everything_and_unmaps_the_queues_itself() {
         Status::BadHandle
     );
     // The driver asked: no DEVICE_FATAL is owed.
-    assert_eq!(guest.ctx().events().len(), 0);
+    assert_eq!(guest.guest_io().events().len(), 0);
     // Nothing left: a second discard changes nothing.
     assert_eq!(guest.status(ControlRequest::DiscardState), Status::Ok);
     assert_eq!(guest.config().epoch.get(), epoch + 1);
@@ -247,8 +247,8 @@ fn host_events_become_guest_events() {
             cq_user_handle: 0xdead,
         },
     ]);
-    guest.dev().fd_ready(guest.ctx(), 0);
-    assert_eq!(guest.ctx().events().len(), 1, "unknown CQ dropped");
+    guest.dev().fd_ready(guest.guest_io(), 0);
+    assert_eq!(guest.guest_io().events().len(), 1, "unknown CQ dropped");
     assert!(fake.world().comp_events.is_empty());
 
     // Events of a destroyed object are not delivered.
@@ -259,8 +259,8 @@ fn host_events_become_guest_events() {
     fake.world().comp_events.push_back(CompEvent {
         cq_user_handle: uh2,
     });
-    guest.dev().fd_ready(guest.ctx(), 0);
-    assert_eq!(guest.ctx().events().len(), 1);
+    guest.dev().fd_ready(guest.guest_io(), 0);
+    assert_eq!(guest.guest_io().events().len(), 1);
 
     assert_eq!(guest.set_doorbell_area(RAM_BASE), Status::Ok);
     guest.create_qp(qp_req(pd, cq, 0)).unwrap();
@@ -294,16 +294,16 @@ fn host_events_become_guest_events() {
             element: qp_user,
         },
     ]);
-    guest.dev().fd_ready(guest.ctx(), 1);
-    assert_eq!(guest.ctx().events().len(), 4);
+    guest.dev().fd_ready(guest.guest_io(), 1);
+    assert_eq!(guest.guest_io().events().len(), 4);
 
     // A fatal host error discards everything and refuses commands until reset.
     fake.world().async_events.push_back(AsyncEvent {
         kind: AsyncEventKind::DeviceFatal,
         element: 1,
     });
-    guest.dev().fd_ready(guest.ctx(), 1);
-    assert_eq!(guest.ctx().events().len(), 5, "DEVICE_FATAL");
+    guest.dev().fd_ready(guest.guest_io(), 1);
+    assert_eq!(guest.guest_io().events().len(), 5, "DEVICE_FATAL");
     assert_eq!(fake.world().live(), 0);
     match guest.run(ControlRequest::AllocPd) {
         ControlResponse::Err(e) => {
@@ -339,19 +339,19 @@ fn events_queued_for_an_object_are_gone_once_its_destroy_is_answered() {
             cq_user_handle: uh_keep,
         },
     ]);
-    guest.dev().fd_ready(guest.ctx(), 0);
-    assert_eq!(guest.ctx().events().len(), 2);
+    guest.dev().fd_ready(guest.guest_io(), 0);
+    assert_eq!(guest.guest_io().events().len(), 2);
     assert_eq!(
         guest.status(ControlRequest::DestroyCq(handle(doomed))),
         Status::Ok
     );
     // Only the event of the CQ that still exists is left to deliver; it goes with its CQ.
-    assert_eq!(guest.ctx().events().len(), 1);
+    assert_eq!(guest.guest_io().events().len(), 1);
     assert_eq!(
         guest.status(ControlRequest::DestroyCq(handle(keep))),
         Status::Ok
     );
-    assert_eq!(guest.ctx().events().len(), 0);
+    assert_eq!(guest.guest_io().events().len(), 0);
 }
 
 #[test]

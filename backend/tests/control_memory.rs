@@ -184,16 +184,16 @@ fn memory_changes_revoke_unbacked_mrs() {
         .lock()
         .unwrap()
         .replace(guest_memory(&guest.ram));
-    guest.dev().memory_changed(guest.ctx());
+    guest.dev().memory_changed(guest.guest_io());
     assert_eq!(fake.world().mrs.len(), 1);
-    assert_eq!(guest.ctx().events().len(), 0);
+    assert_eq!(guest.guest_io().events().len(), 0);
 
     // The region is replaced by other memory: the MR is revoked.
     let other = memfd(RAM_SIZE);
     guest.memory.lock().unwrap().replace(guest_memory(&other));
-    guest.dev().memory_changed(guest.ctx());
+    guest.dev().memory_changed(guest.guest_io());
     assert_eq!(fake.world().mrs.len(), 0);
-    assert_eq!(guest.ctx().events().len(), 1, "MR_REVOKED");
+    assert_eq!(guest.guest_io().events().len(), 1, "MR_REVOKED");
     // The PD is free of it, the handle still deregisters once.
     assert_eq!(
         guest.status(ControlRequest::DeallocPd(handle(pd))),

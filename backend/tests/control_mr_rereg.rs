@@ -480,7 +480,7 @@ fn a_revoked_mr_only_deregisters() {
     let mr = registered(&guest, pd, 0x1000, PAGE, &[RAM_BASE + 3 * PAGE]);
     let other = memfd(RAM_SIZE);
     guest.memory.lock().unwrap().replace(guest_memory(&other));
-    guest.dev().memory_changed(guest.ctx());
+    guest.dev().memory_changed(guest.guest_io());
     assert_eq!(fake.world().mrs.len(), 0);
     assert_eq!(
         rereg(

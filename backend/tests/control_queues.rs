@@ -330,7 +330,7 @@ fn doorbells_kick_exactly_the_rung_qps() {
     ring(a.doorbell_index.get());
     // An index of no QP and one beyond the area are dropped.
     ring(3);
-    guest.dev().doorbell(guest.ctx(), &[]);
+    guest.dev().doorbell(guest.guest_io(), &[]);
     let kicks = fake.world().kicks.clone();
     assert_eq!(kicks, vec![host_of(c.qpn.get()), host_of(a.qpn.get())]);
     let head: u32 = memory.read_obj(word(HEAD_WORD)).unwrap();
@@ -344,7 +344,7 @@ fn doorbells_kick_exactly_the_rung_qps() {
 
     // A notification with nothing queued (and doorbellq bytes) kicks nothing.
     fake.world().kicks.clear();
-    guest.dev().doorbell(guest.ctx(), b"ignored");
+    guest.dev().doorbell(guest.guest_io(), b"ignored");
     assert!(fake.world().kicks.is_empty());
 
     // A command kicks what was queued before it, notified or not (spec §5.3): the doorbell
@@ -353,7 +353,7 @@ fn doorbells_kick_exactly_the_rung_qps() {
     assert_eq!(guest.status(ControlRequest::QueryDevice), Status::Ok);
     let expected = vec![host_of(c.qpn.get())];
     assert_eq!(fake.world().kicks, expected);
-    guest.dev().doorbell(guest.ctx(), &[]);
+    guest.dev().doorbell(guest.guest_io(), &[]);
     assert_eq!(fake.world().kicks.len(), 1, "a drained doorbell kicks once");
     fake.world().kicks.clear();
 
@@ -363,14 +363,14 @@ fn doorbells_kick_exactly_the_rung_qps() {
         Status::Ok
     );
     ring(a.doorbell_index.get());
-    guest.dev().doorbell(guest.ctx(), &[]);
+    guest.dev().doorbell(guest.guest_io(), &[]);
     assert!(fake.world().kicks.is_empty());
 
     // Garbage in the whole area costs one lap and kicks only live QPs.
     for i in 0..area_bytes(slots) / 4 {
         memory.write_obj(0xffff_ffffu32, word(i)).unwrap();
     }
-    guest.dev().doorbell(guest.ctx(), &[]);
+    guest.dev().doorbell(guest.guest_io(), &[]);
     assert!(fake.world().kicks.is_empty());
 }
 

@@ -68,7 +68,9 @@ impl Setup {
         self.fake.world().comp_events.push_back(CompEvent {
             cq_user_handle: user_handle,
         });
-        self.guest.dev().fd_ready(self.guest.ctx(), COMP_CHANNEL);
+        self.guest
+            .dev()
+            .fd_ready(self.guest.guest_io(), COMP_CHANNEL);
     }
 
     fn staging_word(&self, at: usize) -> u32 {
@@ -118,7 +120,7 @@ impl Setup {
     }
 
     fn guest_events(&self) -> usize {
-        self.guest.ctx().events().len()
+        self.guest.guest_io().events().len()
     }
 }
 
@@ -166,7 +168,7 @@ fn host_completions_are_copied_on_the_host_event_and_the_guest_is_woken_only_whe
     assert_eq!(s.staged_wr_id(3), 14);
     assert_eq!(s.guest_events(), 1);
     let mut queued = Vec::new();
-    s.guest.ctx().events().discard_where(|bytes| {
+    s.guest.guest_io().events().discard_where(|bytes| {
         queued.push(vrdma_spec::Event::decode(bytes).unwrap());
         true
     });

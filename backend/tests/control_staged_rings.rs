@@ -224,19 +224,19 @@ fn wqes_that_find_the_host_queue_full_are_forwarded_by_the_retry_timer() {
         "waits"
     );
     // Nothing retired: the retry moves nothing.
-    s.guest.dev().fd_ready(s.guest.ctx(), RETRY_TIMER);
+    s.guest.dev().fd_ready(s.guest.guest_io(), RETRY_TIMER);
     assert_eq!(s.host_word(HostQueue::Send, header::PRODUCER_INDEX), mask);
     // The kernel retires the first WQE; the next retry forwards the waiting one, kicked.
     s.fake
         .world()
         .set_queue_word(s.host_qp, HostQueue::Send, header::CONSUMER_INDEX, 1);
     let kicks = s.kicks();
-    s.guest.dev().fd_ready(s.guest.ctx(), RETRY_TIMER);
+    s.guest.dev().fd_ready(s.guest.guest_io(), RETRY_TIMER);
     assert_eq!(s.host_word(HostQueue::Send, header::PRODUCER_INDEX), 0);
     assert_eq!(s.staging_word(&sq, header::CONSUMER_INDEX), 0);
     assert_eq!(s.kicks(), kicks + 1);
     // Nothing waits any more: a retry does nothing.
-    s.guest.dev().fd_ready(s.guest.ctx(), RETRY_TIMER);
+    s.guest.dev().fd_ready(s.guest.guest_io(), RETRY_TIMER);
     assert_eq!(s.kicks(), kicks + 1);
 }
 

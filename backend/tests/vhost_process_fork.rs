@@ -15,7 +15,7 @@ use std::time::Duration;
 use vrdma::transport::process::{ProcessOptions, ProcessTransport};
 use vrdma::transport::{Transport, TransportError};
 use vrdma_backend::listener::{Listener, StopHandle};
-use vrdma_backend::vhost_device::guest_context::GuestContext;
+use vrdma_backend::vhost_device::guest_io::GuestIo;
 use vrdma_backend::vhost_device::handler::{CommandRejection, DeviceHandler};
 use vrdma_backend::vhost_device::shmem::SHMEM_PAGE_SIZE;
 use vrdma_test_support::fake_host::device::memfd;
@@ -52,7 +52,7 @@ impl DeviceHandler for EchoDevice {
 
     fn handle_command(
         &self,
-        ctx: &GuestContext,
+        guest_io: &GuestIo,
         request: &[u8],
         _response_capacity: usize,
         response: &mut Vec<u8>,
@@ -60,25 +60,21 @@ impl DeviceHandler for EchoDevice {
         match request.split_first() {
             Some((&ECHO, args)) => response.extend_from_slice(args),
             Some((&MAP, _)) => {
-                let mapped = ctx
-                    .shmem()
-                    .map(self.host_page.as_fd(), 0, 0, SHMEM_PAGE_SIZE, true);
+                let mapped =
+                    guest_io
+                        .shmem()
+                        .map(self.host_page.as_fd(), 0, 0, SHMEM_PAGE_SIZE, true);
                 response.push(u8::from(mapped.is_err()));
             }
             _ => response.push(0xff),
         }
     }
 
-    fn reject_command(
-        &self,
-        _ctx: &GuestContext,
-        _rejection: CommandRejection,
-        response: &mut Vec<u8>,
-    ) {
+    fn reject_command(&self, _ctx: &GuestIo, _rejection: CommandRejection, response: &mut Vec<u8>) {
         response.push(0xee);
     }
 
-    fn doorbell(&self, _ctx: &GuestContext, _rung: &[u8]) {}
+    fn doorbell(&self, _ctx: &GuestIo, _rung: &[u8]) {}
 
     fn reset(&self) {
         self.resets.fetch_add(1, Ordering::SeqCst);

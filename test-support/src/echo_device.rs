@@ -16,7 +16,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vrdma::transport::process::{ProcessOptions, ProcessTransport};
 use vrdma_backend::listener::{Listener, StopHandle};
 use vrdma_backend::vhost_device::event_queue::EventClass;
-use vrdma_backend::vhost_device::guest_context::GuestContext;
+use vrdma_backend::vhost_device::guest_io::GuestIo;
 use vrdma_backend::vhost_device::handler::{CommandRejection, DeviceHandler};
 use vrdma_backend::vhost_device::shmem::SHMEM_PAGE_SIZE;
 
@@ -100,7 +100,7 @@ impl DeviceHandler for TestDevice {
 
     fn handle_command(
         &self,
-        ctx: &GuestContext,
+        guest_io: &GuestIo,
         request: &[u8],
         _response_capacity: usize,
         response: &mut Vec<u8>,
@@ -114,7 +114,8 @@ impl DeviceHandler for TestDevice {
             ECHO_REVERSED => response.extend(args.iter().rev()),
             MAP_HOST_PAGES => {
                 let ok = offset_arg().is_some_and(|offset| {
-                    ctx.shmem()
+                    guest_io
+                        .shmem()
                         .map(
                             self.host_pages.as_fd(),
                             0,
@@ -128,7 +129,8 @@ impl DeviceHandler for TestDevice {
             }
             UNMAP_HOST_PAGES => {
                 let ok = offset_arg().is_some_and(|offset| {
-                    ctx.shmem()
+                    guest_io
+                        .shmem()
                         .unmap(offset, (HOST_PAGES * PAGE) as u64)
                         .is_ok()
                 });
@@ -140,7 +142,7 @@ impl DeviceHandler for TestDevice {
                 response.extend_from_slice(&bytes);
             }
             EMIT_EVENT => {
-                let ok = ctx.events().push(args, EventClass::Completion).is_ok();
+                let ok = guest_io.events().push(args, EventClass::Completion).is_ok();
                 response.push(Self::status(ok));
             }
             EMIT_EVENT_VIA_FD => {
@@ -158,17 +160,12 @@ impl DeviceHandler for TestDevice {
         }
     }
 
-    fn reject_command(
-        &self,
-        _ctx: &GuestContext,
-        rejection: CommandRejection,
-        response: &mut Vec<u8>,
-    ) {
+    fn reject_command(&self, _ctx: &GuestIo, rejection: CommandRejection, response: &mut Vec<u8>) {
         self.stats.rejections.lock().unwrap().push(rejection);
         response.push(REJECTED);
     }
 
-    fn doorbell(&self, _ctx: &GuestContext, _rung: &[u8]) {
+    fn doorbell(&self, _ctx: &GuestIo, _rung: &[u8]) {
         self.stats.doorbells.fetch_add(1, Ordering::SeqCst);
     }
 
@@ -176,14 +173,14 @@ impl DeviceHandler for TestDevice {
         vec![self.notifier.as_raw_fd()]
     }
 
-    fn fd_ready(&self, ctx: &GuestContext, index: usize) {
+    fn fd_ready(&self, guest_io: &GuestIo, index: usize) {
         assert_eq!(index, 0);
         if self.notifier.read().is_ok() {
-            ctx.events().push(FD_EVENT, EventClass::Async).unwrap();
+            guest_io.events().push(FD_EVENT, EventClass::Async).unwrap();
         }
     }
 
-    fn memory_changed(&self, _ctx: &GuestContext) {
+    fn memory_changed(&self, _ctx: &GuestIo) {
         self.stats.memory_changes.fetch_add(1, Ordering::SeqCst);
     }
 

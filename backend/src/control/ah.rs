@@ -8,10 +8,11 @@ use vrdma_spec::{Le32, ResponseBody};
 
 use super::error::CommandError;
 use super::session::{host_err, CommandResult, Session};
+use super::unwind::{Undo, Unwind};
 use crate::datapath::staging::StagedAh;
 use crate::guest::objects::AhEntry;
 use crate::guest::shared::GuestShared;
-use crate::host::{AhHandle, AhInit, HostContext};
+use crate::host::{AhInit, HostContext};
 use crate::identity::endpoints::Destination;
 use crate::identity::policy::PolicyViolation;
 use crate::resources::table::Handle;
@@ -170,7 +171,9 @@ pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
     let HostAv { attr, sgid } = ah_attr_to_host(s.guest, &r.ah_attr, "ah_attr.port_num")?;
     s.state.ahs.check_room(0)?;
     let reach = destination(s.guest, &attr.dgid)?;
-    let ah = s
+    let mut c = Unwind::new(s);
+    c.take_ref(|s| s.state.pds.acquire(pd), Undo::PdRef(pd))?;
+    let ah = c
         .host()
         .create_ah(&AhInit {
             pd: pd_host,
@@ -178,28 +181,17 @@ pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
             user_handle: 0,
         })
         .map_err(host_err("CREATE_AH"))?;
+    c.did(Undo::HostAh(ah.handle));
     if ah.ah_num == 0 {
-        destroy_host(s.host(), ah.handle);
         return Err(CommandError::HostAnswer(
             "the host returned ah_num 0".into(),
         ));
     }
-    let handle = match s.state.ahs.insert(AhEntry {
+    let handle = c.state.ahs.insert(AhEntry {
         host: ah.handle,
         pd,
-    }) {
-        Ok(handle) => handle,
-        Err(e) => {
-            destroy_host(s.host(), ah.handle);
-            return Err(e.into());
-        }
-    };
-    if let Err(e) = s.state.pds.acquire(pd) {
-        if let Ok(entry) = s.state.ahs.remove(handle) {
-            release(s.host(), handle, entry);
-        }
-        return Err(e.into());
-    }
+    })?;
+    c.commit();
     // Staged UD sends (spec §9.6) name it by handle from now on.
     s.guest.doorbells().lock().staging().ahs_mut().insert(
         handle,
@@ -243,12 +235,6 @@ pub(crate) fn destroy_ah(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
         warn!("AH bookkeeping: {e}");
     }
     Ok(ResponseBody::Empty)
-}
-
-fn destroy_host(host: &dyn HostContext, ah: AhHandle) {
-    if let Err(e) = host.destroy_ah(ah) {
-        warn!("destroying host AH {ah} failed: {e}");
-    }
 }
 
 /// Destroys an AH whose table entry is gone (teardown).

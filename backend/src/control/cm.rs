@@ -149,9 +149,9 @@ fn destroy_id(
     let handle = Handle::from_raw(r.handle.get());
     let (entry, orphans) = s.state.cm.remove(handle)?;
     // Nothing about the id may reach the guest after this answer (spec §8).
-    discard_events_of(s.ctx, Subject::CmId, handle);
+    discard_events_of(s.guest_io, Subject::CmId, handle);
     for (orphan_handle, orphan) in &orphans {
-        discard_events_of(s.ctx, Subject::CmId, *orphan_handle);
+        discard_events_of(s.guest_io, Subject::CmId, *orphan_handle);
         release(s.guest, cm, &mut s.state.owners, orphan);
     }
     release(s.guest, cm, &mut s.state.owners, &entry);

@@ -11,15 +11,16 @@ use super::error::CommandError;
 use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
 use super::staged_rings;
+use super::unwind::{Undo, Unwind};
 use crate::datapath::staging::cq_copy::StagedCq;
 use crate::guest::objects::discard_events_of;
 use crate::guest::objects::CqEntry;
 use crate::guest::objects::EventOwner;
-use crate::host::{CqHandle, CqInit, HostContext};
+use crate::host::{CqInit, HostContext};
 use crate::memory::queue_region::ShmAllocator;
 use crate::resources::kind::{ResourceError, ResourceKind};
 use crate::resources::table::Handle;
-use crate::vhost_device::guest_context::GuestContext;
+use crate::vhost_device::guest_io::GuestIo;
 
 /// CREATE_CQ: depth limit, quota, host CQ on the context's completion channel, mapping.
 pub(crate) fn create_cq(s: &mut Session<'_>, r: &CreateCqReq) -> CommandResult {
@@ -36,30 +37,24 @@ pub(crate) fn create_cq(s: &mut Session<'_>, r: &CreateCqReq) -> CommandResult {
             user_handle,
         })
         .map_err(host_err("CREATE_CQ"))?;
-    let staged = staged_rings::stage_cq(s);
-    let mapped = cq
+    let mut c = Unwind::new(s);
+    c.did(Undo::HostCq(cq.handle));
+    let num_slots = cq
         .cqe
         .checked_add(1)
-        .ok_or_else(|| CommandError::HostAnswer(format!("cqe {}", cq.cqe)))
-        .and_then(|num_slots| {
-            if !staged {
-                return rings::map_ring(s, cq.buffer, num_slots, rxe_v1::CQE_SIZE)
-                    .map(|ring| (ring, None));
-            }
-            let (ring, staged) = staged_rings::map_staged_cq(s, &cq)?;
-            // The device watches the host CQ from now on: every completion raises an event.
-            if let Err(e) = staged.arm_host(s.host()) {
-                rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &ring);
-                return Err(host_err("REQ_NOTIFY_CQ")(e));
-            }
-            Ok((ring, Some(staged)))
-        });
-    let (ring, staged) = match mapped {
-        Ok(mapped) => mapped,
-        Err(e) => {
-            destroy_host(s.host(), cq.handle);
-            return Err(e);
-        }
+        .ok_or_else(|| CommandError::HostAnswer(format!("cqe {}", cq.cqe)))?;
+    let (ring, staged) = if staged_rings::stage_cq(&c) {
+        let (ring, staged) = staged_rings::map_staged_cq(&mut c, &cq)?;
+        c.did(Undo::Rings(ring, None));
+        // The device watches the host CQ from now on: every completion raises an event.
+        staged
+            .arm_host(c.host())
+            .map_err(host_err("REQ_NOTIFY_CQ"))?;
+        (ring, Some(staged))
+    } else {
+        let ring = rings::map_ring(&mut c, cq.buffer, num_slots, rxe_v1::CQE_SIZE)?;
+        c.did(Undo::Rings(ring, None));
+        (ring, None)
     };
     let entry = CqEntry {
         host: cq.handle,
@@ -67,14 +62,8 @@ pub(crate) fn create_cq(s: &mut Session<'_>, r: &CreateCqReq) -> CommandResult {
         ring,
         staged,
     };
-    let handle = match s.state.cqs.insert(entry) {
-        Ok(handle) => handle,
-        Err(e) => {
-            destroy_host(s.host(), cq.handle);
-            rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &ring);
-            return Err(e.into());
-        }
-    };
+    let handle = c.state.cqs.insert(entry)?;
+    c.commit();
     s.state.owners.insert(user_handle, EventOwner::Cq(handle));
     Ok(ResponseBody::CreateCq(CreateCqResp {
         cq: Le32::new(handle.raw()),
@@ -99,8 +88,8 @@ pub(crate) fn destroy_cq(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
     s.host().destroy_cq(host).map_err(host_err("DESTROY_CQ"))?;
     let entry = s.state.cqs.remove(handle)?;
     s.state.owners.remove(&entry.user_handle);
-    discard_events_of(s.ctx, Subject::Cq, handle);
-    rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &entry.ring);
+    discard_events_of(s.guest_io, Subject::Cq, handle);
+    rings::unmap_ring(Some(s.guest_io), &mut s.state.shm, &entry.ring);
     Ok(ResponseBody::Empty)
 }
 
@@ -188,7 +177,7 @@ pub(crate) fn resize_cq(s: &mut Session<'_>, r: &ResizeCqReq) -> CommandResult {
         entry.staged = Some(staged);
     }
     let old = std::mem::replace(&mut entry.ring, ring);
-    rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &old);
+    rings::unmap_ring(Some(s.guest_io), &mut s.state.shm, &old);
     debug!(
         "CQ {handle} resized to {} entries: region {:#x} -> {:#x}",
         resized.cqe, old.range.offset, ring.range.offset
@@ -200,16 +189,10 @@ pub(crate) fn resize_cq(s: &mut Session<'_>, r: &ResizeCqReq) -> CommandResult {
     }))
 }
 
-fn destroy_host(host: &dyn HostContext, cq: CqHandle) {
-    if let Err(e) = host.destroy_cq(cq) {
-        warn!("destroying host CQ {cq} failed: {e}");
-    }
-}
-
 /// Destroys a CQ whose table entry is gone (teardown).
 pub(crate) fn release(
     host: &dyn HostContext,
-    ctx: Option<&GuestContext>,
+    guest_io: Option<&GuestIo>,
     shm: &mut ShmAllocator,
     handle: Handle,
     entry: CqEntry,
@@ -217,5 +200,5 @@ pub(crate) fn release(
     if let Err(e) = host.destroy_cq(entry.host) {
         warn!("destroying CQ {handle} (host {}) failed: {e}", entry.host);
     }
-    rings::unmap_ring(ctx, shm, &entry.ring);
+    rings::unmap_ring(guest_io, shm, &entry.ring);
 }

@@ -8,13 +8,13 @@ use super::session::{CommandResult, Session};
 use super::{ah, cm, cq, mr, mw, pd, qp, srq};
 use crate::guest::shared::GuestShared;
 use crate::guest::state::GuestState;
-use crate::vhost_device::guest_context::GuestContext;
+use crate::vhost_device::guest_io::GuestIo;
 
 /// DISCARD_STATE: the driver asks for everything to be dropped before it resets the device.
 /// Discards every object of the guest the way their destroy commands would, removing the
 /// device's shared-memory mappings itself. The driver asked, so no DEVICE_FATAL is owed for it.
 pub(crate) fn discard_state(s: &mut Session<'_>) -> CommandResult {
-    discard_all(s.guest, s.state, Some(s.ctx), Epoch::Advanced);
+    discard_all(s.guest, s.state, Some(s.guest_io), Epoch::Advanced);
     s.state.announce_discard = false;
     Ok(ResponseBody::Empty)
 }
@@ -28,13 +28,13 @@ pub(crate) enum Epoch {
     Kept,
 }
 
-/// Discards every object of the guest (spec §11.1), in dependency order. `ctx` is `None`
+/// Discards every object of the guest (spec §11.1), in dependency order. `guest_io` is `None`
 /// when the frontend already removed every queue-region mapping (reset, disconnect).
 /// Returns whether there was anything to discard.
 pub(crate) fn discard_all(
     guest: &GuestShared,
     state: &mut GuestState,
-    ctx: Option<&GuestContext>,
+    guest_io: Option<&GuestIo>,
     epoch: Epoch,
 ) -> bool {
     let counts = state.counts();
@@ -59,13 +59,13 @@ pub(crate) fn discard_all(
         mw::release(host, handle, entry);
     }
     for (handle, entry) in state.qps.drain() {
-        qp::release(host, ctx, &mut state.shm, handle, entry);
+        qp::release(host, guest_io, &mut state.shm, handle, entry);
     }
     for (handle, entry) in state.srqs.drain() {
-        srq::release(host, ctx, &mut state.shm, handle, entry);
+        srq::release(host, guest_io, &mut state.shm, handle, entry);
     }
     for (handle, entry) in state.cqs.drain() {
-        cq::release(host, ctx, &mut state.shm, handle, entry);
+        cq::release(host, guest_io, &mut state.shm, handle, entry);
     }
     for (handle, entry) in state.ahs.drain() {
         ah::release(host, handle, entry);

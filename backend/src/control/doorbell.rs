@@ -25,7 +25,7 @@ pub(crate) fn set_doorbell_area(s: &mut Session<'_>, r: &SetDoorbellAreaReq) -> 
             status: Status::Busy,
         });
     }
-    let area = MappedArea::map(s.ctx.memory().into_inner(), r.gpa.get(), slots)?;
+    let area = MappedArea::map(s.guest_io.memory().into_inner(), r.gpa.get(), slots)?;
     s.guest
         .doorbells()
         .lock()

@@ -24,6 +24,7 @@ pub mod rings;
 pub mod session;
 pub mod srq;
 pub mod staged_rings;
+mod unwind;
 
 use vrdma_spec::ControlRequest;
 

@@ -14,6 +14,7 @@ use vrdma_spec::{Event, EventType, Le32, RegMr, ResponseBody};
 
 use super::error::CommandError;
 use super::session::{at_most, host_err, CommandResult, Session};
+use super::unwind::{Undo, Unwind};
 use crate::guest::objects::{LiveMr, MrEntry};
 use crate::guest::shared::GuestShared;
 use crate::guest::state::GuestState;
@@ -24,7 +25,7 @@ use crate::memory::pinned_extents::Extent;
 use crate::resources::kind::{ResourceError, ResourceKind};
 use crate::resources::table::Handle;
 use crate::vhost_device::event_queue::EventClass;
-use crate::vhost_device::guest_context::GuestContext;
+use crate::vhost_device::guest_io::GuestIo;
 
 /// REG_MR, validated in the spec's order: structure (decoder), limits, PD, quotas, addresses,
 /// window mappings, budgets (spec §7.4).
@@ -103,45 +104,37 @@ fn register(s: &mut Session<'_>, r: &RegMrReq, request: &MrExtents<'_>) -> Comma
     let page_size = 1u64 << r.page_shift.get();
     let bytes = mr_bytes(request.pages(), page_size)?;
     check_mr_bytes(s, bytes, 0)?;
-    let window = map_window(s, request)?;
+    let mut c = Unwind::new(s);
+    c.take_ref(|s| s.state.pds.acquire(pd), Undo::PdRef(pd))?;
+    let window = map_window(&mut c, request)?;
+    let start = window.addr() as u64;
+    c.did(Undo::Window(window));
     let access = host_access(r.access.get());
-    let host = match s.host().reg_mr(&MrInit {
-        pd: pd_host,
-        start: window.addr() as u64,
-        length,
-        iova: r.iova.get(),
-        access,
-    }) {
-        Ok(host) => host,
-        Err(e) => {
-            unmap_window(s.state, window);
-            return Err(host_err("REG_MR")(e));
-        }
-    };
+    let host = c
+        .host()
+        .reg_mr(&MrInit {
+            pd: pd_host,
+            start,
+            length,
+            iova: r.iova.get(),
+            access,
+        })
+        .map_err(host_err("REG_MR"))?;
+    c.did(Undo::HostMr(host.handle));
+    let window = c
+        .keep_window()
+        .ok_or(CommandError::BadState("MR window lost"))?;
     let entry = MrEntry {
         pd,
         bytes,
         access,
         live: Some(LiveMr { host, window }),
     };
-    // Cannot fail after `check_room` and the lookup above, under the same lock.
-    let handle = match s.state.mrs.insert(entry) {
-        Ok(handle) => handle,
-        Err(e) => {
-            // The table dropped the window; the MR must not outlive this command either. The
-            // window's budget stays charged (the safe side) until the guest's next discard.
-            if let Err(d) = s.host().dereg_mr(host.handle) {
-                warn!("dereg of unrecorded MR (host {}) failed: {d}", host.handle);
-            }
-            return Err(e.into());
-        }
-    };
-    if let Err(e) = s.state.pds.acquire(pd) {
-        if let Ok(entry) = s.state.mrs.remove(handle) {
-            release(s.guest.host(), s.state, handle, entry);
-        }
-        return Err(e.into());
-    }
+    // Cannot fail after `check_room` and the lookup above, under the same lock. If it did,
+    // the table dropped the window, whose budget then stays charged (the safe side) until the
+    // guest's next discard; the host MR is deregistered and the PD reference dropped.
+    let handle = c.state.mrs.insert(entry)?;
+    c.commit();
     s.state.mr_bytes += bytes;
     Ok(ResponseBody::RegMr(RegMrResp {
         mr: Le32::new(handle.raw()),
@@ -189,7 +182,7 @@ pub(super) fn map_window(
     s: &mut Session<'_>,
     request: &MrExtents<'_>,
 ) -> Result<MrWindow, CommandError> {
-    let ram = GuestRamFiles::mapped(s.ctx.memory().into_inner())?;
+    let ram = GuestRamFiles::mapped(s.guest_io.memory().into_inner())?;
     let mut plan = MrWindow::plan_extents(&ram, request, max_mr_size(s.guest))?;
     let max_mappings = s.guest.options().max_mr_mappings;
     if plan.mappings() > u64::from(max_mappings) {
@@ -301,8 +294,8 @@ pub(crate) fn max_mr_size(guest: &GuestShared) -> u64 {
 /// Revokes every MR that maps guest pages the new memory table no longer backs the same way
 /// (spec §11.3): deregisters it, unmaps its window, releases its quota and PD reference, and
 /// sends MR_REVOKED. Its handle stays allocated until DEREG_MR.
-pub(crate) fn revoke_unbacked(guest: &GuestShared, ctx: &GuestContext, state: &mut GuestState) {
-    let ram = match GuestRamFiles::new(&*ctx.memory()) {
+pub(crate) fn revoke_unbacked(guest: &GuestShared, guest_io: &GuestIo, state: &mut GuestState) {
+    let ram = match GuestRamFiles::new(&*guest_io.memory()) {
         Ok(ram) => ram,
         Err(e) => {
             // Unknown memory cannot back anything.
@@ -343,7 +336,7 @@ pub(crate) fn revoke_unbacked(guest: &GuestShared, ctx: &GuestContext, state: &m
             handle: handle.raw(),
             detail: 0,
         };
-        if let Err(e) = ctx.events().push(&event.to_bytes(), EventClass::Async) {
+        if let Err(e) = guest_io.events().push(&event.to_bytes(), EventClass::Async) {
             warn!("guest {}: cannot queue MR_REVOKED: {e}", guest.id());
         }
     }

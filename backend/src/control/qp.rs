@@ -15,6 +15,7 @@ use super::error::CommandError;
 use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
 use super::staged_rings::{self, QueueModes};
+use super::unwind::{Undo, Unwind};
 use crate::datapath::staging::{StagedKind, StagedRing};
 use crate::guest::objects::discard_events_of;
 use crate::guest::objects::EventOwner;
@@ -23,35 +24,27 @@ use crate::guest::state::GuestState;
 use crate::host::{self, DeviceError, HostContext, QpHandle, QpInit, QueueBuffer};
 use crate::memory::queue_region::{MappedRing, ShmAllocator};
 use crate::resources::table::Handle;
-use crate::vhost_device::guest_context::GuestContext;
+use crate::vhost_device::guest_io::GuestIo;
 
 impl QpDeps {
-    /// Takes a reference on every dependency, or on none.
-    fn acquire(&self, state: &mut GuestState) -> Result<(), CommandError> {
-        state.pds.acquire(self.pd)?;
-        let rest = (|| {
-            state.cqs.acquire(self.send_cq)?;
-            if let Err(e) = state.cqs.acquire(self.recv_cq) {
-                let _ = state.cqs.release(self.send_cq);
-                return Err(e);
-            }
-            if let Some(srq) = self.srq {
-                if let Err(e) = state.srqs.acquire(srq) {
-                    let _ = state.cqs.release(self.send_cq);
-                    let _ = state.cqs.release(self.recv_cq);
-                    return Err(e);
-                }
-            }
-            Ok(())
-        })();
-        if let Err(e) = rest {
-            let _ = state.pds.release(self.pd);
-            return Err(e.into());
+    /// Takes a reference on every dependency, each recorded on the create's guard.
+    fn acquire(&self, c: &mut Unwind<'_, '_>) -> Result<(), CommandError> {
+        c.take_ref(|s| s.state.pds.acquire(self.pd), Undo::PdRef(self.pd))?;
+        c.take_ref(
+            |s| s.state.cqs.acquire(self.send_cq),
+            Undo::CqRef(self.send_cq),
+        )?;
+        c.take_ref(
+            |s| s.state.cqs.acquire(self.recv_cq),
+            Undo::CqRef(self.recv_cq),
+        )?;
+        if let Some(srq) = self.srq {
+            c.take_ref(|s| s.state.srqs.acquire(srq), Undo::SrqRef(srq))?;
         }
         Ok(())
     }
 
-    /// Drops the references [`QpDeps::acquire`] took.
+    /// Drops the references [`QpDeps::acquire`] took (the QP is destroyed).
     fn release(&self, state: &mut GuestState) {
         let results = [
             state.pds.release(self.pd),
@@ -109,16 +102,10 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
             .reserve()
             .ok_or(CommandError::BadState("no free doorbell slot"))?
     };
-    let mut creation = QpCreation {
-        s,
-        doorbell_index: Some(doorbell_index),
-        deps: None,
-        host_qp: None,
-        rings: None,
-    };
-    deps.acquire(creation.s.state)?;
-    creation.deps = Some(deps);
-    let user_handle = creation.s.state.new_user_handle();
+    let mut c = Unwind::new(s);
+    c.did(Undo::DoorbellSlot(doorbell_index));
+    deps.acquire(&mut c)?;
+    let user_handle = c.state.new_user_handle();
     // rxe needs room for at least one WR per queue; the response reports the actual depth.
     let caps = QpCaps {
         max_send_wr: r.max_send_wr.get().max(1),
@@ -131,8 +118,7 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
         max_recv_sge: r.max_recv_sge.get(),
         max_inline_data: r.max_inline_data.get(),
     };
-    let qp = creation
-        .s
+    let qp = c
         .host()
         .create_qp(&QpInit {
             qp_type,
@@ -145,9 +131,9 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
             user_handle,
         })
         .map_err(host_err("CREATE_QP"))?;
-    creation.host_qp = Some(qp.handle);
-    let (sq, rq, staged) = map_rings(creation.s, &qp, srq.is_some(), modes, deps.pd)?;
-    creation.rings = Some((sq, rq));
+    c.did(Undo::HostQp(qp.handle));
+    let (sq, rq, staged) = map_rings(&mut c, &qp, srq.is_some(), modes, deps.pd)?;
+    c.did(Undo::Rings(sq, rq));
     let entry = QpEntry {
         host: qp.handle,
         qpn: qp.qpn,
@@ -157,12 +143,11 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
         doorbell_index,
         sq,
         rq,
-        qpn_claim: creation.s.guest.tenant().claim_qpn(qp.qpn),
+        qpn_claim: c.guest.tenant().claim_qpn(qp.qpn),
     };
-    let handle = creation.s.state.qps.insert(entry)?;
+    let handle = c.state.qps.insert(entry)?;
     // The QP is the guest's now: its entry owns what the creation held.
-    creation.disarm();
-    let s = &mut *creation.s;
+    c.commit();
     s.state.owners.insert(user_handle, EventOwner::Qp(handle));
     {
         let mut doorbells = s.guest.doorbells().lock();
@@ -183,45 +168,6 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
         sq: sq.desc,
         rq: rq.map_or_else(RingDesc::new_zeroed, |rq| rq.desc),
     }))
-}
-
-/// What a CREATE_QP holds while it runs: its doorbell slot, the references on its PD, CQs and
-/// SRQ, the host QP and its mapped rings. Dropped before [`QpCreation::finish`] (any `?` of
-/// the create), it gives them back in the reverse order; the create never unwinds by hand.
-struct QpCreation<'s, 'a> {
-    s: &'s mut Session<'a>,
-    doorbell_index: Option<u32>,
-    deps: Option<QpDeps>,
-    host_qp: Option<QpHandle>,
-    rings: Option<(MappedRing, Option<MappedRing>)>,
-}
-
-impl QpCreation<'_, '_> {
-    /// The create succeeded: the QP's entry holds everything now, nothing is given back.
-    fn disarm(&mut self) {
-        self.doorbell_index = None;
-        self.deps = None;
-        self.host_qp = None;
-        self.rings = None;
-    }
-}
-
-impl Drop for QpCreation<'_, '_> {
-    fn drop(&mut self) {
-        let s = &mut *self.s;
-        if let Some(qp) = self.host_qp.take() {
-            destroy_host(s.host(), qp);
-        }
-        if let Some((sq, rq)) = self.rings.take() {
-            unmap_rings(Some(s.ctx), &mut s.state.shm, &sq, rq.as_ref());
-        }
-        if let Some(deps) = self.deps.take() {
-            deps.release(s.state);
-        }
-        if let Some(index) = self.doorbell_index.take() {
-            s.guest.doorbells().lock().release(index);
-        }
-    }
 }
 
 /// The staging rings of a new QP: of its send queue, of its receive queue.
@@ -269,7 +215,7 @@ impl QueueRing {
             QueueRing::Direct(placed) => rings::free_extent(&mut s.state.shm, placed.ring.range),
             // The staging ring's memory is emptied when `_staged` drops.
             QueueRing::Staged(ring, _staged) => {
-                rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &ring)
+                rings::unmap_ring(Some(s.guest_io), &mut s.state.shm, &ring)
             }
         }
     }
@@ -340,14 +286,14 @@ fn map_rings(
 }
 
 fn unmap_rings(
-    ctx: Option<&GuestContext>,
+    guest_io: Option<&GuestIo>,
     shm: &mut ShmAllocator,
     sq: &MappedRing,
     rq: Option<&MappedRing>,
 ) {
     match rq {
-        Some(rq) => rings::unmap_rings(ctx, shm, &[sq, rq]),
-        None => rings::unmap_ring(ctx, shm, sq),
+        Some(rq) => rings::unmap_rings(guest_io, shm, &[sq, rq]),
+        None => rings::unmap_ring(guest_io, shm, sq),
     }
 }
 
@@ -552,23 +498,22 @@ pub(crate) fn destroy_qp(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
     // could otherwise send a host QP number the host may give to another QP.
     s.state.cm.forget_qp(handle);
     s.state.owners.remove(&entry.user_handle);
-    discard_events_of(s.ctx, Subject::Qp, handle);
-    unmap_rings(Some(s.ctx), &mut s.state.shm, &entry.sq, entry.rq.as_ref());
+    discard_events_of(s.guest_io, Subject::Qp, handle);
+    unmap_rings(
+        Some(s.guest_io),
+        &mut s.state.shm,
+        &entry.sq,
+        entry.rq.as_ref(),
+    );
     entry.deps.release(s.state);
     Ok(ResponseBody::Empty)
-}
-
-fn destroy_host(host: &dyn HostContext, qp: QpHandle) {
-    if let Err(e) = host.destroy_qp(qp) {
-        warn!("destroying host QP {qp} failed: {e}");
-    }
 }
 
 /// Destroys a QP whose table entry is gone (teardown; references are dropped with the
 /// tables).
 pub(crate) fn release(
     host: &dyn HostContext,
-    ctx: Option<&GuestContext>,
+    guest_io: Option<&GuestIo>,
     shm: &mut ShmAllocator,
     handle: Handle,
     entry: QpEntry,
@@ -576,5 +521,5 @@ pub(crate) fn release(
     if let Err(e) = host.destroy_qp(entry.host) {
         warn!("destroying QP {handle} (host {}) failed: {e}", entry.host);
     }
-    unmap_rings(ctx, shm, &entry.sq, entry.rq.as_ref());
+    unmap_rings(guest_io, shm, &entry.sq, entry.rq.as_ref());
 }

@@ -20,7 +20,7 @@ use super::error::CommandError;
 use super::session::Session;
 use crate::host::QueueBuffer;
 use crate::memory::queue_region::{MappedRing, ShmAllocator, ShmRange};
-use crate::vhost_device::guest_context::GuestContext;
+use crate::vhost_device::guest_io::GuestIo;
 use crate::vhost_device::shmem::{ShmemMapping, SHMEM_PAGE_SIZE};
 
 /// Fails unless a ring format was negotiated that the host device produces (spec §3: without
@@ -147,7 +147,11 @@ pub(crate) fn map_placed(s: &mut Session<'_>, placed: &[PlacedRing]) -> Result<(
             writable: true,
         })
         .collect();
-    if let Err(e) = s.ctx.shmem().map_all(s.guest.host().queue_fd(), &mappings) {
+    if let Err(e) = s
+        .guest_io
+        .shmem()
+        .map_all(s.guest.host().queue_fd(), &mappings)
+    {
         for p in placed {
             free_extent(&mut s.state.shm, p.ring.range);
         }
@@ -185,18 +189,18 @@ pub(crate) fn describe(range: ShmRange, geometry: RingGeometry) -> Result<RingDe
 }
 
 /// Removes a ring from the queue region: unmaps its extent, or for a staging ring in a pooled
-/// extent gives its place back and unmaps the chunk once nothing is left in it. `ctx` is
+/// extent gives its place back and unmaps the chunk once nothing is left in it. `guest_io` is
 /// `None` when the frontend already dropped every mapping (device reset, disconnect). An
 /// extent whose unmap fails stays allocated, so that no other buffer is ever placed over a
 /// mapping that may still exist.
-pub(crate) fn unmap_ring(ctx: Option<&GuestContext>, shm: &mut ShmAllocator, ring: &MappedRing) {
-    unmap_rings(ctx, shm, &[ring]);
+pub(crate) fn unmap_ring(guest_io: Option<&GuestIo>, shm: &mut ShmAllocator, ring: &MappedRing) {
+    unmap_rings(guest_io, shm, &[ring]);
 }
 
 /// [`unmap_ring`] for several rings (a QP's send and receive queues), with one wait for the
 /// frontend's answers to all of their unmaps.
 pub(crate) fn unmap_rings(
-    ctx: Option<&GuestContext>,
+    guest_io: Option<&GuestIo>,
     shm: &mut ShmAllocator,
     rings: &[&MappedRing],
 ) {
@@ -212,14 +216,14 @@ pub(crate) fn unmap_rings(
             Err(e) => warn!("queue region bookkeeping: {e}"),
         }
     }
-    let Some(ctx) = ctx else {
+    let Some(guest_io) = guest_io else {
         for range in extents {
             free_extent(shm, range);
         }
         return;
     };
     let ranges: Vec<(u64, u64)> = extents.iter().map(|r| (r.offset, r.len)).collect();
-    for (range, result) in extents.into_iter().zip(ctx.shmem().unmap_all(&ranges)) {
+    for (range, result) in extents.into_iter().zip(guest_io.shmem().unmap_all(&ranges)) {
         match result {
             Ok(()) => free_extent(shm, range),
             Err(e) => warn!(

@@ -7,7 +7,7 @@ use crate::control::error::CommandError;
 use crate::guest::shared::GuestShared;
 use crate::guest::state::GuestState;
 use crate::host::{DeviceError, HostContext};
-use crate::vhost_device::guest_context::GuestContext;
+use crate::vhost_device::guest_io::GuestIo;
 
 /// Wraps a host-device error with the verb that failed.
 pub(crate) fn host_err(op: &'static str) -> impl FnOnce(DeviceError) -> CommandError {
@@ -21,7 +21,7 @@ pub type CommandResult = Result<ResponseBody, CommandError>;
 /// (locked by the caller for the whole command).
 pub(crate) struct Session<'a> {
     pub(crate) guest: &'a GuestShared,
-    pub(crate) ctx: &'a GuestContext,
+    pub(crate) guest_io: &'a GuestIo,
     pub(crate) state: &'a mut GuestState,
     /// Feature bits the driver accepted.
     pub(crate) features: u64,

@@ -13,14 +13,15 @@ use super::error::CommandError;
 use super::query::SRQ_RESIZE_CAP;
 use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
+use super::unwind::{Undo, Unwind};
 use crate::guest::objects::discard_events_of;
 use crate::guest::objects::EventOwner;
 use crate::guest::objects::SrqEntry;
-use crate::host::{HostContext, SrqHandle, SrqInit, SrqModify};
+use crate::host::{HostContext, SrqInit, SrqModify};
 use crate::memory::queue_region::ShmAllocator;
 use crate::resources::kind::{ResourceError, ResourceKind};
 use crate::resources::table::Handle;
-use crate::vhost_device::guest_context::GuestContext;
+use crate::vhost_device::guest_io::GuestIo;
 
 /// The capacity the host gives an SRQ asked for `max_wr` WRs (spec §9.1).
 fn actual_depth(max_wr: u32) -> Option<u32> {
@@ -44,7 +45,9 @@ pub(crate) fn create_srq(s: &mut Session<'_>, r: &CreateSrqReq) -> CommandResult
     let pd_host = s.state.pds.get(pd)?.host;
     s.state.srqs.check_room(0)?;
     let user_handle = s.state.new_user_handle();
-    let srq = s
+    let mut c = Unwind::new(s);
+    c.take_ref(|s| s.state.pds.acquire(pd), Undo::PdRef(pd))?;
+    let srq = c
         .host()
         .create_srq(&SrqInit {
             pd: pd_host,
@@ -54,20 +57,18 @@ pub(crate) fn create_srq(s: &mut Session<'_>, r: &CreateSrqReq) -> CommandResult
             user_handle,
         })
         .map_err(host_err("CREATE_SRQ"))?;
-    let mapped = srq
+    c.did(Undo::HostSrq(srq.handle));
+    let slots = srq
         .max_wr
         .checked_add(1)
-        .ok_or_else(|| CommandError::HostAnswer(format!("depth {}", srq.max_wr)))
-        .and_then(|slots| {
-            rings::map_ring(s, srq.buffer, slots, rxe_v1::recv_wqe_size(srq.max_sge))
-        });
-    let ring = match mapped {
-        Ok(ring) => ring,
-        Err(e) => {
-            destroy_host(s.host(), srq.handle);
-            return Err(e);
-        }
-    };
+        .ok_or_else(|| CommandError::HostAnswer(format!("depth {}", srq.max_wr)))?;
+    let ring = rings::map_ring(
+        &mut c,
+        srq.buffer,
+        slots,
+        rxe_v1::recv_wqe_size(srq.max_sge),
+    )?;
+    c.did(Undo::Rings(ring, None));
     let entry = SrqEntry {
         host: srq.handle,
         pd,
@@ -77,20 +78,8 @@ pub(crate) fn create_srq(s: &mut Session<'_>, r: &CreateSrqReq) -> CommandResult
         srq_limit: limit,
         ring,
     };
-    let handle = match s.state.srqs.insert(entry) {
-        Ok(handle) => handle,
-        Err(e) => {
-            destroy_host(s.host(), srq.handle);
-            rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &ring);
-            return Err(e.into());
-        }
-    };
-    if let Err(e) = s.state.pds.acquire(pd) {
-        if let Ok(entry) = s.state.srqs.remove(handle) {
-            release(s.guest.host(), Some(s.ctx), &mut s.state.shm, handle, entry);
-        }
-        return Err(e.into());
-    }
+    let handle = c.state.srqs.insert(entry)?;
+    c.commit();
     s.state.owners.insert(user_handle, EventOwner::Srq(handle));
     Ok(ResponseBody::CreateSrq(CreateSrqResp {
         srq: Le32::new(handle.raw()),
@@ -189,7 +178,7 @@ pub(crate) fn resize_srq(s: &mut Session<'_>, r: &ResizeSrqReq) -> CommandResult
     let entry = s.state.srqs.get_mut(handle)?;
     entry.max_wr = depth;
     let old = std::mem::replace(&mut entry.ring, ring);
-    rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &old);
+    rings::unmap_ring(Some(s.guest_io), &mut s.state.shm, &old);
     Ok(ResponseBody::ResizeSrq(ResizeSrqResp {
         max_wr: Le32::new(depth),
         reserved: Le32::ZERO,
@@ -226,24 +215,18 @@ pub(crate) fn destroy_srq(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
         .map_err(host_err("DESTROY_SRQ"))?;
     let entry = s.state.srqs.remove(handle)?;
     s.state.owners.remove(&entry.user_handle);
-    discard_events_of(s.ctx, Subject::Srq, handle);
-    rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &entry.ring);
+    discard_events_of(s.guest_io, Subject::Srq, handle);
+    rings::unmap_ring(Some(s.guest_io), &mut s.state.shm, &entry.ring);
     if let Err(e) = s.state.pds.release(entry.pd) {
         warn!("SRQ bookkeeping: {e}");
     }
     Ok(ResponseBody::Empty)
 }
 
-fn destroy_host(host: &dyn HostContext, srq: SrqHandle) {
-    if let Err(e) = host.destroy_srq(srq) {
-        warn!("destroying host SRQ {srq} failed: {e}");
-    }
-}
-
 /// Destroys an SRQ whose table entry is gone (teardown).
 pub(crate) fn release(
     host: &dyn HostContext,
-    ctx: Option<&GuestContext>,
+    guest_io: Option<&GuestIo>,
     shm: &mut ShmAllocator,
     handle: Handle,
     entry: SrqEntry,
@@ -251,5 +234,5 @@ pub(crate) fn release(
     if let Err(e) = host.destroy_srq(entry.host) {
         warn!("destroying SRQ {handle} (host {}) failed: {e}", entry.host);
     }
-    rings::unmap_ring(ctx, shm, &entry.ring);
+    rings::unmap_ring(guest_io, shm, &entry.ring);
 }

@@ -213,7 +213,7 @@ fn kept_or_released<T>(
     made: Result<T, GeometryError>,
 ) -> Result<T, CommandError> {
     made.map_err(|e| {
-        rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &placeholder(ring.range));
+        rings::unmap_ring(Some(s.guest_io), &mut s.state.shm, &placeholder(ring.range));
         e.into()
     })
 }
@@ -279,7 +279,7 @@ pub(crate) fn place_staging_ring(
             geometry,
         }),
         Err(e) => {
-            rings::unmap_ring(Some(s.ctx), &mut s.state.shm, &placeholder(range));
+            rings::unmap_ring(Some(s.guest_io), &mut s.state.shm, &placeholder(range));
             Err(e)
         }
     }
@@ -313,10 +313,10 @@ fn place(s: &mut Session<'_>, staging: &StagingFile, len: u64) -> Result<ShmRang
     let chunk_len = staging_chunk_len(s);
     let (range, opened) = s.state.shm.alloc_pooled(len, chunk_len)?;
     if let Some(chunk) = opened {
-        let mapped = s
-            .ctx
-            .shmem()
-            .map(staging.fd(), chunk.offset, chunk.offset, chunk.len, true);
+        let mapped =
+            s.guest_io
+                .shmem()
+                .map(staging.fd(), chunk.offset, chunk.offset, chunk.len, true);
         if let Err(e) = mapped {
             // Never mapped: give the buffer and the chunk back without an unmap.
             rings::unmap_ring(None, &mut s.state.shm, &placeholder(range));

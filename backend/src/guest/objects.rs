@@ -11,7 +11,7 @@ use crate::identity::endpoints::QpnClaim;
 use crate::memory::mr_window::MrWindow;
 use crate::memory::queue_region::MappedRing;
 use crate::resources::table::Handle;
-use crate::vhost_device::guest_context::GuestContext;
+use crate::vhost_device::guest_io::GuestIo;
 
 /// A guest's protection domain.
 #[derive(Debug)]
@@ -146,8 +146,8 @@ pub enum EventOwner {
 /// answered: nothing about it may reach the guest after the answer (spec §8). The caller holds
 /// the guest's state lock, which the event pumps take to queue an event, and has already
 /// forgotten the object, so no new event about it can be queued either.
-pub(crate) fn discard_events_of(ctx: &GuestContext, subject: Subject, handle: Handle) -> usize {
-    ctx.events().discard_where(|bytes| {
+pub(crate) fn discard_events_of(guest_io: &GuestIo, subject: Subject, handle: Handle) -> usize {
+    guest_io.events().discard_where(|bytes| {
         Event::decode(bytes)
             .is_ok_and(|e| e.event_type.subject() == subject && e.handle == handle.raw())
     })

@@ -20,7 +20,7 @@ use crate::host::{ContextGids, HostContext, HostDevice};
 use crate::identity::endpoints::TenantLink;
 use crate::identity::gid_view::GidView;
 use crate::vhost_device::event_queue::EventClass;
-use crate::vhost_device::guest_context::GuestContext;
+use crate::vhost_device::guest_io::GuestIo;
 
 /// The one port a guest sees (spec §4 `num_ports`); it stands for the host port of
 /// [`DeviceOptions::host_port`].
@@ -235,7 +235,7 @@ impl GuestShared {
     }
 
     /// Delivers the DEVICE_FATAL owed for an earlier discard (spec §11.1).
-    pub(crate) fn announce_discard(&self, ctx: &GuestContext, state: &mut GuestState) {
+    pub(crate) fn announce_discard(&self, guest_io: &GuestIo, state: &mut GuestState) {
         if !std::mem::take(&mut state.announce_discard) {
             return;
         }
@@ -244,7 +244,7 @@ impl GuestShared {
             handle: 0,
             detail: self.epoch(),
         };
-        if let Err(e) = ctx.events().push(&event.to_bytes(), EventClass::Async) {
+        if let Err(e) = guest_io.events().push(&event.to_bytes(), EventClass::Async) {
             warn!("guest {}: cannot queue DEVICE_FATAL: {e}", self.id);
         }
     }

@@ -23,7 +23,7 @@ use crate::guest::state::GuestState;
 use crate::host::cm::{CmAddresses, CmEvent, HostCm, PrivateData};
 use crate::resources::table::Handle;
 use crate::vhost_device::event_queue::EventClass;
-use crate::vhost_device::guest_context::GuestContext;
+use crate::vhost_device::guest_io::GuestIo;
 
 /// Index of the connection manager's fd in `watched_fds`.
 pub const CM_FD: usize = 3;
@@ -32,10 +32,10 @@ pub const CM_FD: usize = 3;
 const BATCH: usize = 64;
 
 /// Drains the host CM's events into the guest's pending events.
-pub(crate) fn cm_events(guest: &GuestShared, state: &Mutex<GuestState>, ctx: &GuestContext) {
+pub(crate) fn cm_events(guest: &GuestShared, state: &Mutex<GuestState>, guest_io: &GuestIo) {
     let Some(cm) = guest.cm() else { return };
     let mut state = state.lock();
-    guest.announce_discard(ctx, &mut state);
+    guest.announce_discard(guest_io, &mut state);
     for _ in 0..BATCH {
         let event = match cm.get_event() {
             Ok(Some(event)) => event,
@@ -59,19 +59,22 @@ pub(crate) fn cm_events(guest: &GuestShared, state: &Mutex<GuestState>, ctx: &Gu
                 event.id.0,
                 pending.id
             );
-            notify(guest, ctx, &pending, event.event);
+            notify(guest, guest_io, &pending, event.event);
             state.cm.pending.push_back(pending);
         }
     }
 }
 
-fn notify(guest: &GuestShared, ctx: &GuestContext, pending: &PendingCmEvent, event: u32) {
+fn notify(guest: &GuestShared, guest_io: &GuestIo, pending: &PendingCmEvent, event: u32) {
     let notice = Event {
         event_type: EventType::CmEvent,
         handle: pending.listener.unwrap_or(pending.id).raw(),
         detail: event,
     };
-    if let Err(e) = ctx.events().push(&notice.to_bytes(), EventClass::Async) {
+    if let Err(e) = guest_io
+        .events()
+        .push(&notice.to_bytes(), EventClass::Async)
+    {
         // The event itself still waits for CM_GET_EVENT; EVENTS_LOST tells the driver to ask.
         warn!("guest {}: cannot queue CM_EVENT: {e}", guest.id());
     }

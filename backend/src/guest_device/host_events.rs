@@ -19,7 +19,7 @@ use crate::guest::shared::GuestShared;
 use crate::guest::state::GuestState;
 use crate::host::{AsyncEvent, AsyncEventKind};
 use crate::vhost_device::event_queue::EventClass;
-use crate::vhost_device::guest_context::GuestContext;
+use crate::vhost_device::guest_io::GuestIo;
 
 /// Index of the completion channel in `watched_fds`.
 pub const COMP_CHANNEL_FD: usize = 0;
@@ -70,8 +70,8 @@ pub fn translate(kind: AsyncEventKind) -> Translation {
     }
 }
 
-fn push(guest: &GuestShared, ctx: &GuestContext, event: Event, class: EventClass) {
-    if let Err(e) = ctx.events().push(&event.to_bytes(), class) {
+fn push(guest: &GuestShared, guest_io: &GuestIo, event: Event, class: EventClass) {
+    if let Err(e) = guest_io.events().push(&event.to_bytes(), class) {
         warn!(
             "guest {}: cannot queue {:?}: {e}",
             guest.id(),
@@ -95,9 +95,9 @@ fn object_handle(state: &GuestState, user_handle: u64, event_type: EventType) ->
 /// Drains the completion channel into COMPLETION events; for a staged CQ (spec §9.8) the
 /// event first has the device copy the host's completions into the guest's ring, and reaches
 /// the guest only if it armed the CQ.
-pub(crate) fn completions(guest: &GuestShared, state: &Mutex<GuestState>, ctx: &GuestContext) {
+pub(crate) fn completions(guest: &GuestShared, state: &Mutex<GuestState>, guest_io: &GuestIo) {
     let mut state = state.lock();
-    guest.announce_discard(ctx, &mut state);
+    guest.announce_discard(guest_io, &mut state);
     for _ in 0..BATCH {
         let event = match guest.host().read_comp_event() {
             Ok(Some(event)) => event,
@@ -117,7 +117,7 @@ pub(crate) fn completions(guest: &GuestShared, state: &Mutex<GuestState>, ctx: &
         match object_handle(&state, event.cq_user_handle, EventType::Completion) {
             Some(handle) => push(
                 guest,
-                ctx,
+                guest_io,
                 Event {
                     event_type: EventType::Completion,
                     handle,
@@ -139,7 +139,7 @@ pub(crate) fn completions(guest: &GuestShared, state: &Mutex<GuestState>, ctx: &
 pub(crate) fn async_events(
     guest: &GuestShared,
     state: &Mutex<GuestState>,
-    ctx: &GuestContext,
+    guest_io: &GuestIo,
 ) -> bool {
     let mut fatal = false;
     {
@@ -153,7 +153,7 @@ pub(crate) fn async_events(
                     break;
                 }
             };
-            fatal |= deliver_async(guest, ctx, &mut state, event);
+            fatal |= deliver_async(guest, guest_io, &mut state, event);
         }
     }
     fatal
@@ -162,7 +162,7 @@ pub(crate) fn async_events(
 /// Queues the guest event of one host async event; returns true for a fatal device error.
 fn deliver_async(
     guest: &GuestShared,
-    ctx: &GuestContext,
+    guest_io: &GuestIo,
     state: &mut GuestState,
     event: AsyncEvent,
 ) -> bool {
@@ -188,7 +188,7 @@ fn deliver_async(
             }
             push(
                 guest,
-                ctx,
+                guest_io,
                 Event {
                     event_type,
                     handle,
@@ -205,7 +205,7 @@ fn deliver_async(
             if port != 0 {
                 push(
                     guest,
-                    ctx,
+                    guest_io,
                     Event {
                         event_type,
                         handle: port.into(),

@@ -52,7 +52,7 @@ use crate::identity::address_gid;
 use crate::identity::endpoints::{LocalEndpoints, TenantLink};
 use crate::identity::gid_view::GidView;
 use crate::memory::budget::{HostBudget, HostBudgetLimits};
-use crate::vhost_device::guest_context::GuestContext;
+use crate::vhost_device::guest_io::GuestIo;
 use crate::vhost_device::handler::{CommandRejection, DeviceHandler};
 use crate::vhost_device::shmem::{SHMEM_PAGE_SIZE, SLOT_COUNTING_FRONTEND_MAPPINGS};
 
@@ -317,7 +317,7 @@ impl GuestDevice {
     /// Decodes, checks and executes one request.
     fn run_command(
         &self,
-        ctx: &GuestContext,
+        guest_io: &GuestIo,
         request: &[u8],
         capacity: usize,
     ) -> (Option<vrdma_spec::Opcode>, CommandResult) {
@@ -326,12 +326,12 @@ impl GuestDevice {
             Err(e) => return (None, Err(e.into())),
         };
         let op = decoded.opcode();
-        (Some(op), self.run_decoded(ctx, &decoded, capacity))
+        (Some(op), self.run_decoded(guest_io, &decoded, capacity))
     }
 
     fn run_decoded(
         &self,
-        ctx: &GuestContext,
+        guest_io: &GuestIo,
         request: &ControlRequest<'_>,
         capacity: usize,
     ) -> CommandResult {
@@ -385,10 +385,10 @@ impl GuestDevice {
             } else {
                 usize::MAX
             });
-        self.shared.announce_discard(ctx, &mut state);
+        self.shared.announce_discard(guest_io, &mut state);
         let mut session = Session {
             guest: &self.shared,
-            ctx,
+            guest_io,
             state: &mut state,
             features,
         };
@@ -404,21 +404,21 @@ impl GuestDevice {
     }
 
     /// The host device failed: drop everything and refuse commands until reset (spec §11.2).
-    fn host_failed(&self, ctx: &GuestContext) {
+    fn host_failed(&self, guest_io: &GuestIo) {
         warn!(
             "guest {}: the host RDMA device reported a fatal error",
             self.id()
         );
         self.failed.store(true, Ordering::Release);
         let mut state = self.state.lock();
-        if !discard::discard_all(&self.shared, &mut state, Some(ctx), Epoch::Advanced) {
+        if !discard::discard_all(&self.shared, &mut state, Some(guest_io), Epoch::Advanced) {
             // Nothing was discarded, so the epoch did not move; the DEVICE_FATAL below must
             // still name a new one (a driver ignores one naming the epoch it opened at).
             self.shared.advance_epoch();
         }
         // Also announce when nothing existed: the device is unusable either way.
         state.announce_discard = true;
-        self.shared.announce_discard(ctx, &mut state);
+        self.shared.announce_discard(guest_io, &mut state);
     }
 }
 
@@ -496,7 +496,7 @@ impl DeviceHandler for GuestDevice {
 
     fn handle_command(
         &self,
-        ctx: &GuestContext,
+        guest_io: &GuestIo,
         request: &[u8],
         response_capacity: usize,
         response: &mut Vec<u8>,
@@ -507,7 +507,7 @@ impl DeviceHandler for GuestDevice {
                 .report(format_args!("response buffer of {response_capacity} bytes"));
             return;
         }
-        let (op, result) = self.run_command(ctx, request, response_capacity);
+        let (op, result) = self.run_command(guest_io, request, response_capacity);
         match result {
             Ok(body) => {
                 debug!("guest {}: {op:?}: OK", self.id());
@@ -522,18 +522,13 @@ impl DeviceHandler for GuestDevice {
         }
     }
 
-    fn reject_command(
-        &self,
-        _ctx: &GuestContext,
-        rejection: CommandRejection,
-        response: &mut Vec<u8>,
-    ) {
+    fn reject_command(&self, _ctx: &GuestIo, rejection: CommandRejection, response: &mut Vec<u8>) {
         self.faults
             .report(format_args!("command rejected: {rejection}"));
         ControlResponse::Err(StatusError::new(Status::Invalid)).encode_into(response);
     }
 
-    fn doorbell(&self, _ctx: &GuestContext, rung: &[u8]) {
+    fn doorbell(&self, _ctx: &GuestIo, rung: &[u8]) {
         if !rung.is_empty() {
             // The driver posts no doorbellq buffers (spec §5.3); their bytes mean nothing.
             debug!(
@@ -562,14 +557,14 @@ impl DeviceHandler for GuestDevice {
         fds
     }
 
-    fn fd_ready(&self, ctx: &GuestContext, index: usize) {
+    fn fd_ready(&self, guest_io: &GuestIo, index: usize) {
         match index {
             host_events::COMP_CHANNEL_FD => {
-                host_events::completions(&self.shared, &self.state, ctx)
+                host_events::completions(&self.shared, &self.state, guest_io)
             }
             host_events::ASYNC_FD => {
-                if host_events::async_events(&self.shared, &self.state, ctx) {
-                    self.host_failed(ctx);
+                if host_events::async_events(&self.shared, &self.state, guest_io) {
+                    self.host_failed(guest_io);
                 }
             }
             STAGING_RETRY_FD => {
@@ -581,7 +576,7 @@ impl DeviceHandler for GuestDevice {
                     .retry(self.shared.host());
                 self.staging_retry.after_retry(next);
             }
-            cm_events::CM_FD => cm_events::cm_events(&self.shared, &self.state, ctx),
+            cm_events::CM_FD => cm_events::cm_events(&self.shared, &self.state, guest_io),
             other => debug!("guest {}: no watched fd {other}", self.id()),
         }
     }
@@ -595,13 +590,13 @@ impl DeviceHandler for GuestDevice {
         notice.extend_from_slice(&event.to_bytes());
     }
 
-    fn memory_changed(&self, ctx: &GuestContext) {
+    fn memory_changed(&self, guest_io: &GuestIo) {
         let mut state = self.state.lock();
-        mr::revoke_unbacked(&self.shared, ctx, &mut state);
+        mr::revoke_unbacked(&self.shared, guest_io, &mut state);
         self.shared
             .doorbells()
             .lock()
-            .memory_changed(ctx.memory().into_inner());
+            .memory_changed(guest_io.memory().into_inner());
     }
 
     fn reset_requested(&self) {

@@ -4,13 +4,13 @@
 //! One [`DeviceHandler`] serves one guest connection. The plumbing owns the virtqueues and
 //! calls the handler with plain bytes: a control request, the bytes of a doorbell, "a watched
 //! fd is readable". What the handler may do to the guest in return goes through the
-//! [`GuestContext`]: read or write guest RAM, map host memory into the VIRTIO shared-memory
+//! [`GuestIo`]: read or write guest RAM, map host memory into the VIRTIO shared-memory
 //! region, queue events for the event queue.
 
 use std::fmt;
 use std::os::fd::RawFd;
 
-use super::guest_context::GuestContext;
+use super::guest_io::GuestIo;
 
 /// Why the plumbing did not pass a control request to [`DeviceHandler::handle_command`], or
 /// could not deliver the answer it produced.
@@ -84,7 +84,7 @@ pub trait DeviceHandler: Send + Sync + 'static {
     /// [`CommandRejection::ResponseTooSmall`].
     fn handle_command(
         &self,
-        ctx: &GuestContext,
+        guest_io: &GuestIo,
         request: &[u8],
         response_capacity: usize,
         response: &mut Vec<u8>,
@@ -95,7 +95,7 @@ pub trait DeviceHandler: Send + Sync + 'static {
     /// truncated to the writable length.
     fn reject_command(
         &self,
-        ctx: &GuestContext,
+        guest_io: &GuestIo,
         rejection: CommandRejection,
         response: &mut Vec<u8>,
     );
@@ -103,7 +103,7 @@ pub trait DeviceHandler: Send + Sync + 'static {
     /// The doorbell queue was notified. Called once per doorbell chain with its
     /// device-readable bytes (at most [`DeviceHandler::max_doorbell_size`]), or once with an
     /// empty slice when the notification came without any chain (doorbells read from memory).
-    fn doorbell(&self, ctx: &GuestContext, rung: &[u8]);
+    fn doorbell(&self, guest_io: &GuestIo, rung: &[u8]);
 
     /// File descriptors to watch while the connection lives, registered once when the
     /// connection starts. Each must stay open until [`DeviceHandler::reset`] and the drop of
@@ -114,8 +114,8 @@ pub trait DeviceHandler: Send + Sync + 'static {
 
     /// Watched fd number `index` (position in [`DeviceHandler::watched_fds`]) is readable.
     /// The handler must consume what made it readable (epoll is level-triggered) and may push
-    /// events with [`GuestContext::events`].
-    fn fd_ready(&self, _ctx: &GuestContext, _index: usize) {}
+    /// events with [`GuestIo::events`].
+    fn fd_ready(&self, _ctx: &GuestIo, _index: usize) {}
 
     /// `count` events were dropped since the last call because the guest posted no event
     /// buffers. The handler may write one event (at most [`MAX_EVENT_SIZE`](super::event_queue::MAX_EVENT_SIZE) bytes) telling the
@@ -123,8 +123,8 @@ pub trait DeviceHandler: Send + Sync + 'static {
     fn events_lost(&self, _count: u64, _notice: &mut Vec<u8>) {}
 
     /// Guest RAM regions were added or removed: anything that refers to guest RAM
-    /// (registered memory windows) must be checked against [`GuestContext::memory`].
-    fn memory_changed(&self, _ctx: &GuestContext) {}
+    /// (registered memory windows) must be checked against [`GuestIo::memory`].
+    fn memory_changed(&self, _ctx: &GuestIo) {}
 
     /// The driver reset the device: forget what it negotiated and move to the next
     /// configuration epoch now. Called at once, while the discard of [`DeviceHandler::reset`]

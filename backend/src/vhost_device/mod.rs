@@ -15,7 +15,7 @@
 //!   device's state and the serving of each queue; `vhost_user_backend.rs`: its
 //!   `VhostUserBackend` impl, what the daemon calls.
 //! - [`handler`]: the [`DeviceHandler`](handler::DeviceHandler) trait the device logic implements;
-//!   [`guest_context`], [`event_queue`], [`shmem`]: what the handler can reach of the guest.
+//!   [`guest_io`], [`event_queue`], [`shmem`]: what the handler can reach of the guest.
 //! - [`chain_layout`]: the descriptor order every chain must have (readable, then writable).
 //! - [`frontend_filter`]: what passes between the front-end and the daemon, keeping the
 //!   device's own mappings out of the guest memory table.
@@ -24,7 +24,7 @@ pub mod backend_channel;
 pub mod chain_layout;
 pub mod event_queue;
 pub mod frontend_filter;
-pub mod guest_context;
+pub mod guest_io;
 pub mod handler;
 pub(crate) mod message;
 pub mod shmem;

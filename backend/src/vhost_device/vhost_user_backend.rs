@@ -113,7 +113,7 @@ impl<H: DeviceHandler> VhostUserBackend for VhuVrdma<H> {
     fn update_memory(&self, _mem: AtomicGuestRam) -> io::Result<()> {
         // `_mem` is the GuestMemoryAtomic the context already holds; only the handler needs
         // to look at what changed.
-        self.handler.memory_changed(&self.ctx);
+        self.handler.memory_changed(&self.guest_io);
         Ok(())
     }
 
@@ -125,7 +125,7 @@ impl<H: DeviceHandler> VhostUserBackend for VhuVrdma<H> {
     }
 
     fn get_shmem_config(&self) -> io::Result<VhostUserShMemConfig> {
-        let size = self.ctx.shmem().size();
+        let size = self.guest_io.shmem().size();
         if size == 0 {
             return Ok(VhostUserShMemConfig::new(0, &[]));
         }
@@ -164,12 +164,12 @@ impl<H: DeviceHandler> VhostUserBackend for VhuVrdma<H> {
             (FAST_WORKER, EVENT_LOCAL) => self.deliver_events(&vrings[0]),
             (FAST_WORKER, DOORBELL_LOCAL) => self.serve_doorbellq(&vrings[1]),
             (FAST_WORKER, EVENTS_WAKE_TOKEN) => {
-                self.ctx.events().consume_wake();
+                self.guest_io.events().consume_wake();
                 self.deliver_events(&vrings[0]);
             }
             (FAST_WORKER, token) if token >= FIRST_WATCHED_TOKEN => {
                 self.handler
-                    .fd_ready(&self.ctx, usize::from(token - FIRST_WATCHED_TOKEN));
+                    .fd_ready(&self.guest_io, usize::from(token - FIRST_WATCHED_TOKEN));
                 self.deliver_events(&vrings[0]);
             }
             (thread, token) => debug!("ignoring event {token} on worker {thread}"),
@@ -181,7 +181,7 @@ impl<H: DeviceHandler> VhostUserBackend for VhuVrdma<H> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vhost_device::guest_context::GuestContext;
+    use crate::vhost_device::guest_io::GuestIo;
     use crate::vhost_device::handler::CommandRejection;
     use std::sync::atomic::AtomicU64;
     use std::sync::Arc;
@@ -206,9 +206,9 @@ mod tests {
         fn max_request_size(&self) -> usize {
             64
         }
-        fn handle_command(&self, _: &GuestContext, _: &[u8], _: usize, _: &mut Vec<u8>) {}
-        fn reject_command(&self, _: &GuestContext, _: CommandRejection, _: &mut Vec<u8>) {}
-        fn doorbell(&self, _: &GuestContext, _: &[u8]) {}
+        fn handle_command(&self, _: &GuestIo, _: &[u8], _: usize, _: &mut Vec<u8>) {}
+        fn reject_command(&self, _: &GuestIo, _: CommandRejection, _: &mut Vec<u8>) {}
+        fn doorbell(&self, _: &GuestIo, _: &[u8]) {}
         fn reset(&self) {
             self.resets.fetch_add(1, Ordering::Relaxed);
         }
@@ -311,13 +311,13 @@ mod tests {
         fn max_request_size(&self) -> usize {
             64
         }
-        fn handle_command(&self, _: &GuestContext, _: &[u8], _: usize, out: &mut Vec<u8>) {
+        fn handle_command(&self, _: &GuestIo, _: &[u8], _: usize, out: &mut Vec<u8>) {
             self.entered.send(()).unwrap();
             self.release.lock().recv().unwrap();
             out.extend_from_slice(&[0; 4]);
         }
-        fn reject_command(&self, _: &GuestContext, _: CommandRejection, _: &mut Vec<u8>) {}
-        fn doorbell(&self, _: &GuestContext, _: &[u8]) {}
+        fn reject_command(&self, _: &GuestIo, _: CommandRejection, _: &mut Vec<u8>) {}
+        fn doorbell(&self, _: &GuestIo, _: &[u8]) {}
         fn reset(&self) {
             self.resets.fetch_add(1, Ordering::Relaxed);
         }

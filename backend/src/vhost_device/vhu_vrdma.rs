@@ -19,7 +19,7 @@ use vrdma_spec::queue::NUM_QUEUES;
 
 use super::chain_layout::check_order;
 use super::event_queue::{Placement, DEFAULT_EVENT_CAPACITY};
-use super::guest_context::GuestContext;
+use super::guest_io::GuestIo;
 use super::handler::{CommandRejection, DeviceHandler};
 use crate::fault_log::FaultLog;
 use crate::memory::guest_ram::{AtomicGuestRam, MappedGuestRam};
@@ -49,7 +49,7 @@ pub type WorkerEpollHandler<H> = VringEpollHandler<Arc<VhuVrdma<H>>>;
 /// The vhost-user backend of one guest connection.
 pub struct VhuVrdma<H: DeviceHandler> {
     pub(super) handler: Arc<H>,
-    pub(super) ctx: GuestContext,
+    pub(super) guest_io: GuestIo,
     pub(super) event_idx: AtomicBool,
     pub(super) command: Mutex<CommandBuffers>,
     doorbell_bytes: Mutex<Vec<u8>>,
@@ -74,10 +74,10 @@ impl<H: DeviceHandler> VhuVrdma<H> {
     /// A backend serving `handler` over guest RAM `memory` (the same `GuestMemoryAtomic`
     /// must be given to `VhostUserDaemon::new`).
     pub fn new(handler: Arc<H>, memory: AtomicGuestRam) -> io::Result<Self> {
-        let ctx = GuestContext::new(memory, handler.shmem_size(), DEFAULT_EVENT_CAPACITY)?;
+        let guest_io = GuestIo::new(memory, handler.shmem_size(), DEFAULT_EVENT_CAPACITY)?;
         Ok(VhuVrdma {
             handler,
-            ctx,
+            guest_io,
             event_idx: AtomicBool::new(false),
             command: Mutex::new(CommandBuffers::default()),
             doorbell_bytes: Mutex::new(Vec::new()),
@@ -110,8 +110,8 @@ impl<H: DeviceHandler> VhuVrdma<H> {
     }
 
     /// What the handler can reach of the guest.
-    pub fn context(&self) -> &GuestContext {
-        &self.ctx
+    pub fn context(&self) -> &GuestIo {
+        &self.guest_io
     }
 
     /// Registers the event-queue wake-up fd and the handler's watched fds with the daemon's
@@ -124,7 +124,7 @@ impl<H: DeviceHandler> VhuVrdma<H> {
             )
         })?;
         worker.register_listener(
-            self.ctx.events().wake_fd(),
+            self.guest_io.events().wake_fd(),
             EventSet::IN,
             u64::from(EVENTS_WAKE_TOKEN),
         )?;
@@ -179,7 +179,7 @@ impl<H: DeviceHandler> VhuVrdma<H> {
     }
 
     fn discard_guest_state(&self) {
-        self.ctx.events().clear();
+        self.guest_io.events().clear();
         self.handler.reset();
     }
 
@@ -193,7 +193,7 @@ impl<H: DeviceHandler> VhuVrdma<H> {
             Some(0)
         });
         if chains == 0 {
-            self.handler.doorbell(&self.ctx, &[]);
+            self.handler.doorbell(&self.guest_io, &[]);
         }
     }
 
@@ -208,7 +208,7 @@ impl<H: DeviceHandler> VhuVrdma<H> {
         name: &str,
         mut serve: impl FnMut(&MemoryGuard, Chain) -> Option<u32>,
     ) {
-        let mem = self.ctx.memory();
+        let mem = self.guest_io.memory();
         loop {
             if self.event_idx() {
                 if let Err(e) = vring.disable_notification() {
@@ -312,7 +312,7 @@ impl<H: DeviceHandler> VhuVrdma<H> {
                 "controlq chain {head}: request of {len} bytes over {max}"
             ));
             self.handler.reject_command(
-                &self.ctx,
+                &self.guest_io,
                 CommandRejection::RequestTooLarge { len, max },
                 response,
             );
@@ -325,12 +325,12 @@ impl<H: DeviceHandler> VhuVrdma<H> {
                 return 0;
             }
             self.handler
-                .handle_command(&self.ctx, request, capacity, response);
+                .handle_command(&self.guest_io, request, capacity, response);
             if response.len() > capacity {
                 let needed = response.len();
                 response.clear();
                 self.handler.reject_command(
-                    &self.ctx,
+                    &self.guest_io,
                     CommandRejection::ResponseTooSmall { needed, capacity },
                     response,
                 );
@@ -384,17 +384,17 @@ impl<H: DeviceHandler> VhuVrdma<H> {
                 .report(format_args!("doorbellq chain {head}: read failed: {e}"));
             return;
         }
-        self.handler.doorbell(&self.ctx, &bytes);
+        self.handler.doorbell(&self.guest_io, &bytes);
     }
 
     /// Moves queued events into event buffers while both exist.
     pub(super) fn deliver_events(&self, vring: &Vring) {
-        let events = self.ctx.events();
+        let events = self.guest_io.events();
         events.announce_losses(|count, notice| self.handler.events_lost(count, notice));
         if events.is_empty() {
             return;
         }
-        let mem = self.ctx.memory();
+        let mem = self.guest_io.memory();
         loop {
             let used = events.deliver(|event| self.place_event(vring, &mem, event));
             if used {

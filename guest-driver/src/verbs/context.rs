@@ -43,7 +43,7 @@ pub struct Context {
 pub(crate) struct ContextInner {
     // Declared (so dropped) first: when this is the last reference to the transport, closing
     // it ends the device's use of the doorbell area before the area's memory is freed.
-    channel: CommandChannel,
+    channel: CommandSender,
     config: DeviceConfig,
     features: u64,
     device_attr: DeviceAttr,
@@ -54,7 +54,7 @@ pub(crate) struct ContextInner {
 }
 
 /// The transport, and the control commands sent over it.
-struct CommandChannel {
+struct CommandSender {
     transport: Arc<dyn Transport>,
     buffers: Mutex<CommandBuffers>,
 }
@@ -96,7 +96,7 @@ impl Context {
             }
             .into());
         }
-        let channel = CommandChannel {
+        let channel = CommandSender {
             transport,
             buffers: Mutex::new(CommandBuffers::default()),
         };
@@ -348,7 +348,7 @@ impl Context {
     }
 }
 
-impl CommandChannel {
+impl CommandSender {
     /// Executes one control command and returns the body of its success response.
     fn execute(&self, request: &ControlRequest<'_>) -> Result<ResponseBody> {
         let opcode = request.opcode();
@@ -436,7 +436,7 @@ impl ContextInner {
         self.execute(request).map(drop)
     }
 
-    /// Executes independent commands in one batch (see [`CommandChannel::execute_batch`]).
+    /// Executes independent commands in one batch (see [`CommandSender::execute_batch`]).
     pub(crate) fn execute_batch(
         &self,
         requests: &[ControlRequest<'_>],

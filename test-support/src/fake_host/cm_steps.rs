@@ -180,7 +180,7 @@ fn cm_fd(guest: &TestGuest) -> RawFd {
 pub fn next_cm_event(guest: &TestGuest) -> CmEventResp {
     let deadline = Instant::now() + CM_EVENT_LIMIT;
     loop {
-        guest.dev().fd_ready(guest.ctx(), CM_FD);
+        guest.dev().fd_ready(guest.guest_io(), CM_FD);
         let e = get_event(guest);
         if e.event.get() != CM_EVENT_NONE {
             return e;

@@ -10,7 +10,7 @@ use vrdma_backend::guest_device::{GuestDevice, GuestDeviceFactory};
 use vrdma_backend::identity::endpoints::LocalEndpoints;
 use vrdma_backend::memory::budget::{HostBudget, HostBudgetLimits};
 use vrdma_backend::resources::quotas::Quotas;
-use vrdma_backend::vhost_device::guest_context::GuestContext;
+use vrdma_backend::vhost_device::guest_io::GuestIo;
 use vrdma_backend::vhost_device::handler::{CommandRejection, DeviceHandler};
 use vrdma_backend::vhost_device::VhuVrdma;
 use vrdma_spec::config::DeviceConfig;
@@ -114,7 +114,7 @@ impl TestGuest {
     }
 
     /// What the device reaches of the guest.
-    pub fn ctx(&self) -> &GuestContext {
+    pub fn guest_io(&self) -> &GuestIo {
         self.backend.context()
     }
 
@@ -127,10 +127,10 @@ impl TestGuest {
                 max: self.dev().max_request_size(),
             };
             self.dev()
-                .reject_command(self.ctx(), rejection, &mut response);
+                .reject_command(self.guest_io(), rejection, &mut response);
         } else {
             self.dev()
-                .handle_command(self.ctx(), request, capacity, &mut response);
+                .handle_command(self.guest_io(), request, capacity, &mut response);
         }
         assert!(response.len() <= capacity.max(HEADER_SIZE));
         response
@@ -202,7 +202,7 @@ impl TestGuest {
             .unwrap();
         *tail += 1;
         memory.write_obj(*tail, word(TAIL_WORD)).unwrap();
-        self.dev().doorbell(self.ctx(), &[]);
+        self.dev().doorbell(self.guest_io(), &[]);
     }
 
     /// CREATE_QP; the response or the failure status.

@@ -133,7 +133,7 @@ impl Slot {
         } else {
             r.bytes(64)
         };
-        self.guest.dev().doorbell(self.guest.ctx(), &chain);
+        self.guest.dev().doorbell(self.guest.guest_io(), &chain);
     }
 
     /// Rings doorbell slot `index` in the doorbell area as a driver does: the slot's pending
@@ -220,7 +220,7 @@ impl Slot {
                 .comp_events
                 .push_back(CompEvent { cq_user_handle });
             let guest = &self.guest;
-            guest.dev().fd_ready(guest.ctx(), 0);
+            guest.dev().fd_ready(guest.guest_io(), 0);
         } else {
             use AsyncEventKind::*;
             let kind = r.pick(&[
@@ -260,7 +260,7 @@ impl Slot {
                 .async_events
                 .push_back(AsyncEvent { kind, element });
             let guest = &self.guest;
-            guest.dev().fd_ready(guest.ctx(), 1);
+            guest.dev().fd_ready(guest.guest_io(), 1);
             if kind == DeviceFatal {
                 check_released(fake, context);
                 check_cm_released(fake, self.cm_file);
@@ -268,7 +268,9 @@ impl Slot {
         }
         if r.chance(5) {
             let guest = &self.guest;
-            guest.dev().fd_ready(guest.ctx(), 2 + r.below(4) as usize);
+            guest
+                .dev()
+                .fd_ready(guest.guest_io(), 2 + r.below(4) as usize);
         }
     }
 
@@ -293,6 +295,6 @@ impl Slot {
         )])
         .expect("guest memory");
         guest.memory.lock().expect("memory lock").replace(memory);
-        guest.dev().memory_changed(guest.ctx());
+        guest.dev().memory_changed(guest.guest_io());
     }
 }

@@ -132,7 +132,7 @@ impl Slot {
             &producer.to_le_bytes(),
         );
         self.ring(qp.doorbell_index);
-        self.guest.dev().doorbell(self.guest.ctx(), &[]);
+        self.guest.dev().doorbell(self.guest.guest_io(), &[]);
     }
 }
 

@@ -193,7 +193,7 @@ impl Sequence {
     /// Runs guest `g`'s CM event pump, as its worker does when the host CM's fd is readable.
     pub(super) fn pump(&self, g: usize) {
         let guest = &self.slots[g].guest;
-        guest.dev().fd_ready(guest.ctx(), CM_FD);
+        guest.dev().fd_ready(guest.guest_io(), CM_FD);
     }
 
     /// Up to `max` CM_GET_EVENTs of guest `g`, until one answers that nothing is pending.

@@ -10,19 +10,19 @@ use super::shmem::ShmemMapper;
 use crate::memory::guest_ram::{AtomicGuestRam, MappedGuestRam};
 
 /// What a handler can reach of its guest.
-pub struct GuestContext {
+pub struct GuestIo {
     memory: AtomicGuestRam,
     shmem: ShmemMapper,
     events: EventQueue,
 }
 
-impl GuestContext {
+impl GuestIo {
     pub(crate) fn new(
         memory: AtomicGuestRam,
         shmem_size: u64,
         event_capacity: usize,
     ) -> io::Result<Self> {
-        Ok(GuestContext {
+        Ok(GuestIo {
             memory,
             shmem: ShmemMapper::new(shmem_size),
             events: EventQueue::new(event_capacity)?,
