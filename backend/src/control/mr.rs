@@ -177,7 +177,7 @@ pub(super) fn check_mr_bytes(
 /// guest's RAM (`BAD_ADDRESS`), the window's mappings are within `max_mr_mappings` (`INVALID`),
 /// and its mappings and the guest bytes it pins newly fit the guest's quota and the daemon's
 /// budget (`QUOTA`). Nothing is mapped before the checks pass; what the window takes from the
-/// budgets goes back with [`unmap_window`] (or [`forget_live`]).
+/// budgets goes back with [`GuestState::unmap_window`] (or [`forget_live`]).
 pub(super) fn map_window(
     s: &mut Session<'_>,
     request: &MrExtents<'_>,
@@ -196,13 +196,6 @@ pub(super) fn map_window(
         s.state.memory.release_plan(&plan);
         e.into()
     })
-}
-
-/// Unmaps a window that was never registered (or whose MR is deregistered) and gives back
-/// what it took from the budgets.
-pub(super) fn unmap_window(state: &mut GuestState, window: MrWindow) {
-    state.memory.release(&window);
-    drop(window);
 }
 
 /// The access flags to register with the host: relaxed ordering is a hint the spec lets the
@@ -225,13 +218,13 @@ pub(crate) fn dereg_mr(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
     if let Some(live) = entry.live {
         forget_live(s.state, entry.pd, entry.bytes);
         // Unmaps the window, now that the host no longer uses it.
-        unmap_window(s.state, live.window);
+        s.state.unmap_window(live.window);
     }
     Ok(ResponseBody::Empty)
 }
 
 /// Gives back the byte quota and PD reference of an MR that was live (its window's budget goes
-/// back with [`unmap_window`]).
+/// back with [`GuestState::unmap_window`]).
 pub(super) fn forget_live(state: &mut GuestState, pd: Handle, bytes: u64) {
     state.mr_bytes = state.mr_bytes.saturating_sub(bytes);
     if let Err(e) = state.pds.release(pd) {
@@ -270,7 +263,7 @@ pub(super) fn deregister(
         state.lingering_mrs.push((handle, live));
         return;
     }
-    unmap_window(state, live.window);
+    state.unmap_window(live.window);
 }
 
 /// Tries again to deregister the host MRs whose deregistration failed; those that fail again

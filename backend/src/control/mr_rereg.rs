@@ -10,7 +10,6 @@ use vrdma_spec::{Le32, ResponseBody};
 use super::error::CommandError;
 use super::mr::{
     check_mr_bytes, deregister, host_access, map_window, max_mr_size, mr_bytes, page_list_extents,
-    unmap_window,
 };
 use super::session::{at_most, host_err, CommandResult, Session};
 use crate::guest::objects::LiveMr;
@@ -73,7 +72,7 @@ pub(crate) fn rereg_mr(s: &mut Session<'_>, m: &ReregMr<'_>) -> CommandResult {
         let host = match s.host().reg_mr(&init) {
             Ok(host) => host,
             Err(e) => {
-                unmap_window(s.state, window);
+                s.state.unmap_window(window);
                 return Err(host_err("REREG_MR (new translation)")(e));
             }
         };
@@ -139,7 +138,7 @@ pub(crate) fn rereg_mr(s: &mut Session<'_>, m: &ReregMr<'_>) -> CommandResult {
         (None, None) => None,
     };
     if let Some(old_window) = old_window {
-        unmap_window(s.state, old_window);
+        s.state.unmap_window(old_window);
     }
     debug!(
         "MR {handle} re-registered (flags {:#x}): lkey {:#x}, rkey {:#x}",

@@ -285,18 +285,6 @@ fn map_rings(
     Ok((sq, rq, [staged_sq, staged_rq]))
 }
 
-fn unmap_rings(
-    guest_io: Option<&GuestIo>,
-    shm: &mut ShmAllocator,
-    sq: &MappedRing,
-    rq: Option<&MappedRing>,
-) {
-    match rq {
-        Some(rq) => rings::unmap_rings(guest_io, shm, &[sq, rq]),
-        None => rings::unmap_ring(guest_io, shm, sq),
-    }
-}
-
 /// What MODIFY_QP needs of the host QP as it is now, in one QUERY_QP: its state (it moves to
 /// SQE/ERR on its own) and, for the reach check of a connected QP, its paths and destination.
 fn current_attr(s: &Session<'_>, host: QpHandle) -> Result<(QpState, QpAttr), CommandError> {
@@ -499,7 +487,7 @@ pub(crate) fn destroy_qp(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
     s.state.cm.forget_qp(handle);
     s.state.owners.remove(&entry.user_handle);
     discard_events_of(s.guest_io, Subject::Qp, handle);
-    unmap_rings(
+    rings::unmap_queue_rings(
         Some(s.guest_io),
         &mut s.state.shm,
         &entry.sq,
@@ -521,5 +509,5 @@ pub(crate) fn release(
     if let Err(e) = host.destroy_qp(entry.host) {
         warn!("destroying QP {handle} (host {}) failed: {e}", entry.host);
     }
-    unmap_rings(guest_io, shm, &entry.sq, entry.rq.as_ref());
+    rings::unmap_queue_rings(guest_io, shm, &entry.sq, entry.rq.as_ref());
 }

@@ -197,6 +197,19 @@ pub(crate) fn unmap_ring(guest_io: Option<&GuestIo>, shm: &mut ShmAllocator, rin
     unmap_rings(guest_io, shm, &[ring]);
 }
 
+/// [`unmap_rings`] of a ring and, if there is one, a second (a QP's send and receive queues).
+pub(crate) fn unmap_queue_rings(
+    guest_io: Option<&GuestIo>,
+    shm: &mut ShmAllocator,
+    first: &MappedRing,
+    second: Option<&MappedRing>,
+) {
+    match second {
+        Some(second) => unmap_rings(guest_io, shm, &[first, second]),
+        None => unmap_ring(guest_io, shm, first),
+    }
+}
+
 /// [`unmap_ring`] for several rings (a QP's send and receive queues), with one wait for the
 /// frontend's answers to all of their unmaps.
 pub(crate) fn unmap_rings(

@@ -111,13 +111,16 @@ impl<'s, 'a> Unwind<'s, 'a> {
                 .destroy_ah(ah)
                 .map_err(|e| format!("host AH {ah}: {e}")),
             Undo::Rings(first, second) => {
-                let rings: Vec<&MappedRing> = std::iter::once(&first).chain(&second).collect();
-                rings::unmap_rings(Some(s.guest_io), &mut s.state.shm, &rings);
+                rings::unmap_queue_rings(
+                    Some(s.guest_io),
+                    &mut s.state.shm,
+                    &first,
+                    second.as_ref(),
+                );
                 Ok(())
             }
             Undo::Window(window) => {
-                s.state.memory.release(&window);
-                drop(window);
+                s.state.unmap_window(window);
                 Ok(())
             }
         };

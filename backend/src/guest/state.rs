@@ -12,6 +12,7 @@ use super::options::{DeviceOptions, GuestError};
 use crate::datapath::staging::cq_copy::StagedCq;
 use crate::host::PdHandle;
 use crate::memory::budget::{HostBudget, MemoryAccount};
+use crate::memory::mr_window::MrWindow;
 use crate::memory::populated::PopulatedRam;
 use crate::memory::queue_region::ShmAllocator;
 use crate::resources::kind::ResourceKind;
@@ -53,6 +54,13 @@ pub(crate) struct GuestState {
 }
 
 impl GuestState {
+    /// Unmaps a window that was never registered (or whose MR is deregistered) and gives back
+    /// what it took from the budgets.
+    pub(crate) fn unmap_window(&mut self, window: MrWindow) {
+        self.memory.release(&window);
+        drop(window);
+    }
+
     /// The staged CQ the host names by `user_handle` in its events, if that is one.
     pub(crate) fn staged_cq(&mut self, user_handle: u64) -> Option<&mut StagedCq> {
         let Some(EventOwner::Cq(cq)) = self.owners.get(&user_handle).copied() else {
