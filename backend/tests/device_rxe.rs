@@ -140,13 +140,13 @@ impl<Q> Ring<Q> {
     /// Maps `buffer`, which holds `depth` entries of `entry_bytes` (what the host reported), and
     /// wraps it with `wrap`.
     fn new(
-        guest_io: &dyn HostContext,
+        ctx: &dyn HostContext,
         buffer: QueueBuffer,
         depth: u32,
         entry_bytes: usize,
         wrap: impl FnOnce(RxeQueue) -> Result<Q, GeometryError>,
     ) -> Ring<Q> {
-        let map = Mapping::map_queue(guest_io.queue_fd(), buffer).expect("first mmap of a queue");
+        let map = Mapping::map_queue(ctx.queue_fd(), buffer).expect("first mmap of a queue");
         // The backend's derivation (control::rings), which the guest receives in its RingDesc.
         let num_slots = depth + 1;
         let geometry = slot_geometry(buffer.len as u64, num_slots, entry_bytes)
@@ -194,10 +194,10 @@ impl Ring<SendQueue> {
     }
 }
 
-fn send_ring(guest_io: &dyn HostContext, qp: &Qp, qp_type: QpType) -> Ring<SendQueue> {
+fn send_ring(ctx: &dyn HostContext, qp: &Qp, qp_type: QpType) -> Ring<SendQueue> {
     let caps = qp.caps;
     let entry = send_wqe_size(caps.max_send_sge, caps.max_inline_data);
-    Ring::new(guest_io, qp.sq, caps.max_send_wr, entry, |queue| {
+    Ring::new(ctx, qp.sq, caps.max_send_wr, entry, |queue| {
         SendQueue::new(
             queue,
             SendQueueCaps {
@@ -209,13 +209,8 @@ fn send_ring(guest_io: &dyn HostContext, qp: &Qp, qp_type: QpType) -> Ring<SendQ
     })
 }
 
-fn recv_ring(
-    guest_io: &dyn HostContext,
-    buffer: QueueBuffer,
-    depth: u32,
-    sge: u32,
-) -> Ring<RecvQueue> {
-    Ring::new(guest_io, buffer, depth, recv_wqe_size(sge), |queue| {
+fn recv_ring(ctx: &dyn HostContext, buffer: QueueBuffer, depth: u32, sge: u32) -> Ring<RecvQueue> {
+    Ring::new(ctx, buffer, depth, recv_wqe_size(sge), |queue| {
         RecvQueue::new(queue, sge)
     })
 }
@@ -239,9 +234,8 @@ fn rdma_resources() -> BTreeMap<String, u64> {
         .collect()
 }
 
-fn modify(guest_io: &dyn HostContext, qp: QpHandle, attr: QpAttr, mask: QpAttrMask) {
-    guest_io
-        .modify_qp(qp, &attr, mask)
+fn modify(ctx: &dyn HostContext, qp: QpHandle, attr: QpAttr, mask: QpAttrMask) {
+    ctx.modify_qp(qp, &attr, mask)
         .unwrap_or_else(|e| panic!("modify_qp to {:?}: {e}", attr.qp_state()));
 }
 
@@ -257,11 +251,11 @@ fn loopback_path(gid: [u8; 16]) -> AhAttr {
         .with_port_num(1)
 }
 
-fn connect_rc(guest_io: &dyn HostContext, qp: QpHandle, remote_qpn: u32, gid: [u8; 16], mtu: u8) {
+fn connect_rc(ctx: &dyn HostContext, qp: QpHandle, remote_qpn: u32, gid: [u8; 16], mtu: u8) {
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let mtu = Mtu::try_from(u32::from(mtu)).expect("rxe reports a defined MTU");
     modify(
-        guest_io,
+        ctx,
         qp,
         QpAttr::default()
             .with_qp_state(QpState::Init)
@@ -271,7 +265,7 @@ fn connect_rc(guest_io: &dyn HostContext, qp: QpHandle, remote_qpn: u32, gid: [u
         QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
     );
     modify(
-        guest_io,
+        ctx,
         qp,
         QpAttr::default()
             .with_qp_state(QpState::Rtr)
@@ -290,7 +284,7 @@ fn connect_rc(guest_io: &dyn HostContext, qp: QpHandle, remote_qpn: u32, gid: [u
             | QpAttrMask::MIN_RNR_TIMER,
     );
     modify(
-        guest_io,
+        ctx,
         qp,
         QpAttr::default()
             .with_qp_state(QpState::Rts)
@@ -308,9 +302,9 @@ fn connect_rc(guest_io: &dyn HostContext, qp: QpHandle, remote_qpn: u32, gid: [u
     );
 }
 
-fn activate_ud(guest_io: &dyn HostContext, qp: QpHandle) {
+fn activate_ud(ctx: &dyn HostContext, qp: QpHandle) {
     modify(
-        guest_io,
+        ctx,
         qp,
         QpAttr::default()
             .with_qp_state(QpState::Init)
@@ -319,13 +313,13 @@ fn activate_ud(guest_io: &dyn HostContext, qp: QpHandle) {
         QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
     );
     modify(
-        guest_io,
+        ctx,
         qp,
         QpAttr::default().with_qp_state(QpState::Rtr),
         QpAttrMask::STATE,
     );
     modify(
-        guest_io,
+        ctx,
         qp,
         QpAttr::default()
             .with_qp_state(QpState::Rts)
@@ -334,10 +328,10 @@ fn activate_ud(guest_io: &dyn HostContext, qp: QpHandle) {
     );
 }
 
-fn wait_comp_event(guest_io: &dyn HostContext) -> CompEvent {
+fn wait_comp_event(ctx: &dyn HostContext) -> CompEvent {
     let start = Instant::now();
     loop {
-        if let Some(event) = guest_io.read_comp_event().unwrap() {
+        if let Some(event) = ctx.read_comp_event().unwrap() {
             return event;
         }
         assert!(start.elapsed() < POLL_LIMIT, "no completion event");
@@ -376,25 +370,25 @@ fn rxe_host_path_end_to_end() {
     let gid = gid0.gid;
 
     let boxed = device.open_context().unwrap();
-    let guest_io: &dyn HostContext = boxed.as_ref();
-    let attr = guest_io.query_device().unwrap();
+    let ctx: &dyn HostContext = boxed.as_ref();
+    let attr = ctx.query_device().unwrap();
     println!("device attr: {attr:?}");
     assert_eq!(attr.vendor_id, 0xff_ffff);
     assert_eq!(attr.phys_port_cnt, 1);
     assert!(attr.max_qp > 0 && attr.max_qp_wr > 0 && attr.max_cqe > 0);
-    let port = guest_io.query_port(1).unwrap();
+    let port = ctx.query_port(1).unwrap();
     println!("port attr: {port:?}");
     assert_eq!(port.state, 4, "ACTIVE");
     assert_eq!(port.link_layer, 2, "Ethernet");
     assert!(port.gid_tbl_len as usize > gids.len() - 1);
-    assert!(guest_io.query_port(2).is_err(), "rxe has one port");
-    assert!(guest_io.num_comp_vectors() >= 1);
+    assert!(ctx.query_port(2).is_err(), "rxe has one port");
+    assert!(ctx.num_comp_vectors() >= 1);
 
-    let pd = guest_io.alloc_pd().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
     // One buffer: source page, then destination page; registered at an iova unrelated to its
     // address in this process, as the backend registers guest memory.
     let buf = Mapping::anonymous(2 * PAGE);
-    let mr = guest_io
+    let mr = ctx
         .reg_mr(&MrInit {
             pd,
             start: buf.addr(),
@@ -405,7 +399,7 @@ fn rxe_host_path_end_to_end() {
         .unwrap();
     println!("mr: {mr:?}");
 
-    let cq = guest_io
+    let cq = ctx
         .create_cq(&CqInit {
             cqe: 15,
             comp_vector: 0,
@@ -432,12 +426,12 @@ fn rxe_host_path_end_to_end() {
         sq_sig_all: false,
         user_handle,
     };
-    let rc_a = guest_io.create_qp(&qp_init(QpType::Rc, 1)).unwrap();
-    let rc_b = guest_io.create_qp(&qp_init(QpType::Rc, 2)).unwrap();
-    let ud = guest_io.create_qp(&qp_init(QpType::Ud, 3)).unwrap();
+    let rc_a = ctx.create_qp(&qp_init(QpType::Rc, 1)).unwrap();
+    let rc_b = ctx.create_qp(&qp_init(QpType::Rc, 2)).unwrap();
+    let ud = ctx.create_qp(&qp_init(QpType::Ud, 3)).unwrap();
     println!("qps: {rc_a:?}\n     {rc_b:?}\n     {ud:?}");
     assert!(rc_a.caps.max_send_wr >= 8 && rc_a.rq.is_some());
-    let srq = guest_io
+    let srq = ctx
         .create_srq(&SrqInit {
             pd,
             max_wr: 16,
@@ -447,7 +441,7 @@ fn rxe_host_path_end_to_end() {
         })
         .unwrap();
     println!("srq: {srq:?}");
-    let ah = guest_io
+    let ah = ctx
         .create_ah(&AhInit {
             pd,
             attr: loopback_path(gid),
@@ -463,32 +457,32 @@ fn rxe_host_path_end_to_end() {
     assert_eq!(during["pd"], before["pd"] + 1);
     assert_eq!(during["mr"], before["mr"] + 1);
     assert_eq!(during["srq"], before["srq"] + 1);
-    assert_eq!(during["guest_io"], before["guest_io"] + 1);
+    assert_eq!(during["ctx"], before["ctx"] + 1);
 
     // Map every queue once, as the frontend does, and wrap it as the guest does: the provider
     // checks the real rxe header against the geometry the backend derives.
     let mut cq_ring = Ring::new(
-        guest_io,
+        ctx,
         cq.buffer,
         cq.cqe,
         rxe_v1::CQE_SIZE,
         CompletionQueue::new,
     );
-    let mut sq_a = send_ring(guest_io, &rc_a, QpType::Rc);
+    let mut sq_a = send_ring(ctx, &rc_a, QpType::Rc);
     let rq_a = recv_ring(
-        guest_io,
+        ctx,
         rc_a.rq.unwrap(),
         rc_a.caps.max_recv_wr,
         rc_a.caps.max_recv_sge,
     );
-    let mut ud_sq = send_ring(guest_io, &ud, QpType::Ud);
+    let mut ud_sq = send_ring(ctx, &ud, QpType::Ud);
     let mut ud_rq = recv_ring(
-        guest_io,
+        ctx,
         ud.rq.unwrap(),
         ud.caps.max_recv_wr,
         ud.caps.max_recv_sge,
     );
-    let srq_ring = recv_ring(guest_io, srq.buffer, srq.max_wr, srq.max_sge);
+    let srq_ring = recv_ring(ctx, srq.buffer, srq.max_wr, srq.max_sge);
     assert!(cq_ring.queue.capacity() >= cq.cqe);
     assert!(sq_a.queue.capacity() >= rc_a.caps.max_send_wr);
     assert!(srq_ring.queue.capacity() >= srq.max_wr);
@@ -496,27 +490,24 @@ fn rxe_host_path_end_to_end() {
         "cq ring: {:?}; rc sq: {:?}; rc rq: {:?}; srq: {:?}",
         cq_ring.geometry, sq_a.geometry, rq_a.geometry, srq_ring.geometry
     );
-    let again = Mapping::map_queue(guest_io.queue_fd(), cq.buffer);
+    let again = Mapping::map_queue(ctx.queue_fd(), cq.buffer);
     println!("second mmap of the CQ buffer: {:?}", again.as_ref().err());
     assert!(again.is_err(), "rxe queue buffers map only once");
 
-    guest_io
-        .modify_srq(
-            srq.handle,
-            &SrqModify {
-                max_wr: None,
-                srq_limit: Some(4),
-            },
-        )
-        .unwrap();
+    ctx.modify_srq(
+        srq.handle,
+        &SrqModify {
+            max_wr: None,
+            srq_limit: Some(4),
+        },
+    )
+    .unwrap();
 
     // RDMA WRITE from rc_a (source page) to rc_b (destination page) over rxe0 loopback.
     let mtu = port.active_mtu;
-    connect_rc(guest_io, rc_a.handle, rc_b.qpn, gid, mtu);
-    connect_rc(guest_io, rc_b.handle, rc_a.qpn, gid, mtu);
-    let info = guest_io
-        .query_qp(rc_a.handle, QpAttrMask::LEGACY_ALL)
-        .unwrap();
+    connect_rc(ctx, rc_a.handle, rc_b.qpn, gid, mtu);
+    connect_rc(ctx, rc_b.handle, rc_a.qpn, gid, mtu);
+    let info = ctx.query_qp(rc_a.handle, QpAttrMask::LEGACY_ALL).unwrap();
     println!("query_qp(rc_a): {info:?}");
     assert_eq!(info.attr.qp_state(), Ok(QpState::Rts));
     assert_eq!(info.attr.dest_qp_num.get(), rc_b.qpn);
@@ -525,7 +516,7 @@ fn rxe_host_path_end_to_end() {
 
     let payload: Vec<u8> = (0..256u32).map(|i| (i * 7 + 3) as u8).collect();
     buf.write(0, &payload);
-    guest_io.req_notify_cq(cq.handle, false).unwrap();
+    ctx.req_notify_cq(cq.handle, false).unwrap();
     let src = [Sge {
         addr: IOVA,
         length: payload.len() as u32,
@@ -540,7 +531,7 @@ fn rxe_host_path_end_to_end() {
         rkey: mr.rkey,
         ..Default::default()
     });
-    guest_io.kick_send(rc_a.handle).unwrap();
+    ctx.kick_send(rc_a.handle).unwrap();
     let wc = cq_ring.poll_one();
     println!("rdma write completion: {wc:?}");
     assert_eq!(wc.status, WcStatus::Success);
@@ -548,12 +539,12 @@ fn rxe_host_path_end_to_end() {
     assert_eq!(wc.wr_id, 0x1234);
     assert_eq!(wc.qp_num, rc_a.qpn);
     assert_eq!(buf.read(PAGE, payload.len()), payload, "data arrived");
-    let event = wait_comp_event(guest_io);
+    let event = wait_comp_event(ctx);
     println!("completion event: {event:?}");
     assert_eq!(event.cq_user_handle, 0xc0ffee);
 
     // UD SEND from the UD QP to itself through the AH's ah_num.
-    activate_ud(guest_io, ud.handle);
+    activate_ud(ctx, ud.handle);
     let recv_at = IOVA + PAGE as u64 + 1024;
     let recv_sge = [Sge {
         addr: recv_at,
@@ -588,7 +579,7 @@ fn rxe_host_path_end_to_end() {
         }),
         ..Default::default()
     });
-    guest_io.kick_send(ud.handle).unwrap();
+    ctx.kick_send(ud.handle).unwrap();
     let mut wcs = [cq_ring.poll_one(), cq_ring.poll_one()];
     wcs.sort_by_key(|w| w.wr_id);
     println!("ud completions: {wcs:?}");
@@ -607,22 +598,22 @@ fn rxe_host_path_end_to_end() {
         payload[..64],
         "UD payload after the GRH"
     );
-    while let Some(event) = guest_io.read_async_event().unwrap() {
+    while let Some(event) = ctx.read_async_event().unwrap() {
         println!("async event: {event:?}");
     }
 
     // Tear down explicitly; the context drop then has nothing left to destroy.
     drop((cq_ring, sq_a, rq_a, ud_sq, ud_rq, srq_ring));
-    guest_io.destroy_ah(ah.handle).unwrap();
-    guest_io.destroy_qp(rc_a.handle).unwrap();
-    guest_io.destroy_qp(rc_b.handle).unwrap();
-    guest_io.destroy_qp(ud.handle).unwrap();
-    guest_io.destroy_srq(srq.handle).unwrap();
-    guest_io.destroy_cq(cq.handle).unwrap();
-    guest_io.dereg_mr(mr.handle).unwrap();
-    guest_io.dealloc_pd(pd).unwrap();
+    ctx.destroy_ah(ah.handle).unwrap();
+    ctx.destroy_qp(rc_a.handle).unwrap();
+    ctx.destroy_qp(rc_b.handle).unwrap();
+    ctx.destroy_qp(ud.handle).unwrap();
+    ctx.destroy_srq(srq.handle).unwrap();
+    ctx.destroy_cq(cq.handle).unwrap();
+    ctx.dereg_mr(mr.handle).unwrap();
+    ctx.dealloc_pd(pd).unwrap();
     assert!(
-        guest_io.dealloc_pd(pd).is_err(),
+        ctx.dealloc_pd(pd).is_err(),
         "stale handle refused by the kernel"
     );
     drop(boxed);
@@ -637,19 +628,18 @@ fn rxe_host_path_end_to_end() {
 fn dropping_a_context_releases_everything() {
     let before = rdma_resources();
     let device = RxeDevice::find_system(Some("rxe0")).unwrap();
-    let guest_io = device.open_context().unwrap();
-    let pd = guest_io.alloc_pd().unwrap();
+    let ctx = device.open_context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
     let buf = Mapping::anonymous(PAGE);
-    guest_io
-        .reg_mr(&MrInit {
-            pd,
-            start: buf.addr(),
-            length: PAGE as u64,
-            iova: IOVA,
-            access: AccessFlags::LOCAL_WRITE,
-        })
-        .unwrap();
-    let cq = guest_io
+    ctx.reg_mr(&MrInit {
+        pd,
+        start: buf.addr(),
+        length: PAGE as u64,
+        iova: IOVA,
+        access: AccessFlags::LOCAL_WRITE,
+    })
+    .unwrap();
+    let cq = ctx
         .create_cq(&CqInit {
             cqe: 4,
             comp_vector: 0,
@@ -664,20 +654,19 @@ fn dropping_a_context_releases_everything() {
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    guest_io
-        .create_qp(&QpInit {
-            qp_type: QpType::Rc,
-            pd,
-            send_cq: cq.handle,
-            recv_cq: cq.handle,
-            srq: None,
-            caps,
-            sq_sig_all: true,
-            user_handle: 2,
-        })
-        .unwrap();
+    ctx.create_qp(&QpInit {
+        qp_type: QpType::Rc,
+        pd,
+        send_cq: cq.handle,
+        recv_cq: cq.handle,
+        srq: None,
+        caps,
+        sq_sig_all: true,
+        user_handle: 2,
+    })
+    .unwrap();
     assert_ne!(rdma_resources(), before);
-    drop(guest_io);
+    drop(ctx);
     assert_eq!(rdma_resources(), before);
 }
 
@@ -685,9 +674,9 @@ fn dropping_a_context_releases_everything() {
 #[ignore = "needs rdma_rxe: run in the VM"]
 fn the_whole_table_in_one_call_equals_sysfs() {
     let device = RxeDevice::find_system(Some("rxe0")).unwrap();
-    let guest_io = device.open_context().unwrap();
+    let ctx = device.open_context().unwrap();
     let sysfs = device.gid_table(1).unwrap();
-    let one_call = guest_io
+    let one_call = ctx
         .gid_table(1)
         .unwrap()
         .expect("Linux 6.12 has UVERBS_METHOD_QUERY_GID_TABLE");
@@ -695,11 +684,11 @@ fn the_whole_table_in_one_call_equals_sysfs() {
     assert!(!sysfs.is_empty());
     assert_eq!(one_call, sysfs);
     // Port 2 does not exist: no entries, not port 1's.
-    assert_eq!(guest_io.gid_table(2).unwrap(), Some(Vec::new()));
+    assert_eq!(ctx.gid_table(2).unwrap(), Some(Vec::new()));
     // Through the guest's source: the same.
     let source = ContextGids {
         device: &device,
-        context: guest_io.as_ref(),
+        context: ctx.as_ref(),
     };
     assert_eq!(source.gid_table(1).unwrap(), sysfs);
 }
@@ -708,24 +697,24 @@ fn the_whole_table_in_one_call_equals_sysfs() {
 #[ignore = "needs rdma_rxe: run in the VM"]
 fn single_entries_in_one_call_equal_sysfs() {
     let device = RxeDevice::find_system(Some("rxe0")).unwrap();
-    let guest_io = device.open_context().unwrap();
+    let ctx = device.open_context().unwrap();
     let populated = device.gid_table(1).unwrap();
     assert!(!populated.is_empty());
     let last = populated.iter().map(|(i, _)| *i).max().unwrap();
     // Every populated entry and the empty slots between and after them.
     for index in 0..=last + 2 {
         let sysfs = device.gid_entry(1, index).unwrap();
-        let one_call = guest_io
+        let one_call = ctx
             .gid_entry(1, index)
             .unwrap()
             .expect("Linux 6.12 has UVERBS_METHOD_QUERY_GID_ENTRY");
         assert_eq!(one_call, sysfs, "entry {index}");
     }
     // Beyond the table the kernel answers EINVAL: left to sysfs, which has no such entry.
-    assert_eq!(guest_io.gid_entry(1, 100_000).unwrap(), None);
+    assert_eq!(ctx.gid_entry(1, 100_000).unwrap(), None);
     let source = ContextGids {
         device: &device,
-        context: guest_io.as_ref(),
+        context: ctx.as_ref(),
     };
     assert_eq!(source.gid_entry(1, 100_000).unwrap(), None);
     for (index, entry) in &populated {

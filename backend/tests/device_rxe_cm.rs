@@ -62,7 +62,7 @@ fn expect_event(file: &CmFile, uid: u64, expected: u32) -> EventResp {
 
 /// Moves `qp` to `state` with the attributes the CM computes for id `id`.
 fn cm_modify(
-    guest_io: &dyn HostContext,
+    ctx: &dyn HostContext,
     file: &CmFile,
     id: CmId,
     qp: QpHandle,
@@ -76,7 +76,7 @@ fn cm_modify(
         resp.qp_access_flags
     );
     // rxe adds its FLUSH access bits (0x300) to the remote ones: MODIFY_QP takes them.
-    guest_io.modify_qp(qp, &attr, mask).unwrap();
+    ctx.modify_qp(qp, &attr, mask).unwrap();
     mask
 }
 
@@ -110,9 +110,9 @@ fn link_local(device: &RxeDevice, port: u16) -> SocketAddr {
 fn an_rc_connection_through_the_kernels_connection_manager() {
     let device = RxeDevice::find_system(Some("rxe0")).unwrap();
     let boxed = device.open_context().unwrap();
-    let guest_io: &dyn HostContext = boxed.as_ref();
-    let pd = guest_io.alloc_pd().unwrap();
-    let cq = guest_io
+    let ctx: &dyn HostContext = boxed.as_ref();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx
         .create_cq(&CqInit {
             cqe: 8,
             comp_vector: 0,
@@ -121,24 +121,23 @@ fn an_rc_connection_through_the_kernels_connection_manager() {
         })
         .unwrap();
     let qp = |user_handle| {
-        guest_io
-            .create_qp(&QpInit {
-                qp_type: QpType::Rc,
-                pd,
-                send_cq: cq.handle,
-                recv_cq: cq.handle,
-                srq: None,
-                caps: QpCaps {
-                    max_send_wr: 4,
-                    max_recv_wr: 4,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                sq_sig_all: false,
-                user_handle,
-            })
-            .unwrap()
+        ctx.create_qp(&QpInit {
+            qp_type: QpType::Rc,
+            pd,
+            send_cq: cq.handle,
+            recv_cq: cq.handle,
+            srq: None,
+            caps: QpCaps {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+            user_handle,
+        })
+        .unwrap()
     };
     let (server_qp, client_qp) = (qp(2), qp(3));
     let address = link_local(&device, PORT);
@@ -168,7 +167,7 @@ fn an_rc_connection_through_the_kernels_connection_manager() {
     expect_event(&client, 10, event::ADDR_RESOLVED);
     client.resolve_route(active, 2000).unwrap();
     expect_event(&client, 10, event::ROUTE_RESOLVED);
-    let mask = cm_modify(guest_io, &client, active, client_qp.handle, QpState::Init);
+    let mask = cm_modify(ctx, &client, active, client_qp.handle, QpState::Init);
     assert!(mask.contains(QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS));
     client
         .connect(
@@ -188,14 +187,14 @@ fn an_rc_connection_through_the_kernels_connection_manager() {
         param.private_data_len, 56,
         "REQ private data (92) less the CM header (36)"
     );
-    cm_modify(guest_io, &server, passive, server_qp.handle, QpState::Init);
+    cm_modify(ctx, &server, passive, server_qp.handle, QpState::Init);
     let rtr = server.init_qp_attr(passive, QpState::Rtr).unwrap();
     assert_eq!(
         rtr.dest_qp_num, client_qp.qpn,
         "the REQ carried the client's QP number"
     );
-    cm_modify(guest_io, &server, passive, server_qp.handle, QpState::Rtr);
-    cm_modify(guest_io, &server, passive, server_qp.handle, QpState::Rts);
+    cm_modify(ctx, &server, passive, server_qp.handle, QpState::Rtr);
+    cm_modify(ctx, &server, passive, server_qp.handle, QpState::Rts);
     server
         .accept(
             passive,
@@ -209,16 +208,16 @@ fn an_rc_connection_through_the_kernels_connection_manager() {
     let response = expect_event(&client, 10, event::CONNECT_RESPONSE);
     let param = event_conn_param(&response);
     assert_eq!(&param.private_data[..21], b"hello from the server");
-    cm_modify(guest_io, &client, active, client_qp.handle, QpState::Init);
+    cm_modify(ctx, &client, active, client_qp.handle, QpState::Init);
     let rtr = client.init_qp_attr(active, QpState::Rtr).unwrap();
     assert_eq!(rtr.dest_qp_num, server_qp.qpn);
-    cm_modify(guest_io, &client, active, client_qp.handle, QpState::Rtr);
-    cm_modify(guest_io, &client, active, client_qp.handle, QpState::Rts);
+    cm_modify(ctx, &client, active, client_qp.handle, QpState::Rtr);
+    cm_modify(ctx, &client, active, client_qp.handle, QpState::Rts);
     client.accept(active, 0, &ConnParam::new_zeroed()).unwrap();
     let established = expect_event(&server, 20, event::ESTABLISHED);
     assert_eq!(CmId(established.id), passive);
     for qp in [&server_qp, &client_qp] {
-        let info = guest_io.query_qp(qp.handle, QpAttrMask::STATE).unwrap();
+        let info = ctx.query_qp(qp.handle, QpAttrMask::STATE).unwrap();
         assert_eq!(info.attr.qp_state(), Ok(QpState::Rts));
     }
     let access = client
@@ -242,7 +241,7 @@ fn an_rc_connection_through_the_kernels_connection_manager() {
     client.resolve_route(lonely, 2000).unwrap();
     expect_event(&client, 11, event::ROUTE_RESOLVED);
     let third = qp(4);
-    cm_modify(guest_io, &client, lonely, third.handle, QpState::Init);
+    cm_modify(ctx, &client, lonely, third.handle, QpState::Init);
     client
         .connect(lonely, &conn_param(third.qpn, b"anyone?", true))
         .unwrap();
@@ -259,10 +258,10 @@ fn an_rc_connection_through_the_kernels_connection_manager() {
     server.destroy_id(passive).unwrap();
     server.destroy_id(listener).unwrap();
     for qp in [server_qp, client_qp, third] {
-        guest_io.destroy_qp(qp.handle).unwrap();
+        ctx.destroy_qp(qp.handle).unwrap();
     }
-    guest_io.destroy_cq(cq.handle).unwrap();
-    guest_io.dealloc_pd(pd).unwrap();
+    ctx.destroy_cq(cq.handle).unwrap();
+    ctx.dealloc_pd(pd).unwrap();
 }
 
 /// rxe0's link-local address as a guest names it: its own scope id, which means nothing on

@@ -92,13 +92,13 @@ struct Ring<Q> {
 }
 
 fn ring<Q>(
-    guest_io: &dyn HostContext,
+    ctx: &dyn HostContext,
     buffer: QueueBuffer,
     depth: u32,
     entry_bytes: usize,
     wrap: impl FnOnce(RxeQueue) -> Q,
 ) -> Ring<Q> {
-    let map = Mapping::queue(guest_io.queue_fd(), buffer);
+    let map = Mapping::queue(ctx.queue_fd(), buffer);
     let num_slots = depth + 1;
     let geometry = slot_geometry(buffer.len as u64, num_slots, entry_bytes).unwrap();
     // SAFETY: the mapping is readable and writable and outlives the queue (field order); only
@@ -120,21 +120,20 @@ fn poll_one(cq: &mut Ring<CompletionQueue>) -> WorkCompletion {
     wc[0]
 }
 
-fn post(guest_io: &dyn HostContext, qp: QpHandle, sq: &mut Ring<SendQueue>, wr: SendWr<'_>) {
+fn post(ctx: &dyn HostContext, qp: QpHandle, sq: &mut Ring<SendQueue>, wr: SendWr<'_>) {
     assert!(!wr.flags.contains(SendFlags::INLINE));
     // SAFETY: not an inline request: the provider dereferences none of its SGEs.
     unsafe { sq.queue.post_send(&[wr]) }.unwrap_or_else(|(_, e)| panic!("post {wr:?}: {e}"));
-    guest_io.kick_send(qp).unwrap();
+    ctx.kick_send(qp).unwrap();
 }
 
-fn modify(guest_io: &dyn HostContext, qp: QpHandle, attr: QpAttr, mask: QpAttrMask) {
-    guest_io
-        .modify_qp(qp, &attr, mask)
+fn modify(ctx: &dyn HostContext, qp: QpHandle, attr: QpAttr, mask: QpAttrMask) {
+    ctx.modify_qp(qp, &attr, mask)
         .unwrap_or_else(|e| panic!("modify_qp to {:?}: {e}", attr.qp_state()));
 }
 
 /// INIT, RTR and RTS towards `remote_qpn` over rxe0 loopback from GID 0.
-fn connect_rc(guest_io: &dyn HostContext, qp: QpHandle, remote_qpn: u32, gid: [u8; 16], mtu: Mtu) {
+fn connect_rc(ctx: &dyn HostContext, qp: QpHandle, remote_qpn: u32, gid: [u8; 16], mtu: Mtu) {
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let init = QpAttr::default()
         .with_qp_state(QpState::Init)
@@ -143,7 +142,7 @@ fn connect_rc(guest_io: &dyn HostContext, qp: QpHandle, remote_qpn: u32, gid: [u
         .with_qp_access_flags(access);
     let init_mask =
         QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
-    modify(guest_io, qp, init, init_mask);
+    modify(ctx, qp, init, init_mask);
     let path = AhAttr::default()
         .with_grh(GlobalRoute {
             dgid: Gid(gid),
@@ -167,7 +166,7 @@ fn connect_rc(guest_io: &dyn HostContext, qp: QpHandle, remote_qpn: u32, gid: [u
         | QpAttrMask::RQ_PSN
         | QpAttrMask::MAX_DEST_RD_ATOMIC
         | QpAttrMask::MIN_RNR_TIMER;
-    modify(guest_io, qp, rtr, rtr_mask);
+    modify(ctx, qp, rtr, rtr_mask);
     let rts = QpAttr::default()
         .with_qp_state(QpState::Rts)
         .with_sq_psn(0)
@@ -181,7 +180,7 @@ fn connect_rc(guest_io: &dyn HostContext, qp: QpHandle, remote_qpn: u32, gid: [u
         | QpAttrMask::RETRY_CNT
         | QpAttrMask::RNR_RETRY
         | QpAttrMask::MAX_QP_RD_ATOMIC;
-    modify(guest_io, qp, rts, rts_mask);
+    modify(ctx, qp, rts, rts_mask);
 }
 
 #[test]
@@ -260,13 +259,13 @@ fn a_window_cannot_be_bound_to_another_contexts_mr() {
         attacker.create_qp(&init(2)).unwrap(),
         attacker.create_qp(&init(3)).unwrap(),
     );
-    let guest_io: &dyn HostContext = attacker.as_ref();
-    let mut cq_ring = ring(guest_io, cq.buffer, cq.cqe, rxe_v1::CQE_SIZE, |q| {
+    let ctx: &dyn HostContext = attacker.as_ref();
+    let mut cq_ring = ring(ctx, cq.buffer, cq.cqe, rxe_v1::CQE_SIZE, |q| {
         CompletionQueue::new(q).unwrap()
     });
     let sq = |qp: &Qp| {
         let entry = send_wqe_size(qp.caps.max_send_sge, qp.caps.max_inline_data);
-        ring(guest_io, qp.sq, qp.caps.max_send_wr, entry, |q| {
+        ring(ctx, qp.sq, qp.caps.max_send_wr, entry, |q| {
             let caps = SendQueueCaps {
                 qp_type: QpType::Rc,
                 max_sge: qp.caps.max_send_sge,
@@ -276,8 +275,8 @@ fn a_window_cannot_be_bound_to_another_contexts_mr() {
         })
     };
     let (sq_a, mut sq_b) = (sq(&qp_a), sq(&qp_b));
-    connect_rc(guest_io, qp_a.handle, qp_b.qpn, gid, mtu);
-    connect_rc(guest_io, qp_b.handle, qp_a.qpn, gid, mtu);
+    connect_rc(ctx, qp_a.handle, qp_b.qpn, gid, mtu);
+    connect_rc(ctx, qp_b.handle, qp_a.qpn, gid, mtu);
     let mw = attacker.alloc_mw(pd, MwType::Type2).unwrap();
     println!("attacker's window: {mw:?}; victim's MR: {v_mr:?}");
 
@@ -303,7 +302,7 @@ fn a_window_cannot_be_bound_to_another_contexts_mr() {
         access: AccessFlags::REMOTE_READ,
     };
     post(
-        guest_io,
+        ctx,
         qp_b.handle,
         &mut sq_b,
         SendWr::bind_mw(9, own_bind, SendFlags::SIGNALED),
@@ -327,7 +326,7 @@ fn a_window_cannot_be_bound_to_another_contexts_mr() {
         access: AccessFlags::REMOTE_READ,
     };
     post(
-        guest_io,
+        ctx,
         qp_b.handle,
         &mut sq_b,
         SendWr::bind_mw(1, bind, SendFlags::SIGNALED),
