@@ -212,3 +212,42 @@ fn memory_changes_revoke_unbacked_mrs() {
     let cq = guest.create_cq(4).cq.get();
     assert!(guest.create_qp(qp_req(pd, cq, 0)).is_ok());
 }
+
+#[test]
+fn a_memory_change_while_a_command_waits_for_the_frontend_does_not_wait_for_the_command() {
+    // QEMU answers SHMEM_MAP in its main loop, which first finishes whatever it is doing: a
+    // memory-table change it waits on the back-end to answer. The device must answer that
+    // change while the command that sent the SHMEM_MAP holds the guest's state; the MR the
+    // change unbacks is revoked once the command lets the state go.
+    let fake = FakeDevice::new();
+    let guest = TestGuest::new(&fake, test_options(), ALL_FEATURES);
+    let pd = guest.alloc_pd();
+    let ControlResponse::Ok(ResponseBody::RegMr(_)) =
+        reg_mr(&guest, pd, 0x1000, PAGE, &[RAM_BASE + 3 * PAGE])
+    else {
+        panic!()
+    };
+    let (map_asked, asked) = std::sync::mpsc::channel();
+    let (answer, answer_now) = std::sync::mpsc::channel::<()>();
+    guest.frontend.before_next_map(Box::new(move || {
+        map_asked.send(()).unwrap();
+        answer_now.recv().unwrap();
+    }));
+    let other = memfd(RAM_SIZE);
+    std::thread::scope(|scope| {
+        let command = scope.spawn(|| guest.create_cq(4));
+        asked.recv().unwrap();
+        // The command holds the state and waits for the map's answer, which waits for this.
+        guest.memory.lock().unwrap().replace(guest_memory(&other));
+        guest.dev().memory_changed(guest.guest_io());
+        assert_eq!(
+            fake.world().mrs.len(),
+            1,
+            "revoked only once the command is done"
+        );
+        answer.send(()).unwrap();
+        command.join().unwrap();
+    });
+    assert_eq!(fake.world().mrs.len(), 0);
+    assert_eq!(guest.guest_io().events().len(), 1, "MR_REVOKED");
+}

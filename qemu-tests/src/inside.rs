@@ -17,6 +17,9 @@ pub const DEVICE: &str = "rxe0";
 /// Debian's `nobody` and `nogroup`: the ordinary user application processes run as.
 pub const NOBODY: (u32, u32) = (65534, 65534);
 
+/// How long [`Proc::kill`] waits for a killed process to exit.
+const KILL_WAIT: Duration = Duration::from_secs(60);
+
 /// A child process whose output goes to a log file, killed when dropped.
 #[derive(Debug)]
 pub struct Proc {
@@ -129,7 +132,22 @@ impl Proc {
     /// SIGKILL and reap.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
-        let _ = self.child.wait();
+        // A process SIGKILLed inside a kernel wait it cannot leave (a verbs call stuck in
+        // rdma_rxe) never exits: teardown goes on without it rather than hang the suite.
+        let deadline = Instant::now() + KILL_WAIT;
+        while Instant::now() < deadline {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let pid = self.pid();
+        let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+        log::warn!(
+            "{} (pid {pid}) did not exit {}s after SIGKILL (waiting in {wchan:?}); going on",
+            self.name,
+            KILL_WAIT.as_secs()
+        );
     }
 
     /// Sends a signal by name (`STOP`, `CONT`, `TERM`, `KILL`).
@@ -198,6 +216,32 @@ impl Drop for Proc {
             self.kill();
         }
     }
+}
+
+/// Each thread of process `pid`, one line each: its name and the kernel function it waits in
+/// (`/proc/PID/task/*/wchan`), for the diagnostics of a hang.
+pub fn thread_waits(pid: u32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return format!("(process {pid} is gone)\n");
+    };
+    let mut lines: Vec<String> = tasks
+        .flatten()
+        .map(|task| {
+            let read = |file: &str| {
+                std::fs::read_to_string(task.path().join(file))
+                    .map(|text| text.trim().to_string())
+                    .unwrap_or_default()
+            };
+            format!(
+                "{} {:<16} {}\n",
+                task.file_name().to_string_lossy(),
+                read("comm"),
+                read("wchan")
+            )
+        })
+        .collect();
+    lines.sort();
+    lines.concat()
 }
 
 /// Whether a TCP socket of this machine listens on `port` (IPv4 or IPv6).

@@ -195,6 +195,12 @@ pub struct GuestDevice {
     /// filter's relay thread, which must never wait for the state lock (a command holding it
     /// may be waiting for the front-end).
     slot_counting_frontend: AtomicBool,
+    /// The guest's memory table changed and its MRs are still to be checked against it
+    /// (`memory_changed`, on the front-end filter's relay thread, which must never wait for
+    /// the state lock either: a command holding it may be waiting for the front-end's answer
+    /// to a SHMEM_MAP while the front-end waits for the answer to its memory-table change).
+    /// Whoever holds the state next applies it.
+    memory_change_pending: AtomicBool,
     faults: FaultLog,
     /// Pumps again staging rings whose WQEs wait for room in their host queues.
     staging_retry: RetryTimer,
@@ -247,6 +253,7 @@ impl GuestDevice {
             acked: Mutex::new(None),
             failed: AtomicBool::new(false),
             slot_counting_frontend: AtomicBool::new(false),
+            memory_change_pending: AtomicBool::new(false),
             faults: FaultLog::for_guest(id),
             staging_retry: RetryTimer::new().map_err(GuestError::Staging)?,
             shared: GuestShared::new(
@@ -395,6 +402,23 @@ impl GuestDevice {
         control::dispatch(&mut session, request)
     }
 
+    /// Applies a memory-table change the front-end thread could not (see
+    /// `memory_change_pending`); called on the worker threads after each command and event,
+    /// where waiting for the state is safe.
+    fn apply_memory_change(&self, guest_io: &GuestIo) {
+        if self.memory_change_pending.load(Ordering::SeqCst) {
+            let mut state = self.state.lock();
+            self.revoke_if_pending(guest_io, &mut state);
+        }
+    }
+
+    /// Revokes the MRs the current memory table no longer backs, once per change.
+    fn revoke_if_pending(&self, guest_io: &GuestIo, state: &mut GuestState) {
+        if self.memory_change_pending.swap(false, Ordering::SeqCst) {
+            mr::revoke_unbacked(&self.shared, guest_io, state);
+        }
+    }
+
     /// Starts the staging retry timer when a drain left a staged ring not fully forwarded
     /// (`next_retry`, as the drain reported it).
     fn arm_staging_retry(&self, next_retry: Option<Duration>) {
@@ -508,6 +532,7 @@ impl DeviceHandler for GuestDevice {
             return;
         }
         let (op, result) = self.run_command(guest_io, request, response_capacity);
+        self.apply_memory_change(guest_io);
         match result {
             Ok(body) => {
                 debug!("guest {}: {op:?}: OK", self.id());
@@ -579,6 +604,7 @@ impl DeviceHandler for GuestDevice {
             cm_events::CM_FD => cm_events::cm_events(&self.shared, &self.state, guest_io),
             other => debug!("guest {}: no watched fd {other}", self.id()),
         }
+        self.apply_memory_change(guest_io);
     }
 
     fn events_lost(&self, count: u64, notice: &mut Vec<u8>) {
@@ -591,12 +617,17 @@ impl DeviceHandler for GuestDevice {
     }
 
     fn memory_changed(&self, guest_io: &GuestIo) {
-        let mut state = self.state.lock();
-        mr::revoke_unbacked(&self.shared, guest_io, &mut state);
+        // The doorbell lock is never held across a front-end round trip.
         self.shared
             .doorbells()
             .lock()
             .memory_changed(guest_io.memory().into_inner());
+        // SeqCst with the loads in `apply_memory_change`: a holder that lets the state go
+        // after this store sees it.
+        self.memory_change_pending.store(true, Ordering::SeqCst);
+        if let Some(mut state) = self.state.try_lock() {
+            self.revoke_if_pending(guest_io, &mut state);
+        }
     }
 
     fn reset_requested(&self) {

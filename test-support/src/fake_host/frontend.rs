@@ -24,10 +24,19 @@ pub struct FakeFrontend {
     /// What each extent maps: offset to the file and the file offset.
     files: Mutex<BTreeMap<u64, (File, u64)>>,
     refuse: AtomicBool,
+    /// Runs before the next SHMEM_MAP is answered (see [`FakeFrontend::before_next_map`]).
+    before_map: Mutex<Option<MapHook>>,
 }
+
+/// What a front-end does before it answers a SHMEM_MAP.
+pub type MapHook = Box<dyn FnOnce() + Send>;
 
 impl VhostUserFrontendReqHandler for FakeFrontend {
     fn shmem_map(&self, req: &VhostUserMMap, fd: &dyn AsRawFd) -> io::Result<u64> {
+        let hook = self.before_map.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook();
+        }
         let (offset, len) = (req.shm_offset, req.len);
         let mut maps = self.maps.lock().unwrap();
         let overlaps = maps
@@ -77,7 +86,15 @@ impl FakeFrontend {
             maps: Mutex::default(),
             files: Mutex::default(),
             refuse: AtomicBool::new(false),
+            before_map: Mutex::default(),
         }
+    }
+
+    /// Runs `hook` on the channel's serving thread when the next SHMEM_MAP arrives, before it
+    /// is answered, while the backend waits for the answer: as QEMU's main loop may first
+    /// finish a memory-table change of its own, whose answer it waits for.
+    pub fn before_next_map(&self, hook: MapHook) {
+        *self.before_map.lock().unwrap() = Some(hook);
     }
 
     /// Makes every following SHMEM_MAP fail (`true`) or succeed again (`false`).

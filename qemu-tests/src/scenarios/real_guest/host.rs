@@ -12,7 +12,8 @@ use super::*;
 use crate::accel::Accel;
 use crate::error::{tail, Error, Result};
 use crate::inside::{
-    objects_of_process, resource_counts, wait_for_counts, Proc, ResourceCounts, DEVICE,
+    objects_of_process, resource_counts, thread_waits, wait_for_counts, Proc, ResourceCounts,
+    DEVICE,
 };
 use crate::perftest::{self, Side};
 use crate::relay;
@@ -214,7 +215,16 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
         }
         outcome
     });
-    let outcome = outcome?;
+    // A guest that hung (the bound ran out): where the back-end's threads wait says whether
+    // it waits for QEMU.
+    let outcome = outcome.map_err(|e| {
+        let backend = &requests.backend.proc;
+        Error::Scenario(format!(
+            "{e}\n--- backend threads ---\n{}--- backend ---\n{}",
+            thread_waits(backend.pid()),
+            tail(&backend.output(), 40)
+        ))
+    })?;
     let failure = |what: &str, requests: &Requests| {
         Error::Scenario(format!(
             "{what}\n--- guest ---\n{}\n--- backend ---\n{}",
