@@ -18,7 +18,8 @@ use crate::identity::provision::{self, ProvisionedAddresses, DEFAULT_GID_WAIT};
 use crate::identity::GuestIdentity;
 use crate::listener::{self, Listener};
 use crate::memory::budget::{
-    default_mapping_budget, default_pinned_budget, read_max_map_count, HostBudget, HostBudgetLimits,
+    default_locked_budget, default_mapping_budget, default_pinned_budget, read_max_map_count,
+    HostBudget, HostBudgetLimits,
 };
 use clap::Parser;
 use log::info;
@@ -50,14 +51,20 @@ pub struct Args {
     /// Host port exposed to guests as their port 1 (default: the first ACTIVE port).
     #[arg(long)]
     port: Option<u8>,
-    /// Most memory mappings of all MR windows of all guests together (default: a quarter less
-    /// than vm.max_map_count, which every mapping of the daemon counts against).
+    /// Most memory mappings of all MR windows and staged queues of all guests together
+    /// (default: a quarter less than vm.max_map_count, which every mapping of the daemon
+    /// counts against).
     #[arg(long)]
     max_mappings: Option<u64>,
     /// Most distinct guest bytes the MRs of all guests pin together (suffixes K, M, G; default:
-    /// three quarters of RAM, and at most RLIMIT_MEMLOCK without CAP_IPC_LOCK).
+    /// three quarters of RAM).
     #[arg(long, value_parser = parse_size)]
     max_pinned_bytes: Option<u64>,
+    /// Most bytes the MRs of all guests may make the kernel charge to the daemon's locked
+    /// memory, every MR its pages, overlaps included (suffixes K, M, G; default: RLIMIT_MEMLOCK
+    /// without CAP_IPC_LOCK, else no limit).
+    #[arg(long, value_parser = parse_size)]
+    max_locked_bytes: Option<u64>,
     /// Name of the guest of --socket (logs; its node GUID is derived from it when it has
     /// addresses).
     #[arg(long, default_value = "guest")]
@@ -132,6 +139,7 @@ impl Args {
         HostBudgetLimits {
             mappings,
             pinned_bytes: self.max_pinned_bytes.unwrap_or_else(default_pinned_budget),
+            locked_bytes: self.max_locked_bytes.unwrap_or_else(default_locked_budget),
         }
     }
 }
@@ -155,9 +163,14 @@ pub fn run(args: &Args) -> Result<(), String> {
     let device: Arc<dyn HostDevice> = Arc::new(device);
     let limits = args.budget_limits();
     info!(
-        "MR windows of all guests: at most {} mappings and {} MiB pinned",
+        "MR windows and staged queues of all guests: at most {} mappings; MRs: at most {} MiB \
+         pinned, {} locked",
         limits.mappings,
-        limits.pinned_bytes >> 20
+        limits.pinned_bytes >> 20,
+        match limits.locked_bytes {
+            u64::MAX => "no limit of".to_string(),
+            bytes => format!("{} MiB", bytes >> 20),
+        }
     );
     // One budget for every guest of every socket: the limits are the daemon's.
     let budget = Arc::new(HostBudget::new(limits));
@@ -468,11 +481,15 @@ mod tests {
             "--socket=s",
             "--max-mappings=100",
             "--max-pinned-bytes=1G",
+            "--max-locked-bytes=2G",
             "--max-guest-mappings=50",
             "--max-mr-mappings=10",
         ]);
         let limits = args.budget_limits();
-        assert_eq!((limits.mappings, limits.pinned_bytes), (100, 1 << 30));
+        assert_eq!(
+            (limits.mappings, limits.pinned_bytes, limits.locked_bytes),
+            (100, 1 << 30, 2 << 30)
+        );
         let options = args.options().unwrap();
         assert_eq!((options.quotas.mappings, options.max_mr_mappings), (50, 10));
         // Without them: this host's defaults, below vm.max_map_count.

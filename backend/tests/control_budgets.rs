@@ -7,14 +7,14 @@
 
 use std::sync::Arc;
 
-use vrdma_backend::guest::options::DeviceOptions;
+use vrdma_backend::guest::options::{DeviceOptions, StagedRings};
 use vrdma_backend::guest_device::{GuestDeviceFactory, MemoryUsage};
 use vrdma_backend::memory::budget::{HostBudget, HostBudgetLimits};
 use vrdma_backend::resources::quotas::Quotas;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::control::{encode_page_list, rereg_flags, ReregMr};
 use vrdma_spec::features::*;
-use vrdma_spec::wire::ReregMrReq;
+use vrdma_spec::wire::{CreateCqReq, ReregMrReq};
 use vrdma_spec::{ControlRequest, ControlResponse, Le32, Le64, ResponseBody, Status};
 use vrdma_test_support::fake_host::device::*;
 use vrdma_test_support::fake_host::harness::*;
@@ -41,11 +41,23 @@ fn factory(
     mappings: u64,
     pinned_pages: u64,
 ) -> (Arc<FakeDevice>, GuestDeviceFactory) {
+    factory_with_limits(
+        options,
+        HostBudgetLimits {
+            mappings,
+            pinned_bytes: pinned_pages * PAGE,
+            locked_bytes: u64::MAX,
+        },
+    )
+}
+
+/// A factory whose guests share a budget of `limits`.
+fn factory_with_limits(
+    options: DeviceOptions,
+    limits: HostBudgetLimits,
+) -> (Arc<FakeDevice>, GuestDeviceFactory) {
     let fake = FakeDevice::new();
-    let budget = Arc::new(HostBudget::new(HostBudgetLimits {
-        mappings,
-        pinned_bytes: pinned_pages * PAGE,
-    }));
+    let budget = Arc::new(HostBudget::new(limits));
     let factory = GuestDeviceFactory::with_budget(fake.clone(), options, budget).unwrap();
     (fake, factory)
 }
@@ -329,4 +341,88 @@ fn a_host_mr_whose_deregistration_failed_stays_mapped_until_a_later_discard() {
     assert_eq!(daemon(&factory), (2, 2));
     drop(guest);
     assert_eq!(daemon(&factory), (0, 0));
+}
+
+#[test]
+fn staged_queues_are_charged_to_the_guest_quota_and_the_daemon_budget() {
+    // Every staged queue (a CQ's, a QP's send and receive queues) is a mapping of its host
+    // buffer in the daemon: five mappings of budget hold a CQ and two QPs, and the third QP
+    // is refused with QUOTA, leaving nothing behind on the host.
+    let staged = DeviceOptions {
+        staged_rings: StagedRings::Always,
+        staged_cqs: StagedRings::Always,
+        ..options(64, 1024)
+    };
+    let (fake, factory) = factory(staged, 5, 1024);
+    let guest = TestGuest::from_factory(&factory, ALL_FEATURES);
+    let pd = guest.alloc_pd();
+    let cq = guest.create_cq(16).cq.get();
+    assert_eq!(guest.set_doorbell_area(RAM_BASE + 512 * PAGE), Status::Ok);
+    assert_eq!(daemon(&factory).0, 1);
+    let first = guest.create_qp(qp_req(pd, cq, 0)).unwrap().qp.get();
+    guest.create_qp(qp_req(pd, cq, 0)).unwrap();
+    assert_eq!((daemon(&factory).0, usage(&guest).mappings), (5, 5));
+    let host_qps = fake.world().qps.len();
+    assert_eq!(guest.create_qp(qp_req(pd, cq, 0)), Err(Status::Quota));
+    assert_eq!(
+        fake.world().qps.len(),
+        host_qps,
+        "the refused QP's host QP is gone"
+    );
+    assert_eq!(daemon(&factory).0, 5);
+    // A second guest is refused by the same budget; an MR over one run needs no mapping.
+    let second = TestGuest::from_factory(&factory, ALL_FEATURES);
+    assert_eq!(
+        second.status(ControlRequest::CreateCq(CreateCqReq {
+            cqe: Le32::new(16),
+            reserved: Le32::ZERO,
+        })),
+        Status::Quota
+    );
+    // A destroyed QP gives its two back.
+    assert_eq!(
+        guest.status(ControlRequest::DestroyQp(handle(first))),
+        Status::Ok
+    );
+    assert_eq!(daemon(&factory).0, 3);
+    guest.create_qp(qp_req(pd, cq, 0)).unwrap();
+    // A discard gives back everything.
+    assert_eq!(guest.status(ControlRequest::DiscardState), Status::Ok);
+    assert_eq!((daemon(&factory).0, usage(&guest).mappings), (0, 0));
+}
+
+#[test]
+fn the_same_pages_registered_again_are_charged_as_the_kernel_locks_them() {
+    // Without CAP_IPC_LOCK the kernel charges every MR its pages against RLIMIT_MEMLOCK:
+    // a guest registering the same pages again and again must run out of the daemon's locked
+    // budget (QUOTA) before the kernel refuses another guest's registration.
+    let (_fake, factory) = factory_with_limits(
+        options(64, 1024),
+        HostBudgetLimits {
+            mappings: 1024,
+            pinned_bytes: 1024 * PAGE,
+            locked_bytes: 12 * PAGE,
+        },
+    );
+    let guest = TestGuest::from_factory(&factory, VRDMA_F_RING_RXE_V1);
+    let pd = guest.alloc_pd();
+    let four = contiguous(0, 4);
+    let mrs: Vec<u32> = (0..3)
+        .map(|_| register(&guest, pd, &four).unwrap())
+        .collect();
+    assert_eq!(daemon(&factory).1, 4, "pinned once");
+    assert_eq!(factory.budget().locked_bytes(), 12 * PAGE, "locked thrice");
+    assert_eq!(register(&guest, pd, &four), Err(Status::Quota));
+    let other = TestGuest::from_factory(&factory, VRDMA_F_RING_RXE_V1);
+    let other_pd = other.alloc_pd();
+    assert_eq!(
+        register(&other, other_pd, &contiguous(8, 1)),
+        Err(Status::Quota)
+    );
+    dereg(&guest, mrs[0]);
+    register(&other, other_pd, &contiguous(8, 1)).unwrap();
+    assert_eq!(factory.budget().locked_bytes(), 9 * PAGE);
+    drop(guest);
+    drop(other);
+    assert_eq!(factory.budget().locked_bytes(), 0);
 }

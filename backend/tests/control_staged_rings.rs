@@ -270,6 +270,8 @@ fn behind_a_slot_counting_front_end_qps_past_its_mappings_are_staged() {
         quotas: Quotas {
             qps,
             cqs: 4,
+            // Each staged queue is a mapping of the daemon's (its host buffer).
+            mappings: 2 * qps,
             ..test_options().quotas
         },
         ..staged_options(StagedRings::Auto)

@@ -78,14 +78,14 @@ pub struct QuotaSettings {
     /// Most bytes of all MRs of a guest together (suffixes K, M, G; default 16G).
     #[arg(long = "max-mr-bytes", value_parser = Size::parse_arg)]
     pub mr_bytes: Option<Size>,
-    /// Most memory mappings of all MR windows of a guest together: a window needs one per run
-    /// of pages contiguous in guest RAM (default 16384).
+    /// Most memory mappings of all MR windows and staged queues of a guest together: a window
+    /// needs one per run of pages contiguous in guest RAM, a staged queue one (default 16384).
     #[arg(long = "max-guest-mappings")]
     pub mappings: Option<u32>,
-    /// Most CQs per guest (default 1024).
+    /// Most CQs per guest (default 4096).
     #[arg(long = "max-cqs")]
     pub cqs: Option<u32>,
-    /// Most QPs per guest (default 1024).
+    /// Most QPs per guest (default 4096).
     #[arg(long = "max-qps")]
     pub qps: Option<u32>,
     /// Most SRQs per guest (default 256).
@@ -98,7 +98,7 @@ pub struct QuotaSettings {
     #[arg(long = "max-mws")]
     pub mws: Option<u32>,
     /// Most connection-manager ids per guest (connect requests waiting for an answer
-    /// included; default 1024).
+    /// included; default 4096).
     #[arg(long = "max-cm-ids")]
     pub cm_ids: Option<u32>,
 }

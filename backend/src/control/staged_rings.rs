@@ -251,15 +251,16 @@ pub(crate) fn place_staging_ring(
         .filter(|len| *len != 0 && len.is_multiple_of(SHMEM_PAGE_SIZE))
         .ok_or_else(|| CommandError::HostAnswer(format!("length {:#x}", buffer.len)))?;
     let geometry = rings::slot_geometry(len, num_slots, entry)?;
-    let host_queue =
-        SharedMapping::new(s.host().queue_fd(), buffer.offset, buffer.len).map_err(|source| {
-            CommandError::Host {
-                op: "mmap of a host queue",
-                source: DeviceError::Io {
-                    what: "mmap of a host queue",
-                    source,
-                },
-            }
+    // The device's mapping of the host queue is one more mapping of the daemon's: charged
+    // like an MR window's, so that no guest can use up the daemon's vm.max_map_count.
+    let charge = s.state.memory.charge_mappings(1)?;
+    let host_queue = SharedMapping::charged(s.host().queue_fd(), buffer.offset, buffer.len, charge)
+        .map_err(|source| CommandError::Host {
+            op: "mmap of a host queue",
+            source: DeviceError::Io {
+                what: "mmap of a host queue",
+                source,
+            },
         })?;
     let range = place(s, &staging, len)?;
     let described = (|| {

@@ -33,7 +33,7 @@ use super::mr_layout::{
 };
 #[cfg(test)]
 use super::mr_layout::{PlannedMap, Run};
-use super::pinned_extents::Extent;
+use super::pinned_extents::{locked_bytes, Extent};
 use super::populated::PopulatedRam;
 use super::reservation::{host_page_size, populate, Reservation};
 
@@ -243,6 +243,12 @@ impl<'r> MrPlan<'r> {
     /// The guest-physical bytes the registration pins (see [`MrWindow::pinned_extents`]).
     pub fn pinned_extents(&self) -> &[Extent] {
         &self.pinned
+    }
+
+    /// What the kernel will charge the registration to the daemon's locked memory (see
+    /// [`MrWindow::locked_bytes`]).
+    pub fn locked_bytes(&self) -> u64 {
+        locked_bytes(self.in_page_offset, self.length)
     }
 
     /// Reserves the window and maps the planned pages into it. The plan keeps its
@@ -486,6 +492,13 @@ impl MrWindow {
     /// once. (Huge pages mapped whole around the MR are mapped, not pinned.)
     pub fn pinned_extents(&self) -> &[Extent] {
         &self.pinned
+    }
+
+    /// What the kernel charges the registration to the daemon's locked memory: every base page
+    /// the MR's range spans in the window, pages repeated in its page list or pinned by other
+    /// MRs included ([`locked_bytes`]).
+    pub fn locked_bytes(&self) -> u64 {
+        locked_bytes(self.mr_offset as u64, self.length)
     }
 
     /// The MR's bytes, for the backend's own accesses (e.g. tests and diagnostics).

@@ -12,6 +12,15 @@
 
 use std::collections::BTreeMap;
 
+/// Bytes the kernel charges to locked memory for an MR of `length` bytes starting
+/// `in_page_offset` bytes into a page: the base pages its range spans (`ib_umem_num_pages`;
+/// huge pages count as the base pages they hold).
+pub fn locked_bytes(in_page_offset: u64, length: u64) -> u64 {
+    const BASE_PAGE: u64 = 4096;
+    let span = (in_page_offset % BASE_PAGE).saturating_add(length);
+    span.div_ceil(BASE_PAGE).saturating_mul(BASE_PAGE)
+}
+
 /// A half-open guest-physical range `[start, end)`, never empty.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Extent {

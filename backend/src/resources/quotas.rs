@@ -8,16 +8,16 @@ use super::kind::{ResourceError, ResourceKind, MAX_OBJECTS_PER_TABLE};
 
 /// Default per-guest mapping quota: two MRs at the default per-MR limit
 /// ([`DEFAULT_MAX_MR_MAPPINGS`](crate::guest::options::DEFAULT_MAX_MR_MAPPINGS)), a third of
-/// the daemon's default window budget (`vm.max_map_count` 65530 less a quarter), so one guest
-/// cannot take it all.
+/// the daemon's default budget (`vm.max_map_count` 65530 less a quarter), so one guest
+/// cannot take it all. MR windows and staged queues count against it together; a guest at its
+/// default QP and CQ quotas, every queue staged, holds 3 · 4096 of it.
 pub const DEFAULT_GUEST_MAPPINGS: u32 = 16 << 10;
 
-/// Default per-guest QP quota, also of CQs and connection-manager ids. A guest may be given
-/// 4096 and more (`--max-qps`; spec §10: measured through QEMU 11.1 at 4096, queues of depth
-/// 1); the default stays lower because every staged queue is also a mapping of the daemon's
-/// own (its host queue) that the daemon-wide mapping budget does not yet count, so that a few
-/// guests at 4096 could together reach `vm.max_map_count`.
-pub const DEFAULT_GUEST_QPS: u32 = 1024;
+/// Default per-guest QP quota, also of CQs and connection-manager ids: what a guest was
+/// measured to hold through QEMU 11.1 (spec §10, queues of depth 1). The daemon's own mapping
+/// of every staged queue is charged to the guest's mapping quota and the daemon's budget, so
+/// guests at this quota cannot together reach `vm.max_map_count`.
+pub const DEFAULT_GUEST_QPS: u32 = 4096;
 
 /// Default per-guest CQ quota: as many as QPs.
 pub const DEFAULT_GUEST_CQS: u32 = DEFAULT_GUEST_QPS;

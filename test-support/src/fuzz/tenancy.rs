@@ -61,11 +61,13 @@ impl Daemon {
             HostBudgetLimits {
                 mappings: 32,
                 pinned_bytes: 256 * PAGE,
+                locked_bytes: 512 * PAGE,
             }
         } else {
             HostBudgetLimits {
                 mappings: 1 << 20,
                 pinned_bytes: 1 << 40,
+                locked_bytes: u64::MAX,
             }
         };
         let budget = Arc::new(HostBudget::new(limits));

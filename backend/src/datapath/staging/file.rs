@@ -19,12 +19,16 @@ use std::sync::atomic::AtomicU32;
 
 use vrdma_spec::rxe_v1::{header, GeometryError, RingGeometry};
 
+use crate::memory::budget::MappingCharge;
 use crate::memory::queue_region::ShmRange;
 
 /// A shared read/write mapping of a file range in this process, unmapped when dropped.
 pub struct SharedMapping {
     addr: NonNull<u8>,
     len: usize,
+    /// What the mapping is charged to, given back after it is unmapped (a staged queue's
+    /// mapping of its host buffer counts against the guest's and the daemon's mapping budget).
+    _charge: Option<MappingCharge>,
 }
 
 // SAFETY: the mapping is plain shared memory; every access goes through raw pointers or atomics
@@ -36,6 +40,26 @@ unsafe impl Sync for SharedMapping {}
 impl SharedMapping {
     /// Maps `len` bytes of `fd` from `offset`, shared and read/write.
     pub fn new(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<Self> {
+        Self::map(fd, offset, len, None)
+    }
+
+    /// [`new`](Self::new) for a mapping `charge` was taken for: it goes back when the mapping
+    /// is unmapped, or at once if the mapping fails.
+    pub fn charged(
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        charge: MappingCharge,
+    ) -> io::Result<Self> {
+        Self::map(fd, offset, len, Some(charge))
+    }
+
+    fn map(
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        charge: Option<MappingCharge>,
+    ) -> io::Result<Self> {
         let file_offset = libc::off_t::try_from(offset)
             .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         if len == 0 {
@@ -56,7 +80,11 @@ impl SharedMapping {
             return Err(io::Error::last_os_error());
         }
         let addr = NonNull::new(addr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap at 0"))?;
-        Ok(SharedMapping { addr, len })
+        Ok(SharedMapping {
+            addr,
+            len,
+            _charge: charge,
+        })
     }
 
     /// Length in bytes.
