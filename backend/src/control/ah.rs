@@ -170,7 +170,9 @@ pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
     let pd_host = s.state.pds.get(pd)?.host;
     let HostAv { attr, sgid } = ah_attr_to_host(s.guest, &r.ah_attr, "ah_attr.port_num")?;
     s.state.ahs.check_room(0)?;
-    let reach = destination(s.guest, &attr.dgid)?;
+    // Fails early on a host that cannot list its addresses; staged sends classify the
+    // destination again when they go.
+    destination(s.guest, &attr.dgid)?;
     let mut c = Unwind::new(s);
     c.take_ref(|s| s.state.pds.acquire(pd), Undo::PdRef(pd))?;
     let ah = c
@@ -198,7 +200,7 @@ pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
         StagedAh {
             pd,
             ah_num: ah.ah_num,
-            destination: reach,
+            dgid: attr.dgid,
         },
     );
     // The AV the guest sees names its own GID index (as QUERY_GID numbers it).

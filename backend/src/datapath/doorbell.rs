@@ -25,10 +25,9 @@ use parking_lot::Mutex;
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 use vrdma_spec::doorbell::{area_bytes, DoorbellArea};
 
-use super::staging::Staging;
+use super::staging::{Reach, Staging};
 use crate::fault_log::FaultLog;
 use crate::host::{HostContext, QpHandle};
-use crate::identity::endpoints::LocalEndpoints;
 use crate::memory::error::MemError;
 use crate::memory::guest_ram::MappedGuestRam;
 
@@ -120,16 +119,12 @@ pub struct Doorbells {
 impl Doorbells {
     /// Bookkeeping for `slots` doorbell indices (the configuration's `doorbell_slots`).
     pub fn new(slots: u32) -> Self {
-        Self::with_endpoints(slots, LocalEndpoints::new(), Arc::default())
+        Self::with_reach(slots, Reach::nowhere_local(), Arc::default())
     }
 
     /// Bookkeeping for `slots` doorbell indices whose staged UD sends reach local QPs as
-    /// `endpoints` allows, the guest's faults logged to `faults`.
-    pub fn with_endpoints(
-        slots: u32,
-        endpoints: Arc<LocalEndpoints>,
-        faults: Arc<FaultLog>,
-    ) -> Self {
+    /// `reach` allows, the guest's faults logged to `faults`.
+    pub fn with_reach(slots: u32, reach: Reach, faults: Arc<FaultLog>) -> Self {
         Doorbells {
             slots,
             area: None,
@@ -138,7 +133,7 @@ impl Doorbells {
             owners: vec![None; slots as usize],
             free: (0..slots).rev().collect(),
             taken: vec![false; slots as usize],
-            staging: Staging::new(slots, endpoints, faults),
+            staging: Staging::new(slots, reach, faults),
         }
     }
 
@@ -212,9 +207,9 @@ impl Doorbells {
         }
         let had_something = self.area.is_some() || self.taken.iter().any(|&t| t);
         // The fault log stays: a guest that resets in a loop must not start its rate limit over.
-        *self = Doorbells::with_endpoints(
+        *self = Doorbells::with_reach(
             self.slots,
-            Arc::clone(self.staging.endpoints()),
+            self.staging.reach().clone(),
             Arc::clone(self.staging.faults()),
         );
         had_something
@@ -351,15 +346,20 @@ pub fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::identity::endpoints::LocalEndpoints;
 
     #[test]
     fn a_reset_keeps_the_guests_fault_log_and_tenant_table() {
         let faults = Arc::new(FaultLog::for_guest(3));
         let endpoints = LocalEndpoints::new();
-        let mut doorbells = Doorbells::with_endpoints(8, Arc::clone(&endpoints), faults.clone());
+        let reach = Reach::new(Arc::clone(&endpoints), Arc::new(|_| false));
+        let mut doorbells = Doorbells::with_reach(8, reach, faults.clone());
         doorbells.clear();
         // The same log: its rate limit goes on counting across resets.
         assert!(Arc::ptr_eq(doorbells.staging().faults(), &faults));
-        assert!(Arc::ptr_eq(doorbells.staging().endpoints(), &endpoints));
+        assert!(Arc::ptr_eq(
+            doorbells.staging().reach().endpoints(),
+            &endpoints
+        ));
     }
 }

@@ -3,8 +3,11 @@
 //! quota and event bookkeeping. Tests and the handler fuzzer compare it with what the host
 //! device really holds; nothing on the serving path uses it.
 
+use vrdma_spec::wire::ring_flags;
+
 use super::objects::EventOwner;
 use super::state::GuestState;
+use crate::memory::queue_region::MappedRing;
 use crate::resources::kind::ResourceKind;
 use crate::resources::table::Handle;
 
@@ -36,6 +39,10 @@ pub struct Inventory {
     pub mr_bytes: u64,
     /// The `user_handle`s events are mapped back through, with the object each names.
     pub event_owners: Vec<(u64, ResourceKind, u32)>,
+    /// Memory mappings the guest's objects hold in the daemon, counted from the objects: the
+    /// MR windows' (deregistered ones the host still holds included) and one per staged
+    /// queue (the device's mapping of its host buffer).
+    pub daemon_mappings: u64,
 }
 
 impl Inventory {
@@ -120,10 +127,25 @@ impl GuestState {
                 EventOwner::CmId(h) => (user_handle, CmId, h.raw()),
             })
             .collect();
+        let windows = self
+            .mrs
+            .iter()
+            .filter_map(|(_, e)| e.live.as_ref())
+            .chain(self.lingering_mrs.iter().map(|(_, live)| live))
+            .map(|live| live.window.mappings());
+        let staged = |ring: &MappedRing| ring.desc.flags.get() & ring_flags::STAGED != 0;
+        let staged_cqs = self.cqs.iter().filter(|(_, e)| e.staged.is_some()).count();
+        let staged_qp_queues = self
+            .qps
+            .iter()
+            .flat_map(|(_, e)| std::iter::once(&e.sq).chain(e.rq.as_ref()))
+            .filter(|ring| staged(ring))
+            .count();
         Inventory {
             objects,
             mr_bytes: self.mr_bytes,
             event_owners,
+            daemon_mappings: windows.sum::<u64>() + (staged_cqs + staged_qp_queues) as u64,
         }
     }
 }

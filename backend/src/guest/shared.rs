@@ -13,6 +13,7 @@ use super::options::DeviceOptions;
 use super::state::GuestState;
 use crate::datapath::doorbell::Doorbells;
 use crate::datapath::staging::file::StagingFile;
+use crate::datapath::staging::Reach;
 use crate::fault_log::{FaultLog, LogLimit};
 use crate::host::cm::HostCm;
 use crate::host::uverbs::{QueryDeviceResp, QueryPortResp};
@@ -115,9 +116,16 @@ impl GuestShared {
             cm,
             netdev_ifindex,
         } = addressing;
-        let doorbells = Doorbells::with_endpoints(
-            options.doorbell_slots(),
+        // A staged send's destination is classified when it goes, by the host's addresses
+        // then; one the host cannot list counts as its own (the stricter rules).
+        let host_device = Arc::clone(&device);
+        let reach = Reach::new(
             Arc::clone(&tenant.endpoints),
+            Arc::new(move |gid| host_device.delivers_locally(gid).unwrap_or(true)),
+        );
+        let doorbells = Doorbells::with_reach(
+            options.doorbell_slots(),
+            reach,
             Arc::new(FaultLog::for_guest(id)),
         );
         GuestShared {

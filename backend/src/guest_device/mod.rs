@@ -177,10 +177,12 @@ impl GuestDeviceFactory {
 pub struct MemoryUsage {
     /// Bytes against the MR byte quota: `npages · page size` per MR.
     pub mr_bytes: u64,
-    /// Memory mappings of the MR windows.
+    /// Memory mappings of the MR windows and staged queues.
     pub mappings: u64,
     /// Distinct guest bytes pinned.
     pub pinned_bytes: u64,
+    /// Bytes the kernel charges for the MRs to the daemon's locked memory.
+    pub locked_bytes: u64,
 }
 
 /// The device of one guest connection.
@@ -305,6 +307,7 @@ impl GuestDevice {
             mr_bytes: state.mr_bytes,
             mappings: state.memory.mappings(),
             pinned_bytes: state.memory.pinned_bytes(),
+            locked_bytes: state.memory.locked_bytes(),
         }
     }
 

@@ -233,21 +233,34 @@ impl Daemon {
     }
 
     fn check_budget(&self, slots: &[Slot; 2]) {
-        let (mut mappings, mut pinned) = (0, 0);
+        let (mut mappings, mut pinned, mut locked) = (0, 0, 0);
         for slot in slots {
             let usage = slot.guest.dev().memory_usage();
+            // Every mapping the guest's objects hold in the daemon is charged: its MR windows
+            // and its staged queues' host buffers.
+            let held = slot.guest.dev().inventory().daemon_mappings;
+            assert_eq!(
+                usage.mappings, held,
+                "the guest's objects hold {held} daemon mappings, its account charges {}",
+                usage.mappings
+            );
             mappings += usage.mappings;
             pinned += usage.pinned_bytes;
+            locked += usage.locked_bytes;
         }
+        let budget = &self.budget;
         assert_eq!(
-            (self.budget.mappings(), self.budget.pinned_bytes()),
-            (mappings, pinned),
-            "the daemon's budget (mappings, pinned bytes) and its guests' accounts differ"
+            (budget.mappings(), budget.pinned_bytes(), budget.locked_bytes()),
+            (mappings, pinned, locked),
+            "the daemon's budget (mappings, pinned and locked bytes) and its guests' accounts differ"
         );
         let limits = self.budget.limits();
         assert!(
-            mappings <= limits.mappings && pinned <= limits.pinned_bytes,
-            "{mappings} mappings and {pinned} pinned bytes over the daemon's {limits:?}"
+            mappings <= limits.mappings
+                && pinned <= limits.pinned_bytes
+                && locked <= limits.locked_bytes,
+            "{mappings} mappings, {pinned} pinned and {locked} locked bytes over the daemon's \
+             {limits:?}"
         );
     }
 }

@@ -12,4 +12,6 @@ pub mod retry;
 mod wqe_check;
 
 pub use pump::{StagedKind, StagedRing, StagedRingInit, Staging};
-pub use wqe_check::{check, neutralise, Refusal, StagedAh, StagedAhs, NEUTRALISED_AH_NUM};
+pub use wqe_check::{
+    check, neutralise, IsLocal, Reach, Refusal, StagedAh, StagedAhs, NEUTRALISED_AH_NUM,
+};

@@ -33,10 +33,9 @@ use vrdma_spec::wire::QpAttr;
 
 use super::file::{SharedMapping, StagingExtent, StagingFile};
 use super::retry::RetrySchedule;
-use super::wqe_check::{check, neutralise, payload_len, Refusal, StagedAhs};
+use super::wqe_check::{check, neutralise, payload_len, Reach, Refusal, StagedAhs};
 use crate::fault_log::FaultLog;
 use crate::host::{HostContext, QpHandle};
-use crate::identity::endpoints::LocalEndpoints;
 use crate::memory::queue_region::ShmRange;
 use crate::resources::table::Handle;
 
@@ -312,20 +311,21 @@ pub struct Staging {
 }
 
 impl Staging {
-    /// Room for `slots` doorbell indices; sends reach local QPs as `endpoints` allows; what
-    /// the guest does wrong goes to `faults` (the guest's own, which outlives a reset).
-    pub fn new(slots: u32, endpoints: Arc<LocalEndpoints>, faults: Arc<FaultLog>) -> Self {
+    /// Room for `slots` doorbell indices; sends reach local QPs as `reach` allows; what the
+    /// guest does wrong goes to `faults` (the guest's own, which outlives a reset).
+    pub fn new(slots: u32, reach: Reach, faults: Arc<FaultLog>) -> Self {
         Staging {
             queues: (0..slots).map(|_| StagedQueues::default()).collect(),
             waiting: RetrySchedule::default(),
-            ahs: StagedAhs::new(endpoints),
+            ahs: StagedAhs::new(reach),
             faults,
         }
     }
 
-    /// The daemon's table of tenant addresses and QP numbers the sends are checked against.
-    pub fn endpoints(&self) -> &Arc<LocalEndpoints> {
-        self.ahs.endpoints()
+    /// Where the sends may go (the daemon's table of tenant addresses and QP numbers, the
+    /// host's own addresses).
+    pub fn reach(&self) -> &Reach {
+        self.ahs.reach()
     }
 
     /// Where the guest's faults are logged.

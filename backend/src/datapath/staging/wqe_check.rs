@@ -24,8 +24,54 @@ pub struct StagedAh {
     pub pd: Handle,
     /// The host's `ah_num` for it.
     pub ah_num: u32,
-    /// Where its destination address leads (whose QPs a send through it may name).
-    pub destination: Destination,
+    /// Its destination address. Where it leads (whose QPs a send through it may name) is
+    /// decided for each send, not once: an address may become the host's own later (a tenant's
+    /// address re-added, one the host gains).
+    pub dgid: [u8; 16],
+}
+
+/// Whether packets to a GID stay on this host, by the host device's addresses now.
+pub type IsLocal = Arc<dyn Fn(&[u8; 16]) -> bool + Send + Sync>;
+
+/// Where the guest's staged sends may go: the daemon's table of tenant addresses and QP
+/// numbers, and which destinations are this host's own.
+#[derive(Clone)]
+pub struct Reach {
+    endpoints: Arc<LocalEndpoints>,
+    is_local: IsLocal,
+}
+
+impl Reach {
+    /// Sends checked against `endpoints`, `is_local` telling the host's own addresses.
+    pub fn new(endpoints: Arc<LocalEndpoints>, is_local: IsLocal) -> Self {
+        Reach {
+            endpoints,
+            is_local,
+        }
+    }
+
+    /// A host none of whose addresses is anybody's destination, no tenants.
+    pub fn nowhere_local() -> Self {
+        Reach::new(LocalEndpoints::new(), Arc::new(|_| false))
+    }
+
+    /// The daemon's table.
+    pub fn endpoints(&self) -> &Arc<LocalEndpoints> {
+        &self.endpoints
+    }
+
+    /// Where `dgid` leads now.
+    pub fn destination(&self, dgid: &[u8; 16]) -> Destination {
+        self.endpoints.classify(dgid, (self.is_local)(dgid))
+    }
+}
+
+impl std::fmt::Debug for Reach {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reach")
+            .field("endpoints", &self.endpoints)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why a staged WQE was refused.
@@ -109,7 +155,11 @@ pub fn check(
         .get(handle)
         .filter(|ah| ah.pd == pd)
         .ok_or(Refusal::AddressHandle(handle))?;
-    if !ahs.endpoints.allows(ah.destination, ud.remote_qpn.get()) {
+    if !ahs
+        .reach
+        .endpoints
+        .allows(ahs.reach.destination(&ah.dgid), ud.remote_qpn.get())
+    {
         return Err(Refusal::Destination(ud.remote_qpn.get()));
     }
     wqe.wr.reserved = Le32::ZERO;
@@ -179,26 +229,26 @@ pub fn neutralise(slot: &mut [u8]) -> usize {
     head
 }
 
-/// The guest's address handles as the pump sees them, by raw AH handle, and the daemon's
-/// table of which local QPs their destinations may reach.
-#[derive(Debug, Default)]
+/// The guest's address handles as the pump sees them, by raw AH handle, and where sends
+/// through them may go.
+#[derive(Debug)]
 pub struct StagedAhs {
     by_handle: HashMap<u32, StagedAh>,
-    endpoints: Arc<LocalEndpoints>,
+    reach: Reach,
 }
 
 impl StagedAhs {
-    /// No address handles; sends reach local QPs as `endpoints` allows.
-    pub fn new(endpoints: Arc<LocalEndpoints>) -> Self {
+    /// No address handles; sends reach local QPs as `reach` allows.
+    pub fn new(reach: Reach) -> Self {
         StagedAhs {
             by_handle: HashMap::new(),
-            endpoints,
+            reach,
         }
     }
 
-    /// The table the sends are checked against.
-    pub fn endpoints(&self) -> &Arc<LocalEndpoints> {
-        &self.endpoints
+    /// Where the sends may go.
+    pub fn reach(&self) -> &Reach {
+        &self.reach
     }
 
     /// Makes AH `handle` usable in staged WQEs.
@@ -224,15 +274,17 @@ mod tests {
     const PD: u32 = 0x0100_0001;
     const AH: u32 = 0x0100_0002;
 
+    const REMOTE: [u8; 16] = [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+
     fn ahs() -> StagedAhs {
-        let mut ahs = StagedAhs::default();
+        let mut ahs = StagedAhs::new(Reach::nowhere_local());
         let pd = Handle::from_raw(PD);
         ahs.insert(
             Handle::from_raw(AH),
             StagedAh {
                 pd,
                 ah_num: 42,
-                destination: Destination::Remote,
+                dgid: REMOTE,
             },
         );
         ahs
@@ -320,14 +372,14 @@ mod tests {
         let neighbour = endpoints.add_tenant([[0xfd; 16]]);
         let _own_qp = endpoints.claim_qpn(own, 0x42);
         let pd = Handle::from_raw(PD);
-        let mut ahs = StagedAhs::new(Arc::clone(&endpoints));
+        let mut ahs = StagedAhs::new(Reach::new(Arc::clone(&endpoints), Arc::new(|_| true)));
         // An AH aimed at the sender's own address: its own QP 0x42 only.
         ahs.insert(
             Handle::from_raw(AH),
             StagedAh {
                 pd,
                 ah_num: 42,
-                destination: Destination::Tenant(own),
+                dgid: [0xfe; 16],
             },
         );
         let mut slot = inline_slot(8);
@@ -342,5 +394,38 @@ mod tests {
             Err(Refusal::Destination(0x42))
         );
         assert_eq!(slot, inline_slot(8));
+    }
+
+    #[test]
+    fn an_address_that_becomes_local_is_checked_as_local_from_then_on() {
+        // An AH made while its address was another machine's lets a send name any QP number;
+        // once the address is the host's own (a tenant's address added back after a link flap,
+        // one the host gains), the same AH may reach only the QPs that address allows.
+        let endpoints = LocalEndpoints::new();
+        endpoints.add_tenant([REMOTE]);
+        // QP 0x42 is a third tenant's, not the one whose address REMOTE becomes.
+        let third = endpoints.add_tenant([[0xfd; 16]]);
+        let _third_qp = endpoints.claim_qpn(third, 0x42);
+        let local = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let is_local = Arc::clone(&local);
+        let mut ahs = StagedAhs::new(Reach::new(
+            endpoints,
+            Arc::new(move |_| is_local.load(std::sync::atomic::Ordering::SeqCst)),
+        ));
+        let pd = Handle::from_raw(PD);
+        ahs.insert(
+            Handle::from_raw(AH),
+            StagedAh {
+                pd,
+                ah_num: 42,
+                dgid: REMOTE,
+            },
+        );
+        assert!(check(&mut inline_slot(8), pd, 1, 64, &ahs).is_ok());
+        local.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            check(&mut inline_slot(8), pd, 1, 64, &ahs),
+            Err(Refusal::Destination(0x42))
+        );
     }
 }
