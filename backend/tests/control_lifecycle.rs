@@ -371,3 +371,35 @@ fn a_discard_postponed_past_the_next_drivers_negotiation_leaves_it_alone() {
     guest.alloc_pd();
     assert_eq!(fake.world().pds.len(), 1);
 }
+
+#[test]
+fn a_reset_requested_during_discard_state_moves_the_epoch_once() {
+    // The driver sends DISCARD_STATE and resets the device while it runs (the discard waits
+    // for the front-end to unmap the queues). The reset starts the next driver's epoch; the
+    // discard, the old driver's, must not move it again under the new driver.
+    let fake = FakeDevice::new();
+    let guest = TestGuest::new(&fake, test_options(), ALL_FEATURES);
+    guest.create_cq(8);
+    let epoch = guest.config().epoch.get();
+    let (unmap_asked, asked) = std::sync::mpsc::channel();
+    let (answer, answer_now) = std::sync::mpsc::channel::<()>();
+    guest.frontend.before_next_request(Box::new(move || {
+        unmap_asked.send(()).unwrap();
+        answer_now.recv().unwrap();
+    }));
+    std::thread::scope(|scope| {
+        let discard = scope.spawn(|| guest.status(ControlRequest::DiscardState));
+        asked.recv().unwrap();
+        guest.dev().reset_requested();
+        answer.send(()).unwrap();
+        assert_eq!(discard.join().unwrap(), Status::Ok);
+    });
+    assert_eq!(guest.config().epoch.get(), epoch + 1);
+    // An uninterrupted DISCARD_STATE with something to discard moves it once, too.
+    guest
+        .dev()
+        .features_acked(VIRTIO_F_VERSION_1 | ALL_FEATURES);
+    guest.create_cq(8);
+    assert_eq!(guest.status(ControlRequest::DiscardState), Status::Ok);
+    assert_eq!(guest.config().epoch.get(), epoch + 2);
+}

@@ -229,7 +229,7 @@ fn a_memory_change_while_a_command_waits_for_the_frontend_does_not_wait_for_the_
     };
     let (map_asked, asked) = std::sync::mpsc::channel();
     let (answer, answer_now) = std::sync::mpsc::channel::<()>();
-    guest.frontend.before_next_map(Box::new(move || {
+    guest.frontend.before_next_request(Box::new(move || {
         map_asked.send(()).unwrap();
         answer_now.recv().unwrap();
     }));

@@ -196,3 +196,39 @@ fn the_alternate_path_is_held_to_the_same_rule() {
     assert_eq!(to_rts_with_alternate(&d.a, qp, gid(A)), Status::Invalid);
     assert_eq!(to_rts_with_alternate(&d.a, qp, gid(B)), Status::Ok);
 }
+
+#[test]
+fn a_reset_qp_is_not_held_to_the_alternate_path_of_its_last_connection() {
+    // rxe keeps a QP's alternate path across RESET. A reconnection that sets no alternate
+    // path must be judged by the paths it sets, not by the old connection's alternate.
+    let d = daemon();
+    let (_, b_qpn) = rc_qp(&d.b);
+    let (qp, _) = rc_qp(&d.a);
+    assert_eq!(to_rtr(&d.a, qp, gid(B), b_qpn), Status::Ok);
+    assert_eq!(to_rts_with_alternate(&d.a, qp, gid(B)), Status::Ok);
+    let reset = wire::QpAttr::new_zeroed().with_qp_state(QpState::Reset);
+    assert_eq!(
+        d.a.status(ControlRequest::ModifyQp(ModifyQpReq {
+            qp: Le32::new(qp),
+            attr_mask: Le32::new(M::STATE.bits()),
+            attr: reset,
+        })),
+        Status::Ok
+    );
+    let mut init = wire::QpAttr::new_zeroed().with_qp_state(QpState::Init);
+    init.port_num = 1;
+    init.qp_access_flags = Le32::new(AccessFlags::LOCAL_WRITE.bits());
+    assert_eq!(
+        d.a.status(ControlRequest::ModifyQp(ModifyQpReq {
+            qp: Le32::new(qp),
+            attr_mask: Le32::new((M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS).bits()),
+            attr: init,
+        })),
+        Status::Ok
+    );
+    // Another machine's QP 0x99: B's address (the stale alternate) does not lead to it, and
+    // it need not.
+    assert_eq!(to_rtr(&d.a, qp, gid(REMOTE), 0x99), Status::Ok);
+    // An alternate path set again is checked again.
+    assert_eq!(to_rts_with_alternate(&d.a, qp, gid(B)), Status::Invalid);
+}

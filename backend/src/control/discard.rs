@@ -14,7 +14,7 @@ use crate::vhost_device::guest_io::GuestIo;
 /// Discards every object of the guest the way their destroy commands would, removing the
 /// device's shared-memory mappings itself. The driver asked, so no DEVICE_FATAL is owed for it.
 pub(crate) fn discard_state(s: &mut Session<'_>) -> CommandResult {
-    discard_all(s.guest, s.state, Some(s.guest_io), Epoch::Advanced);
+    discard_all(s.guest, s.state, Some(s.guest_io), Epoch::AdvancedFrom(s.epoch));
     s.state.announce_discard = false;
     Ok(ResponseBody::Empty)
 }
@@ -22,8 +22,12 @@ pub(crate) fn discard_state(s: &mut Session<'_>) -> CommandResult {
 /// What a discard does to the configuration epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Epoch {
-    /// Advanced when there is anything to discard (DISCARD_STATE, host failure).
+    /// Advanced when there is anything to discard (host failure).
     Advanced,
+    /// Advanced when there is anything to discard, unless it moved on from this one since
+    /// (DISCARD_STATE, whose driver's reset was requested while it ran: that reset started
+    /// the next driver's epoch, which this discard must not move again).
+    AdvancedFrom(u32),
     /// Left alone: a reset advanced it when it was requested; a disconnect has no driver.
     Kept,
 }
@@ -101,6 +105,7 @@ pub(crate) fn discard_all(
     state.announce_discard = true;
     let epoch = match epoch {
         Epoch::Advanced => guest.advance_epoch(),
+        Epoch::AdvancedFrom(seen) => guest.advance_epoch_from(seen),
         Epoch::Kept => guest.epoch(),
     };
     let (n, shown) = guest.count_discard();

@@ -144,6 +144,7 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
         sq,
         rq,
         qpn_claim: c.guest.tenant().claim_qpn(qp.qpn),
+        alt_path_set: false,
     };
     let handle = c.state.qps.insert(entry)?;
     // The QP is the guest's now: its entry owns what the creation held.
@@ -316,8 +317,9 @@ fn state_field(value: u32, what: &'static str) -> Result<QpState, CommandError> 
 /// MODIFY_QP: the spec's state machine against the host's current state, then the values of
 /// the selected attributes against the port and device, then the host.
 pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
-    let entry = s.state.qps.get(Handle::from_raw(r.qp.get()))?;
-    let (host, qp_type) = (entry.host, entry.qp_type);
+    let handle = Handle::from_raw(r.qp.get());
+    let entry = s.state.qps.get(handle)?;
+    let (host, qp_type, alt_path_set) = (entry.host, entry.qp_type, entry.alt_path_set);
     // The decoder refused undefined bits.
     let mask = QpAttrMask::from_bits_retain(r.attr_mask.get());
     if mask.intersects(QpAttrMask::CAP | QpAttrMask::RATE_LIMIT) {
@@ -410,31 +412,44 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
     };
     attr.port_num = if has(QpAttrMask::PORT) { port } else { 0 };
     if matches!(qp_type, QpType::Rc | QpType::Uc) && mask.intersects(REACH_ATTRS) {
-        check_connection_reach(s, &current, &a, mask)?;
+        check_connection_reach(s, &current, &a, mask, alt_path_set)?;
     }
     let guest = s.guest;
     guest
         .host()
         .modify_qp(host, &attr, mask)
         .map_err(host_err("MODIFY_QP"))?;
+    let entry = s.state.qps.get_mut(handle)?;
+    if has(QpAttrMask::ALT_PATH) {
+        entry.alt_path_set = true;
+    } else if next == QpState::Reset {
+        entry.alt_path_set = false;
+    }
     Ok(ResponseBody::Empty)
 }
 
 /// Checks that the QP number a connected QP is aimed at lives behind the destination address
 /// of each of its paths (spec §12.1), taking what the command does not set from the host QP's
 /// `current` attributes. The alternate path counts as well: a device that migrates to it
-/// would send there.
+/// would send there. The host's alternate path counts only if the guest set it since the QP's
+/// last RESET (`alt_path_set`): rxe keeps the alternate path of an earlier connection, which
+/// the guest's next connection does not use until it sets one (and rxe never migrates).
 fn check_connection_reach(
     s: &Session<'_>,
     current: &QpAttr,
     a: &QpAttr,
     mask: QpAttrMask,
+    alt_path_set: bool,
 ) -> Result<(), CommandError> {
     let pick = |bit: QpAttrMask| if mask.contains(bit) { a } else { current };
     let qpn = pick(QpAttrMask::DEST_QPN).dest_qp_num.get();
     check_reach(s.guest, &pick(QpAttrMask::AV).ah_attr.dgid, qpn)?;
-    let alternate = pick(QpAttrMask::ALT_PATH).alt_ah_attr.dgid;
-    if alternate != [0; 16] {
+    let alternate = if mask.contains(QpAttrMask::ALT_PATH) {
+        Some(a.alt_ah_attr.dgid)
+    } else {
+        alt_path_set.then_some(current.alt_ah_attr.dgid)
+    };
+    if let Some(alternate) = alternate.filter(|dgid| *dgid != [0; 16]) {
         check_reach(s.guest, &alternate, qpn)?;
     }
     Ok(())

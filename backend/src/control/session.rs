@@ -25,6 +25,9 @@ pub(crate) struct Session<'a> {
     pub(crate) state: &'a mut GuestState,
     /// Feature bits the driver accepted.
     pub(crate) features: u64,
+    /// The configuration epoch when the command began (a reset requested while it runs moves
+    /// the epoch on: the command belongs to the driver before it).
+    pub(crate) epoch: u32,
 }
 
 impl Session<'_> {

@@ -86,6 +86,9 @@ pub struct QpEntry {
     pub rq: Option<MappedRing>,
     /// Its QP number, claimed for the guest's tenant while it lives (`None` without one).
     pub qpn_claim: Option<QpnClaim>,
+    /// The guest gave it an alternate path since it was created or last reset: the host's
+    /// alternate path is the guest's current one (rxe keeps the old one across RESET).
+    pub alt_path_set: bool,
 }
 
 /// The objects a QP uses.

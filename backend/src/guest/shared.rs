@@ -166,6 +166,18 @@ impl GuestShared {
         self.epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1)
     }
 
+    /// Moves to the epoch after `seen` if the epoch is still `seen`; returns the epoch now.
+    pub(crate) fn advance_epoch_from(&self, seen: u32) -> u32 {
+        let next = seen.wrapping_add(1);
+        match self
+            .epoch
+            .compare_exchange(seen, next, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => next,
+            Err(now) => now,
+        }
+    }
+
     /// The daemon's options.
     pub(crate) fn options(&self) -> &DeviceOptions {
         &self.options

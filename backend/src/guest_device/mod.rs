@@ -346,6 +346,7 @@ impl GuestDevice {
         capacity: usize,
     ) -> CommandResult {
         let op = request.opcode();
+        let epoch = self.shared.epoch();
         let features = self.features().unwrap_or(0);
         if features & VIRTIO_F_VERSION_1 == 0 {
             return Err(CommandError::NotNegotiated("VIRTIO_F_VERSION_1"));
@@ -401,6 +402,7 @@ impl GuestDevice {
             guest_io,
             state: &mut state,
             features,
+            epoch,
         };
         control::dispatch(&mut session, request)
     }

@@ -24,19 +24,17 @@ pub struct FakeFrontend {
     /// What each extent maps: offset to the file and the file offset.
     files: Mutex<BTreeMap<u64, (File, u64)>>,
     refuse: AtomicBool,
-    /// Runs before the next SHMEM_MAP is answered (see [`FakeFrontend::before_next_map`]).
-    before_map: Mutex<Option<MapHook>>,
+    /// Runs before the next SHMEM_MAP or SHMEM_UNMAP is answered (see
+    /// [`FakeFrontend::before_next_request`]).
+    before_request: Mutex<Option<RequestHook>>,
 }
 
-/// What a front-end does before it answers a SHMEM_MAP.
-pub type MapHook = Box<dyn FnOnce() + Send>;
+/// What a front-end does before it answers a back-end request.
+pub type RequestHook = Box<dyn FnOnce() + Send>;
 
 impl VhostUserFrontendReqHandler for FakeFrontend {
     fn shmem_map(&self, req: &VhostUserMMap, fd: &dyn AsRawFd) -> io::Result<u64> {
-        let hook = self.before_map.lock().unwrap().take();
-        if let Some(hook) = hook {
-            hook();
-        }
+        self.run_hook();
         let (offset, len) = (req.shm_offset, req.len);
         let mut maps = self.maps.lock().unwrap();
         let overlaps = maps
@@ -65,6 +63,7 @@ impl VhostUserFrontendReqHandler for FakeFrontend {
     }
 
     fn shmem_unmap(&self, req: &VhostUserMMap) -> io::Result<u64> {
+        self.run_hook();
         let (offset, len) = (req.shm_offset, req.len);
         let mut maps = self.maps.lock().unwrap();
         match maps.get(&offset) {
@@ -86,15 +85,23 @@ impl FakeFrontend {
             maps: Mutex::default(),
             files: Mutex::default(),
             refuse: AtomicBool::new(false),
-            before_map: Mutex::default(),
+            before_request: Mutex::default(),
         }
     }
 
-    /// Runs `hook` on the channel's serving thread when the next SHMEM_MAP arrives, before it
-    /// is answered, while the backend waits for the answer: as QEMU's main loop may first
-    /// finish a memory-table change of its own, whose answer it waits for.
-    pub fn before_next_map(&self, hook: MapHook) {
-        *self.before_map.lock().unwrap() = Some(hook);
+    /// Runs `hook` on the channel's serving thread when the next SHMEM_MAP or SHMEM_UNMAP
+    /// arrives, before it is answered, while the backend waits for the answer: as QEMU's main
+    /// loop may first finish something of its own (a memory-table change whose answer it
+    /// waits for, a device reset).
+    pub fn before_next_request(&self, hook: RequestHook) {
+        *self.before_request.lock().unwrap() = Some(hook);
+    }
+
+    fn run_hook(&self) {
+        let hook = self.before_request.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook();
+        }
     }
 
     /// Makes every following SHMEM_MAP fail (`true`) or succeed again (`false`).
