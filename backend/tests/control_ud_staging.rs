@@ -70,8 +70,7 @@ impl Setup {
         let qp = guest.create_qp(ud_qp_req(pd, cq)).unwrap();
         let host_qp = fake.world().qp_by_qpn(qp.qpn.get()).unwrap();
         let ah = create_ah(&guest, pd);
-        // As after the driver's MODIFY_QPs (the host refuses RESET to ERR).
-        fake.world().qp_state.insert(host_qp, QpState::Rts);
+        guest.ud_to_rts(qp.qp.get(), 0x1111_1111);
         Setup {
             fake,
             guest,
@@ -479,4 +478,54 @@ fn a_refused_receive_queue_mapping_releases_the_staged_send_queue() {
         Err(Status::DeviceError)
     );
     assert_eq!(s.guest.frontend.mapped().len(), cq_rings);
+}
+
+#[test]
+fn wqes_wait_in_the_staging_ring_until_the_qp_sends_and_are_checked_then() {
+    // rxe keeps WQEs given to a QP in INIT and sends them once it is in RTS: checked when
+    // posted, they would leave with whatever their AH names by then. Held in the staging
+    // ring, they are checked when the QP starts sending.
+    let mut s = Setup::new();
+    let modify = |state: QpState, mask: QpAttrMask| {
+        let mut attr = QpAttr::new_zeroed().with_qp_state(state);
+        attr.port_num = 1;
+        attr.qkey = Le32::new(0x1111_1111);
+        ModifyQpReq {
+            qp: s.qp.qp,
+            attr_mask: Le32::new(mask.bits()),
+            attr,
+        }
+    };
+    type M = QpAttrMask;
+    let reset = modify(QpState::Reset, M::STATE);
+    let init = modify(QpState::Init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY);
+    for request in [reset, init] {
+        assert_eq!(
+            s.guest.status(ControlRequest::ModifyQp(request)),
+            Status::Ok
+        );
+    }
+    let (wqe, sges) = send(11, s.ah);
+    s.stage(0, &wqe, &sges);
+    s.set_staging_producer(1);
+    s.fake.world().kicks.clear();
+    s.ring();
+    assert_eq!(
+        s.host_word(header::PRODUCER_INDEX),
+        0,
+        "nothing forwarded in INIT"
+    );
+    assert_eq!(s.staging_word(header::CONSUMER_INDEX), 0);
+    assert!(s.fake.world().kicks.is_empty());
+    // The AH goes while the WQE waits; the QP then moves to RTS: the WQE is checked now.
+    assert_eq!(
+        s.guest.status(ControlRequest::DestroyAh(handle(s.ah))),
+        Status::Ok
+    );
+    s.guest.ud_to_rts_from_init(s.qp.qp.get());
+    let (host, _) = s.host_wqe(0);
+    assert_eq!(host.wr.wr_id.get(), 11);
+    assert_eq!(host.wr.wr.ud().ah_num.get(), NEUTRALISED_AH_NUM);
+    assert!(s.moved_to_error());
+    assert_eq!(s.staging_word(header::CONSUMER_INDEX), 1);
 }

@@ -14,7 +14,12 @@ use crate::vhost_device::guest_io::GuestIo;
 /// Discards every object of the guest the way their destroy commands would, removing the
 /// device's shared-memory mappings itself. The driver asked, so no DEVICE_FATAL is owed for it.
 pub(crate) fn discard_state(s: &mut Session<'_>) -> CommandResult {
-    discard_all(s.guest, s.state, Some(s.guest_io), Epoch::AdvancedFrom(s.epoch));
+    discard_all(
+        s.guest,
+        s.state,
+        Some(s.guest_io),
+        Epoch::AdvancedFrom(s.epoch),
+    );
     s.state.announce_discard = false;
     Ok(ResponseBody::Empty)
 }

@@ -425,6 +425,16 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
     } else if next == QpState::Reset {
         entry.alt_path_set = false;
     }
+    if has(QpAttrMask::STATE) {
+        // A staged UD send queue forwards only while its QP sends (see `set_sending`).
+        let sending = matches!(next, QpState::Rts | QpState::Err);
+        let index = entry.doorbell_index;
+        s.guest
+            .doorbells()
+            .lock()
+            .staging()
+            .set_sending(index, sending, s.guest.host());
+    }
     Ok(ResponseBody::Empty)
 }
 

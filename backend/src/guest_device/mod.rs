@@ -538,6 +538,9 @@ impl DeviceHandler for GuestDevice {
         }
         let (op, result) = self.run_command(guest_io, request, response_capacity);
         self.apply_memory_change(guest_io);
+        // A command may leave staged WQEs waiting for room (a QP that starts sending).
+        let next_retry = self.shared.doorbells().lock().staging().next_retry();
+        self.arm_staging_retry(next_retry);
         match result {
             Ok(body) => {
                 debug!("guest {}: {op:?}: OK", self.id());

@@ -390,3 +390,34 @@ pub fn rc_to_rtr(qp: u32, sgid_index: u8, dgid: [u8; 16], dest_qpn: u32) -> Modi
         attr,
     }
 }
+
+impl TestGuest {
+    /// Moves UD QP `qp` from RESET through INIT and RTR to RTS, as a driver does (port 1,
+    /// P_Key index 0).
+    pub fn ud_to_rts(&self, qp: u32, qkey: u32) {
+        let mut init = QpAttr::new_zeroed().with_qp_state(QpState::Init);
+        init.port_num = 1;
+        init.qkey = Le32::new(qkey);
+        let mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY;
+        self.modify_ok(qp, init, mask);
+        self.ud_to_rts_from_init(qp);
+    }
+
+    /// Moves UD QP `qp` from INIT through RTR to RTS.
+    pub fn ud_to_rts_from_init(&self, qp: u32) {
+        let mut rts = QpAttr::new_zeroed().with_qp_state(QpState::Rts);
+        rts.sq_psn = Le32::new(1);
+        let rtr = QpAttr::new_zeroed().with_qp_state(QpState::Rtr);
+        self.modify_ok(qp, rtr, QpAttrMask::STATE);
+        self.modify_ok(qp, rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN);
+    }
+
+    fn modify_ok(&self, qp: u32, attr: QpAttr, mask: QpAttrMask) {
+        let request = ModifyQpReq {
+            qp: Le32::new(qp),
+            attr_mask: Le32::new(mask.bits()),
+            attr,
+        };
+        assert_eq!(self.status(ControlRequest::ModifyQp(request)), Status::Ok);
+    }
+}

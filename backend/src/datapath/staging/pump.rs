@@ -66,6 +66,9 @@ pub struct StagedRing {
     waiting: bool,
     /// The guest published an impossible index: its doorbells are ignored from then on.
     poisoned: bool,
+    /// WQEs stay in the staging ring, unchecked and unforwarded, until the QP can send them
+    /// (UD send queues until the guest moves the QP to RTS, see [`Staging::set_sending`]).
+    held: bool,
     /// One slot, the private copy checks work on.
     scratch: Box<[u8]>,
 }
@@ -116,6 +119,8 @@ impl StagedRing {
             position: 0,
             waiting: false,
             poisoned: false,
+            // A new QP is in RESET.
+            held: init.kind == StagedKind::UdSend,
             scratch: vec![0; geometry.slot_size()].into_boxed_slice(),
         })
     }
@@ -142,7 +147,7 @@ impl StagedRing {
     /// number of WQEs forwarded (neutralised ones included).
     pub fn pump(&mut self, host: &dyn HostContext, ahs: &StagedAhs, faults: &FaultLog) -> usize {
         self.waiting = false;
-        if self.poisoned {
+        if self.poisoned || self.held {
             return 0;
         }
         let producer = self.staging_word(header::PRODUCER_INDEX).load(Acquire);
@@ -363,6 +368,35 @@ impl Staging {
             self.waiting.add(index, Instant::now());
         }
         queues.sq.is_some()
+    }
+
+    /// Whether the staged UD send queue of `index` forwards its WQEs (`sending`: the guest
+    /// moved the QP to RTS, or to ERR, which flushes them) or holds them in the staging ring
+    /// (RESET, INIT, RTR, SQD). rxe keeps WQEs given to a QP that cannot send and sends them
+    /// once it is in RTS: a WQE checked then could leave long after its check, when the AH it
+    /// names was destroyed and its number reused, or its QP number belongs to another QP.
+    /// Held, it is checked when it can go at once. Starting to send pumps the queue (the WQEs
+    /// the guest posted meanwhile); returns the WQEs forwarded.
+    pub fn set_sending(&mut self, index: u32, sending: bool, host: &dyn HostContext) -> usize {
+        let Some(queues) = self.queues.get_mut(index as usize) else {
+            return 0;
+        };
+        let Some(sq) = queues
+            .sq
+            .as_mut()
+            .filter(|sq| sq.kind == StagedKind::UdSend)
+        else {
+            return 0;
+        };
+        let was_held = std::mem::replace(&mut sq.held, !sending);
+        if !(was_held && sending) {
+            return 0;
+        }
+        let forwarded = sq.pump(host, &self.ahs, &self.faults);
+        if sq.is_waiting() {
+            self.waiting.add(index, Instant::now());
+        }
+        forwarded
     }
 
     /// How long until a ring with WQEs waiting for room in a host queue is due to be pumped
