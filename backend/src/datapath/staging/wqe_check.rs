@@ -277,16 +277,19 @@ mod tests {
     const REMOTE: [u8; 16] = [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
 
     fn ahs() -> StagedAhs {
-        let mut ahs = StagedAhs::new(Reach::nowhere_local());
-        let pd = Handle::from_raw(PD);
-        ahs.insert(
-            Handle::from_raw(AH),
-            StagedAh {
-                pd,
-                ah_num: 42,
-                dgid: REMOTE,
-            },
-        );
+        ahs_to(Reach::nowhere_local(), REMOTE)
+    }
+
+    /// AH handle `AH` of PD `PD`, host `ah_num` 42, aimed at `dgid`, its sends going as
+    /// `reach` allows.
+    fn ahs_to(reach: Reach, dgid: [u8; 16]) -> StagedAhs {
+        let mut ahs = StagedAhs::new(reach);
+        let ah = StagedAh {
+            pd: Handle::from_raw(PD),
+            ah_num: 42,
+            dgid,
+        };
+        ahs.insert(Handle::from_raw(AH), ah);
         ahs
     }
 
@@ -372,16 +375,9 @@ mod tests {
         let neighbour = endpoints.add_tenant([[0xfd; 16]]);
         let _own_qp = endpoints.claim_qpn(own, 0x42);
         let pd = Handle::from_raw(PD);
-        let mut ahs = StagedAhs::new(Reach::new(Arc::clone(&endpoints), Arc::new(|_| true)));
         // An AH aimed at the sender's own address: its own QP 0x42 only.
-        ahs.insert(
-            Handle::from_raw(AH),
-            StagedAh {
-                pd,
-                ah_num: 42,
-                dgid: [0xfe; 16],
-            },
-        );
+        let reach = Reach::new(Arc::clone(&endpoints), Arc::new(|_| true));
+        let ahs = ahs_to(reach, [0xfe; 16]);
         let mut slot = inline_slot(8);
         assert!(check(&mut slot, pd, 1, 64, &ahs).is_ok());
         // The same QP number claimed by the neighbour (the sender's QP gone, the number
@@ -408,19 +404,12 @@ mod tests {
         let _third_qp = endpoints.claim_qpn(third, 0x42);
         let local = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let is_local = Arc::clone(&local);
-        let mut ahs = StagedAhs::new(Reach::new(
+        let reach = Reach::new(
             endpoints,
             Arc::new(move |_| is_local.load(std::sync::atomic::Ordering::SeqCst)),
-        ));
-        let pd = Handle::from_raw(PD);
-        ahs.insert(
-            Handle::from_raw(AH),
-            StagedAh {
-                pd,
-                ah_num: 42,
-                dgid: REMOTE,
-            },
         );
+        let ahs = ahs_to(reach, REMOTE);
+        let pd = Handle::from_raw(PD);
         assert!(check(&mut inline_slot(8), pd, 1, 64, &ahs).is_ok());
         local.store(true, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(
