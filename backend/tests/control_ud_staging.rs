@@ -529,3 +529,55 @@ fn wqes_wait_in_the_staging_ring_until_the_qp_sends_and_are_checked_then() {
     assert!(s.moved_to_error());
     assert_eq!(s.staging_word(header::CONSUMER_INDEX), 1);
 }
+
+#[test]
+fn a_destroyed_ah_stays_on_the_host_until_the_sends_forwarded_before_are_consumed() {
+    // The host would give a destroyed AH's number to the next AH, which a WQE forwarded
+    // through the old one (checked against its destination) would then be sent through.
+    let mut s = Setup::new();
+    let (wqe, sges) = send(7, s.ah);
+    s.stage(0, &wqe, &sges);
+    s.set_staging_producer(1);
+    s.ring();
+    assert_eq!(s.host_word(header::PRODUCER_INDEX), 1);
+    assert_eq!(
+        s.guest.status(ControlRequest::DestroyAh(handle(s.ah))),
+        Status::Ok
+    );
+    assert_eq!(
+        s.fake.world().ahs.len(),
+        1,
+        "held while the WQE is not consumed"
+    );
+    assert_eq!(
+        s.guest.status(ControlRequest::DestroyAh(handle(s.ah))),
+        Status::BadHandle,
+        "the guest's handle is gone at once"
+    );
+    // The kernel sends it (its consumer index passes it); the next command lets the AH go.
+    s.fake
+        .world()
+        .set_queue_word(s.host_qp, HostQueue::Send, header::CONSUMER_INDEX, 1);
+    assert_eq!(s.guest.status(ControlRequest::QueryDevice), Status::Ok);
+    assert!(s.fake.world().ahs.is_empty());
+    // With nothing in flight an AH goes at once.
+    let ah = create_ah(&s.guest, s.pd);
+    assert_eq!(
+        s.guest.status(ControlRequest::DestroyAh(handle(ah))),
+        Status::Ok
+    );
+    assert!(s.fake.world().ahs.is_empty());
+    // A discard destroys what still lingers.
+    let ah = create_ah(&s.guest, s.pd);
+    let (wqe, sges) = send(8, ah);
+    s.stage(1, &wqe, &sges);
+    s.set_staging_producer(2);
+    s.ring();
+    assert_eq!(
+        s.guest.status(ControlRequest::DestroyAh(handle(ah))),
+        Status::Ok
+    );
+    assert_eq!(s.fake.world().ahs.len(), 1);
+    assert_eq!(s.guest.status(ControlRequest::DiscardState), Status::Ok);
+    assert!(s.fake.world().ahs.is_empty());
+}

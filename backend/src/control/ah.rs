@@ -15,6 +15,7 @@ use crate::guest::shared::GuestShared;
 use crate::host::{AhInit, HostContext};
 use crate::identity::endpoints::Destination;
 use crate::identity::policy::PolicyViolation;
+use crate::resources::kind::{ResourceError, ResourceKind};
 use crate::resources::table::Handle;
 
 /// `IB_LINK_LAYER_ETHERNET`: RoCE ports, where every address vector needs a GRH.
@@ -170,6 +171,16 @@ pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
     let pd_host = s.state.pds.get(pd)?.host;
     let HostAv { attr, sgid } = ah_attr_to_host(s.guest, &r.ah_attr, "ah_attr.port_num")?;
     s.state.ahs.check_room(0)?;
+    // Destroyed AHs the host still holds for the guest's sends count against its quota: a
+    // guest cannot make the host hold AHs without bound.
+    let lingering = s.guest.doorbells().lock().staging().lingering_ahs();
+    if s.state.ahs.len() + lingering >= s.state.ahs.limit() as usize {
+        return Err(ResourceError::Quota {
+            kind: ResourceKind::Ah,
+            limit: s.state.ahs.limit(),
+        }
+        .into());
+    }
     // Fails early on a host that cannot list its addresses; staged sends classify the
     // destination again when they go.
     destination(s.guest, &attr.dgid)?;
@@ -217,21 +228,18 @@ pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
 pub(crate) fn destroy_ah(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
     let handle = Handle::from_raw(r.handle.get());
     let host = s.state.ahs.get(handle)?.host;
-    // No staged WQE may be translated to its host number once the host may reuse it.
-    let staged = s
-        .guest
-        .doorbells()
-        .lock()
-        .staging()
-        .ahs_mut()
-        .remove(handle);
-    if let Err(e) = s.host().destroy_ah(host) {
+    // No staged WQE may be translated to its host number once the host may reuse it, and
+    // the host keeps the number while WQEs forwarded through it may wait (spec §9.6).
+    let mut doorbells = s.guest.doorbells().lock();
+    let staging = doorbells.staging();
+    let staged = staging.ahs_mut().remove(handle);
+    if let Err(e) = staging.destroy_ah(host, s.guest.host()) {
         if let Some(staged) = staged {
-            let mut doorbells = s.guest.doorbells().lock();
-            doorbells.staging().ahs_mut().insert(handle, staged);
+            staging.ahs_mut().insert(handle, staged);
         }
         return Err(host_err("DESTROY_AH")(e));
     }
+    drop(doorbells);
     let entry = s.state.ahs.remove(handle)?;
     if let Err(e) = s.state.pds.release(entry.pd) {
         warn!("AH bookkeeping: {e}");

@@ -47,7 +47,10 @@ pub(crate) fn discard_all(
     epoch: Epoch,
 ) -> bool {
     let counts = state.counts();
-    let had_area = guest.doorbells().lock().clear();
+    let (lingering_ahs, had_area) = {
+        let mut doorbells = guest.doorbells().lock();
+        (doorbells.staging().take_lingering_ahs(), doorbells.clear())
+    };
     let host = guest.host();
     // Host MRs an earlier discard could not deregister go first: nothing of the guest may
     // outlive a discard that can be helped.
@@ -58,7 +61,7 @@ pub(crate) fn discard_all(
             pd::release_host(host, pd);
         }
     }
-    if counts.is_empty() && !had_area && !had_lingering {
+    if counts.is_empty() && !had_area && !had_lingering && lingering_ahs.is_empty() {
         return false;
     }
     // Connection-manager ids first: their connections name the QPs.
@@ -78,6 +81,15 @@ pub(crate) fn discard_all(
     }
     for (handle, entry) in state.ahs.drain() {
         ah::release(host, handle, entry);
+    }
+    // AHs the guest destroyed while its UD sends might still name them: the QPs are gone.
+    for host_ah in lingering_ahs {
+        if let Err(e) = host.destroy_ah(host_ah) {
+            warn!(
+                "guest {}: destroying host AH {host_ah} failed: {e}",
+                guest.id()
+            );
+        }
     }
     let mrs = state.mrs.drain();
     for (handle, entry) in mrs {

@@ -43,6 +43,9 @@ pub struct Inventory {
     /// MR windows' (deregistered ones the host still holds included) and one per staged
     /// queue (the device's mapping of its host buffer).
     pub daemon_mappings: u64,
+    /// Host AHs the guest destroyed that the host keeps while its forwarded UD sends may
+    /// still name them (spec §9.6).
+    pub lingering_ahs: Vec<u32>,
 }
 
 impl Inventory {
@@ -146,6 +149,7 @@ impl GuestState {
             mr_bytes: self.mr_bytes,
             event_owners,
             daemon_mappings: windows.sum::<u64>() + (staged_cqs + staged_qp_queues) as u64,
+            lingering_ahs: Vec::new(),
         }
     }
 }

@@ -292,7 +292,10 @@ impl GuestDevice {
 
     /// A snapshot of everything this guest holds, for consistency checks (tests, fuzzing).
     pub fn inventory(&self) -> Inventory {
-        self.state.lock().inventory()
+        let mut inventory = self.state.lock().inventory();
+        let mut doorbells = self.shared.doorbells().lock();
+        inventory.lingering_ahs = doorbells.staging().lingering_host_ahs();
+        inventory
     }
 
     /// The daemon's options.
@@ -538,8 +541,14 @@ impl DeviceHandler for GuestDevice {
         }
         let (op, result) = self.run_command(guest_io, request, response_capacity);
         self.apply_memory_change(guest_io);
-        // A command may leave staged WQEs waiting for room (a QP that starts sending).
-        let next_retry = self.shared.doorbells().lock().staging().next_retry();
+        // A command may leave staged WQEs waiting for room (a QP that starts sending); the
+        // host may have consumed the sends a destroyed AH waited for.
+        let next_retry = {
+            let mut doorbells = self.shared.doorbells().lock();
+            let staging = doorbells.staging();
+            staging.release_lingering_ahs(self.shared.host());
+            staging.next_retry()
+        };
         self.arm_staging_retry(next_retry);
         match result {
             Ok(body) => {

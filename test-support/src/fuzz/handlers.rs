@@ -245,12 +245,10 @@ impl Sequence {
                 .slots
                 .iter()
                 .map(|s| {
-                    s.guest
-                        .dev()
-                        .inventory()
-                        .of(ResourceKind::Mr)
-                        .filter(|o| o.host.is_some())
-                        .count()
+                    let inventory = s.guest.dev().inventory();
+                    let mrs = inventory.of(ResourceKind::Mr);
+                    // Destroyed AHs the host keeps for forwarded UD sends are the guest's too.
+                    mrs.filter(|o| o.host.is_some()).count() + inventory.lingering_ahs.len()
                 })
                 .sum::<usize>();
         assert_eq!(held, self.fake.world().live(), "host objects nobody holds");

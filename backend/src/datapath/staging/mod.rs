@@ -3,10 +3,11 @@
 //! the device's mappings of host queues), [`pump`] (staged WQEs into host queues, on the
 //! guest's doorbells), [`wqe_check`] (what a staged UD WQE may do), [`cq_copy`] (host
 //! completions into a staged CQ's ring), [`retry`] (when a ring waiting for room is pumped
-//! again). Placing a staging ring is a command's work (`control::staged_rings`).
+//! again), [`lingering_ahs`] (destroyed AHs kept on the host while WQEs may name them). Placing a staging ring is a command's work (`control::staged_rings`).
 
 pub mod cq_copy;
 pub mod file;
+mod lingering_ahs;
 mod pump;
 pub mod retry;
 mod wqe_check;

@@ -32,10 +32,11 @@ use vrdma_spec::verbs::{QpAttrMask, QpState};
 use vrdma_spec::wire::QpAttr;
 
 use super::file::{SharedMapping, StagingExtent, StagingFile};
+use super::lingering_ahs::{LingeringAh, Unconsumed};
 use super::retry::RetrySchedule;
 use super::wqe_check::{check, neutralise, payload_len, Reach, Refusal, StagedAhs};
 use crate::fault_log::FaultLog;
-use crate::host::{HostContext, QpHandle};
+use crate::host::{AhHandle, DeviceError, HostContext, QpHandle};
 use crate::memory::queue_region::ShmRange;
 use crate::resources::table::Handle;
 
@@ -269,6 +270,28 @@ impl StagedRing {
     pub fn is_waiting(&self) -> bool {
         self.waiting
     }
+
+    /// The host consumer index, masked (the kernel owns it).
+    fn host_consumer(&self) -> u32 {
+        self.geometry
+            .mask(self.host_word(header::CONSUMER_INDEX).load(Acquire))
+    }
+
+    /// The UD WQEs forwarded to the host that it has not consumed yet, if any (doorbell
+    /// `index`).
+    fn unconsumed(&self, index: u32) -> Option<Unconsumed> {
+        if self.kind != StagedKind::UdSend {
+            return None;
+        }
+        let consumer = self.host_consumer();
+        let remaining = self.geometry.mask(self.position.wrapping_sub(consumer));
+        (remaining != 0).then_some(Unconsumed {
+            index,
+            host_qp: self.host_qp,
+            last_consumer: consumer,
+            remaining,
+        })
+    }
 }
 
 /// Moves `qp` to ERR on the host (its posted WQEs then complete with errors or flushes).
@@ -311,6 +334,8 @@ pub struct Staging {
     /// Doorbell indices whose rings have WQEs waiting for room in their host queues.
     waiting: RetrySchedule,
     ahs: StagedAhs,
+    /// Host AHs the guest destroyed while forwarded WQEs may still name them.
+    lingering_ahs: Vec<LingeringAh>,
     /// The guest's refused WQEs and impossible indices, logged rate-limited.
     faults: Arc<FaultLog>,
 }
@@ -323,6 +348,7 @@ impl Staging {
             queues: (0..slots).map(|_| StagedQueues::default()).collect(),
             waiting: RetrySchedule::default(),
             ahs: StagedAhs::new(reach),
+            lingering_ahs: Vec::new(),
             faults,
         }
     }
@@ -360,6 +386,8 @@ impl Staging {
     /// staged send queue, if any, which kicks the host QP. `false` if the send queue is not
     /// staged (the caller kicks as for any QP).
     pub fn ring(&mut self, index: u32, host: &dyn HostContext) -> bool {
+        // Before anything more is forwarded (see `Unconsumed::consumed_up_to`).
+        self.release_lingering_ahs(host);
         let Some(queues) = self.queues.get_mut(index as usize) else {
             return false;
         };
@@ -378,6 +406,7 @@ impl Staging {
     /// Held, it is checked when it can go at once. Starting to send pumps the queue (the WQEs
     /// the guest posted meanwhile); returns the WQEs forwarded.
     pub fn set_sending(&mut self, index: u32, sending: bool, host: &dyn HostContext) -> usize {
+        self.release_lingering_ahs(host);
         let Some(queues) = self.queues.get_mut(index as usize) else {
             return 0;
         };
@@ -408,6 +437,7 @@ impl Staging {
     /// Pumps again every waiting ring that is due; returns how many WQEs moved now, and how
     /// long until the next ring is due (`None`: none waits).
     pub fn retry(&mut self, host: &dyn HostContext) -> (usize, Option<Duration>) {
+        self.release_lingering_ahs(host);
         let now = Instant::now();
         let (queues, ahs, faults) = (&mut self.queues, &self.ahs, &self.faults);
         let moved = self
@@ -422,5 +452,69 @@ impl Staging {
     /// The guest's address handles.
     pub fn ahs_mut(&mut self) -> &mut StagedAhs {
         &mut self.ahs
+    }
+
+    /// Destroys host AH `host_ah` (the guest's DESTROY_AH; its handle is out of the table
+    /// already) once no UD WQE forwarded so far can name it: at once if every staged UD send
+    /// queue has consumed what it was given (`Ok(true)`), else when they have (`Ok(false)`),
+    /// so that the host cannot reuse its number for another AH while such a WQE waits.
+    pub fn destroy_ah(
+        &mut self,
+        host_ah: AhHandle,
+        host: &dyn HostContext,
+    ) -> Result<bool, DeviceError> {
+        self.release_lingering_ahs(host);
+        let waits_for: Vec<Unconsumed> = (0u32..)
+            .zip(&self.queues)
+            .filter_map(|(index, queues)| queues.sq.as_ref()?.unconsumed(index))
+            .collect();
+        if waits_for.is_empty() {
+            host.destroy_ah(host_ah)?;
+            return Ok(true);
+        }
+        self.lingering_ahs.push(LingeringAh {
+            host: host_ah,
+            waits_for,
+        });
+        Ok(false)
+    }
+
+    /// Destroys the lingering host AHs whose WQEs the host has consumed (or whose QPs are
+    /// gone, and their WQEs with them).
+    pub fn release_lingering_ahs(&mut self, host: &dyn HostContext) {
+        let queues = &self.queues;
+        self.lingering_ahs.retain_mut(|ah| {
+            ah.waits_for.retain_mut(|waiting| {
+                let ring = queues
+                    .get(waiting.index as usize)
+                    .and_then(|q| q.sq.as_ref())
+                    .filter(|sq| sq.host_qp == waiting.host_qp);
+                ring.is_some_and(|sq| {
+                    !waiting.consumed_up_to(sq.host_consumer(), sq.geometry.index_mask())
+                })
+            });
+            if !ah.waits_for.is_empty() {
+                return true;
+            }
+            if let Err(e) = host.destroy_ah(ah.host) {
+                warn!("destroying host AH {} after its sends failed: {e}", ah.host);
+            }
+            false
+        });
+    }
+
+    /// Host AHs destroyed by the guest that the host still holds for its WQEs.
+    pub fn lingering_ahs(&self) -> usize {
+        self.lingering_ahs.len()
+    }
+
+    /// Their host handles.
+    pub fn lingering_host_ahs(&self) -> Vec<u32> {
+        self.lingering_ahs.iter().map(|ah| ah.host.0).collect()
+    }
+
+    /// Takes the host AHs still lingering (a discard destroys them after the QPs).
+    pub fn take_lingering_ahs(&mut self) -> Vec<AhHandle> {
+        self.lingering_ahs.drain(..).map(|ah| ah.host).collect()
     }
 }
