@@ -43,7 +43,7 @@ fn tenants_keep_their_addresses_and_a_hostile_one_hurts_nobody() {
     assert!(r.cm_foreign_bind.contains("rdma_bind_addr"), "{r:?}");
     // Every attack was tried, every attempt refused, and every legitimate control passed.
     let tried: Vec<Attack> = r.attacks.iter().filter_map(|a| a.attack).collect();
-    assert_eq!(tried.len(), 13, "{r:?}");
+    assert_eq!(tried.len(), 14, "{r:?}");
     for outcome in &r.attacks {
         assert!(outcome.held(), "{outcome:?}");
     }
@@ -51,6 +51,14 @@ fn tenants_keep_their_addresses_and_a_hostile_one_hurts_nobody() {
     assert_eq!(
         by(Attack::PinBudget).refusals.keys().collect::<Vec<_>>(),
         ["Quota"]
+    );
+    // The daemon's mappings of the attacker's staged send queues hit its mapping quota, not its
+    // QP quota (the attack stops at four times the mapping quota: reaching it fails `held`).
+    let staged = by(Attack::StagedQueues);
+    assert_eq!(
+        staged.refusals.keys().collect::<Vec<_>>(),
+        ["Quota"],
+        "{staged:?}"
     );
     assert_eq!(
         by(Attack::LogFlood).attempts,

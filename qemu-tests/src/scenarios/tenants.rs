@@ -10,7 +10,8 @@
 //!   IP header (GRH) of every message received against the address the peer announced.
 //! - A hostile tenant runs every attack of `vrdma-hostile` (foreign source GIDs, forged UD
 //!   address vectors, foreign AH and QP numbers, forbidden peers and traffic classes, page
-//!   lists of one mapping per page, pinning past its quota, a flood of malformed commands),
+//!   lists of one mapping per page, pinning past its quota, UD QPs whose staged send queues
+//!   (each a mapping of the daemon's) exceed its mapping quota, a flood of malformed commands),
 //!   then exits abruptly in the middle of registrations, while a well-behaved tenant keeps
 //!   running verified ping-pongs with a third one.
 //! - After the daemon stops, rxe holds no object and the addresses it added are gone.
@@ -57,6 +58,9 @@ pub const ATTACKER_MR_MAPPINGS: u32 = 1024;
 const ATTACK_PAGES: u32 = 2048;
 /// Malformed commands of the log flood.
 pub const FLOOD: u32 = 20_000;
+/// The attacker's mapping quota (MR windows and staged queues): its staged-queue attack must
+/// be refused by it, long before its QP quota.
+pub const ATTACKER_MAPPINGS: u32 = 256;
 
 /// What the suite saw.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -107,6 +111,7 @@ allow_ud = true
 max_mr_mappings = {ATTACKER_MR_MAPPINGS}
 [guest.quotas]
 mr_bytes = {ATTACKER_MR_BYTES}
+mappings = {ATTACKER_MAPPINGS}
 [guest.policy]
 traffic_classes = [0]
 destinations = ["{a_addr}/128"]
@@ -372,6 +377,7 @@ fn attack(hostile: &Path, dir: &Path, attacker: &Path, victim: &Path) -> Result<
             .args(["--pages", &ATTACK_PAGES.to_string()])
             .args(["--flood", &FLOOD.to_string()])
             .args(["--pin-chunk", &PIN_CHUNK.to_string()])
+            .args(["--queue-bound", &(4 * ATTACKER_MAPPINGS).to_string()])
             .args(["--forbidden-peer", VICTIM.address])
             .arg("--report")
             .arg(&report),
@@ -424,7 +430,7 @@ fn abrupt_exit(hostile: &Path, attacker: &Path, backend: &Proc) -> Result<bool> 
 /// `vrdma-hostile --attack` value with every attack.
 const ALL_ATTACKS: &str = "sgid-av,sgid-alt-path,sgid-ah,forged-ud-av,foreign-ah-num,\
 foreign-qpn-rc,foreign-qpn-ud,forbidden-peer,traffic-class,scattered-pages,repeated-pages,\
-pin-budget,log-flood";
+pin-budget,staged-queues,log-flood";
 
 /// The `guest N:` prefixes of the attacker's connections in the daemon's log, in order.
 fn attacker_ids(log: &str) -> Vec<String> {

@@ -38,6 +38,9 @@ struct Args {
     /// Bytes of each MR of the pinned-memory attack.
     #[arg(long, default_value_t = 16 << 20)]
     pin_chunk: usize,
+    /// Most UD QPs of the staged-queue attack (reaching it: nothing bounded them).
+    #[arg(long, default_value_t = 1024)]
+    queue_bound: u32,
     /// A destination outside the attacker's allowed peers.
     #[arg(long)]
     forbidden_peer: Option<Ipv6Addr>,
@@ -51,7 +54,7 @@ struct Args {
 }
 
 /// Attacks that need nothing but the attacker's own device.
-const SELF_CONTAINED: [Attack; 9] = [
+const SELF_CONTAINED: [Attack; 10] = [
     Attack::SgidAv,
     Attack::SgidAltPath,
     Attack::SgidAh,
@@ -60,6 +63,7 @@ const SELF_CONTAINED: [Attack; 9] = [
     Attack::ScatteredPages,
     Attack::RepeatedPages,
     Attack::PinBudget,
+    Attack::StagedQueues,
     Attack::LogFlood,
 ];
 
@@ -106,6 +110,7 @@ fn main() -> ExitCode {
         bad_traffic_class: args.bad_traffic_class,
         flood: args.flood,
         pin_chunk: args.pin_chunk,
+        queue_bound: args.queue_bound,
         forbidden_peer: args.forbidden_peer.map(|a| a.octets()),
     };
     let attacks = if args.attack.is_empty() {

@@ -48,6 +48,9 @@ pub enum Attack {
     RepeatedPages,
     /// REG_MRs until the pinned-memory budget refuses one.
     PinBudget,
+    /// UD QPs until one is refused: each staged send queue is a mapping in the daemon, which
+    /// the guest's mapping quota must bound (not only its QP quota).
+    StagedQueues,
     /// Malformed commands in a tight loop (the daemon's log must stay bounded).
     LogFlood,
 }
@@ -65,6 +68,9 @@ pub struct Targets {
     pub flood: u32,
     /// Bytes of each MR of [`Attack::PinBudget`].
     pub pin_chunk: usize,
+    /// UD QPs [`Attack::StagedQueues`] creates at most: reaching it means nothing bounded
+    /// the daemon's mappings below it.
+    pub queue_bound: u32,
     /// A destination GID the attacker's policy does not allow.
     pub forbidden_peer: Option<[u8; 16]>,
 }
@@ -161,6 +167,7 @@ pub fn run(ctx: &Context, attack: Attack, targets: &Targets) -> Outcome {
             Attack::ScatteredPages => resources::scattered_pages(&kit, targets, &mut outcome),
             Attack::RepeatedPages => resources::repeated_pages(&kit, targets, &mut outcome),
             Attack::PinBudget => resources::pin_budget(&kit, targets, &mut outcome),
+            Attack::StagedQueues => resources::staged_queues(&kit, targets, &mut outcome),
             Attack::LogFlood => resources::log_flood(&kit, targets, &mut outcome),
         },
         Err(e) => Err(e),

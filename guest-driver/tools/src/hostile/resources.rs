@@ -1,5 +1,6 @@
 //! Attacks on the daemon's shared resources: page lists that cost one mapping per page, pinned
-//! memory beyond the budget, and malformed commands meant to flood its log.
+//! memory beyond the budget, staged queues (each a mapping in the daemon), and malformed
+//! commands meant to flood its log.
 
 use vrdma::spec::control::{
     encode_page_list, ControlRequest, ControlResponse, Opcode, RegMr, ResponseBody, HEADER_SIZE,
@@ -7,7 +8,7 @@ use vrdma::spec::control::{
 };
 use vrdma::spec::wire::{HandleReq, RegMrReq};
 use vrdma::spec::{Le32, Le64};
-use vrdma::verbs::{AccessFlags, Context, Mr};
+use vrdma::verbs::{AccessFlags, Context, Mr, QpType};
 
 use super::setup::{Kit, Result, SetupError};
 use super::{Outcome, Targets};
@@ -168,6 +169,37 @@ pub(super) fn pin_budget(kit: &Kit, targets: &Targets, out: &mut Outcome) -> Res
             .alloc_buffer(targets.pin_chunk)
             .and_then(|buffer| kit.pd.register_owned(buffer, AccessFlags::LOCAL_WRITE)),
     );
+    Ok(())
+}
+
+pub(super) fn staged_queues(kit: &Kit, targets: &Targets, out: &mut Outcome) -> Result<()> {
+    let mut held = Vec::new();
+    loop {
+        if held.len() >= targets.queue_bound as usize {
+            out.attempts += 1;
+            out.accepted
+                .push(format!("{} UD QPs created without refusal", held.len()));
+            break;
+        }
+        match kit.qp(QpType::Ud) {
+            Ok(qp) => held.push(qp),
+            Err(SetupError::Verbs(e)) => {
+                out.attempt(format!("UD QP number {}", held.len() + 1), Err::<(), _>(e));
+                out.notes
+                    .push(format!("refused after {} UD QPs", held.len()));
+                break;
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    let created = held.len();
+    held.clear();
+    match kit.qp(QpType::Ud) {
+        Ok(_) => out.controls_passed += 1,
+        Err(e) => out
+            .controls_failed
+            .push(format!("a UD QP after destroying {created}: {e}")),
+    }
     Ok(())
 }
 
