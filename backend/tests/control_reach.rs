@@ -232,3 +232,62 @@ fn a_reset_qp_is_not_held_to_the_alternate_path_of_its_last_connection() {
     // An alternate path set again is checked again.
     assert_eq!(to_rts_with_alternate(&d.a, qp, gid(B)), Status::Invalid);
 }
+
+/// Makes the host's GID entry of `from` hold `to` when the next `command` begins: the host's
+/// table changing between the device's check of a source index and the host command.
+fn swap_gid_on(d: &Daemon, command: &'static str, from: [u8; 16], to: [u8; 16]) {
+    d.fake.world().before_next = Some((
+        command,
+        Box::new(move |world| {
+            for (_, entry) in &mut world.extra_gids {
+                if entry.gid == from {
+                    entry.gid = to;
+                }
+            }
+        }),
+    ));
+}
+
+#[test]
+fn a_source_entry_that_changes_under_the_host_command_fails_it() {
+    // The kernel resolves a source GID index when the command runs: an entry that moved
+    // after the device checked it would make A's AH or QP send from B's address.
+    let d = daemon();
+    let pd = d.a.alloc_pd();
+    let create_ah = ControlRequest::CreateAh(wire::CreateAhReq {
+        pd: Le32::new(pd),
+        reserved: Le32::ZERO,
+        ah_attr: roce_av(0, gid(REMOTE)),
+    });
+    let ahs = d.fake.world().ahs.len();
+    swap_gid_on(&d, "CREATE_AH", gid(A), gid(B));
+    assert_eq!(d.a.status(create_ah), Status::Invalid);
+    assert_eq!(
+        d.fake.world().ahs.len(),
+        ahs,
+        "the host AH is destroyed again"
+    );
+    // The same under MODIFY_QP: the command fails and the QP is in ERR, sending nothing.
+    let moved = d
+        .fake
+        .world()
+        .extra_gids
+        .iter()
+        .filter(|(_, entry)| entry.gid == gid(B))
+        .map(|(index, _)| *index)
+        .min()
+        .unwrap();
+    let restore = |world: &mut vrdma_test_support::fake_host::world::World| {
+        for (index, entry) in &mut world.extra_gids {
+            if *index == moved {
+                entry.gid = gid(A);
+            }
+        }
+    };
+    restore(&mut d.fake.world());
+    let (qp, _) = rc_qp(&d.a);
+    swap_gid_on(&d, "MODIFY_QP", gid(A), gid(B));
+    assert_eq!(to_rtr(&d.a, qp, gid(REMOTE), 0x99), Status::Invalid);
+    let host_qp = *d.fake.world().qps.keys().next_back().unwrap();
+    assert_eq!(d.fake.world().qp_state[&host_qp], QpState::Err);
+}

@@ -85,6 +85,31 @@ pub(crate) fn ah_attr_to_host(
     Ok(HostAv { attr, sgid })
 }
 
+/// Fails if the source GID entry `host` was translated to is no longer where it was: the
+/// host's GID table changed between the translation and the host command that used it (the
+/// kernel resolved the index when the command ran), so the host object may send from an
+/// address that is not the guest's.
+pub(crate) fn check_source_unchanged(
+    guest: &GuestShared,
+    requested: &AhAttr,
+    host: &HostAv,
+    what: &'static str,
+) -> Result<(), CommandError> {
+    let now = ah_attr_to_host(guest, requested, what)?;
+    if now.attr.sgid_index == host.attr.sgid_index && now.sgid.gid == host.sgid.gid {
+        return Ok(());
+    }
+    warn!(
+        "guest {}: the host's GID table changed under a command (source entry {} moved)",
+        guest.options().identity.name,
+        host.attr.sgid_index
+    );
+    Err(CommandError::Invalid {
+        what: "sgid_index (the host's GID table changed during the command)",
+        value: requested.sgid_index.into(),
+    })
+}
+
 /// Where `dgid` leads (spec §12.1): an address of another tenant, one of the host's own, or
 /// another machine.
 pub(crate) fn destination(
@@ -169,7 +194,8 @@ pub(crate) fn ah_attr_to_guest(guest: &GuestShared, a: &AhAttr) -> Result<AhAttr
 pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
     let pd = Handle::from_raw(r.pd.get());
     let pd_host = s.state.pds.get(pd)?.host;
-    let HostAv { attr, sgid } = ah_attr_to_host(s.guest, &r.ah_attr, "ah_attr.port_num")?;
+    let host_av = ah_attr_to_host(s.guest, &r.ah_attr, "ah_attr.port_num")?;
+    let HostAv { attr, sgid } = host_av;
     s.state.ahs.check_room(0)?;
     // Destroyed AHs the host still holds for the guest's sends count against its quota: a
     // guest cannot make the host hold AHs without bound.
@@ -195,6 +221,7 @@ pub(crate) fn create_ah(s: &mut Session<'_>, r: &CreateAhReq) -> CommandResult {
         })
         .map_err(host_err("CREATE_AH"))?;
     c.did(Undo::HostAh(ah.handle));
+    check_source_unchanged(c.guest, &r.ah_attr, &host_av, "ah_attr.port_num")?;
     if ah.ah_num == 0 {
         return Err(CommandError::HostAnswer(
             "the host returned ah_num 0".into(),

@@ -10,7 +10,7 @@ use vrdma_spec::wire::{QpAttr, QueryQpResp, RingDesc};
 use vrdma_spec::{Le32, ResponseBody};
 use zerocopy::FromZeros;
 
-use super::ah::{ah_attr_to_guest, ah_attr_to_host, check_reach};
+use super::ah::{ah_attr_to_guest, ah_attr_to_host, check_reach, check_source_unchanged};
 use super::error::CommandError;
 use super::rings;
 use super::session::{at_most, host_err, CommandResult, Session};
@@ -391,11 +391,13 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
     let mut attr = a
         .with_qp_state(next)
         .with_cur_qp_state(claimed.unwrap_or(cur));
-    attr.ah_attr = if has(QpAttrMask::AV) {
-        ah_attr_to_host(guest, &a.ah_attr, "ah_attr.port_num")?.attr
+    let primary = if has(QpAttrMask::AV) {
+        Some(ah_attr_to_host(guest, &a.ah_attr, "ah_attr.port_num")?)
     } else {
-        AhAttr::default()
+        None
     };
+    attr.ah_attr = primary.as_ref().map_or_else(AhAttr::default, |av| av.attr);
+    let mut alternate_av = None;
     (attr.alt_ah_attr, attr.alt_port_num) = if has(QpAttrMask::ALT_PATH) {
         let alt_port = guest
             .host_port(a.alt_port_num.into())
@@ -403,10 +405,10 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
                 what: "alt_port_num",
                 value: a.alt_port_num.into(),
             })?;
-        (
-            ah_attr_to_host(guest, &a.alt_ah_attr, "alt_ah_attr.port_num")?.attr,
-            alt_port,
-        )
+        let alternate = ah_attr_to_host(guest, &a.alt_ah_attr, "alt_ah_attr.port_num")?;
+        let host_attr = alternate.attr;
+        alternate_av = Some(alternate);
+        (host_attr, alt_port)
     } else {
         (AhAttr::default(), 0)
     };
@@ -419,6 +421,23 @@ pub(crate) fn modify_qp(s: &mut Session<'_>, r: &ModifyQpReq) -> CommandResult {
         .host()
         .modify_qp(host, &attr, mask)
         .map_err(host_err("MODIFY_QP"))?;
+    // The host resolved the source GID indices when it ran the command: if its table changed
+    // since they were checked, the QP may send from an address not the guest's. It goes to
+    // ERR and the command fails (the guest may reset the QP and try again).
+    let unchanged = [
+        (primary, &a.ah_attr, "ah_attr.port_num"),
+        (alternate_av, &a.alt_ah_attr, "alt_ah_attr.port_num"),
+    ]
+    .into_iter()
+    .filter_map(|(av, requested, what)| Some((av?, requested, what)))
+    .try_for_each(|(av, requested, what)| check_source_unchanged(guest, requested, &av, what));
+    if let Err(e) = unchanged {
+        let error = QpAttr::default().with_qp_state(QpState::Err);
+        if let Err(m) = guest.host().modify_qp(host, &error, QpAttrMask::STATE) {
+            warn!("host QP {host}: moving it to ERR failed: {m}");
+        }
+        return Err(e);
+    }
     let entry = s.state.qps.get_mut(handle)?;
     if has(QpAttrMask::ALT_PATH) {
         entry.alt_path_set = true;

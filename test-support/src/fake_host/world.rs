@@ -26,6 +26,9 @@ pub const QUEUE_FILE_SIZE: u64 = 1 << 30;
 /// What the fake device holds, shared by the device and every context it opened: the live
 /// objects by handle, what the guest's device asked of it, the events to hand out, and the next
 /// operation to fail.
+/// A change a test makes to the world when a command begins ([`World::before_next`]).
+pub type WorldHook = Box<dyn FnOnce(&mut World) + Send>;
+
 #[derive(Default)]
 pub struct World {
     next_handle: u32,
@@ -88,6 +91,9 @@ pub struct World {
     pub extra_gids: Vec<(u32, GidEntry)>,
     /// The next call of this command (`"ALLOC_PD"`, `"CREATE_QP"`, ...) fails with EINVAL.
     pub fail_next: Option<&'static str>,
+    /// Runs on the world when the next call of this command begins (something changing on the
+    /// host between the daemon's checks and its command).
+    pub before_next: Option<(&'static str, WorldHook)>,
     /// The addresses of the fake port's netdev (`NetdevAddresses`, in `super::netdev`).
     pub netdev_addresses: Vec<GuestAddress>,
     /// Whether an address added to the netdev gets its GID entries, as the kernel gives them
@@ -149,6 +155,9 @@ impl World {
     }
 
     pub(super) fn fail(&mut self, op: &'static str) -> host::Result<()> {
+        if let Some((_, hook)) = self.before_next.take_if(|(next, _)| *next == op) {
+            hook(self);
+        }
         if self.fail_next == Some(op) {
             self.fail_next = None;
             return Err(DeviceError::Command {
