@@ -400,6 +400,9 @@ impl GuestDevice {
                 usize::MAX
             });
         self.shared.announce_discard(guest_io, &mut state);
+        // A memory-table change the front-end thread left pending: before the command, which
+        // must see the MRs it revokes gone.
+        self.revoke_if_pending(guest_io, &mut state);
         let mut session = Session {
             guest: &self.shared,
             guest_io,
