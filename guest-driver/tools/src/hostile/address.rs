@@ -255,6 +255,14 @@ pub(super) fn foreign_qpn_ud(kit: &Kit, targets: &Targets, out: &mut Outcome) ->
             wc.status, wc.byte_len
         ));
     }
+    // The host's GSI (QP 1) at the attacker's own address: the host's one connection manager
+    // serves every tenant, and a tenant's CM runs through the device, never by MADs of its own.
+    let gsi = ud_send(kit, own.rxe(), 1);
+    ud_attempt(
+        out,
+        "UD send to QP 1 (the host's GSI) at the attacker's address".into(),
+        gsi,
+    )?;
     ud_control(kit, out)
 }
 

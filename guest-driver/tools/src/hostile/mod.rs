@@ -36,7 +36,8 @@ pub enum Attack {
     ForeignAhNum,
     /// An RC QP aimed at another guest's QP number through the attacker's own address.
     ForeignQpnRc,
-    /// A UD send to another guest's QP number through the attacker's own address.
+    /// A UD send to another guest's QP number, and to QP 1 (the host's GSI), through the
+    /// attacker's own address.
     ForeignQpnUd,
     /// A QP and an AH aimed at a destination outside the guest's allowed peers.
     ForbiddenPeer,
