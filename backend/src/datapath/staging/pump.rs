@@ -456,27 +456,26 @@ impl Staging {
 
     /// Destroys host AH `host_ah` (the guest's DESTROY_AH; its handle is out of the table
     /// already) once no UD WQE forwarded so far can name it: at once if every staged UD send
-    /// queue has consumed what it was given (`Ok(true)`), else when they have (`Ok(false)`),
-    /// so that the host cannot reuse its number for another AH while such a WQE waits.
+    /// queue has consumed what it was given, else when they have, so that the host cannot
+    /// reuse its number for another AH while such a WQE waits.
     pub fn destroy_ah(
         &mut self,
         host_ah: AhHandle,
         host: &dyn HostContext,
-    ) -> Result<bool, DeviceError> {
+    ) -> Result<(), DeviceError> {
         self.release_lingering_ahs(host);
         let waits_for: Vec<Unconsumed> = (0u32..)
             .zip(&self.queues)
             .filter_map(|(index, queues)| queues.sq.as_ref()?.unconsumed(index))
             .collect();
         if waits_for.is_empty() {
-            host.destroy_ah(host_ah)?;
-            return Ok(true);
+            return host.destroy_ah(host_ah);
         }
         self.lingering_ahs.push(LingeringAh {
             host: host_ah,
             waits_for,
         });
-        Ok(false)
+        Ok(())
     }
 
     /// Destroys the lingering host AHs whose WQEs the host has consumed (or whose QPs are
