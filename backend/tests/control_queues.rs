@@ -9,7 +9,7 @@ use vrdma_backend::guest::options::DeviceOptions;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::doorbell::{area_bytes, HEAD_WORD, RING_WORD, TAIL_WORD};
 use vrdma_spec::features::*;
-use vrdma_spec::verbs::{AccessFlags, QpAttrMask, QpState};
+use vrdma_spec::verbs::{AccessFlags, QpAttrMask, QpState, QpType};
 use vrdma_spec::wire::{self, *};
 use vrdma_spec::{ControlRequest, ControlResponse, Le16, Le32, Le64, ResponseBody, Status};
 use vrdma_test_support::fake_host::device::*;
@@ -569,4 +569,54 @@ fn queue_mappings_stay_below_a_slot_counting_frontends_limit() {
         .frontend_protocol_features(Protocol::SHMEM.bits());
     guest.create_cq(2);
     assert_eq!(fake.world().live(), LIMIT + 1);
+}
+
+#[test]
+fn a_directly_mapped_send_queue_names_its_host_kick_only_when_the_driver_takes_it() {
+    for (features, kicks) in [
+        (VRDMA_F_RING_RXE_V1, false),
+        (VRDMA_F_RING_RXE_V1 | VRDMA_F_HOST_KICK, true),
+    ] {
+        let fake = FakeDevice::new();
+        let guest = TestGuest::new(&fake, test_options(), features);
+        assert_ne!(guest.dev().device_features() & VRDMA_F_HOST_KICK, 0);
+        let pd = guest.alloc_pd();
+        let cq = guest.create_cq(16).cq.get();
+        assert_eq!(guest.set_doorbell_area(RAM_BASE + 8 * PAGE), Status::Ok);
+        let qp = guest.create_qp(qp_req(pd, cq, 0)).unwrap();
+        let host = fake.world().qp_by_qpn(qp.qpn.get()).unwrap();
+        assert_eq!(qp.sq.host_kick_handle(), kicks.then_some(host));
+        qp.sq.check_rxe_v1(SHM_SIZE, PAGE).unwrap();
+        assert_eq!(
+            qp.rq.host_kick_handle(),
+            None,
+            "only a send queue is kicked"
+        );
+        assert_eq!(qp.rq.flags.get(), 0);
+    }
+}
+
+#[test]
+fn a_staged_send_queue_never_names_a_host_kick() {
+    let fake = FakeDevice::new();
+    let features = ALL_FEATURES | VRDMA_F_HOST_KICK;
+    let options = DeviceOptions {
+        allow_ud: true,
+        ..test_options()
+    };
+    let guest = TestGuest::new(&fake, options, features);
+    let pd = guest.alloc_pd();
+    let cq = guest.create_cq(16).cq.get();
+    assert_eq!(guest.set_doorbell_area(RAM_BASE + 8 * PAGE), Status::Ok);
+    let ud = CreateQpReq {
+        qp_type: QpType::Ud as u8,
+        ..qp_req(pd, cq, 0)
+    };
+    let qp = guest.create_qp(ud).unwrap();
+    assert_ne!(qp.sq.flags.get() & ring_flags::STAGED, 0);
+    assert_eq!(
+        qp.sq.host_kick_handle(),
+        None,
+        "the device copies and checks it"
+    );
 }

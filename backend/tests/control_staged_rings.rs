@@ -253,7 +253,13 @@ fn connected_queues_are_direct_without_the_feature_or_with_policy_never() {
         let cq = guest.create_cq(16).cq.get();
         assert_eq!(guest.set_doorbell_area(AREA), Status::Ok);
         let qp = guest.create_qp(qp_req(pd, cq, 0)).unwrap();
-        assert_eq!((qp.sq.flags.get(), qp.rq.flags.get()), (0, 0), "{policy:?}");
+        let staged = ring_flags::STAGED;
+        assert_eq!(qp.sq.flags.get() & staged, 0, "{policy:?}");
+        assert_eq!(qp.rq.flags.get(), 0, "{policy:?}");
+        assert!(
+            qp.sq.host_kick_handle().is_some(),
+            "a direct send queue is kicked"
+        );
         assert_eq!(
             guest.dev().device_features() & VRDMA_F_STAGED_RINGS != 0,
             policy != StagedRings::Never
@@ -289,7 +295,7 @@ fn behind_a_slot_counting_front_end_qps_past_its_mappings_are_staged() {
         let qp = guest
             .create_qp(qp_req(pd, cq, 0))
             .unwrap_or_else(|status| panic!("QP {n}: {status:?}"));
-        if qp.sq.flags.get() == 0 {
+        if qp.sq.flags.get() & ring_flags::STAGED == 0 {
             assert_eq!(last, None, "direct QPs come first");
             direct += 1;
         } else {

@@ -26,7 +26,7 @@ use super::rxe_convert::{decode_query_qp, encode_modify_qp, kernel_ah_attr, queu
 use super::sysfs::{self, DeviceInfo};
 use super::types::*;
 use super::ucma::KernelCm;
-use super::uverbs::{self, FramedKick, PostSendResp};
+use super::uverbs;
 use super::verbs_file::VerbsFile;
 
 /// GID entries one QUERY_GID_TABLE call has room for (all ports): rxe's table has 1024 slots
@@ -666,35 +666,7 @@ impl HostContext for RxeContext {
     }
 
     fn kick_send(&self, qp: QpHandle) -> Result<()> {
-        let mut resp = PostSendResp::default();
-        let kick = FramedKick::new(qp.0, std::ptr::addr_of_mut!(resp) as u64);
-        let buf = kick.as_bytes();
-        // SAFETY: `buf` is a readable buffer of its length; the command's response address
-        // points at `resp`, a live 4-byte `ib_uverbs_post_send_resp`, which is exactly what
-        // out_words = 1 lets the kernel write during this call.
-        let n = unsafe {
-            libc::write(
-                self.file.as_fd().as_raw_fd(),
-                buf.as_ptr().cast(),
-                buf.len(),
-            )
-        };
-        if n < 0 {
-            return Err(DeviceError::Command {
-                command: "POST_SEND",
-                errno: io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EIO),
-            });
-        }
-        if n.unsigned_abs() != buf.len() {
-            return Err(DeviceError::ShortWrite {
-                command: "POST_SEND",
-                written: n.unsigned_abs(),
-                len: buf.len(),
-            });
-        }
-        Ok(())
+        self.file.kick_send(qp.0)
     }
 
     fn read_async_event(&self) -> Result<Option<AsyncEvent>> {

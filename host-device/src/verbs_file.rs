@@ -10,7 +10,8 @@ use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use super::error::{DeviceError, Result};
 use super::uverbs::{
-    frame, Command, CommandWithResponse, DeviceMethodCall, GidTableEntry, RDMA_VERBS_IOCTL,
+    frame, Command, CommandWithResponse, DeviceMethodCall, GidTableEntry, KickCall,
+    RDMA_VERBS_IOCTL,
 };
 
 /// An open `/dev/infiniband/uverbsN`.
@@ -121,6 +122,16 @@ impl VerbsFile {
         Ok(entry)
     }
 
+    /// Starts rxe's send processing of the QP `qp_handle` names (an empty POST_SEND, the
+    /// [`KickCall`] drivers with the host context make too).
+    pub fn kick_send(&self, qp_handle: u32) -> Result<()> {
+        let mut call = KickCall::new(qp_handle);
+        call.aim();
+        // SAFETY: `call` was aimed where it lies: its attributes name its own request and
+        // response fields, of the lengths they state, live for the whole call.
+        unsafe { self.verbs_ioctl("POST_SEND", &mut call) }
+    }
+
     /// Issues the ioctl-framed verbs method `call` (header and attributes), named `name` in
     /// errors.
     ///
@@ -129,7 +140,7 @@ impl VerbsFile {
     /// the attribute states. The kernel writes those buffers, and the `flags` of the attributes
     /// in `call` itself (VALID_OUTPUT), only during the call, through a pointer derived from
     /// this mutable borrow.
-    unsafe fn verbs_ioctl(&self, name: &'static str, call: &mut DeviceMethodCall) -> Result<()> {
+    unsafe fn verbs_ioctl<T: IntoBytes>(&self, name: &'static str, call: &mut T) -> Result<()> {
         // SAFETY: the caller's contract; the fd is this context's uverbs file.
         let ret = unsafe {
             libc::ioctl(

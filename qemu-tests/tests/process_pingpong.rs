@@ -43,8 +43,20 @@ fn process_pingpong_verifies_bypasses_isolates_and_cleans_up() {
             }
         }
     }
+    // A vrdma client in process mode holds its host context: every send of its connected QP
+    // started rxe itself (a host kick, spec §5.3), none fell back to the doorbell. Its UD
+    // sends go through the device's staging ring, which the device kicks.
+    for label in ["vrdma-over-native", "vrdma-over-vrdma"] {
+        for row in &results.pingpong[label] {
+            assert_eq!(row.host_kick, Some(true), "{label}: {row:?}");
+            assert_eq!(row.kicks_refused, Some(0), "{label}: {row:?}");
+        }
+    }
     let ud = &results.pingpong["ud-vrdma-over-native"];
     assert_eq!(ud.len(), 3, "{ud:?}");
+    for row in ud.iter().filter(|r| r.op == "ud_send") {
+        assert_eq!(row.host_kick, Some(false), "{row:?}");
+    }
     for label in ["events-vrdma-over-native", "events-vrdma-over-vrdma"] {
         let rows = &results.pingpong[label];
         for op in ["send", "write", "read"] {

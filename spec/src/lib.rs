@@ -111,6 +111,11 @@ pub mod features {
     /// front-end cannot take another mapping), marked [`crate::wire::ring_flags::STAGED`]: it
     /// copies the host's completions into it; the driver polls it as any CQ (spec §9.8).
     pub const VRDMA_F_STAGED_CQS: u64 = 1 << 18;
+    /// Each directly mapped send queue's description names the QP's handle in the host verbs
+    /// context ([`crate::wire::ring_flags::HOST_KICK`]), so that a driver whose front-end holds
+    /// that context (the process transport) starts the host's send processing itself instead
+    /// of ringing (spec §5.3, [`crate::rxe_v1::kick`]).
+    pub const VRDMA_F_HOST_KICK: u64 = 1 << 19;
     /// Mask of all device-specific bits defined by this version.
     pub const VRDMA_F_ALL: u64 = VRDMA_F_RING_RXE_V1
         | VRDMA_F_SRQ
@@ -122,7 +127,8 @@ pub mod features {
         | VRDMA_F_CM
         | VRDMA_F_MR_EXTENTS
         | VRDMA_F_STAGED_RINGS
-        | VRDMA_F_STAGED_CQS;
+        | VRDMA_F_STAGED_CQS
+        | VRDMA_F_HOST_KICK;
     /// Mask of the device-specific feature range (bits 0..=23) in which every `VRDMA_F_*` bit
     /// lives; the generic virtio bits lie above it.
     pub const DEVICE_SPECIFIC_MASK: u64 = (1 << 24) - 1;

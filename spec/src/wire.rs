@@ -51,7 +51,8 @@ wire_struct! {
         pub log2_slot_size: Le32,
         /// Ring format of this buffer ([`crate::config::ring_format`]).
         pub format: Le32,
-        /// Reserved for formats with a hardware doorbell page: offset of that page.
+        /// Reserved for formats with a hardware doorbell page: offset of that page. rxe v1:
+        /// zero, or with [`ring_flags::HOST_KICK`] the QP's handle in the host verbs context.
         pub db_offset: Le64,
         /// Length of the doorbell page; zero means "no doorbell page" (always for rxe v1).
         pub db_len: Le32,
@@ -68,6 +69,11 @@ pub mod ring_flags {
     /// publishes there into a host queue on the QP's doorbell, and its `consumer_index` is the
     /// device's copy position. A driver rings after posting to a staged receive queue.
     pub const STAGED: u32 = 1 << 0;
+    /// Only with `VRDMA_F_HOST_KICK`, only on a send queue that is a host queue buffer (never
+    /// with [`STAGED`]): the buffer is mapped from the host verbs context's file, and
+    /// `db_offset` holds the QP's handle in that context, which a host kick names (spec §5.3,
+    /// [`crate::rxe_v1::kick`]). `db_len` stays 0.
+    pub const HOST_KICK: u32 = 1 << 1;
 }
 
 wire_struct! {

@@ -6,7 +6,7 @@ use vrdma_spec::control::ControlRequest;
 use vrdma_spec::features::{VRDMA_F_SRQ, VRDMA_F_UC, VRDMA_F_UD};
 use vrdma_spec::rxe_v1::{self, GeometryError, RingGeometry};
 use vrdma_spec::verbs::{check_modify_qp, qp_transition, QpAttrMask, QpState, QpType};
-use vrdma_spec::wire::RingDesc;
+use vrdma_spec::wire::{ring_flags, RingDesc};
 use vrdma_spec::{Le32, Le64, Status};
 
 #[test]
@@ -311,6 +311,31 @@ fn ring_geometry_checks() {
     db.db_len = Le32::new(4096);
     assert_eq!(
         db.check_rxe_v1(1 << 20, 4096),
+        Err(GeometryError::DoorbellPage)
+    );
+    // A host kick names the QP's host handle in db_offset; without the flag, or on a
+    // staging ring, or beyond 32 bits, db_offset is a doorbell page rxe v1 does not have.
+    let mut kick = d;
+    kick.set_host_kick(7);
+    assert_eq!(kick.host_kick_handle(), Some(7));
+    assert!(kick.check_rxe_v1(1 << 20, 4096).is_ok());
+    assert_eq!(d.host_kick_handle(), None);
+    let mut unflagged = d;
+    unflagged.db_offset = Le64::new(7);
+    assert_eq!(
+        unflagged.check_rxe_v1(1 << 20, 4096),
+        Err(GeometryError::DoorbellPage)
+    );
+    let mut staged = kick;
+    staged.flags = Le32::new(staged.flags.get() | ring_flags::STAGED);
+    assert_eq!(
+        staged.check_rxe_v1(1 << 20, 4096),
+        Err(GeometryError::DoorbellPage)
+    );
+    let mut wide = kick;
+    wide.db_offset = Le64::new(1 << 32);
+    assert_eq!(
+        wide.check_rxe_v1(1 << 20, 4096),
         Err(GeometryError::DoorbellPage)
     );
     let mut fmt = d;

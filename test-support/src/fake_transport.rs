@@ -29,7 +29,7 @@ use vrdma::spec::control::{ControlRequest, ControlResponse};
 use vrdma::spec::event::Event;
 use vrdma::spec::features;
 use vrdma::spec::{Status, StatusError};
-use vrdma::transport::{SharedMemory, Transport, TransportError};
+use vrdma::transport::{HostKick, SharedMemory, Transport, TransportError};
 
 pub use device::{FakeDevice, FakeMr, FakeMw, Fault, MwBinding};
 pub use kernel::object_event;
@@ -226,5 +226,10 @@ impl Transport for FakeTransport {
 
     fn dma(&self) -> &dyn DmaMemory {
         &self.dma
+    }
+
+    fn host_kick(&self, _qp_handle: u32) -> Option<HostKick> {
+        // The fake device has no host context to kick.
+        None
     }
 }

@@ -3,6 +3,7 @@
 use log::warn;
 use vrdma_spec::attr::qp::QpCaps;
 use vrdma_spec::event::Subject;
+use vrdma_spec::features::VRDMA_F_HOST_KICK;
 use vrdma_spec::rxe_v1;
 use vrdma_spec::verbs::{self, QpAttrMask, QpState, QpType};
 use vrdma_spec::wire::{AhAttr, CreateQpReq, CreateQpResp, HandleReq, ModifyQpReq, QueryQpReq};
@@ -132,6 +133,7 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
         })
         .map_err(host_err("CREATE_QP"))?;
     c.did(Undo::HostQp(qp.handle));
+    let sq_direct = modes.sq.is_none();
     let (sq, rq, staged) = map_rings(&mut c, &qp, srq.is_some(), modes, deps.pd)?;
     c.did(Undo::Rings(sq, rq));
     let entry = QpEntry {
@@ -157,6 +159,11 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
         }
         doorbells.attach(doorbell_index, qp.handle);
     }
+    let mut sq_desc = sq.desc;
+    if sq_direct && s.features & VRDMA_F_HOST_KICK != 0 {
+        // What the doorbell would make the device do, the driver may do itself (spec §5.3).
+        sq_desc.set_host_kick(qp.handle.0);
+    }
     Ok(ResponseBody::CreateQp(CreateQpResp {
         qp: Le32::new(handle.raw()),
         qpn: Le32::new(qp.qpn),
@@ -166,7 +173,7 @@ pub(crate) fn create_qp(s: &mut Session<'_>, r: &CreateQpReq) -> CommandResult {
         max_recv_sge: Le32::new(qp.caps.max_recv_sge),
         max_inline_data: Le32::new(qp.caps.max_inline_data),
         doorbell_index: Le32::new(doorbell_index),
-        sq: sq.desc,
+        sq: sq_desc,
         rq: rq.map_or_else(RingDesc::new_zeroed, |rq| rq.desc),
     }))
 }

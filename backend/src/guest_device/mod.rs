@@ -27,9 +27,9 @@ use vhost::vhost_user::VhostUserProtocolFeatures;
 use vrdma_spec::config::{self, DeviceConfig};
 use vrdma_spec::control::{HEADER_SIZE, MAX_CM_RESPONSE_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::{
-    VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_DOORBELL_POLL, VRDMA_F_MR_EXTENTS, VRDMA_F_MW,
-    VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ, VRDMA_F_STAGED_CQS, VRDMA_F_STAGED_RINGS, VRDMA_F_UC,
-    VRDMA_F_UD, VRDMA_F_UD_STAGED_SQ,
+    VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_DOORBELL_POLL, VRDMA_F_HOST_KICK, VRDMA_F_MR_EXTENTS,
+    VRDMA_F_MW, VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ, VRDMA_F_STAGED_CQS, VRDMA_F_STAGED_RINGS,
+    VRDMA_F_UC, VRDMA_F_UD, VRDMA_F_UD_STAGED_SQ,
 };
 use vrdma_spec::StatusError;
 use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, Le64, Status};
@@ -468,7 +468,9 @@ impl DeviceHandler for GuestDevice {
             features |= VRDMA_F_STAGED_CQS;
         }
         if self.shared.device().ring_format() == vrdma_spec::rxe_v1::FORMAT_ID {
-            features |= VRDMA_F_RING_RXE_V1;
+            // An rxe v1 send queue buffer is mapped from the host verbs context's file, and its
+            // kick is an empty POST_SEND on it: a front-end holding the file can kick itself.
+            features |= VRDMA_F_RING_RXE_V1 | VRDMA_F_HOST_KICK;
         }
         if self.shared.options().allow_ud {
             features |= VRDMA_F_UD | VRDMA_F_UD_STAGED_SQ;

@@ -19,6 +19,9 @@ pub(crate) const PCI_ADDRESS_VAR: &str = "VRDMA_PCI_ADDRESS";
 /// out of date, in milliseconds (`0`: every query reads the device); the staleness bound of
 /// programs that never read events (see [`crate::gid_table`]).
 pub(crate) const GID_CACHE_VAR: &str = "VRDMA_GID_CACHE_MS";
+/// `0` turns the host kick off (spec §5.3): sends of the process transport then ring the
+/// device's doorbell, as in a VM (for comparing the two paths).
+pub(crate) const HOST_KICK_VAR: &str = "VRDMA_HOST_KICK";
 /// Beyond this, a lifetime would make the cache's staleness bound meaningless.
 const MAX_GID_CACHE_MS: u64 = 60_000;
 /// Default guest-RAM size: application buffers registered with `ibv_reg_mr` live in it.
@@ -56,6 +59,11 @@ pub(crate) fn gid_cache_lifetime(
         Ok(ms) if ms <= MAX_GID_CACHE_MS => Ok(Some(Duration::from_millis(ms))),
         _ => Err(ConfigError::BadGidCacheLifetime(text)),
     }
+}
+
+/// Whether the environment (read through `var`) leaves the host kick on (the default).
+pub(crate) fn host_kick(var: impl Fn(&str) -> Option<OsString>) -> bool {
+    var(HOST_KICK_VAR).is_none_or(|value| value != "0")
 }
 
 /// The transport the environment (read through `var`) selects; `default_agent`: the agent's
@@ -161,6 +169,13 @@ mod tests {
                 ram_size: DEFAULT_RAM_SIZE
             })
         );
+    }
+
+    #[test]
+    fn the_host_kick_is_on_unless_turned_off() {
+        assert!(host_kick(env(&[])));
+        assert!(host_kick(env(&[(HOST_KICK_VAR, "1")])));
+        assert!(!host_kick(env(&[(HOST_KICK_VAR, "0")])));
     }
 
     #[test]

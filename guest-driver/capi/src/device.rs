@@ -208,14 +208,16 @@ fn open_context() -> Result<(Context, Arc<AppTransport>), i32> {
         libc::ENODEV
     })?;
     let transport = match choice {
-        TransportChoice::Process { socket, ram_size } => AppTransport::connect(&socket, ram_size)
-            .map_err(|e| {
-            error!(
-                "vrdma: cannot connect to the vrdma backend at {}: {e}",
-                socket.display()
-            );
-            libc::ENODEV
-        })?,
+        TransportChoice::Process { socket, ram_size } => {
+            let host_kick = config::host_kick(|name| std::env::var_os(name));
+            AppTransport::connect(&socket, ram_size, host_kick).map_err(|e| {
+                error!(
+                    "vrdma: cannot connect to the vrdma backend at {}: {e}",
+                    socket.display()
+                );
+                libc::ENODEV
+            })?
+        }
         TransportChoice::Agent { socket } => AppTransport::connect_agent(&socket).map_err(|e| {
             error!(
                 "vrdma: cannot reach the vrdma guest agent at {}: {e}",

@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vrdma::dma::{DmaMemory, MemfdRam};
+use vrdma::spec::features::VRDMA_F_HOST_KICK;
 use vrdma::transport::agent::AgentTransport;
 use vrdma::transport::pci::{PciOptions, PciTransport, SysfsPciFunction};
 use vrdma::transport::process::{ProcessOptions, ProcessTransport};
-use vrdma::transport::{SharedMemory, Transport, TransportError};
+use vrdma::transport::{HostKick, SharedMemory, Transport, TransportError};
 
 use crate::memory::{AppMemory, RebackError};
 
@@ -52,14 +53,19 @@ pub(crate) enum PciOpenError {
 }
 
 impl AppTransport {
-    /// Connects to the backend at `socket` with `ram_size` bytes of guest RAM.
+    /// Connects to the backend at `socket` with `ram_size` bytes of guest RAM; `host_kick`:
+    /// whether to accept `VRDMA_F_HOST_KICK`.
     pub(crate) fn connect(
         socket: &std::path::Path,
         ram_size: usize,
+        host_kick: bool,
     ) -> Result<AppTransport, TransportError> {
+        let defaults = ProcessOptions::default();
+        let refused = if host_kick { 0 } else { VRDMA_F_HOST_KICK };
         let options = ProcessOptions {
             guest_ram_size: ram_size,
-            ..ProcessOptions::default()
+            device_features: defaults.device_features & !refused,
+            ..defaults
         };
         let inner = ProcessTransport::connect(socket, options)?;
         let ram = inner.process_dma().guest_ram().clone();
@@ -149,6 +155,10 @@ impl Transport for AppTransport {
 
     fn registered_doorbell_area(&self) -> Option<(NonNull<u8>, usize)> {
         self.inner.registered_doorbell_area()
+    }
+
+    fn host_kick(&self, qp_handle: u32) -> Option<HostKick> {
+        self.inner.host_kick(qp_handle)
     }
 
     fn dma(&self) -> &dyn DmaMemory {

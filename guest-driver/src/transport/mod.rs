@@ -13,10 +13,13 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use host_kick::HostKick;
+
 use crate::dma::{DmaError, DmaMemory};
 use crate::virtq::VirtqError;
 
 pub mod agent;
+mod host_kick;
 pub mod pci;
 pub mod process;
 mod queues;
@@ -278,6 +281,11 @@ pub trait Transport: Send + Sync {
 
     /// Memory the device can reach.
     fn dma(&self) -> &dyn DmaMemory;
+
+    /// The kick of the QP whose handle in the host verbs context is `qp_handle`, when this
+    /// process holds that context's file (`VRDMA_F_HOST_KICK`, spec §5.3). `None`: sends
+    /// ring the doorbell.
+    fn host_kick(&self, qp_handle: u32) -> Option<HostKick>;
 }
 
 #[cfg(test)]

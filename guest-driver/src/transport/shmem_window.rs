@@ -11,6 +11,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use log::warn;
 use parking_lot::Mutex;
@@ -26,6 +27,11 @@ pub(super) struct ShmemWindow {
     len: usize,
     /// While forwarding: the changes received since they were last taken, not made here.
     forwarded: Mutex<Option<Vec<WindowChange>>>,
+    /// The host verbs context's file: the first character device a queue buffer was mapped
+    /// from (rxe maps queue buffers from the context's uverbs file; staging rings come from
+    /// other files). The back-end gives each connection one host context, so this is the file
+    /// every host kick of this window's queues is made on (spec §5.3).
+    host_context: Mutex<Option<Arc<OwnedFd>>>,
 }
 
 /// One change of the window: a mapping of `len` bytes of a file at `offset`, or its end.
@@ -66,6 +72,7 @@ impl ShmemWindow {
                 base: None,
                 len: 0,
                 forwarded: Mutex::new(None),
+                host_context: Mutex::new(None),
             });
         }
         let len = usize::try_from(len)
@@ -94,6 +101,7 @@ impl ShmemWindow {
             base: NonNull::new(addr.cast()),
             len,
             forwarded: Mutex::new(None),
+            host_context: Mutex::new(None),
         };
         // SAFETY: the reservation just made, owned by `window`.
         unsafe { dont_fork(addr.cast(), len) }.map_err(TransportError::io(
@@ -118,6 +126,37 @@ impl ShmemWindow {
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default()
+    }
+
+    /// The host verbs context's file, once a queue buffer was mapped from it.
+    pub(super) fn host_context(&self) -> Option<Arc<OwnedFd>> {
+        self.host_context.lock().clone()
+    }
+
+    /// Keeps `fd` as the host context's file if it is the first character device mapped. A
+    /// failure only costs the kick: the driver rings the doorbell instead.
+    fn note_host_context(&self, fd: BorrowedFd<'_>) {
+        let mut kept = self.host_context.lock();
+        if kept.is_some() {
+            return;
+        }
+        // SAFETY: an all-zero `stat` is a valid value for fstat to overwrite.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open for the duration of the borrow; `stat` is writable.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut stat) } != 0 {
+            warn!(
+                "fstat of a queue buffer's file: {}",
+                io::Error::last_os_error()
+            );
+            return;
+        }
+        if stat.st_mode & libc::S_IFMT != libc::S_IFCHR {
+            return;
+        }
+        match fd.try_clone_to_owned() {
+            Ok(file) => *kept = Some(Arc::new(file)),
+            Err(e) => warn!("keeping the host context's file: {e}"),
+        }
     }
 
     /// Makes a change another process's window went through (the agent passes them on).
@@ -208,6 +247,7 @@ impl ShmemWindow {
         // A MAP_FIXED mapping is a new VMA without the reservation's advice.
         // SAFETY: the pages just mapped, inside the window.
         unsafe { dont_fork(addr.cast(), len as usize) }?;
+        self.note_host_context(fd);
         Ok(())
     }
 
@@ -267,5 +307,61 @@ impl Drop for ShmemWindow {
             // once the transport (its only user) is gone.
             unsafe { libc::munmap(base.as_ptr().cast(), self.len) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs::File;
+    use std::os::fd::AsFd;
+
+    use super::*;
+
+    fn memfd() -> OwnedFd {
+        // SAFETY: a new anonymous file; the name is a NUL-terminated literal.
+        let fd = unsafe { libc::memfd_create(c"queue".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
+        // SAFETY: `fd` was just created and is owned by nobody else.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let file = File::from(fd);
+        file.set_len(2 * PAGE_SIZE as u64).unwrap();
+        file.into()
+    }
+
+    #[test]
+    fn the_host_context_is_the_first_character_device_a_queue_came_from() {
+        let window = ShmemWindow::reserve(4 * PAGE_SIZE as u64).unwrap();
+        let page = PAGE_SIZE as u64;
+        // A staging ring's file (a memfd) is not the host context.
+        let staging = memfd();
+        window.map(0, 0, page, 0, true, staging.as_fd()).unwrap();
+        assert!(window.host_context().is_none());
+        // A character device is (rxe maps queue buffers from the uverbs file; /dev/zero
+        // stands in for it here), and the first one stays.
+        let first = File::open("/dev/zero").unwrap();
+        window.map(0, page, page, 0, false, first.as_fd()).unwrap();
+        let kept = window.host_context().expect("kept the character device");
+        let second = File::open("/dev/zero").unwrap();
+        window
+            .map(0, 2 * page, page, 0, false, second.as_fd())
+            .unwrap();
+        assert!(Arc::ptr_eq(&kept, &window.host_context().unwrap()));
+        // The window keeps its own descriptor: closing the one the mapping came with does
+        // not close it.
+        drop(first);
+        // SAFETY: F_GETFD on a descriptor this test holds open through `kept`.
+        assert!(unsafe { libc::fcntl(kept.as_raw_fd(), libc::F_GETFD) } >= 0);
+    }
+
+    #[test]
+    fn a_forwarding_window_keeps_no_host_context() {
+        let window = ShmemWindow::reserve(2 * PAGE_SIZE as u64).unwrap();
+        window.forward();
+        let file = File::open("/dev/zero").unwrap();
+        window
+            .map(0, 0, PAGE_SIZE as u64, 0, false, file.as_fd())
+            .unwrap();
+        assert!(window.host_context().is_none());
+        assert_eq!(window.take_forwarded().len(), 1);
     }
 }

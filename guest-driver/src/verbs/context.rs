@@ -495,6 +495,11 @@ impl ContextInner {
         self.features & features::VRDMA_F_UD_STAGED_SQ != 0
     }
 
+    /// Whether send queues may name their host kick (`VRDMA_F_HOST_KICK`, spec §5.3).
+    pub(crate) fn has_host_kick(&self) -> bool {
+        self.features & features::VRDMA_F_HOST_KICK != 0
+    }
+
     /// Whether the data path (ring format rxe v1) was negotiated.
     pub(crate) fn has_rxe_v1(&self) -> bool {
         self.features & features::VRDMA_F_RING_RXE_V1 != 0

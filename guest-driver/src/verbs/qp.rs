@@ -1,8 +1,9 @@
 //! Queue pairs: creation, state changes, and the send/receive data path.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use log::warn;
+use log::{debug, warn};
 use parking_lot::{Mutex, MutexGuard};
 use vrdma_spec::attr::qp::{QpCaps, UndefinedValue};
 use vrdma_spec::control::{ControlRequest, Opcode, ResponseBody};
@@ -19,7 +20,7 @@ use super::ring::map_ring;
 use super::srq::{Srq, SrqShared};
 use crate::provider::rxe_v1::{RecvQueue, SendQueue, SendQueueCaps};
 use crate::provider::{PostError, RecvWr, SendWr};
-use crate::transport::TransportError;
+use crate::transport::{HostKick, TransportError};
 
 mod connect;
 
@@ -133,6 +134,10 @@ pub struct Qp {
     rq: Option<Mutex<RecvQueue>>,
     /// The receive queue is a staging ring (spec §9.7): receives are followed by a doorbell.
     rq_staged: bool,
+    /// Sends start the host's processing themselves (spec §5.3) rather than ring.
+    host_kick: Option<HostKick>,
+    /// Host kicks the kernel refused (each followed by a doorbell).
+    refused_kicks: AtomicU64,
     object: QpObject,
     qpn: u32,
     qp_type: QpType,
@@ -340,10 +345,16 @@ impl Qp {
         if sq.capacity() < actual.max_send_wr {
             return Err(bad("max_send_wr", actual.max_send_wr).into());
         }
+        let host_kick = match resp.sq.host_kick_handle() {
+            Some(handle) if ctx.has_host_kick() => ctx.transport().host_kick(handle),
+            _ => None,
+        };
         Ok(Qp {
             sq: Mutex::new(sq),
             rq,
             rq_staged,
+            host_kick,
+            refused_kicks: AtomicU64::new(0),
             object,
             qpn: resp.qpn.get(),
             qp_type: init.qp_type,
@@ -389,6 +400,18 @@ impl Qp {
     /// This QP's slot in the context's doorbell area.
     pub fn doorbell_index(&self) -> u32 {
         self.doorbell_index
+    }
+
+    /// Whether sends start the host's processing from this process (a host kick, spec §5.3)
+    /// rather than through the doorbell.
+    pub fn kicks_host(&self) -> bool {
+        self.host_kick.is_some()
+    }
+
+    /// How many host kicks the kernel refused so far (rxe refuses them in a state that does
+    /// not send); each was followed by a doorbell.
+    pub fn refused_host_kicks(&self) -> u64 {
+        self.refused_kicks.load(Ordering::Relaxed)
     }
 
     /// Applies the attributes `mask` selects (MODIFY_QP, like `ibv_modify_qp`). The device
@@ -508,7 +531,7 @@ impl Qp {
             Err((index, error)) => (index, Some(PostSendError::Refused { index, error })),
         };
         if count > 0 {
-            if let Err(source) = self.ring_send_doorbell() {
+            if let Err(source) = self.start_sending() {
                 return Err(PostSendError::Doorbell {
                     posted: count,
                     source,
@@ -523,9 +546,28 @@ impl Qp {
         self.sq.lock()
     }
 
+    /// Has the host process what was just published in the send queue: with a host kick,
+    /// from here, as a native rxe process does; else (or if the kick fails, for example in a
+    /// state that does not send) through the doorbell, whose outcome the device keeps, as
+    /// before, to itself.
+    pub(super) fn start_sending(&self) -> std::result::Result<(), TransportError> {
+        // The provider published the producer index with a Release store; the system call
+        // orders it before the kernel's Acquire load.
+        if let Some(kick) = &self.host_kick {
+            match kick.kick() {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    self.refused_kicks.fetch_add(1, Ordering::Relaxed);
+                    debug!("host kick of QP {:#x}: {e}; ringing", self.object.handle);
+                }
+            }
+        }
+        self.ring_doorbell()
+    }
+
     /// Rings this QP's doorbell after requests were published in its send queue (or in its
     /// staged receive queue).
-    pub(super) fn ring_send_doorbell(&self) -> std::result::Result<(), TransportError> {
+    fn ring_doorbell(&self) -> std::result::Result<(), TransportError> {
         // The provider published the producer index with a Release store; `ring` fences and
         // queues the doorbell index, and says whether to notify: not when it was still queued,
         // nor while a device that negotiated polling says it polls (spec §5.3).
@@ -556,7 +598,7 @@ impl Qp {
                 Ok(()) => wrs.len(),
                 Err((n, _)) => *n,
             };
-            if count > 0 && self.ring_send_doorbell().is_err() {
+            if count > 0 && self.ring_doorbell().is_err() {
                 return Err((count, PostError::Doorbell));
             }
         }

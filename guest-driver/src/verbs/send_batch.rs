@@ -78,12 +78,12 @@ impl SendBatch<'_> {
     pub fn complete(self) -> Result<usize, SendBatchError> {
         let SendBatch { qp, mut sq, state } = self;
         let published = sq.batch_publish(state);
-        // The doorbell needs no queue lock: it only names the QP.
+        // Neither the kick nor the doorbell needs the queue lock: they only name the QP.
         drop(sq);
         let posted =
             published.map_err(|(index, error)| SendBatchError::Refused { index, error })?;
         if posted > 0 {
-            qp.ring_send_doorbell()
+            qp.start_sending()
                 .map_err(|source| SendBatchError::Doorbell { posted, source })?;
         }
         Ok(posted)

@@ -88,7 +88,7 @@ pub mod cmd {
     /// `IB_USER_VERBS_CMD_DESTROY_QP`.
     pub const DESTROY_QP: u32 = 27;
     /// `IB_USER_VERBS_CMD_POST_SEND`.
-    pub const POST_SEND: u32 = 28;
+    pub const POST_SEND: u32 = vrdma_spec::rxe_v1::kick::CMD_POST_SEND;
     /// `IB_USER_VERBS_CMD_ALLOC_MW`.
     pub const ALLOC_MW: u32 = 14;
     /// `IB_USER_VERBS_CMD_DEALLOC_MW`.
@@ -201,7 +201,7 @@ abi_layout!(CmdHdr, 8, command @ 0, in_words @ 4, out_words @ 6);
 mod tests {
     use super::*;
     use crate::uverbs::{
-        CreateCq, FramedKick, ModifyQp, ModifySrq, PostSend, PostSendResp, KICK_WQE_SIZE,
+        CreateCq, KickCall, ModifyQp, ModifySrq, PostSend, PostSendResp, KICK_WQE_SIZE,
     };
 
     fn u32_at(buf: &[u8], off: usize) -> u32 {
@@ -245,17 +245,19 @@ mod tests {
     }
 
     #[test]
-    fn allocation_free_kick_matches_the_generic_framing() {
-        let kick = FramedKick::new(7, 0x1122_3344_5566_7788);
+    fn the_ioctl_kick_carries_the_write_kicks_request() {
+        let mut kick = KickCall::new(7);
+        kick.aim();
         let req = PostSend {
-            response: 0x1122_3344_5566_7788,
             qp_handle: 7,
-            wr_count: 0,
-            sge_count: 0,
             wqe_size: KICK_WQE_SIZE,
+            ..PostSend::default()
         };
         let framed = frame(PostSend::CODE, req.as_bytes(), &[], 4).unwrap();
-        assert_eq!(kick.as_bytes(), framed.as_slice());
+        // The write form's request after its header is the ioctl's CORE_IN; the command
+        // number travels as WRITE_CMD.
+        assert_eq!(kick.request.as_bytes(), &framed[8..]);
+        assert_eq!(kick.attrs[0].data, u64::from(PostSend::CODE));
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! The queue-pair commands: CREATE_QP, QUERY_QP, MODIFY_QP, DESTROY_QP, and POST_SEND as the
-//! allocation-free send kick ([`FramedKick`]).
+//! send kick ([`KickCall`], from the spec).
 
 use super::ah::AhAttr;
-use super::framing::{abi_layout, abi_struct, cmd, command, CmdHdr, Command, CommandWithResponse};
+use super::framing::{abi_layout, abi_struct, cmd, command, Command, CommandWithResponse};
 
 abi_struct! {
     /// `struct ib_uverbs_qp_dest`: the address vector inside QUERY_QP / MODIFY_QP.
@@ -179,62 +179,8 @@ abi_struct! {
 abi_layout!(DestroyQpResp, 4, events_reported @ 0);
 command!(DestroyQp, cmd::DESTROY_QP, "DESTROY_QP", DestroyQpResp);
 
-abi_struct! {
-    /// `struct ib_uverbs_post_send` with no work requests attached.
-    pub struct PostSend {
-        pub response: u64,
-        pub qp_handle: u32,
-        pub wr_count: u32,
-        pub sge_count: u32,
-        pub wqe_size: u32,
-    }
-}
-abi_layout!(PostSend, 24, response @ 0, qp_handle @ 8, wr_count @ 12, sge_count @ 16,
-    wqe_size @ 20);
-
-abi_struct! {
-    /// `struct ib_uverbs_post_send_resp`.
-    pub struct PostSendResp {
-        pub bad_wr: u32,
-    }
-}
-abi_layout!(PostSendResp, 4, bad_wr @ 0);
+pub use vrdma_spec::rxe_v1::kick::{KickCall, PostSend, PostSendResp, KICK_WQE_SIZE};
 command!(PostSend, cmd::POST_SEND, "POST_SEND", PostSendResp);
-
-abi_struct! {
-    /// A complete POST_SEND write with no work requests, built without allocating: the rxe send
-    /// kick runs once per doorbell on the data path.
-    pub struct FramedKick {
-        pub hdr: CmdHdr,
-        pub req: PostSend,
-    }
-}
-abi_layout!(FramedKick, 32, hdr @ 0, req @ 8);
-
-impl FramedKick {
-    /// The kick for QP `qp_handle`; the kernel writes a [`PostSendResp`] at `response`.
-    pub fn new(qp_handle: u32, response: u64) -> FramedKick {
-        FramedKick {
-            hdr: CmdHdr {
-                command: cmd::POST_SEND,
-                in_words: (size_of::<FramedKick>() / 4) as u16,
-                out_words: (size_of::<PostSendResp>() / 4) as u16,
-            },
-            req: PostSend {
-                response,
-                qp_handle,
-                wr_count: 0,
-                sge_count: 0,
-                wqe_size: KICK_WQE_SIZE,
-            },
-        }
-    }
-}
-
-/// `wqe_size` of the send kick: `sizeof(struct ibv_send_wr)` as rdma-core's rxe provider sends
-/// it. The kernel rejects a `wqe_size` below `sizeof(struct ib_uverbs_send_wr)` even when no work
-/// request follows.
-pub const KICK_WQE_SIZE: u32 = 128;
 
 abi_struct! {
     no_default:

@@ -63,6 +63,24 @@ pub fn cases(quick: bool) -> Vec<Case> {
     cases
 }
 
+/// The cases run with the host kick (spec §5.3, the default in process mode) and with the
+/// backend's doorbell instead: small-message latency, where the doorbell's thread hop shows,
+/// and one bandwidth size.
+pub fn doorbell_cases(quick: bool) -> Vec<Case> {
+    let picked: &[(Tool, u64)] = if quick {
+        &[(Tool::IbSendLat, 2), (Tool::IbWriteLat, 2)]
+    } else {
+        &[
+            (Tool::IbSendLat, 2),
+            (Tool::IbSendLat, 64),
+            (Tool::IbWriteLat, 2),
+            (Tool::IbWriteLat, 64),
+            (Tool::IbWriteBw, 4096),
+        ]
+    };
+    picked_cases(picked, quick)
+}
+
 /// The cases run through the guest agent: one latency and one bandwidth size in the short
 /// form, a few more in the full one.
 pub fn agent_cases(quick: bool) -> Vec<Case> {

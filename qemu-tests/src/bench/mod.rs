@@ -4,6 +4,8 @@
 //! * [`matrix`]: Debian's unmodified perftest (`ib_send_lat`, `ib_write_lat`, `ib_write_bw`,
 //!   `ib_send_bw`, `ib_read_bw` at several sizes) with both processes on rxe0 natively and
 //!   with both over vrdma's drop-in `libibverbs.so.1`, alternating, for several rounds;
+//!   the small sizes also with the host kick turned off, every send ringing the backend's
+//!   doorbell as in a VM;
 //! * [`control`]: CQ and QP creation and destruction, QP transitions to RTS and MR
 //!   registration per GiB, through vrdma's verbs API (`vrdma-ctlbench`) and natively
 //!   (`native/ctlbench.c`);
@@ -88,6 +90,9 @@ pub struct Plan {
     /// The perftest cases run with staged CQs and with CQs mapped directly.
     #[serde(default)]
     pub staged_cqs: Vec<Case>,
+    /// The perftest cases run with the backend's doorbell and with the host kick.
+    #[serde(default)]
+    pub doorbell: Vec<Case>,
 }
 
 impl Plan {
@@ -127,6 +132,7 @@ impl Plan {
             agent: matrix::agent_cases(quick),
             staged: matrix::staged_cases(quick),
             staged_cqs: matrix::staged_cq_cases(quick),
+            doorbell: matrix::doorbell_cases(quick),
         }
     }
 }
@@ -165,6 +171,9 @@ pub struct GuestResults {
     /// perftest with staged CQs (`vrdma`) against directly mapped CQs (`native`).
     #[serde(default)]
     pub staged_cqs: Vec<matrix::MatrixRow>,
+    /// perftest with the backend's doorbell (`vrdma`) against the host kick (`native`).
+    #[serde(default)]
+    pub doorbell: Vec<matrix::MatrixRow>,
     /// Seconds the measurements took inside the VM.
     pub elapsed_s: f64,
 }
@@ -187,6 +196,9 @@ pub struct Results {
     /// perftest with staged CQs (`vrdma`) against directly mapped CQs (`native`).
     #[serde(default)]
     pub staged_cqs: Vec<matrix::MatrixRow>,
+    /// perftest with the backend's doorbell (`vrdma`) against the host kick (`native`).
+    #[serde(default)]
+    pub doorbell: Vec<matrix::MatrixRow>,
     /// In a real guest (nested under QEMU 11.1, empty in `--quick`): perftest's server as
     /// `nobody` through the guest agent on the PCI function (`vrdma`) against a root process
     /// on the PCI transport (`native`), same boot.
@@ -248,6 +260,7 @@ pub fn run_on_host(
         agent: guest.agent,
         staged: guest.staged,
         staged_cqs: guest.staged_cqs,
+        doorbell: guest.doorbell,
         agent_pci: Vec::new(),
         agent_pci_error: None,
         goodput: Vec::new(),
@@ -294,6 +307,8 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
     let native = Side::native(DEVICE);
     let vrdma = Side::over_dropin(&backend.socket, &args.library_dir);
     let perftest = matrix::run(&plan.perftest, plan.rounds, &native, &vrdma)?;
+    let rung = Side::over_dropin_doorbell(&backend.socket, &args.library_dir);
+    let doorbell = matrix::run(&plan.doorbell, plan.rounds, &vrdma, &rung)?;
     let mut staging = Backend::start(
         &backend_binary,
         "vrdma-bench-staged",
@@ -366,6 +381,7 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
         agent,
         staged,
         staged_cqs,
+        doorbell,
         elapsed_s: started.elapsed().as_secs_f64(),
     })
 }

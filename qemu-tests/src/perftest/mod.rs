@@ -107,6 +107,15 @@ impl Side {
         }
     }
 
+    /// As [`Side::over_dropin`], with the host kick turned off (`VRDMA_HOST_KICK=0`): every
+    /// send rings the backend's doorbell, as in a VM.
+    pub fn over_dropin_doorbell(socket: &Path, library_dir: &Path) -> Self {
+        let mut side = Self::over_dropin(socket, library_dir);
+        side.label = "vrdma-doorbell".into();
+        side.env.push(("VRDMA_HOST_KICK".into(), "0".into()));
+        side
+    }
+
     /// perftest over vrdma's drop-in inside a guest with the vrdma PCI device: no
     /// `VRDMA_SOCKET`, so the drop-in uses the PCI transport.
     pub fn over_dropin_pci(library_dir: &Path) -> Self {

@@ -26,6 +26,11 @@ pub struct PingpongRow {
     pub completion_events: Option<u64>,
     /// ARM_CQ commands it sent during the step (vrdma only).
     pub arms: Option<u64>,
+    /// Whether its sends started the host's processing from the process, a host kick
+    /// (vrdma only).
+    pub host_kick: Option<bool>,
+    /// Host kicks the kernel refused during the step (vrdma only).
+    pub kicks_refused: Option<u64>,
 }
 
 /// Latency summary of a row (one-way, µs).

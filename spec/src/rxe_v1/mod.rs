@@ -13,6 +13,7 @@ mod av;
 mod cqe;
 mod geometry;
 pub mod header;
+pub mod kick;
 mod wqe;
 
 #[cfg(test)]

@@ -559,6 +559,17 @@ impl Sequence {
         ] {
             Slot::keep(list, value);
         }
+        // A host kick names the new QP's own host handle, on a send queue the device does
+        // not stage, and never on a receive queue.
+        if let Some(kick) = qp.sq.host_kick_handle() {
+            assert_eq!(
+                qp.sq.flags.get() & ring_flags::STAGED,
+                0,
+                "a staged queue kicked"
+            );
+            assert_eq!(self.fake.world().qp_by_qpn(qp.qpn.get()), Some(kick));
+        }
+        assert_eq!(qp.rq.host_kick_handle(), None, "a receive queue kicked");
         let qp_type = request.get(HEADER_SIZE + 36).copied().unwrap_or(0);
         Slot::keep(&mut slot.typed_qps, (qp.qp.get(), qp_type));
         const UD: u8 = 4;

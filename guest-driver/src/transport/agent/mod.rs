@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::shmem_window::{ShmemWindow, WindowChange};
-use super::{OwnerProcess, SharedMemory, Transport, TransportError};
+use super::{HostKick, OwnerProcess, SharedMemory, Transport, TransportError};
 use crate::dma::{DmaMemory, MemfdRam};
 use crate::transport::process::ProcessDma;
 
@@ -323,6 +323,13 @@ impl Transport for AgentTransport {
 
     fn shared_memory(&self) -> SharedMemory {
         self.queue_region.shared_memory()
+    }
+
+    fn host_kick(&self, qp_handle: u32) -> Option<HostKick> {
+        match &self.queue_region {
+            QueueRegion::Window(window) => Some(HostKick::new(window.host_context()?, qp_handle)),
+            QueueRegion::Mapped { .. } => None,
+        }
     }
 
     fn registered_doorbell_area(&self) -> Option<(NonNull<u8>, usize)> {

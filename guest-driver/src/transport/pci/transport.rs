@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use log::{debug, warn};
 use vrdma_spec::config::CONFIG_SIZE;
 use vrdma_spec::control::{ControlRequest, ControlResponse, Opcode, HEADER_SIZE};
-use vrdma_spec::features::{DEVICE_SPECIFIC_MASK, VIRTIO_F_RING_EVENT_IDX, VRDMA_F_ALL};
+use vrdma_spec::features::{
+    DEVICE_SPECIFIC_MASK, VIRTIO_F_RING_EVENT_IDX, VRDMA_F_ALL, VRDMA_F_HOST_KICK,
+};
 use vrdma_spec::queue::{CONTROLQ, DOORBELLQ, EVENTQ, NUM_QUEUES};
 use vrdma_spec::DeviceConfig;
 
@@ -24,7 +26,7 @@ use super::interrupt::Interrupts;
 use super::virtio::{status, NotifyAddress, VirtioPci};
 use crate::dma::DmaMemory;
 use crate::transport::queues::{ControlChannel, EventChannel, QueueSignal, SignalledQueue};
-use crate::transport::{OwnerProcess, SharedMemory, Transport, TransportError};
+use crate::transport::{HostKick, OwnerProcess, SharedMemory, Transport, TransportError};
 use crate::virtq::SplitQueue;
 
 /// Settings of a [`PciTransport`].
@@ -48,8 +50,9 @@ impl Default for PciOptions {
         PciOptions {
             queue_size: 256,
             command_timeout: Duration::from_secs(30),
-            // Every defined bit: this library implements them all.
-            device_features: VRDMA_F_ALL,
+            // Every defined bit this library implements over PCI: the host kick needs the
+            // host's verbs context, which only a front-end holds, never a guest.
+            device_features: VRDMA_F_ALL & !VRDMA_F_HOST_KICK,
             event_buffers: 64,
             event_buffer_size: 64,
         }
@@ -280,6 +283,11 @@ impl Transport for PciTransport {
 
     fn dma(&self) -> &dyn DmaMemory {
         self.dma.as_ref()
+    }
+
+    fn host_kick(&self, _qp_handle: u32) -> Option<HostKick> {
+        // A guest never holds the host's verbs context.
+        None
     }
 }
 

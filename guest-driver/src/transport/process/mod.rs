@@ -33,7 +33,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::queues::{ControlChannel, EventChannel, QueueSignal, SignalledQueue};
-use super::{OwnerProcess, SharedMemory, Transport, TransportError};
+use super::{HostKick, OwnerProcess, SharedMemory, Transport, TransportError};
 use crate::dma::{DmaBuffer, DmaError, DmaMemory, MemfdRam, RamPages, DEFAULT_GUEST_RAM_SIZE};
 use crate::virtq::SplitQueue;
 use vrdma_spec::features::{
@@ -370,6 +370,10 @@ impl Transport for ProcessTransport {
 
     fn shared_memory(&self) -> SharedMemory {
         self.window.shared_memory()
+    }
+
+    fn host_kick(&self, qp_handle: u32) -> Option<HostKick> {
+        Some(HostKick::new(self.window.host_context()?, qp_handle))
     }
 
     fn dma(&self) -> &dyn DmaMemory {

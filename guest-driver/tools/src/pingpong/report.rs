@@ -28,6 +28,11 @@ pub struct Row {
     /// What the event mode did during the step (zero when polling).
     #[serde(flatten)]
     pub events: EventCounts,
+    /// Whether this side's sends started the host's processing from the process (a host
+    /// kick, spec §5.3) rather than through the device's doorbell.
+    pub host_kick: bool,
+    /// Host kicks the kernel refused during the step (each followed by a doorbell).
+    pub kicks_refused: u64,
 }
 
 /// Everything a run reports, as written by `--json`.
@@ -124,6 +129,8 @@ mod tests {
                     mmsg_s: 0.016,
                     completion: Completion::Poll,
                     events: EventCounts::default(),
+                    host_kick: true,
+                    kicks_refused: 0,
                 },
                 Row {
                     op: Op::Write,
@@ -135,6 +142,8 @@ mod tests {
                     mmsg_s: 0.000538,
                     completion: Completion::Poll,
                     events: EventCounts::default(),
+                    host_kick: false,
+                    kicks_refused: 2,
                 },
             ],
         }
@@ -168,6 +177,8 @@ mod tests {
         assert_eq!(json["rows"][1]["latency"], serde_json::Value::Null);
         assert_eq!(json["rows"][1]["mib_s"], 33.6);
         assert_eq!(json["rows"][0]["completion"], "poll");
+        assert_eq!(json["rows"][0]["host_kick"], true);
+        assert_eq!(json["rows"][1]["kicks_refused"], 2);
         assert_eq!(json["rows"][0]["completion_events"], 0);
     }
 

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use vrdma::provider::{SendFlags, SendWr, WcFlags, WorkCompletion};
 use vrdma::spec::verbs::{WcOpcode, WcStatus, WrOpcode};
+use vrdma::verbs::Qp;
 
 use super::endpoint::{Endpoint, WRID_RC_RECV, WRID_SEND, WRID_UD_RECV};
 use super::error::{Result, RunError};
@@ -70,6 +71,8 @@ pub(super) struct Session<'c> {
     pub(super) waiter: Waiter<2>,
     /// The waiter's counts when the current step began.
     step_start: EventCounts,
+    /// [`Session::refused_kicks`] when the current step began.
+    refused_kicks_at_start: u64,
 }
 
 impl<'c> Session<'c> {
@@ -122,6 +125,7 @@ impl<'c> Session<'c> {
             samples,
             waiter: Waiter::new(opts.completion),
             step_start: EventCounts::default(),
+            refused_kicks_at_start: 0,
         })
     }
 
@@ -130,6 +134,7 @@ impl<'c> Session<'c> {
         for step in plan.steps() {
             let mut iter = 0;
             self.step_start = self.waiter.counts();
+            self.refused_kicks_at_start = self.refused_kicks();
             let result = match plan.mode() {
                 Mode::Verify => self.verify_step(step.op, step.size, plan.iters(), &mut iter),
                 Mode::Bandwidth { window } => {
@@ -620,7 +625,27 @@ impl<'c> Session<'c> {
             mmsg_s,
             completion: self.waiter.mode(),
             events: self.waiter.counts().since(&self.step_start),
+            host_kick: self.send_qp(op).kicks_host(),
+            kicks_refused: self.refused_kicks() - self.refused_kicks_at_start,
         });
+    }
+
+    /// The QP `op`'s sends go through.
+    fn send_qp(&self, op: Op) -> &Qp {
+        match (&self.ep.ud, op) {
+            (Some(ud), Op::UdSend) => &ud.qp,
+            _ => &self.ep.qp,
+        }
+    }
+
+    /// Host kicks refused on this side's QPs so far.
+    fn refused_kicks(&self) -> u64 {
+        let ud = self
+            .ep
+            .ud
+            .as_ref()
+            .map_or(0, |ud| ud.qp.refused_host_kicks());
+        self.ep.qp.refused_host_kicks() + ud
     }
 }
 

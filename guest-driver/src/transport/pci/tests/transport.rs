@@ -8,7 +8,9 @@ use crate::transport::pci::virtio::{
     read_capabilities, status, BarRange, Capabilities, ISR_CONFIG, NO_VECTOR,
 };
 use crate::transport::{Transport, TransportError};
-use vrdma_spec::features::{VIRTIO_F_RING_EVENT_IDX, VIRTIO_F_VERSION_1, VRDMA_F_ALL};
+use vrdma_spec::features::{
+    VIRTIO_F_RING_EVENT_IDX, VIRTIO_F_VERSION_1, VRDMA_F_ALL, VRDMA_F_HOST_KICK,
+};
 
 use super::fake_device::*;
 
@@ -68,8 +70,8 @@ fn open_negotiates_and_sets_up_the_queues() {
         regs.status,
         status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK
     );
-    // Everything the device offers.
-    let accepted = VRDMA_F_ALL;
+    // Everything the device offers but the host kick, which a guest cannot make.
+    let accepted = VRDMA_F_ALL & !VRDMA_F_HOST_KICK;
     assert_eq!(
         regs.driver_features,
         VIRTIO_F_VERSION_1 | VIRTIO_F_RING_EVENT_IDX | accepted
