@@ -22,6 +22,11 @@ pub(crate) const GID_CACHE_VAR: &str = "VRDMA_GID_CACHE_MS";
 /// `0` turns the host kick off (spec §5.3): sends of the process transport then ring the
 /// device's doorbell, as in a VM (for comparing the two paths).
 pub(crate) const HOST_KICK_VAR: &str = "VRDMA_HOST_KICK";
+/// At most how many microseconds a control round trip polls for its answer before it sleeps
+/// (`0`: never polls); see `vrdma::transport::DEFAULT_COMMAND_SPIN`.
+pub(crate) const COMMAND_SPIN_VAR: &str = "VRDMA_COMMAND_SPIN_US";
+/// Beyond this, polling would cost more than any command it could shorten.
+const MAX_COMMAND_SPIN_US: u64 = 1_000_000;
 /// Beyond this, a lifetime would make the cache's staleness bound meaningless.
 const MAX_GID_CACHE_MS: u64 = 60_000;
 /// Default guest-RAM size: application buffers registered with `ibv_reg_mr` live in it.
@@ -42,9 +47,13 @@ pub(crate) enum TransportChoice {
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum ConfigError {
     #[error("{RAM_SIZE_VAR}={0:?} is not a size in bytes (K, M, G suffixes allowed) that is a non-zero multiple of 4 KiB")]
-    BadRamSize(String),
+    RamSize(String),
     #[error("{GID_CACHE_VAR}={0:?} is not a number of milliseconds up to {MAX_GID_CACHE_MS}")]
-    BadGidCacheLifetime(String),
+    GidCacheLifetime(String),
+    #[error(
+        "{COMMAND_SPIN_VAR}={0:?} is not a number of microseconds up to {MAX_COMMAND_SPIN_US}"
+    )]
+    CommandSpin(String),
 }
 
 /// The GID cache lifetime the environment (read through `var`) sets, if it sets one.
@@ -57,7 +66,21 @@ pub(crate) fn gid_cache_lifetime(
     let text = text.to_string_lossy().into_owned();
     match text.trim().parse::<u64>() {
         Ok(ms) if ms <= MAX_GID_CACHE_MS => Ok(Some(Duration::from_millis(ms))),
-        _ => Err(ConfigError::BadGidCacheLifetime(text)),
+        _ => Err(ConfigError::GidCacheLifetime(text)),
+    }
+}
+
+/// How long control round trips may poll, as the environment (read through `var`) sets it.
+pub(crate) fn command_spin(
+    var: impl Fn(&str) -> Option<OsString>,
+) -> Result<Duration, ConfigError> {
+    let Some(text) = var(COMMAND_SPIN_VAR) else {
+        return Ok(vrdma::transport::DEFAULT_COMMAND_SPIN);
+    };
+    let text = text.to_string_lossy().into_owned();
+    match text.trim().parse::<u64>() {
+        Ok(us) if us <= MAX_COMMAND_SPIN_US => Ok(Duration::from_micros(us)),
+        _ => Err(ConfigError::CommandSpin(text)),
     }
 }
 
@@ -89,7 +112,7 @@ pub(crate) fn transport_choice(
         None => DEFAULT_RAM_SIZE,
         Some(text) => {
             let text = text.to_string_lossy().into_owned();
-            parse_size(&text).ok_or(ConfigError::BadRamSize(text))?
+            parse_size(&text).ok_or(ConfigError::RamSize(text))?
         }
     };
     Ok(TransportChoice::Process {
@@ -172,6 +195,20 @@ mod tests {
     }
 
     #[test]
+    fn command_polling_has_a_default_and_a_bound() {
+        let spin = |value: &str| command_spin(env(&[(COMMAND_SPIN_VAR, value)]));
+        assert_eq!(
+            command_spin(env(&[])),
+            Ok(vrdma::transport::DEFAULT_COMMAND_SPIN)
+        );
+        assert_eq!(spin("0"), Ok(Duration::ZERO));
+        assert_eq!(spin(" 250 "), Ok(Duration::from_micros(250)));
+        for bad in ["-1", "1000001", "fast", ""] {
+            assert_eq!(spin(bad), Err(ConfigError::CommandSpin(bad.into())));
+        }
+    }
+
+    #[test]
     fn the_host_kick_is_on_unless_turned_off() {
         assert!(host_kick(env(&[])));
         assert!(host_kick(env(&[(HOST_KICK_VAR, "1")])));
@@ -206,7 +243,7 @@ mod tests {
         for bad in ["", "-1", "1s", "60001"] {
             assert_eq!(
                 gid_cache_lifetime(env(&[(GID_CACHE_VAR, bad)])),
-                Err(ConfigError::BadGidCacheLifetime(bad.into()))
+                Err(ConfigError::GidCacheLifetime(bad.into()))
             );
         }
     }

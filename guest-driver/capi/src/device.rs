@@ -203,14 +203,16 @@ fn node_guid(ctx: &Context) -> u64 {
 }
 
 fn open_context() -> Result<(Context, Arc<AppTransport>), i32> {
-    let choice = config::from_env().map_err(|e| {
+    let unusable = |e: config::ConfigError| {
         error!("vrdma: {e}");
         libc::ENODEV
-    })?;
+    };
+    let choice = config::from_env().map_err(unusable)?;
+    let command_spin = config::command_spin(|name| std::env::var_os(name)).map_err(unusable)?;
     let transport = match choice {
         TransportChoice::Process { socket, ram_size } => {
             let host_kick = config::host_kick(|name| std::env::var_os(name));
-            AppTransport::connect(&socket, ram_size, host_kick).map_err(|e| {
+            AppTransport::connect(&socket, ram_size, host_kick, command_spin).map_err(|e| {
                 error!(
                     "vrdma: cannot connect to the vrdma backend at {}: {e}",
                     socket.display()
@@ -226,7 +228,7 @@ fn open_context() -> Result<(Context, Arc<AppTransport>), i32> {
             libc::ENODEV
         })?,
         TransportChoice::Pci { address } => {
-            AppTransport::open_pci(address.as_deref()).map_err(|e| {
+            AppTransport::open_pci(address.as_deref(), command_spin).map_err(|e| {
                 error!(
                     "vrdma: cannot open the vrdma PCI device (set {} to use a backend \
                      socket instead): {e}",

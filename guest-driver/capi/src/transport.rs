@@ -54,17 +54,19 @@ pub(crate) enum PciOpenError {
 
 impl AppTransport {
     /// Connects to the backend at `socket` with `ram_size` bytes of guest RAM; `host_kick`:
-    /// whether to accept `VRDMA_F_HOST_KICK`.
+    /// whether to accept `VRDMA_F_HOST_KICK`; `command_spin`: see [`ProcessOptions`].
     pub(crate) fn connect(
         socket: &std::path::Path,
         ram_size: usize,
         host_kick: bool,
+        command_spin: Duration,
     ) -> Result<AppTransport, TransportError> {
         let defaults = ProcessOptions::default();
         let refused = if host_kick { 0 } else { VRDMA_F_HOST_KICK };
         let options = ProcessOptions {
             guest_ram_size: ram_size,
             device_features: defaults.device_features & !refused,
+            command_spin,
             ..defaults
         };
         let inner = ProcessTransport::connect(socket, options)?;
@@ -92,10 +94,18 @@ impl AppTransport {
         })
     }
 
-    /// Opens the vrdma PCI device at `address` (or the first one found).
-    pub(crate) fn open_pci(address: Option<&str>) -> Result<AppTransport, PciOpenError> {
+    /// Opens the vrdma PCI device at `address` (or the first one found); `command_spin`: see
+    /// [`PciOptions`].
+    pub(crate) fn open_pci(
+        address: Option<&str>,
+        command_spin: Duration,
+    ) -> Result<AppTransport, PciOpenError> {
         let function = SysfsPciFunction::open(address)?;
-        let inner = PciTransport::open(Arc::new(function), PciOptions::default())?;
+        let options = PciOptions {
+            command_spin,
+            ..PciOptions::default()
+        };
+        let inner = PciTransport::open(Arc::new(function), options)?;
         Ok(AppTransport {
             inner: Arc::new(inner),
             memory: None,

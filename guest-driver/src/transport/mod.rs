@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use host_kick::HostKick;
+pub use queues::DEFAULT_COMMAND_SPIN;
 
 use crate::dma::{DmaError, DmaMemory};
 use crate::virtq::VirtqError;

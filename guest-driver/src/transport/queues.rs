@@ -54,19 +54,25 @@ impl<S: QueueSignal> SignalledQueue<S> {
         &mut self,
         deadline: Option<Instant>,
     ) -> Result<Option<UsedElement>, TransportError> {
-        self.next_used_of(1, deadline)
+        self.next_used_of(1, deadline, None)
     }
 
     /// Like [`next_used`](Self::next_used) while `outstanding` chains are awaited: asks to be
     /// woken only by the last of them (with EVENT_IDX), so that a batch costs one wake-up.
+    /// Until `spin_until`, it polls the used ring instead of sleeping.
     fn next_used_of(
         &mut self,
         outstanding: u16,
         deadline: Option<Instant>,
+        spin_until: Option<Instant>,
     ) -> Result<Option<UsedElement>, TransportError> {
         loop {
             if let Some(used) = self.queue.pop_used()? {
                 return Ok(Some(used));
+            }
+            if spin_until.is_some_and(|until| Instant::now() < until) {
+                std::hint::spin_loop();
+                continue;
             }
             let ticket = self.signal.arm();
             if self.queue.enable_interrupts_after(outstanding) {
@@ -136,6 +142,45 @@ impl MappedBuffer {
     }
 }
 
+/// What [`AdaptiveSpin`] polls at most by default: a few control round trips under TCG, many
+/// on a KVM host.
+pub const DEFAULT_COMMAND_SPIN: Duration = Duration::from_micros(500);
+
+/// How long a control round trip polls for its answer before it sleeps: 1.5 times the
+/// typical round trip of this channel (an average over the recent ones), at most `cap`. A
+/// caller that sleeps pays a wake-up on top of the device's work, which under virtualization
+/// (an interrupt, or an eventfd to a halted vCPU) is a large part of a short command; one
+/// that polls for about as long as a command takes is answered without it, and a command
+/// that takes much longer (a large registration) costs at most `cap` of polling.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AdaptiveSpin {
+    cap: Duration,
+    typical: Duration,
+}
+
+impl AdaptiveSpin {
+    /// Polls at most `cap` per round trip (`Duration::ZERO`: always sleeps at once).
+    pub(crate) fn new(cap: Duration) -> Self {
+        AdaptiveSpin {
+            cap,
+            typical: Duration::ZERO,
+        }
+    }
+
+    /// How long the next round trip, of `commands` commands, polls.
+    fn budget(&self, commands: u32) -> Duration {
+        (self.typical * 3 / 2)
+            .saturating_mul(commands)
+            .min(self.cap)
+    }
+
+    /// Counts a round trip of `commands` commands that took `took` into the typical time of
+    /// one (weight 1/8).
+    fn record(&mut self, took: Duration, commands: u32) {
+        self.typical = (self.typical * 7 + took / commands.max(1)) / 8;
+    }
+}
+
 /// The control queue: synchronous commands, one at a time.
 pub(crate) struct ControlChannel<S> {
     state: Mutex<ControlState<S>>,
@@ -150,15 +195,17 @@ struct ControlState<S> {
     readable: Vec<Buffer>,
     writable: Vec<Buffer>,
     broken: bool,
+    spin: AdaptiveSpin,
 }
 
 impl<S: QueueSignal> ControlChannel<S> {
     /// Drives the control queue `vq`; commands that take longer than `timeout` fail and
-    /// leave the channel broken.
+    /// leave the channel broken; `spin`: how its round trips wait for answers.
     pub(crate) fn new(
         dma: &dyn DmaMemory,
         vq: SignalledQueue<S>,
         timeout: Duration,
+        spin: AdaptiveSpin,
     ) -> Result<Self, TransportError> {
         Ok(ControlChannel {
             state: Mutex::new(ControlState {
@@ -168,6 +215,7 @@ impl<S: QueueSignal> ControlChannel<S> {
                 readable: Vec::new(),
                 writable: Vec::new(),
                 broken: false,
+                spin,
             }),
             timeout,
         })
@@ -263,12 +311,18 @@ impl<S: QueueSignal> ControlState<S> {
             end += 1;
         }
         self.vq.notify_if_wanted()?;
-        let deadline = Instant::now() + timeout;
+        let sent = Instant::now();
+        let deadline = sent + timeout;
+        let in_flight = u32::try_from(heads.len()).unwrap_or(u32::MAX);
+        let spin_until = Some(sent + self.spin.budget(in_flight));
         let mut done = 0;
         while done < heads.len() {
             // Fits: at most one chain per descriptor is in flight.
             let outstanding = (heads.len() - done) as u16;
-            let used = match self.vq.next_used_of(outstanding, Some(deadline)) {
+            let used = match self
+                .vq
+                .next_used_of(outstanding, Some(deadline), spin_until)
+            {
                 Ok(Some(used)) => used,
                 Ok(None) => {
                     self.broken = true;
@@ -297,6 +351,7 @@ impl<S: QueueSignal> ControlState<S> {
             used_lens[index] = used.len as usize;
             done += 1;
         }
+        self.spin.record(sent.elapsed(), in_flight);
         let mut at = response_offset;
         for index in first..end {
             let response = &mut commands[index].1;
@@ -501,5 +556,32 @@ mod tests {
         mapped.range_into(0, 2 * PAGE_SIZE + 5, &mut chain);
         assert_eq!(chain.len(), 2);
         assert_eq!(chain[1].len, 5);
+    }
+
+    #[test]
+    fn the_spin_follows_the_typical_round_trip_up_to_its_cap() {
+        let us = Duration::from_micros;
+        let mut spin = AdaptiveSpin::new(us(500));
+        assert_eq!(
+            spin.budget(1),
+            Duration::ZERO,
+            "nothing known: sleep at once"
+        );
+        for _ in 0..64 {
+            spin.record(us(100), 1);
+        }
+        // The average converges on 100 µs; one and a half of it is polled.
+        let budget = spin.budget(1);
+        assert!(budget > us(145) && budget <= us(150), "{budget:?}");
+        // A batch of three polls for three, up to the cap.
+        assert!(spin.budget(3) > us(435) && spin.budget(3) <= us(450));
+        assert_eq!(spin.budget(4), us(500));
+        // A batch counts per command.
+        spin.record(us(800), 8);
+        assert!(spin.budget(1) <= us(150));
+        // A long command raises the budget by an eighth of its excess, never past the cap.
+        spin.record(Duration::from_secs(1), 1);
+        assert_eq!(spin.budget(1), us(500));
+        assert_eq!(AdaptiveSpin::new(Duration::ZERO).budget(1), Duration::ZERO);
     }
 }

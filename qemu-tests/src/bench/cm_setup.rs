@@ -164,27 +164,40 @@ pub fn host_cmtime(target: &Path) -> Result<PathBuf> {
 }
 
 /// Runs the plan: for each round a native pair, then a vrdma pair, each on a port of its own.
+///
+/// A third side, vrdma again with control round trips that never poll
+/// ([`super::control::NO_POLL_ENV`]), gives the setup rate without the adaptive polling.
 pub fn run(
     cmtime: &Path,
     plan: &CmSetupPlan,
     native: &Side,
     vrdma: &Side,
 ) -> Result<Vec<CmSetupRow>> {
+    let (var, value) = super::control::NO_POLL_ENV;
+    let mut sleeping = vrdma.clone();
+    sleeping.label = format!("{}-no-poll", vrdma.label);
+    sleeping.env.push((var.into(), value.into()));
     let address = link_local_address()?;
     println!(
         "connection setup: cmtime, {} connections x{} …",
         plan.connections, plan.rounds
     );
-    let mut runs: [Vec<StepTimes>; 2] = [Vec::new(), Vec::new()];
+    let mut runs: [Vec<StepTimes>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     let mut port = 7600;
     for _ in 0..plan.rounds {
-        for (i, side) in [native, vrdma].into_iter().enumerate() {
+        for (i, side) in [native, vrdma, &sleeping].into_iter().enumerate() {
             runs[i].push(run_pair(cmtime, side, &address, port, plan.connections)?);
             port += 1;
         }
     }
-    let [native_runs, vrdma_runs] = runs;
-    rows(&native_runs, &vrdma_runs, plan.connections)
+    let [native_runs, vrdma_runs, sleeping_runs] = runs;
+    let mut out = rows(&native_runs, &vrdma_runs, plan.connections)?;
+    let no_poll = rows(&native_runs, &sleeping_runs, plan.connections)?;
+    out.extend(no_poll.into_iter().filter(|r| r.op == RATE).map(|mut r| {
+        r.op.push_str(super::control::NO_POLL);
+        r
+    }));
+    Ok(out)
 }
 
 /// One `cmtime` server and client, both on `side`.

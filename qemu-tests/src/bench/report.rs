@@ -155,8 +155,10 @@ fn doorbell_rows(out: &mut String, plan: &Plan, rung: &[MatrixRow]) {
     }
     let _ = writeln!(
         out,
-        "
-the host kick (spec §5.3) against the backend's doorbell: both perftest processes          over vrdma, process transport, with the kick (the default) and with VRDMA_HOST_KICK=0          (every send rings the doorbell, as in a VM); median of {} round(s), alternating. What          differs is the backend thread woken to kick rxe on every send.",
+        "\nthe host kick (spec §5.3) against the backend's doorbell: both perftest processes \
+         over vrdma, process transport, with the kick (the default) and with VRDMA_HOST_KICK=0 \
+         (every send rings the doorbell, as in a VM); median of {} round(s), alternating. What \
+         differs is the backend thread woken to kick rxe on every send.",
         plan.rounds
     );
     out.push_str(&matrix_table(rung, "kick", "doorbell"));

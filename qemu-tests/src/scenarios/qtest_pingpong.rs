@@ -253,6 +253,9 @@ impl Guest {
     fn open(function: &Arc<QtestPciFunction>) -> Result<Self> {
         let options = PciOptions {
             command_timeout: Duration::from_secs(10),
+            // Every look at the used ring is a qtest round trip over a socket: wait for the
+            // interrupt instead of polling.
+            command_spin: Duration::ZERO,
             ..PciOptions::default()
         };
         let transport = Arc::new(

@@ -25,7 +25,9 @@ use super::function::PciFunction;
 use super::interrupt::Interrupts;
 use super::virtio::{status, NotifyAddress, VirtioPci};
 use crate::dma::DmaMemory;
-use crate::transport::queues::{ControlChannel, EventChannel, QueueSignal, SignalledQueue};
+use crate::transport::queues::{
+    AdaptiveSpin, ControlChannel, EventChannel, QueueSignal, SignalledQueue, DEFAULT_COMMAND_SPIN,
+};
 use crate::transport::{HostKick, OwnerProcess, SharedMemory, Transport, TransportError};
 use crate::virtq::SplitQueue;
 
@@ -37,6 +39,9 @@ pub struct PciOptions {
     pub queue_size: u16,
     /// How long a control command may take before the transport gives up.
     pub command_timeout: Duration,
+    /// At most how long a control round trip polls for its answer before it waits for the
+    /// interrupt (it adapts to the typical round trip below that; zero: never polls).
+    pub command_spin: Duration,
     /// Device-specific feature bits (0..=23) the driver accepts if offered.
     pub device_features: u64,
     /// Event buffers kept posted on the event queue.
@@ -50,6 +55,7 @@ impl Default for PciOptions {
         PciOptions {
             queue_size: 256,
             command_timeout: Duration::from_secs(30),
+            command_spin: DEFAULT_COMMAND_SPIN,
             // Every defined bit this library implements over PCI: the host kick needs the
             // host's verbs context, which only a front-end holds, never a guest.
             device_features: VRDMA_F_ALL & !VRDMA_F_HOST_KICK,
@@ -161,7 +167,12 @@ impl PciTransport {
         let events = queue(EVENTQ)?;
         let doorbell_queue = queue(DOORBELLQ)?;
         let (doorbell, doorbell_rings) = (doorbell_queue.signal.notify, doorbell_queue.queue);
-        let control = ControlChannel::new(dma.as_ref(), control, options.command_timeout)?;
+        let control = ControlChannel::new(
+            dma.as_ref(),
+            control,
+            options.command_timeout,
+            AdaptiveSpin::new(options.command_spin),
+        )?;
         let events = EventChannel::start(
             dma.as_ref(),
             events,

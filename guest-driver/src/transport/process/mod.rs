@@ -32,7 +32,9 @@ use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::queues::{ControlChannel, EventChannel, QueueSignal, SignalledQueue};
+use super::queues::{
+    AdaptiveSpin, ControlChannel, EventChannel, QueueSignal, SignalledQueue, DEFAULT_COMMAND_SPIN,
+};
 use super::{HostKick, OwnerProcess, SharedMemory, Transport, TransportError};
 use crate::dma::{DmaBuffer, DmaError, DmaMemory, MemfdRam, RamPages, DEFAULT_GUEST_RAM_SIZE};
 use crate::virtq::SplitQueue;
@@ -55,6 +57,9 @@ pub struct ProcessOptions {
     pub queue_size: u16,
     /// How long a control command may take before the transport gives up.
     pub command_timeout: Duration,
+    /// At most how long a control round trip polls for its answer before it sleeps (it
+    /// adapts to the typical round trip below that; zero: never polls).
+    pub command_spin: Duration,
     /// Bytes of configuration space to read.
     pub config_size: u32,
     /// Device-specific feature bits (0..=23) the driver accepts if offered.
@@ -77,6 +82,7 @@ impl Default for ProcessOptions {
             guest_ram_pages: RamPages::Small,
             queue_size: 256,
             command_timeout: Duration::from_secs(30),
+            command_spin: DEFAULT_COMMAND_SPIN,
             config_size: 256,
             device_features: DEVICE_SPECIFIC_MASK,
             event_buffers: 64,
@@ -243,7 +249,12 @@ impl ProcessTransport {
         }
         events.notify()?;
 
-        let control = ControlChannel::new(&dma, control, options.command_timeout)?;
+        let control = ControlChannel::new(
+            &dma,
+            control,
+            options.command_timeout,
+            AdaptiveSpin::new(options.command_spin),
+        )?;
         Ok(ProcessTransport {
             _frontend: frontend,
             dma,

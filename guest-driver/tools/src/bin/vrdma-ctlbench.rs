@@ -50,6 +50,10 @@ struct Cli {
     /// The vrdma backend's vhost-user socket (process transport).
     #[arg(long, env = "VRDMA_SOCKET")]
     socket: PathBuf,
+    /// At most how many microseconds a control round trip polls for its answer before it
+    /// sleeps (0: never polls); the library's default when absent.
+    #[arg(long, env = "VRDMA_COMMAND_SPIN_US")]
+    command_spin_us: Option<u64>,
     #[command(subcommand)]
     bench: Bench,
 }
@@ -124,7 +128,7 @@ fn run(cli: &Cli) -> Result<serde_json::Value, String> {
             } else {
                 RamPages::Small
             };
-            let ctx = open(&cli.socket, mr_bytes.saturating_add(RAM_HEADROOM), pages)?;
+            let ctx = open(cli, mr_bytes.saturating_add(RAM_HEADROOM), pages)?;
             control(&ctx, *reps, *mr_bytes, *mr_reps, pages.size())
         }
         Bench::Scale {
@@ -135,7 +139,7 @@ fn run(cli: &Cli) -> Result<serde_json::Value, String> {
             ready_file,
             start_file,
         } => {
-            let ctx = open(&cli.socket, RAM_HEADROOM, RamPages::Small)?;
+            let ctx = open(cli, RAM_HEADROOM, RamPages::Small)?;
             let plan = ScalePlan {
                 qps: *qps,
                 messages: *messages,
@@ -148,15 +152,20 @@ fn run(cli: &Cli) -> Result<serde_json::Value, String> {
     }
 }
 
-/// Connects to the backend with `ram` bytes of guest RAM made of `pages`.
-fn open(socket: &Path, ram: usize, pages: RamPages) -> Result<Context, String> {
+/// Connects to the backend `cli` names with `ram` bytes of guest RAM made of `pages`.
+fn open(cli: &Cli, ram: usize, pages: RamPages) -> Result<Context, String> {
+    let socket = &cli.socket;
+    let defaults = ProcessOptions::default();
     let ram = ram
-        .max(ProcessOptions::default().guest_ram_size)
+        .max(defaults.guest_ram_size)
         .next_multiple_of(pages.size());
     let options = ProcessOptions {
         guest_ram_size: ram,
         guest_ram_pages: pages,
-        ..ProcessOptions::default()
+        command_spin: cli
+            .command_spin_us
+            .map_or(defaults.command_spin, Duration::from_micros),
+        ..defaults
     };
     let transport = ProcessTransport::connect(socket, options)
         .map_err(|e| format!("connecting to {}: {e}", socket.display()))?;
