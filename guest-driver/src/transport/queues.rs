@@ -71,7 +71,10 @@ impl<S: QueueSignal> SignalledQueue<S> {
                 return Ok(Some(used));
             }
             if spin_until.is_some_and(|until| Instant::now() < until) {
-                std::hint::spin_loop();
+                // Yield rather than spin: the answer may need a thread that waits for this
+                // CPU (the back-end's, or this process's own handler of the back-end's
+                // SHMEM_MAP requests, which the command waits for).
+                std::thread::yield_now();
                 continue;
             }
             let ticket = self.signal.arm();
