@@ -14,5 +14,6 @@ mod wqe_check;
 
 pub use pump::{StagedKind, StagedRing, StagedRingInit, Staging};
 pub use wqe_check::{
-    check, neutralise, IsLocal, Reach, Refusal, StagedAh, StagedAhs, NEUTRALISED_AH_NUM,
+    check, neutralise, IsLocal, PassDestinations, Reach, Refusal, StagedAh, StagedAhs,
+    NEUTRALISED_AH_NUM,
 };

@@ -34,7 +34,9 @@ use vrdma_spec::wire::QpAttr;
 use super::file::{SharedMapping, StagingExtent, StagingFile};
 use super::lingering_ahs::{LingeringAh, Unconsumed};
 use super::retry::RetrySchedule;
-use super::wqe_check::{check, neutralise, payload_len, Reach, Refusal, StagedAhs};
+use super::wqe_check::{
+    check, neutralise, payload_len, PassDestinations, Reach, Refusal, StagedAhs,
+};
 use crate::fault_log::FaultLog;
 use crate::host::{AhHandle, DeviceError, HostContext, QpHandle};
 use crate::memory::queue_region::ShmRange;
@@ -169,6 +171,7 @@ impl StagedRing {
             .mask(self.host_word(header::CONSUMER_INDEX).load(Acquire));
         let mut forwarded = 0;
         let mut refused = false;
+        let mut pass = PassDestinations::default();
         while self.position != producer {
             let next = self.geometry.next(self.position);
             if next == host_consumer {
@@ -177,7 +180,7 @@ impl StagedRing {
                 self.waiting = true;
                 break;
             }
-            if let Err(why) = self.forward(self.position, ahs) {
+            if let Err(why) = self.forward(self.position, ahs, &mut pass) {
                 // Rate-limited per guest: a guest can make refusals on new QPs at will.
                 faults.report(format_args!(
                     "host QP {}: staged WQE {} refused ({why}); moving the QP to ERR",
@@ -210,7 +213,12 @@ impl StagedRing {
 
     /// Copies staging slot `index`, checks the copy (UD) and writes the result (the WQE, or a
     /// neutralised one) into host slot `index`.
-    fn forward(&mut self, index: u32, ahs: &StagedAhs) -> Result<(), Refusal> {
+    fn forward(
+        &mut self,
+        index: u32,
+        ahs: &StagedAhs,
+        pass: &mut PassDestinations,
+    ) -> Result<(), Refusal> {
         let offset = self.geometry.slot_offset(index);
         let slot = self.scratch.len();
         let src = self.staging.bytes(offset, slot);
@@ -245,6 +253,7 @@ impl StagedRing {
                 self.max_sge,
                 self.max_inline,
                 ahs,
+                pass,
             ),
             // As the guest wrote them, as in a directly mapped queue: rxe recomputes what it
             // must not trust (the opcode mask) and reads the rest (`iova`, the remote address

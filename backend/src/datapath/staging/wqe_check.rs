@@ -66,6 +66,30 @@ impl Reach {
     }
 }
 
+/// Where the destinations of one pump pass lead, each classified once: all WQEs forwarded
+/// together go by the host's addresses of that moment, and the pass pays one look at them
+/// (a lock and a system call) per destination rather than per WQE. A few entries, reused
+/// round robin: no allocation on the data path.
+#[derive(Debug, Default)]
+pub struct PassDestinations {
+    seen: [Option<([u8; 16], Destination)>; 4],
+    next: usize,
+}
+
+impl PassDestinations {
+    /// Where `dgid` leads, by `reach`, classified at its first send of the pass.
+    fn classify(&mut self, reach: &Reach, dgid: &[u8; 16]) -> Destination {
+        let known = self.seen.iter().flatten().find(|(gid, _)| gid == dgid);
+        if let Some(&(_, destination)) = known {
+            return destination;
+        }
+        let destination = reach.destination(dgid);
+        self.seen[self.next] = Some((*dgid, destination));
+        self.next = (self.next + 1) % self.seen.len();
+        destination
+    }
+}
+
 impl std::fmt::Debug for Reach {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reach")
@@ -103,13 +127,15 @@ pub enum Refusal {
 
 /// The checks of one staged WQE, applied to the private copy in `slot`, which becomes the WQE
 /// the host receives: host-owned fields zeroed, `ah_num` translated, the embedded AV zeroed.
-/// Returns the bytes of the slot in use (header and payload).
+/// Returns the bytes of the slot in use (header and payload). `pass`: the destinations of the
+/// pump pass this WQE is forwarded in.
 pub fn check(
     slot: &mut [u8],
     pd: Handle,
     max_sge: u32,
     max_inline: u32,
     ahs: &StagedAhs,
+    pass: &mut PassDestinations,
 ) -> Result<usize, Refusal> {
     let head = size_of::<RxeSendWqe>();
     let (wqe_bytes, payload) = slot.split_at_mut(head);
@@ -155,11 +181,8 @@ pub fn check(
         .get(handle)
         .filter(|ah| ah.pd == pd)
         .ok_or(Refusal::AddressHandle(handle))?;
-    if !ahs
-        .reach
-        .endpoints
-        .allows(ahs.reach.destination(&ah.dgid), ud.remote_qpn.get())
-    {
+    let destination = pass.classify(&ahs.reach, &ah.dgid);
+    if !ahs.reach.endpoints.allows(destination, ud.remote_qpn.get()) {
         return Err(Refusal::Destination(ud.remote_qpn.get()));
     }
     wqe.wr.reserved = Le32::ZERO;
@@ -334,7 +357,15 @@ mod tests {
     #[test]
     fn a_checked_wqe_is_rewritten_for_the_host() {
         let mut slot = inline_slot(64);
-        let used = check(&mut slot, Handle::from_raw(PD), 1, 64, &ahs()).unwrap();
+        let used = check(
+            &mut slot,
+            Handle::from_raw(PD),
+            1,
+            64,
+            &ahs(),
+            &mut PassDestinations::default(),
+        )
+        .unwrap();
         assert_eq!(used, size_of::<RxeSendWqe>() + 64);
         let (wqe, _) = RxeSendWqe::read_from_prefix(&slot).unwrap();
         let ud = wqe.wr.wr.ud();
@@ -351,12 +382,26 @@ mod tests {
         let pd = Handle::from_raw(PD);
         let mut long = inline_slot(65);
         assert_eq!(
-            check(&mut long, pd, 1, 64, &ahs()),
+            check(
+                &mut long,
+                pd,
+                1,
+                64,
+                &ahs(),
+                &mut PassDestinations::default()
+            ),
             Err(Refusal::InlineTooLong(65))
         );
         let mut other_pd = inline_slot(8);
         assert_eq!(
-            check(&mut other_pd, Handle::from_raw(PD + 1), 1, 64, &ahs()),
+            check(
+                &mut other_pd,
+                Handle::from_raw(PD + 1),
+                1,
+                64,
+                &ahs(),
+                &mut PassDestinations::default()
+            ),
             Err(Refusal::AddressHandle(AH))
         );
         let mut slot = inline_slot(8);
@@ -379,14 +424,14 @@ mod tests {
         let reach = Reach::new(Arc::clone(&endpoints), Arc::new(|_| true));
         let ahs = ahs_to(reach, [0xfe; 16]);
         let mut slot = inline_slot(8);
-        assert!(check(&mut slot, pd, 1, 64, &ahs).is_ok());
+        assert!(check(&mut slot, pd, 1, 64, &ahs, &mut PassDestinations::default()).is_ok());
         // The same QP number claimed by the neighbour (the sender's QP gone, the number
         // reused): refused, nothing rewritten for the host.
         drop(_own_qp);
         let _neighbour_qp = endpoints.claim_qpn(neighbour, 0x42);
         let mut slot = inline_slot(8);
         assert_eq!(
-            check(&mut slot, pd, 1, 64, &ahs),
+            check(&mut slot, pd, 1, 64, &ahs, &mut PassDestinations::default()),
             Err(Refusal::Destination(0x42))
         );
         assert_eq!(slot, inline_slot(8));
@@ -410,11 +455,69 @@ mod tests {
         );
         let ahs = ahs_to(reach, REMOTE);
         let pd = Handle::from_raw(PD);
-        assert!(check(&mut inline_slot(8), pd, 1, 64, &ahs).is_ok());
+        assert!(check(
+            &mut inline_slot(8),
+            pd,
+            1,
+            64,
+            &ahs,
+            &mut PassDestinations::default()
+        )
+        .is_ok());
         local.store(true, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(
-            check(&mut inline_slot(8), pd, 1, 64, &ahs),
+            check(
+                &mut inline_slot(8),
+                pd,
+                1,
+                64,
+                &ahs,
+                &mut PassDestinations::default()
+            ),
             Err(Refusal::Destination(0x42))
         );
+    }
+
+    #[test]
+    fn a_pass_classifies_each_destination_once() {
+        use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+        let looks = Arc::new(AtomicU32::new(0));
+        let counted = Arc::clone(&looks);
+        let reach = Reach::new(
+            LocalEndpoints::new(),
+            Arc::new(move |_| {
+                counted.fetch_add(1, SeqCst);
+                false
+            }),
+        );
+        let mut ahs = ahs_to(reach, REMOTE);
+        let other = [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+        let second = StagedAh {
+            pd: Handle::from_raw(PD),
+            ah_num: 43,
+            dgid: other,
+        };
+        ahs.insert(Handle::from_raw(AH + 1), second);
+        let pd = Handle::from_raw(PD);
+        let mut pass = PassDestinations::default();
+        for _ in 0..3 {
+            assert!(check(&mut inline_slot(8), pd, 1, 64, &ahs, &mut pass).is_ok());
+        }
+        assert_eq!(
+            looks.load(SeqCst),
+            1,
+            "one look for three sends to one address"
+        );
+        let mut to_other = inline_slot(8);
+        let ah_num =
+            offset_of!(RxeSendWqe, wr) + offset_of!(RxeSendWr, wr) + offset_of!(RxeUdWr, ah_num);
+        to_other[ah_num..ah_num + 4].copy_from_slice(&(AH + 1).to_le_bytes());
+        assert!(check(&mut to_other, pd, 1, 64, &ahs, &mut pass).is_ok());
+        assert!(check(&mut inline_slot(8), pd, 1, 64, &ahs, &mut pass).is_ok());
+        assert_eq!(looks.load(SeqCst), 2, "a second address, looked at once");
+        // The next pass looks again: the host's addresses may have changed in between.
+        let mut next = PassDestinations::default();
+        assert!(check(&mut inline_slot(8), pd, 1, 64, &ahs, &mut next).is_ok());
+        assert_eq!(looks.load(SeqCst), 3);
     }
 }
