@@ -14,7 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use host_kick::HostKick;
-pub use queues::DEFAULT_COMMAND_SPIN;
+
+/// At most how long a control round trip polls for its answer by default, before it sleeps
+/// (it polls about as long as its typical round trip, up to this): a few round trips under
+/// TCG, many on a KVM host.
+pub const DEFAULT_COMMAND_SPIN: Duration = Duration::from_micros(500);
 
 use crate::dma::{DmaError, DmaMemory};
 use crate::virtq::VirtqError;

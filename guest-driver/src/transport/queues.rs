@@ -145,10 +145,6 @@ impl MappedBuffer {
     }
 }
 
-/// What [`AdaptiveSpin`] polls at most by default: a few control round trips under TCG, many
-/// on a KVM host.
-pub const DEFAULT_COMMAND_SPIN: Duration = Duration::from_micros(500);
-
 /// How long a control round trip polls for its answer before it sleeps: 1.5 times the
 /// typical round trip of this channel (an average over the recent ones), at most `cap`. A
 /// caller that sleeps pays a wake-up on top of the device's work, which under virtualization

@@ -26,9 +26,11 @@ use super::interrupt::Interrupts;
 use super::virtio::{status, NotifyAddress, VirtioPci};
 use crate::dma::DmaMemory;
 use crate::transport::queues::{
-    AdaptiveSpin, ControlChannel, EventChannel, QueueSignal, SignalledQueue, DEFAULT_COMMAND_SPIN,
+    AdaptiveSpin, ControlChannel, EventChannel, QueueSignal, SignalledQueue,
 };
-use crate::transport::{HostKick, OwnerProcess, SharedMemory, Transport, TransportError};
+use crate::transport::{
+    HostKick, OwnerProcess, SharedMemory, Transport, TransportError, DEFAULT_COMMAND_SPIN,
+};
 use crate::virtq::SplitQueue;
 
 /// Settings of a [`PciTransport`].

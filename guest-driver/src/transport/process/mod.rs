@@ -32,10 +32,10 @@ use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::queues::{
-    AdaptiveSpin, ControlChannel, EventChannel, QueueSignal, SignalledQueue, DEFAULT_COMMAND_SPIN,
+use super::queues::{AdaptiveSpin, ControlChannel, EventChannel, QueueSignal, SignalledQueue};
+use super::{
+    HostKick, OwnerProcess, SharedMemory, Transport, TransportError, DEFAULT_COMMAND_SPIN,
 };
-use super::{HostKick, OwnerProcess, SharedMemory, Transport, TransportError};
 use crate::dma::{DmaBuffer, DmaError, DmaMemory, MemfdRam, RamPages, DEFAULT_GUEST_RAM_SIZE};
 use crate::virtq::SplitQueue;
 use vrdma_spec::features::{
