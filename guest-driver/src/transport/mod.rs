@@ -16,9 +16,12 @@ use std::time::Duration;
 pub use host_kick::HostKick;
 
 /// At most how long a control round trip polls for its answer by default, before it sleeps
-/// (it polls about as long as its typical round trip, up to this): a few round trips under
-/// TCG, many on a KVM host.
-pub const DEFAULT_COMMAND_SPIN: Duration = Duration::from_micros(500);
+/// (it polls about as long as its typical round trip, up to this): zero, never. Measured on a
+/// 2-vCPU TCG machine (docs/benchmarks.md), polling up to 500 µs halves some commands
+/// (MODIFY_QP to RTS, CREATE_CQ) and slows others (CREATE_QP, batched set-up), whose answers
+/// need other threads of the same few CPUs; with cores to spare, `VRDMA_COMMAND_SPIN_US`
+/// (the drop-in) or the transports' `command_spin` turns it on.
+pub const DEFAULT_COMMAND_SPIN: Duration = Duration::ZERO;
 
 use crate::dma::{DmaError, DmaMemory};
 use crate::virtq::VirtqError;

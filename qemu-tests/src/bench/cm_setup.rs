@@ -166,17 +166,17 @@ pub fn host_cmtime(target: &Path) -> Result<PathBuf> {
 /// Runs the plan: for each round a native pair, then a vrdma pair, each on a port of its own.
 ///
 /// A third side, vrdma again with control round trips that never poll
-/// ([`super::control::NO_POLL_ENV`]), gives the setup rate without the adaptive polling.
+/// ([`super::control::POLLING_ENV`]), gives the setup rate with the adaptive polling.
 pub fn run(
     cmtime: &Path,
     plan: &CmSetupPlan,
     native: &Side,
     vrdma: &Side,
 ) -> Result<Vec<CmSetupRow>> {
-    let (var, value) = super::control::NO_POLL_ENV;
-    let mut sleeping = vrdma.clone();
-    sleeping.label = format!("{}-no-poll", vrdma.label);
-    sleeping.env.push((var.into(), value.into()));
+    let (var, value) = super::control::POLLING_ENV;
+    let mut polling = vrdma.clone();
+    polling.label = format!("{}-polling", vrdma.label);
+    polling.env.push((var.into(), value.into()));
     let address = link_local_address()?;
     println!(
         "connection setup: cmtime, {} connections x{} …",
@@ -185,16 +185,16 @@ pub fn run(
     let mut runs: [Vec<StepTimes>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     let mut port = 7600;
     for _ in 0..plan.rounds {
-        for (i, side) in [native, vrdma, &sleeping].into_iter().enumerate() {
+        for (i, side) in [native, vrdma, &polling].into_iter().enumerate() {
             runs[i].push(run_pair(cmtime, side, &address, port, plan.connections)?);
             port += 1;
         }
     }
-    let [native_runs, vrdma_runs, sleeping_runs] = runs;
+    let [native_runs, vrdma_runs, polling_runs] = runs;
     let mut out = rows(&native_runs, &vrdma_runs, plan.connections)?;
-    let no_poll = rows(&native_runs, &sleeping_runs, plan.connections)?;
-    out.extend(no_poll.into_iter().filter(|r| r.op == RATE).map(|mut r| {
-        r.op.push_str(super::control::NO_POLL);
+    let polled = rows(&native_runs, &polling_runs, plan.connections)?;
+    out.extend(polled.into_iter().filter(|r| r.op == RATE).map(|mut r| {
+        r.op.push_str(super::control::POLLING);
         r
     }));
     Ok(out)

@@ -54,11 +54,11 @@ pub const STAGED_ROWS: &[&str] = &[
     "setup_qp_to_rts_batched_staged",
 ];
 
-/// Suffix of the rows measured again with control round trips that never poll for their
-/// answer (`VRDMA_COMMAND_SPIN_US=0`): what the adaptive polling saves.
-pub const NO_POLL: &str = "_no_poll";
-/// How the drop-in and `vrdma-ctlbench` are told to not poll.
-pub const NO_POLL_ENV: (&str, &str) = ("VRDMA_COMMAND_SPIN_US", "0");
+/// Suffix of the rows measured again with control round trips that poll for their answer
+/// (`VRDMA_COMMAND_SPIN_US=500`; off by default): what the adaptive polling saves or costs.
+pub const POLLING: &str = "_polling";
+/// How the drop-in and `vrdma-ctlbench` are told to poll.
+pub const POLLING_ENV: (&str, &str) = ("VRDMA_COMMAND_SPIN_US", "500");
 
 /// Row of the first registration alone: vrdma's first registration of memory also fills the
 /// backend's page tables for it, which later ones find done.
@@ -168,14 +168,14 @@ pub fn run(
         timeout,
     )?;
     let mut rows = rows(&native, &vrdma)?;
-    let sleeping = run_to_output(
-        "bench-vrdma-control-no-poll",
+    let polling = run_to_output(
+        "bench-vrdma-control-polling",
         programs
             .control(Via::Vrdma, Some(socket), &objects)?
-            .env(NO_POLL_ENV.0, NO_POLL_ENV.1),
+            .env(POLLING_ENV.0, POLLING_ENV.1),
         timeout,
     )?;
-    rows.extend(rows_no_poll(&native, &sleeping)?);
+    rows.extend(rows_polling(&native, &polling)?);
     if let Some(staged) = staged {
         let through_staging = run_to_output(
             "bench-vrdma-control-staged",
@@ -339,12 +339,12 @@ pub fn rows(native: &Output, vrdma: &Output) -> Result<Vec<ControlRow>> {
     Ok(rows)
 }
 
-/// The object and setup rows again, from a run whose round trips never poll, each named with
-/// [`NO_POLL`].
-pub fn rows_no_poll(native: &Output, sleeping: &Output) -> Result<Vec<ControlRow>> {
-    let mut rows = rows(native, sleeping)?;
+/// The object and setup rows again, from a run whose round trips poll, each named with
+/// [`POLLING`].
+pub fn rows_polling(native: &Output, polling: &Output) -> Result<Vec<ControlRow>> {
+    let mut rows = rows(native, polling)?;
     for row in &mut rows {
-        row.op.push_str(NO_POLL);
+        row.op.push_str(POLLING);
     }
     Ok(rows)
 }
