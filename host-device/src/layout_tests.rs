@@ -303,6 +303,46 @@ fn command_codes_match_the_c_headers() {
     assert_eq!(c_out, expected);
 }
 
+/// The ioctl constants of the send kick and the device's other ioctls
+/// (`vrdma_spec::rxe_v1::kick`), against the uapi headers' enums and macros.
+#[test]
+fn ioctl_constants_match_the_c_headers() {
+    use vrdma_spec::rxe_v1::kick::{self, invoke_write_attr};
+    let constants: [(&str, u64); 8] = [
+        ("RDMA_VERBS_IOCTL", kick::RDMA_VERBS_IOCTL),
+        ("RDMA_DRIVER_RXE", kick::DRIVER_RXE.into()),
+        ("UVERBS_OBJECT_DEVICE", kick::OBJECT_DEVICE.into()),
+        (
+            "UVERBS_METHOD_INVOKE_WRITE",
+            kick::METHOD_INVOKE_WRITE.into(),
+        ),
+        ("UVERBS_ATTR_CORE_IN", invoke_write_attr::CORE_IN.into()),
+        ("UVERBS_ATTR_CORE_OUT", invoke_write_attr::CORE_OUT.into()),
+        ("UVERBS_ATTR_WRITE_CMD", invoke_write_attr::WRITE_CMD.into()),
+        ("UVERBS_ATTR_F_MANDATORY", kick::ATTR_F_MANDATORY.into()),
+    ];
+    let mut program = String::from(
+        "#include <stdio.h>\n#include <rdma/rdma_user_ioctl_cmds.h>\n\
+         #include <rdma/ib_user_ioctl_cmds.h>\n#include <rdma/ib_user_ioctl_verbs.h>\n\
+         #include <rdma/rdma_user_ioctl.h>\nint main(void) {\n",
+    );
+    for (name, _) in &constants {
+        let _ = writeln!(
+            program,
+            "printf(\"{name} %llu\\n\", (unsigned long long)({name}));"
+        );
+    }
+    program.push_str("return 0;\n}\n");
+    let Some(c_out) = run_c("ioctl-constants", &program) else {
+        return;
+    };
+    let expected: String = constants
+        .iter()
+        .map(|(n, v)| format!("{n} {v}\n"))
+        .collect();
+    assert_eq!(c_out, expected);
+}
+
 #[test]
 fn abi_structs_match_the_c_headers() {
     let layouts = all_layouts();

@@ -41,6 +41,11 @@ pub const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
 const SRQ_MAX_WR: u32 = 1;
 /// `IB_SRQ_LIMIT`.
 const SRQ_LIMIT: u32 = 2;
+/// How often a DESTROY_QP refused with EBUSY is tried again, a short sleep apart: a host kick
+/// from the front-end's process (spec §5.3) holds the QP for the length of one ioctl, and the
+/// kernel refuses to destroy an object a command holds.
+const DESTROY_BUSY_RETRIES: u32 = 100;
+const DESTROY_BUSY_PAUSE: std::time::Duration = std::time::Duration::from_micros(100);
 
 /// An rxe device on this host.
 #[derive(Debug, Clone)]
@@ -567,7 +572,21 @@ impl HostContext for RxeContext {
     }
 
     fn destroy_qp(&self, qp: QpHandle) -> Result<()> {
-        self.destroy_qp_raw(qp.0)?;
+        let mut busy = 0;
+        loop {
+            match self.destroy_qp_raw(qp.0) {
+                Err(DeviceError::Command {
+                    errno: libc::EBUSY, ..
+                }) if busy < DESTROY_BUSY_RETRIES => {
+                    busy += 1;
+                    std::thread::sleep(DESTROY_BUSY_PAUSE);
+                }
+                done => {
+                    done?;
+                    break;
+                }
+            }
+        }
         self.live().qps.remove(&qp.0);
         Ok(())
     }

@@ -525,7 +525,11 @@ pub(crate) fn destroy_qp(s: &mut Session<'_>, r: &HandleReq) -> CommandResult {
     let handle = Handle::from_raw(r.handle.get());
     let entry = s.state.qps.get(handle)?;
     let (host, index) = (entry.host, entry.doorbell_index);
-    // No kick may reach the host handle once it is destroyed (the kernel reuses handles).
+    // No kick of the device's may reach the host handle once it is destroyed (the kernel
+    // reuses handles). A host kick from the front-end's process (spec §5.3) may: a stale one
+    // is an empty POST_SEND on another QP of the same guest's context, which changes
+    // nothing; one in flight makes the host refuse the destroy for its length, which the
+    // host layer waits out.
     s.guest.doorbells().lock().detach(index);
     if let Err(e) = s.host().destroy_qp(host) {
         s.guest.doorbells().lock().attach(index, host);

@@ -30,7 +30,9 @@ pub(super) struct ShmemWindow {
     /// The host verbs context's file: the first character device a queue buffer was mapped
     /// from (rxe maps queue buffers from the context's uverbs file; staging rings come from
     /// other files). The back-end gives each connection one host context, so this is the file
-    /// every host kick of this window's queues is made on (spec §5.3).
+    /// every host kick of this window's queues is made on (spec §5.3). Close-on-exec; a
+    /// `fork()` child that does not exec holds it like the transport's other descriptors
+    /// (and keeps the host context open while it lives), but has no queue mapping to post to.
     host_context: Mutex<Option<Arc<OwnedFd>>>,
 }
 

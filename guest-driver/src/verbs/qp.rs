@@ -514,8 +514,10 @@ impl Qp {
     /// posted and the QP was not already queued for the device.
     ///
     /// On [`PostSendError::Refused`], the requests before the refused one were posted.
-    /// Allocates nothing; the only device interaction is the doorbell notification, and only
-    /// when [`DoorbellArea::ring`](vrdma_spec::DoorbellArea::ring) asks for it.
+    /// Allocates nothing. With a host kick ([`Qp::kicks_host`]) every post that posted
+    /// anything makes one system call, as a native rxe post does; else the only device
+    /// interaction is the doorbell notification, and only when
+    /// [`DoorbellArea::ring`](vrdma_spec::DoorbellArea::ring) asks for it.
     ///
     /// # Safety
     ///

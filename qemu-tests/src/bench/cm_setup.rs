@@ -165,7 +165,7 @@ pub fn host_cmtime(target: &Path) -> Result<PathBuf> {
 
 /// Runs the plan: for each round a native pair, then a vrdma pair, each on a port of its own.
 ///
-/// A third side, vrdma again with control round trips that never poll
+/// A third side, vrdma again with control round trips that poll for their answers
 /// ([`super::control::POLLING_ENV`]), gives the setup rate with the adaptive polling.
 pub fn run(
     cmtime: &Path,

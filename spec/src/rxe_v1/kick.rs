@@ -10,13 +10,15 @@
 //! `ib_safe_file_access`; the ioctl does not). The device kicks with the same call, so one
 //! definition serves both; [`IoctlHdr`] and [`IoctlAttr`] also frame the device's other uverbs
 //! ioctls. All of it is the kernel's ABI (`rdma_user_ioctl_cmds.h`, `ib_user_ioctl_cmds.h`,
-//! `ib_user_verbs.h`), native-endian like every rxe v1 structure.
+//! `ib_user_verbs.h`), native-endian like every rxe v1 structure. The method exists since
+//! Linux 5.0; rxe v1 needs 5.16 anyway.
 
 use core::mem::{offset_of, size_of};
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-/// `RDMA_VERBS_IOCTL`: `_IOWR(0x1b, 1, struct ib_uverbs_ioctl_hdr)`.
+/// `RDMA_VERBS_IOCTL`: `_IOWR(0x1b, 1, struct ib_uverbs_ioctl_hdr)`, in the generic `_IOC`
+/// layout of x86, arm64 and riscv (powerpc, mips and sparc encode it otherwise).
 pub const RDMA_VERBS_IOCTL: u64 =
     (3 << 30) | ((size_of::<IoctlHdr>() as u64) << 16) | (0x1b << 8) | 1;
 
@@ -225,13 +227,8 @@ const _: () = {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_ioctl_number_is_the_kernels() {
-        // _IOWR(0x1b, 1, 24 bytes), as the C headers compute it (host-device's layout tests
-        // compare the structs with the system's headers too).
-        assert_eq!(RDMA_VERBS_IOCTL, 0xc018_1b01);
-    }
-
+    // The constants and struct layouts are compared with the system's uapi headers in
+    // host-device's layout tests.
     #[test]
     fn a_kick_is_an_empty_post_send_of_one_qp_framed_for_invoke_write() {
         let mut call = KickCall::new(7);
