@@ -77,6 +77,16 @@ fn quick_bench_measures_every_row_on_both_sides() {
     {
         assert!(ops.contains(op), "no {op} row in {ops:?}");
     }
+    // The object and setup rows again with control round trips that poll.
+    for op in [
+        "create_cq",
+        "create_qp",
+        "modify_reset_to_rts",
+        control::SETUP_RATE_BATCHED,
+    ] {
+        let polled = format!("{op}{}", control::POLLING);
+        assert!(ops.contains(&polled.as_str()), "no {polled} row in {ops:?}");
+    }
     for row in &results.control {
         assert_ratio(row.ratio, row.vrdma.median, row.native.median, &row.op);
         // Every registration row has MR_PROCESSES processes per side; over huge pages each
@@ -110,6 +120,8 @@ fn quick_bench_measures_every_row_on_both_sides() {
     let steps: Vec<&str> = results.cm_setup.iter().map(|r| r.op.as_str()).collect();
     let mut expected: Vec<&str> = cm_setup::STEPS.to_vec();
     expected.push(cm_setup::RATE);
+    let polled_rate = format!("{}{}", cm_setup::RATE, control::POLLING);
+    expected.push(&polled_rate);
     assert_eq!(steps, expected);
     for row in &results.cm_setup {
         assert_ratio(row.ratio, row.vrdma.median, row.native.median, &row.op);
@@ -117,9 +129,15 @@ fn quick_bench_measures_every_row_on_both_sides() {
         assert_eq!((row.native.n, row.vrdma.n), (rounds, rounds), "{}", row.op);
     }
 
-    // Through the guest agent, through staging rings and with staged CQs: each case once per
-    // side, the direct front-end (directly mapped queues) first.
+    // Through the guest agent, through staging rings, with staged CQs and through the
+    // doorbell instead of the host kick: each case once per side, the direct front-end
+    // (directly mapped queues, the kick) first.
     check_comparison(&results.agent, &matrix::agent_cases(true), "vrdma-agent");
+    check_comparison(
+        &results.doorbell,
+        &matrix::doorbell_cases(true),
+        "vrdma-doorbell",
+    );
     check_comparison(&results.staged, &matrix::staged_cases(true), "vrdma-staged");
     check_comparison(
         &results.staged_cqs,
