@@ -90,7 +90,9 @@
 //! # Waiting for completions
 //! A local choice of each side, invisible to the peer: busy polling (the default), or
 //! completion events (`--events`, see [`wait`]): a side with nothing to poll arms the CQ,
-//! polls once more and sleeps until the CQ's completion event. Each result row says which
+//! polls once more and sleeps until the CQ's completion event. Its CQs are armed before the
+//! run while still empty, and each step ends by taking the events its completions made
+//! certain, so the first step counts one at least. Each result row says which
 //! (`completion`) and, for events, how many came (`completion_events`), how many ARM_CQ
 //! commands were sent (`arms`) and how many events found no new completion
 //! (`spurious_wakeups`).

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use vrdma::provider::{SendFlags, SendWr, WcFlags, WorkCompletion};
 use vrdma::spec::verbs::{WcOpcode, WcStatus, WrOpcode};
-use vrdma::verbs::Qp;
+use vrdma::verbs::{Cq, Qp};
 
 use super::endpoint::{Endpoint, WRID_RC_RECV, WRID_SEND, WRID_UD_RECV};
 use super::error::{Result, RunError};
@@ -53,6 +53,14 @@ impl Queue {
             Queue::Recv => 1,
         }
     }
+
+    /// The queue's CQ in `ep`, and its name for errors.
+    fn of(self, ep: &Endpoint) -> (&Cq, &'static str) {
+        match self {
+            Queue::Send => (&ep.send_cq, "send"),
+            Queue::Recv => (&ep.recv_cq, "receive"),
+        }
+    }
 }
 
 /// A connected pair of queue pairs running one plan.
@@ -69,7 +77,7 @@ pub(super) struct Session<'c> {
     samples: Vec<f64>,
     /// Waits for completions on the send CQ and the receive CQ.
     pub(super) waiter: Waiter<2>,
-    /// The waiter's counts when the current step began.
+    /// The waiter's counts when the previous step ended (zero before the first).
     step_start: EventCounts,
     /// [`Session::refused_kicks`] when the current step began.
     refused_kicks_at_start: u64,
@@ -91,6 +99,14 @@ impl<'c> Session<'c> {
         eprintln!("READY");
         if let Some(path) = &opts.start_file {
             wait_for_file(path, timeout)?;
+        }
+        // Nothing was sent yet and the peer sends only after `ready`: both CQs are empty.
+        let mut waiter = Waiter::new(opts.completion);
+        for queue in [Queue::Send, Queue::Recv] {
+            let (cq, what) = queue.of(&ep);
+            waiter
+                .arm_empty(cq, queue.index())
+                .map_err(|e| RunError::Events(what, e))?;
         }
         channel.send(&Message::Ready)?;
         match channel.receive()? {
@@ -123,7 +139,7 @@ impl<'c> Session<'c> {
             rows: Vec::new(),
             steps_done: 0,
             samples,
-            waiter: Waiter::new(opts.completion),
+            waiter,
             step_start: EventCounts::default(),
             refused_kicks_at_start: 0,
         })
@@ -133,7 +149,6 @@ impl<'c> Session<'c> {
         let plan = self.peer.plan.clone();
         for step in plan.steps() {
             let mut iter = 0;
-            self.step_start = self.waiter.counts();
             self.refused_kicks_at_start = self.refused_kicks();
             let result = match plan.mode() {
                 Mode::Verify => self.verify_step(step.op, step.size, plan.iters(), &mut iter),
@@ -142,12 +157,16 @@ impl<'c> Session<'c> {
                 }
                 Mode::Oneway => self.oneway_step(step.op, step.size, plan.iters(), &mut iter),
             };
+            let result = result.and_then(|()| self.settle());
             result.map_err(|e| RunError::InStep {
                 op: step.op,
                 size: step.size,
                 iter,
                 source: Box::new(e),
             })?;
+            // The next step's counts begin here: the first one's include the arms made
+            // before the run (`arm_empty`).
+            self.step_start = self.waiter.counts();
             self.steps_done += 1;
         }
         self.reap_sends(self.sends_outstanding)?;
@@ -222,10 +241,7 @@ impl<'c> Session<'c> {
     /// Waits for at least one completion on `queue`, watching the peer meanwhile; moves up to
     /// `out.len()` of them into `out` and returns how many.
     fn wait(&mut self, queue: Queue, out: &mut [WorkCompletion]) -> Result<usize> {
-        let (cq, what) = match queue {
-            Queue::Send => (&self.ep.send_cq, "send"),
-            Queue::Recv => (&self.ep.recv_cq, "receive"),
-        };
+        let (cq, what) = queue.of(&self.ep);
         let channel = &mut *self.channel;
         let ctx = &self.ep.ctx;
         // Between polls: has the peer given up, or has this side's device gone away?
@@ -234,11 +250,24 @@ impl<'c> Session<'c> {
                 channel.check_peer()?;
                 ctx.check_alive().map_err(WaitError::Device)
             })
-            .map_err(|e| match e {
-                WaitError::Timeout(after) => RunError::Timeout(what, after),
-                WaitError::Peer(e) => RunError::Oob(e),
-                e => RunError::Events(what, e),
-            })
+            .map_err(|e| wait_error(what, e))
+    }
+
+    /// Takes the completion events this side's completions made certain (see
+    /// [`Waiter::settle`]), so that they count in the step that raised them.
+    fn settle(&mut self) -> Result<()> {
+        for queue in [Queue::Send, Queue::Recv] {
+            let (cq, what) = queue.of(&self.ep);
+            let channel = &mut *self.channel;
+            let ctx = &self.ep.ctx;
+            self.waiter
+                .settle(cq, queue.index(), self.timeout, || {
+                    channel.check_peer()?;
+                    ctx.check_alive().map_err(WaitError::Device)
+                })
+                .map_err(|e| wait_error(what, e))?;
+        }
+        Ok(())
     }
 
     /// Waits for one successful completion on `queue`.
@@ -452,7 +481,7 @@ impl<'c> Session<'c> {
         let per_iter = if op == Op::Read { 1 } else { 2 };
         let rates = throughput(u64::from(iters) * per_iter, size, total);
         let latency = summarize(&mut self.samples);
-        self.push_row(op, size, iters, latency, rates);
+        self.push_row(op, size, iters, latency, rates)?;
         Ok(())
     }
 
@@ -528,7 +557,7 @@ impl<'c> Session<'c> {
         }
         if !self.is_server {
             let rates = throughput(iters.into(), size, total);
-            self.push_row(op, size, iters, None, rates);
+            self.push_row(op, size, iters, None, rates)?;
         }
         Ok(())
     }
@@ -601,7 +630,7 @@ impl<'c> Session<'c> {
         }
         self.receive(&CONTROL)?; // ack: the server verified the last message
         let rates = throughput(n.into(), size, elapsed);
-        self.push_row(op, size, n, None, rates);
+        self.push_row(op, size, n, None, rates)?;
         Ok(())
     }
 
@@ -614,7 +643,8 @@ impl<'c> Session<'c> {
         iters: u32,
         latency: Option<LatencySummary>,
         (mib_s, mmsg_s): (f64, f64),
-    ) {
+    ) -> Result<()> {
+        self.settle()?;
         self.rows.push(Row {
             op,
             size,
@@ -628,6 +658,7 @@ impl<'c> Session<'c> {
             host_kick: self.send_qp(op).kicks_host(),
             kicks_refused: self.refused_kicks() - self.refused_kicks_at_start,
         });
+        Ok(())
     }
 
     /// The QP `op`'s sends go through.
@@ -646,6 +677,15 @@ impl<'c> Session<'c> {
             .as_ref()
             .map_or(0, |ud| ud.qp.refused_host_kicks());
         self.ep.qp.refused_host_kicks() + ud
+    }
+}
+
+/// The run error of a wait on the `what` CQ.
+fn wait_error(what: &'static str, e: WaitError) -> RunError {
+    match e {
+        WaitError::Timeout(after) => RunError::Timeout(what, after),
+        WaitError::Peer(e) => RunError::Oob(e),
+        e => RunError::Events(what, e),
     }
 }
 

@@ -6,6 +6,13 @@
 //! (a completion added between the last poll and the arm raises no event, so without that
 //! poll it would be found only after the next event, or never); only then sleep. Arming is
 //! one-shot, so a CQ stays armed until its event has been taken, and is armed again only then.
+//!
+//! Whether a side ever sleeps depends on timing: a fast device can keep every poll busy. So
+//! that the count of events says something for certain, the waiter notes when an event is
+//! *owed*: a completion was found after the armed CQ had been seen empty, so it arrived after
+//! the arm and the device must raise the event. [`Waiter::settle`] then waits for it, and
+//! [`Waiter::arm_empty`] arms CQs that are empty by construction (before the peer may send):
+//! a run's first completion on such a CQ therefore always yields one counted event.
 
 use std::time::{Duration, Instant};
 
@@ -93,13 +100,38 @@ pub enum WaitError {
     Device(#[source] VerbsError),
 }
 
+/// The arm of one CQ, as far as this side knows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Arm {
+    /// An arm is outstanding: the CQ is armed on the device, or its event is on its way;
+    /// cleared when the event is taken.
+    armed: bool,
+    /// The CQ was seen empty since the arm: any completion found later arrived after the arm.
+    drained: bool,
+    /// A completion arrived after the arm, so its event must come.
+    owed: bool,
+}
+
+impl Arm {
+    /// Notes a poll of the armed CQ that moved `got` completions into room for `room`.
+    fn polled(&mut self, got: usize, room: usize) {
+        if !self.armed {
+            return;
+        }
+        if got > 0 && self.drained {
+            self.owed = true;
+        }
+        if got < room {
+            self.drained = true;
+        }
+    }
+}
+
 /// Waits for completions on a fixed set of CQs, each known by its index (`0..QUEUES`).
 #[derive(Debug)]
 pub struct Waiter<const QUEUES: usize> {
     mode: Completion,
-    /// Per CQ: an arm is outstanding (the CQ is armed on the device, or its event is on its
-    /// way); cleared when the event is taken.
-    armed: [bool; QUEUES],
+    arms: [Arm; QUEUES],
     counts: EventCounts,
 }
 
@@ -107,7 +139,7 @@ impl<const QUEUES: usize> Waiter<QUEUES> {
     pub fn new(mode: Completion) -> Self {
         Waiter {
             mode,
-            armed: [false; QUEUES],
+            arms: [Arm::default(); QUEUES],
             counts: EventCounts::default(),
         }
     }
@@ -119,6 +151,39 @@ impl<const QUEUES: usize> Waiter<QUEUES> {
     /// What the event mode did so far.
     pub fn counts(&self) -> EventCounts {
         self.counts
+    }
+
+    /// Arms `cq` (index `queue`), known to be empty: nothing completes on it before this
+    /// side lets the peer send. Its first completion then raises an event for certain. Does
+    /// nothing when polling.
+    pub fn arm_empty(&mut self, cq: &Cq, queue: usize) -> Result<(), WaitError> {
+        if self.mode != Completion::Events || self.arms[queue].armed {
+            return Ok(());
+        }
+        cq.arm(false).map_err(WaitError::Arm)?;
+        self.counts.arms += 1;
+        self.arms[queue] = Arm {
+            armed: true,
+            drained: true,
+            owed: false,
+        };
+        Ok(())
+    }
+
+    /// Takes the event `cq` (index `queue`) owes (see the module documentation), waiting up
+    /// to `timeout` for it, so that it counts where its completion was taken. Does nothing
+    /// when no event is owed.
+    pub fn settle(
+        &mut self,
+        cq: &Cq,
+        queue: usize,
+        timeout: Duration,
+        mut check: impl FnMut() -> Result<(), WaitError>,
+    ) -> Result<(), WaitError> {
+        if !self.arms[queue].owed {
+            return Ok(());
+        }
+        self.sleep(cq, queue, Instant::now() + timeout, timeout, &mut check)
     }
 
     /// Waits up to `timeout` for at least one completion on `cq` (index `queue`), moves up
@@ -137,6 +202,7 @@ impl<const QUEUES: usize> Waiter<QUEUES> {
         let mut woken = false;
         loop {
             let got = cq.poll(out);
+            self.arms[queue].polled(got, out.len());
             if got > 0 {
                 return Ok(got);
             }
@@ -155,9 +221,12 @@ impl<const QUEUES: usize> Waiter<QUEUES> {
                         self.counts.spurious_wakeups += 1;
                         woken = false;
                     }
-                    if !self.armed[queue] {
+                    if !self.arms[queue].armed {
                         cq.arm(false).map_err(WaitError::Arm)?;
-                        self.armed[queue] = true;
+                        self.arms[queue] = Arm {
+                            armed: true,
+                            ..Arm::default()
+                        };
                         self.counts.arms += 1;
                         // Poll once more before sleeping: see the module documentation.
                         continue;
@@ -187,7 +256,7 @@ impl<const QUEUES: usize> Waiter<QUEUES> {
                 .wait_event(Some(left.min(PEER_CHECK_INTERVAL)))
                 .map_err(WaitError::Event)?
             {
-                self.armed[queue] = false;
+                self.arms[queue] = Arm::default();
                 self.counts.completion_events += 1;
                 return Ok(());
             }
@@ -199,6 +268,29 @@ impl<const QUEUES: usize> Waiter<QUEUES> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_is_owed_only_for_a_completion_found_after_the_cq_was_seen_empty() {
+        let mut arm = Arm {
+            armed: true,
+            ..Arm::default()
+        };
+        // The poll right after arming fills all the room: those completions may predate
+        // the arm, and more may wait.
+        arm.polled(4, 4);
+        assert!(!arm.owed && !arm.drained);
+        // This one empties the CQ...
+        arm.polled(2, 4);
+        assert!(!arm.owed && arm.drained);
+        // ...so what comes next came after the arm.
+        arm.polled(1, 4);
+        assert!(arm.owed);
+
+        let mut idle = Arm::default();
+        idle.polled(0, 4);
+        idle.polled(1, 4);
+        assert_eq!(idle, Arm::default(), "no arm, nothing owed");
+    }
 
     #[test]
     fn counts_subtract_per_field() {
