@@ -280,6 +280,7 @@ fn start_connection<H: DeviceHandler>(
     let daemon_end = connect_daemon(&mut daemon)?;
     let features_handler = handler.clone();
     let channel_device = backend.clone();
+    let resumed_device = backend.clone();
     let filter = frontend_filter::start(
         frontend,
         daemon_end,
@@ -296,6 +297,7 @@ fn start_connection<H: DeviceHandler>(
                     .shmem()
                     .set_channel(BackendChannel::new(socket, acked))
             }),
+            on_resume: Arc::new(move |resume| resumed_device.resume(&resume)),
         },
     )?;
     info!("guest {id}: connected");

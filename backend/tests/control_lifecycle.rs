@@ -403,3 +403,47 @@ fn a_reset_requested_during_discard_state_moves_the_epoch_once() {
     assert_eq!(guest.status(ControlRequest::DiscardState), Status::Ok);
     assert_eq!(guest.config().epoch.get(), epoch + 2);
 }
+
+/// Spec §11.5: a device given a connection that served a lost daemon starts past the epoch
+/// that daemon last showed, announces DEVICE_FATAL naming it, and fails commands until the
+/// driver resets; after the reset it serves as any device.
+#[test]
+fn a_resumed_device_fails_until_reset_past_the_lost_daemons_epoch() {
+    let fake = FakeDevice::new();
+    let guest = TestGuest::new(&fake, test_options(), ALL_FEATURES);
+    let mut lost = guest.config();
+    lost.epoch = vrdma_spec::Le32::new(41);
+    guest
+        .dev()
+        .resumed(guest.guest_io(), zerocopy::IntoBytes::as_bytes(&lost));
+    assert_eq!(guest.config().epoch.get(), 42);
+    let mut queued = Vec::new();
+    guest.guest_io().events().discard_where(|bytes| {
+        queued.push(vrdma_spec::Event::decode(bytes).unwrap());
+        false
+    });
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0].event_type, vrdma_spec::EventType::DeviceFatal);
+    assert_eq!(queued[0].detail, 42);
+    assert_eq!(
+        guest.status(ControlRequest::AllocPd),
+        Status::DeviceError,
+        "nothing runs until the driver resets"
+    );
+    assert_eq!(fake.world().live(), 0);
+
+    guest.dev().reset_requested();
+    guest.dev().reset();
+    guest
+        .dev()
+        .features_acked(VIRTIO_F_VERSION_1 | ALL_FEATURES);
+    assert_eq!(guest.config().epoch.get(), 43);
+    guest.alloc_pd();
+    assert_eq!(fake.world().live(), 1);
+
+    // Without a configuration to go by, the epoch still moves.
+    let other = TestGuest::new(&fake, test_options(), ALL_FEATURES);
+    let before = other.config().epoch.get();
+    other.dev().resumed(other.guest_io(), &[]);
+    assert_eq!(other.config().epoch.get(), before + 1);
+}

@@ -1,7 +1,6 @@
 //! vhost-user message framing: a header (request, flags, payload size), the payload and the
-//! descriptors sent with it, as both the front-end connection's filter
-//! ([`frontend_filter`](crate::vhost_device::frontend_filter)) and the back-end request channel
-//! ([`backend_channel`](super::backend_channel)) move them.
+//! descriptors sent with it, as the keeper relays them and as vrdma-backend's front-end filter
+//! and back-end request channel move them.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -10,38 +9,38 @@ use std::os::unix::net::UnixStream;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 /// vhost-user message header: request, flags, payload size (all u32, little-endian).
-pub(crate) const HEADER_SIZE: usize = 12;
+pub const HEADER_SIZE: usize = 12;
 /// Largest payload accepted (vhost-user messages are far smaller).
-pub(crate) const MAX_PAYLOAD: usize = 64 * 1024;
+pub const MAX_PAYLOAD: usize = 64 * 1024;
 /// Most descriptors one message may carry (SET_MEM_TABLE carries up to 8).
-pub(crate) const MAX_FDS: usize = 32;
+pub const MAX_FDS: usize = 32;
 
 /// Protocol version 1, set in every message.
-pub(crate) const FLAG_VERSION: u32 = 0x1;
+pub const FLAG_VERSION: u32 = 0x1;
 /// The message answers one of the peer's.
-pub(crate) const FLAG_REPLY: u32 = 0x4;
+pub const FLAG_REPLY: u32 = 0x4;
 /// The sender waits for a REPLY_ACK answer.
-pub(crate) const FLAG_NEED_REPLY: u32 = 0x8;
+pub const FLAG_NEED_REPLY: u32 = 0x8;
 
 /// One vhost-user message with the descriptors that came with it.
 #[derive(Debug)]
-pub(crate) struct Message {
-    pub(crate) header: [u8; HEADER_SIZE],
-    pub(crate) payload: Vec<u8>,
-    pub(crate) fds: Vec<OwnedFd>,
+pub struct Message {
+    pub header: [u8; HEADER_SIZE],
+    pub payload: Vec<u8>,
+    pub fds: Vec<OwnedFd>,
 }
 
 impl Message {
-    pub(crate) fn request(&self) -> u32 {
+    pub fn request(&self) -> u32 {
         header_word(&self.header, 0)
     }
 
-    pub(crate) fn flags(&self) -> u32 {
+    pub fn flags(&self) -> u32 {
         header_word(&self.header, 4)
     }
 
     /// Reads the next message; `None` when the peer closed the connection between messages.
-    pub(crate) fn receive(socket: &UnixStream) -> io::Result<Option<Message>> {
+    pub fn receive(socket: &UnixStream) -> io::Result<Option<Message>> {
         let mut header = [0u8; HEADER_SIZE];
         let mut raw_fds = [-1 as RawFd; MAX_FDS];
         let mut iov = [libc::iovec {
@@ -79,18 +78,52 @@ impl Message {
         }))
     }
 
-    pub(crate) fn send(&self, socket: &UnixStream) -> io::Result<()> {
+    /// A message of `request` with `flags` and `payload`, carrying `fds`.
+    pub fn new(request: u32, flags: u32, payload: Vec<u8>, fds: Vec<OwnedFd>) -> Message {
+        let size = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+        Message {
+            header: header(request, flags, size),
+            payload,
+            fds,
+        }
+    }
+
+    /// The same message with duplicates of its descriptors.
+    pub fn try_clone(&self) -> io::Result<Message> {
+        Ok(Message {
+            header: self.header,
+            payload: self.payload.clone(),
+            fds: self
+                .fds
+                .iter()
+                .map(OwnedFd::try_clone)
+                .collect::<io::Result<_>>()?,
+        })
+    }
+
+    /// The message with `flags` in place of its own.
+    pub fn with_flags(mut self, flags: u32) -> Message {
+        self.header[4..8].copy_from_slice(&flags.to_le_bytes());
+        self
+    }
+
+    /// Whether it answers a request (`FLAG_REPLY`).
+    pub fn is_reply(&self) -> bool {
+        self.flags() & FLAG_REPLY != 0
+    }
+
+    pub fn send(&self, socket: &UnixStream) -> io::Result<()> {
         let fds: Vec<RawFd> = self.fds.iter().map(AsRawFd::as_raw_fd).collect();
         send_bytes(socket, &self.header, &self.payload, &fds)
     }
 
     /// The success acknowledgement of a request that asked for one.
-    pub(crate) fn ack(request: u32) -> Message {
+    pub fn ack(request: u32) -> Message {
         Self::reply(request, 0)
     }
 
     /// The REPLY_ACK answer `status` (0 success, anything else failure) to `request`.
-    pub(crate) fn reply(request: u32, status: u64) -> Message {
+    pub fn reply(request: u32, status: u64) -> Message {
         Message {
             header: header(request, FLAG_VERSION | FLAG_REPLY, 8),
             payload: status.to_le_bytes().to_vec(),
@@ -99,22 +132,22 @@ impl Message {
     }
 }
 
-pub(crate) fn wants_reply(message: &Message) -> bool {
+pub fn wants_reply(message: &Message) -> bool {
     message.flags() & FLAG_NEED_REPLY != 0
 }
 
-pub(crate) fn header_word(header: &[u8; HEADER_SIZE], offset: usize) -> u32 {
+pub fn header_word(header: &[u8; HEADER_SIZE], offset: usize) -> u32 {
     u32::from_le_bytes(header[offset..offset + 4].try_into().unwrap_or_default())
 }
 
-pub(crate) fn payload_u64(payload: &[u8], offset: usize) -> Option<u64> {
+pub fn payload_u64(payload: &[u8], offset: usize) -> Option<u64> {
     let bytes = payload.get(offset..offset + 8)?;
     Some(u64::from_le_bytes(bytes.try_into().ok()?))
 }
 
 /// Sends one message built from its parts: `request`, `flags` and `payload`, with `fds`
 /// attached to its first byte.
-pub(crate) fn send_parts(
+pub fn send_parts(
     socket: &UnixStream,
     request: u32,
     flags: u32,
@@ -158,7 +191,7 @@ fn send_bytes(
 /// Runs a socket call again while a signal handler interrupts it (EINTR), as std's
 /// `read_exact` and `write_all` do: an interrupted call is no reason to end a guest's
 /// connection.
-pub(crate) fn restarting<T>(
+pub fn restarting<T>(
     mut call: impl FnMut() -> Result<T, vmm_sys_util::errno::Error>,
 ) -> io::Result<T> {
     loop {

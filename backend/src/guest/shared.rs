@@ -166,6 +166,14 @@ impl GuestShared {
         self.epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1)
     }
 
+    /// Moves to the epoch after `seen`, whatever the epoch is now (a resumed connection:
+    /// `seen` is the lost daemon's); returns it.
+    pub(crate) fn start_past(&self, seen: u32) -> u32 {
+        let next = seen.wrapping_add(1);
+        self.epoch.store(next, Ordering::Release);
+        next
+    }
+
     /// Moves to the epoch after `seen` if the epoch is still `seen`; returns the epoch now.
     pub(crate) fn advance_epoch_from(&self, seen: u32) -> u32 {
         let next = seen.wrapping_add(1);

@@ -33,7 +33,7 @@ use vrdma_spec::features::{
 };
 use vrdma_spec::StatusError;
 use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, Le64, Status};
-use zerocopy::IntoBytes;
+use zerocopy::{FromBytes, IntoBytes};
 
 use crate::control::discard::{self, Epoch};
 use crate::control::error::CommandError;
@@ -673,6 +673,26 @@ impl DeviceHandler for GuestDevice {
         let counts_slots = acked & VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS.bits() != 0;
         self.slot_counting_frontend
             .store(counts_slots, Ordering::Release);
+    }
+
+    fn resumed(&self, guest_io: &GuestIo, last_config: &[u8]) {
+        // The driver read the lost daemon's epoch at most: start past it. Nothing of that
+        // daemon exists here, so there is nothing to discard, only the loss to announce.
+        let seen = DeviceConfig::read_from_prefix(last_config)
+            .ok()
+            .map(|(config, _)| config.epoch.get());
+        let epoch = match seen {
+            Some(seen) => self.shared.start_past(seen),
+            None => self.shared.advance_epoch(),
+        };
+        warn!(
+            "guest {}: resumed after a lost daemon; epoch {epoch}, commands fail until the driver resets",
+            self.id()
+        );
+        self.failed.store(true, Ordering::Release);
+        let mut state = self.state.lock();
+        state.announce_discard = true;
+        self.shared.announce_discard(guest_io, &mut state);
     }
 
     fn is_device_mapping(&self, file: &std::fs::File) -> bool {

@@ -29,6 +29,9 @@
 //! channel itself ([`BackendChannel`](super::backend_channel::BackendChannel):
 //! several `SHMEM_MAP`s sent before their answers are read).
 //!
+//! The keeper's `RESUME` (a connection that served an earlier daemon, spec §11.5) is answered
+//! here too and told to the device.
+//!
 //! [`DeviceHandler::is_device_mapping`]: super::handler::DeviceHandler::is_device_mapping
 
 use std::collections::HashSet;
@@ -41,6 +44,8 @@ use std::thread::{self, JoinHandle};
 
 use log::{debug, warn};
 use parking_lot::Mutex;
+
+use vrdma_keeper::resume::{Resume, RESUME};
 
 use super::message::{payload_u64, wants_reply, Message};
 #[cfg(test)]
@@ -74,6 +79,10 @@ pub type ProtocolFeaturesHook = Arc<dyn Fn(u64) + Send + Sync>;
 /// itself ([`BackendChannel`](super::backend_channel::BackendChannel)).
 pub type BackendChannelHook = Arc<dyn Fn(UnixStream, u64) + Send + Sync>;
 
+/// Told that the connection served an earlier daemon (the keeper's `RESUME`, spec §11.5),
+/// before any vring of it is set up again.
+pub type ResumeHook = Arc<dyn Fn(Resume) + Send + Sync>;
+
 /// What the filter asks and tells the device of its connection.
 pub struct FilterHooks {
     /// Recognises the device's own mappings.
@@ -82,6 +91,8 @@ pub struct FilterHooks {
     pub on_protocol_features: ProtocolFeaturesHook,
     /// Given the back-end request channel.
     pub on_backend_channel: BackendChannelHook,
+    /// Told of a resumed connection.
+    pub on_resume: ResumeHook,
 }
 
 /// What to do with one front-end message.
@@ -158,6 +169,13 @@ impl RegionFilter {
                     );
                 }
                 verdict
+            }
+            RESUME => {
+                match Resume::parse(&message.payload) {
+                    Some(resume) => (self.hooks.on_resume)(resume),
+                    None => warn!("a RESUME too short to read; ignored"),
+                }
+                self.absorb(&message)
             }
             _ => Verdict::Forward(message),
         }

@@ -147,4 +147,10 @@ pub trait DeviceHandler: Send + Sync + 'static {
     /// The vhost-user protocol features the front-end acknowledged (each
     /// `SET_PROTOCOL_FEATURES`).
     fn frontend_protocol_features(&self, _acked: u64) {}
+
+    /// The connection served an earlier daemon, whose state is gone (spec §11.5): the driver
+    /// must learn it (a new epoch past the one in `last_config`, the configuration the
+    /// earlier daemon last described, and `DEVICE_FATAL`) and reset the device; until then
+    /// its commands fail. Called before any vring is set up again.
+    fn resumed(&self, _guest_io: &GuestIo, _last_config: &[u8]) {}
 }

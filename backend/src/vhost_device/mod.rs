@@ -26,7 +26,7 @@ pub mod event_queue;
 pub mod frontend_filter;
 pub mod guest_io;
 pub mod handler;
-pub(crate) mod message;
+pub(crate) use vrdma_keeper::message;
 pub mod shmem;
 
 mod vhost_user_backend;

@@ -413,4 +413,97 @@ mod tests {
             (1, Some(0), false, 0)
         );
     }
+
+    /// Counts the commands it serves and the resumes it is told of.
+    #[derive(Default)]
+    struct Counting {
+        commands: AtomicU64,
+        resumed_with: parking_lot::Mutex<Option<Vec<u8>>>,
+    }
+
+    impl DeviceHandler for Counting {
+        fn device_features(&self) -> u64 {
+            0
+        }
+        fn config_space(&self) -> Vec<u8> {
+            Vec::new()
+        }
+        fn shmem_size(&self) -> u64 {
+            0x10_0000
+        }
+        fn max_request_size(&self) -> usize {
+            64
+        }
+        fn handle_command(&self, _: &GuestIo, _: &[u8], _: usize, out: &mut Vec<u8>) {
+            self.commands.fetch_add(1, Ordering::Relaxed);
+            out.extend_from_slice(&[0; 4]);
+        }
+        fn reject_command(&self, _: &GuestIo, _: CommandRejection, _: &mut Vec<u8>) {}
+        fn doorbell(&self, _: &GuestIo, _: &[u8]) {}
+        fn reset(&self) {}
+        fn resumed(&self, _: &GuestIo, last_config: &[u8]) {
+            *self.resumed_with.lock() = Some(last_config.to_vec());
+        }
+    }
+
+    /// Spec §11.5: after a resume the control queue starts at the ring's used index, whatever
+    /// base the replay gave: what the lost daemon completed is not served again, what it left
+    /// is.
+    #[test]
+    fn a_resumed_queue_starts_where_the_lost_daemon_stopped() {
+        use vhost_user_backend::VringT;
+        use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+        use virtio_queue::mock::MockSplitQueue;
+        use vm_memory::GuestAddress;
+
+        for resumed in [false, true] {
+            let ram = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x20_0000)]).unwrap();
+            let queue = MockSplitQueue::new(&ram, 16);
+            // Three commands, each a readable request and a writable response.
+            let descriptors: Vec<RawDescriptor> = (0..6u16)
+                .map(|i| {
+                    let (flags, len) = if i % 2 == 0 { (NEXT, 16) } else { (WRITE, 64) };
+                    let addr = 0x10_0000 + 0x1000 * u64::from(i);
+                    RawDescriptor::from(SplitDescriptor::new(addr, len, flags, i + 1))
+                })
+                .collect();
+            queue.add_desc_chains(&descriptors, 0).unwrap();
+            // The lost daemon completed the first.
+            queue.used().idx().store(1);
+            let memory = GuestMemoryAtomic::new(ram.clone());
+            let vring = crate::vhost_device::vhu_vrdma::Vring::new(memory.clone(), 16).unwrap();
+            vring
+                .set_queue_info(
+                    queue.desc_table_addr().0,
+                    queue.avail_addr().0,
+                    queue.used_addr().0,
+                )
+                .unwrap();
+            vring.set_queue_size(16);
+            // The replay's base: what the front-end set when the device started.
+            vring.set_queue_next_avail(0);
+            vring.set_queue_ready(true);
+            let handler = Arc::new(Counting::default());
+            let backend = VhuVrdma::new(handler.clone(), memory).unwrap();
+            if resumed {
+                backend.resume(&vrdma_keeper::resume::Resume {
+                    losses: 1,
+                    last_config: vec![5; 4],
+                });
+            }
+            backend.serve_controlq(&vring);
+            let served = handler.commands.load(Ordering::Relaxed);
+            if resumed {
+                assert_eq!(served, 2, "the two commands the lost daemon left");
+                assert_eq!(*handler.resumed_with.lock(), Some(vec![5; 4]));
+            } else {
+                assert_eq!(
+                    served, 3,
+                    "without a resume the stale base serves all again"
+                );
+            }
+            // Resumed: after the lost daemon's one; else from the stale 0, over it.
+            assert_eq!(queue.used().idx().load(), 3);
+        }
+    }
 }

@@ -11,11 +11,12 @@ use std::sync::Arc;
 use log::warn;
 use parking_lot::Mutex;
 use vhost_user_backend::{VringEpollHandler, VringRwLock, VringT};
-use virtio_queue::{DescriptorChain, QueueOwnedT, Reader, Writer};
+use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT, Reader, Writer};
 use vm_memory::GuestMemoryLoadGuard;
 use vmm_sys_util::epoll::EventSet;
 
-use vrdma_spec::queue::NUM_QUEUES;
+use vrdma_keeper::resume::Resume;
+use vrdma_spec::queue::{CONTROLQ, DOORBELLQ, EVENTQ, NUM_QUEUES};
 
 use super::chain_layout::check_order;
 use super::event_queue::{Placement, DEFAULT_EVENT_CAPACITY};
@@ -62,6 +63,9 @@ pub struct VhuVrdma<H: DeviceHandler> {
     discard_pending: AtomicBool,
     /// Advanced by every reset request; a command that saw it change was interrupted.
     generation: AtomicU64,
+    /// Per queue: take the position from the ring before serving it next (a resumed
+    /// connection, spec §11.5).
+    resync: [AtomicBool; NUM_QUEUES as usize],
 }
 
 #[derive(Default)]
@@ -85,6 +89,7 @@ impl<H: DeviceHandler> VhuVrdma<H> {
             exit_consumer_fds: Mutex::new(Vec::new()),
             discard_pending: AtomicBool::new(false),
             generation: AtomicU64::new(0),
+            resync: std::array::from_fn(|_| AtomicBool::new(false)),
         })
     }
 
@@ -137,12 +142,54 @@ impl<H: DeviceHandler> VhuVrdma<H> {
         Ok(())
     }
 
+    /// The connection served an earlier daemon (the keeper's `RESUME`): every queue takes
+    /// its position from its ring, and the handler fails the device until the driver resets
+    /// it (spec §11.5).
+    pub fn resume(&self, resume: &Resume) {
+        log::info!(
+            "resuming a connection after {} lost daemon(s)",
+            resume.losses
+        );
+        for resync in &self.resync {
+            resync.store(true, Ordering::Release);
+        }
+        self.handler.resumed(&self.guest_io, &resume.last_config);
+    }
+
+    /// After a resume, sets the next available and used positions of `queue` to the ring's
+    /// used index: what the lost daemon completed stays completed, and every chain the
+    /// driver made available after it is served again (a command the lost daemon had begun
+    /// is answered, failed, by this one). Waits until the queue is ready.
+    fn resync(&self, vring: &Vring, queue: u16) {
+        let Some(pending) = self.resync.get(usize::from(queue)) else {
+            return;
+        };
+        if !pending.load(Ordering::Acquire) || !vring.get_ref().get_queue().ready() {
+            return;
+        }
+        pending.store(false, Ordering::Release);
+        let mem = self.guest_io.memory();
+        let mut state = vring.get_mut();
+        let queue_state = state.get_queue_mut();
+        match queue_state.used_idx(&*mem, Ordering::Acquire) {
+            Ok(used) => {
+                queue_state.set_next_avail(used.0);
+                queue_state.set_next_used(used.0);
+                log::info!("queue {queue}: resumed at {}", used.0);
+            }
+            Err(e) => self.faults.report(format_args!(
+                "queue {queue}: cannot read its used index: {e}"
+            )),
+        }
+    }
+
     fn event_idx(&self) -> bool {
         self.event_idx.load(Ordering::Relaxed)
     }
 
     /// Pops, executes and completes control requests until the queue is empty.
     pub(super) fn serve_controlq(&self, vring: &Vring) {
+        self.resync(vring, CONTROLQ);
         self.drain_queue(vring, "controlq", |mem, chain| {
             let generation = self.generation.load(Ordering::Acquire);
             let used_len = self.serve_control_chain(mem, chain);
@@ -186,6 +233,7 @@ impl<H: DeviceHandler> VhuVrdma<H> {
     /// Hands every doorbell chain to the handler; a notification without chains is a doorbell
     /// too (doorbells read from memory).
     pub(super) fn serve_doorbellq(&self, vring: &Vring) {
+        self.resync(vring, DOORBELLQ);
         let mut chains = 0usize;
         self.drain_queue(vring, "doorbellq", |mem, chain| {
             chains += 1;
@@ -389,6 +437,7 @@ impl<H: DeviceHandler> VhuVrdma<H> {
 
     /// Moves queued events into event buffers while both exist.
     pub(super) fn deliver_events(&self, vring: &Vring) {
+        self.resync(vring, EVENTQ);
         let events = self.guest_io.events();
         events.announce_losses(|count, notice| self.handler.events_lost(count, notice));
         if events.is_empty() {

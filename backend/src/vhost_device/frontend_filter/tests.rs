@@ -70,6 +70,10 @@ fn harness() -> Harness {
 }
 
 fn harness_telling(on_protocol_features: ProtocolFeaturesHook) -> Harness {
+    harness_with(on_protocol_features, Arc::new(|_| {}))
+}
+
+fn harness_with(on_protocol_features: ProtocolFeaturesHook, on_resume: ResumeHook) -> Harness {
     let (frontend, frontend_far) = UnixStream::pair().unwrap();
     let (daemon, daemon_far) = UnixStream::pair().unwrap();
     let threads = start(
@@ -79,6 +83,7 @@ fn harness_telling(on_protocol_features: ProtocolFeaturesHook) -> Harness {
             is_device_mapping: char_device_test(),
             on_protocol_features,
             on_backend_channel: Arc::new(|_, _| {}),
+            on_resume,
         },
     )
     .unwrap();
@@ -332,4 +337,37 @@ fn a_signal_does_not_end_the_relay() {
         .unwrap()
         .expect("the reply relay still runs");
     assert_eq!(reply.request(), GET_FEATURES);
+}
+
+#[test]
+fn the_keepers_resume_is_answered_and_told_never_passed_on() {
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let seen = told.clone();
+    let harness = harness_with(
+        Arc::new(|_| {}),
+        Arc::new(move |resume| seen.lock().push(resume)),
+    );
+    let resume = vrdma_keeper::resume::Resume {
+        losses: 2,
+        last_config: vec![9; 4],
+    };
+    resume.to_message().send(&harness.frontend).unwrap();
+    let ack = Message::receive(&harness.frontend).unwrap().unwrap();
+    assert_eq!(ack.request(), vrdma_keeper::resume::RESUME);
+    assert_eq!(payload_u64(&ack.payload, 0), Some(0));
+    assert_eq!(*told.lock(), vec![resume]);
+    // Too short to read: answered, not told.
+    Message::new(
+        vrdma_keeper::resume::RESUME,
+        FLAG_VERSION | FLAG_NEED_REPLY,
+        vec![1],
+        vec![],
+    )
+    .send(&harness.frontend)
+    .unwrap();
+    assert!(Message::receive(&harness.frontend).unwrap().is_some());
+    assert_eq!(told.lock().len(), 1);
+    // Nothing reached the daemon.
+    harness.daemon.set_nonblocking(true).unwrap();
+    assert!(Message::receive(&harness.daemon).is_err());
 }
