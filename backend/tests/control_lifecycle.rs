@@ -139,11 +139,7 @@ fn reset_releases_everything_and_bumps_the_epoch() {
     assert_eq!(guest.guest_io().events().len(), 1);
     // It names the epoch the new driver read: a driver that started after the discard knows
     // it is not about its own objects (spec §11.1).
-    let mut queued = Vec::new();
-    guest.guest_io().events().discard_where(|bytes| {
-        queued.push(vrdma_spec::Event::decode(bytes).unwrap());
-        false
-    });
+    let queued = queued_events(&guest);
     assert_eq!(queued.len(), 1);
     assert_eq!(queued[0].event_type, vrdma_spec::EventType::DeviceFatal);
     assert_eq!(queued[0].detail, guest.config().epoch.get());
@@ -417,11 +413,7 @@ fn a_resumed_device_fails_until_reset_past_the_lost_daemons_epoch() {
         .dev()
         .resumed(guest.guest_io(), zerocopy::IntoBytes::as_bytes(&lost));
     assert_eq!(guest.config().epoch.get(), 42);
-    let mut queued = Vec::new();
-    guest.guest_io().events().discard_where(|bytes| {
-        queued.push(vrdma_spec::Event::decode(bytes).unwrap());
-        false
-    });
+    let queued = queued_events(&guest);
     assert_eq!(queued.len(), 1);
     assert_eq!(queued[0].event_type, vrdma_spec::EventType::DeviceFatal);
     assert_eq!(queued[0].detail, 42);
@@ -446,4 +438,14 @@ fn a_resumed_device_fails_until_reset_past_the_lost_daemons_epoch() {
     let before = other.config().epoch.get();
     other.dev().resumed(other.guest_io(), &[]);
     assert_eq!(other.config().epoch.get(), before + 1);
+}
+
+/// The events queued for `guest`'s event queue, decoded (they stay queued).
+fn queued_events(guest: &TestGuest) -> Vec<vrdma_spec::Event> {
+    let mut queued = Vec::new();
+    guest.guest_io().events().discard_where(|bytes| {
+        queued.push(vrdma_spec::Event::decode(bytes).unwrap());
+        false
+    });
+    queued
 }

@@ -179,7 +179,12 @@ impl FrontendSetup {
             }
             r if VRING_ORDER.iter().any(|&v| req(v) == r) => {
                 if let Some(index) = vring_index(request, payload) {
-                    let kept = message.try_clone()?;
+                    // Only the eventfd requests carry a descriptor, one at most.
+                    let fds = match message.fds.first() {
+                        Some(fd) if is_eventfd_request(request) => vec![fd.try_clone()?],
+                        _ => Vec::new(),
+                    };
+                    let kept = Message::new(request, message.flags(), payload.clone(), fds);
                     self.vrings.entry(index).or_default().insert(request, kept);
                 }
             }
@@ -210,6 +215,9 @@ impl FrontendSetup {
     /// The keeper's answer to `request` while no daemon is there; `None` when it has none
     /// (the request waits for the next daemon).
     pub fn answer(&mut self, request: &Message) -> Option<Message> {
+        if !expects_reply(request) {
+            return None;
+        }
         let number = request.request();
         let value = |v: Option<u64>| v.map(|v| v.to_le_bytes().to_vec());
         let payload = match number {
@@ -403,14 +411,20 @@ impl FrontendSetup {
     }
 }
 
-/// The vring a vring request names.
-fn vring_index(request: u32, payload: &[u8]) -> Option<u32> {
-    let eventfd = [
+/// Whether `request` hands over a vring eventfd.
+fn is_eventfd_request(request: u32) -> bool {
+    [
         FrontendReq::SET_VRING_KICK,
         FrontendReq::SET_VRING_CALL,
         FrontendReq::SET_VRING_ERR,
-    ];
-    if eventfd.iter().any(|&r| req(r) == request) {
+    ]
+    .iter()
+    .any(|&r| req(r) == request)
+}
+
+/// The vring a vring request names.
+fn vring_index(request: u32, payload: &[u8]) -> Option<u32> {
+    if is_eventfd_request(request) {
         let value = payload_u64(payload, 0)?;
         return Some((value & !VRING_NOFD & 0xff) as u32);
     }

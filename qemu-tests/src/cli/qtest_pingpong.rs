@@ -58,22 +58,21 @@ pub fn test(vm_args: &VmArgs, json: Option<PathBuf>) -> Result<()> {
         "QEMU SIGKILLed mid-traffic: run ended with \"{}\"; rxe0 idle after {} ms",
         results.kill.interrupted_run, results.kill.release_ms
     );
-    let death = &results.backend_death;
+    let restart = &results.daemon_restart;
     println!(
-        "back-end SIGKILLed mid-traffic under a running QEMU: 5 s later the run had ended by \
-         itself: {}, {} guest accesses/s, rxe0 moving {} packets/s and holding {:?} (idle \
-         {:?}); configuration read then: {}; QEMU after it: {}; rxe0 idle {} ms after the \
-         harness reaped QEMU; the run ended with \"{}\"\nQEMU stderr:\n{}",
-        death.run_ended_by_itself,
-        death.guest_requests_per_s,
-        death.rxe_packets_per_s,
-        death.held_while_qemu_runs,
-        death.idle,
-        death.magic_read,
-        death.qemu_after_read,
-        death.release_ms,
-        death.interrupted_run,
-        death.qemu_stderr
+        "back-end SIGKILLed mid-traffic behind vrdma-keeper: run ended with \"{}\"; rxe0 idle \
+         {} ms later with QEMU up ({}); magic read with no daemon: {}; DEVICE_FATAL (epoch \
+         {:?}) {} ms after the next daemon started; {} rows verified on a new context; QEMU up \
+         after: {}\nkeeper:\n{}",
+        restart.interrupted_run,
+        restart.release_ms,
+        restart.qemu_alive_without_daemon,
+        restart.magic_without_daemon,
+        restart.fatal_epoch,
+        restart.fatal_after_ms,
+        restart.continued.len(),
+        restart.qemu_alive_after,
+        restart.keeper_log
     );
     if let Some(readme) = &results.readme {
         println!(

@@ -11,11 +11,10 @@
 //!   had created (rxe0 back to its idle counts), and a new transport and context on the same
 //!   function continue the run;
 //! - QEMU killed (SIGKILL) in the middle of traffic: rxe0 returns to its idle counts;
-//! - the back-end killed (SIGKILL) in the middle of traffic, on a second machine: what the
-//!   guest's run, rxe0 and QEMU then do is recorded, not judged (spec §11.4; with 11.1.3:
-//!   QEMU keeps the mappings of the dead back-end's queues and with them its host objects,
-//!   the guest's ping-pong goes on, and the first configuration read aborts QEMU), and rxe0
-//!   must be idle once QEMU is gone.
+//! - the back-end killed (SIGKILL) in the middle of traffic, on a second machine whose QEMU
+//!   connects through vrdma-keeper ([`daemon_restart`]): QEMU stays up, rxe0 returns to its
+//!   idle counts with no daemon, a new daemon takes the connection over, the guest gets
+//!   DEVICE_FATAL and a new transport and context run a verified ping-pong (spec §11.5).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,9 +31,10 @@ use vrdma_tools::pingpong::runner::run_client;
 use vrdma_tools::pingpong::wait::Completion;
 use vrdma_tools::pingpong::Plan;
 
+mod daemon_restart;
+
 use super::backend::Backend;
 use super::pingpong_peer::{read_report, PingpongReport, PingpongRow};
-use super::two_hosts::link::{counter_deltas, rxe_counters};
 use crate::error::{tail, Error, Result};
 use crate::inside::{resource_counts, wait_for_counts, Proc, ResourceCounts, DEVICE};
 use crate::qtest::{Machine, MachineConfig, QtestPciFunction};
@@ -53,6 +53,7 @@ const VRDMA_MAGIC: &[u8; 4] = b"vRDM";
 #[derive(Debug, Clone)]
 pub struct Binaries {
     pub backend: PathBuf,
+    pub keeper: PathBuf,
     pub native_pingpong: PathBuf,
 }
 
@@ -61,11 +62,17 @@ impl Binaries {
     pub fn beside_current_exe(native: PathBuf) -> Result<Self> {
         let exe = std::env::current_exe()
             .map_err(|e| Error::Scenario(format!("locating this executable: {e}")))?;
+        let dir = exe.parent().unwrap_or(Path::new("."));
         let binaries = Binaries {
-            backend: exe.parent().unwrap_or(Path::new(".")).join("vrdma-backend"),
+            backend: dir.join("vrdma-backend"),
+            keeper: dir.join("vrdma-keeper"),
             native_pingpong: native,
         };
-        for path in [&binaries.backend, &binaries.native_pingpong] {
+        for path in [
+            &binaries.backend,
+            &binaries.keeper,
+            &binaries.native_pingpong,
+        ] {
             if !path.is_file() {
                 return Err(Error::Scenario(format!(
                     "{} is missing: build the workspace first (cargo build --workspace --bins)",
@@ -124,33 +131,6 @@ pub struct KillOutcome {
     pub release_ms: u64,
 }
 
-/// What killing the back-end under a running QEMU showed.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct BackendDeathOutcome {
-    /// How the interrupted client run ended (once QEMU was killed, if not before).
-    pub interrupted_run: String,
-    /// Whether the run had ended 5 s after the back-end's death.
-    pub run_ended_by_itself: bool,
-    /// qtest requests (the guest's register and shared-memory accesses) per second then.
-    pub guest_requests_per_s: u64,
-    /// Packets rxe0 sent and received in that second: traffic still moving with no back-end
-    /// (the guest's QP and its native peer's) shows here.
-    pub rxe_packets_per_s: u64,
-    /// rxe0's counts 5 s after the back-end's death, QEMU still running.
-    pub held_while_qemu_runs: ResourceCounts,
-    /// rxe0's counts before this machine started.
-    pub idle: ResourceCounts,
-    /// What reading the configuration magic gave afterwards (QEMU forwards every read to the
-    /// back-end, §2.1).
-    pub magic_read: String,
-    /// QEMU's exit status after that read, if it had exited ("running" otherwise).
-    pub qemu_after_read: String,
-    /// The end of QEMU's stderr.
-    pub qemu_stderr: String,
-    /// Time from QEMU's kill until rxe0 was back at its idle counts.
-    pub release_ms: u64,
-}
-
 /// Everything the scenario measured.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Results {
@@ -167,7 +147,7 @@ pub struct Results {
     pub qp_scale_exchange: Vec<PingpongRow>,
     pub reset: ResetOutcome,
     pub kill: KillOutcome,
-    pub backend_death: BackendDeathOutcome,
+    pub daemon_restart: daemon_restart::RestartOutcome,
     /// The README's QEMU command line, run as documented (filled in by the caller).
     pub readme: Option<super::readme_qemu::DeviceSeen>,
 }
@@ -592,9 +572,14 @@ fn run_steps(
         )));
     }
 
-    println!("== the back-end killed in the middle of traffic, QEMU left running");
-    results.backend_death = backend_death(binaries, idle, next_port(), qemu_cell)?;
-    println!("  {:?}", results.backend_death);
+    println!("== the back-end killed in the middle of traffic, QEMU behind vrdma-keeper");
+    results.daemon_restart = daemon_restart::run(
+        binaries,
+        settings,
+        idle,
+        (next_port(), next_port()),
+        qemu_cell,
+    )?;
     Ok(results)
 }
 
@@ -620,113 +605,6 @@ fn probe(machine: &Machine) -> Result<Arc<QtestPciFunction>> {
         .function()
         .map_err(|e| Error::Scenario(format!("probing the vrdma function: {e}")))?;
     Ok(Arc::new(function))
-}
-
-/// A second machine and back-end: traffic, then the back-end SIGKILLed under it; records
-/// what the guest, rxe0 and QEMU do, then kills QEMU and waits for rxe0 to be idle.
-fn backend_death(
-    binaries: &Binaries,
-    idle: ResourceCounts,
-    port: u16,
-    qemu_cell: &std::cell::RefCell<Option<Arc<crate::qtest::Qtest>>>,
-) -> Result<BackendDeathOutcome> {
-    let (backend, machine) = start_machine(binaries)?;
-    *qemu_cell.borrow_mut() = Some(machine.qtest.clone());
-    let function = probe(&machine)?;
-    read_magic(&function)?;
-    let guest = Guest::open(&function)?;
-    // The native peer stays until the client ends, so that the client's error is what the
-    // device showed it, not its peer's departure.
-    const ITERS: u32 = 1_000_000;
-    let plan = plan("send,write", "4096", ITERS)?;
-    let mut server = native_server(binaries, port, "send,write", "4096", ITERS, "death")?;
-    let mut options = client_options(port, &plan);
-    options.timeout = Duration::from_secs(20);
-    let observed = std::thread::scope(|scope| {
-        let client = scope.spawn(|| run_client(&guest.ctx, &plan, &options));
-        let observed = server
-            .wait_for_output("RUNNING", Duration::from_secs(120))
-            .and_then(|()| {
-                // Some traffic first.
-                std::thread::sleep(Duration::from_millis(500));
-                backend.proc.signal("KILL")?;
-                // Give QEMU time to see the connection close; what follows is recorded, not
-                // judged, so the pause decides nothing.
-                std::thread::sleep(Duration::from_secs(5));
-                observe_after_backend_death(&machine, &function, client.is_finished())
-            });
-        // The run does not end by itself if its traffic keeps going (see BackendDeathOutcome):
-        // QEMU's end ends it.
-        let at = Instant::now();
-        machine.kill();
-        let outcome = client
-            .join()
-            .map_err(|_| Error::Scenario("the client thread panicked".into()))?;
-        Ok::<_, Error>((observed?, at, outcome))
-    });
-    let (observed, qemu_killed_at, outcome) = observed?;
-    server.kill();
-    drop(guest);
-    drop(function);
-    drop(machine);
-    let release_ms = wait_idle(
-        idle,
-        qemu_killed_at,
-        "after QEMU of the dead back-end exited",
-        &backend,
-    )?;
-    Ok(BackendDeathOutcome {
-        interrupted_run: match outcome {
-            Ok(_) => "completed".to_string(),
-            Err(e) => e.to_string(),
-        },
-        idle,
-        release_ms,
-        ..observed
-    })
-}
-
-/// What the guest, rxe0 and QEMU show a few seconds after the back-end died.
-fn observe_after_backend_death(
-    machine: &Machine,
-    function: &QtestPciFunction,
-    run_ended: bool,
-) -> Result<BackendDeathOutcome> {
-    let requests = machine.qtest.requests();
-    let counters = rxe_counters()?;
-    std::thread::sleep(Duration::from_secs(1));
-    let guest_requests_per_s = machine.qtest.requests() - requests;
-    let moved = counter_deltas(&counters, &rxe_counters()?);
-    let rxe_packets_per_s = ["sent_pkts", "rcvd_pkts"]
-        .iter()
-        .map(|name| moved.get(*name).copied().unwrap_or(0))
-        .sum();
-    let held_while_qemu_runs = resource_counts(DEVICE)?;
-    let magic_read = match read_magic(function) {
-        Ok(magic) => format!("ok: {magic}"),
-        Err(e) => format!(
-            "error: {}",
-            e.to_string().lines().next().unwrap_or_default()
-        ),
-    };
-    // QEMU answers the read (or has died doing it) before the qtest reply: no waiting.
-    let qemu_after_read = match machine.qtest.exit_status() {
-        Some(status) => status.to_string(),
-        None => "running".into(),
-    };
-    Ok(BackendDeathOutcome {
-        run_ended_by_itself: run_ended,
-        guest_requests_per_s,
-        rxe_packets_per_s,
-        held_while_qemu_runs,
-        magic_read,
-        qemu_after_read,
-        qemu_stderr: tail(
-            &crate::error::summarize_qemu_stderr(&machine.qtest.stderr()),
-            8,
-        ),
-        ..BackendDeathOutcome::default()
-    })
 }
 
 /// The library over qtest next to the native pair, per (op, size).
