@@ -23,6 +23,7 @@ type ModPath = Vec<String>;
 const CRATE_SOURCES: &[&str] = &[
     "spec/src",
     "host-device/src",
+    "keeper/src",
     "backend/src",
     "guest-driver/src",
     "guest-driver/capi/src",

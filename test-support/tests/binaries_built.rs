@@ -1,0 +1,70 @@
+//! `cargo test --workspace` builds a package's binaries only when the package has integration
+//! tests (they may run them). The VM suites run every binary of the workspace from the target
+//! directory, so a package that ships a binary and has no integration test leaves those suites
+//! without it on a clean clone. Each such package here has at least one.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("test-support sits in the workspace")
+        .to_owned()
+}
+
+/// Whether the package at `dir` defines a binary target.
+fn has_binary(dir: &Path, manifest: &toml::Table) -> bool {
+    manifest.contains_key("bin")
+        || dir.join("src/main.rs").is_file()
+        || dir.join("src/bin").is_dir()
+}
+
+/// Whether the package at `dir` has an integration test: `tests/*.rs` or `tests/*/main.rs`.
+fn has_integration_test(dir: &Path) -> bool {
+    let Ok(entries) = fs::read_dir(dir.join("tests")) else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let path = entry.path();
+        path.extension().is_some_and(|e| e == "rs") || path.join("main.rs").is_file()
+    })
+}
+
+#[test]
+fn every_package_with_a_binary_has_an_integration_test() {
+    let root = workspace_root();
+    let workspace: toml::Table = fs::read_to_string(root.join("Cargo.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let members = workspace["workspace"]["members"]
+        .as_array()
+        .expect("workspace members");
+    let mut with_binary = 0;
+    let mut missing = Vec::new();
+    for member in members {
+        let member = member.as_str().expect("member path");
+        let dir = root.join(member);
+        let manifest: toml::Table = fs::read_to_string(dir.join("Cargo.toml"))
+            .unwrap()
+            .parse()
+            .unwrap();
+        if !has_binary(&dir, &manifest) {
+            continue;
+        }
+        with_binary += 1;
+        if !has_integration_test(&dir) {
+            missing.push(member);
+        }
+    }
+    // The back-end, the keeper, the agent, the tools and vrdma-vm at least.
+    assert!(
+        with_binary >= 5,
+        "found {with_binary} packages with binaries"
+    );
+    assert!(
+        missing.is_empty(),
+        "packages whose binaries `cargo test --workspace` does not build: {missing:?}"
+    );
+}
