@@ -61,6 +61,18 @@ fn a_real_guest_runs_rdma_over_vrdma_and_survives_a_reboot() {
         "{}",
         first.agent_pin_budget
     );
+    // The backend killed under a running application and replaced (QEMU behind the keeper,
+    // spec §11.5): the application ended failed, rxe0 was idle with no backend, and a new
+    // ping-pong ran in the same boot.
+    let restart = &first.daemon_restart;
+    assert!(!restart.interrupted_succeeded, "{restart:?}");
+    assert!(restart.host.contains("idle"), "{restart:?}");
+    for op in ["send", "write", "read"] {
+        assert!(
+            restart.pingpong.lines().any(|l| l.starts_with(op)),
+            "no {op} row on the next backend: {restart:?}"
+        );
+    }
     let reboot = report
         .reboot
         .as_ref()

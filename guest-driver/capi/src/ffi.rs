@@ -53,6 +53,7 @@ pub(crate) fn errno_of(e: &VerbsError) -> i32 {
         VerbsError::Protocol(_) => libc::EPROTO,
         VerbsError::InvalidArgument(_) => libc::EINVAL,
         VerbsError::Unsupported(_) => libc::EOPNOTSUPP,
+        VerbsError::DeviceLost { .. } => libc::ENODEV,
     }
 }
 

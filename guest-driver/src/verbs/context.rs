@@ -332,13 +332,17 @@ impl Context {
         Ok(self.inner.transport().dma().alloc(len, align)?)
     }
 
-    /// Fails if the device went away (the backend died, in process mode), without waiting:
-    /// for programs that poll their CQs, which then simply stay empty. Event waits
-    /// ([`next_event`](Self::next_event), [`Cq::wait_event`](super::Cq::wait_event)) fail
-    /// by themselves. The PCI transport cannot tell cheaply and always says the device is
-    /// there.
+    /// Fails if the device went away (the backend died, in process mode) or announced that
+    /// this context's objects are lost (DEVICE_FATAL, as a VM's device does when its
+    /// back-end was replaced, spec §11.5), without waiting: for programs that poll their
+    /// CQs, which then simply stay empty. Events read meanwhile are kept for their waiters
+    /// ([`next_event`](Self::next_event), [`Cq::wait_event`](super::Cq::wait_event)).
     pub fn check_alive(&self) -> Result<()> {
-        Ok(self.inner.transport().check_alive()?)
+        self.inner.transport().check_alive()?;
+        match self.inner.lost_state()? {
+            Some(epoch) => Err(VerbsError::DeviceLost { epoch }),
+            None => Ok(()),
+        }
     }
 
     /// Waits up to `timeout` (`None`: forever) for the next device event; `Ok(None)` if none
@@ -465,6 +469,12 @@ impl ContextInner {
             self.gid_cache.invalidate_all();
         }
         read
+    }
+
+    /// The epoch of a DEVICE_FATAL that announced the loss of this context's objects.
+    pub(crate) fn lost_state(&self) -> Result<Option<u32>> {
+        self.events
+            .lost_state(self.transport(), &|event| self.gid_cache.observe(event))
     }
 
     pub(crate) fn shared_memory(&self) -> SharedMemory {

@@ -36,6 +36,10 @@ pub enum VerbsError {
     /// The device (or the negotiated features) cannot do what was asked.
     #[error("unsupported: {0}")]
     Unsupported(&'static str),
+    /// The device announced that every object of this context is lost (DEVICE_FATAL, new
+    /// configuration epoch `epoch`): the device must be opened again.
+    #[error("the device lost every object of this context (DEVICE_FATAL, epoch {epoch})")]
+    DeviceLost { epoch: u32 },
 }
 
 /// Memory the device reaches could not be allocated or translated: a failure of the

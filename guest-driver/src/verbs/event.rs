@@ -161,6 +161,9 @@ pub(crate) enum Wanted {
     Completion(u32),
     /// A connection-manager event of any id (its notification).
     CmEvent,
+    /// Nothing: what is read is kept for its own waiters (a look at the device without
+    /// waiting, [`EventDispatch::lost_state`]).
+    Nothing,
 }
 
 impl Wanted {
@@ -169,6 +172,7 @@ impl Wanted {
             Wanted::Any => true,
             Wanted::Completion(cq) => *event == DeviceEvent::Completion { cq },
             Wanted::CmEvent => matches!(event, DeviceEvent::CmEvent { .. }),
+            Wanted::Nothing => false,
         }
     }
 }
@@ -184,6 +188,9 @@ struct Stash {
     others: VecDeque<DeviceEvent>,
     /// Events dropped because `others` was full.
     lost: u32,
+    /// The epoch of a DEVICE_FATAL that announced the loss of this context's objects, once
+    /// read (it stays: the objects do not come back).
+    fatal: Option<u32>,
 }
 
 impl Stash {
@@ -201,6 +208,7 @@ impl Stash {
                     .position(|e| matches!(e, DeviceEvent::CmEvent { .. }))?;
                 self.others.remove(at)
             }
+            Wanted::Nothing => None,
             Wanted::Any => {
                 if self.lost != 0 {
                     let count = std::mem::take(&mut self.lost);
@@ -284,6 +292,21 @@ impl EventDispatch {
         )
     }
 
+    /// Reads what the device sent, without waiting (each event kept for its own waiter), and
+    /// returns the epoch of a DEVICE_FATAL that announced the loss of this context's objects
+    /// (spec §11), if one came.
+    pub(crate) fn lost_state(
+        &self,
+        transport: &dyn Transport,
+        on_read: &dyn Fn(&DeviceEvent),
+    ) -> Result<Option<u32>> {
+        if let Some(epoch) = self.stash.lock().fatal {
+            return Ok(Some(epoch));
+        }
+        self.wait(transport, Wanted::Nothing, Some(Duration::ZERO), on_read)?;
+        Ok(self.stash.lock().fatal)
+    }
+
     /// [`wait`](Self::wait) over `read`, which reads one event waiting at most its argument.
     fn wait_with(
         &self,
@@ -336,6 +359,9 @@ impl EventDispatch {
                     self.opened_at_epoch
                 );
                 continue;
+            }
+            if let DeviceEvent::DeviceFatal { epoch } = event {
+                stash.fatal = Some(epoch);
             }
             on_read(&event);
             if wanted.matches(&event) {

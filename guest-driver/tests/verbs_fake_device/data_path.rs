@@ -398,3 +398,34 @@ fn mr_sges_stay_inside_the_region() {
         .unwrap();
     assert_eq!(owned.buffer().unwrap().as_ptr() as u64, owned.addr());
 }
+
+/// A polling program learns from `check_alive` that the device lost its objects (spec
+/// §11.5: DEVICE_FATAL naming a new epoch); one naming the epoch the context opened at is
+/// about a discard before it and changes nothing. The event stays for its reader.
+#[test]
+fn check_alive_reports_a_device_fatal_of_a_later_epoch() {
+    let (t, ctx) = open();
+    ctx.check_alive().unwrap();
+    // The fake device opened at epoch 0.
+    let fatal = |epoch| vrdma::spec::Event {
+        event_type: EventType::DeviceFatal,
+        handle: 0,
+        detail: epoch,
+    };
+    t.post_event(fatal(0));
+    ctx.check_alive().unwrap();
+    t.post_event(fatal(3));
+    assert!(matches!(
+        ctx.check_alive(),
+        Err(VerbsError::DeviceLost { epoch: 3 })
+    ));
+    // It stays so, and the event is still there for an event reader.
+    assert!(matches!(
+        ctx.check_alive(),
+        Err(VerbsError::DeviceLost { epoch: 3 })
+    ));
+    assert_eq!(
+        ctx.next_event(Some(WAIT)).unwrap(),
+        Some(DeviceEvent::DeviceFatal { epoch: 3 })
+    );
+}

@@ -58,3 +58,47 @@ impl Backend {
         Ok(Self { proc, socket })
     }
 }
+
+/// A vrdma-keeper started for a scenario: QEMU connects to [`Keeper::socket`], the keeper
+/// relays to a daemon's socket and holds the connection across the daemon's restarts.
+pub struct Keeper {
+    pub proc: Proc,
+    pub socket: PathBuf,
+}
+
+impl Keeper {
+    /// Starts `binary` as `name` (socket `name.sock`, output `name.log` in the temporary
+    /// directory) in front of the daemon socket `daemon`, and waits until it listens.
+    pub fn start(binary: &Path, name: &str, daemon: &Path) -> Result<Self> {
+        let socket = std::env::temp_dir().join(format!("{name}.sock"));
+        let _ = std::fs::remove_file(&socket);
+        let mut proc = Proc::spawn(
+            name,
+            Command::new(binary)
+                .arg("--socket")
+                .arg(&socket)
+                .arg("--backend")
+                .arg(daemon)
+                .args(["--retry-ms", "50"])
+                .env(
+                    "RUST_LOG",
+                    std::env::var("RUST_LOG").unwrap_or("info".into()),
+                ),
+        )?;
+        if let Err(e) = wait_for_path(&socket, Duration::from_secs(30)) {
+            let _ = proc.try_wait();
+            return Err(proc.failure(&e.to_string()));
+        }
+        Ok(Self { proc, socket })
+    }
+
+    /// Fails if the keeper has exited: the VM behind it lost its device.
+    pub fn check_alive(&mut self) -> Result<()> {
+        match self.proc.try_wait()? {
+            Some(status) => Err(self
+                .proc
+                .failure(&format!("vrdma-keeper exited ({status})"))),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,6 +1,6 @@
-//! The workspace binaries a ping-pong scenario runs inside the VM (process-pingpong and the
-//! real guest's host side): vrdma-backend, vrdma-pingpong and vrdma-guestd next to this
-//! executable, and the native C peer built on the host.
+//! The workspace binaries a scenario runs inside the VM (process-pingpong, qtest and the real
+//! guest's host side): vrdma-backend, vrdma-keeper, vrdma-pingpong and vrdma-guestd next to
+//! this executable, and the native C peer built on the host.
 
 use std::path::{Path, PathBuf};
 
@@ -10,6 +10,8 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone)]
 pub struct Binaries {
     pub backend: PathBuf,
+    /// vrdma-keeper, which QEMU connects to when the daemon is to restart under it.
+    pub keeper: PathBuf,
     pub pingpong: PathBuf,
     pub native_pingpong: PathBuf,
     /// The guest agent, vrdma-guestd.
@@ -24,12 +26,14 @@ impl Binaries {
         let dir = exe.parent().unwrap_or(Path::new("."));
         let binaries = Self {
             backend: dir.join("vrdma-backend"),
+            keeper: dir.join("vrdma-keeper"),
             pingpong: dir.join("vrdma-pingpong"),
             native_pingpong: native,
             agent: dir.join("vrdma-guestd"),
         };
         for path in [
             &binaries.backend,
+            &binaries.keeper,
             &binaries.pingpong,
             &binaries.native_pingpong,
             &binaries.agent,

@@ -3,7 +3,6 @@
 //! daemon takes the connection over, the guest's old context gets DEVICE_FATAL, and a new
 //! transport and context on the same function run a verified ping-pong: no QEMU restart.
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,14 +15,14 @@ use super::{
     QP_QUOTA, VERIFY_OPS,
 };
 use crate::error::{tail, Error, Result};
-use crate::inside::{resource_counts, wait_for_path, Proc, ResourceCounts, DEVICE};
+use crate::inside::{resource_counts, ResourceCounts, DEVICE};
 use crate::qtest::{Machine, MachineConfig, Qtest};
-use crate::scenarios::backend::Backend;
+use crate::scenarios::backend::{Backend, Keeper};
 use crate::scenarios::pingpong_peer::PingpongRow;
 
 /// Name (socket, log) of the daemon behind the keeper.
 const DAEMON: &str = "vrdma-qtest-daemon";
-/// Name (log) of the keeper; its socket is QEMU's.
+/// Name (socket, log) of the keeper; its socket is QEMU's.
 const KEEPER: &str = "vrdma-qtest-keeper";
 /// Bound of each wait for something the device or host must do (never reached by a run
 /// that works).
@@ -75,20 +74,8 @@ pub fn run(
     qemu_cell: &std::cell::RefCell<Option<Arc<Qtest>>>,
 ) -> Result<RestartOutcome> {
     let daemon = start_daemon(binaries)?;
-    let keeper_socket = std::env::temp_dir().join(format!("{KEEPER}.sock"));
-    let _ = std::fs::remove_file(&keeper_socket);
-    let mut keeper = Proc::spawn(
-        KEEPER,
-        Command::new(&binaries.keeper)
-            .arg("--socket")
-            .arg(&keeper_socket)
-            .arg("--backend")
-            .arg(&daemon.socket)
-            .args(["--retry-ms", "50"])
-            .env("RUST_LOG", "info"),
-    )?;
-    wait_for_path(&keeper_socket, BOUND).map_err(|e| keeper.failure(&e.to_string()))?;
-    let machine = Machine::start(&MachineConfig::new(&keeper_socket))
+    let mut keeper = Keeper::start(&binaries.keeper, KEEPER, &daemon.socket)?;
+    let machine = Machine::start(&MachineConfig::new(&keeper.socket))
         .map_err(|e| Error::Scenario(format!("starting QEMU behind the keeper: {e}")))?;
     *qemu_cell.borrow_mut() = Some(machine.qtest.clone());
     let function = probe(&machine)?;
@@ -131,9 +118,7 @@ pub fn run(
     );
     let qemu_alive_after = machine.qtest.exit_status().is_none();
     daemon.check_alive("the takeover")?;
-    keeper.try_wait()?.map_or(Ok(()), |status| {
-        Err(keeper.failure(&format!("the keeper exited ({status})")))
-    })?;
+    keeper.check_alive()?;
 
     drop(guest);
     drop(function);
@@ -146,8 +131,8 @@ pub fn run(
         "after QEMU behind the keeper exited",
         &daemon,
     )?;
-    let keeper_log = tail(&keeper.output(), 12);
-    keeper.kill();
+    let keeper_log = tail(&keeper.proc.output(), 12);
+    keeper.proc.kill();
     Ok(RestartOutcome {
         interrupted_run,
         release_ms,

@@ -16,7 +16,6 @@
 //!   idle counts with no daemon, a new daemon takes the connection over, the guest gets
 //!   DEVICE_FATAL and a new transport and context run a verified ping-pong (spec §11.5).
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,40 +48,7 @@ const VIRTIO_PCI_CAP_DEVICE_CFG: u8 = 4;
 /// The configuration magic, "vRDM".
 const VRDMA_MAGIC: &[u8; 4] = b"vRDM";
 
-/// Where the binaries of this run are.
-#[derive(Debug, Clone)]
-pub struct Binaries {
-    pub backend: PathBuf,
-    pub keeper: PathBuf,
-    pub native_pingpong: PathBuf,
-}
-
-impl Binaries {
-    /// The backend next to this executable and the native peer at `native`.
-    pub fn beside_current_exe(native: PathBuf) -> Result<Self> {
-        let exe = std::env::current_exe()
-            .map_err(|e| Error::Scenario(format!("locating this executable: {e}")))?;
-        let dir = exe.parent().unwrap_or(Path::new("."));
-        let binaries = Binaries {
-            backend: dir.join("vrdma-backend"),
-            keeper: dir.join("vrdma-keeper"),
-            native_pingpong: native,
-        };
-        for path in [
-            &binaries.backend,
-            &binaries.keeper,
-            &binaries.native_pingpong,
-        ] {
-            if !path.is_file() {
-                return Err(Error::Scenario(format!(
-                    "{} is missing: build the workspace first (cargo build --workspace --bins)",
-                    path.display()
-                )));
-            }
-        }
-        Ok(binaries)
-    }
-}
+pub use crate::scenarios::binaries::Binaries;
 
 /// Settings of a run: every qtest access is a socket round trip, so iterations are few.
 #[derive(Debug, Clone)]

@@ -119,6 +119,9 @@ fn first_boot(
         println!("{table}");
     }
     record.bypass_messages = phases.time("bypass", || bypass(paths, control))?;
+    record.daemon_restart = phases.time("the back-end killed and replaced", || {
+        daemon_restart(paths, control, iters)
+    })?;
     if !reboot {
         record.phases = phases.0;
         return write_json(&paths.result_dir.join(FIRST_BOOT_FILE), &record);
@@ -164,6 +167,38 @@ fn second_boot(paths: &GuestPaths, control: &mut ControlClient, iters: u32) -> R
         pingpong,
     };
     write_json(&paths.result_dir.join(SECOND_BOOT_FILE), &record)
+}
+
+/// An application runs when the host side kills the back-end (QEMU is behind vrdma-keeper,
+/// spec §11.5): it must end, failed (its objects are gone; the device tells it with
+/// DEVICE_FATAL once the next back-end took over), and a new ping-pong must run in this boot.
+fn daemon_restart(
+    paths: &GuestPaths,
+    control: &mut ControlClient,
+    iters: u32,
+) -> Result<DaemonRestart> {
+    let listener = relay::listen_loopback(RESTART_LIVE.tcp)?;
+    relay_in_background(listener, RESTART_LIVE);
+    let mut live = Proc::spawn(
+        "vrdma-restart-client",
+        pingpong_command(paths, "client", RESTART_LIVE.tcp)
+            .args(["--ops", "send,write", "--sizes", "4096"])
+            .args(["--iters", &LIVE_ITERS.to_string()]),
+    )?;
+    live.wait_for_output("RUNNING", STEP_TIMEOUT)?;
+    let host = control.request("daemon-restart")?;
+    println!("host side: {host}");
+    let status = live.wait_exit(STEP_TIMEOUT)?;
+    let interrupted = tail(&live.output(), 3);
+    println!("the application running at the kill ended ({status}): {interrupted}");
+    let pingpong = pingpong_client(paths, AFTER_RESTART, "send,write,read", "4096", iters)?;
+    println!("{pingpong}");
+    Ok(DaemonRestart {
+        interrupted,
+        interrupted_succeeded: status.success(),
+        host,
+        pingpong,
+    })
 }
 
 /// Unmodified rping over the drop-in librdmacm against the native server: the pings it

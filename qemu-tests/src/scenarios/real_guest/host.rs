@@ -18,7 +18,7 @@ use crate::inside::{
 use crate::perftest::{self, Side};
 use crate::relay;
 use crate::rootfs::PreparedRoot;
-use crate::scenarios::backend::Backend;
+use crate::scenarios::backend::{Backend, Keeper};
 use crate::scenarios::binaries::Binaries;
 use crate::scenarios::rdmacm_utils::{self, cm_listens, UCMATOSE};
 use crate::vm::{self, VmConfig};
@@ -39,12 +39,10 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
     let idle = resource_counts(DEVICE)?;
     // UD: UCX's ud_verbs, and the address handle UCX creates to test each GID before it
     // picks one (without UD every one fails, a control command each for the whole table).
-    let backend = Backend::start(
-        &binaries.backend,
-        "vrdma-guest-backend",
-        &["--allow-ud"],
-        "info",
-    )?;
+    let backend = start_backend(binaries)?;
+    // QEMU connects to the keeper, which holds the connection while the backend is replaced
+    // under the guest (spec §11.5).
+    let keeper = Keeper::start(&binaries.keeper, "vrdma-guest-keeper", &backend.socket)?;
     let chardev_dir = std::env::temp_dir().join("vrdma-guest-ports");
     let _ = std::fs::remove_dir_all(&chardev_dir);
     std::fs::create_dir_all(&chardev_dir)
@@ -132,7 +130,7 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
     config.cpus = 2;
     config.memory_mib = GUEST_MEMORY_MIB;
     config.timeout = timeout;
-    config.extra_qemu_args = guest_device_args(&backend.socket, &chardev_dir);
+    config.extra_qemu_args = guest_device_args(&keeper.socket, &chardev_dir);
     config.extra_kernel_args = vec![format!("hugepages={GUEST_HUGEPAGES}")];
     config.allow_reboot = settings.reboot;
     config.with_rxe = false;
@@ -157,14 +155,22 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
         command.push("--reboot".into());
     }
 
+    let restart_server = native_server(
+        binaries,
+        RESTART_LIVE.tcp,
+        ("send,write", "4096", LIVE_ITERS),
+        timeout,
+    )?;
     let mut requests = Requests {
-        backend: &backend,
+        backend,
+        restart_server: Some(restart_server),
         rping_address: &rping_address,
         idle,
         live_server,
         bypass_client,
         agent_victim_server: Some(agent_victim_server),
         after_server: None,
+        after_restart_server: None,
         binaries,
         settings,
         seen: Reboot::default(),
@@ -286,6 +292,9 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
     if let Some(server) = &mut requests.after_server {
         server.wait_success(Duration::from_secs(60))?;
     }
+    if let Some(server) = &mut requests.after_restart_server {
+        server.wait_success(Duration::from_secs(60))?;
+    }
     // QEMU has exited: nothing of the guest may remain.
     wait_for_counts(DEVICE, idle, RELEASE_TIMEOUT).map_err(|last| {
         failure(
@@ -298,7 +307,7 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
         ..requests.seen.clone()
     });
     drop(requests);
-    drop(backend);
+    drop(keeper);
 
     println!("== the same perftest cases natively");
     let native = Side::native(DEVICE);
@@ -385,9 +394,24 @@ fn native_server(
     )
 }
 
+/// The backend of the guest (QEMU reaches it through the keeper).
+fn start_backend(binaries: &Binaries) -> Result<Backend> {
+    // UD: UCX's ud_verbs, and the address handle UCX creates to test each GID before it
+    // picks one (without UD every one fails, a control command each for the whole table).
+    Backend::start(
+        &binaries.backend,
+        "vrdma-guest-backend",
+        &["--allow-ud"],
+        "info",
+    )
+}
+
 /// What the host side does when the guest asks.
 struct Requests<'a> {
-    backend: &'a Backend,
+    /// The backend serving the guest now (replaced by `daemon-restart`).
+    backend: Backend,
+    /// The peer of the application running when the backend is killed.
+    restart_server: Option<Proc>,
     idle: ResourceCounts,
     /// The peer of the application that is running when the guest reboots.
     live_server: Option<Proc>,
@@ -395,6 +419,8 @@ struct Requests<'a> {
     /// The native peer of the process the guest kills among the agent's.
     agent_victim_server: Option<Proc>,
     after_server: Option<Proc>,
+    /// The peer of the guest's ping-pong on the next backend.
+    after_restart_server: Option<Proc>,
     /// The rxe VM's link-local address, where the rping servers listen.
     rping_address: &'a str,
     binaries: &'a Binaries,
@@ -474,6 +500,38 @@ impl Requests<'_> {
                 })?;
                 server.kill();
                 Ok("the killed process's native peer is stopped".into())
+            }
+            // The application on the backend runs: kill the backend (SIGKILL) and its peer,
+            // see rxe0 return to idle while QEMU runs with no backend (the keeper removed the
+            // dead backend's mappings), start the next backend and the peer of the guest's
+            // next ping-pong.
+            "daemon-restart" => {
+                let mut server = self
+                    .restart_server
+                    .take()
+                    .ok_or_else(|| Error::Scenario("the backend was replaced already".into()))?;
+                server.wait_for_output("RUNNING", Duration::from_secs(120))?;
+                let at = Instant::now();
+                self.backend.proc.signal("KILL")?;
+                server.kill();
+                wait_for_counts(DEVICE, self.idle, RELEASE_TIMEOUT).map_err(|last| {
+                    Error::Scenario(format!(
+                        "{DEVICE} holds {last:?} with the backend dead, idle is {:?}",
+                        self.idle
+                    ))
+                })?;
+                let release_ms = at.elapsed().as_millis();
+                self.backend = start_backend(self.binaries)?;
+                self.after_restart_server = Some(native_server(
+                    self.binaries,
+                    AFTER_RESTART.tcp,
+                    ("send,write,read", "4096", self.settings.iters),
+                    self.settings.timeout,
+                )?);
+                Ok(format!(
+                    "{DEVICE} idle {release_ms} ms after the backend's SIGKILL, QEMU up; the \
+                     next backend started"
+                ))
             }
             // The live application runs: the backend must hold its objects.
             "live" => {

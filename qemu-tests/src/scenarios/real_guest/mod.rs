@@ -91,6 +91,16 @@ pub const AGENT_VICTIM: Link = Link {
     serial: "vrdma-agent-victim",
     tcp: 18806,
 };
+/// The application running when the back-end is killed under the guest (behind the keeper).
+pub const RESTART_LIVE: Link = Link {
+    serial: "vrdma-restart",
+    tcp: 18807,
+};
+/// The ping-pong on the next back-end, in the same boot.
+pub const AFTER_RESTART: Link = Link {
+    serial: "vrdma-after-restart",
+    tcp: 18808,
+};
 /// Operations and sizes of the ping-pongs through the agent.
 pub const AGENT_OPS: &str = "send,write,read";
 pub const AGENT_SIZES: &str = "64,4096";
@@ -146,7 +156,7 @@ pub const AGENT_PERFTEST: &[(Case, Link)] = &[(
 pub fn links() -> Vec<Link> {
     let mut links = vec![PINGPONG];
     links.extend(PERFTEST.iter().map(|(_, link)| *link));
-    links.extend([BYPASS, LIVE, AFTER_REBOOT]);
+    links.extend([BYPASS, RESTART_LIVE, AFTER_RESTART, LIVE, AFTER_REBOOT]);
     links.extend(THROUGH_AGENT);
     links.push(AGENT_VICTIM);
     links.extend(AGENT_PERFTEST.iter().map(|(_, link)| *link));
@@ -259,6 +269,22 @@ pub struct FirstBoot {
     pub agent_pin_registered: u64,
     #[serde(default)]
     pub agent_pin_budget: String,
+    /// The back-end killed under a running application and replaced, in the same boot.
+    #[serde(default)]
+    pub daemon_restart: DaemonRestart,
+}
+
+/// The back-end killed under the guest (QEMU behind vrdma-keeper, spec §11.5).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct DaemonRestart {
+    /// How the application running at the kill ended (its last words).
+    pub interrupted: String,
+    /// Whether it exited with success (it must not: its device state is gone).
+    pub interrupted_succeeded: bool,
+    /// What the host side saw: rxe0 idle with no daemon, the next daemon started.
+    pub host: String,
+    /// vrdma-pingpong's table on the next daemon.
+    pub pingpong: String,
 }
 
 /// What the boot after the reboot left.
