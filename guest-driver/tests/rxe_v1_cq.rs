@@ -133,6 +133,10 @@ fn accessed_completion_queue_reads_before_handing_slots_back() {
             cqe(0),
             cqe(1),
             cqe(2),
+            // The header, checked after the CQEs: still this queue's.
+            Access::Load {
+                offset: shared.word_offset(vrdma_spec::rxe_v1::header::INDEX_MASK),
+            },
             Access::Store {
                 offset: shared.word_offset(256),
                 value: 3
@@ -189,7 +193,38 @@ fn batch_poll_hands_slots_back_at_publish(reach: Reach) {
     assert_eq!(k.consumer().load(Ordering::Acquire), 3);
 }
 
+/// After the back-end is lost the CQ's buffer is replaced by zeroed memory. Its producer
+/// index (0) then differs from the consumer's cursor, but what lies in the slots are not
+/// completions: the CQ reads as empty instead of returning zeroed successes with wr_id 0.
+fn a_buffer_replaced_by_zeros_yields_no_completions(reach: Reach) {
+    let shared = SharedQueue::new(reach, 4, 7);
+    let k = shared.kernel();
+    let mut cq = CompletionQueue::new(shared.queue()).unwrap();
+    for i in 0..2u32 {
+        let cqe = IbUverbsWc {
+            wr_id: Le64::new(30 + u64::from(i)),
+            qp_num: Le32::new(0x11),
+            ..IbUverbsWc::new_zeroed()
+        };
+        k.write_cqe(i, cqe);
+    }
+    k.producer().store(2, Ordering::Release);
+    let mut wcs = [WorkCompletion::default(); 4];
+    assert_eq!(cq.poll(&mut wcs), 2);
+
+    k.replace_with_zeros();
+    assert_eq!(cq.poll(&mut wcs), 0);
+    assert_eq!(cq.peek(), None);
+    assert!(!cq.skip());
+    assert_eq!(
+        k.consumer().load(Ordering::Acquire),
+        0,
+        "nothing handed back into the replacement"
+    );
+}
+
 for_both_reaches!(
     poll_converts_native_completions,
     batch_poll_hands_slots_back_at_publish,
+    a_buffer_replaced_by_zeros_yields_no_completions,
 );

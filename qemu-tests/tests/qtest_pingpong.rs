@@ -77,6 +77,11 @@ fn qtest_pingpong_verifies_resets_and_survives_a_qemu_kill() {
     // a new context on the same QEMU ran a verified ping-pong.
     let restart = &results.daemon_restart;
     assert_ne!(restart.interrupted_run, "completed", "{restart:?}");
+    // It never took the zeroed memory that replaced its lost CQ for completions.
+    assert!(
+        !restart.interrupted_run.contains("completed with wr_id"),
+        "{restart:?}"
+    );
     assert!(restart.qemu_alive_without_daemon, "{restart:?}");
     assert!(restart.qemu_alive_after, "{restart:?}");
     assert_eq!(restart.released_to, restart.idle, "{restart:?}");

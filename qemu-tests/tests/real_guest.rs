@@ -66,6 +66,11 @@ fn a_real_guest_runs_rdma_over_vrdma_and_survives_a_reboot() {
     // ping-pong ran in the same boot.
     let restart = &first.daemon_restart;
     assert!(!restart.interrupted_succeeded, "{restart:?}");
+    // It never took the zeroed memory that replaced its lost CQ for completions.
+    assert!(
+        !restart.interrupted.contains("completed with wr_id"),
+        "{restart:?}"
+    );
     assert!(restart.host.contains("idle"), "{restart:?}");
     for op in ["send", "write", "read"] {
         assert!(

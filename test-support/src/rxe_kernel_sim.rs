@@ -433,6 +433,16 @@ impl KernelSide {
         }
     }
 
+    /// Zeroes the whole buffer, header included, as when the device's back-end is lost and
+    /// its mapping replaced by fresh anonymous memory.
+    pub fn replace_with_zeros(&self) {
+        let len = usize::try_from(self.geometry.buffer_len()).expect("buffer fits in memory");
+        // SAFETY: the buffer lies in the mapping; the test owns both sides of the queue, and
+        // the index words are only accessed atomically elsewhere (a zeroing store is a plain
+        // write the test orders by joining or by sequencing on one thread).
+        unsafe { std::ptr::write_bytes(self.base.as_ptr(), 0, len) }
+    }
+
     /// Writes `cqe` into slot `index` (masked) of a CQ.
     pub fn write_cqe(&self, index: u32, cqe: IbUverbsWc) {
         // SAFETY: aligned slot inside the mapping, owned by the kernel side (producer slot).

@@ -53,6 +53,12 @@ impl CompletionQueue {
             consumer = self.queue.next(consumer);
             polled += 1;
         }
+        if polled != 0 && !self.queue.still_mapped() {
+            // The back-end was lost and the buffer replaced by zeroed memory: what was read
+            // is not completions. The device reports the loss (DEVICE_FATAL); the CQ stays
+            // empty meanwhile.
+            return 0;
+        }
         if polled != 0 {
             // Release: the CQE reads above complete before the kernel may reuse the slots.
             self.queue.store_consumer(consumer, Ordering::Release);
@@ -72,14 +78,17 @@ impl CompletionQueue {
         }
         // SAFETY: the slot lies between the consumer and the producer index (see `poll`).
         let cqe: IbUverbsWc = unsafe { self.queue.read_slot(self.consumer) };
-        Some(completion(&cqe))
+        // As in `poll`: a buffer replaced after a lost back-end holds no completions.
+        self.queue.still_mapped().then(|| completion(&cqe))
     }
 
     /// Moves the read cursor past the completion [`Self::peek`] returned; false (and nothing
     /// moves) if the queue holds none. The kernel may reuse the slot only after
     /// [`Self::publish`].
     pub fn skip(&mut self) -> bool {
-        if self.consumer == self.queue.load_producer(Ordering::Acquire) {
+        if self.consumer == self.queue.load_producer(Ordering::Acquire)
+            || !self.queue.still_mapped()
+        {
             return false;
         }
         self.consumer = self.queue.next(self.consumer);

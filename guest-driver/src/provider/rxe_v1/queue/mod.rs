@@ -45,7 +45,8 @@ enum Memory {
 /// A queue buffer of the host kernel in the shared-memory region.
 ///
 /// The geometry is taken from the device's report and only cross-checked against the header:
-/// the header lives in memory the other side can write, so it is never consulted again.
+/// the header lives in memory the other side can write, so its values are never used; later
+/// it is only compared, as a sign that the buffer is still mapped ([`Self::still_mapped`]).
 pub struct RxeQueue {
     memory: Memory,
     geometry: RingGeometry,
@@ -286,6 +287,19 @@ impl RxeQueue {
                 .check_index(which, self.load_index(word, Ordering::Relaxed))?;
         }
         Ok(self)
+    }
+
+    /// Whether the buffer still holds this queue's header, read after everything read from
+    /// it before. The header never changes while the host queue lives; when the device's
+    /// back-end is lost its mappings are replaced by zeroed memory, so a header that no longer
+    /// matches means every slot and index read before this call may be that memory's, not
+    /// the kernel's.
+    pub(super) fn still_mapped(&self) -> bool {
+        // Acquire fence: the slot and index reads before it are ordered before the header
+        // read below. The replacement covers the whole buffer at once, so slots read before a
+        // header that still matches were read from the queue.
+        std::sync::atomic::fence(Ordering::Acquire);
+        self.header_word(header::INDEX_MASK) == self.geometry.index_mask()
     }
 
     fn header_word(&self, offset: usize) -> u32 {
