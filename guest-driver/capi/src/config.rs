@@ -36,11 +36,39 @@ pub(crate) const DEFAULT_RAM_SIZE: usize = 1 << 30;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum TransportChoice {
     /// Process transport: this process is the vhost-user frontend of the backend at `socket`.
-    Process { socket: PathBuf, ram_size: usize },
+    Process {
+        socket: PathBuf,
+        settings: ProcessSettings,
+    },
     /// Agent transport: the guest agent (`vrdma-guestd`) at `socket` drives the device.
     Agent { socket: PathBuf },
-    /// PCI transport: the vrdma PCI function at `address`, or the first one found.
-    Pci { address: Option<String> },
+    /// PCI transport: the vrdma PCI function at `address`, or the first one found;
+    /// `command_spin` as in [`ProcessSettings`].
+    Pci {
+        address: Option<String>,
+        command_spin: Duration,
+    },
+}
+
+/// What the environment sets for the process transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ProcessSettings {
+    /// Bytes of memfd guest RAM.
+    pub(crate) ram_size: usize,
+    /// Whether to accept `VRDMA_F_HOST_KICK` ([`HOST_KICK_VAR`]).
+    pub(crate) host_kick: bool,
+    /// How long a control round trip may poll ([`COMMAND_SPIN_VAR`]).
+    pub(crate) command_spin: Duration,
+}
+
+impl Default for ProcessSettings {
+    fn default() -> Self {
+        ProcessSettings {
+            ram_size: DEFAULT_RAM_SIZE,
+            host_kick: true,
+            command_spin: vrdma::transport::DEFAULT_COMMAND_SPIN,
+        }
+    }
 }
 
 /// Why the environment selects no usable transport.
@@ -71,9 +99,7 @@ pub(crate) fn gid_cache_lifetime(
 }
 
 /// How long control round trips may poll, as the environment (read through `var`) sets it.
-pub(crate) fn command_spin(
-    var: impl Fn(&str) -> Option<OsString>,
-) -> Result<Duration, ConfigError> {
+fn command_spin(var: impl Fn(&str) -> Option<OsString>) -> Result<Duration, ConfigError> {
     let Some(text) = var(COMMAND_SPIN_VAR) else {
         return Ok(vrdma::transport::DEFAULT_COMMAND_SPIN);
     };
@@ -85,7 +111,7 @@ pub(crate) fn command_spin(
 }
 
 /// Whether the environment (read through `var`) leaves the host kick on (the default).
-pub(crate) fn host_kick(var: impl Fn(&str) -> Option<OsString>) -> bool {
+fn host_kick(var: impl Fn(&str) -> Option<OsString>) -> bool {
     var(HOST_KICK_VAR).is_none_or(|value| value != "0")
 }
 
@@ -106,7 +132,10 @@ pub(crate) fn transport_choice(
         let address = var(PCI_ADDRESS_VAR)
             .filter(|s| !s.is_empty())
             .map(|s| s.to_string_lossy().into_owned());
-        return Ok(TransportChoice::Pci { address });
+        return Ok(TransportChoice::Pci {
+            address,
+            command_spin: command_spin(&var)?,
+        });
     };
     let ram_size = match var(RAM_SIZE_VAR) {
         None => DEFAULT_RAM_SIZE,
@@ -117,7 +146,11 @@ pub(crate) fn transport_choice(
     };
     Ok(TransportChoice::Process {
         socket: socket.into(),
-        ram_size,
+        settings: ProcessSettings {
+            ram_size,
+            host_kick: host_kick(&var),
+            command_spin: command_spin(&var)?,
+        },
     })
 }
 
@@ -158,14 +191,17 @@ mod tests {
             transport_choice(env(&[(SOCKET_VAR, "/tmp/v.sock")]), None),
             Ok(TransportChoice::Process {
                 socket: "/tmp/v.sock".into(),
-                ram_size: DEFAULT_RAM_SIZE
+                settings: ProcessSettings::default()
             })
         );
         assert_eq!(
             transport_choice(env(&[(SOCKET_VAR, "/s"), (RAM_SIZE_VAR, "64M")]), None),
             Ok(TransportChoice::Process {
                 socket: "/s".into(),
-                ram_size: 64 << 20
+                settings: ProcessSettings {
+                    ram_size: 64 << 20,
+                    ..ProcessSettings::default()
+                }
             })
         );
     }
@@ -189,7 +225,7 @@ mod tests {
             transport_choice(env(&[(SOCKET_VAR, "/s"), (AGENT_SOCKET_ENV, "/a")]), None),
             Ok(TransportChoice::Process {
                 socket: "/s".into(),
-                ram_size: DEFAULT_RAM_SIZE
+                settings: ProcessSettings::default()
             })
         );
     }
@@ -209,6 +245,39 @@ mod tests {
     }
 
     #[test]
+    fn the_process_and_pci_transports_take_their_settings_from_the_environment() {
+        assert_eq!(
+            transport_choice(
+                env(&[
+                    (SOCKET_VAR, "/s"),
+                    (HOST_KICK_VAR, "0"),
+                    (COMMAND_SPIN_VAR, "300")
+                ]),
+                None
+            ),
+            Ok(TransportChoice::Process {
+                socket: "/s".into(),
+                settings: ProcessSettings {
+                    ram_size: DEFAULT_RAM_SIZE,
+                    host_kick: false,
+                    command_spin: Duration::from_micros(300)
+                }
+            })
+        );
+        assert_eq!(
+            transport_choice(env(&[(COMMAND_SPIN_VAR, "40")]), None),
+            Ok(TransportChoice::Pci {
+                address: None,
+                command_spin: Duration::from_micros(40)
+            })
+        );
+        assert_eq!(
+            transport_choice(env(&[(COMMAND_SPIN_VAR, "x")]), None),
+            Err(ConfigError::CommandSpin("x".into()))
+        );
+    }
+
+    #[test]
     fn the_host_kick_is_on_unless_turned_off() {
         assert!(host_kick(env(&[])));
         assert!(host_kick(env(&[(HOST_KICK_VAR, "1")])));
@@ -219,12 +288,16 @@ mod tests {
     fn without_a_socket_the_pci_transport_is_chosen() {
         assert_eq!(
             transport_choice(env(&[]), None),
-            Ok(TransportChoice::Pci { address: None })
+            Ok(TransportChoice::Pci {
+                address: None,
+                command_spin: vrdma::transport::DEFAULT_COMMAND_SPIN
+            })
         );
         assert_eq!(
             transport_choice(env(&[(SOCKET_VAR, ""), (PCI_ADDRESS_VAR, "00:03.0")]), None),
             Ok(TransportChoice::Pci {
-                address: Some("00:03.0".into())
+                address: Some("00:03.0".into()),
+                command_spin: vrdma::transport::DEFAULT_COMMAND_SPIN
             })
         );
     }

@@ -95,7 +95,7 @@ pub(crate) fn init_logging() {
 fn device_present(choice: &TransportChoice) -> Result<(), String> {
     match choice {
         TransportChoice::Process { .. } | TransportChoice::Agent { .. } => Ok(()),
-        TransportChoice::Pci { address } => {
+        TransportChoice::Pci { address, .. } => {
             find_candidates(Path::new(SYSFS_PCI), address.as_deref())
                 .map(drop)
                 .map_err(|e| {
@@ -207,19 +207,15 @@ fn open_context() -> Result<(Context, Arc<AppTransport>), i32> {
         error!("vrdma: {e}");
         libc::ENODEV
     };
-    let choice = config::from_env().map_err(unusable)?;
-    let command_spin = config::command_spin(|name| std::env::var_os(name)).map_err(unusable)?;
-    let transport = match choice {
-        TransportChoice::Process { socket, ram_size } => {
-            let host_kick = config::host_kick(|name| std::env::var_os(name));
-            AppTransport::connect(&socket, ram_size, host_kick, command_spin).map_err(|e| {
-                error!(
-                    "vrdma: cannot connect to the vrdma backend at {}: {e}",
-                    socket.display()
-                );
-                libc::ENODEV
-            })?
-        }
+    let transport = match config::from_env().map_err(unusable)? {
+        TransportChoice::Process { socket, settings } => AppTransport::connect(&socket, settings)
+            .map_err(|e| {
+            error!(
+                "vrdma: cannot connect to the vrdma backend at {}: {e}",
+                socket.display()
+            );
+            libc::ENODEV
+        })?,
         TransportChoice::Agent { socket } => AppTransport::connect_agent(&socket).map_err(|e| {
             error!(
                 "vrdma: cannot reach the vrdma guest agent at {}: {e}",
@@ -227,16 +223,17 @@ fn open_context() -> Result<(Context, Arc<AppTransport>), i32> {
             );
             libc::ENODEV
         })?,
-        TransportChoice::Pci { address } => {
-            AppTransport::open_pci(address.as_deref(), command_spin).map_err(|e| {
-                error!(
-                    "vrdma: cannot open the vrdma PCI device (set {} to use a backend \
+        TransportChoice::Pci {
+            address,
+            command_spin,
+        } => AppTransport::open_pci(address.as_deref(), command_spin).map_err(|e| {
+            error!(
+                "vrdma: cannot open the vrdma PCI device (set {} to use a backend \
                      socket instead): {e}",
-                    config::SOCKET_VAR
-                );
-                libc::ENODEV
-            })?
-        }
+                config::SOCKET_VAR
+            );
+            libc::ENODEV
+        })?,
     };
     let transport = Arc::new(transport);
     let ctx = Context::open(transport.clone()).map_err(|e| {

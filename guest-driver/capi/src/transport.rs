@@ -14,6 +14,7 @@ use vrdma::transport::pci::{PciOptions, PciTransport, SysfsPciFunction};
 use vrdma::transport::process::{ProcessOptions, ProcessTransport};
 use vrdma::transport::{HostKick, SharedMemory, Transport, TransportError};
 
+use crate::config::ProcessSettings;
 use crate::memory::{AppMemory, RebackError};
 
 /// The device's transport, and what registering application memory takes with it.
@@ -53,20 +54,21 @@ pub(crate) enum PciOpenError {
 }
 
 impl AppTransport {
-    /// Connects to the backend at `socket` with `ram_size` bytes of guest RAM; `host_kick`:
-    /// whether to accept `VRDMA_F_HOST_KICK`; `command_spin`: see [`ProcessOptions`].
+    /// Connects to the backend at `socket` with what the environment set (`settings`).
     pub(crate) fn connect(
         socket: &std::path::Path,
-        ram_size: usize,
-        host_kick: bool,
-        command_spin: Duration,
+        settings: ProcessSettings,
     ) -> Result<AppTransport, TransportError> {
         let defaults = ProcessOptions::default();
-        let refused = if host_kick { 0 } else { VRDMA_F_HOST_KICK };
+        let refused = if settings.host_kick {
+            0
+        } else {
+            VRDMA_F_HOST_KICK
+        };
         let options = ProcessOptions {
-            guest_ram_size: ram_size,
+            guest_ram_size: settings.ram_size,
             device_features: defaults.device_features & !refused,
-            command_spin,
+            command_spin: settings.command_spin,
             ..defaults
         };
         let inner = ProcessTransport::connect(socket, options)?;

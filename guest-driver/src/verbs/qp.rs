@@ -559,8 +559,15 @@ impl Qp {
             match kick.kick() {
                 Ok(()) => return Ok(()),
                 Err(e) => {
-                    self.refused_kicks.fetch_add(1, Ordering::Relaxed);
-                    debug!("host kick of QP {:#x}: {e}; ringing", self.object.handle);
+                    // Only the first refusal is logged: a QP posting outside RTS in a loop
+                    // would log every post. The count says how many followed.
+                    if self.refused_kicks.fetch_add(1, Ordering::Relaxed) == 0 {
+                        debug!(
+                            "host kick of QP {:#x}: {e}; ringing (further refusals are only \
+                             counted)",
+                            self.object.handle
+                        );
+                    }
                 }
             }
         }
