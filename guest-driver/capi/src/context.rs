@@ -5,6 +5,7 @@
 //! data-path call of the context.
 
 use std::mem::offset_of;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 
 use vrdma::Context;
@@ -37,6 +38,18 @@ pub(crate) struct VrdmaContext {
     /// The process that opened the context: in a `fork()` child the device, the event thread
     /// and the objects are the parent's.
     pub(crate) owner: libc::pid_t,
+    /// Behind `ibv.cmd_fd` (see [`inert_command_fd`]).
+    command_fd: Option<OwnedFd>,
+}
+
+/// The context's `cmd_fd`. A vrdma context has no uverbs command file: its commands go over
+/// the device's control queue. Programs still use the number: rdma-core's tests `dup()` it to
+/// try `ibv_import_device` (which this library refuses with EOPNOTSUPP, as rxe does), and a -1
+/// makes that `dup()` fail first with EBADF. `/dev/null` opened read-only is a descriptor on
+/// which a uverbs write fails (EBADF) and an ioctl fails (ENOTTY), so nothing can mistake it
+/// for a device. `None` where even that cannot be opened.
+fn inert_command_fd() -> Option<OwnedFd> {
+    std::fs::File::open("/dev/null").ok().map(OwnedFd::from)
 }
 
 impl VrdmaContext {
@@ -57,6 +70,8 @@ impl VrdmaContext {
             async_events,
             cm,
         } = sinks;
+        let command_fd = inert_command_fd();
+        ibv.cmd_fd = command_fd.as_ref().map_or(-1, AsRawFd::as_raw_fd);
         ibv.abi_compat = ABI_IS_EXTENDED as *mut _;
         verbs.sz = std::mem::size_of::<verbs_context>() as crate::sys::size_t;
         verbs.context = ibv;
@@ -70,6 +85,7 @@ impl VrdmaContext {
             pump,
             // SAFETY: getpid has no preconditions.
             owner: unsafe { libc::getpid() },
+            command_fd,
         }));
         // SAFETY: `raw` is the live allocation just made.
         unsafe { &raw mut (*raw).verbs.context }
@@ -123,5 +139,54 @@ impl VrdmaContext {
         let raw = unsafe { Self::container(ptr) };
         // SAFETY: as above; NULL stays None.
         (!raw.is_null()).then(|| unsafe { Box::from_raw(raw) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use vrdma::Context;
+    use vrdma_test_support::fake_transport::FakeTransport;
+
+    use crate::device::{context_over, device, ibv_close_device};
+    use crate::transport::AppTransport;
+    use crate::unsupported::ibv_import_device;
+
+    /// rdma-core's shared-PD test `dup()`s `cmd_fd` and imports it: the descriptor is there,
+    /// no uverbs command reaches anything through it, and the import is refused as rxe
+    /// refuses it (EOPNOTSUPP), so the test skips as it does natively.
+    #[test]
+    fn the_command_fd_is_inert_and_cannot_be_imported() {
+        let fake = FakeTransport::new();
+        let transport = Arc::new(AppTransport::over(fake));
+        let ctx = Context::open(transport.clone()).unwrap();
+        let context = context_over(device(), ctx, transport).unwrap();
+        // SAFETY: a live context of this library.
+        let fd = unsafe { (*context).cmd_fd };
+        assert!(fd >= 0);
+        let header = [0u8; 8];
+        // SAFETY: writes 8 readable bytes to a descriptor the context owns.
+        let written = unsafe { libc::write(fd, header.as_ptr().cast(), header.len()) };
+        assert_eq!(written, -1);
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EBADF)
+        );
+        // SAFETY: dup of a live descriptor.
+        let copy = unsafe { libc::dup(fd) };
+        assert!(copy >= 0);
+        // SAFETY: the entry point takes any number.
+        let imported = unsafe { ibv_import_device(copy) };
+        assert!(imported.is_null());
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EOPNOTSUPP)
+        );
+        // SAFETY: the copy is ours; the context is closed once.
+        unsafe {
+            libc::close(copy);
+            assert_eq!(ibv_close_device(context), 0);
+        }
     }
 }

@@ -332,8 +332,6 @@ pub(crate) fn context_over(
     let mut ibv: ibv_context = unsafe { std::mem::zeroed() };
     ibv.device = device;
     ibv.ops = context_ops();
-    // No uverbs command fd.
-    ibv.cmd_fd = -1;
     ibv.async_fd = async_events.raw_fd();
     ibv.num_comp_vectors = crate::cq::COMP_VECTORS;
     // An extended context (`abi_compat`, the `verbs_context` in front): the inline `_ex`

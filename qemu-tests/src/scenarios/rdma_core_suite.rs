@@ -75,6 +75,20 @@ pub const NOT_YET_OVER_VRDMA: &[(&str, &str)] = &[
     ("tests.test_odp.OdpTestCase.test_odp_ud_traffic", ODP),
 ];
 
+/// Tests native rxe skips and vrdma does not pass, each with the reason (the README lists
+/// them). The agent suite fails on any other test that native rxe skips and that fails,
+/// errors or crashes over vrdma.
+pub const FAILING_WHERE_NATIVE_SKIPS: &[(&str, &str)] = &[
+    ("tests.test_mr.MRTest.test_mr_rereg_access", REREG),
+    ("tests.test_mr.MRTest.test_mr_rereg_addr", REREG),
+    ("tests.test_mr.MRTest.test_mr_rereg_atomic", REREG),
+    ("tests.test_mr.MRTest.test_mr_rereg_pd", REREG),
+];
+
+const REREG: &str = "rdma-core's rxe provider has no rereg_mr (native skips with EOPNOTSUPP); \
+     vrdma re-registers with new keys, which ibv_rereg_mr allows, while the tests keep the peer's \
+     first rkey and expect a QP reset to purge its CQ (as mlx5 does, rxe does not)";
+
 /// Tests whose outcome on rxe depends on timing, natively as over vrdma, each with the reason:
 /// their outcomes are reported but not compared.
 pub const TIMING_DEPENDENT: &[(&str, &str)] = &[(
@@ -122,6 +136,19 @@ impl RdmaCoreRuns {
     /// How many tests of `run` had `outcome`.
     pub fn count(run: &SuiteRun, outcome: Outcome) -> usize {
         run.values().filter(|t| t.outcome == outcome).count()
+    }
+
+    /// The tests native rxe skips that fail, error or crash over vrdma, with what vrdma did.
+    pub fn failed_only_over_vrdma(&self) -> Vec<(&str, &TestOutcome)> {
+        self.native
+            .iter()
+            .filter(|(_, t)| t.outcome == Outcome::Skip)
+            .filter_map(|(id, _)| {
+                let t = self.vrdma.get(id)?;
+                matches!(t.outcome, Outcome::Fail | Outcome::Error | Outcome::Crashed)
+                    .then_some((id.as_str(), t))
+            })
+            .collect()
     }
 
     /// The tests native rxe passes that vrdma does not, with what vrdma did.
@@ -354,6 +381,31 @@ mod tests {
         assert_eq!(only.len(), 1);
         assert_eq!(only[0].0, "b");
         assert_eq!(only[0].1.outcome, Outcome::Crashed);
+    }
+
+    #[test]
+    fn a_test_native_skips_and_vrdma_errors_is_a_difference() {
+        let outcome = |outcome| TestOutcome {
+            outcome,
+            detail: String::new(),
+        };
+        let runs = RdmaCoreRuns {
+            native: SuiteRun::from([
+                ("a".into(), outcome(Outcome::Skip)),
+                ("b".into(), outcome(Outcome::Skip)),
+                ("c".into(), outcome(Outcome::Skip)),
+                ("d".into(), outcome(Outcome::Error)),
+            ]),
+            vrdma: SuiteRun::from([
+                ("a".into(), outcome(Outcome::Skip)),
+                ("b".into(), outcome(Outcome::Error)),
+                ("c".into(), outcome(Outcome::Ok)),
+                ("d".into(), outcome(Outcome::Error)),
+            ]),
+        };
+        let only = runs.failed_only_over_vrdma();
+        assert_eq!(only.len(), 1);
+        assert_eq!(only[0].0, "b");
     }
 
     #[test]
