@@ -31,6 +31,7 @@ fn configuration_space_and_features() {
             | VRDMA_F_STAGED_RINGS
             | VRDMA_F_STAGED_CQS
             | VRDMA_F_HOST_KICK
+            | VRDMA_F_ODP
     );
     let config = guest.config();
     assert_eq!(config.ring_format.get(), ring_format::RXE_V1);

@@ -81,6 +81,49 @@ fn pd_and_mr_lifecycle_with_references() {
     assert_eq!(fake.world().live(), 0);
 }
 
+/// With a host that has on-demand paging, VRDMA_F_ODP is offered, the configuration space
+/// carries the host's capabilities, and an ON_DEMAND registration reaches the host as one;
+/// without it, nothing is offered and the same registration is refused before the host.
+#[test]
+fn on_demand_registrations_follow_the_hosts_odp() {
+    let odp_access = AccessFlags::LOCAL_WRITE | AccessFlags::ON_DEMAND;
+    let register = |guest: &TestGuest, pd: u32| {
+        let pages = [RAM_BASE + 3 * PAGE];
+        let mut list = Vec::new();
+        encode_page_list(pages.iter().copied(), &mut list);
+        let req = reg_mr_req(pd, 0x9000, PAGE, odp_access.bits(), 1);
+        guest.run(ControlRequest::RegMr(RegMr::new(req, &list)))
+    };
+
+    let fake = FakeDevice::new();
+    let guest = TestGuest::new(&fake, test_options(), VRDMA_F_RING_RXE_V1 | VRDMA_F_ODP);
+    assert_ne!(guest.dev().device_features() & VRDMA_F_ODP, 0);
+    assert_eq!(guest.config().odp_caps(), RXE_ODP_CAPS);
+    let pd = guest.alloc_pd();
+    assert!(matches!(
+        register(&guest, pd),
+        ControlResponse::Ok(ResponseBody::RegMr(_))
+    ));
+    assert_eq!(fake.world().mrs.values().next().unwrap().access, odp_access);
+
+    // Offered but not accepted by the driver: refused, nothing registered.
+    let guest = TestGuest::new(&fake, test_options(), VRDMA_F_RING_RXE_V1);
+    let pd = guest.alloc_pd();
+    let before = fake.world().mrs.len();
+    assert!(matches!(
+        register(&guest, pd),
+        ControlResponse::Err(e) if e.status() == Status::Unsupported
+    ));
+    assert_eq!(fake.world().mrs.len(), before);
+
+    // A host without ODP: not offered, no capabilities described.
+    let fake = FakeDevice::new();
+    fake.world().no_odp = true;
+    let guest = TestGuest::new(&fake, test_options(), VRDMA_F_RING_RXE_V1 | VRDMA_F_ODP);
+    assert_eq!(guest.dev().device_features() & VRDMA_F_ODP, 0);
+    assert_eq!(guest.config().odp_caps(), Default::default());
+}
+
 #[test]
 fn reg_mr_validation() {
     let fake = FakeDevice::new();

@@ -3,6 +3,7 @@
 
 use std::os::fd::BorrowedFd;
 
+use vrdma_spec::config::OdpCaps;
 use vrdma_spec::verbs::{MwType, QpAttrMask};
 use vrdma_spec::wire::{GidEntry, QpAttr};
 
@@ -131,6 +132,12 @@ pub trait HostContext: Send + Sync {
     /// Device attributes, as the kernel reports them (`ib_uverbs_query_device_resp`): the
     /// host's limits, before any guest's quota.
     fn query_device(&self) -> Result<QueryDeviceResp>;
+
+    /// Whether the device registers on-demand-paging MRs (`IB_ODP_SUPPORT`), and for what;
+    /// `None` when it does not.
+    fn odp_caps(&self) -> Result<Option<OdpCaps>> {
+        Ok(None)
+    }
 
     /// Attributes of a port (numbered from 1), as the kernel reports them
     /// (`ib_uverbs_query_port_resp`).

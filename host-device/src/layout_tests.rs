@@ -49,6 +49,16 @@ fn all_layouts() -> Vec<Layout> {
             max_total_mcast_qp_attach, max_ah, max_fmr, max_map_per_fmr, max_srq, max_srq_wr,
             max_srq_sge, max_pkeys, local_ca_ack_delay, phys_port_cnt, reserved,
         },
+        "struct ib_uverbs_ex_cmd_hdr" => ExCmdHdr {
+            response, provider_in_words, provider_out_words, cmd_hdr_reserved,
+        },
+        "struct ib_uverbs_ex_query_device" => ExQueryDevice { comp_mask, reserved },
+        "struct ib_uverbs_odp_caps" => OdpCapsAbi { general_caps, reserved },
+        "struct ib_uverbs_ex_query_device_resp" => ExQueryDeviceResp {
+            base, comp_mask, response_length, odp_caps, timestamp_mask, hca_core_clock,
+            device_cap_flags_ex, rss_caps, max_wq_type_rq, raw_packet_caps, tm_caps,
+            cq_moderation_caps, max_dm_size, xrc_odp_caps, reserved,
+        },
         "struct ib_uverbs_query_port" => QueryPort { response, port_num, reserved },
         "struct ib_uverbs_query_port_resp" => QueryPortResp {
             port_cap_flags, max_msg_sz, bad_pkey_cntr, qkey_viol_cntr, gid_tbl_len,
@@ -300,6 +310,35 @@ fn command_codes_match_the_c_headers() {
         return;
     };
     let expected: String = codes.iter().map(|(n, v)| format!("{n} {v}\n")).collect();
+    assert_eq!(c_out, expected);
+}
+
+/// The extended command this layer sends (EX_QUERY_DEVICE) and the flag that marks it.
+#[test]
+fn extended_command_constants_match_the_c_headers() {
+    let constants: [(&str, u64); 2] = [
+        (
+            "IB_USER_VERBS_EX_CMD_QUERY_DEVICE",
+            cmd::QUERY_DEVICE.into(),
+        ),
+        ("IB_USER_VERBS_CMD_FLAG_EXTENDED", CMD_FLAG_EXTENDED.into()),
+    ];
+    let mut program =
+        String::from("#include <stdio.h>\n#include <rdma/ib_user_verbs.h>\nint main(void) {\n");
+    for (name, _) in &constants {
+        let _ = writeln!(
+            program,
+            "printf(\"{name} %llu\\n\", (unsigned long long)({name}));"
+        );
+    }
+    program.push_str("return 0;\n}\n");
+    let Some(c_out) = run_c("extended-commands", &program) else {
+        return;
+    };
+    let expected: String = constants
+        .iter()
+        .map(|(n, v)| format!("{n} {v}\n"))
+        .collect();
     assert_eq!(c_out, expected);
 }
 

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use parking_lot::{Mutex, MutexGuard};
 use vrdma_spec::attr::qp::QpCaps;
+use vrdma_spec::config::OdpCaps;
 use vrdma_spec::verbs::{MwType, QpAttrMask};
 use vrdma_spec::wire::{GidEntry, QpAttr};
 use zerocopy::IntoBytes;
@@ -372,6 +373,17 @@ impl HostContext for RxeContext {
     fn query_device(&self) -> Result<uverbs::QueryDeviceResp> {
         let (resp, ()) = self.file.execute(uverbs::QueryDevice::default(), &[])?;
         Ok(resp)
+    }
+
+    fn odp_caps(&self) -> Result<Option<OdpCaps>> {
+        let caps = self.file.ex_query_device()?.odp_caps;
+        Ok(
+            (caps.general_caps & uverbs::ODP_SUPPORT != 0).then_some(OdpCaps {
+                rc: caps.rc_odp_caps,
+                uc: caps.uc_odp_caps,
+                ud: caps.ud_odp_caps,
+            }),
+        )
     }
 
     fn query_port(&self, port: u8) -> Result<uverbs::QueryPortResp> {

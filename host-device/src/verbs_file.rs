@@ -10,8 +10,8 @@ use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use super::error::{DeviceError, Result};
 use super::uverbs::{
-    frame, Command, CommandWithResponse, DeviceMethodCall, GidTableEntry, KickCall,
-    RDMA_VERBS_IOCTL,
+    cmd, frame, frame_ex, Command, CommandWithResponse, DeviceMethodCall, ExQueryDevice,
+    ExQueryDeviceResp, GidTableEntry, KickCall, RDMA_VERBS_IOCTL,
 };
 
 /// An open `/dev/infiniband/uverbsN`.
@@ -67,6 +67,35 @@ impl VerbsFile {
                 reason: "driver response size mismatch".into(),
             })?;
         Ok((core, driver))
+    }
+
+    /// The device's extended attributes (`IB_USER_VERBS_EX_CMD_QUERY_DEVICE`). The response
+    /// buffer is larger than this build's struct, so that a newer kernel's longer answer fits
+    /// (the kernel refuses a buffer shorter than its own struct); bytes an older kernel does
+    /// not write stay zero.
+    pub fn ex_query_device(&self) -> Result<ExQueryDeviceResp> {
+        const NAME: &str = "EX_QUERY_DEVICE";
+        const OUT_LEN: usize = 1024;
+        // u64 words keep the buffer 8-byte aligned, as the kernel structs expect.
+        let mut out = vec![0u64; OUT_LEN / 8];
+        let buf = frame_ex(
+            cmd::QUERY_DEVICE,
+            ExQueryDevice::default().as_bytes(),
+            out.as_mut_ptr() as u64,
+            OUT_LEN,
+        )
+        .map_err(|source| DeviceError::Frame {
+            command: NAME,
+            source,
+        })?;
+        self.write_command(NAME, &buf)?;
+        let (resp, _) = ExQueryDeviceResp::read_from_prefix(out.as_bytes()).map_err(|_| {
+            DeviceError::InvalidReply {
+                command: NAME,
+                reason: "response buffer size mismatch".into(),
+            }
+        })?;
+        Ok(resp)
     }
 
     /// Executes a command that has no response.

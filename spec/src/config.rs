@@ -51,18 +51,67 @@ wire_struct! {
         pub doorbell_slots: Le32,
         /// Incremented every time the device discards all guest state.
         pub epoch: Le32,
-        /// Zero.
-        pub reserved: [u8; 12],
+        /// [`odp_caps`] bits: what an `ON_DEMAND` MR may serve on RC QPs (0 unless
+        /// `VRDMA_F_ODP` is offered).
+        pub odp_rc_caps: Le32,
+        /// The same for UC QPs.
+        pub odp_uc_caps: Le32,
+        /// The same for UD QPs.
+        pub odp_ud_caps: Le32,
     }
 }
 assert_layout!(DeviceConfig, 64, magic @ 0, version_major @ 4, version_minor @ 6,
     ring_format @ 8, num_ports @ 12, shm_size @ 16, shm_id @ 24, shm_page_shift @ 28,
     max_request_size @ 32, max_response_size @ 36, max_mr_pages @ 40,
-    doorbell_slots @ 44, epoch @ 48, reserved @ 52);
+    doorbell_slots @ 44, epoch @ 48, odp_rc_caps @ 52, odp_uc_caps @ 56, odp_ud_caps @ 60);
+
+/// What on-demand-paging MRs serve, per transport ([`odp_caps`] bits): the host device's
+/// report, and the configuration space's with `VRDMA_F_ODP`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OdpCaps {
+    /// On RC QPs.
+    pub rc: u32,
+    /// On UC QPs.
+    pub uc: u32,
+    /// On UD QPs.
+    pub ud: u32,
+}
+
+impl DeviceConfig {
+    /// The ODP capabilities the configuration describes (meaningful with `VRDMA_F_ODP`).
+    pub fn odp_caps(&self) -> OdpCaps {
+        OdpCaps {
+            rc: self.odp_rc_caps.get(),
+            uc: self.odp_uc_caps.get(),
+            ud: self.odp_ud_caps.get(),
+        }
+    }
+}
+
+/// Per-transport on-demand-paging capability bits (`ibv_odp_transport_cap_bits`, the kernel's
+/// `IB_ODP_SUPPORT_*`), as the host reports them.
+pub mod odp_caps {
+    /// Sends from an ODP MR.
+    pub const SEND: u32 = 1 << 0;
+    /// Receives into an ODP MR.
+    pub const RECV: u32 = 1 << 1;
+    /// RDMA writes into an ODP MR.
+    pub const WRITE: u32 = 1 << 2;
+    /// RDMA reads from an ODP MR.
+    pub const READ: u32 = 1 << 3;
+    /// Atomics on an ODP MR.
+    pub const ATOMIC: u32 = 1 << 4;
+    /// Receives through an SRQ into an ODP MR.
+    pub const SRQ_RECV: u32 = 1 << 5;
+    /// RDMA FLUSH of an ODP MR.
+    pub const FLUSH: u32 = 1 << 6;
+    /// Atomic writes into an ODP MR.
+    pub const ATOMIC_WRITE: u32 = 1 << 7;
+}
 
 impl DeviceConfig {
     /// Parses a configuration-space image and checks the magic and the major version.
-    /// Reserved bytes are ignored (a later minor version may define them).
+    /// Fields a feature bit governs are read only where it was negotiated.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let cfg = exact::<DeviceConfig>(bytes)?;
         if cfg.magic.get() != MAGIC {

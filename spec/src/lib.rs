@@ -116,6 +116,11 @@ pub mod features {
     /// that context (the process transport) starts the host's send processing itself instead
     /// of ringing (spec §5.3, [`crate::rxe_v1::kick`]).
     pub const VRDMA_F_HOST_KICK: u64 = 1 << 19;
+    /// On-demand paging: REG_MR, REG_MR_EXTENTS and REREG_MR take the `ON_DEMAND` access
+    /// flag, which the host registers as an ODP MR (its pages are not pinned on the host), and
+    /// the configuration space's `odp_*_caps` say which operations may use such an MR on which
+    /// transport (spec §7.4).
+    pub const VRDMA_F_ODP: u64 = 1 << 20;
     /// Mask of all device-specific bits defined by this version.
     pub const VRDMA_F_ALL: u64 = VRDMA_F_RING_RXE_V1
         | VRDMA_F_SRQ
@@ -128,7 +133,8 @@ pub mod features {
         | VRDMA_F_MR_EXTENTS
         | VRDMA_F_STAGED_RINGS
         | VRDMA_F_STAGED_CQS
-        | VRDMA_F_HOST_KICK;
+        | VRDMA_F_HOST_KICK
+        | VRDMA_F_ODP;
     /// Mask of the device-specific feature range (bits 0..=23) in which every `VRDMA_F_*` bit
     /// lives; the generic virtio bits lie above it.
     pub const DEVICE_SPECIFIC_MASK: u64 = (1 << 24) - 1;

@@ -428,6 +428,15 @@ fn memory_window_requests() {
     let plain = reg_mr_bytes(reg_mr_req(), &pages);
     let decoded = ControlRequest::decode(&plain).unwrap();
     assert_eq!(decoded.required_features(), 0);
+    // A REG_MR that asks for ON_DEMAND needs VRDMA_F_ODP.
+    let mut odp = reg_mr_req();
+    odp.access = Le32::new((AccessFlags::LOCAL_WRITE | AccessFlags::ON_DEMAND).bits());
+    let odp_bytes = reg_mr_bytes(odp, &pages);
+    let decoded = ControlRequest::decode(&odp_bytes).unwrap();
+    assert_eq!(
+        decoded.required_features(),
+        vrdma_spec::features::VRDMA_F_ODP
+    );
     // So does a REREG_MR that changes the access to one with MW_BIND.
     let mut rereg = rereg_mr_req();
     rereg.flags = Le32::new(vrdma_spec::control::rereg_flags::CHANGE_ACCESS);

@@ -138,7 +138,9 @@ fn config_round_trips_and_checks_version() {
         max_mr_pages: Le32::new(65536),
         doorbell_slots: Le32::new(1024),
         epoch: Le32::new(1),
-        reserved: [0; 12],
+        odp_rc_caps: Le32::new(0x3f),
+        odp_uc_caps: Le32::ZERO,
+        odp_ud_caps: Le32::new(0x3),
     };
     assert_eq!(cfg.as_bytes().len(), CONFIG_SIZE);
     assert_eq!(&cfg.as_bytes()[..4], b"vRDM");
@@ -151,8 +153,15 @@ fn config_round_trips_and_checks_version() {
     );
     let mut minor = cfg;
     minor.version_minor = Le16::new(7);
-    minor.reserved[0] = 1; // a later minor may use reserved bytes
     assert!(DeviceConfig::decode(minor.as_bytes()).is_ok());
+    assert_eq!(
+        cfg.odp_caps(),
+        vrdma_spec::config::OdpCaps {
+            rc: 0x3f,
+            uc: 0,
+            ud: 0x3
+        }
+    );
 }
 
 #[test]

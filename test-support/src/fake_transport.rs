@@ -35,7 +35,7 @@ pub use device::{FakeDevice, FakeMr, FakeMw, Fault, MwBinding};
 pub use kernel::object_event;
 pub use profile::{
     default_config, doorbell_area_bytes, DOORBELL_SLOTS, LOCAL_GID, MAX_INLINE, MAX_MR_PAGES,
-    MAX_QP_INIT_RD_ATOM, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE, RAM_SIZE, SHM_SIZE,
+    MAX_QP_INIT_RD_ATOM, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE, ODP_RC_CAPS, RAM_SIZE, SHM_SIZE,
 };
 use region::Region;
 
@@ -78,7 +78,8 @@ impl FakeTransport {
                 | features::VRDMA_F_UD_STAGED_SQ
                 | features::VRDMA_F_UC
                 | features::VRDMA_F_MW
-                | features::VRDMA_F_MR_EXTENTS,
+                | features::VRDMA_F_MR_EXTENTS
+                | features::VRDMA_F_ODP,
         )
     }
 

@@ -22,6 +22,7 @@ use crate::identity::endpoints::TenantLink;
 use crate::identity::gid_view::GidView;
 use crate::vhost_device::event_queue::EventClass;
 use crate::vhost_device::guest_io::GuestIo;
+use vrdma_spec::config::OdpCaps;
 
 /// The one port a guest sees (spec §4 `num_ports`); it stands for the host port of
 /// [`DeviceOptions::host_port`].
@@ -31,6 +32,8 @@ pub const GUEST_PORT: u8 = 1;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HostLimits {
     pub(crate) attr: QueryDeviceResp,
+    /// What the host's on-demand-paging MRs serve; `None`: no ODP (`VRDMA_F_ODP` not offered).
+    pub(crate) odp: Option<OdpCaps>,
     /// Of the host port the guest sees.
     pub(crate) port: PortLimits,
 }

@@ -28,8 +28,8 @@ use vrdma_spec::config::{self, DeviceConfig};
 use vrdma_spec::control::{HEADER_SIZE, MAX_CM_RESPONSE_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::{
     VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_DOORBELL_POLL, VRDMA_F_HOST_KICK, VRDMA_F_MR_EXTENTS,
-    VRDMA_F_MW, VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ, VRDMA_F_STAGED_CQS, VRDMA_F_STAGED_RINGS,
-    VRDMA_F_UC, VRDMA_F_UD, VRDMA_F_UD_STAGED_SQ,
+    VRDMA_F_MW, VRDMA_F_ODP, VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ, VRDMA_F_STAGED_CQS,
+    VRDMA_F_STAGED_RINGS, VRDMA_F_UC, VRDMA_F_UD, VRDMA_F_UD_STAGED_SQ,
 };
 use vrdma_spec::StatusError;
 use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, Le64, Status};
@@ -220,6 +220,11 @@ impl GuestDevice {
     ) -> Result<Self, GuestError> {
         let host = device.open_context()?;
         let attr = host.query_device()?;
+        // A host that cannot say has no ODP for its guests: VRDMA_F_ODP is not offered.
+        let odp = host.odp_caps().unwrap_or_else(|e| {
+            warn!("guest {id}: cannot read the host's ODP capabilities ({e}): no ODP offered");
+            None
+        });
         let port = PortLimits::from(&host.query_port(options.host_port)?);
         let state = GuestState::new(&options, budget)?;
         // UD sends and QPs past the front-end's mappings are staged (spec §9.6, §9.7); the
@@ -263,7 +268,7 @@ impl GuestDevice {
                 device,
                 options,
                 host,
-                HostLimits { attr, port },
+                HostLimits { attr, odp, port },
                 staging,
                 GuestAddressing {
                     gids,
@@ -382,6 +387,9 @@ impl GuestDevice {
         if missing & VRDMA_F_MR_EXTENTS != 0 {
             return Err(CommandError::NotNegotiated("VRDMA_F_MR_EXTENTS"));
         }
+        if missing & VRDMA_F_ODP != 0 {
+            return Err(CommandError::NotNegotiated("VRDMA_F_ODP"));
+        }
         if self.failed.load(Ordering::Acquire) {
             return Err(CommandError::DeviceFailed);
         }
@@ -484,6 +492,9 @@ impl DeviceHandler for GuestDevice {
         if self.shared.cm().is_some() {
             features |= VRDMA_F_CM;
         }
+        if self.shared.limits().odp.is_some() {
+            features |= VRDMA_F_ODP;
+        }
         features
     }
 
@@ -497,6 +508,7 @@ impl DeviceHandler for GuestDevice {
 
     fn config_space(&self) -> Vec<u8> {
         let options = self.shared.options();
+        let odp = self.shared.limits().odp.unwrap_or_default();
         let config = DeviceConfig {
             magic: Le32::new(config::MAGIC),
             version_major: Le16::new(config::VERSION_MAJOR),
@@ -518,7 +530,9 @@ impl DeviceHandler for GuestDevice {
             max_mr_pages: Le32::new(options.max_mr_pages),
             doorbell_slots: Le32::new(options.doorbell_slots()),
             epoch: Le32::new(self.epoch()),
-            reserved: [0; 12],
+            odp_rc_caps: Le32::new(odp.rc),
+            odp_uc_caps: Le32::new(odp.uc),
+            odp_ud_caps: Le32::new(odp.ud),
         };
         config.as_bytes().to_vec()
     }

@@ -324,8 +324,10 @@ mod tests {
             Some(rw | AccessFlags::RELAXED_ORDERING)
         );
         assert_eq!(mr_access(0x7 | (1 << 21)), Some(rw));
-        // IBV_ACCESS_ON_DEMAND (0x40) is not optional and not supported.
-        assert_eq!(mr_access(0x40), None);
+        // IBV_ACCESS_ON_DEMAND (0x40) is carried (the device refuses it without VRDMA_F_ODP);
+        // IBV_ACCESS_ZERO_BASED (0x20) is not optional and not supported.
+        assert_eq!(mr_access(0x40), Some(AccessFlags::ON_DEMAND));
+        assert_eq!(mr_access(0x20), None);
     }
 
     #[test]

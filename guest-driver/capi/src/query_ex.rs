@@ -11,8 +11,8 @@ use crate::context::VrdmaContext;
 use crate::ffi::{guard, report};
 use crate::query::{device_attr, port_attr};
 use crate::sys::{
-    ibv_context, ibv_device_attr, ibv_device_attr_ex, ibv_port_attr, ibv_query_device_ex_input,
-    size_t,
+    ibv_context, ibv_device_attr, ibv_device_attr_ex, ibv_odp_caps, ibv_odp_caps__bindgen_ty_1,
+    ibv_port_attr, ibv_query_device_ex_input, size_t,
 };
 
 /// Where `active_speed_ex` (a `u32`, added to `ibv_port_attr` after rdma-core 44) lies in the
@@ -25,6 +25,10 @@ const _: () = assert!(
         && size_of::<ibv_port_attr>() <= ACTIVE_SPEED_EX_OFFSET
 );
 
+/// `IBV_ODP_SUPPORT` in `ibv_odp_caps.general_caps` (implicit ODP, bit 1, is never reported:
+/// rxe has none).
+const IBV_ODP_SUPPORT: u64 = 1 << 0;
+
 /// Whether a caller's structure of `size` bytes holds the whole field ending at `end`.
 fn holds(size: usize, offset: usize, len: usize) -> bool {
     size >= offset + len
@@ -32,8 +36,8 @@ fn holds(size: usize, offset: usize, len: usize) -> bool {
 
 /// `verbs_context.query_device_ex`: `ibv_device_attr_ex` from the QUERY_DEVICE answer, as
 /// rdma-core's rxe provider reports it: the classic attributes, `device_cap_flags_ex` (the same
-/// capability bits, vrdma's device has no flags beyond the first 32) and `phys_port_cnt_ex`;
-/// no ODP, timestamps, TSO, RSS, WQs, packet pacing, raw packet, tag matching, CQ moderation,
+/// capability bits, vrdma's device has no flags beyond the first 32), `phys_port_cnt_ex` and,
+/// with `VRDMA_F_ODP`, the ODP capabilities the device reports; no timestamps, TSO, RSS, WQs, packet pacing, raw packet, tag matching, CQ moderation,
 /// device memory or PCI atomics (all 0). 0, or an errno value: EINVAL for a `comp_mask` in
 /// `input` or an `attr_size` below `ibv_device_attr`. The first `attr_size` bytes are written
 /// (fields this library does not know are 0), nothing beyond.
@@ -73,6 +77,19 @@ pub(crate) unsafe extern "C" fn query_device_ex(
             let ports_ex = offset_of!(ibv_device_attr_ex, phys_port_cnt_ex);
             if holds(attr_size, ports_ex, size_of::<u32>()) {
                 (&raw mut (*attr).phys_port_cnt_ex).write(u32::from(orig.phys_port_cnt));
+            }
+            let odp = offset_of!(ibv_device_attr_ex, odp_caps);
+            if let Some(caps) = ctx.ctx.odp_caps() {
+                if holds(attr_size, odp, size_of::<ibv_odp_caps>()) {
+                    (&raw mut (*attr).odp_caps).write(ibv_odp_caps {
+                        general_caps: IBV_ODP_SUPPORT,
+                        per_transport_caps: ibv_odp_caps__bindgen_ty_1 {
+                            rc_odp_caps: caps.rc,
+                            uc_odp_caps: caps.uc,
+                            ud_odp_caps: caps.ud,
+                        },
+                    });
+                }
             }
         }
         0
@@ -170,6 +187,17 @@ mod tests {
                 u64::from(got.orig_attr.device_cap_flags)
             );
             assert_eq!(got.phys_port_cnt_ex, 1);
+            // The fake negotiates VRDMA_F_ODP and describes rxe's ODP.
+            assert_eq!(got.odp_caps.general_caps, IBV_ODP_SUPPORT);
+            let per_transport = got.odp_caps.per_transport_caps;
+            assert_eq!(
+                (
+                    per_transport.rc_odp_caps,
+                    per_transport.uc_odp_caps,
+                    per_transport.ud_odp_caps
+                ),
+                (vrdma_test_support::fake_transport::ODP_RC_CAPS, 0, 0b11)
+            );
             assert_eq!(
                 (
                     got.raw_packet_caps,

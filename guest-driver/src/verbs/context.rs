@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use log::debug;
 use parking_lot::Mutex;
-use vrdma_spec::config::{ring_format, CONFIG_SIZE};
+use vrdma_spec::config::{ring_format, OdpCaps, CONFIG_SIZE};
 use vrdma_spec::control::{ControlRequest, ControlResponse, Opcode, ResponseBody, HEADER_SIZE};
 use vrdma_spec::features;
 use vrdma_spec::wire::{
@@ -177,6 +177,12 @@ impl Context {
     /// Device-specific feature bits negotiated with the device.
     pub fn features(&self) -> u64 {
         self.inner.features
+    }
+
+    /// What on-demand-paging MRs (`AccessFlags::ON_DEMAND`) serve on each transport; `None`
+    /// when the device does not register them (`VRDMA_F_ODP` not negotiated).
+    pub fn odp_caps(&self) -> Option<OdpCaps> {
+        (self.inner.features & features::VRDMA_F_ODP != 0).then(|| self.inner.config.odp_caps())
     }
 
     /// Device attributes and this guest's limits, as read at open.

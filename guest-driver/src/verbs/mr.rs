@@ -11,7 +11,7 @@ use vrdma_spec::control::{
     RegMr, RegMrExtents, ReregMr, ResponseBody, EXTENT_ENTRY_SIZE, HEADER_SIZE, MAX_PAGE_SHIFT,
     MIN_PAGE_SHIFT,
 };
-use vrdma_spec::features::VRDMA_F_MR_EXTENTS;
+use vrdma_spec::features::{VRDMA_F_MR_EXTENTS, VRDMA_F_ODP};
 use vrdma_spec::wire::{RegMrReq, ReregMrReq};
 use vrdma_spec::{Le32, Le64};
 use zerocopy::FromZeros;
@@ -28,11 +28,17 @@ use vrdma_spec::verbs::AccessFlags;
 const _: () = assert!(MIN_PAGE_SHIFT <= PAGE_SHIFT && PAGE_SHIFT <= MAX_PAGE_SHIFT);
 
 /// Refuses access flags the device would refuse (remote write or atomic without local write).
-fn check_access(access: AccessFlags) -> Result<()> {
+fn check_access(ctx: &ContextInner, access: AccessFlags) -> Result<()> {
     let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
     if access.bits() & remote.bits() != 0 && !access.contains(AccessFlags::LOCAL_WRITE) {
         return Err(VerbsError::InvalidArgument(
             "remote write or atomic access needs local write access",
+        ));
+    }
+    // As rxe built without on-demand paging refuses it (EOPNOTSUPP), without a round trip.
+    if access.contains(AccessFlags::ON_DEMAND) && ctx.features() & VRDMA_F_ODP == 0 {
+        return Err(VerbsError::Unsupported(
+            "the device did not negotiate on-demand paging (VRDMA_F_ODP)",
         ));
     }
     Ok(())
@@ -196,7 +202,7 @@ impl<'a> Mr<'a> {
         access: AccessFlags,
         memory: Memory<'a>,
     ) -> Result<Self> {
-        check_access(access)?;
+        check_access(&pd.inner.ctx, access)?;
         let page_mask = (1u64 << PAGE_SHIFT) - 1;
         if iova & page_mask != addr as u64 & page_mask {
             return Err(VerbsError::InvalidArgument(
@@ -348,7 +354,7 @@ impl<'a> Mr<'a> {
             req.pd = Le32::new(pd.inner.handle);
         }
         if let Some(access) = change.access {
-            check_access(access)?;
+            check_access(&ctx, access)?;
             flags |= rereg_flags::CHANGE_ACCESS;
             req.access = Le32::new(access.bits());
         }

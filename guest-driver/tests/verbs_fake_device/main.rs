@@ -13,6 +13,7 @@
 //! [`memory_windows`]: windows allocated, bound, used and invalidated through the kernel.
 //! [`ud_staged`]: UD sends through staged send queues, checked as the device checks them.
 //! [`staged_rings`]: receives to a staged receive queue ring the doorbell.
+//! [`odp`]: on-demand-paging registrations and the capabilities the device describes.
 
 mod batches;
 mod control;
@@ -23,6 +24,7 @@ mod helpers;
 mod memory_windows;
 mod mr_extents;
 mod mr_rereg;
+mod odp;
 mod resize_cq;
 mod staged_rings;
 mod uc;

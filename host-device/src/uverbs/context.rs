@@ -113,6 +113,59 @@ command!(
 );
 
 abi_struct! {
+    /// `struct ib_uverbs_ex_query_device` (an extended command: see [`super::frame_ex`]).
+    pub struct ExQueryDevice {
+        pub comp_mask: u32,
+        pub reserved: u32,
+    }
+}
+abi_layout!(ExQueryDevice, 8, comp_mask @ 0, reserved @ 4);
+
+abi_struct! {
+    /// `struct ib_uverbs_odp_caps`.
+    pub struct OdpCapsAbi {
+        /// `IB_ODP_SUPPORT` (bit 0), `IB_ODP_SUPPORT_IMPLICIT` (bit 1).
+        pub general_caps: u64,
+        pub rc_odp_caps: u32,
+        pub uc_odp_caps: u32,
+        pub ud_odp_caps: u32,
+        pub reserved: u32,
+    }
+}
+abi_layout!(OdpCapsAbi, 24, general_caps @ 0, rc_odp_caps @ 8, uc_odp_caps @ 12,
+    ud_odp_caps @ 16, reserved @ 20);
+
+/// `IB_ODP_SUPPORT` in [`OdpCapsAbi::general_caps`].
+pub const ODP_SUPPORT: u64 = 1 << 0;
+
+abi_struct! {
+    /// `struct ib_uverbs_ex_query_device_resp` as the system's headers define it; a newer
+    /// kernel may write more (the caller's buffer is larger), an older one less
+    /// (`response_length` says how much).
+    pub struct ExQueryDeviceResp {
+        pub base: QueryDeviceResp,
+        pub comp_mask: u32,
+        pub response_length: u32,
+        pub odp_caps: OdpCapsAbi,
+        pub timestamp_mask: u64,
+        pub hca_core_clock: u64,
+        pub device_cap_flags_ex: u64,
+        pub rss_caps: [u32; 4],
+        pub max_wq_type_rq: u32,
+        pub raw_packet_caps: u32,
+        pub tm_caps: [u32; 6],
+        pub cq_moderation_caps: [u32; 2],
+        pub max_dm_size: u64,
+        pub xrc_odp_caps: u32,
+        pub reserved: u32,
+    }
+}
+abi_layout!(ExQueryDeviceResp, 304, base @ 0, comp_mask @ 176, response_length @ 180,
+    odp_caps @ 184, timestamp_mask @ 208, hca_core_clock @ 216, device_cap_flags_ex @ 224,
+    rss_caps @ 232, max_wq_type_rq @ 248, raw_packet_caps @ 252, tm_caps @ 256,
+    cq_moderation_caps @ 280, max_dm_size @ 288, xrc_odp_caps @ 296, reserved @ 300);
+
+abi_struct! {
     /// `struct ib_uverbs_query_port`.
     pub struct QueryPort {
         pub response: u64,

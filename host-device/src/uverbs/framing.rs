@@ -187,6 +187,52 @@ pub fn frame(
     Ok(buf)
 }
 
+/// `IB_USER_VERBS_CMD_FLAG_EXTENDED`: the command is an extended one (`IB_USER_VERBS_EX_CMD_*`).
+pub const CMD_FLAG_EXTENDED: u32 = 0x8000_0000;
+
+/// Builds the `write()` buffer of an extended command `code` (`IB_USER_VERBS_EX_CMD_*`): the
+/// header (its word counts in 8-byte words), the extended header naming the `out_len`-byte
+/// response buffer at `response`, and the core request; no driver part.
+pub fn frame_ex(
+    code: u32,
+    core: &[u8],
+    response: u64,
+    out_len: usize,
+) -> Result<Vec<u8>, FrameError> {
+    let words8 = |what, len: usize| {
+        if !len.is_multiple_of(8) {
+            return Err(FrameError::Unaligned { what, len });
+        }
+        u16::try_from(len / 8).map_err(|_| FrameError::TooLong { what, len })
+    };
+    let hdr = CmdHdr {
+        command: CMD_FLAG_EXTENDED | code,
+        in_words: words8("command", core.len())?,
+        out_words: words8("response", out_len)?,
+    };
+    let ex_hdr = ExCmdHdr {
+        response,
+        ..ExCmdHdr::default()
+    };
+    let mut buf = Vec::with_capacity(size_of::<CmdHdr>() + size_of::<ExCmdHdr>() + core.len());
+    buf.extend_from_slice(hdr.as_bytes());
+    buf.extend_from_slice(ex_hdr.as_bytes());
+    buf.extend_from_slice(core);
+    Ok(buf)
+}
+
+abi_struct! {
+    /// `struct ib_uverbs_ex_cmd_hdr`.
+    pub struct ExCmdHdr {
+        pub response: u64,
+        pub provider_in_words: u16,
+        pub provider_out_words: u16,
+        pub cmd_hdr_reserved: u32,
+    }
+}
+abi_layout!(ExCmdHdr, 16, response @ 0, provider_in_words @ 8, provider_out_words @ 10,
+    cmd_hdr_reserved @ 12);
+
 abi_struct! {
     /// `struct ib_uverbs_cmd_hdr`.
     pub struct CmdHdr {
@@ -210,6 +256,27 @@ mod tests {
 
     fn u64_at(buf: &[u8], off: usize) -> u64 {
         u64::from_le_bytes(buf[off..off + 8].try_into().unwrap())
+    }
+
+    /// An extended command counts its words in 8 bytes and names its response in the
+    /// extended header.
+    #[test]
+    fn an_extended_command_has_both_headers_and_eight_byte_words() {
+        let buf = frame_ex(cmd::QUERY_DEVICE, &[0xaa; 8], 0x1000, 1024).unwrap();
+        assert_eq!(buf.len(), 8 + 16 + 8);
+        assert_eq!(u32_at(&buf, 0), 0x8000_0001);
+        assert_eq!(u16::from_le_bytes([buf[4], buf[5]]), 1);
+        assert_eq!(u16::from_le_bytes([buf[6], buf[7]]), 128);
+        assert_eq!(u64_at(&buf, 8), 0x1000);
+        assert_eq!(&buf[16..24], &[0; 8], "no provider words, reserved zero");
+        assert_eq!(&buf[24..], &[0xaa; 8]);
+        assert_eq!(
+            frame_ex(cmd::QUERY_DEVICE, &[0; 4], 0, 8),
+            Err(FrameError::Unaligned {
+                what: "command",
+                len: 4
+            })
+        );
     }
 
     #[test]

@@ -33,7 +33,10 @@ pub use ah::*;
 pub use context::*;
 pub use cq::*;
 pub(crate) use framing::{abi_layout, abi_struct};
-pub use framing::{cmd, frame, CmdHdr, Command, CommandWithResponse, FrameError, ABI_VERSION};
+pub use framing::{
+    cmd, frame, frame_ex, CmdHdr, Command, CommandWithResponse, ExCmdHdr, FrameError, ABI_VERSION,
+    CMD_FLAG_EXTENDED,
+};
 pub use ioctl::{
     DeviceMethodCall, GidTableEntry, IoctlAttr, IoctlHdr, DRIVER_RXE, RDMA_VERBS_IOCTL,
 };

@@ -320,7 +320,8 @@ impl<'a> ControlRequest<'a> {
     }
 
     /// Feature bits this particular request needs (a CREATE_QP may need SRQ, and UD or UC; a
-    /// REG_MR or an access-changing REREG_MR with `MW_BIND` access needs memory windows).
+    /// REG_MR or an access-changing REREG_MR with `MW_BIND` access needs memory windows, with
+    /// `ON_DEMAND` access on-demand paging).
     pub fn required_features(&self) -> u64 {
         let mut f = self.opcode().required_feature().unwrap_or(0);
         let mr_access = match self {
@@ -331,6 +332,9 @@ impl<'a> ControlRequest<'a> {
         };
         if mr_access.is_some_and(|a| a & verbs::AccessFlags::MW_BIND.bits() != 0) {
             f |= features::VRDMA_F_MW;
+        }
+        if mr_access.is_some_and(|a| a & verbs::AccessFlags::ON_DEMAND.bits() != 0) {
+            f |= features::VRDMA_F_ODP;
         }
         if let ControlRequest::CreateQp(r) = self {
             if r.srq.get() != 0 {

@@ -94,7 +94,8 @@ impl AccessFlags {
     pub const MW_BIND: AccessFlags = AccessFlags(1 << 4);
     /// Zero-based addressing (not supported by vrdma 1.0 MRs; a bind may ask for it).
     pub const ZERO_BASED: AccessFlags = AccessFlags(1 << 5);
-    /// On-demand paging (not supported by vrdma 1.0).
+    /// On-demand paging: the host does not pin the MR's pages (REG_MR and REREG_MR with
+    /// `VRDMA_F_ODP` only).
     pub const ON_DEMAND: AccessFlags = AccessFlags(1 << 6);
     /// A QP or an MR lets peers FLUSH to global visibility (rxe's RDMA FLUSH).
     pub const FLUSH_GLOBAL: AccessFlags = AccessFlags(1 << 8);
@@ -110,6 +111,7 @@ impl AccessFlags {
             | Self::REMOTE_READ.0
             | Self::REMOTE_ATOMIC.0
             | Self::MW_BIND.0
+            | Self::ON_DEMAND.0
             | Self::FLUSH_GLOBAL.0
             | Self::FLUSH_PERSISTENT.0
             | Self::RELAXED_ORDERING.0,
@@ -295,12 +297,14 @@ mod tests {
             AccessFlags::from_bits(AccessFlags::MW_BIND.bits()),
             Some(AccessFlags::MW_BIND)
         );
-        assert_eq!(AccessFlags::MR_ALLOWED.bits(), 0x31f | (1 << 20));
+        assert_eq!(AccessFlags::MR_ALLOWED.bits(), 0x35f | (1 << 20));
         assert_eq!(AccessFlags::MW_ALLOWED.bits(), 0x2f);
         assert_eq!(AccessFlags::QP_ALLOWED.bits(), 0x30f);
-        for undefined in [AccessFlags::ZERO_BASED, AccessFlags::ON_DEMAND] {
-            assert_eq!(AccessFlags::from_bits(undefined.bits()), None);
-        }
+        assert_eq!(AccessFlags::from_bits(AccessFlags::ZERO_BASED.bits()), None);
+        assert_eq!(
+            AccessFlags::qp_from_bits(AccessFlags::ON_DEMAND.bits()),
+            None
+        );
         assert_eq!(AccessFlags::from_bits(1 << 31), None);
         assert_eq!(AccessFlags::from_bits_retain(1 << 31).bits(), 1 << 31);
         let mut g = AccessFlags::empty();

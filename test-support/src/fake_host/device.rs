@@ -12,9 +12,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use vrdma_host::uverbs::{QueryDeviceResp, QueryPortResp};
 use vrdma_host::{self as host, *};
 use vrdma_spec::attr::qp::QpCaps;
-use vrdma_spec::config::ring_format;
+use vrdma_spec::config::{odp_caps, ring_format, OdpCaps};
 use vrdma_spec::rxe_v1;
-use vrdma_spec::verbs::{check_modify_qp, GidType, MwType, PortState, QpAttrMask, QpState, QpType};
+use vrdma_spec::verbs::{
+    check_modify_qp, AccessFlags, GidType, MwType, PortState, QpAttrMask, QpState, QpType,
+};
 use vrdma_spec::wire::{GidEntry, QpAttr};
 use vrdma_spec::Le32;
 use zerocopy::FromZeros;
@@ -120,6 +122,19 @@ pub struct FakeContext {
 }
 
 /// The attributes every fake context reports: generous limits, rxe's vendor id.
+/// What rxe's on-demand paging serves (`rxe_init_device_param`): on RC sends, receives,
+/// RDMA and atomics, SRQ receives; on UD sends and receives.
+pub const RXE_ODP_CAPS: OdpCaps = OdpCaps {
+    rc: odp_caps::SEND
+        | odp_caps::RECV
+        | odp_caps::WRITE
+        | odp_caps::READ
+        | odp_caps::ATOMIC
+        | odp_caps::SRQ_RECV,
+    uc: 0,
+    ud: odp_caps::SEND | odp_caps::RECV,
+};
+
 pub fn device_attr() -> QueryDeviceResp {
     QueryDeviceResp {
         max_mr_size: u64::MAX,
@@ -166,6 +181,9 @@ impl HostContext for FakeContext {
     fn query_device(&self) -> host::Result<QueryDeviceResp> {
         Ok(device_attr())
     }
+    fn odp_caps(&self) -> host::Result<Option<OdpCaps>> {
+        Ok((!world(&self.world).no_odp).then_some(RXE_ODP_CAPS))
+    }
     fn query_port(&self, port: u8) -> host::Result<QueryPortResp> {
         assert_eq!(port, 1);
         world(&self.world).port_queries += 1;
@@ -208,6 +226,12 @@ impl HostContext for FakeContext {
     fn reg_mr(&self, init: &MrInit) -> host::Result<Mr> {
         let mut w = world(&self.world);
         w.fail("REG_MR")?;
+        if w.no_odp && init.access.contains(AccessFlags::ON_DEMAND) {
+            return Err(DeviceError::Command {
+                command: "REG_MR",
+                errno: libc::EOPNOTSUPP,
+            });
+        }
         w.ownership.check(self.id, "REG_MR", init.pd.0);
         assert!(w.pds.contains_key(&init.pd.0));
         assert_eq!(init.start % PAGE, init.iova % PAGE, "same in-page offset");

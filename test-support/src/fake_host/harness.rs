@@ -332,7 +332,8 @@ pub const ALL_FEATURES: u64 = VRDMA_F_RING_RXE_V1
     | VRDMA_F_MR_EXTENTS
     | VRDMA_F_STAGED_RINGS
     | VRDMA_F_STAGED_CQS
-    | VRDMA_F_HOST_KICK;
+    | VRDMA_F_HOST_KICK
+    | VRDMA_F_ODP;
 
 /// Guests of one daemon on one fake device: one host budget and one table of tenant endpoints
 /// for all of them, as `vrdma-backend` serves every socket.

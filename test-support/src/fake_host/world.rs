@@ -102,6 +102,9 @@ pub struct World {
     /// Whether the port has RoCE v1 entries besides v2 ones (rxe has only v2): an address
     /// added to the netdev then gets both (a test adds [`GID0`]'s v1 entry itself).
     pub both_roce_types: bool,
+    /// The device has no on-demand paging (an rxe built without it): it reports none and
+    /// refuses ON_DEMAND registrations (EOPNOTSUPP).
+    pub no_odp: bool,
     /// The netdev refuses to take this address (EPERM).
     pub refuse_address: Option<std::net::IpAddr>,
     /// The primary and alternate path each QP was last given (MODIFY_QP AV / ALT_PATH, in

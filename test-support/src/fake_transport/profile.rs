@@ -1,6 +1,6 @@
 //! What the fake device is: its limits, its configuration space and the attributes it reports.
 
-use vrdma::spec::config::{ring_format, DeviceConfig, MAGIC};
+use vrdma::spec::config::{odp_caps, ring_format, DeviceConfig, MAGIC};
 use vrdma::spec::verbs::PortState;
 use vrdma::spec::wire::{DeviceAttr, PortAttr};
 use vrdma::spec::{Le16, Le32, Le64, Status};
@@ -23,6 +23,13 @@ pub const MAX_INLINE: u32 = 128;
 pub const MAX_QP_RD_ATOM: u32 = 8;
 /// Most outstanding RDMA reads a QP issues.
 pub const MAX_QP_INIT_RD_ATOM: u32 = 4;
+/// What the fake's on-demand-paging MRs serve on RC QPs (with `VRDMA_F_ODP`; rxe's set).
+pub const ODP_RC_CAPS: u32 = odp_caps::SEND
+    | odp_caps::RECV
+    | odp_caps::WRITE
+    | odp_caps::READ
+    | odp_caps::ATOMIC
+    | odp_caps::SRQ_RECV;
 /// GID index 0 of port 1 (index 1 is an empty entry).
 pub const LOCAL_GID: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
 
@@ -43,7 +50,9 @@ pub fn default_config() -> DeviceConfig {
         max_mr_pages: Le32::new(MAX_MR_PAGES),
         doorbell_slots: Le32::new(DOORBELL_SLOTS),
         epoch: Le32::ZERO,
-        reserved: [0; 12],
+        odp_rc_caps: Le32::new(ODP_RC_CAPS),
+        odp_uc_caps: Le32::ZERO,
+        odp_ud_caps: Le32::new(odp_caps::SEND | odp_caps::RECV),
     }
 }
 
