@@ -4,7 +4,7 @@ mod common;
 
 use vrdma_qemu_tests::scenarios::agent::{AgentOutcome, CONCURRENT};
 use vrdma_qemu_tests::scenarios::discovery::{self, StackSide};
-use vrdma_qemu_tests::scenarios::rdma_core_suite::{self, Outcome, RdmaCoreRuns};
+use vrdma_qemu_tests::scenarios::rdma_core_suite::{self, Outcome, RdmaCoreRuns, TestOutcome};
 use vrdma_qemu_tests::scenarios::{libfabric, mpi};
 
 #[test]
@@ -132,31 +132,31 @@ fn unprivileged_processes_share_one_device_through_the_agent() {
         "{}",
         rdma_core_suite::summary(suite)
     );
-    let known: Vec<&str> = rdma_core_suite::NOT_YET_OVER_VRDMA
-        .iter()
-        .chain(rdma_core_suite::TIMING_DEPENDENT)
-        .map(|(id, _)| *id)
-        .collect();
-    let regressions: Vec<_> = suite
-        .passed_only_natively()
-        .into_iter()
-        .filter(|(id, _)| !known.contains(id))
-        .collect();
+    let unlisted = |differences: Vec<(&str, &TestOutcome)>, listed: &[(&str, &str)]| {
+        differences
+            .into_iter()
+            .filter(|(id, _)| {
+                !listed
+                    .iter()
+                    .chain(rdma_core_suite::TIMING_DEPENDENT)
+                    .any(|(known, _)| known == id)
+            })
+            .map(|(id, outcome)| (id.to_string(), outcome.clone()))
+            .collect::<Vec<_>>()
+    };
+    let regressions = unlisted(
+        suite.passed_only_natively(),
+        rdma_core_suite::NOT_YET_OVER_VRDMA,
+    );
     assert!(
         regressions.is_empty(),
         "passed natively, not over vrdma: {regressions:?}"
     );
     // What native rxe skips, vrdma skips or passes, but for the listed differences.
-    let known: Vec<&str> = rdma_core_suite::FAILING_WHERE_NATIVE_SKIPS
-        .iter()
-        .chain(rdma_core_suite::TIMING_DEPENDENT)
-        .map(|(id, _)| *id)
-        .collect();
-    let regressions: Vec<_> = suite
-        .failed_only_over_vrdma()
-        .into_iter()
-        .filter(|(id, _)| !known.contains(id))
-        .collect();
+    let regressions = unlisted(
+        suite.failed_only_over_vrdma(),
+        rdma_core_suite::FAILING_WHERE_NATIVE_SKIPS,
+    );
     assert!(
         regressions.is_empty(),
         "skipped natively, failing over vrdma: {regressions:?}"
