@@ -188,7 +188,6 @@ fn reg_mr_validation() {
     // access flags
     for acc in [
         AccessFlags::ZERO_BASED.bits(),
-        AccessFlags::ON_DEMAND.bits(),
         1 << 31,
         AccessFlags::REMOTE_WRITE.bits(),
     ] {

@@ -215,8 +215,9 @@ mod tests {
         );
         // Access flags only with CHANGE_ACCESS, and valid ones.
         assert_eq!(check(CHANGE_PD, true, 0, 0, 1), Err(ReregError::Input));
+        // IBV_ACCESS_ZERO_BASED: not an MR's access.
         assert_eq!(
-            check(CHANGE_ACCESS, false, 0, 0, 0x40),
+            check(CHANGE_ACCESS, false, 0, 0, 0x20),
             Err(ReregError::Input)
         );
         assert_eq!(check(CHANGE_PD, false, 0, 0, 0), Err(ReregError::Input));

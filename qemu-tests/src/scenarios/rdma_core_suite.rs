@@ -194,15 +194,26 @@ pub fn summary(runs: &RdmaCoreRuns) -> String {
         .iter()
         .map(|(id, _)| *id)
         .collect();
+    let why: Vec<String> = not_passing(&runs.vrdma)
+        .into_iter()
+        .map(|id| format!("{id}: {}", last_words(&runs.vrdma[id].detail)))
+        .collect();
     format!(
         "native {}; vrdma {}; passed natively only: {:?}; not passing natively: {:?}; \
-         not passing over vrdma: {:?}",
+         not passing over vrdma: {:?}; why, over vrdma: {why:?}",
         counts(&runs.native),
         counts(&runs.vrdma),
         only,
         not_passing(&runs.native),
         not_passing(&runs.vrdma)
     )
+}
+
+/// The last line of a test's detail (a traceback ends with the exception), at most 200
+/// characters of it.
+fn last_words(detail: &str) -> String {
+    let line = detail.trim().lines().last().unwrap_or_default();
+    line.chars().take(200).collect()
 }
 
 /// What a test that never started (its module crashed earlier) counts as.
@@ -420,7 +431,13 @@ mod tests {
                 ("b".into(), of(Outcome::Error)),
             ]),
             vrdma: SuiteRun::from([
-                ("a".into(), of(Outcome::Fail)),
+                (
+                    "a".into(),
+                    TestOutcome {
+                        outcome: Outcome::Fail,
+                        detail: "Traceback:\n  line 1\nAssertionError: 1 != 2\n".into(),
+                    },
+                ),
                 ("b".into(), of(Outcome::Skip)),
             ]),
         };
@@ -428,7 +445,7 @@ mod tests {
         assert!(
             line.ends_with(
                 "passed natively only: [\"a\"]; not passing natively: [\"b\"]; \
-             not passing over vrdma: [\"a\"]"
+             not passing over vrdma: [\"a\"]; why, over vrdma: [\"a: AssertionError: 1 != 2\"]"
             ),
             "{line}"
         );
