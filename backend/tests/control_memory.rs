@@ -81,9 +81,10 @@ fn pd_and_mr_lifecycle_with_references() {
     assert_eq!(fake.world().live(), 0);
 }
 
-/// With a host that has on-demand paging, VRDMA_F_ODP is offered, the configuration space
-/// carries the host's capabilities, and an ON_DEMAND registration reaches the host as one;
-/// without it, nothing is offered and the same registration is refused before the host.
+/// With a host whose on-demand paging serves any iova, VRDMA_F_ODP is offered, the
+/// configuration space carries the host's capabilities, and an ON_DEMAND registration reaches
+/// the host as one; otherwise nothing is offered and the same registration is refused before
+/// the host.
 #[test]
 fn on_demand_registrations_follow_the_hosts_odp() {
     let odp_access = AccessFlags::LOCAL_WRITE | AccessFlags::ON_DEMAND;
@@ -116,12 +117,16 @@ fn on_demand_registrations_follow_the_hosts_odp() {
     ));
     assert_eq!(fake.world().mrs.len(), before);
 
-    // A host without ODP: not offered, no capabilities described.
-    let fake = FakeDevice::new();
-    fake.world().no_odp = true;
-    let guest = TestGuest::new(&fake, test_options(), VRDMA_F_RING_RXE_V1 | VRDMA_F_ODP);
-    assert_eq!(guest.dev().device_features() & VRDMA_F_ODP, 0);
-    assert_eq!(guest.config().odp_caps(), Default::default());
+    // A host without ODP, or whose ODP serves only MRs at their own address (rxe's): not
+    // offered, no capabilities described.
+    for at_address_only in [false, true] {
+        let fake = FakeDevice::new();
+        fake.world().no_odp = !at_address_only;
+        fake.world().odp_at_address_only = at_address_only;
+        let guest = TestGuest::new(&fake, test_options(), VRDMA_F_RING_RXE_V1 | VRDMA_F_ODP);
+        assert_eq!(guest.dev().device_features() & VRDMA_F_ODP, 0);
+        assert_eq!(guest.config().odp_caps(), Default::default());
+    }
 }
 
 #[test]

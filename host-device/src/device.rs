@@ -139,6 +139,13 @@ pub trait HostContext: Send + Sync {
         Ok(None)
     }
 
+    /// Whether the device's on-demand paging serves an MR registered at an iova other than
+    /// its address, as every MR of a guest is (the guest's iova over a window of this
+    /// process).
+    fn odp_serves_any_iova(&self) -> bool {
+        true
+    }
+
     /// Attributes of a port (numbered from 1), as the kernel reports them
     /// (`ib_uverbs_query_port_resp`).
     fn query_port(&self, port: u8) -> Result<QueryPortResp>;

@@ -386,6 +386,15 @@ impl HostContext for RxeContext {
         )
     }
 
+    /// rxe's on-demand paging takes an MR's iova for an address of the registering process: it
+    /// faults in and indexes pages at `iova - umem address` (`rxe_odp.c`,
+    /// `rxe_odp_map_range_and_lock` and `__rxe_odp_mr_copy`), where its other MRs translate
+    /// from `ibmr.iova`. Natively the two are equal (`ibv_reg_mr`); for a guest's MR they are
+    /// not, so the NIC would touch the wrong pages or none.
+    fn odp_serves_any_iova(&self) -> bool {
+        false
+    }
+
     fn query_port(&self, port: u8) -> Result<uverbs::QueryPortResp> {
         let req = uverbs::QueryPort {
             port_num: port,

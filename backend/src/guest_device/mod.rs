@@ -225,6 +225,16 @@ impl GuestDevice {
             warn!("guest {id}: cannot read the host's ODP capabilities ({e}): no ODP offered");
             None
         });
+        let odp = match odp {
+            Some(caps) if !host.odp_serves_any_iova() => {
+                info!(
+                    "guest {id}: the host device has on-demand paging ({caps:?}), but not for \
+                     MRs at an iova other than their address: VRDMA_F_ODP is not offered"
+                );
+                None
+            }
+            odp => odp,
+        };
         let port = PortLimits::from(&host.query_port(options.host_port)?);
         let state = GuestState::new(&options, budget)?;
         // UD sends and QPs past the front-end's mappings are staged (spec §9.6, §9.7); the

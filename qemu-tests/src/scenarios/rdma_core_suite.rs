@@ -99,7 +99,8 @@ pub const TIMING_DEPENDENT: &[(&str, &str)] = &[(
      runs and passes in others)",
 )];
 
-const ODP: &str = "on-demand paging: vrdma registers pinned memory only and reports no ODP caps";
+const ODP: &str = "on-demand paging: rxe's ODP serves only MRs whose iova is their address, \
+     which a guest's MR never is, so the device does not offer it on rxe (spec §7.4)";
 /// How long one module may take: a hang bound (the slowest take seconds under TCG).
 const MODULE_TIMEOUT: Duration = Duration::from_secs(300);
 

@@ -184,6 +184,9 @@ impl HostContext for FakeContext {
     fn odp_caps(&self) -> host::Result<Option<OdpCaps>> {
         Ok((!world(&self.world).no_odp).then_some(RXE_ODP_CAPS))
     }
+    fn odp_serves_any_iova(&self) -> bool {
+        !world(&self.world).odp_at_address_only
+    }
     fn query_port(&self, port: u8) -> host::Result<QueryPortResp> {
         assert_eq!(port, 1);
         world(&self.world).port_queries += 1;

@@ -105,6 +105,8 @@ pub struct World {
     /// The device has no on-demand paging (an rxe built without it): it reports none and
     /// refuses ON_DEMAND registrations (EOPNOTSUPP).
     pub no_odp: bool,
+    /// The device's on-demand paging serves only MRs whose iova is their address (as rxe's).
+    pub odp_at_address_only: bool,
     /// The netdev refuses to take this address (EPERM).
     pub refuse_address: Option<std::net::IpAddr>,
     /// The primary and alternate path each QP was last given (MODIFY_QP AV / ALT_PATH, in
