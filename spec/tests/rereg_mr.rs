@@ -100,7 +100,7 @@ fn flags_and_unused_fields() {
     ));
     // Access flags as REG_MR: unknown bits, remote write without local write.
     let mut bad = bare(rereg_flags::CHANGE_ACCESS);
-    bad.access = Le32::new(AccessFlags::ON_DEMAND.bits());
+    bad.access = Le32::new(AccessFlags::ZERO_BASED.bits());
     assert_eq!(status(decode(bad, &[])), Status::Invalid);
     bad.access = Le32::new(AccessFlags::REMOTE_WRITE.bits());
     assert_eq!(status(decode(bad, &[])), Status::Invalid);
