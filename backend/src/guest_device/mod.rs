@@ -220,20 +220,15 @@ impl GuestDevice {
     ) -> Result<Self, GuestError> {
         let host = device.open_context()?;
         let attr = host.query_device()?;
-        // A host that cannot say has no ODP for its guests: VRDMA_F_ODP is not offered.
-        let odp = host.odp_caps().unwrap_or_else(|e| {
-            warn!("guest {id}: cannot read the host's ODP capabilities ({e}): no ODP offered");
-            None
-        });
-        let odp = match odp {
-            Some(caps) if !host.odp_serves_any_iova() => {
-                info!(
-                    "guest {id}: the host device has on-demand paging ({caps:?}), but not for \
-                     MRs at an iova other than their address: VRDMA_F_ODP is not offered"
-                );
+        // Only a host whose on-demand paging serves a guest's MRs (at an iova other than
+        // their address) is asked; one that cannot say has no ODP for its guests.
+        let odp = if host.odp_serves_any_iova() {
+            host.odp_caps().unwrap_or_else(|e| {
+                warn!("guest {id}: cannot read the host's ODP capabilities ({e}): no ODP offered");
                 None
-            }
-            odp => odp,
+            })
+        } else {
+            None
         };
         let port = PortLimits::from(&host.query_port(options.host_port)?);
         let state = GuestState::new(&options, budget)?;
