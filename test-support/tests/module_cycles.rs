@@ -29,6 +29,7 @@ const CRATE_SOURCES: &[&str] = &[
     "guest-driver/capi/src",
     "guest-driver/tools/src",
     "guest-driver/agent/src",
+    "packaging/src",
     "qemu-tests/src",
     "test-support/src",
 ];
