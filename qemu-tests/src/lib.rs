@@ -14,6 +14,7 @@ pub mod boot_timeline;
 pub mod cache;
 pub mod cli;
 pub mod error;
+pub mod guest_package;
 pub mod host;
 pub mod initramfs;
 pub mod inside;

@@ -11,9 +11,11 @@ use crate::vm::{find_target_dir, find_workspace_root};
 /// inside the VM.
 const PACKAGES: &[&str] = &[
     "vrdma-backend",
+    "vrdma-keeper",
     "vrdma-ibverbs",
     "vrdma-tools",
     "vrdma-guestd",
+    "vrdma-packaging",
 ];
 
 /// `cargo build`s the scenario binaries next to this executable, so that
@@ -103,7 +105,8 @@ mod tests {
         };
         assert_eq!(
             args("/ws/target/release/vrdma-vm"),
-            "build --profile release -p vrdma-backend -p vrdma-ibverbs -p vrdma-tools -p vrdma-guestd"
+            "build --profile release -p vrdma-backend -p vrdma-keeper -p vrdma-ibverbs -p vrdma-tools \
+             -p vrdma-guestd -p vrdma-packaging"
         );
         assert!(args("/ws/target/debug/vrdma-vm").contains("--profile dev"));
     }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use vrdma_qemu_tests::scenarios::real_guest::{self, Report};
+use vrdma_qemu_tests::scenarios::real_guest::{self, installed, Report};
 
 #[test]
 fn a_real_guest_runs_rdma_over_vrdma_and_survives_a_reboot() {
@@ -36,7 +36,7 @@ fn a_real_guest_runs_rdma_over_vrdma_and_survives_a_reboot() {
     assert_eq!(first.bypass_messages, real_guest::BYPASS_MESSAGES);
     assert_eq!(first.rping_pings, real_guest::RPING_COUNT);
     assert_eq!(first.agent_rping_pings, [real_guest::RPING_COUNT; 2]);
-    // ucmatose as nobody through the agent, the guest's client and then its server; the
+    // ucmatose as a member of rdma through the installed agent, the guest's client and then its server; the
     // marks were checked where each side ran, both sides' exit status too.
     assert_eq!(first.agent_ucmatose.len(), 2, "{:?}", first.agent_ucmatose);
     for side in &first.agent_ucmatose {
@@ -61,6 +61,28 @@ fn a_real_guest_runs_rdma_over_vrdma_and_survives_a_reboot() {
         "{}",
         first.agent_pin_budget
     );
+    // The steps through the agent ran from the vrdma-guest package: installed with dpkg, a
+    // program's libibverbs.so.1 and librdmacm.so.1 both the drop-in's (loader's cache, no
+    // LD_LIBRARY_PATH); purged, both rdma-core's again and nothing of the package left.
+    let package = &first.agent_package;
+    assert!(
+        package.status.contains("install ok installed"),
+        "{package:?}"
+    );
+    let from_package = |lines: &[String], name: &str| {
+        lines
+            .iter()
+            .any(|l| l.starts_with(name) && l.contains(installed::LIBRARY_DIR))
+    };
+    for name in ["libibverbs.so.1", "librdmacm.so.1"] {
+        assert!(from_package(&package.resolved, name), "{package:?}");
+        assert!(!from_package(&package.purged, name), "{package:?}");
+        assert!(
+            package.purged.iter().any(|l| l.starts_with(name)),
+            "{package:?}"
+        );
+    }
+    assert!(package.left_after_purge.is_empty(), "{package:?}");
     // The backend killed under a running application and replaced (QEMU behind the keeper,
     // spec §11.5): the application ended failed, rxe0 was idle with no backend, and a new
     // ping-pong ran in the same boot.

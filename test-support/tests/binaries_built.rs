@@ -68,3 +68,48 @@ fn every_package_with_a_binary_has_an_integration_test() {
         "packages whose binaries `cargo test --workspace` does not build: {missing:?}"
     );
 }
+
+/// The packages `vrdma-vm` builds before it runs a suite (`qemu-tests/src/workspace.rs`).
+fn built_by_vrdma_vm(root: &Path) -> Vec<String> {
+    let source = fs::read_to_string(root.join("qemu-tests/src/workspace.rs")).unwrap();
+    let start = source
+        .find("const PACKAGES: &[&str] = &[")
+        .expect("workspace.rs lists PACKAGES");
+    let list = &source[start..];
+    let list = &list[..list.find("];").expect("the list ends")];
+    list.split('"')
+        .skip(1)
+        .step_by(2)
+        .map(String::from)
+        .collect()
+}
+
+/// `cargo run … vrdma-vm -- demo` (the README's first command) on a fresh clone has only what
+/// `vrdma-vm` builds itself: every binary of the workspace must be among it.
+#[test]
+fn vrdma_vm_builds_every_binary_its_suites_may_start() {
+    let root = workspace_root();
+    let workspace: toml::Table = fs::read_to_string(root.join("Cargo.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let built = built_by_vrdma_vm(&root);
+    assert!(built.iter().any(|p| p == "vrdma-backend"), "{built:?}");
+    let mut missing = Vec::new();
+    for member in workspace["workspace"]["members"].as_array().unwrap() {
+        let dir = root.join(member.as_str().unwrap());
+        let manifest: toml::Table = fs::read_to_string(dir.join("Cargo.toml"))
+            .unwrap()
+            .parse()
+            .unwrap();
+        let name = manifest["package"]["name"].as_str().unwrap().to_string();
+        // vrdma-vm itself is what runs.
+        if has_binary(&dir, &manifest) && name != "vrdma-qemu-tests" && !built.contains(&name) {
+            missing.push(name);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "binaries `vrdma-vm` does not build before a suite: {missing:?}"
+    );
+}

@@ -184,6 +184,9 @@ enum GuestCmd {
         /// Directory with the drop-in as libibverbs.so.1.
         #[arg(long)]
         library_dir: PathBuf,
+        /// The vrdma-guest Debian package the nested guest installs.
+        #[arg(long)]
+        guest_package: PathBuf,
         /// End with a reboot of the guest with a live application.
         #[arg(long)]
         reboot: bool,
@@ -192,6 +195,9 @@ enum GuestCmd {
     RealGuestInside {
         #[arg(long)]
         library_dir: PathBuf,
+        /// The vrdma-guest Debian package to install.
+        #[arg(long)]
+        guest_package: PathBuf,
         /// Iterations per operation and size of the ping-pongs.
         #[arg(long)]
         iters: u32,
@@ -346,14 +352,16 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
                 native,
                 root_dir,
                 library_dir,
+                guest_package,
                 reboot,
-            } => real_guest::guest(native, root_dir, library_dir, reboot)?,
+            } => real_guest::guest(native, root_dir, library_dir, guest_package, reboot)?,
             GuestCmd::RealGuestInside {
                 library_dir,
+                guest_package,
                 iters,
                 reboot,
                 rping_server,
-            } => real_guest::guest_inside(library_dir, iters, reboot, rping_server)?,
+            } => real_guest::guest_inside(library_dir, guest_package, iters, reboot, rping_server)?,
             GuestCmd::Bench(args) => cli::bench::guest(&args)?,
         },
     }

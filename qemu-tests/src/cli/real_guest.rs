@@ -31,6 +31,11 @@ pub fn run_suite(
     let native_peer = native::build(&target)?;
     let (_, library) = dropin_library()?;
     let library_dir = perftest_over_vrdma::prepare_library_dir(&target, &library)?;
+    let guest_package = crate::guest_package::build(
+        &super::host::profile_dir()?,
+        &library,
+        &target.join("vrdma-guest-package"),
+    )?;
     let root_dir = root
         .tree
         .parent()
@@ -47,6 +52,8 @@ pub fn run_suite(
         root_dir.to_string_lossy().into_owned(),
         "--library-dir".into(),
         library_dir.to_string_lossy().into_owned(),
+        "--guest-package".into(),
+        guest_package.to_string_lossy().into_owned(),
     ];
     if reboot {
         args.push("--reboot".into());
@@ -77,12 +84,19 @@ fn print_report(report: &real_guest::Report, rxe_vm_accel: &str, vm_run: Duratio
     }
     println!(
         "\nthrough the guest agent (vrdma-guestd --pci, one PCI function shared): perftest's \
-         server in the guest as nobody through the agent, next to the same case as a root \
+         server in the guest as a member of rdma through the installed agent, next to the same case as a root \
          process on the PCI transport, same boot:"
     );
     print!(
         "{}",
         real_guest::render_columns(&report.through_agent, ("root PCI", "agent"))
+    );
+    let package = &report.first_boot.agent_package;
+    println!(
+        "installed with dpkg: {}; a program's libraries: {}; purged: {}",
+        package.status.trim(),
+        package.resolved.join(", "),
+        package.purged.join(", ")
     );
     println!(
         "a third process SIGKILLed in mid-traffic while the two below ran: {}",
@@ -94,7 +108,7 @@ fn print_report(report: &real_guest::Report, rxe_vm_accel: &str, vm_run: Duratio
     );
     for table in &report.first_boot.through_agent {
         println!(
-            "vrdma-pingpong as nobody through the agent (two at once), every byte verified:\n{}",
+            "vrdma-pingpong as a member of rdma through the installed agent (two at once), every byte verified:\n{}",
             table.trim_end()
         );
     }
@@ -109,7 +123,7 @@ fn print_report(report: &real_guest::Report, rxe_vm_accel: &str, vm_run: Duratio
     );
     let [client, server] = report.first_boot.agent_rping_pings;
     println!(
-        "unmodified rping -V as nobody through the agent (rdma_cm through vrdma-guestd): the \
+        "unmodified rping -V as a member of rdma through the installed agent (rdma_cm through vrdma-guestd): the \
          guest's client {client} pings verified against a native server, the guest's server \
          {server} against a native client"
     );
@@ -125,7 +139,7 @@ fn print_report(report: &real_guest::Report, rxe_vm_accel: &str, vm_run: Duratio
     );
     if let [client, server] = report.first_boot.agent_ucmatose.as_slice() {
         println!(
-            "unmodified ucmatose as nobody through the agent (two RC connections each way): the \
+            "unmodified ucmatose as a member of rdma through the installed agent (two RC connections each way): the \
              guest's client against a native server: {client}; the guest's server against {server}"
         );
     }
@@ -155,12 +169,19 @@ fn print_report(report: &real_guest::Report, rxe_vm_accel: &str, vm_run: Duratio
 }
 
 /// `vrdma-vm guest real-guest`.
-pub fn guest(native: PathBuf, root_dir: PathBuf, library_dir: PathBuf, reboot: bool) -> Result<()> {
+pub fn guest(
+    native: PathBuf,
+    root_dir: PathBuf,
+    library_dir: PathBuf,
+    guest_package: PathBuf,
+    reboot: bool,
+) -> Result<()> {
     let binaries = binaries::Binaries::beside_current_exe(native)?;
     let nested_tcg = !std::env::var("VRDMA_GUEST_ACCEL").is_ok_and(|a| a == "kvm");
     let settings = real_guest::Settings {
         root_dir,
         library_dir,
+        guest_package,
         iters: if nested_tcg { 5 } else { 50 },
         reboot,
         timeout: real_guest::GUEST_TIMEOUT,
@@ -174,6 +195,7 @@ pub fn guest(native: PathBuf, root_dir: PathBuf, library_dir: PathBuf, reboot: b
 /// `vrdma-vm guest real-guest-inside`: inside the nested guest, this boot's part of the suite.
 pub fn guest_inside(
     library_dir: PathBuf,
+    guest_package: PathBuf,
     iters: u32,
     reboot: bool,
     rping_server: String,
@@ -186,8 +208,8 @@ pub fn guest_inside(
             .parent()
             .unwrap_or(Path::new("."))
             .join("vrdma-pingpong"),
-        agent: exe.parent().unwrap_or(Path::new(".")).join("vrdma-guestd"),
         library_dir,
+        guest_package,
         rping_server,
         result_dir: result_dir.into(),
     };

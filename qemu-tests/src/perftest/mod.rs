@@ -154,6 +154,20 @@ impl Side {
         }
     }
 
+    /// perftest as an installed program would run: the `vrdma-guest` package made the drop-in
+    /// every program's and the agent listens at its default socket, so no variable is set;
+    /// as the unprivileged user `uid`:`gid`.
+    pub fn installed(uid: u32, gid: u32) -> Self {
+        Self {
+            label: "vrdma-agent".into(),
+            device: DROPIN_DEVICE.into(),
+            gid_index: 0,
+            env: Vec::new(),
+            extra_args: Vec::new(),
+            run_as: Some((uid, gid)),
+        }
+    }
+
     /// This side with `args` added to every perftest command line.
     pub fn with_args(mut self, args: &[&str]) -> Self {
         self.extra_args.extend(args.iter().map(|a| a.to_string()));

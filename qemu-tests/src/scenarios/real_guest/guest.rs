@@ -11,9 +11,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::control::ControlClient;
+use super::installed::{self, PackageRecord, ServiceUnit};
 use super::*;
 use crate::error::{tail, Error, IoContext, Result};
-use crate::inside::{Proc, NOBODY};
+use crate::inside::Proc;
 use crate::perftest::{self, Side};
 use crate::relay;
 use crate::scenarios::{discovery, pin_budget, rdmacm_utils};
@@ -29,9 +30,9 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(900);
 #[derive(Debug, Clone)]
 pub struct GuestPaths {
     pub pingpong: PathBuf,
-    /// The guest agent, `vrdma-guestd`.
-    pub agent: PathBuf,
     pub library_dir: PathBuf,
+    /// The `vrdma-guest` Debian package of this build (`vrdma-deb`).
+    pub guest_package: PathBuf,
     /// The rxe VM's link-local address, where the native rping server listens.
     pub rping_server: String,
     /// Where results go (`$VRDMA_RESULT_DIR`, kept across the reboot).
@@ -115,6 +116,7 @@ fn first_boot(
     record.agent_published = agent.published;
     record.agent_pin_registered = agent.pin_registered;
     record.agent_pin_budget = agent.pin_budget;
+    record.agent_package = agent.package;
     for table in &record.through_agent {
         println!("{table}");
     }
@@ -235,64 +237,68 @@ fn rping_pings(rping: &mut Proc) -> Result<u32> {
     Ok(pings)
 }
 
-/// Unmodified rping as `nobody` through the agent, both ways: the guest's client against a
-/// native server, then the guest's server, which the host side has a native client connect
-/// to once it listens.
+/// Unmodified rping as the installed package's user through the agent, both ways: the
+/// guest's client against a native server, then the guest's server, which the host side has a
+/// native client connect to once it listens. No vrdma variable, no `LD_LIBRARY_PATH`: the
+/// loader's cache gives the drop-in, which finds the agent at its default socket.
 fn rping_through_agent(
     paths: &GuestPaths,
     control: &mut ControlClient,
-    socket: &Path,
+    user: (u32, u32),
 ) -> Result<[u32; 2]> {
-    let as_nobody = |role: &str, port: u16| {
+    let as_user = |role: &str, port: u16| {
         let mut command = rping_command(
             paths,
-            perftest::as_user(NOBODY.0, NOBODY.1, "rping"),
+            perftest::as_user(user.0, user.1, "rping"),
             role,
             port,
         );
-        command.env("VRDMA_AGENT", socket);
+        command
+            .env_remove("LD_LIBRARY_PATH")
+            .env_remove("VRDMA_AGENT");
         command
     };
-    let mut client = Proc::spawn("agent-rping-client", &mut as_nobody("-c", AGENT_RPING_PORT))?;
+    let mut client = Proc::spawn("agent-rping-client", &mut as_user("-c", AGENT_RPING_PORT))?;
     let client_pings = rping_pings(&mut client)?;
     let mut server = Proc::spawn(
         "agent-rping-server",
-        &mut as_nobody("-s", AGENT_RPING_SERVER_PORT),
+        &mut as_user("-s", AGENT_RPING_SERVER_PORT),
     )?;
     println!("host side: {}", control.request("agent-rping-server")?);
     Ok([client_pings, rping_pings(&mut server)?])
 }
 
 /// Unmodified ucmatose (RC sends over two connections, every message checked by the receiver)
-/// as `nobody` through the agent, both ways like [`rping_through_agent`]: what the guest's
-/// client printed to prove a complete run, and what the host side said of its native client.
+/// as the installed package's user through the agent, both ways like [`rping_through_agent`]:
+/// what the guest's client printed to prove a complete run, and what the host side said of
+/// its native client.
 fn ucmatose_through_agent(
     paths: &GuestPaths,
     control: &mut ControlClient,
-    socket: &Path,
+    user: (u32, u32),
 ) -> Result<[String; 2]> {
     let program = &rdmacm_utils::UCMATOSE;
     let address = format!("{}%1", paths.rping_server);
-    let as_nobody = |server: bool, port: u16| {
-        let mut command = perftest::as_user(NOBODY.0, NOBODY.1, program.server);
+    let as_user = |server: bool, port: u16| {
+        let mut command = perftest::as_user(user.0, user.1, program.server);
         command
             .args(program.args)
             .args(rdmacm_utils::address_args(program.server, &address, port, server).0)
-            .env("LD_LIBRARY_PATH", &paths.library_dir)
-            .env("VRDMA_AGENT", socket)
+            .env_remove("LD_LIBRARY_PATH")
+            .env_remove("VRDMA_AGENT")
             .env_remove("VRDMA_SOCKET");
         command
     };
     let mut client = Proc::spawn(
         "agent-ucmatose-client",
-        &mut as_nobody(false, AGENT_UCMATOSE_PORT),
+        &mut as_user(false, AGENT_UCMATOSE_PORT),
     )?;
     client.wait_success(STEP_TIMEOUT)?;
     let client_marks = rdmacm_utils::marks(&client.output(), program.client_marks)
         .map_err(|why| client.failure(&why))?;
     let mut server = Proc::spawn(
         "agent-ucmatose-server",
-        &mut as_nobody(true, AGENT_UCMATOSE_SERVER_PORT),
+        &mut as_user(true, AGENT_UCMATOSE_SERVER_PORT),
     )?;
     let host_client = control.request("agent-ucmatose-server")?;
     println!("host side: {host_client}");
@@ -396,39 +402,46 @@ struct ThroughAgent {
     published: Vec<(String, String)>,
     pin_registered: u64,
     pin_budget: String,
+    package: PackageRecord,
 }
 
-/// The guest agent drives the PCI function and serves, as `nobody`: a process running
-/// traffic, then two verified ping-pongs at once against their native servers while a hostile
-/// root process pins up to its budget and is refused past it, and the first one is SIGKILLed
-/// (the agent must release what it left; the two must finish verified); the isolation checks
-/// between two of its processes; unmodified perftest servers, the native
-/// clients measuring. The agent stops at the end (the next step opens the function directly,
-/// which resets it).
+/// The guest side installed from its Debian package (`installed`), the agent started as its
+/// unit says, driving the PCI function and serving a member of `rdma` (programs run with no
+/// vrdma variable and no `LD_LIBRARY_PATH`): a process running traffic, then two verified
+/// ping-pongs at once against their native servers while a hostile root process pins up to
+/// its budget and is refused past it, and the first one is SIGKILLed (the agent must release
+/// what it left; the two must finish verified); the isolation checks between two of its
+/// processes; unmodified perftest servers, the native clients measuring; rping and ucmatose
+/// both ways. The agent stops as `systemctl stop` stops it and the package is purged at the
+/// end (the next step opens the function directly, which resets it).
 fn through_agent(
     paths: &GuestPaths,
     control: &mut ControlClient,
     iters: u32,
 ) -> Result<ThroughAgent> {
-    let socket = Path::new("/run/vrdma-agent.sock");
-    let mut agent = Proc::spawn(
-        "vrdma-guestd",
-        Command::new(&paths.agent)
-            .arg("--pci")
-            .arg("--socket")
-            .arg(socket)
-            .args(["--group", "nogroup", "--mode", "660"])
-            .args(["--guest-ram-mib", &AGENT_PROCESS_MIB.to_string()])
-            .args([
-                "--max-pinned-mib-per-user",
-                &AGENT_PIN_BUDGET_MIB.to_string(),
-            ])
-            .env("RUST_LOG", "info"),
+    let mut package = PackageRecord::default();
+    let user = installed::install(&paths.guest_package, &mut package)?;
+    let unit = ServiceUnit::installed_agent()?;
+    installed::configure(
+        &unit,
+        &[
+            (
+                "VRDMA_GUESTD_ARGS",
+                format!(
+                    "--guest-ram-mib={AGENT_PROCESS_MIB} \
+                     --max-pinned-mib-per-user={AGENT_PIN_BUDGET_MIB}"
+                ),
+            ),
+            // What the suite waits for in its log.
+            ("RUST_LOG", "info".into()),
+        ],
     )?;
+    let socket = Path::new(installed::AGENT_SOCKET);
+    let mut agent = unit.start("vrdma-guestd")?;
     let client = |link: Link, ops: &str, sizes: &str, iters: u32| -> Result<Proc> {
         let listener = relay::listen_loopback(link.tcp)?;
         relay_in_background(listener, link);
-        let mut command = perftest::as_user(NOBODY.0, NOBODY.1, &paths.pingpong);
+        let mut command = perftest::as_user(user.0, user.1, &paths.pingpong);
         command
             .args(["client", "--agent"])
             .arg(socket)
@@ -465,7 +478,7 @@ fn through_agent(
         for process in std::iter::once(&mut victim).chain(&mut survivors) {
             process.wait_for_output("RUNNING", STEP_TIMEOUT)?;
         }
-        lap("three ping-pongs as nobody run");
+        lap("three ping-pongs as a member of rdma run");
         let hog = pin_budget::pin_past_budget(socket, agent.pid(), AGENT_PIN_BUDGET_MIB)?;
         let pin_summary = hog.summary(AGENT_PIN_BUDGET_MIB);
         println!("hostile root process: {pin_summary}");
@@ -496,14 +509,14 @@ fn through_agent(
         lap("the hostile process's memory is given back");
         crate::scenarios::isolation::run_through_agent(socket)?;
         lap("isolation checks");
-        let side = Side::through_agent(socket, &paths.library_dir, NOBODY.0, NOBODY.1);
+        let side = Side::installed(user.0, user.1);
         for (case, link) in AGENT_PERFTEST {
             perftest_server(&side, case, *link)?;
             lap(&format!("perftest {} {}", case.tool.command(), case.size));
         }
-        let rping_pings = rping_through_agent(paths, control, socket)?;
+        let rping_pings = rping_through_agent(paths, control, user)?;
         lap("rping both ways");
-        let ucmatose = ucmatose_through_agent(paths, control, socket)?;
+        let ucmatose = ucmatose_through_agent(paths, control, user)?;
         lap("ucmatose both ways");
         Ok(ThroughAgent {
             tables,
@@ -513,12 +526,21 @@ fn through_agent(
             published,
             pin_registered,
             pin_budget,
+            package: PackageRecord::default(),
         })
     })();
-    if result.is_err() {
-        eprintln!("vrdma-guestd:\n{}", tail(&agent.output(), 30));
+    let mut result = match result {
+        Ok(through) => unit.stop(&mut agent, STEP_TIMEOUT).map(|()| through),
+        Err(e) => {
+            eprintln!("vrdma-guestd:\n{}", tail(&agent.output(), 30));
+            agent.kill();
+            Err(e)
+        }
+    };
+    installed::purge(&mut package)?;
+    if let Ok(through) = &mut result {
+        through.package = package;
     }
-    agent.kill();
     result
 }
 

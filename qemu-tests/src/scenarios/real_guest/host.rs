@@ -142,6 +142,8 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
         "real-guest-inside".into(),
         "--library-dir".into(),
         settings.library_dir.to_string_lossy().into_owned(),
+        "--guest-package".into(),
+        settings.guest_package.to_string_lossy().into_owned(),
         "--iters".into(),
         settings.iters.to_string(),
         "--rping-server".into(),
@@ -468,7 +470,7 @@ impl Requests<'_> {
                      stopped; backend resumed"
                 ))
             }
-            // The guest's rping server as `nobody` through the agent was started: once its id
+            // The guest's rping server as the package's user through the agent was started: once its id
             // (the backend's, on the host) listens, a native client pings it.
             "agent-rping-server" => {
                 self.wait_listener(AGENT_RPING_SERVER_PORT)?;

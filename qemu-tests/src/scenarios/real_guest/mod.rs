@@ -24,6 +24,7 @@
 pub mod control;
 pub mod guest;
 pub mod host;
+pub mod installed;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -107,7 +108,7 @@ pub const AGENT_SIZES: &str = "64,4096";
 /// Registrable memory of each process of the agent, in MiB (pinned where registered).
 pub const AGENT_PROCESS_MIB: u32 = 16;
 /// What the agent may pin for one user's registrations (`--max-pinned-mib-per-user`), in MiB:
-/// enough for `nobody`'s processes, and what the hostile root process runs into.
+/// enough for the package user's processes, and what the hostile root process runs into.
 pub const AGENT_PIN_BUDGET_MIB: u64 = 6;
 
 /// Unmodified perftest: server in the guest over the drop-in, client native (it measures);
@@ -137,7 +138,7 @@ pub const PERFTEST: &[(Case, Link)] = &[
     ),
 ];
 
-/// Unmodified perftest with its server in the guest as `nobody` through the guest agent over
+/// Unmodified perftest with its server in the guest as the package's user through the guest agent over
 /// the same PCI function, native client measuring: compared with the same case of
 /// [`PERFTEST`], whose server is a root process on the PCI transport, in the same boot.
 pub const AGENT_PERFTEST: &[(Case, Link)] = &[(
@@ -166,12 +167,12 @@ pub fn links() -> Vec<Link> {
 /// rping's server port on the rxe VM, and the pings (each checked with `-V`).
 pub const RPING_PORT: u16 = 7600;
 pub const RPING_COUNT: u32 = 10;
-/// The native rping server the guest's rping as `nobody` through the agent meets.
+/// The native rping server the guest's rping as the package's user through the agent meets.
 pub const AGENT_RPING_PORT: u16 = 7601;
-/// The port of the guest's rping server as `nobody` through the agent (a native client
+/// The port of the guest's rping server as the package's user through the agent (a native client
 /// connects to it).
 pub const AGENT_RPING_SERVER_PORT: u16 = 7602;
-/// The native ucmatose server the guest's ucmatose as `nobody` through the agent meets, and
+/// The native ucmatose server the guest's ucmatose as the package's user through the agent meets, and
 /// the port of the guest's ucmatose server a native client connects to.
 pub const AGENT_UCMATOSE_PORT: u16 = 7603;
 pub const AGENT_UCMATOSE_SERVER_PORT: u16 = 7604;
@@ -201,6 +202,8 @@ pub struct Settings {
     pub root_dir: PathBuf,
     /// Directory with the drop-in as libibverbs.so.1.
     pub library_dir: PathBuf,
+    /// The `vrdma-guest` Debian package the guest installs.
+    pub guest_package: PathBuf,
     /// Iterations per operation and size of the verified ping-pong.
     pub iters: u32,
     /// End with the reboot with a live application (a second boot).
@@ -222,7 +225,7 @@ pub struct Report {
     pub perftest: Vec<Comparison>,
     /// The reboot with a live application, when it was asked for.
     pub reboot: Option<Reboot>,
-    /// perftest with its server in the guest through the agent (`vrdma`, as `nobody`) next
+    /// perftest with its server in the guest through the agent (`vrdma`, as the package's user) next
     /// to the same case with a root process on the PCI transport (`native` holds that row),
     /// in [`AGENT_PERFTEST`] order.
     #[serde(default)]
@@ -250,11 +253,11 @@ pub struct FirstBoot {
     /// What the agent said when it released the objects of the process killed among them.
     #[serde(default)]
     pub agent_victim_released: String,
-    /// Pings verified by unmodified `rping -V` as `nobody` through the agent: the guest's
+    /// Pings verified by unmodified `rping -V` as the package's user through the agent: the guest's
     /// client against a native server, and the guest's server against a native client.
     #[serde(default)]
     pub agent_rping_pings: [u32; 2],
-    /// Unmodified ucmatose as `nobody` through the agent: what the guest's client printed
+    /// Unmodified ucmatose as the package's user through the agent: what the guest's client printed
     /// against a native server, and what the host side saw of its native client against the
     /// guest's server.
     #[serde(default)]
@@ -264,7 +267,7 @@ pub struct FirstBoot {
     #[serde(default)]
     pub agent_published: Vec<(String, String)>,
     /// Registrations a hostile process of another user made through the agent before it was
-    /// refused at the pin budget, while `nobody`'s ping-pongs ran; and what it saw.
+    /// refused at the pin budget, while the package user's ping-pongs ran; and what it saw.
     #[serde(default)]
     pub agent_pin_registered: u64,
     #[serde(default)]
@@ -272,6 +275,9 @@ pub struct FirstBoot {
     /// The back-end killed under a running application and replaced, in the same boot.
     #[serde(default)]
     pub daemon_restart: DaemonRestart,
+    /// The `vrdma-guest` package the steps through the agent ran from, installed and purged.
+    #[serde(default)]
+    pub agent_package: installed::PackageRecord,
 }
 
 /// The back-end killed under the guest (QEMU behind vrdma-keeper, spec §11.5).

@@ -1,0 +1,346 @@
+//! The guest side installed as a Debian user installs it: `dpkg -i` of the `vrdma-guest`
+//! package (`vrdma-deb`), the agent started the way its installed systemd unit says, programs
+//! run by a member of the group `rdma` with no vrdma variable and no `LD_LIBRARY_PATH`, and
+//! `dpkg --purge` undoing it all.
+//!
+//! The nested guest runs no systemd (the suite is its init), so [`ServiceUnit`] does what
+//! systemd would with the unit's `EnvironmentFile`, `ExecStartPre`, `ExecStart` and
+//! `ExecStopPost` lines; `systemd-analyze verify` checks the unit as systemd reads it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, IoContext, Result};
+use crate::host::run_checked;
+use crate::inside::Proc;
+
+/// Where the package puts the drop-in (ahead of rdma-core's in the loader's cache).
+pub const LIBRARY_DIR: &str = "/usr/lib/x86_64-linux-gnu/vrdma";
+/// The agent's socket, as its unit has it listen (the drop-in's default).
+pub const AGENT_SOCKET: &str = "/run/vrdma/agent.sock";
+/// The package's name.
+const PACKAGE: &str = "vrdma-guest";
+/// The agent's unit as the package installs it.
+const UNIT: &str = "/usr/lib/systemd/system/vrdma-guestd.service";
+/// The ordinary user who runs the programs: a member of `rdma`, as an administrator makes one.
+const USER: &str = "vrdma-user";
+/// A program linked against both of rdma-core's libraries.
+const PROBE_PROGRAM: &str = "/usr/bin/rping";
+/// systemd's search path for services.
+const SERVICE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin";
+
+/// What installing and purging the package showed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PackageRecord {
+    /// `dpkg-query`'s status line of the installed package.
+    pub status: String,
+    /// Where a program's libibverbs.so.1 and librdmacm.so.1 came from, installed (`ldd`).
+    pub resolved: Vec<String>,
+    /// The same after `dpkg --purge`.
+    pub purged: Vec<String>,
+    /// The package's files still present after the purge (none expected).
+    pub left_after_purge: Vec<String>,
+}
+
+/// Installs `deb` with dpkg and makes the ordinary user; returns the user's uid and gid (its
+/// primary group is `rdma`).
+pub fn install(deb: &Path, record: &mut PackageRecord) -> Result<(u32, u32)> {
+    let output = run_checked(Command::new("dpkg").arg("-i").arg(deb))?;
+    println!(
+        "{}",
+        crate::error::tail(&String::from_utf8_lossy(&output.stdout), 4)
+    );
+    record.status = query_status()?;
+    record.resolved = resolved_libraries()?;
+    // systemd's own reading of the installed unit (offline: no systemd runs here).
+    run_checked(Command::new("systemd-analyze").args(["verify", UNIT]))?;
+    if run_checked(Command::new("id").arg("-u").arg(USER)).is_err() {
+        run_checked(Command::new("useradd").args([
+            "--system",
+            "--no-create-home",
+            "--gid",
+            "rdma",
+            "--shell",
+            "/usr/sbin/nologin",
+            USER,
+        ]))?;
+    }
+    let id = |flag: &str| -> Result<u32> {
+        let output = run_checked(Command::new("id").arg(flag).arg(USER))?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        text.trim()
+            .parse()
+            .map_err(|_| Error::Scenario(format!("id {flag} {USER} printed {text:?}")))
+    };
+    Ok((id("-u")?, id("-g")?))
+}
+
+/// Sets the agent's options the way an operator does: in its settings file.
+pub fn configure(unit: &ServiceUnit, settings: &[(&str, String)]) -> Result<()> {
+    let Some(file) = &unit.environment_file else {
+        return Err(Error::Scenario(format!("{UNIT} reads no settings file")));
+    };
+    let mut text =
+        std::fs::read_to_string(file).context(|| format!("reading {}", file.display()))?;
+    for (name, value) in settings {
+        text.push_str(&format!("{name}={value}\n"));
+    }
+    std::fs::write(file, text).context(|| format!("writing {}", file.display()))
+}
+
+/// Purges the package and records what is left.
+pub fn purge(record: &mut PackageRecord) -> Result<()> {
+    run_checked(Command::new("dpkg").args(["--purge", PACKAGE]))?;
+    record.purged = resolved_libraries()?;
+    record.left_after_purge = [LIBRARY_DIR, UNIT, "/etc/ld.so.conf.d/00-vrdma.conf"]
+        .into_iter()
+        .filter(|path| Path::new(path).exists())
+        .map(String::from)
+        .collect();
+    Ok(())
+}
+
+fn query_status() -> Result<String> {
+    let output = run_checked(Command::new("dpkg-query").args([
+        "-W",
+        "-f",
+        "${Package} ${Version} ${Status}",
+        PACKAGE,
+    ]))?;
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// `ldd`'s lines for rdma-core's two libraries in a program linked against both.
+fn resolved_libraries() -> Result<Vec<String>> {
+    let output = run_checked(Command::new("ldd").arg(PROBE_PROGRAM))?;
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|line| line.contains("libibverbs.so.1") || line.contains("librdmacm.so.1"))
+        .map(|line| line.trim().to_string())
+        .collect())
+}
+
+/// A command line of the unit: its words and whether a failure is ignored (`-`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct UnitCommand {
+    line: String,
+    ignore_failure: bool,
+}
+
+impl UnitCommand {
+    fn new(value: &str) -> Self {
+        match value.strip_prefix('-') {
+            Some(rest) => Self {
+                line: rest.into(),
+                ignore_failure: true,
+            },
+            None => Self {
+                line: value.into(),
+                ignore_failure: false,
+            },
+        }
+    }
+}
+
+/// What of a systemd service unit starts and stops its program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceUnit {
+    environment_file: Option<PathBuf>,
+    start_pre: Vec<UnitCommand>,
+    start: UnitCommand,
+    stop_post: Vec<UnitCommand>,
+}
+
+impl ServiceUnit {
+    /// The installed agent's unit.
+    pub fn installed_agent() -> Result<Self> {
+        let text = std::fs::read_to_string(UNIT).context(|| format!("reading {UNIT}"))?;
+        Self::parse(&text)
+    }
+
+    fn parse(text: &str) -> Result<Self> {
+        let mut environment_file = None;
+        let mut start_pre = Vec::new();
+        let mut start = None;
+        let mut stop_post = Vec::new();
+        for line in text.lines().map(str::trim) {
+            let Some((key, value)) = line.split_once('=') else {
+                continue;
+            };
+            match key {
+                // "-": a missing file is no error (it always exists here: the package has it).
+                "EnvironmentFile" => {
+                    environment_file = Some(PathBuf::from(value.trim_start_matches('-')))
+                }
+                "ExecStartPre" => start_pre.push(UnitCommand::new(value)),
+                "ExecStart" => start = Some(UnitCommand::new(value)),
+                "ExecStopPost" => stop_post.push(UnitCommand::new(value)),
+                _ => {}
+            }
+        }
+        Ok(Self {
+            environment_file,
+            start_pre,
+            start: start.ok_or_else(|| Error::Scenario("the unit has no ExecStart".into()))?,
+            stop_post,
+        })
+    }
+
+    /// The service's environment: systemd's PATH and the settings file's assignments.
+    fn environment(&self) -> Result<Vec<(String, String)>> {
+        let mut env = vec![("PATH".to_string(), SERVICE_PATH.to_string())];
+        if let Some(file) = &self.environment_file {
+            let text =
+                std::fs::read_to_string(file).context(|| format!("reading {}", file.display()))?;
+            env.extend(assignments(&text));
+        }
+        Ok(env)
+    }
+
+    fn command(&self, unit_command: &UnitCommand, env: &[(String, String)]) -> Result<Command> {
+        let words = expand(&unit_command.line, env)?;
+        let (program, args) = words
+            .split_first()
+            .ok_or_else(|| Error::Scenario(format!("empty command {:?}", unit_command.line)))?;
+        let mut command = Command::new(program);
+        command.args(args).env_clear().envs(env.iter().cloned());
+        Ok(command)
+    }
+
+    fn run_all(&self, commands: &[UnitCommand], env: &[(String, String)]) -> Result<()> {
+        for unit_command in commands {
+            let result = run_checked(&mut self.command(unit_command, env)?);
+            if let Err(e) = result {
+                if !unit_command.ignore_failure {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the service as `systemctl start` does.
+    pub fn start(&self, name: &str) -> Result<Proc> {
+        let env = self.environment()?;
+        self.run_all(&self.start_pre, &env)?;
+        Proc::spawn(name, &mut self.command(&self.start, &env)?)
+    }
+
+    /// Stops the service as `systemctl stop` does: SIGTERM, then the stop-post commands.
+    pub fn stop(&self, service: &mut Proc, timeout: Duration) -> Result<()> {
+        service.signal("TERM")?;
+        service.wait_exit(timeout)?;
+        self.run_all(&self.stop_post, &self.environment()?)
+    }
+}
+
+/// The `NAME=value` assignments of an environment file (comments and blank lines skipped,
+/// one pair of enclosing quotes removed).
+fn assignments(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .filter_map(|line| {
+            let (name, value) = line.split_once('=')?;
+            let value = value.trim();
+            let unquoted = ['"', '\'']
+                .iter()
+                .find_map(|q| value.strip_prefix(*q)?.strip_suffix(*q))
+                .unwrap_or(value);
+            Some((name.trim().to_string(), unquoted.to_string()))
+        })
+        .collect()
+}
+
+/// A unit's command line in words, as systemd splits it: `$NAME` becomes the words of the
+/// variable's value (none when unset), `${NAME}` one word. Quoting is not used by the units
+/// here and is refused.
+fn expand(line: &str, env: &[(String, String)]) -> Result<Vec<String>> {
+    if line.contains(['"', '\'', '\\']) {
+        return Err(Error::Scenario(format!("quoting in {line:?}")));
+    }
+    let lookup = |name: &str| {
+        env.iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let mut words = Vec::new();
+    for word in line.split_whitespace() {
+        if let Some(name) = word.strip_prefix("${").and_then(|w| w.strip_suffix('}')) {
+            words.push(lookup(name).unwrap_or_default().to_string());
+        } else if let Some(name) = word.strip_prefix('$') {
+            words.extend(
+                lookup(name)
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .map(String::from),
+            );
+        } else if word.contains('$') {
+            return Err(Error::Scenario(format!("a variable inside {word:?}")));
+        } else {
+            words.push(word.to_string());
+        }
+    }
+    Ok(words)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AGENT_UNIT: &str = include_str!("../../../../guest-driver/agent/vrdma-guestd.service");
+    const AGENT_SETTINGS: &str =
+        include_str!("../../../../guest-driver/agent/vrdma-guestd.default");
+
+    #[test]
+    fn the_agents_unit_is_read_as_systemd_reads_it() {
+        let unit = ServiceUnit::parse(AGENT_UNIT).unwrap();
+        assert_eq!(
+            unit.environment_file.as_deref(),
+            Some(Path::new("/etc/default/vrdma-guestd"))
+        );
+        assert!(unit.start_pre.iter().any(|c| c.ignore_failure));
+        assert_eq!(unit.stop_post.len(), 1);
+        let mut env = assignments(AGENT_SETTINGS);
+        assert_eq!(env, [("VRDMA_PCI_DEVICE".to_string(), "auto".to_string())]);
+        env.push((
+            "VRDMA_GUESTD_ARGS".into(),
+            "--guest-ram-mib=64 --max-pinned-mib-per-user=8".into(),
+        ));
+        let words = expand(&unit.start.line, &env).unwrap();
+        assert_eq!(words[0], "/usr/sbin/vrdma-guestd");
+        assert!(
+            words.windows(2).any(|w| w == ["--socket", AGENT_SOCKET]),
+            "{words:?}"
+        );
+        assert_eq!(
+            &words[words.len() - 2..],
+            ["--guest-ram-mib=64", "--max-pinned-mib-per-user=8"]
+        );
+        // Unset, the variable gives no word.
+        let bare = expand(&unit.start.line, &[]).unwrap();
+        assert_eq!(bare.len(), words.len() - 2);
+    }
+
+    #[test]
+    fn settings_files_lose_comments_and_one_pair_of_quotes() {
+        let env = assignments("# c\n\nA=1\nB=\"two words\"\n C = 'x' \n");
+        assert_eq!(
+            env,
+            [
+                ("A".into(), "1".into()),
+                ("B".into(), "two words".into()),
+                ("C".into(), "x".into())
+            ]
+        );
+        assert!(expand("prog \"quoted\"", &env).is_err());
+        assert_eq!(
+            expand("prog ${B} $B", &env).unwrap(),
+            ["prog", "two words", "two", "words"]
+        );
+    }
+}
