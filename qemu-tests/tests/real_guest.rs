@@ -83,6 +83,12 @@ fn a_real_guest_runs_rdma_over_vrdma_and_survives_a_reboot() {
         );
     }
     assert!(package.left_after_purge.is_empty(), "{package:?}");
+    println!(
+        "vrdma-guest installed ({}): {}; purged: {}",
+        package.status.trim(),
+        package.resolved.join(", "),
+        package.purged.join(", ")
+    );
     // The backend killed under a running application and replaced (QEMU behind the keeper,
     // spec §11.5): the application ended failed, rxe0 was idle with no backend, and a new
     // ping-pong ran in the same boot.
