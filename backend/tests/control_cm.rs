@@ -512,3 +512,126 @@ fn loopback_is_the_tenant_itself_and_its_listeners_hear_only_it() {
     let request = expect_cm_event(&a, cm_event::CONNECT_REQUEST);
     assert_eq!(request.listen_id.get(), listener);
 }
+
+/// The QP's state and read/atomic depths (initiator, responder) as QUERY_QP answers them.
+fn qp_state_and_depths(guest: &TestGuest, qp: u32) -> (u32, (u8, u8)) {
+    use vrdma_spec::verbs::QpAttrMask;
+    use vrdma_spec::wire::QueryQpReq;
+    use vrdma_spec::{Le32, ResponseBody};
+    let request = ControlRequest::QueryQp(QueryQpReq {
+        qp: Le32::new(qp),
+        attr_mask: Le32::new(QpAttrMask::STATE.bits()),
+    });
+    match guest.ok(request) {
+        ResponseBody::QueryQp(r) => (
+            r.attr.qp_state.get(),
+            (r.attr.max_rd_atomic, r.attr.max_dest_rd_atomic),
+        ),
+        other => panic!("QUERY_QP answered {other:?}"),
+    }
+}
+
+/// With `VRDMA_F_CM_MOVES_QP` one CM_ACCEPT moves the QP as librdmacm would: the server's
+/// from RESET through INIT, RTR and RTS before its accept (its depths from the accept's
+/// parameters), the client's after the reply (0xff: the host's depths); both end in RTS,
+/// aimed at each other, and the connection is established.
+#[test]
+fn one_accept_moves_the_qp_through_init_rtr_and_rts_when_asked() {
+    let fake = fake_with_cm();
+    let daemon = TestDaemon::new(&fake);
+    let features = FEATURES | VRDMA_F_CM_MOVES_QP;
+    let server = daemon.guest(test_options(), features);
+    let client = daemon.guest(test_options(), features);
+    assert_ne!(server.dev().device_features() & VRDMA_F_CM_MOVES_QP, 0);
+    let listener = create_id(&server, RC);
+    assert_eq!(
+        bind(&server, listener, &format!("[fe80::1%3]:{PORT}")),
+        Status::Ok
+    );
+    assert_eq!(listen(&server, listener, 4), Status::Ok);
+    let id = create_id(&client, RC);
+    assert_eq!(
+        resolve_addr(&client, id, None, &format!("[fe80::1%5]:{PORT}")),
+        Status::Ok
+    );
+    expect_cm_event(&client, cm_event::ADDR_RESOLVED);
+    assert_eq!(resolve_route(&client, id), Status::Ok);
+    expect_cm_event(&client, cm_event::ROUTE_RESOLVED);
+    let (client_qp, client_qpn) = rc_qp(&client);
+    cm_modify(&client, id, client_qp, QpState::Init);
+    assert_eq!(connect(&client, id, client_qp, b"hi"), Status::Ok);
+
+    let conn = expect_cm_event(&server, cm_event::CONNECT_REQUEST).id.get();
+    let (server_qp, server_qpn) = rc_qp(&server);
+    assert_eq!(
+        qp_state_and_depths(&server, server_qp).0,
+        QpState::Reset as u32
+    );
+    assert_eq!(accept_moving(&server, conn, server_qp, (3, 2)), Status::Ok);
+    assert_eq!(
+        qp_state_and_depths(&server, server_qp),
+        (QpState::Rts as u32, (2, 3))
+    );
+
+    let reply = expect_cm_event(&client, cm_event::CONNECT_RESPONSE);
+    assert_eq!(reply.qp_num.get(), server_qpn);
+    assert_eq!(accept_moving(&client, id, 0, (0xff, 0xff)), Status::Ok);
+    assert_eq!(
+        qp_state_and_depths(&client, client_qp).0,
+        QpState::Rts as u32
+    );
+    expect_cm_event(&server, cm_event::ESTABLISHED);
+    let w = fake.world();
+    for qpn in [client_qpn, server_qpn] {
+        assert!(w.connections.iter().any(|c| c.dest_qpn == qpn), "{qpn}");
+    }
+}
+
+/// The flag is the device's to offer: a guest that did not negotiate it is refused before
+/// anything moves or reaches the peer; so is a move of a QP whose own MODIFY_QP would be
+/// refused (here: a QP of the id's type is RC only, and the client's QP is not the id's to
+/// establish before a reply).
+#[test]
+fn a_move_the_guest_may_not_make_sends_nothing() {
+    let fake = fake_with_cm();
+    let daemon = TestDaemon::new(&fake);
+    let server = daemon.guest(test_options(), FEATURES);
+    let client = daemon.guest(test_options(), FEATURES | VRDMA_F_CM_MOVES_QP);
+    assert_eq!(
+        server.dev().device_features() & VRDMA_F_CM_MOVES_QP,
+        VRDMA_F_CM_MOVES_QP
+    );
+    let listener = create_id(&server, RC);
+    assert_eq!(
+        bind(&server, listener, &format!("[fe80::1%3]:{PORT}")),
+        Status::Ok
+    );
+    assert_eq!(listen(&server, listener, 4), Status::Ok);
+    let id = create_id(&client, RC);
+    assert_eq!(
+        resolve_addr(&client, id, None, &format!("[fe80::1%5]:{PORT}")),
+        Status::Ok
+    );
+    expect_cm_event(&client, cm_event::ADDR_RESOLVED);
+    assert_eq!(resolve_route(&client, id), Status::Ok);
+    expect_cm_event(&client, cm_event::ROUTE_RESOLVED);
+    let (client_qp, _) = rc_qp(&client);
+    // Before any reply the client's id has nothing to establish.
+    assert_eq!(accept_moving(&client, id, 0, (1, 1)), Status::BadState);
+    cm_modify(&client, id, client_qp, QpState::Init);
+    assert_eq!(connect(&client, id, client_qp, b"hi"), Status::Ok);
+
+    let conn = expect_cm_event(&server, cm_event::CONNECT_REQUEST).id.get();
+    let (server_qp, _) = rc_qp(&server);
+    // The server did not accept the feature.
+    assert_ne!(accept_moving(&server, conn, server_qp, (1, 1)), Status::Ok);
+    assert_eq!(
+        qp_state_and_depths(&server, server_qp).0,
+        QpState::Reset as u32
+    );
+    assert_eq!(
+        get_event(&client).event.get(),
+        CM_EVENT_NONE,
+        "nothing reached the peer"
+    );
+}

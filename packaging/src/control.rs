@@ -47,6 +47,9 @@ impl Control {
     }
 }
 
+/// What the maintainer scripts run that the ELF files do not tell: `groupadd` (postinst).
+pub const SCRIPT_DEPENDS: &[&str] = &["passwd"];
+
 /// `DEBIAN/triggers`: the loader's cache is rebuilt whenever this package comes or goes.
 pub const TRIGGERS: &str = "activate-noawait ldconfig\n";
 

@@ -80,7 +80,10 @@ pub fn build_guest_package(options: &Options) -> Result<PathBuf> {
         version: options.version.clone(),
         arch: target.arch.into(),
         installed_kib: installed_kib(&stage)?,
-        depends: elf::depends(&needed, &shipped, glibc)?,
+        depends: elf::depends(&needed, &shipped, glibc)?
+            .into_iter()
+            .chain(control::SCRIPT_DEPENDS.iter().map(|d| d.to_string()))
+            .collect(),
     };
     let unit = contents::AGENT_UNIT_NAME;
     let conffiles: String = entries

@@ -64,6 +64,7 @@ fn the_package_holds_the_dropin_the_forwarder_and_the_agent_with_their_control_f
     assert_eq!(field("Version").trim(), "9.8.7");
     let depends = field("Depends");
     assert!(depends.starts_with("libc6 (>= 2."), "{depends}");
+    assert!(depends.trim_end().ends_with(", passwd"), "{depends}");
 
     // Unpacked as dpkg would: files, links, control files.
     let root = dir.join("root");

@@ -300,15 +300,30 @@ wire_struct! {
         pub retry_count: u8,
         /// RNR retries (0..=7, 7: infinite).
         pub rnr_retry_count: u8,
+        /// [`cm_conn_flags`].
+        pub flags: u8,
         /// Zero.
-        pub reserved: [u8; 2],
+        pub reserved: u8,
         /// Private data for the peer.
         pub private_data: [u8; CM_MAX_PRIVATE_DATA],
     }
 }
 assert_layout!(CmConnParam, 264, private_data_len @ 0, responder_resources @ 1,
     initiator_depth @ 2, flow_control @ 3, retry_count @ 4, rnr_retry_count @ 5,
-    reserved @ 6, private_data @ 8);
+    flags @ 6, reserved @ 7, private_data @ 8);
+
+/// Flags of a `cm_conn_param`.
+pub mod cm_conn_flags {
+    /// CM_ACCEPT of an RC id, with `VRDMA_F_CM_MOVES_QP`: before anything goes to the peer the
+    /// device moves the QP (the one named; without one, the QP of the id's CM_CONNECT) to
+    /// INIT, RTR and RTS with the attributes CM_INIT_QP_ATTR answers, RTR's
+    /// `max_dest_rd_atomic` set to the parameters' `responder_resources` and RTS's
+    /// `max_rd_atomic` to their `initiator_depth` unless 0xff, each step a MODIFY_QP of the
+    /// guest's (spec §7.5).
+    pub const MOVE_QP: u8 = 1;
+    /// Every flag defined.
+    pub const ALL: u8 = MOVE_QP;
+}
 
 wire_struct! {
     /// CM_CONNECT and CM_ACCEPT body.

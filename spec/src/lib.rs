@@ -121,6 +121,10 @@ pub mod features {
     /// the configuration space's `odp_*_caps` say which operations may use such an MR on which
     /// transport (spec §7.4).
     pub const VRDMA_F_ODP: u64 = 1 << 20;
+    /// CM_ACCEPT may ask the device to move the id's QP through INIT, RTR and RTS itself
+    /// ([`crate::cm::cm_conn_flags::MOVE_QP`]), as librdmacm moves it before it accepts a
+    /// request or establishes after a reply: one command instead of seven (spec §7.5).
+    pub const VRDMA_F_CM_MOVES_QP: u64 = 1 << 21;
     /// Mask of all device-specific bits defined by this version.
     pub const VRDMA_F_ALL: u64 = VRDMA_F_RING_RXE_V1
         | VRDMA_F_SRQ
@@ -134,7 +138,8 @@ pub mod features {
         | VRDMA_F_STAGED_RINGS
         | VRDMA_F_STAGED_CQS
         | VRDMA_F_HOST_KICK
-        | VRDMA_F_ODP;
+        | VRDMA_F_ODP
+        | VRDMA_F_CM_MOVES_QP;
     /// Mask of the device-specific feature range (bits 0..=23) in which every `VRDMA_F_*` bit
     /// lives; the generic virtio bits lie above it.
     pub const DEVICE_SPECIFIC_MASK: u64 = (1 << 24) - 1;

@@ -121,9 +121,35 @@ fn connection_parameters_are_within_the_cms_ranges() {
         DecodeError::InvalidValue { .. }
     ));
     let mut r = conn_req(4);
-    r.param.reserved = [1, 0];
+    r.param.reserved = 1;
     assert_eq!(
         refused(CmRequest::Connect(r)),
+        DecodeError::Reserved("param.reserved")
+    );
+    // MOVE_QP is an accept's; undefined flags are reserved; an accept that moves its QP needs
+    // the device's moves.
+    let mut r = conn_req(4);
+    r.param.flags = cm_conn_flags::MOVE_QP;
+    assert!(matches!(
+        refused(CmRequest::Connect(r)),
+        DecodeError::InvalidValue {
+            field: "param.flags",
+            ..
+        }
+    ));
+    let accept = decode(CmRequest::Accept(r)).unwrap();
+    assert_eq!(
+        accept.required_features() & vrdma_spec::features::VRDMA_F_CM_MOVES_QP,
+        vrdma_spec::features::VRDMA_F_CM_MOVES_QP
+    );
+    let plain = decode(CmRequest::Accept(conn_req(4))).unwrap();
+    assert_eq!(
+        plain.required_features() & vrdma_spec::features::VRDMA_F_CM_MOVES_QP,
+        0
+    );
+    r.param.flags = 2;
+    assert_eq!(
+        refused(CmRequest::Accept(r)),
         DecodeError::Reserved("param.reserved")
     );
     // A connect names its QP; an accept without one establishes after a reply.

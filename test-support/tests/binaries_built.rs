@@ -31,25 +31,33 @@ fn has_integration_test(dir: &Path) -> bool {
     })
 }
 
-#[test]
-fn every_package_with_a_binary_has_an_integration_test() {
-    let root = workspace_root();
+/// The workspace's members: path (as the workspace lists it), directory and manifest.
+fn members(root: &Path) -> Vec<(String, PathBuf, toml::Table)> {
     let workspace: toml::Table = fs::read_to_string(root.join("Cargo.toml"))
         .unwrap()
         .parse()
         .unwrap();
-    let members = workspace["workspace"]["members"]
+    workspace["workspace"]["members"]
         .as_array()
-        .expect("workspace members");
+        .expect("workspace members")
+        .iter()
+        .map(|member| {
+            let member = member.as_str().expect("member path").to_string();
+            let dir = root.join(&member);
+            let manifest = fs::read_to_string(dir.join("Cargo.toml"))
+                .unwrap()
+                .parse()
+                .unwrap();
+            (member, dir, manifest)
+        })
+        .collect()
+}
+
+#[test]
+fn every_package_with_a_binary_has_an_integration_test() {
     let mut with_binary = 0;
     let mut missing = Vec::new();
-    for member in members {
-        let member = member.as_str().expect("member path");
-        let dir = root.join(member);
-        let manifest: toml::Table = fs::read_to_string(dir.join("Cargo.toml"))
-            .unwrap()
-            .parse()
-            .unwrap();
+    for (member, dir, manifest) in members(&workspace_root()) {
         if !has_binary(&dir, &manifest) {
             continue;
         }
@@ -89,19 +97,10 @@ fn built_by_vrdma_vm(root: &Path) -> Vec<String> {
 #[test]
 fn vrdma_vm_builds_every_binary_its_suites_may_start() {
     let root = workspace_root();
-    let workspace: toml::Table = fs::read_to_string(root.join("Cargo.toml"))
-        .unwrap()
-        .parse()
-        .unwrap();
     let built = built_by_vrdma_vm(&root);
     assert!(built.iter().any(|p| p == "vrdma-backend"), "{built:?}");
     let mut missing = Vec::new();
-    for member in workspace["workspace"]["members"].as_array().unwrap() {
-        let dir = root.join(member.as_str().unwrap());
-        let manifest: toml::Table = fs::read_to_string(dir.join("Cargo.toml"))
-            .unwrap()
-            .parse()
-            .unwrap();
+    for (_, dir, manifest) in members(&root) {
         let name = manifest["package"]["name"].as_str().unwrap().to_string();
         // vrdma-vm itself is what runs.
         if has_binary(&dir, &manifest) && name != "vrdma-qemu-tests" && !built.contains(&name) {

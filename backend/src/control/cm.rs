@@ -10,7 +10,7 @@ use vrdma_spec::cm::*;
 use vrdma_spec::control::{CmRequest, CmResponseBody, ResponseBody};
 use vrdma_spec::event::Subject;
 use vrdma_spec::verbs::{AccessFlags, QpAttrMask, QpState, QpType};
-use vrdma_spec::wire::{AhAttr, HandleReq, HandleResp, QpAttr};
+use vrdma_spec::wire::{AhAttr, HandleReq, HandleResp, ModifyQpReq, QpAttr};
 use vrdma_spec::{Le16, Le32, Status};
 use zerocopy::FromZeros;
 
@@ -20,7 +20,7 @@ use crate::guest::cm_ids::{CmIdEntry, CmIds};
 use crate::guest::objects::discard_events_of;
 use crate::guest::objects::EventOwner;
 use crate::guest::shared::{GuestShared, GUEST_PORT};
-use crate::host::cm::{CmOption, ConnParams, HostCm, PrivateData};
+use crate::host::cm::{CmId, CmOption, ConnParams, HostCm, PrivateData};
 use crate::host::DeviceError;
 use crate::identity::address_gid;
 use crate::identity::cm_addresses::{CmAddressError, CmAddressRules};
@@ -328,7 +328,8 @@ fn listen(
 }
 
 /// CM_CONNECT, and CM_ACCEPT (`accept`): with a QP handle the QP's host number goes to the
-/// peer; CM_ACCEPT without one establishes after a reply.
+/// peer; CM_ACCEPT without one establishes after a reply. A CM_ACCEPT with
+/// [`cm_conn_flags::MOVE_QP`] first moves the QP as librdmacm would ([`move_qp`]).
 fn connect(
     s: &mut Session<'_>,
     cm: &dyn HostCm,
@@ -343,10 +344,13 @@ fn connect(
         // Only the active side establishes after a reply; on a connect request's id the host
         // would accept with QP number 0 (and, never having the id's uid, drop its events).
         let e = s.state.cm.ids.get(handle)?;
-        if !e.active || e.qp.is_none() {
+        let Some(qp) = e.qp.filter(|_| e.active) else {
             return Err(CommandError::BadState(
                 "CM_ACCEPT without a QP on an id that sent no connect request",
             ));
+        };
+        if r.param.flags & cm_conn_flags::MOVE_QP != 0 {
+            move_qp(s, cm, id, qp, &r.param)?;
         }
         return cm.accept(id, uid, None).map_err(host_err("CM_ACCEPT"));
     }
@@ -385,6 +389,9 @@ fn connect(
         private_data: PrivateData::new(&p.private_data[..usize::from(p.private_data_len)]),
     };
     if accept {
+        if p.flags & cm_conn_flags::MOVE_QP != 0 {
+            move_qp(s, cm, id, qp_handle, p)?;
+        }
         cm.accept(id, uid, Some(&params))
             .map_err(host_err("CM_ACCEPT"))?;
     } else {
@@ -393,6 +400,48 @@ fn connect(
     let e = s.state.cm.ids.get_mut(handle)?;
     e.qp = Some(qp_handle);
     e.active |= !accept;
+    Ok(())
+}
+
+/// Moves the RC QP `qp` to INIT, RTR and RTS with the attributes the host's CM computes for
+/// the host id `id` (in the guest's terms, as CM_INIT_QP_ATTR answers them), RTR's and RTS's
+/// read/atomic depths from `param` unless 0xff (librdmacm's `ucma_modify_qp_rtr/rts`). Each
+/// step is the guest's MODIFY_QP, with every check it makes (spec §7.4, §12); the first one
+/// refused ends the command with its status, before anything goes to the peer.
+fn move_qp(
+    s: &mut Session<'_>,
+    cm: &dyn HostCm,
+    id: CmId,
+    qp: Handle,
+    param: &CmConnParam,
+) -> Result<(), CommandError> {
+    if s.state.qps.get(qp)?.qp_type != QpType::Rc {
+        return Err(CommandError::Invalid {
+            what: "MOVE_QP of a QP that is not RC",
+            value: qp.raw().into(),
+        });
+    }
+    for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
+        let (mut attr, mask) = cm
+            .init_qp_attr(id, state)
+            .map_err(host_err("CM_ACCEPT moving the QP"))?;
+        let mask = mask & QpAttrMask::LEGACY_ALL;
+        guest_terms(s.guest, &mut attr, mask)?;
+        if state == QpState::Rtr && param.responder_resources != 0xff {
+            attr.max_dest_rd_atomic = param.responder_resources;
+        }
+        if state == QpState::Rts && param.initiator_depth != 0xff {
+            attr.max_rd_atomic = param.initiator_depth;
+        }
+        super::qp::modify_qp(
+            s,
+            &ModifyQpReq {
+                qp: Le32::new(qp.raw()),
+                attr_mask: Le32::new(mask.bits()),
+                attr,
+            },
+        )?;
+    }
     Ok(())
 }
 

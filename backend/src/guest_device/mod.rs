@@ -27,9 +27,9 @@ use vhost::vhost_user::VhostUserProtocolFeatures;
 use vrdma_spec::config::{self, DeviceConfig};
 use vrdma_spec::control::{HEADER_SIZE, MAX_CM_RESPONSE_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::{
-    VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_DOORBELL_POLL, VRDMA_F_HOST_KICK, VRDMA_F_MR_EXTENTS,
-    VRDMA_F_MW, VRDMA_F_ODP, VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ, VRDMA_F_STAGED_CQS,
-    VRDMA_F_STAGED_RINGS, VRDMA_F_UC, VRDMA_F_UD, VRDMA_F_UD_STAGED_SQ,
+    VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_CM_MOVES_QP, VRDMA_F_DOORBELL_POLL, VRDMA_F_HOST_KICK,
+    VRDMA_F_MR_EXTENTS, VRDMA_F_MW, VRDMA_F_ODP, VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ,
+    VRDMA_F_STAGED_CQS, VRDMA_F_STAGED_RINGS, VRDMA_F_UC, VRDMA_F_UD, VRDMA_F_UD_STAGED_SQ,
 };
 use vrdma_spec::StatusError;
 use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, Le64, Status};
@@ -395,6 +395,9 @@ impl GuestDevice {
         if missing & VRDMA_F_ODP != 0 {
             return Err(CommandError::NotNegotiated("VRDMA_F_ODP"));
         }
+        if missing & VRDMA_F_CM_MOVES_QP != 0 {
+            return Err(CommandError::NotNegotiated("VRDMA_F_CM_MOVES_QP"));
+        }
         if self.failed.load(Ordering::Acquire) {
             return Err(CommandError::DeviceFailed);
         }
@@ -495,7 +498,7 @@ impl DeviceHandler for GuestDevice {
             features |= VRDMA_F_DOORBELL_POLL;
         }
         if self.shared.cm().is_some() {
-            features |= VRDMA_F_CM;
+            features |= VRDMA_F_CM | VRDMA_F_CM_MOVES_QP;
         }
         if self.shared.limits().odp.is_some() {
             features |= VRDMA_F_ODP;

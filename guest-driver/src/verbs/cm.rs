@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use log::warn;
 use vrdma_spec::cm::*;
 use vrdma_spec::control::{CmRequest, CmResponseBody, ControlRequest, Opcode, ResponseBody};
-use vrdma_spec::features::VRDMA_F_CM;
+use vrdma_spec::features::{VRDMA_F_CM, VRDMA_F_CM_MOVES_QP};
 use vrdma_spec::verbs::{QpAttrMask, QpState};
 use vrdma_spec::wire::{HandleReq, QpAttr};
 use vrdma_spec::{Le16, Le32};
@@ -257,6 +257,33 @@ impl CmId {
             id: Le32::new(self.handle),
             qp: Le32::new(qp.map_or(0, Qp::handle)),
             param: param.wire()?,
+        }))
+    }
+
+    /// Whether the device moves an accept's QP itself ([`CmId::accept_moving_qp`],
+    /// `VRDMA_F_CM_MOVES_QP`).
+    pub fn device_moves_qp(&self) -> bool {
+        self.ctx.features() & VRDMA_F_CM_MOVES_QP != 0
+    }
+
+    /// As [`CmId::accept`], the device first moving the RC QP (`qp`; without one, the QP of
+    /// this id's connect, after its reply) through INIT, RTR and RTS with the attributes
+    /// [`CmId::init_qp_attr`] would give, RTR's and RTS's read/atomic depths from `param`
+    /// (0xff: the host's), as librdmacm moves it: one command instead of seven. Each move is
+    /// the guest's own MODIFY_QP with every check; a refused one ends it before anything
+    /// reaches the peer.
+    pub fn accept_moving_qp(&self, qp: Option<&Qp>, param: &ConnParam<'_>) -> Result<()> {
+        if !self.device_moves_qp() {
+            return Err(VerbsError::Unsupported(
+                "the device does not move a QP on accept (VRDMA_F_CM_MOVES_QP)",
+            ));
+        }
+        let mut wire = param.wire()?;
+        wire.flags = cm_conn_flags::MOVE_QP;
+        self.run(CmRequest::Accept(CmConnReq {
+            id: Le32::new(self.handle),
+            qp: Le32::new(qp.map_or(0, Qp::handle)),
+            param: wire,
         }))
     }
 

@@ -86,8 +86,15 @@ impl CmRequest {
             Opcode::CmConnect | Opcode::CmAccept => {
                 let r: CmConnReq = take_body(body)?;
                 let p = &r.param;
-                if p.reserved != [0; 2] {
+                if p.reserved != 0 || p.flags & !cm_conn_flags::ALL != 0 {
                     return Err(DecodeError::Reserved("param.reserved"));
+                }
+                // The active side's QP moves after the reply, with CM_ACCEPT.
+                if op == Opcode::CmConnect && p.flags != 0 {
+                    return Err(DecodeError::InvalidValue {
+                        field: "param.flags",
+                        value: p.flags.into(),
+                    });
                 }
                 range(p.flow_control.into(), 0, 1, "flow_control")?;
                 range(p.retry_count.into(), 0, 7, "retry_count")?;

@@ -321,7 +321,7 @@ impl<'a> ControlRequest<'a> {
 
     /// Feature bits this particular request needs (a CREATE_QP may need SRQ, and UD or UC; a
     /// REG_MR or an access-changing REREG_MR with `MW_BIND` access needs memory windows, with
-    /// `ON_DEMAND` access on-demand paging).
+    /// `ON_DEMAND` access on-demand paging; a CM_ACCEPT that moves its QP the device's moves).
     pub fn required_features(&self) -> u64 {
         let mut f = self.opcode().required_feature().unwrap_or(0);
         let mr_access = match self {
@@ -335,6 +335,11 @@ impl<'a> ControlRequest<'a> {
         }
         if mr_access.is_some_and(|a| a & verbs::AccessFlags::ON_DEMAND.bits() != 0) {
             f |= features::VRDMA_F_ODP;
+        }
+        if let ControlRequest::Cm(super::cm::CmRequest::Accept(r)) = self {
+            if r.param.flags & crate::cm::cm_conn_flags::MOVE_QP != 0 {
+                f |= features::VRDMA_F_CM_MOVES_QP;
+            }
         }
         if let ControlRequest::CreateQp(r) = self {
             if r.srq.get() != 0 {

@@ -111,6 +111,20 @@ pub fn accept(guest: &TestGuest, id: u32, qp: u32, private_data: &[u8]) -> Statu
     })))
 }
 
+/// CM_ACCEPT's status with [`cm_conn_flags::MOVE_QP`]: the device moves the QP (`qp`, or
+/// with 0 the QP of the id's connect) through INIT, RTR and RTS first; `depths` are the
+/// parameters' responder resources and initiator depth (0xff: the host's).
+pub fn accept_moving(guest: &TestGuest, id: u32, qp: u32, depths: (u8, u8)) -> Status {
+    let mut param = conn_param(b"");
+    param.flags = cm_conn_flags::MOVE_QP;
+    (param.responder_resources, param.initiator_depth) = depths;
+    guest.status(cm(CmRequest::Accept(CmConnReq {
+        id: Le32::new(id),
+        qp: Le32::new(qp),
+        param,
+    })))
+}
+
 /// CM_REJECT's status (consumer-defined reason).
 pub fn reject(guest: &TestGuest, id: u32, private_data: &[u8]) -> Status {
     let mut r = CmRejectReq::new_zeroed();

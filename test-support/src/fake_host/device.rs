@@ -451,6 +451,13 @@ impl HostContext for FakeContext {
         if mask.contains(QpAttrMask::DEST_QPN) {
             w.qp_dest.insert(qp.0, attr.dest_qp_num.get());
         }
+        let depths = w.qp_rd_atomic.entry(qp.0).or_default();
+        if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
+            depths.0 = attr.max_rd_atomic;
+        }
+        if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+            depths.1 = attr.max_dest_rd_atomic;
+        }
         let connected = matches!(w.qp_types.get(&qp.0), Some(QpType::Rc | QpType::Uc));
         if connected
             && mask.intersects(QpAttrMask::AV | QpAttrMask::DEST_QPN | QpAttrMask::ALT_PATH)
@@ -486,6 +493,9 @@ impl HostContext for FakeContext {
             attr.alt_ah_attr = *alternate;
         }
         attr.dest_qp_num = Le32::new(w.qp_dest.get(&qp.0).copied().unwrap_or(0));
+        let (initiator, responder) = w.qp_rd_atomic.get(&qp.0).copied().unwrap_or_default();
+        attr.max_rd_atomic = initiator;
+        attr.max_dest_rd_atomic = responder;
         Ok(QpInfo {
             attr,
             sq_sig_all: false,
@@ -497,6 +507,7 @@ impl HostContext for FakeContext {
         w.ownership.check(self.id, "DESTROY_QP", qp.0);
         w.ownership.forget(qp.0);
         w.qp_state.remove(&qp.0);
+        w.qp_rd_atomic.remove(&qp.0);
         w.qp_types.remove(&qp.0);
         w.send_queues.remove(&qp.0);
         w.recv_queues.remove(&qp.0);

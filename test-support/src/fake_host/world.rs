@@ -117,6 +117,9 @@ pub struct World {
     /// The destination QP number each QP was last given (MODIFY_QP DEST_QPN), returned by
     /// QUERY_QP.
     pub qp_dest: HashMap<u32, u32>,
+    /// The read/atomic depths each QP was last given (MODIFY_QP `MAX_QP_RD_ATOMIC`,
+    /// `MAX_DEST_RD_ATOMIC`), returned by QUERY_QP: (initiator, responder).
+    pub qp_rd_atomic: HashMap<u32, (u8, u8)>,
     /// Every address vector a context gave the device (CREATE_AH, MODIFY_QP AV and ALT_PATH),
     /// in order, for audits of the source addresses guests use.
     pub paths_given: Vec<(u64, AhAttr)>,

@@ -209,8 +209,12 @@ pub fn conn(r: &mut ByteReader<'_>, op: Opcode, id: u32, qp: u32) -> Vec<u8> {
     p.flow_control = small(r, 1);
     p.retry_count = small(r, 7);
     p.rnr_retry_count = small(r, 7);
+    // The device moving the QP itself (an accept's own; on a connect the decoder refuses it).
+    if (op == Opcode::CmAccept || !valid) && r.chance(30) {
+        p.flags = cm_conn_flags::MOVE_QP;
+    }
     if !valid && r.chance(30) {
-        p.reserved[1] = 1;
+        p.reserved = 1;
     }
     request(op, body.as_bytes())
 }

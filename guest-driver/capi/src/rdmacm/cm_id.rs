@@ -98,6 +98,11 @@ impl CmIdPriv {
     }
 
     /// Runs `f` on the device's id; `EINVAL` once it is destroyed.
+    /// Whether the device moves an accept's QP itself (`VRDMA_F_CM_MOVES_QP`).
+    pub(crate) fn device_moves_qp(&self) -> bool {
+        self.cm.lock().as_ref().is_some_and(CmId::device_moves_qp)
+    }
+
     pub(crate) fn with_cm<T>(
         &self,
         f: impl FnOnce(&CmId) -> Result<T, VerbsError>,

@@ -11,7 +11,7 @@
 use std::ffi::c_int;
 
 use vrdma::spec::cm::{cm_event, CmEventResp, CM_MAX_PRIVATE_DATA};
-use vrdma::verbs::cm::{CmId, PortSpace};
+use vrdma::verbs::cm::{CmId, ConnParam, PortSpace};
 use vrdma::verbs::QpState;
 
 use super::cm_id::{modify_qp, new_id, qp_to_error, set_addresses, CmIdPriv};
@@ -233,6 +233,25 @@ fn connect_request(
 /// reply may grant reads) and RTS, then the establishing accept.
 fn establish(id: *mut rdma_cm_id) -> Result<(), c_int> {
     // SAFETY: a live id of this library with a QP.
+    let p = unsafe { &*id.cast::<CmIdPriv>() };
+    if p.device_moves_qp() {
+        // The device moves the QP of the id's connect and establishes: one round trip. The
+        // depths are the id's, as `modify_qp` would take them.
+        let depths = {
+            let ids = p.state.lock();
+            (ids.responder_resources, ids.initiator_depth)
+        };
+        let param = ConnParam {
+            responder_resources: depths.0,
+            initiator_depth: depths.1,
+            ..Default::default()
+        };
+        p.with_cm(|cm| cm.accept_moving_qp(None, &param))?;
+        // SAFETY: the id has a QP (the caller checked), live while the id has it.
+        unsafe { (*(*id).qp).state = QpState::Rts as u32 };
+        return Ok(());
+    }
+    // SAFETY: as above.
     unsafe {
         modify_qp(id, QpState::Init)?;
         modify_qp(id, QpState::Rtr)?;

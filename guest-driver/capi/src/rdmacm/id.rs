@@ -335,7 +335,21 @@ pub unsafe extern "C" fn rdma_accept(
         };
         // SAFETY: caller contract.
         let qp = unsafe { id_qp(id) };
-        if qp.is_some() && p.id.qp_type == ibv_qp_type_IBV_QPT_RC {
+        let rc_qp = qp.filter(|_| p.id.qp_type == ibv_qp_type_IBV_QPT_RC);
+        if let Some(qp) = rc_qp.filter(|_| p.device_moves_qp()) {
+            // The device moves it through INIT, RTR and RTS (the depths are the wire
+            // parameters', as the id's state has them) and accepts: one round trip.
+            if let Err(errno) = p.with_cm(|cm| cm.accept_moving_qp(Some(&qp.qp), &wire)) {
+                // SAFETY: caller contract.
+                unsafe { qp_to_error(id) };
+                return fail(errno);
+            }
+            // SAFETY: caller contract (the QP is live); applications read this field.
+            unsafe { (*(*id).qp).state = QpState::Rts as u32 };
+            // SAFETY: caller contract.
+            return unsafe { complete(id) };
+        }
+        if rc_qp.is_some() {
             for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
                 // SAFETY: caller contract.
                 if let Err(errno) = unsafe { modify_qp(id, state) } {
