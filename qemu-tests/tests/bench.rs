@@ -122,6 +122,10 @@ fn quick_bench_measures_every_row_on_both_sides() {
     expected.push(cm_setup::RATE);
     let polled_rate = format!("{}{}", cm_setup::RATE, control::POLLING);
     expected.push(&polled_rate);
+    // With the drop-in moving each QP itself (a command per step) instead of the device.
+    let driver_connect = format!("connect{}", cm_setup::DRIVER_MOVES);
+    let driver_rate = format!("{}{}", cm_setup::RATE, cm_setup::DRIVER_MOVES);
+    expected.extend([driver_connect.as_str(), driver_rate.as_str()]);
     assert_eq!(steps, expected);
     for row in &results.cm_setup {
         assert_ratio(row.ratio, row.vrdma.median, row.native.median, &row.op);

@@ -22,6 +22,9 @@ pub(crate) const GID_CACHE_VAR: &str = "VRDMA_GID_CACHE_MS";
 /// `0` turns the host kick off (spec §5.3): sends of the process transport then ring the
 /// device's doorbell, as in a VM (for comparing the two paths).
 pub(crate) const HOST_KICK_VAR: &str = "VRDMA_HOST_KICK";
+/// `0` has the drop-in librdmacm move a connection's QP itself, a command per step, instead of
+/// asking the device to (`VRDMA_F_CM_MOVES_QP`, spec §7.5; for comparing the two).
+pub(crate) const CM_MOVES_QP_VAR: &str = "VRDMA_CM_MOVES_QP";
 /// At most how many microseconds a control round trip polls for its answer before it sleeps
 /// (`0`: never polls); see `vrdma::transport::DEFAULT_COMMAND_SPIN`.
 pub(crate) const COMMAND_SPIN_VAR: &str = "VRDMA_COMMAND_SPIN_US";
@@ -57,6 +60,8 @@ pub(crate) struct ProcessSettings {
     pub(crate) ram_size: usize,
     /// Whether to accept `VRDMA_F_HOST_KICK` ([`HOST_KICK_VAR`]).
     pub(crate) host_kick: bool,
+    /// Whether to accept `VRDMA_F_CM_MOVES_QP` ([`CM_MOVES_QP_VAR`]).
+    pub(crate) cm_moves_qp: bool,
     /// How long a control round trip may poll ([`COMMAND_SPIN_VAR`]).
     pub(crate) command_spin: Duration,
 }
@@ -66,6 +71,7 @@ impl Default for ProcessSettings {
         ProcessSettings {
             ram_size: DEFAULT_RAM_SIZE,
             host_kick: true,
+            cm_moves_qp: true,
             command_spin: vrdma::transport::DEFAULT_COMMAND_SPIN,
         }
     }
@@ -110,9 +116,10 @@ fn command_spin(var: impl Fn(&str) -> Option<OsString>) -> Result<Duration, Conf
     }
 }
 
-/// Whether the environment (read through `var`) leaves the host kick on (the default).
-fn host_kick(var: impl Fn(&str) -> Option<OsString>) -> bool {
-    var(HOST_KICK_VAR).is_none_or(|value| value != "0")
+/// Whether the environment (read through `var`) leaves the on/off feature `name` on (the
+/// default: only `0` turns it off).
+fn feature_on(var: impl Fn(&str) -> Option<OsString>, name: &str) -> bool {
+    var(name).is_none_or(|value| value != "0")
 }
 
 /// The transport the environment (read through `var`) selects; `default_agent`: the agent's
@@ -148,7 +155,8 @@ pub(crate) fn transport_choice(
         socket: socket.into(),
         settings: ProcessSettings {
             ram_size,
-            host_kick: host_kick(&var),
+            host_kick: feature_on(&var, HOST_KICK_VAR),
+            cm_moves_qp: feature_on(&var, CM_MOVES_QP_VAR),
             command_spin: command_spin(&var)?,
         },
     })
@@ -251,6 +259,7 @@ mod tests {
                 env(&[
                     (SOCKET_VAR, "/s"),
                     (HOST_KICK_VAR, "0"),
+                    (CM_MOVES_QP_VAR, "0"),
                     (COMMAND_SPIN_VAR, "300")
                 ]),
                 None
@@ -260,6 +269,7 @@ mod tests {
                 settings: ProcessSettings {
                     ram_size: DEFAULT_RAM_SIZE,
                     host_kick: false,
+                    cm_moves_qp: false,
                     command_spin: Duration::from_micros(300)
                 }
             })
@@ -278,10 +288,12 @@ mod tests {
     }
 
     #[test]
-    fn the_host_kick_is_on_unless_turned_off() {
-        assert!(host_kick(env(&[])));
-        assert!(host_kick(env(&[(HOST_KICK_VAR, "1")])));
-        assert!(!host_kick(env(&[(HOST_KICK_VAR, "0")])));
+    fn on_off_features_are_on_unless_turned_off() {
+        assert!(feature_on(env(&[]), HOST_KICK_VAR));
+        assert!(feature_on(env(&[(HOST_KICK_VAR, "1")]), HOST_KICK_VAR));
+        assert!(!feature_on(env(&[(HOST_KICK_VAR, "0")]), HOST_KICK_VAR));
+        assert!(feature_on(env(&[(HOST_KICK_VAR, "0")]), CM_MOVES_QP_VAR));
+        assert!(!feature_on(env(&[(CM_MOVES_QP_VAR, "0")]), CM_MOVES_QP_VAR));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vrdma::dma::{DmaMemory, MemfdRam};
-use vrdma::spec::features::VRDMA_F_HOST_KICK;
+use vrdma::spec::features::{VRDMA_F_CM_MOVES_QP, VRDMA_F_HOST_KICK};
 use vrdma::transport::agent::AgentTransport;
 use vrdma::transport::pci::{PciOptions, PciTransport, SysfsPciFunction};
 use vrdma::transport::process::{ProcessOptions, ProcessTransport};
@@ -60,11 +60,13 @@ impl AppTransport {
         settings: ProcessSettings,
     ) -> Result<AppTransport, TransportError> {
         let defaults = ProcessOptions::default();
-        let refused = if settings.host_kick {
-            0
-        } else {
-            VRDMA_F_HOST_KICK
-        };
+        let refused = [
+            (settings.host_kick, VRDMA_F_HOST_KICK),
+            (settings.cm_moves_qp, VRDMA_F_CM_MOVES_QP),
+        ]
+        .into_iter()
+        .filter(|(on, _)| !on)
+        .fold(0, |refused, (_, bit)| refused | bit);
         let options = ProcessOptions {
             guest_ram_size: settings.ram_size,
             device_features: defaults.device_features & !refused,

@@ -163,40 +163,65 @@ pub fn host_cmtime(target: &Path) -> Result<PathBuf> {
     Ok(copy)
 }
 
-/// Runs the plan: for each round a native pair, then a vrdma pair, each on a port of its own.
-///
-/// A third side, vrdma again with control round trips that poll for their answers
-/// ([`super::control::POLLING_ENV`]), gives the setup rate with the adaptive polling.
+/// Suffix of the rows measured with the drop-in moving each connection's QP itself, a
+/// command per step, instead of the device inside CM_ACCEPT (`VRDMA_F_CM_MOVES_QP`).
+pub const DRIVER_MOVES: &str = "_driver_moves";
+/// How the drop-in is told to move the QPs itself.
+pub const DRIVER_MOVES_ENV: (&str, &str) = ("VRDMA_CM_MOVES_QP", "0");
+
+/// Variants of the vrdma side, each measured beside it: the suffix of its rows, the variable
+/// that makes it, and the steps it reports (the setup rate always).
+const VARIANTS: [(&str, (&str, &str), &[&str]); 2] = [
+    // Control round trips that poll for their answers: the adaptive polling.
+    (super::control::POLLING, super::control::POLLING_ENV, &[]),
+    // The steps the device's QP moves shorten.
+    (DRIVER_MOVES, DRIVER_MOVES_ENV, &["connect"]),
+];
+
+/// Runs the plan: for each round a native pair, a vrdma pair and a vrdma pair of each of
+/// [`VARIANTS`], each on a port of its own.
 pub fn run(
     cmtime: &Path,
     plan: &CmSetupPlan,
     native: &Side,
     vrdma: &Side,
 ) -> Result<Vec<CmSetupRow>> {
-    let (var, value) = super::control::POLLING_ENV;
-    let mut polling = vrdma.clone();
-    polling.label = format!("{}-polling", vrdma.label);
-    polling.env.push((var.into(), value.into()));
+    let variants: Vec<Side> = VARIANTS
+        .iter()
+        .map(|(suffix, (var, value), _)| {
+            let mut side = vrdma.clone();
+            side.label = format!("{}{}", vrdma.label, suffix.replace('_', "-"));
+            side.env.push(((*var).into(), (*value).into()));
+            side
+        })
+        .collect();
     let address = link_local_address()?;
     println!(
         "connection setup: cmtime, {} connections x{} …",
         plan.connections, plan.rounds
     );
-    let mut runs: [Vec<StepTimes>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    let sides: Vec<&Side> = [native, vrdma].into_iter().chain(&variants).collect();
+    let mut runs: Vec<Vec<StepTimes>> = vec![Vec::new(); sides.len()];
     let mut port = 7600;
     for _ in 0..plan.rounds {
-        for (i, side) in [native, vrdma, &polling].into_iter().enumerate() {
+        for (i, side) in sides.iter().enumerate() {
             runs[i].push(run_pair(cmtime, side, &address, port, plan.connections)?);
             port += 1;
         }
     }
-    let [native_runs, vrdma_runs, polling_runs] = runs;
-    let mut out = rows(&native_runs, &vrdma_runs, plan.connections)?;
-    let polled = rows(&native_runs, &polling_runs, plan.connections)?;
-    out.extend(polled.into_iter().filter(|r| r.op == RATE).map(|mut r| {
-        r.op.push_str(super::control::POLLING);
-        r
-    }));
+    let mut out = rows(&runs[0], &runs[1], plan.connections)?;
+    for ((suffix, _, steps), variant_runs) in VARIANTS.iter().zip(&runs[2..]) {
+        let variant = rows(&runs[0], variant_runs, plan.connections)?;
+        out.extend(
+            variant
+                .into_iter()
+                .filter(|r| r.op == RATE || steps.contains(&r.op.as_str()))
+                .map(|mut r| {
+                    r.op.push_str(suffix);
+                    r
+                }),
+        );
+    }
     Ok(out)
 }
 

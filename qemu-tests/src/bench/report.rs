@@ -118,7 +118,10 @@ fn tables(
         out,
         "\nconnection setup through rdma_cm: Debian's cmtime, {} RC connections per run, both \
          sides native vs both over vrdma's drop-in librdmacm (process transport); median of {} \
-         run(s). Steps in µs per connection; setup rate = connections / (create id … connect).",
+         run(s). Steps in µs per connection; setup rate = connections / (create id … connect). \
+         Rows `_polling`: control round trips that poll (VRDMA_COMMAND_SPIN_US=500); \
+         `_driver_moves`: the drop-in moves each QP a command per step (VRDMA_CM_MOVES_QP=0) \
+         instead of the device inside CM_ACCEPT.",
         plan.cm_setup.connections, plan.cm_setup.rounds
     );
     out.push_str(&cm_setup_table(cm_setup));
