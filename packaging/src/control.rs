@@ -70,11 +70,17 @@ if [ "$1" = configure ]; then
             deb-systemd-helper update-state "$UNIT" >/dev/null || true
         fi
     fi
+fi
+case "$1" in
+configure|abort-upgrade|abort-deconfigure|abort-remove)
+    # (Re)started with the new binary; after an aborted removal or upgrade, started again
+    # (prerm stopped it). Running programs lose their sessions, as on any agent restart.
     if [ -d /run/systemd/system ]; then
         systemctl --system daemon-reload >/dev/null || true
         deb-systemd-invoke restart "$UNIT" >/dev/null || true
     fi
-fi
+    ;;
+esac
 exit 0
 "#
     )
@@ -85,7 +91,7 @@ pub fn prerm(unit: &str) -> String {
     format!(
         r#"#!/bin/sh
 set -e
-if [ -d /run/systemd/system ] && [ "$1" = remove ]; then
+if [ -d /run/systemd/system ] && {{ [ "$1" = remove ] || [ "$1" = deconfigure ]; }}; then
     deb-systemd-invoke stop {unit} >/dev/null || true
 fi
 exit 0

@@ -129,6 +129,13 @@ fn stage_entry(
     let path = stage.join(entry.path.trim_start_matches('/'));
     let parent = path.parent().expect("entries are files under the root");
     fs::create_dir_all(parent).map_err(at(parent))?;
+    // Directories as Debian ships them, whatever the builder's umask.
+    for dir in parent
+        .ancestors()
+        .take_while(|dir| dir.starts_with(stage) && *dir != stage)
+    {
+        set_mode(dir, 0o755)?;
+    }
     match &entry.source {
         Source::Artifact(name) => {
             let from = options.artifacts.join(name);

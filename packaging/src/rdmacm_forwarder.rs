@@ -69,6 +69,10 @@ pub fn build(cc: &str, dropin: &Path, out: &Path, scratch: &Path) -> Result<()> 
         .args(["-shared", "-nostdlib"])
         .arg(format!("-Wl,-soname,{SONAME}"))
         .arg(format!("-Wl,--version-script={}", script_path.display()))
+        // Without object files the linker writes no GNU_STACK header, and glibc then gives
+        // every program that loads the forwarder an executable stack (and glibc 2.41 refuses
+        // to dlopen it): say it needs none. Hardened as Debian's libraries are.
+        .args(["-Wl,-z,noexecstack", "-Wl,-z,relro", "-Wl,-z,now"])
         // The drop-in must be NEEDED although nothing here refers to it.
         .arg("-Wl,--no-as-needed")
         .arg(dropin)

@@ -66,6 +66,11 @@ fn the_package_holds_the_dropin_the_forwarder_and_the_agent_with_their_control_f
     assert!(depends.starts_with("libc6 (>= 2."), "{depends}");
     assert!(depends.trim_end().ends_with(", passwd"), "{depends}");
 
+    // Directories as Debian ships them, whatever the umask of the build.
+    let listing = run(Command::new("dpkg-deb").arg("-c").arg(&deb));
+    for line in listing.lines().filter(|l| l.starts_with('d')) {
+        assert!(line.starts_with("drwxr-xr-x root/root"), "{line}");
+    }
     // Unpacked as dpkg would: files, links, control files.
     let root = dir.join("root");
     run(Command::new("dpkg-deb").arg("-R").arg(&deb).arg(&root));
@@ -112,6 +117,15 @@ fn the_package_holds_the_dropin_the_forwarder_and_the_agent_with_their_control_f
         dynamic.contains("Shared library: [libibverbs.so.1]"),
         "{dynamic}"
     );
+    // A non-executable stack (without the header glibc would make the stack executable, and
+    // refuse to dlopen it since 2.41).
+    let headers = run(Command::new("readelf").arg("-lW").arg(&forwarder));
+    let stack = headers
+        .lines()
+        .find(|l| l.trim_start().starts_with("GNU_STACK"))
+        .unwrap_or_else(|| panic!("no GNU_STACK header:\n{headers}"));
+    // Type, offset, addresses, sizes, then the flags.
+    assert_eq!(stack.split_whitespace().nth(6), Some("RW"), "{stack}");
     let versions = run(Command::new("readelf").arg("-VW").arg(&forwarder));
     for node in ["RDMACM_1.0", "RDMACM_1.1", "RDMACM_1.2", "RDMACM_1.3"] {
         assert!(versions.contains(&format!("Name: {node}")), "{versions}");

@@ -150,7 +150,7 @@ fn connection_parameters_are_within_the_cms_ranges() {
     r.param.flags = 2;
     assert_eq!(
         refused(CmRequest::Accept(r)),
-        DecodeError::Reserved("param.reserved")
+        DecodeError::Reserved("param.flags")
     );
     // A connect names its QP; an accept without one establishes after a reply.
     assert!(matches!(

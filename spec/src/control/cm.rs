@@ -86,8 +86,11 @@ impl CmRequest {
             Opcode::CmConnect | Opcode::CmAccept => {
                 let r: CmConnReq = take_body(body)?;
                 let p = &r.param;
-                if p.reserved != 0 || p.flags & !cm_conn_flags::ALL != 0 {
+                if p.reserved != 0 {
                     return Err(DecodeError::Reserved("param.reserved"));
+                }
+                if p.flags & !cm_conn_flags::ALL != 0 {
+                    return Err(DecodeError::Reserved("param.flags"));
                 }
                 // The active side's QP moves after the reply, with CM_ACCEPT.
                 if op == Opcode::CmConnect && p.flags != 0 {

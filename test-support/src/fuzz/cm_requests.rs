@@ -209,9 +209,14 @@ pub fn conn(r: &mut ByteReader<'_>, op: Opcode, id: u32, qp: u32) -> Vec<u8> {
     p.flow_control = small(r, 1);
     p.retry_count = small(r, 7);
     p.rnr_retry_count = small(r, 7);
-    // The device moving the QP itself (an accept's own; on a connect the decoder refuses it).
+    // The device moving the QP itself (an accept's own; on a connect the decoder refuses it),
+    // or any flags.
     if (op == Opcode::CmAccept || !valid) && r.chance(30) {
-        p.flags = cm_conn_flags::MOVE_QP;
+        p.flags = if valid {
+            cm_conn_flags::MOVE_QP
+        } else {
+            r.u8()
+        };
     }
     if !valid && r.chance(30) {
         p.reserved = 1;

@@ -17,7 +17,7 @@ use vrdma_backend::guest::options::DeviceOptions;
 use vrdma_backend::resources::kind::ResourceKind;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::control::{HEADER_SIZE, MAX_CM_RESPONSE_SIZE, MAX_RESPONSE_SIZE};
-use vrdma_spec::features::{VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_MW};
+use vrdma_spec::features::{VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_CM_MOVES_QP, VRDMA_F_MW};
 use vrdma_spec::wire::{ring_flags, CreateCqResp, CreateQpResp, ResizeCqResp, RingDesc};
 use vrdma_spec::{ControlResponse, Opcode, Status};
 use zerocopy::{FromBytes, FromZeros};
@@ -169,7 +169,7 @@ pub fn run_handler_sequence_with(data: &[u8], config: SequenceConfig) -> Sequenc
     let features = if config.without_cm {
         FEATURES
     } else {
-        FEATURES | VRDMA_F_CM
+        FEATURES | VRDMA_F_CM | VRDMA_F_CM_MOVES_QP
     };
     let daemon = Daemon::new(&fake, &fuzz_options(), prologue >> 2);
     let slots = [0, 1].map(|g| Slot::new(&fake, &daemon.factories[g], features));

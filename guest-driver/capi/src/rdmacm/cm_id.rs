@@ -97,12 +97,12 @@ impl CmIdPriv {
         unsafe { id.cast::<CmIdPriv>().as_ref() }
     }
 
-    /// Runs `f` on the device's id; `EINVAL` once it is destroyed.
     /// Whether the device moves an accept's QP itself (`VRDMA_F_CM_MOVES_QP`).
     pub(crate) fn device_moves_qp(&self) -> bool {
         self.cm.lock().as_ref().is_some_and(CmId::device_moves_qp)
     }
 
+    /// Runs `f` on the device's id; `EINVAL` once it is destroyed.
     pub(crate) fn with_cm<T>(
         &self,
         f: impl FnOnce(&CmId) -> Result<T, VerbsError>,
@@ -312,25 +312,36 @@ pub(crate) unsafe fn external_qp<'a>(p: &CmIdPriv, qp_num: u32) -> Option<&'a Vr
         .find(|vqp| vqp.ibv.qp_base.qp_num == qp_num)
 }
 
+/// A read/atomic depth that leaves the host's value (librdmacm's `RDMA_MAX_RESP_RES` and
+/// `RDMA_MAX_INIT_DEPTH`).
+pub(crate) const HOST_DEPTH: u8 = 0xff;
+
 /// Moves the id's QP to `state` with the attributes the device computes; RTR and RTS take
-/// the id's responder resources and initiator depth (librdmacm's `ucma_modify_qp_rtr/rts`).
+/// `depths` (responder resources, initiator depth; [`HOST_DEPTH`]: the host's), by default
+/// the id's (librdmacm's `ucma_modify_qp_rtr/rts`).
 ///
 /// # Safety
 /// `id` is a live id of this library.
-pub(crate) unsafe fn modify_qp(id: *mut rdma_cm_id, state: QpState) -> Result<(), c_int> {
+pub(crate) unsafe fn modify_qp(
+    id: *mut rdma_cm_id,
+    state: QpState,
+    depths: Option<(u8, u8)>,
+) -> Result<(), c_int> {
     // SAFETY: caller contract.
     let (Some(p), Some(qp)) = (unsafe { (CmIdPriv::of(id), id_qp(id)) }) else {
         return Err(libc::EINVAL);
     };
     let (mut attr, mask) = p.with_cm(|cm| cm.init_qp_attr(state))?;
-    let ids = p.state.lock();
-    if state == QpState::Rtr && ids.responder_resources != 0xff {
-        attr.max_dest_rd_atomic = ids.responder_resources;
+    let (responder, initiator) = depths.unwrap_or_else(|| {
+        let ids = p.state.lock();
+        (ids.responder_resources, ids.initiator_depth)
+    });
+    if state == QpState::Rtr && responder != HOST_DEPTH {
+        attr.max_dest_rd_atomic = responder;
     }
-    if state == QpState::Rts && ids.initiator_depth != 0xff {
-        attr.max_rd_atomic = ids.initiator_depth;
+    if state == QpState::Rts && initiator != HOST_DEPTH {
+        attr.max_rd_atomic = initiator;
     }
-    drop(ids);
     qp.qp.modify(&attr, mask).map_err(|e| errno_of(&e))?;
     // SAFETY: caller contract (the QP is live); applications read this field.
     unsafe { (*(*id).qp).state = state as u32 };

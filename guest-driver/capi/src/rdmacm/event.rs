@@ -14,7 +14,7 @@ use vrdma::spec::cm::{cm_event, CmEventResp, CM_MAX_PRIVATE_DATA};
 use vrdma::verbs::cm::{CmId, ConnParam, PortSpace};
 use vrdma::verbs::QpState;
 
-use super::cm_id::{modify_qp, new_id, qp_to_error, set_addresses, CmIdPriv};
+use super::cm_id::{modify_qp, new_id, qp_to_error, set_addresses, CmIdPriv, HOST_DEPTH};
 use super::device::fail;
 use crate::cm_events::channel::CmChannel;
 use crate::ffi::guard;
@@ -113,6 +113,9 @@ fn deliver(
             Ok(()) => kind = cm_event::ESTABLISHED,
             Err(errno) => {
                 log::warn!("vrdma: establishing a connection failed (errno {errno})");
+                // Wherever the moves stopped, the QP must not send (librdmacm does the same).
+                // SAFETY: as above.
+                unsafe { qp_to_error(id) };
                 let _ = p.with_cm(|cm| cm.reject(&[]));
                 kind = cm_event::CONNECT_ERROR;
                 status = -errno;
@@ -236,14 +239,11 @@ fn establish(id: *mut rdma_cm_id) -> Result<(), c_int> {
     let p = unsafe { &*id.cast::<CmIdPriv>() };
     if p.device_moves_qp() {
         // The device moves the QP of the id's connect and establishes: one round trip. The
-        // depths are the id's, as `modify_qp` would take them.
-        let depths = {
-            let ids = p.state.lock();
-            (ids.responder_resources, ids.initiator_depth)
-        };
+        // depths are the ones the reply agreed on (0xff: the host's, as librdmacm takes them
+        // after a reply).
         let param = ConnParam {
-            responder_resources: depths.0,
-            initiator_depth: depths.1,
+            responder_resources: HOST_DEPTH,
+            initiator_depth: HOST_DEPTH,
             ..Default::default()
         };
         p.with_cm(|cm| cm.accept_moving_qp(None, &param))?;
@@ -253,9 +253,9 @@ fn establish(id: *mut rdma_cm_id) -> Result<(), c_int> {
     }
     // SAFETY: as above.
     unsafe {
-        modify_qp(id, QpState::Init)?;
-        modify_qp(id, QpState::Rtr)?;
-        modify_qp(id, QpState::Rts)?;
+        modify_qp(id, QpState::Init, None)?;
+        modify_qp(id, QpState::Rtr, Some((HOST_DEPTH, HOST_DEPTH)))?;
+        modify_qp(id, QpState::Rts, Some((HOST_DEPTH, HOST_DEPTH)))?;
         let p = &*id.cast::<CmIdPriv>();
         p.with_cm(|cm| cm.accept(None, &Default::default()))
     }

@@ -352,7 +352,7 @@ pub unsafe extern "C" fn rdma_accept(
         if rc_qp.is_some() {
             for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
                 // SAFETY: caller contract.
-                if let Err(errno) = unsafe { modify_qp(id, state) } {
+                if let Err(errno) = unsafe { modify_qp(id, state, None) } {
                     // SAFETY: as above.
                     unsafe { qp_to_error(id) };
                     return fail(errno);

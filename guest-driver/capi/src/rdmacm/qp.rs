@@ -111,7 +111,7 @@ unsafe fn destroy_cqs(id: *mut rdma_cm_id) {
 /// `id` is a live id of this library with a QP.
 unsafe fn ready_qp(id: *mut rdma_cm_id) -> Result<(), c_int> {
     // SAFETY: caller contract.
-    unsafe { modify_qp(id, QpState::Init)? };
+    unsafe { modify_qp(id, QpState::Init, None)? };
     // SAFETY: caller contract.
     if unsafe { (*id).qp_type } != ibv_qp_type_IBV_QPT_UD {
         return Ok(());

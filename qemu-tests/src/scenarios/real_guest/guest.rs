@@ -420,7 +420,16 @@ fn through_agent(
     iters: u32,
 ) -> Result<ThroughAgent> {
     let mut package = PackageRecord::default();
-    let user = installed::install(&paths.guest_package, &mut package)?;
+    let user = match installed::install(&paths.guest_package, &mut package) {
+        Ok(user) => user,
+        Err(e) => {
+            // What was installed goes, so that the steps after this one run as before.
+            if let Err(purge) = installed::purge(&mut package) {
+                eprintln!("purging after a failed installation: {purge}");
+            }
+            return Err(e);
+        }
+    };
     let unit = ServiceUnit::installed_agent()?;
     installed::configure(
         &unit,
@@ -529,7 +538,7 @@ fn through_agent(
             package: PackageRecord::default(),
         })
     })();
-    let mut result = match result {
+    let result = match result {
         Ok(through) => unit.stop(&mut agent, STEP_TIMEOUT).map(|()| through),
         Err(e) => {
             eprintln!("vrdma-guestd:\n{}", tail(&agent.output(), 30));
@@ -537,11 +546,12 @@ fn through_agent(
             Err(e)
         }
     };
-    installed::purge(&mut package)?;
-    if let Ok(through) = &mut result {
-        through.package = package;
-    }
-    result
+    // Purged whatever happened; a failure here is the step's only when the step went well.
+    let purged = installed::purge(&mut package);
+    let mut through = result?;
+    purged?;
+    through.package = package;
+    Ok(through)
 }
 
 /// The guest as the one-way server: once its receives are posted, the host side stops the

@@ -55,6 +55,12 @@ pub fn install(deb: &Path, record: &mut PackageRecord) -> Result<(u32, u32)> {
     );
     record.status = query_status()?;
     record.resolved = resolved_libraries()?;
+    // Loaded at run time too, as UCX's, libfabric's and Python's modules load it: glibc
+    // refuses a library that would need an executable stack.
+    run_checked(Command::new("python3").args([
+        "-c",
+        "import ctypes; ctypes.CDLL('librdmacm.so.1').rdma_create_event_channel",
+    ]))?;
     // systemd's own reading of the installed unit (offline: no systemd runs here).
     run_checked(Command::new("systemd-analyze").args(["verify", UNIT]))?;
     if run_checked(Command::new("id").arg("-u").arg(USER)).is_err() {
@@ -95,11 +101,19 @@ pub fn configure(unit: &ServiceUnit, settings: &[(&str, String)]) -> Result<()> 
 pub fn purge(record: &mut PackageRecord) -> Result<()> {
     run_checked(Command::new("dpkg").args(["--purge", PACKAGE]))?;
     record.purged = resolved_libraries()?;
-    record.left_after_purge = [LIBRARY_DIR, UNIT, "/etc/ld.so.conf.d/00-vrdma.conf"]
-        .into_iter()
-        .filter(|path| Path::new(path).exists())
-        .map(String::from)
-        .collect();
+    record.left_after_purge = [
+        LIBRARY_DIR,
+        UNIT,
+        "/etc/ld.so.conf.d/00-vrdma.conf",
+        "/usr/sbin/vrdma-guestd",
+        "/etc/default/vrdma-guestd",
+        "/etc/systemd/system/multi-user.target.wants/vrdma-guestd.service",
+        AGENT_SOCKET,
+    ]
+    .into_iter()
+    .filter(|path| Path::new(path).exists())
+    .map(String::from)
+    .collect();
     Ok(())
 }
 
