@@ -24,7 +24,7 @@ use crate::sys::{
     ibv_context, ibv_context_ops, ibv_device, ibv_node_type_IBV_NODE_CA,
     ibv_transport_type_IBV_TRANSPORT_IB, verbs_context,
 };
-use crate::transport::AppTransport;
+use crate::transport::{AppTransport, PciOpenError};
 use crate::{cq_ex, datapath, qp_ex, query_ex, srq, windows};
 
 pub(crate) use vrdma::DEVICE_NAME;
@@ -232,7 +232,11 @@ fn open_context() -> Result<(Context, Arc<AppTransport>), i32> {
                      socket instead): {e}",
                 config::SOCKET_VAR
             );
-            libc::ENODEV
+            match e {
+                // Another driver has it (the agent, or another program): busy, not absent.
+                PciOpenError::Function(vrdma::transport::pci::PciError::Busy(_)) => libc::EBUSY,
+                _ => libc::ENODEV,
+            }
         })?,
     };
     let transport = Arc::new(transport);

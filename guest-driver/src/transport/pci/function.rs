@@ -13,6 +13,10 @@ pub enum PciError {
     /// No function matching what was asked for exists.
     #[error("no vrdma PCI device found: {0}")]
     NotFound(String),
+    /// Another process drives the function (one driver at a time: a second one would reset
+    /// the device under the first).
+    #[error("{0}")]
+    Busy(String),
     /// The caller lacks the privilege the access needs.
     #[error("{0} (run as root)")]
     PermissionDenied(String),

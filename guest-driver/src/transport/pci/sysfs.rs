@@ -169,9 +169,17 @@ impl SysfsPciFunction {
     ) -> Result<Self, PciError> {
         let candidates = find_candidates(sysfs_pci, address)?;
         let mut rejected = Vec::new();
+        let mut busy = Vec::new();
         for device in candidates {
             let released = release_from_kernel(&device)?;
-            let function = Self::open_device(&device, dma.clone())?;
+            let function = match Self::open_device(&device, dma.clone()) {
+                Ok(function) => function,
+                Err(PciError::Busy(why)) => {
+                    busy.push(why);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if has_vrdma_magic(&function) {
                 info!("vrdma device at {}", function.address);
                 return Ok(function);
@@ -181,6 +189,9 @@ impl SysfsPciFunction {
                 give_back_to_kernel(sysfs_pci, &function.address);
             }
             rejected.push(function.address);
+        }
+        if !busy.is_empty() {
+            return Err(PciError::Busy(busy.join("; ")));
         }
         Err(PciError::NotFound(format!(
             "{} lack the vrdma configuration magic \"vRDM\"",
@@ -194,8 +205,9 @@ impl SysfsPciFunction {
             .file_name()
             .map(|name| name.to_string_lossy().into_owned())
             .unwrap_or_default();
-        write_attribute(&device.join("enable"), "1")?;
         let config = open_rw(&device.join("config"))?;
+        lock_exclusively(&config, &address)?;
+        write_attribute(&device.join("enable"), "1")?;
         let resources = device.join("resource");
         let text = fs::read_to_string(&resources).map_err(io_error(&resources))?;
         let mut bars: [Option<BarMapping>; NUM_BARS] = Default::default();
@@ -358,6 +370,29 @@ fn io_error(path: &Path) -> impl FnOnce(io::Error) -> PciError + '_ {
             }
         }
     }
+}
+
+/// Takes the function for this process: an exclusive lock on its configuration file, held
+/// while the file is open (so until this process lets go of the function or exits). Every
+/// driver of this library takes it, the guest agent's included, so a program started while
+/// another drives the function is refused instead of resetting the device under it.
+fn lock_exclusively(config: &File, address: &str) -> Result<(), PciError> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock only reads the descriptor, which `config` keeps open.
+    if unsafe { libc::flock(config.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(());
+    }
+    let source = std::io::Error::last_os_error();
+    if source.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Err(PciError::Busy(format!(
+            "{address} is driven by another process (the guest agent, or a program on the PCI \
+             transport): use the agent (VRDMA_AGENT) or wait until it lets go"
+        )));
+    }
+    Err(PciError::Io {
+        what: format!("locking the configuration of {address}"),
+        source,
+    })
 }
 
 fn open_rw(path: &Path) -> Result<File, PciError> {

@@ -114,6 +114,8 @@ fn sysfs_discovery_unbinds_checks_the_magic_and_maps_the_bars() {
         .err()
         .unwrap();
     assert!(matches!(error, PciError::NotFound(_)), "{error}");
+    // (The first open let go of it: one driver at a time.)
+    drop(function);
     let chosen = SysfsPciFunction::open_in(&sysfs.root, Some("00:03.0"), dma).unwrap();
     assert_eq!(chosen.address(), "0000:00:03.0");
 }
@@ -137,4 +139,24 @@ fn sysfs_discovery_says_what_it_scanned() {
         .err()
         .unwrap();
     assert!(error.to_string().contains("0000:00:05.0"), "{error}");
+}
+
+#[test]
+fn a_function_another_driver_holds_is_refused_until_it_lets_go() {
+    use crate::transport::pci::sysfs::SysfsPciFunction;
+    let sysfs = FakeSysfs::new("busy");
+    sysfs.add("0000:00:03.0", (0x1af4, 0x1066), b"vRDM");
+    let dma: Arc<dyn DmaMemory> = Arc::new(ProcessDma::new(1 << 20).unwrap());
+    let first = SysfsPciFunction::open_in(&sysfs.root, None, dma.clone()).unwrap();
+    // A second driver (here: a second open file of the same process, as another process's
+    // would be) is refused, by address and by search.
+    for address in [Some("00:03.0"), None] {
+        match SysfsPciFunction::open_in(&sysfs.root, address, dma.clone()) {
+            Err(PciError::Busy(why)) => assert!(why.contains("0000:00:03.0"), "{why}"),
+            other => panic!("{address:?}: {:?}", other.map(|f| f.address().to_string())),
+        }
+    }
+    drop(first);
+    let again = SysfsPciFunction::open_in(&sysfs.root, None, dma).unwrap();
+    assert_eq!(again.address(), "0000:00:03.0");
 }
