@@ -513,6 +513,26 @@ fn loopback_is_the_tenant_itself_and_its_listeners_hear_only_it() {
     assert_eq!(request.listen_id.get(), listener);
 }
 
+/// The server listening on the host's link-local address and the client's id routed to it;
+/// returns the client's id.
+fn listener_and_routed_id(server: &TestGuest, client: &TestGuest) -> u32 {
+    let listener = create_id(server, RC);
+    assert_eq!(
+        bind(server, listener, &format!("[fe80::1%3]:{PORT}")),
+        Status::Ok
+    );
+    assert_eq!(listen(server, listener, 4), Status::Ok);
+    let id = create_id(client, RC);
+    assert_eq!(
+        resolve_addr(client, id, None, &format!("[fe80::1%5]:{PORT}")),
+        Status::Ok
+    );
+    expect_cm_event(client, cm_event::ADDR_RESOLVED);
+    assert_eq!(resolve_route(client, id), Status::Ok);
+    expect_cm_event(client, cm_event::ROUTE_RESOLVED);
+    id
+}
+
 /// The QP's state and read/atomic depths (initiator, responder) as QUERY_QP answers them.
 fn qp_state_and_depths(guest: &TestGuest, qp: u32) -> (u32, (u8, u8)) {
     use vrdma_spec::verbs::QpAttrMask;
@@ -543,20 +563,7 @@ fn one_accept_moves_the_qp_through_init_rtr_and_rts_when_asked() {
     let server = daemon.guest(test_options(), features);
     let client = daemon.guest(test_options(), features);
     assert_ne!(server.dev().device_features() & VRDMA_F_CM_MOVES_QP, 0);
-    let listener = create_id(&server, RC);
-    assert_eq!(
-        bind(&server, listener, &format!("[fe80::1%3]:{PORT}")),
-        Status::Ok
-    );
-    assert_eq!(listen(&server, listener, 4), Status::Ok);
-    let id = create_id(&client, RC);
-    assert_eq!(
-        resolve_addr(&client, id, None, &format!("[fe80::1%5]:{PORT}")),
-        Status::Ok
-    );
-    expect_cm_event(&client, cm_event::ADDR_RESOLVED);
-    assert_eq!(resolve_route(&client, id), Status::Ok);
-    expect_cm_event(&client, cm_event::ROUTE_RESOLVED);
+    let id = listener_and_routed_id(&server, &client);
     let (client_qp, client_qpn) = rc_qp(&client);
     cm_modify(&client, id, client_qp, QpState::Init);
     assert_eq!(connect(&client, id, client_qp, b"hi"), Status::Ok);
@@ -601,20 +608,7 @@ fn a_move_the_guest_may_not_make_sends_nothing() {
         server.dev().device_features() & VRDMA_F_CM_MOVES_QP,
         VRDMA_F_CM_MOVES_QP
     );
-    let listener = create_id(&server, RC);
-    assert_eq!(
-        bind(&server, listener, &format!("[fe80::1%3]:{PORT}")),
-        Status::Ok
-    );
-    assert_eq!(listen(&server, listener, 4), Status::Ok);
-    let id = create_id(&client, RC);
-    assert_eq!(
-        resolve_addr(&client, id, None, &format!("[fe80::1%5]:{PORT}")),
-        Status::Ok
-    );
-    expect_cm_event(&client, cm_event::ADDR_RESOLVED);
-    assert_eq!(resolve_route(&client, id), Status::Ok);
-    expect_cm_event(&client, cm_event::ROUTE_RESOLVED);
+    let id = listener_and_routed_id(&server, &client);
     let (client_qp, _) = rc_qp(&client);
     // Before any reply the client's id has nothing to establish.
     assert_eq!(accept_moving(&client, id, 0, (1, 1)), Status::BadState);
