@@ -59,8 +59,9 @@ pub fn build_guest_package(options: &Options) -> Result<PathBuf> {
     fs::create_dir_all(&debian).map_err(at(&debian))?;
 
     let mut elves = Vec::new();
+    let mut dropin_path = None;
     for entry in &entries {
-        stage_entry(options, &stage, entry, &mut elves)?;
+        stage_entry(options, &stage, entry, &mut elves, &mut dropin_path)?;
     }
 
     let mut needed = Vec::new();
@@ -119,12 +120,14 @@ pub fn build_guest_package(options: &Options) -> Result<PathBuf> {
     Ok(deb)
 }
 
-/// Puts one entry in the staging directory; ELF files made are added to `elves`.
+/// Puts one entry in the staging directory; ELF files made are added to `elves`, and the
+/// staged drop-in's path is kept in `dropin_path` (the forwarder links against it).
 fn stage_entry(
     options: &Options,
     stage: &Path,
     entry: &Entry,
     elves: &mut Vec<PathBuf>,
+    dropin_path: &mut Option<PathBuf>,
 ) -> Result<()> {
     let path = stage.join(entry.path.trim_start_matches('/'));
     let parent = path.parent().expect("entries are files under the root");
@@ -138,6 +141,9 @@ fn stage_entry(
     }
     match &entry.source {
         Source::Artifact(name) => {
+            if *name == contents::DROPIN_ARTIFACT {
+                *dropin_path = Some(path.clone());
+            }
             let from = options.artifacts.join(name);
             fs::copy(&from, &path).map_err(at(&from))?;
             set_mode(&path, entry.mode)?;
@@ -149,11 +155,10 @@ fn stage_entry(
             elves.push(path);
         }
         Source::RdmacmForwarder => {
-            let dropin = elves
-                .iter()
-                .find(|file| elf::soname(file).ok().flatten().as_deref() == Some(DROPIN_SONAME))
-                .ok_or_else(|| Error::Input("the forwarder is listed before the drop-in".into()))?
-                .clone();
+            // The drop-in as staged (entries are staged in order).
+            let dropin = dropin_path
+                .clone()
+                .ok_or_else(|| Error::Input("the forwarder is listed before the drop-in".into()))?;
             rdmacm_forwarder::build(&options.cc, &dropin, &path, &options.out)?;
             set_mode(&path, entry.mode)?;
             elves.push(path);

@@ -14,12 +14,6 @@ pub fn needed(path: &Path) -> Result<Vec<String>> {
     Ok(bracketed(&dynamic, "(NEEDED)"))
 }
 
-/// The soname of a shared object, if it has one.
-pub fn soname(path: &Path) -> Result<Option<String>> {
-    let dynamic = run(Command::new("readelf").arg("-dW").arg(path))?;
-    Ok(bracketed(&dynamic, "(SONAME)").into_iter().next())
-}
-
 /// The values in `[...]` of `readelf -d` lines of the given tag.
 fn bracketed(dynamic: &str, tag: &str) -> Vec<String> {
     dynamic
