@@ -24,7 +24,7 @@ use vrdma::verbs::{DeviceEvent, VerbsError};
 use vrdma::Context;
 
 use crate::async_events::AsyncEvents;
-use crate::cm_events::router::CmRouter;
+use crate::cm_events::router::{CmRouter, Fetch};
 use crate::fd::{eventfd, read_one, wait_readable, write_one};
 
 /// The state of one completion channel.
@@ -213,10 +213,10 @@ fn route_next(ctx: &Context, sinks: &EventSinks, timeout: Duration) -> Option<bo
     log::trace!("vrdma: event thread read {event:?}");
     match event {
         Ok(Some(DeviceEvent::Completion { cq })) => sinks.routes.deliver(cq),
-        Ok(Some(DeviceEvent::CmEvent { .. })) => sinks.cm.wake(),
+        Ok(Some(DeviceEvent::CmEvent { .. })) => sinks.cm.wake(Fetch::One),
         Ok(Some(event @ DeviceEvent::EventsLost { .. })) => {
             // CM notifications may be among the lost: fetch whatever waits.
-            sinks.cm.wake();
+            sinks.cm.wake(Fetch::All);
             sinks.async_events.deliver(event);
         }
         Ok(Some(event)) => sinks.async_events.deliver(event),

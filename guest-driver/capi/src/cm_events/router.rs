@@ -1,6 +1,6 @@
 //! The routing of one context's CM events: the context's event thread calls
 //! [`CmRouter::wake`] for every CM_EVENT notification (and after lost events); it fetches
-//! every pending event with CM_GET_EVENT and queues each on the channel of its id (a connect
+//! pending events with CM_GET_EVENT and queues each on the channel of its id (a connect
 //! request on its listener's). An event of an id the application destroyed meanwhile is
 //! dropped; a connect request whose listener is gone is refused by destroying its new id.
 //! When the device goes away (the transport failed: the backend died), every id gets
@@ -20,6 +20,23 @@ use zerocopy::FromZeros;
 
 use super::channel::CmChannel;
 use crate::sys::rdma_cm_id;
+
+/// How many pending events a [`CmRouter::wake`] fetches.
+///
+/// The device announces every CM event with one CM_EVENT notification (spec §7.5), so a
+/// notification stands for one pending event: fetching until the device answers "none" would
+/// cost a second round trip per event, and in a burst of n events (n notifications queued
+/// behind the first) n more that find nothing. When notifications were lost (`EVENTS_LOST`)
+/// the count is unknown, and everything pending is fetched. An event the device dropped
+/// meanwhile (its id destroyed) leaves its notification to fetch a later event or nothing; a
+/// notification never fetches fewer events than were announced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fetch {
+    /// The event one notification announced.
+    One,
+    /// Every pending event.
+    All,
+}
 
 /// Where the events of one id go.
 #[derive(Clone)]
@@ -83,45 +100,45 @@ impl CmRouter {
         }
     }
 
-    /// Fetches and routes every pending event (the event thread, on a notification).
-    pub(crate) fn wake(&self) {
-        loop {
-            let event = match self.ctx.next_cm_event(Some(Duration::ZERO)) {
-                Ok(Some(event)) => event,
-                Ok(None) => return,
-                Err(e) => {
-                    warn!("vrdma: CM_GET_EVENT failed: {e}");
-                    return;
-                }
-            };
-            let request = event.event.get() == cm_event::CONNECT_REQUEST;
-            let target = if request {
-                event.listen_id.get()
+    /// Fetches and routes pending events (the event thread, on a notification): one for a
+    /// CM_EVENT notification, all of them after lost events.
+    pub(crate) fn wake(&self, fetch: Fetch) {
+        fetch_events(
+            fetch,
+            || self.ctx.next_cm_event(Some(Duration::ZERO)),
+            |event| self.route(event),
+        );
+    }
+
+    /// Queues `event` on its id's channel (a connect request on its listener's).
+    fn route(&self, event: CmEventResp) {
+        let request = event.event.get() == cm_event::CONNECT_REQUEST;
+        let target = if request {
+            event.listen_id.get()
+        } else {
+            event.id.get()
+        };
+        let route = self.ids.lock().get(&target).cloned();
+        log::trace!(
+            "vrdma: CM event {} of id {:#x} (target {target:#x}): {}",
+            event.event.get(),
+            event.id.get(),
+            if route.is_some() {
+                "routed"
             } else {
-                event.id.get()
-            };
-            let route = self.ids.lock().get(&target).cloned();
-            log::trace!(
-                "vrdma: CM event {} of id {:#x} (target {target:#x}): {}",
-                event.event.get(),
-                event.id.get(),
-                if route.is_some() {
-                    "routed"
-                } else {
-                    "no route"
-                }
-            );
-            match route {
-                Some(route) => route.channel.push(Box::new(event)),
-                None if request => {
-                    debug!("vrdma: connect request for a destroyed listener refused");
-                    self.refuse(&event);
-                }
-                None => debug!(
-                    "vrdma: CM event {} of destroyed id {target:#x} dropped",
-                    event.event.get()
-                ),
+                "no route"
             }
+        );
+        match route {
+            Some(route) => route.channel.push(Box::new(event)),
+            None if request => {
+                debug!("vrdma: connect request for a destroyed listener refused");
+                self.refuse(&event);
+            }
+            None => debug!(
+                "vrdma: CM event {} of destroyed id {target:#x} dropped",
+                event.event.get()
+            ),
         }
     }
 
@@ -149,5 +166,78 @@ impl CmRouter {
             Ok(id) => drop(id),
             Err(e) => warn!("vrdma: refusing a connect request: {e}"),
         }
+    }
+}
+
+/// Fetches pending events with `next` (CM_GET_EVENT) as `fetch` says and hands each to
+/// `route`; a failed fetch ends it.
+fn fetch_events<E: std::fmt::Display>(
+    fetch: Fetch,
+    mut next: impl FnMut() -> Result<Option<CmEventResp>, E>,
+    mut route: impl FnMut(CmEventResp),
+) {
+    loop {
+        match next() {
+            Ok(Some(event)) => route(event),
+            Ok(None) => return,
+            Err(e) => {
+                warn!("vrdma: CM_GET_EVENT failed: {e}");
+                return;
+            }
+        }
+        if fetch == Fetch::One {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device with `pending` events; counts the CM_GET_EVENTs it answers.
+    fn fetch_from(pending: u32, fetch: Fetch) -> (u32, u32) {
+        let (mut asked, mut left, mut routed) = (0, pending, 0);
+        fetch_events::<std::convert::Infallible>(
+            fetch,
+            || {
+                asked += 1;
+                Ok((left > 0).then(|| {
+                    left -= 1;
+                    CmEventResp::new_zeroed()
+                }))
+            },
+            |_| routed += 1,
+        );
+        (asked, routed)
+    }
+
+    #[test]
+    fn a_notification_costs_one_fetch_even_when_more_events_wait() {
+        // A burst: three notifications queued, three events pending. Each notification
+        // fetches its one event; none asks the device a second time to find nothing.
+        assert_eq!(fetch_from(3, Fetch::One), (1, 1));
+        // Its event was dropped by the device (id destroyed): one fetch finds nothing.
+        assert_eq!(fetch_from(0, Fetch::One), (1, 0));
+    }
+
+    #[test]
+    fn after_lost_notifications_everything_pending_is_fetched() {
+        assert_eq!(fetch_from(3, Fetch::All), (4, 3));
+        assert_eq!(fetch_from(0, Fetch::All), (1, 0));
+    }
+
+    #[test]
+    fn a_failed_fetch_ends_the_wake_up() {
+        let mut asked = 0;
+        fetch_events(
+            Fetch::All,
+            || {
+                asked += 1;
+                Err("transport gone")
+            },
+            |_| unreachable!("nothing was fetched"),
+        );
+        assert_eq!(asked, 1);
     }
 }
