@@ -189,9 +189,62 @@ pub(crate) unsafe fn create(
     let Some(ctx) = (unsafe { VrdmaContext::from_ptr(context) }) else {
         return Err(libc::EINVAL);
     };
+    let cq = Cq::new(&ctx.ctx, cqe).map_err(|e| report("ibv_create_cq", &e))?;
+    // SAFETY: caller contract.
+    Ok(unsafe { wrap(context, ctx, cq, cq_context, channel) })
+}
+
+/// A CQ to make with [`create_many`]: its size, `cq_context` and completion channel.
+pub(crate) struct CqSpec {
+    pub(crate) cqe: u32,
+    pub(crate) cq_context: *mut c_void,
+    pub(crate) channel: *mut ibv_comp_channel,
+}
+
+/// Creates a CQ for each of `specs` on completion vector 0 in one batch of commands (one
+/// round trip); each result is that CQ's, as [`create`] gives it.
+///
+/// # Safety
+/// As [`create`]'s, for every spec.
+pub(crate) unsafe fn create_many(
+    context: *mut ibv_context,
+    specs: &[CqSpec],
+) -> Vec<Result<*mut VrdmaCq, c_int>> {
+    // SAFETY: caller contract.
+    let Some(ctx) = (unsafe { VrdmaContext::from_ptr(context) }) else {
+        return specs.iter().map(|_| Err(libc::EINVAL)).collect();
+    };
+    let cqes: Vec<u32> = specs.iter().map(|spec| spec.cqe).collect();
+    let made = match Cq::new_many(&ctx.ctx, &cqes) {
+        Ok(made) => made,
+        Err(e) => {
+            let errno = report("ibv_create_cq", &e);
+            return specs.iter().map(|_| Err(errno)).collect();
+        }
+    };
+    made.into_iter()
+        .zip(specs)
+        .map(|(cq, spec)| {
+            let cq = cq.map_err(|e| report("ibv_create_cq", &e))?;
+            // SAFETY: caller contract.
+            Ok(unsafe { wrap(context, ctx, cq, spec.cq_context, spec.channel) })
+        })
+        .collect()
+}
+
+/// The application's CQ around a CQ just made: routed to `channel`, known to async events.
+///
+/// # Safety
+/// `ctx` is `context`'s; `channel` is NULL or one of its channels.
+unsafe fn wrap(
+    context: *mut ibv_context,
+    ctx: &VrdmaContext,
+    cq: Cq,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+) -> *mut VrdmaCq {
     // SAFETY: caller contract.
     let ch = unsafe { channel.cast::<VrdmaChannel>().as_mut() };
-    let cq = Cq::new(&ctx.ctx, cqe).map_err(|e| report("ibv_create_cq", &e))?;
     // SAFETY: all-zero is a valid ibv_cq_ex (glibc's initializers are zero, the extended
     // operations NULL); set below.
     let mut ibv: ibv_cq_ex = unsafe { std::mem::zeroed() };
@@ -219,7 +272,7 @@ pub(crate) unsafe fn create(
     }
     ctx.async_events
         .register(ObjectKind::Cq, handle, raw as usize);
-    Ok(raw)
+    raw
 }
 
 /// `ibv_destroy_cq`: waits until every event handed out for the CQ by `ibv_get_cq_event` and

@@ -55,6 +55,42 @@ impl Cq {
     /// buffer the device mapped for it.
     pub fn new(ctx: &Context, cqe: u32) -> Result<Cq> {
         let ctx = &ctx.inner;
+        let req = Self::create_request(ctx, cqe)?;
+        let resp = ctx.execute(&req)?;
+        Self::created(ctx, cqe, resp)
+    }
+
+    /// Creates a CQ for each of `cqes` with one batch of CREATE_CQ commands (one round trip
+    /// where the transport batches); each result is that CQ's.
+    pub fn new_many(ctx: &Context, cqes: &[u32]) -> Result<Vec<Result<Cq>>> {
+        let ctx = &ctx.inner;
+        let mut requests = Vec::with_capacity(cqes.len());
+        let mut checked = Vec::with_capacity(cqes.len());
+        for &cqe in cqes {
+            match Self::create_request(ctx, cqe) {
+                Ok(req) => {
+                    checked.push(Ok(()));
+                    requests.push(req);
+                }
+                Err(e) => checked.push(Err(e)),
+            }
+        }
+        let mut answers = ctx.execute_batch(&requests)?.into_iter();
+        Ok(cqes
+            .iter()
+            .zip(checked)
+            .map(|(&cqe, checked)| {
+                checked?;
+                let resp = answers
+                    .next()
+                    .ok_or_else(|| unexpected_body(Opcode::CreateCq))??;
+                Self::created(ctx, cqe, resp)
+            })
+            .collect())
+    }
+
+    /// Checks a creation and builds its CREATE_CQ.
+    fn create_request(ctx: &ContextInner, cqe: u32) -> Result<ControlRequest<'static>> {
         if !ctx.has_rxe_v1() {
             return Err(VerbsError::Unsupported(
                 "CQs need the rxe v1 ring format, which was not negotiated",
@@ -63,11 +99,15 @@ impl Cq {
         if cqe == 0 {
             return Err(VerbsError::InvalidArgument("a CQ needs at least one entry"));
         }
-        let req = ControlRequest::CreateCq(CreateCqReq {
+        Ok(ControlRequest::CreateCq(CreateCqReq {
             cqe: Le32::new(cqe),
             reserved: Le32::ZERO,
-        });
-        let ResponseBody::CreateCq(resp) = ctx.execute(&req)? else {
+        }))
+    }
+
+    /// The CQ a CREATE_CQ for `cqe` entries answered with `resp`.
+    fn created(ctx: &Arc<ContextInner>, cqe: u32, resp: ResponseBody) -> Result<Cq> {
+        let ResponseBody::CreateCq(resp) = resp else {
             return Err(unexpected_body(Opcode::CreateCq));
         };
         let handle = nonzero_handle(Opcode::CreateCq, resp.cq.get())?;

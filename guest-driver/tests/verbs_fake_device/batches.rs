@@ -1,4 +1,5 @@
-//! Batches of commands (`Qp::create_many`, `Qp::modify_many`, `Qp::connect_many`) against the
+//! Batches of commands (`Cq::new_many`, `Qp::create_many`, `Qp::modify_many`,
+//! `Qp::connect_many`) against the
 //! fake device: every command runs, in order, and each result is its own.
 
 use vrdma::spec::control::Opcode;
@@ -8,6 +9,27 @@ use vrdma::spec::Status;
 use vrdma::verbs::{ConnectOptions, Cq, Qp, QpChange, VerbsError};
 
 use crate::helpers::*;
+
+#[test]
+fn cqs_are_created_in_a_batch_each_with_its_own_result() {
+    let (t, ctx) = open();
+    let before = t.device().ops().len();
+    let cqs = Cq::new_many(&ctx, &[16, 0, 64]).unwrap();
+    assert_eq!(cqs.len(), 3);
+    // The empty one is refused before anything reaches the device; the others are created.
+    assert!(matches!(cqs[1], Err(VerbsError::InvalidArgument(_))));
+    let ops = t.device().ops();
+    assert_eq!(ops[before..], [Opcode::CreateCq, Opcode::CreateCq]);
+    let (small, large) = (cqs[0].as_ref().unwrap(), cqs[2].as_ref().unwrap());
+    assert!(small.capacity() >= 16 && large.capacity() >= 64);
+    assert_ne!(small.handle(), large.handle());
+    // Each is a CQ of its own: a QP uses them, and they are destroyed with their `Cq`.
+    let pd = ctx.alloc_pd().unwrap();
+    let qp = create_qp(&pd, small, QpType::Rc);
+    drop(qp);
+    drop(cqs);
+    assert_eq!(count_ops(&t, Opcode::DestroyCq), 2);
+}
 
 #[test]
 fn many_qps_are_created_and_connected_in_batches() {
@@ -20,13 +42,7 @@ fn many_qps_are_created_and_connected_in_batches() {
         .into_iter()
         .map(Result::unwrap)
         .collect();
-    let creates = t
-        .device()
-        .ops()
-        .iter()
-        .filter(|op| **op == Opcode::CreateQp)
-        .count();
-    assert_eq!(creates, 8);
+    assert_eq!(count_ops(&t, Opcode::CreateQp), 8);
     let mut qpns: Vec<u32> = qps.iter().map(Qp::qpn).collect();
     qpns.sort_unstable();
     qpns.dedup();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vrdma::dma::DmaBuffer;
-use vrdma::spec::control::ControlRequest;
+use vrdma::spec::control::{ControlRequest, Opcode};
 use vrdma::spec::wire::*;
 use vrdma::spec::Status;
 use vrdma::verbs::{
@@ -89,6 +89,11 @@ pub(crate) fn poll_all(cq: &Cq) -> Vec<WorkCompletion> {
     let mut out = [WorkCompletion::default(); 16];
     let n = cq.poll(&mut out);
     out[..n].to_vec()
+}
+
+/// How many `op` commands the device ran.
+pub(crate) fn count_ops(t: &FakeTransport, op: Opcode) -> usize {
+    t.device().ops().iter().filter(|o| **o == op).count()
 }
 
 pub(crate) fn modify_requests(t: &FakeTransport) -> Vec<ModifyQpReq> {

@@ -209,9 +209,8 @@ fn windows_are_allocated_bound_used_and_invalidated() {
     drop((mw1, mw2));
     drop(target_mr);
     assert!(t.device().mws.is_empty());
-    let ops = t.device().ops();
-    assert_eq!(ops.iter().filter(|op| **op == Opcode::AllocMw).count(), 2);
-    assert_eq!(ops.iter().filter(|op| **op == Opcode::DeallocMw).count(), 2);
+    assert_eq!(count_ops(&t, Opcode::AllocMw), 2);
+    assert_eq!(count_ops(&t, Opcode::DeallocMw), 2);
 }
 
 #[test]

@@ -106,14 +106,7 @@ fn concurrent_pollers_see_every_completion_once_in_order() {
     });
     let seen = seen.into_inner().unwrap();
     assert_eq!(seen, (0..ROUNDS * BATCH).collect::<Vec<_>>());
-    assert_eq!(
-        t.device()
-            .ops()
-            .iter()
-            .filter(|op| **op == Opcode::ResizeCq)
-            .count(),
-        ROUNDS as usize
-    );
+    assert_eq!(count_ops(&t, Opcode::ResizeCq), ROUNDS as usize);
 }
 
 #[test]

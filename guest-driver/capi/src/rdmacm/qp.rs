@@ -14,7 +14,9 @@ use super::event::complete;
 use super::id::{
     rdma_bind_addr, rdma_create_id, rdma_destroy_id, rdma_resolve_addr, rdma_resolve_route,
 };
-use crate::cq::{ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel, ibv_destroy_cq};
+use crate::cq::{
+    create_many, ibv_create_comp_channel, ibv_destroy_comp_channel, ibv_destroy_cq, CqSpec,
+};
 use crate::ffi::guard;
 use crate::qp::{ibv_create_qp, ibv_destroy_qp, VrdmaQp};
 use crate::srq::{create_srq_ex, ibv_destroy_srq};
@@ -29,7 +31,9 @@ fn errno() -> c_int {
     unsafe { *libc::__errno_location() }
 }
 
-/// Makes the CQs (with completion channels) `attr` lacks, on the id's context.
+/// Makes the CQs (with completion channels) `attr` lacks, on the id's context, in one batch
+/// of commands (one round trip for both). What was made is recorded in the id (and
+/// [`destroy_cqs`] unwinds it) even when the other failed.
 ///
 /// # Safety
 /// `id` is a live id of this library.
@@ -40,7 +44,6 @@ unsafe fn make_cqs(
     send_wr: u32,
     recv_wr: u32,
 ) -> Result<bool, c_int> {
-    let mut made = false;
     // SAFETY: caller contract.
     let verbs = unsafe { CmIdPriv::of(id) }.ok_or(libc::EINVAL)?.ctx;
     // SAFETY: caller contract: a live id, whose fields are this library's to write.
@@ -50,34 +53,56 @@ unsafe fn make_cqs(
             (&raw mut (*id).send_cq_channel, &raw mut (*id).send_cq),
         ]
     };
-    for ((cq, depth), (channel_field, cq_field)) in
-        [(recv, recv_wr), (send, send_wr)].into_iter().zip(fields)
-    {
+    let mut wanted = Vec::with_capacity(2);
+    for ((cq, depth), fields) in [(recv, recv_wr), (send, send_wr)].into_iter().zip(fields) {
         if !cq.is_null() {
             continue;
         }
         // SAFETY: a live context of this library.
         let channel = unsafe { ibv_create_comp_channel(verbs) };
         if channel.is_null() {
-            return Err(errno());
-        }
-        // SAFETY: as above; the channel just made.
-        let made_cq = unsafe { ibv_create_cq(verbs, depth.max(1) as c_int, id.cast(), channel, 0) };
-        if made_cq.is_null() {
             let e = errno();
-            // SAFETY: the channel just made, unused.
-            unsafe { ibv_destroy_comp_channel(channel) };
+            for (_, _, channel, _) in wanted {
+                // SAFETY: a channel just made, unused.
+                unsafe { ibv_destroy_comp_channel(channel) };
+            }
             return Err(e);
         }
-        // SAFETY: caller contract.
-        unsafe {
-            channel_field.write(channel);
-            cq_field.write(made_cq);
-        }
-        *cq = made_cq;
-        made = true;
+        wanted.push((cq, depth, channel, fields));
     }
-    Ok(made)
+    if wanted.is_empty() {
+        return Ok(false);
+    }
+    let specs: Vec<CqSpec> = wanted
+        .iter()
+        .map(|&(_, depth, channel, _)| CqSpec {
+            cqe: depth.max(1),
+            cq_context: id.cast(),
+            channel,
+        })
+        .collect();
+    // SAFETY: a live context of this library and channels of it.
+    let made = unsafe { create_many(verbs, &specs) };
+    let mut failure = None;
+    for ((cq, _, channel, (channel_field, cq_field)), result) in wanted.into_iter().zip(made) {
+        match result {
+            Ok(made_cq) => {
+                let made_cq: *mut ibv_cq = made_cq.cast();
+                // SAFETY: caller contract.
+                unsafe {
+                    channel_field.write(channel);
+                    cq_field.write(made_cq);
+                }
+                *cq = made_cq;
+            }
+            Err(e) => {
+                // SAFETY: the channel just made, unused.
+                unsafe { ibv_destroy_comp_channel(channel) };
+                failure.get_or_insert(e);
+            }
+        }
+    }
+    failure.map_or(Ok(true), Err)
 }
 
 /// Destroys the CQs and channels `make_cqs` made for the id.
