@@ -145,6 +145,10 @@ pub mod cm_event {
     pub const TIMEWAIT_EXIT: u32 = 15;
 }
 
+/// A read/atomic depth in `cm_conn_param` or CM_MOVE_QP that leaves the host CM's value
+/// (librdmacm's `RDMA_MAX_RESP_RES` and `RDMA_MAX_INIT_DEPTH`).
+pub const CM_HOST_DEPTH: u8 = 0xff;
+
 /// `CmEventResp::event` when no event is pending.
 pub const CM_EVENT_NONE: u32 = u32::MAX;
 /// The last rdma_cm event number (`TIMEWAIT_EXIT`).
@@ -366,6 +370,26 @@ wire_struct! {
     }
 }
 assert_layout!(CmInitQpAttrReq, 8, id @ 0, qp_state @ 4);
+
+wire_struct! {
+    /// CM_MOVE_QP body: one step of what CM_INIT_QP_ATTR and MODIFY_QP do, in one command.
+    pub struct CmMoveQpReq {
+        /// Id handle.
+        pub id: Le32,
+        /// The guest's QP handle.
+        pub qp: Le32,
+        /// INIT, RTR or RTS ([`crate::verbs::QpState`]).
+        pub qp_state: Le32,
+        /// RTR's `max_dest_rd_atomic`; [`CM_HOST_DEPTH`]: the host CM's.
+        pub responder_resources: u8,
+        /// RTS's `max_rd_atomic`; [`CM_HOST_DEPTH`]: the host CM's.
+        pub initiator_depth: u8,
+        /// Zero.
+        pub reserved: Le16,
+    }
+}
+assert_layout!(CmMoveQpReq, 16, id @ 0, qp @ 4, qp_state @ 8, responder_resources @ 12,
+    initiator_depth @ 13, reserved @ 14);
 
 wire_struct! {
     /// CM_INIT_QP_ATTR response body: what MODIFY_QP takes, in the guest's terms.

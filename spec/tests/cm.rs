@@ -208,6 +208,24 @@ fn rejects_options_and_states_are_checked() {
             ..
         }
     ));
+    // A move goes to INIT, RTR or RTS: RESET, SQD, SQE, ERR and unknown states are refused.
+    for state in [0, 4, 5, 6, 7] {
+        assert!(matches!(
+            refused(move_qp(state)),
+            DecodeError::InvalidValue {
+                field: "qp_state",
+                ..
+            }
+        ));
+    }
+    let CmRequest::MoveQp(mut r) = move_qp(3) else {
+        unreachable!()
+    };
+    r.reserved = Le16::new(1);
+    assert_eq!(
+        refused(CmRequest::MoveQp(r)),
+        DecodeError::Reserved("reserved")
+    );
     let mut handle = HandleReq::new_zeroed();
     handle.reserved = Le32::new(1);
     assert_eq!(
@@ -218,12 +236,17 @@ fn rejects_options_and_states_are_checked() {
 
 #[test]
 fn cm_commands_need_the_feature() {
+    use vrdma_spec::features::{VRDMA_F_CM, VRDMA_F_CM_MOVES_QP};
     for request in cm_requests() {
-        assert_eq!(
-            request.required_features(),
-            vrdma_spec::features::VRDMA_F_CM,
-            "{request:?}"
-        );
+        let ControlRequest::Cm(cm) = &request else {
+            unreachable!("CM fixtures are CM requests")
+        };
+        let expected = match cm {
+            // The device's own moves need their feature too.
+            CmRequest::MoveQp(_) => VRDMA_F_CM | VRDMA_F_CM_MOVES_QP,
+            _ => VRDMA_F_CM,
+        };
+        assert_eq!(request.required_features(), expected, "{request:?}");
     }
 }
 

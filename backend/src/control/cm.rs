@@ -98,6 +98,10 @@ pub(crate) fn dispatch(s: &mut Session<'_>, request: &CmRequest) -> CommandResul
             None
         }
         CmRequest::QueryAddr(r) => Some(query_addr(s, cm, r.handle.get())?),
+        CmRequest::MoveQp(r) => {
+            move_qp_command(s, cm, r)?;
+            None
+        }
     };
     Ok(body.map_or(ResponseBody::Empty, ResponseBody::Cm))
 }
@@ -404,10 +408,9 @@ fn connect(
 }
 
 /// Moves the RC QP `qp` to INIT, RTR and RTS with the attributes the host's CM computes for
-/// the host id `id` (in the guest's terms, as CM_INIT_QP_ATTR answers them), RTR's and RTS's
-/// read/atomic depths from `param` unless 0xff (librdmacm's `ucma_modify_qp_rtr/rts`). Each
-/// step is the guest's MODIFY_QP, with every check it makes (spec §7.4, §12); the first one
-/// refused ends the command with its status, before anything goes to the peer.
+/// the host id `id`, RTR's and RTS's read/atomic depths from `param` unless 0xff (librdmacm's
+/// `ucma_modify_qp_rtr/rts`), each step as [`move_qp_to`] makes it; the first one refused ends
+/// the command with its status, before anything goes to the peer.
 fn move_qp(
     s: &mut Session<'_>,
     cm: &dyn HostCm,
@@ -421,27 +424,61 @@ fn move_qp(
             value: qp.raw().into(),
         });
     }
+    let depths = (param.responder_resources, param.initiator_depth);
     for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
-        let (mut attr, mask) = cm
-            .init_qp_attr(id, state)
-            .map_err(host_err("CM_ACCEPT moving the QP"))?;
-        let mask = mask & QpAttrMask::LEGACY_ALL;
-        guest_terms(s.guest, &mut attr, mask)?;
-        if state == QpState::Rtr && param.responder_resources != 0xff {
-            attr.max_dest_rd_atomic = param.responder_resources;
-        }
-        if state == QpState::Rts && param.initiator_depth != 0xff {
-            attr.max_rd_atomic = param.initiator_depth;
-        }
-        super::qp::modify_qp(
-            s,
-            &ModifyQpReq {
-                qp: Le32::new(qp.raw()),
-                attr_mask: Le32::new(mask.bits()),
-                attr,
-            },
-        )?;
+        move_qp_to(s, cm, id, qp, state, depths, "CM_ACCEPT moving the QP")?;
     }
+    Ok(())
+}
+
+/// CM_MOVE_QP: one step of [`move_qp`] on the guest's QP, through one of its ids.
+fn move_qp_command(
+    s: &mut Session<'_>,
+    cm: &dyn HostCm,
+    r: &CmMoveQpReq,
+) -> Result<(), CommandError> {
+    let id = entry(s, r.id.get())?.host;
+    // The decoder let only INIT, RTR and RTS through.
+    let state = QpState::try_from(r.qp_state.get()).map_err(|v| CommandError::Invalid {
+        what: "qp_state",
+        value: v.into(),
+    })?;
+    let qp = Handle::from_raw(r.qp.get());
+    let depths = (r.responder_resources, r.initiator_depth);
+    move_qp_to(s, cm, id, qp, state, depths, "CM_MOVE_QP")
+}
+
+/// Moves the guest's QP `qp` to `state` with the attributes the host's CM computes for the
+/// host id `id` (in the guest's terms, as CM_INIT_QP_ATTR answers them), RTR's
+/// `max_dest_rd_atomic` and RTS's `max_rd_atomic` from `depths` (responder resources,
+/// initiator depth) unless 0xff. The step is the guest's MODIFY_QP, with every check it
+/// makes (spec §7.4, §12).
+fn move_qp_to(
+    s: &mut Session<'_>,
+    cm: &dyn HostCm,
+    id: CmId,
+    qp: Handle,
+    state: QpState,
+    (responder_resources, initiator_depth): (u8, u8),
+    what: &'static str,
+) -> Result<(), CommandError> {
+    let (mut attr, mask) = cm.init_qp_attr(id, state).map_err(host_err(what))?;
+    let mask = mask & QpAttrMask::LEGACY_ALL;
+    guest_terms(s.guest, &mut attr, mask)?;
+    if state == QpState::Rtr && responder_resources != CM_HOST_DEPTH {
+        attr.max_dest_rd_atomic = responder_resources;
+    }
+    if state == QpState::Rts && initiator_depth != CM_HOST_DEPTH {
+        attr.max_rd_atomic = initiator_depth;
+    }
+    super::qp::modify_qp(
+        s,
+        &ModifyQpReq {
+            qp: Le32::new(qp.raw()),
+            attr_mask: Le32::new(mask.bits()),
+            attr,
+        },
+    )?;
     Ok(())
 }
 

@@ -291,6 +291,10 @@ fn plan_cm(plan: &mut CommandPlan, req: &CmRequest) {
             id(plan, &r.id);
             plan.names.push((Qp, r.qp.get()));
         }
+        CmRequest::MoveQp(r) => {
+            id(plan, &r.id);
+            plan.names.push((Qp, r.qp.get()));
+        }
         CmRequest::Accept(r) => {
             id(plan, &r.id);
             // QP 0: establish the connection CM_CONNECT set up with its QP.

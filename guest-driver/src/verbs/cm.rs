@@ -323,10 +323,45 @@ impl CmId {
         ))
     }
 
-    /// Moves `qp` to `state` with the attributes the connection manager computes.
+    /// Moves `qp` to `state` with the attributes the connection manager computes: one
+    /// CM_MOVE_QP where the device moves QPs, else CM_INIT_QP_ATTR and MODIFY_QP.
     pub fn modify_qp(&self, qp: &Qp, state: QpState) -> Result<()> {
+        if self.device_moves_qp() {
+            return self.move_qp(qp, state, CM_HOST_DEPTH, CM_HOST_DEPTH);
+        }
         let (attr, mask) = self.init_qp_attr(state)?;
         qp.modify(&attr, mask)
+    }
+
+    /// Moves `qp` to `state` (INIT, RTR or RTS) with the attributes the connection manager
+    /// computes, RTR's `max_dest_rd_atomic` set to `responder_resources` and RTS's
+    /// `max_rd_atomic` to `initiator_depth` unless [`CM_HOST_DEPTH`], in one command (CM_MOVE_QP,
+    /// where [`device_moves_qp`](Self::device_moves_qp)).
+    pub fn move_qp(
+        &self,
+        qp: &Qp,
+        state: QpState,
+        responder_resources: u8,
+        initiator_depth: u8,
+    ) -> Result<()> {
+        if !self.device_moves_qp() {
+            return Err(VerbsError::Unsupported(
+                "the device does not move QPs (VRDMA_F_CM_MOVES_QP)",
+            ));
+        }
+        if !matches!(state, QpState::Init | QpState::Rtr | QpState::Rts) {
+            return Err(VerbsError::InvalidArgument(
+                "CM_MOVE_QP moves a QP to INIT, RTR or RTS",
+            ));
+        }
+        self.run(CmRequest::MoveQp(CmMoveQpReq {
+            id: Le32::new(self.handle),
+            qp: Le32::new(qp.handle()),
+            qp_state: Le32::new(state as u32),
+            responder_resources,
+            initiator_depth,
+            reserved: Le16::ZERO,
+        }))
     }
 
     /// The id's addresses.

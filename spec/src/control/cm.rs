@@ -10,6 +10,7 @@ use crate::cm::*;
 use crate::error::DecodeError;
 use crate::verbs::QpState;
 use crate::wire::*;
+use crate::Le16;
 
 /// A decoded, structurally valid connection-manager request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +45,8 @@ pub enum CmRequest {
     Notify(CmNotifyReq),
     /// CM_QUERY_ADDR.
     QueryAddr(HandleReq),
+    /// CM_MOVE_QP.
+    MoveQp(CmMoveQpReq),
 }
 
 /// Reject reasons a guest may give, those the kernel's rdma_cm accepts: 0 (it means
@@ -159,6 +162,22 @@ impl CmRequest {
             }
             Opcode::CmNotify => CmRequest::Notify(take_body(body)?),
             Opcode::CmQueryAddr => CmRequest::QueryAddr(handle_req(body)?),
+            Opcode::CmMoveQp => {
+                let r: CmMoveQpReq = take_body(body)?;
+                if r.reserved != Le16::ZERO {
+                    return Err(DecodeError::Reserved("reserved"));
+                }
+                match QpState::try_from(r.qp_state.get()) {
+                    Ok(QpState::Init | QpState::Rtr | QpState::Rts) => {}
+                    _ => {
+                        return Err(DecodeError::InvalidValue {
+                            field: "qp_state",
+                            value: r.qp_state.get().into(),
+                        })
+                    }
+                }
+                CmRequest::MoveQp(r)
+            }
             other => return Err(DecodeError::UnknownOpcode(other as u16)),
         })
     }
@@ -181,6 +200,7 @@ impl CmRequest {
             CmRequest::SetOption(_) => Opcode::CmSetOption,
             CmRequest::Notify(_) => Opcode::CmNotify,
             CmRequest::QueryAddr(_) => Opcode::CmQueryAddr,
+            CmRequest::MoveQp(_) => Opcode::CmMoveQp,
         }
     }
 
@@ -212,6 +232,7 @@ impl CmRequest {
             CmRequest::Listen(r) => r.as_bytes(),
             CmRequest::Connect(r) | CmRequest::Accept(r) => r.as_bytes(),
             CmRequest::Reject(r) => r.as_bytes(),
+            CmRequest::MoveQp(r) => r.as_bytes(),
             CmRequest::InitQpAttr(r) => r.as_bytes(),
             CmRequest::GetEvent => &[],
             CmRequest::SetOption(r) => r.as_bytes(),

@@ -101,11 +101,13 @@ pub enum Opcode {
     CmNotify = 0x007d,
     /// A CM id's addresses, GUID and port.
     CmQueryAddr = 0x007e,
+    /// Move a QP one state with the attributes the id's CM computes (`VRDMA_F_CM_MOVES_QP`).
+    CmMoveQp = 0x007f,
 }
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 45] = [
+    pub const ALL: [Opcode; 46] = [
         Opcode::QueryDevice,
         Opcode::QueryPort,
         Opcode::QueryGid,
@@ -151,6 +153,7 @@ impl Opcode {
         Opcode::CmSetOption,
         Opcode::CmNotify,
         Opcode::CmQueryAddr,
+        Opcode::CmMoveQp,
     ];
 
     /// Size of the fixed request body (REG_MR, REREG_MR: without the page list; REG_MR_EXTENTS:
@@ -185,6 +188,7 @@ impl Opcode {
             Opcode::CmConnect | Opcode::CmAccept => size_of::<CmConnReq>(),
             Opcode::CmReject => size_of::<CmRejectReq>(),
             Opcode::CmInitQpAttr => size_of::<CmInitQpAttrReq>(),
+            Opcode::CmMoveQp => size_of::<CmMoveQpReq>(),
             Opcode::CmGetEvent => 0,
             Opcode::CmSetOption => size_of::<CmSetOptionReq>(),
             Opcode::CmNotify => size_of::<CmNotifyReq>(),
@@ -237,7 +241,8 @@ impl Opcode {
             | Opcode::CmReject
             | Opcode::CmDisconnect
             | Opcode::CmSetOption
-            | Opcode::CmNotify => 0,
+            | Opcode::CmNotify
+            | Opcode::CmMoveQp => 0,
             Opcode::SetDoorbellArea
             | Opcode::DiscardState
             | Opcode::DeallocPd
@@ -264,6 +269,7 @@ impl Opcode {
             Opcode::CreateAh | Opcode::DestroyAh => Some(features::VRDMA_F_UD),
             Opcode::AllocMw | Opcode::DeallocMw => Some(features::VRDMA_F_MW),
             Opcode::RegMrExtents => Some(features::VRDMA_F_MR_EXTENTS),
+            Opcode::CmMoveQp => Some(features::VRDMA_F_CM | features::VRDMA_F_CM_MOVES_QP),
             op if op.is_cm() => Some(features::VRDMA_F_CM),
             _ => None,
         }
@@ -319,6 +325,7 @@ impl Opcode {
             Opcode::CmSetOption => "CM_SET_OPTION",
             Opcode::CmNotify => "CM_NOTIFY",
             Opcode::CmQueryAddr => "CM_QUERY_ADDR",
+            Opcode::CmMoveQp => "CM_MOVE_QP",
         }
     }
 

@@ -278,7 +278,8 @@ impl<'a> ControlRequest<'a> {
             | Opcode::CmGetEvent
             | Opcode::CmSetOption
             | Opcode::CmNotify
-            | Opcode::CmQueryAddr => ControlRequest::Cm(CmRequest::decode(op, body)?),
+            | Opcode::CmQueryAddr
+            | Opcode::CmMoveQp => ControlRequest::Cm(CmRequest::decode(op, body)?),
         })
     }
 

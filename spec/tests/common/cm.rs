@@ -92,6 +92,7 @@ pub fn cm_requests() -> Vec<ControlRequest<'static>> {
             event: Le32::new(3),
         }),
         CmRequest::QueryAddr(h(3)),
+        move_qp(2),
     ]
     .into_iter()
     .map(ControlRequest::Cm)
@@ -134,4 +135,16 @@ pub fn cm_body_for(op: Opcode) -> Option<ResponseBody> {
         _ => return None,
     };
     Some(ResponseBody::Cm(body))
+}
+
+/// CM_MOVE_QP of QP 5 through id 3 to `state`, the host's depths.
+pub fn move_qp(state: u32) -> CmRequest {
+    CmRequest::MoveQp(CmMoveQpReq {
+        id: Le32::new(3),
+        qp: Le32::new(5),
+        qp_state: Le32::new(state),
+        responder_resources: 0xff,
+        initiator_depth: 4,
+        reserved: Le16::ZERO,
+    })
 }

@@ -12,11 +12,12 @@ use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::cm::*;
 use vrdma_spec::control::{CmRequest, CmResponseBody};
 use vrdma_spec::verbs::{QpAttrMask, QpState};
-use vrdma_spec::wire::{HandleReq, ModifyQpReq};
+use vrdma_spec::wire::{HandleReq, ModifyQpReq, QueryQpReq};
 use vrdma_spec::{ControlRequest, Le16, Le32, ResponseBody, Status};
 use zerocopy::FromZeros;
 
-use super::harness::{handle, TestGuest};
+use super::device::FakeDevice;
+use super::harness::{handle, qp_req, TestGuest, RAM_BASE};
 
 /// How long [`next_cm_event`] waits for a real CM at most.
 pub const CM_EVENT_LIMIT: Duration = Duration::from_secs(20);
@@ -122,6 +123,19 @@ pub fn accept_moving(guest: &TestGuest, id: u32, qp: u32, depths: (u8, u8)) -> S
         id: Le32::new(id),
         qp: Le32::new(qp),
         param,
+    })))
+}
+
+/// CM_MOVE_QP's status: `qp` moved to `state` through `id`; `depths` are RTR's responder
+/// resources and RTS's initiator depth (0xff: the host's).
+pub fn move_qp(guest: &TestGuest, id: u32, qp: u32, state: QpState, depths: (u8, u8)) -> Status {
+    guest.status(cm(CmRequest::MoveQp(CmMoveQpReq {
+        id: Le32::new(id),
+        qp: Le32::new(qp),
+        qp_state: Le32::new(state as u32),
+        responder_resources: depths.0,
+        initiator_depth: depths.1,
+        reserved: Le16::ZERO,
     })))
 }
 
@@ -233,4 +247,57 @@ pub fn resolve(guest: &TestGuest, id: u32, dst: &str) {
     expect_cm_event(guest, cm_event::ADDR_RESOLVED);
     assert_eq!(resolve_route(guest, id), Status::Ok, "CM_RESOLVE_ROUTE");
     expect_cm_event(guest, cm_event::ROUTE_RESOLVED);
+}
+
+/// A fake host device whose CM is enabled.
+pub fn fake_with_cm() -> std::sync::Arc<FakeDevice> {
+    let fake = FakeDevice::new();
+    fake.world().cm.enabled = true;
+    fake
+}
+
+/// Guest RAM-free objects for one RC QP: PD, CQ, QP; returns (qp handle, host qpn).
+pub fn rc_qp(guest: &TestGuest) -> (u32, u32) {
+    if guest.dev().object_counts().pds == 0 {
+        assert_eq!(guest.set_doorbell_area(RAM_BASE), Status::Ok);
+    }
+    let pd = guest.alloc_pd();
+    let cq = guest.create_cq(16).cq.get();
+    let qp = guest.create_qp(qp_req(pd, cq, 0)).unwrap();
+    (qp.qp.get(), qp.qpn.get())
+}
+
+/// The server listening on the host's link-local address and `port`, and the client's RC id
+/// routed to it; returns the client's id.
+pub fn listener_and_routed_id(server: &TestGuest, client: &TestGuest, port: u16) -> u32 {
+    let listener = create_id(server, cm_port_space::TCP);
+    assert_eq!(
+        bind(server, listener, &format!("[fe80::1%3]:{port}")),
+        Status::Ok
+    );
+    assert_eq!(listen(server, listener, 4), Status::Ok);
+    let id = create_id(client, cm_port_space::TCP);
+    assert_eq!(
+        resolve_addr(client, id, None, &format!("[fe80::1%5]:{port}")),
+        Status::Ok
+    );
+    expect_cm_event(client, cm_event::ADDR_RESOLVED);
+    assert_eq!(resolve_route(client, id), Status::Ok);
+    expect_cm_event(client, cm_event::ROUTE_RESOLVED);
+    id
+}
+
+/// The QP's state and read/atomic depths (initiator, responder) as QUERY_QP answers them.
+pub fn qp_state_and_depths(guest: &TestGuest, qp: u32) -> (u32, (u8, u8)) {
+    let request = ControlRequest::QueryQp(QueryQpReq {
+        qp: Le32::new(qp),
+        attr_mask: Le32::new(QpAttrMask::STATE.bits()),
+    });
+    match guest.ok(request) {
+        ResponseBody::QueryQp(r) => (
+            r.attr.qp_state.get(),
+            (r.attr.max_rd_atomic, r.attr.max_dest_rd_atomic),
+        ),
+        other => panic!("QUERY_QP answered {other:?}"),
+    }
 }

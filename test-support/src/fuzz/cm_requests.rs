@@ -251,6 +251,27 @@ pub fn init_qp_attr(r: &mut ByteReader<'_>, id: u32) -> Vec<u8> {
     request(Opcode::CmInitQpAttr, body.as_bytes())
 }
 
+/// CM_MOVE_QP of `qp` through `id` to `state` (when `None`: mostly INIT, RTR or RTS), with
+/// depths mostly the host's or small, and sometimes a reserved field set.
+pub fn move_qp(r: &mut ByteReader<'_>, id: u32, qp: u32, state: Option<u32>) -> Vec<u8> {
+    let state = state.unwrap_or_else(|| match r.below(10) {
+        0..=7 => 1 + r.below(3),
+        8 => r.below(7),
+        _ => r.u32(),
+    });
+    let mut depth = || if r.chance(50) { 0xff } else { r.u8() % 20 };
+    let (responder_resources, initiator_depth) = (depth(), depth());
+    let body = CmMoveQpReq {
+        id: Le32::new(id),
+        qp: Le32::new(qp),
+        qp_state: Le32::new(state),
+        responder_resources,
+        initiator_depth,
+        reserved: Le16::new(if r.chance(3) { 1 } else { 0 }),
+    };
+    request(Opcode::CmMoveQp, body.as_bytes())
+}
+
 /// CM_SET_OPTION on `id`: the four names with values mostly in range.
 pub fn set_option(r: &mut ByteReader<'_>, id: u32) -> Vec<u8> {
     let name = if r.chance(90) {

@@ -398,6 +398,17 @@ fn cm_table() -> Vec<(Vec<u8>, Expected)> {
             n(74),
         ),
         (CmRequest::QueryAddr(hreq(75)), n(75)),
+        (
+            CmRequest::MoveQp(CmMoveQpReq {
+                id: 76.into(),
+                qp: 77.into(),
+                qp_state: 2.into(),
+                responder_resources: CM_HOST_DEPTH,
+                initiator_depth: 1,
+                reserved: 0.into(),
+            }),
+            (vec![(CmId, 76), (Qp, 77)], None, None),
+        ),
     ]
     .into_iter()
     .map(|(req, expected)| (ControlRequest::Cm(req).to_vec(), expected))

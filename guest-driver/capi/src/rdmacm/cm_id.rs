@@ -312,9 +312,7 @@ pub(crate) unsafe fn external_qp<'a>(p: &CmIdPriv, qp_num: u32) -> Option<&'a Vr
         .find(|vqp| vqp.ibv.qp_base.qp_num == qp_num)
 }
 
-/// A read/atomic depth that leaves the host's value (librdmacm's `RDMA_MAX_RESP_RES` and
-/// `RDMA_MAX_INIT_DEPTH`).
-pub(crate) const HOST_DEPTH: u8 = 0xff;
+pub(crate) use vrdma::spec::cm::CM_HOST_DEPTH as HOST_DEPTH;
 
 /// Moves the id's QP to `state` with the attributes the device computes; RTR and RTS take
 /// `depths` (responder resources, initiator depth; [`HOST_DEPTH`]: the host's), by default
@@ -331,11 +329,18 @@ pub(crate) unsafe fn modify_qp(
     let (Some(p), Some(qp)) = (unsafe { (CmIdPriv::of(id), id_qp(id)) }) else {
         return Err(libc::EINVAL);
     };
-    let (mut attr, mask) = p.with_cm(|cm| cm.init_qp_attr(state))?;
     let (responder, initiator) = depths.unwrap_or_else(|| {
         let ids = p.state.lock();
         (ids.responder_resources, ids.initiator_depth)
     });
+    if p.device_moves_qp() {
+        // One command for the pair below.
+        p.with_cm(|cm| cm.move_qp(&qp.qp, state, responder, initiator))?;
+        // SAFETY: caller contract (the QP is live); applications read this field.
+        unsafe { (*(*id).qp).state = state as u32 };
+        return Ok(());
+    }
+    let (mut attr, mask) = p.with_cm(|cm| cm.init_qp_attr(state))?;
     if state == QpState::Rtr && responder != HOST_DEPTH {
         attr.max_dest_rd_atomic = responder;
     }

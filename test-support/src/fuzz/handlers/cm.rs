@@ -213,7 +213,7 @@ impl Sequence {
     }
 
     /// Moves `qp` of guest `g` with what CM_INIT_QP_ATTR of `id` computes for `state` (any
-    /// when `None`), as librdmacm does (sometimes only asks).
+    /// when `None`), as librdmacm does (sometimes only asks), or with CM_MOVE_QP.
     fn cm_modify(
         &mut self,
         g: usize,
@@ -222,6 +222,11 @@ impl Sequence {
         state: Option<u32>,
         r: &mut ByteReader<'_>,
     ) {
+        if r.chance(40) {
+            // The device's one-command form of the pair below.
+            self.run(g, &c::move_qp(r, id, qp, state), r);
+            return;
+        }
         let mut request = c::init_qp_attr(r, id);
         if let Some(state) = state {
             request[HEADER_SIZE + 4..HEADER_SIZE + 8].copy_from_slice(&state.to_le_bytes());

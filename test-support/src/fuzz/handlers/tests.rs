@@ -45,6 +45,7 @@ fn fixed_seed_sequences_keep_every_invariant() {
         Opcode::CmAccept,
         Opcode::CmDisconnect,
         Opcode::CmInitQpAttr,
+        Opcode::CmMoveQp,
         Opcode::CmDestroyId,
     ] {
         assert!(
