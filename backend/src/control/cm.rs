@@ -439,10 +439,7 @@ fn move_qp_command(
 ) -> Result<(), CommandError> {
     let id = entry(s, r.id.get())?.host;
     // The decoder let only INIT, RTR and RTS through.
-    let state = QpState::try_from(r.qp_state.get()).map_err(|v| CommandError::Invalid {
-        what: "qp_state",
-        value: v.into(),
-    })?;
+    let state = qp_state(r.qp_state.get())?;
     let qp = Handle::from_raw(r.qp.get());
     let depths = (r.responder_resources, r.initiator_depth);
     move_qp_to(s, cm, id, qp, state, depths, "CM_MOVE_QP")
@@ -482,6 +479,14 @@ fn move_qp_to(
     Ok(())
 }
 
+/// A request's `qp_state` field.
+fn qp_state(raw: u32) -> Result<QpState, CommandError> {
+    QpState::try_from(raw).map_err(|v| CommandError::Invalid {
+        what: "qp_state",
+        value: v.into(),
+    })
+}
+
 fn init_qp_attr(
     s: &mut Session<'_>,
     cm: &dyn HostCm,
@@ -489,10 +494,7 @@ fn init_qp_attr(
     state: u32,
 ) -> Result<CmResponseBody, CommandError> {
     let id = entry(s, raw)?.host;
-    let state = QpState::try_from(state).map_err(|v| CommandError::Invalid {
-        what: "qp_state",
-        value: v.into(),
-    })?;
+    let state = qp_state(state)?;
     let (mut attr, mask) = cm
         .init_qp_attr(id, state)
         .map_err(host_err("CM_INIT_QP_ATTR"))?;
