@@ -419,12 +419,15 @@ fn through_agent(
     control: &mut ControlClient,
     iters: u32,
 ) -> Result<ThroughAgent> {
+    let start = Instant::now();
+    // Where this step's time goes (it is the suite's longest).
+    let lap = |what: &str| println!("  {:7.1} s  {what}", start.elapsed().as_secs_f64());
     let mut package = PackageRecord::default();
-    let user = match installed::install(&paths.guest_package, &mut package) {
+    let user = match installed::install(&paths.guest_package, &mut package, &lap) {
         Ok(user) => user,
         Err(e) => {
             // What was installed goes, so that the steps after this one run as before.
-            if let Err(purge) = installed::purge(&mut package) {
+            if let Err(purge) = installed::purge(&mut package, &lap) {
                 eprintln!("purging after a failed installation: {purge}");
             }
             return Err(e);
@@ -464,9 +467,7 @@ fn through_agent(
             .env_remove("VRDMA_SOCKET");
         Proc::spawn(&format!("agent-client-{}", link.tcp), &mut command)
     };
-    let start = Instant::now();
-    // Where this step's time goes (it is the suite's longest).
-    let lap = |what: &str| println!("  {:7.1} s  {what}", start.elapsed().as_secs_f64());
+    lap("the agent started as its unit says");
     let result = (|| {
         agent.wait_for_output("serving", STEP_TIMEOUT)?;
         lap("the agent serves");
@@ -539,7 +540,11 @@ fn through_agent(
         })
     })();
     let result = match result {
-        Ok(through) => unit.stop(&mut agent, STEP_TIMEOUT).map(|()| through),
+        Ok(through) => {
+            let stopped = unit.stop(&mut agent, STEP_TIMEOUT).map(|()| through);
+            lap("the agent stopped as its unit says");
+            stopped
+        }
         Err(e) => {
             eprintln!("vrdma-guestd:\n{}", tail(&agent.output(), 30));
             agent.kill();
@@ -547,7 +552,7 @@ fn through_agent(
         }
     };
     // Purged whatever happened; a failure here is the step's only when the step went well.
-    let purged = installed::purge(&mut package);
+    let purged = installed::purge(&mut package, &lap);
     let mut through = result?;
     purged?;
     through.package = package;

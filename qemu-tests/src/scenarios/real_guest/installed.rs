@@ -46,23 +46,27 @@ pub struct PackageRecord {
 }
 
 /// Installs `deb` with dpkg and makes the ordinary user; returns the user's uid and gid (its
-/// primary group is `rdma`).
-pub fn install(deb: &Path, record: &mut PackageRecord) -> Result<(u32, u32)> {
+/// primary group is `rdma`). `lap` is told where the time went.
+pub fn install(deb: &Path, record: &mut PackageRecord, lap: &dyn Fn(&str)) -> Result<(u32, u32)> {
     let output = run_checked(Command::new("dpkg").arg("-i").arg(deb))?;
     println!(
         "{}",
         crate::error::tail(&String::from_utf8_lossy(&output.stdout), 4)
     );
+    lap("dpkg -i");
     record.status = query_status()?;
     record.resolved = resolved_libraries()?;
+    lap("dpkg-query and ldd");
     // Loaded at run time too, as UCX's, libfabric's and Python's modules load it: glibc
     // refuses a library that would need an executable stack.
     run_checked(Command::new("python3").args([
         "-c",
         "import ctypes; ctypes.CDLL('librdmacm.so.1').rdma_create_event_channel",
     ]))?;
+    lap("librdmacm.so.1 loaded by Python's ctypes");
     // systemd's own reading of the installed unit (offline: no systemd runs here).
     run_checked(Command::new("systemd-analyze").args(["verify", UNIT]))?;
+    lap("systemd-analyze verify");
     if run_checked(Command::new("id").arg("-u").arg(USER)).is_err() {
         run_checked(Command::new("useradd").args([
             "--system",
@@ -81,7 +85,9 @@ pub fn install(deb: &Path, record: &mut PackageRecord) -> Result<(u32, u32)> {
             .parse()
             .map_err(|_| Error::Scenario(format!("id {flag} {USER} printed {text:?}")))
     };
-    Ok((id("-u")?, id("-g")?))
+    let ids = (id("-u")?, id("-g")?);
+    lap("the user made");
+    Ok(ids)
 }
 
 /// Sets the agent's options the way an operator does: in its settings file.
@@ -98,8 +104,9 @@ pub fn configure(unit: &ServiceUnit, settings: &[(&str, String)]) -> Result<()> 
 }
 
 /// Purges the package and records what is left.
-pub fn purge(record: &mut PackageRecord) -> Result<()> {
+pub fn purge(record: &mut PackageRecord, lap: &dyn Fn(&str)) -> Result<()> {
     run_checked(Command::new("dpkg").args(["--purge", PACKAGE]))?;
+    lap("dpkg --purge");
     record.purged = resolved_libraries()?;
     record.left_after_purge = [
         LIBRARY_DIR,
