@@ -395,84 +395,13 @@ fn first_page_address(dma: &dyn DmaMemory, memory: &DmaBuffer) -> Result<u64, Vi
 }
 
 #[cfg(test)]
+pub(crate) mod test_device;
+
+#[cfg(test)]
 mod tests {
+    use super::test_device::RingDevice;
     use super::*;
     use crate::transport::process::ProcessDma;
-
-    /// A chain as the device sees it: head and (address, length, flags) of each descriptor.
-    type SeenChain = (u16, Vec<(u64, u32, u16)>);
-
-    /// Plays the device: reads the avail ring and writes used entries, through raw memory.
-    struct FakeDevice<'a> {
-        queue: &'a SplitQueue,
-        next_avail: u16,
-        used_idx: u16,
-    }
-
-    impl<'a> FakeDevice<'a> {
-        fn new(queue: &'a SplitQueue) -> Self {
-            FakeDevice {
-                queue,
-                next_avail: 0,
-                used_idx: 0,
-            }
-        }
-
-        fn read_u16(&self, ptr: *const u16) -> u16 {
-            // SAFETY: test-only read of ring memory owned by the queue.
-            u16::from_le(unsafe { ptr.read_volatile() })
-        }
-
-        /// (head, [(addr, len, flags)]) of the next available chain.
-        fn pop(&mut self) -> Option<SeenChain> {
-            let avail_idx = u16::from_le(self.queue.avail_idx_atomic().load(Ordering::Acquire));
-            if avail_idx == self.next_avail {
-                return None;
-            }
-            let slot = usize::from(self.next_avail % self.queue.size);
-            let head = self.read_u16(self.queue.avail_ring_ptr(slot));
-            self.next_avail = self.next_avail.wrapping_add(1);
-            let mut chain = Vec::new();
-            let mut index = head;
-            loop {
-                // SAFETY: test-only read of a descriptor inside the table.
-                let (addr, len, flags, next) = unsafe {
-                    let d = self.queue.base.as_ptr().add(usize::from(index) * DESC_SIZE);
-                    (
-                        d.cast::<u64>().read_volatile(),
-                        d.add(8).cast::<u32>().read_volatile(),
-                        d.add(12).cast::<u16>().read_volatile(),
-                        d.add(14).cast::<u16>().read_volatile(),
-                    )
-                };
-                chain.push((addr, len, flags));
-                if flags & VIRTQ_DESC_F_NEXT == 0 {
-                    break;
-                }
-                index = next;
-            }
-            Some((head, chain))
-        }
-
-        fn push_used(&mut self, id: u32, len: u32) {
-            let slot = usize::from(self.used_idx % self.queue.size);
-            // SAFETY: test-only write of a used entry inside the ring.
-            unsafe {
-                let entry = self.queue.used_ring_ptr(slot);
-                entry.write_volatile(id);
-                entry.add(1).write_volatile(len);
-            }
-            self.used_idx = self.used_idx.wrapping_add(1);
-            self.queue
-                .used_idx_atomic()
-                .store(self.used_idx, Ordering::Release);
-        }
-
-        fn set_avail_event(&self, value: u16) {
-            // SAFETY: test-only write of avail_event.
-            unsafe { self.queue.avail_event_ptr().write_volatile(value) };
-        }
-    }
 
     fn buffer(addr: u64, len: u32) -> Buffer {
         Buffer { addr, len }
@@ -489,7 +418,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(queue.num_free(), 5);
-        let mut device = FakeDevice::new(&queue);
+        let mut device = RingDevice::new(dma.guest_ram(), &queue);
         let (seen_head, chain) = device.pop().unwrap();
         assert_eq!(seen_head, head);
         assert_eq!(
@@ -514,7 +443,8 @@ mod tests {
     fn descriptors_are_recycled_across_many_wraps() {
         let dma = ProcessDma::new(1 << 20).unwrap();
         let mut queue = SplitQueue::new(&dma, 4, false).unwrap();
-        for round in 0..100u32 {
+        let mut device = RingDevice::new(dma.guest_ram(), &queue);
+        for _ in 0..100 {
             let a = queue
                 .add(&[buffer(0x1000, 1)], &[buffer(0x2000, 2)])
                 .unwrap();
@@ -523,11 +453,6 @@ mod tests {
                 queue.add(&[buffer(1, 1)], &[buffer(1, 1), buffer(1, 1)]),
                 Err(VirtqError::Full { needed: 3, free: 1 })
             ));
-            let mut device = FakeDevice {
-                queue: &queue,
-                next_avail: (round * 2) as u16,
-                used_idx: (round * 2) as u16,
-            };
             assert_eq!(device.pop().unwrap().0, a);
             assert_eq!(device.pop().unwrap().0, b);
             // Complete out of order.
@@ -544,10 +469,10 @@ mod tests {
         let dma = ProcessDma::new(1 << 20).unwrap();
         let mut queue = SplitQueue::new(&dma, 4, false).unwrap();
         let head = queue.add(&[buffer(0x1000, 1)], &[]).unwrap();
-        let mut device = FakeDevice::new(&queue);
+        let mut device = RingDevice::new(dma.guest_ram(), &queue);
         device.push_used(u32::from(head) + 1, 0);
         assert!(matches!(queue.pop_used(), Err(VirtqError::BadUsedId(_))));
-        let mut device = FakeDevice::new(&queue);
+        let mut device = RingDevice::new(dma.guest_ram(), &queue);
         device.push_used(99, 0);
         assert!(matches!(queue.pop_used(), Err(VirtqError::BadUsedId(99))));
     }
@@ -556,7 +481,7 @@ mod tests {
     fn event_idx_notification_decisions() {
         let dma = ProcessDma::new(1 << 20).unwrap();
         let mut queue = SplitQueue::new(&dma, 8, true).unwrap();
-        let device = FakeDevice::new(&queue);
+        let device = RingDevice::new(dma.guest_ram(), &queue);
         device.set_avail_event(0);
         queue.add(&[buffer(0x1000, 1)], &[]).unwrap();
         // avail idx went 0 -> 1 and the device asked for a kick at index 0.
@@ -564,7 +489,7 @@ mod tests {
         queue.add(&[buffer(0x1000, 1)], &[]).unwrap();
         // 1 -> 2, device still wants index 0: already notified.
         assert!(!queue.should_notify());
-        let device = FakeDevice::new(&queue);
+        let device = RingDevice::new(dma.guest_ram(), &queue);
         device.set_avail_event(3);
         queue.add(&[buffer(0x1000, 1)], &[]).unwrap();
         assert!(!queue.should_notify(), "2 -> 3 does not pass event 3");
@@ -578,15 +503,13 @@ mod tests {
         let mut queue = SplitQueue::new(&dma, 8, true).unwrap();
         let head = queue.add(&[buffer(0x1000, 1)], &[]).unwrap();
         assert!(!queue.enable_interrupts());
-        let mut device = FakeDevice::new(&queue);
+        let mut device = RingDevice::new(dma.guest_ram(), &queue);
         device.pop().unwrap();
         device.push_used(u32::from(head), 0);
         assert!(queue.enable_interrupts());
         queue.pop_used().unwrap().unwrap();
         assert!(!queue.enable_interrupts());
-        // SAFETY: test-only read of used_event.
-        let used_event = unsafe { queue.used_event_ptr().read_volatile() };
-        assert_eq!(u16::from_le(used_event), 1);
+        assert_eq!(RingDevice::new(dma.guest_ram(), &queue).used_event(), 1);
     }
 
     #[test]

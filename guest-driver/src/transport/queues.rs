@@ -2,21 +2,21 @@
 //! and how the driver sleeps until the device used buffers differ ([`QueueSignal`]).
 //!
 //! Control commands: one chain per command (request bytes, then response bytes, each split
-//! at the discontinuities of its DMA buffer), executed one at a time with a timeout, after
-//! which the queue is considered broken: the device may still write into the buffers of a
+//! at the discontinuities of its DMA buffer), from any number of threads at once, each with a
+//! timeout after which the queue is considered broken: the device may still write into the buffers of a
 //! chain it never returned, so they can never be reused. Events: a fixed set of
 //! device-writable buffers kept posted, each re-posted once its event has been copied out.
 
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::TransportError;
 use crate::dma::{DmaBuffer, DmaMemory, PAGE_SIZE};
 use crate::virtq::{Buffer, SplitQueue, UsedElement};
 
 /// How a transport notifies one virtqueue and waits for the device to use its buffers.
-pub(crate) trait QueueSignal: Send {
+pub(crate) trait QueueSignal: Send + Sync {
     /// What [`QueueSignal::wait`] needs to know about notifications that arrive between
     /// [`QueueSignal::arm`] and the wait.
     type Ticket;
@@ -180,22 +180,82 @@ impl AdaptiveSpin {
     }
 }
 
-/// The control queue: synchronous commands, one at a time.
+/// The control queue: commands from any number of threads in flight at once (spec §5.1), each
+/// caller waiting for its own answers only.
+///
+/// One caller at a time waits for the device (polls the used ring, then sleeps on the signal,
+/// without the lock) and files every answer it collects under its chain's head; the others
+/// wait on [`ControlChannel::answered`] and take theirs from there. Whoever collected answers
+/// wakes the others, and whoever stops waiting for the device lets the next one take over, so
+/// a thread's command no longer waits for another thread's whole round trip before it is
+/// even sent: the device finds it queued behind the command it is running.
 pub(crate) struct ControlChannel<S> {
-    state: Mutex<ControlState<S>>,
+    signal: S,
+    state: Mutex<ControlState>,
+    /// Notified when answers were filed or the thread waiting for the device stopped.
+    answered: Condvar,
     timeout: Duration,
 }
 
-struct ControlState<S> {
-    vq: SignalledQueue<S>,
-    request: MappedBuffer,
-    response: MappedBuffer,
-    /// Descriptors of the chain being built (kept to reuse its allocation).
-    readable: Vec<Buffer>,
-    writable: Vec<Buffer>,
+struct ControlState {
+    queue: SplitQueue,
+    /// Command buffers no caller holds; each caller takes one set for its commands.
+    idle: Vec<CommandBuffers>,
+    /// The command each chain in flight carries, by head (its sequence number).
+    chains: Vec<Option<u64>>,
+    /// Answers collected from the used ring that their callers have not taken yet: (sequence
+    /// number, used length). Keyed by command, not by head: the head's descriptors are free
+    /// again once the answer is collected, and another caller's chain may take them.
+    answered: Vec<(u64, u32)>,
+    /// Sequence number of the next command published.
+    next_sequence: u64,
+    /// Chains made available whose answers nobody collected from the used ring yet.
+    in_flight: usize,
+    /// A caller is waiting for the device (the others wait on `answered`).
+    device_waiter: bool,
     broken: bool,
     spin: AdaptiveSpin,
 }
+
+/// One caller's request and response buffers, and the descriptor lists of the chain it
+/// builds (kept to reuse their allocations).
+struct CommandBuffers {
+    request: MappedBuffer,
+    response: MappedBuffer,
+    readable: Vec<Buffer>,
+    writable: Vec<Buffer>,
+}
+
+impl CommandBuffers {
+    fn alloc(dma: &dyn DmaMemory, request: usize, response: usize) -> Result<Self, TransportError> {
+        Ok(CommandBuffers {
+            request: MappedBuffer::alloc(dma, request.max(PAGE_SIZE).next_power_of_two())?,
+            response: MappedBuffer::alloc(dma, response.max(PAGE_SIZE).next_power_of_two())?,
+            readable: Vec::new(),
+            writable: Vec::new(),
+        })
+    }
+
+    /// Makes the buffers at least as large as `request` and `response` bytes.
+    fn reserve(
+        &mut self,
+        dma: &dyn DmaMemory,
+        request: usize,
+        response: usize,
+    ) -> Result<(), TransportError> {
+        if self.request.buffer.len() < request {
+            self.request = MappedBuffer::alloc(dma, request.next_power_of_two())?;
+        }
+        if self.response.buffer.len() < response {
+            self.response = MappedBuffer::alloc(dma, response.next_power_of_two())?;
+        }
+        Ok(())
+    }
+}
+
+/// The commands of one caller's batch that are in flight: (sequence number, index in the
+/// batch).
+type Sent = Vec<(u64, usize)>;
 
 impl<S: QueueSignal> ControlChannel<S> {
     /// Drives the control queue `vq`; commands that take longer than `timeout` fail and
@@ -206,16 +266,21 @@ impl<S: QueueSignal> ControlChannel<S> {
         timeout: Duration,
         spin: AdaptiveSpin,
     ) -> Result<Self, TransportError> {
+        let SignalledQueue { queue, signal } = vq;
         Ok(ControlChannel {
+            signal,
             state: Mutex::new(ControlState {
-                vq,
-                request: MappedBuffer::alloc(dma, PAGE_SIZE)?,
-                response: MappedBuffer::alloc(dma, PAGE_SIZE)?,
-                readable: Vec::new(),
-                writable: Vec::new(),
+                chains: vec![None; usize::from(queue.size())],
+                answered: Vec::new(),
+                next_sequence: 0,
+                queue,
+                idle: vec![CommandBuffers::alloc(dma, PAGE_SIZE, PAGE_SIZE)?],
+                in_flight: 0,
+                device_waiter: false,
                 broken: false,
                 spin,
             }),
+            answered: Condvar::new(),
             timeout,
         })
     }
@@ -239,14 +304,6 @@ impl<S: QueueSignal> ControlChannel<S> {
         dma: &dyn DmaMemory,
         commands: &mut [(&[u8], &mut [u8])],
     ) -> Result<Vec<usize>, TransportError> {
-        let mut used_lens = vec![0usize; commands.len()];
-        let mut guard = self.state.lock();
-        let control = &mut *guard;
-        if control.broken {
-            return Err(TransportError::DeviceFailure(
-                "an earlier command never completed".into(),
-            ));
-        }
         for (request, response) in commands.iter() {
             if request.is_empty() || response.is_empty() {
                 return Err(TransportError::InvalidRequest(
@@ -258,125 +315,269 @@ impl<S: QueueSignal> ControlChannel<S> {
         }
         let total_request: usize = commands.iter().map(|(q, _)| q.len()).sum();
         let total_response: usize = commands.iter().map(|(_, r)| r.len()).sum();
-        control.reserve(dma, total_request, total_response)?;
+        let mut buffers = self.take_buffers(dma, total_request, total_response)?;
+        let mut used_lens = vec![0usize; commands.len()];
+        let mut result = Ok(());
         let mut next = 0;
         while next < commands.len() {
-            next = control.run_batch(commands, next, &mut used_lens, self.timeout)?;
+            match self.run_batch(&mut buffers, commands, next, &mut used_lens) {
+                Ok(end) => next = end,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
         }
-        Ok(used_lens)
+        // Back to the pool even after a failure: the device may still write into the buffers
+        // of a chain it never returned, so they must live as long as the queue (a broken
+        // channel takes no more commands).
+        self.state.lock().idle.push(buffers);
+        result.map(|()| used_lens)
     }
-}
 
-impl<S: QueueSignal> ControlState<S> {
+    /// A set of command buffers of at least the sizes given, from the pool if it has one.
+    fn take_buffers(
+        &self,
+        dma: &dyn DmaMemory,
+        request: usize,
+        response: usize,
+    ) -> Result<CommandBuffers, TransportError> {
+        let pooled = self.state.lock().idle.pop();
+        match pooled {
+            Some(mut buffers) => match buffers.reserve(dma, request, response) {
+                Ok(()) => Ok(buffers),
+                Err(e) => {
+                    self.state.lock().idle.push(buffers);
+                    Err(e)
+                }
+            },
+            None => CommandBuffers::alloc(dma, request, response),
+        }
+    }
+
     /// Publishes the commands from `first` on, as many as the free descriptors take (at least
-    /// one), notifies once and collects their answers. Returns the index of the first command
-    /// not sent. Request and response bytes sit at the same offsets in the command buffers as
-    /// in the whole batch.
+    /// one, waiting for other callers' chains to be answered if need be), notifies once and
+    /// waits for their answers. Returns the index of the first command not sent. Request and
+    /// response bytes sit at the same offsets in the command buffers as in the whole batch.
     fn run_batch(
-        &mut self,
+        &self,
+        buffers: &mut CommandBuffers,
         commands: &mut [(&[u8], &mut [u8])],
         first: usize,
         used_lens: &mut [usize],
-        timeout: Duration,
     ) -> Result<usize, TransportError> {
         let request_offset: usize = commands[..first].iter().map(|(q, _)| q.len()).sum();
         let response_offset: usize = commands[..first].iter().map(|(_, r)| r.len()).sum();
+        let mut guard = self.state.lock();
+        let deadline = Instant::now() + self.timeout;
+        let (sent, end) = loop {
+            if guard.broken {
+                return Err(broken());
+            }
+            let (sent, end) = guard.publish(buffers, commands, first, request_offset)?;
+            if !sent.is_empty() {
+                break (sent, end);
+            }
+            // Other callers' chains hold the descriptors this command needs.
+            self.wait_turn(&mut guard, 0, deadline, None)?;
+        };
+        if guard.queue.should_notify() {
+            if let Err(e) = self.signal.notify() {
+                guard.broken = true;
+                return Err(e);
+            }
+        }
+        let sent_at = Instant::now();
+        let deadline = sent_at + self.timeout;
+        let in_flight = u32::try_from(sent.len()).unwrap_or(u32::MAX);
+        let spin_until = Some(sent_at + guard.spin.budget(in_flight));
+        let mut waiting = sent.clone();
+        loop {
+            guard.take_answers(&mut waiting, commands, used_lens)?;
+            if waiting.is_empty() {
+                break;
+            }
+            if guard.broken {
+                return Err(broken());
+            }
+            self.wait_turn(&mut guard, waiting.len(), deadline, spin_until)?;
+        }
+        guard.spin.record(sent_at.elapsed(), in_flight);
+        drop(guard);
+        let mut at = response_offset;
+        for &(_, index) in &sent {
+            let response = &mut commands[index].1;
+            let len = used_lens[index];
+            response[..len].copy_from_slice(&buffers.response.buffer.as_slice()[at..at + len]);
+            at += response.len();
+        }
+        Ok(end)
+    }
+
+    /// Waits until answers may have been filed: for the device, if no other caller does
+    /// (`own` of whose chains are in flight), else for the caller that does. Fails, and breaks
+    /// the channel, once `deadline` passes.
+    fn wait_turn(
+        &self,
+        guard: &mut MutexGuard<'_, ControlState>,
+        own: usize,
+        deadline: Instant,
+        spin_until: Option<Instant>,
+    ) -> Result<(), TransportError> {
+        if guard.device_waiter {
+            if self.answered.wait_until(guard, deadline).timed_out() {
+                guard.broken = true;
+                self.answered.notify_all();
+                return Err(TransportError::Timeout(self.timeout));
+            }
+            return Ok(());
+        }
+        guard.device_waiter = true;
+        let result = self.wait_for_device(guard, own, deadline, spin_until);
+        guard.device_waiter = false;
+        if result.is_err() {
+            guard.broken = true;
+        }
+        self.answered.notify_all();
+        result
+    }
+
+    /// Collects the answers the device has used, polling until `spin_until` and then sleeping
+    /// on the signal without the lock; returns once it filed at least one.
+    fn wait_for_device(
+        &self,
+        guard: &mut MutexGuard<'_, ControlState>,
+        own: usize,
+        deadline: Instant,
+        spin_until: Option<Instant>,
+    ) -> Result<(), TransportError> {
+        loop {
+            if guard.collect_used()? {
+                return Ok(());
+            }
+            if spin_until.is_some_and(|until| Instant::now() < until) {
+                // Yield rather than spin: the answer may need a thread that waits for this
+                // CPU (the back-end's, or this process's own handler of the back-end's
+                // SHMEM_MAP requests, which the command waits for).
+                MutexGuard::unlocked(guard, std::thread::yield_now);
+                continue;
+            }
+            let ticket = self.signal.arm();
+            // With EVENT_IDX, ask to be woken by this caller's last chain when every chain in
+            // flight is its own (a batch costs one wake-up), else by the next one.
+            let wake_after = if own == guard.in_flight { own } else { 1 };
+            if guard
+                .queue
+                .enable_interrupts_after(u16::try_from(wake_after).unwrap_or(1))
+            {
+                continue;
+            }
+            if !MutexGuard::unlocked(guard, || self.signal.wait(ticket, Some(deadline)))? {
+                return Err(TransportError::Timeout(self.timeout));
+            }
+        }
+    }
+}
+
+fn broken() -> TransportError {
+    TransportError::DeviceFailure("an earlier command never completed".into())
+}
+
+impl ControlState {
+    /// Puts the commands from `first` on the queue as chains, as many as the free
+    /// descriptors take; returns their sequence numbers (none: not even the first fits now)
+    /// and the index of the first command not published.
+    fn publish(
+        &mut self,
+        buffers: &mut CommandBuffers,
+        commands: &[(&[u8], &mut [u8])],
+        first: usize,
+        request_offset: usize,
+    ) -> Result<(Sent, usize), TransportError> {
+        let response_offset: usize = commands[..first].iter().map(|(_, r)| r.len()).sum();
         let (mut request_at, mut response_at) = (request_offset, response_offset);
-        let mut heads: Vec<(u16, usize)> = Vec::new();
+        let mut sent = Sent::new();
         let mut end = first;
         while end < commands.len() {
             let (request, response) = &commands[end];
-            self.readable.clear();
-            self.writable.clear();
-            self.request
-                .range_into(request_at, request.len(), &mut self.readable);
-            self.response
-                .range_into(response_at, response.len(), &mut self.writable);
-            let needed = self.readable.len() + self.writable.len();
-            if needed > usize::from(self.vq.queue.num_free()) {
-                if heads.is_empty() {
-                    return Err(TransportError::InvalidRequest(
-                        "a command needs more descriptors than the control queue has",
-                    ));
-                }
+            buffers.readable.clear();
+            buffers.writable.clear();
+            buffers
+                .request
+                .range_into(request_at, request.len(), &mut buffers.readable);
+            buffers
+                .response
+                .range_into(response_at, response.len(), &mut buffers.writable);
+            let needed = buffers.readable.len() + buffers.writable.len();
+            if needed > usize::from(self.queue.size()) {
+                return Err(TransportError::InvalidRequest(
+                    "a command needs more descriptors than the control queue has",
+                ));
+            }
+            if needed > usize::from(self.queue.num_free()) {
                 break;
             }
-            self.request.buffer.as_mut_slice()[request_at..request_at + request.len()]
+            buffers.request.buffer.as_mut_slice()[request_at..request_at + request.len()]
                 .copy_from_slice(request);
-            let head = self.vq.queue.add(&self.readable, &self.writable)?;
-            heads.push((head, end));
+            let head = self.queue.add(&buffers.readable, &buffers.writable)?;
+            let sequence = self.next_sequence;
+            self.next_sequence += 1;
+            self.chains[usize::from(head)] = Some(sequence);
+            self.in_flight += 1;
+            sent.push((sequence, end));
             request_at += request.len();
             response_at += response.len();
             end += 1;
         }
-        self.vq.notify_if_wanted()?;
-        let sent = Instant::now();
-        let deadline = sent + timeout;
-        let in_flight = u32::try_from(heads.len()).unwrap_or(u32::MAX);
-        let spin_until = Some(sent + self.spin.budget(in_flight));
-        let mut done = 0;
-        while done < heads.len() {
-            // Fits: at most one chain per descriptor is in flight.
-            let outstanding = (heads.len() - done) as u16;
-            let used = match self
-                .vq
-                .next_used_of(outstanding, Some(deadline), spin_until)
-            {
-                Ok(Some(used)) => used,
-                Ok(None) => {
-                    self.broken = true;
-                    return Err(TransportError::Timeout(timeout));
-                }
-                Err(e) => {
-                    self.broken = true;
-                    return Err(e);
-                }
-            };
-            let Some(&(_, index)) = heads.iter().find(|(head, _)| *head == used.head) else {
-                self.broken = true;
+        Ok((sent, end))
+    }
+
+    /// Files the answer of every chain the device has used; returns whether there was any.
+    fn collect_used(&mut self) -> Result<bool, TransportError> {
+        let mut any = false;
+        while let Some(used) = self.queue.pop_used()? {
+            let Some(sequence) = self.chains[usize::from(used.head)].take() else {
                 return Err(TransportError::DeviceFailure(format!(
                     "control queue returned chain {}, which is not in flight",
                     used.head
                 )));
             };
-            let capacity = commands[index].1.len();
-            if used.len as usize > capacity {
-                self.broken = true;
-                return Err(TransportError::DeviceFailure(format!(
-                    "control queue returned {} bytes for a {capacity}-byte response",
-                    used.len
-                )));
-            }
-            used_lens[index] = used.len as usize;
-            done += 1;
+            self.answered.push((sequence, used.len));
+            self.in_flight -= 1;
+            any = true;
         }
-        self.spin.record(sent.elapsed(), in_flight);
-        let mut at = response_offset;
-        for index in first..end {
-            let response = &mut commands[index].1;
-            let len = used_lens[index];
-            response[..len].copy_from_slice(&self.response.buffer.as_slice()[at..at + len]);
-            at += response.len();
-        }
-        Ok(end)
+        Ok(any)
     }
-}
 
-impl<S> ControlState<S> {
-    /// Makes the command buffers at least as large as this command needs.
-    fn reserve(
+    /// Takes the answers filed for the commands in `waiting` (removing them from it),
+    /// checking each used length against its response's size.
+    fn take_answers(
         &mut self,
-        dma: &dyn DmaMemory,
-        request: usize,
-        response: usize,
+        waiting: &mut Sent,
+        commands: &[(&[u8], &mut [u8])],
+        used_lens: &mut [usize],
     ) -> Result<(), TransportError> {
-        if self.request.buffer.len() < request {
-            self.request = MappedBuffer::alloc(dma, request.next_power_of_two())?;
+        let mut result = Ok(());
+        let answered = &mut self.answered;
+        waiting.retain(|&(sequence, index)| {
+            let Some(at) = answered.iter().position(|&(s, _)| s == sequence) else {
+                return true;
+            };
+            let (_, len) = answered.swap_remove(at);
+            let capacity = commands[index].1.len();
+            if len as usize > capacity {
+                result = Err(TransportError::DeviceFailure(format!(
+                    "control queue returned {len} bytes for a {capacity}-byte response"
+                )));
+            } else {
+                used_lens[index] = len as usize;
+            }
+            false
+        });
+        if result.is_err() {
+            self.broken = true;
         }
-        if self.response.buffer.len() < response {
-            self.response = MappedBuffer::alloc(dma, response.next_power_of_two())?;
-        }
-        Ok(())
+        result
     }
 }
 
@@ -497,9 +698,12 @@ impl<S: QueueSignal> EventState<S> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::dma::DmaError;
     use crate::transport::process::ProcessDma;
+    use crate::virtq::test_device::{RingDevice, SeenChain};
 
     /// DMA memory whose pages are scattered: page i of every allocation lies at a bus
     /// address that does not follow page i - 1, except where listed as contiguous.
@@ -555,6 +759,269 @@ mod tests {
         mapped.range_into(0, 2 * PAGE_SIZE + 5, &mut chain);
         assert_eq!(chain.len(), 2);
         assert_eq!(chain[1].len, 5);
+    }
+
+    /// A queue signal whose device is the test: notifications are counted for the device's
+    /// side to wait on, and the device's interrupts wake the driver.
+    #[derive(Default)]
+    struct TestSignal {
+        kicks: Mutex<u64>,
+        kicked: Condvar,
+        interrupts: Mutex<u64>,
+        interrupted: Condvar,
+    }
+
+    /// Bounds a wait that only a bug makes long.
+    const HANG: Duration = Duration::from_secs(60);
+
+    impl TestSignal {
+        fn interrupt(&self) {
+            *self.interrupts.lock() += 1;
+            self.interrupted.notify_all();
+        }
+    }
+
+    impl QueueSignal for Arc<TestSignal> {
+        type Ticket = u64;
+
+        fn notify(&self) -> Result<(), TransportError> {
+            *self.kicks.lock() += 1;
+            self.kicked.notify_all();
+            Ok(())
+        }
+
+        fn arm(&self) -> u64 {
+            *self.interrupts.lock()
+        }
+
+        fn wait(&self, seen: u64, deadline: Option<Instant>) -> Result<bool, TransportError> {
+            let mut interrupts = self.interrupts.lock();
+            while *interrupts == seen {
+                let deadline = deadline.unwrap_or_else(|| Instant::now() + HANG);
+                if self
+                    .interrupted
+                    .wait_until(&mut interrupts, deadline)
+                    .timed_out()
+                {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        }
+    }
+
+    /// The device's side: the next chain the driver makes available, waiting for its
+    /// notification (EVENT_IDX: asking for one at the next entry before sleeping).
+    fn next_chain(device: &mut RingDevice, signal: &TestSignal) -> SeenChain {
+        let deadline = Instant::now() + HANG;
+        loop {
+            let kicks = *signal.kicks.lock();
+            device.set_avail_event(device.next_avail());
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            if let Some(chain) = device.pop() {
+                return chain;
+            }
+            let mut now = signal.kicks.lock();
+            while *now == kicks {
+                assert!(
+                    !signal.kicked.wait_until(&mut now, deadline).timed_out(),
+                    "no command became available"
+                );
+            }
+        }
+    }
+
+    /// Answers a command chain with its request bytes reversed, interrupting if the driver
+    /// asked for it.
+    fn answer_reversed(device: &mut RingDevice, signal: &TestSignal, (head, chain): &SeenChain) {
+        let request: Vec<u8> = chain
+            .iter()
+            .filter(|(_, _, flags)| flags & 2 == 0)
+            .flat_map(|&(addr, len, _)| device.read(addr, len))
+            .rev()
+            .collect();
+        let &(response, capacity, _) = chain.iter().find(|(_, _, flags)| flags & 2 != 0).unwrap();
+        assert!(request.len() <= capacity as usize);
+        device.write(response, &request);
+        if device.push_used(u32::from(*head), request.len() as u32) {
+            signal.interrupt();
+        }
+    }
+
+    fn channel_and_device(
+        dma: &ProcessDma,
+        signal: &Arc<TestSignal>,
+    ) -> (ControlChannel<Arc<TestSignal>>, RingDevice) {
+        let queue = SplitQueue::new(dma, 8, true).unwrap();
+        let device = RingDevice::new(dma.guest_ram(), &queue);
+        let vq = SignalledQueue {
+            queue,
+            signal: Arc::clone(signal),
+        };
+        let channel = ControlChannel::new(dma, vq, HANG, AdaptiveSpin::new(Duration::ZERO));
+        (channel.unwrap(), device)
+    }
+
+    #[test]
+    fn commands_of_several_threads_are_in_flight_at_once_and_each_gets_its_answer() {
+        let dma = ProcessDma::new(1 << 20).unwrap();
+        let signal = Arc::new(TestSignal::default());
+        let (channel, mut device) = channel_and_device(&dma, &signal);
+        std::thread::scope(|scope| {
+            let run = |request: &'static [u8]| {
+                let (channel, dma) = (&channel, &dma);
+                scope.spawn(move || {
+                    let mut response = [0u8; 16];
+                    let len = channel.round_trip(dma, request, &mut response).unwrap();
+                    response[..len].to_vec()
+                })
+            };
+            let first = run(b"first");
+            let second = run(b"second!");
+            // Both commands are available before either is answered: one thread's command
+            // does not wait for the other's round trip (with one command at a time, the
+            // second never comes and this fails after HANG).
+            let a = next_chain(&mut device, &signal);
+            let b = next_chain(&mut device, &signal);
+            // Answered in the opposite order, and the later one only once the earlier
+            // answer's caller has returned: whichever thread waits for the device must hand
+            // the other its answer (and ask to be woken by it, not by its own).
+            answer_reversed(&mut device, &signal, &b);
+            let (later, earlier) = if a.1[0].1 == 5 {
+                (second, first)
+            } else {
+                (first, second)
+            };
+            let later_answer = later.join().unwrap();
+            answer_reversed(&mut device, &signal, &a);
+            let earlier_answer = earlier.join().unwrap();
+            let mut answers = [later_answer, earlier_answer];
+            answers.sort();
+            assert_eq!(answers, [b"!dnoces".to_vec(), b"tsrif".to_vec()]);
+        });
+        // Every chain came back and the buffers of both callers are pooled for reuse.
+        let state = channel.state.lock();
+        assert_eq!(state.in_flight, 0);
+        assert_eq!(state.queue.num_free(), 8);
+        assert_eq!(state.idle.len(), 2);
+        assert!(state.chains.iter().all(Option::is_none));
+        assert!(state.answered.is_empty());
+    }
+
+    /// A batch of `count` three-byte commands (two descriptors each), `tag` in every byte;
+    /// returns the used lengths and the answers.
+    fn batch(
+        channel: &ControlChannel<Arc<TestSignal>>,
+        dma: &ProcessDma,
+        tag: u8,
+        count: usize,
+    ) -> (Vec<usize>, Vec<[u8; 8]>) {
+        let requests = vec![[tag; 3]; count];
+        let mut responses = vec![[0u8; 8]; count];
+        let mut commands: Vec<(&[u8], &mut [u8])> = requests
+            .iter()
+            .map(|r| &r[..])
+            .zip(responses.iter_mut().map(|r| &mut r[..]))
+            .collect();
+        let used = channel.round_trip_batch(dma, &mut commands).unwrap();
+        (used, responses)
+    }
+
+    #[test]
+    fn a_batch_larger_than_the_queue_goes_out_in_parts() {
+        let dma = ProcessDma::new(1 << 20).unwrap();
+        let signal = Arc::new(TestSignal::default());
+        let (channel, mut device) = channel_and_device(&dma, &signal);
+        std::thread::scope(|scope| {
+            // Eight commands of two descriptors each fill the eight-entry queue twice over.
+            let caller = scope.spawn(|| batch(&channel, &dma, 7, 8));
+            for _ in 0..8 {
+                let chain = next_chain(&mut device, &signal);
+                answer_reversed(&mut device, &signal, &chain);
+            }
+            assert_eq!(caller.join().unwrap().0, vec![3; 8]);
+        });
+    }
+
+    #[test]
+    fn commands_wait_for_descriptors_other_callers_hold() {
+        let dma = ProcessDma::new(1 << 20).unwrap();
+        let signal = Arc::new(TestSignal::default());
+        let (channel, mut device) = channel_and_device(&dma, &signal);
+        std::thread::scope(|scope| {
+            // Four commands take the whole queue; whichever caller comes second waits for
+            // descriptors until the device answers the first one's chains.
+            let four = scope.spawn(|| batch(&channel, &dma, 4, 4));
+            let one = scope.spawn(|| batch(&channel, &dma, 1, 1));
+            let mut seen = Vec::new();
+            while seen.len() < 4 {
+                seen.push(next_chain(&mut device, &signal));
+            }
+            for chain in &seen {
+                answer_reversed(&mut device, &signal, chain);
+            }
+            let last = next_chain(&mut device, &signal);
+            answer_reversed(&mut device, &signal, &last);
+            let (used, answers) = four.join().unwrap();
+            assert_eq!(used, vec![3; 4]);
+            assert!(answers.iter().all(|a| a[..3] == [4; 3]));
+            let (used, answers) = one.join().unwrap();
+            assert_eq!((used, &answers[0][..3]), (vec![3], &[1u8; 3][..]));
+        });
+    }
+
+    #[test]
+    fn an_answer_stays_with_its_command_when_another_chain_takes_its_head() {
+        let dma = ProcessDma::new(1 << 20).unwrap();
+        let signal = Arc::new(TestSignal::default());
+        let (channel, mut device) = channel_and_device(&dma, &signal);
+        let mut state = channel.state.lock();
+        let (mut first_response, mut second_response) = ([0u8; 8], [0u8; 8]);
+        let first: [(&[u8], &mut [u8]); 1] = [(b"first", &mut first_response)];
+        let second: [(&[u8], &mut [u8]); 1] = [(b"second", &mut second_response)];
+        let mut first_buffers = CommandBuffers::alloc(&dma, PAGE_SIZE, PAGE_SIZE).unwrap();
+        let mut second_buffers = CommandBuffers::alloc(&dma, PAGE_SIZE, PAGE_SIZE).unwrap();
+        let (mut first_sent, _) = state.publish(&mut first_buffers, &first, 0, 0).unwrap();
+        let chain = device.pop().unwrap();
+        answer_reversed(&mut device, &signal, &chain);
+        assert!(state.collect_used().unwrap());
+        // Collected, not yet taken by its caller: the head's descriptors are free, and the
+        // next chain takes them.
+        let (mut second_sent, _) = state.publish(&mut second_buffers, &second, 0, 0).unwrap();
+        assert_eq!(device.pop().unwrap().0, chain.0);
+        let mut used_lens = [0usize];
+        state
+            .take_answers(&mut second_sent, &second, &mut used_lens)
+            .unwrap();
+        assert_eq!(second_sent.len(), 1, "the second command has no answer yet");
+        state
+            .take_answers(&mut first_sent, &first, &mut used_lens)
+            .unwrap();
+        assert!(first_sent.is_empty());
+        assert_eq!(used_lens, [5]);
+    }
+
+    #[test]
+    fn a_caller_gives_up_after_its_timeout_and_the_channel_stays_broken() {
+        let dma = ProcessDma::new(1 << 20).unwrap();
+        let signal = Arc::new(TestSignal::default());
+        let queue = SplitQueue::new(&dma, 8, true).unwrap();
+        let vq = SignalledQueue {
+            queue,
+            signal: Arc::clone(&signal),
+        };
+        let channel =
+            ControlChannel::new(&dma, vq, Duration::ZERO, AdaptiveSpin::new(Duration::ZERO))
+                .unwrap();
+        let mut response = [0u8; 4];
+        assert!(matches!(
+            channel.round_trip(&dma, b"x", &mut response),
+            Err(TransportError::Timeout(_))
+        ));
+        assert!(matches!(
+            channel.round_trip(&dma, b"x", &mut response),
+            Err(TransportError::DeviceFailure(_))
+        ));
     }
 
     #[test]
