@@ -106,6 +106,9 @@ pub struct PreparedRoot {
     pub kernel: PathBuf,
     pub initramfs: PathBuf,
     pub kernel_release: String,
+    /// The tree is an overlay of several file systems (their inode numbers may collide), so
+    /// QEMU must remap them (`multidevs=remap`).
+    pub layered: bool,
     /// A shared lock on the root's `ready` file for as long as this (or a clone) lives: a
     /// `prepare` of another recipe removes the roots it replaced only when no one holds one
     /// (a VM of another checkout may be running from it).
@@ -135,8 +138,18 @@ impl PreparedRoot {
             kernel: if unpacked.is_file() { unpacked } else { kernel },
             initramfs,
             kernel_release,
+            layered: false,
             _in_use: hold(&ready).map(Arc::new),
         })
+    }
+
+    /// The same kernel and initramfs over `tree`, an overlay with this root's tree below.
+    pub fn layered_over(&self, tree: PathBuf) -> PreparedRoot {
+        PreparedRoot {
+            tree,
+            layered: true,
+            ..self.clone()
+        }
     }
 }
 

@@ -394,20 +394,27 @@ fn run_in(
         .arg(format!("file:{}", console.display()))
         .args(["-chardev", "stdio,id=cmdout,signal=off"])
         .args(["-serial", "chardev:cmdout"]);
-    let mut add_9p = |tag: &str, path: &Path, readonly: bool| {
+    let mut add_9p = |tag: &str, path: &Path, options: &str| {
         let id = format!("fs-{tag}");
         cmd.arg("-fsdev").arg(format!(
-            "local,id={id},path={},security_model=none{}",
+            "local,id={id},path={},security_model=none{options}",
             path.display(),
-            if readonly { ",readonly=on" } else { "" }
         ));
         cmd.arg("-device")
             .arg(format!("virtio-9p-pci,fsdev={id},mount_tag={tag}"));
     };
-    add_9p(ROOT_TAG, &root.tree, true);
-    add_9p(RUN_TAG, run_dir, false);
+    add_9p(
+        ROOT_TAG,
+        &root.tree,
+        if root.layered {
+            ",readonly=on,multidevs=remap"
+        } else {
+            ",readonly=on"
+        },
+    );
+    add_9p(RUN_TAG, run_dir, "");
     for (i, (source, _)) in exports.iter().enumerate() {
-        add_9p(&format!("vrdma-share{i}"), source, true);
+        add_9p(&format!("vrdma-share{i}"), source, ",readonly=on");
     }
     if let Some(link) = &config.link {
         cmd.args(link.qemu_args());

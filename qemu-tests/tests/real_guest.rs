@@ -64,7 +64,7 @@ fn a_real_guest_runs_rdma_over_vrdma_and_survives_a_reboot() {
     // The steps through the agent ran from the vrdma-guest package: installed with dpkg, a
     // program's libibverbs.so.1 and librdmacm.so.1 both the drop-in's (loader's cache, no
     // LD_LIBRARY_PATH); purged, both rdma-core's again and nothing of the package left.
-    let package = &first.agent_package;
+    let package = &report.package;
     assert!(
         package.status.contains("install ok installed"),
         "{package:?}"

@@ -184,7 +184,7 @@ enum GuestCmd {
         /// Directory with the drop-in as libibverbs.so.1.
         #[arg(long)]
         library_dir: PathBuf,
-        /// The vrdma-guest Debian package the nested guest installs.
+        /// The vrdma-guest Debian package, installed into the nested guest's root.
         #[arg(long)]
         guest_package: PathBuf,
         /// End with a reboot of the guest with a live application.
@@ -195,9 +195,6 @@ enum GuestCmd {
     RealGuestInside {
         #[arg(long)]
         library_dir: PathBuf,
-        /// The vrdma-guest Debian package to install.
-        #[arg(long)]
-        guest_package: PathBuf,
         /// Iterations per operation and size of the ping-pongs.
         #[arg(long)]
         iters: u32,
@@ -357,11 +354,10 @@ fn dispatch(command: Cmd) -> Result<ExitCode> {
             } => real_guest::guest(native, root_dir, library_dir, guest_package, reboot)?,
             GuestCmd::RealGuestInside {
                 library_dir,
-                guest_package,
                 iters,
                 reboot,
                 rping_server,
-            } => real_guest::guest_inside(library_dir, guest_package, iters, reboot, rping_server)?,
+            } => real_guest::guest_inside(library_dir, iters, reboot, rping_server)?,
             GuestCmd::Bench(args) => cli::bench::guest(&args)?,
         },
     }

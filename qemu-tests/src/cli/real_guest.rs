@@ -91,11 +91,14 @@ fn print_report(report: &real_guest::Report, rxe_vm_accel: &str, vm_run: Duratio
         "{}",
         real_guest::render_columns(&report.through_agent, ("root PCI", "agent"))
     );
-    let package = &report.first_boot.agent_package;
+    let package = &report.package;
     println!(
-        "installed with dpkg: {}; a program's libraries: {}; purged: {}",
+        "installed with dpkg into the guest's root ({:.1} s in the rxe VM): {}; a program's \
+         libraries: {}; purged ({:.1} s): {}",
+        package.install_secs,
         package.status.trim(),
         package.resolved.join(", "),
+        package.purge_secs,
         package.purged.join(", ")
     );
     println!(
@@ -195,7 +198,6 @@ pub fn guest(
 /// `vrdma-vm guest real-guest-inside`: inside the nested guest, this boot's part of the suite.
 pub fn guest_inside(
     library_dir: PathBuf,
-    guest_package: PathBuf,
     iters: u32,
     reboot: bool,
     rping_server: String,
@@ -209,7 +211,6 @@ pub fn guest_inside(
             .unwrap_or(Path::new("."))
             .join("vrdma-pingpong"),
         library_dir,
-        guest_package,
         rping_server,
         result_dir: result_dir.into(),
     };

@@ -11,7 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::control::ControlClient;
-use super::installed::{self, PackageRecord, ServiceUnit};
+use super::installed::{self, ServiceUnit};
 use super::*;
 use crate::error::{tail, Error, IoContext, Result};
 use crate::inside::Proc;
@@ -31,8 +31,6 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(900);
 pub struct GuestPaths {
     pub pingpong: PathBuf,
     pub library_dir: PathBuf,
-    /// The `vrdma-guest` Debian package of this build (`vrdma-deb`).
-    pub guest_package: PathBuf,
     /// The rxe VM's link-local address, where the native rping server listens.
     pub rping_server: String,
     /// Where results go (`$VRDMA_RESULT_DIR`, kept across the reboot).
@@ -116,7 +114,6 @@ fn first_boot(
     record.agent_published = agent.published;
     record.agent_pin_registered = agent.pin_registered;
     record.agent_pin_budget = agent.pin_budget;
-    record.agent_package = agent.package;
     for table in &record.through_agent {
         println!("{table}");
     }
@@ -402,7 +399,6 @@ struct ThroughAgent {
     published: Vec<(String, String)>,
     pin_registered: u64,
     pin_budget: String,
-    package: PackageRecord,
 }
 
 /// The guest side installed from its Debian package (`installed`), the agent started as its
@@ -422,17 +418,8 @@ fn through_agent(
     let start = Instant::now();
     // Where this step's time goes (it is the suite's longest).
     let lap = |what: &str| println!("  {:7.1} s  {what}", start.elapsed().as_secs_f64());
-    let mut package = PackageRecord::default();
-    let user = match installed::install(&paths.guest_package, &mut package, &lap) {
-        Ok(user) => user,
-        Err(e) => {
-            // What was installed goes, so that the steps after this one run as before.
-            if let Err(purge) = installed::purge(&mut package, &lap) {
-                eprintln!("purging after a failed installation: {purge}");
-            }
-            return Err(e);
-        }
-    };
+    // Installed by dpkg into this root before it booted (`installed::InstalledRoot`).
+    let user = installed::user()?;
     let unit = ServiceUnit::installed_agent()?;
     installed::configure(
         &unit,
@@ -536,27 +523,20 @@ fn through_agent(
             published,
             pin_registered,
             pin_budget,
-            package: PackageRecord::default(),
         })
     })();
-    let result = match result {
+    match result {
         Ok(through) => {
-            let stopped = unit.stop(&mut agent, STEP_TIMEOUT).map(|()| through);
+            unit.stop(&mut agent, STEP_TIMEOUT)?;
             lap("the agent stopped as its unit says");
-            stopped
+            Ok(through)
         }
         Err(e) => {
             eprintln!("vrdma-guestd:\n{}", tail(&agent.output(), 30));
             agent.kill();
             Err(e)
         }
-    };
-    // Purged whatever happened; a failure here is the step's only when the step went well.
-    let purged = installed::purge(&mut package, &lap);
-    let mut through = result?;
-    purged?;
-    through.package = package;
-    Ok(through)
+    }
 }
 
 /// The guest as the one-way server: once its receives are posted, the host side stops the

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::control;
 use super::guest::{FIRST_BOOT_FILE, SECOND_BOOT_FILE};
+use super::installed::{InstalledRoot, PackageRecord};
 use super::*;
 use crate::accel::Accel;
 use crate::error::{tail, Error, Result};
@@ -126,6 +127,10 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
             .args(["--timeout", &timeout.as_secs().to_string()]),
     )?;
 
+    // The guest boots from its root with the vrdma-guest package installed (dpkg here, not
+    // under nested TCG).
+    let mut package = PackageRecord::default();
+    let installed = InstalledRoot::install(&root, &settings.guest_package, &mut package)?;
     let mut config = VmConfig::for_host(accel)?;
     config.cpus = 2;
     config.memory_mib = GUEST_MEMORY_MIB;
@@ -142,8 +147,6 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
         "real-guest-inside".into(),
         "--library-dir".into(),
         settings.library_dir.to_string_lossy().into_owned(),
-        "--guest-package".into(),
-        settings.guest_package.to_string_lossy().into_owned(),
         "--iters".into(),
         settings.iters.to_string(),
         "--rping-server".into(),
@@ -214,7 +217,7 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
                 requests.answer(request)
             })
         });
-        let outcome = vm::run(&root, &config, &command);
+        let outcome = vm::run(installed.root(), &config, &command);
         guest_gone.store(true, Ordering::Release);
         match control.join() {
             Ok(Ok(())) => {}
@@ -340,6 +343,7 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
             vrdma,
         });
     }
+    installed.purge(&mut package)?;
     Ok(Report {
         accel: format!("{accel:?}"),
         elapsed_secs: outcome.elapsed.as_secs_f64(),
@@ -347,6 +351,7 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
         perftest,
         reboot,
         through_agent,
+        package,
     })
 }
 

@@ -3,19 +3,25 @@
 //! run by a member of the group `rdma` with no vrdma variable and no `LD_LIBRARY_PATH`, and
 //! `dpkg --purge` undoing it all.
 //!
-//! The nested guest runs no systemd (the suite is its init), so [`ServiceUnit`] does what
-//! systemd would with the unit's `EnvironmentFile`, `ExecStartPre`, `ExecStart` and
-//! `ExecStopPost` lines; `systemd-analyze verify` checks the unit as systemd reads it.
+//! dpkg runs in the rxe VM, on the nested guest's root before it boots ([`InstalledRoot`]: an
+//! overlay over the shared tree, which the guest then boots from): under nested TCG, dpkg's
+//! reading of its database and the loader-cache trigger took minutes of every CI run, for
+//! the same files. The package's own checks run there too, chrooted into the guest's root
+//! (the loader's view, Python loading the library, `systemd-analyze verify`), and the purge
+//! once the guest has gone. The nested guest runs no systemd (the suite is its init), so
+//! [`ServiceUnit`] does what systemd would with the unit's `EnvironmentFile`, `ExecStartPre`,
+//! `ExecStart` and `ExecStopPost` lines.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
 use crate::host::run_checked;
 use crate::inside::Proc;
+use crate::rootfs::PreparedRoot;
 
 /// Where the package puts the drop-in (ahead of rdma-core's in the loader's cache).
 pub const LIBRARY_DIR: &str = "/usr/lib/x86_64-linux-gnu/vrdma";
@@ -31,6 +37,8 @@ const USER: &str = "vrdma-user";
 const PROBE_PROGRAM: &str = "/usr/bin/rping";
 /// systemd's search path for services.
 const SERVICE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin";
+/// Where the rxe VM builds the nested guest's root.
+const GUEST_ROOT_DIR: &str = "/run/vrdma-guest-root";
 
 /// What installing and purging the package showed.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -43,41 +51,163 @@ pub struct PackageRecord {
     pub purged: Vec<String>,
     /// The package's files still present after the purge (none expected).
     pub left_after_purge: Vec<String>,
+    /// How long installing (with its checks) and purging took in the rxe VM, in seconds.
+    pub install_secs: f64,
+    pub purge_secs: f64,
 }
 
-/// Installs `deb` with dpkg and makes the ordinary user; returns the user's uid and gid (its
-/// primary group is `rdma`). `lap` is told where the time went.
-pub fn install(deb: &Path, record: &mut PackageRecord, lap: &dyn Fn(&str)) -> Result<(u32, u32)> {
-    let output = run_checked(Command::new("dpkg").arg("-i").arg(deb))?;
-    println!(
-        "{}",
-        crate::error::tail(&String::from_utf8_lossy(&output.stdout), 4)
-    );
-    lap("dpkg -i");
-    record.status = query_status()?;
-    record.resolved = resolved_libraries()?;
-    lap("dpkg-query and ldd");
-    // Loaded at run time too, as UCX's, libfabric's and Python's modules load it: glibc
-    // refuses a library that would need an executable stack.
-    run_checked(Command::new("python3").args([
-        "-c",
-        "import ctypes; ctypes.CDLL('librdmacm.so.1').rdma_create_event_channel",
-    ]))?;
-    lap("librdmacm.so.1 loaded by Python's ctypes");
-    // systemd's own reading of the installed unit (offline: no systemd runs here).
-    run_checked(Command::new("systemd-analyze").args(["verify", UNIT]))?;
-    lap("systemd-analyze verify");
-    if run_checked(Command::new("id").arg("-u").arg(USER)).is_err() {
-        run_checked(Command::new("useradd").args([
-            "--system",
-            "--no-create-home",
-            "--gid",
-            "rdma",
-            "--shell",
-            "/usr/sbin/nologin",
-            USER,
-        ]))?;
+/// The nested guest's root with the package installed: the shared tree below, a tmpfs above,
+/// merged by overlayfs; unmounted when dropped.
+pub struct InstalledRoot {
+    /// The tmpfs holding the overlay's upper and work directories, and its mount point.
+    dir: PathBuf,
+    merged: PathBuf,
+    root: PreparedRoot,
+}
+
+impl InstalledRoot {
+    /// Installs `deb` with dpkg into an overlay over `root`'s tree, checks it as the
+    /// guest will see it and makes the ordinary user.
+    pub fn install(root: &PreparedRoot, deb: &Path, record: &mut PackageRecord) -> Result<Self> {
+        let started = Instant::now();
+        let dir = PathBuf::from(GUEST_ROOT_DIR);
+        let merged = dir.join("merged");
+        // A run that did not get to unmount left these behind.
+        let _ = Command::new("umount").arg(&merged).status();
+        let _ = Command::new("umount").arg(&dir).status();
+        std::fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
+        run_checked(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "tmpfs"])
+                .arg(&dir),
+        )?;
+        let installed = InstalledRoot {
+            merged: merged.clone(),
+            root: root.layered_over(merged.clone()),
+            dir: dir.clone(),
+        };
+        for sub in ["upper", "work", "merged"] {
+            std::fs::create_dir(dir.join(sub)).context(|| format!("creating {sub}"))?;
+        }
+        let layers = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            root.tree.display(),
+            dir.join("upper").display(),
+            dir.join("work").display()
+        );
+        run_checked(
+            Command::new("mount")
+                .args(["-t", "overlay", "overlay", "-o", &layers])
+                .arg(&merged),
+        )?;
+        let output = run_checked(
+            Command::new("dpkg")
+                .arg("--root")
+                .arg(&merged)
+                .arg("-i")
+                .arg(deb),
+        )?;
+        println!(
+            "{}",
+            crate::error::tail(&String::from_utf8_lossy(&output.stdout), 4)
+        );
+        record.status = installed.query_status()?;
+        record.resolved = installed.resolved_libraries()?;
+        // Loaded at run time too, as UCX's, libfabric's and Python's modules load it: glibc
+        // refuses a library that would need an executable stack.
+        installed.chrooted(&[
+            "python3",
+            "-c",
+            "import ctypes; ctypes.CDLL('librdmacm.so.1').rdma_create_event_channel",
+        ])?;
+        // systemd's own reading of the installed unit (the guest's systemd, offline).
+        installed.chrooted(&["systemd-analyze", "verify", UNIT])?;
+        if installed.chrooted(&["id", "-u", USER]).is_err() {
+            installed.chrooted(&[
+                "useradd",
+                "--system",
+                "--no-create-home",
+                "--gid",
+                "rdma",
+                "--shell",
+                "/usr/sbin/nologin",
+                USER,
+            ])?;
+        }
+        record.install_secs = started.elapsed().as_secs_f64();
+        Ok(installed)
     }
+
+    /// The root the nested guest boots from.
+    pub fn root(&self) -> &PreparedRoot {
+        &self.root
+    }
+
+    /// Purges the package (after the guest has gone) and records what is left.
+    pub fn purge(&self, record: &mut PackageRecord) -> Result<()> {
+        let started = Instant::now();
+        run_checked(
+            Command::new("dpkg")
+                .arg("--root")
+                .arg(&self.merged)
+                .args(["--purge", PACKAGE]),
+        )?;
+        record.purged = self.resolved_libraries()?;
+        record.left_after_purge = [
+            LIBRARY_DIR,
+            UNIT,
+            "/etc/ld.so.conf.d/00-vrdma.conf",
+            "/usr/sbin/vrdma-guestd",
+            "/etc/default/vrdma-guestd",
+            "/etc/systemd/system/multi-user.target.wants/vrdma-guestd.service",
+            AGENT_SOCKET,
+        ]
+        .into_iter()
+        .filter(|path| self.merged.join(path.trim_start_matches('/')).exists())
+        .map(String::from)
+        .collect();
+        record.purge_secs = started.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Runs `words` chrooted into the guest's root.
+    fn chrooted(&self, words: &[&str]) -> Result<std::process::Output> {
+        run_checked(Command::new("chroot").arg(&self.merged).args(words))
+    }
+
+    fn query_status(&self) -> Result<String> {
+        let output = run_checked(
+            Command::new("dpkg-query")
+                .arg("--root")
+                .arg(&self.merged)
+                .args(["-W", "-f", "${Package} ${Version} ${Status}", PACKAGE]),
+        )?;
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// `ldd`'s lines for rdma-core's two libraries in a program linked against both.
+    fn resolved_libraries(&self) -> Result<Vec<String>> {
+        let output = self.chrooted(&["ldd", PROBE_PROGRAM])?;
+        Ok(String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter(|line| line.contains("libibverbs.so.1") || line.contains("librdmacm.so.1"))
+            .map(|line| line.trim().to_string())
+            .collect())
+    }
+}
+
+impl Drop for InstalledRoot {
+    fn drop(&mut self) {
+        for mount in [&self.merged, &self.dir] {
+            if let Err(e) = run_checked(Command::new("umount").arg(mount)) {
+                log::warn!("{e}");
+            }
+        }
+    }
+}
+
+/// The ordinary user's uid and gid, in the guest (its primary group is `rdma`).
+pub fn user() -> Result<(u32, u32)> {
     let id = |flag: &str| -> Result<u32> {
         let output = run_checked(Command::new("id").arg(flag).arg(USER))?;
         let text = String::from_utf8_lossy(&output.stdout);
@@ -85,9 +215,7 @@ pub fn install(deb: &Path, record: &mut PackageRecord, lap: &dyn Fn(&str)) -> Re
             .parse()
             .map_err(|_| Error::Scenario(format!("id {flag} {USER} printed {text:?}")))
     };
-    let ids = (id("-u")?, id("-g")?);
-    lap("the user made");
-    Ok(ids)
+    Ok((id("-u")?, id("-g")?))
 }
 
 /// Sets the agent's options the way an operator does: in its settings file.
@@ -101,47 +229,6 @@ pub fn configure(unit: &ServiceUnit, settings: &[(&str, String)]) -> Result<()> 
         text.push_str(&format!("{name}={value}\n"));
     }
     std::fs::write(file, text).context(|| format!("writing {}", file.display()))
-}
-
-/// Purges the package and records what is left.
-pub fn purge(record: &mut PackageRecord, lap: &dyn Fn(&str)) -> Result<()> {
-    run_checked(Command::new("dpkg").args(["--purge", PACKAGE]))?;
-    lap("dpkg --purge");
-    record.purged = resolved_libraries()?;
-    record.left_after_purge = [
-        LIBRARY_DIR,
-        UNIT,
-        "/etc/ld.so.conf.d/00-vrdma.conf",
-        "/usr/sbin/vrdma-guestd",
-        "/etc/default/vrdma-guestd",
-        "/etc/systemd/system/multi-user.target.wants/vrdma-guestd.service",
-        AGENT_SOCKET,
-    ]
-    .into_iter()
-    .filter(|path| Path::new(path).exists())
-    .map(String::from)
-    .collect();
-    Ok(())
-}
-
-fn query_status() -> Result<String> {
-    let output = run_checked(Command::new("dpkg-query").args([
-        "-W",
-        "-f",
-        "${Package} ${Version} ${Status}",
-        PACKAGE,
-    ]))?;
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
-/// `ldd`'s lines for rdma-core's two libraries in a program linked against both.
-fn resolved_libraries() -> Result<Vec<String>> {
-    let output = run_checked(Command::new("ldd").arg(PROBE_PROGRAM))?;
-    Ok(String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter(|line| line.contains("libibverbs.so.1") || line.contains("librdmacm.so.1"))
-        .map(|line| line.trim().to_string())
-        .collect())
 }
 
 /// A command line of the unit: its words and whether a failure is ignored (`-`).

@@ -230,6 +230,10 @@ pub struct Report {
     /// in [`AGENT_PERFTEST`] order.
     #[serde(default)]
     pub through_agent: Vec<Comparison>,
+    /// The `vrdma-guest` package the guest ran from (the steps through the agent): installed
+    /// into its root before it booted, purged after it.
+    #[serde(default)]
+    pub package: installed::PackageRecord,
 }
 
 /// What the guest's first boot left in the result directory.
@@ -275,9 +279,6 @@ pub struct FirstBoot {
     /// The back-end killed under a running application and replaced, in the same boot.
     #[serde(default)]
     pub daemon_restart: DaemonRestart,
-    /// The `vrdma-guest` package the steps through the agent ran from, installed and purged.
-    #[serde(default)]
-    pub agent_package: installed::PackageRecord,
 }
 
 /// The back-end killed under the guest (QEMU behind vrdma-keeper, spec §11.5).
