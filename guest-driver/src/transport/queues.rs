@@ -848,25 +848,29 @@ mod tests {
         }
     }
 
-    fn channel_and_device(
-        dma: &ProcessDma,
-        signal: &Arc<TestSignal>,
-    ) -> (ControlChannel<Arc<TestSignal>>, RingDevice) {
-        let queue = SplitQueue::new(dma, 8, true).unwrap();
+    /// A control channel over an eight-entry queue with EVENT_IDX, its memory, its signal and
+    /// the test's side of its device.
+    fn test_channel() -> (
+        ProcessDma,
+        Arc<TestSignal>,
+        ControlChannel<Arc<TestSignal>>,
+        RingDevice,
+    ) {
+        let dma = ProcessDma::new(1 << 20).unwrap();
+        let signal = Arc::new(TestSignal::default());
+        let queue = SplitQueue::new(&dma, 8, true).unwrap();
         let device = RingDevice::new(dma.guest_ram(), &queue);
         let vq = SignalledQueue {
             queue,
-            signal: Arc::clone(signal),
+            signal: Arc::clone(&signal),
         };
-        let channel = ControlChannel::new(dma, vq, HANG, AdaptiveSpin::new(Duration::ZERO));
-        (channel.unwrap(), device)
+        let channel = ControlChannel::new(&dma, vq, HANG, AdaptiveSpin::new(Duration::ZERO));
+        (dma, signal, channel.unwrap(), device)
     }
 
     #[test]
     fn commands_of_several_threads_are_in_flight_at_once_and_each_gets_its_answer() {
-        let dma = ProcessDma::new(1 << 20).unwrap();
-        let signal = Arc::new(TestSignal::default());
-        let (channel, mut device) = channel_and_device(&dma, &signal);
+        let (dma, signal, channel, mut device) = test_channel();
         std::thread::scope(|scope| {
             let run = |request: &'static [u8]| {
                 let (channel, dma) = (&channel, &dma);
@@ -929,9 +933,7 @@ mod tests {
 
     #[test]
     fn a_batch_larger_than_the_queue_goes_out_in_parts() {
-        let dma = ProcessDma::new(1 << 20).unwrap();
-        let signal = Arc::new(TestSignal::default());
-        let (channel, mut device) = channel_and_device(&dma, &signal);
+        let (dma, signal, channel, mut device) = test_channel();
         std::thread::scope(|scope| {
             // Eight commands of two descriptors each fill the eight-entry queue twice over.
             let caller = scope.spawn(|| batch(&channel, &dma, 7, 8));
@@ -945,9 +947,7 @@ mod tests {
 
     #[test]
     fn commands_wait_for_descriptors_other_callers_hold() {
-        let dma = ProcessDma::new(1 << 20).unwrap();
-        let signal = Arc::new(TestSignal::default());
-        let (channel, mut device) = channel_and_device(&dma, &signal);
+        let (dma, signal, channel, mut device) = test_channel();
         std::thread::scope(|scope| {
             // Four commands take the whole queue; whichever caller comes second waits for
             // descriptors until the device answers the first one's chains.
@@ -972,9 +972,7 @@ mod tests {
 
     #[test]
     fn an_answer_stays_with_its_command_when_another_chain_takes_its_head() {
-        let dma = ProcessDma::new(1 << 20).unwrap();
-        let signal = Arc::new(TestSignal::default());
-        let (channel, mut device) = channel_and_device(&dma, &signal);
+        let (dma, signal, channel, mut device) = test_channel();
         let mut state = channel.state.lock();
         let (mut first_response, mut second_response) = ([0u8; 8], [0u8; 8]);
         let first: [(&[u8], &mut [u8]); 1] = [(b"first", &mut first_response)];
