@@ -23,10 +23,16 @@ pub(crate) struct RingDevice {
 impl RingDevice {
     /// The device of `queue`, whose rings live in `ram`.
     pub(crate) fn new(ram: &Arc<MemfdRam>, queue: &SplitQueue) -> Self {
+        Self::at(ram, queue.guest_addresses(), queue.size())
+    }
+
+    /// The device of the queue of `size` entries whose rings the driver put at `rings` in
+    /// `ram` (as it programs them into a transport's registers).
+    pub(crate) fn at(ram: &Arc<MemfdRam>, rings: RingAddresses, size: u16) -> Self {
         RingDevice {
             ram: Arc::clone(ram),
-            rings: queue.guest_addresses(),
-            size: queue.size(),
+            rings,
+            size,
             next_avail: 0,
             used_idx: 0,
         }
@@ -85,6 +91,14 @@ impl RingDevice {
             index = next;
         }
         Some((head, chain))
+    }
+
+    /// The driver's avail index: how many chains it has made available in all.
+    pub(crate) fn avail_idx(&self) -> u16 {
+        u16::from_le(
+            self.atomic_u16(self.rings.avail + 2)
+                .load(Ordering::Acquire),
+        )
     }
 
     /// Index of the next available entry the device will take.

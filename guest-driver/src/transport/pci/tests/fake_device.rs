@@ -12,6 +12,8 @@ use crate::transport::pci::transport::{PciOptions, PciTransport};
 use crate::transport::pci::virtio::{common, status, ISR_QUEUE};
 use crate::transport::process::ProcessDma;
 use crate::transport::{SharedMemory, TransportError};
+use crate::virtq::test_device::{RingDevice, SeenChain};
+use crate::virtq::RingAddresses;
 use parking_lot::{Mutex, MutexGuard};
 use vrdma_spec::config::MAGIC;
 use vrdma_spec::features::{
@@ -28,9 +30,6 @@ pub(super) const SHM_LEN: u64 = 0x10000;
 /// A device-specific bit this driver does not know.
 pub(super) const UNKNOWN_DEVICE_FEATURE: u64 = 1 << 20;
 
-/// Address, length and flags of one descriptor.
-pub(super) type Descriptor = (u64, u32, u16);
-
 #[derive(Clone, Copy, Default, Debug)]
 pub(super) struct QueueRegs {
     pub(super) max: u16,
@@ -40,9 +39,6 @@ pub(super) struct QueueRegs {
     pub(super) desc: u64,
     pub(super) driver: u64,
     pub(super) device: u64,
-    /// Device side: next avail entry to take, and used idx.
-    pub(super) next_avail: u16,
-    pub(super) used_idx: u16,
 }
 
 pub(super) struct Regs {
@@ -54,6 +50,8 @@ pub(super) struct Regs {
     pub(super) config_msix: u16,
     pub(super) queue_select: u16,
     pub(super) queues: [QueueRegs; 3],
+    /// The device's side of each enabled queue.
+    pub(super) rings: [Option<RingDevice>; 3],
     pub(super) isr: u8,
     pub(super) generation: u8,
     /// Times the generation changes under a reader, once per read of it.
@@ -161,6 +159,7 @@ impl FakeDevice {
                 config_msix: 0,
                 queue_select: 0,
                 queues: [queue; 3],
+                rings: Default::default(),
                 isr: 0,
                 generation: 0,
                 generation_bumps: 0,
@@ -183,74 +182,26 @@ impl FakeDevice {
         self.dma.guest_ram()
     }
 
-    pub(super) fn at(&self, gpa: u64) -> *mut u8 {
-        let ram = self.ram();
-        let offset = usize::try_from(gpa - ram.guest_base()).unwrap();
-        assert!(offset < ram.len(), "device access outside guest RAM");
-        // SAFETY: inside the guest RAM mapping (checked above).
-        unsafe { ram.host_base().add(offset) }
+    /// How many chains the driver has made available on queue `index` in all.
+    pub(super) fn posted(&self, index: usize) -> u16 {
+        self.regs().rings[index]
+            .as_ref()
+            .expect("an enabled queue")
+            .avail_idx()
     }
 
-    pub(super) fn read_u16(&self, gpa: u64) -> u16 {
-        // SAFETY: test device reading guest RAM inside the mapping.
-        u16::from_le(unsafe { self.at(gpa).cast::<u16>().read_volatile() })
-    }
-
-    pub(super) fn write_u16(&self, gpa: u64, value: u16) {
-        // SAFETY: test device writing guest RAM inside the mapping.
-        unsafe { self.at(gpa).cast::<u16>().write_volatile(value.to_le()) }
-    }
-
-    /// Descriptors of the chain at `head` of queue `q`.
-    pub(super) fn chain(&self, q: &QueueRegs, head: u16) -> Vec<Descriptor> {
-        let mut chain = Vec::new();
-        let mut index = head;
-        loop {
-            let d = q.desc + 16 * u64::from(index);
-            // SAFETY: test device reading a descriptor in guest RAM.
-            let (addr, len) = unsafe {
-                (
-                    self.at(d).cast::<u64>().read_volatile(),
-                    self.at(d + 8).cast::<u32>().read_volatile(),
-                )
-            };
-            let flags = self.read_u16(d + 12);
-            chain.push((addr, len, flags));
-            if flags & 1 == 0 {
-                return chain;
-            }
-            index = self.read_u16(d + 14);
-        }
-    }
-
-    /// Takes the next available chain of queue `index`, if any.
-    pub(super) fn pop(&self, regs: &mut Regs, index: usize) -> Option<(u16, Vec<Descriptor>)> {
-        let q = regs.queues[index];
-        if q.enable == 0 || self.read_u16(q.driver + 2) == q.next_avail {
-            return None;
-        }
-        let slot = u64::from(q.next_avail % q.size);
-        let head = self.read_u16(q.driver + 4 + 2 * slot);
-        regs.queues[index].next_avail = q.next_avail.wrapping_add(1);
+    /// Takes the next available chain of queue `index`, if it is enabled and has one.
+    pub(super) fn pop(&self, regs: &mut Regs, index: usize) -> Option<SeenChain> {
+        let ring = regs.rings[index].as_mut()?;
+        let chain = ring.pop()?;
         // EVENT_IDX: ask for a notification when the next chain is made available.
-        self.write_u16(
-            q.device + 4 + 8 * u64::from(q.size),
-            q.next_avail.wrapping_add(1),
-        );
-        Some((head, self.chain(&q, head)))
+        ring.set_avail_event(ring.next_avail());
+        Some(chain)
     }
 
     pub(super) fn push_used(&self, regs: &mut Regs, index: usize, head: u16, len: u32) {
-        let q = regs.queues[index];
-        let entry = q.device + 4 + 8 * u64::from(q.used_idx % q.size);
-        // SAFETY: test device writing a used entry in guest RAM.
-        unsafe {
-            self.at(entry).cast::<u32>().write_volatile(u32::from(head));
-            self.at(entry + 4).cast::<u32>().write_volatile(len);
-        }
-        regs.queues[index].used_idx = q.used_idx.wrapping_add(1);
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-        self.write_u16(q.device + 2, regs.queues[index].used_idx);
+        let ring = regs.rings[index].as_mut().expect("an enabled queue");
+        ring.push_used(u32::from(head), len);
         regs.isr |= ISR_QUEUE;
     }
 
@@ -260,28 +211,22 @@ impl FakeDevice {
             return;
         }
         while let Some((head, chain)) = self.pop(regs, 0) {
+            let ring = regs.rings[0].as_ref().expect("an enabled queue");
             let mut request = Vec::new();
             let mut writable = Vec::new();
             for (addr, len, flags) in chain {
                 if flags & 2 == 0 {
-                    for i in 0..u64::from(len) {
-                        // SAFETY: test device reading a request byte.
-                        request.push(unsafe { self.at(addr + i).read_volatile() });
-                    }
+                    request.extend(ring.read(addr, len));
                 } else {
-                    writable.push((addr, len));
+                    writable.push((addr, len as usize));
                 }
             }
             request.reverse();
             let mut written = 0;
             for (addr, len) in writable {
-                for i in 0..u64::from(len) {
-                    if let Some(&byte) = request.get(written) {
-                        // SAFETY: test device writing a response byte.
-                        unsafe { self.at(addr + i).write_volatile(byte) };
-                        written += 1;
-                    }
-                }
+                let part = &request[written.min(request.len())..(written + len).min(request.len())];
+                ring.write(addr, part);
+                written += part.len();
             }
             self.push_used(regs, 0, head, written as u32);
         }
@@ -294,10 +239,10 @@ impl FakeDevice {
         let (addr, len, flags) = chain[0];
         assert_eq!(flags, 2, "eventq buffers are device-writable");
         assert!(len as usize >= event.len());
-        for (i, &byte) in event.iter().enumerate() {
-            // SAFETY: test device writing an event byte.
-            unsafe { self.at(addr + i as u64).write_volatile(byte) };
-        }
+        regs.rings[1]
+            .as_ref()
+            .expect("an enabled queue")
+            .write(addr, event);
         self.push_used(&mut regs, 1, head, event.len() as u32);
     }
 
@@ -351,7 +296,17 @@ impl FakeDevice {
             (common::QUEUE_SELECT, 2) => regs.queue_select = value as u16,
             (common::QUEUE_SIZE, 2) => regs.queues[select].size = value as u16,
             (common::QUEUE_MSIX_VECTOR, 2) => regs.queues[select].msix = value as u16,
-            (common::QUEUE_ENABLE, 2) => regs.queues[select].enable = value as u16,
+            (common::QUEUE_ENABLE, 2) => {
+                let q = &mut regs.queues[select];
+                q.enable = value as u16;
+                let rings = RingAddresses {
+                    desc: q.desc,
+                    avail: q.driver,
+                    used: q.device,
+                };
+                regs.rings[select] =
+                    (value != 0).then(|| RingDevice::at(self.ram(), rings, q.size));
+            }
             (o, 4) if (common::QUEUE_DESC..common::QUEUE_DEVICE + 8).contains(&o) => {
                 let q = &mut regs.queues[select];
                 let high = o % 8 == 4;
@@ -373,6 +328,7 @@ impl FakeDevice {
                     ..QueueRegs::default()
                 };
             }
+            regs.rings = Default::default();
             regs.status = 0;
             regs.driver_features = 0;
             regs.isr = 0;

@@ -91,7 +91,7 @@ fn open_negotiates_and_sets_up_the_queues() {
         assert!(q.device > q.driver && q.device.is_multiple_of(4));
     }
     // The event queue got its buffers and one notification at its own address.
-    assert_eq!(device.read_u16(regs.queues[1].driver + 2), 64);
+    assert_eq!(regs.rings[1].as_ref().unwrap().avail_idx(), 64);
     assert_eq!(regs.notifications, vec![(u64::from(NOTIFY_MULTIPLIER), 1)]);
     assert_eq!(transport.device_config(), &regs.device_config[..]);
     let shm = transport.shared_memory();
@@ -189,7 +189,7 @@ fn commands_events_and_doorbells_reach_the_device() {
             .unwrap(),
         None
     );
-    let posted = device.read_u16(device.regs().queues[1].driver + 2);
+    let posted = device.posted(1);
     device.deliver_event(&[7; 16]);
     let len = transport
         .next_event(&mut event, Some(Duration::from_secs(5)))
@@ -197,10 +197,7 @@ fn commands_events_and_doorbells_reach_the_device() {
     assert_eq!(len, Some(16));
     assert_eq!(&event[..16], &[7; 16]);
     // The buffer went back to the device.
-    assert_eq!(
-        device.read_u16(device.regs().queues[1].driver + 2),
-        posted.wrapping_add(1)
-    );
+    assert_eq!(device.posted(1), posted.wrapping_add(1));
 }
 
 #[test]
