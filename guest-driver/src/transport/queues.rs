@@ -184,11 +184,14 @@ impl AdaptiveSpin {
 /// caller waiting for its own answers only.
 ///
 /// One caller at a time waits for the device (polls the used ring, then sleeps on the signal,
-/// without the lock) and files every answer it collects under its chain's head; the others
-/// wait on [`ControlChannel::answered`] and take theirs from there. Whoever collected answers
-/// wakes the others, and whoever stops waiting for the device lets the next one take over, so
-/// a thread's command no longer waits for another thread's whole round trip before it is
-/// even sent: the device finds it queued behind the command it is running.
+/// without the lock) and files every answer it collects; the others wait on
+/// [`ControlChannel::answered`] and take theirs from there. The one waiting for the device is
+/// the caller of the oldest command in flight: the device answers in order, so its wake-up is
+/// for its own answer (a newer caller would be woken by an older one's answer only to hand
+/// it on and sleep again). Whoever collected answers wakes the others and the next oldest
+/// takes over. So a thread's command no longer waits for another thread's whole round trip
+/// before it is even sent: the device finds it queued behind the command it is running, and
+/// its caller often finds the answer already collected when it is woken.
 pub(crate) struct ControlChannel<S> {
     signal: S,
     state: Mutex<ControlState>,
@@ -379,7 +382,7 @@ impl<S: QueueSignal> ControlChannel<S> {
                 break (sent, end);
             }
             // Other callers' chains hold the descriptors this command needs.
-            self.wait_turn(&mut guard, 0, deadline, None)?;
+            self.wait_turn(&mut guard, &[], deadline, None)?;
         };
         if guard.queue.should_notify() {
             if let Err(e) = self.signal.notify() {
@@ -400,7 +403,7 @@ impl<S: QueueSignal> ControlChannel<S> {
             if guard.broken {
                 return Err(broken());
             }
-            self.wait_turn(&mut guard, waiting.len(), deadline, spin_until)?;
+            self.wait_turn(&mut guard, &waiting, deadline, spin_until)?;
         }
         guard.spin.record(sent_at.elapsed(), in_flight);
         drop(guard);
@@ -414,17 +417,20 @@ impl<S: QueueSignal> ControlChannel<S> {
         Ok(end)
     }
 
-    /// Waits until answers may have been filed: for the device, if no other caller does
-    /// (`own` of whose chains are in flight), else for the caller that does. Fails, and breaks
-    /// the channel, once `deadline` passes.
+    /// Waits until answers may have been filed: for the device if the oldest command in
+    /// flight is one of `own` (this caller's, in the order sent), else for the caller that
+    /// waits for it. Fails, and breaks the channel, once `deadline` passes.
     fn wait_turn(
         &self,
         guard: &mut MutexGuard<'_, ControlState>,
-        own: usize,
+        own: &[(u64, usize)],
         deadline: Instant,
         spin_until: Option<Instant>,
     ) -> Result<(), TransportError> {
-        if guard.device_waiter {
+        let oldest_is_mine = own
+            .first()
+            .is_some_and(|&(sequence, _)| guard.oldest_in_flight() == Some(sequence));
+        if guard.device_waiter || !oldest_is_mine {
             if self.answered.wait_until(guard, deadline).timed_out() {
                 guard.broken = true;
                 self.answered.notify_all();
@@ -433,7 +439,7 @@ impl<S: QueueSignal> ControlChannel<S> {
             return Ok(());
         }
         guard.device_waiter = true;
-        let result = self.wait_for_device(guard, own, deadline, spin_until);
+        let result = self.wait_for_device(guard, own.len(), deadline, spin_until);
         guard.device_waiter = false;
         if result.is_err() {
             guard.broken = true;
@@ -463,12 +469,12 @@ impl<S: QueueSignal> ControlChannel<S> {
                 continue;
             }
             let ticket = self.signal.arm();
-            // With EVENT_IDX, ask to be woken by this caller's last chain when every chain in
-            // flight is its own (a batch costs one wake-up), else by the next one.
-            let wake_after = if own == guard.in_flight { own } else { 1 };
+            // With EVENT_IDX, ask to be woken by this caller's last chain: its chains are the
+            // oldest in flight, sent together, and answered in order (a batch costs one
+            // wake-up; an answer out of order only wakes it later).
             if guard
                 .queue
-                .enable_interrupts_after(u16::try_from(wake_after).unwrap_or(1))
+                .enable_interrupts_after(u16::try_from(own).unwrap_or(u16::MAX))
             {
                 continue;
             }
@@ -530,6 +536,11 @@ impl ControlState {
             end += 1;
         }
         Ok((sent, end))
+    }
+
+    /// The sequence number of the oldest command in flight.
+    fn oldest_in_flight(&self) -> Option<u64> {
+        self.chains.iter().flatten().min().copied()
     }
 
     /// Files the answer of every chain the device has used; returns whether there was any.
@@ -887,9 +898,9 @@ mod tests {
             // second never comes and this fails after HANG).
             let a = next_chain(&mut device, &signal);
             let b = next_chain(&mut device, &signal);
-            // Answered in the opposite order, and the later one only once the earlier
-            // answer's caller has returned: whichever thread waits for the device must hand
-            // the other its answer (and ask to be woken by it, not by its own).
+            // Answered in the opposite order, and the older one only once the newer one's
+            // caller has returned: the older one's caller, which waits for the device, is
+            // woken by the first answer whatever it is and hands the newer one's on.
             answer_reversed(&mut device, &signal, &b);
             let (later, earlier) = if a.1[0].1 == 5 {
                 (second, first)
