@@ -204,6 +204,10 @@ struct ControlState {
     queue: SplitQueue,
     /// Command buffers no caller holds; each caller takes one set for its commands.
     idle: Vec<CommandBuffers>,
+    /// Command buffers of calls that broke the channel: the device may still write into
+    /// those of a chain it never returned, so they are neither reused nor freed while the
+    /// queue lives.
+    retired: Vec<CommandBuffers>,
     /// The command each chain in flight carries, by head (its sequence number).
     chains: Vec<Option<u64>>,
     /// Answers collected from the used ring that their callers have not taken yet: (sequence
@@ -278,6 +282,7 @@ impl<S: QueueSignal> ControlChannel<S> {
                 next_sequence: 0,
                 queue,
                 idle: vec![CommandBuffers::alloc(dma, PAGE_SIZE, PAGE_SIZE)?],
+                retired: Vec::new(),
                 in_flight: 0,
                 device_waiter: false,
                 broken: false,
@@ -331,10 +336,16 @@ impl<S: QueueSignal> ControlChannel<S> {
                 }
             }
         }
-        // Back to the pool even after a failure: the device may still write into the buffers
-        // of a chain it never returned, so they must live as long as the queue (a broken
-        // channel takes no more commands).
-        self.state.lock().idle.push(buffers);
+        let mut state = self.state.lock();
+        if state.broken {
+            state.retired.push(buffers);
+            // Whoever waits for an answer learns that none is coming.
+            self.answered.notify_all();
+        } else {
+            // A failure that leaves the channel whole came before this call's chains went
+            // out, or after all of them were answered.
+            state.idle.push(buffers);
+        }
         result.map(|()| used_lens)
     }
 
@@ -345,7 +356,13 @@ impl<S: QueueSignal> ControlChannel<S> {
         request: usize,
         response: usize,
     ) -> Result<CommandBuffers, TransportError> {
-        let pooled = self.state.lock().idle.pop();
+        let pooled = {
+            let mut state = self.state.lock();
+            if state.broken {
+                return Err(broken());
+            }
+            state.idle.pop()
+        };
         match pooled {
             Some(mut buffers) => match buffers.reserve(dma, request, response) {
                 Ok(()) => Ok(buffers),
@@ -516,6 +533,11 @@ impl ControlState {
                 .range_into(response_at, response.len(), &mut buffers.writable);
             let needed = buffers.readable.len() + buffers.writable.len();
             if needed > usize::from(self.queue.size()) {
+                if !sent.is_empty() {
+                    // Those sent go out and are answered first: an error now would leave
+                    // chains in flight that nobody waits for.
+                    break;
+                }
                 return Err(TransportError::InvalidRequest(
                     "a command needs more descriptors than the control queue has",
                 ));
@@ -1008,6 +1030,43 @@ mod tests {
             .unwrap();
         assert!(first_sent.is_empty());
         assert_eq!(used_lens, [5]);
+    }
+
+    #[test]
+    fn a_batch_whose_later_command_cannot_go_fails_after_the_earlier_ones_are_answered() {
+        let dma = ScatteredDma {
+            inner: ProcessDma::new(1 << 20).unwrap(),
+        };
+        let signal = Arc::new(TestSignal::default());
+        let queue = SplitQueue::new(&dma.inner, 8, true).unwrap();
+        let mut device = RingDevice::new(dma.inner.guest_ram(), &queue);
+        let vq = SignalledQueue {
+            queue,
+            signal: Arc::clone(&signal),
+        };
+        let channel =
+            ControlChannel::new(&dma, vq, HANG, AdaptiveSpin::new(Duration::ZERO)).unwrap();
+        std::thread::scope(|scope| {
+            let caller = scope.spawn(|| {
+                // The second request spans ten scattered pages: more descriptors than the
+                // queue has.
+                let big = vec![1u8; 10 * PAGE_SIZE];
+                let (mut small_response, mut big_response) = ([0u8; 8], [0u8; 8]);
+                let mut batch: [(&[u8], &mut [u8]); 2] =
+                    [(b"small", &mut small_response), (&big, &mut big_response)];
+                let failed = channel.round_trip_batch(&dma, &mut batch);
+                assert!(matches!(failed, Err(TransportError::InvalidRequest(_))));
+                assert_eq!(&small_response[..5], b"llams");
+                // The channel is whole: the next command goes through.
+                let mut response = [0u8; 8];
+                assert_eq!(channel.round_trip(&dma, b"next", &mut response).unwrap(), 4);
+            });
+            for _ in 0..2 {
+                let chain = next_chain(&mut device, &signal);
+                answer_reversed(&mut device, &signal, &chain);
+            }
+            caller.join().unwrap();
+        });
     }
 
     #[test]
