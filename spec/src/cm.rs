@@ -154,6 +154,11 @@ pub const CM_EVENT_NONE: u32 = u32::MAX;
 /// The last rdma_cm event number (`TIMEWAIT_EXIT`).
 pub const CM_EVENT_LAST: u32 = cm_event::TIMEWAIT_EXIT;
 
+/// Bytes of a CM_EVENT notice that carries its event whole (`VRDMA_F_CM_EVENT_INLINE`): the
+/// 16-byte notice, then the [`CmEventResp`] CM_GET_EVENT would have answered.
+pub const CM_EVENT_INLINE_SIZE: usize =
+    crate::event::EVENT_SIZE + std::mem::size_of::<CmEventResp>();
+
 wire_struct! {
     /// A socket address (`cm_addr`, 32 bytes).
     pub struct CmAddr {

@@ -125,6 +125,10 @@ pub mod features {
     /// ([`crate::cm::cm_conn_flags::MOVE_QP`]), as librdmacm moves it before it accepts a
     /// request or establishes after a reply: one command instead of seven (spec §7.5).
     pub const VRDMA_F_CM_MOVES_QP: u64 = 1 << 21;
+    /// A CM_EVENT notice placed into an event buffer of at least
+    /// [`crate::cm::CM_EVENT_INLINE_SIZE`] bytes carries the oldest undelivered CM event whole
+    /// after it, which CM_GET_EVENT then no longer answers (spec §7.5).
+    pub const VRDMA_F_CM_EVENT_INLINE: u64 = 1 << 22;
     /// Mask of all device-specific bits defined by this version.
     pub const VRDMA_F_ALL: u64 = VRDMA_F_RING_RXE_V1
         | VRDMA_F_SRQ
@@ -139,7 +143,8 @@ pub mod features {
         | VRDMA_F_STAGED_CQS
         | VRDMA_F_HOST_KICK
         | VRDMA_F_ODP
-        | VRDMA_F_CM_MOVES_QP;
+        | VRDMA_F_CM_MOVES_QP
+        | VRDMA_F_CM_EVENT_INLINE;
     /// Mask of the device-specific feature range (bits 0..=23) in which every `VRDMA_F_*` bit
     /// lives; the generic virtio bits lie above it.
     pub const DEVICE_SPECIFIC_MASK: u64 = (1 << 24) - 1;

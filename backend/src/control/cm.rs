@@ -86,7 +86,7 @@ pub(crate) fn dispatch(s: &mut Session<'_>, request: &CmRequest) -> CommandResul
             None
         }
         CmRequest::InitQpAttr(r) => Some(init_qp_attr(s, cm, r.id.get(), r.qp_state.get())?),
-        CmRequest::GetEvent => Some(get_event(&mut s.state.cm)),
+        CmRequest::GetEvent => Some(get_event(&s.state.cm)),
         CmRequest::SetOption(r) => {
             set_option(s, cm, r)?;
             None
@@ -160,7 +160,7 @@ fn destroy_id(
     }
     release(s.guest, cm, &mut s.state.owners, &entry);
     Ok(Some(CmResponseBody::DestroyId(CmDestroyIdResp {
-        events_delivered: Le32::new(entry.events_delivered),
+        events_delivered: Le32::new(entry.counters.events_delivered()),
         reserved: Le32::ZERO,
     })))
 }
@@ -564,22 +564,13 @@ pub(crate) fn guest_av(guest: &GuestShared, av: &mut AhAttr) -> Result<(), Comma
 }
 
 /// CM_GET_EVENT: the oldest undelivered event, counted as delivered.
-fn get_event(cm: &mut CmIds) -> CmResponseBody {
-    let Some(event) = cm.pending.pop_front() else {
+fn get_event(cm: &CmIds) -> CmResponseBody {
+    let Some(body) = cm.pending.take_oldest() else {
         let mut none = CmEventResp::new_zeroed();
         none.event = Le32::new(CM_EVENT_NONE);
         return CmResponseBody::GetEvent(none);
     };
-    // librdmacm counts a connect request against its listener (rdma_destroy_id waits for
-    // that many acknowledgements), other events against their id.
-    let counted = event.listener.unwrap_or(event.id);
-    if let Ok(e) = cm.ids.get_mut(counted) {
-        e.events_delivered = e.events_delivered.saturating_add(1);
-        if event.listener.is_some() {
-            e.waiting_requests = e.waiting_requests.saturating_sub(1);
-        }
-    }
-    CmResponseBody::GetEvent(*event.body)
+    CmResponseBody::GetEvent(*body)
 }
 
 fn set_option(

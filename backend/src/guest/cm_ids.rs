@@ -1,9 +1,15 @@
 //! A guest's connection-manager ids (spec §7.5): the host id behind each handle, what the
 //! device remembers to keep the guest on its own addresses and QPs, and the events waiting
-//! for CM_GET_EVENT. Part of the guest's state, under its lock.
+//! for CM_GET_EVENT. Part of the guest's state, under its lock, except the waiting events
+//! ([`CmInbox`]), which a delivery into an event buffer also takes from (spec §7.5,
+//! `VRDMA_F_CM_EVENT_INLINE`) without the state: a leaf lock, taken after the state's or the
+//! event queue's and never holding another.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use vrdma_spec::cm::CmEventResp;
 
 use crate::host::cm::CmId;
@@ -29,15 +35,48 @@ pub struct CmIdEntry {
     pub loopback: bool,
     /// Listening, with this many connect requests waiting at most.
     pub backlog: Option<u32>,
-    /// Connect requests on this listener not yet delivered to the guest.
-    pub waiting_requests: u32,
     /// The QP of CM_CONNECT or CM_ACCEPT: no other id may connect it.
     pub qp: Option<Handle>,
     /// It sent a connect request (CM_CONNECT): only such an id establishes with a CM_ACCEPT
     /// naming no QP, after the peer's reply.
     pub active: bool,
-    /// Events of the id CM_GET_EVENT delivered (a listener's connect requests count on it).
-    pub events_delivered: u32,
+    /// What deliveries of its events change.
+    pub counters: Arc<CmIdCounters>,
+}
+
+/// What delivering an id's events changes, shared by the id and its waiting events so that
+/// a delivery counts without the guest's state lock.
+#[derive(Debug, Default)]
+pub struct CmIdCounters {
+    /// Events of the id delivered (a listener's connect requests count on it).
+    events_delivered: AtomicU32,
+    /// Connect requests on this listener not yet delivered.
+    waiting_requests: AtomicU32,
+}
+
+impl CmIdCounters {
+    /// Events of the id delivered so far.
+    pub fn events_delivered(&self) -> u32 {
+        self.events_delivered.load(Ordering::Acquire)
+    }
+
+    /// Connect requests on this listener waiting for delivery.
+    pub fn waiting_requests(&self) -> u32 {
+        self.waiting_requests.load(Ordering::Acquire)
+    }
+
+    /// A connect request on this listener now waits.
+    pub fn request_waits(&self) {
+        self.waiting_requests.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A connect request on this listener no longer waits (delivered, or dropped).
+    fn request_gone(&self) {
+        // Never below zero: every decrement follows its own increment.
+        let _ = self
+            .waiting_requests
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
 }
 
 impl CmIdEntry {
@@ -51,10 +90,9 @@ impl CmIdEntry {
             bound: false,
             loopback: false,
             backlog: None,
-            waiting_requests: 0,
             qp: None,
             active: false,
-            events_delivered: 0,
+            counters: Arc::default(),
         }
     }
 }
@@ -68,6 +106,47 @@ pub struct PendingCmEvent {
     pub listener: Option<Handle>,
     /// The body CM_GET_EVENT answers with.
     pub body: Box<CmEventResp>,
+    /// The counters its delivery changes: its listener's for a connect request, else its id's.
+    pub counted: Arc<CmIdCounters>,
+}
+
+impl PendingCmEvent {
+    /// The body, the event counted as delivered.
+    fn delivered(self) -> Box<CmEventResp> {
+        self.counted.events_delivered.fetch_add(1, Ordering::AcqRel);
+        if self.listener.is_some() {
+            self.counted.request_gone();
+        }
+        self.body
+    }
+}
+
+/// A guest's undelivered CM events, in the order the host gave them.
+#[derive(Debug, Default)]
+pub struct CmInbox {
+    events: Mutex<VecDeque<PendingCmEvent>>,
+}
+
+impl CmInbox {
+    pub(crate) fn push(&self, event: PendingCmEvent) {
+        self.events.lock().push_back(event);
+    }
+
+    /// Delivers the oldest waiting event: its body, counted.
+    pub fn take_oldest(&self) -> Option<Box<CmEventResp>> {
+        let event = self.events.lock().pop_front()?;
+        Some(event.delivered())
+    }
+
+    /// Events waiting.
+    pub fn len(&self) -> usize {
+        self.events.lock().len()
+    }
+
+    /// True if none waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Every CM id of a guest and its undelivered events.
@@ -76,7 +155,7 @@ pub(crate) struct CmIds {
     /// The handle of each host id.
     pub(crate) by_host: HashMap<CmId, Handle>,
     /// Events in the order the host gave them.
-    pub(crate) pending: VecDeque<PendingCmEvent>,
+    pub(crate) pending: Arc<CmInbox>,
 }
 
 impl CmIds {
@@ -84,7 +163,7 @@ impl CmIds {
         Ok(CmIds {
             ids: HandleTable::new(ResourceKind::CmId, limit)?,
             by_host: HashMap::new(),
-            pending: VecDeque::new(),
+            pending: Arc::default(),
         })
     }
 
@@ -106,26 +185,23 @@ impl CmIds {
     ) -> Result<(CmIdEntry, Vec<(Handle, CmIdEntry)>), ResourceError> {
         let entry = self.ids.remove(handle)?;
         self.by_host.remove(&entry.host);
-        let orphans: Vec<Handle> = self
-            .pending
+        let mut pending = self.pending.events.lock();
+        let orphans: Vec<Handle> = pending
             .iter()
             .filter(|e| e.listener == Some(handle))
             .map(|e| e.id)
             .collect();
-        let mut freed_slots = Vec::new();
-        self.pending.retain(|e| {
+        pending.retain(|e| {
             if e.id == handle {
                 // Its own connect request, never delivered: its listener's slot comes back.
-                freed_slots.extend(e.listener);
+                if e.listener.is_some() {
+                    e.counted.request_gone();
+                }
                 return false;
             }
             e.listener != Some(handle) && !orphans.contains(&e.id)
         });
-        for listener in freed_slots {
-            if let Ok(l) = self.ids.get_mut(listener) {
-                l.waiting_requests = l.waiting_requests.saturating_sub(1);
-            }
-        }
+        drop(pending);
         let orphans = orphans
             .into_iter()
             .filter_map(|h| {
@@ -166,7 +242,7 @@ impl CmIds {
 
     /// Forgets everything (the host ids must be gone already); returns the host ids.
     pub(crate) fn drain(&mut self) -> Vec<CmId> {
-        self.pending.clear();
+        self.pending.events.lock().clear();
         self.by_host.clear();
         self.ids.drain().into_iter().map(|(_, e)| e.host).collect()
     }

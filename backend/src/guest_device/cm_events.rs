@@ -59,18 +59,23 @@ pub(crate) fn cm_events(guest: &GuestShared, state: &Mutex<GuestState>, guest_io
                 event.id.0,
                 pending.id
             );
-            notify(guest, guest_io, &pending, event.event);
-            state.cm.pending.push_back(pending);
+            let notice = notice_of(&pending, event.event);
+            // In the inbox before the notice is queued: a delivery of the notice may take it.
+            state.cm.pending.push(pending);
+            notify(guest, guest_io, notice);
         }
     }
 }
 
-fn notify(guest: &GuestShared, guest_io: &GuestIo, pending: &PendingCmEvent, event: u32) {
-    let notice = Event {
+fn notice_of(pending: &PendingCmEvent, event: u32) -> Event {
+    Event {
         event_type: EventType::CmEvent,
         handle: pending.listener.unwrap_or(pending.id).raw(),
         detail: event,
-    };
+    }
+}
+
+fn notify(guest: &GuestShared, guest_io: &GuestIo, notice: Event) {
     if let Err(e) = guest_io
         .events()
         .push(&notice.to_bytes(), EventClass::Async)
@@ -111,7 +116,10 @@ fn connect_request(
         drop_request(guest, cm, event);
         return None;
     }
-    if l.waiting_requests >= l.backlog.unwrap_or(0) || state.cm.ids.check_room(0).is_err() {
+    let listener_counters = std::sync::Arc::clone(&l.counters);
+    if listener_counters.waiting_requests() >= l.backlog.unwrap_or(0)
+        || state.cm.ids.check_room(0).is_err()
+    {
         debug!(
             "guest {}: listener {listener}: backlog or id quota full, rejecting a request",
             guest.id()
@@ -127,14 +135,13 @@ fn connect_request(
         return None;
     };
     state.owners.insert(uid, EventOwner::CmId(handle));
-    if let Ok(l) = state.cm.ids.get_mut(listener) {
-        l.waiting_requests += 1;
-    }
+    listener_counters.request_waits();
     let body = translate(guest, cm, state, handle, Some(listener), event);
     Some(PendingCmEvent {
         id: handle,
         listener: Some(listener),
         body,
+        counted: listener_counters,
     })
 }
 
@@ -177,10 +184,12 @@ fn id_event(
         return None;
     };
     let body = translate(guest, cm, state, handle, None, event);
+    let counted = std::sync::Arc::clone(&state.cm.ids.get(handle).ok()?.counters);
     Some(PendingCmEvent {
         id: handle,
         listener: None,
         body,
+        counted,
     })
 }
 

@@ -24,12 +24,14 @@ use std::time::Duration;
 use log::{debug, info, warn};
 use parking_lot::Mutex;
 use vhost::vhost_user::VhostUserProtocolFeatures;
+use vrdma_spec::cm::{cm_event, CM_EVENT_INLINE_SIZE};
 use vrdma_spec::config::{self, DeviceConfig};
 use vrdma_spec::control::{HEADER_SIZE, MAX_CM_RESPONSE_SIZE, MAX_RESPONSE_SIZE};
 use vrdma_spec::features::{
-    VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_CM_MOVES_QP, VRDMA_F_DOORBELL_POLL, VRDMA_F_HOST_KICK,
-    VRDMA_F_MR_EXTENTS, VRDMA_F_MW, VRDMA_F_ODP, VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ,
-    VRDMA_F_STAGED_CQS, VRDMA_F_STAGED_RINGS, VRDMA_F_UC, VRDMA_F_UD, VRDMA_F_UD_STAGED_SQ,
+    VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_CM_EVENT_INLINE, VRDMA_F_CM_MOVES_QP,
+    VRDMA_F_DOORBELL_POLL, VRDMA_F_HOST_KICK, VRDMA_F_MR_EXTENTS, VRDMA_F_MW, VRDMA_F_ODP,
+    VRDMA_F_RING_RXE_V1, VRDMA_F_SRQ, VRDMA_F_STAGED_CQS, VRDMA_F_STAGED_RINGS, VRDMA_F_UC,
+    VRDMA_F_UD, VRDMA_F_UD_STAGED_SQ,
 };
 use vrdma_spec::StatusError;
 use vrdma_spec::{ControlRequest, ControlResponse, Event, EventType, Le16, Le32, Le64, Status};
@@ -43,6 +45,7 @@ use crate::datapath::doorbell;
 use crate::datapath::staging::file::StagingFile;
 use crate::datapath::staging::retry::RetryTimer;
 use crate::fault_log::FaultLog;
+use crate::guest::cm_ids::CmInbox;
 use crate::guest::inventory::Inventory;
 use crate::guest::options::{DeviceOptions, GuestError, StagedRings};
 use crate::guest::shared::{GuestAddressing, GuestShared, HostLimits, PortLimits, GUEST_PORT};
@@ -188,6 +191,10 @@ pub struct MemoryUsage {
 /// The device of one guest connection.
 pub struct GuestDevice {
     state: Mutex<GuestState>,
+    /// The guest's undelivered CM events (also in `state`): a CM_EVENT notice placed into a
+    /// large enough event buffer takes the oldest along, without the state lock
+    /// (`VRDMA_F_CM_EVENT_INLINE`).
+    cm_inbox: Arc<CmInbox>,
     /// Feature bits the driver accepted; `None` until it did (after a reset again).
     acked: Mutex<Option<u64>>,
     /// The host device reported a fatal error (spec §11.2).
@@ -261,6 +268,7 @@ impl GuestDevice {
             options.host_port
         );
         Ok(GuestDevice {
+            cm_inbox: Arc::clone(&state.cm.pending),
             state: Mutex::new(state),
             acked: Mutex::new(None),
             failed: AtomicBool::new(false),
@@ -498,12 +506,42 @@ impl DeviceHandler for GuestDevice {
             features |= VRDMA_F_DOORBELL_POLL;
         }
         if self.shared.cm().is_some() {
-            features |= VRDMA_F_CM | VRDMA_F_CM_MOVES_QP;
+            features |= VRDMA_F_CM | VRDMA_F_CM_MOVES_QP | VRDMA_F_CM_EVENT_INLINE;
         }
         if self.shared.limits().odp.is_some() {
             features |= VRDMA_F_ODP;
         }
         features
+    }
+
+    fn expand_event(&self, event: &[u8], capacity: usize) -> Option<Vec<u8>> {
+        if capacity < CM_EVENT_INLINE_SIZE
+            || self.acked.lock().unwrap_or(0) & VRDMA_F_CM_EVENT_INLINE == 0
+        {
+            return None;
+        }
+        let notice = Event::decode(event).ok()?;
+        if notice.event_type != EventType::CmEvent {
+            return None;
+        }
+        // The oldest waiting event, whichever notice carries it (a notice may have been
+        // dropped, or its event fetched already): the notice is rewritten to name it. None
+        // left: the bare notice (CM_GET_EVENT then answers none).
+        let body = self.cm_inbox.take_oldest()?;
+        let request = body.event.get() == cm_event::CONNECT_REQUEST;
+        let carried = Event {
+            event_type: EventType::CmEvent,
+            handle: if request {
+                body.listen_id.get()
+            } else {
+                body.id.get()
+            },
+            detail: body.event.get(),
+        };
+        let mut bytes = Vec::with_capacity(CM_EVENT_INLINE_SIZE);
+        bytes.extend_from_slice(&carried.to_bytes());
+        bytes.extend_from_slice(body.as_bytes());
+        Some(bytes)
     }
 
     fn features_acked(&self, features: u64) {

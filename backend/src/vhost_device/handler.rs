@@ -122,6 +122,13 @@ pub trait DeviceHandler: Send + Sync + 'static {
     /// guest so into `notice`; it is delivered before all queued events. Must not push events.
     fn events_lost(&self, _count: u64, _notice: &mut Vec<u8>) {}
 
+    /// `event` is about to be written into an event buffer of `capacity` bytes: the bytes to
+    /// write instead, if any (the CM event a CM_EVENT notice carries whole). Called with the
+    /// event queue's lock held: it must not push events or wait for anything that does.
+    fn expand_event(&self, _event: &[u8], _capacity: usize) -> Option<Vec<u8>> {
+        None
+    }
+
     /// Guest RAM regions were added or removed: anything that refers to guest RAM
     /// (registered memory windows) must be checked against [`GuestIo::memory`].
     fn memory_changed(&self, _ctx: &GuestIo) {}

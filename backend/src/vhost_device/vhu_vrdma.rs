@@ -485,8 +485,10 @@ impl<H: DeviceHandler> VhuVrdma<H> {
                 None
             }
             Ok(Ok(mut writer)) if writer.available_bytes() >= event.len() => {
-                match writer.write_all(event) {
-                    Ok(()) => Some(event.len() as u32),
+                let expanded = self.handler.expand_event(event, writer.available_bytes());
+                let bytes = expanded.as_deref().unwrap_or(event);
+                match writer.write_all(bytes) {
+                    Ok(()) => Some(bytes.len() as u32),
                     Err(e) => {
                         self.faults
                             .report(format_args!("eventq buffer {head}: write failed: {e}"));

@@ -13,7 +13,7 @@ use vrdma_spec::cm::*;
 use vrdma_spec::control::{CmRequest, CmResponseBody};
 use vrdma_spec::verbs::{QpAttrMask, QpState};
 use vrdma_spec::wire::{HandleReq, ModifyQpReq, QueryQpReq};
-use vrdma_spec::{ControlRequest, Le16, Le32, ResponseBody, Status};
+use vrdma_spec::{ControlRequest, Event, EventType, Le16, Le32, ResponseBody, Status};
 use zerocopy::FromZeros;
 
 use super::device::FakeDevice;
@@ -206,12 +206,37 @@ fn cm_fd(guest: &TestGuest) -> RawFd {
 /// The next CM event of `guest`: pumps the host's events into the device as its worker
 /// would, waiting for the host CM's fd up to [`CM_EVENT_LIMIT`].
 pub fn next_cm_event(guest: &TestGuest) -> CmEventResp {
+    pump_cm_until(guest, || {
+        let e = get_event(guest);
+        (e.event.get() != CM_EVENT_NONE).then_some(e)
+    })
+}
+
+/// The next CM_EVENT notice on `guest`'s event queue, taken off it (the event itself waits
+/// in the device): pumps the host's events as [`next_cm_event`] does.
+pub fn next_cm_notice(guest: &TestGuest) -> Vec<u8> {
+    pump_cm_until(guest, || {
+        let mut notice = None;
+        guest.guest_io().events().discard_where(|bytes| {
+            let is_cm = Event::decode(bytes).is_ok_and(|e| e.event_type == EventType::CmEvent);
+            if is_cm && notice.is_none() {
+                notice = Some(bytes.to_vec());
+                return true;
+            }
+            false
+        });
+        notice
+    })
+}
+
+/// Pumps the host's CM events into the device as its worker would until `found` finds
+/// something, waiting for the host CM's fd up to [`CM_EVENT_LIMIT`].
+fn pump_cm_until<T>(guest: &TestGuest, mut found: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + CM_EVENT_LIMIT;
     loop {
         guest.dev().fd_ready(guest.guest_io(), CM_FD);
-        let e = get_event(guest);
-        if e.event.get() != CM_EVENT_NONE {
-            return e;
+        if let Some(thing) = found() {
+            return thing;
         }
         let left = deadline.saturating_duration_since(Instant::now());
         assert!(!left.is_zero(), "no CM event within {CM_EVENT_LIMIT:?}");
@@ -276,6 +301,11 @@ pub fn listener_and_routed_id(server: &TestGuest, client: &TestGuest, port: u16)
         Status::Ok
     );
     assert_eq!(listen(server, listener, 4), Status::Ok);
+    routed_id(client, port)
+}
+
+/// A new RC id of the client routed to the host's link-local address and `port`.
+pub fn routed_id(client: &TestGuest, port: u16) -> u32 {
     let id = create_id(client, cm_port_space::TCP);
     assert_eq!(
         resolve_addr(client, id, None, &format!("[fe80::1%5]:{port}")),

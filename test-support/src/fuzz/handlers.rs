@@ -17,7 +17,9 @@ use vrdma_backend::guest::options::DeviceOptions;
 use vrdma_backend::resources::kind::ResourceKind;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::control::{HEADER_SIZE, MAX_CM_RESPONSE_SIZE, MAX_RESPONSE_SIZE};
-use vrdma_spec::features::{VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_CM_MOVES_QP, VRDMA_F_MW};
+use vrdma_spec::features::{
+    VIRTIO_F_VERSION_1, VRDMA_F_CM, VRDMA_F_CM_EVENT_INLINE, VRDMA_F_CM_MOVES_QP, VRDMA_F_MW,
+};
 use vrdma_spec::wire::{ring_flags, CreateCqResp, CreateQpResp, ResizeCqResp, RingDesc};
 use vrdma_spec::{ControlResponse, Opcode, Status};
 use zerocopy::{FromBytes, FromZeros};
@@ -119,8 +121,11 @@ pub struct SequenceStats {
     pub connections: usize,
     /// Staged UD WQEs found in host send queues and checked, and how many were neutralised.
     pub staged_wqes: (usize, usize),
-    /// CM events CM_GET_EVENT delivered, by rdma_cm event number.
+    /// CM events delivered (by CM_GET_EVENT or whole in an event buffer), by rdma_cm event
+    /// number.
     pub cm_events: BTreeMap<u32, usize>,
+    /// Of those, how many came whole in an event buffer (`VRDMA_F_CM_EVENT_INLINE`).
+    pub cm_events_inline: usize,
 }
 
 impl SequenceStats {
@@ -133,6 +138,7 @@ impl SequenceStats {
             *self.cm_events.entry(event).or_default() += n;
         }
         self.steps += other.steps;
+        self.cm_events_inline += other.cm_events_inline;
         self.connections += other.connections;
         self.staged_wqes.0 += other.staged_wqes.0;
         self.staged_wqes.1 += other.staged_wqes.1;
@@ -169,7 +175,7 @@ pub fn run_handler_sequence_with(data: &[u8], config: SequenceConfig) -> Sequenc
     let features = if config.without_cm {
         FEATURES
     } else {
-        FEATURES | VRDMA_F_CM | VRDMA_F_CM_MOVES_QP
+        FEATURES | VRDMA_F_CM | VRDMA_F_CM_MOVES_QP | VRDMA_F_CM_EVENT_INLINE
     };
     let daemon = Daemon::new(&fake, &fuzz_options(), prologue >> 2);
     let slots = [0, 1].map(|g| Slot::new(&fake, &daemon.factories[g], features));

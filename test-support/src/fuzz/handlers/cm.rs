@@ -10,10 +10,12 @@ use vrdma_backend::guest_device::cm_events::CM_FD;
 use vrdma_backend::resources::kind::ResourceKind;
 use vrdma_backend::vhost_device::handler::DeviceHandler;
 use vrdma_spec::cm::{cm_event, cm_port_space, CmDestroyIdResp, CmEventResp, CM_EVENT_NONE};
-use vrdma_spec::cm::{CmInitQpAttrResp, CM_EVENT_LAST};
+use vrdma_spec::cm::{CmInitQpAttrResp, CM_EVENT_INLINE_SIZE, CM_EVENT_LAST};
 use vrdma_spec::control::HEADER_SIZE;
+use vrdma_spec::event::EVENT_SIZE;
+use vrdma_spec::features::VRDMA_F_CM_EVENT_INLINE;
 use vrdma_spec::wire::{CreateQpReq, ModifyQpReq};
-use vrdma_spec::{Le32, Opcode};
+use vrdma_spec::{Event, EventType, Le32, Opcode};
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::super::bytes::ByteReader;
@@ -200,6 +202,19 @@ impl Sequence {
     fn cm_events(&mut self, g: usize, max: usize, r: &mut ByteReader<'_>) -> Vec<CmEventResp> {
         let mut events = Vec::new();
         for _ in 0..max {
+            if self.features & VRDMA_F_CM_EVENT_INLINE != 0 && r.chance(50) {
+                // A notice placed into an event buffer of the driver's size.
+                let capacity = r.pick(&[
+                    EVENT_SIZE,
+                    CM_EVENT_INLINE_SIZE - 1,
+                    CM_EVENT_INLINE_SIZE,
+                    512,
+                ]);
+                if let Some(event) = self.place_cm_notice(g, capacity) {
+                    events.push(event);
+                }
+                continue;
+            }
             let Some(response) = self.run(g, &q::request(Opcode::CmGetEvent, &[]), r) else {
                 continue;
             };
@@ -210,6 +225,42 @@ impl Sequence {
             events.push(event);
         }
         events
+    }
+
+    /// Takes guest `g`'s next CM_EVENT notice off its event queue and places it as into a
+    /// buffer of `capacity` bytes; returns the event it carried whole, checked and counted.
+    fn place_cm_notice(&mut self, g: usize, capacity: usize) -> Option<CmEventResp> {
+        let guest = &self.slots[g].guest;
+        let mut notice = None;
+        guest.guest_io().events().discard_where(|bytes| {
+            let is_cm = Event::decode(bytes).is_ok_and(|e| e.event_type == EventType::CmEvent);
+            if is_cm && notice.is_none() {
+                notice = Some(bytes.to_vec());
+                return true;
+            }
+            false
+        });
+        let bytes = guest.dev().expand_event(&notice?, capacity)?;
+        assert!(
+            capacity >= CM_EVENT_INLINE_SIZE && bytes.len() == CM_EVENT_INLINE_SIZE,
+            "guest {g}: {} bytes placed into {capacity}",
+            bytes.len()
+        );
+        let header = Event::decode(&bytes[..EVENT_SIZE]).unwrap();
+        let (body, _) = CmEventResp::read_from_prefix(&bytes[EVENT_SIZE..]).unwrap();
+        let named = if body.event.get() == cm_event::CONNECT_REQUEST {
+            body.listen_id.get()
+        } else {
+            body.id.get()
+        };
+        assert_eq!(
+            (header.handle, header.detail),
+            (named, body.event.get()),
+            "guest {g}: the notice names another event than it carries"
+        );
+        self.observe_cm_event(g, &body);
+        self.stats.cm_events_inline += 1;
+        Some(body)
     }
 
     /// Moves `qp` of guest `g` with what CM_INIT_QP_ATTR of `id` computes for `state` (any
@@ -272,44 +323,51 @@ impl Sequence {
             }
             Opcode::CmGetEvent => {
                 let (e, _) = CmEventResp::read_from_prefix(&response[HEADER_SIZE..]).unwrap();
-                let event = e.event.get();
-                if event == CM_EVENT_NONE {
-                    return;
-                }
-                assert!(event <= CM_EVENT_LAST, "guest {g}: CM event {event}");
-                *self.stats.cm_events.entry(event).or_default() += 1;
-                let (id, listener) = (e.id.get(), e.listen_id.get());
-                let live: Vec<u32> = slot
-                    .guest
-                    .dev()
-                    .inventory()
-                    .of(ResourceKind::CmId)
-                    .map(|o| o.handle)
-                    .collect();
-                assert!(
-                    live.contains(&id),
-                    "guest {g}: CM event {event} about id {id:#x}, which it does not have"
-                );
-                if event == cm_event::CONNECT_REQUEST {
-                    assert!(
-                        live.contains(&listener),
-                        "guest {g}: a connect request on listener {listener:#x}, which it does \
-                         not have"
-                    );
-                    Slot::keep(&mut slot.cm_ids, id);
-                    slot.cm_delivered.insert(id, 0);
-                    // librdmacm counts a request against its listener.
-                    if let Some(n) = slot.cm_delivered.get_mut(&listener) {
-                        *n += 1;
-                    }
-                } else {
-                    assert_eq!(listener, 0, "guest {g}: CM event {event} with a listener");
-                    if let Some(n) = slot.cm_delivered.get_mut(&id) {
-                        *n += 1;
-                    }
-                }
+                self.observe_cm_event(g, &e);
             }
             _ => {}
+        }
+    }
+
+    /// Checks and remembers a CM event delivered to guest `g` (by CM_GET_EVENT, or whole in
+    /// an event buffer): it names live ids of the guest, and counts toward CM_DESTROY_ID.
+    fn observe_cm_event(&mut self, g: usize, e: &CmEventResp) {
+        let slot = &mut self.slots[g];
+        let event = e.event.get();
+        if event == CM_EVENT_NONE {
+            return;
+        }
+        assert!(event <= CM_EVENT_LAST, "guest {g}: CM event {event}");
+        *self.stats.cm_events.entry(event).or_default() += 1;
+        let (id, listener) = (e.id.get(), e.listen_id.get());
+        let live: Vec<u32> = slot
+            .guest
+            .dev()
+            .inventory()
+            .of(ResourceKind::CmId)
+            .map(|o| o.handle)
+            .collect();
+        assert!(
+            live.contains(&id),
+            "guest {g}: CM event {event} about id {id:#x}, which it does not have"
+        );
+        if event == cm_event::CONNECT_REQUEST {
+            assert!(
+                live.contains(&listener),
+                "guest {g}: a connect request on listener {listener:#x}, which it does \
+                 not have"
+            );
+            Slot::keep(&mut slot.cm_ids, id);
+            slot.cm_delivered.insert(id, 0);
+            // librdmacm counts a request against its listener.
+            if let Some(n) = slot.cm_delivered.get_mut(&listener) {
+                *n += 1;
+            }
+        } else {
+            assert_eq!(listener, 0, "guest {g}: CM event {event} with a listener");
+            if let Some(n) = slot.cm_delivered.get_mut(&id) {
+                *n += 1;
+            }
         }
     }
 

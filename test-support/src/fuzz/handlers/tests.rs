@@ -16,8 +16,13 @@ fn fixed_seed_sequences_keep_every_invariant() {
         connections,
         staged_wqes: (wqes, neutralised),
         cm_events,
+        cm_events_inline,
         ..
     } = total;
+    assert!(
+        cm_events_inline > 0,
+        "no CM event came whole in an event buffer"
+    );
     // The tenancy checks had something to check: accepted and refused sends.
     assert!(connections > 0, "no connection was set up");
     assert!(
