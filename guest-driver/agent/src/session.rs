@@ -24,6 +24,7 @@ use vrdma::transport::agent::protocol::{
     event_socket_pair, Frame, Outcome, ProtocolError, Welcome, PROTOCOL_VERSION,
 };
 use vrdma_spec::control::{MAX_CM_RESPONSE_SIZE, MAX_RESPONSE_SIZE};
+use vrdma_spec::features::VRDMA_F_CM_EVENT_INLINE;
 
 use crate::reach::Reach;
 use vrdma::transport::process::{ProcessOptions, ProcessTransport};
@@ -195,6 +196,8 @@ fn open_session(backend: &Path, guest_ram_size: usize) -> Result<ProcessTranspor
         guest_ram_size: SESSION_RAM,
         // The process's part, which it alone allocates from.
         application_ram_size: guest_ram_size,
+        // Events are relayed to the process as notices of at most EVENT_SIZE bytes.
+        device_features: ProcessOptions::default().device_features & !VRDMA_F_CM_EVENT_INLINE,
         ..ProcessOptions::default()
     };
     let device = ProcessTransport::connect(backend, options)?;

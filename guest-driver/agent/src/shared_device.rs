@@ -44,7 +44,7 @@ use vrdma_spec::cm::CM_EVENT_NONE;
 use vrdma_spec::config::CONFIG_SIZE;
 use vrdma_spec::control::{CmRequest, CmResponseBody, HEADER_SIZE, MAX_CM_RESPONSE_SIZE};
 use vrdma_spec::event::{Subject, EVENT_SIZE};
-use vrdma_spec::features::{VRDMA_F_CM, VRDMA_F_MR_EXTENTS, VRDMA_F_MW};
+use vrdma_spec::features::{VRDMA_F_CM, VRDMA_F_CM_EVENT_INLINE, VRDMA_F_MR_EXTENTS, VRDMA_F_MW};
 use vrdma_spec::wire::SetDoorbellAreaReq;
 use vrdma_spec::{
     ControlRequest, ControlResponse, DeviceConfig, Event, EventType, Le32, Le64, Opcode,
@@ -145,7 +145,12 @@ impl SharedDevice {
         let function = SysfsPciFunction::open(options.address.as_deref())
             .map_err(|e| format!("cannot open the vrdma PCI device: {e}"))?;
         let address = function.address().to_owned();
-        let device = PciTransport::open(Arc::new(function), PciOptions::default())
+        // The agent fetches every CM event itself (CM_GET_EVENT) and routes it to its owner.
+        let pci_options = PciOptions {
+            device_features: PciOptions::default().device_features & !VRDMA_F_CM_EVENT_INLINE,
+            ..PciOptions::default()
+        };
+        let device = PciTransport::open(Arc::new(function), pci_options)
             .map_err(|e| format!("cannot start the vrdma PCI device {address}: {e}"))?;
         let region = device
             .device()

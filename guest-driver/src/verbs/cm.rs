@@ -416,6 +416,10 @@ impl Context {
     pub fn next_cm_event(&self, timeout: Option<Duration>) -> Result<Option<CmEvent>> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
+            // Older than any the device still holds.
+            if let Some(event) = self.inner.events.take_cm_event() {
+                return Ok(Some(event));
+            }
             let body = cm_body(&self.inner, CmRequest::GetEvent, Opcode::CmGetEvent)?;
             let CmResponseBody::GetEvent(event) = body else {
                 return Err(unexpected_body(Opcode::CmGetEvent));

@@ -22,8 +22,10 @@ use std::time::{Duration, Instant};
 
 use log::{debug, warn};
 use parking_lot::{Condvar, Mutex};
+use vrdma_spec::cm::{CmEventResp, CM_EVENT_INLINE_SIZE};
 use vrdma_spec::event::{Event, EventType, EVENT_SIZE};
 use vrdma_spec::DecodeError;
+use zerocopy::FromBytes;
 
 use super::error::Result;
 use crate::transport::Transport;
@@ -191,6 +193,9 @@ struct Stash {
     /// The epoch of a DEVICE_FATAL that announced the loss of this context's objects, once
     /// read (it stays: the objects do not come back).
     fatal: Option<u32>,
+    /// CM events that came whole with their notices, oldest first (the device delivers them
+    /// in order, before any it still holds for CM_GET_EVENT).
+    cm_events: VecDeque<Box<CmEventResp>>,
 }
 
 impl Stash {
@@ -256,6 +261,11 @@ impl EventDispatch {
             changed: Condvar::default(),
             opened_at_epoch: epoch,
         }
+    }
+
+    /// The oldest CM event that came whole in an event buffer and nobody took yet.
+    pub(crate) fn take_cm_event(&self) -> Option<CmEventResp> {
+        self.stash.lock().cm_events.pop_front().map(|event| *event)
     }
 
     /// Starts keeping completion events of CQ `handle`.
@@ -340,7 +350,12 @@ impl EventDispatch {
             stash.reader = false;
             self.changed.notify_all();
             let event = match outcome? {
-                Read::Event(event) => event,
+                Read::Event(event, carried) => {
+                    // Kept apart from the notices, which the stash may drop: a CM event the
+                    // device delivered is fetched from here first (`take_cm_event`).
+                    stash.cm_events.extend(carried);
+                    event
+                }
                 // Consumed without arming the transport: read again (at once if past the
                 // deadline).
                 Read::Ignored => continue,
@@ -381,7 +396,9 @@ impl EventDispatch {
 /// What one read of the event queue found.
 #[derive(Debug, PartialEq, Eq)]
 enum Read {
-    Event(DeviceEvent),
+    /// An event, and the CM event a CM_EVENT notice carried whole
+    /// (`VRDMA_F_CM_EVENT_INLINE`).
+    Event(DeviceEvent, Option<Box<CmEventResp>>),
     /// An event this library must ignore (unknown type, malformed), consumed.
     Ignored,
     /// None within the time given; the transport is armed for the next one.
@@ -390,12 +407,21 @@ enum Read {
 
 /// Reads one event, waiting at most `timeout` (`None`: forever).
 fn read_event(transport: &dyn Transport, timeout: Option<Duration>) -> Result<Read> {
-    let mut buf = [0u8; EVENT_SIZE];
+    let mut buf = [0u8; CM_EVENT_INLINE_SIZE];
     let Some(len) = transport.next_event(&mut buf, timeout)? else {
         return Ok(Read::Nothing);
     };
     match Event::decode(&buf[..len.min(EVENT_SIZE)]) {
-        Ok(event) => Ok(Read::Event(event.into())),
+        Ok(event) => {
+            let carried = (event.event_type == EventType::CmEvent && len >= CM_EVENT_INLINE_SIZE)
+                .then(|| {
+                    CmEventResp::read_from_bytes(&buf[EVENT_SIZE..])
+                        .ok()
+                        .map(Box::new)
+                })
+                .flatten();
+            Ok(Read::Event(event.into(), carried))
+        }
         // Newer devices may send types this version does not know: the spec says to ignore them.
         Err(DecodeError::UnknownEventType(t)) => {
             debug!("event of unknown type {t} ignored");
@@ -475,7 +501,7 @@ mod tests {
         let dispatch = EventDispatch::new(0);
         let mut queue = VecDeque::from([
             Read::Ignored,
-            Read::Event(DeviceEvent::PortActive { port: 1 }),
+            Read::Event(DeviceEvent::PortActive { port: 1 }, None),
             Read::Ignored,
         ]);
         let mut read = |_left: Option<Duration>| Ok(queue.pop_front().unwrap_or(Read::Nothing));
@@ -487,6 +513,29 @@ mod tests {
             queue.is_empty(),
             "the ignored event and the empty queue were both read"
         );
+    }
+
+    #[test]
+    fn cm_events_carried_whole_are_kept_apart_in_order_even_when_their_notices_are_dropped() {
+        use zerocopy::FromZeros;
+        let dispatch = EventDispatch::new(0);
+        let body = |event: u32| {
+            let mut body = Box::new(CmEventResp::new_zeroed());
+            body.event = vrdma_spec::Le32::new(event);
+            body
+        };
+        let notice = DeviceEvent::CmEvent { id: 1, event: 4 };
+        // More notices than the stash keeps: the events they carried are all kept.
+        let mut queue: VecDeque<Read> = (0..MAX_STASHED_EVENTS as u32 + 2)
+            .map(|n| Read::Event(notice, Some(body(n))))
+            .collect();
+        let mut read = |_left: Option<Duration>| Ok(queue.pop_front().unwrap_or(Read::Nothing));
+        let got = dispatch.wait_with(&mut read, Wanted::Nothing, Some(Duration::ZERO), &|_| {});
+        assert_eq!(got.unwrap(), None);
+        for n in 0..MAX_STASHED_EVENTS as u32 + 2 {
+            assert_eq!(dispatch.take_cm_event().unwrap().event.get(), n);
+        }
+        assert!(dispatch.take_cm_event().is_none());
     }
 
     #[test]

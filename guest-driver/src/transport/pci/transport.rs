@@ -62,7 +62,8 @@ impl Default for PciOptions {
             // host's verbs context, which only a front-end holds, never a guest.
             device_features: VRDMA_F_ALL & !VRDMA_F_HOST_KICK,
             event_buffers: 64,
-            event_buffer_size: 64,
+            // A CM event carried whole (VRDMA_F_CM_EVENT_INLINE) takes 400.
+            event_buffer_size: 512,
         }
     }
 }

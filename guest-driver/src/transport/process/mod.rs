@@ -86,7 +86,8 @@ impl Default for ProcessOptions {
             config_size: 256,
             device_features: DEVICE_SPECIFIC_MASK,
             event_buffers: 64,
-            event_buffer_size: 64,
+            // A CM event carried whole (VRDMA_F_CM_EVENT_INLINE) takes 400.
+            event_buffer_size: 512,
             application_ram_size: 0,
         }
     }
