@@ -215,18 +215,21 @@ pub fn next_cm_event(guest: &TestGuest) -> CmEventResp {
 /// The next CM_EVENT notice on `guest`'s event queue, taken off it (the event itself waits
 /// in the device): pumps the host's events as [`next_cm_event`] does.
 pub fn next_cm_notice(guest: &TestGuest) -> Vec<u8> {
-    pump_cm_until(guest, || {
-        let mut notice = None;
-        guest.guest_io().events().discard_where(|bytes| {
-            let is_cm = Event::decode(bytes).is_ok_and(|e| e.event_type == EventType::CmEvent);
-            if is_cm && notice.is_none() {
-                notice = Some(bytes.to_vec());
-                return true;
-            }
-            false
-        });
-        notice
-    })
+    pump_cm_until(guest, || take_cm_notice(guest))
+}
+
+/// The oldest CM_EVENT notice on `guest`'s event queue, taken off it, if one waits.
+pub fn take_cm_notice(guest: &TestGuest) -> Option<Vec<u8>> {
+    let mut notice = None;
+    guest.guest_io().events().discard_where(|bytes| {
+        let is_cm = Event::decode(bytes).is_ok_and(|e| e.event_type == EventType::CmEvent);
+        if is_cm && notice.is_none() {
+            notice = Some(bytes.to_vec());
+            return true;
+        }
+        false
+    });
+    notice
 }
 
 /// Pumps the host's CM events into the device as its worker would until `found` finds

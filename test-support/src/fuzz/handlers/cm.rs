@@ -15,7 +15,7 @@ use vrdma_spec::control::HEADER_SIZE;
 use vrdma_spec::event::EVENT_SIZE;
 use vrdma_spec::features::VRDMA_F_CM_EVENT_INLINE;
 use vrdma_spec::wire::{CreateQpReq, ModifyQpReq};
-use vrdma_spec::{Event, EventType, Le32, Opcode};
+use vrdma_spec::{Event, Le32, Opcode};
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::super::bytes::ByteReader;
@@ -231,16 +231,8 @@ impl Sequence {
     /// buffer of `capacity` bytes; returns the event it carried whole, checked and counted.
     fn place_cm_notice(&mut self, g: usize, capacity: usize) -> Option<CmEventResp> {
         let guest = &self.slots[g].guest;
-        let mut notice = None;
-        guest.guest_io().events().discard_where(|bytes| {
-            let is_cm = Event::decode(bytes).is_ok_and(|e| e.event_type == EventType::CmEvent);
-            if is_cm && notice.is_none() {
-                notice = Some(bytes.to_vec());
-                return true;
-            }
-            false
-        });
-        let bytes = guest.dev().expand_event(&notice?, capacity)?;
+        let notice = crate::fake_host::cm_steps::take_cm_notice(guest)?;
+        let bytes = guest.dev().expand_event(&notice, capacity)?;
         assert!(
             capacity >= CM_EVENT_INLINE_SIZE && bytes.len() == CM_EVENT_INLINE_SIZE,
             "guest {g}: {} bytes placed into {capacity}",
