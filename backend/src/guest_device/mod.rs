@@ -515,13 +515,11 @@ impl DeviceHandler for GuestDevice {
     }
 
     fn expand_event(&self, event: &[u8], capacity: usize) -> Option<Vec<u8>> {
+        // Every event placed comes here: the cheap checks first, the feature's lock last.
         if capacity < CM_EVENT_INLINE_SIZE
+            || Event::decode(event).map_or(true, |e| e.event_type != EventType::CmEvent)
             || self.acked.lock().unwrap_or(0) & VRDMA_F_CM_EVENT_INLINE == 0
         {
-            return None;
-        }
-        let notice = Event::decode(event).ok()?;
-        if notice.event_type != EventType::CmEvent {
             return None;
         }
         // The oldest waiting event, whichever notice carries it (a notice may have been
