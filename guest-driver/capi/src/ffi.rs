@@ -20,6 +20,12 @@ pub(crate) fn guard<T>(name: &str, on_panic: T, body: impl FnOnce() -> T) -> T {
     }
 }
 
+/// The calling thread's `errno`.
+pub(crate) fn errno() -> i32 {
+    // SAFETY: `__errno_location` returns the calling thread's errno, always valid to read.
+    unsafe { *libc::__errno_location() }
+}
+
 /// Sets the calling thread's `errno`.
 pub(crate) fn set_errno(value: i32) {
     // SAFETY: `__errno_location` returns the calling thread's errno, always valid to write.

@@ -45,6 +45,7 @@ mod qp_ex;
 mod query;
 mod query_ex;
 mod rdmacm;
+mod rsocket;
 mod srq;
 mod strings;
 mod transport;

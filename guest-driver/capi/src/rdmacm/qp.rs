@@ -17,19 +17,13 @@ use super::id::{
 use crate::cq::{
     create_many, ibv_create_comp_channel, ibv_destroy_comp_channel, ibv_destroy_cq, CqSpec,
 };
-use crate::ffi::guard;
+use crate::ffi::{errno, guard};
 use crate::qp::{ibv_create_qp, ibv_destroy_qp, VrdmaQp};
 use crate::srq::{create_srq_ex, ibv_destroy_srq};
 use crate::sys::*;
 
 /// How long `rdma_create_ep` waits for address and route resolution (librdmacm's 2000 ms).
 const EP_RESOLVE_MS: c_int = 2000;
-
-/// The last errno of this thread.
-fn errno() -> c_int {
-    // SAFETY: reading this thread's errno.
-    unsafe { *libc::__errno_location() }
-}
 
 /// Makes the CQs (with completion channels) `attr` lacks, on the id's context, in one batch
 /// of commands (one round trip for both). What was made is recorded in the id (and

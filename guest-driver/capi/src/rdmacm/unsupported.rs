@@ -2,11 +2,9 @@
 //! - multicast joins (`EOPNOTSUPP`): spec §7.5 has no join command (rxe joins IPv4 groups
 //!   only, and a group would be shared by every QP attached on the host device);
 //! - ECE (`EOPNOTSUPP`, as the drop-in libibverbs' `ibv_query_ece`), with `rdma_reject_ece`
-//!   a plain reject;
-//! - rsockets: every entry point fails with `ENOSYS` and -1. They take no arguments here: on
-//!   x86-64 a callee that ignores its arguments may be declared without them (variadic
-//!   `rfcntl` included), and -1 in the return register reads as -1 for every return type of
-//!   theirs (`int`, `ssize_t`, `off_t`, `size_t` -1).
+//!   a plain reject.
+//!
+//! rsockets are in `crate::rsocket`.
 
 use std::ffi::{c_int, c_void};
 
@@ -58,45 +56,3 @@ pub unsafe extern "C" fn rdma_reject_ece(
     // SAFETY: caller contract.
     unsafe { super::id::rdma_reject(id, private_data, len) }
 }
-
-macro_rules! rsocket_stubs {
-    ($($name:ident),* $(,)?) => {
-        $(
-            #[doc = concat!("`", stringify!($name), "`: rsockets are not provided (`ENOSYS`).")]
-            pub extern "C" fn $name() -> isize {
-                crate::ffi::set_errno(libc::ENOSYS);
-                -1
-            }
-        )*
-    };
-}
-
-rsocket_stubs!(
-    rsocket,
-    rbind,
-    rlisten,
-    raccept,
-    rconnect,
-    rshutdown,
-    rclose,
-    rrecv,
-    rrecvfrom,
-    rrecvmsg,
-    rsend,
-    rsendto,
-    rsendmsg,
-    rread,
-    rreadv,
-    rwrite,
-    rwritev,
-    rpoll,
-    rselect,
-    rgetpeername,
-    rgetsockname,
-    rsetsockopt,
-    rgetsockopt,
-    rfcntl,
-    riomap,
-    riounmap,
-    riowrite,
-);
