@@ -54,6 +54,8 @@ pub fn address_args(program: &str, address: &str, port: u16, server: bool) -> (V
         "ucmatose" => (with_port("-s"), port),
         "udaddy" if server => (vec!["-b".into(), address.into()], UDADDY_PORT),
         "udaddy" => (vec!["-s".into(), address.into()], UDADDY_PORT),
+        // rstream: -b binds the server, -s names the server.
+        "rstream" if server => (with_port("-b"), port),
         // rdma_server/rdma_client: -s address.
         _ => (with_port("-s"), port),
     }
@@ -71,7 +73,12 @@ pub const UCMATOSE: Program = Program {
 /// The programs: RC with RDMA reads and writes and data validation (rping), RC sends over two
 /// connections (ucmatose), UD datagrams after SIDR (udaddy), synchronous endpoints
 /// (rdma_server/rdma_client: `rdma_create_ep`, `rdma_get_request`, the `rdma_verbs.h`
-/// helpers).
+/// helpers), and rsockets (rstream, each side checking every byte of the running counter it
+/// receives, `-T v`): non-blocking calls retried (its default) with 64 KiB transfers, and
+/// blocking ones (`MSG_WAITALL`, `-T b`) with 3000-byte ones. Each prints its "custom" result
+/// line only after the whole exchange. (Its `-T a`, an `rpoll` before each call, is not used:
+/// a client whose last `rpoll` comes after the server's close sees `POLLHUP` beside the data
+/// and exits 16, natively too.)
 pub const PROGRAMS: &[Program] = &[
     Program {
         server: "rping -s",
@@ -96,7 +103,21 @@ pub const PROGRAMS: &[Program] = &[
         server_marks: &[("rdma_server: end 0", 1)],
         client_marks: &[("rdma_client: end 0", 1)],
     },
+    RSTREAM_NONBLOCKING,
+    Program {
+        args: &["-S", "3000", "-C", "30", "-I", "2", "-T", "v", "-T", "b"],
+        ..RSTREAM_NONBLOCKING
+    },
 ];
+
+/// rsockets: 64 KiB transfers, non-blocking calls retried, every byte checked.
+const RSTREAM_NONBLOCKING: Program = Program {
+    server: "rstream",
+    client: "rstream",
+    args: &["-S", "65536", "-C", "20", "-I", "2", "-T", "v"],
+    server_marks: &[("custom ", 1)],
+    client_marks: &[("custom ", 1)],
+};
 
 /// The first port the runs use (each run the next one).
 const FIRST_PORT: u16 = 7471;

@@ -128,13 +128,15 @@ impl Flow {
         }
     }
 
-    /// Takes in the peer's connection data (`rs_save_conn_data`).
+    /// Takes in the peer's connection data (`rs_save_conn_data`). Entry 1 of our target
+    /// buffer is left alone: it starts zeroed, and the peer writes its first buffer update
+    /// there as soon as its side is established, which on the connecting side can be before
+    /// this runs.
     pub(crate) fn save_peer(&mut self, peer: &ConnData) {
         self.remote_sgl = peer.target_sgl;
         self.remote_sge = 1;
         self.peer_big_endian = peer.sender_big_endian();
         self.write_target(0, peer.data_buf);
-        self.write_target(1, Sge::default());
         self.sseq_comp = peer.credits;
     }
 
@@ -273,7 +275,17 @@ impl Flow {
                             }
                         }
                         (Op::Ctrl, _) => {}
-                        (Op::Data, len) => self.rmsg.push_back(len),
+                        (Op::Data, len) => {
+                            // A peer within the protocol never writes more than a ring half
+                            // nor more messages than it had credits for.
+                            if len > self.ep.sizes.rbuf >> 1
+                                || self.rmsg.len() > self.ep.sizes.rq as usize
+                            {
+                                self.fail(libc::EPROTO);
+                                break 'outer;
+                            }
+                            self.rmsg.push_back(len);
+                        }
                     }
                 } else {
                     match c.msg.map(parse_message) {
