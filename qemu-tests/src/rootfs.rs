@@ -57,6 +57,9 @@ pub const TRIXIE_RXE: Recipe = Recipe {
         "python3-mpi4py",
         "libfabric-bin",
         "python3-pyverbs",
+        // A plain TCP program for rsockets' preload library (librspreload.so, librdmacm1):
+        // iperf 2 works under it natively (nc.openbsd, socat and Python's servers do not).
+        "iperf",
     ],
 };
 
@@ -77,6 +80,7 @@ const REQUIRED_IN_ROOT: &[&str] = &[
     "usr/bin/ucx_info",
     "usr/bin/mpirun.openmpi",
     "usr/bin/fi_info",
+    "usr/bin/iperf",
     "usr/share/doc/rdma-core/tests/run_tests.py",
 ];
 

@@ -63,6 +63,27 @@ fn rdmacm_examples_run_unmodified_over_vrdma() {
         );
     }
 
+    // iperf under librspreload.so: every pairing moved every byte over rxe (the scenario
+    // checks the packet count and the sessions; here that all four ran).
+    let got: Vec<(&str, &str)> = results
+        .preload
+        .iter()
+        .map(|r| (r.server.as_str(), r.client.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("native", "native"),
+            ("vrdma", "native"),
+            ("native", "vrdma"),
+            ("vrdma", "vrdma")
+        ]
+    );
+    for run in &results.preload {
+        assert!(run.rxe_packets >= 1024, "{run:?}");
+        assert!(run.client_report.contains("4.00 MBytes"), "{run:?}");
+    }
+
     // The backend SIGKILLed with connections up: every rping ended (the scenario bounds the
     // waits), the idle vrdma listener through the device-removal event, the vrdma sides of
     // the connections with an error; the kernel released everything the backend held; a new

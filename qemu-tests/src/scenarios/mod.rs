@@ -20,6 +20,7 @@ pub mod rdmacm_suite;
 pub mod rdmacm_utils;
 pub mod readme_qemu;
 pub mod real_guest;
+pub mod rspreload;
 pub mod tenants;
 pub mod two_hosts;
 pub mod verbs_utils;

@@ -390,7 +390,7 @@ pub unsafe extern "C" fn rwritev(socket: c_int, iov: *const libc::iovec, iovcnt:
 /// Copies a socket address out as `getsockname(2)` does (truncating to `*len`).
 ///
 /// # Safety
-/// `addr` writable for `*len` bytes; `len` valid.
+/// `len` valid; `addr` writable for `*len` bytes, or NULL.
 unsafe fn copy_addr(src: &sockaddr_storage, addr: *mut sockaddr, len: *mut socklen_t) {
     let size = match c_int::from(src.ss_family) {
         libc::AF_INET => std::mem::size_of::<libc::sockaddr_in>(),
@@ -399,18 +399,23 @@ unsafe fn copy_addr(src: &sockaddr_storage, addr: *mut sockaddr, len: *mut sockl
     };
     // SAFETY: caller contract.
     unsafe {
-        let room = *len as usize;
-        std::ptr::copy_nonoverlapping(
-            std::ptr::from_ref(src).cast::<u8>(),
-            addr.cast::<u8>(),
-            room.min(size),
-        );
+        let room = (*len as usize).min(size);
+        if !addr.is_null() && room > 0 {
+            std::ptr::copy_nonoverlapping(
+                std::ptr::from_ref(src).cast::<u8>(),
+                addr.cast::<u8>(),
+                room,
+            );
+        }
         *len = size as socklen_t;
     }
 }
 
 fn name(socket: c_int, addr: *mut sockaddr, len: *mut socklen_t, peer: bool) -> c_int {
-    if addr.is_null() || len.is_null() {
+    // A NULL address with room 0 asks only for the length (librspreload does, to tell IPv4
+    // from IPv6).
+    // SAFETY: `len` is NULL or the caller's valid length.
+    if len.is_null() || (addr.is_null() && unsafe { *len } != 0) {
         return fail(libc::EFAULT);
     }
     let s = match socket_of(socket) {
