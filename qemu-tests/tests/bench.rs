@@ -4,7 +4,9 @@
 
 mod common;
 
-use vrdma_qemu_tests::bench::{self, cm_setup, control, matrix, scale, Results, Settings};
+use vrdma_qemu_tests::bench::{
+    self, cm_setup, control, matrix, rsockets, scale, Results, Settings,
+};
 
 /// `vrdma / native` as the bench computes it, to a rounding error.
 fn assert_ratio(ratio: f64, vrdma: f64, native: f64, what: &str) {
@@ -130,6 +132,15 @@ fn quick_bench_measures_every_row_on_both_sides() {
     for row in &results.cm_setup {
         assert_ratio(row.ratio, row.vrdma.median, row.native.median, &row.op);
         let rounds = results.plan.cm_setup.rounds as usize;
+        assert_eq!((row.native.n, row.vrdma.n), (rounds, rounds), "{}", row.op);
+    }
+
+    // rsockets: rstream's latency and bandwidth, measured on both sides each round.
+    let ops: Vec<&str> = results.rsockets.iter().map(|r| r.op.as_str()).collect();
+    assert_eq!(ops, [rsockets::LATENCY, rsockets::BANDWIDTH]);
+    for row in &results.rsockets {
+        assert_ratio(row.ratio, row.vrdma.median, row.native.median, &row.op);
+        let rounds = results.plan.rsockets.rounds as usize;
         assert_eq!((row.native.n, row.vrdma.n), (rounds, rounds), "{}", row.op);
     }
 

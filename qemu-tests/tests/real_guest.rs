@@ -43,6 +43,13 @@ fn a_real_guest_runs_rdma_over_vrdma_and_survives_a_reboot() {
         assert!(side.contains("data transfers complete"), "{side}");
         assert!(side.contains("return status 0"), "{side}");
     }
+    // rstream (rsockets) as a member of rdma through the installed agent against a native
+    // server: every byte checked by the receivers (`-T v`), both sides exited 0.
+    assert!(
+        first.agent_rstream.starts_with("custom"),
+        "{:?}",
+        first.agent_rstream
+    );
     // The agent published the node and the GID types UCX reads (checked in the guest).
     let published = &first.agent_published;
     assert!(

@@ -11,6 +11,8 @@
 //!   (`native/ctlbench.c`);
 //! * [`cm_setup`]: connection setup through rdma_cm (Debian's `cmtime`), both sides native
 //!   and both over vrdma's drop-in `librdmacm.so.1`;
+//! * [`rsockets`]: Debian's `rstream` latency and bandwidth, both sides native and both over
+//!   the drop-in's rsockets;
 //! * [`scale`]: the cost of one send (WQE and doorbell) with 1 to 1024 QPs in a guest and with
 //!   8 guests on one backend;
 //! * [`goodput`] (not in `--quick`): a stream across the two-host link, clean and under 1 %
@@ -28,6 +30,7 @@ pub mod goodput;
 pub mod machine;
 pub mod matrix;
 pub mod report;
+pub mod rsockets;
 pub mod scale;
 pub mod stats;
 
@@ -78,6 +81,8 @@ pub struct Plan {
     pub perftest: Vec<Case>,
     pub control: ControlPlan,
     pub cm_setup: cm_setup::CmSetupPlan,
+    #[serde(default)]
+    pub rsockets: rsockets::RsocketsPlan,
     pub scale: Vec<scale::ScaleConfig>,
     /// Timed messages of each scale guest.
     pub scale_messages: u32,
@@ -127,6 +132,11 @@ impl Plan {
                 connections: if quick { 20 } else { 100 },
                 rounds: if quick { 1 } else { settings.rounds },
             },
+            rsockets: rsockets::RsocketsPlan {
+                latency_iterations: if quick { 200 } else { 2000 },
+                bandwidth_transfers: if quick { 50 } else { 500 },
+                rounds: if quick { 1 } else { settings.rounds },
+            },
             scale: scale::configs(quick),
             scale_messages: if quick { 400 } else { 4000 },
             agent: matrix::agent_cases(quick),
@@ -161,6 +171,9 @@ pub struct GuestResults {
     pub perftest: Vec<matrix::MatrixRow>,
     pub control: Vec<control::ControlRow>,
     pub cm_setup: Vec<cm_setup::CmSetupRow>,
+    /// rstream natively against rstream over the drop-in's rsockets.
+    #[serde(default)]
+    pub rsockets: Vec<control::ControlRow>,
     pub scale: Vec<scale::ScaleRow>,
     /// perftest through the guest agent (`vrdma`) against direct front-ends (`native`).
     #[serde(default)]
@@ -186,6 +199,9 @@ pub struct Results {
     pub perftest: Vec<matrix::MatrixRow>,
     pub control: Vec<control::ControlRow>,
     pub cm_setup: Vec<cm_setup::CmSetupRow>,
+    /// rstream natively against rstream over the drop-in's rsockets.
+    #[serde(default)]
+    pub rsockets: Vec<control::ControlRow>,
     pub scale: Vec<scale::ScaleRow>,
     /// perftest through the guest agent (`vrdma`) against direct front-ends (`native`).
     #[serde(default)]
@@ -256,6 +272,7 @@ pub fn run_on_host(
         perftest: guest.perftest,
         control: guest.control,
         cm_setup: guest.cm_setup,
+        rsockets: guest.rsockets,
         scale: guest.scale,
         agent: guest.agent,
         staged: guest.staged,
@@ -322,6 +339,7 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
         &plan.control,
     )?;
     let cm_setup = cm_setup::run(&args.cmtime, &plan.cm_setup, &native, &vrdma)?;
+    let rsockets = rsockets::run(&plan.rsockets, &native, &vrdma)?;
     let agent = {
         let agent_socket = std::env::temp_dir()
             .join("vrdma-bench-agent")
@@ -377,6 +395,7 @@ pub fn run_in_guest(args: &GuestArgs) -> Result<GuestResults> {
         perftest,
         control,
         cm_setup,
+        rsockets,
         scale,
         agent,
         staged,

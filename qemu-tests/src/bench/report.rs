@@ -25,6 +25,7 @@ pub fn render(results: &Results) -> String {
         &results.cm_setup,
         &results.scale,
     );
+    rsockets_rows(&mut out, &results.plan, &results.rsockets);
     doorbell_rows(&mut out, &results.plan, &results.doorbell);
     agent_rows(&mut out, &results.plan, &results.agent);
     staged_rows(&mut out, &results.plan, &results.staged);
@@ -73,11 +74,26 @@ pub fn render_guest(results: &GuestResults) -> String {
         &results.cm_setup,
         &results.scale,
     );
+    rsockets_rows(&mut out, &results.plan, &results.rsockets);
     doorbell_rows(&mut out, &results.plan, &results.doorbell);
     agent_rows(&mut out, &results.plan, &results.agent);
     staged_rows(&mut out, &results.plan, &results.staged);
     staged_cq_rows(&mut out, &results.plan, &results.staged_cqs);
     out
+}
+
+/// The rsockets rows, if measured.
+fn rsockets_rows(out: &mut String, plan: &Plan, rows: &[ControlRow]) {
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "
+rsockets: Debian's rstream, blocking calls, both sides native (rdma-core's rsockets)          vs both over vrdma's drop-in; median of {} run(s): a 64-byte ping-pong ({}          iterations, µs per transfer, lower is better) and 64 KiB transfers ({}, Gbit/s,          higher is better).",
+        plan.rsockets.rounds, plan.rsockets.latency_iterations, plan.rsockets.bandwidth_transfers
+    );
+    out.push_str(&ratio_table("rstream", rows));
 }
 
 fn tables(

@@ -104,19 +104,22 @@ pub const PROGRAMS: &[Program] = &[
         client_marks: &[("rdma_client: end 0", 1)],
     },
     RSTREAM_NONBLOCKING,
-    Program {
-        args: &["-S", "3000", "-C", "30", "-I", "2", "-T", "v", "-T", "b"],
-        ..RSTREAM_NONBLOCKING
-    },
+    RSTREAM_BLOCKING,
 ];
 
 /// rsockets: 64 KiB transfers, non-blocking calls retried, every byte checked.
-const RSTREAM_NONBLOCKING: Program = Program {
+pub const RSTREAM_NONBLOCKING: Program = Program {
     server: "rstream",
     client: "rstream",
     args: &["-S", "65536", "-C", "20", "-I", "2", "-T", "v"],
     server_marks: &[("custom ", 1)],
     client_marks: &[("custom ", 1)],
+};
+
+/// rsockets: 3000-byte transfers, blocking calls (`MSG_WAITALL`), every byte checked.
+pub const RSTREAM_BLOCKING: Program = Program {
+    args: &["-S", "3000", "-C", "30", "-I", "2", "-T", "v", "-T", "b"],
+    ..RSTREAM_NONBLOCKING
 };
 
 /// The first port the runs use (each run the next one).

@@ -25,8 +25,6 @@ pub(crate) mod sockaddr;
 pub(crate) mod unsupported;
 
 pub(crate) use crate::cm_events::channel::{rdma_create_event_channel, rdma_destroy_event_channel};
-pub(crate) use crate::rsocket::api::*;
-pub(crate) use crate::rsocket::poll::{rpoll, rselect};
 pub(crate) use addrinfo::{rdma_freeaddrinfo, rdma_getaddrinfo};
 pub(crate) use device::{rdma_event_str, rdma_free_devices, rdma_get_devices};
 pub(crate) use event::{rdma_ack_cm_event, rdma_get_cm_event};

@@ -4,7 +4,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use super::wire::{scale_to_value, value_to_scale};
+use super::wire::{scale_to_value, value_to_scale, SEND_LOW_WATER};
 
 /// Where rdma-core's rsockets read their configuration (`RS_CONF_DIR`).
 const CONF_DIR: &str = "/etc/rdma/rsocket";
@@ -77,7 +77,7 @@ impl Defaults {
             d.mem = v.max(1);
         }
         if let Some(v) = read_number("wmem_default") {
-            d.wmem = if v < super::SEND_LOW_WATER { 4096 } else { v };
+            d.wmem = if v < SEND_LOW_WATER { 4096 } else { v };
         }
         if let Some(v) = read_number("iomap_size") {
             d.iomap_size = scale_to_value(value_to_scale(v.min(0xffff), 8), 8);

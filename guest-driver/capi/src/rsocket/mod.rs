@@ -13,15 +13,15 @@
 //! `riomap`/`riowrite`, keep-alive probes, and the `RDMA_ROUTE` option. A non-blocking
 //! `rconnect` completes before it returns.
 
-pub(crate) mod api;
+mod api;
 mod buffers;
 mod config;
 mod endpoint;
-pub(crate) mod poll;
+mod poll;
 mod socket;
 mod stream;
 mod table;
 mod wire;
 
-/// Send-ring bytes that must be free before a send may go (`RS_SNDLOWAT`).
-pub(crate) const SEND_LOW_WATER: u32 = 2048;
+pub(crate) use api::*;
+pub(crate) use poll::{rpoll, rselect};

@@ -14,10 +14,9 @@ use std::sync::atomic::{fence, Ordering};
 use super::endpoint::{Completion, Endpoint, CTRL_SLOTS};
 use super::wire::{
     host_is_big_endian, message, parse_message, value_to_scale, ConnData, Op, Sge,
-    CONN_DATA_VERSION, CONN_FLAG_IOMAP, CONN_FLAG_NET, CTRL_DISCONNECT, CTRL_SHUTDOWN, SGE_LEN,
-    SGL_ENTRIES,
+    CONN_DATA_VERSION, CONN_FLAG_IOMAP, CONN_FLAG_NET, CTRL_DISCONNECT, CTRL_SHUTDOWN,
+    SEND_LOW_WATER, SGE_LEN, SGL_ENTRIES,
 };
-use super::SEND_LOW_WATER;
 use crate::sys::ibv_sge;
 
 /// First chunk of a send; chunks double up to [`MAX_TRANSFER`].

@@ -18,6 +18,8 @@ pub(crate) const CONN_FLAG_IOMAP: u8 = 2;
 pub(crate) const SGL_ENTRIES: u32 = 2;
 /// Bytes of one scatter entry in memory.
 pub(crate) const SGE_LEN: usize = 16;
+/// Send-ring bytes that must be free before a send may go (`RS_SNDLOWAT`).
+pub(crate) const SEND_LOW_WATER: u32 = 2048;
 
 /// Wire entry of a buffer: address, key, length (`struct rs_sge`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

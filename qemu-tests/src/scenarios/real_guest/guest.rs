@@ -111,6 +111,7 @@ fn first_boot(
     record.agent_victim_released = agent.victim_released;
     record.agent_rping_pings = agent.rping_pings;
     record.agent_ucmatose = agent.ucmatose.to_vec();
+    record.agent_rstream = agent.rstream;
     record.agent_published = agent.published;
     record.agent_pin_registered = agent.pin_registered;
     record.agent_pin_budget = agent.pin_budget;
@@ -305,6 +306,26 @@ fn ucmatose_through_agent(
     Ok([client_marks.join("; "), host_client])
 }
 
+/// Unmodified rstream (rsockets, every byte of a running counter checked by the receiver) as
+/// the installed package's user through the agent, its client against the host side's native
+/// server: what the client printed to prove a complete run.
+fn rstream_through_agent(paths: &GuestPaths, user: (u32, u32)) -> Result<String> {
+    let program = &rdmacm_utils::RSTREAM_BLOCKING;
+    let address = format!("{}%1", paths.rping_server);
+    let mut command = perftest::as_user(user.0, user.1, program.client);
+    command
+        .args(program.args)
+        .args(rdmacm_utils::address_args(program.client, &address, AGENT_RSTREAM_PORT, false).0)
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("VRDMA_AGENT")
+        .env_remove("VRDMA_SOCKET");
+    let mut client = Proc::spawn("agent-rstream-client", &mut command)?;
+    client.wait_success(STEP_TIMEOUT)?;
+    let marks = rdmacm_utils::marks(&client.output(), program.client_marks)
+        .map_err(|why| client.failure(&why))?;
+    Ok(marks.join("; "))
+}
+
 /// `ibv_devinfo` over the drop-in: it must list vrdma0 with an active port.
 fn devinfo(library_dir: &Path) -> Result<String> {
     let out = Command::new("ibv_devinfo")
@@ -396,6 +417,7 @@ struct ThroughAgent {
     victim_released: String,
     rping_pings: [u32; 2],
     ucmatose: [String; 2],
+    rstream: String,
     published: Vec<(String, String)>,
     pin_registered: u64,
     pin_budget: String,
@@ -408,8 +430,9 @@ struct ThroughAgent {
 /// its budget and is refused past it, and the first one is SIGKILLed (the agent must release
 /// what it left; the two must finish verified); the isolation checks between two of its
 /// processes; unmodified perftest servers, the native clients measuring; rping and ucmatose
-/// both ways. The agent stops as `systemctl stop` stops it and the package is purged at the
-/// end (the next step opens the function directly, which resets it).
+/// both ways; rstream's client against a native server. The agent stops as `systemctl stop`
+/// stops it and the package is purged at the end (the next step opens the function directly,
+/// which resets it).
 fn through_agent(
     paths: &GuestPaths,
     control: &mut ControlClient,
@@ -515,11 +538,14 @@ fn through_agent(
         lap("rping both ways");
         let ucmatose = ucmatose_through_agent(paths, control, user)?;
         lap("ucmatose both ways");
+        let rstream = rstream_through_agent(paths, user)?;
+        lap("rstream against a native server");
         Ok(ThroughAgent {
             tables,
             victim_released,
             rping_pings,
             ucmatose,
+            rstream,
             published,
             pin_registered,
             pin_budget,

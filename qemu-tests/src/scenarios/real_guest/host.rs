@@ -21,7 +21,7 @@ use crate::relay;
 use crate::rootfs::PreparedRoot;
 use crate::scenarios::backend::{Backend, Keeper};
 use crate::scenarios::binaries::Binaries;
-use crate::scenarios::rdmacm_utils::{self, cm_listens, UCMATOSE};
+use crate::scenarios::rdmacm_utils::{self, cm_listens, RSTREAM_BLOCKING, UCMATOSE};
 use crate::vm::{self, VmConfig};
 
 /// How long the host side waits for the device to be idle after the guest's reboot.
@@ -115,6 +115,10 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
     let mut ucmatose_server = Proc::spawn(
         "native-ucmatose-server-for-the-agent",
         &mut native_ucmatose(&rping_address, AGENT_UCMATOSE_PORT, true),
+    )?;
+    let mut rstream_server = Proc::spawn(
+        "native-rstream-server-for-the-agent",
+        &mut native_rstream(&rping_address, AGENT_RSTREAM_PORT),
     )?;
     let bypass_listener = relay::listen_loopback(BYPASS.tcp)?;
     let bypass_client = Proc::spawn(
@@ -282,6 +286,9 @@ pub fn run(binaries: &Binaries, settings: &Settings) -> Result<Report> {
     ucmatose_server.wait_success(Duration::from_secs(60))?;
     rdmacm_utils::marks(&ucmatose_server.output(), UCMATOSE.server_marks)
         .map_err(|why| ucmatose_server.failure(&why))?;
+    rstream_server.wait_success(Duration::from_secs(60))?;
+    rdmacm_utils::marks(&rstream_server.output(), RSTREAM_BLOCKING.server_marks)
+        .map_err(|why| rstream_server.failure(&why))?;
     let mut guest_rows = Vec::new();
     let labels = std::iter::repeat_n("vrdma-guest", PERFTEST.len())
         .chain(std::iter::repeat_n("vrdma-agent", AGENT_PERFTEST.len()));
@@ -369,6 +376,15 @@ fn native_ucmatose(address: &str, port: u16, server: bool) -> Command {
     let (address_args, _) = rdmacm_utils::address_args(UCMATOSE.server, address, port, server);
     let mut command = Command::new(UCMATOSE.server);
     command.args(UCMATOSE.args).args(address_args);
+    command
+}
+
+/// A native rstream server on `port` (rdma-core's rsockets), as the guest's client runs it.
+fn native_rstream(address: &str, port: u16) -> Command {
+    let program = &RSTREAM_BLOCKING;
+    let (address_args, _) = rdmacm_utils::address_args(program.server, address, port, true);
+    let mut command = Command::new(program.server);
+    command.args(program.args).args(address_args);
     command
 }
 

@@ -176,6 +176,9 @@ pub const AGENT_RPING_SERVER_PORT: u16 = 7602;
 /// the port of the guest's ucmatose server a native client connects to.
 pub const AGENT_UCMATOSE_PORT: u16 = 7603;
 pub const AGENT_UCMATOSE_SERVER_PORT: u16 = 7604;
+/// The native rstream server the guest's rstream as the package's user through the agent
+/// meets.
+pub const AGENT_RSTREAM_PORT: u16 = 7605;
 
 /// Operations and sizes of the verified ping-pong.
 pub const PINGPONG_OPS: &str = "send,send_imm,write,write_imm,read";
@@ -266,6 +269,10 @@ pub struct FirstBoot {
     /// guest's server.
     #[serde(default)]
     pub agent_ucmatose: Vec<String>,
+    /// Unmodified rstream (rsockets, every byte checked) as the package's user through the
+    /// agent against a native rstream server: the guest client's result line.
+    #[serde(default)]
+    pub agent_rstream: String,
     /// What the agent published at the system paths for discovery, as `(path, what it holds)`
     /// ([`crate::scenarios::discovery::published_in_vm`]).
     #[serde(default)]
