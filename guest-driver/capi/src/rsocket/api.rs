@@ -275,6 +275,19 @@ unsafe fn send_vectored(
     }
 }
 
+/// The scatter list of `msg`; control messages are `ENOTSUP`.
+///
+/// # Safety
+/// `msg` is NULL or a valid `msghdr`.
+unsafe fn message_iov(msg: *const libc::msghdr) -> Result<(*const libc::iovec, c_int), c_int> {
+    // SAFETY: caller contract.
+    let m = unsafe { msg.as_ref() }.ok_or(libc::EINVAL)?;
+    if !m.msg_control.is_null() && m.msg_controllen > 0 {
+        return Err(libc::ENOTSUP);
+    }
+    Ok((m.msg_iov, m.msg_iovlen as c_int))
+}
+
 /// `rrecvmsg`: control messages are `ENOTSUP`.
 ///
 /// # Safety
@@ -282,14 +295,11 @@ unsafe fn send_vectored(
 pub unsafe extern "C" fn rrecvmsg(socket: c_int, msg: *mut libc::msghdr, flags: c_int) -> isize {
     guard("rrecvmsg", -1, || {
         // SAFETY: caller contract.
-        let Some(m) = (unsafe { msg.as_ref() }) else {
-            return fail(libc::EINVAL);
-        };
-        if !m.msg_control.is_null() && m.msg_controllen > 0 {
-            return fail(libc::ENOTSUP);
+        match unsafe { message_iov(msg) } {
+            // SAFETY: caller contract.
+            Ok((iov, count)) => unsafe { recv_vectored(socket, iov, count, flags) },
+            Err(e) => fail(e),
         }
-        // SAFETY: caller contract.
-        unsafe { recv_vectored(socket, m.msg_iov, m.msg_iovlen as c_int, flags) }
     })
 }
 
@@ -336,14 +346,11 @@ pub unsafe extern "C" fn rsendto(
 pub unsafe extern "C" fn rsendmsg(socket: c_int, msg: *const libc::msghdr, flags: c_int) -> isize {
     guard("rsendmsg", -1, || {
         // SAFETY: caller contract.
-        let Some(m) = (unsafe { msg.as_ref() }) else {
-            return fail(libc::EINVAL);
-        };
-        if !m.msg_control.is_null() && m.msg_controllen > 0 {
-            return fail(libc::ENOTSUP);
+        match unsafe { message_iov(msg) } {
+            // SAFETY: caller contract.
+            Ok((iov, count)) => unsafe { send_vectored(socket, iov, count, flags) },
+            Err(e) => fail(e),
         }
-        // SAFETY: caller contract.
-        unsafe { send_vectored(socket, m.msg_iov, m.msg_iovlen as c_int, flags) }
     })
 }
 
