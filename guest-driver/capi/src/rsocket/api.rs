@@ -50,7 +50,7 @@ pub extern "C" fn rsocket(domain: c_int, kind: c_int, protocol: c_int) -> c_int 
         if !stream {
             return fail(libc::ENOTSUP);
         }
-        match RSocket::new(domain) {
+        match RSocket::new() {
             Ok(socket) => {
                 {
                     let mut inner = socket.inner.lock();

@@ -129,13 +129,9 @@ pub(crate) struct RSocket {
 pub(crate) type Test = fn(&Flow) -> bool;
 
 impl RSocket {
-    /// A new socket of `family` with a synchronous CM id on the TCP port space.
-    pub(crate) fn new(family: c_int) -> Result<RSocket, c_int> {
-        Self::with_options(family, Options::new())
-    }
-
-    fn with_options(family: c_int, opts: Options) -> Result<RSocket, c_int> {
-        let _ = family;
+    /// A new socket with a synchronous CM id on the TCP port space (the id takes its address
+    /// family from the address it is bound or connected to).
+    pub(crate) fn new() -> Result<RSocket, c_int> {
         let mut id = std::ptr::null_mut();
         // SAFETY: a NULL channel makes a synchronous id with a channel of its own; `id` a local.
         if unsafe {
@@ -149,7 +145,7 @@ impl RSocket {
         {
             return Err(errno());
         }
-        Ok(Self::around(id, opts, State::Init))
+        Ok(Self::around(id, Options::new(), State::Init))
     }
 
     fn around(id: *mut rdma_cm_id, opts: Options, state: State) -> RSocket {
